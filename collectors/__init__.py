@@ -1,0 +1,1 @@
+"""dtrace_mk.collectors (installed under the dtrace_mk namespace)."""

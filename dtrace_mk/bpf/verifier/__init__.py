@@ -1,0 +1,1 @@
+"""eBPF verifier: instruction -> assertions -> checker -> one message format."""

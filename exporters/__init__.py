@@ -1,0 +1,1 @@
+"""dtrace_mk.exporters (installed under the dtrace_mk namespace)."""

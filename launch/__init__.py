@@ -1,0 +1,1 @@
+"""dtrace_mk.launch (installed under the dtrace_mk namespace)."""

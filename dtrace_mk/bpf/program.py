@@ -36,6 +36,11 @@ class MapDef:
     # optional descriptions used only for printing (e.g. from BTF or the language)
     key_desc: Optional[str] = None
     value_desc: Optional[str] = None
+    # internal maps made by the loader (".rodata": constants such as trace_printk
+    # formats): an array whose single entry starts as `init_value`; programs may only
+    # read it (the verifier refuses writes; VMs pre-fill entry 0)
+    init_value: Optional[bytes] = None
+    read_only: bool = False
 
     @property
     def type_id(self) -> int:

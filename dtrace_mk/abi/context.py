@@ -78,7 +78,7 @@ def hook_id(hook: Union[str, int, d.Hook]) -> int:
     raise ValueError(f"unknown hook {hook!r}")
 
 
-def pack(hook: Union[str, int, d.Hook], **fields: int) -> bytes:
+def pack(hook: Union[str, int, d.Hook], /, **fields: int) -> bytes:
     """One context record.  Raises ValueError naming the field on an unknown field name,
     a non-integer or an out-of-range value, and on a wrong `abi_version`."""
     vals = list(_TEMPLATE)

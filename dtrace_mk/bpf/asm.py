@@ -133,7 +133,7 @@ def assemble(text: str, maps: Optional[Sequence[str]] = None) -> List[Insn]:
         if mnem == "lddw":
             need(2)
             dst = _reg(ops[0], ln, raw)
-            m = re.fullmatch(r"(map|map_value):([A-Za-z_]\w*)(?:\+(\d+))?|map#(\d+)|map_value#(\d+)(?:\+(\d+))?", ops[1])
+            m = re.fullmatch(r"(map|map_value):([A-Za-z_.][\w.]*)(?:\+(\d+))?|map#(\d+)|map_value#(\d+)(?:\+(\d+))?", ops[1])
             if m:
                 if m.group(4) is not None:
                     out += isa.lddw_map(dst, None, int(m.group(4)))

@@ -72,10 +72,18 @@ class BtfType:
 
 
 class Btf:
-    """Parsed BTF: `types[id]` (index 0 is a `void` placeholder)."""
+    """Parsed BTF: `types[id]` (index 0 is a `void` placeholder); `strings` is the raw
+    string table (`.BTF.ext` records point into it)."""
 
-    def __init__(self, types: List[BtfType]):
+    def __init__(self, types: List[BtfType], strings: bytes = b""):
         self.types = types
+        self.strings = strings
+
+    def string(self, off: int) -> str:
+        if not 0 <= off < len(self.strings):
+            raise BtfError(f"string offset {off} past the string table ({len(self.strings)} bytes)")
+        end = self.strings.find(b"\0", off)
+        return self.strings[off:end if end >= 0 else len(self.strings)].decode("utf-8", "replace")
 
     # --- lookups -----------------------------------------------------------------------
     def __getitem__(self, tid: int) -> BtfType:
@@ -243,7 +251,51 @@ def parse(data: bytes) -> Btf:
         else:
             raise BtfError(f"type id {len(types)}: unknown BTF kind {kind}")
         types.append(t)
-    return Btf(types)
+    return Btf(types, bytes(strings))
+
+
+@dataclass(frozen=True)
+class LineInfo:
+    insn_off: int          # byte offset in the section
+    file: str
+    line: int
+    col: int
+    text: str
+
+
+def parse_line_info(ext: bytes, btf: Btf) -> Dict[str, List[LineInfo]]:
+    """Line info of a `.BTF.ext` section: section name -> records.  Header: magic,
+    version, flags, hdr_len, func_info_off/len, line_info_off/len (offsets from the end
+    of the header); the line_info part is a record size, then per section
+    `sec_name_off, num_info` and num_info records `insn_off, file_name_off, line_off,
+    line_col` (line << 10 | col)."""
+    if len(ext) < 24:
+        raise BtfError(f".BTF.ext: {len(ext)} bytes is too short for its header")
+    magic, version, _flags, hdr_len, _fo, _fl, lo, ll = struct.unpack_from("<HBBIIIII", ext, 0)
+    if magic != BTF_MAGIC or version != BTF_VERSION:
+        raise BtfError(f".BTF.ext: bad magic 0x{magic:04x} or version {version}")
+    out: Dict[str, List[LineInfo]] = {}
+    if not ll:
+        return out
+    p, end = hdr_len + lo, hdr_len + lo + ll
+    if end > len(ext) or ll < 4:
+        raise BtfError(".BTF.ext: line info extends past the end of the section")
+    (rec_size,) = struct.unpack_from("<I", ext, p)
+    p += 4
+    if rec_size < 16:
+        raise BtfError(f".BTF.ext: line info record size {rec_size} < 16")
+    while p + 8 <= end:
+        sec_off, n = struct.unpack_from("<II", ext, p)
+        p += 8
+        if p + n * rec_size > end:
+            raise BtfError(".BTF.ext: line info block extends past the end of the section")
+        recs = out.setdefault(btf.string(sec_off), [])
+        for _ in range(n):
+            insn_off, file_off, line_off, line_col = struct.unpack_from("<IIII", ext, p)
+            p += rec_size
+            recs.append(LineInfo(insn_off, btf.string(file_off), line_col >> 10, line_col & 0x3FF,
+                                 btf.string(line_off).strip()))
+    return out
 
 
 class BtfBuilder:

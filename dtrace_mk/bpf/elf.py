@@ -12,7 +12,8 @@ What an object holds and how it maps to a `BpfObject`:
   hook section) and BPF-to-BPF calls are refused.
 * Maps: BTF-defined, in `.maps`, as libbpf does (`__uint(type, ...)`,
   `__type(key, ...)`, ...), plus dtrace_mk's `lin_lo/lin_hi/lin_step` (hist_linear)
-  and `budget_bytes` (ringbuf).  Map order: by offset in `.maps`.  The definitions
+  and `budget_bytes` (ringbuf); lin_lo/lin_hi are signed 32-bit (a negative bound:
+  `__uint(lin_lo, (dtmk_u32)-100)`).  Map order: by offset in `.maps`.  The definitions
   come from `.BTF` (compile with `-g`).
 * Relocations (`.rel<section>`, R_BPF_64_64 on an LD_IMM64): to a map symbol ->
   `src=PSEUDO_MAP_FD, imm=map index`; to `.rodata*` (constants, trace_printk formats)
@@ -21,6 +22,8 @@ What an object holds and how it maps to a `BpfObject`:
   after the BTF maps) and the upper imm the byte offset into its value.
 * `license` (string), `dtmk_abi` (u32, required, must equal `abi.ABI_VERSION`),
   `dtmk_schema` (optional string: the task schema hash the object was built against).
+* Any other section named `dtmk_*` is a note: `BpfObject.notes[name]` = its text (the
+  query compiler stores its printing plan in `dtmk_plan`).
 
 Every problem raises `LoadError` naming the file, the section/symbol and what was
 expected.
@@ -37,7 +40,7 @@ from ..abi import definition as abi
 from . import btf as btf_mod
 from . import isa
 from .isa import Insn
-from .program import BpfObject, LoadError, MapDef, Program
+from .program import BpfObject, LoadError, MapDef, Program, SourceLine
 
 # --- ELF constants -------------------------------------------------------------------
 ELF_MAGIC = b"\x7fELF"
@@ -64,6 +67,7 @@ MAPS_SECTION = ".maps"
 LICENSE_SECTION = "license"
 ABI_SECTION = "dtmk_abi"
 SCHEMA_SECTION = "dtmk_schema"
+NOTE_PREFIX = "dtmk_"            # other dtmk_* sections are BpfObject.notes
 RODATA_MAP = ".rodata"
 
 # Map definition members understood in `.maps` (libbpf's plus dtrace_mk's).
@@ -71,6 +75,9 @@ _UINT_MEMBERS = ("type", "max_entries", "key_size", "value_size", "lin_lo", "lin
                  "budget_bytes")
 _TYPE_MEMBERS = ("key", "value")
 MAP_MEMBERS = _UINT_MEMBERS + _TYPE_MEMBERS
+# hist_linear bounds are signed 32-bit (values are compared as s64): a negative bound is
+# written __uint(lin_lo, (dtmk_u32)-100), i.e. two's complement in the array size.
+_SIGNED_MEMBERS = ("lin_lo", "lin_hi")
 
 
 # --- generic ELF reading -------------------------------------------------------------
@@ -235,6 +242,7 @@ class _Loader:
         self.elf = elf
         self.where = elf.where
         self._btf: Optional[btf_mod.Btf] = None
+        self._lines: Optional[Dict[str, List[btf_mod.LineInfo]]] = None
 
     def fail(self, msg: str) -> LoadError:
         return LoadError(f"{self.where}: {msg}")
@@ -251,6 +259,19 @@ class _Loader:
             except btf_mod.BtfError as e:
                 raise self.fail(f"section '.BTF': {e}") from None
         return self._btf
+
+    def line_info(self, section: str) -> List[btf_mod.LineInfo]:
+        """.BTF.ext line info of a section ([] without -g; malformed line info is ignored:
+        it only decorates messages)."""
+        if self._lines is None:
+            self._lines = {}
+            ext, sec = self.elf.section(".BTF.ext"), self.elf.section(".BTF")
+            if ext is not None and sec is not None:
+                try:
+                    self._lines = btf_mod.parse_line_info(ext.data, self.btf)
+                except (btf_mod.BtfError, LoadError):
+                    self._lines = {}
+        return self._lines.get(section, [])
 
     # --- top level -------------------------------------------------------------------
     def load(self) -> BpfObject:
@@ -276,9 +297,12 @@ class _Loader:
                 m.validate()
             except LoadError as e:
                 raise self.fail(f"section '{MAPS_SECTION}': {e}") from None
-        obj = BpfObject(programs=programs, maps=maps, license=license_, abi_version=abi_version,
-                        schema_hash=schema, path=self.where)
-        return obj
+        notes = {}
+        for sec in self.elf.sections:
+            if sec.name.startswith(NOTE_PREFIX) and sec.name not in (ABI_SECTION, SCHEMA_SECTION):
+                notes[sec.name] = self._string_section(sec.name) or ""
+        return BpfObject(programs=programs, maps=maps, license=license_, abi_version=abi_version,
+                         schema_hash=schema, path=self.where, notes=notes)
 
     def _string_section(self, name: str) -> Optional[str]:
         sec = self.elf.section(name)
@@ -319,7 +343,10 @@ class _Loader:
         maps: List[MapDef] = []
         index: Dict[str, int] = {}
         for s in syms:
-            m = self._map_def(s)
+            try:
+                m = self._map_def(s)
+            except btf_mod.BtfError as e:
+                raise self.fail(f"section '{MAPS_SECTION}', map '{s.name}': malformed BTF: {e}") from None
             index[s.name] = len(maps)
             maps.append(m)
         return maps, index
@@ -348,7 +375,10 @@ class _Loader:
                 arr = btf.resolve(ptr.type) if ptr.type else None
                 if arr is None or arr.kind != btf_mod.KIND_ARRAY:
                     raise self.fail(f"{where}: member '{mem.name}' must be declared as __uint({mem.name}, N)")
-                vals[mem.name] = arr.nelems
+                v = arr.nelems
+                if mem.name in _SIGNED_MEMBERS and v >= 1 << 31:
+                    v -= 1 << 32            # __uint(lin_lo, (dtmk_u32)-100)
+                vals[mem.name] = v
             else:
                 if ptr.type == 0:
                     raise self.fail(f"{where}: member '{mem.name}' has type void; use __type({mem.name}, T)")
@@ -385,7 +415,8 @@ class _Loader:
             m.value_size = 8 * m.hist_buckets if m.lin_step > 0 or mt.name == "hist_log2" else 0
         if mt.name != "ringbuf":
             for which in _TYPE_MEMBERS:
-                if f"{which}_size" not in vals and not (which == "value" and m.value_size):
+                implied = which == "value" and mt.name in ("hist_log2", "hist_linear")
+                if f"{which}_size" not in vals and not implied:
                     raise self.fail(f"{where}: missing __type({which}, T) (or __uint({which}_size, N))")
         for extra, types in (("lin_lo", ("hist_linear",)), ("lin_hi", ("hist_linear",)),
                              ("lin_step", ("hist_linear",)), ("budget_bytes", ("ringbuf",))):
@@ -419,13 +450,9 @@ class _Loader:
     # --- programs ----------------------------------------------------------------------
     def _programs(self, map_index: Dict[str, int], rodata_base: Dict[int, int],
                   rodata_map: Optional[int]) -> List[Program]:
-        programs: List[Program] = []
-        text = self.elf.section(".text")
-        if text is not None and text.size:
-            funcs = [s.name for s in self.elf.symbols if s.shndx == text.index and s.type == STT_FUNC]
-            raise self.fail(f"section '.text': function(s) {', '.join(funcs) or '?'} are not in a hook "
-                            f"section; put programs in SEC(\"<hook section>\") (one of {_valid_sections()}) "
-                            "and mark helper functions static __always_inline")
+        """Programs in symbol-table order (source order for clang; object order for
+        objects written by elfwrite)."""
+        found: List[Tuple[int, Program]] = []
         for sec in self.elf.sections:
             if not sec.flags & SHF_EXECINSTR or sec.name == ".text":
                 continue
@@ -442,7 +469,19 @@ class _Loader:
                 funcs = [Symbol(-1, sec.name.replace("/", "_"), STB_GLOBAL, STT_FUNC, sec.index, 0, sec.size)]
             rels = {r.offset: r for r in self.elf.rels.get(sec.index, [])}
             for f in funcs:
-                programs.append(self._program(sec, hook, f, rels, map_index, rodata_base, rodata_map))
+                found.append((f.index, self._program(sec, hook, f, rels, map_index, rodata_base,
+                                                     rodata_map)))
+        programs = [p for _i, p in sorted(found, key=lambda t: t[0])]
+        # after the hook sections, so that a call into .text gets the bpf-to-bpf message
+        text = self.elf.section(".text")
+        if text is not None and text.size:
+            funcs = [s.name for s in self.elf.symbols if s.shndx == text.index and s.type == STT_FUNC]
+            raise self.fail(f"section '.text': function(s) {', '.join(funcs) or '?'} are not in a hook "
+                            f"section; put programs in SEC(\"<hook section>\") (one of {_valid_sections()}) "
+                            "and mark helper functions static __always_inline")
+        if not programs:
+            raise self.fail(f"no programs: expected at least one function in a hook section "
+                            f"(SEC(\"task/end\") int prog(struct dtmk_ctx *ctx) {{ ... }})")
         return programs
 
     def _program(self, sec: Section, hook: abi.Hook, fn: Symbol, rels: Dict[int, Reloc],
@@ -458,39 +497,48 @@ class _Loader:
             insns = isa.decode(sec.data[fn.value:fn.value + fn.size])
         except ValueError as e:
             raise self.fail(f"{where}: {e}") from None
+        prog = Program(fn.name, sec.name, hook, insns)
+        for li in self.line_info(sec.name):
+            if fn.value <= li.insn_off < fn.value + fn.size and li.insn_off % 8 == 0:
+                prog.lines[(li.insn_off - fn.value) // 8] = SourceLine(li.file, li.line, li.col, li.text)
+
+        def at(i: int) -> str:
+            loc = prog.source_at(i)
+            return f"{where}, insn {i}" + (f" ({loc})" if loc else "")
+
         for i, ins in enumerate(insns):
             if ins.opcode == isa.BPF_JMP | isa.BPF_CALL and ins.src == 1:
-                raise self.fail(f"{where}, insn {i}: bpf-to-bpf calls are not supported in ABI v1 "
+                raise self.fail(f"{at(i)}: bpf-to-bpf calls are not supported in ABI v1 "
                                 "(mark helpers static __always_inline)")
             if ins.opcode == isa.BPF_JMP | isa.BPF_CALL and ins.src == 2:
-                raise self.fail(f"{where}, insn {i}: kfunc calls are not supported in ABI v1 "
+                raise self.fail(f"{at(i)}: kfunc calls are not supported in ABI v1 "
                                 "(only the helpers in dtrace_mk_bpf.h)")
         for off in sorted(o for o in rels if fn.value <= o < fn.value + fn.size):
             r = rels[off]
             slot = (off - fn.value) // 8
-            self._relocate(where, insns, slot, off, r, map_index, rodata_base, rodata_map)
+            self._relocate(at(slot), insns, slot, off, r, map_index, rodata_base, rodata_map)
         for i, ins in enumerate(insns):
             if ins.is_lddw and ins.src in (isa.PSEUDO_MAP_FD, isa.PSEUDO_MAP_VALUE) and ins.map_ref is None:
-                raise self.fail(f"{where}, insn {i}: map reference (lddw src={ins.src}) without a "
+                raise self.fail(f"{at(i)}: map reference (lddw src={ins.src}) without a "
                                 "relocation naming the map")
-        return Program(fn.name, sec.name, hook, insns)
+        return prog
 
-    def _relocate(self, where: str, insns: List[Insn], slot: int, off: int, r: Reloc,
+    def _relocate(self, here: str, insns: List[Insn], slot: int, off: int, r: Reloc,
                   map_index: Dict[str, int], rodata_base: Dict[int, int], rodata_map: Optional[int]) -> None:
         if r.type == R_BPF_64_32:
-            raise self.fail(f"{where}, insn {slot}: bpf-to-bpf calls are not supported in ABI v1 "
+            raise self.fail(f"{here}: bpf-to-bpf calls are not supported in ABI v1 "
                             "(mark helpers static __always_inline)")
         if r.type != R_BPF_64_64:
-            raise self.fail(f"{where}, insn {slot}: unsupported relocation type {r.type} (expected "
+            raise self.fail(f"{here}: unsupported relocation type {r.type} (expected "
                             f"R_BPF_64_64 ({R_BPF_64_64}) on a map reference)")
         if off % 8 or slot >= len(insns) or not insns[slot].is_lddw:
-            raise self.fail(f"{where}, insn {slot}: relocation at byte {off} is not on an lddw instruction")
+            raise self.fail(f"{here}: relocation at byte {off} is not on an lddw instruction")
         if not 0 <= r.sym < len(self.elf.symbols):
-            raise self.fail(f"{where}, insn {slot}: relocation names symbol #{r.sym}, which does not exist")
+            raise self.fail(f"{here}: relocation names symbol #{r.sym}, which does not exist")
         sym = self.elf.symbols[r.sym]
         ins = insns[slot]
         if sym.shndx in (SHN_UNDEF, SHN_COMMON) or sym.shndx >= len(self.elf.sections):
-            raise self.fail(f"{where}, insn {slot}: reference to undefined symbol '{sym.name}' "
+            raise self.fail(f"{here}: reference to undefined symbol '{sym.name}' "
                             "(extern variables and functions are not supported)")
         target = self.elf.sections[sym.shndx]
         if target.name == MAPS_SECTION:
@@ -500,7 +548,7 @@ class _Loader:
                 names = [s.name for s in self.elf.symbols if s.shndx == target.index and
                          s.type in (STT_OBJECT, STT_NOTYPE) and s.value == base and s.name in map_index]
                 if not names:
-                    raise self.fail(f"{where}, insn {slot}: reference to '{sym.name}' in {MAPS_SECTION} "
+                    raise self.fail(f"{here}: reference to '{sym.name}' in {MAPS_SECTION} "
                                     "that is not a map")
                 name = names[0]
             else:
@@ -510,16 +558,16 @@ class _Loader:
         if sym.shndx in rodata_base and rodata_map is not None:
             value_off = rodata_base[sym.shndx] + sym.value + (ins.imm & 0xFFFFFFFF)
             if value_off >= rodata_base[sym.shndx] + target.size and target.size:
-                raise self.fail(f"{where}, insn {slot}: offset {sym.value + ins.imm} past the end of "
+                raise self.fail(f"{here}: offset {sym.value + ins.imm} past the end of "
                                 f"'{target.name}' ({target.size} bytes)")
             insns[slot:slot + 2] = isa.lddw_map(ins.dst, RODATA_MAP, rodata_map, isa.PSEUDO_MAP_VALUE,
                                                 value_off)
             return
         if target.name in (".data", ".bss") or target.name.startswith((".data.", ".bss.")):
-            raise self.fail(f"{where}, insn {slot}: global variable '{sym.name}' in '{target.name}': "
+            raise self.fail(f"{here}: global variable '{sym.name}' in '{target.name}': "
                             "writable globals are not supported in ABI v1; use a map "
                             "(or 'static const' for constants)")
-        raise self.fail(f"{where}, insn {slot}: reference to '{sym.name}' in section '{target.name}' "
+        raise self.fail(f"{here}: reference to '{sym.name}' in section '{target.name}' "
                         f"(expected a map in {MAPS_SECTION} or a constant in .rodata)")
 
 

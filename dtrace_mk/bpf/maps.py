@@ -224,8 +224,15 @@ class ArrayMap(Map):
         copy = self._copies[worker if self.per_worker else 0]
         e = copy.get(idx)
         if e is None:           # entries exist from the start; storage is allocated lazily
-            e = copy[idx] = bytearray(self.mdef.value_size)
+            e = copy[idx] = bytearray(self._initial(idx))
         return e
+
+    def _initial(self, idx: int) -> bytes:
+        """The value an entry starts with: zero, except entry 0 of a map with init_value
+        (the loader's internal .rodata map)."""
+        if idx == 0 and getattr(self.mdef, "init_value", None):
+            return self.mdef.init_value[:self.mdef.value_size].ljust(self.mdef.value_size, b"\0")
+        return bytes(self.mdef.value_size)
 
     def lookup(self, key, worker=0):
         idx = self._index(bytes(key))
@@ -258,8 +265,11 @@ class ArrayMap(Map):
         zero = bytes(self.mdef.value_size)
         copy = self._copies[0]
         out = {}
-        for i in range(self.mdef.max_entries) if not skip_zero else sorted(copy):
-            v = bytes(copy[i]) if i in copy else zero
+        idxs = range(self.mdef.max_entries) if not skip_zero else sorted(set(copy) | {0})
+        for i in idxs:
+            if i >= self.mdef.max_entries:
+                continue
+            v = bytes(copy[i]) if i in copy else self._initial(i)
             if skip_zero and v == zero:
                 continue
             out[i.to_bytes(4, "little")] = v
@@ -321,7 +331,7 @@ class PerWorkerArrayMap(ArrayMap):
             idxs = range(self.mdef.max_entries)
         out = {}
         for i in idxs:
-            vals = [bytes(c[i]) if i in c else zero for c in self._copies]
+            vals = [bytes(c[i]) if i in c else self._initial(i) for c in self._copies]
             if skip_zero and all(v == zero for v in vals):
                 continue
             out[i.to_bytes(4, "little")] = vals if per_worker else sum_values(vals)

@@ -86,6 +86,18 @@ class MapDef:
             raise LoadError(f"{where}: value_size {self.value_size} not in 1..{abi.MAX_VALUE_SIZE}")
 
 
+@dataclass(frozen=True)
+class SourceLine:
+    """Where an instruction came from (C monitors: .BTF.ext line info)."""
+    file: str
+    line: int
+    col: int
+    text: str = ""             # the source line, when the object carries it
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
 @dataclass
 class Program:
     name: str                  # symbol name (C function or generated clause name)
@@ -93,10 +105,20 @@ class Program:
     hook: abi.Hook
     insns: List[Insn]
     prog_type: str = "observe"
+    # slot index -> source location, where known (not part of equality)
+    lines: Dict[int, SourceLine] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def map_indices(self) -> List[int]:
         return sorted({i.imm & 0xFFFFFFFF for i in self.insns if i.is_lddw and i.src in (1, 2)})
+
+    def source_at(self, pc: int) -> Optional[SourceLine]:
+        """The source line of slot `pc`: the nearest line-info entry at or before it."""
+        best = None
+        for slot, loc in self.lines.items():
+            if slot <= pc and loc.line > 0 and (best is None or slot > best[0]):
+                best = (slot, loc)
+        return best[1] if best else None
 
 
 @dataclass

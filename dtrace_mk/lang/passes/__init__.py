@@ -1,1 +1,1 @@
-"""Language passes, one module each; the ordered pipeline is dtrace_mk.lang.pipeline."""
+"""Compiler passes, one per module; `dtrace_mk.lang.pipeline` lists them in order."""

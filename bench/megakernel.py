@@ -1,0 +1,302 @@
+"""Benchmark of the reference megakernel against the kernel-per-operator baselines.
+
+    python bench/megakernel.py [--presets tiny,1b] [--batch 1] [--out DIR] [--costs]
+
+For each preset at the given batch: decode-step time of the megakernel (K steps in one
+launch, and one launch per step), the per-operator build launched eagerly and replayed
+as a CUDA graph (all from the same state; their tokens must agree, checked before any
+timing is reported), as ratios; weight bytes per step over the measured device-to-device
+copy bandwidth.  --costs also measures per-class task costs from the built-in trace
+(batch 1 and 4) in the format of dtrace_mk/megakernel/cost.py, for the sim.
+
+Writes DIR/bench.json (and DIR/costs.json); prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dtrace_mk.megakernel import gpu  # noqa: E402
+from dtrace_mk.megakernel.baseline import Baseline  # noqa: E402
+from dtrace_mk.megakernel.graph import CLASS_NAMES  # noqa: E402
+from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
+from dtrace_mk.megakernel.reference import Requests, make_weights, weight_shapes  # noqa: E402
+
+
+def copy_bandwidth(cp, nbytes=2 << 30, reps=10):
+    """Device-to-device copy, bytes read + written per second (median of reps)."""
+    a = cp.empty(nbytes // 4, cp.float32)
+    a[:] = 1.0
+    b = cp.empty_like(a)
+    for _ in range(2):
+        b[:] = a
+    ts = []
+    for _ in range(reps):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(ts)
+
+
+def weight_bytes_per_step(cfg, batch):
+    """Bytes of weights a decode step must read once (embedding rows: batch only)."""
+    sh = weight_shapes(cfg)
+    n = 0
+    for name, shape in sh.items():
+        size = int(np.prod(shape)) * 2
+        if name == "embed":
+            size = batch * cfg.hidden * 2
+        elif name in ("gate", "up", "down") and len(cfg.moe_layers) == cfg.n_layers:
+            size = 0
+        elif name in ("router", "egate", "eup", "edown") and not cfg.moe_layers:
+            size = 0
+        n += size
+    return n
+
+
+def timed(fn, reps):
+    out = []
+    for _ in range(reps):
+        out.append(fn())
+    return statistics.median(out), out
+
+
+def bench_preset(cp, name, batch, steps, reps, log):
+    cfg = PRESETS[name]
+    xp = cp if name == "1b" else np
+    t0 = time.time()
+    w = make_weights(cfg, 0, xp=xp)
+    mk = gpu.Megakernel(cfg, batch=batch, weights=w)
+    bl = Baseline(mk)
+    log(f"{name}: setup {time.time() - t0:.1f} s, {len(mk.graph.tasks)} tasks, {mk.num_workers} workers")
+    # correctness first: same tokens from the same state
+    mk.reset(); t_mk = mk.run(steps).tokens
+    mk.reset(); t_ps = mk.run(steps, per_step_launch=True).tokens
+    mk.reset(); t_e = bl.run(steps)["tokens"]
+    mk.reset(); t_g = bl.run(steps, graph=True)["tokens"]
+    same = bool((t_mk == t_ps).all() and (t_mk == t_e).all() and (t_mk == t_g).all())
+    log(f"{name}: tokens equal across megakernel/per-step/eager/graph: {same}")
+
+    def mk_one():
+        mk.reset()
+        return mk.run(steps, poison=False).elapsed_ms / steps
+
+    def mk_step():
+        mk.reset()
+        return mk.run(steps, per_step_launch=True, poison=False).elapsed_ms / steps
+
+    def eager():
+        mk.reset()
+        return bl.run(steps, poison=False)["elapsed_ms"] / steps
+
+    def graph():
+        mk.reset()
+        return bl.run(steps, graph=True, poison=False)["elapsed_ms"] / steps
+
+    for f in (mk_one, eager, graph):
+        f()  # warm
+    r = {}
+    for key, f in (("megakernel", mk_one), ("megakernel_per_step_launch", mk_step), ("eager", eager),
+                   ("cuda_graph", graph)):
+        med, allv = timed(f, reps)
+        r[key] = {"step_ms": med, "runs": allv}
+        log(f"{name}: {key}: {med * 1e3:.1f} us/step ({', '.join(f'{v * 1e3:.1f}' for v in allv)})")
+    try:
+        blc = Baseline(mk, matmul="cublas")
+        def eager_cublas():
+            mk.reset()
+            return blc.run(steps, poison=False)["elapsed_ms"] / steps
+        eager_cublas()
+        med, allv = timed(eager_cublas, reps)
+        r["eager_cublas_fp32"] = {"step_ms": med, "runs": allv}
+        log(f"{name}: eager_cublas_fp32: {med * 1e3:.1f} us/step")
+    except Exception as e:  # noqa: BLE001
+        log(f"{name}: cublas variant failed: {e!r}")
+    # hooks overhead (all hooks on, trace on) on the one-launch megakernel
+    def mk_hooks():
+        mk.reset()
+        return mk.run(steps, poison=False, hooks="all", trace=True).elapsed_ms / steps
+    def mk_trace():
+        mk.reset()
+        return mk.run(steps, poison=False, trace=True).elapsed_ms / steps
+    mk_hooks()
+    r["megakernel_trace"] = {"step_ms": timed(mk_trace, reps)[0]}
+    r["megakernel_hooks_all_trace"] = {"step_ms": timed(mk_hooks, reps)[0]}
+    wb = weight_bytes_per_step(cfg, batch)
+    out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
+           "tasks": len(mk.graph.tasks), "workers": mk.num_workers, "weight_bytes_per_step": wb, **r}
+    del bl, mk, w
+    cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def slot_positions(req, batch, steps, max_seq):
+    """pos[k][b] of every slot at every step (reference.Requests refill rule)."""
+    pos, gen = [0] * batch, [0] * batch
+    ln = [req.req_len(b, 0, max_seq) for b in range(batch)]
+    out = []
+    for _ in range(steps):
+        out.append(list(pos))
+        for b in range(batch):
+            pos[b] += 1
+            if pos[b] >= ln[b]:
+                gen[b] += 1
+                pos[b] = 0
+                ln[b] = req.req_len(b, gen[b], max_seq)
+    return out
+
+
+def measure_costs(cp, name, steps, log):
+    """Per-class fixed_ns / per_row_ns from the trace at batch 1 and 4, plus the global
+    latencies (notify, dispatch, step overhead) in cost.py's format."""
+    cfg = PRESETS[name]
+    xp = cp if name == "1b" else np
+    w1 = make_weights(cfg, 0, xp=xp)
+    per_b = {}
+    glob = {"notify": [], "dispatch": [], "step": []}
+    for B in (1, 4):
+        mk = gpu.Megakernel(cfg, batch=B, weights=w1)
+        mk.run(2)
+        mk.reset()
+        res = mk.run(steps, trace=True, hooks=["task:dispatch", "task:begin"])
+        g = mk.graph
+        tr = res.trace
+        pos = slot_positions(Requests(), B, mk.step, cfg.max_seq)
+        by = {}
+        attn = []
+        for r in tr:
+            t = g.tasks[int(r["task_index"])]
+            d = int(r["dur_ns"])
+            if t.class_name == "attn":
+                attn.append((pos[int(r["step"])][t.slot] + 1, d))
+            by.setdefault(t.class_name, []).append(d)
+        per_b[B] = {k: float(np.median(v)) for k, v in by.items()}
+        per_b[B]["_attn"] = attn
+        # dispatch -> begin from hooks
+        hk = res.hooks
+        disp = {(int(r["task_index"]), int(r["decode_step"])): int(r["ts_ns"]) for r in hk if int(r["hook"]) == 2}
+        for r in hk:
+            if int(r["hook"]) == 3:
+                k = (int(r["task_index"]), int(r["decode_step"]))
+                if k in disp:
+                    glob["dispatch"].append(int(r["ts_ns"]) - disp[k])
+        # notify: consumer begin - last producer end, for consumers that waited
+        end = {}
+        for r in tr:
+            t = g.tasks[int(r["task_index"])]
+            e_ns = int(r["t_dispatch"]) + int(r["wait_ns"]) + int(r["dur_ns"])
+            key = (t.signal_event, int(r["step"]))
+            end[key] = max(end.get(key, 0), e_ns)
+        for r in tr:
+            t = g.tasks[int(r["task_index"])]
+            if int(r["wait_ns"]) > 0 and t.wait_event >= 0 and not t.dynamic:
+                key = (t.wait_event, int(r["step"]))
+                if key in end:
+                    b_ns = int(r["t_dispatch"]) + int(r["wait_ns"])
+                    if t.index == 0:
+                        glob["step"].append(b_ns - end[key])
+                    else:
+                        glob["notify"].append(b_ns - end[key])
+            if t.index == 0 and int(r["step"]) > 0:
+                key = (g.step_event, int(r["step"]) - 1)
+                if key in end:
+                    glob["step"].append(int(r["t_dispatch"]) + int(r["wait_ns"]) - end[key])
+        del mk
+        cp.get_default_memory_pool().free_all_blocks()
+    classes = {}
+    for c in per_b[1]:
+        if c.startswith("_"):
+            continue
+        if c == "attn":
+            xs = np.array([a for a, _ in per_b[1]["_attn"] + per_b[4]["_attn"]], float)
+            ys = np.array([d for _, d in per_b[1]["_attn"] + per_b[4]["_attn"]], float)
+            if len(set(xs)) > 1:
+                slope, icpt = np.polyfit(xs, ys, 1)
+            else:
+                slope, icpt = 0.0, float(np.median(ys))
+            classes[c] = {"fixed_ns": round(max(icpt, 0.0), 1), "per_row_ns": round(max(slope, 0.0), 2)}
+            continue
+        d1 = per_b[1][c]
+        d4 = per_b[4].get(c, d1)
+        pr = max((d4 - d1) / 3.0, 0.0)
+        classes[c] = {"fixed_ns": round(max(d1 - pr, 0.0), 1), "per_row_ns": round(pr, 2)}
+    med = lambda v, dflt: int(np.median(v)) if v else dflt  # noqa: E731
+    entry = {"classes": classes, "notify_ns": med([x for x in glob["notify"] if x >= 0], 700),
+             "dispatch_ns": med(glob["dispatch"], 200), "step_overhead_ns": med([x for x in glob["step"] if x >= 0], 3000)}
+    log(f"costs {name}: {json.dumps(entry)}")
+    return entry
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", default="tiny,1b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--costs", default="", help="presets to measure task costs for (comma list)")
+    a = ap.parse_args(argv)
+    import cupy as cp
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = open(out / "bench.log", "a")
+
+    def log(msg):
+        print(msg, flush=True)
+        logf.write(msg + "\n")
+        logf.flush()
+
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    card = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    info = {"card": card, "sms": dev.attributes["MultiProcessorCount"],
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": os.environ.get("DTMK_COMMIT", "unknown"), "cupy": cp.__version__}
+    bw = copy_bandwidth(cp)
+    info["copy_bw_bytes_per_s"] = bw
+    log(f"{card}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
+    results = []
+    for name in [p for p in a.presets.split(",") if p]:
+        try:
+            results.append(bench_preset(cp, name, a.batch, a.steps, a.reps, log))
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            log(f"{name}: FAILED {e!r}\n{traceback.format_exc()}")
+    costs = {}
+    for name in [p for p in a.costs.split(",") if p]:
+        try:
+            costs[name] = measure_costs(cp, name, 8, log)
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            log(f"costs {name}: FAILED {e!r}\n{traceback.format_exc()}")
+    (out / "bench.json").write_text(json.dumps({"info": info, "results": results, "costs": costs}, indent=1))
+    # short table last
+    print()
+    print(f"{'preset':8} {'B':>2} {'mk us':>8} {'mk/step':>8} {'eager':>8} {'graph':>8} {'eager/mk':>8} "
+          f"{'graph/mk':>8} {'wt GB/s':>8} {'% copy':>6} {'tok=':>4}")
+    for r in results:
+        mk_ms = r["megakernel"]["step_ms"]
+        gbs = r["weight_bytes_per_step"] / (mk_ms / 1e3) / 1e9
+        print(f"{r['preset']:8} {r['batch']:>2} {mk_ms * 1e3:8.1f} {r['megakernel_per_step_launch']['step_ms'] * 1e3:8.1f} "
+              f"{r['eager']['step_ms'] * 1e3:8.1f} {r['cuda_graph']['step_ms'] * 1e3:8.1f} "
+              f"{r['eager']['step_ms'] / mk_ms:8.2f} {r['cuda_graph']['step_ms'] / mk_ms:8.2f} {gbs:8.0f} "
+              f"{100 * gbs * 1e9 / bw:6.1f} {str(r['tokens_equal'])[0]:>4}")
+
+
+if __name__ == "__main__":
+    main()

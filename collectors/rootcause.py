@@ -1,0 +1,149 @@
+"""Scalasca-style delay analysis: follow remote stalls upstream to their root rank.
+
+A stalled wait `w` (receiver r, sender p) was caused by p arriving late at its signal.
+The *synchronization interval* on p is `(t0, S)`: from the last point both ranks share to
+the release S.  The last shared point is the later of: the end of p's latest wait on r
+before S, and p's previous signal to r (both excluding the same (comm_op, comm_gen)); the
+second matters when r never signals p (ring or pipeline topologies).  Inside it, p may itself have waited on other ranks; the late-sender parts of
+those waits (clipped to the interval), summed, are p's *indirect* delay `I`.  Of the
+late-sender time `late(w)`, the fraction `f = min(I, late(w)) / late(w)` is indirect and
+the rest direct.  The cost `amount` being explained (the observed stall, at the top) is
+scaled accordingly:
+
+    direct cost at p    = amount * late_share * (1 - f) + amount * (1 - late_share)
+    indirect cost via v = amount * late_share * f * clip(v) / I     for each wait v of p
+
+where `late_share = late(w) / stall(w)` (the part of the stall that is late sender, the rest
+is excess transfer, always charged to the sender).  Indirect costs recurse into the senders
+of those waits.  Times move strictly backwards along a chain, so the recursion ends; a
+depth cap guards against malformed input.
+
+Each direct cost is a `Cost` at its root rank, remembering every rank that waited on the
+way (`observed_on`).  A local fault on rank r that made r late therefore yields costs
+rooted at r, never at the ranks that waited.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+from .classify import AlignedWait
+
+MAX_DEPTH = 64
+MIN_AMOUNT_NS = 1.0
+
+
+@dataclass
+class Cost:
+    root: int
+    step: int               # the step of the root's late signal
+    comm_op: int            # the op of the root's late signal
+    layer: int
+    amount: float           # ns of observed waiting charged to the root
+    wait: AlignedWait       # the top-level stalled wait this cost explains
+    observed_on: Tuple[int, ...]   # ranks that waited on the way, nearest first
+    direct: bool = True
+
+
+class WaitIndex:
+    """Waits per receiver sorted by end, and per (receiver, sender) ends for bisect."""
+
+    def __init__(self, waits: Iterable[AlignedWait], signal_times=None):
+        self.signal_times = signal_times or {}
+        self.by_receiver: Dict[int, List[AlignedWait]] = {}
+        for w in waits:
+            self.by_receiver.setdefault(w.receiver, []).append(w)
+        self.pair: Dict[Tuple[int, int], List[AlignedWait]] = {}
+        for r, ws in self.by_receiver.items():
+            ws.sort(key=lambda w: w.end)
+            for w in ws:
+                self.pair.setdefault((r, w.sender), []).append(w)
+        self.pair_ends = {k: [w.end for w in v] for k, v in self.pair.items()}
+        self.recv_ends = {r: [w.end for w in v] for r, v in self.by_receiver.items()}
+        self.max_len = {r: max((w.end - w.begin for w in v), default=0.0)
+                        for r, v in self.by_receiver.items()}
+
+    def sync_point(self, rank: int, peer: int, before: float, exclude: Tuple[int, int]) -> float:
+        """End of `rank`'s latest wait on `peer` ending before `before` (not `exclude` key)."""
+        ws = self.pair.get((rank, peer))
+        if not ws:
+            return float("-inf")
+        i = bisect.bisect_left(self.pair_ends[(rank, peer)], before) - 1
+        while i >= 0:
+            if (ws[i].comm_op, ws[i].comm_gen) != exclude:
+                return ws[i].end
+            i -= 1
+        return float("-inf")
+
+    def prev_signal(self, sender: int, receiver: int, before: float, exclude: Tuple[int, int]) -> float:
+        ts = self.signal_times.get((sender, receiver))
+        if not ts:
+            return float("-inf")
+        times, keys = ts
+        i = bisect.bisect_left(times, before) - 1
+        while i >= 0:
+            if keys[i] != exclude:
+                return times[i]
+            i -= 1
+        return float("-inf")
+
+    def late_parts(self, rank: int, t0: float, t1: float, skip_sender: int
+                   ) -> List[Tuple[AlignedWait, float]]:
+        """`rank`'s waits whose late-sender interval overlaps (t0, t1), with the overlap."""
+        ws = self.by_receiver.get(rank, [])
+        ends = self.recv_ends.get(rank, [])
+        out = []
+        stop = t1 + self.max_len.get(rank, 0.0)
+        for i in range(bisect.bisect_right(ends, t0), len(ws)):
+            w = ws[i]
+            if w.end > stop:
+                break
+            if w.begin >= t1:
+                continue
+            if w.sender == skip_sender or w.late <= 0.0:
+                continue
+            ov = min(w.late_end, t1) - max(w.begin, t0)
+            if ov > 0.0:
+                out.append((w, ov))
+        return out
+
+
+def attribute(stalled: Sequence[AlignedWait], all_waits: Sequence[AlignedWait],
+              signal_times=None, max_depth: int = MAX_DEPTH) -> List[Cost]:
+    """Charge each stalled wait's `stall` to root ranks (direct costs).
+
+    `signal_times`: `classify.align_signals(...)`, (sender, receiver) -> sorted aligned
+    signal times and keys; without it only waits define shared points."""
+    idx = WaitIndex(all_waits, signal_times)
+    out: List[Cost] = []
+    for w in stalled:
+        _explain(idx, w, w, w.stall if w.stall > 0 else w.late, (w.receiver,), 0, max_depth, out)
+    return out
+
+
+def _explain(idx: WaitIndex, top: AlignedWait, w: AlignedWait, amount: float,
+             path: Tuple[int, ...], depth: int, max_depth: int, out: List[Cost]) -> None:
+    if amount < MIN_AMOUNT_NS:
+        return
+    p, r, s = w.sender, w.receiver, w.release
+    stall_len = max(w.stall, w.late)
+    late_share = (w.late / stall_len) if stall_len > 0 else 0.0
+    late_amount = amount * late_share
+    parts: List[Tuple[AlignedWait, float]] = []
+    indirect_total = 0.0
+    if depth < max_depth and w.late > 0.0:
+        t0 = max(idx.sync_point(p, r, s, (w.comm_op, w.comm_gen)),
+                 idx.prev_signal(p, r, s, (w.comm_op, w.comm_gen)))
+        parts = idx.late_parts(p, t0, s, skip_sender=r)
+        indirect_total = sum(ov for _, ov in parts)
+    f = min(indirect_total, w.late) / w.late if w.late > 0.0 else 0.0
+    direct = late_amount * (1.0 - f) + (amount - late_amount)
+    if direct >= MIN_AMOUNT_NS:
+        out.append(Cost(p, w.sender_step, w.comm_op, w.sender_layer, direct, top, path,
+                        direct=(depth == 0)))
+    if f > 0.0:
+        indirect = late_amount * f
+        for v, ov in parts:
+            _explain(idx, top, v, indirect * ov / indirect_total, path + (p,), depth + 1,
+                     max_depth, out)

@@ -1,0 +1,167 @@
+"""Host driver for compiled queries: feed recorded hook contexts through the reference
+runtime and run the host-side clauses of the printing plan.
+
+    blocks = run_events(obj, records)           # obj: BpfObject with a dtmk_plan note
+    print(printing.render_text(blocks))
+
+Semantics (bpftrace-like, on simulated time = the records' ts_ns):
+* BEGIN actions run before the first record.
+* `interval:ms:N` actions run each time a record's ts_ns reaches the next multiple of
+  N ms after the first record's ts_ns (before that record fires).
+* `exit()` (host or device) stops reading records; END actions then run.
+* At exit every map that END did not print is printed (empty maps say `(empty)` only
+  when printed explicitly), then the evidence records (drained from the ring).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Iterable, List, Optional, Sequence
+
+from ..abi import context
+from ..abi import definition as abi
+from ..bpf.program import BpfObject
+from ..errors import UserError
+from . import printing
+from .passes.lower import NOTE_PLAN
+
+
+def find_plan(obj: BpfObject) -> Optional[dict]:
+    """The printing plan of a compiled query: the object's `dtmk_plan` note, else the
+    OUT.plan.json that `dtrace-mk compile -o OUT.o` writes beside it; None for objects
+    not compiled from a query (clang-built monitors)."""
+    import json
+    from pathlib import Path
+    text = (obj.notes or {}).get(NOTE_PLAN)
+    if text:
+        return json.loads(text)
+    p = Path(obj.path)
+    side = p.with_name(p.stem + ".plan.json") if p.suffix == ".o" else Path(str(p) + ".plan.json")
+    if obj.path != "<memory>" and side.is_file():
+        try:
+            return json.loads(side.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{side}: cannot read the printing plan: {e}") from None
+    return None
+
+
+def _plan(obj: BpfObject, plan: Optional[dict]) -> dict:
+    if plan is not None:
+        return plan
+    found = find_plan(obj)
+    if found is None:
+        raise UserError(f"{obj.path}: no printing plan (dtmk_plan note or .plan.json beside it); "
+                        f"the object was not compiled from a query")
+    return found
+
+
+class QueryRun:
+    """One attached query on a ReferenceRuntime."""
+
+    def __init__(self, obj: BpfObject, plan: Optional[dict] = None, *, num_workers: int = 1,
+                 runtime=None, verify: bool = True):
+        from ..runtime.reference import ReferenceRuntime, _verify
+        self.plan = _plan(obj, plan)
+        self.obj = obj
+        self.rt = runtime or ReferenceRuntime(num_workers=num_workers)
+        self.aid = self.rt.attach(obj, verify=verify and _verify is not None)
+        self.maps_by_name = {m["name"]: m for m in self.plan["maps"]}
+        self.blocks: List[dict] = []
+        self.exited = False
+        self.printed_at_end: set = set()
+        self.baseline: dict = {}        # map name -> coverage totals at its last clear()
+
+    # -- actions ---------------------------------------------------------------------
+    def _actions(self, actions: Sequence[dict], when: str) -> None:
+        for a in actions:
+            if a["op"] == "exit":
+                self.exited = True
+            elif a["op"] == "clear":
+                pm = self.maps_by_name[a["map"]]
+                self.rt.maps(self.aid)[pm["bpf_map"]].clear()
+                self.baseline[a["map"]] = printing.coverage_of(pm, self.rt.coverage(self.aid))
+                if when == "END":
+                    self.printed_at_end.add(a["map"])
+            elif "text" in a:
+                self.blocks.append({"type": "text", "when": when, "text": a["text"]})
+            else:
+                self.print_map(a["map"], when)
+                if when == "END":
+                    self.printed_at_end.add(a["map"])
+
+    def print_map(self, name: str, when: str) -> None:
+        pm = self.maps_by_name[name]
+        self.blocks.append(self._block(pm, when))
+
+    def _block(self, pm: dict, when: str) -> dict:
+        return printing.map_block(pm, self.rt.maps(self.aid), self.rt.coverage(self.aid),
+                                  self.plan["names"], when, self.baseline.get(pm["name"]))
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self, records: Iterable[bytes]) -> List[dict]:
+        self._actions(self.plan["host"]["BEGIN"], "BEGIN")
+        intervals = [dict(iv, next=None) for iv in self.plan["host"]["intervals"]]
+        exit_map = self.plan.get("exit_map")
+        exit_m = self.rt.maps(self.aid)[exit_map] if exit_map else None
+        t0 = None
+        for rec in records:
+            if self.exited:
+                break
+            ts = struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0]
+            if t0 is None:
+                t0 = ts
+                for iv in intervals:
+                    iv["next"] = t0 + iv["ms"] * 1_000_000
+            for iv in intervals:
+                while ts >= iv["next"] and not self.exited:
+                    self.blocks.append({"type": "interval", "probe": iv["probe"],
+                                        "ts_ns": iv["next"] - t0})
+                    self._actions(iv["actions"], iv["probe"])
+                    iv["next"] += iv["ms"] * 1_000_000
+            if self.exited:
+                break
+            self.rt.fire(rec)
+            if exit_m is not None and any(exit_m.lookup(b"\0\0\0\0")):
+                self.exited = True
+        self._actions(self.plan["host"]["END"], "END")
+        for pm in self.plan["maps"]:
+            if pm["name"] not in self.printed_at_end:
+                b = self._block(pm, "exit")
+                if b["coverage"]["eligible"] or (b["entries"] and pm["map_type"] != "per_worker_array"):
+                    self.blocks.append(b)
+        self._evidence()
+        return self.blocks
+
+    def _evidence(self) -> None:
+        ev = self.plan.get("evidence")
+        if not ev:
+            return
+        recs = {r["tag"]: r for r in ev["records"]}
+        for _name, rec in self.rt.evidence(self.aid):
+            words = [int.from_bytes(rec.data[i:i + 8], "little") for i in range(0, len(rec.data), 8)]
+            r = recs.get(words[0])
+            if r is None:
+                continue
+            fields = {f["name"]: printing.key_label(v, f["type"], self.plan["names"])
+                      for f, v in zip(r["fields"], words[1:])}
+            self.blocks.append({"type": "evidence", "worker": rec.worker, "epoch": rec.epoch,
+                                "fields": fields})
+        rows = [c for c in self.rt.coverage(self.aid)
+                if any(c.program in r["programs"] for r in ev["records"])]
+        thr = sum(v for c in rows for k, v in c.reasons.items() if k.startswith("ring_budget"))
+        if thr:
+            self.blocks.append({"type": "warning", "text": f"evidence: {thr} records refused by the "
+                                f"budget of {ev['budget_bytes']} bytes per worker per epoch"})
+
+
+def workers_needed(records: Sequence[bytes]) -> int:
+    if not records:
+        return 1
+    return max(struct.unpack_from("<I", r, context.OFF_WORKER)[0] for r in records) + 1
+
+
+def run_events(obj: BpfObject, records: Sequence[bytes], plan: Optional[dict] = None, *,
+               num_workers: Optional[int] = None, verify: bool = True) -> List[dict]:
+    """Attach obj to a fresh ReferenceRuntime, feed the records, return the printed blocks."""
+    records = list(records)
+    q = QueryRun(obj, plan, num_workers=num_workers or workers_needed(records), verify=verify)
+    return q.run(records)

@@ -1,0 +1,180 @@
+"""Timing model of the sim backend (and the cost estimate the graph builder plans with).
+
+A task of class c costs
+
+    ns = fixed_ns[c] + per_row_ns[c] * rows
+
+where `rows` is what the task's work scales with: the batch for dense tasks, the KV
+length of its request slot for `attn`, the number of tokens routed to its expert for
+`moe_expert`.  Besides task bodies the model has four global costs:
+
+    notify_ns        an event signal becomes visible to waiting workers this long after
+                     the producing task's end (memory fence + flag propagation)
+    dispatch_ns      from task:dispatch to task:begin (dequeue, argument decode)
+    step_overhead_ns between a step's last event and the next step's first task
+                     (request bookkeeping, refill of finished slots)
+    filler_ns        one phantom queue entry of a queue_saturation fault
+
+The numbers live in `data/cost_table.json`, per preset and class:
+
+    {"source": "estimate" | "measured", "card": ..., "date": ..., "commit": ...,
+     "defaults": {"notify_ns": .., "dispatch_ns": .., "step_overhead_ns": .., "filler_ns": ..},
+     "presets": {"tiny": {"classes": {"qkv": {"fixed_ns": .., "per_row_ns": ..}, ...},
+                          "notify_ns": ..  (optional per-preset override of a default)}, ...}}
+
+The shipped file is an ESTIMATE (`source: "estimate"`) computed by `estimate_costs` from
+the model dimensions with a bandwidth/FMA model of one H200 SM; the GPU owner replaces
+it with measurements (same format).  A model absent from the file gets the estimate.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+from ..abi.schema import STANDARD_TASK_CLASSES
+from ..errors import UserError
+from .presets import PRESETS, ModelConfig
+
+COST_TABLE_PATH = Path(__file__).with_name("data") / "cost_table.json"
+CLASS_NAMES: Tuple[str, ...] = tuple(row[0] for row in STANDARD_TASK_CLASSES)
+
+DEFAULTS = {"notify_ns": 700, "dispatch_ns": 200, "step_overhead_ns": 3000, "filler_ns": 1000}
+
+# H200 model for the estimate: HBM bandwidth shared by 132 SMs (~4.8 TB/s), fp32 FMA
+# issue rate of one SM (128 lanes at ~1.9 GHz), bf16 weights.
+_BYTES_PER_NS_PER_SM = 36.0
+_FMA_PER_NS_PER_SM = 243.0
+
+
+@dataclass(frozen=True)
+class ClassCost:
+    fixed_ns: float
+    per_row_ns: float
+
+    def ns(self, rows: int) -> int:
+        return int(self.fixed_ns + self.per_row_ns * rows)
+
+
+@dataclass
+class ModelCosts:
+    """Costs of one model: `classes[class_name]` plus the global latencies."""
+    model: str
+    classes: Dict[str, ClassCost]
+    notify_ns: int = DEFAULTS["notify_ns"]
+    dispatch_ns: int = DEFAULTS["dispatch_ns"]
+    step_overhead_ns: int = DEFAULTS["step_overhead_ns"]
+    filler_ns: int = DEFAULTS["filler_ns"]
+    source: str = "estimate"
+
+    def by_class_id(self) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+        """(fixed_ns, per_row_ns) indexed by standard class id (0 for unknown classes)."""
+        fx = tuple(self.classes[n].fixed_ns if n in self.classes else 0.0 for n in CLASS_NAMES)
+        pr = tuple(self.classes[n].per_row_ns if n in self.classes else 0.0 for n in CLASS_NAMES)
+        return fx, pr
+
+
+def estimate_costs(cfg: ModelConfig) -> ModelCosts:
+    """Analytic estimate for one H200 SM: weight bytes / per-SM bandwidth + FMAs / rate."""
+    bw, fma, t, h = _BYTES_PER_NS_PER_SM, _FMA_PER_NS_PER_SM, cfg.tile_n, cfg.hidden
+    group = cfg.n_heads // cfg.n_kv_heads
+
+    def mm(k: int, n: int, mats: int = 1, fixed: float = 1200.0) -> ClassCost:
+        return ClassCost(fixed + mats * k * n * 2 / bw, mats * k * n / fma)
+
+    c = {
+        "rmsnorm": ClassCost(900.0, h * 8 / bw + h * 3 / fma * 4),
+        "qkv": mm(h, t),
+        "rope_kv_append": ClassCost(800.0, (group + 2) * cfg.head_dim * 12 / fma * 4),
+        # per KV-cache row: K and V (fp32) of one kv head, group q-heads of FMAs each
+        "attn": ClassCost(1500.0, 2 * cfg.head_dim * 4 / bw + 2 * group * cfg.head_dim / fma),
+        "attn_o": mm(cfg.q_dim, t),
+        "mlp_gate_up": mm(h, t, mats=2),
+        "mlp_down": mm(cfg.ffn, t),
+        "lm_head": mm(h, t),
+        "argmax": ClassCost(1000.0, (cfg.vocab // t) * 4.0),
+        "allreduce": ClassCost(2500.0, h * 4 / bw),
+    }
+    if cfg.moe_layers:
+        c["moe_router"] = mm(h, cfg.n_experts, fixed=1500.0)
+        c["moe_expert"] = mm(h, t, mats=3, fixed=1500.0)
+    c = {k: ClassCost(round(v.fixed_ns, 1), round(v.per_row_ns, 2)) for k, v in c.items()}
+    return ModelCosts(cfg.name, c)
+
+
+class CostTable:
+    """The cost table file: `CostTable.load().for_model(cfg)`."""
+
+    def __init__(self, data: Dict[str, Any], source: str = "<memory>"):
+        self.data = data
+        self.source = source
+
+    @classmethod
+    def load(cls, path: Union[str, Path, None] = None) -> "CostTable":
+        p = Path(path) if path is not None else COST_TABLE_PATH
+        try:
+            d = json.loads(p.read_text())
+        except OSError as e:
+            raise UserError(f"{p}: cannot read cost table: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+        if not isinstance(d, dict) or not isinstance(d.get("presets", {}), dict):
+            raise UserError(f"{p}: presets: expected an object")
+        return cls(d, str(p))
+
+    def for_model(self, cfg: ModelConfig) -> ModelCosts:
+        est = estimate_costs(cfg)
+        defaults = dict(DEFAULTS)
+        defaults.update({k: v for k, v in self.data.get("defaults", {}).items() if k in DEFAULTS})
+        entry = self.data.get("presets", {}).get(cfg.name)
+        if entry is None:
+            return ModelCosts(cfg.name, est.classes, source="estimate", **defaults)
+        classes = dict(est.classes)
+        for name, row in entry.get("classes", {}).items():
+            if name not in CLASS_NAMES:
+                raise UserError(f"{self.source}: presets.{cfg.name}.classes.{name}: unknown task class "
+                                f"(known: {', '.join(CLASS_NAMES)})")
+            try:
+                classes[name] = ClassCost(float(row["fixed_ns"]), float(row.get("per_row_ns", 0.0)))
+            except (KeyError, TypeError, ValueError):
+                raise UserError(f"{self.source}: presets.{cfg.name}.classes.{name}: expected "
+                                f"{{\"fixed_ns\": number, \"per_row_ns\": number}}") from None
+        for k in DEFAULTS:
+            if k in entry:
+                defaults[k] = int(entry[k])
+        return ModelCosts(cfg.name, classes, source=str(self.data.get("source", "estimate")), **defaults)
+
+
+_cached: Optional[CostTable] = None
+
+
+def model_costs(cfg: ModelConfig, path: Union[str, Path, None] = None) -> ModelCosts:
+    """Costs of `cfg` from the shipped table (or `path`), falling back to the estimate."""
+    global _cached
+    if path is not None:
+        return CostTable.load(path).for_model(cfg)
+    if _cached is None:
+        _cached = CostTable.load() if COST_TABLE_PATH.exists() else CostTable({})
+    return _cached.for_model(cfg)
+
+
+def estimate_table() -> Dict[str, Any]:
+    """The content of the shipped estimate file (`python -m dtrace_mk.megakernel.cost`)."""
+    return {
+        "source": "estimate",
+        "note": "ESTIMATE, not a measurement: weight bytes / (4.8 TB/s / 132 SMs) + FMAs / "
+                "(128 lanes x 1.9 GHz) per H200 SM, written by dtrace_mk.megakernel.cost."
+                "estimate_table(). The GPU owner overwrites this file with measured numbers "
+                "(source: measured, card, date, commit).",
+        "card": None, "date": None, "commit": None,
+        "defaults": dict(DEFAULTS),
+        "presets": {name: {"classes": {k: vars(v) for k, v in estimate_costs(cfg).classes.items()}}
+                    for name, cfg in PRESETS.items()},
+    }
+
+
+if __name__ == "__main__":
+    COST_TABLE_PATH.parent.mkdir(exist_ok=True)
+    COST_TABLE_PATH.write_text(json.dumps(estimate_table(), indent=1) + "\n")
+    print(f"wrote {COST_TABLE_PATH}")

@@ -1,0 +1,631 @@
+"""GPU launcher of the reference megakernel: NVRTC compile + disk cache, table packing,
+buffers, launch, hook/trace/watchdog read-back.
+
+    from dtrace_mk.megakernel import gpu
+    mk = gpu.Megakernel(cfg, batch=4)                # builds the graph, weights, buffers
+    res = mk.run(steps=8)                           # K steps in one launch
+    res = mk.run(steps=8, per_step_launch=True)     # one launch per step
+    res.tokens [steps, B], res.logits [B, V] (last step), res.hooks (dtmk_ctx records),
+    res.trace (task trace records), res.watchdog (None or per-worker state)
+
+Compilation needs no build step: `compile_source()` runs NVRTC (cuda.bindings.nvrtc)
+on kernels/megakernel.cu for sm_90a (cubin) or to LTO-IR, caching the output on disk
+under $DTRACE_MK_CACHE (default ~/.cache/dtrace_mk/kernels) by a hash of the sources,
+options and NVRTC version.  The CI test compiles without a GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..abi import definition as abi
+from ..errors import UserError
+from .graph import CLASS_IDS, TaskGraph, build_graph
+from .reference import Requests, dense_index, make_weights, moe_index
+
+try:  # the package's kernels folder (installed as dtrace_mk.kernels)
+    from ..kernels import KERNEL_DIR  # type: ignore
+except Exception:  # pragma: no cover - editable checkout
+    KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+
+SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h")
+MK_THREADS = 512
+MK_WARPS = MK_THREADS // 32
+TREC_WORDS = 16
+SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
+TRACE_BYTES = 32
+
+# Field order of struct MkParams (kernels/mk_ops.cuh); tests check they agree.
+PARAM_FIELDS: Tuple[str, ...] = (
+    "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "max_seq",
+    "n_experts", "top_k", "expert_ffn", "batch", "qkv_dim", "tile_n", "xs_off", "xs_cap",
+    "rms_eps_bits", "rope_theta_bits",
+    "w_embed", "w_attn_norm", "w_qkv", "w_o", "w_mlp_norm", "w_gate", "w_up", "w_down",
+    "w_router", "w_egate", "w_eup", "w_edown", "w_final_norm", "w_lm_head",
+    "h", "xn", "qkv", "attn", "act", "k_cache", "v_cache", "logits", "tile_max", "tile_arg", "moe_part",
+    "route_expert", "route_weight",
+    "tokens", "pos", "req_gen", "req_len", "out_tokens", "n_out_steps", "req_seed", "req_min", "req_span",
+    "tasks", "n_tasks", "events", "event_triggers", "n_events", "plan_off", "plan_tasks", "n_workers",
+    "step_event",
+    "moe", "n_moe", "dyn_items", "dyn_head", "dyn_tail", "dyn_cap",
+    "step0", "n_steps",
+    "control", "hook_ring", "hook_head", "hook_cap", "trace_ring", "trace_head", "trace_cap",
+    "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns",
+)
+
+# control words (megakernel.cu CTL_*)
+CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
+WS_NAMES = ("task", "step", "event", "value", "target", "state", "ts", "done")
+WS_STATES = {0: "idle", 1: "running", 2: "waiting", 3: "done", 4: "watchdog", 5: "stopped"}
+
+TRACE_DTYPE = np.dtype([("t_dispatch", "<u8"), ("wait_ns", "<u4"), ("dur_ns", "<u4"),
+                        ("task_index", "<u4"), ("step", "<u4"), ("sm", "<u2"), ("worker", "<u2"),
+                        ("flags", "<u2"), ("cls", "<u2")])
+assert TRACE_DTYPE.itemsize == TRACE_BYTES
+
+CTX_DTYPE = np.dtype([(f.name, "<u8" if f.ctype == "u64" else "<u4") for f in abi.CONTEXT_FIELDS])
+assert CTX_DTYPE.itemsize == abi.CONTEXT_SIZE
+
+
+# ---------------------------------------------------------------------------------
+# NVRTC
+# ---------------------------------------------------------------------------------
+
+class CompileError(UserError):
+    """NVRTC rejected a kernel source; the message carries NVRTC's log (file:line)."""
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # older cuda-python layout
+        from cuda import nvrtc  # type: ignore
+    return nvrtc
+
+
+def _check(nvrtc, res, what: str):
+    err = res[0] if isinstance(res, tuple) else res
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"NVRTC {what}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
+    return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
+
+
+def source_hash(arch: str, target: str, defines: Sequence[str] = ()) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode() + b"\0" + (KERNEL_DIR / name).read_bytes() + b"\0")
+    h.update(f"{arch}|{target}|{'|'.join(defines)}".encode())
+    try:
+        h.update(repr(_nvrtc().nvrtcVersion()).encode())
+    except Exception:  # pragma: no cover
+        pass
+    return h.hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequence[str] = (),
+                   use_cache: bool = True, name: str = "megakernel.cu") -> bytes:
+    """Compile kernels/<name> with NVRTC to 'cubin' (arch sm_XX[a]) or 'ltoir'.
+
+    Cached on disk by source hash; raises CompileError with NVRTC's log."""
+    if target not in ("cubin", "ltoir", "ptx"):
+        raise ValueError(target)
+    try:
+        return _compile(arch, target, tuple(defines), use_cache, name)
+    except CompileError as e:
+        # NVRTC 13.0 lacks __builtin_offsetof (the ABI header's layout checks)
+        if "__builtin_offsetof" in str(e) and "DTMK_NO_OFFSETOF_ASSERTS" not in defines:
+            return _compile(arch, target, tuple(defines) + ("DTMK_NO_OFFSETOF_ASSERTS",), use_cache, name)
+        raise
+
+
+def _compile(arch: str, target: str, defines: Tuple[str, ...], use_cache: bool, name: str) -> bytes:
+    key = source_hash(arch, target, defines) + "_" + name.replace(".", "_")
+    path = cache_dir() / f"{key}.{target}"
+    if use_cache and path.exists():
+        return path.read_bytes()
+    nvrtc = _nvrtc()
+    src = (KERNEL_DIR / name).read_bytes()
+    (prog,) = _check(nvrtc, nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []), "create")
+    arch_opt = arch if target != "ptx" else arch.replace("sm_", "compute_")
+    opts = [f"--gpu-architecture={arch_opt}", f"--include-path={KERNEL_DIR}", "--std=c++17",
+            "-default-device", "--use_fast_math=false"]
+    opts = [o for o in opts if not o.startswith("--use_fast_math")]
+    if target == "ltoir":
+        opts += ["-dlto", "--relocatable-device-code=true"]
+    opts += [f"-D{d}" for d in defines]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+    log_size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
+    log = b" " * log_size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    log_s = log.decode(errors="replace").strip("\0 \n")
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        nvrtc.nvrtcDestroyProgram(prog)
+        raise CompileError(f"{KERNEL_DIR / name}: NVRTC failed ({arch}, {target}):\n{log_s}")
+    if target == "cubin":
+        size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "cubin size")[0]
+        out = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, out), "cubin")
+    elif target == "ltoir":
+        size = _check(nvrtc, nvrtc.nvrtcGetLTOIRSize(prog), "ltoir size")[0]
+        out = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetLTOIR(prog, out), "ltoir")
+    else:
+        size = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "ptx size")[0]
+        out = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetPTX(prog, out), "ptx")
+    nvrtc.nvrtcDestroyProgram(prog)
+    if use_cache:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(out)
+        tmp.replace(path)
+    return bytes(out)
+
+
+def load_module(arch: str, name: str):
+    """cupy.RawModule of kernels/<name> compiled (or cached) for arch."""
+    import cupy as cp
+    cubin = compile_source(arch, "cubin", name=name)
+    path = cache_dir() / f"{hashlib.sha256(cubin).hexdigest()[:24]}_{name.replace('.', '_')}.loaded.cubin"
+    if not path.exists():
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(cubin)
+        tmp.replace(path)
+    return cp.RawModule(path=str(path))
+
+
+def set_smem(fn, nbytes: int) -> None:
+    """Raise a kernel's dynamic shared-memory limit to nbytes (never lower it: several
+    Megakernel objects share one loaded module)."""
+    if fn.max_dynamic_shared_size_bytes < nbytes:
+        fn.max_dynamic_shared_size_bytes = nbytes
+
+
+def device_arch() -> str:
+    import cupy
+    cc = cupy.cuda.Device().compute_capability
+    return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
+
+
+# ---------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------
+
+def pack_tables(g: TaskGraph) -> Dict[str, np.ndarray]:
+    """device_tables() in the kernel's layout: tasks int32 [T, 16], moe int32 [n_moe, 8],
+    plus the CSR plans and event triggers (see megakernel.cu's header)."""
+    d = g.device_tables()
+    cfg = g.cfg
+    T = len(g.tasks)
+    t = np.zeros((T, TREC_WORDS), dtype=np.int32)
+    t[:, 0] = d["task_cls"]; t[:, 1] = d["task_layer"]; t[:, 2] = d["task_expert"]; t[:, 3] = d["task_slot"]
+    t[:, 4] = d["task_lo"]; t[:, 5] = d["task_hi"]; t[:, 6] = d["task_wait_event"]
+    t[:, 7] = d["task_wait_count"]; t[:, 8] = d["task_signal_event"]; t[:, 9] = d["task_dynamic"]
+    tile = d["task_tile"].astype(np.uint64)
+    t[:, 10] = (tile & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+    t[:, 11] = (tile >> np.uint64(32)).astype(np.uint32).view(np.int32)
+    expert_event_moe = {m.expert_event: i for i, m in enumerate(g.moe)}
+    mi_of_layer, di_of_layer = moe_index(cfg), dense_index(cfg)
+    t[:, 12] = -1; t[:, 13] = -1; t[:, 14] = -1; t[:, 15] = 0
+    for plan in g.worker_plans:          # first task of each layer in a worker's plan
+        seen = set()
+        for i in plan:
+            if g.tasks[i].layer not in seen:
+                seen.add(g.tasks[i].layer)
+                t[i, 15] = 1
+    for task in g.tasks:
+        i = task.index
+        if task.cls == CLASS_IDS["rmsnorm"]:
+            t[i, 12] = task.tile[0]
+            t[i, 13] = expert_event_moe.get(task.wait_event, -1)
+        elif task.cls in (CLASS_IDS["mlp_gate_up"], CLASS_IDS["mlp_down"]):
+            t[i, 14] = di_of_layer[task.layer]
+        elif task.cls in (CLASS_IDS["moe_router"], CLASS_IDS["moe_expert"]):
+            t[i, 14] = mi_of_layer[task.layer]
+    moe = np.zeros((max(len(g.moe), 1), 8), dtype=np.int32)
+    for i, m in enumerate(g.moe):
+        moe[i, :6] = (m.layer, m.router_task, m.expert_base, m.expert_tiles, m.router_event, m.expert_event)
+    return {"tasks": t, "moe": moe, "plan_off": d["plan_offsets"].astype(np.int32),
+            "plan_tasks": np.maximum(d["plan_tasks"], 0).astype(np.int32) if len(d["plan_tasks"]) else np.zeros(1, np.int32),
+            "event_triggers": d["event_triggers"].astype(np.int32)}
+
+
+def hook_mask(hooks) -> int:
+    """Hook names ("task:end"), ids, "all" or an int mask -> the kernel's mask."""
+    if hooks is None or hooks is False:
+        return 0
+    if isinstance(hooks, int) and not isinstance(hooks, bool):
+        return hooks
+    if hooks is True or hooks == "all":
+        hooks = [h.name for h in abi.HOOKS if not h.name.startswith("comm:")]
+    m = 0
+    for h in hooks:
+        m |= 1 << (abi.hook(h).id if isinstance(h, str) else int(h))
+    return m
+
+
+# ---------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    tokens: np.ndarray                 # int32 [steps, B] greedy tokens
+    logits: np.ndarray                 # fp32 [B, V] of the last step
+    step_logits: Optional[np.ndarray]  # fp32 [steps, B, V] with per_step_launch, else None
+    hooks: np.ndarray                  # CTX_DTYPE records, sorted by ts_ns
+    hooks_dropped: int
+    trace: np.ndarray                  # TRACE_DTYPE records, sorted by t_dispatch
+    trace_dropped: int
+    watchdog: Optional[Dict[str, Any]]  # None, or the report of a stopped run
+    elapsed_ms: float
+    steps: int
+    step0: int
+
+    def hook_counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for h in abi.HOOKS:
+            n = int(np.count_nonzero(self.hooks["hook"] == h.id))
+            if n:
+                out[h.name] = n
+        return out
+
+
+class WatchdogFired(UserError):
+    def __init__(self, report: Dict[str, Any]):
+        self.report = report
+        super().__init__(format_watchdog(report))
+
+
+def format_watchdog(rep: Dict[str, Any]) -> str:
+    lines = [f"megakernel stopped by the watchdog ({rep['reason']}): no progress for "
+             f"{rep['timeout_ms']} ms; first worker to fire: {rep['worker']}"]
+    for w in rep["workers"]:
+        if w["state"] in ("waiting", "watchdog", "stopped"):
+            lines.append(f"  worker {w['worker']}: {w['state']} in task {w['task']} ({w['class']}) step "
+                         f"{w['step']}: event {w['event']} ({w['event_name']}) = {w['value']} < target {w['target']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------------
+
+class Megakernel:
+    """One model's megakernel on the current CUDA device (CuPy)."""
+
+    def __init__(self, cfg, batch: int = 1, num_workers: Optional[int] = None, seed: int = 0,
+                 weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
+                 graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
+                 queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None):
+        import cupy as cp
+        self.cp = cp
+        self.cfg, self.B, self.req = cfg, batch, requests
+        dev = cp.cuda.Device()
+        self.num_workers = num_workers or dev.attributes["MultiProcessorCount"]
+        self.graph = graph or build_graph(cfg, batch, self.num_workers)
+        self.arch = arch or device_arch()
+        self.module = load_module(self.arch, "megakernel.cu")
+        self.kernel = self.module.get_function("dtmk_megakernel")
+        self.hook_cap, self.trace_cap = hook_cap, trace_cap
+        W = self.num_workers
+        # weights (bf16 bits) on the device
+        w = weights if weights is not None else make_weights(cfg, seed)
+        self.weights = {k: cp.asarray(v) for k, v in w.items()}
+        tabs = pack_tables(self.graph)
+        self.tables = {k: cp.asarray(v) for k, v in tabs.items()}
+        c = cfg
+        f32, i32 = cp.float32, cp.int32
+        et = max(c.expert_ffn // c.tile_n, 1)
+        n_moe = max(len(c.moe_layers), 1)
+        nt = c.vocab // c.tile_n
+        B = batch
+        self.buf = {
+            "h": cp.zeros((B, c.hidden), f32), "xn": cp.zeros((B, c.hidden), f32),
+            "qkv": cp.zeros((c.n_layers, B, c.qkv_dim), f32),
+            "attn": cp.zeros((c.n_layers, B, c.q_dim), f32),
+            "act": cp.zeros((c.n_layers, B, c.ffn), f32),
+            "k_cache": cp.zeros((c.n_layers, B, c.max_seq, c.n_kv_heads, c.head_dim), f32),
+            "v_cache": cp.zeros((c.n_layers, B, c.max_seq, c.n_kv_heads, c.head_dim), f32),
+            "logits": cp.zeros((B, c.vocab), f32),
+            "tile_max": cp.zeros((B, nt), f32), "tile_arg": cp.zeros((B, nt), i32),
+            "moe_part": cp.zeros((n_moe, max(c.n_experts, 1), et, B, c.hidden) if c.moe_layers else (1,), f32),
+            "route_expert": cp.zeros((n_moe, B, max(c.top_k, 1)), i32),
+            "route_weight": cp.zeros((n_moe, B, max(c.top_k, 1)), f32),
+            "tokens": cp.zeros(B, i32), "pos": cp.zeros(B, i32), "req_gen": cp.zeros(B, i32),
+            "req_len": cp.zeros(B, i32),
+            "events": cp.zeros(len(self.graph.events), cp.uint64),
+            "dyn_items": cp.zeros((n_moe, max(c.n_experts * et, 1), 2), cp.uint64),
+            "dyn_head": cp.zeros(n_moe, cp.uint64), "dyn_tail": cp.zeros(n_moe, cp.uint64),
+            "control": cp.zeros(16, cp.uint32),
+            "hook_ring": cp.zeros((W, hook_cap, abi.CONTEXT_SIZE), cp.uint8),
+            "hook_head": cp.zeros(W, cp.uint64),
+            "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
+            "trace_head": cp.zeros(W, cp.uint64),
+            "worker_state": cp.zeros((W, 8), cp.uint64),
+            "faults": cp.zeros((1, 8), cp.int64),
+        }
+        self.out_tokens = cp.zeros((1, B), i32)
+        self.n_faults = 0
+        self.queue_threshold, self.filler_ns = queue_threshold, filler_ns
+        # dynamic shared memory (floats): task scratch, then the activation staging area
+        base = max(c.max_seq + MK_WARPS + MK_THREADS, B * max(c.n_experts, 1) + 8,
+                   B * c.tile_n + 2 * B + 8, 2 * MK_WARPS + 4) + 64
+        self.xs_off = (base + 3) // 4 * 4
+        max_k = max(c.hidden, c.ffn, c.q_dim)
+        self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
+        self.smem = 4 * (self.xs_off + self.xs_cap)
+        set_smem(self.kernel, self.smem)
+        self.step = 0
+        self.reset()
+
+    # -- state --
+    def reset(self) -> None:
+        """Fresh requests (generation 0 in every slot), zero events and queues."""
+        cp, B, c = self.cp, self.B, self.cfg
+        self.buf["tokens"][:] = cp.asarray([self.req.prompt_token(b, 0, c.vocab) for b in range(B)], cp.int32)
+        self.buf["req_len"][:] = cp.asarray([self.req.req_len(b, 0, c.max_seq) for b in range(B)], cp.int32)
+        for k in ("pos", "req_gen", "events", "dyn_head", "dyn_tail", "k_cache", "v_cache", "worker_state"):
+            self.buf[k].fill(0)
+        self.step = 0
+
+    def set_faults(self, table) -> None:
+        a = table.to_array() if table is not None and len(table) else np.zeros((0, 8), np.int64)
+        self.n_faults = len(a)
+        self.buf["faults"] = self.cp.asarray(a if len(a) else np.zeros((1, 8), np.int64))
+
+    def _params(self, steps: int, n_out: int, out_row: int = 0) -> Any:
+        cp, c, g = self.cp, self.cfg, self.graph
+        ptr = lambda a: int(a.data.ptr)  # noqa: E731
+        f32bits = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]  # noqa: E731
+        W, b, t = self.weights, self.buf, self.tables
+        v = {
+            "hidden": c.hidden, "n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+            "head_dim": c.head_dim, "ffn": c.ffn, "vocab": c.vocab, "max_seq": c.max_seq,
+            "n_experts": c.n_experts, "top_k": c.top_k, "expert_ffn": c.expert_ffn, "batch": self.B,
+            "qkv_dim": c.qkv_dim, "tile_n": c.tile_n, "xs_off": self.xs_off, "xs_cap": self.xs_cap,
+            "rms_eps_bits": f32bits(c.rms_eps), "rope_theta_bits": f32bits(c.rope_theta),
+            "w_embed": ptr(W["embed"]), "w_attn_norm": ptr(W["attn_norm"]), "w_qkv": ptr(W["qkv"]),
+            "w_o": ptr(W["o"]), "w_mlp_norm": ptr(W["mlp_norm"]), "w_gate": ptr(W["gate"]),
+            "w_up": ptr(W["up"]), "w_down": ptr(W["down"]), "w_router": ptr(W["router"]),
+            "w_egate": ptr(W["egate"]), "w_eup": ptr(W["eup"]), "w_edown": ptr(W["edown"]),
+            "w_final_norm": ptr(W["final_norm"]), "w_lm_head": ptr(W["lm_head"]),
+            "out_tokens": ptr(self.out_tokens) + 4 * self.B * out_row, "n_out_steps": n_out,
+            "req_seed": self.req.seed, "req_min": self.req.min_len, "req_span": self.req.span,
+            "tasks": ptr(t["tasks"]), "n_tasks": len(g.tasks), "event_triggers": ptr(t["event_triggers"]),
+            "n_events": len(g.events), "plan_off": ptr(t["plan_off"]), "plan_tasks": ptr(t["plan_tasks"]),
+            "n_workers": self.num_workers, "step_event": g.step_event,
+            "moe": ptr(t["moe"]), "n_moe": len(g.moe), "dyn_cap": int(b["dyn_items"].shape[1]),
+            "step0": self.step, "n_steps": steps,
+            "hook_cap": self.hook_cap, "trace_cap": self.trace_cap,
+            "n_faults": self.n_faults, "rank": g.rank, "queue_threshold": self.queue_threshold,
+            "filler_ns": self.filler_ns,
+        }
+        for k in ("h", "xn", "qkv", "attn", "act", "k_cache", "v_cache", "logits", "tile_max", "tile_arg",
+                  "moe_part", "route_expert", "route_weight", "tokens", "pos", "req_gen", "req_len",
+                  "events", "dyn_items", "dyn_head", "dyn_tail", "control", "hook_ring", "hook_head",
+                  "trace_ring", "trace_head", "worker_state", "faults"):
+            v[k] = ptr(b[k])
+        missing = [f for f in PARAM_FIELDS if f not in v]
+        assert not missing, missing
+        return cp.asarray(np.array([v[f] for f in PARAM_FIELDS], dtype=np.uint64))
+
+    def poison(self) -> None:
+        for k in ("h", "xn", "qkv", "attn", "act", "logits", "tile_max", "moe_part"):
+            self.buf[k].fill(np.nan)
+        self.buf["tile_arg"].fill(-1)
+        self.out_tokens.fill(-1)
+
+    def abort(self, stream=None) -> None:
+        """Ask a running kernel to stop (host side; a separate stream)."""
+        cp = self.cp
+        s = stream or cp.cuda.Stream(non_blocking=True)
+        one = np.array([1], np.uint32)
+        cp.cuda.runtime.memcpyAsync(int(self.buf["control"].data.ptr) + 4 * CTL_ABORT, one.ctypes.data, 4,
+                                    cp.cuda.runtime.memcpyHostToDevice, s.ptr)
+        s.synchronize()
+
+    def launch(self, steps: int, n_out: int, stream=None) -> None:
+        params = self._params(steps, n_out)
+        self._last_params = params   # keep alive until the launch completes
+        self.kernel((self.num_workers,), (MK_THREADS,), (params,), shared_mem=self.smem, stream=stream)
+        self.step += steps
+
+    def run(self, steps: int, per_step_launch: bool = False, hooks=None, trace: bool = False,
+            faults=None, watchdog_ms: int = 2000, refresh: int = 16, poison: bool = True,
+            keep_logits: bool = False, raise_on_watchdog: bool = True, host_timeout_s: float = 60.0,
+            inject_deadlock: Optional[int] = None) -> RunResult:
+        """Run `steps` decode steps from the current state (one launch, or one per step).
+
+        hooks: None / names / "all" / mask; trace: the built-in full task trace;
+        faults: a faults.FaultTable; watchdog_ms: a wait longer than this stops the run
+        (0: off); inject_deadlock: task index whose wait target is made unreachable."""
+        cp = self.cp
+        self.set_faults(faults)
+        ctl = np.zeros(16, np.uint32)
+        ctl[CTL_HOOK_MASK] = hook_mask(hooks)
+        ctl[CTL_TRACE] = 1 if trace else 0
+        ctl[CTL_REFRESH] = refresh
+        ctl[CTL_WD_US] = watchdog_ms * 1000
+        ctl[CTL_ABORT_WORKER] = 0xFFFFFFFF
+        self.buf["control"][:] = cp.asarray(ctl)
+        for k in ("hook_head", "trace_head"):
+            self.buf[k].fill(0)
+        if poison:
+            self.poison()
+        saved = None
+        if inject_deadlock is not None:
+            saved = self.tables["tasks"][inject_deadlock, 7].copy()
+            self.tables["tasks"][inject_deadlock, 7] += 1 << 20
+        self.out_tokens = cp.full((steps, self.B), -1, cp.int32)
+        step0 = self.step
+        logits_hist = []
+        stream = cp.cuda.Stream(non_blocking=True)
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        keep = []
+        with stream:
+            start.record(stream)
+            if per_step_launch:
+                for k in range(steps):
+                    params = self._params(1, 1, out_row=k)
+                    keep.append(params)
+                    self.kernel((self.num_workers,), (MK_THREADS,), (params,), shared_mem=self.smem)
+                    self.step += 1
+                    if keep_logits:
+                        logits_hist.append(cp.asnumpy(self.buf["logits"]))
+                        if int(self.buf["control"][CTL_ABORT]):
+                            break
+            else:
+                self.launch(steps, steps, stream)
+        end.record(stream)
+        while not end.done:
+            if time.perf_counter() - t0 > host_timeout_s:
+                self.abort()
+                break
+            time.sleep(0.0005)
+        stream.synchronize()
+        elapsed = cp.cuda.get_elapsed_time(start, end)
+        if saved is not None:
+            self.tables["tasks"][inject_deadlock, 7] = saved
+        res = self._collect(steps, step0, elapsed, np.stack(logits_hist) if logits_hist else None,
+                            watchdog_ms)
+        if res.watchdog is not None and raise_on_watchdog:
+            raise WatchdogFired(res.watchdog)
+        return res
+
+    def _collect(self, steps, step0, elapsed, step_logits, watchdog_ms) -> RunResult:
+        cp = self.cp
+        toks = cp.asnumpy(self.out_tokens)
+        hooks, hd = self.read_hooks()
+        trace, td = self.read_trace()
+        ctl = cp.asnumpy(self.buf["control"])
+        wd = None
+        if ctl[CTL_ABORT]:
+            wd = self.watchdog_report(int(ctl[CTL_ABORT]), int(ctl[CTL_ABORT_WORKER]), watchdog_ms)
+        return RunResult(toks, cp.asnumpy(self.buf["logits"]), step_logits, hooks, hd, trace, td, wd,
+                         elapsed, steps, step0)
+
+    def read_hooks(self) -> Tuple[np.ndarray, int]:
+        head = self.cp.asnumpy(self.buf["hook_head"]).astype(np.int64)
+        ring = self.cp.asnumpy(self.buf["hook_ring"])
+        recs, dropped = [], 0
+        for w in range(self.num_workers):
+            n = int(min(head[w], self.hook_cap))
+            dropped += int(head[w]) - n
+            if n:
+                recs.append(ring[w, :n].reshape(-1).view(CTX_DTYPE))
+        out = np.concatenate(recs) if recs else np.zeros(0, CTX_DTYPE)
+        return out[np.argsort(out["ts_ns"], kind="stable")], dropped
+
+    def read_trace(self) -> Tuple[np.ndarray, int]:
+        head = self.cp.asnumpy(self.buf["trace_head"]).astype(np.int64)
+        ring = self.cp.asnumpy(self.buf["trace_ring"])
+        recs, dropped = [], 0
+        for w in range(self.num_workers):
+            n = int(min(head[w], self.trace_cap))
+            dropped += int(head[w]) - n
+            if n:
+                recs.append(ring[w, :n].reshape(-1).view(TRACE_DTYPE))
+        out = np.concatenate(recs) if recs else np.zeros(0, TRACE_DTYPE)
+        return out[np.argsort(out["t_dispatch"], kind="stable")], dropped
+
+    def watchdog_report(self, reason: int, worker: int, timeout_ms: int) -> Dict[str, Any]:
+        ws = self.cp.asnumpy(self.buf["worker_state"])
+        ev = self.cp.asnumpy(self.buf["events"])
+        g = self.graph
+        workers = []
+        for w in range(self.num_workers):
+            d = dict(zip(WS_NAMES, (int(x) for x in ws[w])))
+            d["worker"] = w
+            d["state"] = WS_STATES.get(d["state"], str(d["state"]))
+            t = d["task"]
+            d["class"] = g.tasks[t].class_name if 0 <= t < len(g.tasks) else "-"
+            e = d["event"]
+            d["event_name"] = g.events[e].name if 0 <= e < len(g.events) else "-"
+            if d["state"] in ("waiting", "watchdog", "stopped") and 0 <= e < len(ev):
+                d["value"] = int(ev[e])
+            workers.append(d)
+        return {"reason": {1: "host abort", 2: "watchdog"}.get(reason, f"abort {reason}"),
+                "worker": worker if worker != 0xFFFFFFFF else None, "timeout_ms": timeout_ms,
+                "workers": workers, "events": {g.events[i].name: int(v) for i, v in enumerate(ev)}}
+
+
+# ---------------------------------------------------------------------------------
+# Trace export (Chrome / Perfetto JSON)
+# ---------------------------------------------------------------------------------
+
+def trace_to_chrome(trace: np.ndarray, graph: TaskGraph, dropped: int = 0) -> Dict[str, Any]:
+    """Chrome trace-event JSON: one track per worker, one slice per task (begin..end)
+    plus a 'wait' slice from dispatch to begin when the task waited."""
+    evs: List[Dict[str, Any]] = []
+    if len(trace):
+        t0 = int(trace["t_dispatch"].min())
+    for r in trace:
+        t = graph.tasks[int(r["task_index"])]
+        disp = (int(r["t_dispatch"]) - t0) / 1000.0
+        begin = disp + int(r["wait_ns"]) / 1000.0
+        args = {"task": t.index, "class": t.class_name, "layer": None if t.layer == abi.NONE_U32 else t.layer,
+                "expert": None if t.expert == abi.NONE_U32 else t.expert, "tile": list(t.tile),
+                "step": int(r["step"]), "sm": int(r["sm"]), "wait_ns": int(r["wait_ns"]),
+                "flags": int(r["flags"])}
+        if int(r["wait_ns"]) > 0:
+            evs.append({"name": "wait", "ph": "X", "pid": 0, "tid": int(r["worker"]), "ts": disp,
+                        "dur": int(r["wait_ns"]) / 1000.0, "cat": "wait", "args": {"task": t.index}})
+        evs.append({"name": t.class_name, "ph": "X", "pid": 0, "tid": int(r["worker"]), "ts": begin,
+                    "dur": int(r["dur_ns"]) / 1000.0, "cat": "task", "args": args})
+    return {"traceEvents": evs, "displayTimeUnit": "ns",
+            "otherData": {"model": graph.cfg.name, "batch": graph.batch, "dropped": dropped,
+                          "schema_hash": graph.schema.hash}}
+
+
+# ---------------------------------------------------------------------------------
+# Entry point of `dtrace-mk run --backend gpu` (docs/dev/megakernel_contract.md)
+# ---------------------------------------------------------------------------------
+
+@dataclass
+class GpuRunResult:
+    step_ns: List[int]
+    tokens: int
+    result: RunResult
+
+
+def run(graph: TaskGraph, steps: int, faults=None, sink=None, seed: int = 0) -> GpuRunResult:
+    """Run `steps` decode steps of `graph` on the GPU, one launch per step (so step
+    times are measured); `sink` gets every hook context as a dict (abi.context.to_dict)."""
+    from ..abi import context
+    mk = Megakernel(graph.cfg, batch=graph.batch, num_workers=graph.num_workers, seed=seed, graph=graph)
+    cp = mk.cp
+    step_ns: List[int] = []
+    hooks_all = []
+    res = None
+    for _ in range(steps):
+        res = mk.run(1, hooks="all" if sink is not None else None, faults=faults)
+        step_ns.append(int(res.elapsed_ms * 1e6))
+        hooks_all.append(res.hooks)
+    if sink is not None:
+        for recs in hooks_all:
+            raw = recs.tobytes()
+            for i in range(len(recs)):
+                sink(context.to_dict(raw[i * abi.CONTEXT_SIZE:(i + 1) * abi.CONTEXT_SIZE]))
+    return GpuRunResult(step_ns, steps * graph.batch, res)
+
+
+def hook_dicts(records: np.ndarray) -> List[Dict[str, Any]]:
+    from ..abi import context
+    raw = records.tobytes()
+    return [context.to_dict(raw[i * abi.CONTEXT_SIZE:(i + 1) * abi.CONTEXT_SIZE]) for i in range(len(records))]

@@ -1,0 +1,380 @@
+"""Task-graph builder: one decode step of a Llama-style decoder in MPK normal form.
+
+`build_graph(cfg, batch, num_workers)` lowers one decode step (one token for each of
+`batch` request slots) to tasks and events.  Both the sim backend (`sim.py`) and the
+GPU launcher (`gpu.py` + `kernels/megakernel.cu`) consume the result, so their hook
+streams name the same tasks (contract: docs/dev/megakernel_contract.md).
+
+Normal form
+-----------
+* Every task waits on exactly one event and signals exactly one event.
+* Events are monotonic u64 counters that are never reset.  `EventDef.triggers` is the
+  number of signals an event receives per step (the number of its producer tasks);
+  a task of step k (0-based) waiting on event e may run once
+  `counter[e] >= wait_count * (k + 1)` where `wait_count == triggers(e)`.
+* Task 0 (layer 0's attention RMSNorm) has `wait_event == -1`: it waits on the *step
+  boundary*: at step k it may run once `counter[step_event] >= k` (`step_event` is the
+  event `argmax` signals, triggers 1), i.e. after the previous step finished; at
+  step 0 immediately.
+* Tasks are in a topological order: every task's wait event is produced by tasks of
+  lower index only.  Every task is upstream of `argmax` (single sink), so when
+  `step_event` reaches k+1 every event of step k is complete.
+
+Lowering (per layer l; T = cfg.tile_n output columns per matmul tile)
+---------------------------------------------------------------------
+| class          | tasks                 | tile (x, y, z, w)        | lo..hi            | waits on (count)            |
+|----------------|-----------------------|--------------------------|-------------------|-----------------------------|
+| rmsnorm        | 1 (attention norm)    | (0,0,0,0)                | 0..hidden         | prev layer's MLP out / step |
+| qkv            | qkv_dim / T           | (x,0,0,0)                | cols of q|k|v     | L.attn_norm (1)             |
+| rope_kv_append | n_kv_heads            | (0,kvh,0,0)              | kv head kvh       | L.qkv (qkv tiles)           |
+| attn           | n_kv_heads * batch    | (0,kvh,slot,0)           | q heads of kvh    | L.rope (n_kv_heads)         |
+| attn_o         | hidden / T            | (x,0,0,0)                | cols (+residual)  | L.attn (n_kv_heads*batch)   |
+| rmsnorm        | 1 (MLP norm)          | (1,0,0,0)                | 0..hidden         | L.attn_o (hidden/T)         |
+| mlp_gate_up    | ffn / T (dense layer) | (x,0,0,0)                | ffn cols, SiLU*up | L.mlp_norm (1)              |
+| mlp_down       | hidden / T            | (x,0,0,0)                | cols (+residual)  | L.gate_up (ffn/T)           |
+| moe_router     | 1 (MoE layer)         | (0,0,0,0)                | 0..n_experts      | L.mlp_norm (1)              |
+| moe_expert     | n_experts*expert_ffn/T| (x,0,0,0), expert=e      | expert ffn cols   | L.router (1)   dynamic      |
+
+then `rmsnorm` (final, layer NONE, tile (2,0,0,0)), `lm_head` (vocab / T tiles; each
+also writes the per-tile max and argmax per slot) and `argmax` (1 task: reduces the
+lm_head tiles, writes the next token per slot, signals `step_done` = step_event).
+`attn` tasks belong to one request slot (`Task.slot`, also tile z); all other tasks
+cover the whole batch (`slot == NONE_U32`).  A `moe_expert` tile computes
+h = silu(x Wg[:, lo:hi]) * (x Wu[:, lo:hi]) for the tokens routed to its expert and
+adds gate_weight * h Wd[lo:hi, :] into the residual (a split-K partial sum).
+
+Static plans
+------------
+`worker_plans[w]` is worker w's task order for every step (dense and router tasks;
+never `dynamic` ones).  Plans come from deterministic list scheduling: tasks in index
+order, each to the worker that can start it first under the estimated costs of
+`cost.py` (ties: the worker that became free first, then the lowest id).  Each plan is
+a subsequence of the topological order, which makes the static part deadlock-free.
+Workers repeat their plan every step.
+
+Dynamic queue (MoE expert tasks) -- the GPU kernel implements the same
+-----------------------------------------------------------------------
+* One FIFO queue per MoE layer (`moe` tables in `device_tables()`), refilled every step.
+* The layer's `moe_router` task (static) computes the top-k experts of every slot; at
+  its end it (1) pushes the task indices of every (expert, tile) whose expert got at
+  least one token, ascending expert then tile (task index = moe_expert_base[l] +
+  expert * expert_tiles + tile); (2) adds to the layer's expert-done event, in one
+  atomic add, the number of tiles of experts that got no token (it signals on their
+  behalf, so the event still reaches triggers x (k+1)); (3) signals its own event
+  (`L.router`, what the expert tasks formally wait on).  Queue entries are visible to
+  workers when the router's signal is (notification latency, like an event).
+* A worker takes (pops, FIFO) a dynamic task whenever the next task of its static plan
+  is not ready: it starts waiting on that task's event (dep:wait), and while waiting
+  pops and runs dynamic tasks, re-checking its event after each; the wait ends
+  (dep:release) the first time it finds the event met.  A worker whose plan is done
+  also takes dynamic tasks.  A worker never takes a dynamic task while its static
+  task is ready (static first), nor while held by a fault (starve_ready, phantoms).  A dynamic task never waits (its router has finished when it is
+  queued) and signals the layer's expert-done event (`L.experts`), which the next
+  layer's attention RMSNorm (or the final norm) waits on.
+* Hooks of dynamic tasks carry FLAG_DYNAMIC; their `worker` is the worker that popped
+  them; their task:ready is fired by the router's worker at push time with
+  `queue_depth` = the queue's depth after the push.
+
+Remote events
+-------------
+`EventDef.owner_rank` names the rank whose memory holds the counter.  With `ranks ==
+1` every event is local; tensor-parallel lowering (allreduce tasks signalling peers'
+events) is not built yet and `ranks > 1` raises.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..abi.definition import NONE_U32
+from ..abi import schema as S
+from ..errors import UserError
+from .presets import ModelConfig
+
+CLASS_IDS: Dict[str, int] = {row[0]: i for i, row in enumerate(S.STANDARD_TASK_CLASSES)}
+CLASS_NAMES: Tuple[str, ...] = tuple(row[0] for row in S.STANDARD_TASK_CLASSES)
+
+
+def pack_tile(tile: Sequence[int]) -> int:
+    """x | y<<16 | z<<32 | w<<48 (each coordinate 16 bits), the ABI's `tile` field."""
+    x, y, z, w = tile
+    return (x & 0xFFFF) | (y & 0xFFFF) << 16 | (z & 0xFFFF) << 32 | (w & 0xFFFF) << 48
+
+
+@dataclass(frozen=True)
+class Task:
+    index: int            # position in TaskGraph.tasks (task_index in hook contexts)
+    cls: int              # task class id (abi.schema standard ids)
+    layer: int            # NONE_U32 when none
+    expert: int           # NONE_U32 when none
+    tile: Tuple[int, int, int, int]   # (x, y, z, w), see the lowering table
+    lo: int
+    hi: int               # the op's output range this task covers (cols, heads, experts)
+    wait_event: int       # event id waited on (-1: the step boundary, see module doc)
+    wait_count: int       # triggers per step of wait_event (target = wait_count * (step+1))
+    signal_event: int     # event id incremented by 1 when the task ends
+    dynamic: bool = False  # MoE expert task (queued at run time by the router)
+    slot: int = NONE_U32  # request slot of a per-request task (attn), else NONE_U32
+
+    @property
+    def class_name(self) -> str:
+        return CLASS_NAMES[self.cls]
+
+    @property
+    def tile_packed(self) -> int:
+        return pack_tile(self.tile)
+
+
+@dataclass(frozen=True)
+class EventDef:
+    id: int
+    name: str             # "L3.qkv", "final_norm", "step_done"
+    producer_class: str   # class name of the producing tasks
+    triggers: int         # signals per step (number of producer tasks)
+    owner_rank: int = 0
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    layer: int
+    router_task: int      # task index of the layer's moe_router
+    expert_base: int      # task index of (expert 0, tile 0); + expert * expert_tiles + tile
+    expert_tiles: int     # tiles per expert (expert_ffn / tile_n)
+    router_event: int     # event the router signals (expert tasks wait on it)
+    expert_event: int     # expert-done event (the next layer waits on it)
+
+
+@dataclass
+class TaskGraph:
+    cfg: ModelConfig
+    batch: int
+    num_workers: int
+    tasks: List[Task]
+    events: List[EventDef]
+    worker_plans: List[List[int]]   # static per-worker task order (dense part)
+    schema: S.TaskSchema
+    step_event: int                 # the event argmax signals (step boundary)
+    moe: List[MoELayer] = field(default_factory=list)
+    rank: int = 0
+    ranks: int = 1
+
+    # derived ---------------------------------------------------------------------
+    def consumers(self) -> List[List[int]]:
+        """consumers()[e] = task indices waiting on event e (ascending)."""
+        out: List[List[int]] = [[] for _ in self.events]
+        for t in self.tasks:
+            if t.wait_event >= 0:
+                out[t.wait_event].append(t.index)
+        return out
+
+    def task_worker(self) -> List[int]:
+        """Static worker of each task (-1 for dynamic tasks)."""
+        owner = [-1] * len(self.tasks)
+        for w, plan in enumerate(self.worker_plans):
+            for i in plan:
+                owner[i] = w
+        return owner
+
+    @property
+    def static_tasks(self) -> int:
+        return sum(1 for t in self.tasks if not t.dynamic)
+
+    def moe_of_layer(self, layer: int) -> Optional[MoELayer]:
+        for m in self.moe:
+            if m.layer == layer:
+                return m
+        return None
+
+    def device_tables(self) -> Dict[str, np.ndarray]:
+        """Flat arrays for upload.  u32 'none' values (layer, expert, slot) are stored
+        as int32 -1 (the same bits).  Names and meanings:
+
+        task_cls, task_layer, task_expert, task_slot, task_lo, task_hi,
+        task_wait_event (-1 = step boundary), task_wait_count, task_signal_event,
+        task_dynamic (0/1)                                  int32[T]
+        task_tile                                            int64[T] packed x|y<<16|z<<32|w<<48
+        event_triggers, event_owner_rank                     int32[E]
+        event_consumer_offsets int32[E+1], event_consumers int32[...]   (CSR)
+        plan_offsets int32[W+1], plan_tasks int32[...]       (CSR: worker w runs
+                                                              plan_tasks[plan_offsets[w]:plan_offsets[w+1]])
+        layer_moe int32[n_layers]  index into the moe_* arrays, -1 for dense layers
+        moe_layer, moe_router_task, moe_expert_base, moe_expert_tiles,
+        moe_router_event, moe_expert_event                   int32[n_moe_layers]
+        params int64[8]: num_tasks, num_events, num_workers, batch, step_event,
+                         n_experts, top_k, expert_tiles
+        """
+        T = self.tasks
+        i32 = lambda xs: np.asarray(xs, dtype=np.int64).astype(np.int32)  # noqa: E731
+        none = lambda v: -1 if v == NONE_U32 else v  # noqa: E731
+        cons = self.consumers()
+        c_off = np.zeros(len(self.events) + 1, dtype=np.int32)
+        c_off[1:] = np.cumsum([len(c) for c in cons])
+        p_off = np.zeros(len(self.worker_plans) + 1, dtype=np.int32)
+        p_off[1:] = np.cumsum([len(p) for p in self.worker_plans])
+        layer_moe = [-1] * self.cfg.n_layers
+        for i, m in enumerate(self.moe):
+            layer_moe[m.layer] = i
+        et = self.moe[0].expert_tiles if self.moe else 0
+        return {
+            "task_cls": i32([t.cls for t in T]),
+            "task_layer": i32([none(t.layer) for t in T]),
+            "task_expert": i32([none(t.expert) for t in T]),
+            "task_slot": i32([none(t.slot) for t in T]),
+            "task_tile": np.asarray([t.tile_packed for t in T], dtype=np.int64),
+            "task_lo": i32([t.lo for t in T]),
+            "task_hi": i32([t.hi for t in T]),
+            "task_wait_event": i32([t.wait_event for t in T]),
+            "task_wait_count": i32([t.wait_count for t in T]),
+            "task_signal_event": i32([t.signal_event for t in T]),
+            "task_dynamic": i32([int(t.dynamic) for t in T]),
+            "event_triggers": i32([e.triggers for e in self.events]),
+            "event_owner_rank": i32([e.owner_rank for e in self.events]),
+            "event_consumer_offsets": c_off,
+            "event_consumers": i32([i for c in cons for i in c]),
+            "plan_offsets": p_off,
+            "plan_tasks": i32([i for p in self.worker_plans for i in p]),
+            "layer_moe": i32(layer_moe),
+            "moe_layer": i32([m.layer for m in self.moe]),
+            "moe_router_task": i32([m.router_task for m in self.moe]),
+            "moe_expert_base": i32([m.expert_base for m in self.moe]),
+            "moe_expert_tiles": i32([m.expert_tiles for m in self.moe]),
+            "moe_router_event": i32([m.router_event for m in self.moe]),
+            "moe_expert_event": i32([m.expert_event for m in self.moe]),
+            "params": np.asarray([len(T), len(self.events), self.num_workers, self.batch,
+                                  self.step_event, self.cfg.n_experts, self.cfg.top_k, et],
+                                 dtype=np.int64),
+        }
+
+
+class _Builder:
+    def __init__(self, cfg: ModelConfig, batch: int):
+        self.cfg, self.batch = cfg, batch
+        self.tasks: List[Task] = []
+        self.events: List[EventDef] = []
+        self.moe: List[MoELayer] = []
+
+    def event(self, name: str, producer: str, triggers: int) -> int:
+        self.events.append(EventDef(len(self.events), name, producer, triggers))
+        return len(self.events) - 1
+
+    def task(self, cls: str, layer: int, tile, lo: int, hi: int, wait: Tuple[int, int], signal: int,
+             expert: int = NONE_U32, dynamic: bool = False, slot: int = NONE_U32) -> int:
+        self.tasks.append(Task(len(self.tasks), CLASS_IDS[cls], layer, expert, tuple(tile), lo, hi,
+                               wait[0], wait[1], signal, dynamic, slot))
+        return len(self.tasks) - 1
+
+    def tiled(self, cls: str, layer: int, n: int, wait, signal: int) -> None:
+        T = self.cfg.tile_n
+        for x in range(n // T):
+            self.task(cls, layer, (x, 0, 0, 0), x * T, (x + 1) * T, wait, signal)
+
+    def build(self) -> None:
+        cfg, B, T = self.cfg, self.batch, self.cfg.tile_n
+        group = cfg.n_heads // cfg.n_kv_heads
+        prev: Tuple[int, int] = (-1, 0)                     # the step boundary
+        for l in range(cfg.n_layers):
+            e = self.event(f"L{l}.attn_norm", "rmsnorm", 1)
+            self.task("rmsnorm", l, (0, 0, 0, 0), 0, cfg.hidden, prev, e)
+            nq = cfg.qkv_dim // T
+            e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
+            self.tiled("qkv", l, cfg.qkv_dim, (e, 1), e_qkv)
+            e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
+            for h in range(cfg.n_kv_heads):
+                self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
+            e_attn = self.event(f"L{l}.attn", "attn", cfg.n_kv_heads * B)
+            for h in range(cfg.n_kv_heads):
+                for s in range(B):
+                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group,
+                              (e_rope, cfg.n_kv_heads), e_attn, slot=s)
+            no = cfg.hidden // T
+            e_o = self.event(f"L{l}.attn_o", "attn_o", no)
+            self.tiled("attn_o", l, cfg.hidden, (e_attn, cfg.n_kv_heads * B), e_o)
+            e_n2 = self.event(f"L{l}.mlp_norm", "rmsnorm", 1)
+            self.task("rmsnorm", l, (1, 0, 0, 0), 0, cfg.hidden, (e_o, no), e_n2)
+            if cfg.is_moe(l):
+                e_r = self.event(f"L{l}.router", "moe_router", 1)
+                router = self.task("moe_router", l, (0, 0, 0, 0), 0, cfg.n_experts, (e_n2, 1), e_r)
+                et = cfg.expert_ffn // T
+                e_x = self.event(f"L{l}.experts", "moe_expert", cfg.n_experts * et)
+                base = len(self.tasks)
+                for ex in range(cfg.n_experts):
+                    for x in range(et):
+                        self.task("moe_expert", l, (x, 0, 0, 0), x * T, (x + 1) * T, (e_r, 1), e_x,
+                                  expert=ex, dynamic=True)
+                self.moe.append(MoELayer(l, router, base, et, e_r, e_x))
+                prev = (e_x, cfg.n_experts * et)
+            else:
+                ng = cfg.ffn // T
+                e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
+                self.tiled("mlp_gate_up", l, cfg.ffn, (e_n2, 1), e_gu)
+                e_d = self.event(f"L{l}.mlp_down", "mlp_down", no)
+                self.tiled("mlp_down", l, cfg.hidden, (e_gu, ng), e_d)
+                prev = (e_d, no)
+        e_f = self.event("final_norm", "rmsnorm", 1)
+        self.task("rmsnorm", NONE_U32, (2, 0, 0, 0), 0, cfg.hidden, prev, e_f)
+        nl = cfg.vocab // T
+        e_lm = self.event("lm_head", "lm_head", nl)
+        self.tiled("lm_head", NONE_U32, cfg.vocab, (e_f, 1), e_lm)
+        self.step_event = self.event("step_done", "argmax", 1)
+        self.task("argmax", NONE_U32, (0, 0, 0, 0), 0, cfg.vocab, (e_lm, nl), self.step_event)
+
+
+def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: ModelConfig,
+          batch: int, num_workers: int) -> List[List[int]]:
+    """Deterministic list scheduling by estimated cost (see module doc)."""
+    from .cost import model_costs
+    costs = model_costs(cfg)
+    fixed, per_row = costs.by_class_id()
+    kv_est = cfg.max_seq // 2
+    moe_by_router = {m.router_task: m for m in moe}
+    done = [0.0] * len(events)          # estimated completion of each event
+    plans: List[List[int]] = [[] for _ in range(num_workers)]
+    free = [(0.0, w) for w in range(num_workers)]   # heap of (free time, worker)
+    for t in tasks:
+        if t.dynamic:
+            continue
+        rows = kv_est if t.cls == CLASS_IDS["attn"] else batch
+        c = fixed[t.cls] + per_row[t.cls] * rows + costs.dispatch_ns
+        ready = done[t.wait_event] + costs.notify_ns if t.wait_event >= 0 else 0.0
+        f, w = heapq.heappop(free)
+        if f < ready:
+            # every worker free before `ready` starts at `ready`: keep the one that
+            # became free first (already popped); deterministic
+            start = ready
+        else:
+            start = f
+        end = start + c
+        heapq.heappush(free, (end, w))
+        plans[w].append(t.index)
+        done[t.signal_event] = max(done[t.signal_event], end)
+        m = moe_by_router.get(t.index)
+        if m is not None:   # expected expert work spread over all workers
+            per_tile = fixed[CLASS_IDS["moe_expert"]] + per_row[CLASS_IDS["moe_expert"]] * (
+                batch * cfg.top_k / cfg.n_experts) + costs.dispatch_ns
+            active = min(cfg.n_experts, batch * cfg.top_k)
+            waves = -(-(active * m.expert_tiles) // num_workers)
+            done[m.expert_event] = end + costs.notify_ns + waves * per_tile
+    return plans
+
+
+def build_graph(cfg: ModelConfig, batch: int, num_workers: int, rank: int = 0, ranks: int = 1) -> TaskGraph:
+    """Lower one decode step of `cfg` for `batch` request slots onto `num_workers` workers."""
+    if batch < 1 or batch > 0xFFFF:
+        raise UserError(f"--batch: expected 1..65535, got {batch}")
+    if num_workers < 1:
+        raise UserError(f"num_workers: expected >= 1, got {num_workers}")
+    if ranks != 1 or rank != 0:
+        raise UserError(f"ranks: tensor-parallel lowering is not built yet (got rank {rank} of {ranks})")
+    b = _Builder(cfg, batch)
+    b.build()
+    plans = _plan(b.tasks, b.events, b.moe, cfg, batch, num_workers)
+    schema = S.TaskSchema(
+        model=cfg.name, task_classes=S.standard_classes(),
+        events=[S.Event(e.id, e.name, e.producer_class, e.triggers, e.owner_rank) for e in b.events],
+        comm_ops=[S.CommOp(i, n) for i, n in enumerate(S.STANDARD_COMM_OPS)],
+        layers=[S.Layer(l, "moe" if cfg.is_moe(l) else "dense") for l in range(cfg.n_layers)])
+    return TaskGraph(cfg, batch, num_workers, b.tasks, b.events, plans, schema, b.step_event, b.moe,
+                     rank, ranks)

@@ -1,0 +1,96 @@
+"""Model presets of the reference megakernel (a Llama-style decoder, optionally MoE).
+
+`PRESETS[name]` is a `ModelConfig`; `get_preset(name)` raises a `UserError` naming the
+known presets.  Dimensions:
+
+| preset    | hidden | layers | heads/kv | head_dim | ffn  | vocab | max_seq | MoE                                  |
+|-----------|--------|--------|----------|----------|------|-------|---------|--------------------------------------|
+| tiny      | 256    | 2      | 4 / 2    | 64       | 512  | 1024  | 128     | -                                    |
+| small-moe | 512    | 4      | 8 / 4    | 64       | 1024 | 4096  | 256     | layers 1,3: 8 experts, top-2, ffn 256 |
+| 1b        | 2048   | 16     | 32 / 8   | 64       | 8192 | 32000 | 2048    | -                                    |
+
+`1b` has Llama-3.2-1B's shapes (hidden 2048, 16 layers, GQA 32/8, head_dim 64, ffn 8192)
+except the vocabulary: 32000 (Llama-2 sized) instead of 128256, which keeps the LM
+head at 500 tiles of 64 columns instead of 2004.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    max_seq: int
+    moe_layers: Tuple[int, ...] = ()     # layers whose MLP is MoE
+    n_experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tile_n: int = 64                     # output columns per matmul tile
+
+    def __post_init__(self) -> None:
+        def bad(field: str, msg: str) -> UserError:
+            return UserError(f"model {self.name!r}: {field}: {msg}")
+        for f in ("hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab",
+                  "max_seq", "tile_n"):
+            if getattr(self, f) < 1:
+                raise bad(f, f"expected >= 1, got {getattr(self, f)}")
+        if self.n_heads % self.n_kv_heads:
+            raise bad("n_kv_heads", f"must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+        for f in ("hidden", "ffn", "vocab"):
+            if getattr(self, f) % self.tile_n:
+                raise bad(f, f"must be a multiple of tile_n={self.tile_n}, got {getattr(self, f)}")
+        for l in self.moe_layers:
+            if not 0 <= l < self.n_layers:
+                raise bad("moe_layers", f"layer {l} is outside 0..{self.n_layers - 1}")
+        if self.moe_layers:
+            if self.n_experts < 1 or not 1 <= self.top_k <= self.n_experts:
+                raise bad("top_k", f"expected 1..n_experts={self.n_experts}, got {self.top_k}")
+            if self.expert_ffn < 1 or self.expert_ffn % self.tile_n:
+                raise bad("expert_ffn", f"must be a positive multiple of tile_n={self.tile_n}, "
+                          f"got {self.expert_ffn}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.q_dim + 2 * self.kv_dim
+
+    def is_moe(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+
+PRESETS: Dict[str, ModelConfig] = {
+    "tiny": ModelConfig("tiny", hidden=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                        ffn=512, vocab=1024, max_seq=128),
+    "small-moe": ModelConfig("small-moe", hidden=512, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=64,
+                             ffn=1024, vocab=4096, max_seq=256, moe_layers=(1, 3), n_experts=8,
+                             top_k=2, expert_ffn=256),
+    "1b": ModelConfig("1b", hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
+                      ffn=8192, vocab=32000, max_seq=2048, rope_theta=500000.0),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UserError(f"--model: unknown preset {name!r} (known: {', '.join(PRESETS)})") from None

@@ -1,0 +1,685 @@
+"""sim backend: a discrete-event simulation of the reference megakernel on the CPU.
+
+It runs the graph of `graph.build_graph` with the same scheduler policy as the GPU
+kernel (one worker per SM, static per-worker plans, workers wait on their task's event,
+a dynamic FIFO queue for MoE expert tasks filled by the router; see graph.py), request
+slots with request generations (continuous batching) and the fault table
+(`faults.py`), and emits the hook contexts of every ABI hook except comm:* at the
+places docs/dev/megakernel_contract.md ("Hook semantics") defines.  It computes no
+numerics: it reports simulated time (ns) per decode step.
+
+    result = simulate(graph, steps=8, faults=table, sink=print, seed=0)
+    result.step_ns, result.tokens_per_s, result.hook_counts
+
+Sinks
+-----
+`sink` is any callable taking one context (a dict with "hook" = hook name and every
+field the ABI declares valid for that hook; `dtrace_mk.abi.context.from_dict` packs
+it).  It is called in nondecreasing ts_ns order, on the calling thread; it must not
+raise (an exception aborts the simulation).  Helpers: `runtime_sink(rt)` (feeds
+`ReferenceRuntime.fire`; with `hooks=runtime_hooks(rt)` only attached hooks are
+built), `records_sink(list)` (packed 128-byte records), `jsonl_sink(fh)`, `tee(...)`.  `hooks=` limits which hooks are built at all (like the kernel's
+enable mask); `sink=None` builds none.
+
+Timing (cost.py)
+----------------
+dispatch -> begin: dispatch_ns; begin -> end: fixed_ns + per_row_ns * rows (+ slow
+faults); a signal lands notify_ns after the end (+ late_notification); the next step
+starts step_overhead_ns after argmax's signal lands.  A queue_saturation phantom
+costs filler_ns.
+
+Continuous batching
+-------------------
+`batch` slots, filled exactly as the GPU kernel and `reference.py` do
+(`reference.Requests`): slot b's generation g starts at position 0 and runs
+`req_len(b, g)` steps.  Every step gives every slot one token; its `attn` task costs
+per KV row (position + 1).  At a step's end gen:advance fires per slot with the
+generation of the request that got the token; a slot whose request reached its length
+is refilled (request_gen + 1, position 0).
+
+Ranks
+-----
+Every event has an `owner_rank`.  Signals of events owned by this rank are heap
+events here; signals of other ranks' events go to `transport.send(event, count, ts)`
+and arriving remote signals enter through `Sim.deliver(event, count, ts)`.  Only the
+single-rank `LocalTransport` exists now; an MPI transport plugs in at this seam.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from ..abi import definition as D
+from ..errors import UserError
+from . import faults as F
+from .cost import ModelCosts, model_costs
+from .graph import CLASS_IDS, TaskGraph
+from .reference import Requests
+
+NONE = D.NONE_U32
+Sink = Callable[[Dict[str, Any]], Any]
+
+_H_READY, _H_DISPATCH, _H_BEGIN, _H_END = "task:ready", "task:dispatch", "task:begin", "task:end"
+_H_WAIT, _H_RELEASE, _H_GEN, _H_PRESSURE = "dep:wait", "dep:release", "gen:advance", "queue:pressure"
+SIM_HOOKS = (_H_READY, _H_DISPATCH, _H_BEGIN, _H_END, _H_WAIT, _H_RELEASE, _H_GEN, _H_PRESSURE)
+
+# heap event codes
+_SIGNAL, _BOUNDARY, _BEGIN, _END, _DYN_PUSH, _STEP_START, _PHANTOMS_DONE, _WAKE, _DYN_START = range(9)
+
+_C_ATTN = CLASS_IDS["attn"]
+_C_ARGMAX = CLASS_IDS["argmax"]
+_C_ROUTER = CLASS_IDS["moe_router"]
+
+
+# --------------------------------------------------------------------------------- sinks
+
+_CTX_STRUCT = struct.Struct("<" + "".join({"u16": "H", "u32": "I", "u64": "Q"}[f.ctype]
+                                           for f in D.CONTEXT_FIELDS))
+_CTX_INDEX = {f.name: i for i, f in enumerate(D.CONTEXT_FIELDS)}
+_CTX_TEMPLATE = [D.NONE_U32 if f.name in ("layer", "expert", "peer_rank") else 0 for f in D.CONTEXT_FIELDS]
+_HOOK_IDS = {h.name: h.id for h in D.HOOKS}
+
+
+def pack_ctx(ctx: Dict[str, Any]) -> bytes:
+    """A sim context dict -> its 128-byte record (the sim's values are in range by
+    construction, so no per-field checks: ~10x faster than abi.context.from_dict)."""
+    vals = _CTX_TEMPLATE.copy()
+    idx = _CTX_INDEX
+    for k, v in ctx.items():
+        vals[idx[k]] = v
+    vals[1] = _HOOK_IDS[ctx["hook"]]
+    vals[0] = D.ABI_VERSION
+    return _CTX_STRUCT.pack(*vals)
+
+
+def runtime_sink(runtime) -> Sink:
+    """Feed every context into `ReferenceRuntime.fire` (epoch = decode step)."""
+    fire = runtime.fire
+    return lambda ctx: fire(pack_ctx(ctx))
+
+
+def runtime_hooks(runtime) -> List[str]:
+    """Names of the hooks that have programs attached in `runtime`: pass as `hooks=` so
+    the sim builds only contexts someone reads (packing dominates otherwise)."""
+    names = {p.hook.name for aid in runtime.attachments() for p in runtime.attachment(aid).obj.programs}
+    return [h for h in SIM_HOOKS if h in names]
+
+
+def records_sink(out: List[bytes]) -> Sink:
+    """Append packed 128-byte records to `out`."""
+    return lambda ctx: out.append(pack_ctx(ctx))
+
+
+def jsonl_sink(fh) -> Sink:
+    """Write one JSON object per context (the events-file format of abi.context)."""
+    def w(ctx: Dict[str, Any]) -> None:
+        fh.write(json.dumps({k: v for k, v in ctx.items() if k != "abi_version"}) + "\n")
+    return w
+
+
+def tee(*sinks: Optional[Sink]) -> Optional[Sink]:
+    live = [s for s in sinks if s is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+    return lambda ctx: [s(ctx) for s in live]
+
+
+# ----------------------------------------------------------------------------- transport
+
+class LocalTransport:
+    """Single rank: no event is remote.  The seam for an MPI transport: `send` gets the
+    signals of events owned by another rank; the transport calls `Sim.deliver` for
+    signals arriving from peers."""
+
+    def send(self, event: int, owner_rank: int, count: int, ts_ns: int) -> None:
+        raise UserError(f"event {event} is owned by rank {owner_rank}: the sim has no "
+                        f"multi-rank transport yet")
+
+
+# -------------------------------------------------------------------------------- result
+
+@dataclass
+class SimResult:
+    steps: int
+    batch: int
+    step_start_ns: List[int]
+    step_end_ns: List[int]
+    hook_counts: Dict[str, int]
+    tasks_run: int
+    dynamic_tasks: List[int]          # dynamic (expert) tasks run per step
+    requests_finished: int
+    trace: List[Tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    # (task_index, step, worker, begin_ns, end_ns, flags) when collect_trace
+
+    @property
+    def step_ns(self) -> List[int]:
+        return [e - s for s, e in zip(self.step_start_ns, self.step_end_ns)]
+
+    @property
+    def total_ns(self) -> int:
+        return self.step_end_ns[-1] if self.step_end_ns else 0
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.steps
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens * 1e9 / self.total_ns if self.total_ns else 0.0
+
+
+# ------------------------------------------------------------------------------------ sim
+
+class Sim:
+    def __init__(self, graph: TaskGraph, steps: int, *, faults: Optional[F.FaultTable] = None,
+                 costs: Optional[ModelCosts] = None, seed: int = 0, sink: Optional[Sink] = None,
+                 hooks: Optional[Iterable[str]] = None, queue_threshold: int = 16,
+                 transport=None, collect_trace: bool = False, requests: Optional[Requests] = None):
+        if steps < 0:
+            raise UserError(f"--steps: expected >= 0, got {steps}")
+        if queue_threshold < 1:
+            raise UserError(f"queue_threshold: expected >= 1, got {queue_threshold}")
+        self.g, self.cfg, self.steps = graph, graph.cfg, steps
+        self.costs = costs or model_costs(graph.cfg)
+        self.faults = faults or F.FaultTable()
+        self.seed = seed
+        self.sink = sink
+        if hooks is None:
+            hooks = SIM_HOOKS
+        hooks = set(hooks)
+        for h in hooks:
+            if h not in D.HOOKS_BY_NAME:
+                raise UserError(f"hooks: unknown hook {h!r}")
+        self.on = {h: (sink is not None and h in hooks) for h in SIM_HOOKS}
+        self.threshold = queue_threshold
+        self.transport = transport or LocalTransport()
+        self.collect_trace = collect_trace
+        self.rank = graph.rank
+        self.requests = requests or Requests()
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        W = self.g.num_workers
+        for i, r in enumerate(self.faults.rows):
+            if r.kind == F.QUEUE_SATURATION and r.param_a >= W:
+                raise UserError(f"{self.faults.source}[{i}].worker: {r.param_a} is out of range "
+                                f"for {W} workers")
+            if r.kind == F.ROUTING_SKEW and self.cfg.moe_layers and r.param_a >= self.cfg.n_experts:
+                raise UserError(f"{self.faults.source}[{i}].expert: {r.param_a} is out of range "
+                                f"for {self.cfg.n_experts} experts")
+
+    # ---------------------------------------------------------------- fault helpers
+    def _fault_rows(self) -> None:
+        rows = self.faults.rows
+        self.f_slow = [r for r in rows if r.kind == F.SLOW_TASK_CLASS]
+        self.f_late = [r for r in rows if r.kind == F.LATE_NOTIFICATION]
+        self.f_starve = [r for r in rows if r.kind == F.STARVE_READY]
+        self.f_skew = [r for r in rows if r.kind == F.ROUTING_SKEW]
+        self.f_sat = [r for r in rows if r.kind == F.QUEUE_SATURATION]
+
+    @staticmethod
+    def _sum(rows, t: int, k: int, cls: int, layer: int) -> int:
+        s = 0
+        for r in rows:
+            if r.in_scope(k, layer, cls) and r.picks(t, k):
+                s += r.param_a
+        return s
+
+    # ---------------------------------------------------------------------- run
+    def run(self) -> SimResult:
+        g, cfg, costs = self.g, self.cfg, self.costs
+        W, B, steps = g.num_workers, g.batch, self.steps
+        self._fault_rows()
+        tasks = g.tasks
+        T = len(tasks)
+        t_cls = [t.cls for t in tasks]
+        t_layer = [t.layer for t in tasks]
+        t_expert = [t.expert for t in tasks]
+        t_tile = [t.tile_packed for t in tasks]
+        t_slot = [t.slot for t in tasks]
+        t_wait = [t.wait_event for t in tasks]
+        t_wcount = [t.wait_count for t in tasks]
+        t_sig = [t.signal_event for t in tasks]
+        t_dyn = [t.dynamic for t in tasks]
+        ev_trig = [e.triggers for e in g.events]
+        ev_owner = [e.owner_rank for e in g.events]
+        owner = g.task_worker()
+        plans = g.worker_plans
+        consumers = [[i for i in c if not t_dyn[i]] for c in g.consumers()]
+        fixed, per_row = costs.by_class_id()
+        base_ns = [int(fixed[c] + per_row[c] * B) for c in t_cls]
+        notify, disp_ns = costs.notify_ns, costs.dispatch_ns
+        step_event = g.step_event
+        moe_by_router = {m.router_task: m for m in g.moe}
+        # queue_saturation: first plan task of each layer per worker
+        first_of_layer: Dict[int, int] = {}
+        for w, plan in enumerate(plans):
+            seen = set()
+            for i in plan:
+                if t_layer[i] not in seen:
+                    seen.add(t_layer[i])
+                    first_of_layer[i] = w
+        sat_layer = [r for r in self.f_sat if r.layer >= 0]
+        sat_step = [r for r in self.f_sat if r.layer < 0]
+        any_task_fault = bool(self.f_slow or self.f_late or self.f_starve)
+
+        sink, on = self.sink, self.on
+        rank = self.rank
+        on_ready, on_disp, on_begin, on_end = on[_H_READY], on[_H_DISPATCH], on[_H_BEGIN], on[_H_END]
+        on_wait, on_rel, on_gen, on_press = on[_H_WAIT], on[_H_RELEASE], on[_H_GEN], on[_H_PRESSURE]
+        counts = dict.fromkeys(SIM_HOOKS, 0)
+
+        # ---- request slots (continuous batching; same model as reference.py / the kernel)
+        req = self.requests
+        req_gen = [0] * B
+        pos = [0] * B                        # position of the slot's current token
+        req_len = [req.req_len(s, 0, cfg.max_seq) for s in range(B)]
+        finished = 0
+
+        # ---- dynamic state ----------------------------------------------------------
+        heap: List[Tuple[int, int, int, int, int]] = []
+        seq = 0
+        count = [0] * len(g.events)          # visible signals, monotonic
+        ready_ts = [-1] * T                  # when the task became ready in its current step
+        task_step = [0] * T                  # step of the task's current/last readiness
+        flags_of = [0] * T
+        cost_of = [0] * T                    # duration of the task's current run
+        depth = [0] * W                      # ready-queue depth (static ready + phantoms)
+        phantom = [0] * W
+        busy = [False] * W
+        w_step = [0] * W                     # step of the worker's plan position
+        w_pos = [0] * W
+        w_task = [-1] * W                    # task running (or -1)
+        w_task_step = [0] * W
+        w_wait_task = [-1] * W               # static task the worker is waiting on
+        w_wait_start = [0] * W
+        w_dep_wait = [0] * W                 # dependency wait of the running task
+        w_arrived = [-1] * W                 # head task the worker has reached (phantoms added)
+        w_obs = [-1] * W                     # when the worker first saw its head task ready
+        w_obs_dep = [0] * W                  # that task's dependency wait
+        w_dispatch = [0] * W
+        w_pending: List[Tuple[int, int, int]] = [(0, 0, 0)] * W   # starved dynamic task
+        dynq: deque = deque()                # (task, step, ready_ts, rows)
+        dyn_count = [0] * max(steps, 1)
+        step_start = [0] * steps
+        step_end = [0] * steps
+        trace = []
+        tasks_run = 0
+        route_tokens: Dict[Tuple[int, int], List[int]] = {}
+
+        def push(ts: int, code: int, a: int = 0, b: int = 0) -> None:
+            nonlocal seq
+            seq += 1
+            heapq.heappush(heap, (ts, seq, code, a, b))
+
+        def task_ctx(h: str, ts: int, w: int, t: int, k: int) -> Dict[str, Any]:
+            s = t_slot[t]
+            return {"hook": h, "abi_version": 1, "ts_ns": ts, "rank": rank, "sm": w, "worker": w,
+                    "decode_step": k, "flags": flags_of[t], "task_class": t_cls[t], "task_index": t,
+                    "task_gen": k, "tile": t_tile[t], "request_slot": s,
+                    "request_gen": req_gen[s] if s != NONE else NONE, "layer": t_layer[t],
+                    "expert": t_expert[t]}
+
+        def emit(h: str, d: Dict[str, Any]) -> None:
+            counts[h] += 1
+            sink(d)
+
+        def wait_ids(t: int, k: int) -> Tuple[int, int]:
+            e = t_wait[t]
+            return (step_event, k) if e < 0 else (e, t_wcount[t] * (k + 1))
+
+        def pressure(w: int, ts: int, k: int, cls: int, layer: int, d: int) -> None:
+            if d == self.threshold:
+                if on_press:
+                    emit(_H_PRESSURE, {"hook": _H_PRESSURE, "abi_version": 1, "ts_ns": ts, "rank": rank,
+                                       "sm": w, "worker": w, "decode_step": k, "flags": 0,
+                                       "queue_depth": d, "task_class": cls, "layer": layer})
+                else:
+                    counts[_H_PRESSURE] += 1
+
+        def add_phantoms(w: int, n: int, ts: int, k: int) -> None:
+            for _ in range(n):
+                phantom[w] += 1
+                depth[w] += 1
+                pressure(w, ts, k, NONE, NONE, depth[w])
+
+        def task_faults(t: int, k: int) -> None:
+            """Compute the fault flag and duration of task t at step k (at readiness)."""
+            f = D.FLAG_DYNAMIC if t_dyn[t] else 0
+            c = cost_of[t]
+            if any_task_fault:
+                cl, ly = t_cls[t], t_layer[t]
+                extra = self._sum(self.f_slow, t, k, cl, ly)
+                if extra or self._sum(self.f_late, t, k, cl, ly) or self._sum(self.f_starve, t, k, cl, ly):
+                    f |= D.FLAG_FAULT
+                c += extra
+            if t_cls[t] == _C_ROUTER and any(r.in_scope(k, t_layer[t]) for r in self.f_skew):
+                f |= D.FLAG_FAULT
+            flags_of[t] = f
+            cost_of[t] = c
+
+        def make_ready(t: int, k: int, ts: int, ev: int, gen: int) -> None:
+            w = owner[t]
+            ready_ts[t] = ts
+            task_step[t] = k
+            if t_cls[t] == _C_ATTN:
+                cost_of[t] = int(fixed[_C_ATTN] + per_row[_C_ATTN] * (pos[t_slot[t]] + 1))
+            else:
+                cost_of[t] = base_ns[t]
+            task_faults(t, k)
+            depth[w] += 1
+            if on_ready:
+                d = task_ctx(_H_READY, ts, w, t, k)
+                d["event_id"], d["event_gen"], d["queue_depth"] = ev, gen, depth[w]
+                emit(_H_READY, d)
+            else:
+                counts[_H_READY] += 1
+            pressure(w, ts, k, t_cls[t], t_layer[t], depth[w])
+            if not busy[w] and w_wait_task[w] == t:
+                push(ts, _BOUNDARY, w)
+
+        def start_task(w: int, t: int, k: int, now: int, rdy: int, dep_wait: int) -> None:
+            nonlocal tasks_run
+            busy[w] = True
+            w_task[w], w_task_step[w], w_dep_wait[w], w_dispatch[w] = t, k, dep_wait, now
+            if on_disp:
+                d = task_ctx(_H_DISPATCH, now, w, t, k)
+                d["queue_depth"], d["wait_ns"] = (len(dynq) if t_dyn[t] else depth[w]), now - rdy
+                emit(_H_DISPATCH, d)
+            else:
+                counts[_H_DISPATCH] += 1
+            tasks_run += 1
+            push(now + disp_ns, _BEGIN, w)
+
+        def boundary(w: int, now: int) -> None:
+            """Worker w is free at `now`: run its next static task if ready, else wait on
+            it (taking dynamic tasks meanwhile).  Mirrors kernels/megakernel.cu."""
+            if busy[w]:
+                return
+            k = w_step[w]
+            if k < steps and plans[w]:
+                pos = w_pos[w]
+                t = plans[w][pos]
+                if w_arrived[w] != t:                       # the worker reaches t
+                    w_arrived[w] = t
+                    if pos == 0 and sat_step:
+                        n = sum(r.param_b for r in sat_step if r.param_a == w and r.step_lo <= k <= r.step_hi)
+                        if n:
+                            add_phantoms(w, n, now, k)
+                    if sat_layer and t in first_of_layer:
+                        n = sum(r.param_b for r in sat_layer
+                                if r.param_a == w and r.layer == t_layer[t] and r.step_lo <= k <= r.step_hi)
+                        if n:
+                            add_phantoms(w, n, now, k)
+                r = ready_ts[t] if task_step[t] == k else -1
+                if r >= 0:
+                    if w_obs[w] < 0:                        # first sight of t ready
+                        w_obs[w] = now
+                        dep_wait = 0
+                        if w_wait_task[w] == t:
+                            dep_wait = now - w_wait_start[w]
+                            w_wait_task[w] = -1
+                            if on_rel:
+                                ev, gen = wait_ids(t, k)
+                                d = task_ctx(_H_RELEASE, now, w, t, k)
+                                d["event_id"], d["event_gen"], d["wait_ns"] = ev, gen, dep_wait
+                                emit(_H_RELEASE, d)
+                            else:
+                                counts[_H_RELEASE] += 1
+                        w_obs_dep[w] = dep_wait
+                    if phantom[w]:                          # drain queue_saturation entries
+                        busy[w] = True
+                        push(now + phantom[w] * costs.filler_ns, _PHANTOMS_DONE, w)
+                        return
+                    if self.f_starve:                       # held until first sight + delay
+                        due = w_obs[w] + self._sum(self.f_starve, t, k, t_cls[t], t_layer[t])
+                        if now < due:
+                            busy[w] = True
+                            push(due, _WAKE, w)
+                            return
+                    depth[w] -= 1
+                    ready_ts[t] = -1
+                    w_pos[w] = pos + 1
+                    if w_pos[w] == len(plans[w]):
+                        w_pos[w] = 0
+                        w_step[w] += 1
+                    w_obs[w] = -1
+                    w_arrived[w] = -1
+                    start_task(w, t, k, now, r, w_obs_dep[w])
+                    return
+                if w_wait_task[w] != t:
+                    w_wait_task[w] = t
+                    w_wait_start[w] = now
+                    if on_wait:
+                        ev, gen = wait_ids(t, k)
+                        d = task_ctx(_H_WAIT, now, w, t, k)
+                        d["event_id"], d["event_gen"] = ev, gen
+                        emit(_H_WAIT, d)
+                    else:
+                        counts[_H_WAIT] += 1
+            if dynq:
+                t, k2, rdy, _rows = dynq.popleft()
+                if self.f_starve:                           # held until queued + delay
+                    due = rdy + self._sum(self.f_starve, t, k2, t_cls[t], t_layer[t])
+                    if now < due:
+                        busy[w] = True
+                        w_pending[w] = (t, k2, rdy)
+                        push(due, _DYN_START, w)
+                        return
+                start_task(w, t, k2, now, rdy, 0)
+
+        def signal(e: int, n: int, ts: int) -> None:
+            if ev_owner[e] != rank:
+                self.transport.send(e, ev_owner[e], n, ts)
+            else:
+                push(ts, _SIGNAL, e, n)
+
+        def land(e: int, n: int, now: int) -> None:
+            count[e] += n
+            trig = ev_trig[e]
+            if count[e] % trig:
+                return
+            gen = count[e]
+            k = gen // trig - 1
+            if e == step_event:
+                push(now + costs.step_overhead_ns, _STEP_START, k + 1)
+                return
+            for t in consumers[e]:
+                make_ready(t, k, now, e, gen)
+
+        self.deliver = lambda e, n, ts: push(ts, _SIGNAL, e, n)
+
+        def route(m, k: int) -> List[int]:
+            """Tokens per expert for MoE layer m at step k (hash routing + skew)."""
+            tok = [0] * cfg.n_experts
+            for choice in sim_routing(cfg.n_experts, cfg.top_k, B, m.layer, k, self.seed, self.f_skew):
+                for e in choice:
+                    tok[e] += 1
+            return tok
+
+        # ---- main loop ----------------------------------------------------------------
+        if steps:
+            push(0, _STEP_START, 0)
+            for w in range(W):
+                push(0, _BOUNDARY, w)
+        pop = heapq.heappop
+        while heap:
+            now, _, code, a, b = pop(heap)
+            if code == _SIGNAL:
+                land(a, b, now)
+            elif code == _BOUNDARY:
+                boundary(a, now)
+            elif code == _BEGIN:
+                w = a
+                t, k = w_task[w], w_task_step[w]
+                if on_begin:
+                    ev, gen = wait_ids(t, k)
+                    d = task_ctx(_H_BEGIN, now, w, t, k)
+                    d["event_id"], d["event_gen"], d["wait_ns"], d["queue_depth"] = \
+                        ev, gen, w_dep_wait[w], depth[w]
+                    emit(_H_BEGIN, d)
+                else:
+                    counts[_H_BEGIN] += 1
+                dur = cost_of[t]
+                push(now + dur, _END, w, now)
+            elif code == _END:
+                w = a
+                t = w_task[w]
+                k = w_task_step[w]
+                e = t_sig[t]
+                if on_end:
+                    d = task_ctx(_H_END, now, w, t, k)
+                    d["event_id"], d["event_gen"], d["dur_ns"], d["wait_ns"] = \
+                        e, ev_trig[e] * (k + 1), now - b, w_dep_wait[w]
+                    emit(_H_END, d)
+                else:
+                    counts[_H_END] += 1
+                if self.collect_trace:
+                    trace.append((t, k, w, b, now, flags_of[t]))
+                land_ts = now + notify
+                if self.f_late:
+                    land_ts += self._sum(self.f_late, t, k, t_cls[t], t_layer[t])
+                m = moe_by_router.get(t)
+                if m is not None:
+                    tok = route(m, k)
+                    route_tokens[(m.layer, k)] = tok
+                    empty = sum(1 for x in tok if x == 0) * m.expert_tiles
+                    if empty:
+                        signal(m.expert_event, empty, land_ts)
+                    push(land_ts, _DYN_PUSH, t, k)
+                elif t_cls[t] == _C_ARGMAX:
+                    step_end[k] = now
+                    for s in range(B):
+                        if on_gen:
+                            emit(_H_GEN, {"hook": _H_GEN, "abi_version": 1, "ts_ns": now, "rank": rank,
+                                          "sm": w, "worker": w, "decode_step": k, "flags": 0,
+                                          "request_slot": s, "request_gen": req_gen[s]})
+                        else:
+                            counts[_H_GEN] += 1
+                        pos[s] += 1
+                        if pos[s] >= req_len[s]:
+                            finished += 1
+                            req_gen[s] += 1
+                            pos[s] = 0
+                            req_len[s] = req.req_len(s, req_gen[s], cfg.max_seq)
+                signal(e, 1, land_ts)
+                w_task[w] = -1
+                w_dep_wait[w] = 0
+                busy[w] = False
+                boundary(w, now)
+            elif code == _DYN_PUSH:
+                m = moe_by_router[a]
+                k = b
+                rw = owner[a]
+                tok = route_tokens.pop((m.layer, k))
+                for ex in range(cfg.n_experts):
+                    if not tok[ex]:
+                        continue
+                    for x in range(m.expert_tiles):
+                        t = m.expert_base + ex * m.expert_tiles + x
+                        task_step[t] = k
+                        cost_of[t] = int(fixed[t_cls[t]] + per_row[t_cls[t]] * tok[ex])
+                        task_faults(t, k)
+                        dynq.append((t, k, now, tok[ex]))
+                        dyn_count[k] += 1
+                        if on_ready:
+                            d = task_ctx(_H_READY, now, rw, t, k)
+                            d["event_id"], d["event_gen"], d["queue_depth"] = m.router_event, k + 1, len(dynq)
+                            emit(_H_READY, d)
+                        else:
+                            counts[_H_READY] += 1
+                        pressure(rw, now, k, t_cls[t], t_layer[t], len(dynq))
+                signal(m.router_event, 1, now)
+                for w in range(W):
+                    if not busy[w]:
+                        boundary(w, now)
+            elif code == _PHANTOMS_DONE:
+                depth[a] -= phantom[a]
+                phantom[a] = 0
+                busy[a] = False
+                boundary(a, now)
+            elif code == _DYN_START:
+                t, k2, rdy = w_pending[a]
+                start_task(a, t, k2, now, rdy, 0)
+            elif code == _WAKE:
+                busy[a] = False
+                boundary(a, now)
+            elif code == _STEP_START:
+                k = a
+                if k >= steps:
+                    continue
+                step_start[k] = now
+                make_ready(0, k, now, step_event, k)
+        self.count = count
+        done = sum(1 for k in range(steps) if count[step_event] >= k + 1)
+        if done < steps:   # a scheduling bug, never a user error
+            stuck = {w: plans[w][w_pos[w]] for w in range(W) if w_step[w] < steps and plans[w]}
+            raise RuntimeError(f"sim stalled in step {done}: workers wait on tasks {stuck}")
+        return SimResult(steps, B, step_start, step_end, counts, tasks_run, dyn_count[:steps], finished,
+                         trace)
+
+
+def sim_routing(n_experts: int, top_k: int, batch: int, layer: int, step: int, seed: int,
+                faults: Iterable[F.FaultRow] = ()) -> List[List[int]]:
+    """The sim's MoE routing: top-k distinct experts per slot, from a splitmix64 hash of
+    (seed, layer, step, slot) instead of router numerics, then the routing_skew rows
+    in scope (the same rule as the kernel: if fault_pick(seed, (layer << 16) | slot,
+    step) < share ppm, the slot's first choice becomes the expert, swapping if it was
+    already chosen)."""
+    skew = [r for r in faults if r.kind == F.ROUTING_SKEW and r.in_scope(step, layer)]
+    base = F.splitmix64(((seed * 0x1000193) ^ (layer << 40) ^ (step << 8) ^ 0x5EED) & F.M64)
+    out = []
+    for s in range(batch):
+        hs = F.splitmix64(base ^ (s * 0x9E3779B97F4A7C15 & F.M64))
+        choice = sorted(range(n_experts), key=lambda e: F.splitmix64(hs ^ e))[:top_k]
+        for r in skew:
+            if F.fault_pick(r.seed, (layer << 16) | s, step) < r.param_b:
+                x = r.param_a
+                if x in choice:
+                    j = choice.index(x)
+                    choice[0], choice[j] = choice[j], choice[0]
+                else:
+                    choice[0] = x
+        out.append(choice)
+    return out
+
+
+def simulate(graph: TaskGraph, steps: int, *, faults: Optional[F.FaultTable] = None,
+             sink: Optional[Sink] = None, seed: int = 0, **kw) -> SimResult:
+    """Run `steps` decode steps of `graph` in the sim; see `Sim` for the options."""
+    return Sim(graph, steps, faults=faults, sink=sink, seed=seed, **kw).run()
+
+
+def chrome_trace(graph: TaskGraph, result: SimResult) -> Dict[str, Any]:
+    """The full task trace (needs `collect_trace=True`) as Chrome trace-event JSON, which
+    Perfetto's UI also opens: one complete event per task run, one track per worker."""
+    from .graph import CLASS_NAMES
+    ev: List[Dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": graph.rank,
+                                  "args": {"name": f"rank {graph.rank} (sim, {graph.cfg.name})"}}]
+    for w in range(graph.num_workers):
+        ev.append({"name": "thread_name", "ph": "M", "pid": graph.rank, "tid": w,
+                   "args": {"name": f"worker {w}"}})
+    for t, k, w, b, e, fl in result.trace:
+        task = graph.tasks[t]
+        args = {"task_index": t, "step": k, "tile": list(task.tile)}
+        if task.layer != NONE:
+            args["layer"] = task.layer
+        if task.expert != NONE:
+            args["expert"] = task.expert
+        if task.slot != NONE:
+            args["slot"] = task.slot
+        if fl:
+            args["flags"] = fl
+        ev.append({"name": CLASS_NAMES[task.cls], "cat": "task", "ph": "X", "pid": graph.rank, "tid": w,
+                   "ts": b / 1000.0, "dur": (e - b) / 1000.0, "args": args})
+    for k, (s, e) in enumerate(zip(result.step_start_ns, result.step_end_ns)):
+        ev.append({"name": f"step {k}", "cat": "step", "ph": "X", "pid": graph.rank,
+                   "tid": graph.num_workers, "ts": s / 1000.0, "dur": (e - s) / 1000.0})
+    return {"traceEvents": ev, "displayTimeUnit": "ns",
+            "otherData": {"backend": "sim", "model": graph.cfg.name, "batch": graph.batch}}

@@ -1,0 +1,719 @@
+"""Device runtime (hot tier): program tables, pre-decoded bytecode, device maps, coverage.
+
+The host half of kernels/bpf_vm.cuh and kernels/bpf_maps.cuh:
+
+* `encode_program(insns, map_descs, map_values)` pre-decodes verified RFC 9669 slots
+  into 16-byte `dtmk_dinsn` records (DINSN_DTYPE): compact op (dtrace_mk.bpf.devicegen),
+  lddw folded into one record with its value or resolved device address, jump targets
+  as absolute record indices, K operands pre-extended, helpers dispatched by op.
+  `decode_program` inverts it (a CI round-trip test).
+* Layouts (numpy dtypes) of the device structs: MAP_DTYPE, MAP_STATS_DTYPE,
+  RB_WORKER_DTYPE, RB_REC_DTYPE, COV_DTYPE, PROG_DTYPE, HOOK_TABLE_DTYPE.  A CI test
+  compiles NVRTC static_asserts generated from these dtypes against the CUDA structs.
+* `DeviceRuntime` (needs CuPy and a GPU): the ReferenceRuntime's interface on the
+  device.  attach = verify, allocate maps, encode, write the hook's program table under
+  its seqlock generation (odd while writing; program_gen = gen / 2).  `fire(records)`
+  runs kernels/bpf_vm_harness.cu over an array of context records (serial=True: one
+  event at a time, the reference's order).  `maps(aid)` reads the device maps back INTO
+  the host model (dtrace_mk.bpf.maps.MapSet), so snapshots compare directly with the
+  reference runtime's; `coverage(aid)` returns dtrace_mk.bpf.coverage rows.
+
+Not here yet: streaming snapshots while a kernel runs, trace_printk on the device (the
+VM counts it lost), sampling tickets in reference order across warps (serial mode has it).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..abi import definition as abi
+from ..bpf import isa
+from ..bpf.coverage import EXECUTED, LOST, THROTTLED, Coverage
+from ..bpf.devicegen import CALL_OP, DEVICE_OPS, NAME_OF_OP, OP, OP_OF_OPCODE, OPCODE_OF_OP
+from ..bpf.isa import Insn, OPCODES
+from ..bpf.maps import MapSet, Record
+from ..bpf.program import BpfObject, MapDef, Program
+from ..errors import Rejected, UserError
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+SOURCES = ("bpf_vm_harness.cu", "bpf_vm.cuh", "bpf_maps.cuh", "bpf_opcodes.h", "dtrace_mk_abi.h")
+
+M64, M32 = (1 << 64) - 1, (1 << 32) - 1
+NUM_HOOKS = abi.MAX_HOOK_ID + 1
+MAX_PROGS = 8
+COV_ROWS = 64
+RB_EPOCHS = 8
+EPOCH_NONE = 0xFFFFFFFF
+COV_TAG_EMPTY = M64
+SLOT_EMPTY, SLOT_BUSY, SLOT_FULL, SLOT_TOMB = 0, 1, 2, 3
+H_WARPS = 4                                   # kernels/bpf_vm_harness.cu
+REG_BYTES_PER_WARP = 11 * 32 * 8
+FLAG_CLOCK_FROM_CTX = 1
+OUT_NONE, OUT_EXECUTED, OUT_THROTTLED, OUT_LOST, OUT_FAULT, OUT_SAMPLED = range(6)
+OUTCOME_NAMES = {OUT_EXECUTED: EXECUTED, OUT_THROTTLED: THROTTLED, OUT_LOST: LOST, OUT_FAULT: LOST,
+                 OUT_SAMPLED: THROTTLED}
+
+# ---------------------------------------------------------------------------------
+# Layouts (must match kernels/bpf_opcodes.h and kernels/bpf_maps.cuh)
+# ---------------------------------------------------------------------------------
+
+DINSN_DTYPE = np.dtype([("op", "u1"), ("dst", "u1"), ("src", "u1"), ("aux", "u1"), ("off", "<i4"),
+                        ("imm", "<u8")])
+MAP_DTYPE = np.dtype([(n, "<u4") for n in (
+    "type", "key_size", "value_size", "max_entries", "capacity", "cap_mask", "key_stride",
+    "value_stride", "n_workers", "n_buckets", "read_only", "pad0", "pad1", "pad2")] +
+    [("lin_lo", "<i8"), ("lin_hi", "<i8"), ("lin_step", "<i8"), ("budget_bytes", "<u8"),
+     ("values", "<u8"), ("keys", "<u8"), ("slots", "<u8"), ("stats", "<u8"), ("pad3", "<u8")])
+MAP_STATS_DTYPE = np.dtype([("count", "<u8"), ("lost", "<u8"), ("throttled", "<u8"),
+                            ("probe_exhausted", "<u8")])
+RB_WORKER_DTYPE = np.dtype([("held", "<u8"), ("nrec", "<u8"), ("ep_tag", "<u4", (RB_EPOCHS,)),
+                            ("ep_used", "<u8", (RB_EPOCHS,)), ("slot_busy", "<u8")])
+RB_REC_DTYPE = np.dtype([("off", "<u4"), ("len", "<u4"), ("epoch", "<u4"), ("pad", "<u4")])
+COV_ROW_DTYPE = np.dtype([(n, "<u8") for n in (
+    "tag", "eligible", "executed", "throttled", "lost", "fault", "pad0", "pad1")])
+COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("pad", "<u8", (6,)),
+                      ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
+PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
+    "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "pad0", "pad1")] +
+    [("pad2", "<u8"), ("pad3", "<u8")])
+HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("pad", "<u4", (14,)),
+                             ("progs", PROG_DTYPE, (MAX_PROGS,))])
+
+# C struct name -> (dtype, {C field: dtype field}) for the NVRTC layout test
+C_LAYOUTS: Dict[str, np.dtype] = {
+    "dtmk_dinsn": DINSN_DTYPE, "dtmk_map": MAP_DTYPE, "dtmk_map_stats": MAP_STATS_DTYPE,
+    "dtmk_rb_worker": RB_WORKER_DTYPE, "dtmk_rb_rec": RB_REC_DTYPE, "dtmk_cov_row": COV_ROW_DTYPE,
+    "dtmk_cov": COV_DTYPE, "dtmk_prog": PROG_DTYPE, "dtmk_hook_table": HOOK_TABLE_DTYPE,
+}
+assert DINSN_DTYPE.itemsize == 16 and MAP_DTYPE.itemsize == 128 and PROG_DTYPE.itemsize == 64
+assert HOOK_TABLE_DTYPE.itemsize == 64 + 64 * MAX_PROGS
+
+
+def layout_asserts() -> str:
+    """C static_asserts stating every dtype's field offsets and sizes."""
+    out = []
+    for cname, dt in C_LAYOUTS.items():
+        out.append(f'static_assert(sizeof(struct {cname}) == {dt.itemsize}, "{cname} size");')
+        for name in dt.names:
+            off = dt.fields[name][1]
+            out.append(f'static_assert(__builtin_offsetof(struct {cname}, {name}) == {off}, '
+                       f'"{cname}.{name}");')
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------
+
+class EncodeError(UserError):
+    """A program the device encoding cannot represent (names the slot)."""
+
+
+def _sext32(v: int) -> int:
+    v &= M32
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+def encode_program(insns: Sequence[Insn], map_descs: Sequence[int] = (),
+                   map_values: Sequence[int] = (), name: str = "prog") -> np.ndarray:
+    """Slots -> dtmk_dinsn records.  map_descs[i]: device address of map i's descriptor;
+    map_values[i]: device address of entry 0 of map i's values (array maps; 0 otherwise)."""
+    n = len(insns)
+    rec_of: Dict[int, int] = {}
+    k = 0
+    pc = 0
+    while pc < n:
+        rec_of[pc] = k
+        k += 1
+        pc += 2 if insns[pc].opcode == isa.LDDW else 1
+    rec_of[n] = k                            # one past the end (falls off: never verified)
+    out = np.zeros(k, dtype=DINSN_DTYPE)
+    for pc, r in rec_of.items():
+        if pc == n:
+            continue
+        ins = insns[pc]
+        info = OPCODES.get(ins.opcode)
+        if info is None:
+            raise EncodeError(f"{name}: insn {pc}: invalid opcode 0x{ins.opcode:02x}")
+        op, aux, off, imm = OP_OF_OPCODE[ins.opcode], 0, 0, 0
+        kind = info.kind
+        if kind == "alu":
+            if isa.ALU_OPS[info.op] == "end":
+                imm = ins.imm & M32
+            elif info.src == isa.BPF_K and isa.ALU_OPS[info.op] != "neg":
+                imm = (ins.imm & M64) if info.is64 else (ins.imm & M32)
+        elif kind == "jmp":
+            tgt = pc + 1 + ins.off
+            if tgt not in rec_of or tgt == n:
+                raise EncodeError(f"{name}: insn {pc}: jump to {tgt} is not an instruction start")
+            off = rec_of[tgt]
+            if info.src == isa.BPF_K and info.op != isa.BPF_JA:
+                imm = (ins.imm & M64) if info.is64 else (ins.imm & M32)
+        elif kind == "call":
+            op = CALL_OP.get(ins.imm, OP["call"])
+            imm = ins.imm & M32
+        elif kind == "exit":
+            pass
+        elif kind == "ld_imm64":
+            if pc + 1 >= n:
+                raise EncodeError(f"{name}: insn {pc}: lddw is missing its second slot")
+            hi = insns[pc + 1].imm & M32
+            value = ins.imm64 if ins.imm64 is not None else (ins.imm & M32) | (hi << 32)
+            if ins.src == isa.PSEUDO_NONE:
+                imm = value & M64
+            else:
+                idx = ins.imm & M32
+                if idx >= len(map_descs):
+                    raise EncodeError(f"{name}: insn {pc}: map #{idx} has no device address")
+                if ins.src == isa.PSEUDO_MAP_FD:
+                    op, imm = OP["lddw_map"], map_descs[idx]
+                elif ins.src == isa.PSEUDO_MAP_VALUE:
+                    op, imm = OP["lddw_map_value"], (map_values[idx] + ((value >> 32) & M32)) & M64
+                else:
+                    raise EncodeError(f"{name}: insn {pc}: invalid lddw pseudo source {ins.src}")
+        else:                                    # ldx st stx atomic
+            aux = info.size
+            off = ins.off
+            if kind == "st":
+                imm = ins.imm & M64 if ins.imm >= 0 else (ins.imm + (1 << 64)) & M64
+            elif kind == "atomic":
+                aux = 1 if ins.imm & isa.ATOMIC_FETCH else 0
+                if ins.imm not in (isa.ATOMIC_ADD, isa.ATOMIC_ADD | isa.ATOMIC_FETCH):
+                    raise EncodeError(f"{name}: insn {pc}: unsupported atomic operation {ins.imm}")
+        out[r] = (op, ins.dst, ins.src, aux, off, imm)
+    return out
+
+
+def decode_program(recs: np.ndarray, map_descs: Sequence[int] = (),
+                   map_values: Sequence[int] = ()) -> List[Insn]:
+    """dtmk_dinsn records -> slots (inverse of encode_program; lddw map_value offsets are
+    recovered from the nearest map value base at or below the address)."""
+    slot_of, s = [], 0
+    for r in recs:
+        slot_of.append(s)
+        s += 2 if int(r["op"]) in (OP_OF_OPCODE[isa.LDDW], OP["lddw_map"], OP["lddw_map_value"]) else 1
+    desc_idx = {a: i for i, a in enumerate(map_descs)}
+    out: List[Insn] = []
+    for i, r in enumerate(recs):
+        op, dst, src, off, imm = int(r["op"]), int(r["dst"]), int(r["src"]), int(r["off"]), int(r["imm"])
+        name = NAME_OF_OP[op]
+        if name == "lddw":
+            out += isa.lddw(dst, imm)
+            continue
+        if name == "lddw_map":
+            out += isa.lddw_map(dst, "", desc_idx[imm])
+            continue
+        if name == "lddw_map_value":
+            best = max((j for j, b in enumerate(map_values) if b and b <= imm), key=lambda j: map_values[j])
+            out += isa.lddw_map(dst, "", best, isa.PSEUDO_MAP_VALUE, imm - map_values[best])
+            continue
+        if name.startswith("call"):
+            out.append(Insn(isa.BPF_JMP | isa.BPF_CALL, 0, 0, 0, _sext32(imm)))
+            continue
+        opcode = OPCODE_OF_OP[op]
+        info = OPCODES[opcode]
+        if info.kind == "jmp":
+            out.append(Insn(opcode, dst, src, slot_of[off] - slot_of[i] - 1, _sext32(imm)))
+        elif info.kind == "atomic":
+            out.append(Insn(opcode, dst, src, off, isa.ATOMIC_ADD | (isa.ATOMIC_FETCH if r["aux"] else 0)))
+        else:
+            out.append(Insn(opcode, dst, src, off, _sext32(imm)))
+    return out
+
+
+def key_hash(key: bytes) -> int:
+    """The device hash of a key (bpf_maps.cuh dtmk_key_hash)."""
+    key = bytes(key) + b"\0" * (-len(key) % 4)
+    h = 2166136261
+    for (w,) in struct.iter_unpack("<I", key):
+        h = ((h ^ w) * 16777619) & M32
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & M32
+    h ^= h >> 16
+    return h
+
+
+def _round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def hash_capacity(max_entries: int) -> int:
+    c = 2
+    while c < 2 * max_entries:
+        c <<= 1
+    return c
+
+
+# ---------------------------------------------------------------------------------
+# NVRTC (CI compiles without a GPU)
+# ---------------------------------------------------------------------------------
+
+class CompileError(UserError):
+    """NVRTC rejected a device VM source (the message carries NVRTC's log)."""
+
+
+def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_90a",
+                  target: str = "cubin", defines: Sequence[str] = ()) -> bytes:
+    """Compile CUDA source text with NVRTC (cuda.bindings) for `arch`; kernels/ is on the
+    include path.  Returns cubin (or PTX) bytes; raises CompileError with the log."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # pragma: no cover - older layout
+        from cuda import nvrtc  # type: ignore
+
+    def chk(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC {what}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
+        return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
+
+    (prog,) = chk(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
+    arch_opt = arch if target == "cubin" else arch.replace("sm_", "compute_")
+    opts = [f"--gpu-architecture={arch_opt}", f"--include-path={KERNEL_DIR}", "--std=c++17",
+            "-default-device"] + [f"-D{d}" for d in defines]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+    log_size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
+    log = b" " * log_size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    log_s = log.decode(errors="replace").strip("\0 \n")
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        nvrtc.nvrtcDestroyProgram(prog)
+        raise CompileError(f"{name}: NVRTC failed ({arch}):\n{log_s}")
+    if target == "cubin":
+        size = chk(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")[0]
+        out = b" " * size
+        chk(nvrtc.nvrtcGetCUBIN(prog, out), "cubin")
+    else:
+        size = chk(nvrtc.nvrtcGetPTXSize(prog), "ptx size")[0]
+        out = b" " * size
+        chk(nvrtc.nvrtcGetPTX(prog, out), "ptx")
+    nvrtc.nvrtcDestroyProgram(prog)
+    return bytes(out)
+
+
+def harness_source() -> str:
+    return (KERNEL_DIR / "bpf_vm_harness.cu").read_text()
+
+
+def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
+    """The harness cubin, cached under $DTRACE_MK_CACHE by a hash of the sources."""
+    h = hashlib.sha256()
+    for s in SOURCES:
+        h.update(s.encode() + b"\0" + (KERNEL_DIR / s).read_bytes())
+    h.update(f"{arch}|{'|'.join(defines)}".encode())
+    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"bpf_vm_{h.hexdigest()[:20]}.cubin"
+    if not path.exists():
+        data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------
+# Device maps
+# ---------------------------------------------------------------------------------
+
+class DeviceMaps:
+    """The maps of one attachment in device memory (CuPy), with readback into the host
+    model.  `descs` is an array of MAP_DTYPE; desc_addr(i) is what lddw map:i loads."""
+
+    def __init__(self, cp, defs: Sequence[MapDef], num_workers: int):
+        self.cp = cp
+        self.defs = list(defs)
+        self.W = num_workers
+        self.bufs: List[Dict[str, object]] = []
+        host = np.zeros(max(len(self.defs), 1), dtype=MAP_DTYPE)
+        for i, m in enumerate(self.defs):
+            m.validate()
+            b: Dict[str, object] = {}
+            d = host[i]
+            d["type"] = m.type_id
+            d["key_size"], d["value_size"], d["max_entries"] = m.key_size, m.value_size, m.max_entries
+            d["n_workers"] = num_workers
+            d["n_buckets"] = m.hist_buckets
+            d["read_only"] = int(bool(m.read_only))
+            d["lin_lo"], d["lin_hi"], d["lin_step"] = m.lin_lo, m.lin_hi, m.lin_step
+            d["budget_bytes"] = m.budget_bytes
+            b["stats"] = cp.zeros(MAP_STATS_DTYPE.itemsize, dtype=cp.uint8)
+            d["stats"] = b["stats"].data.ptr
+            vstride = _round8(max(m.value_size, 1))
+            d["value_stride"] = vstride
+            if m.type in ("array", "per_worker_array"):
+                copies = num_workers if m.type == "per_worker_array" else 1
+                init = np.zeros((copies, m.max_entries, vstride), dtype=np.uint8)
+                if m.init_value:
+                    v = m.init_value[:m.value_size].ljust(m.value_size, b"\0")
+                    init[:, 0, :m.value_size] = np.frombuffer(v, dtype=np.uint8)
+                b["values"] = cp.asarray(init.reshape(-1))
+                d["values"] = b["values"].data.ptr
+            elif m.type == "ringbuf":
+                b["values"] = cp.zeros(num_workers * m.max_entries, dtype=cp.uint8)
+                b["keys"] = cp.zeros(num_workers * m.max_entries * RB_REC_DTYPE.itemsize, dtype=cp.uint8)
+                rw = np.zeros(num_workers, dtype=RB_WORKER_DTYPE)
+                rw["ep_tag"] = EPOCH_NONE
+                b["slots"] = cp.asarray(rw.view(np.uint8))
+                d["values"], d["keys"], d["slots"] = (b["values"].data.ptr, b["keys"].data.ptr,
+                                                      b["slots"].data.ptr)
+            else:
+                cap = hash_capacity(m.max_entries)
+                kstride = _round8(m.key_size)
+                d["capacity"], d["cap_mask"], d["key_stride"] = cap, cap - 1, kstride
+                b["keys"] = cp.zeros(cap * kstride, dtype=cp.uint8)
+                b["values"] = cp.zeros(cap * vstride, dtype=cp.uint8)
+                b["slots"] = cp.zeros(cap, dtype=cp.uint32)
+                d["values"], d["keys"], d["slots"] = (b["values"].data.ptr, b["keys"].data.ptr,
+                                                      b["slots"].data.ptr)
+            self.bufs.append(b)
+        self.host_descs = host
+        self.descs = cp.asarray(host.view(np.uint8))
+
+    def desc_addr(self, i: int) -> int:
+        return self.descs.data.ptr + i * MAP_DTYPE.itemsize
+
+    @property
+    def desc_addrs(self) -> List[int]:
+        return [self.desc_addr(i) for i in range(len(self.defs))]
+
+    @property
+    def value_addrs(self) -> List[int]:
+        return [int(self.host_descs[i]["values"]) if m.type == "array" else 0
+                for i, m in enumerate(self.defs)]
+
+    def upload_hash(self, i: int, items: Dict[bytes, bytes]) -> None:
+        """Pre-fill a hash map (before any kernel runs) the way the device inserts."""
+        m, d, b = self.defs[i], self.host_descs[i], self.bufs[i]
+        cap, ks, vs = int(d["capacity"]), int(d["key_stride"]), int(d["value_stride"])
+        keys = b["keys"].get().reshape(cap, ks)
+        vals = b["values"].get().reshape(cap, vs)
+        st = b["slots"].get()
+        for k, v in items.items():
+            j = key_hash(k) & (cap - 1)
+            while st[j] != SLOT_EMPTY:
+                j = (j + 1) & (cap - 1)
+            keys[j, :m.key_size] = np.frombuffer(bytes(k), np.uint8)
+            vals[j, :m.value_size] = np.frombuffer(bytes(v), np.uint8)
+            st[j] = SLOT_FULL
+        b["keys"].set(keys.reshape(-1))
+        b["values"].set(vals.reshape(-1))
+        b["slots"].set(st)
+        stats = np.zeros(1, MAP_STATS_DTYPE)
+        stats["count"] = int((st == SLOT_FULL).sum())
+        b["stats"].set(stats.view(np.uint8))
+
+    def stats(self, i: int) -> np.void:
+        return self.bufs[i]["stats"].get().view(MAP_STATS_DTYPE)[0]
+
+    def readback(self) -> MapSet:
+        """A host MapSet holding the device maps' contents and stats."""
+        ms = MapSet(self.defs, self.W)
+        for i, (m, host) in enumerate(zip(self.defs, ms.maps)):
+            d, b = self.host_descs[i], self.bufs[i]
+            st = self.stats(i)
+            host.stats.lost = int(st["lost"])
+            host.stats.throttled = int(st["throttled"])
+            vs = int(d["value_stride"])
+            if m.type in ("array", "per_worker_array"):
+                copies = self.W if m.type == "per_worker_array" else 1
+                vals = b["values"].get().reshape(copies, m.max_entries, vs)[:, :, :m.value_size]
+                for w in range(copies):
+                    init0 = host._initial(0)
+                    nz = np.flatnonzero(vals[w].any(axis=1))
+                    idxs = set(int(x) for x in nz) | {0}
+                    for idx in sorted(idxs):
+                        v = vals[w, idx].tobytes()
+                        if v != host._initial(idx) or (idx == 0 and v != init0):
+                            host._copies[w][idx] = bytearray(v)
+            elif m.type == "ringbuf":
+                data = b["values"].get().reshape(self.W, m.max_entries)
+                recs = b["keys"].get().view(RB_REC_DTYPE).reshape(self.W, m.max_entries)
+                rws = b["slots"].get().view(RB_WORKER_DTYPE)
+                for w in range(self.W):
+                    n = int(rws[w]["nrec"])
+                    rs = sorted(recs[w, :n].tolist(), key=lambda r: r[0])
+                    host._rings[w] = [Record(w, int(ep), data[w, off:off + ln].tobytes())
+                                      for off, ln, ep, _ in rs]
+                    host._held[w] = int(rws[w]["held"])
+                    for j in range(RB_EPOCHS):
+                        if int(rws[w]["ep_tag"][j]) != EPOCH_NONE:
+                            host._used[(w, int(rws[w]["ep_tag"][j]))] = int(rws[w]["ep_used"][j])
+            else:
+                cap, ks = int(d["capacity"]), int(d["key_stride"])
+                sl = b["slots"].get()
+                full = np.flatnonzero(sl == SLOT_FULL)
+                keys = b["keys"].get().reshape(cap, ks)
+                vals = b["values"].get().reshape(cap, vs)
+                for j in full:
+                    host._d[keys[j, :m.key_size].tobytes()] = bytearray(vals[j, :m.value_size].tobytes())
+        return ms
+
+    def probe_exhausted(self) -> int:
+        return sum(int(self.stats(i)["probe_exhausted"]) for i, m in enumerate(self.defs)
+                   if m.type in ("hash", "hist_log2", "hist_linear"))
+
+
+# ---------------------------------------------------------------------------------
+# Runtime
+# ---------------------------------------------------------------------------------
+
+@dataclass
+class _DevProg:
+    program: Program
+    code: object                 # cupy uint8 array of dinsn records
+    n_insns: int
+    max_insns: int
+    stack_depth: int
+    cov: object                  # cupy uint8 array of COV_DTYPE
+
+
+@dataclass
+class _DevAttachment:
+    id: int
+    obj: BpfObject
+    maps: DeviceMaps
+    progs: List[_DevProg]
+    sample_every: int
+
+
+@dataclass
+class FireBatch:
+    """Per event and table slot: which program ran and how.  outcome: DTMK_OUT_* codes
+    (0 = no program in that slot for the event's hook; 4 = fault, counted lost; 5 =
+    sampled out, counted throttled; r0 is meaningful for 1..3)."""
+    slots: Dict[int, List[Tuple[int, str]]]      # hook id -> [(attachment, program)] by slot
+    hooks: np.ndarray                            # hook id per event
+    r0: np.ndarray                               # uint64 [n, MAX_PROGS]
+    outcome: np.ndarray                          # uint8 [n, MAX_PROGS]
+
+    def results(self, i: int) -> List[Tuple[int, str, str, Optional[int]]]:
+        """(attachment, program, outcome, r0 or None) for event i, in table order (the
+        reference runtime's FireResult order)."""
+        out = []
+        for k, (aid, name) in enumerate(self.slots.get(int(self.hooks[i]), [])):
+            o = int(self.outcome[i, k])
+            r0 = int(self.r0[i, k]) if o in (OUT_EXECUTED, OUT_LOST, OUT_THROTTLED) else None
+            out.append((aid, name, OUTCOME_NAMES.get(o, "none"), r0))
+        return out
+
+
+_MODULES: Dict[Tuple[str, int], object] = {}
+
+
+class DeviceRuntime:
+    """ReferenceRuntime's interface on the GPU (CuPy).  See the module docstring."""
+
+    def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
+                 clock_from_ctx: bool = True, arch: Optional[str] = None):
+        import cupy as cp
+        self.cp = cp
+        if num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        self.num_workers = num_workers
+        self.max_insns = max_insns
+        self.code_cap = code_cap
+        self.flags = FLAG_CLOCK_FROM_CTX if clock_from_ctx else 0
+        if arch is None:
+            cc = cp.cuda.Device().compute_capability
+            arch = f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
+        key = (arch, cp.cuda.Device().id)
+        if key not in _MODULES:              # one compiled module per process and device
+            _MODULES[key] = cp.RawModule(path=str(compile_harness(arch)))
+        self.module = _MODULES[key]
+        self.kernel = self.module.get_function("dtmk_vm_harness")
+        self.naive = self.module.get_function("dtmk_vm_naive")
+        self.smem = (HOOK_TABLE_DTYPE.itemsize * NUM_HOOKS + 16 * code_cap +
+                     H_WARPS * REG_BYTES_PER_WARP + H_WARPS * 32 * abi.CONTEXT_SIZE)
+        if self.smem > 48 * 1024:
+            self.kernel.max_dynamic_shared_size_bytes = self.smem
+        self.host_tables = np.zeros(NUM_HOOKS, dtype=HOOK_TABLE_DTYPE)
+        self.tables = cp.asarray(self.host_tables.view(np.uint8))
+        self.status = cp.zeros(2, dtype=cp.uint64)
+        self._gen = {h.id: 0 for h in abi.HOOKS}
+        self._by_hook: Dict[int, List[Tuple[_DevAttachment, _DevProg]]] = {h.id: [] for h in abi.HOOKS}
+        self._atts: Dict[int, _DevAttachment] = {}
+        self._detached: Dict[int, _DevAttachment] = {}
+        self._next = 1
+
+    # -- attach / detach ---------------------------------------------------------------
+    def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
+               programs: Optional[Sequence[str]] = None, init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None
+               ) -> int:
+        if obj.abi_version != abi.ABI_VERSION:
+            raise UserError(f"{obj.path}: built for hook ABI v{obj.abi_version}, this runtime "
+                            f"speaks v{abi.ABI_VERSION}")
+        if sample_every < 1:
+            raise UserError(f"sample_every must be >= 1, got {sample_every}")
+        progs = [p for p in obj.programs if programs is None or p.name in programs]
+        if not progs:
+            raise UserError(f"{obj.path}: no programs to attach")
+        bounds = {}
+        for p in progs:
+            if verify:
+                from ..bpf.verifier import verify as _verify
+                try:
+                    res = _verify(p, obj.maps)
+                except Rejected as e:
+                    e.args = (f"{obj.path}: {p.section} {p.name}: {e}",)
+                    raise
+                bounds[p.name] = (min(res.max_path_insns, self.max_insns), max(res.stack_depth, 0))
+            else:
+                bounds[p.name] = (self.max_insns, abi.STACK_SIZE)
+        for hid in {p.hook.id for p in progs}:
+            if len(self._by_hook[hid]) + sum(1 for p in progs if p.hook.id == hid) > MAX_PROGS:
+                raise UserError(f"{obj.path}: hook {abi.HOOKS_BY_ID[hid].name} already has "
+                                f"{len(self._by_hook[hid])} programs; the device table holds {MAX_PROGS}")
+        maps = DeviceMaps(self.cp, obj.maps, self.num_workers)
+        for name, items in (init_hash or {}).items():
+            maps.upload_hash([m.name for m in obj.maps].index(name), items)
+        dprogs = []
+        for p in progs:
+            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name)
+            cov = np.zeros(1, COV_DTYPE)
+            cov["rows"]["tag"] = COV_TAG_EMPTY
+            mi, sd = bounds[p.name]
+            dprogs.append(_DevProg(p, self.cp.asarray(recs.view(np.uint8)), len(recs), mi, sd,
+                                   self.cp.asarray(cov.view(np.uint8))))
+        aid = self._next
+        self._next += 1
+        att = _DevAttachment(aid, obj, maps, dprogs, sample_every)
+        self._atts[aid] = att
+        for dp in dprogs:
+            self._by_hook[dp.program.hook.id].append((att, dp))
+        for hid in sorted({dp.program.hook.id for dp in dprogs}):
+            self._gen[hid] += 1
+            self._publish(hid)
+        return aid
+
+    def detach(self, aid: int) -> None:
+        att = self._atts.pop(aid)
+        for hid in sorted({dp.program.hook.id for dp in att.progs}):
+            self._by_hook[hid] = [(a, d) for (a, d) in self._by_hook[hid] if a is not att]
+            self._gen[hid] += 1
+            self._publish(hid)
+        self._detached[aid] = att
+
+    def program_gen(self, hook) -> int:
+        from ..abi import context
+        return self._gen[context.hook_id(hook)]
+
+    def _publish(self, hid: int) -> None:
+        """Write hook hid's table under its seqlock: gen odd, body, gen even."""
+        t = self.host_tables[hid]
+        base = hid * HOOK_TABLE_DTYPE.itemsize
+        t["gen"] = 2 * self._gen[hid] - 1
+        self.tables[base:base + 4].set(np.frombuffer(struct.pack("<I", int(t["gen"])), np.uint8))
+        entries = self._by_hook[hid]
+        t["n_progs"] = len(entries)
+        for k in range(MAX_PROGS):
+            t["progs"][k] = np.zeros(1, PROG_DTYPE)[0]
+        for k, (att, dp) in enumerate(entries):
+            e = t["progs"][k]
+            e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
+            e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
+            e["sample_every"], e["prog_id"] = att.sample_every, att.id
+        body = self.host_tables[hid:hid + 1].view(np.uint8)
+        self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
+        t["gen"] = 2 * self._gen[hid]
+        self.tables[base:base + 4].set(np.frombuffer(struct.pack("<I", int(t["gen"])), np.uint8))
+
+    # -- events --------------------------------------------------------------------------
+    def fire(self, records, *, serial: bool = False, epoch: Optional[int] = None, blocks: Optional[int] = None,
+             repeat: int = 1) -> FireBatch:
+        """Run every attached program over context records (bytes records, a bytes blob,
+        a CTX numpy array or a CuPy uint8 device array of n*128 bytes)."""
+        cp = self.cp
+        if isinstance(records, cp.ndarray):
+            dev = records
+            n = dev.size // abi.CONTEXT_SIZE
+            host = None
+        else:
+            if isinstance(records, (list, tuple)):
+                blob = b"".join(bytes(r) for r in records)
+            elif isinstance(records, np.ndarray):
+                blob = records.tobytes()
+            else:
+                blob = bytes(records)
+            if len(blob) % abi.CONTEXT_SIZE:
+                raise UserError(f"context records: {len(blob)} bytes is not a multiple of {abi.CONTEXT_SIZE}")
+            host = np.frombuffer(blob, dtype=np.uint8).reshape(-1, abi.CONTEXT_SIZE)
+            n = host.shape[0]
+            dev = cp.asarray(host.reshape(-1))
+        if host is not None and n:
+            words = host.view("<u4")
+            hooks = words[:, 1]
+            workers = words[:, 6]
+            bad = np.flatnonzero((hooks < 1) | (hooks > abi.MAX_HOOK_ID))
+            if bad.size:
+                raise UserError(f"context record {int(bad[0])}: field 'hook': {int(hooks[bad[0]])} is not a hook id")
+            badw = np.flatnonzero(workers >= self.num_workers)
+            if badw.size:
+                raise UserError(f"context record {int(badw[0])}: field 'worker': {int(workers[badw[0]])} is out "
+                                f"of range for {self.num_workers} workers")
+        else:
+            hooks = dev.reshape(-1, abi.CONTEXT_SIZE // 4).view(cp.uint32)[:, 1].get() if n else np.zeros(0, np.uint32)
+        r0 = cp.zeros(max(n, 1) * MAX_PROGS, dtype=cp.uint64)
+        out = cp.zeros(max(n, 1) * MAX_PROGS, dtype=cp.uint8)
+        if n:
+            if blocks is None:
+                blocks = 1 if serial else max(1, min(1024, (n + 32 * H_WARPS - 1) // (32 * H_WARPS)))
+            args = (self.tables, dev, r0, out, self.status, np.uint32(n), np.uint32(1 if serial else 0),
+                    np.uint32(self.flags), np.uint32(self.code_cap), np.uint32(epoch or 0),
+                    np.uint32(0 if epoch is None else 1), np.uint32(repeat))
+            self.kernel((blocks,), (32 * H_WARPS,), args, shared_mem=self.smem)
+            cp.cuda.runtime.deviceSynchronize()
+            st = self.status.get()
+            if st[1]:
+                self.status.fill(0)
+                raise UserError(f"device VM: the attached programs' code exceeds the harness's shared "
+                                f"memory budget of {self.code_cap} instructions")
+        slots = {hid: [(a.id, d.program.name) for a, d in ents] for hid, ents in self._by_hook.items()}
+        return FireBatch(slots, np.asarray(hooks), r0.get().reshape(-1, MAX_PROGS)[:n],
+                         out.get().reshape(-1, MAX_PROGS)[:n])
+
+    # -- results -------------------------------------------------------------------------
+    def _get(self, aid: int) -> _DevAttachment:
+        att = self._atts.get(aid) or self._detached.get(aid)
+        if att is None:
+            raise KeyError(f"no attachment {aid}")
+        return att
+
+    def device_maps(self, aid: int) -> DeviceMaps:
+        return self._get(aid).maps
+
+    def maps(self, aid: int) -> MapSet:
+        return self._get(aid).maps.readback()
+
+    def coverage(self, aid: int) -> List[Coverage]:
+        att = self._get(aid)
+        rows: List[Coverage] = []
+        for dp in att.progs:
+            c = dp.cov.get().view(COV_DTYPE)[0]
+            if int(c["overflow"]):
+                raise RuntimeError(f"coverage of {dp.program.name}: {int(c['overflow'])} events found no "
+                                   f"free row (more than {COV_ROWS} (epoch, gen) rows)")
+            for r in c["rows"]:
+                if int(r["tag"]) == COV_TAG_EMPTY:
+                    continue
+                tag = int(r["tag"])
+                cv = Coverage(dp.program.name, dp.program.hook.name, tag >> 32, tag & M32,
+                              int(r["eligible"]), int(r["executed"]), int(r["throttled"]), int(r["lost"]))
+                if int(r["fault"]):
+                    cv.reasons["fault"] = int(r["fault"])
+                cv.check()
+                rows.append(cv)
+        rows.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
+        return rows
+
+    def evidence(self, aid: int) -> List[Tuple[str, Record]]:
+        ms = self.maps(aid)
+        return [(m.name, r) for m in ms if m.kind == "ringbuf" for r in m.snapshot()]

@@ -1,0 +1,305 @@
+/* bpf_vm.cuh: the device eBPF VM (hot tier).  Runs verified, host-pre-decoded bytecode
+ * (struct dtmk_dinsn, kernels/bpf_opcodes.h) for up to 32 events at once: one warp, one
+ * event per lane (the observer-warp model).
+ *
+ * Design (see docs/results/device_vm.md for the measurements behind it):
+ *
+ *   * Warp-uniform dispatch.  The warp walks ONE program counter `upc`; lane l runs the
+ *     instruction at upc when its own pc `p` has been reached (p <= upc), otherwise it
+ *     is parked at a later jump target.  The instruction fetch (one 16-byte shared
+ *     memory broadcast) and the switch are uniform, so a data-dependent branch never
+ *     serialises the dispatch.  Non-jump instructions just advance upc; jumps and exit
+ *     make each lane's p exact and take upc = min over lanes (one __reduce_min_sync).
+ *     Verified programs are DAGs, so the walk is at most n_insns steps; backward jumps
+ *     (unverified test programs) also work: p is exact after every jump.
+ *   * Registers in shared memory, [reg][lane] per warp (11 x 32 x 8 bytes): uniform
+ *     register numbers, conflict-free, no local-memory traffic.  The stack is a per-lane
+ *     local array (the hardware interleaves it per lane); r10 points at its top, r1 at
+ *     the lane's context record.  All pointers are plain generic addresses: the verifier
+ *     proved every access safe, so no run-time bounds checks.
+ *   * Per-event instruction bound: a lane counts what it executes and is stopped (its
+ *     event counted lost, "fault") when it passes max_insns (the verifier's
+ *     max_path_insns) at a jump, call or exit.
+ *   * Helpers: map_lookup_elem, map_update_elem, map_delete_elem, ktime_get_ns,
+ *     get_worker_id, ringbuf_output, hist_add with the host model's semantics
+ *     (kernels/bpf_maps.cuh).  trace_printk is not implemented on the device yet: it
+ *     returns -EINVAL and counts the event lost.  set_priority_hint (control programs,
+ *     not attachable in ABI v1) returns 0 and records nothing.
+ *
+ * API (all 32 lanes of a warp call it together):
+ *
+ *   dtmk_vm_run_prog(prog, code, regs, eligible, ctx, worker, epoch, gen, flags, &r0)
+ *       -> DTMK_OUT_* of this lane's event; adds the warp's coverage to prog->cov.
+ */
+#ifndef DTMK_BPF_VM_CUH
+#define DTMK_BPF_VM_CUH
+
+#include "dtrace_mk_abi.h"
+#include "bpf_opcodes.h"
+#include "bpf_maps.cuh"
+
+#define DTMK_VM_NOPC 0xffffffffu
+#define DTMK_VM_FULL 0xffffffffu
+#define DTMK_VM_NREGS 11
+#define DTMK_VM_REG_BYTES_PER_WARP (DTMK_VM_NREGS * 32 * 8)
+
+/* outcome of one (event, program) */
+#define DTMK_OUT_NONE 0        /* not eligible */
+#define DTMK_OUT_EXECUTED 1
+#define DTMK_OUT_THROTTLED 2
+#define DTMK_OUT_LOST 3
+#define DTMK_OUT_FAULT 4       /* lost: instruction budget */
+#define DTMK_OUT_SAMPLED 5     /* throttled before running (sampling) */
+
+/* flags */
+#define DTMK_VM_CLOCK_FROM_CTX 1u   /* ktime_get_ns returns the record's ts_ns (tests) */
+
+__device__ __forceinline__ dtmk_u64 dtmk_globaltimer() {
+    dtmk_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ dtmk_u64 dtmk_bswap64(dtmk_u64 v) {
+    dtmk_u32 lo = (dtmk_u32)v, hi = (dtmk_u32)(v >> 32);
+    return ((dtmk_u64)__byte_perm(lo, 0, 0x0123) << 32) | __byte_perm(hi, 0, 0x0123);
+}
+
+/* Run one program for the lanes with `active`; returns the lane's outcome (NONE when
+ * not active).  R: this warp's register file in shared memory, already offset by lane. */
+__device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict__ code, dtmk_u32 max_insns,
+                                            dtmk_u32 stack_depth, dtmk_u64 *__restrict__ R, bool active,
+                                            const void *ctx, dtmk_u32 worker, dtmk_u32 epoch, dtmk_u32 flags,
+                                            dtmk_u64 *r0_out) {
+#define REG(i) R[(dtmk_u32)(i) << 5]
+    dtmk_u64 stack[DTMK_STACK_SIZE / 8];
+    bool lost = false, thr = false, fault = false, done_ok = false;
+    dtmk_u32 p = active ? 0u : DTMK_VM_NOPC;
+    dtmk_u32 cnt = 0;
+    if (active) {
+        for (dtmk_u32 k = 0; k < stack_depth / 8; k++) stack[DTMK_STACK_SIZE / 8 - 1 - k] = 0;
+#pragma unroll
+        for (int i = 0; i < DTMK_VM_NREGS; i++) REG(i) = 0;
+        REG(1) = (dtmk_u64)ctx;
+        REG(10) = (dtmk_u64)(stack + DTMK_STACK_SIZE / 8);
+    }
+    dtmk_u32 upc = __reduce_min_sync(DTMK_VM_FULL, p);
+    if (upc == DTMK_VM_NOPC) return DTMK_OUT_NONE;
+
+#define NEXT { upc++; continue; }
+#define ALU64(NAME, EXPR) \
+    case DTMK_OP_##NAME##_K: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; REG(I.dst) = (EXPR); } NEXT \
+    case DTMK_OP_##NAME##_X: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); REG(I.dst) = (EXPR); } NEXT
+#define ALU32(NAME, EXPR) \
+    case DTMK_OP_##NAME##32_K: if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; REG(I.dst) = (dtmk_u32)(EXPR); } NEXT \
+    case DTMK_OP_##NAME##32_X: if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); REG(I.dst) = (dtmk_u32)(EXPR); } NEXT
+#define JUMP_TAIL(taken) { \
+        dtmk_u32 np = p; \
+        if (me) { np = (taken) ? (dtmk_u32)I.off : upc + 1; if (cnt > max_insns) { np = DTMK_VM_NOPC; fault = true; } } \
+        p = np; \
+        upc = __reduce_min_sync(DTMK_VM_FULL, np); \
+        if (upc == DTMK_VM_NOPC) goto done; \
+        continue; }
+#define JMP64(NAME, COND) \
+    case DTMK_OP_##NAME##_K: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; t = (COND); } JUMP_TAIL(t) } \
+    case DTMK_OP_##NAME##_X: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); t = (COND); } JUMP_TAIL(t) }
+#define JMP32(NAME, COND) \
+    case DTMK_OP_##NAME##32_K: { bool t = false; if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; t = (COND); } JUMP_TAIL(t) } \
+    case DTMK_OP_##NAME##32_X: { bool t = false; if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); t = (COND); } JUMP_TAIL(t) }
+#define CALL_GUARD (me && (cnt > max_insns ? (fault = true, p = DTMK_VM_NOPC, false) : true))
+#define ADDR(reg) (REG(reg) + (dtmk_u64)(dtmk_s64)I.off)
+
+    for (;;) {
+        const struct dtmk_dinsn I = code[upc];
+        const bool me = p <= upc;
+        cnt += me;
+        switch (I.op) {
+        ALU64(ADD, a + b)
+        ALU64(SUB, a - b)
+        ALU64(MUL, a * b)
+        ALU64(DIV, b ? a / b : 0ull)
+        ALU64(OR, a | b)
+        ALU64(AND, a & b)
+        ALU64(LSH, a << (b & 63))
+        ALU64(RSH, a >> (b & 63))
+        ALU64(MOD, b ? a % b : a)
+        ALU64(XOR, a ^ b)
+        case DTMK_OP_MOV_K: if (me) REG(I.dst) = I.imm; NEXT
+        case DTMK_OP_MOV_X: if (me) REG(I.dst) = REG(I.src); NEXT
+        ALU64(ARSH, (dtmk_u64)((dtmk_s64)a >> (b & 63)))
+        ALU32(ADD, a + b)
+        ALU32(SUB, a - b)
+        ALU32(MUL, a * b)
+        ALU32(DIV, b ? a / b : 0u)
+        ALU32(OR, a | b)
+        ALU32(AND, a & b)
+        ALU32(LSH, a << (b & 31))
+        ALU32(RSH, a >> (b & 31))
+        ALU32(MOD, b ? a % b : a)
+        ALU32(XOR, a ^ b)
+        case DTMK_OP_MOV32_K: if (me) REG(I.dst) = (dtmk_u32)I.imm; NEXT
+        case DTMK_OP_MOV32_X: if (me) REG(I.dst) = (dtmk_u32)REG(I.src); NEXT
+        ALU32(ARSH, (dtmk_u32)((int)a >> (b & 31)))
+        case DTMK_OP_NEG: if (me) REG(I.dst) = 0ull - REG(I.dst); NEXT
+        case DTMK_OP_NEG32: if (me) REG(I.dst) = (dtmk_u32)(0u - (dtmk_u32)REG(I.dst)); NEXT
+        case DTMK_OP_LE:
+            if (me) { const dtmk_u64 a = REG(I.dst);
+                REG(I.dst) = I.imm == 16 ? (a & 0xffffull) : I.imm == 32 ? (a & 0xffffffffull) : a; }
+            NEXT
+        case DTMK_OP_BE:
+            if (me) { const dtmk_u64 a = REG(I.dst);
+                REG(I.dst) = I.imm == 16 ? (dtmk_u64)__byte_perm((dtmk_u32)a, 0, 0x4401)
+                           : I.imm == 32 ? (dtmk_u64)__byte_perm((dtmk_u32)a, 0, 0x0123) : dtmk_bswap64(a); }
+            NEXT
+        case DTMK_OP_JA: JUMP_TAIL(true)
+        JMP64(JEQ, a == b)
+        JMP64(JNE, a != b)
+        JMP64(JSET, (a & b) != 0)
+        JMP64(JGT, a > b)
+        JMP64(JGE, a >= b)
+        JMP64(JLT, a < b)
+        JMP64(JLE, a <= b)
+        JMP64(JSGT, (dtmk_s64)a > (dtmk_s64)b)
+        JMP64(JSGE, (dtmk_s64)a >= (dtmk_s64)b)
+        JMP64(JSLT, (dtmk_s64)a < (dtmk_s64)b)
+        JMP64(JSLE, (dtmk_s64)a <= (dtmk_s64)b)
+        JMP32(JEQ, a == b)
+        JMP32(JNE, a != b)
+        JMP32(JSET, (a & b) != 0)
+        JMP32(JGT, a > b)
+        JMP32(JGE, a >= b)
+        JMP32(JLT, a < b)
+        JMP32(JLE, a <= b)
+        JMP32(JSGT, (int)a > (int)b)
+        JMP32(JSGE, (int)a >= (int)b)
+        JMP32(JSLT, (int)a < (int)b)
+        JMP32(JSLE, (int)a <= (int)b)
+        case DTMK_OP_LDDW:
+        case DTMK_OP_LDDW_MAP:
+        case DTMK_OP_LDDW_MAP_VALUE:
+            if (me) REG(I.dst) = I.imm;
+            NEXT
+        case DTMK_OP_LDXB: if (me) REG(I.dst) = *(const dtmk_u8 *)ADDR(I.src); NEXT
+        case DTMK_OP_LDXH: if (me) REG(I.dst) = *(const dtmk_u16 *)ADDR(I.src); NEXT
+        case DTMK_OP_LDXW: if (me) REG(I.dst) = *(const dtmk_u32 *)ADDR(I.src); NEXT
+        case DTMK_OP_LDXDW: if (me) REG(I.dst) = *(const dtmk_u64 *)ADDR(I.src); NEXT
+        case DTMK_OP_STB: if (me) *(dtmk_u8 *)ADDR(I.dst) = (dtmk_u8)I.imm; NEXT
+        case DTMK_OP_STH: if (me) *(dtmk_u16 *)ADDR(I.dst) = (dtmk_u16)I.imm; NEXT
+        case DTMK_OP_STW: if (me) *(dtmk_u32 *)ADDR(I.dst) = (dtmk_u32)I.imm; NEXT
+        case DTMK_OP_STDW: if (me) *(dtmk_u64 *)ADDR(I.dst) = I.imm; NEXT
+        case DTMK_OP_STXB: if (me) *(dtmk_u8 *)ADDR(I.dst) = (dtmk_u8)REG(I.src); NEXT
+        case DTMK_OP_STXH: if (me) *(dtmk_u16 *)ADDR(I.dst) = (dtmk_u16)REG(I.src); NEXT
+        case DTMK_OP_STXW: if (me) *(dtmk_u32 *)ADDR(I.dst) = (dtmk_u32)REG(I.src); NEXT
+        case DTMK_OP_STXDW: if (me) *(dtmk_u64 *)ADDR(I.dst) = REG(I.src); NEXT
+        case DTMK_OP_XADDW:
+            if (me) {
+                dtmk_u32 *a = (dtmk_u32 *)ADDR(I.dst);
+                const dtmk_u32 v = (dtmk_u32)REG(I.src);
+                dtmk_u32 old;
+                if (__isLocal(a)) { old = *a; *a = old + v; }
+                else old = atomicAdd((unsigned *)a, v);
+                if (I.aux) REG(I.src) = old;
+            }
+            NEXT
+        case DTMK_OP_XADDDW:
+            if (me) {
+                dtmk_u64 *a = (dtmk_u64 *)ADDR(I.dst);
+                const dtmk_u64 v = REG(I.src);
+                dtmk_u64 old;
+                if (__isLocal(a)) { old = *a; *a = old + v; }
+                else old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
+                if (I.aux) REG(I.src) = old;
+            }
+            NEXT
+        case DTMK_OP_CALL_MAP_LOOKUP_ELEM:
+            if (CALL_GUARD) REG(0) = dtmk_map_lookup((const struct dtmk_map *)REG(1), (const void *)REG(2), worker, &lost);
+            NEXT
+        case DTMK_OP_CALL_MAP_UPDATE_ELEM:
+            if (CALL_GUARD) REG(0) = dtmk_map_update((const struct dtmk_map *)REG(1), (const void *)REG(2),
+                                                     (const void *)REG(3), REG(4), worker, &lost);
+            NEXT
+        case DTMK_OP_CALL_MAP_DELETE_ELEM:
+            if (CALL_GUARD) REG(0) = dtmk_map_delete((const struct dtmk_map *)REG(1), (const void *)REG(2), &lost);
+            NEXT
+        case DTMK_OP_CALL_KTIME_GET_NS:
+            if (CALL_GUARD) REG(0) = (flags & DTMK_VM_CLOCK_FROM_CTX) ? ((const struct dtmk_ctx *)ctx)->ts_ns
+                                                                      : dtmk_globaltimer();
+            NEXT
+        case DTMK_OP_CALL_GET_WORKER_ID:
+            if (CALL_GUARD) REG(0) = worker;
+            NEXT
+        case DTMK_OP_CALL_RINGBUF_OUTPUT:
+            if (CALL_GUARD) REG(0) = dtmk_ringbuf_output((const struct dtmk_map *)REG(1), (const void *)REG(2), REG(3),
+                                                         REG(4), worker, epoch, &lost, &thr);
+            NEXT
+        case DTMK_OP_CALL_HIST_ADD:
+            if (CALL_GUARD) REG(0) = dtmk_hist_add((const struct dtmk_map *)REG(1), (const void *)REG(2), REG(3), &lost);
+            NEXT
+        case DTMK_OP_CALL_SET_PRIORITY_HINT:
+            if (CALL_GUARD) REG(0) = 0;
+            NEXT
+        case DTMK_OP_CALL_TRACE_PRINTK:      /* not on the device yet: a helper error */
+            if (CALL_GUARD) { REG(0) = (dtmk_u64)-DTMK_EINVAL; lost = true; }
+            NEXT
+        case DTMK_OP_EXIT:
+            if (me) {
+                if (cnt > max_insns) fault = true;
+                else { *r0_out = REG(0); done_ok = true; }
+                p = DTMK_VM_NOPC;
+            }
+            upc = __reduce_min_sync(DTMK_VM_FULL, p);
+            if (upc == DTMK_VM_NOPC) goto done;
+            continue;
+        default:   /* invalid op or unknown helper: never in a verified program */
+            if (me) { fault = true; p = DTMK_VM_NOPC; }
+            upc = __reduce_min_sync(DTMK_VM_FULL, p);
+            if (upc == DTMK_VM_NOPC) goto done;
+            continue;
+        }
+    }
+done:
+    if (!active) return DTMK_OUT_NONE;
+    if (fault || !done_ok) return DTMK_OUT_FAULT;
+    if (lost) return DTMK_OUT_LOST;
+    if (thr) return DTMK_OUT_THROTTLED;
+    return DTMK_OUT_EXECUTED;
+#undef REG
+#undef NEXT
+#undef ALU64
+#undef ALU32
+#undef JUMP_TAIL
+#undef JMP64
+#undef JMP32
+#undef CALL_GUARD
+#undef ADDR
+}
+
+/* One program over the warp's events: sampling, execution, coverage.  `eligible`: this
+ * lane has an event for the program's hook.  `gen`: the hook table's program_gen. */
+__device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const struct dtmk_dinsn *code,
+                                                dtmk_u64 *R, bool eligible, const void *ctx, dtmk_u32 worker,
+                                                dtmk_u32 epoch, dtmk_u32 gen, dtmk_u32 flags, dtmk_u64 *r0) {
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned em = __ballot_sync(DTMK_VM_FULL, eligible);
+    if (!em) return DTMK_OUT_NONE;
+    struct dtmk_cov *cov = (struct dtmk_cov *)P.cov;
+    bool run = eligible;
+    if (P.sample_every > 1) {   /* every N-th eligible event runs (tickets in lane order) */
+        const int leader = __ffs(em) - 1;
+        unsigned long long base = 0;
+        if ((int)lane == leader) base = atomicAdd((unsigned long long *)&cov->seen, (unsigned long long)__popc(em));
+        base = __shfl_sync(DTMK_VM_FULL, base, leader);
+        const unsigned long long ticket = base + __popc(em & ((1u << lane) - 1u));
+        run = eligible && (ticket % P.sample_every) == 0;
+    }
+    int out = dtmk_vm_exec(code, P.max_insns, P.stack_depth, R, run, ctx, worker, epoch, flags, r0);
+    if (eligible && !run) out = DTMK_OUT_SAMPLED;
+    const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);
+    const unsigned thr = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_THROTTLED || out == DTMK_OUT_SAMPLED);
+    const unsigned lost = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT);
+    const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
+    dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault);
+    return out;
+}
+
+#endif /* DTMK_BPF_VM_CUH */

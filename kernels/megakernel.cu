@@ -1,0 +1,576 @@
+/* megakernel.cu: the reference persistent decode megakernel of dtrace_mk.
+ *
+ * One worker CTA per SM.  The task graph comes from dtrace_mk/megakernel/graph.py
+ * (TaskGraph.device_tables(), packed by gpu.py): worker w walks plan w every step; a
+ * task waits (acquire) until counter[wait_event] >= wait_count * (step + 1), runs its
+ * body (mk_ops.cuh), then signals (release add) its event.  MoE expert tasks come from
+ * one FIFO per MoE layer that the router fills; a worker takes one whenever its next
+ * static task is not ready (graph.py "Dynamic queue").  Steps step0 .. step0+n_steps-1
+ * run in one launch; events are never reset, so one launch per step works the same.
+ *
+ * Observation, all compiled in, off by default:
+ *   hooks   every ABI v1 hook except comm:* at its place; enabled hooks write the
+ *           128-byte dtmk_ctx to a per-worker ring (mk_hook is the one site a later
+ *           device VM / linked monitor call slots into: DTMK_LINKED_MONITOR);
+ *   trace   MPK-style full task trace, 32-byte records with 64-bit stamps, task
+ *           identity, a stamp before the dependency wait, and a per-worker drop count;
+ *   control the hook mask and trace switch live in shared memory, refreshed from
+ *           global memory every `refresh` tasks (a volatile global flag per task costs
+ *           ~20% at 1 us tasks);
+ *   watchdog a wait that exceeds control[WD] microseconds (or a host-set abort flag)
+ *           records the worker's state (task, event, counter vs target) and ends the
+ *           run instead of hanging.
+ *
+ * Layout of the tables (int32 unless noted), see gpu.py pack_tables():
+ *   tasks[T][16]: cls layer expert slot lo hi wait_event wait_count signal_event dynamic
+ *                 tile_lo tile_hi aux_norm aux_fold aux_ord 0
+ *   moe[n_moe][8]: layer router_task expert_base expert_tiles router_event expert_event 0 0
+ *   control u32[16], worker_state u64[W][8], faults int64[n][8]
+ */
+#include "mk_ops.cuh"
+
+/* control words (u32) */
+#define CTL_HOOK_MASK 0
+#define CTL_TRACE 1
+#define CTL_ABORT 2        /* != 0: stop (1 host request, 2 watchdog) */
+#define CTL_REFRESH 3      /* refresh period in tasks */
+#define CTL_WD_US 4        /* watchdog: max wait in microseconds (0 = off) */
+#define CTL_ABORT_WORKER 5 /* worker that fired the watchdog */
+#define CTL_STEP_OVERRIDE 6
+
+/* worker_state u64 words */
+#define WS_TASK 0
+#define WS_STEP 1
+#define WS_EVENT 2
+#define WS_VALUE 3
+#define WS_TARGET 4
+#define WS_STATE 5         /* 1 running, 2 waiting, 3 done, 4 aborted by watchdog, 5 stopped */
+#define WS_TS 6
+#define WS_DONE 7
+
+/* fault kinds (faults.py) */
+#define F_SLOW 1
+#define F_LATE 3
+#define F_SAT 4
+#define F_STARVE 5
+
+#define MK_PENDING 4        /* deferred (late) signals per worker */
+
+#define TREC_WORDS 16
+#define TRACE_BYTES 32
+
+struct TraceRec {          /* 32 bytes; stamps are %globaltimer ns */
+    dtmk_u64 t_dispatch;   /* taken from the plan / queue, before the dependency wait */
+    dtmk_u32 wait_ns;      /* dispatch -> begin (dependency wait) */
+    dtmk_u32 dur_ns;       /* begin -> end */
+    dtmk_u32 task_index;
+    dtmk_u32 step;
+    dtmk_u16 sm;
+    dtmk_u16 worker;
+    dtmk_u16 flags;        /* DTMK_FLAG_* */
+    dtmk_u16 cls;
+};
+
+struct Worker {            /* per-CTA scheduler state, in shared memory */
+    dtmk_u32 hook_mask, trace_on, refresh, wd_us, since_refresh, aborted;
+    dtmk_u32 worker, sm;
+    dtmk_u64 hook_n, trace_n;
+    int dyn_task, dyn_step, ready;
+    dtmk_u32 phantoms;                       /* queue_saturation entries not yet drained */
+    int pend_event[MK_PENDING];              /* late_notification: deferred signals */
+    dtmk_u64 pend_due[MK_PENDING];
+};
+
+__device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
+
+/* ---- faults ----------------------------------------------------------------------- */
+/* sum of param_a over the rows of `kind` that select (task t, step) (faults.py) */
+__device__ long long fault_sum(const MkParams &P, int kind, int t, int step, int cls, int layer) {
+    const long long *F = (const long long *)P.faults;
+    long long s = 0;
+    for (int i = 0; i < (int)P.n_faults; ++i) {
+        const long long *r = F + i * 8;
+        if (r[0] != kind) continue;
+        if (r[1] >= 0 && r[1] != cls) continue;
+        if (r[2] >= 0 && r[2] != layer) continue;
+        if (step < r[3] || step > r[4]) continue;
+        if (r[6] < 1000000 && fault_pick((dtmk_u64)r[7], (dtmk_u32)t, (dtmk_u32)step) >= (dtmk_u32)r[6]) continue;
+        s += r[5];
+    }
+    return s;
+}
+
+struct TaskFaults { dtmk_u64 slow, late, starve; dtmk_u32 flags; };
+
+/* thread 0: the fault effects on task t at step k (sim: computed at readiness) */
+__device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
+    TaskFaults f; f.slow = f.late = f.starve = 0; f.flags = 0;
+    const int *r = (const int *)P.tasks + t * 16;
+    int cls = r[0], layer = r[1];
+    if (P.n_faults) {
+        f.slow = (dtmk_u64)fault_sum(P, F_SLOW, t, step, cls, layer);
+        f.late = (dtmk_u64)fault_sum(P, F_LATE, t, step, cls, layer);
+        f.starve = (dtmk_u64)fault_sum(P, F_STARVE, t, step, cls, layer);
+        if (f.slow || f.late || f.starve) f.flags |= DTMK_FLAG_FAULT;
+        if (cls == 7) {  /* a router whose layer has a routing_skew row in scope */
+            const long long *F = (const long long *)P.faults;
+            for (int i = 0; i < (int)P.n_faults; ++i) {
+                const long long *q = F + i * 8;
+                if (q[0] == F_SKEW && (q[2] < 0 || q[2] == layer) && step >= q[3] && step <= q[4]) f.flags |= DTMK_FLAG_FAULT;
+            }
+        }
+    }
+    if (r[9]) f.flags |= DTMK_FLAG_DYNAMIC;
+    return f;
+}
+
+/* ---- hooks ------------------------------------------------------------------------- */
+#ifdef DTMK_LINKED_MONITOR
+extern "C" __device__ void dtmk_monitor(const struct dtmk_ctx *ctx);  /* linked LTO-IR tier */
+#endif
+
+/* Fill the common and task fields of a context (thread 0 only). */
+__device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c, int hook, int t, int step,
+                         dtmk_u32 flags) {
+    const int *r = trec(P, t);
+    c.abi_version = DTMK_ABI_VERSION; c.hook = hook; c.ts_ns = mk_now();
+    c.rank = (dtmk_u32)P.rank; c.sm = W.sm; c.worker = W.worker;
+    c.task_class = r[0]; c.task_index = t; c.task_gen = step;
+    c.tile = (dtmk_u64)(dtmk_u32)r[10] | ((dtmk_u64)(dtmk_u32)r[11] << 32);
+    int slot = r[3];
+    c.request_slot = (dtmk_u32)slot;
+    c.request_gen = slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
+    c.decode_step = step; c.layer = (dtmk_u32)r[1]; c.expert = (dtmk_u32)r[2];
+    c.event_id = DTMK_NONE_U32; c.event_gen = 0; c.comm_op = DTMK_NONE_U32; c.comm_gen = 0;
+    c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0; c.dur_ns = 0; c.wait_ns = 0;
+    c.flags = flags; c.reserved0 = 0; c.reserved1 = 0;
+}
+
+/* The hook site: thread 0, after the caller checked the mask bit. */
+__device__ void mk_hook(const MkParams &P, Worker &W, const struct dtmk_ctx &c) {
+#ifdef DTMK_LINKED_MONITOR
+    dtmk_monitor(&c);
+#endif
+    dtmk_u64 n = W.hook_n++;
+    if (n < P.hook_cap) {
+        uint4 *dst = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + n) * DTMK_CTX_SIZE);
+        const uint4 *src = (const uint4 *)&c;
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
+    }
+}
+#define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
+
+__device__ void trace_rec(const MkParams &P, Worker &W, int t, int step, dtmk_u64 t0, dtmk_u64 t1, dtmk_u64 t2,
+                          dtmk_u32 flags) {
+    dtmk_u64 n = W.trace_n++;
+    if (n < P.trace_cap) {
+        TraceRec r;
+        r.t_dispatch = t0; r.wait_ns = (dtmk_u32)min(t1 - t0, 0xffffffffull);
+        r.dur_ns = (dtmk_u32)min(t2 - t1, 0xffffffffull); r.task_index = t; r.step = step;
+        r.sm = (dtmk_u16)W.sm; r.worker = (dtmk_u16)W.worker; r.flags = (dtmk_u16)flags;
+        r.cls = (dtmk_u16)trec(P, t)[0];
+        uint4 *dst = (uint4 *)((char *)P.trace_ring + ((dtmk_u64)W.worker * P.trace_cap + n) * TRACE_BYTES);
+        dst[0] = ((uint4 *)&r)[0]; dst[1] = ((uint4 *)&r)[1];
+    }
+}
+
+/* thread 0: re-read the control words every `refresh` tasks */
+__device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bool force) {
+    if (!force && ++W.since_refresh < W.refresh) return;
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    W.since_refresh = 0;
+    W.hook_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+    W.trace_on = ld_volatile_u32(ctl + CTL_TRACE);
+    W.refresh = max(1u, ld_volatile_u32(ctl + CTL_REFRESH));
+    W.wd_us = ld_volatile_u32(ctl + CTL_WD_US);
+}
+
+__device__ __forceinline__ dtmk_u64 *wstate(const MkParams &P, int w) { return (dtmk_u64 *)P.worker_state + w * 8; }
+
+#define XS smem + P.xs_off, (int)P.xs_cap
+__device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int step, float *smem) {
+    const int *r = trec(P, t);
+    int cls = r[0], layer = r[1], lo = r[4], hi = r[5];
+    int B = (int)P.batch, H = (int)P.hidden;
+    switch (cls) {
+    case 0: { /* rmsnorm: aux_norm 0 attention (layer 0 embeds first), 1 mlp, 2 final */
+        int kind = r[12], fold = r[13];
+        if (fold >= 0) { moe_fold(P, fold); __threadfence(); __syncthreads(); }
+        if (kind == 0 && layer == 0) { for (int b = 0; b < B; ++b) op_embed(P, b); __threadfence(); __syncthreads(); }
+        const unsigned short *w = kind == 2 ? (const unsigned short *)P.w_final_norm
+            : (const unsigned short *)(kind == 0 ? P.w_attn_norm : P.w_mlp_norm) + (long)layer * H;
+        op_rmsnorm(P, w, (const float *)P.h, (float *)P.xn, 0, B, smem);
+        break;
+    }
+    case 1: /* qkv */
+        op_proj((const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H, H, (const float *)P.xn,
+                (float *)P.qkv + (long)layer * B * P.qkv_dim, (int)P.qkv_dim, B, lo, hi, false, XS);
+        break;
+    case 2: op_rope_kv(P, layer, lo, hi); break;
+    case 3: op_attn(P, layer, r[3], lo / (int)(P.n_heads / P.n_kv_heads), smem); break;
+    case 4: { /* attn_o: h[:, lo:hi] += Wo attn */
+        int qd = (int)(P.n_heads * P.head_dim);
+        op_proj((const unsigned short *)P.w_o + (long)layer * H * qd, qd,
+                (const float *)P.attn + (long)layer * B * qd, (float *)P.h, H, B, lo, hi, true, XS);
+        break;
+    }
+    case 5: { /* mlp gate/up */
+        int di = r[14], F = (int)P.ffn;
+        op_gate_up((const unsigned short *)P.w_gate + (long)di * F * H, (const unsigned short *)P.w_up + (long)di * F * H,
+                   H, (const float *)P.xn, (float *)P.act + (long)layer * B * F, F, B, lo, hi, 0, 0, XS);
+        break;
+    }
+    case 6: { /* mlp down: h[:, lo:hi] += Wd act */
+        int di = r[14], F = (int)P.ffn;
+        op_proj((const unsigned short *)P.w_down + (long)di * H * F, F, (const float *)P.act + (long)layer * B * F,
+                (float *)P.h, H, B, lo, hi, true, XS);
+        break;
+    }
+    case 7: op_router(P, r[14], layer, step, smem); break;
+    case 8: {
+        int mi = r[14];
+        const int *m = (const int *)P.moe + mi * 8;
+        int e = r[2], tile = (t - m[2]) - e * m[3];
+        op_expert(P, mi, e, tile, lo, hi, smem);
+        break;
+    }
+    case 9: op_lm_tile(P, lo, hi, smem); break;
+    case 10: op_argmax_step(P, step); break;
+    default: break;
+    }
+}
+
+/* ---- scheduler ---------------------------------------------------------------------- */
+__device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return (dtmk_u64 *)P.events + e; }
+
+/* common context fields for hooks without a task (queue:pressure of phantoms) */
+__device__ void ctx_none(const MkParams &P, const Worker &W, struct dtmk_ctx &c, int hook, int step, dtmk_u32 flags) {
+    c.abi_version = DTMK_ABI_VERSION; c.hook = hook; c.ts_ns = mk_now();
+    c.rank = (dtmk_u32)P.rank; c.sm = W.sm; c.worker = W.worker;
+    c.task_class = DTMK_NONE_U32; c.task_index = DTMK_NONE_U32; c.task_gen = step; c.tile = 0;
+    c.request_slot = DTMK_NONE_U32; c.request_gen = DTMK_NONE_U32; c.decode_step = step;
+    c.layer = DTMK_NONE_U32; c.expert = DTMK_NONE_U32; c.event_id = DTMK_NONE_U32; c.event_gen = 0;
+    c.comm_op = DTMK_NONE_U32; c.comm_gen = 0; c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0;
+    c.dur_ns = 0; c.wait_ns = 0; c.flags = flags; c.reserved0 = 0; c.reserved1 = 0;
+}
+
+/* thread 0: queue:pressure on an upward crossing of the threshold */
+__device__ void pressure(const MkParams &P, Worker &W, int step, dtmk_u32 d0, dtmk_u32 d1, int t) {
+    dtmk_u32 th = (dtmk_u32)P.queue_threshold;
+    if (!HOOK_ON(W, DTMK_HOOK_QUEUE_PRESSURE) || th == 0 || !(d0 < th && th <= d1)) return;
+    struct dtmk_ctx c;
+    if (t >= 0) ctx_task(P, W, c, DTMK_HOOK_QUEUE_PRESSURE, t, step, 0);
+    else ctx_none(P, W, c, DTMK_HOOK_QUEUE_PRESSURE, step, 0);
+    c.queue_depth = th;
+    mk_hook(P, W, c);
+}
+
+/* thread 0: post deferred (late_notification) signals that are due (all: force) */
+__device__ void post_pending(const MkParams &P, Worker &W, bool force) {
+    dtmk_u64 now = mk_now();
+    for (int i = 0; i < MK_PENDING; ++i) {
+        if (W.pend_event[i] >= 0 && (force || now >= W.pend_due[i])) {
+            __threadfence();
+            red_release_add(counter(P, W.pend_event[i]), 1);
+            W.pend_event[i] = -1;
+        }
+    }
+}
+
+/* thread 0: signal event e now, or `late` ns from now without holding the worker */
+__device__ void post_signal(const MkParams &P, Worker &W, int e, dtmk_u64 late) {
+    if (!late) { __threadfence(); red_release_add(counter(P, e), 1); return; }
+    dtmk_u64 due = mk_now() + late;
+    for (;;) {
+        for (int i = 0; i < MK_PENDING; ++i)
+            if (W.pend_event[i] < 0) { W.pend_event[i] = e; W.pend_due[i] = due; return; }
+        post_pending(P, W, false);        /* all slots busy: wait for the earliest */
+        __nanosleep(100);
+    }
+}
+
+/* thread 0: pop one dynamic task (FIFO per MoE layer); -1 when all queues are empty */
+__device__ int dyn_pop(const MkParams &P, int *step_out, dtmk_u64 *ts_out) {
+    for (int m = 0; m < (int)P.n_moe; ++m) {
+        dtmk_u64 *head = (dtmk_u64 *)P.dyn_head + m;
+        dtmk_u64 tail = ld_acquire((const dtmk_u64 *)P.dyn_tail + m);
+        dtmk_u64 h = *(volatile dtmk_u64 *)head;
+        while (h < tail) {
+            dtmk_u64 prev = atomicCAS((unsigned long long *)head, h, h + 1);
+            if (prev == h) {
+                const dtmk_u64 *it = (const dtmk_u64 *)P.dyn_items + ((long)m * P.dyn_cap + h % P.dyn_cap) * 2;
+                dtmk_u64 item = __ldcg(it);
+                *ts_out = __ldcg(it + 1);
+                *step_out = (int)(item >> 32);
+                return (int)(dtmk_u32)item;
+            }
+            h = prev;
+        }
+    }
+    return -1;
+}
+
+/* thread 0, router end: push the (expert, tile) tasks whose expert got a token
+ * (ascending), signal the expert-done event for the others, fire their task:ready. */
+__device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t, int step) {
+    const int *r = trec(P, t);
+    int mi = r[14], B = (int)P.batch, K = (int)P.top_k, E = (int)P.n_experts;
+    const int *m = (const int *)P.moe + mi * 8;
+    int base = m[2], et = m[3];
+    __threadfence();                     /* the router's routing stores, made by other threads */
+    dtmk_u64 tail = *(volatile dtmk_u64 *)((dtmk_u64 *)P.dyn_tail + mi);
+    dtmk_u64 head = *(volatile dtmk_u64 *)((dtmk_u64 *)P.dyn_head + mi);
+    dtmk_u64 *items = (dtmk_u64 *)P.dyn_items + (long)mi * P.dyn_cap * 2;
+    const int *re = (const int *)P.route_expert + (long)mi * B * K;
+    dtmk_u64 now = mk_now();
+    int pushed = 0, skipped = 0;
+    for (int e = 0; e < E; ++e) {
+        int on = 0;
+        for (int i = 0; i < B * K; ++i) on |= __ldcg(re + i) == e;
+        if (!on) { skipped += et; continue; }
+        for (int x = 0; x < et; ++x) {
+            dtmk_u64 slot = (tail + pushed++) % P.dyn_cap;
+            items[slot * 2] = ((dtmk_u64)step << 32) | (dtmk_u32)(base + e * et + x);
+            items[slot * 2 + 1] = now;
+        }
+    }
+    __threadfence();
+    red_release_add((dtmk_u64 *)P.dyn_tail + mi, (dtmk_u64)pushed);
+    if (skipped) red_release_add(counter(P, m[5]), (dtmk_u64)skipped);
+    if (W.hook_mask & ((1u << DTMK_HOOK_TASK_READY) | (1u << DTMK_HOOK_QUEUE_PRESSURE))) {
+        dtmk_u64 depth0 = tail - head;   /* entries of this layer not yet popped before the push */
+        for (int i = 0; i < pushed; ++i) {
+            int dt = (int)(dtmk_u32)items[((tail + i) % P.dyn_cap) * 2];
+            dtmk_u32 depth = (dtmk_u32)(depth0 + i + 1);
+            if (HOOK_ON(W, DTMK_HOOK_TASK_READY)) {
+                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_READY, dt, step, task_faults(P, dt, step).flags);
+                c.event_id = m[4]; c.event_gen = (dtmk_u64)(step + 1); c.queue_depth = depth;
+                mk_hook(P, W, c);
+            }
+            pressure(P, W, step, depth - 1, depth, dt);
+        }
+    }
+}
+
+/* whole CTA: run task t of `step` (its dependency is met).  Thread 0's arguments count:
+ * f (faults), t_disp (trace: taken, before any wait), t_ready, dep_wait. */
+__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, TaskFaults f, dtmk_u64 t_disp,
+                         dtmk_u64 t_ready, dtmk_u64 dep_wait, float *smem) {
+    const int *r = trec(P, t);
+    int cls = r[0];
+    __shared__ dtmk_u64 s_t_begin;
+    if (threadIdx.x == 0) {
+        if (f.starve) { dtmk_u64 due = t_ready + f.starve; while (mk_now() < due) __nanosleep(100); }
+        dtmk_u64 now = mk_now();
+        int e = r[6] >= 0 ? r[6] : (int)P.step_event;
+        dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (step + 1) : (dtmk_u64)step;
+        if (r[9]) { e = ((const int *)P.moe)[r[14] * 8 + 4]; target = (dtmk_u64)(step + 1); }
+        if (HOOK_ON(W, DTMK_HOOK_TASK_DISPATCH)) {
+            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_DISPATCH, t, step, f.flags);
+            c.wait_ns = now - t_ready; c.queue_depth = W.phantoms; mk_hook(P, W, c);
+        }
+        if (HOOK_ON(W, DTMK_HOOK_TASK_BEGIN)) {
+            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_BEGIN, t, step, f.flags);
+            c.event_id = e; c.event_gen = target; c.wait_ns = dep_wait; c.queue_depth = W.phantoms;
+            mk_hook(P, W, c);
+        }
+        dtmk_u64 *ws = wstate(P, W.worker);
+        ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_STATE] = 1;
+        s_t_begin = mk_now();
+    }
+    __syncthreads();
+    run_body(P, W, t, step, smem);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (f.slow) mk_spin_ns(f.slow);
+        if (cls == 7) router_publish(P, W, t, step);
+        dtmk_u64 t_end = mk_now();
+        int sig = r[8];
+        if (HOOK_ON(W, DTMK_HOOK_TASK_END)) {
+            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_END, t, step, f.flags);
+            c.event_id = sig; c.event_gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
+            c.dur_ns = t_end - s_t_begin; c.wait_ns = dep_wait;
+            mk_hook(P, W, c);
+        }
+        if (cls == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
+            for (int b = 0; b < (int)P.batch; ++b) {
+                struct dtmk_ctx c; ctx_none(P, W, c, DTMK_HOOK_GEN_ADVANCE, step, 0);
+                c.ts_ns = t_end;
+                /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
+                int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
+                c.request_slot = b; c.request_gen = (dtmk_u32)(p == 0 ? g - 1 : g);
+                mk_hook(P, W, c);
+            }
+        }
+        if (W.trace_on) trace_rec(P, W, t, step, t_disp, s_t_begin, t_end, f.flags);
+        dtmk_u64 *ws = wstate(P, W.worker);
+        ws[WS_DONE] += 1; ws[WS_TS] = t_end;
+        post_signal(P, W, sig, f.late);
+        post_pending(P, W, false);
+        refresh_control(P, W, false);
+    }
+    __syncthreads();
+}
+
+/* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
+ * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
+ * Returns the dependency wait in ns (thread 0); sets W.aborted on abort / watchdog. */
+__device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+    __shared__ dtmk_u64 s_t0;
+    if (threadIdx.x == 0) {
+        post_pending(P, W, false);
+        W.ready = ld_acquire(counter(P, e)) >= target;
+        if (!W.ready) {
+            dtmk_u64 *ws = wstate(P, W.worker);
+            ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
+            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT)) {
+                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_DEP_WAIT, t, step, task_faults(P, t, step).flags);
+                c.event_id = e; c.event_gen = target; mk_hook(P, W, c);
+            }
+            s_t0 = mk_now();
+        }
+    }
+    __syncthreads();
+    int ready0 = W.ready;
+    __syncthreads();
+    if (ready0) return 0;
+    dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
+    for (;;) {
+        if (threadIdx.x == 0) {
+            W.dyn_task = -1;
+            post_pending(P, W, false);
+            dtmk_u64 v = ld_acquire(counter(P, e));
+            W.ready = v >= target;
+            if (v != last_v) { last_v = v; t_idle = mk_now(); }   /* the awaited event progressed */
+            if (!W.ready) {
+                dtmk_u64 ts;
+                W.dyn_task = dyn_pop(P, &W.dyn_step, &ts);
+                dtmk_u64 now = mk_now();
+                if (W.dyn_task >= 0) {
+                    s_t0 = ts;                                                   /* push time */
+                    t_idle = now;
+                } else {
+                    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+                    if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
+                    else if (W.wd_us && now - t_idle > (dtmk_u64)W.wd_us * 1000ull) {
+                        atomicCAS((unsigned int *)ctl + CTL_ABORT_WORKER, 0xffffffffu, W.worker);
+                        atomicExch((unsigned int *)ctl + CTL_ABORT, 2u);
+                        W.aborted = 4;
+                    }
+                    if (W.aborted) {
+                        dtmk_u64 *ws = wstate(P, W.worker);
+                        ws[WS_VALUE] = v; ws[WS_STATE] = W.aborted; ws[WS_TS] = now;
+                        __threadfence();
+                    } else {
+                        __nanosleep(64);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        int ready = W.ready, aborted = W.aborted, dt = W.dyn_task, ds = W.dyn_step;
+        dtmk_u64 pushed_at = s_t0;
+        __syncthreads();                 /* everyone read W before thread 0 writes it again */
+        if (ready || aborted) break;
+        if (dt >= 0) {
+            TaskFaults f;
+            dtmk_u64 now = 0;
+            if (threadIdx.x == 0) { f = task_faults(P, dt, ds); now = mk_now(); }
+            run_task(P, W, dt, ds, f, now, pushed_at, 0, smem);
+            if (threadIdx.x == 0) t_idle = mk_now();
+        }
+    }
+    dtmk_u64 waited = 0;
+    if (threadIdx.x == 0) {
+        dtmk_u64 now = mk_now();
+        waited = now - t0;
+        if (!W.aborted) {
+            wstate(P, W.worker)[WS_STATE] = 1;
+            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_RELEASE)) {
+                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_DEP_RELEASE, t, step, task_faults(P, t, step).flags);
+                c.event_id = e; c.event_gen = target; c.wait_ns = waited; mk_hook(P, W, c);
+            }
+        }
+    }
+    return waited;
+}
+
+/* thread 0: queue_saturation rows for this worker (layer < 0: at the step start; a
+ * layer: when the worker reaches its first task of that layer) -> phantom entries */
+__device__ void add_phantoms(const MkParams &P, Worker &W, int step, int layer) {
+    const long long *F = (const long long *)P.faults;
+    for (int i = 0; i < (int)P.n_faults; ++i) {
+        const long long *r = F + i * 8;
+        if (r[0] != F_SAT || r[5] != (long long)W.worker || step < r[3] || step > r[4]) continue;
+        if ((layer < 0) != (r[2] < 0) || (layer >= 0 && r[2] != layer)) continue;
+        dtmk_u32 d0 = W.phantoms;
+        W.phantoms += (dtmk_u32)r[6];
+        pressure(P, W, step, d0, W.phantoms, -1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
+    __shared__ MkParams P;
+    __shared__ Worker W;
+    extern __shared__ float smem[];
+    for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];
+    if (threadIdx.x == 0) {
+        dtmk_u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0;
+        for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        W.hook_n = ((const dtmk_u64 *)P.hook_head)[blockIdx.x];
+        W.trace_n = ((const dtmk_u64 *)P.trace_head)[blockIdx.x];
+        refresh_control(P, W, true);
+    }
+    __syncthreads();
+    const int *plan = (const int *)P.plan_tasks;
+    int p0 = ((const int *)P.plan_off)[blockIdx.x], p1 = ((const int *)P.plan_off)[blockIdx.x + 1];
+    int last = (int)(P.step0 + P.n_steps);
+    for (int step = (int)P.step0; step < last && !W.aborted; ++step) {
+        if (threadIdx.x == 0 && P.n_faults) add_phantoms(P, W, step, -1);
+        for (int i = p0; i < p1 && !W.aborted; ++i) {
+            int t = plan[i];
+            const int *r = trec(P, t);
+            __shared__ dtmk_u64 s_disp;
+            if (threadIdx.x == 0) {
+                s_disp = mk_now();
+                if (P.n_faults && r[15]) add_phantoms(P, W, step, r[1]);
+            }
+            __syncthreads();
+            dtmk_u64 t_disp = s_disp;
+            int e = r[6];
+            dtmk_u64 target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+            if (e < 0) e = (int)P.step_event;
+            dtmk_u64 waited = wait_event(P, W, t, step, e, target, smem);
+            if (W.aborted) break;
+            TaskFaults f;
+            dtmk_u64 t_ready = 0;
+            if (threadIdx.x == 0) {
+                f = task_faults(P, t, step);
+                t_ready = mk_now();
+                if (HOOK_ON(W, DTMK_HOOK_TASK_READY)) {
+                    struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_READY, t, step, f.flags);
+                    c.ts_ns = t_ready; c.event_id = e; c.event_gen = target; c.queue_depth = W.phantoms + 1;
+                    mk_hook(P, W, c);
+                }
+                pressure(P, W, step, W.phantoms, W.phantoms + 1, t);
+                if (W.phantoms) { mk_spin_ns((dtmk_u64)W.phantoms * P.filler_ns); W.phantoms = 0; }
+            }
+            run_task(P, W, t, step, f, t_disp, t_ready, waited, smem);
+        }
+    }
+    /* drain: keep taking dynamic tasks until the last step is done everywhere */
+    if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (threadIdx.x == 0) {
+        post_pending(P, W, true);
+        ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;
+        ((dtmk_u64 *)P.trace_head)[blockIdx.x] = W.trace_n;
+        dtmk_u64 *ws = wstate(P, W.worker);
+        if (!W.aborted) ws[WS_STATE] = 3;
+    }
+}

@@ -1,0 +1,110 @@
+/* mk_common.cuh: small device helpers shared by the megakernel and the per-operator
+ * baseline.  NVRTC has no C++ standard headers: only dtrace_mk_abi.h typedefs here.
+ *
+ *   bf16 <-> fp32, 16-byte weight loads, L2-only activation loads,
+ *   acquire/release event counters, %globaltimer, splitmix64 fault_pick,
+ *   warp / block reductions.
+ */
+#ifndef DTMK_MK_COMMON_CUH
+#define DTMK_MK_COMMON_CUH
+
+/* NVRTC 13.0 (the H200 image's) has no __builtin_offsetof, which the generated
+ * header's layout checks use; gpu.compile_source() then retries with
+ * DTMK_NO_OFFSETOF_ASSERTS (CI's newer NVRTC keeps the checks). */
+#ifdef DTMK_NO_OFFSETOF_ASSERTS
+#define static_assert(...)
+#endif
+#include "dtrace_mk_abi.h"
+#ifdef DTMK_NO_OFFSETOF_ASSERTS
+#undef static_assert
+#endif
+
+#define MK_THREADS 512
+#define MK_WARPS (MK_THREADS / 32)
+#define MK_FULL 0xffffffffu
+
+/* ---- numbers ------------------------------------------------------------------ */
+__device__ __forceinline__ float bf16_lo(dtmk_u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(dtmk_u32 w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float bf16_at(const unsigned short *p, long i) {
+    return __uint_as_float(((dtmk_u32)__ldg(p + i)) << 16);
+}
+
+/* dot of 8 bf16 weights (one 16-byte load) with 8 fp32 activations at x: from L2
+ * (global, written by other CTAs: never through the non-coherent L1) or shared memory */
+template <bool SHARED>
+__device__ __forceinline__ float dot8(uint4 w, const float *x) {
+    float4 a, b;
+    if (SHARED) { a = *(const float4 *)x; b = *(const float4 *)(x + 4); }
+    else { a = __ldcg((const float4 *)x); b = __ldcg((const float4 *)(x + 4)); }
+    float s = bf16_lo(w.x) * a.x;
+    s = fmaf(bf16_hi(w.x), a.y, s);
+    s = fmaf(bf16_lo(w.y), a.z, s);
+    s = fmaf(bf16_hi(w.y), a.w, s);
+    s = fmaf(bf16_lo(w.z), b.x, s);
+    s = fmaf(bf16_hi(w.z), b.y, s);
+    s = fmaf(bf16_lo(w.w), b.z, s);
+    s = fmaf(bf16_hi(w.w), b.w, s);
+    return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(MK_FULL, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(MK_FULL, v, o));
+    return v;
+}
+
+/* block-wide sum; scratch holds >= MK_WARPS floats; all threads get the result */
+__device__ __forceinline__ float block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+/* ---- time --------------------------------------------------------------------- */
+__device__ __forceinline__ dtmk_u64 mk_now() {
+    dtmk_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void mk_spin_ns(dtmk_u64 ns) {
+    if (ns == 0) return;
+    dtmk_u64 t0 = mk_now();
+    while (mk_now() - t0 < ns) { __nanosleep(64); }
+}
+
+/* ---- event counters (monotonic u64) ------------------------------------------- */
+__device__ __forceinline__ dtmk_u64 ld_acquire(const dtmk_u64 *p) {
+    dtmk_u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release_add(dtmk_u64 *p, dtmk_u64 v) {
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ dtmk_u32 ld_volatile_u32(const dtmk_u32 *p) {
+    return *(volatile const dtmk_u32 *)p;
+}
+
+/* ---- shared fault hash: identical to dtrace_mk.megakernel.faults.fault_pick ------ */
+__device__ __forceinline__ dtmk_u64 splitmix64(dtmk_u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* fault_pick(seed, idx, step) in [0, 1e6): identical to faults.fault_pick */
+__device__ __forceinline__ dtmk_u32 fault_pick(dtmk_u64 seed, dtmk_u32 idx, dtmk_u32 step) {
+    return (dtmk_u32)(splitmix64(splitmix64(seed) ^ ((dtmk_u64)idx << 32) ^ (dtmk_u64)step) % 1000000ull);
+}
+#endif /* DTMK_MK_COMMON_CUH */

@@ -1,0 +1,459 @@
+/* mk_ops.cuh: the task bodies of the reference decoder, one CTA each.
+ *
+ * Shared by the persistent megakernel (one task = one call) and by the
+ * kernel-per-operator baseline (one launch per operator, blockIdx picks the tile), so
+ * both builds compute the same function with the same arithmetic order.
+ *
+ * Weights are bf16 bits (unsigned short), row-major [out, in]; activations, KV cache
+ * and logits are fp32.  Matmul tiles are matvec-style (decode, batch <= a few slots):
+ * one warp per output row, 16-byte weight loads, fp32 accumulation, warp reduction.
+ *
+ * Reference: dtrace_mk/megakernel/reference.py computes the same function in NumPy.
+ */
+#ifndef DTMK_MK_OPS_CUH
+#define DTMK_MK_OPS_CUH
+
+#include "mk_common.cuh"
+
+#define MK_MAXB 4          /* batch rows per register block in a matvec */
+#define MK_MAX_TOPK 8
+
+/* Everything a task body may touch.  Field order == gpu.PARAM_FIELDS (all 8 bytes):
+ * the host uploads one u64 array and the kernel reads it as this struct. */
+struct MkParams {
+    /* model shape */
+    dtmk_u64 hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn, vocab, max_seq;
+    dtmk_u64 n_experts, top_k, expert_ffn, batch, qkv_dim, tile_n;
+    dtmk_u64 xs_off, xs_cap;                          /* activation staging in smem (floats) */
+    dtmk_u64 rms_eps_bits, rope_theta_bits;           /* fp32 bits */
+    /* weights (bf16 bits) */
+    dtmk_u64 w_embed, w_attn_norm, w_qkv, w_o, w_mlp_norm, w_gate, w_up, w_down;
+    dtmk_u64 w_router, w_egate, w_eup, w_edown, w_final_norm, w_lm_head;
+    /* activations (fp32) */
+    dtmk_u64 h, xn, qkv, attn, act, k_cache, v_cache, logits, tile_max, tile_arg, moe_part;
+    /* routing: int32 experts / fp32 weights [n_moe][batch][top_k] */
+    dtmk_u64 route_expert, route_weight;
+    /* request slots (int32 [batch]) and the request generator (reference.Requests) */
+    dtmk_u64 tokens, pos, req_gen, req_len, out_tokens, n_out_steps, req_seed, req_min, req_span;
+    /* scheduler tables */
+    dtmk_u64 tasks, n_tasks, events, event_triggers, n_events, plan_off, plan_tasks, n_workers, step_event;
+    dtmk_u64 moe, n_moe, dyn_items, dyn_head, dyn_tail, dyn_cap;
+    dtmk_u64 step0, n_steps;
+    /* observation and faults */
+    dtmk_u64 control, hook_ring, hook_head, hook_cap, trace_ring, trace_head, trace_cap;
+    dtmk_u64 worker_state, faults, n_faults, rank, queue_threshold, filler_ns;
+};
+
+/* ---- matvec rows ---------------------------------------------------------------- */
+#define MK_UNROLL 8        /* 16-byte weight loads in flight per lane */
+
+/* acc[b] = dot(W[row, :K], x[b, :K]) for b < nb (nb <= MK_MAXB), summed over the warp.
+ * K % 8 == 0 and x rows 16-byte aligned; x in shared memory when SHARED. */
+template <bool SHARED>
+__device__ __forceinline__ void mv_row(const unsigned short *W, long row, int K,
+                                       const float *x, int xstride, int nb, float *acc) {
+    const uint4 *w = (const uint4 *)(W + row * (long)K);
+    int lane = threadIdx.x & 31;
+    int k8n = K >> 3;
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b) acc[b] = 0.0f;
+    int i = lane;
+    for (; i + 32 * (MK_UNROLL - 1) < k8n; i += 32 * MK_UNROLL) {
+        uint4 wv[MK_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MK_UNROLL; ++u) wv[u] = __ldg(w + i + 32 * u);   /* all loads first */
+#pragma unroll
+        for (int u = 0; u < MK_UNROLL; ++u) {
+#pragma unroll
+            for (int b = 0; b < MK_MAXB; ++b)
+                if (b < nb) acc[b] += dot8<SHARED>(wv[u], x + (long)b * xstride + ((i + 32 * u) << 3));
+        }
+    }
+    for (; i < k8n; i += 32) {
+        uint4 w0 = __ldg(w + i);
+#pragma unroll
+        for (int b = 0; b < MK_MAXB; ++b)
+            if (b < nb) acc[b] += dot8<SHARED>(w0, x + (long)b * xstride + (i << 3));
+    }
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b)
+        if (b < nb) acc[b] = warp_sum(acc[b]);
+}
+
+/* copy x[0 : n] (fp32, n % 4 == 0) from global (L2) into shared xs; whole block */
+__device__ __forceinline__ void stage_x(float *xs, const float *x, int n) {
+    for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4)
+        *(float4 *)(xs + i) = __ldcg((const float4 *)(x + i));
+    __syncthreads();
+}
+
+/* ---- RMSNorm: xn[b] = h[b] * rsqrt(mean(h[b]^2) + eps) * w; rows lo..hi ------------ */
+__device__ __noinline__ void op_rmsnorm(const MkParams &P, const unsigned short *w, const float *h, float *xn,
+                           int lo, int hi, float *scratch) {
+    int H = (int)P.hidden;
+    float eps = __uint_as_float((dtmk_u32)P.rms_eps_bits);
+    for (int b = lo; b < hi; ++b) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) { float v = __ldcg(h + (long)b * H + i); ss += v * v; }
+        ss = block_sum(ss, scratch);
+        float r = rsqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += blockDim.x)
+            xn[(long)b * H + i] = __ldcg(h + (long)b * H + i) * r * bf16_at(w, i);
+    }
+}
+
+/* ---- embedding: h[b] = embed[tokens[b]] ---------------------------------------------- */
+__device__ void op_embed(const MkParams &P, int b) {
+    int H = (int)P.hidden;
+    const unsigned short *E = (const unsigned short *)P.w_embed;
+    int tok = __ldcg((const int *)P.tokens + b);
+    float *h = (float *)P.h;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) h[(long)b * H + i] = bf16_at(E, (long)tok * H + i);
+}
+
+/* ---- generic projection tile: y[b, n] (= or +=) W[n, :] . x[b, :], n in lo..hi ------- */
+/* x is staged in shared memory xs (capacity xs_cap floats) when it fits. */
+__device__ __noinline__ void op_proj(const unsigned short *W, int K, const float *x, float *y, int ystride,
+                                     int B, int lo, int hi, bool accumulate, float *xs, int xs_cap) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    bool staged = xs != 0 && B * K <= xs_cap;
+    if (staged) stage_x(xs, x, B * K);
+    float acc[MK_MAXB];
+    for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
+        int nb = min(MK_MAXB, B - b0);
+        for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
+            if (staged) mv_row<true>(W, n, K, xs + (long)b0 * K, K, nb, acc);
+            else mv_row<false>(W, n, K, x + (long)b0 * K, K, nb, acc);
+            if (lane == 0) {
+#pragma unroll
+                for (int b = 0; b < MK_MAXB; ++b) {
+                    if (b < nb) {
+                        float *o = y + (long)(b0 + b) * ystride + n;
+                        *o = accumulate ? __ldcg(o) + acc[b] : acc[b];
+                    }
+                }
+            }
+        }
+    }
+    if (staged) __syncthreads();      /* xs is reused by the next task */
+}
+
+/* ---- SiLU-gated MLP up tile: act[b, n] = silu(gate[n].x) * (up[n].x) --------------- */
+__device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned short *Wu, int K, const float *x,
+                                        float *act, int astride, int B, int lo, int hi,
+                                        const float *row_scale /* [B] or 0 */, const int *row_mask /* [B] or 0 */,
+                                        float *xs, int xs_cap) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    bool staged = xs != 0 && B * K <= xs_cap;
+    if (staged) stage_x(xs, x, B * K);
+    float g[MK_MAXB], u[MK_MAXB];
+    for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
+        int nb = min(MK_MAXB, B - b0);
+        for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
+            if (staged) {
+                mv_row<true>(Wg, n, K, xs + (long)b0 * K, K, nb, g);
+                mv_row<true>(Wu, n, K, xs + (long)b0 * K, K, nb, u);
+            } else {
+                mv_row<false>(Wg, n, K, x + (long)b0 * K, K, nb, g);
+                mv_row<false>(Wu, n, K, x + (long)b0 * K, K, nb, u);
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int b = 0; b < MK_MAXB; ++b) {
+                    if (b < nb) {
+                        float s = g[b] / (1.0f + __expf(-g[b])) * u[b];
+                        if (row_scale) s *= row_scale[b0 + b];
+                        if (row_mask && !row_mask[b0 + b]) s = 0.0f;
+                        act[(long)(b0 + b) * astride + n] = s;
+                    }
+                }
+            }
+        }
+    }
+    if (staged) __syncthreads();
+}
+
+/* ---- RoPE on q and k heads + KV-cache append for kv heads lo..hi -------------------- */
+/* qkv row layout: [q heads (n_heads*hd) | k heads (nkv*hd) | v heads (nkv*hd)].
+ * Rotation pairs (i, i + hd/2), angle pos * theta^(-2i/hd) (Llama/NeoX style).  A kv
+ * head g owns q heads g*rep .. g*rep+rep-1. */
+__device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, int hi) {
+    int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
+    int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv, half = hd / 2;
+    float theta = __uint_as_float((dtmk_u32)P.rope_theta_bits);
+    float *qkv = (float *)P.qkv + (long)layer * B * QKV;
+    float *kc = (float *)P.k_cache + (long)layer * B * S * nkv * hd;
+    float *vc = (float *)P.v_cache + (long)layer * B * S * nkv * hd;
+    const int *pos = (const int *)P.pos;
+    int per_g = (rep + 1) * half + half * 2;           /* rope pairs (q heads + k) + v copy */
+    for (int b = 0; b < B; ++b) {
+        int p = __ldcg(pos + b);
+        float *row = qkv + (long)b * QKV;
+        for (int idx = threadIdx.x; idx < (hi - lo) * per_g; idx += blockDim.x) {
+            int g = lo + idx / per_g, r = idx % per_g;
+            if (r < (rep + 1) * half) {
+                int hh = r / half, i = r % half;       /* hh < rep: q head, hh == rep: k head */
+                float *v = hh < rep ? row + (long)(g * rep + hh) * hd : row + (long)nh * hd + (long)g * hd;
+                float inv = powf(theta, -2.0f * (float)i / (float)hd);
+                float s, c;
+                sincosf((float)p * inv, &s, &c);
+                float a = __ldcg(v + i), bb = __ldcg(v + i + half);
+                float ra = a * c - bb * s, rb = bb * c + a * s;
+                v[i] = ra; v[i + half] = rb;
+                if (hh == rep) {
+                    float *kd = kc + (((long)b * S + p) * nkv + g) * hd;
+                    kd[i] = ra; kd[i + half] = rb;
+                }
+            } else {
+                int d = r - (rep + 1) * half;          /* 0..hd-1 */
+                float vv = __ldcg(row + (long)(nh + nkv) * hd + (long)g * hd + d);
+                vc[(((long)b * S + p) * nkv + g) * hd + d] = vv;
+            }
+        }
+    }
+}
+
+/* ---- attention of request slot b, kv head g (GQA): its `rep` q heads ------------- */
+/* smem: >= max_seq + MK_WARPS + MK_THREADS floats */
+__device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g, float *smem) {
+    int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
+    int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv;
+    const float *qkv = (const float *)P.qkv + (long)layer * B * QKV;
+    const float *kc = (const float *)P.k_cache + (long)layer * B * S * nkv * hd;
+    const float *vc = (const float *)P.v_cache + (long)layer * B * S * nkv * hd;
+    float *out = (float *)P.attn + (long)layer * B * nh * hd;
+    float *sc = smem, *scratch = smem + S, *part = smem + S + MK_WARPS;
+    float scale = rsqrtf((float)hd);
+    int T = __ldcg((const int *)P.pos + b) + 1;
+    for (int qh = g * rep; qh < g * rep + rep; ++qh) {
+        const float *q = qkv + (long)b * QKV + (long)qh * hd;
+        float m = -3.0e38f;
+        for (int t = threadIdx.x; t < T; t += blockDim.x) {
+            const float *k = kc + (((long)b * S + t) * nkv + g) * hd;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d += 4) {
+                float4 qa = __ldcg((const float4 *)(q + d)), ka = __ldcg((const float4 *)(k + d));
+                s = fmaf(qa.x, ka.x, s); s = fmaf(qa.y, ka.y, s); s = fmaf(qa.z, ka.z, s); s = fmaf(qa.w, ka.w, s);
+            }
+            s *= scale;
+            sc[t] = s;
+            m = fmaxf(m, s);
+        }
+        m = warp_max(m);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = (threadIdx.x & 31) < (int)(blockDim.x >> 5) ? scratch[threadIdx.x & 31] : -3.0e38f;
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = threadIdx.x; t < T; t += blockDim.x) { float e = __expf(sc[t] - m); sc[t] = e; l += e; }
+        l = block_sum(l, scratch);       /* has __syncthreads: sc[] visible after */
+        /* out[d] = sum_t p_t v[t, d]: groups of hd threads split t */
+        int ngrp = blockDim.x / hd, grp = threadIdx.x / hd, d = threadIdx.x % hd;
+        float o = 0.0f;
+        if (grp < ngrp)
+            for (int t = grp; t < T; t += ngrp) o = fmaf(sc[t], __ldcg(vc + (((long)b * S + t) * nkv + g) * hd + d), o);
+        part[threadIdx.x] = o;
+        __syncthreads();
+        if (threadIdx.x < hd) {
+            float s = 0.0f;
+            for (int j = 0; j < ngrp; ++j) s += part[j * hd + threadIdx.x];
+            out[(long)b * nh * hd + (long)qh * hd + threadIdx.x] = s / l;
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- argmax over logits of slot b ------------------------------------------------- */
+__device__ int op_argmax_row(const float *row, int V, float *smem) {
+    float best = -3.0e38f; int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = __ldcg(row + i);
+        if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(MK_FULL, best, o); int oi = __shfl_xor_sync(MK_FULL, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int *si = (int *)(smem + MK_WARPS);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) { smem[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (smem[w] > best || (smem[w] == best && si[w] < bi)) { best = smem[w]; bi = si[w]; }
+        si[0] = bi;
+    }
+    __syncthreads();
+    int r = si[0];
+    __syncthreads();
+    return r;
+}
+
+/* ==== model-level task bodies (megakernel and per-operator baseline) ==== */
+#define F_SKEW 2
+
+/* ---- request slots ----------------------------------------------------------------- */
+/* identical to reference.Requests */
+__device__ __forceinline__ int mk_prompt_token(const MkParams &P, int slot, int gen) {
+    dtmk_u64 k = ((dtmk_u64)P.req_seed << 40) ^ ((dtmk_u64)slot << 20) ^ (dtmk_u64)gen;
+    return (int)(splitmix64(k) % P.vocab);
+}
+__device__ __forceinline__ int mk_req_len(const MkParams &P, int slot, int gen) {
+    dtmk_u64 k = ((dtmk_u64)P.req_seed << 40) ^ ((dtmk_u64)slot << 20) ^ (dtmk_u64)gen;
+    dtmk_u64 n = P.req_min + splitmix64(k + 1) % P.req_span;
+    return (int)min(n, P.max_seq);
+}
+
+/* ---- task bodies -------------------------------------------------------------------- */
+/* MoE: fold the routed expert partials of MoE ordinal `mi` into h (fixed order) */
+__device__ void moe_fold(const MkParams &P, int mi) {
+    int B = (int)P.batch, H = (int)P.hidden, K = (int)P.top_k, E = (int)P.n_experts;
+    int et = (int)(P.expert_ffn / P.tile_n);
+    const int *re = (const int *)P.route_expert + (long)mi * B * K;
+    const float *part = (const float *)P.moe_part + (long)mi * E * et * B * H;
+    float *h = (float *)P.h;
+    for (int b = 0; b < B; ++b)
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float s = 0.0f;
+            for (int k = 0; k < K; ++k) {
+                int e = __ldcg(re + b * K + k);
+                for (int x = 0; x < et; ++x) s += __ldcg(part + (((long)e * et + x) * B + b) * H + i);
+            }
+            h[(long)b * H + i] += s;
+        }
+}
+
+/* router of MoE ordinal mi for all slots: top-k (ties to the lower expert), softmax
+ * weights over the selected logits; routing_skew forces `expert` first for a share of
+ * slots (picked per (slot, step)).  Writes route_expert/route_weight. */
+__device__ __noinline__ void op_router(const MkParams &P, int mi, int layer, int step, float *smem) {
+    int B = (int)P.batch, H = (int)P.hidden, E = (int)P.n_experts, K = (int)P.top_k;
+    const unsigned short *Wr = (const unsigned short *)P.w_router + (long)mi * E * H;
+    float *lg = smem;                                          /* [B][E] */
+    op_proj(Wr, H, (const float *)P.xn, lg, E, B, 0, E, false, smem + P.xs_off, (int)P.xs_cap);
+    __syncthreads();
+    if (threadIdx.x < B) {
+        int b = threadIdx.x;
+        int *re = (int *)P.route_expert + ((long)mi * B + b) * K;
+        float *rw = (float *)P.route_weight + ((long)mi * B + b) * K;
+        int sel[MK_MAX_TOPK]; float val[MK_MAX_TOPK];
+        for (int n = 0; n < K; ++n) {            /* top-k, ties to the lower expert */
+            int bi = -1; float bv = -3.0e38f;
+            for (int e = 0; e < E; ++e) {
+                bool used = false;
+                for (int j = 0; j < n; ++j) used |= sel[j] == e;
+                float v = lg[b * E + e];
+                if (!used && (bi < 0 || v > bv)) { bi = e; bv = v; }
+            }
+            sel[n] = bi; val[n] = bv;
+        }
+        /* routing_skew (faults.py): the first choice becomes `expert` (swap if chosen) */
+        const long long *F = (const long long *)P.faults;
+        for (int i = 0; i < (int)P.n_faults; ++i) {
+            const long long *r = F + i * 8;
+            if (r[0] != F_SKEW || (r[2] >= 0 && r[2] != layer) || step < r[3] || step > r[4]) continue;
+            if (fault_pick((dtmk_u64)r[7], (dtmk_u32)((layer << 16) | b), (dtmk_u32)step) >= (dtmk_u32)r[6]) continue;
+            int x = (int)r[5];
+            if (x < 0 || x >= E) continue;
+            int j = -1;
+            for (int q = 0; q < K; ++q) if (sel[q] == x) j = q;
+            if (j >= 0) { int ts = sel[0]; float tv = val[0]; sel[0] = sel[j]; val[0] = val[j]; sel[j] = ts; val[j] = tv; }
+            else { sel[0] = x; val[0] = lg[b * E + x]; }
+        }
+        float m = val[0];
+        for (int j = 1; j < K; ++j) m = fmaxf(m, val[j]);
+        float s = 0.0f;
+        for (int j = 0; j < K; ++j) { val[j] = expf(val[j] - m); s += val[j]; }
+        for (int j = 0; j < K; ++j) { re[j] = sel[j]; rw[j] = val[j] / s; }
+    }
+    __syncthreads();
+}
+
+/* expert tile: for slots routed to `e`: a = silu(x Wg[lo:hi]) * (x Wu[lo:hi]) scaled by
+ * the gate weight, partial[e][tile][b] = Wd[:, lo:hi] a.  Unrouted slots write zeros
+ * (never read by moe_fold). */
+__device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int tile, int lo, int hi, float *smem) {
+    int B = (int)P.batch, H = (int)P.hidden, K = (int)P.top_k, E = (int)P.n_experts, EF = (int)P.expert_ffn;
+    int et = EF / (int)P.tile_n, n = hi - lo;
+    float *a = smem;                      /* [B][n] */
+    float *scale = smem + B * n;          /* [B] */
+    int *mask = (int *)(scale + B);       /* [B] */
+    if (threadIdx.x < B) {
+        int b = threadIdx.x; float w = 0.0f; int on = 0;
+        for (int k = 0; k < K; ++k)
+            if (__ldcg((const int *)P.route_expert + ((long)mi * B + b) * K + k) == e) {
+                on = 1; w = __ldcg((const float *)P.route_weight + ((long)mi * B + b) * K + k);
+            }
+        scale[b] = w; mask[b] = on;
+    }
+    __syncthreads();
+    const unsigned short *Wg = (const unsigned short *)P.w_egate + ((long)mi * E + e) * EF * H;
+    const unsigned short *Wu = (const unsigned short *)P.w_eup + ((long)mi * E + e) * EF * H;
+    /* a[b][j - lo] for j in lo..hi: write into smem with stride n, base shifted by -lo */
+    op_gate_up(Wg, Wu, H, (const float *)P.xn, a - lo, n, B, lo, hi, scale, mask, smem + P.xs_off, (int)P.xs_cap);
+    __syncthreads();
+    /* partial[b][i] = sum_j Wd[i, lo + j] a[b][j]: warp per output row, K = n (<= 256) */
+    const unsigned short *Wd = (const unsigned short *)P.w_edown + ((long)mi * E + e) * H * EF;
+    float *part = (float *)P.moe_part + ((((long)mi * E + e) * et + tile) * B) * H;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = warp; i < H; i += (int)(blockDim.x >> 5)) {
+        const unsigned short *row = Wd + (long)i * EF + lo;
+        for (int b = 0; b < B; ++b) {
+            float s = 0.0f;
+            for (int j = lane; j < n; j += 32) s = fmaf(bf16_at(row, j), a[b * n + j], s);
+            s = warp_sum(s);
+            if (lane == 0) part[(long)b * H + i] = s;
+        }
+    }
+}
+
+/* lm head tile: logits[b, lo:hi] and the tile's (max, argmax) per slot */
+__device__ void op_lm_tile(const MkParams &P, int lo, int hi, float *smem) {
+    int B = (int)P.batch, H = (int)P.hidden, V = (int)P.vocab;
+    op_proj((const unsigned short *)P.w_lm_head, H, (const float *)P.xn, (float *)P.logits, V, B, lo, hi, false,
+            smem + P.xs_off, (int)P.xs_cap);
+    __threadfence();
+    __syncthreads();
+    int tile = lo / (int)P.tile_n, nt = V / (int)P.tile_n;
+    for (int b = 0; b < B; ++b) {
+        int i = op_argmax_row((const float *)P.logits + (long)b * V + lo, hi - lo, smem);
+        if (threadIdx.x == 0) {
+            ((int *)P.tile_arg)[(long)b * nt + tile] = lo + i;
+            ((float *)P.tile_max)[(long)b * nt + tile] = __ldcg((const float *)P.logits + (long)b * V + lo + i);
+        }
+    }
+}
+
+/* request slot b got token `tok` at `step`: record it, advance, refill when done */
+__device__ void mk_slot_advance(const MkParams &P, int b, int tok_next, int step) {
+    int B = (int)P.batch;
+    int *pos = (int *)P.pos, *gen = (int *)P.req_gen, *tok = (int *)P.tokens, *rl = (int *)P.req_len;
+    if (step - (int)P.step0 >= 0 && step - (int)P.step0 < (int)P.n_out_steps)
+        ((int *)P.out_tokens)[(long)(step - (int)P.step0) * B + b] = tok_next;
+    int p = pos[b] + 1;
+    if (p >= rl[b]) {
+        int g = gen[b] + 1;
+        gen[b] = g; pos[b] = 0; tok[b] = mk_prompt_token(P, b, g); rl[b] = mk_req_len(P, b, g);
+    } else {
+        pos[b] = p; tok[b] = tok_next;
+    }
+}
+
+/* argmax over the lm-head tiles; writes the next tokens and advances request slots */
+__device__ void op_argmax_step(const MkParams &P, int step) {
+    int B = (int)P.batch, nt = (int)(P.vocab / P.tile_n);
+    if (threadIdx.x < B) {
+        int b = threadIdx.x;
+        float best = -3.0e38f; int bi = 0;
+        for (int x = 0; x < nt; ++x) {
+            float v = __ldcg((const float *)P.tile_max + (long)b * nt + x);
+            if (x == 0 || v > best) { best = v; bi = __ldcg((const int *)P.tile_arg + (long)b * nt + x); }
+        }
+        mk_slot_advance(P, b, bi, step);
+    }
+}
+
+
+#endif /* DTMK_MK_OPS_CUH */

@@ -1,0 +1,74 @@
+"""Each pattern's detector on synthetic records: it fires on its own fault (rank, class,
+step) and stays silent on a clean run."""
+import pytest
+
+from dtrace_mk.collectors import classify
+from dtrace_mk.collectors.classify import robust_center_scale
+
+from collector_helpers import inputs_for, scenario
+
+NAMES = None
+
+
+def _cls(name):
+    from dtrace_mk.collectors.records import Names
+    return Names.standard().task_class_id(name)
+
+
+CASES = [
+    ("slow_task_class", dict(kind="slow_task_class", rank=1, steps=[3], task_class="attn", extra_us=60,
+                             fraction=0.25), dict(task_class="attn")),
+    ("local_imbalance", dict(kind="starve_ready", rank=0, steps=[5], task_class="qkv", delay_us=60),
+     dict(task_class="qkv")),
+    ("late_notification", dict(kind="late_notification", rank=1, steps=[2], task_class="mlp_down",
+                               delay_us=70), dict(task_class="mlp_down")),
+    ("queue_saturation", dict(kind="queue_saturation", rank=1, steps=[4], worker=6, extra_tasks=40),
+     dict(worker=6)),
+    ("routing_skew", dict(kind="routing_skew", rank=0, steps=[6], expert=3, share=0.5), dict(expert=3)),
+    ("remote_stall", dict(kind="late_comm", rank=1, steps=[2], comm_op="allreduce_mlp", delay_us=120),
+     dict(comm_op=1)),
+]
+
+
+@pytest.mark.parametrize("pid,fault,want", CASES, ids=[c[0] for c in CASES])
+def test_detector_fires_on_its_fault(pid, fault, want):
+    inp = inputs_for(scenario(faults=[fault], model="small-moe" if pid == "routing_skew" else "tiny"))
+    ev = classify.DETECTORS[pid](inp)
+    assert ev, f"{pid}: no evidence"
+    assert {(e.rank, e.step) for e in ev} == {(fault["rank"], fault["steps"][0])}, ev
+    for e in ev:
+        assert e.ratio >= 1.0 and e.impact_ns > 0
+        for k, v in want.items():
+            got = e.extra.get(k) if k in ("worker", "expert") else getattr(e, k)
+            if k == "task_class":
+                v = _cls(v)
+            assert got == v, (k, got, v)
+
+
+@pytest.mark.parametrize("pid", [c[0] for c in CASES])
+def test_detector_silent_on_clean_run(pid):
+    for seed in (1, 2, 3):
+        inp = inputs_for(scenario(seed=seed, model="small-moe" if pid == "routing_skew" else "tiny"))
+        assert classify.DETECTORS[pid](inp) == []
+
+
+def test_slow_class_does_not_also_report_imbalance():
+    """Busy workers delay other ready work; detect_all explains that away."""
+    inp = inputs_for(scenario(faults=[dict(kind="slow_task_class", rank=0, steps=[4],
+                                           task_class="mlp_gate_up", extra_us=200)]))
+    causes = {e.cause for e in classify.detect_all(inp) if e.rank == 0}
+    assert "local_imbalance" not in causes and "slow_task_class" in causes
+
+
+def test_remote_stall_rooted_at_sender_not_waiter():
+    inp = inputs_for(scenario(ranks=4, faults=[dict(kind="late_comm", rank=2, steps=[3],
+                                                    comm_op="allreduce_attn", delay_us=150)]))
+    ev = classify.DETECTORS["remote_stall"](inp)
+    assert {e.rank for e in ev} == {2}
+    assert set().union(*(e.observed_on for e in ev)) == {0, 1, 3}
+
+
+def test_robust_stats_ignore_a_faulty_minority():
+    vals = [100.0] * 6 + [101.0, 99.0] + [500.0] * 4
+    center, scale = robust_center_scale(vals)
+    assert 99 <= center <= 101 and scale < 5

@@ -76,9 +76,17 @@ def timed(fn, reps):
     return statistics.median(out), out
 
 
+def preset(name):
+    """'1b' or '1b:t16' (the preset with tile_n overridden: finer tiles for batch 1)."""
+    import dataclasses
+    base, _, tile = name.partition(":t")
+    cfg = PRESETS[base]
+    return dataclasses.replace(cfg, tile_n=int(tile)) if tile else cfg
+
+
 def bench_preset(cp, name, batch, steps, reps, log):
-    cfg = PRESETS[name]
-    xp = cp if name == "1b" else np
+    cfg = preset(name)
+    xp = cp if cfg.name == "1b" else np
     t0 = time.time()
     w = make_weights(cfg, 0, xp=xp)
     mk = gpu.Megakernel(cfg, batch=batch, weights=w)
@@ -164,8 +172,8 @@ def slot_positions(req, batch, steps, max_seq):
 def measure_costs(cp, name, steps, log):
     """Per-class fixed_ns / per_row_ns from the trace at batch 1 and 4, plus the global
     latencies (notify, dispatch, step overhead) in cost.py's format."""
-    cfg = PRESETS[name]
-    xp = cp if name == "1b" else np
+    cfg = preset(name)
+    xp = cp if cfg.name == "1b" else np
     w1 = make_weights(cfg, 0, xp=xp)
     per_b = {}
     glob = {"notify": [], "dispatch": [], "step": []}
@@ -242,6 +250,33 @@ def measure_costs(cp, name, steps, log):
     return entry
 
 
+def write_cost_table(bench_json: Path, path: Path, commit: str) -> None:
+    """Write dtrace_mk/megakernel/data/cost_table.json (cost.py's format) from the
+    costs a device run measured (bench.json), keeping the estimate's defaults for
+    presets that were not measured."""
+    from dtrace_mk.megakernel.cost import DEFAULTS, estimate_table
+    d = json.loads(Path(bench_json).read_text())
+    info, costs = d["info"], d["costs"]
+    table = estimate_table()
+    table.update({"source": "measured", "card": info["card"], "date": info["date"], "commit": commit,
+                  "note": "Measured on the GPU by bench/megakernel.py --costs: per class, the median "
+                          "task duration (begin..end, built-in trace) at batch 1 and 4 gives "
+                          "fixed_ns and per_row_ns (attn: linear fit over the KV length); notify_ns = "
+                          "median (consumer begin - last producer end) of waiting tasks; dispatch_ns = "
+                          "median task:dispatch -> task:begin; step_overhead_ns = argmax end -> next "
+                          "step's first task begin. Presets without a measurement keep the estimate.",
+                  "defaults": dict(DEFAULTS)})
+    for name, entry in costs.items():
+        est = table["presets"].get(name, {"classes": {}})
+        classes = dict(est["classes"])
+        classes.update(entry["classes"])
+        table["presets"][name] = {"classes": classes, "source": "measured",
+                                  **{k: entry[k] for k in ("notify_ns", "dispatch_ns", "step_overhead_ns")}}
+    for name in table["presets"]:
+        table["presets"][name].setdefault("source", "estimate")
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", default="tiny,1b")
@@ -250,7 +285,14 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--costs", default="", help="presets to measure task costs for (comma list)")
+    ap.add_argument("--from-json", default="", help="(no GPU) a bench.json to turn into the cost table")
+    ap.add_argument("--write-cost-table", default="", help="with --from-json: path of cost_table.json")
+    ap.add_argument("--commit", default="")
     a = ap.parse_args(argv)
+    if a.from_json:
+        write_cost_table(Path(a.from_json), Path(a.write_cost_table), a.commit)
+        print(f"wrote {a.write_cost_table}")
+        return
     import cupy as cp
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

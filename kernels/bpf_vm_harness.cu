@@ -16,10 +16,8 @@
  */
 #include "bpf_vm.cuh"
 
-#define H_WARPS 4
-#define H_THREADS (H_WARPS * 32)
-
-/* dynamic shared memory: tables | code[code_cap] | regs[H_WARPS] | ctx[H_WARPS][32]
+/* block = any number of whole warps; dynamic shared memory:
+ *   tables[DTMK_NUM_HOOKS] | code[code_cap] | regs[warps][11][32] | ctx[warps][32]
  * status[0]: hook tables skipped (odd or moving gen), status[1]: code larger than code_cap */
 /* no __launch_bounds__: with it ptxas capped the kernel at 64 registers and spilled */
 extern "C" __global__ void
@@ -30,7 +28,8 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     struct dtmk_hook_table *T = (struct dtmk_hook_table *)smem;
     struct dtmk_dinsn *code = (struct dtmk_dinsn *)(smem + sizeof(struct dtmk_hook_table) * DTMK_NUM_HOOKS);
     dtmk_u64 *regs = (dtmk_u64 *)(code + code_cap);
-    struct dtmk_ctx *cbuf = (struct dtmk_ctx *)(regs + H_WARPS * DTMK_VM_NREGS * 32);
+    const unsigned n_warps = blockDim.x >> 5;
+    struct dtmk_ctx *cbuf = (struct dtmk_ctx *)(regs + n_warps * DTMK_VM_NREGS * 32);
     __shared__ dtmk_u32 code_off[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
     __shared__ dtmk_u32 ok;
 
@@ -72,7 +71,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     dtmk_u64 *R = regs + warp * DTMK_VM_NREGS * 32 + lane;
     struct dtmk_ctx *wbuf = cbuf + warp * 32;
     const dtmk_u32 per = serial ? 1u : 32u;
-    const dtmk_u32 gwarp = blockIdx.x * H_WARPS + warp, nwarp = serial ? 1u : gridDim.x * H_WARPS;
+    const dtmk_u32 gwarp = blockIdx.x * n_warps + warp, nwarp = serial ? 1u : gridDim.x * n_warps;
     if (serial && gwarp != 0) return;
 
     for (dtmk_u32 rep = 0; rep < repeat; rep++)

@@ -80,6 +80,16 @@ __device__ __forceinline__ void mv_row(const unsigned short *W, long row, int K,
         if (b < nb) acc[b] = warp_sum(acc[b]);
 }
 
+/* the same, not inlined (keeps callers that need two rows at once from spilling) */
+template <bool SHARED>
+__device__ __noinline__ void mv_row_nl(const unsigned short *W, long row, int K, const float *x, int xstride,
+                                       int nb, float *acc) {
+    float a[MK_MAXB];
+    mv_row<SHARED>(W, row, K, x, xstride, nb, a);
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b) acc[b] = a[b];
+}
+
 /* copy x[0 : n] (fp32, n % 4 == 0) from global (L2) into shared xs; whole block */
 __device__ __forceinline__ void stage_x(float *xs, const float *x, int n) {
     for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4)
@@ -151,11 +161,11 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
         int nb = min(MK_MAXB, B - b0);
         for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
             if (staged) {
-                mv_row<true>(Wg, n, K, xs + (long)b0 * K, K, nb, g);
-                mv_row<true>(Wu, n, K, xs + (long)b0 * K, K, nb, u);
+                mv_row_nl<true>(Wg, n, K, xs + (long)b0 * K, K, nb, g);
+                mv_row_nl<true>(Wu, n, K, xs + (long)b0 * K, K, nb, u);
             } else {
-                mv_row<false>(Wg, n, K, x + (long)b0 * K, K, nb, g);
-                mv_row<false>(Wu, n, K, x + (long)b0 * K, K, nb, u);
+                mv_row_nl<false>(Wg, n, K, x + (long)b0 * K, K, nb, g);
+                mv_row_nl<false>(Wu, n, K, x + (long)b0 * K, K, nb, u);
             }
             if (lane == 0) {
 #pragma unroll

@@ -119,8 +119,11 @@ def write_object(obj: BpfObject) -> bytes:
         secs.append(maps_sec)
     rodata_sec = None
     if rodata_map is not None:
-        init = rodata_map.init_value if rodata_map.init_value is not None else b"\0" * rodata_map.value_size
-        rodata_sec = _Sec(".rodata", SHT_PROGBITS, SHF_ALLOC, bytes(init), align=8)
+        init = bytes(rodata_map.init_value or b"")
+        if len(init) > rodata_map.value_size:
+            raise fail(f"map '{RODATA_MAP}': init_value of {len(init)} bytes exceeds value_size "
+                       f"{rodata_map.value_size}")
+        rodata_sec = _Sec(".rodata", SHT_PROGBITS, SHF_ALLOC, init.ljust(rodata_map.value_size, b"\0"), align=8)
         secs.append(rodata_sec)
     lic_sec = _Sec(LICENSE_SECTION, SHT_PROGBITS, SHF_WRITE | SHF_ALLOC, _cstring(obj.license, "license", fail))
     abi_sec = _Sec(ABI_SECTION, SHT_PROGBITS, SHF_WRITE | SHF_ALLOC, struct.pack("<I", obj.abi_version), 4)

@@ -20,6 +20,9 @@ Machine model
   mod32: the low half of dst, zero-extended); arsh is arithmetic; le16/32/64 truncate,
   be16/32/64 byte-swap the low 16/32/64 bits (the host is little endian).
 * JMP with an immediate compares against the sign-extended imm; JMP32 compares low halves.
+* Operand fields an opcode does not use are ignored here (the verifier rejects them).
+* After a helper call r0 holds the result; r1..r5 keep whatever they held (the verifier
+  makes them unreadable, so no verified program can tell).
 
 `VMFault` is raised for anything a verified program can never do: an out-of-bounds or
 NULL access, a write to the context, a dereference of a map handle, an invalid opcode

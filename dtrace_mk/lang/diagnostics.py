@@ -11,7 +11,7 @@ Tests compare this full rendering, so its format changes only here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from ..errors import Rejected

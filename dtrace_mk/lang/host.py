@@ -18,7 +18,6 @@ import struct
 from typing import Iterable, List, Optional, Sequence
 
 from ..abi import context
-from ..abi import definition as abi
 from ..bpf.program import BpfObject
 from ..errors import UserError
 from . import printing
@@ -63,7 +62,8 @@ class QueryRun:
         self.plan = _plan(obj, plan)
         self.obj = obj
         self.rt = runtime or ReferenceRuntime(num_workers=num_workers)
-        self.aid = self.rt.attach(obj, verify=verify and _verify is not None)
+        # a query of host clauses only (BEGIN { print("x") }) has nothing to attach
+        self.aid = self.rt.attach(obj, verify=verify and _verify is not None) if obj.programs else None
         self.maps_by_name = {m["name"]: m for m in self.plan["maps"]}
         self.blocks: List[dict] = []
         self.exited = False
@@ -103,7 +103,7 @@ class QueryRun:
         exit_map = self.plan.get("exit_map")
         exit_m = self.rt.maps(self.aid)[exit_map] if exit_map else None
         t0 = None
-        for rec in records:
+        for rec in records if self.aid is not None else ():
             if self.exited:
                 break
             ts = struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0]
@@ -133,6 +133,8 @@ class QueryRun:
 
     def _evidence(self) -> None:
         ev = self.plan.get("evidence")
+        if self.aid is None:
+            return
         if not ev:
             return
         recs = {r["tag"]: r for r in ev["records"]}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple
 
 from ..abi.schema import TaskSchema, default_schema, load_schema
 from ..bpf import asm
@@ -39,6 +39,7 @@ from .passes import parse as _parse
 from .passes import resolve as _resolve
 from .passes import verify as _verify
 from .passes.lower import NOTE_PLAN, LoweredProgram, Options
+
 
 @dataclass
 class Context:

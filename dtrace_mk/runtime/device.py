@@ -52,7 +52,8 @@ RB_EPOCHS = 8
 EPOCH_NONE = 0xFFFFFFFF
 COV_TAG_EMPTY = M64
 SLOT_EMPTY, SLOT_BUSY, SLOT_FULL, SLOT_TOMB = 0, 1, 2, 3
-H_WARPS = 4                                   # kernels/bpf_vm_harness.cu
+H_WARPS = 4                                   # default warps per harness block
+MAX_WARPS = 16                                # most warps per harness block (shared memory)
 REG_BYTES_PER_WARP = 11 * 32 * 8
 FLAG_CLOCK_FROM_CTX = 1
 OUT_NONE, OUT_EXECUTED, OUT_THROTTLED, OUT_LOST, OUT_FAULT, OUT_SAMPLED = range(6)
@@ -531,10 +532,7 @@ class DeviceRuntime:
         self.module = _MODULES[key]
         self.kernel = self.module.get_function("dtmk_vm_harness")
         self.naive = self.module.get_function("dtmk_vm_naive")
-        self.smem = (HOOK_TABLE_DTYPE.itemsize * NUM_HOOKS + 16 * code_cap +
-                     H_WARPS * REG_BYTES_PER_WARP + H_WARPS * 32 * abi.CONTEXT_SIZE)
-        if self.smem > 48 * 1024:
-            self.kernel.max_dynamic_shared_size_bytes = self.smem
+        self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(MAX_WARPS)
         self.host_tables = np.zeros(NUM_HOOKS, dtype=HOOK_TABLE_DTYPE)
         self.tables = cp.asarray(self.host_tables.view(np.uint8))
         self.status = cp.zeros(2, dtype=cp.uint64)
@@ -543,6 +541,11 @@ class DeviceRuntime:
         self._atts: Dict[int, _DevAttachment] = {}
         self._detached: Dict[int, _DevAttachment] = {}
         self._next = 1
+
+    def smem_bytes(self, warps: int) -> int:
+        """Dynamic shared memory of a harness block of `warps` warps."""
+        return (HOOK_TABLE_DTYPE.itemsize * NUM_HOOKS + 16 * self.code_cap +
+                warps * (REG_BYTES_PER_WARP + 32 * abi.CONTEXT_SIZE))
 
     # -- attach / detach ---------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
@@ -627,8 +630,21 @@ class DeviceRuntime:
         self.tables[base:base + 4].set(np.frombuffer(struct.pack("<I", int(t["gen"])), np.uint8))
 
     # -- events --------------------------------------------------------------------------
+    def launch(self, dev, n: int, r0, out, *, serial: bool = False, epoch: Optional[int] = None,
+               blocks: Optional[int] = None, warps: int = H_WARPS, repeat: int = 1) -> None:
+        """Launch the harness over n device-resident records (no checks, no sync): what
+        fire() does after validating, and what the benchmark times."""
+        if not 1 <= warps <= MAX_WARPS:
+            raise ValueError(f"warps must be in 1..{MAX_WARPS}")
+        if blocks is None:
+            blocks = 1 if serial else max(1, min(1024, (n + 32 * warps - 1) // (32 * warps)))
+        args = (self.tables, dev, r0, out, self.status, np.uint32(n), np.uint32(1 if serial else 0),
+                np.uint32(self.flags), np.uint32(self.code_cap), np.uint32(epoch or 0),
+                np.uint32(0 if epoch is None else 1), np.uint32(repeat))
+        self.kernel((blocks,), (32 * warps,), args, shared_mem=self.smem_bytes(warps))
+
     def fire(self, records, *, serial: bool = False, epoch: Optional[int] = None, blocks: Optional[int] = None,
-             repeat: int = 1) -> FireBatch:
+             warps: int = H_WARPS, repeat: int = 1) -> FireBatch:
         """Run every attached program over context records (bytes records, a bytes blob,
         a CTX numpy array or a CuPy uint8 device array of n*128 bytes)."""
         cp = self.cp
@@ -660,16 +676,11 @@ class DeviceRuntime:
                 raise UserError(f"context record {int(badw[0])}: field 'worker': {int(workers[badw[0]])} is out "
                                 f"of range for {self.num_workers} workers")
         else:
-            hooks = dev.reshape(-1, abi.CONTEXT_SIZE // 4).view(cp.uint32)[:, 1].get() if n else np.zeros(0, np.uint32)
+            hooks = dev.view(cp.uint32).reshape(-1, abi.CONTEXT_SIZE // 4)[:, 1].get() if n else np.zeros(0, np.uint32)
         r0 = cp.zeros(max(n, 1) * MAX_PROGS, dtype=cp.uint64)
         out = cp.zeros(max(n, 1) * MAX_PROGS, dtype=cp.uint8)
         if n:
-            if blocks is None:
-                blocks = 1 if serial else max(1, min(1024, (n + 32 * H_WARPS - 1) // (32 * H_WARPS)))
-            args = (self.tables, dev, r0, out, self.status, np.uint32(n), np.uint32(1 if serial else 0),
-                    np.uint32(self.flags), np.uint32(self.code_cap), np.uint32(epoch or 0),
-                    np.uint32(0 if epoch is None else 1), np.uint32(repeat))
-            self.kernel((blocks,), (32 * H_WARPS,), args, shared_mem=self.smem)
+            self.launch(dev, n, r0, out, serial=serial, epoch=epoch, blocks=blocks, warps=warps, repeat=repeat)
             cp.cuda.runtime.deviceSynchronize()
             st = self.status.get()
             if st[1]:

@@ -30,10 +30,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..abi import context
 from ..abi import definition as abi
-from ..bpf.coverage import EXECUTED, LOST, THROTTLED, Coverage, CoverageTable, classify
+from ..bpf.coverage import LOST, THROTTLED, Coverage, CoverageTable, classify
 from ..bpf.maps import MapSet, Record, RingBufMap
 from ..bpf.program import BpfObject, Program
-from ..bpf.vm import DEFAULT_TRACE_BUDGET, RunResult, TraceLog, Vm, VMFault
+from ..bpf.vm import DEFAULT_TRACE_BUDGET, TraceLog, Vm, VMFault
 from ..errors import Rejected, UserError
 
 try:  # written concurrently; until it exists, attach(verify=True) says so

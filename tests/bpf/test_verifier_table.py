@@ -215,3 +215,10 @@ def test_accepted_case_runs_in_the_reference_vm(case: Case):
             raise AssertionError(f"{case.id}: accepted program faulted in the VM: {e}\n"
                                  f"{_listing(prog)}") from None
         assert run.insns <= res.max_path_insns, (case.id, run.insns, res.max_path_insns)
+
+
+def test_every_rule_is_documented():
+    from dtrace_mk.bpf.verifier.messages import RULES
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "verifier.md").read_text()
+    missing = [r for r in RULES if f"`{r}`" not in doc]
+    assert not missing, f"rules missing from docs/verifier.md: {missing}"

@@ -92,3 +92,13 @@ def test_lost_rank_reported_by_transport():
     acc.on_rank_lost(1)
     res = acc.result(sc)
     assert res["missing_ranks"] == [0, 1] and res["partial"] and res["verdict"] == "none"
+
+
+def test_single_rank_and_empty_inputs_do_not_crash():
+    sc = scenario(ranks=1, faults=[dict(kind="slow_task_class", rank=0, steps=[2], task_class="qkv",
+                                        extra_us=80)])
+    res, _ = run(sc)
+    assert [(f["cause"], f["rank"]) for f in res["findings"]] == [("slow_task_class", 0)]
+    empty = diagnose([], [], [], [])
+    validate_result(empty)
+    assert empty["verdict"] == "none" and empty["findings"] == [] and empty["partial"] is False

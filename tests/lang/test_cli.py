@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from dtrace_mk import cli
 from dtrace_mk.abi import definition as abi

@@ -7,7 +7,6 @@ import pytest
 from dtrace_mk.abi import context
 from dtrace_mk.abi import definition as abi
 from dtrace_mk.lang import host, printing
-from dtrace_mk.lang.passes import lower as lower_mod
 from dtrace_mk.lang.passes import verify as verify_pass
 from dtrace_mk.lang.passes.lower import Options
 from dtrace_mk.lang.pipeline import compile_query, plan_of
@@ -218,3 +217,9 @@ def test_coverage_of_a_map_sums_the_programs_that_write_it():
 ])
 def test_syntax_variants_compile(query):
     assert compile_query(query).obj.programs
+
+
+def test_query_of_host_clauses_only():
+    res, blocks = run('BEGIN { print("hello"); } END { print("bye"); }', [context.pack("task:end")])
+    assert res.obj.programs == [] and res.obj.maps == []
+    assert [b["text"] for b in blocks] == ["hello", "bye"]

@@ -64,7 +64,7 @@ RULES = {
     # pointers
     "pointer-arith": "pointers take only add/sub of scalars (no other ALU, no ALU32)",
     "pointer-compare": "pointers are compared only with 0 (null checks of map values)",
-    "pointer-leak": "pointers are not stored into maps, narrowed, passed as scalars or returned",
+    "pointer-leak": "pointers are not stored into map values, stored narrower than 8 bytes or passed as scalar helper arguments",
     # helpers
     "helper-unknown": "call targets are helpers of abi.HELPERS",
     "helper-not-allowed": "the helper is allowed for the program type",

@@ -1,4 +1,4 @@
-"""Pass 3, lower: `ResolvedProgram` -> `LoweredProgram` (eBPF programs, map definitions,
+"""Pass 4, lower: `ResolvedProgram` -> `LoweredProgram` (eBPF programs, map definitions,
 the printing plan).
 
 One program per (hook clause, probe), section = the hook's section, so the object has
@@ -33,14 +33,15 @@ Map semantics (chosen so the same object is correct with many workers at once):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ...abi import definition as abi
 from ...bpf import asm
 from ...bpf.program import BpfObject, MapDef, Program
 from .. import ast
-from ..diagnostics import CompileError, Diagnostic, Span, error
+from ..diagnostics import Span, error
 from .fold import const_value
 from .resolve import MapInfo, ResolvedClause, ResolvedProgram
 
@@ -472,7 +473,6 @@ def lower(rp: ResolvedProgram, opt: Optional[Options] = None) -> LoweredProgram:
                               "clause": rc.clause.index})
 
     plan = build_plan(rp, defs, writers, prog_plan)
-    import json
     obj = BpfObject(programs, [defs[n] for n in map_names], license="GPL",
                     schema_hash=rp.schema.hash,
                     notes={NOTE_PLAN: json.dumps(plan, sort_keys=True, separators=(",", ":"))})

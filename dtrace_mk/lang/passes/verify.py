@@ -1,4 +1,4 @@
-"""Pass 4, verify: `LoweredProgram` -> the same `LoweredProgram`, every program accepted.
+"""Pass 5, verify: `LoweredProgram` -> the same `LoweredProgram`, every program accepted.
 
 Runs `dtrace_mk.bpf.verifier.verify` on each generated program.  A rejection is a
 compiler bug or a limit (the language is meant to generate only safe code), but it is
@@ -8,7 +8,7 @@ statement whose code the rejected instruction came from (LoweredProgram.origins)
 from __future__ import annotations
 
 from ...errors import Rejected
-from ..diagnostics import CompileError, Diagnostic, Span
+from ..diagnostics import CompileError, Diagnostic
 from .lower import LoweredProgram
 
 try:  # written concurrently; without it the pass reports that nothing was verified

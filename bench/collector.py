@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    bench_join(20_000 if a.quick else 500_000)
+    bench_join(20_000 if a.quick else 200_000)
     for ranks in (2, 8, 64):
         bench_diagnose(ranks, 3 if a.quick else (8 if ranks < 64 else 4))
     return 0

@@ -71,7 +71,12 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                                             dtmk_u32 stack_depth, dtmk_u64 *__restrict__ R, bool active,
                                             const void *ctx, dtmk_u32 worker, dtmk_u32 epoch, dtmk_u32 flags,
                                             dtmk_u64 *r0_out) {
+#ifdef DTMK_VM_REGS_LOCAL   /* variant for the benchmark: registers in a per-lane local array */
+    dtmk_u64 lregs[DTMK_VM_NREGS];
+#define REG(i) lregs[(i)]
+#else
 #define REG(i) R[(dtmk_u32)(i) << 5]
+#endif
     dtmk_u64 stack[DTMK_STACK_SIZE / 8];
     bool lost = false, thr = false, fault = false, done_ok = false;
     dtmk_u32 p = active ? 0u : DTMK_VM_NOPC;
@@ -86,7 +91,13 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
     dtmk_u32 upc = __reduce_min_sync(DTMK_VM_FULL, p);
     if (upc == DTMK_VM_NOPC) return DTMK_OUT_NONE;
 
+#ifdef DTMK_VM_NO_PREFETCH
 #define NEXT { upc++; continue; }
+#define FETCH
+#else   /* the next record is loaded while this one executes; a jump reloads */
+#define NEXT { upc++; I = N; continue; }
+#define FETCH I = code[upc];
+#endif
 #define ALU64(NAME, EXPR) \
     case DTMK_OP_##NAME##_K: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; REG(I.dst) = (EXPR); } NEXT \
     case DTMK_OP_##NAME##_X: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); REG(I.dst) = (EXPR); } NEXT
@@ -99,7 +110,7 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
         p = np; \
         upc = __reduce_min_sync(DTMK_VM_FULL, np); \
         if (upc == DTMK_VM_NOPC) goto done; \
-        continue; }
+        FETCH continue; }
 #define JMP64(NAME, COND) \
     case DTMK_OP_##NAME##_K: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; t = (COND); } JUMP_TAIL(t) } \
     case DTMK_OP_##NAME##_X: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); t = (COND); } JUMP_TAIL(t) }
@@ -109,8 +120,14 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
 #define CALL_GUARD (me && (cnt > max_insns ? (fault = true, p = DTMK_VM_NOPC, false) : true))
 #define ADDR(reg) (REG(reg) + (dtmk_u64)(dtmk_s64)I.off)
 
+#ifdef DTMK_VM_NO_PREFETCH
     for (;;) {
         const struct dtmk_dinsn I = code[upc];
+#else
+    struct dtmk_dinsn I = code[upc];
+    for (;;) {
+        const struct dtmk_dinsn N = code[upc + 1];   /* code has one padding record */
+#endif
         const bool me = p <= upc;
         cnt += me;
         switch (I.op) {
@@ -249,12 +266,12 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
             }
             upc = __reduce_min_sync(DTMK_VM_FULL, p);
             if (upc == DTMK_VM_NOPC) goto done;
-            continue;
+            FETCH continue;
         default:   /* invalid op or unknown helper: never in a verified program */
             if (me) { fault = true; p = DTMK_VM_NOPC; }
             upc = __reduce_min_sync(DTMK_VM_FULL, p);
             if (upc == DTMK_VM_NOPC) goto done;
-            continue;
+            FETCH continue;
         }
     }
 done:
@@ -265,6 +282,7 @@ done:
     return DTMK_OUT_EXECUTED;
 #undef REG
 #undef NEXT
+#undef FETCH
 #undef ALU64
 #undef ALU32
 #undef JUMP_TAIL

@@ -54,7 +54,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
             }
         }
         T[0].n_progs = 0;
-        if (used > code_cap) { ok = 0; atomicAdd((unsigned long long *)&status[1], 1ull); }
+        if (used + 1 > code_cap) {   /* +1: the VM prefetches one record past the end */ ok = 0; atomicAdd((unsigned long long *)&status[1], 1ull); }
     }
     __syncthreads();
     if (!ok) return;

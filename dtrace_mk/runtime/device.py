@@ -507,14 +507,14 @@ class FireBatch:
         return out
 
 
-_MODULES: Dict[Tuple[str, int], object] = {}
+_MODULES: Dict[Tuple[str, int, Tuple[str, ...]], object] = {}
 
 
 class DeviceRuntime:
     """ReferenceRuntime's interface on the GPU (CuPy).  See the module docstring."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
-                 clock_from_ctx: bool = True, arch: Optional[str] = None):
+                 clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = ()):
         import cupy as cp
         self.cp = cp
         if num_workers < 1:
@@ -526,9 +526,9 @@ class DeviceRuntime:
         if arch is None:
             cc = cp.cuda.Device().compute_capability
             arch = f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
-        key = (arch, cp.cuda.Device().id)
-        if key not in _MODULES:              # one compiled module per process and device
-            _MODULES[key] = cp.RawModule(path=str(compile_harness(arch)))
+        key = (arch, cp.cuda.Device().id, tuple(defines))
+        if key not in _MODULES:              # one compiled module per process, device, variant
+            _MODULES[key] = cp.RawModule(path=str(compile_harness(arch, tuple(defines))))
         self.module = _MODULES[key]
         self.kernel = self.module.get_function("dtmk_vm_harness")
         self.naive = self.module.get_function("dtmk_vm_naive")

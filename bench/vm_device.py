@@ -137,6 +137,7 @@ HIST = ("hist", [MapDef("lat", "hist_log2", 4, 512, 64)], """
 """)
 
 PROGRAMS = [FILTER, ALU, COUNT, HIST]
+VARIANTS = {"noprefetch": ["DTMK_VM_NO_PREFETCH"], "localregs": ["DTMK_VM_REGS_LOCAL"]}
 
 
 def obj_of(spec):
@@ -216,10 +217,11 @@ def main(argv=None) -> int:
     card = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     workers = sms
     rt = DeviceRuntime(num_workers=workers)
+    variants = {v: DeviceRuntime(num_workers=workers, defines=d) for v, d in VARIANTS.items()}
     ev_per_warp = 1024 if args.quick else 4096
     rows = []
     meta = {"card": card, "sms": sms, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "clock_khz": props.get("clockRate")}
+            "clock_khz": props.get("clockRate"), "variants": VARIANTS}
     for spec in PROGRAMS:
         obj = obj_of(spec)
         name = spec[0]
@@ -254,9 +256,21 @@ def main(argv=None) -> int:
         res["vm_1w_ns_insn"] = t / (rep * ev_per_warp * ipe)
         res["vm_1w_ns_step"] = t / (rep * (ev_per_warp / 32) * ipe)
         res["vm_1w_spread"] = (tmax - tmin) / t
+        t2, _, _ = time_it(cp, lambda: rt.launch(d_ctx, n, r0, out, blocks=sms, warps=1, repeat=rep))
+        res["vm_1w_repeat_ns_insn"] = t2 / (rep * ev_per_warp * ipe)
         # device VM, full GPU
         t, _, _ = time_it(cp, lambda: rt.launch(d_ctx, n, r0, out, blocks=sms * 8, warps=4, repeat=rep))
         res["vm_full_gpu_ns_insn"] = t / (rep * n * ipe)
+        # variants (same events, one warp per SM), each validated on r0 first
+        recs = [val_ctx[i].tobytes() for i in range(val_ctx.shape[0])]
+        ref_r0 = [int(r) for r in rt.fire(recs).r0[:, 0]]
+        for vname, vrt in variants.items():
+            vaid = vrt.attach(obj, init_hash=prefill(obj))
+            vr0 = [int(r) for r in vrt.fire(recs).r0[:, 0]]
+            res[f"{vname}_r0_mismatch"] = sum(a != b for a, b in zip(vr0, ref_r0)) if name in ("filter", "alu") else 0
+            t, _, _ = time_it(cp, lambda: vrt.launch(d_ctx, n, r0, out, blocks=sms, warps=1, repeat=rep))
+            res[f"{vname}_1w_ns_insn"] = t / (rep * ev_per_warp * ipe)
+            vrt.detach(vaid)
         # naive, one warp per SM, one event per thread
         nr0 = cp.zeros(n, dtype=cp.uint64)
         t, _, _ = time_it(cp, lambda: naive_run(None, sms, 32, rep, d_ctx, nr0))
@@ -267,19 +281,23 @@ def main(argv=None) -> int:
         t, _, _ = time_it(cp, lambda: naive_run(None, sms, 1, 1, d_ctx[:n0 * abi.CONTEXT_SIZE], nr0), reps=3)
         res["naive_t0_ns_insn"] = t / ((n0 / sms) * ipe)
         rows.append(res)
+        print(json.dumps(res), flush=True)
         rt.detach(aid)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "vm_device.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\n{card}, {sms} SMs, {meta['date']}")
     print(f"{'program':8} {'ins/ev':>6} {'valid':>6} | {'vm ns/insn':>10} {'vm ns/step':>10} {'vm GPU':>8} | "
-          f"{'naive ns/insn':>13} {'naive ns/step':>13} {'naive t0':>9} | {'speedup':>7}")
+          f"{'naive ns/insn':>13} {'naive ns/step':>13} {'naive t0':>9} | {'speedup':>7} | "
+          f"{'noprefetch':>10} {'localregs':>9}")
     for r in rows:
-        ok = "ok" if r["r0_mismatch"] == 0 and r["maps_equal"] and r["naive_r0_mismatch"] == 0 else "FAIL"
+        ok = "ok" if r["r0_mismatch"] == 0 and r["maps_equal"] and r["naive_r0_mismatch"] == 0 and \
+            not any(r[f"{v}_r0_mismatch"] for v in VARIANTS) else "FAIL"
         print(f"{r['program']:8} {r['insns_per_event']:6.1f} {ok:>6} | {r['vm_1w_ns_insn']:10.2f} "
               f"{r['vm_1w_ns_step']:10.1f} {r['vm_full_gpu_ns_insn']:8.4f} | {r['naive_1w_ns_insn']:13.2f} "
               f"{r['naive_1w_ns_step']:13.1f} {r['naive_t0_ns_insn']:9.1f} | "
-              f"{r['naive_1w_ns_insn'] / r['vm_1w_ns_insn']:7.2f}")
+              f"{r['naive_1w_ns_insn'] / r['vm_1w_ns_insn']:7.2f} | {r['noprefetch_1w_ns_insn']:10.2f} "
+              f"{r['localregs_1w_ns_insn']:9.2f}")
     return 0
 
 

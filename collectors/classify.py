@@ -18,14 +18,14 @@ so up to half of the samples may be faulty without moving the threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from . import patterns as P
 from .clock import CausalReport, ClockModel, causal_clamp
 from .join import JoinResult, Key
-from .records import ClassStat, Coverage, EpochSummary, Names
+from .records import EpochSummary, Names
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Evidence:
 # joined waits on the aligned clock
 
 
-@dataclass
+@dataclass(slots=True)
 class AlignedWait:
     """One (receiver, key) wait, tiles merged, on the aligned clock (ns, float)."""
     receiver: int

@@ -17,7 +17,7 @@ contributed no record at all are reported as missing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from .records import RemoteWait, Signal
 
@@ -32,7 +32,7 @@ def signal_key(s: Signal) -> Key:
     return (s.comm_op, s.comm_gen, s.rank, s.peer)
 
 
-@dataclass
+@dataclass(slots=True)
 class SignalGroup:
     key: Key
     count: int
@@ -73,9 +73,10 @@ class JoinResult:
 
 def group_signals(signals: Iterable[Signal]) -> Dict[Key, SignalGroup]:
     groups: Dict[Key, SignalGroup] = {}
+    get = groups.get
     for s in signals:
         k = (s.comm_op, s.comm_gen, s.rank, s.peer)
-        g = groups.get(k)
+        g = get(k)
         if g is None:
             groups[k] = SignalGroup(k, 1, s.signal_ns, s.signal_ns, s.step, s.layer)
         else:
@@ -99,16 +100,20 @@ def join(waits: Iterable[RemoteWait], signals: Iterable[Signal],
     res = JoinResult(signals=sum(g.count for g in groups.values()), groups=groups)
     used: Set[Key] = set()
     seen: Set[int] = set()
+    get, pairs, unmatched, use = groups.get, res.pairs, res.unmatched_waits, used.add
+    n = 0
     for w in waits:
-        res.waits += 1
-        seen.add(w.rank)
+        n += 1
         k = (w.comm_op, w.comm_gen, w.peer, w.rank)
-        g = groups.get(k)
+        g = get(k)
         if g is None:
-            res.unmatched_waits.append(w)
+            unmatched.append(w)
         else:
-            res.pairs.append((w, g))
-            used.add(k)
+            pairs.append((w, g))
+            use(k)
+    res.waits = n
+    seen.update(k[3] for k in used)
+    seen.update(w.rank for w in unmatched)
     res.unmatched_signals = sum(g.count for k, g in groups.items() if k not in used)
     seen.update(k[2] for k in groups)
     if expected_ranks is not None:

@@ -25,7 +25,7 @@ rooted at r, never at the ranks that waited.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from .classify import AlignedWait

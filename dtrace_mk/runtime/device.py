@@ -262,7 +262,7 @@ class CompileError(UserError):
 
 
 def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_90a",
-                  target: str = "cubin", defines: Sequence[str] = ()) -> bytes:
+                  target: str = "cubin", defines: Sequence[str] = (), include_dirs: Sequence[str] = ()) -> bytes:
     """Compile CUDA source text with NVRTC (cuda.bindings) for `arch`; kernels/ is on the
     include path.  Returns cubin (or PTX) bytes; raises CompileError with the log."""
     try:
@@ -278,7 +278,8 @@ def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_
 
     (prog,) = chk(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
     arch_opt = arch if target == "cubin" else arch.replace("sm_", "compute_")
-    opts = [f"--gpu-architecture={arch_opt}", f"--include-path={KERNEL_DIR}", "--std=c++17",
+    incs = [f"--include-path={d}" for d in include_dirs] + [f"--include-path={KERNEL_DIR}"]
+    opts = [f"--gpu-architecture={arch_opt}", *incs, "--std=c++17",
             "-default-device"] + [f"-D{d}" for d in defines]
     res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
     log_size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
@@ -300,6 +301,19 @@ def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_
     return bytes(out)
 
 
+def _sources_without_offsetof() -> Path:
+    """A temporary copy of the VM sources whose dtrace_mk_abi.h lacks the offsetof
+    static_asserts (all sources copied: quoted includes search the includer's folder)."""
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="dtmk_vm_src_"))
+    for name in SOURCES:
+        text = (KERNEL_DIR / name).read_text()
+        if name == "dtrace_mk_abi.h":
+            text = "".join(l for l in text.splitlines(keepends=True) if "__builtin_offsetof" not in l)
+        (tmp / name).write_text(text)
+    return tmp
+
+
 def harness_source() -> str:
     return (KERNEL_DIR / "bpf_vm_harness.cu").read_text()
 
@@ -314,7 +328,16 @@ def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"bpf_vm_{h.hexdigest()[:20]}.cubin"
     if not path.exists():
-        data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
+        try:
+            data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
+        except CompileError as e:
+            if "__builtin_offsetof" not in str(e):
+                raise
+            # Some NVRTC builds (seen: the H200 machine's, 2026-11-30) reject
+            # __builtin_offsetof in dtrace_mk_abi.h's layout static_asserts; the CI
+            # compile keeps them, so drop them here and compile again.
+            data = nvrtc_compile(harness_source(), arch=arch, defines=defines,
+                                 include_dirs=[str(_sources_without_offsetof())])
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(data)
         tmp.replace(path)

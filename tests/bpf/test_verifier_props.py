@@ -45,6 +45,32 @@ def abstract(values):
     return out
 
 
+@st.composite
+def abstract_values(draw):
+    """(Scalar, members): an abstract value and concrete values it contains; built from
+    joined constants, an unsigned range, a signed range or a tnum."""
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        xs = draw(value_sets)
+        return abstract(xs), xs
+    if kind in (1, 2):
+        lo, hi = sorted((draw(u64), draw(u64)))
+        if kind == 1:
+            a = S.urange(lo, hi)
+            pick = st.integers(lo, hi)
+        else:
+            slo, shi = sorted((S.to_signed(lo), S.to_signed(hi)))
+            a = S.make(0, M64, slo, shi, S.t_unknown())
+            pick = st.integers(slo, shi).map(lambda v: v & M64)
+        xs = [lo if kind == 1 else a.smin & M64, hi if kind == 1 else a.smax & M64]
+        xs += draw(st.lists(pick, max_size=3))
+        return a, xs
+    value, mask = draw(u64), draw(u64)
+    t = S.Tnum(value & ~mask, mask)
+    xs = [t.value, t.value | t.mask] + [t.value | (r & t.mask) for r in draw(st.lists(u64, max_size=3))]
+    return S.from_tnum(t), xs
+
+
 def to_s(v, bits):
     return S.to_signed(v, bits)
 
@@ -76,9 +102,11 @@ def concrete_cond(op, a, b, is64):
 
 
 @SETTINGS
-@given(op=st.sampled_from(sorted(S.ALU)), xs=value_sets, ys=value_sets, is64=st.booleans())
-def test_alu_is_sound(op, xs, ys, is64):
-    a, b = abstract(xs), abstract(ys)
+@given(op=st.sampled_from(sorted(S.ALU)), ax=abstract_values(), by=abstract_values(),
+       is64=st.booleans())
+def test_alu_is_sound(op, ax, by, is64):
+    (a, xs), (b, ys) = ax, by
+    assert all(a.contains(x) for x in xs) and all(b.contains(y) for y in ys)
     res = S.alu(op, a, b, is64)
     for x in xs:
         for y in ys:
@@ -88,9 +116,10 @@ def test_alu_is_sound(op, xs, ys, is64):
 
 @SETTINGS
 @given(op=st.sampled_from(["jeq", "jne", "jgt", "jge", "jlt", "jle", "jsgt", "jsge", "jslt",
-                           "jsle", "jset"]), xs=value_sets, ys=value_sets, is64=st.booleans())
-def test_branch_refinement_is_sound(op, xs, ys, is64):
-    a, b = abstract(xs), abstract(ys)
+                           "jsle", "jset"]), ax=abstract_values(), by=abstract_values(),
+       is64=st.booleans())
+def test_branch_refinement_is_sound(op, ax, by, is64):
+    (a, xs), (b, ys) = ax, by
     taken, fall = S.branch(op, a, b, is64)
     for x in xs:
         for y in ys:

@@ -7,7 +7,6 @@ from dtrace_mk.collectors.classify import robust_center_scale
 
 from collector_helpers import inputs_for, scenario
 
-NAMES = None
 
 
 def _cls(name):

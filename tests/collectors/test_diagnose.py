@@ -1,7 +1,5 @@
 import json
 
-import pytest
-
 from dtrace_mk.collectors.diagnose import Accumulator, RecordSink, diagnose
 from dtrace_mk.collectors.records import pack_stream
 from dtrace_mk.collectors.score import validate_result

@@ -1,8 +1,6 @@
 """Every public scenario, through the synthetic model and the diagnosis, at 2 and 4 ranks
 (mesh and ring topologies): full recall and no false-confident finding.  (The sim and GPU
 backends replace the synthetic model in the multi-rank tests.)"""
-from pathlib import Path
-
 import pytest
 
 from dtrace_mk.collectors.scenario import load_scenario

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from dtrace_mk.cli import main
-from dtrace_mk.collectors.score import ResultError, load_result, score, validate_result
+from dtrace_mk.collectors.score import ResultError, score, validate_result
 
 from collector_helpers import SCENARIO_DIR, scenario
 

@@ -28,6 +28,7 @@ def test_compile_writes_object_and_plan(tmp_path, capsys):
     assert obj.map_by_name("slow").type == "hist_log2"
     plan = find_plan(obj)
     assert plan["maps"][0]["name"] == "@slow"
+    assert json.loads(obj.notes["dtmk_plan"]) == plan       # inside the object (ELF note)
     assert json.loads((tmp_path / "q.plan.json").read_text()) == plan
 
 

@@ -142,9 +142,15 @@ def bench_preset(cp, name, batch, steps, reps, log):
     def mk_trace():
         mk.reset()
         return mk.run(steps, poison=False, trace=True).elapsed_ms / steps
+    mk.prefetch = True
+    r["megakernel_l2_prefetch"] = {"step_ms": timed(mk_one, reps)[0]}
+    mk.prefetch = False
+    log(f"{name}: megakernel with L2 weight prefetch while waiting: {r['megakernel_l2_prefetch']['step_ms'] * 1e3:.1f} us/step")
     mk_hooks()
     r["megakernel_trace"] = {"step_ms": timed(mk_trace, reps)[0]}
     r["megakernel_hooks_all_trace"] = {"step_ms": timed(mk_hooks, reps)[0]}
+    log(f"{name}: megakernel trace on: {r['megakernel_trace']['step_ms'] * 1e3:.1f} us/step; all hooks + trace: "
+        f"{r['megakernel_hooks_all_trace']['step_ms'] * 1e3:.1f} us/step")
     wb = weight_bytes_per_step(cfg, batch)
     out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
            "tasks": len(mk.graph.tasks), "workers": mk.num_workers, "weight_bytes_per_step": wb, **r}

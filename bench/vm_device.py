@@ -190,10 +190,13 @@ def validate(obj, dev_rt, cp, ctx, naive_fn) -> dict:
             "insns_per_event": ipe}
 
 
-def time_it(cp, launch, reps: int = 5) -> float:
-    launch()
-    launch()
-    cp.cuda.runtime.deviceSynchronize()
+def time_it(cp, launch, reps: int = 5, warm_s: float = 0.15) -> float:
+    """Median, min, max ns of one launch, after launching for warm_s seconds first (the
+    clocks ramp up from idle; a few launches are not enough)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_s:
+        launch()
+        cp.cuda.runtime.deviceSynchronize()
     ts = []
     for _ in range(reps):
         a, b = cp.cuda.Event(), cp.cuda.Event()
@@ -256,11 +259,14 @@ def main(argv=None) -> int:
         res["vm_1w_ns_insn"] = t / (rep * ev_per_warp * ipe)
         res["vm_1w_ns_step"] = t / (rep * (ev_per_warp / 32) * ipe)
         res["vm_1w_spread"] = (tmax - tmin) / t
+        res["vm_1w_clock_mhz"] = rt.last_clock_mhz()
+        res["vm_1w_cycles_step"] = res["vm_1w_ns_step"] * res["vm_1w_clock_mhz"] / 1e3
         t2, _, _ = time_it(cp, lambda: rt.launch(d_ctx, n, r0, out, blocks=sms, warps=1, repeat=rep))
         res["vm_1w_repeat_ns_insn"] = t2 / (rep * ev_per_warp * ipe)
         # device VM, full GPU
         t, _, _ = time_it(cp, lambda: rt.launch(d_ctx, n, r0, out, blocks=sms * 8, warps=4, repeat=rep))
         res["vm_full_gpu_ns_insn"] = t / (rep * n * ipe)
+        res["vm_full_clock_mhz"] = rt.last_clock_mhz()
         # variants (same events, one warp per SM), each validated on r0 first
         recs = [val_ctx[i].tobytes() for i in range(val_ctx.shape[0])]
         ref_r0 = [int(r) for r in rt.fire(recs).r0[:, 0]]
@@ -287,14 +293,16 @@ def main(argv=None) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "vm_device.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"\n{card}, {sms} SMs, {meta['date']}")
-    print(f"{'program':8} {'ins/ev':>6} {'valid':>6} | {'vm ns/insn':>10} {'vm ns/step':>10} {'vm GPU':>8} | "
+    print(f"{'program':8} {'ins/ev':>6} {'valid':>6} | {'vm ns/insn':>10} {'vm ns/step':>10} {'cyc/step':>8} "
+          f"{'MHz':>5} {'vm GPU':>8} | "
           f"{'naive ns/insn':>13} {'naive ns/step':>13} {'naive t0':>9} | {'speedup':>7} | "
           f"{'noprefetch':>10} {'localregs':>9}")
     for r in rows:
         ok = "ok" if r["r0_mismatch"] == 0 and r["maps_equal"] and r["naive_r0_mismatch"] == 0 and \
             not any(r[f"{v}_r0_mismatch"] for v in VARIANTS) else "FAIL"
         print(f"{r['program']:8} {r['insns_per_event']:6.1f} {ok:>6} | {r['vm_1w_ns_insn']:10.2f} "
-              f"{r['vm_1w_ns_step']:10.1f} {r['vm_full_gpu_ns_insn']:8.4f} | {r['naive_1w_ns_insn']:13.2f} "
+              f"{r['vm_1w_ns_step']:10.1f} {r['vm_1w_cycles_step']:8.0f} {r['vm_1w_clock_mhz']:5.0f} "
+              f"{r['vm_full_gpu_ns_insn']:8.4f} | {r['naive_1w_ns_insn']:13.2f} "
               f"{r['naive_1w_ns_step']:13.1f} {r['naive_t0_ns_insn']:9.1f} | "
               f"{r['naive_1w_ns_insn'] / r['vm_1w_ns_insn']:7.2f} | {r['noprefetch_1w_ns_insn']:10.2f} "
               f"{r['localregs_1w_ns_insn']:9.2f}")

@@ -7,10 +7,10 @@
  *   array             values[max_entries][value_stride]
  *   per_worker_array  values[n_workers][max_entries][value_stride]
  *   hash, hist_*      open addressing, capacity = power of two >= 2 * max_entries,
- *                     linear probing bounded by the capacity; slot state EMPTY -> BUSY
- *                     (claimed by atomicCAS, key and value written) -> FULL -> TOMB
- *                     (deleted; never reused).  `count` = live keys: a new key when
- *                     count == max_entries -> -E2BIG, counted in stats.lost.
+ *                     linear probing bounded by the capacity; slot state EMPTY/TOMB ->
+ *                     BUSY (claimed by atomicCAS, key and value written) -> FULL -> TOMB
+ *                     (deleted; reused by later inserts).  `count` = live keys: a new
+ *                     key when count == max_entries -> -E2BIG, counted in stats.lost.
  *   hist_log2/linear  a hash whose value is n_buckets u64 counters (atomicAdd).
  *   ringbuf           per worker: data[max_entries] bytes, recs[max_entries] records
  *                     (offset, length, epoch); held = data bytes held (until the host
@@ -90,10 +90,14 @@ struct dtmk_cov_row {
     dtmk_u64 eligible, executed, throttled, lost;
     dtmk_u64 fault, pad0, pad1;   /* fault: lost because the instruction budget ran out */
 };
+#define DTMK_RL_EPOCHS 4
+#define DTMK_NO_LIMIT 0xffffffffu
 struct dtmk_cov {
     dtmk_u64 seen;       /* eligible events so far (sampling tickets) */
     dtmk_u64 overflow;   /* events that found no free row (a host bug: rows not drained) */
-    dtmk_u64 pad[6];
+    dtmk_u32 rl_tag[DTMK_RL_EPOCHS];   /* rate limit: epoch of each slot (DTMK_EPOCH_NONE = free) */
+    dtmk_u32 rl_ran[DTMK_RL_EPOCHS];   /* runs granted in that epoch */
+    dtmk_u64 pad[2];
     struct dtmk_cov_row rows[DTMK_COV_ROWS];
 };
 
@@ -102,7 +106,7 @@ struct __align__(16) dtmk_prog {
     dtmk_u64 insns;        /* struct dtmk_dinsn[n_insns] */
     dtmk_u64 cov;          /* struct dtmk_cov */
     dtmk_u32 n_insns, max_insns, stack_depth, sample_every;
-    dtmk_u32 prog_id, flags, pad0, pad1;
+    dtmk_u32 prog_id, flags, max_per_epoch, pad1;   /* max_per_epoch: DTMK_NO_LIMIT = none */
     dtmk_u64 pad2, pad3;
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
@@ -186,59 +190,71 @@ __device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_m
 
 /* Find key; with `create`, insert it when absent (value zeroed, or copied from init).
  * Returns the slot, DTMK_HASH_ABSENT, or DTMK_HASH_FULL (counted lost).  *created is set
- * when this call inserted the key. */
+ * when this call inserted the key.  A new key goes into the first tombstone of its probe
+ * sequence (deleted slots are reused, so a map holds max_entries keys however many were
+ * deleted before), else into the EMPTY slot that ended the probe.  Two inserts of one
+ * key race correctly (both aim at the same first free slot; the CAS loser re-examines
+ * it); an insert racing a delete of ANOTHER key on its probe path may duplicate the key
+ * (never in serial use; documented in docs/results/device_vm.md). */
 __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void *key, bool create,
                                            const void *init, bool *created) {
     dtmk_u32 w[DTMK_MAX_KEY_WORDS];
     dtmk_u32 nw = dtmk_load_key(key, m->key_size, w);
-    dtmk_u32 i = dtmk_key_hash(w, nw) & m->cap_mask;
+    const dtmk_u32 h0 = dtmk_key_hash(w, nw) & m->cap_mask;
     dtmk_u32 *states = (dtmk_u32 *)m->slots;
     const dtmk_u32 kstride = m->key_stride;
     *created = false;
-    for (dtmk_u32 probe = 0; probe < m->capacity; ) {
-        dtmk_u32 st = dtmk_ld_acquire_u32(states + i);
-        while (st == DTMK_SLOT_BUSY) {
-            __nanosleep(20);
-            st = dtmk_ld_acquire_u32(states + i);
-        }
-        if (st == DTMK_SLOT_FULL) {
-            const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
-            bool eq = true;
-            for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
-            if (eq) return (int)i;
-        } else if (st == DTMK_SLOT_EMPTY) {
-            if (!create) return DTMK_HASH_ABSENT;
-            if (atomicCAS(states + i, DTMK_SLOT_EMPTY, DTMK_SLOT_BUSY) != DTMK_SLOT_EMPTY)
-                continue;                               /* someone claimed it: look again */
-            struct dtmk_map_stats *s = dtmk_stats(m);
-            unsigned long long c = atomicAdd((unsigned long long *)&s->count, 1ull);
-            if (c >= m->max_entries) {
-                atomicAdd((unsigned long long *)&s->count, ~0ull);   /* -1 */
-                atomicAdd((unsigned long long *)&s->lost, 1ull);
-                dtmk_st_release_u32(states + i, DTMK_SLOT_EMPTY);
-                return DTMK_HASH_FULL;
+    for (;;) {
+        int free_slot = -1;
+        dtmk_u32 i = h0, probe = 0;
+        for (; probe < m->capacity; probe++, i = (i + 1) & m->cap_mask) {
+            dtmk_u32 st = dtmk_ld_acquire_u32(states + i);
+            while (st == DTMK_SLOT_BUSY) {
+                __nanosleep(20);
+                st = dtmk_ld_acquire_u32(states + i);
             }
-            dtmk_u32 *k = (dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
-            for (dtmk_u32 j = 0; j < nw; j++) k[j] = w[j];
-            void *v = (void *)(m->values + (dtmk_u64)i * m->value_stride);
-            if (init) dtmk_copy(v, init, m->value_size);
-            else dtmk_zero(v, m->value_stride);
-            __threadfence();
-            dtmk_st_release_u32(states + i, DTMK_SLOT_FULL);
-            *created = true;
-            return (int)i;
+            if (st == DTMK_SLOT_FULL) {
+                const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
+                bool eq = true;
+                for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
+                if (eq) return (int)i;
+            } else if (st == DTMK_SLOT_TOMB) {
+                if (free_slot < 0) free_slot = (int)i;
+            } else {                                   /* EMPTY: the key is absent */
+                if (free_slot < 0) free_slot = (int)i;
+                break;
+            }
         }
-        /* TOMB or another key: next slot */
-        i = (i + 1) & m->cap_mask;
-        probe++;
-    }
-    if (create) {
+        if (!create) return DTMK_HASH_ABSENT;
+        if (free_slot < 0) {                           /* every slot FULL: cannot happen while */
+            struct dtmk_map_stats *s = dtmk_stats(m);  /* capacity >= 2 * max_entries        */
+            atomicAdd((unsigned long long *)&s->probe_exhausted, 1ull);
+            atomicAdd((unsigned long long *)&s->lost, 1ull);
+            return DTMK_HASH_FULL;
+        }
+        const dtmk_u32 fs = (dtmk_u32)free_slot;
+        const dtmk_u32 seen = dtmk_ld_acquire_u32(states + fs);
+        if ((seen != DTMK_SLOT_EMPTY && seen != DTMK_SLOT_TOMB) ||
+            atomicCAS(states + fs, seen, DTMK_SLOT_BUSY) != seen)
+            continue;                                  /* someone took it: probe again */
         struct dtmk_map_stats *s = dtmk_stats(m);
-        atomicAdd((unsigned long long *)&s->probe_exhausted, 1ull);
-        atomicAdd((unsigned long long *)&s->lost, 1ull);
-        return DTMK_HASH_FULL;
+        unsigned long long c = atomicAdd((unsigned long long *)&s->count, 1ull);
+        if (c >= m->max_entries) {
+            atomicAdd((unsigned long long *)&s->count, ~0ull);   /* -1 */
+            atomicAdd((unsigned long long *)&s->lost, 1ull);
+            dtmk_st_release_u32(states + fs, seen);
+            return DTMK_HASH_FULL;
+        }
+        dtmk_u32 *k = (dtmk_u32 *)(m->keys + (dtmk_u64)fs * kstride);
+        for (dtmk_u32 j = 0; j < nw; j++) k[j] = w[j];
+        void *v = (void *)(m->values + (dtmk_u64)fs * m->value_stride);
+        if (init) dtmk_copy(v, init, m->value_size);
+        else dtmk_zero(v, m->value_stride);
+        __threadfence();
+        dtmk_st_release_u32(states + fs, DTMK_SLOT_FULL);
+        *created = true;
+        return (int)fs;
     }
-    return DTMK_HASH_ABSENT;
 }
 
 __device__ __forceinline__ dtmk_u64 dtmk_hash_value(const struct dtmk_map *m, int slot) {
@@ -433,11 +449,64 @@ __device__ __forceinline__ struct dtmk_cov_row *dtmk_cov_row_for(struct dtmk_cov
     return 0;
 }
 
+/* Rate limit: reserve n runs in `epoch`; returns how many were granted before (the
+ * caller's tickets are base .. base+n-1).  No free slot (the host did not retire old
+ * epochs): DTMK_NO_LIMIT, i.e. nothing granted. */
+__device__ __forceinline__ dtmk_u32 dtmk_rate_ticket(struct dtmk_cov *c, dtmk_u32 epoch, dtmk_u32 n) {
+    for (int k = 0; k < DTMK_RL_EPOCHS; k++) {
+        int j = (int)((epoch + (dtmk_u32)k) & (DTMK_RL_EPOCHS - 1));
+        dtmk_u32 tag = *(volatile dtmk_u32 *)&c->rl_tag[j];
+        if (tag == DTMK_EPOCH_NONE) {
+            dtmk_u32 old = atomicCAS(&c->rl_tag[j], DTMK_EPOCH_NONE, epoch);
+            tag = old == DTMK_EPOCH_NONE ? epoch : old;
+        }
+        if (tag == epoch) return atomicAdd(&c->rl_ran[j], n);
+    }
+    return DTMK_NO_LIMIT;
+}
+
+/* A warp's running counts for one program and (epoch, gen), kept in shared memory and
+ * added to the global row only when the key changes or the caller flushes (end of a
+ * batch loop, an epoch boundary, a table refresh): one set of atomics per epoch instead
+ * of per 32 events.  Exactness is unchanged; visibility waits for the flush. */
+struct dtmk_cov_acc {
+    dtmk_u64 cov;                         /* struct dtmk_cov address; 0 = empty */
+    dtmk_u32 epoch, gen;
+    dtmk_u32 eligible, executed, throttled, lost, fault, pad;
+};
+
+__device__ __forceinline__ void dtmk_cov_row_add(struct dtmk_cov *c, dtmk_u32 e, dtmk_u32 gen, dtmk_u32 elig,
+                                                 dtmk_u32 exec, dtmk_u32 thr, dtmk_u32 lost, dtmk_u32 fault) {
+    struct dtmk_cov_row *row = dtmk_cov_row_for(c, e, gen);
+    if (!row) {
+        atomicAdd((unsigned long long *)&c->overflow, (unsigned long long)elig);
+        return;
+    }
+    if (exec) atomicAdd((unsigned long long *)&row->executed, (unsigned long long)exec);
+    if (thr) atomicAdd((unsigned long long *)&row->throttled, (unsigned long long)thr);
+    if (lost) atomicAdd((unsigned long long *)&row->lost, (unsigned long long)lost);
+    if (fault) atomicAdd((unsigned long long *)&row->fault, (unsigned long long)fault);
+    /* eligible last: a reader that sees eligible sees its buckets (fenced) */
+    __threadfence();
+    atomicAdd((unsigned long long *)&row->eligible, (unsigned long long)elig);
+}
+
+/* one thread */
+__device__ __forceinline__ void dtmk_cov_acc_flush(struct dtmk_cov_acc *a) {
+    if (a->cov && a->eligible)
+        dtmk_cov_row_add((struct dtmk_cov *)a->cov, a->epoch, a->gen, a->eligible, a->executed, a->throttled,
+                         a->lost, a->fault);
+    a->cov = 0;
+    a->eligible = a->executed = a->throttled = a->lost = a->fault = 0;
+}
+
 /* Count one warp's outcomes for one program: every lane in `elig` had an eligible event
  * in `epoch`; exec/thr/lost/fault are ballots (lost includes fault).  Called by all
- * lanes of the warp (convergent). */
+ * lanes of the warp (convergent).  acc: the warp's accumulator for this program slot
+ * (shared memory), or 0 to add to the global rows at once. */
 __device__ __forceinline__ void dtmk_cov_add(struct dtmk_cov *c, dtmk_u32 gen, dtmk_u32 epoch, unsigned elig,
-                                             unsigned exec, unsigned thr, unsigned lost, unsigned fault) {
+                                             unsigned exec, unsigned thr, unsigned lost, unsigned fault,
+                                             struct dtmk_cov_acc *acc) {
     unsigned lane = threadIdx.x & 31;
     unsigned pending = elig;
     while (pending) {
@@ -446,18 +515,17 @@ __device__ __forceinline__ void dtmk_cov_add(struct dtmk_cov *c, dtmk_u32 gen, d
         unsigned grp = __ballot_sync(0xffffffffu, ((elig >> lane) & 1) && epoch == e);
         pending &= ~grp;
         if ((int)lane == leader) {
-            struct dtmk_cov_row *row = dtmk_cov_row_for(c, e, gen);
-            if (!row) {
-                atomicAdd((unsigned long long *)&c->overflow, (unsigned long long)__popc(grp));
+            const dtmk_u32 ne = __popc(grp), nx = __popc(grp & exec), nt = __popc(grp & thr),
+                           nl = __popc(grp & lost), nf = __popc(grp & fault);
+            if (!acc) {
+                dtmk_cov_row_add(c, e, gen, ne, nx, nt, nl, nf);
             } else {
-                unsigned long long n;
-                if ((n = __popc(grp & exec))) atomicAdd((unsigned long long *)&row->executed, n);
-                if ((n = __popc(grp & thr))) atomicAdd((unsigned long long *)&row->throttled, n);
-                if ((n = __popc(grp & lost))) atomicAdd((unsigned long long *)&row->lost, n);
-                if ((n = __popc(grp & fault))) atomicAdd((unsigned long long *)&row->fault, n);
-                /* eligible last: a reader that sees eligible sees its buckets (fenced) */
-                __threadfence();
-                atomicAdd((unsigned long long *)&row->eligible, (unsigned long long)__popc(grp));
+                if (acc->cov != (dtmk_u64)c || acc->epoch != e || acc->gen != gen) {
+                    dtmk_cov_acc_flush(acc);
+                    acc->cov = (dtmk_u64)c; acc->epoch = e; acc->gen = gen;
+                }
+                acc->eligible += ne; acc->executed += nx; acc->throttled += nt;
+                acc->lost += nl; acc->fault += nf;
             }
         }
     }

@@ -26,10 +26,18 @@
  *     returns -EINVAL and counts the event lost.  set_priority_hint (control programs,
  *     not attachable in ABI v1) returns 0 and records nothing.
  *
- * API (all 32 lanes of a warp call it together):
+ * API:
  *
- *   dtmk_vm_run_prog(prog, code, regs, eligible, ctx, worker, epoch, gen, flags, &r0)
- *       -> DTMK_OUT_* of this lane's event; adds the warp's coverage to prog->cov.
+ *   dtmk_vm_load_table(global_table, shared_copy)            (one thread)
+ *       snapshot a hook's program table under its seqlock generation; false (and no
+ *       programs in the copy) while the host is writing it: retry at the next refresh.
+ *   dtmk_vm_run_prog(prog, code, regs, eligible, ctx, worker, epoch, gen, flags, &r0, acc)
+ *       (all 32 lanes of a warp together) -> DTMK_OUT_* of this lane's event; adds the
+ *       warp's coverage to prog.cov, through `acc` (a shared-memory dtmk_cov_acc per
+ *       program slot and warp; flush with dtmk_cov_acc_flush at epoch ends) or at once.  `code` may be shared or global memory; the VM
+ *       reads one record past the program's end (prefetch), so a code buffer carries
+ *       one padding record.  `regs`: the warp's DTMK_VM_REG_BYTES_PER_WARP bytes of
+ *       shared memory, offset by the lane (regs_base + lane).
  */
 #ifndef DTMK_BPF_VM_CUH
 #define DTMK_BPF_VM_CUH
@@ -98,25 +106,27 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
 #define NEXT { upc++; I = N; continue; }
 #define FETCH I = code[upc];
 #endif
+/* ALU: every lane computes (registers only, no faults), parked lanes do not store: a
+ * predicated store instead of a divergent branch */
 #define ALU64(NAME, EXPR) \
-    case DTMK_OP_##NAME##_K: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; REG(I.dst) = (EXPR); } NEXT \
-    case DTMK_OP_##NAME##_X: if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); REG(I.dst) = (EXPR); } NEXT
+    case DTMK_OP_##NAME##_K: { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; const dtmk_u64 v = (EXPR); if (me) REG(I.dst) = v; } NEXT \
+    case DTMK_OP_##NAME##_X: { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); const dtmk_u64 v = (EXPR); if (me) REG(I.dst) = v; } NEXT
 #define ALU32(NAME, EXPR) \
-    case DTMK_OP_##NAME##32_K: if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; REG(I.dst) = (dtmk_u32)(EXPR); } NEXT \
-    case DTMK_OP_##NAME##32_X: if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); REG(I.dst) = (dtmk_u32)(EXPR); } NEXT
+    case DTMK_OP_##NAME##32_K: { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; const dtmk_u32 v = (EXPR); if (me) REG(I.dst) = v; } NEXT \
+    case DTMK_OP_##NAME##32_X: { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); const dtmk_u32 v = (EXPR); if (me) REG(I.dst) = v; } NEXT
 #define JUMP_TAIL(taken) { \
-        dtmk_u32 np = p; \
-        if (me) { np = (taken) ? (dtmk_u32)I.off : upc + 1; if (cnt > max_insns) { np = DTMK_VM_NOPC; fault = true; } } \
+        dtmk_u32 np = me ? ((taken) ? (dtmk_u32)I.off : upc + 1) : p; \
+        if (me && cnt > max_insns) { np = DTMK_VM_NOPC; fault = true; } \
         p = np; \
         upc = __reduce_min_sync(DTMK_VM_FULL, np); \
         if (upc == DTMK_VM_NOPC) goto done; \
         FETCH continue; }
 #define JMP64(NAME, COND) \
-    case DTMK_OP_##NAME##_K: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; t = (COND); } JUMP_TAIL(t) } \
-    case DTMK_OP_##NAME##_X: { bool t = false; if (me) { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); t = (COND); } JUMP_TAIL(t) }
+    case DTMK_OP_##NAME##_K: { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = I.imm; const bool t = (COND); JUMP_TAIL(t) } \
+    case DTMK_OP_##NAME##_X: { const dtmk_u64 a = REG(I.dst); const dtmk_u64 b = REG(I.src); const bool t = (COND); JUMP_TAIL(t) }
 #define JMP32(NAME, COND) \
-    case DTMK_OP_##NAME##32_K: { bool t = false; if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; t = (COND); } JUMP_TAIL(t) } \
-    case DTMK_OP_##NAME##32_X: { bool t = false; if (me) { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); t = (COND); } JUMP_TAIL(t) }
+    case DTMK_OP_##NAME##32_K: { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)I.imm; const bool t = (COND); JUMP_TAIL(t) } \
+    case DTMK_OP_##NAME##32_X: { const dtmk_u32 a = (dtmk_u32)REG(I.dst); const dtmk_u32 b = (dtmk_u32)REG(I.src); const bool t = (COND); JUMP_TAIL(t) }
 #define CALL_GUARD (me && (cnt > max_insns ? (fault = true, p = DTMK_VM_NOPC, false) : true))
 #define ADDR(reg) (REG(reg) + (dtmk_u64)(dtmk_s64)I.off)
 
@@ -142,7 +152,7 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
         ALU64(MOD, b ? a % b : a)
         ALU64(XOR, a ^ b)
         case DTMK_OP_MOV_K: if (me) REG(I.dst) = I.imm; NEXT
-        case DTMK_OP_MOV_X: if (me) REG(I.dst) = REG(I.src); NEXT
+        case DTMK_OP_MOV_X: { const dtmk_u64 v = REG(I.src); if (me) REG(I.dst) = v; } NEXT
         ALU64(ARSH, (dtmk_u64)((dtmk_s64)a >> (b & 63)))
         ALU32(ADD, a + b)
         ALU32(SUB, a - b)
@@ -155,7 +165,7 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
         ALU32(MOD, b ? a % b : a)
         ALU32(XOR, a ^ b)
         case DTMK_OP_MOV32_K: if (me) REG(I.dst) = (dtmk_u32)I.imm; NEXT
-        case DTMK_OP_MOV32_X: if (me) REG(I.dst) = (dtmk_u32)REG(I.src); NEXT
+        case DTMK_OP_MOV32_X: { const dtmk_u64 v = (dtmk_u32)REG(I.src); if (me) REG(I.dst) = v; } NEXT
         ALU32(ARSH, (dtmk_u32)((int)a >> (b & 31)))
         case DTMK_OP_NEG: if (me) REG(I.dst) = 0ull - REG(I.dst); NEXT
         case DTMK_OP_NEG32: if (me) REG(I.dst) = (dtmk_u32)(0u - (dtmk_u32)REG(I.dst)); NEXT
@@ -292,11 +302,26 @@ done:
 #undef ADDR
 }
 
-/* One program over the warp's events: sampling, execution, coverage.  `eligible`: this
+/* Snapshot one hook table (one thread).  program_gen of the copy = copy->gen / 2. */
+__device__ __forceinline__ bool dtmk_vm_load_table(const struct dtmk_hook_table *src, struct dtmk_hook_table *dst) {
+    const dtmk_u32 g1 = *(volatile const dtmk_u32 *)&src->gen;
+    __threadfence();
+    *dst = *src;
+    __threadfence();
+    const dtmk_u32 g2 = *(volatile const dtmk_u32 *)&src->gen;
+    if ((g1 & 1) || g1 != g2) {    /* being written: run nothing on this hook for now */
+        dst->n_progs = 0;
+        return false;
+    }
+    return true;
+}
+
+/* One program over the warp's events: sampling, rate limit, execution, coverage.  `eligible`: this
  * lane has an event for the program's hook.  `gen`: the hook table's program_gen. */
 __device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const struct dtmk_dinsn *code,
                                                 dtmk_u64 *R, bool eligible, const void *ctx, dtmk_u32 worker,
-                                                dtmk_u32 epoch, dtmk_u32 gen, dtmk_u32 flags, dtmk_u64 *r0) {
+                                                dtmk_u32 epoch, dtmk_u32 gen, dtmk_u32 flags, dtmk_u64 *r0,
+                                                struct dtmk_cov_acc *acc = 0) {
     const unsigned lane = threadIdx.x & 31;
     const unsigned em = __ballot_sync(DTMK_VM_FULL, eligible);
     if (!em) return DTMK_OUT_NONE;
@@ -310,13 +335,31 @@ __device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const
         const unsigned long long ticket = base + __popc(em & ((1u << lane) - 1u));
         run = eligible && (ticket % P.sample_every) == 0;
     }
+    if (P.max_per_epoch != DTMK_NO_LIMIT) {   /* rate limit: at most N runs per epoch */
+        const unsigned cand = __ballot_sync(DTMK_VM_FULL, run);
+        unsigned pend = cand;
+        bool granted = false;
+        while (pend) {
+            const int leader = __ffs(pend) - 1;
+            const dtmk_u32 e = __shfl_sync(DTMK_VM_FULL, epoch, leader);
+            const unsigned grp = __ballot_sync(DTMK_VM_FULL, ((cand >> lane) & 1) && epoch == e);
+            pend &= ~grp;
+            dtmk_u32 base = 0;
+            if ((int)lane == leader) base = dtmk_rate_ticket(cov, e, (dtmk_u32)__popc(grp));
+            base = __shfl_sync(DTMK_VM_FULL, base, leader);
+            if ((grp >> lane) & 1)
+                granted = base != DTMK_NO_LIMIT &&
+                          (unsigned long long)base + __popc(grp & ((1u << lane) - 1u)) < P.max_per_epoch;
+        }
+        run = run && granted;
+    }
     int out = dtmk_vm_exec(code, P.max_insns, P.stack_depth, R, run, ctx, worker, epoch, flags, r0);
     if (eligible && !run) out = DTMK_OUT_SAMPLED;
     const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);
     const unsigned thr = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_THROTTLED || out == DTMK_OUT_SAMPLED);
     const unsigned lost = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT);
     const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
-    dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault);
+    dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault, acc);
     return out;
 }
 

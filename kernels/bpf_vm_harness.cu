@@ -20,6 +20,8 @@
  *   tables[DTMK_NUM_HOOKS] | code[code_cap] | regs[warps][11][32] | ctx[warps][32]
  * status[0]: hook tables skipped (odd or moving gen), status[1]: code larger than code_cap */
 /* no __launch_bounds__: with it ptxas capped the kernel at 64 registers and spilled */
+#define H_MAX_WARPS 16      /* dtrace_mk.runtime.device.MAX_WARPS */
+
 extern "C" __global__ void
 dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dtmk_u64 *r0_out,
                 dtmk_u8 *outcome_out, dtmk_u64 *status, dtmk_u32 n_events, dtmk_u32 serial, dtmk_u32 flags,
@@ -32,22 +34,22 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     struct dtmk_ctx *cbuf = (struct dtmk_ctx *)(regs + n_warps * DTMK_VM_NREGS * 32);
     __shared__ dtmk_u32 code_off[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
     __shared__ dtmk_u32 ok;
+    __shared__ struct dtmk_cov_acc accs[H_MAX_WARPS][DTMK_MAX_PROGS];
+    long long c_start = 0;
+    dtmk_u64 t_start = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) { c_start = clock64(); t_start = dtmk_globaltimer(); }
+    if (threadIdx.x < H_MAX_WARPS * DTMK_MAX_PROGS) {
+        struct dtmk_cov_acc *a = &accs[0][0] + threadIdx.x;
+        a->cov = 0; a->eligible = a->executed = a->throttled = a->lost = a->fault = 0;
+    }
 
     /* ---- pick up the program tables (seqlock) and stage code ---- */
     if (threadIdx.x == 0) {
         ok = 1;
         dtmk_u32 used = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; h++) {
-            const struct dtmk_hook_table *src = tables + h;
-            dtmk_u32 g1 = *(volatile const dtmk_u32 *)&src->gen;
-            __threadfence();
-            T[h] = *src;
-            __threadfence();
-            dtmk_u32 g2 = *(volatile const dtmk_u32 *)&src->gen;
-            if ((g1 & 1) || g1 != g2) {     /* being written: run nothing on this hook */
-                T[h].n_progs = 0;
+            if (!dtmk_vm_load_table(tables + h, &T[h]))
                 atomicAdd((unsigned long long *)&status[0], 1ull);
-            }
             for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
                 code_off[h][k] = used;
                 used += T[h].progs[k].n_insns;
@@ -72,7 +74,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     struct dtmk_ctx *wbuf = cbuf + warp * 32;
     const dtmk_u32 per = serial ? 1u : 32u;
     const dtmk_u32 gwarp = blockIdx.x * n_warps + warp, nwarp = serial ? 1u : gridDim.x * n_warps;
-    if (serial && gwarp != 0) return;
+    if (!(serial && gwarp != 0)) {
 
     for (dtmk_u32 rep = 0; rep < repeat; rep++)
     for (dtmk_u32 base = gwarp * per; base < n_events; base += nwarp * per) {
@@ -98,13 +100,21 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
             for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
                 dtmk_u64 r0 = 0;
                 int out = dtmk_vm_run_prog(T[h].progs[k], code + code_off[h][k], R, mine, c, worker, epoch,
-                                           gen, flags, &r0);
+                                           gen, flags, &r0, &accs[warp][k]);
                 if (mine && rep == 0) {
                     r0_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = r0;
                     outcome_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = (dtmk_u8)out;
                 }
             }
         }
+    }
+    if (lane == 0)                          /* the warp's coverage, counted so far */
+        for (int k = 0; k < DTMK_MAX_PROGS; k++) dtmk_cov_acc_flush(&accs[warp][k]);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {   /* block 0's SM clock over the launch */
+        status[2] = (dtmk_u64)(clock64() - c_start);
+        status[3] = dtmk_globaltimer() - t_start;
     }
 }
 

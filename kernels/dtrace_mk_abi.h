@@ -124,7 +124,8 @@ struct dtmk_ctx {
 #define DTMK_HELPER_HIST_ADD 200 /* observe */
 #define DTMK_HELPER_SET_PRIORITY_HINT 300 /* control */
 
-/* Compile-time layout checks (NVRTC and host compilers alike) */
+/* Compile-time layout checks (host compilers; see tests/abi/test_abi.py) */
+#ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(struct dtmk_ctx, abi_version) == 0, "dtmk_ctx.abi_version offset");
 static_assert(__builtin_offsetof(struct dtmk_ctx, hook) == 4, "dtmk_ctx.hook offset");
 static_assert(__builtin_offsetof(struct dtmk_ctx, ts_ns) == 8, "dtmk_ctx.ts_ns offset");
@@ -152,5 +153,6 @@ static_assert(__builtin_offsetof(struct dtmk_ctx, flags) == 112, "dtmk_ctx.flags
 static_assert(__builtin_offsetof(struct dtmk_ctx, reserved0) == 116, "dtmk_ctx.reserved0 offset");
 static_assert(__builtin_offsetof(struct dtmk_ctx, reserved1) == 120, "dtmk_ctx.reserved1 offset");
 static_assert(sizeof(struct dtmk_ctx) == 128, "dtmk_ctx size");
+#endif
 
 #endif /* DTRACE_MK_ABI_H */

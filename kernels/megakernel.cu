@@ -77,6 +77,7 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u64 hook_n, trace_n;
     int dyn_task, dyn_step, ready;
     dtmk_u32 phantoms;                       /* queue_saturation entries not yet drained */
+    dtmk_u64 done;                           /* tasks this worker completed (all launches: no) */
     int pend_event[MK_PENDING];              /* late_notification: deferred signals */
     dtmk_u64 pend_due[MK_PENDING];
 };
@@ -236,9 +237,31 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
         break;
     }
     case 9: op_lm_tile(P, lo, hi, smem); break;
-    case 10: op_argmax_step(P, step); break;
+    case 10: op_argmax_step(P, step, smem); break;
     default: break;
     }
+}
+
+/* ---- weight prefetch ------------------------------------------------------------------ */
+/* thread 0: stream the weight rows task t will read into L2 while the worker waits for
+ * its dependency (weights never depend on the step's activations). */
+__device__ void prefetch_task_weights(const MkParams &P, int t) {
+    const int *r = trec(P, t);
+    int cls = r[0], layer = r[1], lo = r[4], hi = r[5];
+    dtmk_u64 H = P.hidden, rows = (dtmk_u64)(hi - lo);
+    const unsigned short *w = 0, *w2 = 0;
+    dtmk_u64 K = 0;
+    switch (cls) {
+    case 1: w = (const unsigned short *)P.w_qkv + ((dtmk_u64)layer * P.qkv_dim + lo) * H; K = H; break;
+    case 4: K = P.n_heads * P.head_dim; w = (const unsigned short *)P.w_o + ((dtmk_u64)layer * H + lo) * K; break;
+    case 5: K = H; w = (const unsigned short *)P.w_gate + ((dtmk_u64)r[14] * P.ffn + lo) * H;
+            w2 = (const unsigned short *)P.w_up + ((dtmk_u64)r[14] * P.ffn + lo) * H; break;
+    case 6: K = P.ffn; w = (const unsigned short *)P.w_down + ((dtmk_u64)r[14] * H + lo) * K; break;
+    case 9: K = H; w = (const unsigned short *)P.w_lm_head + (dtmk_u64)lo * H; break;
+    default: return;
+    }
+    prefetch_l2(w, rows * K * 2);
+    if (w2) prefetch_l2(w2, rows * K * 2);
 }
 
 /* ---- scheduler ---------------------------------------------------------------------- */
@@ -271,7 +294,6 @@ __device__ void post_pending(const MkParams &P, Worker &W, bool force) {
     dtmk_u64 now = mk_now();
     for (int i = 0; i < MK_PENDING; ++i) {
         if (W.pend_event[i] >= 0 && (force || now >= W.pend_due[i])) {
-            __threadfence();
             red_release_add(counter(P, W.pend_event[i]), 1);
             W.pend_event[i] = -1;
         }
@@ -280,7 +302,7 @@ __device__ void post_pending(const MkParams &P, Worker &W, bool force) {
 
 /* thread 0: signal event e now, or `late` ns from now without holding the worker */
 __device__ void post_signal(const MkParams &P, Worker &W, int e, dtmk_u64 late) {
-    if (!late) { __threadfence(); red_release_add(counter(P, e), 1); return; }
+    if (!late) { red_release_add(counter(P, e), 1); return; }   /* after bar.sync: cumulative release */
     dtmk_u64 due = mk_now() + late;
     for (;;) {
         for (int i = 0; i < MK_PENDING; ++i)
@@ -404,9 +426,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             }
         }
         if (W.trace_on) trace_rec(P, W, t, step, t_disp, s_t_begin, t_end, f.flags);
-        dtmk_u64 *ws = wstate(P, W.worker);
-        ws[WS_DONE] += 1; ws[WS_TS] = t_end;
         post_signal(P, W, sig, f.late);
+        dtmk_u64 *ws = wstate(P, W.worker);
+        ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
         refresh_control(P, W, false);
     }
@@ -437,34 +459,35 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
     if (ready0) return 0;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
     for (;;) {
+        /* thread 0 spins on the counter alone (one acquire load per poll); every 16th
+         * poll it also posts due late signals, tries the dynamic queues and checks the
+         * abort flag and the watchdog.  The CTA synchronizes only on an outcome. */
         if (threadIdx.x == 0) {
             W.dyn_task = -1;
-            post_pending(P, W, false);
-            dtmk_u64 v = ld_acquire(counter(P, e));
-            W.ready = v >= target;
-            if (v != last_v) { last_v = v; t_idle = mk_now(); }   /* the awaited event progressed */
-            if (!W.ready) {
-                dtmk_u64 ts;
-                W.dyn_task = dyn_pop(P, &W.dyn_step, &ts);
+            for (unsigned it = 1;; ++it) {
+                dtmk_u64 v = ld_relaxed(counter(P, e));
+                if (v >= target) { fence_acquire(); W.ready = 1; break; }
+                if (it & 15) continue;
+                post_pending(P, W, false);
                 dtmk_u64 now = mk_now();
-                if (W.dyn_task >= 0) {
-                    s_t0 = ts;                                                   /* push time */
-                    t_idle = now;
-                } else {
-                    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
-                    if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
-                    else if (W.wd_us && now - t_idle > (dtmk_u64)W.wd_us * 1000ull) {
-                        atomicCAS((unsigned int *)ctl + CTL_ABORT_WORKER, 0xffffffffu, W.worker);
-                        atomicExch((unsigned int *)ctl + CTL_ABORT, 2u);
-                        W.aborted = 4;
-                    }
-                    if (W.aborted) {
-                        dtmk_u64 *ws = wstate(P, W.worker);
-                        ws[WS_VALUE] = v; ws[WS_STATE] = W.aborted; ws[WS_TS] = now;
-                        __threadfence();
-                    } else {
-                        __nanosleep(64);
-                    }
+                if (v != last_v) { last_v = v; t_idle = now; }   /* the awaited event progressed */
+                if (P.n_moe) {
+                    dtmk_u64 ts;
+                    W.dyn_task = dyn_pop(P, &W.dyn_step, &ts);
+                    if (W.dyn_task >= 0) { s_t0 = ts; t_idle = now; break; }
+                }
+                const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+                if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
+                else if (W.wd_us && now - t_idle > (dtmk_u64)W.wd_us * 1000ull) {
+                    atomicCAS((unsigned int *)ctl + CTL_ABORT_WORKER, 0xffffffffu, W.worker);
+                    atomicExch((unsigned int *)ctl + CTL_ABORT, 2u);
+                    W.aborted = 4;
+                }
+                if (W.aborted) {
+                    dtmk_u64 *ws = wstate(P, W.worker);
+                    ws[WS_VALUE] = v; ws[WS_STATE] = W.aborted; ws[WS_TS] = now;
+                    __threadfence();
+                    break;
                 }
             }
         }
@@ -518,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0;
+        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
     }
     __syncthreads();
@@ -540,6 +563,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             if (threadIdx.x == 0) {
                 s_disp = mk_now();
                 if (P.n_faults && r[15]) add_phantoms(P, W, step, r[1]);
+                if (P.prefetch) prefetch_task_weights(P, t);
             }
             __syncthreads();
             dtmk_u64 t_disp = s_disp;

@@ -88,6 +88,21 @@ __device__ __forceinline__ dtmk_u64 ld_acquire(const dtmk_u64 *p) {
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+__device__ __forceinline__ dtmk_u64 ld_relaxed(const dtmk_u64 *p) {
+    dtmk_u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+/* start streaming [p, p + bytes) into L2 (bulk copy engine, sm_90); 16-byte aligned */
+__device__ __forceinline__ void prefetch_l2(const void *p, dtmk_u64 bytes) {
+    const char *c = (const char *)p;
+    while (bytes >= 16) {
+        dtmk_u32 n = (dtmk_u32)(bytes > 65536 ? 65536 : bytes & ~15ull);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(c), "r"(n) : "memory");
+        c += n; bytes -= n;
+    }
+}
 __device__ __forceinline__ void red_release_add(dtmk_u64 *p, dtmk_u64 v) {
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }

@@ -41,7 +41,7 @@ struct MkParams {
     dtmk_u64 step0, n_steps;
     /* observation and faults */
     dtmk_u64 control, hook_ring, hook_head, hook_cap, trace_ring, trace_head, trace_cap;
-    dtmk_u64 worker_state, faults, n_faults, rank, queue_threshold, filler_ns;
+    dtmk_u64 worker_state, faults, n_faults, rank, queue_threshold, filler_ns, prefetch;
 };
 
 /* ---- matvec rows ---------------------------------------------------------------- */
@@ -49,7 +49,7 @@ struct MkParams {
 
 /* acc[b] = dot(W[row, :K], x[b, :K]) for b < nb (nb <= MK_MAXB), summed over the warp.
  * K % 8 == 0 and x rows 16-byte aligned; x in shared memory when SHARED. */
-template <bool SHARED>
+template <bool SHARED, int U = MK_UNROLL>
 __device__ __forceinline__ void mv_row(const unsigned short *W, long row, int K,
                                        const float *x, int xstride, int nb, float *acc) {
     const uint4 *w = (const uint4 *)(W + row * (long)K);
@@ -58,12 +58,12 @@ __device__ __forceinline__ void mv_row(const unsigned short *W, long row, int K,
 #pragma unroll
     for (int b = 0; b < MK_MAXB; ++b) acc[b] = 0.0f;
     int i = lane;
-    for (; i + 32 * (MK_UNROLL - 1) < k8n; i += 32 * MK_UNROLL) {
-        uint4 wv[MK_UNROLL];
+    for (; i + 32 * (U - 1) < k8n; i += 32 * U) {
+        uint4 wv[U];
 #pragma unroll
-        for (int u = 0; u < MK_UNROLL; ++u) wv[u] = __ldg(w + i + 32 * u);   /* all loads first */
+        for (int u = 0; u < U; ++u) wv[u] = __ldg(w + i + 32 * u);   /* all loads first */
 #pragma unroll
-        for (int u = 0; u < MK_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
 #pragma unroll
             for (int b = 0; b < MK_MAXB; ++b)
                 if (b < nb) acc[b] += dot8<SHARED>(wv[u], x + (long)b * xstride + ((i + 32 * u) << 3));
@@ -78,6 +78,49 @@ __device__ __forceinline__ void mv_row(const unsigned short *W, long row, int K,
 #pragma unroll
     for (int b = 0; b < MK_MAXB; ++b)
         if (b < nb) acc[b] = warp_sum(acc[b]);
+}
+
+/* two rows at once (rowA of WA, rowB of WB): both rows' loads are in flight together,
+ * halving the latency rounds of a warp that owns several rows (decode is latency-bound
+ * per SM).  U 16-byte loads per row per lane. */
+template <bool SHARED, int U>
+__device__ __forceinline__ void mv_row2(const unsigned short *WA, long rowA, const unsigned short *WB, long rowB,
+                                        int K, const float *x, int xstride, int nb, float *accA, float *accB) {
+    const uint4 *wa = (const uint4 *)(WA + rowA * (long)K);
+    const uint4 *wb = (const uint4 *)(WB + rowB * (long)K);
+    int lane = threadIdx.x & 31;
+    int k8n = K >> 3;
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b) { accA[b] = 0.0f; accB[b] = 0.0f; }
+    int i = lane;
+    for (; i + 32 * (U - 1) < k8n; i += 32 * U) {
+        uint4 va[U], vb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) { va[u] = __ldg(wa + i + 32 * u); vb[u] = __ldg(wb + i + 32 * u); }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int b = 0; b < MK_MAXB; ++b) {
+                if (b < nb) {
+                    const float *xb = x + (long)b * xstride + ((i + 32 * u) << 3);
+                    accA[b] += dot8<SHARED>(va[u], xb);
+                    accB[b] += dot8<SHARED>(vb[u], xb);
+                }
+            }
+        }
+    }
+    for (; i < k8n; i += 32) {
+        uint4 a0 = __ldg(wa + i), b0 = __ldg(wb + i);
+#pragma unroll
+        for (int b = 0; b < MK_MAXB; ++b)
+            if (b < nb) {
+                accA[b] += dot8<SHARED>(a0, x + (long)b * xstride + (i << 3));
+                accB[b] += dot8<SHARED>(b0, x + (long)b * xstride + (i << 3));
+            }
+    }
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b)
+        if (b < nb) { accA[b] = warp_sum(accA[b]); accB[b] = warp_sum(accB[b]); }
 }
 
 /* the same, not inlined (keeps callers that need two rows at once from spilling) */
@@ -123,25 +166,42 @@ __device__ void op_embed(const MkParams &P, int b) {
 
 /* ---- generic projection tile: y[b, n] (= or +=) W[n, :] . x[b, :], n in lo..hi ------- */
 /* x is staged in shared memory xs (capacity xs_cap floats) when it fits. */
+__device__ __forceinline__ void proj_store(float *y, int ystride, int b0, int nb, int n, const float *acc,
+                                           bool accumulate) {
+    if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+    for (int b = 0; b < MK_MAXB; ++b) {
+        if (b < nb) {
+            float *o = y + (long)(b0 + b) * ystride + n;
+            *o = accumulate ? __ldcg(o) + acc[b] : acc[b];
+        }
+    }
+}
+
 __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float *x, float *y, int ystride,
                                      int B, int lo, int hi, bool accumulate, float *xs, int xs_cap) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
     bool staged = xs != 0 && B * K <= xs_cap;
     if (staged) stage_x(xs, x, B * K);
-    float acc[MK_MAXB];
+    float acc[MK_MAXB], acc2[MK_MAXB];
     for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
         int nb = min(MK_MAXB, B - b0);
-        for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
-            if (staged) mv_row<true>(W, n, K, xs + (long)b0 * K, K, nb, acc);
-            else mv_row<false>(W, n, K, x + (long)b0 * K, K, nb, acc);
-            if (lane == 0) {
-#pragma unroll
-                for (int b = 0; b < MK_MAXB; ++b) {
-                    if (b < nb) {
-                        float *o = y + (long)(b0 + b) * ystride + n;
-                        *o = accumulate ? __ldcg(o) + acc[b] : acc[b];
-                    }
-                }
+        const float *xb = (staged ? xs : x) + (long)b0 * K;
+        /* warp w owns rows lo+w, lo+w+nw, ...; it takes them two at a time (both rows'
+         * loads in flight together) when x is staged */
+        for (int n = lo + warp; n < hi; n += 2 * nw) {
+            int n2 = n + nw;
+            if (staged && n2 < hi) {
+                mv_row2<true, 8>(W, n, W, n2, K, xb, K, nb, acc, acc2);
+                proj_store(y, ystride, b0, nb, n, acc, accumulate);
+                proj_store(y, ystride, b0, nb, n2, acc2, accumulate);
+                continue;
+            }
+            for (int m = n; m < hi && m <= n2; m += nw) {
+                if (!staged) mv_row<false>(W, m, K, xb, K, nb, acc);
+                else if (K >= 4096) mv_row<true, 16>(W, m, K, xb, K, nb, acc);
+                else mv_row<true>(W, m, K, xb, K, nb, acc);
+                proj_store(y, ystride, b0, nb, m, acc, accumulate);
             }
         }
     }
@@ -161,8 +221,7 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
         int nb = min(MK_MAXB, B - b0);
         for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
             if (staged) {
-                mv_row_nl<true>(Wg, n, K, xs + (long)b0 * K, K, nb, g);
-                mv_row_nl<true>(Wu, n, K, xs + (long)b0 * K, K, nb, u);
+                mv_row2<true, 8>(Wg, n, Wu, n, K, xs + (long)b0 * K, K, nb, g, u);
             } else {
                 mv_row_nl<false>(Wg, n, K, x + (long)b0 * K, K, nb, g);
                 mv_row_nl<false>(Wu, n, K, x + (long)b0 * K, K, nb, u);
@@ -223,9 +282,9 @@ __device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, in
     }
 }
 
-/* ---- attention of request slot b, kv head g (GQA): its `rep` q heads ------------- */
+/* ---- attention, one q head after the other (long contexts: rep*T > smem) --------- */
 /* smem: >= max_seq + MK_WARPS + MK_THREADS floats */
-__device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g, float *smem) {
+__device__ __noinline__ void op_attn_seq(const MkParams &P, int layer, int b, int g, float *smem) {
     int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
     int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv;
     const float *qkv = (const float *)P.qkv + (long)layer * B * QKV;
@@ -272,6 +331,58 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         }
         __syncthreads();
     }
+}
+
+/* ---- attention of request slot b, kv head g (GQA): its `rep` q heads at once -------- */
+/* smem: >= max_seq + MK_WARPS + MK_THREADS floats.  Scores of all rep heads sit in
+ * smem [rep][T] (falls back to op_attn_seq when they do not fit); warp j reduces head j. */
+#define MK_MAX_REP 16
+__device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g, float *smem) {
+    int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
+    int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv;
+    int T = __ldcg((const int *)P.pos + b) + 1;
+    int cap = S + MK_THREADS;
+    if (rep * T > cap || rep > MK_MAX_REP || rep > (int)(blockDim.x >> 5)) { op_attn_seq(P, layer, b, g, smem); return; }
+    const float *qkv = (const float *)P.qkv + (long)layer * B * QKV;
+    const float *kc = (const float *)P.k_cache + (long)layer * B * S * nkv * hd;
+    const float *vc = (const float *)P.v_cache + (long)layer * B * S * nkv * hd;
+    float *out = (float *)P.attn + (long)layer * B * nh * hd;
+    float *sc = smem, *stat = smem + cap;          /* stat[j] = 1 / sum of head j */
+    float scale = rsqrtf((float)hd);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int idx = threadIdx.x; idx < rep * T; idx += blockDim.x) {
+        int j = idx / T, t = idx - j * T;
+        const float *q = qkv + (long)b * QKV + (long)(g * rep + j) * hd;
+        const float *k = kc + (((long)b * S + t) * nkv + g) * hd;
+        float s = 0.0f;
+        for (int d = 0; d < hd; d += 4) {
+            float4 qa = __ldcg((const float4 *)(q + d)), ka = __ldcg((const float4 *)(k + d));
+            s = fmaf(qa.x, ka.x, s); s = fmaf(qa.y, ka.y, s); s = fmaf(qa.z, ka.z, s); s = fmaf(qa.w, ka.w, s);
+        }
+        sc[idx] = s * scale;
+    }
+    __syncthreads();
+    if (warp < rep) {
+        float *row = sc + warp * T;
+        float m = -3.0e38f;
+        for (int t = lane; t < T; t += 32) m = fmaxf(m, row[t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < T; t += 32) { float e = __expf(row[t] - m); row[t] = e; l += e; }
+        l = warp_sum(l);
+        if (lane == 0) stat[warp] = 1.0f / l;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < rep * hd; idx += blockDim.x) {
+        int j = idx / hd, d = idx - j * hd;
+        const float *p = sc + j * T;
+        const float *v = vc + ((long)b * S * nkv + g) * hd + d;
+        float o = 0.0f;
+#pragma unroll 4
+        for (int t = 0; t < T; ++t) o = fmaf(p[t], __ldcg(v + (long)t * nkv * hd), o);
+        out[(long)b * nh * hd + (long)(g * rep + j) * hd + d] = o * stat[j];
+    }
+    __syncthreads();
 }
 
 /* ---- argmax over logits of slot b ------------------------------------------------- */
@@ -440,6 +551,7 @@ __device__ void op_lm_tile(const MkParams &P, int lo, int hi, float *smem) {
 __device__ void mk_slot_advance(const MkParams &P, int b, int tok_next, int step) {
     int B = (int)P.batch;
     int *pos = (int *)P.pos, *gen = (int *)P.req_gen, *tok = (int *)P.tokens, *rl = (int *)P.req_len;
+    if (tok_next < 0 || tok_next >= (int)P.vocab) tok_next = 0;   /* NaN logits: keep indices valid */
     if (step - (int)P.step0 >= 0 && step - (int)P.step0 < (int)P.n_out_steps)
         ((int *)P.out_tokens)[(long)(step - (int)P.step0) * B + b] = tok_next;
     int p = pos[b] + 1;
@@ -451,17 +563,31 @@ __device__ void mk_slot_advance(const MkParams &P, int b, int tok_next, int step
     }
 }
 
-/* argmax over the lm-head tiles; writes the next tokens and advances request slots */
-__device__ void op_argmax_step(const MkParams &P, int step) {
+/* argmax over the lm-head tiles (whole block, ties to the lower token id); writes the
+ * next tokens and advances request slots */
+__device__ void op_argmax_step(const MkParams &P, int step, float *smem) {
     int B = (int)P.batch, nt = (int)(P.vocab / P.tile_n);
-    if (threadIdx.x < B) {
-        int b = threadIdx.x;
-        float best = -3.0e38f; int bi = 0;
-        for (int x = 0; x < nt; ++x) {
+    int *si = (int *)(smem + MK_WARPS);
+    for (int b = 0; b < B; ++b) {
+        float best = -3.0e38f; int bi = 0x7fffffff;
+        for (int x = threadIdx.x; x < nt; x += blockDim.x) {
             float v = __ldcg((const float *)P.tile_max + (long)b * nt + x);
-            if (x == 0 || v > best) { best = v; bi = __ldcg((const int *)P.tile_arg + (long)b * nt + x); }
+            int i = __ldcg((const int *)P.tile_arg + (long)b * nt + x);
+            if (v > best || (v == best && i < bi)) { best = v; bi = i; }
         }
-        mk_slot_advance(P, b, bi, step);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(MK_FULL, best, o); int oi = __shfl_xor_sync(MK_FULL, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if ((threadIdx.x & 31) == 0) { smem[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+                if (smem[w] > best || (smem[w] == best && si[w] < bi)) { best = smem[w]; bi = si[w]; }
+            mk_slot_advance(P, b, bi, step);
+        }
+        __syncthreads();
     }
 }
 

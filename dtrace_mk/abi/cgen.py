@@ -73,11 +73,16 @@ def _common(prefix_guard: str) -> str:
 def kernel_header() -> str:
     guard = "DTRACE_MK_ABI_H"
     s = _common(guard)
-    s += ("/* Compile-time layout checks (NVRTC and host compilers alike) */\n")
+    # Layout checks for host compilers.  Some NVRTC builds (CuPy's on the H200 image)
+    # reject __builtin_offsetof in static_assert, so NVRTC skips them; the ABI tests
+    # compile this header with g++ and clang -target bpf instead.
+    s += "/* Compile-time layout checks (host compilers; see tests/abi/test_abi.py) */\n"
+    s += "#ifndef __CUDACC_RTC__\n"
     for f in d.CONTEXT_FIELDS:
         s += (f"static_assert(__builtin_offsetof(struct dtmk_ctx, {f.name}) == {f.offset}, "
               f"\"dtmk_ctx.{f.name} offset\");\n")
     s += f"static_assert(sizeof(struct dtmk_ctx) == {d.CONTEXT_SIZE}, \"dtmk_ctx size\");\n"
+    s += "#endif\n"
     s += f"\n#endif /* {guard} */\n"
     return s
 
@@ -94,7 +99,9 @@ def bpf_header() -> str:
           "#define __array(name, val) __typeof__(val) *name[]\n"
           "#ifndef __always_inline\n#define __always_inline inline __attribute__((always_inline))\n#endif\n"
           "#define DTMK_LICENSE(s) char _license[] SEC(\"license\") = s\n"
-          "#define DTMK_ABI_NOTE unsigned int _dtmk_abi SEC(\"dtmk_abi\") = DTMK_ABI_VERSION\n\n")
+          "#define DTMK_ABI_NOTE unsigned int _dtmk_abi SEC(\"dtmk_abi\") = DTMK_ABI_VERSION\n"
+          "/* Pin the task schema the monitor was written against (its \"sha256:...\" hash) */\n"
+          "#define DTMK_SCHEMA(h) char _dtmk_schema[] SEC(\"dtmk_schema\") = h\n\n")
     s += "/* Section names per hook */\n"
     for h in d.HOOKS:
         s += f"#define {h.c_name}_SEC \"{h.section}\"\n"

@@ -58,7 +58,7 @@ PARAM_FIELDS: Tuple[str, ...] = (
     "moe", "n_moe", "dyn_items", "dyn_head", "dyn_tail", "dyn_cap",
     "step0", "n_steps",
     "control", "hook_ring", "hook_head", "hook_cap", "trace_ring", "trace_head", "trace_cap",
-    "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns",
+    "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns", "prefetch",
 )
 
 # control words (megakernel.cu CTL_*)
@@ -310,7 +310,8 @@ class Megakernel:
     def __init__(self, cfg, batch: int = 1, num_workers: Optional[int] = None, seed: int = 0,
                  weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
                  graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
-                 queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None):
+                 queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None,
+                 prefetch: bool = False):
         import cupy as cp
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
@@ -361,6 +362,7 @@ class Megakernel:
         self.out_tokens = cp.zeros((1, B), i32)
         self.n_faults = 0
         self.queue_threshold, self.filler_ns = queue_threshold, filler_ns
+        self.prefetch = prefetch      # L2 prefetch of a task's weights while its worker waits
         # dynamic shared memory (floats): task scratch, then the activation staging area
         base = max(c.max_seq + MK_WARPS + MK_THREADS, B * max(c.n_experts, 1) + 8,
                    B * c.tile_n + 2 * B + 8, 2 * MK_WARPS + 4) + 64
@@ -412,7 +414,7 @@ class Megakernel:
             "step0": self.step, "n_steps": steps,
             "hook_cap": self.hook_cap, "trace_cap": self.trace_cap,
             "n_faults": self.n_faults, "rank": g.rank, "queue_threshold": self.queue_threshold,
-            "filler_ns": self.filler_ns,
+            "filler_ns": self.filler_ns, "prefetch": int(self.prefetch),
         }
         for k in ("h", "xn", "qkv", "attn", "act", "k_cache", "v_cache", "logits", "tile_max", "tile_arg",
                   "moe_part", "route_expert", "route_weight", "tokens", "pos", "req_gen", "req_len",

@@ -78,10 +78,13 @@ RB_WORKER_DTYPE = np.dtype([("held", "<u8"), ("nrec", "<u8"), ("ep_tag", "<u4", 
 RB_REC_DTYPE = np.dtype([("off", "<u4"), ("len", "<u4"), ("epoch", "<u4"), ("pad", "<u4")])
 COV_ROW_DTYPE = np.dtype([(n, "<u8") for n in (
     "tag", "eligible", "executed", "throttled", "lost", "fault", "pad0", "pad1")])
-COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("pad", "<u8", (6,)),
+RL_EPOCHS = 4
+NO_LIMIT = M32
+COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (RL_EPOCHS,)),
+                      ("rl_ran", "<u4", (RL_EPOCHS,)), ("pad", "<u8", (2,)),
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
-    "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "pad0", "pad1")] +
+    "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "pad1")] +
     [("pad2", "<u8"), ("pad3", "<u8")])
 HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("pad", "<u4", (14,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
@@ -507,6 +510,7 @@ class _DevAttachment:
     maps: DeviceMaps
     progs: List[_DevProg]
     sample_every: int
+    max_per_epoch: Optional[int] = None
 
 
 @dataclass
@@ -558,12 +562,17 @@ class DeviceRuntime:
         self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(MAX_WARPS)
         self.host_tables = np.zeros(NUM_HOOKS, dtype=HOOK_TABLE_DTYPE)
         self.tables = cp.asarray(self.host_tables.view(np.uint8))
-        self.status = cp.zeros(2, dtype=cp.uint64)
+        self.status = cp.zeros(4, dtype=cp.uint64)   # skipped tables, code too large, clock, ns
         self._gen = {h.id: 0 for h in abi.HOOKS}
         self._by_hook: Dict[int, List[Tuple[_DevAttachment, _DevProg]]] = {h.id: [] for h in abi.HOOKS}
         self._atts: Dict[int, _DevAttachment] = {}
         self._detached: Dict[int, _DevAttachment] = {}
         self._next = 1
+
+    def last_clock_mhz(self) -> float:
+        """SM clock of block 0 over the last harness launch (clock64 / %globaltimer)."""
+        st = self.status.get()
+        return float(st[2]) / float(st[3]) * 1e3 if st[3] else 0.0
 
     def smem_bytes(self, warps: int) -> int:
         """Dynamic shared memory of a harness block of `warps` warps."""
@@ -572,13 +581,17 @@ class DeviceRuntime:
 
     # -- attach / detach ---------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
-               programs: Optional[Sequence[str]] = None, init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None
-               ) -> int:
+               programs: Optional[Sequence[str]] = None, max_per_epoch: Optional[int] = None,
+               init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None) -> int:
+        """Attach like ReferenceRuntime.attach (sampling, rate limit per program and epoch);
+        init_hash pre-fills hash maps by name before anything runs."""
         if obj.abi_version != abi.ABI_VERSION:
             raise UserError(f"{obj.path}: built for hook ABI v{obj.abi_version}, this runtime "
                             f"speaks v{abi.ABI_VERSION}")
         if sample_every < 1:
             raise UserError(f"sample_every must be >= 1, got {sample_every}")
+        if max_per_epoch is not None and not 0 <= max_per_epoch < NO_LIMIT:
+            raise UserError(f"max_per_epoch must be in 0..{NO_LIMIT - 1}, got {max_per_epoch}")
         progs = [p for p in obj.programs if programs is None or p.name in programs]
         if not progs:
             raise UserError(f"{obj.path}: no programs to attach")
@@ -606,12 +619,14 @@ class DeviceRuntime:
             recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name)
             cov = np.zeros(1, COV_DTYPE)
             cov["rows"]["tag"] = COV_TAG_EMPTY
+            cov["rl_tag"] = EPOCH_NONE
             mi, sd = bounds[p.name]
-            dprogs.append(_DevProg(p, self.cp.asarray(recs.view(np.uint8)), len(recs), mi, sd,
+            padded = np.concatenate([recs, np.zeros(1, DINSN_DTYPE)])   # the VM prefetches one past the end
+            dprogs.append(_DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
                                    self.cp.asarray(cov.view(np.uint8))))
         aid = self._next
         self._next += 1
-        att = _DevAttachment(aid, obj, maps, dprogs, sample_every)
+        att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch)
         self._atts[aid] = att
         for dp in dprogs:
             self._by_hook[dp.program.hook.id].append((att, dp))
@@ -647,6 +662,7 @@ class DeviceRuntime:
             e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
             e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
             e["sample_every"], e["prog_id"] = att.sample_every, att.id
+            e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
         t["gen"] = 2 * self._gen[hid]
@@ -707,7 +723,7 @@ class DeviceRuntime:
             cp.cuda.runtime.deviceSynchronize()
             st = self.status.get()
             if st[1]:
-                self.status.fill(0)
+                self.status[1:2].fill(0)
                 raise UserError(f"device VM: the attached programs' code exceeds the harness's shared "
                                 f"memory budget of {self.code_cap} instructions")
         slots = {hid: [(a.id, d.program.name) for a, d in ents] for hid, ents in self._by_hook.items()}

@@ -1,10 +1,9 @@
 """The verifier's case table: programs with their expected verdicts, discovered from
 tests/bpf/verifier_cases/*.s (Linux selftests / PREVAIL style: the expectation sits
-beside the program; adding a case is writing one program).
+beside the program; adding a case is writing one program).  A failing case prints the
+expected and the actual verdict and the program's listing.
 
-Case file format
-
-A file holds several cases; each starts with a header of `; key: value` lines, the first
+A case file holds several cases; each starts with a header of `; key: value` lines, the first
 being `; case:`, and runs until the next `; case:`.  Keys:
 
     ; case: <name>                      required, unique within the file
@@ -25,10 +24,11 @@ and `.repeat N <insn>` emits an instruction N times.
 from __future__ import annotations
 
 import re
-import pytest
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
+
+import pytest
 
 from dtrace_mk.abi import definition as abi
 from dtrace_mk.bpf.asm import assemble

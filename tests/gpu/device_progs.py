@@ -105,11 +105,14 @@ def _map_work(rnd: random.Random, parallel_safe: bool, lab: str) -> List[str]:
                                 "add r2, -4", "mov r3, r10", "add r3, -16", "mov r4, 0",
                                 "call map_update_elem", f"mov r{v}, r0", f"{lab}:"]
     if k == "arr":
-        fetch = rnd.random() < 0.5
+        # parallel-safe: one access width per word (a 64-bit add's carry out of the low
+        # half depends on the order of 32-bit adds to that half)
+        w, off = ("w", 0) if rnd.random() < 0.5 else ("dw", 8)
+        if not parallel_safe:
+            w, off = rnd.choice(["w", "dw"]), rnd.choice([0, 8])
         return _key(rnd, 7) + ["lddw r1, map:arr", "mov r2, r10", "add r2, -4", "call map_lookup_elem",
-                               f"jeq r0, 0, {lab}", f"mov r1, r{v}",
-                               f"xadd{'w' if rnd.random() < 0.5 else 'dw'} [r0+{rnd.choice([0, 8])}], r1",
-                               ] + (["mov r2, 5", "xadddw [r0+8], r2"] if fetch else []) + [f"{lab}:"]
+                               f"jeq r0, 0, {lab}", f"mov r1, r{v}", f"xadd{w} [r0+{off}], r1",
+                               "mov r2, 5", "xadddw [r0+8], r2", f"{lab}:"]
     if k == "arr_update":
         return _key(rnd, 7) + [f"stxdw [r10-24], r{v}", f"stxdw [r10-16], r{rnd.choice(SCAL)}",
                                "lddw r1, map:arr", "mov r2, r10", "add r2, -4", "mov r3, r10",

@@ -33,17 +33,17 @@ def fresh(workers: int, **kw):
     return DeviceRuntime(num_workers=workers, **kw)
 
 
-def run_both(obj, ctxs, workers, *, serial, sample_every=1, prefill=True):
+def run_both(obj, ctxs, workers, *, serial, sample_every=1, prefill=True, max_per_epoch=None):
     from dtrace_mk.runtime.reference import ReferenceRuntime
     ref = ReferenceRuntime(num_workers=workers)
-    raid = ref.attach(obj, sample_every=sample_every)
+    raid = ref.attach(obj, sample_every=sample_every, max_per_epoch=max_per_epoch)
     init = G.prefill(obj) if prefill else {}
     for name, items in init.items():
         for k, v in items.items():
             ref.maps(raid)[name].update(k, v)
     ref_results = [ref.fire(c) for c in ctxs]
     dev = fresh(workers)
-    daid = dev.attach(obj, sample_every=sample_every, init_hash=init)
+    daid = dev.attach(obj, sample_every=sample_every, init_hash=init, max_per_epoch=max_per_epoch)
     batch = dev.fire(ctxs, serial=serial)
     return ref, raid, ref_results, dev, daid, batch
 
@@ -82,7 +82,9 @@ class DeviceEngine:
         from dtrace_mk.abi import definition as abi
         workers = case.opt_int("workers", 1)
         rt = fresh(workers, max_insns=case.opt_int("max_insns", abi.MAX_INSNS))
-        aid = rt.attach(case.object(), verify=False, sample_every=case.opt_int("sample_every", 1))
+        limit = case.opt_int("max_per_epoch", -1)
+        aid = rt.attach(case.object(), verify=False, sample_every=case.opt_int("sample_every", 1),
+                        max_per_epoch=None if limit < 0 else limit)
         batch = rt.fire(case.events, serial=True)
         results = [r0 for i in range(len(case.events)) for (_, _, _, r0) in batch.results(i)]
         maps, stats = {}, {}
@@ -133,6 +135,22 @@ def test_sampling_serial_matches_reference():
     ctxs = G.random_contexts(rnd, 100, 2)
     r = run_both(obj, ctxs, 2, serial=True, sample_every=3)
     check_equal(*r, ordered=True)
+
+
+def test_rate_limit_serial_matches_reference():
+    rnd = random.Random(9)
+    obj = G.random_object(rnd, parallel_safe=False, n_progs=2)
+    ctxs = G.random_contexts(rnd, 120, 2, epochs=3)
+    r = run_both(obj, ctxs, 2, serial=True, sample_every=2, max_per_epoch=7)
+    check_equal(*r, ordered=True)
+
+
+def test_rate_limit_parallel_counts():
+    rnd = random.Random(10)
+    obj = G.random_object(rnd, parallel_safe=True)
+    ctxs = G.random_contexts(rnd, 999, 2, epochs=3)
+    ref, raid, _, dev, daid, _ = run_both(obj, ctxs, 2, serial=False, max_per_epoch=50)
+    assert G.coverage_dict(ref.coverage(raid)) == G.coverage_dict(dev.coverage(daid))
 
 
 def test_sampling_parallel_counts():

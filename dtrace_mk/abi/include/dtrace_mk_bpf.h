@@ -136,6 +136,8 @@ struct dtmk_ctx {
 #endif
 #define DTMK_LICENSE(s) char _license[] SEC("license") = s
 #define DTMK_ABI_NOTE unsigned int _dtmk_abi SEC("dtmk_abi") = DTMK_ABI_VERSION
+/* Pin the task schema the monitor was written against (its "sha256:..." hash) */
+#define DTMK_SCHEMA(h) char _dtmk_schema[] SEC("dtmk_schema") = h
 
 /* Section names per hook */
 #define DTMK_HOOK_TASK_READY_SEC "task/ready"

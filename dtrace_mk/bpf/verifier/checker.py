@@ -15,17 +15,13 @@ from ..isa import Insn, OPCODES
 from . import assertions as A
 from . import scalar as S
 from . import types as T
-from .messages import describe, error, offset_text
+from .messages import describe, error
 from .structure import lddw_value
 from .types import Reg, State
 
 _MAX_MEM_ARG = 512
 _MAP_HELPERS_WITH_KEYS = ("map_lookup_elem", "map_update_elem", "map_delete_elem")
 _HIST_TYPES = ("hist_log2", "hist_linear")
-
-
-def _sext32(v: int) -> int:
-    return S.to_signed(v, 32)
 
 
 class Checker:
@@ -237,6 +233,9 @@ class Checker:
             size = self._size_arg(h, a.arg + 1, st, pc)
             if r.kind == T.STACK:
                 self._check_stack_mem(h, a.arg, st, r, size, pc)
+            elif r.kind == T.MAP_VALUE_OR_NULL:
+                raise error(pc, "null-check", reg=a.arg, what=self._what(r),
+                            use=f"passing it to {h.name}")
             elif r.kind == T.MAP_VALUE:
                 m = self._map(r)
                 if r.off.smin < 0 or r.off.smax + size > m.value_size:
@@ -299,7 +298,7 @@ class Checker:
     def transfer(self, pc: int, ins: Insn, info: isa.OpInfo, st: State) -> List[Tuple[int, State]]:
         k = info.kind
         if k == "alu":
-            self._alu(ins, info, st)
+            self._alu(pc, ins, info, st)
         elif k == "ldx":
             st.regs[ins.dst] = self._load(st, st.regs[ins.src], ins.off, info.size)
         elif k in ("st", "stx"):
@@ -322,7 +321,7 @@ class Checker:
             return self._jump(pc, ins, info, st)
         return [(pc + 1, st)]
 
-    def _alu(self, ins: Insn, info: isa.OpInfo, st: State) -> None:
+    def _alu(self, pc: int, ins: Insn, info: isa.OpInfo, st: State) -> None:
         op = isa.ALU_OPS[info.op]
         dst = st.regs[ins.dst]
         if op == "end":
@@ -330,7 +329,15 @@ class Checker:
             return
         src = self._operand(st, ins.src if info.src == isa.BPF_X else None, ins.imm, info.is64)
         if op == "mov":
-            st.regs[ins.dst] = src if info.is64 else T.scalar(S.zext32(S.trunc32(src.num)))
+            if not info.is64:
+                st.regs[ins.dst] = T.scalar(S.zext32(S.trunc32(src.num)))
+            elif src.kind == T.SCALAR and info.src == isa.BPF_X:
+                if src.id is None:                    # link the copies for branch narrowing
+                    src = Reg(T.SCALAR, src.num, id=("copy", pc))
+                    st.regs[ins.src] = src
+                st.regs[ins.dst] = src
+            else:
+                st.regs[ins.dst] = src
             return
         if op == "neg":
             src = dst
@@ -426,9 +433,15 @@ class Checker:
 
     @staticmethod
     def _narrow(st: State, dst: int, src: Optional[int], r) -> Optional[State]:
+        """Apply a branch's narrowed operands to the registers and to their linked copies."""
         if r is None:
             return None
-        st.regs[dst] = T.scalar(r[0])
-        if src is not None:
-            st.regs[src] = T.scalar(r[1])
+        for reg, num in ((dst, r[0]), (src, r[1])):
+            if reg is None:
+                continue
+            id_ = st.regs[reg].id
+            if id_ is None:
+                st.regs[reg] = T.scalar(num)
+            elif not st.narrow_id(id_, num):
+                return None
         return st

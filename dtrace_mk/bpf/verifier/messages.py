@@ -23,6 +23,7 @@ RULES = {
     # instruction encoding
     "invalid-opcode": "the opcode byte is in the ISA table (isa.OPCODES)",
     "unused-field": "fields the opcode does not use are zero",
+    "field-range": "off and imm fit their encoded widths (16 and 32 bits, signed)",
     "bad-register": "register numbers are r0..r10",
     "write-r10": "r10 (the frame pointer) is read-only",
     "invalid-imm": "immediates with a fixed meaning are valid (byte-swap width, atomic operation)",
@@ -86,6 +87,7 @@ MESSAGES = {
     "invalid-opcode/cont": "opcode 0x00 outside the second slot of an lddw",
     "unused-field": "{mnemonic} does not use {field}, which must be 0 (got {value})",
     "unused-field/call": "call with src={value}: only helper calls (src=0) are supported",
+    "field-range": "{field} {value} does not fit in {bits} bits",
     "bad-register": "{mnemonic} uses r{reg} as {field}; registers are r0..r10",
     "write-r10": "{mnemonic} writes r10, the read-only frame pointer",
     "invalid-imm/swap": "{mnemonic} width {imm} is not 16, 32 or 64",
@@ -105,7 +107,6 @@ MESSAGES = {
     "fall-off-end": "execution falls off the end of the program after insn {at}",
     "uninit-reg": "r{reg} is read before it is written",
     "reg-type": "r{reg} has different types on the paths reaching here ({kinds})",
-    "reg-type/spill": "stack slot fp{off} holds different types on the paths reaching here ({kinds})",
     "mem-not-pointer": "{access} through r{reg}, which is {what}, not a pointer to memory",
     "null-check": "r{reg} may be NULL ({what}); compare it with 0 before {use}",
     "ctx-bounds": "{access} of ctx{off:+d} ({size} bytes) is outside the context record (0..{limit})",

@@ -6,7 +6,7 @@ map references in range, jump targets inside the program and not inside an lddw.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Set
+from typing import Sequence, Set
 
 from .. import isa
 from ..isa import Insn, OPCODES
@@ -60,6 +60,13 @@ def check(insns: Sequence[Insn], maps: Sequence) -> Set[int]:
 
 def _fields(pc: int, ins: Insn, info: isa.OpInfo) -> None:
     m = info.mnemonic
+    # Insn objects built in Python can hold what no encoding can; reject it here
+    for name, value, bits in (("off", ins.off, 16), ("imm", ins.imm, 32)):
+        if not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
+            raise error(pc, "field-range", field=name, value=value, bits=bits)
+    for name, value in (("dst", ins.dst), ("src", ins.src)):
+        if not 0 <= value <= 15:
+            raise error(pc, "field-range", field=name, value=value, bits=4)
     if info.uses_dst:
         if ins.dst > 10:
             raise error(pc, "bad-register", mnemonic=m, reg=ins.dst, field="dst")

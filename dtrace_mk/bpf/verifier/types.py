@@ -3,7 +3,8 @@
 Register kinds:
 
     uninit              never written (or clobbered by a call)
-    scalar              a number; `num` is its Scalar (bounds + tnum)
+    scalar              a number; `num` is its Scalar (bounds + tnum); `id` (set by a
+                        64-bit mov) ties copies so a branch on one narrows them all
     ctx                 the context record; `off` is a constant Scalar
     stack               r10 + `off` (a constant Scalar, normally negative)
     map_ptr             a map reference (lddw src=1), `map` = map index
@@ -75,7 +76,7 @@ def join_reg(a: Reg, b: Reg) -> Reg:
     if a.kind == b.kind:
         k = a.kind
         if k == SCALAR:
-            return Reg(SCALAR, S.join(a.num, b.num))
+            return Reg(SCALAR, S.join(a.num, b.num), id=a.id if a.id == b.id else None)
         if k in (CTX, STACK):
             if a.off == b.off:
                 return a
@@ -150,7 +151,7 @@ class State:
         start = off - (off % 8)
         return [s for s in range(start, off + size, 8) if s in self.spills]
 
-    def refine_id(self, id_: int, new: Reg) -> None:
+    def refine_id(self, id_, new: Reg) -> None:
         """Replace every register and spill carrying null-check id `id_` by `new`."""
         for i, r in enumerate(self.regs):
             if r.kind == MAP_VALUE_OR_NULL and r.id == id_:
@@ -158,6 +159,23 @@ class State:
         for s, r in list(self.spills.items()):
             if r.kind == MAP_VALUE_OR_NULL and r.id == id_:
                 self.spills[s] = new
+
+    def narrow_id(self, id_, num: Scalar) -> bool:
+        """Intersect every scalar copy carrying id `id_` (registers and spills) with `num`;
+        False when some copy cannot take any value of `num` (the edge is infeasible)."""
+        for i, r in enumerate(self.regs):
+            if r.kind == SCALAR and r.id == id_:
+                m = S.meet(r.num, num)
+                if m is None:
+                    return False
+                self.regs[i] = Reg(SCALAR, m, id=id_)
+        for s, r in list(self.spills.items()):
+            if r.kind == SCALAR and r.id == id_:
+                m = S.meet(r.num, num)
+                if m is None:
+                    return False
+                self.spills[s] = Reg(SCALAR, m, id=id_)
+        return True
 
 
 def join_state(a: State, b: State) -> State:

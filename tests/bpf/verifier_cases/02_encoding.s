@@ -191,3 +191,19 @@ mov r0, 0
 jeq r0, 0, +2
 lddw r0, 5
 exit
+
+; case: immediate wider than 32 bits (an Insn built in Python)
+; expect: reject insn 0: field-range: imm 4294967296 does not fit in 32 bits
+.insn 0xb7 0 0 0 0x100000000
+exit
+
+; case: offset wider than 16 bits
+; expect: reject insn 1: field-range: off 40000 does not fit in 16 bits
+mov r0, 0
+.insn 0x05 0 0 40000 0
+exit
+
+; case: negative register number
+; expect: reject insn 0: field-range: dst -1 does not fit in 4 bits
+.insn 0xb7 -1 0 0 0
+exit

@@ -380,3 +380,19 @@ exit
 ; expect: accept
 call ktime_get_ns
 exit
+
+; case: ringbuf output of an unchecked lookup result
+; maps: ev=ringbuf,0,0,1,budget_bytes=4096 counts=hash,4,64,16
+; expect: reject insn 11: null-check: r2 may be NULL (map_value_or_null of map 'counts'); compare it with 0 before passing it to ringbuf_output
+stw [r10-4], 0
+lddw r1, map:counts
+mov r2, r10
+add r2, -4
+call map_lookup_elem
+mov r2, r0
+lddw r1, map:ev
+mov r3, 8
+mov r4, 0
+call ringbuf_output
+mov r0, 0
+exit

@@ -262,3 +262,63 @@ exit
 mov r0, 0
 jgt r0, r10, +0
 exit
+
+; case: a bound checked on a copy narrows the original
+; maps: counts=hash,4,64,16
+; expect: accept
+mov r6, r1
+stw [r10-4], 0
+lddw r1, map:counts
+mov r2, r10
+add r2, -4
+call map_lookup_elem
+jeq r0, 0, out
+ldxw r2, [r6+24]
+mov r3, r2
+jgt r3, 7, out
+lsh r2, 3
+add r0, r2
+ldxdw r1, [r0+0]
+out: mov r0, 0
+exit
+
+; case: a bound checked on a copy narrows a spilled copy
+; maps: counts=hash,4,64,16
+; expect: accept
+mov r6, r1
+stw [r10-4], 0
+lddw r1, map:counts
+mov r2, r10
+add r2, -4
+call map_lookup_elem
+jeq r0, 0, out
+ldxw r2, [r6+24]
+mov r3, r2
+stxdw [r10-16], r2
+jgt r3, 7, out
+ldxdw r2, [r10-16]
+lsh r2, 3
+add r0, r2
+ldxdw r1, [r0+0]
+out: mov r0, 0
+exit
+
+; case: a copy rewritten after the check is not narrowed
+; maps: counts=hash,4,64,16
+; expect: reject insn 14: map-value-bounds: access [r0+[0, 34359738360], 8 bytes]
+mov r6, r1
+stw [r10-4], 0
+lddw r1, map:counts
+mov r2, r10
+add r2, -4
+call map_lookup_elem
+jeq r0, 0, out
+ldxw r2, [r6+24]
+mov r3, r2
+ldxw r2, [r6+28]
+jgt r3, 7, out
+lsh r2, 3
+add r0, r2
+ldxdw r1, [r0+0]
+out: mov r0, 0
+exit

@@ -6,133 +6,149 @@
 
 #include "dtrace_mk_abi.h"
 
-/* Compact device ops: dense, 0 = invalid.  Comment: RFC 9669 opcode byte. */
-#define DTMK_OP_INVALID 0
-#define DTMK_OP_ADD32_K 1 /* 0x04 */
-#define DTMK_OP_JA 2 /* 0x05 */
-#define DTMK_OP_ADD_K 3 /* 0x07 */
-#define DTMK_OP_ADD32_X 4 /* 0x0c */
-#define DTMK_OP_ADD_X 5 /* 0x0f */
-#define DTMK_OP_SUB32_K 6 /* 0x14 */
-#define DTMK_OP_JEQ_K 7 /* 0x15 */
-#define DTMK_OP_JEQ32_K 8 /* 0x16 */
-#define DTMK_OP_SUB_K 9 /* 0x17 */
-#define DTMK_OP_LDDW 10 /* 0x18 */
-#define DTMK_OP_SUB32_X 11 /* 0x1c */
-#define DTMK_OP_JEQ_X 12 /* 0x1d */
-#define DTMK_OP_JEQ32_X 13 /* 0x1e */
-#define DTMK_OP_SUB_X 14 /* 0x1f */
-#define DTMK_OP_MUL32_K 15 /* 0x24 */
-#define DTMK_OP_JGT_K 16 /* 0x25 */
-#define DTMK_OP_JGT32_K 17 /* 0x26 */
-#define DTMK_OP_MUL_K 18 /* 0x27 */
-#define DTMK_OP_MUL32_X 19 /* 0x2c */
-#define DTMK_OP_JGT_X 20 /* 0x2d */
-#define DTMK_OP_JGT32_X 21 /* 0x2e */
-#define DTMK_OP_MUL_X 22 /* 0x2f */
-#define DTMK_OP_DIV32_K 23 /* 0x34 */
-#define DTMK_OP_JGE_K 24 /* 0x35 */
-#define DTMK_OP_JGE32_K 25 /* 0x36 */
-#define DTMK_OP_DIV_K 26 /* 0x37 */
-#define DTMK_OP_DIV32_X 27 /* 0x3c */
-#define DTMK_OP_JGE_X 28 /* 0x3d */
-#define DTMK_OP_JGE32_X 29 /* 0x3e */
-#define DTMK_OP_DIV_X 30 /* 0x3f */
-#define DTMK_OP_OR32_K 31 /* 0x44 */
-#define DTMK_OP_JSET_K 32 /* 0x45 */
-#define DTMK_OP_JSET32_K 33 /* 0x46 */
-#define DTMK_OP_OR_K 34 /* 0x47 */
-#define DTMK_OP_OR32_X 35 /* 0x4c */
-#define DTMK_OP_JSET_X 36 /* 0x4d */
-#define DTMK_OP_JSET32_X 37 /* 0x4e */
-#define DTMK_OP_OR_X 38 /* 0x4f */
-#define DTMK_OP_AND32_K 39 /* 0x54 */
-#define DTMK_OP_JNE_K 40 /* 0x55 */
-#define DTMK_OP_JNE32_K 41 /* 0x56 */
-#define DTMK_OP_AND_K 42 /* 0x57 */
-#define DTMK_OP_AND32_X 43 /* 0x5c */
-#define DTMK_OP_JNE_X 44 /* 0x5d */
-#define DTMK_OP_JNE32_X 45 /* 0x5e */
-#define DTMK_OP_AND_X 46 /* 0x5f */
-#define DTMK_OP_LDXW 47 /* 0x61 */
-#define DTMK_OP_STW 48 /* 0x62 */
-#define DTMK_OP_STXW 49 /* 0x63 */
-#define DTMK_OP_LSH32_K 50 /* 0x64 */
-#define DTMK_OP_JSGT_K 51 /* 0x65 */
-#define DTMK_OP_JSGT32_K 52 /* 0x66 */
-#define DTMK_OP_LSH_K 53 /* 0x67 */
-#define DTMK_OP_LDXH 54 /* 0x69 */
-#define DTMK_OP_STH 55 /* 0x6a */
-#define DTMK_OP_STXH 56 /* 0x6b */
-#define DTMK_OP_LSH32_X 57 /* 0x6c */
-#define DTMK_OP_JSGT_X 58 /* 0x6d */
-#define DTMK_OP_JSGT32_X 59 /* 0x6e */
-#define DTMK_OP_LSH_X 60 /* 0x6f */
-#define DTMK_OP_LDXB 61 /* 0x71 */
-#define DTMK_OP_STB 62 /* 0x72 */
-#define DTMK_OP_STXB 63 /* 0x73 */
-#define DTMK_OP_RSH32_K 64 /* 0x74 */
-#define DTMK_OP_JSGE_K 65 /* 0x75 */
-#define DTMK_OP_JSGE32_K 66 /* 0x76 */
-#define DTMK_OP_RSH_K 67 /* 0x77 */
-#define DTMK_OP_LDXDW 68 /* 0x79 */
-#define DTMK_OP_STDW 69 /* 0x7a */
-#define DTMK_OP_STXDW 70 /* 0x7b */
-#define DTMK_OP_RSH32_X 71 /* 0x7c */
-#define DTMK_OP_JSGE_X 72 /* 0x7d */
-#define DTMK_OP_JSGE32_X 73 /* 0x7e */
-#define DTMK_OP_RSH_X 74 /* 0x7f */
-#define DTMK_OP_NEG32 75 /* 0x84 */
-#define DTMK_OP_CALL 76 /* 0x85 */
-#define DTMK_OP_NEG 77 /* 0x87 */
-#define DTMK_OP_MOD32_K 78 /* 0x94 */
-#define DTMK_OP_EXIT 79 /* 0x95 */
-#define DTMK_OP_MOD_K 80 /* 0x97 */
-#define DTMK_OP_MOD32_X 81 /* 0x9c */
-#define DTMK_OP_MOD_X 82 /* 0x9f */
-#define DTMK_OP_XOR32_K 83 /* 0xa4 */
-#define DTMK_OP_JLT_K 84 /* 0xa5 */
-#define DTMK_OP_JLT32_K 85 /* 0xa6 */
-#define DTMK_OP_XOR_K 86 /* 0xa7 */
-#define DTMK_OP_XOR32_X 87 /* 0xac */
-#define DTMK_OP_JLT_X 88 /* 0xad */
-#define DTMK_OP_JLT32_X 89 /* 0xae */
-#define DTMK_OP_XOR_X 90 /* 0xaf */
-#define DTMK_OP_MOV32_K 91 /* 0xb4 */
-#define DTMK_OP_JLE_K 92 /* 0xb5 */
-#define DTMK_OP_JLE32_K 93 /* 0xb6 */
-#define DTMK_OP_MOV_K 94 /* 0xb7 */
-#define DTMK_OP_MOV32_X 95 /* 0xbc */
-#define DTMK_OP_JLE_X 96 /* 0xbd */
-#define DTMK_OP_JLE32_X 97 /* 0xbe */
-#define DTMK_OP_MOV_X 98 /* 0xbf */
-#define DTMK_OP_XADDW 99 /* 0xc3 */
-#define DTMK_OP_ARSH32_K 100 /* 0xc4 */
-#define DTMK_OP_JSLT_K 101 /* 0xc5 */
-#define DTMK_OP_JSLT32_K 102 /* 0xc6 */
-#define DTMK_OP_ARSH_K 103 /* 0xc7 */
-#define DTMK_OP_ARSH32_X 104 /* 0xcc */
-#define DTMK_OP_JSLT_X 105 /* 0xcd */
-#define DTMK_OP_JSLT32_X 106 /* 0xce */
-#define DTMK_OP_ARSH_X 107 /* 0xcf */
-#define DTMK_OP_LE 108 /* 0xd4 */
-#define DTMK_OP_JSLE_K 109 /* 0xd5 */
-#define DTMK_OP_JSLE32_K 110 /* 0xd6 */
-#define DTMK_OP_XADDDW 111 /* 0xdb */
-#define DTMK_OP_BE 112 /* 0xdc */
-#define DTMK_OP_JSLE_X 113 /* 0xdd */
-#define DTMK_OP_JSLE32_X 114 /* 0xde */
-#define DTMK_OP_LDDW_MAP 115
-#define DTMK_OP_LDDW_MAP_VALUE 116
-#define DTMK_OP_CALL_MAP_LOOKUP_ELEM 117
-#define DTMK_OP_CALL_MAP_UPDATE_ELEM 118
-#define DTMK_OP_CALL_MAP_DELETE_ELEM 119
-#define DTMK_OP_CALL_KTIME_GET_NS 120
-#define DTMK_OP_CALL_TRACE_PRINTK 121
-#define DTMK_OP_CALL_GET_WORKER_ID 122
-#define DTMK_OP_CALL_RINGBUF_OUTPUT 123
-#define DTMK_OP_CALL_HIST_ADD 124
-#define DTMK_OP_CALL_SET_PRIORITY_HINT 125
+/* Device op groups: op = group << 4 | sub. */
+#define DTMK_OPG_MISC 0
+#define DTMK_OPG_ALU64_K 1
+#define DTMK_OPG_ALU64_X 2
+#define DTMK_OPG_ALU32_K 3
+#define DTMK_OPG_ALU32_X 4
+#define DTMK_OPG_JMP64_K 5
+#define DTMK_OPG_JMP64_X 6
+#define DTMK_OPG_JMP32_K 7
+#define DTMK_OPG_JMP32_X 8
+#define DTMK_OPG_MEM 9
+#define DTMK_OPG_CALL 10
+#define DTMK_NUM_OPGS 11
+
+/* Device ops, 0 = invalid.  ALU/JMP sub = RFC operation >> 4; mem sub: ldx 0-3,
+ * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13; call sub = helper index.
+ * Comment: RFC 9669 opcode byte. */
+#define DTMK_OP_INVALID 0x00
+#define DTMK_OP_LDDW 0x01 /* 0x18 */
+#define DTMK_OP_LDDW_MAP 0x02
+#define DTMK_OP_LDDW_MAP_VALUE 0x03
+#define DTMK_OP_EXIT 0x04 /* 0x95 */
+#define DTMK_OP_JA 0x05 /* 0x05 */
+#define DTMK_OP_CALL 0x06 /* 0x85 */
+#define DTMK_OP_NEG 0x07 /* 0x87 */
+#define DTMK_OP_NEG32 0x08 /* 0x84 */
+#define DTMK_OP_LE 0x09 /* 0xd4 */
+#define DTMK_OP_BE 0x0a /* 0xdc */
+#define DTMK_OP_ADD_K 0x10 /* 0x07 */
+#define DTMK_OP_SUB_K 0x11 /* 0x17 */
+#define DTMK_OP_MUL_K 0x12 /* 0x27 */
+#define DTMK_OP_DIV_K 0x13 /* 0x37 */
+#define DTMK_OP_OR_K 0x14 /* 0x47 */
+#define DTMK_OP_AND_K 0x15 /* 0x57 */
+#define DTMK_OP_LSH_K 0x16 /* 0x67 */
+#define DTMK_OP_RSH_K 0x17 /* 0x77 */
+#define DTMK_OP_MOD_K 0x19 /* 0x97 */
+#define DTMK_OP_XOR_K 0x1a /* 0xa7 */
+#define DTMK_OP_MOV_K 0x1b /* 0xb7 */
+#define DTMK_OP_ARSH_K 0x1c /* 0xc7 */
+#define DTMK_OP_ADD_X 0x20 /* 0x0f */
+#define DTMK_OP_SUB_X 0x21 /* 0x1f */
+#define DTMK_OP_MUL_X 0x22 /* 0x2f */
+#define DTMK_OP_DIV_X 0x23 /* 0x3f */
+#define DTMK_OP_OR_X 0x24 /* 0x4f */
+#define DTMK_OP_AND_X 0x25 /* 0x5f */
+#define DTMK_OP_LSH_X 0x26 /* 0x6f */
+#define DTMK_OP_RSH_X 0x27 /* 0x7f */
+#define DTMK_OP_MOD_X 0x29 /* 0x9f */
+#define DTMK_OP_XOR_X 0x2a /* 0xaf */
+#define DTMK_OP_MOV_X 0x2b /* 0xbf */
+#define DTMK_OP_ARSH_X 0x2c /* 0xcf */
+#define DTMK_OP_ADD32_K 0x30 /* 0x04 */
+#define DTMK_OP_SUB32_K 0x31 /* 0x14 */
+#define DTMK_OP_MUL32_K 0x32 /* 0x24 */
+#define DTMK_OP_DIV32_K 0x33 /* 0x34 */
+#define DTMK_OP_OR32_K 0x34 /* 0x44 */
+#define DTMK_OP_AND32_K 0x35 /* 0x54 */
+#define DTMK_OP_LSH32_K 0x36 /* 0x64 */
+#define DTMK_OP_RSH32_K 0x37 /* 0x74 */
+#define DTMK_OP_MOD32_K 0x39 /* 0x94 */
+#define DTMK_OP_XOR32_K 0x3a /* 0xa4 */
+#define DTMK_OP_MOV32_K 0x3b /* 0xb4 */
+#define DTMK_OP_ARSH32_K 0x3c /* 0xc4 */
+#define DTMK_OP_ADD32_X 0x40 /* 0x0c */
+#define DTMK_OP_SUB32_X 0x41 /* 0x1c */
+#define DTMK_OP_MUL32_X 0x42 /* 0x2c */
+#define DTMK_OP_DIV32_X 0x43 /* 0x3c */
+#define DTMK_OP_OR32_X 0x44 /* 0x4c */
+#define DTMK_OP_AND32_X 0x45 /* 0x5c */
+#define DTMK_OP_LSH32_X 0x46 /* 0x6c */
+#define DTMK_OP_RSH32_X 0x47 /* 0x7c */
+#define DTMK_OP_MOD32_X 0x49 /* 0x9c */
+#define DTMK_OP_XOR32_X 0x4a /* 0xac */
+#define DTMK_OP_MOV32_X 0x4b /* 0xbc */
+#define DTMK_OP_ARSH32_X 0x4c /* 0xcc */
+#define DTMK_OP_JEQ_K 0x51 /* 0x15 */
+#define DTMK_OP_JGT_K 0x52 /* 0x25 */
+#define DTMK_OP_JGE_K 0x53 /* 0x35 */
+#define DTMK_OP_JSET_K 0x54 /* 0x45 */
+#define DTMK_OP_JNE_K 0x55 /* 0x55 */
+#define DTMK_OP_JSGT_K 0x56 /* 0x65 */
+#define DTMK_OP_JSGE_K 0x57 /* 0x75 */
+#define DTMK_OP_JLT_K 0x5a /* 0xa5 */
+#define DTMK_OP_JLE_K 0x5b /* 0xb5 */
+#define DTMK_OP_JSLT_K 0x5c /* 0xc5 */
+#define DTMK_OP_JSLE_K 0x5d /* 0xd5 */
+#define DTMK_OP_JEQ_X 0x61 /* 0x1d */
+#define DTMK_OP_JGT_X 0x62 /* 0x2d */
+#define DTMK_OP_JGE_X 0x63 /* 0x3d */
+#define DTMK_OP_JSET_X 0x64 /* 0x4d */
+#define DTMK_OP_JNE_X 0x65 /* 0x5d */
+#define DTMK_OP_JSGT_X 0x66 /* 0x6d */
+#define DTMK_OP_JSGE_X 0x67 /* 0x7d */
+#define DTMK_OP_JLT_X 0x6a /* 0xad */
+#define DTMK_OP_JLE_X 0x6b /* 0xbd */
+#define DTMK_OP_JSLT_X 0x6c /* 0xcd */
+#define DTMK_OP_JSLE_X 0x6d /* 0xdd */
+#define DTMK_OP_JEQ32_K 0x71 /* 0x16 */
+#define DTMK_OP_JGT32_K 0x72 /* 0x26 */
+#define DTMK_OP_JGE32_K 0x73 /* 0x36 */
+#define DTMK_OP_JSET32_K 0x74 /* 0x46 */
+#define DTMK_OP_JNE32_K 0x75 /* 0x56 */
+#define DTMK_OP_JSGT32_K 0x76 /* 0x66 */
+#define DTMK_OP_JSGE32_K 0x77 /* 0x76 */
+#define DTMK_OP_JLT32_K 0x7a /* 0xa6 */
+#define DTMK_OP_JLE32_K 0x7b /* 0xb6 */
+#define DTMK_OP_JSLT32_K 0x7c /* 0xc6 */
+#define DTMK_OP_JSLE32_K 0x7d /* 0xd6 */
+#define DTMK_OP_JEQ32_X 0x81 /* 0x1e */
+#define DTMK_OP_JGT32_X 0x82 /* 0x2e */
+#define DTMK_OP_JGE32_X 0x83 /* 0x3e */
+#define DTMK_OP_JSET32_X 0x84 /* 0x4e */
+#define DTMK_OP_JNE32_X 0x85 /* 0x5e */
+#define DTMK_OP_JSGT32_X 0x86 /* 0x6e */
+#define DTMK_OP_JSGE32_X 0x87 /* 0x7e */
+#define DTMK_OP_JLT32_X 0x8a /* 0xae */
+#define DTMK_OP_JLE32_X 0x8b /* 0xbe */
+#define DTMK_OP_JSLT32_X 0x8c /* 0xce */
+#define DTMK_OP_JSLE32_X 0x8d /* 0xde */
+#define DTMK_OP_LDXB 0x90 /* 0x71 */
+#define DTMK_OP_LDXH 0x91 /* 0x69 */
+#define DTMK_OP_LDXW 0x92 /* 0x61 */
+#define DTMK_OP_LDXDW 0x93 /* 0x79 */
+#define DTMK_OP_STB 0x94 /* 0x72 */
+#define DTMK_OP_STH 0x95 /* 0x6a */
+#define DTMK_OP_STW 0x96 /* 0x62 */
+#define DTMK_OP_STDW 0x97 /* 0x7a */
+#define DTMK_OP_STXB 0x98 /* 0x73 */
+#define DTMK_OP_STXH 0x99 /* 0x6b */
+#define DTMK_OP_STXW 0x9a /* 0x63 */
+#define DTMK_OP_STXDW 0x9b /* 0x7b */
+#define DTMK_OP_XADDW 0x9c /* 0xc3 */
+#define DTMK_OP_XADDDW 0x9d /* 0xdb */
+#define DTMK_OP_CALL_MAP_LOOKUP_ELEM 0xa0
+#define DTMK_OP_CALL_MAP_UPDATE_ELEM 0xa1
+#define DTMK_OP_CALL_MAP_DELETE_ELEM 0xa2
+#define DTMK_OP_CALL_KTIME_GET_NS 0xa3
+#define DTMK_OP_CALL_TRACE_PRINTK 0xa4
+#define DTMK_OP_CALL_GET_WORKER_ID 0xa5
+#define DTMK_OP_CALL_RINGBUF_OUTPUT 0xa6
+#define DTMK_OP_CALL_HIST_ADD 0xa7
+#define DTMK_OP_CALL_SET_PRIORITY_HINT 0xa8
 #define DTMK_NUM_OPS 126
 
 /* One pre-decoded instruction (16 bytes).  lddw is folded into one record, so

@@ -20,7 +20,7 @@
  *   tables[DTMK_NUM_HOOKS] | code[code_cap] | regs[warps][11][32] | ctx[warps][32]
  * status[0]: hook tables skipped (odd or moving gen), status[1]: code larger than code_cap */
 /* no __launch_bounds__: with it ptxas capped the kernel at 64 registers and spilled */
-#define H_MAX_WARPS 16      /* dtrace_mk.runtime.device.MAX_WARPS */
+#define H_MAX_WARPS 8       /* dtrace_mk.runtime.device.MAX_WARPS */
 
 extern "C" __global__ void
 dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dtmk_u64 *r0_out,
@@ -76,14 +76,29 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     const dtmk_u32 gwarp = blockIdx.x * n_warps + warp, nwarp = serial ? 1u : gridDim.x * n_warps;
     if (!(serial && gwarp != 0)) {
 
-    for (dtmk_u32 rep = 0; rep < repeat; rep++)
-    for (dtmk_u32 base = gwarp * per; base < n_events; base += nwarp * per) {
-        /* stage this batch's records in shared memory (16-byte coalesced copies) */
+    /* Records of the next batch are loaded into registers while this batch runs
+     * (coalesced 16-byte loads: word i = k * 32 + lane of the batch), then stored to the
+     * warp's shared buffer: the global latency stays off the hook path, as in the
+     * megakernel, whose records are already in shared memory. */
+    uint4 pf[8];
+#define H_LOAD(B) { const dtmk_u32 nb_ = min(per, n_events - (B)); \
+        _Pragma("unroll") for (int k = 0; k < 8; k++) { const dtmk_u32 i = k * 32 + lane; \
+            if (i < nb_ * 8) pf[k] = ((const uint4 *)(events + (B)))[i]; } }
+    dtmk_u32 rep = 0, base = gwarp * per;
+    if (base >= n_events) rep = repeat;
+    if (rep < repeat) H_LOAD(base)
+    while (rep < repeat) {
         const dtmk_u32 nb = min(per, n_events - base);
         __syncwarp();
-        for (dtmk_u32 i = lane; i < nb * 8; i += 32)
-            ((uint4 *)wbuf)[i] = ((const uint4 *)(events + base))[i];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const dtmk_u32 i = k * 32 + lane;
+            if (i < nb * 8) ((uint4 *)wbuf)[i] = pf[k];
+        }
         __syncwarp();
+        dtmk_u32 nbase = base + nwarp * per, nrep = rep;
+        if (nbase >= n_events) { nbase = gwarp * per; nrep++; }
+        if (nrep < repeat) H_LOAD(nbase)
         const bool valid = lane < nb;
         const dtmk_u32 ev = base + lane;
         const struct dtmk_ctx *c = wbuf + lane;
@@ -107,7 +122,10 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
                 }
             }
         }
+        base = nbase;
+        rep = nrep;
     }
+#undef H_LOAD
     if (lane == 0)                          /* the warp's coverage, counted so far */
         for (int k = 0; k < DTMK_MAX_PROGS; k++) dtmk_cov_acc_flush(&accs[warp][k]);
     }

@@ -207,6 +207,7 @@ HIST_LINEAR_MAX_BUCKETS = 1024
 #   mem       : pointer to initialised stack (or map value) memory, size in next arg
 #   size      : scalar, constant, 1..512, the size of the preceding mem argument
 #   scalar    : any initialised scalar
+#   opt_scalar: a scalar that may be left unset (trailing printk arguments); never a pointer
 # ret: "scalar", "map_value_or_null", "void"
 # ---------------------------------------------------------------------------------
 
@@ -233,8 +234,8 @@ HELPERS: Tuple[Helper, ...] = (
            "delete key; -ENOENT when absent", "(void *map, const void *key)"),
     Helper(5, "ktime_get_ns", (), "scalar", ("observe", "control"),
            "current device time in ns (%globaltimer)", "(void)", "dtmk_u64"),
-    Helper(6, "trace_printk", ("mem", "size", "scalar", "scalar", "scalar"), "scalar", ("observe",),
-           "formatted trace line (budgeted like evidence); at most 3 scalar args",
+    Helper(6, "trace_printk", ("mem", "size", "opt_scalar", "opt_scalar", "opt_scalar"), "scalar",
+           ("observe",), "formatted trace line (budgeted like evidence); up to 3 scalar args",
            "(const char *fmt, dtmk_u32 fmt_size, ...)"),
     Helper(8, "get_worker_id", (), "scalar", ("observe", "control"),
            "current worker index", "(void)", "dtmk_u32"),

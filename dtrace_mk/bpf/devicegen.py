@@ -5,8 +5,8 @@
 
 The device VM does not decode RFC 9669 bytes at run time.  The host pre-decodes a
 verified program (dtrace_mk.runtime.device.encode_program) into 16-byte `dtmk_dinsn`
-records whose `op` is a dense index into `DEVICE_OPS`, so the interpreter's switch is a
-jump table with no holes:
+records whose `op` is `group << 4 | sub` (GROUPS below): the interpreter switches on
+the group, then on `sub` within one shared body per group:
 
   * one op per valid opcode byte in isa.OPCODES (named from its mnemonic and source:
     `add_k`, `add32_x`, `jeq32_k`, `ldxdw`, `xaddw`, `le`, `be`, ...);
@@ -44,25 +44,62 @@ def _op_name(info: isa.OpInfo) -> str:
     return info.mnemonic
 
 
-def _build() -> Tuple[List[str], Dict[int, int]]:
-    names = ["invalid"]
+# Groups: op = group << 4 | sub.  The VM switches on the group, then on `sub` inside
+# the group (small dense switches, which ptxas turns into jump tables), so one shared
+# body serves all ALU ops of a width/source, all jumps, all memory ops, all helpers.
+GROUPS = ("misc", "alu64_k", "alu64_x", "alu32_k", "alu32_x", "jmp64_k", "jmp64_x", "jmp32_k",
+          "jmp32_x", "mem", "call")
+MISC_OPS = ("invalid", "lddw", "lddw_map", "lddw_map_value", "exit", "ja", "call", "neg", "neg32",
+            "le", "be")
+_SIZE_SUB = {1: 0, 2: 1, 4: 2, 8: 3}
+
+
+def _code(info: isa.OpInfo) -> int:
+    """group << 4 | sub for an RFC opcode (ALU/JMP sub = the RFC operation >> 4)."""
+    name = _op_name(info)
+    if name in MISC_OPS:
+        return MISC_OPS.index(name)
+    if info.kind == "alu":
+        g = ("alu64" if info.is64 else "alu32") + ("_x" if info.src == isa.BPF_X else "_k")
+        return GROUPS.index(g) << 4 | info.op >> 4
+    if info.kind == "jmp":
+        g = ("jmp64" if info.is64 else "jmp32") + ("_x" if info.src == isa.BPF_X else "_k")
+        return GROUPS.index(g) << 4 | info.op >> 4
+    mem = GROUPS.index("mem") << 4
+    if info.kind == "ldx":
+        return mem | _SIZE_SUB[info.size]
+    if info.kind == "st":
+        return mem | 4 | _SIZE_SUB[info.size]
+    if info.kind == "stx":
+        return mem | 8 | _SIZE_SUB[info.size]
+    if info.kind == "atomic":
+        return mem | (12 if info.size == 4 else 13)
+    raise AssertionError(name)
+
+
+def _build() -> Tuple[Dict[str, int], Dict[int, int]]:
+    ops: Dict[str, int] = {n: i for i, n in enumerate(MISC_OPS)}
     of_opcode: Dict[int, int] = {}
     for opcode in sorted(isa.OPCODES):
-        name = _op_name(isa.OPCODES[opcode])
-        assert name not in names, name
-        of_opcode[opcode] = len(names)
-        names.append(name)
-    names += ["lddw_map", "lddw_map_value"]
-    names += ["call_" + h.name for h in abi.HELPERS]
-    return names, of_opcode
+        info = isa.OPCODES[opcode]
+        name, code = _op_name(info), _code(info)
+        assert ops.get(name, code) == code, name
+        assert code not in ops.values() or ops.get(name) == code, (name, code)
+        ops[name] = code
+        of_opcode[opcode] = code
+    call = GROUPS.index("call") << 4
+    assert len(abi.HELPERS) <= 16
+    for i, h in enumerate(abi.HELPERS):
+        ops["call_" + h.name] = call | i
+    return ops, of_opcode
 
 
-DEVICE_OPS, OP_OF_OPCODE = _build()
-OP: Dict[str, int] = {n: i for i, n in enumerate(DEVICE_OPS)}
-NAME_OF_OP: Dict[int, str] = dict(enumerate(DEVICE_OPS))
+OP, OP_OF_OPCODE = _build()
+DEVICE_OPS: List[str] = sorted(OP, key=OP.get)
+NAME_OF_OP: Dict[int, str] = {v: k for k, v in OP.items()}
 OPCODE_OF_OP: Dict[int, int] = {v: k for k, v in OP_OF_OPCODE.items()}
 CALL_OP: Dict[int, int] = {h.id: OP["call_" + h.name] for h in abi.HELPERS}
-assert len(DEVICE_OPS) < 256
+assert len(NAME_OF_OP) == len(OP) and max(OP.values()) < 256
 
 
 def c_name(name: str) -> str:
@@ -75,11 +112,18 @@ def header() -> str:
            " * Regenerate: python -m dtrace_mk.bpf.devicegen */\n",
            "#ifndef DTMK_BPF_OPCODES_H\n#define DTMK_BPF_OPCODES_H\n\n",
            '#include "dtrace_mk_abi.h"\n\n',
-           "/* Compact device ops: dense, 0 = invalid.  Comment: RFC 9669 opcode byte. */\n"]
-    for i, n in enumerate(DEVICE_OPS):
+           "/* Device op groups: op = group << 4 | sub. */\n"]
+    for i, g in enumerate(GROUPS):
+        out.append(f"#define DTMK_OPG_{g.upper()} {i}\n")
+    out.append(f"#define DTMK_NUM_OPGS {len(GROUPS)}\n\n")
+    out.append("/* Device ops, 0 = invalid.  ALU/JMP sub = RFC operation >> 4; mem sub: ldx 0-3,\n"
+               " * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13; call sub = helper index.\n"
+               " * Comment: RFC 9669 opcode byte. */\n")
+    for n in DEVICE_OPS:
+        i = OP[n]
         src = OPCODE_OF_OP.get(i)
         note = f" /* 0x{src:02x} */" if src is not None else ""
-        out.append(f"#define {c_name(n)} {i}{note}\n")
+        out.append(f"#define {c_name(n)} 0x{i:02x}{note}\n")
     out.append(f"#define DTMK_NUM_OPS {len(DEVICE_OPS)}\n\n")
     out.append(
         "/* One pre-decoded instruction (16 bytes).  lddw is folded into one record, so\n"

@@ -119,7 +119,8 @@ def explicate(ins: Insn, info: OpInfo) -> Tuple[object, ...]:
         out.append(Call(ins.imm))
         h = HELPERS_BY_ID.get(ins.imm)
         if h is not None:
-            out += [Init(i + 1) for i in range(len(h.args))]
+            # optional trailing scalars (trace_printk's format arguments) may be unset
+            out += [Init(i + 1) for i, kind in enumerate(h.args) if kind != "opt_scalar"]
             out += [HelperArg(h.id, i + 1, kind) for i, kind in enumerate(h.args)]
     elif k == "exit":
         out.append(Return())

@@ -247,8 +247,8 @@ class Checker:
                             **kw)
         elif a.kind == "size":
             self._size_arg(h, a.arg, st, pc)
-        elif a.kind == "scalar":
-            if r.kind != T.SCALAR:
+        elif a.kind in ("scalar", "opt_scalar"):
+            if r.kind != T.SCALAR and not (a.kind == "opt_scalar" and r.kind == T.UNINIT):
                 raise error(pc, "pointer-leak/arg", reg=a.arg, what=self._what(r), arg=a.arg,
                             helper=h.name)
         else:  # pragma: no cover - the ABI table names only the kinds above

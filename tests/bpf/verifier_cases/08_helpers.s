@@ -353,8 +353,8 @@ mov r5, 3
 call trace_printk
 exit
 
-; case: trace_printk with r5 unset
-; expect: reject insn 6: uninit-reg: r5 is read before it is written
+; case: trace_printk with r5 unset (trailing format arguments are optional)
+; expect: accept
 stdw [r10-8], 0x0a6425
 mov r1, r10
 add r1, -8
@@ -362,6 +362,18 @@ mov r2, 8
 mov r3, 1
 mov r4, 2
 call trace_printk
+mov r0, 0
+exit
+
+; case: trace_printk with a pointer as a format argument
+; expect: reject insn 5: pointer-leak: r3 (stack pointer fp+0) passed as scalar argument 3 of trace_printk
+stdw [r10-8], 0x0a6425
+mov r1, r10
+add r1, -8
+mov r2, 8
+mov r3, r10
+call trace_printk
+mov r0, 0
 exit
 
 ; case: trace_printk format longer than the stack slot

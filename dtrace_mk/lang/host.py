@@ -97,31 +97,38 @@ class QueryRun:
                                   self.plan["names"], when, self.baseline.get(pm["name"]))
 
     # -- the run ---------------------------------------------------------------------
-    def run(self, records: Iterable[bytes]) -> List[dict]:
+    # begin() / feed() / finish() let a live source (the sim backend's hook stream, a
+    # device ring) drive the query one record at a time; run() replays a recording.
+    def begin(self) -> None:
         self._actions(self.plan["host"]["BEGIN"], "BEGIN")
-        intervals = [dict(iv, next=None) for iv in self.plan["host"]["intervals"]]
+        self._intervals = [dict(iv, next=None) for iv in self.plan["host"]["intervals"]]
         exit_map = self.plan.get("exit_map")
-        exit_m = self.rt.maps(self.aid)[exit_map] if exit_map else None
-        t0 = None
-        for rec in records if self.aid is not None else ():
-            if self.exited:
-                break
-            ts = struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0]
-            if t0 is None:
-                t0 = ts
-                for iv in intervals:
-                    iv["next"] = t0 + iv["ms"] * 1_000_000
-            for iv in intervals:
-                while ts >= iv["next"] and not self.exited:
-                    self.blocks.append({"type": "interval", "probe": iv["probe"],
-                                        "ts_ns": iv["next"] - t0})
-                    self._actions(iv["actions"], iv["probe"])
-                    iv["next"] += iv["ms"] * 1_000_000
-            if self.exited:
-                break
-            self.rt.fire(rec)
-            if exit_m is not None and any(exit_m.lookup(b"\0\0\0\0")):
-                self.exited = True
+        self._exit_m = self.rt.maps(self.aid)[exit_map] if exit_map and self.aid is not None else None
+        self._t0 = None
+
+    def feed(self, rec: bytes) -> bool:
+        """Fire one packed context record; False once the query has exited."""
+        if self.exited or self.aid is None:
+            return False
+        ts = struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0]
+        if self._t0 is None:
+            self._t0 = ts
+            for iv in self._intervals:
+                iv["next"] = ts + iv["ms"] * 1_000_000
+        for iv in self._intervals:
+            while ts >= iv["next"] and not self.exited:
+                self.blocks.append({"type": "interval", "probe": iv["probe"],
+                                    "ts_ns": iv["next"] - self._t0})
+                self._actions(iv["actions"], iv["probe"])
+                iv["next"] += iv["ms"] * 1_000_000
+        if self.exited:
+            return False
+        self.rt.fire(rec)
+        if self._exit_m is not None and any(self._exit_m.lookup(b"\0\0\0\0")):
+            self.exited = True
+        return not self.exited
+
+    def finish(self) -> List[dict]:
         self._actions(self.plan["host"]["END"], "END")
         for pm in self.plan["maps"]:
             if pm["name"] not in self.printed_at_end:
@@ -130,6 +137,13 @@ class QueryRun:
                     self.blocks.append(b)
         self._evidence()
         return self.blocks
+
+    def run(self, records: Iterable[bytes]) -> List[dict]:
+        self.begin()
+        for rec in records:
+            if not self.feed(rec):
+                break
+        return self.finish()
 
     def _evidence(self) -> None:
         ev = self.plan.get("evidence")

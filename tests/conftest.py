@@ -27,3 +27,25 @@ def clang():
     if p is None:
         pytest.fail("clang is not installed: run ./dev.sh (it installs the distro clang)")
     return p
+
+
+# --- GPU tests -------------------------------------------------------------------------
+# tests/gpu holds every test that needs CuPy and a CUDA GPU (marker `gpu`).  Without a GPU
+# (CI) the folder is not collected at all rather than reported as skipped: those tests are
+# run on the lent H200 and their results recorded under docs/results/.
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+HAVE_GPU = _gpu_available()
+collect_ignore_glob = [] if HAVE_GPU else ["gpu/*"]
+
+
+def pytest_report_header(config):
+    return ("GPU: present, tests/gpu collected" if HAVE_GPU else
+            "GPU: none; tests/gpu not collected (run on the lent H200, see docs/results/)")

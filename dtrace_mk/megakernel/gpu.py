@@ -15,7 +15,6 @@ options and NVRTC version.  The CI test compiles without a GPU.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import struct
@@ -142,8 +141,7 @@ def _compile(arch: str, target: str, defines: Tuple[str, ...], use_cache: bool, 
     (prog,) = _check(nvrtc, nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []), "create")
     arch_opt = arch if target != "ptx" else arch.replace("sm_", "compute_")
     opts = [f"--gpu-architecture={arch_opt}", f"--include-path={KERNEL_DIR}", "--std=c++17",
-            "-default-device", "--use_fast_math=false"]
-    opts = [o for o in opts if not o.startswith("--use_fast_math")]
+            "-default-device"]
     if target == "ltoir":
         opts += ["-dlto", "--relocatable-device-code=true"]
     opts += [f"-D{d}" for d in defines]

@@ -18,15 +18,17 @@ The host half of kernels/bpf_vm.cuh and kernels/bpf_maps.cuh:
   the host model (dtrace_mk.bpf.maps.MapSet), so snapshots compare directly with the
   reference runtime's; `coverage(aid)` returns dtrace_mk.bpf.coverage rows.
 
-Not here yet: streaming snapshots while a kernel runs, trace_printk on the device (the
-VM counts it lost), sampling tickets in reference order across warps (serial mode has it).
+Results (H200): docs/results/device_vm.md.  Not here yet: streaming snapshots while a
+kernel runs (rings do not wrap; the host reads after a launch), trace_printk on the
+device (the VM counts it lost), sampling tickets in reference order across warps
+(serial mode has it).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -35,7 +37,7 @@ import numpy as np
 from ..abi import definition as abi
 from ..bpf import isa
 from ..bpf.coverage import EXECUTED, LOST, THROTTLED, Coverage
-from ..bpf.devicegen import CALL_OP, DEVICE_OPS, NAME_OF_OP, OP, OP_OF_OPCODE, OPCODE_OF_OP
+from ..bpf.devicegen import CALL_OP, NAME_OF_OP, OP, OP_OF_OPCODE, OPCODE_OF_OP
 from ..bpf.isa import Insn, OPCODES
 from ..bpf.maps import MapSet, Record
 from ..bpf.program import BpfObject, MapDef, Program
@@ -304,19 +306,6 @@ def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_
     return bytes(out)
 
 
-def _sources_without_offsetof() -> Path:
-    """A temporary copy of the VM sources whose dtrace_mk_abi.h lacks the offsetof
-    static_asserts (all sources copied: quoted includes search the includer's folder)."""
-    import tempfile
-    tmp = Path(tempfile.mkdtemp(prefix="dtmk_vm_src_"))
-    for name in SOURCES:
-        text = (KERNEL_DIR / name).read_text()
-        if name == "dtrace_mk_abi.h":
-            text = "".join(l for l in text.splitlines(keepends=True) if "__builtin_offsetof" not in l)
-        (tmp / name).write_text(text)
-    return tmp
-
-
 def harness_source() -> str:
     return (KERNEL_DIR / "bpf_vm_harness.cu").read_text()
 
@@ -331,16 +320,7 @@ def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"bpf_vm_{h.hexdigest()[:20]}.cubin"
     if not path.exists():
-        try:
-            data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
-        except CompileError as e:
-            if "__builtin_offsetof" not in str(e):
-                raise
-            # Some NVRTC builds (seen: the H200 machine's, 2026-11-30) reject
-            # __builtin_offsetof in dtrace_mk_abi.h's layout static_asserts; the CI
-            # compile keeps them, so drop them here and compile again.
-            data = nvrtc_compile(harness_source(), arch=arch, defines=defines,
-                                 include_dirs=[str(_sources_without_offsetof())])
+        data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(data)
         tmp.replace(path)

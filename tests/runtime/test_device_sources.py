@@ -14,7 +14,6 @@ import random
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dtrace_mk.abi import definition as abi

@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lang"))
 import golden_util as gu  # noqa: E402
 
 

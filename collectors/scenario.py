@@ -238,22 +238,10 @@ def _preset_names() -> Tuple[str, ...]:
 
 def device_fault_specs(scenario: Scenario, rank: int) -> List[Dict[str, Any]]:
     """The faults of `rank` as specs for the device fault table
-    (`dtrace_mk.megakernel.faults.FaultTable.from_specs`): `rank` dropped, each run of
-    consecutive steps one spec with `steps: [lo, hi]` (inclusive), a per-fault `seed`."""
-    out: List[Dict[str, Any]] = []
-    for f in scenario.faults:
-        if f.rank != rank:
-            continue
-        runs: List[List[int]] = []
-        for s in f.steps:
-            if runs and s == runs[-1][1] + 1:
-                runs[-1][1] = s
-            else:
-                runs.append([s, s])
-        for lo, hi in runs:
-            out.append({"kind": f.kind, "steps": [lo, hi], "seed": scenario.seed * 1000 + f.index,
-                        **f.params})
-    return out
+    (`dtrace_mk.megakernel.faults.FaultTable.from_specs`, which reads `steps` the same
+    way): `rank` dropped, a per-fault `seed`."""
+    return [{"kind": f.kind, "steps": list(f.steps), "seed": scenario.seed * 1000 + f.index, **f.params}
+            for f in scenario.faults if f.rank == rank]
 
 
 def load_scenario(path: Union[str, Path], names: Optional[Names] = None) -> Scenario:

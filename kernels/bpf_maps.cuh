@@ -68,7 +68,7 @@ struct dtmk_map_stats {
     dtmk_u64 count;       /* hash: live keys */
     dtmk_u64 lost;        /* full map / out of range / ring full */
     dtmk_u64 throttled;   /* ring budget refusals */
-    dtmk_u64 probe_exhausted;  /* hash: no free slot within the capacity (tombstones) */
+    dtmk_u64 probe_exhausted;  /* hash: no EMPTY or deleted slot on the probe path (never while capacity >= 2 x max_entries) */
 };
 
 struct dtmk_rb_worker {

@@ -36,6 +36,9 @@
  *   dtmk_vm_load_table(global_table, shared_copy)            (one thread)
  *       snapshot a hook's program table under its seqlock generation; false (and no
  *       programs in the copy) while the host is writing it: retry at the next refresh.
+ *   dtmk_vm_run_records(tables, recs, n, regs, accs, worker, flags)
+ *       (all 32 lanes) the hook site's call: every program of each record's hook over
+ *       up to 32 records in shared memory; see its comment.
  *   dtmk_vm_run_prog(prog, code, regs, eligible, ctx, worker, epoch, gen, flags, &r0, acc)
  *       (all 32 lanes of a warp together) -> DTMK_OUT_* of this lane's event; adds the
  *       warp's coverage to prog.cov, through `acc` (a shared-memory dtmk_cov_acc per
@@ -358,6 +361,40 @@ __device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const
     const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
     dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault, acc);
     return out;
+}
+
+/* A hook site's whole job for one warp: run the programs attached to each record's hook
+ * over up to 32 records (lane l takes recs[l] when l < n), in table order, counting
+ * coverage into accs[k] (the warp's accumulator for program slot k, shared memory;
+ * flush them with dtmk_cov_acc_flush at epoch ends and before the kernel exits).
+ *   tables  the CTA's copy of the hook tables, indexed by hook id (dtmk_vm_load_table);
+ *           program code is read from tables[h].progs[k].insns (global memory as the
+ *           host wrote it, or a shared-memory copy the caller substituted)
+ *   regs    the warp's register file: DTMK_VM_REG_BYTES_PER_WARP bytes of shared memory
+ *   worker  this worker's index (per-worker maps and rings); epoch = record decode_step
+ * All 32 lanes of the warp call it.  Same loop as kernels/bpf_vm_harness.cu. */
+__device__ __noinline__ void dtmk_vm_run_records(const struct dtmk_hook_table *tables, const struct dtmk_ctx *recs,
+                                                 dtmk_u32 n, dtmk_u64 *regs, struct dtmk_cov_acc *accs,
+                                                 dtmk_u32 worker, dtmk_u32 flags) {
+    const unsigned lane = threadIdx.x & 31;
+    const bool valid = lane < n;
+    const struct dtmk_ctx *c = recs + (valid ? lane : 0);
+    dtmk_u32 hook = valid ? c->hook : 0u;
+    if (hook >= DTMK_NUM_HOOKS) hook = 0;
+    const dtmk_u32 epoch = valid ? c->decode_step : 0u;
+    dtmk_u64 *R = regs + lane;
+    unsigned pending = __ballot_sync(DTMK_VM_FULL, valid && hook != 0 && tables[hook].n_progs != 0);
+    while (pending) {
+        const dtmk_u32 h = __shfl_sync(DTMK_VM_FULL, hook, __ffs(pending) - 1);
+        const bool mine = valid && hook == h;
+        pending &= ~__ballot_sync(DTMK_VM_FULL, mine);
+        const struct dtmk_hook_table &T = tables[h];
+        for (dtmk_u32 k = 0; k < T.n_progs; k++) {
+            dtmk_u64 r0 = 0;
+            dtmk_vm_run_prog(T.progs[k], (const struct dtmk_dinsn *)T.progs[k].insns, R, mine, c, worker, epoch,
+                             T.gen >> 1, flags, &r0, accs + k);
+        }
+    }
 }
 
 #endif /* DTMK_BPF_VM_CUH */

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     attach_step = args.steps // 2
     fault_specs = [] if args.no_fault else [
         {"kind": "slow_task_class", "task_class": "attn", "layer": min(1, cfg.n_layers - 1),
-         "extra_us": 40, "steps": [attach_step, args.steps - 1]}]
+         "extra_us": 40, "steps": list(range(attach_step, args.steps))}]
     faults = FaultTable.from_specs(fault_specs, "demo")
 
     q_start = compile_query(QUERY_START, graph.schema, name="start")
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if fault_specs:
         f = fault_specs[0]
         say(f"fault table: slow_task_class attn layer {f['layer']} +{f['extra_us']} us, steps "
-            f"{f['steps'][0]}-{f['steps'][1]} (data in device memory: the same binary runs both halves)")
+            f"{f['steps'][0]}-{f['steps'][-1]} (data in device memory: the same binary runs both halves)")
     say(f"attached at start:          {QUERY_START}")
     say(f"attached live at step {attach_step:<3}  {QUERY_LIVE}")
 

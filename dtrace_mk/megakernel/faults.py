@@ -2,15 +2,16 @@
 
 A fault file is a JSON or YAML list of specs (or an object `{"faults": [...]}`):
 
-    - {kind: slow_task_class, task_class: attn, layer: 3, extra_us: 20, fraction: 0.5, steps: [2, 5]}
+    - {kind: slow_task_class, task_class: attn, layer: 3, extra_us: 20, fraction: 0.5, steps: [2, 3, 4, 5]}
     - {kind: routing_skew, expert: 3, share: 0.8}
     - {kind: late_notification, task_class: qkv, delay_us: 15}
     - {kind: queue_saturation, worker: 7, extra_tasks: 40, steps: 3}
     - {kind: starve_ready, task_class: mlp_down, delay_us: 30, fraction: 0.25}
     - {kind: late_comm, comm_op: allreduce_attn, layer: 2, delay_us: 50}
 
-Scope keys every kind accepts: `layer` (int; default any), `steps` (int k, [lo, hi]
-inclusive, "lo-hi", or "lo-" open; default all), `seed` (int; default 0).  `fraction`
+Scope keys every kind accepts: `layer` (int; default any), `steps` (a list of steps as in
+scenario files, an int k, "lo-hi" inclusive, or "lo-" open; default all; a list becomes one
+row per run of consecutive steps), `seed` (int; default 0).  `fraction`
 (0..1, default 1) is accepted by the kinds that select tasks (slow_task_class,
 late_notification, starve_ready, late_comm).  Unknown kinds or keys raise UserError
 naming the spec index and the key.
@@ -169,7 +170,7 @@ class FaultTable:
         if not isinstance(specs, list):
             raise UserError(f"{source}: expected a list of fault specs (or {{\"faults\": [...]}}), "
                             f"got {type(specs).__name__}")
-        return cls([_parse_spec(s, f"{source}[{i}]") for i, s in enumerate(specs)], source)
+        return cls([row for i, s in enumerate(specs) for row in _parse_spec(s, f"{source}[{i}]")], source)
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "FaultTable":
@@ -199,7 +200,7 @@ def _signed64(v: int) -> int:
     return v - (1 << 64) if v >> 63 else v
 
 
-def _parse_spec(spec: Any, where: str) -> FaultRow:
+def _parse_spec(spec: Any, where: str) -> List[FaultRow]:
     def fail(key: Optional[str], msg: str) -> UserError:
         return UserError(f"{where}{'.' + key if key else ''}: {msg}")
 
@@ -241,7 +242,7 @@ def _parse_spec(spec: Any, where: str) -> FaultRow:
 
     layer = num("layer", 0, 0xFFFF, integer=True, default=-1)
     seed = num("seed", 0, M64, integer=True, default=0)
-    lo, hi = _steps(spec.get("steps"), fail)
+    runs = _steps(spec.get("steps"), fail)
     frac_ppm = int(round(num("fraction", 0.0, 1.0, default=1.0) * PPM))
     tc, a, b = -1, 0, PPM
     us = lambda key: int(round(num(key, 0, 1e9) * 1000))  # noqa: E731
@@ -259,16 +260,28 @@ def _parse_spec(spec: Any, where: str) -> FaultRow:
         tc, a, b = name("task_class", _CLASS_IDS, "task class"), us("delay_us"), frac_ppm
     elif kind == "late_comm":
         tc, a, b = name("comm_op", _COMM_IDS, "comm op"), us("delay_us"), frac_ppm
-    return FaultRow(KINDS[kind], tc, layer, lo, hi, a, b, seed)
+    return [FaultRow(KINDS[kind], tc, layer, lo, hi, a, b, seed) for lo, hi in runs]
 
 
-def _steps(v: Any, fail) -> Tuple[int, int]:
+def _steps(v: Any, fail) -> List[Tuple[int, int]]:
+    """Inclusive (lo, hi) runs of the steps a fault is active in."""
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
     if v is None:
-        return 0, INT64_MAX
-    if isinstance(v, int) and not isinstance(v, bool):
+        return [(0, INT64_MAX)]
+    if is_int(v):
         lo = hi = v
-    elif isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        lo, hi = v
+    elif isinstance(v, list) and v and all(is_int(x) for x in v):
+        if any(x < 0 for x in v):
+            raise fail("steps", f"expected steps >= 0, got {json.dumps(v)}")
+        runs: List[List[int]] = []
+        for k in sorted(set(v)):
+            if runs and k == runs[-1][1] + 1:
+                runs[-1][1] = k
+            else:
+                runs.append([k, k])
+        return [(lo, hi) for lo, hi in runs]
     elif isinstance(v, str) and "-" in v:
         a, _, b = v.partition("-")
         try:
@@ -276,10 +289,10 @@ def _steps(v: Any, fail) -> Tuple[int, int]:
         except ValueError:
             raise fail("steps", f"expected \"lo-hi\", got {json.dumps(v)}") from None
     else:
-        raise fail("steps", f"expected a step, [lo, hi], \"lo-hi\" or \"lo-\", got {json.dumps(v)}")
+        raise fail("steps", f"expected a list of steps, a step, \"lo-hi\" or \"lo-\", got {json.dumps(v)}")
     if lo < 0 or hi < lo:
         raise fail("steps", f"expected 0 <= lo <= hi, got {lo}..{hi}")
-    return lo, hi
+    return [(lo, hi)]
 
 
 if __name__ == "__main__":

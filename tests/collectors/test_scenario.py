@@ -133,9 +133,12 @@ def test_public_faults_feed_the_device_fault_table():
             assert covered == want, (p.name, r)
 
 
-def test_device_specs_split_step_runs():
+def test_device_specs_keep_step_lists_and_split_into_runs():
     from dtrace_mk.collectors.scenario import device_fault_specs
+    from dtrace_mk.megakernel.faults import FaultTable
     sc = parse_scenario(dict(GOOD, faults=[dict(kind="starve_ready", rank=1, steps=[1, 2, 3, 6],
                                                 task_class="attn", delay_us=5)]))
     assert device_fault_specs(sc, 0) == []
-    assert [d["steps"] for d in device_fault_specs(sc, 1)] == [[1, 3], [6, 6]]
+    specs = device_fault_specs(sc, 1)
+    assert [d["steps"] for d in specs] == [[1, 2, 3, 6]]
+    assert [(r.step_lo, r.step_hi) for r in FaultTable.from_specs(specs).rows] == [(1, 3), (6, 6)]

@@ -17,7 +17,7 @@ def row(spec):
 
 @pytest.mark.parametrize("spec, expect", [
     ({"kind": "slow_task_class", "task_class": "attn", "layer": 3, "extra_us": 20, "fraction": 0.5,
-      "steps": [2, 5]},
+      "steps": [2, 3, 4, 5]},
      (1, CLASS_IDS["attn"], 3, 2, 5, 20000, 500000, 0)),
     ({"kind": "routing_skew", "expert": 3, "share": 0.8, "seed": 9},
      (2, -1, -1, 0, INT64_MAX, 3, 800000, 9)),
@@ -63,9 +63,9 @@ def test_table_array_round_trip():
     ([{"kind": "slow_task_class", "task_class": "attn", "extra_us": "5"}], 'faults[0].extra_us: expected a number, got "5"'),
     ([{"kind": "starve_ready", "task_class": "attn", "delay_us": 1, "fraction": 1.5}], "faults[0].fraction: expected 0.0..1.0, got 1.5"),
     ([{"kind": "queue_saturation", "worker": 1.5, "extra_tasks": 3}], "faults[0].worker: expected an integer, got 1.5"),
-    ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "steps": [5, 2]}], "faults[0].steps: expected 0 <= lo <= hi, got 5..2"),
+    ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "steps": "5-2"}], "faults[0].steps: expected 0 <= lo <= hi, got 5..2"),
     ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "steps": "a-b"}], 'faults[0].steps: expected "lo-hi", got "a-b"'),
-    ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "steps": [1]}], "faults[0].steps: expected a step, [lo, hi]"),
+    ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "steps": []}], "faults[0].steps: expected a list of steps, a step"),
     ([{"kind": "queue_saturation", "worker": 1, "extra_tasks": 3, "layer": -2}], "faults[0].layer: expected 0..65535, got -2"),
     ([{"kind": "routing_skew", "expert": 1, "share": 0.5}, "x"], 'faults[1]: expected an object with a \'kind\''),
     ({"kind": "routing_skew"}, "faults: expected a list of fault specs"),
@@ -78,7 +78,7 @@ def test_parse_errors_name_the_spec_and_key(specs, msg):
 
 def test_load_yaml_and_json(tmp_path):
     y = tmp_path / "f.yaml"
-    y.write_text("- {kind: slow_task_class, task_class: attn, extra_us: 20, steps: [1, 2]}\n"
+    y.write_text("- {kind: slow_task_class, task_class: attn, extra_us: 20, steps: \"1-2\"}\n"
                  "- kind: queue_saturation\n  worker: 3\n  extra_tasks: 9\n")
     t = FaultTable.load(y)
     assert [r.kind_name for r in t.rows] == ["slow_task_class", "queue_saturation"]
@@ -141,3 +141,11 @@ def test_in_scope():
     assert not r.in_scope(5, 1, 3) and not r.in_scope(5, 2, 4)
     anyr = FaultRow(1, -1, -1, 0, INT64_MAX, 0, 1, 0)
     assert anyr.in_scope(10 ** 6, 0xFFFFFFFF, 7)
+
+
+def test_a_list_of_steps_becomes_one_row_per_consecutive_run():
+    rows = FaultTable.from_specs([{"kind": "starve_ready", "task_class": "attn", "delay_us": 5,
+                                   "steps": [7, 1, 2, 3, 9, 8]}]).rows
+    assert [(r.step_lo, r.step_hi) for r in rows] == [(1, 3), (7, 9)]
+    with pytest.raises(UserError, match=r"faults\[0\]\.steps: expected steps >= 0"):
+        FaultTable.from_specs([{"kind": "starve_ready", "task_class": "attn", "delay_us": 5, "steps": [-1]}])

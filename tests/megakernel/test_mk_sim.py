@@ -240,7 +240,7 @@ def durations(recs, cls, step=None):
 def test_slow_task_class(tiny_run):
     g, base, brec = tiny_run
     _, res, recs = run("tiny", 4, 8, steps=5, faults=[{"kind": "slow_task_class", "task_class": "attn",
-                                                         "extra_us": 50, "layer": 1, "steps": [1, 3]}])
+                                                         "extra_us": 50, "layer": 1, "steps": [1, 2, 3]}])
     bmap = {(b["task_index"], b["decode_step"]): b for b in by_hook(brec, "task:end", "attn")}
     slow = by_hook(recs, "task:end", "attn")
     assert len(slow) == len(bmap)
@@ -306,7 +306,7 @@ def test_routing_skew_rule_per_slot():
     from dtrace_mk.megakernel.faults import fault_pick
     from dtrace_mk.megakernel.sim import sim_routing
     rows = FaultTable.from_specs([{"kind": "routing_skew", "expert": 5, "share": 0.5, "seed": 4,
-                                   "layer": 3, "steps": [0, 9]}]).rows
+                                   "layer": 3, "steps": "0-9"}]).rows
     for step in range(10):
         base = sim_routing(8, 2, 64, 3, step, 0)
         skew = sim_routing(8, 2, 64, 3, step, 0, rows)

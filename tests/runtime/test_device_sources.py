@@ -86,12 +86,36 @@ def test_vm_handles_every_group_and_helper():
 @pytest.fixture(scope="module")
 def cubin():
     pytest.importorskip("cuda.bindings.nvrtc")
-    return D.nvrtc_compile(D.harness_source() + "\n" + D.layout_asserts(), arch="sm_90a")
+    return D.nvrtc_compile(D.harness_source() + "\n" + D.layout_asserts() + HOOK_SITE_PROBE, arch="sm_90a")
+
+
+# the entry point a megakernel hook site calls (not used by the harness): compiled too
+HOOK_SITE_PROBE = r"""
+extern "C" __global__ void dtmk_hook_site_probe(const struct dtmk_hook_table *g_tables, const struct dtmk_ctx *g_recs,
+                                                 dtmk_u32 n) {
+    __shared__ struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
+    __shared__ struct dtmk_ctx ring[32];
+    __shared__ dtmk_u64 regs[DTMK_VM_NREGS * 32];
+    __shared__ struct dtmk_cov_acc accs[DTMK_MAX_PROGS];
+    if (threadIdx.x == 0) {
+        for (int h = 1; h < DTMK_NUM_HOOKS; h++) dtmk_vm_load_table(g_tables + h, &tabs[h]);
+        tabs[0].n_progs = 0;
+        for (int k = 0; k < DTMK_MAX_PROGS; k++) { accs[k].cov = 0; accs[k].eligible = 0; }
+    }
+    if (threadIdx.x < n) ring[threadIdx.x] = g_recs[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        dtmk_vm_run_records(tabs, ring, n, regs, accs, blockIdx.x, 0);
+        if (threadIdx.x == 0)
+            for (int k = 0; k < DTMK_MAX_PROGS; k++) dtmk_cov_acc_flush(&accs[k]);
+    }
+}
+"""
 
 
 def test_sources_compile_to_sm_90a_cubin_with_host_layouts(cubin):
     assert cubin[:4] == b"\x7fELF"
-    assert b"dtmk_vm_harness" in cubin and b"dtmk_vm_naive" in cubin
+    assert b"dtmk_vm_harness" in cubin and b"dtmk_vm_naive" in cubin and b"dtmk_hook_site_probe" in cubin
 
 
 def test_layout_asserts_catch_a_wrong_offset():

@@ -1,0 +1,251 @@
+"""The exporters' one input: `ExportBatch`, built from what the collector produces.
+
+    batch = build_batch(result, records, job_id="job-42", rank_info={0: RankInfo("node1", 0)})
+
+* `result`  — the dict `collectors.diagnose.diagnose` (or `Accumulator.result`) returns.
+* `records` — the records the diagnosis was computed from: a `RecordSet`, an
+  `Accumulator` (anything with `.summaries/.waits/.signals/.clock_samples/.pingpongs`),
+  a mapping with those keys, or a flat iterable of records.  `ClockSample`s and
+  `PingPong`s are needed to put every rank on the one aligned clock (the clock model is
+  rebuilt from them exactly as `diagnose` builds it; the result only holds its report).
+
+Times.  Record times are each rank's device clock.  `ExportBatch.to_unix_ns(rank, t)`
+maps them to the aligned clock (`ClockModel.to_global`) plus the model's `origin_ns`,
+i.e. to the collector host's clock in integer ns.  When the agents stamp
+`ClockSample.host_ns` with `time.time_ns()` (CLOCK_REALTIME), that is Unix time, which
+is what OpenTelemetry backends expect.
+
+Saved records.  A saved diagnosis is `RESULT.json` plus `RESULT.records.msgpack` (the
+records as one msgpack stream, `collectors.records.pack_stream`); `records_path_for`
+names the second file, `save_records` / `load_records` write and read it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..collectors.clock import DEFAULT_WINDOW_NS, ClockModel, build_clock_model
+from ..collectors.records import (ClockSample, Coverage, EpochSummary, Names, PingPong,
+                                  RecordError, RemoteWait, Signal, pack_stream, unpack_stream)
+from ..errors import UserError
+
+RECORDS_SUFFIX = ".records.msgpack"
+
+
+class ExportError(UserError):
+    """Bad exporter input (result file, records file, option); names the file/field."""
+
+
+@dataclass
+class RecordSet:
+    summaries: List[EpochSummary] = field(default_factory=list)
+    waits: List[RemoteWait] = field(default_factory=list)
+    signals: List[Signal] = field(default_factory=list)
+    clock_samples: List[ClockSample] = field(default_factory=list)
+    pingpongs: List[PingPong] = field(default_factory=list)
+
+    _KEYS = ("summaries", "waits", "signals", "clock_samples", "pingpongs")
+
+    @classmethod
+    def of(cls, records: Any) -> "RecordSet":
+        if records is None:
+            return cls()
+        if isinstance(records, RecordSet):
+            return records
+        if isinstance(records, Mapping):
+            return cls(*[list(records.get(k, ())) for k in cls._KEYS])
+        if all(hasattr(records, k) for k in cls._KEYS):
+            return cls(*[list(getattr(records, k)) for k in cls._KEYS])
+        rs = cls()
+        for r in records:
+            rs.add(r)
+        return rs
+
+    def add(self, r) -> None:
+        if isinstance(r, EpochSummary):
+            self.summaries.append(r)
+        elif isinstance(r, RemoteWait):
+            self.waits.append(r)
+        elif isinstance(r, Signal):
+            self.signals.append(r)
+        elif isinstance(r, ClockSample):
+            self.clock_samples.append(r)
+        elif isinstance(r, PingPong):
+            self.pingpongs.append(r)
+        else:
+            raise TypeError(f"not a collector record: {type(r).__name__}")
+
+    def __iter__(self):
+        for k in self._KEYS:
+            yield from getattr(self, k)
+
+    def __len__(self) -> int:
+        return sum(len(getattr(self, k)) for k in self._KEYS)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where a rank ran (resource attributes of its spans)."""
+    host: str = "unknown"
+    gpu: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class TaskSlice:
+    """One task run from a full task trace: `begin_ns`/`end_ns` on the rank's device
+    clock; `args` the task's identity (task_index, step, layer, tile, slot, expert...)."""
+    worker: int
+    name: str
+    begin_ns: int
+    end_ns: int
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskTrace:
+    """One rank's full task trace (sim `SimResult.trace` or the GPU trace ring), with
+    optional queue depth samples `(worker, ts_ns, depth)` (worker -1: the dynamic queue)
+    and step boundaries `(step, begin_ns, end_ns)`."""
+    rank: int
+    workers: int
+    slices: List[TaskSlice] = field(default_factory=list)
+    queue_depth: List[Tuple[int, int, int]] = field(default_factory=list)
+    steps: List[Tuple[int, int, int]] = field(default_factory=list)
+    sms: Dict[int, int] = field(default_factory=dict)   # worker -> SM, when known
+
+
+@dataclass(frozen=True)
+class RawEvidence:
+    """An escalated raw evidence record (budgeted, shipped when a summary predicate
+    fired): becomes a child span of its rank's step span and a slice in Perfetto."""
+    rank: int
+    step: int
+    name: str
+    begin_ns: int               # device clock of `rank`
+    end_ns: int
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExportBatch:
+    result: Dict[str, Any]
+    records: RecordSet
+    clock: ClockModel
+    names: Names
+    job_id: str = "local"
+    service_name: str = "dtrace_mk"
+    rank_info: Dict[int, RankInfo] = field(default_factory=dict)
+    task_traces: Dict[int, TaskTrace] = field(default_factory=dict)
+    evidence: List[RawEvidence] = field(default_factory=list)
+
+    @property
+    def summaries(self) -> List[EpochSummary]:
+        return self.records.summaries
+
+    @property
+    def waits(self) -> List[RemoteWait]:
+        return self.records.waits
+
+    @property
+    def signals(self) -> List[Signal]:
+        return self.records.signals
+
+    def ranks(self) -> List[int]:
+        rs = {s.rank for s in self.summaries} | {w.rank for w in self.waits} | \
+             {s.rank for s in self.signals} | set(self.task_traces) | set(self.rank_info)
+        rs |= {f["rank"] for f in self.result.get("findings", ())}
+        return sorted(rs)
+
+    def info(self, rank: int) -> RankInfo:
+        return self.rank_info.get(rank, RankInfo())
+
+    def to_unix_ns(self, rank: int, device_ns: int) -> int:
+        return int(round(self.clock.origin_ns + float(self.clock.to_global(rank, int(device_ns)))))
+
+    def aligned_to_unix_ns(self, aligned_ns: float) -> int:
+        return int(round(self.clock.origin_ns + aligned_ns))
+
+    def summary_index(self) -> Dict[Tuple[int, int], EpochSummary]:
+        return {(s.rank, s.epoch): s for s in self.summaries}
+
+    def coverage(self, rank: int, step: int) -> Coverage:
+        s = self.summary_index().get((rank, step))
+        return s.coverage if s is not None else Coverage()
+
+
+def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optional[str] = None,
+                service_name: str = "dtrace_mk",
+                rank_info: Optional[Mapping[int, RankInfo]] = None,
+                names: Optional[Names] = None,
+                task_traces: Union[Mapping[int, TaskTrace], Sequence[TaskTrace], None] = None,
+                evidence: Iterable[RawEvidence] = (),
+                window_ns: int = DEFAULT_WINDOW_NS) -> ExportBatch:
+    """An `ExportBatch` from a diagnosis result and the records it came from."""
+    if not isinstance(result, Mapping) or "findings" not in result:
+        raise ExportError("result: expected a diagnosis result (a mapping with 'findings')")
+    rs = RecordSet.of(records)
+    clock = build_clock_model(rs.clock_samples, rs.pingpongs, window_ns)
+    if isinstance(task_traces, Mapping):
+        tt = dict(task_traces)
+    else:
+        tt = {t.rank: t for t in (task_traces or ())}
+    return ExportBatch(dict(result), rs, clock, names or Names.standard(),
+                       job_id=job_id or str(result.get("job_id") or "local"),
+                       service_name=service_name, rank_info=dict(rank_info or {}),
+                       task_traces=tt, evidence=list(evidence))
+
+
+# ------------------------------------------------------------------------ saved results
+
+def records_path_for(result_path: Union[str, Path]) -> Path:
+    """RESULT.json -> RESULT.records.msgpack (beside it)."""
+    p = Path(result_path)
+    stem = p.name[:-len(".json")] if p.name.endswith(".json") else p.name
+    return p.with_name(stem + RECORDS_SUFFIX)
+
+
+def save_records(path: Union[str, Path], records: Any) -> Path:
+    p = Path(path)
+    p.write_bytes(pack_stream(RecordSet.of(records)))
+    return p
+
+
+def load_records(path: Union[str, Path]) -> RecordSet:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ExportError(f"{p}: cannot read records ({e.strerror})") from None
+    rs = RecordSet()
+    try:
+        for r in unpack_stream(data):
+            rs.add(r)
+    except RecordError as e:
+        raise ExportError(f"{p}: {e}") from None
+    except ValueError as e:   # msgpack: truncated or not msgpack
+        raise ExportError(f"{p}: not a records stream ({e})") from None
+    return rs
+
+
+def save_result(path: Union[str, Path], result: Mapping[str, Any], records: Any = None) -> Path:
+    """Write RESULT.json (and RESULT.records.msgpack when records are given)."""
+    p = Path(path)
+    p.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    if records is not None:
+        save_records(records_path_for(p), records)
+    return p
+
+
+def load_result(path: Union[str, Path]) -> Dict[str, Any]:
+    p = Path(path)
+    try:
+        res = json.loads(p.read_text())
+    except OSError as e:
+        raise ExportError(f"{p}: cannot read result ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{p}:{e.lineno}:{e.colno}: not JSON ({e.msg})") from None
+    if not isinstance(res, dict) or "findings" not in res:
+        raise ExportError(f"{p}: not a diagnosis result (no 'findings')")
+    return res

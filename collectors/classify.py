@@ -317,7 +317,7 @@ def detect_remote_stall(inp: Inputs) -> List[Evidence]:
                                   comm_op=cost.comm_op, layer=cost.layer)
         e.impact_ns += cost.amount
         e.ratio = max(e.ratio, cost.amount / margin)
-        e.observed_on.update(cost.observed_on)
+        e.observed_on.update(x for x in cost.observed_on if x != cost.root)
     out = []
     for e in agg.values():
         if e.ratio >= 1.0:

@@ -242,6 +242,9 @@ class RecordSink:
     def on_lost_records(self, rank: int, count: int) -> None:
         """`rank`'s agent reported `count` records it could not send (counted as lost)."""
 
+    def on_record(self, rank: int, record) -> None:
+        """A record the transport made itself (a host ping-pong with `rank`)."""
+
 
 class Accumulator(RecordSink):
     """Collects records for `diagnose`; counts bytes, bad messages and lost records."""
@@ -281,6 +284,9 @@ class Accumulator(RecordSink):
 
     def on_rank_lost(self, rank: int) -> None:
         self.lost_ranks.add(rank)
+
+    def on_record(self, rank: int, record) -> None:
+        self.add(record)
 
     def on_lost_records(self, rank: int, count: int) -> None:
         self.lost_records[rank] = self.lost_records.get(rank, 0) + count

@@ -2,9 +2,11 @@
 
 A stalled wait `w` (receiver r, sender p) was caused by p arriving late at its signal.
 The *synchronization interval* on p is `(t0, S)`: from the last point both ranks share to
-the release S.  The last shared point is the later of: the end of p's latest wait on r
-before S, and p's previous signal to r (both excluding the same (comm_op, comm_gen)); the
-second matters when r never signals p (ring or pipeline topologies).  Inside it, p may itself have waited on other ranks; the late-sender parts of
+the release S.  The last shared point is the later of: p's latest wait on r before S
+(its end; its begin when r was late there, since r's delayed signal is then what p may
+pass on: r ran ahead and waits on p now) and p's previous signal to r (both excluding the
+same (comm_op, comm_gen)); the second matters when r never signals p (ring or pipeline
+topologies).  Inside it, p may itself have waited on other ranks; the late-sender parts of
 those waits (clipped to the interval), summed, are p's *indirect* delay `I`.  Of the
 late-sender time `late(w)`, the fraction `f = min(I, late(w)) / late(w)` is indirect and
 the rest direct.  The cost `amount` being explained (the observed stall, at the top) is
@@ -65,14 +67,18 @@ class WaitIndex:
                         for r, v in self.by_receiver.items()}
 
     def sync_point(self, rank: int, peer: int, before: float, exclude: Tuple[int, int]) -> float:
-        """End of `rank`'s latest wait on `peer` ending before `before` (not `exclude` key)."""
+        """Of `rank`'s latest wait on `peer` ending before `before` (not `exclude` key): its
+        end, or its begin when it had a late-sender part.  In the second case `peer` was
+        itself late there, which can be what made `rank` late now (a delayed signal from
+        `peer` that `peer` did not wait for: it ran ahead, and then waits on `rank`), so
+        that wait's late part belongs to the interval as indirect delay."""
         ws = self.pair.get((rank, peer))
         if not ws:
             return float("-inf")
         i = bisect.bisect_left(self.pair_ends[(rank, peer)], before) - 1
         while i >= 0:
             if (ws[i].comm_op, ws[i].comm_gen) != exclude:
-                return ws[i].end
+                return ws[i].begin if ws[i].late > 0.0 else ws[i].end
             i -= 1
         return float("-inf")
 
@@ -88,9 +94,11 @@ class WaitIndex:
             i -= 1
         return float("-inf")
 
-    def late_parts(self, rank: int, t0: float, t1: float, skip_sender: int
+    def late_parts(self, rank: int, t0: float, t1: float, skip_key: Tuple[int, int]
                    ) -> List[Tuple[AlignedWait, float]]:
-        """`rank`'s waits whose late-sender interval overlaps (t0, t1), with the overlap."""
+        """`rank`'s waits whose late-sender interval overlaps (t0, t1), with the overlap
+        (waits of the same (comm_op, comm_gen) as the wait being explained excepted: a
+        rank signals an all-reduce before it waits in it)."""
         ws = self.by_receiver.get(rank, [])
         ends = self.recv_ends.get(rank, [])
         out = []
@@ -101,7 +109,7 @@ class WaitIndex:
                 break
             if w.begin >= t1:
                 continue
-            if w.sender == skip_sender or w.late <= 0.0:
+            if (w.comm_op, w.comm_gen) == skip_key or w.late <= 0.0:
                 continue
             ov = min(w.late_end, t1) - max(w.begin, t0)
             if ov > 0.0:
@@ -135,7 +143,7 @@ def _explain(idx: WaitIndex, top: AlignedWait, w: AlignedWait, amount: float,
     if depth < max_depth and w.late > 0.0:
         t0 = max(idx.sync_point(p, r, s, (w.comm_op, w.comm_gen)),
                  idx.prev_signal(p, r, s, (w.comm_op, w.comm_gen)))
-        parts = idx.late_parts(p, t0, s, skip_sender=r)
+        parts = idx.late_parts(p, t0, s, skip_key=(w.comm_op, w.comm_gen))
         indirect_total = sum(ov for _, ov in parts)
     f = min(indirect_total, w.late) / w.late if w.late > 0.0 else 0.0
     direct = late_amount * (1.0 - f) + (amount - late_amount)

@@ -59,10 +59,23 @@ MSG_BYTES = 16384
 HEADER = struct.Struct("<IIQQ")
 CTRL = struct.Struct("<IIQ")
 U64 = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
 MAX_PAYLOAD = MSG_BYTES - HEADER.size
 
 TAG_UP = 7101        # rank -> collector
 TAG_DOWN = 7102      # collector -> rank
+
+
+@dataclass(frozen=True)
+class Tags:
+    """The MPI tags of one run; runs of one job (several scenarios in one launch) use
+    different tags so a late message of run i never reaches run i+1."""
+    up: int = TAG_UP
+    down: int = TAG_DOWN
+
+    @classmethod
+    def for_run(cls, i: int) -> "Tags":
+        return cls(TAG_UP + 2 * i, TAG_DOWN + 2 * i)
 
 HELLO, DATA, PONG, BYE = 0, 1, 2, 3       # up kinds
 PING, FIN = 10, 11                        # down kinds
@@ -190,6 +203,7 @@ class ChannelStats:
     messages_refused: int = 0     # send() returned False (queue full / closed)
     pongs: int = 0
     max_in_flight_seen: int = 0
+    records_dropped_at_close: int = 0
 
 
 class RankChannel:
@@ -202,18 +216,20 @@ class RankChannel:
     bounded by their timeouts)."""
 
     def __init__(self, port, collector: int, rank: int, *, max_in_flight: int = 4,
-                 max_queued: int = 64, clock: HostClock = host_clock):
+                 max_queued: int = 64, clock: HostClock = host_clock, tags: Tags = Tags()):
         self.port, self.collector, self.rank = port, collector, rank
+        self.tags = tags
         self.max_in_flight, self.max_queued = max_in_flight, max_queued
         self.clock = clock
         self.queue: Deque[bytes] = deque()
+        self.queued_records: Deque[int] = deque()
         self.in_flight: List = []
         self.seq = 0
         self.lost_total = 0
         self.closed = False
         self.fin = False
         self.stats = ChannelStats()
-        self._down = port.irecv(TAG_DOWN, collector)
+        self._down = port.irecv(tags.down, collector)
 
     @property
     def max_payload(self) -> int:
@@ -225,13 +241,16 @@ class RankChannel:
             seq = self.seq
         return HEADER.pack(self.rank, kind, seq, self.lost_total) + payload
 
-    def send(self, payload: bytes) -> bool:
+    def send(self, payload: bytes, records: int = 0) -> bool:
+        """Queue one message of `records` packed records; False (nothing queued) when the
+        queue is full or the channel closed."""
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"message payload {len(payload)} bytes > {MAX_PAYLOAD}")
         if self.closed or len(self.queue) >= self.max_queued:
             self.stats.messages_refused += 1
             return False
         self.queue.append(self._msg(DATA, payload))
+        self.queued_records.append(records)
         self.stats.bytes_sent += len(payload)
         self.progress()
         return True
@@ -248,7 +267,8 @@ class RankChannel:
         if self.in_flight:
             self.in_flight = [h for h in self.in_flight if not port.done(h)]
         while self.queue and len(self.in_flight) < self.max_in_flight:
-            self.in_flight.append(port.isend(self.collector, TAG_UP, self.queue.popleft()))
+            self.in_flight.append(port.isend(self.collector, self.tags.up, self.queue.popleft()))
+            self.queued_records.popleft()
             self.stats.messages_sent += 1
         if len(self.in_flight) > self.stats.max_in_flight_seen:
             self.stats.max_in_flight_seen = len(self.in_flight)
@@ -256,11 +276,12 @@ class RankChannel:
             got = port.test_recv(self._down)
             if got is None:
                 break
-            self._down = port.irecv(TAG_DOWN, self.collector)
             kind, _, seq = CTRL.unpack_from(got[1])
+            if kind != FIN:
+                self._down = port.irecv(self.tags.down, self.collector)
             if kind == PING:
                 # a pong goes straight out (not queued behind data): its delay is clock error
-                self.in_flight.append(port.isend(self.collector, TAG_UP,
+                self.in_flight.append(port.isend(self.collector, self.tags.up,
                                                  self._msg(PONG, U64.pack(self.clock()), seq)))
                 self.stats.pongs += 1
             elif kind == FIN:
@@ -268,7 +289,7 @@ class RankChannel:
 
     def start(self, pings: int = 8, timeout_s: float = 5.0) -> None:
         """Say HELLO, then answer the collector's start-up pings in a tight loop."""
-        self.in_flight.append(self.port.isend(self.collector, TAG_UP, self._msg(HELLO)))
+        self.in_flight.append(self.port.isend(self.collector, self.tags.up, self._msg(HELLO)))
         deadline = time.monotonic() + timeout_s
         while self.stats.pongs < pings and time.monotonic() < deadline:
             self.progress()
@@ -282,8 +303,12 @@ class RankChannel:
             if self.queue:
                 time.sleep(0.0002)
         self.closed = True
-        self.queue.clear()
-        self.in_flight.append(self.port.isend(self.collector, TAG_UP, self._msg(BYE)))
+        if self.queue:          # could not go out in time: lost, and the BYE says so
+            self.lost_total += sum(self.queued_records)
+            self.stats.records_dropped_at_close += sum(self.queued_records)
+            self.queue.clear()
+            self.queued_records.clear()
+        self.in_flight.append(self.port.isend(self.collector, self.tags.up, self._msg(BYE)))
         while not self.fin and time.monotonic() < deadline:
             self.progress()
             if not self.fin:
@@ -321,7 +346,7 @@ class DirectChannel:
         self.seq += 1
         self.loop.handle(HEADER.pack(self.rank, kind, self.seq, self.lost_total) + payload)
 
-    def send(self, payload: bytes) -> bool:
+    def send(self, payload: bytes, records: int = 0) -> bool:
         if self.closed:
             self.stats.messages_refused += 1
             return False
@@ -381,8 +406,11 @@ class CollectorLoop:
                  address: Optional[Callable[[int], int]] = None,
                  silence_timeout_s: float = 60.0, ping_interval_s: float = 0.5,
                  start_pings: int = 8, clock: HostClock = host_clock,
-                 progress: Optional[Callable[[str], None]] = None):
+                 progress: Optional[Callable[[str], None]] = None, tags: Tags = Tags(),
+                 spool=None):
         self.port, self.sink = port, sink
+        self.tags = tags
+        self.spool = spool           # binary file: every message, length-prefixed (replay_spool)
         self.address = address or (lambda r: r)
         self.silence_timeout_s = silence_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -392,7 +420,7 @@ class CollectorLoop:
         now = time.monotonic()
         self.state: Dict[int, RankState] = {r: RankState(r, last_heard=now) for r in ranks}
         self.by_address = {self.address(r): r for r in ranks} if port is not None else {}
-        self._recv = port.irecv(TAG_UP) if port is not None else None
+        self._recv = port.irecv(tags.up) if port is not None else None
         self._sends: List = []
         self.bad_headers = 0
         self.t_start = now
@@ -411,6 +439,11 @@ class CollectorLoop:
 
     def handle(self, msg: bytes, source: Optional[int] = None) -> None:
         """One message from an agent (never raises on bad input)."""
+        if self.spool is not None:
+            try:
+                self.spool.write(_LEN.pack(len(msg)) + msg)
+            except (OSError, ValueError):
+                self.spool = None
         if len(msg) < HEADER.size:
             self.bad_headers += 1
             return
@@ -457,7 +490,7 @@ class CollectorLoop:
             self.bad_headers += 1
 
     def _send(self, rank: int, data: bytes) -> None:
-        self._sends.append(self.port.isend(self.address(rank), TAG_DOWN, data))
+        self._sends.append(self.port.isend(self.address(rank), self.tags.down, data))
 
     def _ping(self, st: RankState) -> None:
         st.ping_seq += 1
@@ -475,7 +508,7 @@ class CollectorLoop:
                 got = self.port.test_recv(self._recv)
                 if got is None:
                     break
-                self._recv = self.port.irecv(TAG_UP)
+                self._recv = self.port.irecv(self.tags.up)
                 self.handle(got[1], got[0])
                 n += 1
         now = time.monotonic()
@@ -533,6 +566,9 @@ class CollectorLoop:
         if self._recv is not None:
             self.port.cancel(self._recv)
             self._recv = None
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
 
     def report(self) -> Dict[str, object]:
         """Transport facts for the result (beside the diagnosis)."""
@@ -580,3 +616,57 @@ def roles(comm) -> Tuple[Roles, object]:
         return Roles(True, is_collector, appnum == 0, rank, len(serving), collector, me), sub
     sub = comm.Dup()
     return Roles(False, me == 0, True, me, comm.Get_size(), 0, me), sub
+
+
+# ------------------------------------------------------------------------------- sink
+
+def CollectorSink(use_pingpongs: bool = True):
+    """The `Accumulator` the collector feeds.  `use_pingpongs=False` (sim backend: the
+    ranks' clock samples are on simulated host clocks, which real host ping-pongs say
+    nothing about) keeps the ping-pongs out of the clock model; the transport report
+    still shows their round trips."""
+    from .diagnose import Accumulator
+
+    class _Sink(Accumulator):
+        def __init__(self):
+            super().__init__()
+            self.use_pingpongs = use_pingpongs
+            self.side_pingpongs: List[PingPong] = []
+
+        def on_record(self, rank, record):
+            if isinstance(record, PingPong) and not self.use_pingpongs:
+                self.side_pingpongs.append(record)
+                return
+            self.add(record)
+
+    return _Sink()
+
+
+def open_spool(path: str):
+    """An unbuffered spool file for `CollectorLoop(spool=...)`: if the MPI job dies (a
+    dead rank makes mpiexec kill everyone, the collector included), what arrived is
+    still on disk and `replay_spool` turns it into a partial result."""
+    return open(path, "wb", buffering=0)
+
+
+def replay_spool(path: str, ranks: Sequence[int], sink) -> "CollectorLoop":
+    """Feed a spool file's messages into `sink` as the live loop did; ranks that never
+    said BYE are reported lost.  Returns the (port-less) loop for its report."""
+    loop = CollectorLoop(None, ranks, sink, start_pings=0)
+    try:
+        data = open(path, "rb").read()
+    except OSError:
+        data = b""
+    i = 0
+    while i + _LEN.size <= len(data):
+        (n,) = _LEN.unpack_from(data, i)
+        i += _LEN.size
+        if i + n > len(data):          # the last write was cut off
+            break
+        loop.handle(data[i:i + n])
+        i += n
+    for st in loop.state.values():
+        if not st.bye:
+            st.lost = True
+            sink.on_rank_lost(st.rank)
+    return loop

@@ -1,1 +1,30 @@
-"""dtrace_mk.exporters (installed under the dtrace_mk namespace)."""
+"""dtrace_mk.exporters (installed under the dtrace_mk namespace): the collector's
+results in the tools users already have.  Encoders are pure (golden-file tested);
+transports move their output.
+
+    batch      ExportBatch (the one input), build_batch, RecordSet, RankInfo, TaskTrace,
+               RawEvidence; saved results (RESULT.json + RESULT.records.msgpack)
+    spans      OpenTelemetry span encoder (ReadableSpans, deterministic ids, links
+               wait -> signal), the JSON-lines span format
+    otel       transports: OTLP/HTTP, JSON lines, console; BufferedSpanExporter (bounded
+               buffer, counted loss)
+    perfetto   native Perfetto trace encoder (+ task trace adapters: sim, GPU, Chrome JSON)
+    protowire  minimal protobuf wire writer/reader
+    prometheus MetricsRegistry, text exposition, MetricsServer (scrape endpoint)
+    live       MetricsRecordSink, TeeRecordSink: live metrics from the collector's record stream
+    api        export_result(result, records, exporters=[...]): the call diagnose/launch make
+
+See docs/exporters.md.
+"""
+from .api import export_batch, export_result, parse_spec
+from .batch import (ExportBatch, ExportError, RankInfo, RawEvidence, RecordSet, TaskSlice, TaskTrace,
+                    build_batch, load_records, load_result, records_path_for, save_records, save_result)
+from .otel import BufferedSpanExporter, JsonLinesSpanExporter, make_otlp_exporter
+from .live import MetricsRecordSink, TeeRecordSink
+from .prometheus import MetricsRegistry, MetricsServer
+
+__all__ = ["export_result", "export_batch", "parse_spec", "ExportBatch", "ExportError", "RankInfo",
+           "RawEvidence", "RecordSet", "TaskSlice", "TaskTrace", "build_batch", "load_records",
+           "load_result", "records_path_for", "save_records", "save_result", "BufferedSpanExporter",
+           "JsonLinesSpanExporter", "make_otlp_exporter", "MetricsRegistry", "MetricsServer",
+           "MetricsRecordSink", "TeeRecordSink"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from ..collectors.clock import DEFAULT_WINDOW_NS, ClockModel, build_clock_model
 from ..collectors.records import (ClockSample, Coverage, EpochSummary, Names, PingPong,
                                   RecordError, RemoteWait, Signal, pack_stream, unpack_stream)
@@ -139,6 +141,10 @@ class ExportBatch:
     rank_info: Dict[int, RankInfo] = field(default_factory=dict)
     task_traces: Dict[int, TaskTrace] = field(default_factory=dict)
     evidence: List[RawEvidence] = field(default_factory=list)
+    #: added to the aligned clock to get Unix time when the hosts' clock is not
+    #: CLOCK_REALTIME (the MPI transport uses time.monotonic_ns(): the collector records
+    #: `time.time_ns() - time.monotonic_ns()` as the result's "wall_offset_ns")
+    wall_offset_ns: int = 0
 
     @property
     def summaries(self) -> List[EpochSummary]:
@@ -162,13 +168,60 @@ class ExportBatch:
         return self.rank_info.get(rank, RankInfo())
 
     def to_unix_ns(self, rank: int, device_ns: int) -> int:
-        return int(round(self.clock.origin_ns + float(self.clock.to_global(rank, int(device_ns)))))
+        """One device time of `rank` -> integer ns on the aligned clock (see module doc).
+        Record times are converted in bulk on first use (vectorised per rank)."""
+        tm = self.__dict__.get("_time_map")
+        if tm is None:
+            tm = self.__dict__["_time_map"] = self._record_times()
+        v = tm.get((rank, device_ns))
+        if v is None:
+            v = int(self.clock.origin_ns) + int(round(float(self.clock.to_global(rank, int(device_ns))))) \
+                + self.wall_offset_ns
+        return v
+
+    def to_unix_many(self, rank: int, device_ns) -> np.ndarray:
+        """Vectorised `to_unix_ns` (int64 array)."""
+        d = np.asarray(device_ns, dtype=np.int64)
+        if d.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        g = np.asarray(self.clock.to_global(rank, d), dtype=np.float64)
+        return np.rint(g).astype(np.int64) + np.int64(self.clock.origin_ns + self.wall_offset_ns)
+
+    def _record_times(self) -> Dict[Tuple[int, int], int]:
+        per: Dict[int, set] = {}
+        for s in self.summaries:
+            per.setdefault(s.rank, set()).update((s.begin_ns, s.end_ns))
+        for w in self.waits:
+            per.setdefault(w.rank, set()).update((w.wait_begin_ns, w.wait_end_ns))
+        for s in self.signals:
+            per.setdefault(s.rank, set()).add(s.signal_ns)
+        for e in self.evidence:
+            per.setdefault(e.rank, set()).update((e.begin_ns, e.end_ns))
+        out: Dict[Tuple[int, int], int] = {}
+        for r, ts in per.items():
+            arr = sorted(ts)
+            for t, v in zip(arr, self.to_unix_many(r, arr).tolist()):
+                out[(r, t)] = v
+        return out
 
     def aligned_to_unix_ns(self, aligned_ns: float) -> int:
-        return int(round(self.clock.origin_ns + aligned_ns))
+        return int(self.clock.origin_ns) + int(round(aligned_ns)) + self.wall_offset_ns
+
+    def looks_like_unix_time(self) -> bool:
+        """False when span times would land before 2001 (a monotonic host clock and no
+        wall_offset_ns): backends then show (or drop) them as decades old."""
+        s = self.summaries[0] if self.summaries else None
+        if s is None:
+            return True
+        return self.to_unix_ns(s.rank, s.begin_ns) > 10 ** 18
 
     def summary_index(self) -> Dict[Tuple[int, int], EpochSummary]:
-        return {(s.rank, s.epoch): s for s in self.summaries}
+        """(rank, epoch) -> summary (cached; rebuilt when the summaries list changes size)."""
+        cache = self.__dict__.get("_summary_index")
+        if cache is None or cache[0] != len(self.summaries):
+            cache = (len(self.summaries), {(s.rank, s.epoch): s for s in self.summaries})
+            self.__dict__["_summary_index"] = cache
+        return cache[1]
 
     def coverage(self, rank: int, step: int) -> Coverage:
         s = self.summary_index().get((rank, step))
@@ -181,8 +234,10 @@ def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optio
                 names: Optional[Names] = None,
                 task_traces: Union[Mapping[int, TaskTrace], Sequence[TaskTrace], None] = None,
                 evidence: Iterable[RawEvidence] = (),
-                window_ns: int = DEFAULT_WINDOW_NS) -> ExportBatch:
-    """An `ExportBatch` from a diagnosis result and the records it came from."""
+                window_ns: int = DEFAULT_WINDOW_NS,
+                wall_offset_ns: Optional[int] = None) -> ExportBatch:
+    """An `ExportBatch` from a diagnosis result and the records it came from.
+    `wall_offset_ns` defaults to the result's "wall_offset_ns" (0 when absent)."""
     if not isinstance(result, Mapping) or "findings" not in result:
         raise ExportError("result: expected a diagnosis result (a mapping with 'findings')")
     rs = RecordSet.of(records)
@@ -194,7 +249,9 @@ def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optio
     return ExportBatch(dict(result), rs, clock, names or Names.standard(),
                        job_id=job_id or str(result.get("job_id") or "local"),
                        service_name=service_name, rank_info=dict(rank_info or {}),
-                       task_traces=tt, evidence=list(evidence))
+                       task_traces=tt, evidence=list(evidence),
+                       wall_offset_ns=int(wall_offset_ns if wall_offset_ns is not None
+                                          else result.get("wall_offset_ns") or 0))
 
 
 # ------------------------------------------------------------------------ saved results

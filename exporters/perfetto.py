@@ -19,8 +19,10 @@ Tracks, per rank r (a process "rank r"):
     step, layer, tile, slot, expert, flags) as debug annotations;
   * "decode steps": one slice per step; "findings": one slice per finding and step;
   * "comm signals": an instant per (comm_op, comm_gen, receiver) at the last signal,
-    starting a flow; "comm wait <- rank p": a slice per joined wait that terminates
-    that flow (flows = remote dependencies, across process tracks);
+    starting a flow; "comm wait <- rank p": a slice per wait (tiles merged) and, when
+    joined, a "release" instant at its end that terminates that flow (flows = remote
+    dependencies, across process tracks; Perfetto orders a flow by time, so a signal
+    later than the release by clock error is clamped, `clamped_ns` in its args);
   * "evidence": escalated raw evidence slices;
   * counter tracks "queue depth wN" (samples from the task trace) or "queue depth max"
     (per step, from the summaries when no task trace has samples).
@@ -120,12 +122,16 @@ class TraceBuilder:
         self.counts["slices"] += 1
 
     def instant(self, track: int, name: str, ts: int, args: Optional[Dict[str, Any]] = None,
-                category: str = "comm", flows: Iterable[int] = ()) -> None:
+                category: str = "comm", flows: Iterable[int] = (),
+                terminating_flows: Iterable[int] = ()) -> None:
         ev = Msg().string(22, category).string(23, name)
         for k, v in (args or {}).items():
             ev.msg(4, _annotation(k, v))
         for f in flows:
             ev.fixed64(47, f)
+        for f in terminating_flows:
+            ev.fixed64(48, f)
+            self.counts["flows"] += 1
         self._event(ts, TYPE_INSTANT, track, ev)
         self.counts["instants"] += 1
 
@@ -162,16 +168,18 @@ def build_perfetto(batch: ExportBatch) -> Tuple[bytes, Dict[str, int]]:
     for r, tt in sorted(batch.task_traces.items()):
         for w in range(tt.workers):
             _worker_track(tb, r, w, tt)
-        for s in tt.slices:
-            trk = _worker_track(tb, r, s.worker, tt)
-            tb.slice(trk, s.name, u(r, s.begin_ns), u(r, s.end_ns), dict(s.args))
+        begins = batch.to_unix_many(r, [s.begin_ns for s in tt.slices]).tolist()
+        ends = batch.to_unix_many(r, [s.end_ns for s in tt.slices]).tolist()
+        for s, b, e in zip(tt.slices, begins, ends):
+            tb.slice(_worker_track(tb, r, s.worker, tt), s.name, b, e, dict(s.args))
         last: Dict[int, int] = {}
-        for w, ts, depth in sorted(tt.queue_depth, key=lambda x: (x[1], x[0])):
+        samples = sorted(tt.queue_depth, key=lambda x: (x[1], x[0]))
+        for (w, _, depth), ts in zip(samples, batch.to_unix_many(r, [x[1] for x in samples]).tolist()):
             if last.get(w) == depth:
                 continue
             last[w] = depth
             nm = "dynamic queue depth" if w < 0 else f"queue depth w{w}"
-            tb.counter(child(r, "counter", nm, counter=True), u(r, ts), depth)
+            tb.counter(child(r, "counter", nm, counter=True), ts, depth)
             have_queue_samples.add(r)
         if tt.steps and not any(s.rank == r for s in batch.summaries):
             trk = child(r, "track", "decode steps")
@@ -191,15 +199,10 @@ def build_perfetto(batch: ExportBatch) -> Tuple[bytes, Dict[str, int]]:
         if r not in have_queue_samples:
             tb.counter(child(r, "counter", "queue depth max", counter=True), b, s.queue_depth_max)
 
-    # --- remote dependencies: signal instants -> wait slices, one flow per key
+    # --- remote dependencies: signal instant -> "release" instant at the end of the wait
+    # slice, one flow per key.  Perfetto orders a flow by time, so the signal instant is
+    # causally clamped to before the release (as the collector clamps it).
     groups = group_signals(batch.signals)
-    waited = {(w.comm_op, w.comm_gen, w.peer, w.rank) for w in batch.waits}
-    for (op, gen, snd, rcv), g in sorted(groups.items()):
-        flows = [flow_id(op, gen, snd, rcv)] if (op, gen, snd, rcv) in waited else []
-        tb.instant(child(snd, "track", "comm signals"), f"signal {names.comm_op(op)} -> rank {rcv}",
-                   u(snd, g.last_ns), {"comm_op": names.comm_op(op), "comm_gen": gen, "peer": rcv,
-                                       "layer": g.layer, "step": g.step, "signals": g.count},
-                   flows=flows)
     merged: Dict[Tuple[int, int, int, int], List[Any]] = {}
     for w in batch.waits:
         k = (w.comm_op, w.comm_gen, w.peer, w.rank)
@@ -208,14 +211,33 @@ def build_perfetto(batch: ExportBatch) -> Tuple[bytes, Dict[str, int]]:
             merged[k] = [w, w.wait_begin_ns, w.wait_end_ns, 1]
         else:
             m[1], m[2], m[3] = min(m[1], w.wait_begin_ns), max(m[2], w.wait_end_ns), m[3] + 1
+    release_ts: Dict[Tuple[int, int, int, int], int] = {}
     for k, (w0, b, e, tiles) in sorted(merged.items()):
         op, gen, snd, rcv = k
-        tb.slice(child(rcv, "track", f"comm wait <- rank {snd}"), f"wait {names.comm_op(op)}",
-                 u(rcv, b), u(rcv, e),
+        ub, ue = u(rcv, b), u(rcv, e)
+        trk = child(rcv, "track", f"comm wait <- rank {snd}")
+        tb.slice(trk, f"wait {names.comm_op(op)}", ub, ue,
                  {"comm_op": names.comm_op(op), "comm_gen": gen, "peer": snd, "layer": w0.layer,
                   "step": w0.step, "task_class": names.task_class(w0.task_class), "tiles": tiles,
-                  "joined": k in groups},
-                 category="comm", terminating_flows=[flow_id(*k)] if k in groups else [])
+                  "joined": k in groups}, category="comm")
+        if k in groups:
+            release_ts[k] = max(ub, ue - 1)
+            tb.instant(trk, f"release {names.comm_op(op)}", release_ts[k],
+                       {"comm_op": names.comm_op(op), "comm_gen": gen, "peer": snd},
+                       terminating_flows=[flow_id(*k)])
+    for (op, gen, snd, rcv), g in sorted(groups.items()):
+        k = (op, gen, snd, rcv)
+        ts = u(snd, g.last_ns)
+        args = {"comm_op": names.comm_op(op), "comm_gen": gen, "peer": rcv, "layer": g.layer,
+                "step": g.step, "signals": g.count}
+        flows = []
+        if k in release_ts:
+            flows = [flow_id(*k)]
+            if ts >= release_ts[k]:
+                args["clamped_ns"] = ts - (release_ts[k] - 1)
+                ts = release_ts[k] - 1
+        tb.instant(child(snd, "track", "comm signals"), f"signal {names.comm_op(op)} -> rank {rcv}",
+                   ts, args, flows=flows)
 
     # --- findings and escalated evidence
     extents = {(s.rank, s.epoch): (u(s.rank, s.begin_ns), u(s.rank, s.end_ns)) for s in batch.summaries}

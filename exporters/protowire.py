@@ -7,28 +7,39 @@ groups them by field number.  Enough for the Perfetto trace format and its tests
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Dict, Iterable, List, Tuple, Union
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
 def varint(v: int) -> bytes:
+    if 0 <= v < 128:
+        return _SMALL[v]
     if v < 0:
         v &= (1 << 64) - 1              # int64: two's complement, 10 bytes
     out = bytearray()
-    while True:
-        b = v & 0x7F
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
         v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+    out.append(v)
+    return bytes(out)
 
 
+@functools.lru_cache(maxsize=1024)
 def key(field: int, wire_type: int) -> bytes:
     return varint((field << 3) | wire_type)
+
+
+@functools.lru_cache(maxsize=4096)
+def string_field(field: int, v: str) -> bytes:
+    """A whole length-delimited string field (cached: names repeat)."""
+    b = v.encode("utf-8")
+    return key(field, LEN) + varint(len(b)) + b
 
 
 class Msg:
@@ -59,6 +70,9 @@ class Msg:
         return self
 
     def string(self, field: int, v: str) -> "Msg":
+        if len(v) <= 64:
+            self._parts.append(string_field(field, v))
+            return self
         return self.bytes_(field, v.encode("utf-8"))
 
     def msg(self, field: int, m: "Msg") -> "Msg":

@@ -21,10 +21,11 @@ Every span's resource is its rank's: `service.name`, `service.instance.id`,
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -45,10 +46,12 @@ def _hash_id(nbytes: int, *parts: Any) -> int:
     return int.from_bytes(h.digest(), "big") or 1
 
 
+@functools.lru_cache(maxsize=4096)
 def trace_id(job_id: str, step: int) -> int:
     return _hash_id(16, job_id, "step", step)
 
 
+@functools.lru_cache(maxsize=65536)
 def step_span_id(job_id: str, rank: int, step: int) -> int:
     return _hash_id(8, job_id, "step", rank, step)
 
@@ -97,8 +100,13 @@ class _Step:
 
 
 def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
-                verdict: float = Thresholds().verdict) -> List[ReadableSpan]:
-    """All spans of `batch`, in a stable order: by step, rank, then start time."""
+                verdict: float = Thresholds().verdict,
+                steps: Optional[Iterable[int]] = None) -> List[ReadableSpan]:
+    """All spans of `batch`, in a stable order: by step, rank, then start time.
+
+    `steps`: only the spans of these decode steps (incremental export while a job runs:
+    ids are deterministic, so links into steps exported earlier stay valid)."""
+    only_steps = steps
     job, names = batch.job_id, batch.names
     summaries = batch.summary_index()
     res_cache: Dict[int, Resource] = {}
@@ -226,7 +234,10 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
                 status=status, start_time=st.start, end_time=st.end, instrumentation_scope=SCOPE))
 
     out: List[ReadableSpan] = []
+    keep = None if only_steps is None else set(only_steps)
     for (r, k) in sorted(steps, key=lambda rk: (rk[1], rk[0])):
+        if keep is not None and k not in keep:
+            continue
         st = steps[(r, k)]
         s = summaries.get((r, k))
         attrs: Dict[str, Any] = {A + "rank": r, A + "step": k, A + "job_id": job,

@@ -3,6 +3,8 @@
     dtrace-mk run --model tiny --steps 8 --batch 4                  # GPU if present, else sim
     dtrace-mk run --model 1b --steps 4 --batch 8 --backend sim --trace out.perfetto-trace
     dtrace-mk run --model small-moe --faults faults.yaml --events-out events.jsonl
+    mpiexec -n 4 dtrace-mk run --backend sim --model tiny --events-out e.jsonl   # 4 ranks
+    dtrace-mk run --backend sim --ranks 4                 # 4 ranks in one process
 
 Backends: `gpu` (the CUDA megakernel, needs CuPy and a GPU), `sim` (the discrete-event
 simulation on the CPU: times are SIMULATED from the cost table, no numerics), `auto`
@@ -13,6 +15,16 @@ simulation on the CPU: times are SIMULATED from the cost table, no numerics), `a
                    records when FILE ends in .ctx
 --trace FILE       the full task trace as Chrome trace-event JSON (Perfetto opens it)
 --schema-out FILE  the task schema of the graph (what queries resolve names against)
+
+Tensor parallelism (sim backend): under an MPI launcher (`mpiexec -n N`) every
+process is one rank (rank/size from MPI.COMM_WORLD, signals travel as MPI messages);
+`--ranks N` without a launcher runs N ranks in one process (identical results).  Rank 0
+prints the summary and one line per rank.  With several ranks the files named by
+--events-out, --trace and --schema-out are per rank: "{rank}" in the name is replaced,
+otherwise ".rank<r>" goes before the suffix (e.jsonl -> e.rank0.jsonl, e.rank1.jsonl).
+Hook timestamps are each rank's simulated device clock (offset, drift, 32 ns ticks;
+--no-clock-skew for one clock).  --faults applies to every rank; a fault spec may
+name its rank with "rank: r".
 """
 from __future__ import annotations
 
@@ -47,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--events-out", metavar="FILE", help="write every hook context (JSONL, or .ctx raw)")
     p.add_argument("--trace", metavar="FILE", help="full task trace (Chrome trace JSON, opens in Perfetto)")
     p.add_argument("--schema-out", metavar="FILE", help="write the task schema JSON")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="tensor-parallel ranks (sim): default the MPI world size, else 1; "
+                        "without an MPI launcher N ranks run in this process")
+    p.add_argument("--no-clock-skew", action="store_true",
+                   help="multi-rank sim: one clock for every rank (default: per-rank offset and drift)")
 
 
 def gpu_available() -> bool:
@@ -62,21 +79,76 @@ def _gpu_sms() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
-def run(args: argparse.Namespace) -> int:
+def rank_path(path: str, rank: int, ranks: int) -> str:
+    """The per-rank file name of `path` (module doc); `path` itself for one rank."""
+    if ranks == 1:
+        return path
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def _faults_for_rank(args, rank: int, ranks: int = 1):
+    """--faults rows for `rank`: specs without "rank" apply to every rank."""
     from ..megakernel.faults import FaultTable
+    if not args.faults:
+        return FaultTable()
+    specs = _rank_specs(args.faults)
+    if specs is None:
+        return FaultTable.load(args.faults)
+    for i, sp in enumerate(specs):
+        r = sp.get("rank") if isinstance(sp, dict) else None
+        if isinstance(sp, dict) and "rank" in sp and (isinstance(r, bool) or not isinstance(r, int)
+                                                      or not 0 <= r < ranks):
+            raise UserError(f"{args.faults}[{i}].rank: expected 0..{ranks - 1}, got {r!r}")
+    strip = lambda sp: {k: v for k, v in sp.items() if k != "rank"} if isinstance(sp, dict) else sp  # noqa: E731
+    FaultTable.from_specs([strip(sp) for sp in specs], args.faults)     # errors name the file's index
+    return FaultTable.from_specs([strip(sp) for sp in specs if sp.get("rank", rank) == rank], args.faults)
+
+
+def _rank_specs(path: str):
+    """The raw specs of a fault file when any names a rank (else None)."""
+    import yaml
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None                     # FaultTable.load reports it
+    if isinstance(data, dict) and set(data) == {"faults"}:
+        data = data["faults"]
+    if isinstance(data, list) and any(isinstance(sp, dict) and "rank" in sp for sp in data):
+        return data
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
     from ..megakernel.graph import build_graph
+    from ..megakernel.mpi_transport import mpi_world
     from ..megakernel.presets import get_preset
 
     cfg = get_preset(args.model)
     if args.steps < 1:
         raise UserError(f"--steps: expected >= 1, got {args.steps}")
+    rank, size = mpi_world()
+    ranks = args.ranks if args.ranks is not None else size
+    if ranks < 1:
+        raise UserError(f"--ranks: expected >= 1, got {ranks}")
+    if size > 1 and ranks != size:
+        raise UserError(f"--ranks {ranks}: this job has {size} MPI processes (one per rank)")
     backend = args.backend
-    if backend == "auto":
+    if ranks > 1:
+        if backend == "gpu":
+            raise UserError(f"--backend gpu: {ranks} tensor-parallel ranks run on the sim backend only "
+                            f"(use --backend sim)")
+        backend = "sim"
+    elif backend == "auto":
         backend = "gpu" if gpu_available() else "sim"
     elif backend == "gpu" and not gpu_available():
         raise UserError("--backend gpu: no CuPy or no GPU here (use --backend sim)")
     workers = args.workers or (_gpu_sms() if backend == "gpu" else H200_SMS)
-    faults = FaultTable.load(args.faults) if args.faults else FaultTable()
+    if ranks > 1:
+        return _run_ranks(args, cfg, workers, rank, size, ranks)
+    faults = _faults_for_rank(args, 0)
     graph = build_graph(cfg, args.batch, workers)
     if args.schema_out:
         graph.schema.dump(args.schema_out)
@@ -117,6 +189,100 @@ def run(args: argparse.Namespace) -> int:
     print(f"throughput{simulated}: {tps:,.0f} tokens/s ({tokens} tokens)")
     for line in extra.get("lines", []):
         print(line)
+    return 0
+
+
+class _RankFiles:
+    """A rank's --events-out sink (JSONL or .ctx records) and the file names."""
+
+    def __init__(self, args, rank: int, ranks: int):
+        from ..megakernel.sim import jsonl_sink, records_sink
+        self.records: List[bytes] = []
+        self.fh = None
+        self.sink = None
+        self.events = rank_path(args.events_out, rank, ranks) if args.events_out else None
+        self.trace = rank_path(args.trace, rank, ranks) if args.trace else None
+        self.schema = rank_path(args.schema_out, rank, ranks) if args.schema_out else None
+        if self.events:
+            p = Path(self.events)
+            if p.suffix == ".ctx":
+                self.sink = records_sink(self.records)
+            else:
+                try:
+                    self.fh = p.open("w", encoding="utf-8")
+                except OSError as e:
+                    raise UserError(f"--events-out: {p}: {e.strerror}") from None
+                self.sink = jsonl_sink(self.fh)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+        if self.records:
+            from ..abi.context import write_events
+            write_events(self.events, self.records)
+
+
+def _rank_summary(res, rank: int) -> dict:
+    return {"rank": rank, "step_ns": res.step_ns, "total_ns": res.total_ns, "tasks": res.tasks_run,
+            "sent": res.signals_sent, "received": res.signals_received, "comm_wait_ns": res.comm_wait_ns,
+            "comm_signal": res.hook_counts.get("comm:signal", 0),
+            "comm_wait": res.hook_counts.get("comm:wait", 0), "tokens": res.tokens}
+
+
+def _run_ranks(args, cfg, workers: int, rank: int, size: int, ranks: int) -> int:
+    """Tensor-parallel sim: this process is MPI rank `rank` of `size`, or (size == 1)
+    runs all `ranks` in-process on the loopback transport."""
+    from ..megakernel.graph import build_graph
+    from ..megakernel.sim import chrome_trace
+    mine = list(range(ranks)) if size == 1 else [rank]
+    graphs = {r: build_graph(cfg, args.batch, workers, rank=r, ranks=ranks) for r in mine}
+    faults = {r: _faults_for_rank(args, r, ranks) for r in mine}
+    files = {r: _RankFiles(args, r, ranks) for r in mine}
+    for r in mine:
+        if files[r].schema:
+            graphs[r].schema.dump(files[r].schema)
+    kw = dict(seed=args.seed, clock_skew=not args.no_clock_skew, queue_threshold=args.queue_threshold,
+              collect_trace=bool(args.trace))
+    try:
+        if size == 1:
+            from ..megakernel.mpi_transport import run_loopback
+            results = dict(zip(mine, run_loopback(cfg, args.batch, workers, ranks, args.steps,
+                                                   graphs=[graphs[r] for r in mine], faults=faults,
+                                                   sinks=[files[r].sink for r in mine], **kw)))
+        else:
+            from ..megakernel.mpi_transport import run_mpi
+            results = {rank: run_mpi(cfg, args.batch, workers, args.steps, graph=graphs[rank],
+                                     faults=faults, sink=files[rank].sink, **kw)}
+    finally:
+        for f in files.values():
+            f.close()
+    for r, res in results.items():
+        if files[r].trace:
+            _write_json(files[r].trace, chrome_trace(graphs[r], res))
+    summaries = [_rank_summary(results[r], r) for r in mine]
+    if size > 1:
+        from mpi4py import MPI
+        gathered = MPI.COMM_WORLD.gather(summaries[0], root=0)
+        if rank != 0:
+            return 0
+        summaries = gathered
+    steps_all = [ns for s in summaries for ns in s["step_ns"]]
+    total = max(s["total_ns"] for s in summaries)
+    how = f"{ranks} MPI processes" if size > 1 else f"{ranks} ranks in one process"
+    print(f"model {cfg.name}, batch {args.batch}, {args.steps} steps, {workers} workers per rank, "
+          f"{ranks} tensor-parallel ranks ({how}), backend sim (simulated)")
+    print(f"decode step (simulated): mean {statistics.mean(steps_all) / 1000:.1f} us, "
+          f"min {min(steps_all) / 1000:.1f} us, max {max(steps_all) / 1000:.1f} us")
+    tokens = summaries[0]["tokens"]
+    print(f"throughput (simulated): {tokens * 1e9 / total if total else 0.0:,.0f} tokens/s ({tokens} tokens)")
+    for s in summaries:
+        print(f"rank {s['rank']}: step mean {statistics.mean(s['step_ns']) / 1000:.1f} us, "
+              f"{s['tasks']} tasks, signals sent {s['sent']} received {s['received']}, "
+              f"comm:wait {s['comm_wait']} ({s['comm_wait_ns'] / 1000:.1f} us waiting for remote data)")
+    if args.faults:
+        print(f"faults: {args.faults}")
+    if args.events_out:
+        print(f"events: {rank_path(args.events_out, 0, ranks)} ... (one file per rank)")
     return 0
 
 

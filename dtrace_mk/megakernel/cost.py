@@ -6,7 +6,8 @@ A task of class c costs
 
 where `rows` is what the task's work scales with: the batch for dense tasks, the KV
 length of its request slot for `attn`, the number of tokens routed to its expert for
-`moe_expert`.  Besides task bodies the model has four global costs:
+`moe_expert`, the batch for `allreduce` (one comm tile of every slot).  Besides task
+bodies the model has five global costs:
 
     notify_ns        an event signal becomes visible to waiting workers this long after
                      the producing task's end (memory fence + flag propagation)
@@ -14,6 +15,9 @@ length of its request slot for `attn`, the number of tokens routed to its expert
     step_overhead_ns between a step's last event and the next step's first task
                      (request bookkeeping, refill of finished slots)
     filler_ns        one phantom queue entry of a queue_saturation fault
+    comm_ns          a signal to another rank's event lands this long after the comm
+                     task issued it (one-way flag latency; ~2.5 us measured over NVLink
+                     between two H200s); also the lookahead of the multi-rank sim
 
 The numbers live in `data/cost_table.json`, per preset and class:
 
@@ -40,12 +44,14 @@ from .presets import PRESETS, ModelConfig
 COST_TABLE_PATH = Path(__file__).with_name("data") / "cost_table.json"
 CLASS_NAMES: Tuple[str, ...] = tuple(row[0] for row in STANDARD_TASK_CLASSES)
 
-DEFAULTS = {"notify_ns": 700, "dispatch_ns": 200, "step_overhead_ns": 3000, "filler_ns": 1000}
+DEFAULTS = {"notify_ns": 700, "dispatch_ns": 200, "step_overhead_ns": 3000, "filler_ns": 1000,
+            "comm_ns": 2500}
 
 # H200 model for the estimate: HBM bandwidth shared by 132 SMs (~4.8 TB/s), fp32 FMA
 # issue rate of one SM (128 lanes at ~1.9 GHz), bf16 weights.
 _BYTES_PER_NS_PER_SM = 36.0
 _FMA_PER_NS_PER_SM = 243.0
+_NVLINK_BYTES_PER_NS_PER_SM = 3.4
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class ModelCosts:
     dispatch_ns: int = DEFAULTS["dispatch_ns"]
     step_overhead_ns: int = DEFAULTS["step_overhead_ns"]
     filler_ns: int = DEFAULTS["filler_ns"]
+    comm_ns: int = DEFAULTS["comm_ns"]
     source: str = "estimate"
 
     def by_class_id(self) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
@@ -94,7 +101,9 @@ def estimate_costs(cfg: ModelConfig) -> ModelCosts:
         "mlp_down": mm(cfg.ffn, t),
         "lm_head": mm(h, t),
         "argmax": ClassCost(1000.0, (cfg.vocab // t) * 4.0),
-        "allreduce": ClassCost(2500.0, h * 4 / bw),
+        # one comm tile (comm_tile columns, fp32) stored into a peer over NVLink:
+        # ~450 GB/s per GPU shared by 132 SMs
+        "allreduce": ClassCost(1000.0, cfg.comm_tile * 4 / _NVLINK_BYTES_PER_NS_PER_SM),
     }
     if cfg.moe_layers:
         c["moe_router"] = mm(h, cfg.n_experts, fixed=1500.0)

@@ -75,17 +75,61 @@ Dynamic queue (MoE expert tasks) -- the GPU kernel implements the same
   them; their task:ready is fired by the router's worker at push time with
   `queue_depth` = the queue's depth after the push.
 
+Tensor parallelism (ranks > 1) -- Megatron-style, one graph per rank
+-------------------------------------------------------------------
+`build_graph(cfg, batch, num_workers, rank=r, ranks=R)` lowers rank r's share of a
+decode step.  With R == 1 the graph is exactly the single-GPU graph above (pinned by
+tests/megakernel/test_mk_single_rank_pin.py).  For R > 1:
+
+* Attention heads are split: rank r owns q heads [r*Hq, (r+1)*Hq), Hq = n_heads / R.
+  KV heads are split when `n_kv_heads % R == 0` (Hkv = n_kv_heads / R per rank); when
+  instead `R % n_kv_heads == 0` every rank holds the one kv head its q heads belong to
+  (kv head r // (R / n_kv_heads), replicated on R / n_kv_heads ranks, as vLLM does).
+  Anything else is a UserError naming both rules.  `qkv` computes the rank's q|k|v
+  shard ((Hq + 2*Hkv) * head_dim columns, a multiple of tile_n), `rope_kv_append` and
+  `attn` run on the rank's kv heads (tile y and lo..hi of `attn` are GLOBAL head
+  indices; tile x and lo..hi of every column-parallel task index the rank's shard).
+* `attn_o` is row-parallel: hidden/T tiles, each a partial sum over the rank's heads
+  (no residual add: the consumer of the all-reduce adds the residual once).
+* Dense MLP: `mlp_gate_up` computes the rank's ffn/R columns (column-parallel), then
+  `mlp_down` hidden/T tiles of partial sums (row-parallel).  MoE: the router is
+  replicated (every rank routes identically); each expert's ffn is split, the rank runs
+  (expert_ffn/R)/T tiles per expert (`MoELayer.expert_tiles` is the local count).
+* After `attn_o` (comm op `allreduce_attn`) and after `mlp_down` / the experts
+  (`allreduce_mlp`) come communication tasks of class `allreduce` (one-shot all-reduce
+  in tiles of `cfg.comm_tile` columns, C = hidden / comm_tile tiles).  For every tile x
+  and every destination rank q (q = r+1, r+2, ... mod R, the rank itself last) one task:
+  tile (x, q, 0, 0), lo..hi = its columns; it waits on the partial-sum event (L.attn_o /
+  L.mlp_down / L.experts), writes its partial tile into rank q's receive slot [r] and
+  signals the event `L{l}.{op}.r{q}` (owner_rank = q).  The task with q == r copies into
+  the rank's own slot and signals locally.
+* Every rank's event table has, per layer and op, the R receive events `L{l}.{op}.r{q}`
+  (q = 0..R-1, owner_rank q, comm_op = the op, triggers = C * R: C tiles from each of the
+  R ranks, the rank's own included).  Event ids are therefore identical on every rank;
+  a rank's proxies of peers' receive events (owner_rank != rank) are what its comm tasks
+  signal remotely.  The consumer -- the next `rmsnorm` (the MLP norm, the next layer's
+  attention norm, or the final norm) -- waits on its own rank's receive event with
+  count C * R and reduces the R partial slots (+ residual) before normalising.
+* Rank-local events have owner_rank = rank, so schemas of different ranks differ only
+  in those owner_rank values (names and ids are the same everywhere).
+* `lm_head` and `argmax` are replicated: every rank computes all vocab tiles and the
+  same token (no gather); the step boundary stays local.
+* comm_gen: the (comm_op, comm_gen) pair names one logical all-reduce on every rank:
+  `comm_gen = step * n_layers + layer` (`TaskGraph.comm_gen(step, layer)`), the same
+  number on every rank; both ops share the numbering, the op tells them apart.
+
 Remote events
 -------------
-`EventDef.owner_rank` names the rank whose memory holds the counter.  With `ranks ==
-1` every event is local; tensor-parallel lowering (allreduce tasks signalling peers'
-events) is not built yet and `ranks > 1` raises.
+`EventDef.owner_rank` names the rank whose memory holds the counter;
+`EventDef.comm_op` is the comm op id of an all-reduce receive event (-1 otherwise).  A
+signal to an event whose owner_rank != rank crosses to that rank (sim: the transport;
+GPU: a system-scope release add through the peer's IPC mapping).
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -93,6 +137,9 @@ from ..abi.definition import NONE_U32
 from ..abi import schema as S
 from ..errors import UserError
 from .presets import ModelConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cost import ModelCosts
 
 CLASS_IDS: Dict[str, int] = {row[0]: i for i, row in enumerate(S.STANDARD_TASK_CLASSES)}
 CLASS_NAMES: Tuple[str, ...] = tuple(row[0] for row in S.STANDARD_TASK_CLASSES)
@@ -135,6 +182,7 @@ class EventDef:
     producer_class: str   # class name of the producing tasks
     triggers: int         # signals per step (number of producer tasks)
     owner_rank: int = 0
+    comm_op: int = -1     # comm op id of an all-reduce receive event, else -1
 
 
 @dataclass(frozen=True)
@@ -160,6 +208,21 @@ class TaskGraph:
     moe: List[MoELayer] = field(default_factory=list)
     rank: int = 0
     ranks: int = 1
+
+    # tensor parallelism --------------------------------------------------------------
+    def comm_gen(self, step: int, layer: int) -> int:
+        """The comm generation of (step, layer): the same number on every rank for the
+        same logical all-reduce (module doc)."""
+        return step * self.cfg.n_layers + layer
+
+    def is_remote(self, event: int) -> bool:
+        """The event's counter lives on another rank."""
+        return self.events[event].owner_rank != self.rank
+
+    def remote_fed(self, event: int) -> bool:
+        """A local all-reduce receive event: other ranks signal it."""
+        e = self.events[event]
+        return e.comm_op >= 0 and e.owner_rank == self.rank and self.ranks > 1
 
     # derived ---------------------------------------------------------------------
     def consumers(self) -> List[List[int]]:
@@ -205,6 +268,11 @@ class TaskGraph:
         moe_router_event, moe_expert_event                   int32[n_moe_layers]
         params int64[8]: num_tasks, num_events, num_workers, batch, step_event,
                          n_experts, top_k, expert_tiles
+
+        Only when ranks > 1 (single-rank tables are pinned, keys included):
+        event_comm_op int32[E]  comm op id of all-reduce receive events, -1 otherwise
+        tp_params int64[4]: rank, ranks, comm_tile (columns per comm task), n_layers
+                            (comm_gen = step * n_layers + layer)
         """
         T = self.tasks
         i32 = lambda xs: np.asarray(xs, dtype=np.int64).astype(np.int32)  # noqa: E731
@@ -218,7 +286,7 @@ class TaskGraph:
         for i, m in enumerate(self.moe):
             layer_moe[m.layer] = i
         et = self.moe[0].expert_tiles if self.moe else 0
-        return {
+        out = {
             "task_cls": i32([t.cls for t in T]),
             "task_layer": i32([none(t.layer) for t in T]),
             "task_expert": i32([none(t.expert) for t in T]),
@@ -247,17 +315,25 @@ class TaskGraph:
                                   self.step_event, self.cfg.n_experts, self.cfg.top_k, et],
                                  dtype=np.int64),
         }
+        if self.ranks > 1:
+            out["event_comm_op"] = i32([e.comm_op for e in self.events])
+            out["tp_params"] = np.asarray([self.rank, self.ranks, self.cfg.comm_tile, self.cfg.n_layers],
+                                          dtype=np.int64)
+        return out
 
 
 class _Builder:
-    def __init__(self, cfg: ModelConfig, batch: int):
-        self.cfg, self.batch = cfg, batch
+    def __init__(self, cfg: ModelConfig, batch: int, rank: int = 0, ranks: int = 1):
+        self.cfg, self.batch, self.rank, self.ranks = cfg, batch, rank, ranks
         self.tasks: List[Task] = []
         self.events: List[EventDef] = []
         self.moe: List[MoELayer] = []
+        self.own_recv: Dict[int, int] = {}   # receive event (any owner) -> this rank's of the same op
 
-    def event(self, name: str, producer: str, triggers: int) -> int:
-        self.events.append(EventDef(len(self.events), name, producer, triggers))
+    def event(self, name: str, producer: str, triggers: int, owner: Optional[int] = None,
+              comm_op: int = -1) -> int:
+        owner = self.rank if owner is None else owner
+        self.events.append(EventDef(len(self.events), name, producer, triggers, owner, comm_op))
         return len(self.events) - 1
 
     def task(self, cls: str, layer: int, tile, lo: int, hi: int, wait: Tuple[int, int], signal: int,
@@ -271,33 +347,54 @@ class _Builder:
         for x in range(n // T):
             self.task(cls, layer, (x, 0, 0, 0), x * T, (x + 1) * T, wait, signal)
 
+    def allreduce(self, layer: int, op: str, src: Tuple[int, int]) -> Tuple[int, int]:
+        """Comm tasks of one all-reduce (module doc); returns (own receive event, count)."""
+        cfg, R, r = self.cfg, self.ranks, self.rank
+        op_id = S.STANDARD_COMM_OPS.index(op)
+        ct = cfg.comm_tile
+        tiles = cfg.hidden // ct
+        recv = [self.event(f"L{layer}.{op}.r{q}", "allreduce", tiles * R, owner=q, comm_op=op_id)
+                for q in range(R)]
+        for e in recv:
+            self.own_recv[e] = recv[r]
+        for off in range(1, R + 1):
+            q = (r + off) % R
+            for x in range(tiles):
+                self.task("allreduce", layer, (x, q, 0, 0), x * ct, (x + 1) * ct, src, recv[q])
+        return recv[r], tiles * R
+
     def build(self) -> None:
         cfg, B, T = self.cfg, self.batch, self.cfg.tile_n
+        sh = tp_shard(cfg, self.rank, self.ranks)
+        tp = self.ranks > 1
         group = cfg.n_heads // cfg.n_kv_heads
+        kv_heads = range(sh.kv_lo, sh.kv_hi)
+        n_kv = len(kv_heads)
         prev: Tuple[int, int] = (-1, 0)                     # the step boundary
         for l in range(cfg.n_layers):
             e = self.event(f"L{l}.attn_norm", "rmsnorm", 1)
             self.task("rmsnorm", l, (0, 0, 0, 0), 0, cfg.hidden, prev, e)
-            nq = cfg.qkv_dim // T
+            nq = sh.qkv_cols // T
             e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
-            self.tiled("qkv", l, cfg.qkv_dim, (e, 1), e_qkv)
-            e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
-            for h in range(cfg.n_kv_heads):
+            self.tiled("qkv", l, sh.qkv_cols, (e, 1), e_qkv)
+            e_rope = self.event(f"L{l}.rope", "rope_kv_append", n_kv)
+            for h in kv_heads:
                 self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
-            e_attn = self.event(f"L{l}.attn", "attn", cfg.n_kv_heads * B)
-            for h in range(cfg.n_kv_heads):
+            e_attn = self.event(f"L{l}.attn", "attn", n_kv * B)
+            for h in kv_heads:
+                qlo, qhi = max(h * group, sh.q_lo), min((h + 1) * group, sh.q_hi)
                 for s in range(B):
-                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group,
-                              (e_rope, cfg.n_kv_heads), e_attn, slot=s)
+                    self.task("attn", l, (0, h, s, 0), qlo, qhi, (e_rope, n_kv), e_attn, slot=s)
             no = cfg.hidden // T
             e_o = self.event(f"L{l}.attn_o", "attn_o", no)
-            self.tiled("attn_o", l, cfg.hidden, (e_attn, cfg.n_kv_heads * B), e_o)
+            self.tiled("attn_o", l, cfg.hidden, (e_attn, n_kv * B), e_o)
+            after_o = self.allreduce(l, "allreduce_attn", (e_o, no)) if tp else (e_o, no)
             e_n2 = self.event(f"L{l}.mlp_norm", "rmsnorm", 1)
-            self.task("rmsnorm", l, (1, 0, 0, 0), 0, cfg.hidden, (e_o, no), e_n2)
+            self.task("rmsnorm", l, (1, 0, 0, 0), 0, cfg.hidden, after_o, e_n2)
             if cfg.is_moe(l):
                 e_r = self.event(f"L{l}.router", "moe_router", 1)
                 router = self.task("moe_router", l, (0, 0, 0, 0), 0, cfg.n_experts, (e_n2, 1), e_r)
-                et = cfg.expert_ffn // T
+                et = sh.expert_ffn_cols // T
                 e_x = self.event(f"L{l}.experts", "moe_expert", cfg.n_experts * et)
                 base = len(self.tasks)
                 for ex in range(cfg.n_experts):
@@ -307,12 +404,14 @@ class _Builder:
                 self.moe.append(MoELayer(l, router, base, et, e_r, e_x))
                 prev = (e_x, cfg.n_experts * et)
             else:
-                ng = cfg.ffn // T
+                ng = sh.ffn_cols // T
                 e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
-                self.tiled("mlp_gate_up", l, cfg.ffn, (e_n2, 1), e_gu)
+                self.tiled("mlp_gate_up", l, sh.ffn_cols, (e_n2, 1), e_gu)
                 e_d = self.event(f"L{l}.mlp_down", "mlp_down", no)
                 self.tiled("mlp_down", l, cfg.hidden, (e_gu, ng), e_d)
                 prev = (e_d, no)
+            if tp:
+                prev = self.allreduce(l, "allreduce_mlp", prev)
         e_f = self.event("final_norm", "rmsnorm", 1)
         self.task("rmsnorm", NONE_U32, (2, 0, 0, 0), 0, cfg.hidden, prev, e_f)
         nl = cfg.vocab // T
@@ -322,11 +421,63 @@ class _Builder:
         self.task("argmax", NONE_U32, (0, 0, 0, 0), 0, cfg.vocab, (e_lm, nl), self.step_event)
 
 
+@dataclass(frozen=True)
+class TPShard:
+    """What rank r of R computes (module doc, "Tensor parallelism")."""
+    q_lo: int
+    q_hi: int              # q heads [q_lo, q_hi)
+    kv_lo: int
+    kv_hi: int             # kv heads [kv_lo, kv_hi)
+    qkv_cols: int          # columns of the rank's q|k|v shard
+    ffn_cols: int          # dense MLP columns of the rank
+    expert_ffn_cols: int   # columns of each expert's ffn on the rank
+
+
+def tp_shard(cfg: ModelConfig, rank: int, ranks: int) -> TPShard:
+    """Rank `rank`'s shard of `cfg` split `ranks` ways; UserError when it does not split."""
+    R, T = ranks, cfg.tile_n
+    if R < 1:
+        raise UserError(f"ranks: expected >= 1, got {R}")
+    if not 0 <= rank < R:
+        raise UserError(f"rank: expected 0..{R - 1}, got {rank}")
+    if R > 0xFFFF:
+        raise UserError(f"ranks: expected at most 65535, got {R}")
+
+    def bad(what: str) -> UserError:
+        return UserError(f"ranks: model {cfg.name!r} cannot be split over {R} ranks: {what}")
+
+    if cfg.n_heads % R:
+        raise bad(f"n_heads={cfg.n_heads} is not a multiple of {R}")
+    hq = cfg.n_heads // R
+    if cfg.n_kv_heads % R == 0:
+        hkv = cfg.n_kv_heads // R
+        kv_lo = rank * hkv
+    elif R % cfg.n_kv_heads == 0:
+        hkv = 1
+        kv_lo = rank // (R // cfg.n_kv_heads)
+    else:
+        raise bad(f"n_kv_heads={cfg.n_kv_heads} must be a multiple of the ranks (kv heads split) or "
+                  f"divide them (kv heads replicated)")
+    qkv = (hq + 2 * hkv) * cfg.head_dim
+    if qkv % T:
+        raise bad(f"the rank's q|k|v shard, {qkv} columns, is not a multiple of tile_n={T}")
+    if any(not cfg.is_moe(l) for l in range(cfg.n_layers)) and (cfg.ffn // T) % R:
+        raise bad(f"ffn={cfg.ffn} is not {R} x a multiple of tile_n={T}")
+    if cfg.moe_layers and (cfg.expert_ffn // T) % R:
+        raise bad(f"expert_ffn={cfg.expert_ffn} is not {R} x a multiple of tile_n={T}")
+    return TPShard(rank * hq, (rank + 1) * hq, kv_lo, kv_lo + hkv, qkv, cfg.ffn // R,
+                   cfg.expert_ffn // R)
+
+
 def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: ModelConfig,
-          batch: int, num_workers: int) -> List[List[int]]:
-    """Deterministic list scheduling by estimated cost (see module doc)."""
+          batch: int, num_workers: int, costs: Optional["ModelCosts"] = None,
+          own_recv: Optional[Dict[int, int]] = None) -> List[List[int]]:
+    """Deterministic list scheduling by estimated cost (see module doc).  A comm task's
+    signal counts toward its own rank's receive event of the op at end + comm_ns (the
+    ranks run the same schedule, so the peers' signals are estimated to arrive then)."""
     from .cost import model_costs
-    costs = model_costs(cfg)
+    costs = costs or model_costs(cfg)
+    own_recv = own_recv or {}
     fixed, per_row = costs.by_class_id()
     kv_est = cfg.max_seq // 2
     moe_by_router = {m.router_task: m for m in moe}
@@ -349,7 +500,11 @@ def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: M
         end = start + c
         heapq.heappush(free, (end, w))
         plans[w].append(t.index)
-        done[t.signal_event] = max(done[t.signal_event], end)
+        if t.signal_event in own_recv:
+            e = own_recv[t.signal_event]
+            done[e] = max(done[e], end + costs.comm_ns - costs.notify_ns)
+        else:
+            done[t.signal_event] = max(done[t.signal_event], end)
         m = moe_by_router.get(t.index)
         if m is not None:   # expected expert work spread over all workers
             per_tile = fixed[CLASS_IDS["moe_expert"]] + per_row[CLASS_IDS["moe_expert"]] * (
@@ -360,17 +515,19 @@ def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: M
     return plans
 
 
-def build_graph(cfg: ModelConfig, batch: int, num_workers: int, rank: int = 0, ranks: int = 1) -> TaskGraph:
-    """Lower one decode step of `cfg` for `batch` request slots onto `num_workers` workers."""
+def build_graph(cfg: ModelConfig, batch: int, num_workers: int, rank: int = 0, ranks: int = 1,
+                costs: Optional["ModelCosts"] = None) -> TaskGraph:
+    """Lower one decode step of `cfg` for `batch` request slots onto `num_workers` workers;
+    with ranks > 1, rank `rank`'s tensor-parallel share (module doc).  `costs` (default:
+    the shipped cost table) only steers the static plans."""
     if batch < 1 or batch > 0xFFFF:
         raise UserError(f"--batch: expected 1..65535, got {batch}")
     if num_workers < 1:
         raise UserError(f"num_workers: expected >= 1, got {num_workers}")
-    if ranks != 1 or rank != 0:
-        raise UserError(f"ranks: tensor-parallel lowering is not built yet (got rank {rank} of {ranks})")
-    b = _Builder(cfg, batch)
+    tp_shard(cfg, rank, ranks)          # validates the split
+    b = _Builder(cfg, batch, rank, ranks)
     b.build()
-    plans = _plan(b.tasks, b.events, b.moe, cfg, batch, num_workers)
+    plans = _plan(b.tasks, b.events, b.moe, cfg, batch, num_workers, costs, b.own_recv)
     schema = S.TaskSchema(
         model=cfg.name, task_classes=S.standard_classes(),
         events=[S.Event(e.id, e.name, e.producer_class, e.triggers, e.owner_rank) for e in b.events],

@@ -8,10 +8,21 @@ known presets.  Dimensions:
 | tiny      | 256    | 2      | 4 / 2    | 64       | 512  | 1024  | 128     | -                                    |
 | small-moe | 512    | 4      | 8 / 4    | 64       | 1024 | 4096  | 256     | layers 1,3: 8 experts, top-2, ffn 256 |
 | 1b        | 2048   | 16     | 32 / 8   | 64       | 8192 | 32000 | 2048    | -                                    |
+| wide-tp   | 512    | 2      | 64 / 8   | 64       | 4096 | 1024  | 128     | -  (comm_tile_n 512)                 |
 
 `1b` has Llama-3.2-1B's shapes (hidden 2048, 16 layers, GQA 32/8, head_dim 64, ffn 8192)
 except the vocabulary: 32000 (Llama-2 sized) instead of 128256, which keeps the LM
 head at 500 tiles of 64 columns instead of 2004.
+
+`wide-tp` exists for many-rank tensor-parallel sims (the collector's benchmark): 64 q
+heads split 1..64 ways (kv heads split up to 8 ranks, replicated beyond), ffn 4096 = 64
+tiles, one comm task per destination rank (comm_tile_n = hidden).  It is not a real
+model shape (q_dim 4096 > hidden 512) and has no GPU reference.
+
+Tensor-parallel splits (`graph.tp_shard`): R ranks need n_heads % R == 0, n_kv_heads %
+R == 0 or R % n_kv_heads == 0, (ffn / tile_n) % R == 0 (dense layers), (expert_ffn /
+tile_n) % R == 0 (MoE).  tiny: 1, 2, 4 ranks; small-moe: 1, 2, 4; 1b: 1, 2, 4, 8, 16, 32;
+wide-tp: 1, 2, 4, ..., 64.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ class ModelConfig:
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
     tile_n: int = 64                     # output columns per matmul tile
+    comm_tile_n: int = 0                 # columns per all-reduce comm task (0: tile_n)
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:
@@ -52,6 +64,8 @@ class ModelConfig:
         for f in ("hidden", "ffn", "vocab"):
             if getattr(self, f) % self.tile_n:
                 raise bad(f, f"must be a multiple of tile_n={self.tile_n}, got {getattr(self, f)}")
+        if self.comm_tile_n < 0 or (self.comm_tile_n and self.hidden % self.comm_tile_n):
+            raise bad("comm_tile_n", f"must divide hidden={self.hidden} (0: tile_n), got {self.comm_tile_n}")
         for l in self.moe_layers:
             if not 0 <= l < self.n_layers:
                 raise bad("moe_layers", f"layer {l} is outside 0..{self.n_layers - 1}")
@@ -74,6 +88,11 @@ class ModelConfig:
     def qkv_dim(self) -> int:
         return self.q_dim + 2 * self.kv_dim
 
+    @property
+    def comm_tile(self) -> int:
+        """Columns per all-reduce comm task (tensor-parallel graphs)."""
+        return self.comm_tile_n or self.tile_n
+
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
 
@@ -86,6 +105,9 @@ PRESETS: Dict[str, ModelConfig] = {
                              top_k=2, expert_ffn=256),
     "1b": ModelConfig("1b", hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
                       ffn=8192, vocab=32000, max_seq=2048, rope_theta=500000.0),
+    # sim-scale preset for many-rank tensor parallelism (up to 64 ranks); not Llama-shaped
+    "wide-tp": ModelConfig("wide-tp", hidden=512, n_layers=2, n_heads=64, n_kv_heads=8, head_dim=64,
+                           ffn=4096, vocab=1024, max_seq=128, comm_tile_n=512),
 }
 
 

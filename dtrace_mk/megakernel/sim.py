@@ -65,10 +65,13 @@ Sink = Callable[[Dict[str, Any]], Any]
 
 _H_READY, _H_DISPATCH, _H_BEGIN, _H_END = "task:ready", "task:dispatch", "task:begin", "task:end"
 _H_WAIT, _H_RELEASE, _H_GEN, _H_PRESSURE = "dep:wait", "dep:release", "gen:advance", "queue:pressure"
-SIM_HOOKS = (_H_READY, _H_DISPATCH, _H_BEGIN, _H_END, _H_WAIT, _H_RELEASE, _H_GEN, _H_PRESSURE)
+_H_CSIGNAL, _H_CWAIT = "comm:signal", "comm:wait"
+SIM_HOOKS = (_H_READY, _H_DISPATCH, _H_BEGIN, _H_END, _H_WAIT, _H_RELEASE, _H_GEN, _H_PRESSURE,
+             _H_CSIGNAL, _H_CWAIT)
 
 # heap event codes
-_SIGNAL, _BOUNDARY, _BEGIN, _END, _DYN_PUSH, _STEP_START, _PHANTOMS_DONE, _WAKE, _DYN_START = range(9)
+(_SIGNAL, _BOUNDARY, _BEGIN, _END, _DYN_PUSH, _STEP_START, _PHANTOMS_DONE, _WAKE, _DYN_START,
+ _RSIGNAL, _COMM_SIGNAL) = range(11)
 
 _C_ATTN = CLASS_IDS["attn"]
 _C_ARGMAX = CLASS_IDS["argmax"]
@@ -133,13 +136,60 @@ def tee(*sinks: Optional[Sink]) -> Optional[Sink]:
 # ----------------------------------------------------------------------------- transport
 
 class LocalTransport:
-    """Single rank: no event is remote.  The seam for an MPI transport: `send` gets the
-    signals of events owned by another rank; the transport calls `Sim.deliver` for
-    signals arriving from peers."""
+    """Single rank: no event is remote.  Multi-rank transports (`mpi_transport.py`)
+    implement the same `send`; signals arriving from peers enter through `Sim.deliver`."""
 
-    def send(self, event: int, owner_rank: int, count: int, ts_ns: int) -> None:
-        raise UserError(f"event {event} is owned by rank {owner_rank}: the sim has no "
-                        f"multi-rank transport yet")
+    def send(self, event: int, owner_rank: int, count: int, ts_ns: int, comm_op: int = -1,
+             comm_gen: int = 0) -> None:
+        raise UserError(f"event {event} is owned by rank {owner_rank}: a multi-rank graph needs a "
+                        f"multi-rank transport (dtrace_mk.megakernel.mpi_transport)")
+
+
+# ------------------------------------------------------------------------------- clocks
+
+@dataclass(frozen=True)
+class RankClock:
+    """A rank's device clock (`%globaltimer`) and host clock as functions of sim time t:
+
+        device_ns(t) = floor((t + offset_ns + t * drift_ppb / 1e9) / quantum_ns) * quantum_ns
+        host_ns(t)   = t + host_offset_ns (+ a deterministic read jitter in [0, jitter_ns))
+
+    Only the ts_ns of emitted hook contexts and the clock samples go through it; the
+    simulation's causality (and SimResult's step times) stay in sim time.  The default
+    (`RankClock()`) is the identity."""
+    offset_ns: int = 0
+    drift_ppb: int = 0            # parts per billion (1 ppm = 1000 ppb); may be negative
+    quantum_ns: int = 1
+    host_offset_ns: int = 0
+    jitter_ns: int = 0
+    seed: int = 0
+
+    @property
+    def identity(self) -> bool:
+        return self.offset_ns == 0 and self.drift_ppb == 0 and self.quantum_ns == 1
+
+    def device_ns(self, t: int) -> int:
+        v = t + self.offset_ns + (t * self.drift_ppb) // 1_000_000_000
+        return v - v % self.quantum_ns
+
+    def host_ns(self, t: int, sample: int = 0) -> int:
+        j = F.splitmix64(self.seed ^ (sample * 0x9E3779B97F4A7C15 & F.M64)) % self.jitter_ns if self.jitter_ns else 0
+        return t + self.host_offset_ns + j
+
+    @classmethod
+    def for_rank(cls, rank: int, seed: int = 0, ranks_per_host: int = 8) -> "RankClock":
+        """A realistic, deterministic clock for `rank`: offset 37..236 us, drift +-1..4 ppm,
+        32 ns ticks (H200 %globaltimer); the host clock of host rank // ranks_per_host is
+        offset 0 (host 0) or 1..50 us, read with up to 200 ns jitter."""
+        h = F.splitmix64((seed * 0x100000001B3 + rank + 1) & F.M64)
+        offset = 37_000 + h % 200_000
+        drift = 1000 + (h >> 20) % 3001
+        if (h >> 40) & 1:
+            drift = -drift
+        host = rank // max(ranks_per_host, 1)
+        hh = F.splitmix64((seed * 0x100000001B3 + 0xC0FFEE + host) & F.M64)
+        host_off = 0 if host == 0 else 1000 + hh % 49_000
+        return cls(offset, drift, 32, host_off, 200, F.splitmix64(h))
 
 
 # -------------------------------------------------------------------------------- result
@@ -156,6 +206,12 @@ class SimResult:
     requests_finished: int
     trace: List[Tuple[int, int, int, int, int, int]] = field(default_factory=list)
     # (task_index, step, worker, begin_ns, end_ns, flags) when collect_trace
+    rank: int = 0
+    clock_samples: List[Tuple[int, int]] = field(default_factory=list)
+    # (device_ns, host_ns) at every step start and at the end (see RankClock)
+    signals_sent: int = 0             # signals sent to other ranks
+    signals_received: int = 0
+    comm_wait_ns: int = 0             # sum of comm:wait wait_ns (remote data not there yet)
 
     @property
     def step_ns(self) -> List[int]:
@@ -176,11 +232,20 @@ class SimResult:
 
 # ------------------------------------------------------------------------------------ sim
 
+END_OF_TIME = 1 << 62
+
+
 class Sim:
+    """One rank's simulation.  `run()` runs it alone (single-rank graphs); multi-rank
+    drivers (`mpi_transport.py`) call `start()`, then alternately `advance(until)`,
+    `next_ts()` and `deliver(...)`, and finally `finish()`."""
+
     def __init__(self, graph: TaskGraph, steps: int, *, faults: Optional[F.FaultTable] = None,
                  costs: Optional[ModelCosts] = None, seed: int = 0, sink: Optional[Sink] = None,
                  hooks: Optional[Iterable[str]] = None, queue_threshold: int = 16,
-                 transport=None, collect_trace: bool = False, requests: Optional[Requests] = None):
+                 transport=None, collect_trace: bool = False, requests: Optional[Requests] = None,
+                 clock: Optional[RankClock] = None,
+                 on_clock: Optional[Callable[[int, int], Any]] = None):
         if steps < 0:
             raise UserError(f"--steps: expected >= 0, got {steps}")
         if queue_threshold < 1:
@@ -202,6 +267,12 @@ class Sim:
         self.collect_trace = collect_trace
         self.rank = graph.rank
         self.requests = requests or Requests()
+        self.clock = clock or RankClock()
+        self.on_clock = on_clock
+        if graph.ranks > 1 and self.costs.comm_ns < 1:
+            raise UserError(f"comm_ns: expected >= 1 ns for a multi-rank graph (it is the lookahead), "
+                            f"got {self.costs.comm_ns}")
+        self._started = False
         self._check_faults()
 
     def _check_faults(self) -> None:
@@ -222,6 +293,7 @@ class Sim:
         self.f_starve = [r for r in rows if r.kind == F.STARVE_READY]
         self.f_skew = [r for r in rows if r.kind == F.ROUTING_SKEW]
         self.f_sat = [r for r in rows if r.kind == F.QUEUE_SATURATION]
+        self.f_comm = [r for r in rows if r.kind == F.LATE_COMM]
 
     @staticmethod
     def _sum(rows, t: int, k: int, cls: int, layer: int) -> int:
@@ -233,6 +305,44 @@ class Sim:
 
     # ---------------------------------------------------------------------- run
     def run(self) -> SimResult:
+        """Run all steps of a single-rank graph (or a multi-rank one whose transport
+        never sends: use `mpi_transport` for multi-rank runs)."""
+        self.start()
+        self.advance(END_OF_TIME)
+        return self.finish()
+
+    def next_ts(self) -> int:
+        """Sim time of the next pending event (END_OF_TIME when none)."""
+        h = self._heap
+        return h[0][0] if h else END_OF_TIME
+
+    def deliver(self, event: int, count: int, ts_ns: int, sender: int, seq: int, comm_op: int = -1,
+                comm_gen: int = 0) -> None:
+        """A signal from rank `sender` (its `seq`-th send) lands on `event` at `ts_ns`.
+        Deliveries sort after local events of the same ts, then by (sender, seq), so the
+        order never depends on when the driver delivered them (only before ts)."""
+        key = (sender << 40) | seq
+        self._rmeta[key] = (comm_op, comm_gen)
+        heapq.heappush(self._heap, (ts_ns, 1, key, _RSIGNAL, event, count))
+
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("Sim.start: already started")
+        self._started = True
+        self._heap: List[Tuple[int, int, int, int, int, int]] = []
+        self._rmeta: Dict[int, Tuple[int, int]] = {}
+        self.clock_samples: List[Tuple[int, int]] = []
+        self._build()
+
+    def advance(self, until: int) -> None:
+        """Process every pending event with ts < until."""
+        self._advance(until)
+
+    def finish(self) -> SimResult:
+        return self._finish()
+
+    # ------------------------------------------------------------------- the model
+    def _build(self) -> None:
         g, cfg, costs = self.g, self.cfg, self.costs
         W, B, steps = g.num_workers, g.batch, self.steps
         self._fault_rows()
@@ -249,14 +359,22 @@ class Sim:
         t_dyn = [t.dynamic for t in tasks]
         ev_trig = [e.triggers for e in g.events]
         ev_owner = [e.owner_rank for e in g.events]
+        ev_cop = [e.comm_op for e in g.events]
         owner = g.task_worker()
         plans = g.worker_plans
         consumers = [[i for i in c if not t_dyn[i]] for c in g.consumers()]
         fixed, per_row = costs.by_class_id()
         base_ns = [int(fixed[c] + per_row[c] * B) for c in t_cls]
-        notify, disp_ns = costs.notify_ns, costs.dispatch_ns
+        notify, disp_ns, comm_ns = costs.notify_ns, costs.dispatch_ns, costs.comm_ns
         step_event = g.step_event
         moe_by_router = {m.router_task: m for m in g.moe}
+        rank = self.rank
+        n_layers = cfg.n_layers
+        # remote structure: FLAG_REMOTE on hooks naming a remote-fed wait event / a remote signal
+        ev_rfed = [g.remote_fed(e) for e in range(len(g.events))]
+        wflag = [D.FLAG_REMOTE if (w >= 0 and ev_rfed[w]) else 0 for w in t_wait]
+        sflag = [D.FLAG_REMOTE if ev_owner[s] != rank else 0 for s in t_sig]
+        t_cop = [ev_cop[s] for s in t_sig]            # comm op of a comm task (-1 otherwise)
         # queue_saturation: first plan task of each layer per worker
         first_of_layer: Dict[int, int] = {}
         for w, plan in enumerate(plans):
@@ -268,23 +386,27 @@ class Sim:
         sat_layer = [r for r in self.f_sat if r.layer >= 0]
         sat_step = [r for r in self.f_sat if r.layer < 0]
         any_task_fault = bool(self.f_slow or self.f_late or self.f_starve)
+        f_comm = self.f_comm
 
         sink, on = self.sink, self.on
-        rank = self.rank
         on_ready, on_disp, on_begin, on_end = on[_H_READY], on[_H_DISPATCH], on[_H_BEGIN], on[_H_END]
         on_wait, on_rel, on_gen, on_press = on[_H_WAIT], on[_H_RELEASE], on[_H_GEN], on[_H_PRESSURE]
+        on_csig, on_cwait = on[_H_CSIGNAL], on[_H_CWAIT]
         counts = dict.fromkeys(SIM_HOOKS, 0)
+        clock = self.clock
+        dev = None if clock.identity else clock.device_ns
 
         # ---- request slots (continuous batching; same model as reference.py / the kernel)
         req = self.requests
         req_gen = [0] * B
         pos = [0] * B                        # position of the slot's current token
         req_len = [req.req_len(s, 0, cfg.max_seq) for s in range(B)]
-        finished = 0
+        fin = [0]                            # requests finished
 
         # ---- dynamic state ----------------------------------------------------------
-        heap: List[Tuple[int, int, int, int, int]] = []
-        seq = 0
+        heap = self._heap
+        rmeta = self._rmeta
+        seqc = [0]
         count = [0] * len(g.events)          # visible signals, monotonic
         ready_ts = [-1] * T                  # when the task became ready in its current step
         task_step = [0] * T                  # step of the task's current/last readiness
@@ -310,13 +432,20 @@ class Sim:
         step_start = [0] * steps
         step_end = [0] * steps
         trace = []
-        tasks_run = 0
+        tasks_run = [0]
+        sent = [0]
+        received = [0]
+        comm_wait_ns = [0]
         route_tokens: Dict[Tuple[int, int], List[int]] = {}
+        # remote-fed events: the last remote signal of the current generation
+        ev_rpeer = [NONE] * len(g.events)
+        ev_rts = [0] * len(g.events)
+        ev_rid = [(-1, 0)] * len(g.events)   # (comm_op, comm_gen) the peer sent
+        t_rinfo: Dict[int, Tuple[int, int, int, int]] = {}   # consumer -> (peer, ts, op, gen)
 
         def push(ts: int, code: int, a: int = 0, b: int = 0) -> None:
-            nonlocal seq
-            seq += 1
-            heapq.heappush(heap, (ts, seq, code, a, b))
+            seqc[0] += 1
+            heapq.heappush(heap, (ts, 0, seqc[0], code, a, b))
 
         def task_ctx(h: str, ts: int, w: int, t: int, k: int) -> Dict[str, Any]:
             s = t_slot[t]
@@ -326,9 +455,21 @@ class Sim:
                     "request_gen": req_gen[s] if s != NONE else NONE, "layer": t_layer[t],
                     "expert": t_expert[t]}
 
-        def emit(h: str, d: Dict[str, Any]) -> None:
-            counts[h] += 1
-            sink(d)
+        if dev is None:
+            def emit(h: str, d: Dict[str, Any]) -> None:
+                counts[h] += 1
+                sink(d)
+        else:
+            def emit(h: str, d: Dict[str, Any]) -> None:
+                counts[h] += 1
+                d["ts_ns"] = dev(d["ts_ns"])
+                sink(d)
+
+        def clock_sample(t: int) -> None:
+            smp = (clock.device_ns(t), clock.host_ns(t, len(self.clock_samples)))
+            self.clock_samples.append(smp)
+            if self.on_clock is not None:
+                self.on_clock(*smp)
 
         def wait_ids(t: int, k: int) -> Tuple[int, int]:
             e = t_wait[t]
@@ -349,6 +490,10 @@ class Sim:
                 depth[w] += 1
                 pressure(w, ts, k, NONE, NONE, depth[w])
 
+        def comm_delay(t: int, k: int) -> int:
+            """late_comm: extra ns before comm task t's signal to a peer is issued."""
+            return self._sum(f_comm, t, k, t_cop[t], t_layer[t]) if (f_comm and sflag[t]) else 0
+
         def task_faults(t: int, k: int) -> None:
             """Compute the fault flag and duration of task t at step k (at readiness)."""
             f = D.FLAG_DYNAMIC if t_dyn[t] else 0
@@ -360,6 +505,8 @@ class Sim:
                     f |= D.FLAG_FAULT
                 c += extra
             if t_cls[t] == _C_ROUTER and any(r.in_scope(k, t_layer[t]) for r in self.f_skew):
+                f |= D.FLAG_FAULT
+            if f_comm and comm_delay(t, k):
                 f |= D.FLAG_FAULT
             flags_of[t] = f
             cost_of[t] = c
@@ -377,6 +524,7 @@ class Sim:
             if on_ready:
                 d = task_ctx(_H_READY, ts, w, t, k)
                 d["event_id"], d["event_gen"], d["queue_depth"] = ev, gen, depth[w]
+                d["flags"] |= wflag[t]
                 emit(_H_READY, d)
             else:
                 counts[_H_READY] += 1
@@ -385,7 +533,6 @@ class Sim:
                 push(ts, _BOUNDARY, w)
 
         def start_task(w: int, t: int, k: int, now: int, rdy: int, dep_wait: int) -> None:
-            nonlocal tasks_run
             busy[w] = True
             w_task[w], w_task_step[w], w_dep_wait[w], w_dispatch[w] = t, k, dep_wait, now
             if on_disp:
@@ -394,8 +541,24 @@ class Sim:
                 emit(_H_DISPATCH, d)
             else:
                 counts[_H_DISPATCH] += 1
-            tasks_run += 1
+            tasks_run[0] += 1
             push(now + disp_ns, _BEGIN, w)
+
+        def comm_wait(w: int, t: int, k: int, now: int, reached: int) -> None:
+            """comm:wait of a consumer of a remote-fed event at the end of its wait."""
+            peer, rts, op, cgen = t_rinfo.get(t, (NONE, 0, -1, 0))
+            wait = min(max(rts - reached, 0), now - reached)
+            comm_wait_ns[0] += wait
+            if not on_cwait:
+                counts[_H_CWAIT] += 1
+                return
+            ev, gen = wait_ids(t, k)
+            d = task_ctx(_H_CWAIT, now, w, t, k)
+            d["event_id"], d["event_gen"], d["comm_op"], d["comm_gen"], d["peer_rank"] = \
+                ev, gen, op, cgen, peer
+            d["wait_ns"] = wait
+            d["flags"] |= D.FLAG_REMOTE
+            emit(_H_CWAIT, d)
 
         def boundary(w: int, now: int) -> None:
             """Worker w is free at `now`: run its next static task if ready, else wait on
@@ -404,11 +567,11 @@ class Sim:
                 return
             k = w_step[w]
             if k < steps and plans[w]:
-                pos = w_pos[w]
-                t = plans[w][pos]
+                pos_ = w_pos[w]
+                t = plans[w][pos_]
                 if w_arrived[w] != t:                       # the worker reaches t
                     w_arrived[w] = t
-                    if pos == 0 and sat_step:
+                    if pos_ == 0 and sat_step:
                         n = sum(r.param_b for r in sat_step if r.param_a == w and r.step_lo <= k <= r.step_hi)
                         if n:
                             add_phantoms(w, n, now, k)
@@ -422,16 +585,21 @@ class Sim:
                     if w_obs[w] < 0:                        # first sight of t ready
                         w_obs[w] = now
                         dep_wait = 0
+                        reached = now
                         if w_wait_task[w] == t:
-                            dep_wait = now - w_wait_start[w]
+                            reached = w_wait_start[w]
+                            dep_wait = now - reached
                             w_wait_task[w] = -1
                             if on_rel:
                                 ev, gen = wait_ids(t, k)
                                 d = task_ctx(_H_RELEASE, now, w, t, k)
                                 d["event_id"], d["event_gen"], d["wait_ns"] = ev, gen, dep_wait
+                                d["flags"] |= wflag[t]
                                 emit(_H_RELEASE, d)
                             else:
                                 counts[_H_RELEASE] += 1
+                        if wflag[t]:
+                            comm_wait(w, t, k, now, reached)
                         w_obs_dep[w] = dep_wait
                     if phantom[w]:                          # drain queue_saturation entries
                         busy[w] = True
@@ -445,7 +613,7 @@ class Sim:
                             return
                     depth[w] -= 1
                     ready_ts[t] = -1
-                    w_pos[w] = pos + 1
+                    w_pos[w] = pos_ + 1
                     if w_pos[w] == len(plans[w]):
                         w_pos[w] = 0
                         w_step[w] += 1
@@ -460,6 +628,7 @@ class Sim:
                         ev, gen = wait_ids(t, k)
                         d = task_ctx(_H_WAIT, now, w, t, k)
                         d["event_id"], d["event_gen"] = ev, gen
+                        d["flags"] |= wflag[t]
                         emit(_H_WAIT, d)
                     else:
                         counts[_H_WAIT] += 1
@@ -475,10 +644,25 @@ class Sim:
                 start_task(w, t, k2, now, rdy, 0)
 
         def signal(e: int, n: int, ts: int) -> None:
-            if ev_owner[e] != rank:
-                self.transport.send(e, ev_owner[e], n, ts)
+            if ev_owner[e] != rank:       # only comm tasks signal other ranks (comm_signal)
+                raise RuntimeError(f"event {e} of rank {ev_owner[e]} signalled outside a comm task")
+            push(ts, _SIGNAL, e, n)
+
+        def comm_signal(w: int, t: int, k: int, now: int) -> None:
+            """Comm task t (step k) issues its signal to the peer's event at `now`."""
+            e = t_sig[t]
+            peer = ev_owner[e]
+            cgen = k * n_layers + t_layer[t]
+            if on_csig:
+                d = task_ctx(_H_CSIGNAL, now, w, t, k)
+                d["event_id"], d["event_gen"], d["comm_op"], d["comm_gen"], d["peer_rank"] = \
+                    e, ev_trig[e] * (k + 1), t_cop[t], cgen, peer
+                d["flags"] |= D.FLAG_REMOTE
+                emit(_H_CSIGNAL, d)
             else:
-                push(ts, _SIGNAL, e, n)
+                counts[_H_CSIGNAL] += 1
+            sent[0] += 1
+            self.transport.send(e, peer, 1, now + comm_ns, t_cop[t], cgen)
 
         def land(e: int, n: int, now: int) -> None:
             count[e] += n
@@ -491,9 +675,9 @@ class Sim:
                 push(now + costs.step_overhead_ns, _STEP_START, k + 1)
                 return
             for t in consumers[e]:
+                if ev_rfed[e]:
+                    t_rinfo[t] = (ev_rpeer[e], ev_rts[e]) + ev_rid[e]
                 make_ready(t, k, now, e, gen)
-
-        self.deliver = lambda e, n, ts: push(ts, _SIGNAL, e, n)
 
         def route(m, k: int) -> List[int]:
             """Tokens per expert for MoE layer m at step k (hash routing + skew)."""
@@ -509,120 +693,147 @@ class Sim:
             for w in range(W):
                 push(0, _BOUNDARY, w)
         pop = heapq.heappop
-        while heap:
-            now, _, code, a, b = pop(heap)
-            if code == _SIGNAL:
-                land(a, b, now)
-            elif code == _BOUNDARY:
-                boundary(a, now)
-            elif code == _BEGIN:
-                w = a
-                t, k = w_task[w], w_task_step[w]
-                if on_begin:
-                    ev, gen = wait_ids(t, k)
-                    d = task_ctx(_H_BEGIN, now, w, t, k)
-                    d["event_id"], d["event_gen"], d["wait_ns"], d["queue_depth"] = \
-                        ev, gen, w_dep_wait[w], depth[w]
-                    emit(_H_BEGIN, d)
-                else:
-                    counts[_H_BEGIN] += 1
-                dur = cost_of[t]
-                push(now + dur, _END, w, now)
-            elif code == _END:
-                w = a
-                t = w_task[w]
-                k = w_task_step[w]
-                e = t_sig[t]
-                if on_end:
-                    d = task_ctx(_H_END, now, w, t, k)
-                    d["event_id"], d["event_gen"], d["dur_ns"], d["wait_ns"] = \
-                        e, ev_trig[e] * (k + 1), now - b, w_dep_wait[w]
-                    emit(_H_END, d)
-                else:
-                    counts[_H_END] += 1
-                if self.collect_trace:
-                    trace.append((t, k, w, b, now, flags_of[t]))
-                land_ts = now + notify
-                if self.f_late:
-                    land_ts += self._sum(self.f_late, t, k, t_cls[t], t_layer[t])
-                m = moe_by_router.get(t)
-                if m is not None:
-                    tok = route(m, k)
-                    route_tokens[(m.layer, k)] = tok
-                    empty = sum(1 for x in tok if x == 0) * m.expert_tiles
-                    if empty:
-                        signal(m.expert_event, empty, land_ts)
-                    push(land_ts, _DYN_PUSH, t, k)
-                elif t_cls[t] == _C_ARGMAX:
-                    step_end[k] = now
-                    for s in range(B):
-                        if on_gen:
-                            emit(_H_GEN, {"hook": _H_GEN, "abi_version": 1, "ts_ns": now, "rank": rank,
-                                          "sm": w, "worker": w, "decode_step": k, "flags": 0,
-                                          "request_slot": s, "request_gen": req_gen[s]})
+
+        def advance(until: int) -> None:
+            while heap and heap[0][0] < until:
+                now, _, key, code, a, b = pop(heap)
+                if code == _SIGNAL:
+                    land(a, b, now)
+                elif code == _BOUNDARY:
+                    boundary(a, now)
+                elif code == _BEGIN:
+                    w = a
+                    t, k = w_task[w], w_task_step[w]
+                    if on_begin:
+                        ev, gen = wait_ids(t, k)
+                        d = task_ctx(_H_BEGIN, now, w, t, k)
+                        d["event_id"], d["event_gen"], d["wait_ns"], d["queue_depth"] = \
+                            ev, gen, w_dep_wait[w], depth[w]
+                        d["flags"] |= wflag[t]
+                        emit(_H_BEGIN, d)
+                    else:
+                        counts[_H_BEGIN] += 1
+                    dur = cost_of[t]
+                    push(now + dur, _END, w, now)
+                elif code == _END:
+                    w = a
+                    t = w_task[w]
+                    k = w_task_step[w]
+                    e = t_sig[t]
+                    if on_end:
+                        d = task_ctx(_H_END, now, w, t, k)
+                        d["event_id"], d["event_gen"], d["dur_ns"], d["wait_ns"] = \
+                            e, ev_trig[e] * (k + 1), now - b, w_dep_wait[w]
+                        d["flags"] |= sflag[t]
+                        emit(_H_END, d)
+                    else:
+                        counts[_H_END] += 1
+                    if self.collect_trace:
+                        trace.append((t, k, w, b, now, flags_of[t]))
+                    late = self._sum(self.f_late, t, k, t_cls[t], t_layer[t]) if self.f_late else 0
+                    land_ts = now + notify + late
+                    m = moe_by_router.get(t)
+                    if m is not None:
+                        tok = route(m, k)
+                        route_tokens[(m.layer, k)] = tok
+                        empty = sum(1 for x in tok if x == 0) * m.expert_tiles
+                        if empty:
+                            signal(m.expert_event, empty, land_ts)
+                        push(land_ts, _DYN_PUSH, t, k)
+                    elif t_cls[t] == _C_ARGMAX:
+                        step_end[k] = now
+                        for s in range(B):
+                            if on_gen:
+                                emit(_H_GEN, {"hook": _H_GEN, "abi_version": 1, "ts_ns": now, "rank": rank,
+                                              "sm": w, "worker": w, "decode_step": k, "flags": 0,
+                                              "request_slot": s, "request_gen": req_gen[s]})
+                            else:
+                                counts[_H_GEN] += 1
+                            pos[s] += 1
+                            if pos[s] >= req_len[s]:
+                                fin[0] += 1
+                                req_gen[s] += 1
+                                pos[s] = 0
+                                req_len[s] = req.req_len(s, req_gen[s], cfg.max_seq)
+                    if sflag[t]:                # a comm task: its signal goes to a peer
+                        issue = now + late + comm_delay(t, k)
+                        if issue == now:
+                            comm_signal(w, t, k, now)
                         else:
-                            counts[_H_GEN] += 1
-                        pos[s] += 1
-                        if pos[s] >= req_len[s]:
-                            finished += 1
-                            req_gen[s] += 1
-                            pos[s] = 0
-                            req_len[s] = req.req_len(s, req_gen[s], cfg.max_seq)
-                signal(e, 1, land_ts)
-                w_task[w] = -1
-                w_dep_wait[w] = 0
-                busy[w] = False
-                boundary(w, now)
-            elif code == _DYN_PUSH:
-                m = moe_by_router[a]
-                k = b
-                rw = owner[a]
-                tok = route_tokens.pop((m.layer, k))
-                for ex in range(cfg.n_experts):
-                    if not tok[ex]:
+                            push(issue, _COMM_SIGNAL, t, k * W + w)
+                    else:
+                        signal(e, 1, land_ts)
+                    w_task[w] = -1
+                    w_dep_wait[w] = 0
+                    busy[w] = False
+                    boundary(w, now)
+                elif code == _RSIGNAL:
+                    op, cgen = rmeta.pop(key)
+                    received[0] += 1
+                    ev_rpeer[a], ev_rts[a], ev_rid[a] = key >> 40, now, (op, cgen)
+                    land(a, b, now)
+                elif code == _COMM_SIGNAL:
+                    comm_signal(b % W, a, b // W, now)
+                elif code == _DYN_PUSH:
+                    m = moe_by_router[a]
+                    k = b
+                    rw = owner[a]
+                    tok = route_tokens.pop((m.layer, k))
+                    for ex in range(cfg.n_experts):
+                        if not tok[ex]:
+                            continue
+                        for x in range(m.expert_tiles):
+                            t = m.expert_base + ex * m.expert_tiles + x
+                            task_step[t] = k
+                            cost_of[t] = int(fixed[t_cls[t]] + per_row[t_cls[t]] * tok[ex])
+                            task_faults(t, k)
+                            dynq.append((t, k, now, tok[ex]))
+                            dyn_count[k] += 1
+                            if on_ready:
+                                d = task_ctx(_H_READY, now, rw, t, k)
+                                d["event_id"], d["event_gen"], d["queue_depth"] = m.router_event, k + 1, len(dynq)
+                                emit(_H_READY, d)
+                            else:
+                                counts[_H_READY] += 1
+                            pressure(rw, now, k, t_cls[t], t_layer[t], len(dynq))
+                    signal(m.router_event, 1, now)
+                    for w in range(W):
+                        if not busy[w]:
+                            boundary(w, now)
+                elif code == _PHANTOMS_DONE:
+                    depth[a] -= phantom[a]
+                    phantom[a] = 0
+                    busy[a] = False
+                    boundary(a, now)
+                elif code == _DYN_START:
+                    t, k2, rdy = w_pending[a]
+                    start_task(a, t, k2, now, rdy, 0)
+                elif code == _WAKE:
+                    busy[a] = False
+                    boundary(a, now)
+                elif code == _STEP_START:
+                    k = a
+                    if k >= steps:
                         continue
-                    for x in range(m.expert_tiles):
-                        t = m.expert_base + ex * m.expert_tiles + x
-                        task_step[t] = k
-                        cost_of[t] = int(fixed[t_cls[t]] + per_row[t_cls[t]] * tok[ex])
-                        task_faults(t, k)
-                        dynq.append((t, k, now, tok[ex]))
-                        dyn_count[k] += 1
-                        if on_ready:
-                            d = task_ctx(_H_READY, now, rw, t, k)
-                            d["event_id"], d["event_gen"], d["queue_depth"] = m.router_event, k + 1, len(dynq)
-                            emit(_H_READY, d)
-                        else:
-                            counts[_H_READY] += 1
-                        pressure(rw, now, k, t_cls[t], t_layer[t], len(dynq))
-                signal(m.router_event, 1, now)
-                for w in range(W):
-                    if not busy[w]:
-                        boundary(w, now)
-            elif code == _PHANTOMS_DONE:
-                depth[a] -= phantom[a]
-                phantom[a] = 0
-                busy[a] = False
-                boundary(a, now)
-            elif code == _DYN_START:
-                t, k2, rdy = w_pending[a]
-                start_task(a, t, k2, now, rdy, 0)
-            elif code == _WAKE:
-                busy[a] = False
-                boundary(a, now)
-            elif code == _STEP_START:
-                k = a
-                if k >= steps:
-                    continue
-                step_start[k] = now
-                make_ready(0, k, now, step_event, k)
-        self.count = count
-        done = sum(1 for k in range(steps) if count[step_event] >= k + 1)
-        if done < steps:   # a scheduling bug, never a user error
-            stuck = {w: plans[w][w_pos[w]] for w in range(W) if w_step[w] < steps and plans[w]}
-            raise RuntimeError(f"sim stalled in step {done}: workers wait on tasks {stuck}")
-        return SimResult(steps, B, step_start, step_end, counts, tasks_run, dyn_count[:steps], finished,
-                         trace)
+                    step_start[k] = now
+                    clock_sample(now)
+                    make_ready(0, k, now, step_event, k)
+
+        def finish() -> SimResult:
+            if heap:
+                raise RuntimeError(f"Sim.finish: {len(heap)} events pending (advance to the end first)")
+            self.count = count
+            done = sum(1 for k in range(steps) if count[step_event] >= k + 1)
+            if done < steps:   # a scheduling bug (or a peer rank that never signalled)
+                stuck = {w: plans[w][w_pos[w]] for w in range(W) if w_step[w] < steps and plans[w]}
+                raise RuntimeError(f"sim rank {rank} stalled in step {done}: workers wait on tasks {stuck}")
+            if steps:
+                clock_sample(step_end[-1])
+            return SimResult(steps, B, step_start, step_end, counts, tasks_run[0], dyn_count[:steps], fin[0],
+                             trace, rank, list(self.clock_samples), sent[0], received[0], comm_wait_ns[0])
+
+        self._advance = advance
+        self._finish = finish
 
 
 def sim_routing(n_experts: int, top_k: int, batch: int, layer: int, step: int, seed: int,

@@ -220,7 +220,7 @@ def test_presets():
     b = get_preset("1b")
     assert (b.hidden, b.n_layers, b.n_heads, b.n_kv_heads, b.head_dim, b.ffn, b.vocab, b.max_seq) == \
         (2048, 16, 32, 8, 64, 8192, 32000, 2048)
-    with pytest.raises(UserError, match=r"unknown preset 'x' \(known: tiny, small-moe, 1b\)"):
+    with pytest.raises(UserError, match=r"unknown preset 'x' \(known: tiny, small-moe, 1b, wide-tp\)"):
         get_preset("x")
 
 
@@ -243,5 +243,7 @@ def test_build_errors():
         build_graph(PRESETS["tiny"], 0, 4)
     with pytest.raises(UserError, match="num_workers"):
         build_graph(PRESETS["tiny"], 1, 0)
-    with pytest.raises(UserError, match="ranks: tensor-parallel lowering is not built yet"):
-        build_graph(PRESETS["tiny"], 1, 4, rank=0, ranks=2)
+    with pytest.raises(UserError, match="rank: expected 0..1, got 2"):
+        build_graph(PRESETS["tiny"], 1, 4, rank=2, ranks=2)
+    with pytest.raises(UserError, match=r"ranks: model 'tiny' cannot be split over 3 ranks: n_heads=4"):
+        build_graph(PRESETS["tiny"], 1, 4, rank=0, ranks=3)

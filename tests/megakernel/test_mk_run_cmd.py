@@ -59,3 +59,37 @@ def _sat(tmp_path):
 def test_gpu_backend_refused_without_gpu(capsys):
     assert main(["run", "--backend", "gpu"]) == 2
     assert "--backend gpu: no CuPy or no GPU here" in capsys.readouterr().err
+
+
+def test_run_ranks_in_process_writes_per_rank_files(tmp_path, capsys):
+    ev, sc, tr = tmp_path / "e.ctx", tmp_path / "s.json", tmp_path / "t{rank}.json"
+    rc = main(["run", "--backend", "sim", "--ranks", "2", "--steps", "2", "--batch", "2", "--workers", "8",
+               "--events-out", str(ev), "--schema-out", str(sc), "--trace", str(tr), "--no-clock-skew"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "2 tensor-parallel ranks (2 ranks in one process)" in out
+    assert [x.split(":")[0] for x in out.splitlines() if x.startswith("rank ")] == ["rank 0", "rank 1"]
+    for r in range(2):
+        recs = context.read_events(tmp_path / f"e.rank{r}.ctx")
+        names = {context.hook_of(x).name for x in recs}
+        assert {"comm:signal", "comm:wait"} <= names
+        s = load_schema(tmp_path / f"s.rank{r}.json")
+        assert s.events[s.event_id("L0.allreduce_attn.r1")].owner_rank == 1
+        assert json.loads((tmp_path / f"t{r}.json").read_text())["traceEvents"][0]["pid"] == r
+    assert run_cmd.rank_path("x/e.jsonl", 3, 4) == "x/e.rank3.jsonl"
+    assert run_cmd.rank_path("e{rank}.ctx", 3, 4) == "e3.ctx" and run_cmd.rank_path("e.ctx", 0, 1) == "e.ctx"
+
+
+def test_run_ranks_errors(tmp_path, capsys):
+    assert main(["run", "--backend", "sim", "--ranks", "3"]) == 2
+    assert "cannot be split over 3 ranks" in capsys.readouterr().err
+    assert main(["run", "--backend", "gpu", "--ranks", "2"]) == 2
+    assert "--backend gpu: 2 tensor-parallel ranks run on the sim backend only" in capsys.readouterr().err
+    assert main(["run", "--backend", "sim", "--ranks", "0"]) == 2
+    f = tmp_path / "f.yaml"
+    f.write_text("- {kind: late_comm, comm_op: allreduce_attn, delay_us: 3, rank: 2}\n")
+    assert main(["run", "--backend", "sim", "--ranks", "2", "--faults", str(f)]) == 2
+    assert "f.yaml[0].rank: expected 0..1, got 2" in capsys.readouterr().err
+    f.write_text("- {kind: late_comm, comm_op: allreduce_x, delay_us: 3, rank: 1}\n")
+    assert main(["run", "--backend", "sim", "--ranks", "2", "--faults", str(f)]) == 2
+    assert "f.yaml[0].comm_op: unknown comm op" in capsys.readouterr().err

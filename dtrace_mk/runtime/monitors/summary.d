@@ -1,35 +1,53 @@
 // dtrace_mk default summary monitors: what the per-rank agent ships to the collector.
 // Every map is keyed by step (the epoch = one decode step) so the agent can read and
 // clear one epoch at a time.  The agent (dtrace_mk/runtime/agent.py) reads these maps by
-// name; change names here and there together.
+// name (SUMMARY_MAPS there); change names here and there together.  One clause per probe
+// keeps it to one program run per hook event.
+//
+//   @dur[step, class]            task duration stats (begin -> end)
+//   @end_ts[step, event, class]  last task:end of the producers of an event
+//   @ready_ts[step, event]       first task:ready of its consumers (local events only); the
+//                                agent joins the two:
+//                                notification lag = ready - last producer end, charged to
+//                                the producer's class
+//   @dispatch_wait[step, class]  ready -> dispatch (the local-imbalance signal)
+//   @dep_wait[step, class]       dep:wait -> dep:release of local events (remote: comm:wait)
+//   @queue_max[step, worker]     ready-queue depth maximum
+//   @expert_ns[step, expert]     MoE: task time per expert (grows with its tokens)
+//   @t_begin / @t_end[step]      epoch bounds on this rank's device clock
+//   @remote_wait[step]           comm:wait totals; evidence: one record per remote wait
+//                                and per signal, for the cross-rank join.  The agent starts
+//                                a remote wait no earlier than the last local producer end
+//                                of the awaited event (@end_ts): before that the task was
+//                                also waiting on local work, which is not a remote wait.
 
-// task class duration: count, sum, min, max per (step, class)
-task:end { @dur[step, task.class] = stats(task.dur_ns); }
+task:end {
+  @dur[step, task.class] = stats(task.dur_ns);
+  @end_ts[step, event.id, task.class] = max(ts);
+  @t_end[step] = max(ts);
+  if (task.expert != NONE) { @expert_ns[step, task.expert] = sum(task.dur_ns); }
+}
 
-// dispatch wait: ready -> dispatch, per (step, class) (the local-imbalance signal)
-task:dispatch { @dispatch_wait[step, task.class] = sum(task.wait_ns); }
+task:ready {
+  @queue_max[step, worker] = max(queue.depth);
+  @t_begin[step] = min(ts);
+}
 
-// local dependency wait: dep:wait -> dep:release of local events (remote ones are comm:wait)
+// events fed by other ranks (FLAG_REMOTE) are remote waits, not notification lag
+task:ready /!(flags & FLAG_REMOTE)/ { @ready_ts[step, event.id] = min(ts); }
+
+task:dispatch {
+  @dispatch_wait[step, task.class] = sum(task.wait_ns);
+  @queue_max[step, worker] = max(queue.depth);
+}
+
+queue:pressure { @queue_max[step, worker] = max(queue.depth); }
+
 dep:release /!(flags & FLAG_REMOTE)/ { @dep_wait[step, task.class] = sum(dep.wait_ns); }
 
-// notification lag: the producer's task:end -> the event's task:ready (joined by the agent
-// per (step, event): ready - the last producer end, charged to that producer's class)
-task:end { @end_ts[step, event.id, task.class] = max(ts); }
-task:ready { @ready_ts[step, event.id] = min(ts); }
+comm:wait {
+  @remote_wait[step] = stats(comm.wait_ns);
+  evidence(comm.op, comm.gen, comm.peer, step, task.layer, task.class, ts, comm.wait_ns, event.id);
+}
 
-// ready-queue depth maximum per (step, worker)
-task:ready, task:dispatch, queue:pressure { @queue_max[step, worker] = max(queue.depth); }
-
-// MoE: work per expert (task time, which grows with the tokens routed to it)
-task:end /task.expert != NONE/ { @expert_ns[step, task.expert] = sum(task.dur_ns); }
-
-// epoch bounds on this rank's device clock
-task:ready { @t_begin[step] = min(ts); }
-task:end { @t_end[step] = max(ts); }
-
-// remote waits: totals, and one evidence record per wait for the cross-rank join
-comm:wait { @remote_wait[step] = stats(comm.wait_ns);
-            evidence(comm.op, comm.gen, comm.peer, step, task.layer, task.class, ts, comm.wait_ns); }
-
-// sender-side signal times
 comm:signal { evidence(comm.op, comm.gen, comm.peer, step, task.layer, ts); }

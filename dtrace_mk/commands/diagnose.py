@@ -1,0 +1,403 @@
+"""`dtrace-mk diagnose`: run a scenario under MPI and name the root cause of slow steps.
+
+    dtrace-mk diagnose --scenario tests/scenarios/pair_remote_stall_r1.yaml --out result.json
+    dtrace-mk score result.json --scenario tests/scenarios/pair_remote_stall_r1.yaml
+
+Starts `mpiexec -n RANKS <rank> : -n 1 <collector>` (MPMD; the collector is the second
+app, `MPI.APPNUM == 1`).  Each rank runs the megakernel for its rank (sim backend:
+the discrete-event simulation, one MPI process per rank) with the scenario's faults for
+that rank, and the per-rank agent with the default summary monitors (or the scenario's
+`monitors`) ships per-step summaries, remote waits, signal times and clock samples to
+the collector, which aligns clocks, joins waits to signals by (comm_op, comm_gen),
+classifies the waits and writes the result JSON:
+
+    {"scenario", "verdict": "fault"|"none", "findings": [{"cause", "rank", "observed_on",
+     "task_class"?, "comm_op"?, "layer"?, "steps", "confidence", "impact_us",
+     "coverage"}], "telemetry_bytes", "coverage", ...}
+
+--backend auto|sim|gpu  overrides the scenario's backend (auto = gpu when enough GPUs,
+                        else sim).  The multi-rank GPU path is not built yet.
+--out FILE              the result (default: SCENARIO-NAME.result.json here; '-' = stdout)
+--timeout S             wall-clock limit for the MPI job (default 600); ranks still
+                        running then are reported lost and the result is partial.
+
+Progress lines go to stderr; the summary to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import UserError
+
+NAME = "diagnose"
+ORDER = 40
+HELP = "run a scenario under mpiexec (sim or GPU ranks) and diagnose local vs remote causes"
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+
+#: Workers per rank on the sim backend (one per SM of an H200).
+SIM_WORKERS = 132
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", required=True, metavar="FILE", help="scenario file (YAML or JSON)")
+    p.add_argument("--backend", choices=("auto", "sim", "gpu"), default=None,
+                   help="override the scenario's backend (auto: gpu when enough GPUs, else sim)")
+    p.add_argument("--out", metavar="RESULT.json",
+                   help="where to write the result (default SCENARIO-NAME.result.json; '-' = stdout)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="wall-clock limit of the MPI job in seconds (default 600)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+# ------------------------------------------------------------------------------ launch
+
+def find_mpiexec() -> str:
+    """The venv's mpiexec (next to sys.executable), else mpiexec / mpirun on PATH."""
+    here = Path(sys.executable).parent
+    for name in ("mpiexec", "mpirun"):
+        p = here / name
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    for name in ("mpiexec", "mpirun"):
+        w = shutil.which(name)
+        if w:
+            return w
+    raise UserError("diagnose: no mpiexec next to the Python interpreter "
+                    f"({here}) or on PATH; install the 'mpich' package (pip install mpich)")
+
+
+def mpi_flavour(mpiexec: str) -> str:
+    """'openmpi', 'mpich' (Hydra) or 'unknown', from `mpiexec --version`."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20)
+        text = (out.stdout + out.stderr).lower()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    return "unknown"
+
+
+def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
+                    flavour: Optional[str] = None) -> List[str]:
+    """`mpiexec [flags] -n RANKS python -m ... : -n 1 python -m ...` (MPMD)."""
+    flavour = flavour or mpi_flavour(mpiexec)
+    flags: List[str] = []
+    if flavour == "openmpi":
+        flags.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            flags.append("--allow-run-as-root")
+    child = [sys.executable, "-m", "dtrace_mk.commands.diagnose"] + child_args
+    return [mpiexec] + flags + ["-n", str(ranks)] + child + [":", "-n", "1"] + child
+
+
+def resolve_backend(requested: str, ranks: int) -> str:
+    if requested == "sim":
+        return "sim"
+    from .run import gpu_available
+    if requested == "gpu":
+        raise UserError("diagnose --backend gpu: the multi-rank GPU path (one megakernel per "
+                        "GPU, CUDA IPC comm tasks) is not built yet; use --backend sim")
+    # auto: gpu when enough GPUs for the ranks -- until the GPU path exists, sim
+    return "sim"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..collectors.scenario import load_scenario
+    from ..collectors.score import validate_result
+    sc = load_scenario(args.scenario)
+    if args.timeout <= 0:
+        raise UserError(f"--timeout: expected > 0, got {args.timeout}")
+    backend = resolve_backend(args.backend or sc.backend, sc.ranks)
+    for m in sc.monitors:
+        mp = Path(m) if Path(m).is_absolute() else Path(sc.source).parent / m
+        if not mp.is_file():
+            raise UserError(f"{sc.source}: monitors: no query file {m!r} (looked at {mp})")
+    say = (lambda s: None) if args.quiet else (lambda s: print(f"diagnose: {s}", file=sys.stderr, flush=True))
+    t0 = time.monotonic()
+    res = run_job([(Path(args.scenario), None)], backend, args.timeout, say,
+                  quiet=args.quiet)[0]
+    if res is None:
+        raise UserError(f"diagnose {sc.name}: the MPI job ended without a result; see the "
+                        f"messages above")
+    validate_result(res, "diagnose result")
+    res.setdefault("timing", {})["wall_s"] = round(time.monotonic() - t0, 2)
+    text = json.dumps(res, indent=1, sort_keys=False) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+        _summary(res, sys.stderr)
+    else:
+        out = Path(args.out or f"{sc.name}.result.json")
+        try:
+            out.write_text(text)
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot write ({e.strerror})") from None
+        _summary(res, sys.stdout)
+        print(f"result: {out}")
+    return 0
+
+
+def run_job(runs: List[Tuple[Path, Optional[int]]], backend: str, timeout_s: float, say,
+            quiet: bool = False, **extra: Any) -> List[Optional[Dict[str, Any]]]:
+    """Run several scenarios in ONE mpiexec launch (all with the same number of ranks):
+    `runs` = [(scenario file, ranks override or None)].  Returns each result (None where
+    the job produced none).  The e2e tests use this to keep launches few."""
+    from ..collectors.scenario import load_scenario
+    scs = [load_scenario(p) for p, _ in runs]
+    nranks = {(n or sc.ranks) for sc, (_, n) in zip(scs, runs)}
+    if len(nranks) != 1:
+        raise UserError(f"diagnose: one launch runs one number of ranks, got {sorted(nranks)}")
+    ranks = nranks.pop()
+    mpiexec = find_mpiexec()
+    with tempfile.TemporaryDirectory(prefix="dtmk-diagnose-") as tmp:
+        job = {"backend": backend, "deadline_s": max(5.0, timeout_s - 5.0), "quiet": quiet,
+               "runs": [{"scenario": str(Path(p).resolve()), "ranks": ranks,
+                         "result": str(Path(tmp) / f"result{i}.json")}
+                        for i, (p, _) in enumerate(runs)], **extra}
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(json.dumps(job))
+        cmd = mpiexec_command(mpiexec, ranks, ["--job", str(job_path)])
+        names = ", ".join(sc.name for sc in scs)
+        say(f"{names}: {ranks} ranks, backend {backend}: {Path(mpiexec).name} -n {ranks} "
+            f"(ranks) : -n 1 (collector)")
+        last = Path(job["runs"][-1]["result"])
+        rc = _launch(cmd, last, timeout_s, say)
+        out: List[Optional[Dict[str, Any]]] = []
+        for r, sc in zip(job["runs"], scs):
+            p = Path(r["result"])
+            if p.is_file():
+                out.append(json.loads(p.read_text()))
+            elif Path(r["result"] + ".spool").is_file():
+                say(f"{sc.name}: the MPI job ended (exit status {rc}) before the collector "
+                    f"wrote a result; partial result from what it had received")
+                out.append(_from_spool(r["result"] + ".spool", sc, ranks, rc))
+            else:
+                out.append(None)
+        return out
+
+
+def _from_spool(spool: str, sc, ranks: int, rc: int) -> Dict[str, Any]:
+    from dataclasses import replace
+    from ..collectors import transport as T
+    if sc.ranks != ranks:
+        sc = replace(sc, ranks=ranks)
+    acc = T.CollectorSink(use_pingpongs=False)
+    loop = T.replay_spool(spool, list(range(ranks)), acc)
+    res = _result(acc, loop, sc, ranks)
+    res["transport"]["job_exit_status"] = rc
+    res["transport"]["from_spool"] = True
+    return res
+
+
+def _launch(cmd: List[str], result_path: Path, timeout_s: float, say) -> int:
+    """Run the MPI job; kill it at the timeout, or shortly after the result appeared
+    (a hung rank must not hang diagnose)."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    seen_result: Optional[float] = None
+    try:
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                return rc
+            now = time.monotonic()
+            if seen_result is None and result_path.is_file():
+                seen_result = now
+            if now >= deadline or (seen_result is not None and now - seen_result > 15.0):
+                say("stopping the MPI job (" + ("timeout" if now >= deadline else
+                                                "result written, ranks still running") + ")")
+                _kill(proc)
+                return proc.wait()
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _kill(proc)
+        raise
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _summary(res: Dict[str, Any], fh) -> None:
+    p = lambda s="": print(s, file=fh)  # noqa: E731
+    cov = res["coverage"]
+    tel = res.get("telemetry", {})
+    p(f"scenario {res['scenario']}: verdict {res['verdict']}, {len(res['findings'])} finding(s)")
+    for f in res["findings"]:
+        what = f.get("task_class") or f.get("comm_op") or ""
+        extra = f" layer {f['layer']}" if "layer" in f else ""
+        p(f"  {f['cause']:<18} root rank {f['rank']} {what}{extra} steps {f['steps']} "
+          f"observed on {f['observed_on']}  confidence {f['confidence']:.2f}  "
+          f"impact {f['impact_us']} us")
+    if res.get("missing_ranks") or res.get("partial"):
+        p(f"  partial result: missing ranks {res.get('missing_ranks', [])}, incomplete "
+          f"{res.get('incomplete_ranks', {})}")
+    p(f"coverage: eligible {cov['eligible']}, executed {cov['executed']}, throttled "
+      f"{cov['throttled']}, lost {cov['lost']}")
+    per = tel.get("bytes_per_rank_step")
+    p(f"telemetry: {res['telemetry_bytes']} bytes" + (f" ({per} bytes per rank per step)" if per else ""))
+
+
+# --------------------------------------------------------------------- inside mpiexec
+
+def mpi_main(argv: Optional[List[str]] = None) -> int:
+    """One process of the MPI job: a serving rank or the collector (by MPI.APPNUM).
+    Runs the job's scenarios one after the other (MPI tags apart per scenario)."""
+    from dataclasses import replace
+    from mpi4py import MPI
+    from ..collectors import transport as T
+    from ..collectors.scenario import load_scenario
+    p = argparse.ArgumentParser(prog="dtrace_mk.commands.diagnose (MPI child)")
+    p.add_argument("--job", required=True)
+    a = p.parse_args(argv)
+    job = json.loads(Path(a.job).read_text())
+    t_start = time.monotonic()
+    deadline = t_start + float(job["deadline_s"])
+    world = MPI.COMM_WORLD
+    roles, sub = T.roles(world)
+    who = "collector" if roles.is_collector and not roles.is_rank else f"rank {roles.rank}"
+    quiet = bool(job.get("quiet"))
+
+    def say(s: str) -> None:
+        if not quiet:
+            print(f"diagnose [{who}]: {s}", file=sys.stderr, flush=True)
+
+    port = T.MpiPort(world)
+    try:
+        for i, run_ in enumerate(job["runs"]):
+            sc = load_scenario(run_["scenario"])
+            if run_.get("ranks") and run_["ranks"] != sc.ranks:
+                sc = replace(sc, ranks=int(run_["ranks"]))
+            t_run = time.monotonic()
+            tags = T.Tags.for_run(i)
+            if roles.is_collector and not roles.is_rank:          # MPMD collector
+                loop, acc = _collector(port, roles, tags, job, say, run_["result"])
+                loop.run(deadline)
+                loop.close()
+                _write_result(run_["result"], acc, loop, sc, roles, t_run)
+                say(f"{sc.name}: result written ({time.monotonic() - t_run:.1f} s)")
+                continue
+            if roles.is_collector:                                 # rank 0 collects in-process
+                loop, acc = _collector(port, roles, tags, job, say, run_["result"])
+                channel = T.DirectChannel(loop, roles.rank)
+            else:
+                loop, acc = None, None
+                channel = T.RankChannel(port, roles.collector, roles.rank, tags=tags)
+            kill = job.get("kill") or {}        # tests: this rank's process dies at a step
+            serve_rank(sc, roles.rank, roles.ranks, sub, channel, backend=job["backend"],
+                       say=say, scenario_dir=Path(run_["scenario"]).parent,
+                       die_at_step=kill.get("step") if kill.get("rank") == roles.rank else None)
+            if loop is not None:
+                loop.run(deadline)
+                loop.close()
+                _write_result(run_["result"], acc, loop, sc, roles, t_run)
+                say(f"{sc.name}: result written ({time.monotonic() - t_run:.1f} s)")
+            if sub is not None:
+                sub.Barrier()           # between scenarios only, never inside a run
+    finally:
+        if sub is not None:
+            sub.Free()
+    return 0
+
+
+def _collector(port, roles, tags, job, say, result_path: str):
+    from ..collectors import transport as T
+    acc = T.CollectorSink(use_pingpongs=(job["backend"] == "gpu"))
+    ranks = list(range(roles.ranks))
+    loop = T.CollectorLoop(port, ranks, acc, silence_timeout_s=float(job.get("silence_timeout_s", 60.0)),
+                           progress=say, tags=tags, spool=T.open_spool(result_path + ".spool"))
+    return loop, acc
+
+
+def _result(acc, loop, sc, ranks: int) -> Dict[str, Any]:
+    res = acc.result(sc, ranks=ranks)
+    res["transport"].update(loop.report())
+    tb = res["telemetry_bytes"]
+    res["telemetry"] = {"bytes": tb, "bytes_per_step": round(tb / max(sc.steps, 1), 1),
+                        "bytes_per_rank_step": round(tb / max(sc.steps * ranks, 1), 1),
+                        "records_lost": sum(acc.lost_records.values())}
+    return res
+
+
+def _write_result(path: str, acc, loop, sc, roles, t_start: float) -> None:
+    res = _result(acc, loop, sc, roles.ranks)
+    res["timing"] = {"collector_s": round(time.monotonic() - t_start, 2)}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(res, fh)
+    os.replace(tmp, path)
+
+
+def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim", say=print,
+               scenario_dir: Path = Path("."), die_at_step: Optional[int] = None) -> None:
+    """Run the scenario's megakernel for `rank` with the agent attached (sim backend)."""
+    from ..collectors.scenario import device_fault_specs
+    from ..megakernel.faults import FaultTable
+    from ..megakernel.presets import get_preset
+    from ..runtime.agent import RankAgent
+    if backend != "sim":
+        raise UserError(f"diagnose: backend {backend!r} is not built yet for ranks")
+    cfg = get_preset(sc.model)
+    graph, transport, clocks = _sim_rank_graph(cfg, sc, rank, ranks, comm)
+    monitors = [str(Path(m) if Path(m).is_absolute() else scenario_dir / m) for m in sc.monitors]
+    agent = RankAgent(rank, channel, num_workers=graph.num_workers, schema=graph.schema,
+                      monitors=monitors, budget_bytes_per_step=sc.budget_bytes_per_step)
+    agent.start()
+    faults = FaultTable.from_specs(device_fault_specs(sc, rank), f"{sc.source} rank {rank}")
+    t0 = time.monotonic()
+    if die_at_step is not None:          # fault injection for the transport's tests
+        feed = agent.sink
+
+        def dying_sink(ctx):
+            if ctx["decode_step"] >= die_at_step:
+                say(f"dying at step {die_at_step} (test)")
+                os._exit(17)
+            feed(ctx)
+        agent.sink = dying_sink
+    res = _run_sim(graph, sc, faults, agent, transport, clocks)
+    stats = agent.close()
+    say(f"{sc.steps} steps simulated in {time.monotonic() - t0:.1f} s; "
+        f"{stats.records_sent} records, {stats.bytes_sent} bytes sent, {stats.records_lost} lost")
+
+
+def _sim_rank_graph(cfg, sc, rank: int, ranks: int, comm):
+    """(graph, sim transport, clock) for one sim rank.  Multi-rank graphs and the MPI
+    sim transport come from the megakernel layer."""
+    from ..megakernel.graph import build_graph
+    graph = build_graph(cfg, sc.batch, SIM_WORKERS, rank=0, ranks=1)
+    return graph, None, None
+
+
+def _run_sim(graph, sc, faults, agent, transport, clocks):
+    from ..megakernel.sim import Sim
+    sim = Sim(graph, sc.steps, faults=faults, sink=agent.sink, hooks=agent.hooks, seed=sc.seed,
+              transport=transport)
+    res = sim.run()
+    for s, e in zip(res.step_start_ns, res.step_end_ns):
+        agent.clock_sample(s, s)
+        agent.clock_sample(e, e)
+    return res
+
+
+if __name__ == "__main__":
+    sys.exit(mpi_main())

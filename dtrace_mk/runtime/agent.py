@@ -1,0 +1,475 @@
+"""The per-rank agent: runs the monitors inside the serving process and ships, per epoch,
+the records the collector needs.
+
+    agent = RankAgent(rank, channel, num_workers=132, schema=graph.schema)
+    agent.start()                                   # HELLO + start-up ping-pongs
+    Sim(graph, steps, sink=agent.sink, hooks=agent.hooks, ...).run()
+    agent.clock_sample(device_ns, host_ns)          # whenever the serving loop has one
+    stats = agent.close()                           # last epochs, BYE, bounded wait
+
+Record flow
+-----------
+1. Every hook context the megakernel emits (the sim's sink, or records drained from the
+   device ring) is fired into a `ReferenceRuntime` where the default summary monitors
+   (`monitors/summary.d`, a query compiled by `dtrace_mk.lang`) aggregate it into maps
+   keyed by step, and write one evidence record per `comm:wait` and `comm:signal`.
+2. An epoch is one decode step.  Epoch k is *flushed* once a context of step
+   k + `flush_lag` arrives (or when more than `max_open_epochs` are open, or at close):
+   the agent reads the maps' step-k entries and deletes them, drains the evidence ring,
+   and builds
+     * one `EpochSummary` (per class: count, duration sum/max, dispatch wait, local
+       dependency wait, notification lag = ready - last producer end per event; queue
+       depth max and its worker; per-expert task time; remote wait totals; coverage);
+     * one `RemoteWait` per comm:wait evidence record: `wait_end = ts`, `wait_begin =
+       ts - wait_ns`, but no earlier than the last local producer end of the awaited event
+       (an all-reduce receive event is fed by this rank's own comm tasks too; until they
+       are done the task waits on local work, and counting that as remote wait would hide
+       a late sender under every step's local pipeline time);
+     * one `Signal` per comm:signal evidence record;
+     * the `ClockSample`s queued since the last flush.
+3. Records are packed (msgpack, `collectors.records`) into messages of at most
+   `channel.max_payload` bytes, whole records only, and handed to the channel
+   (`collectors.transport.RankChannel`: bounded queue, bounded Isends in flight).
+   A message the channel refuses is *lost*: its records are counted (`records_lost`,
+   sent in every message header so the collector's `on_lost_records` sees them), and
+   the loss of wait/signal records is moved from `executed` to `lost` in the coverage of
+   the epoch's summary (eligible = executed + throttled + lost still holds).
+
+Bounded memory: maps hold at most `max_open_epochs` epochs (entries are deleted when
+read), evidence is drained every flush, the coverage rows of flushed epochs are
+dropped, clock samples wait in a bounded queue, the channel's queue is bounded.  The
+agent never blocks the serving loop: `sink`/`feed` fire the monitors and, every
+`progress_every` events, make transport progress (non-blocking tests).
+
+Evidence budget: `budget_bytes_per_step` (scenario) is the evidence byte budget per
+worker per epoch of the summary monitors; records over it are `throttled` in coverage.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..abi import context
+from ..abi import definition as abi
+from ..collectors.records import (MAX_EXPERTS, ClassStat, ClockSample, Coverage, EpochSummary,
+                                  RemoteWait, Signal, pack)
+from ..errors import UserError
+
+MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
+SUMMARY_FILE = MONITOR_DIR / "summary.d"
+
+#: The maps of summary.d the agent reads (name -> number of key words).
+SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "t_end": 1, "expert_ns": 2, "ready_ts": 2,
+                "queue_max": 2, "t_begin": 1, "dispatch_wait": 2, "dep_wait": 2,
+                "remote_wait": 1}
+EVIDENCE_MAP = "dtmk_evidence"
+
+#: Evidence bytes per worker per epoch when the scenario sets no budget: every remote
+#: wait and signal of a step on one worker (72 / 56 bytes each) with a wide margin.
+DEFAULT_EVIDENCE_BUDGET = 1 << 16
+MAX_CLOCK_SAMPLES_QUEUED = 256
+U64 = (1 << 64) - 1
+_STEP = struct.Struct("<I")
+_OFF_STEP = context.OFF_DECODE_STEP
+
+
+def summary_query_text() -> str:
+    return SUMMARY_FILE.read_text()
+
+
+def compile_summary(schema=None, budget_bytes_per_step: Optional[int] = None):
+    """Compile the default summary monitors (a `lang.pipeline.CompileResult`)."""
+    from ..lang.passes.lower import Options
+    from ..lang.pipeline import compile_query
+    budget = budget_bytes_per_step or DEFAULT_EVIDENCE_BUDGET
+    opts = Options(evidence_budget=budget, evidence_ring=max(65536, 2 * budget))
+    return compile_query(summary_query_text(), schema, name=str(SUMMARY_FILE), options=opts)
+
+
+class ListChannel:
+    """A channel that keeps every payload (tests, single-process use); `refuse_after`
+    refuses messages after that many (a collector that stopped draining)."""
+
+    max_payload = 16384 - 24
+
+    def __init__(self, refuse_after: Optional[int] = None, max_payload: Optional[int] = None):
+        self.payloads: List[bytes] = []
+        self.refuse_after = refuse_after
+        self.lost_total = 0
+        self.closed = False
+        self.refused = 0
+        if max_payload is not None:
+            self.max_payload = max_payload
+
+    def send(self, payload: bytes, records: int = 0) -> bool:
+        if self.closed or (self.refuse_after is not None and len(self.payloads) >= self.refuse_after):
+            self.refused += 1
+            return False
+        self.payloads.append(bytes(payload))
+        return True
+
+    def add_lost(self, n: int) -> None:
+        self.lost_total += n
+
+    def progress(self) -> None:
+        pass
+
+    def start(self, pings: int = 0, timeout_s: float = 0.0) -> None:
+        pass
+
+    def close(self, timeout_s: float = 0.0) -> bool:
+        self.closed = True
+        return True
+
+    def records(self):
+        from ..collectors.records import unpack_stream
+        return [r for p in self.payloads for r in unpack_stream(p)]
+
+
+@dataclass
+class AgentStats:
+    rank: int
+    events: int = 0
+    epochs: int = 0
+    records: int = 0                # records built
+    records_sent: int = 0           # handed to the channel in accepted messages
+    records_lost: int = 0           # in messages the channel refused
+    bytes_sent: int = 0             # payload bytes accepted by the channel
+    bytes_per_epoch: Dict[int, int] = field(default_factory=dict)
+    late_events: int = 0            # contexts of an epoch after it was flushed
+    max_open_epochs: int = 0
+    max_map_entries: int = 0
+    clock_samples_dropped: int = 0
+
+    def as_dict(self) -> Dict[str, Any]:
+        per = list(self.bytes_per_epoch.values())
+        return {"rank": self.rank, "events": self.events, "epochs": self.epochs,
+                "records": self.records, "records_sent": self.records_sent,
+                "records_lost": self.records_lost, "bytes_sent": self.bytes_sent,
+                "bytes_per_epoch_max": max(per, default=0),
+                "bytes_per_epoch_mean": round(sum(per) / len(per), 1) if per else 0.0,
+                "late_events": self.late_events, "max_open_epochs": self.max_open_epochs,
+                "max_map_entries": self.max_map_entries,
+                "clock_samples_dropped": self.clock_samples_dropped}
+
+
+def _words(raw: bytes, n: int) -> Tuple[int, ...]:
+    return struct.unpack_from("<%dQ" % n, raw)
+
+
+class RankAgent:
+    def __init__(self, rank: int, channel, *, num_workers: int, schema=None,
+                 monitors: Sequence[str] = (), budget_bytes_per_step: Optional[int] = None,
+                 flush_lag: int = 2, max_open_epochs: int = 4, progress_every: int = 256):
+        from .reference import ReferenceRuntime
+        if flush_lag < 1 or max_open_epochs < flush_lag:
+            raise UserError(f"agent: flush_lag {flush_lag} must be >= 1 and <= max_open_epochs "
+                            f"{max_open_epochs}")
+        self.rank = rank
+        self.channel = channel
+        self.flush_lag = flush_lag
+        self.max_open_epochs = max_open_epochs
+        self.progress_every = max(1, progress_every)
+        self.summary = compile_summary(schema, budget_bytes_per_step)
+        self.rt = ReferenceRuntime(num_workers=num_workers, rank=rank)
+        self.aid = self.rt.attach(self.summary.obj)
+        self.maps = self.rt.maps(self.aid)
+        self.programs = {p.name for p in self.summary.obj.programs}
+        self._ev_tags = self._evidence_tags(self.summary.plan)
+        self.user = [self._user_query(path, schema, num_workers) for path in monitors]
+        self.hooks: List[str] = sorted({p.hook.name for p in self.summary.obj.programs}
+                                       | {p.hook.name for q in self.user for p in q.obj.programs})
+        self.stats = AgentStats(rank)
+        self.open: Dict[int, None] = {}          # epochs with events, not flushed (ordered)
+        self.flushed_upto = -1                    # every epoch <= this is flushed
+        self.max_step = -1
+        self.clock_q: List[ClockSample] = []
+        self.late_cov = Coverage()                # coverage of late events, into the next summary
+        self.lost_by_epoch: Dict[int, int] = {}
+        self.closed = False
+        self._n = 0
+        self.user_blocks: Dict[str, List[dict]] = {}
+
+    # -- set-up ------------------------------------------------------------------------
+    @staticmethod
+    def _evidence_tags(plan: dict) -> Dict[int, str]:
+        out = {}
+        for r in (plan.get("evidence") or {}).get("records", []):
+            progs = r["programs"]
+            if any(p.endswith("_comm_wait") for p in progs):
+                out[r["tag"]] = "wait"
+            elif any(p.endswith("_comm_signal") for p in progs):
+                out[r["tag"]] = "signal"
+        return out
+
+    def _user_query(self, path: str, schema, num_workers: int):
+        from ..lang.host import QueryRun
+        from ..lang.pipeline import compile_query
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise UserError(f"monitor {path}: cannot read ({e.strerror})") from None
+        res = compile_query(text, schema, name=str(path))
+        q = QueryRun(res.obj, res.plan, num_workers=num_workers)
+        q.path = str(path)
+        q.begin()
+        return q
+
+    # -- the serving loop's side ---------------------------------------------------------
+    def start(self, pings: int = 8, timeout_s: float = 5.0) -> None:
+        self.channel.start(pings, timeout_s)
+
+    def sink(self, ctx: Mapping[str, Any]) -> None:
+        """The sim backend's sink: one context dict."""
+        from ..megakernel.sim import pack_ctx
+        self.feed(pack_ctx(ctx))
+
+    def feed(self, rec: bytes) -> None:
+        """One packed 128-byte context record (in nondecreasing ts order per worker)."""
+        if self.closed:
+            return
+        step = _STEP.unpack_from(rec, _OFF_STEP)[0]
+        st = self.stats
+        st.events += 1
+        if step > self.max_step:
+            self.max_step = step
+            if step - self.flush_lag > self.flushed_upto:
+                self._flush_through(step - self.flush_lag)
+        if step > self.flushed_upto:
+            if step not in self.open:
+                self.open[step] = None
+                if len(self.open) > self.max_open_epochs:
+                    self._flush_through(min(self.open))
+                st.max_open_epochs = max(st.max_open_epochs, len(self.open))
+        else:
+            st.late_events += 1
+        self.rt.fire(rec)
+        for q in self.user:
+            q.feed(rec)
+        self._n += 1
+        if self._n >= self.progress_every:
+            self._n = 0
+            self.channel.progress()
+
+    def clock_sample(self, device_ns: int, host_ns: int) -> None:
+        """A simultaneous reading of this rank's device clock and host clock."""
+        if len(self.clock_q) >= MAX_CLOCK_SAMPLES_QUEUED:
+            self.stats.clock_samples_dropped += 1
+            return
+        self.clock_q.append(ClockSample(self.rank, int(device_ns), int(host_ns)))
+
+    def progress(self) -> None:
+        self.channel.progress()
+
+    def close(self, timeout_s: float = 10.0) -> AgentStats:
+        """Flush every open epoch, send the rest, say BYE (bounded wait)."""
+        if not self.closed:
+            self._flush_through(max(self.max_step, self.flushed_upto))
+            if self.clock_q:
+                self._ship(self._take_clock())
+            self.closed = True
+            for q in self.user:
+                self.user_blocks[q.path] = q.finish()
+            self.channel.close(timeout_s)
+        return self.stats
+
+    # -- epochs ----------------------------------------------------------------------------
+    def _flush_through(self, last: int) -> None:
+        """Flush every open epoch <= last (and mark everything <= last flushed)."""
+        if last <= self.flushed_upto and not any(k <= last for k in self.open):
+            return
+        snap = {name: self._read(name, n) for name, n in SUMMARY_MAPS.items()}
+        self.stats.max_map_entries = max(self.stats.max_map_entries,
+                                         max(len(v) for v in snap.values()))
+        local_end: Dict[Tuple[int, int], int] = {}       # (step, event) -> last local end
+        for (step, ev, _c), v in snap["end_ts"].items():
+            t = _words(v, 1)[0]
+            if t > local_end.get((step, ev), -1):
+                local_end[(step, ev)] = t
+        evidence = self._drain_evidence(local_end)
+        epochs = sorted(k for k in self.open if k <= last)
+        # waits and signals first: their losses go into the summaries' coverage
+        for k in epochs:
+            self._ship(evidence.pop(k, []), epoch=k)
+        for k, recs in evidence.items():        # evidence of other epochs (late or early)
+            self._ship(recs, epoch=k)
+        cov = self._coverage(epochs)
+        for k in epochs:
+            s = self._summary(k, snap, cov.get(k, Coverage()))
+            self._ship([s] + self._take_clock(), epoch=k, summary=True)
+            del self.open[k]
+            self.stats.epochs += 1
+        self._delete_upto(snap, last)
+        self.flushed_upto = max(self.flushed_upto, last)
+        self.channel.progress()
+
+    def _read(self, name: str, nkeys: int) -> Dict[Tuple[int, ...], bytes]:
+        m = self.maps[name]
+        return {_words(k, nkeys): bytes(v) for k, v in m.snapshot().items()}
+
+    def _delete_upto(self, snap, last: int) -> None:
+        late = 0
+        for name, entries in snap.items():
+            m = self.maps[name]
+            n = SUMMARY_MAPS[name]
+            for key in entries:
+                if key[0] <= last:
+                    m.delete(struct.pack("<%dQ" % n, *key))
+                    if key[0] < last and key[0] <= self.flushed_upto:
+                        late += 1
+        # coverage rows of flushed epochs go (bounded memory)
+        rows = self.rt.coverage_table(self.aid)._rows
+        for key in [k for k in rows if k[2] <= last]:
+            del rows[key]
+
+    def _coverage(self, epochs: Sequence[int]) -> Dict[int, Coverage]:
+        want = set(epochs)
+        out: Dict[int, Coverage] = {}
+        late = Coverage()
+        for c in self.rt.coverage_table(self.aid).rows():
+            if c.program not in self.programs:
+                continue
+            cv = Coverage(c.eligible, c.executed, c.throttled, c.lost)
+            if c.epoch in want:
+                out[c.epoch] = out.get(c.epoch, Coverage()) + cv
+            elif c.epoch <= self.flushed_upto:
+                # events of an epoch already shipped: their map output was discarded
+                late = late + Coverage(cv.eligible, 0, cv.throttled, cv.executed + cv.lost)
+        self.late_cov = self.late_cov + late
+        if epochs and (self.late_cov.eligible or self.lost_by_epoch):
+            k = epochs[0]
+            c = out.get(k, Coverage()) + self.late_cov
+            self.late_cov = Coverage()
+            out[k] = c
+        for k in list(self.lost_by_epoch):
+            if k in want or k <= self.flushed_upto:
+                n = self.lost_by_epoch.pop(k)
+                tgt = k if k in want else epochs[0] if epochs else None
+                if tgt is None:
+                    continue
+                c = out.get(tgt, Coverage())
+                moved = min(n, c.executed)
+                out[tgt] = Coverage(c.eligible, c.executed - moved, c.throttled, c.lost + moved)
+        return out
+
+    def _drain_evidence(self, local_end: Mapping[Tuple[int, int], int]) -> Dict[int, List[Any]]:
+        by_epoch: Dict[int, List[Any]] = {}
+        ring = self.maps[EVIDENCE_MAP] if self._ev_tags else None
+        if ring is None:
+            return by_epoch
+        for rec in ring.drain():
+            data = rec.data
+            nw = len(data) // 8
+            w = _words(data, nw)
+            kind = self._ev_tags.get(w[0])
+            if kind == "wait" and nw >= 9:
+                op, gen, peer, step, layer, cls, ts, wait = w[1:9]
+                begin = max(0, ts - wait)
+                if nw >= 10:       # not before the awaited event's local inputs were complete
+                    begin = min(max(begin, local_end.get((step, w[9]), 0)), ts)
+                r = RemoteWait(self.rank, peer, op, gen, step, layer, cls, begin, ts)
+            elif kind == "signal" and nw >= 7:
+                op, gen, peer, step, layer, ts = w[1:7]
+                r = Signal(self.rank, peer, op, gen, step, layer, ts)
+            else:
+                continue
+            by_epoch.setdefault(r.step, []).append(r)
+        return by_epoch
+
+    def _take_clock(self) -> List[ClockSample]:
+        q, self.clock_q = self.clock_q, []
+        return q
+
+    def _summary(self, k: int, snap, cov: Coverage) -> EpochSummary:
+        cls: Dict[int, List[int]] = {}     # class -> [count, sum, max, disp, dep, lag]
+
+        def row(c: int) -> List[int]:
+            r = cls.get(c)
+            if r is None:
+                r = cls[c] = [0, 0, 0, 0, 0, 0]
+            return r
+        for (step, c), v in snap["dur"].items():
+            if step == k:
+                n, s, _mn, mx = _words(v, 4)
+                r = row(c)
+                r[0], r[1], r[2] = n, s, mx
+        for (step, c), v in snap["dispatch_wait"].items():
+            if step == k:
+                row(c)[3] = _words(v, 1)[0]
+        for (step, c), v in snap["dep_wait"].items():
+            if step == k:
+                row(c)[4] = _words(v, 1)[0]
+        # notification lag: per event, ready - the last producer end, to that producer's class
+        last_end: Dict[int, Tuple[int, int]] = {}
+        for (step, ev, c), v in snap["end_ts"].items():
+            if step == k:
+                t = _words(v, 1)[0]
+                if ev not in last_end or t > last_end[ev][0]:
+                    last_end[ev] = (t, c)
+        for (step, ev), v in snap["ready_ts"].items():
+            if step == k and ev in last_end:
+                t_ready = _words(v, 1)[0]
+                t_end, c = last_end[ev]
+                if t_ready != U64 and t_ready > t_end:
+                    row(c)[5] += t_ready - t_end
+        qmax, qworker = 0, 0
+        for (step, w), v in snap["queue_max"].items():
+            if step == k:
+                d = _words(v, 1)[0]
+                if d > qmax or (d == qmax and w < qworker):
+                    qmax, qworker = d, w
+        experts: Dict[int, int] = {}
+        for (step, e), v in snap["expert_ns"].items():
+            if step == k and e < MAX_EXPERTS:
+                experts[e] = _words(v, 1)[0]
+        expert_counts = tuple(experts.get(e, 0) for e in range(max(experts) + 1)) if experts else ()
+        rw = snap["remote_wait"].get((k,))
+        rwc, rws, rwm = 0, 0, 0
+        if rw is not None:
+            rwc, rws, _mn, rwm = _words(rw, 4)
+        tb = snap["t_begin"].get((k,))
+        te = snap["t_end"].get((k,))
+        b = _words(tb, 1)[0] if tb is not None else 0
+        e = _words(te, 1)[0] if te is not None else b
+        if b == U64:
+            b = e
+        classes = tuple(ClassStat(c, *v) for c, v in sorted(cls.items()))
+        return EpochSummary(self.rank, k, b, max(e, b), classes, qmax, qworker, expert_counts,
+                            rwc, rws, rwm, cov)
+
+    # -- shipping ----------------------------------------------------------------------------
+    def _ship(self, records: Iterable[Any], epoch: Optional[int] = None, summary: bool = False) -> None:
+        """Pack records into messages of whole records and hand them to the channel."""
+        cap = self.channel.max_payload
+        buf: List[bytes] = []
+        size = 0
+        waits = 0            # wait/signal records in buf (their loss is coverage loss)
+        sent_bytes = 0
+        for r in records:
+            self.stats.records += 1
+            b = pack(r)
+            if size + len(b) > cap and buf:
+                sent_bytes += self._send(buf, waits, epoch)
+                buf, size, waits = [], 0, 0
+            buf.append(b)
+            size += len(b)
+            if isinstance(r, (RemoteWait, Signal)):
+                waits += 1
+        if buf:
+            sent_bytes += self._send(buf, waits, epoch)
+        if epoch is not None:
+            self.stats.bytes_per_epoch[epoch] = self.stats.bytes_per_epoch.get(epoch, 0) + sent_bytes
+
+    def _send(self, buf: List[bytes], evidence: int, epoch: Optional[int]) -> int:
+        payload = b"".join(buf)
+        if self.channel.send(payload, len(buf)):
+            self.stats.records_sent += len(buf)
+            self.stats.bytes_sent += len(payload)
+            return len(payload)
+        self.stats.records_lost += len(buf)
+        self.channel.add_lost(len(buf))
+        if evidence and epoch is not None:
+            self.lost_by_epoch[epoch] = self.lost_by_epoch.get(epoch, 0) + evidence
+        return 0

@@ -1,0 +1,939 @@
+"""Compiled tier: verified eBPF -> CUDA C -> NVRTC LTO-IR -> nvJitLink with the kernel.
+
+The translator works on the device VM's own pre-decoded records (`encode_program`:
+jump targets as record indices, K operands pre-extended, lddw with its value or the
+map's device address), so both tiers start from the same bytes, and each record
+becomes the C statement that does what kernels/bpf_vm.cuh does for that op:
+
+* one `static __device__ __forceinline__ int dtmk_cm_prog_<i>(ctx, worker, epoch, flags,
+  &r0)` per program; r0..r10 are local u64 variables (r1 = ctx, r10 = top of a
+  per-lane local stack array of the verifier's stack depth, zeroed like the VM does);
+* every jump target a label, jumps `goto` (verified programs are DAGs; an unverified
+  program with a loop is translated with instruction counting, which ends it as the VM's
+  budget does);
+* ALU/JMP exactly as the VM (RFC 9669: 32-bit ops on the low halves, zero-extended;
+  div by 0 -> 0, mod by 0 -> dst (mod32: its low half); shifts masked; signed compares
+  and arsh through casts; le/be truncate / byte-swap);
+* memory as typed loads/stores through the same generic pointers (ctx record, local
+  stack, map values); xadd non-atomic on the local stack, atomicAdd elsewhere;
+* helpers call the VM's map functions (bpf_maps.cuh) with the same arguments; lost /
+  throttled flags and the outcome (EXECUTED/THROTTLED/LOST, FAULT for an unknown
+  helper, an invalid op or falling off the end) as dtmk_vm_exec;
+* the per-event instruction bound: when the longest path (lddw = 1) fits in the
+  budget (always, for a verified program under the default budget) nothing is counted;
+  otherwise every instruction counts and jumps, calls and exit check it as the VM does.
+
+`monitor_source(progs)` wraps the functions into a module that defines the per-hook
+entry points of kernels/bpf_compiled.cuh (`dtmk_cm_hook_<id>`, a switch on cm_id).
+The module declares, not defines, the map helpers: the kernel module defines them.
+
+Build: `ltoir(source)` (NVRTC, -dlto -rdc=true, sm_90a), `link_cubin([...])`
+(nvJitLink -lto), `build_compiled_harness(monitor)` = harness LTO-IR (cached by the
+kernel sources' hash) + monitor LTO-IR (cached by its source hash) -> cubin (cached
+by both), with timings (`BuildTimes`).
+
+CPU: `HostCompiledRuntime` compiles the very same monitor source with the host g++
+(CUDA keywords and intrinsics as macros, a warp of one lane), together with
+kernels/bpf_maps.cuh and kernels/bpf_compiled.cuh, over numpy-backed maps laid out as
+on the device (DeviceMaps with a numpy "device"), and fires events serially as the
+harness does: a differential test against the reference VM without a GPU.
+
+GPU: `CompiledRuntime` = DeviceRuntime whose launches run kernels/bpf_compiled_harness.cu
+linked with the current monitor; `attach(..., tier="compiled")` or `promote(aid)` (the
+tier swap: see dtrace_mk/runtime/tiers.py for the policy and the handover rules).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..abi import definition as abi
+from ..bpf.devicegen import NAME_OF_OP, OP
+from ..errors import UserError
+from . import device as D
+
+M64, M32 = (1 << 64) - 1, (1 << 32) - 1
+KERNEL_DIR = D.KERNEL_DIR
+HARNESS = "bpf_compiled_harness.cu"
+HARNESS_SOURCES = (HARNESS, "bpf_compiled.cuh") + D.SOURCES[1:]
+HOOK_IDS = tuple(range(1, abi.MAX_HOOK_ID + 1))
+PROG_F_COMPILED = 1
+ARCH = "sm_90a"
+
+
+class TranslateError(UserError):
+    """A program the compiled tier cannot translate (names the program and record)."""
+
+
+class LinkError(UserError):
+    """nvJitLink refused the link (the message carries its log)."""
+
+
+# ---------------------------------------------------------------------------------
+# Translation
+# ---------------------------------------------------------------------------------
+
+_CMP = {0x1: "{a} == {b}", 0x2: "{a} > {b}", 0x3: "{a} >= {b}", 0x4: "({a} & {b}) != 0", 0x5: "{a} != {b}",
+        0x6: "{sa} > {sb}", 0x7: "{sa} >= {sb}", 0xA: "{a} < {b}", 0xB: "{a} <= {b}", 0xC: "{sa} < {sb}",
+        0xD: "{sa} <= {sb}"}
+_GROUPS = ("misc", "alu64_k", "alu64_x", "alu32_k", "alu32_x", "jmp64_k", "jmp64_x", "jmp32_k",
+           "jmp32_x", "mem", "call")
+_MEM_T = {0: "dtmk_u8", 1: "dtmk_u16", 2: "dtmk_u32", 3: "dtmk_u64"}
+
+
+def _hex(v: int) -> str:
+    return f"0x{v & M64:x}ull"
+
+
+def _successors(recs: np.ndarray, i: int) -> List[int]:
+    op = int(recs[i]["op"])
+    g, name = op >> 4, NAME_OF_OP.get(op, "invalid")
+    n = len(recs)
+    if name in ("exit", "invalid", "call"):
+        return []
+    if name == "ja":
+        return [int(recs[i]["off"])]
+    if _GROUPS[g].startswith("jmp"):
+        return [i + 1, int(recs[i]["off"])]
+    return [i + 1]
+
+
+def longest_path(recs: np.ndarray, name: str = "prog") -> int:
+    """Most records one run can execute (lddw = 1) over the control-flow graph, which
+    must be a DAG (backward jumps are fine, loops are not: TranslateError names the
+    record that closes one).  Falling off the end counts as one step (a fault)."""
+    n = len(recs)
+    succ = [[t for t in _successors(recs, i) if 0 <= t <= n] for i in range(n)]
+    best = [0] * (n + 1)
+    state = [0] * (n + 1)            # 0 new, 1 on the DFS stack, 2 done
+    state[n] = 2
+    for root in range(n):
+        if state[root]:
+            continue
+        stack = [(root, 0)]
+        state[root] = 1
+        while stack:
+            i, k = stack[-1]
+            if k < len(succ[i]):
+                stack[-1] = (i, k + 1)
+                t = succ[i][k]
+                if state[t] == 1:
+                    raise TranslateError(f"{name}: record {i}: jump to {t} closes a loop: the compiled "
+                                         f"tier needs a loop-free (verified) program")
+                if state[t] == 0:
+                    state[t] = 1
+                    stack.append((t, 0))
+                continue
+            best[i] = 1 + max((best[t] for t in succ[i]), default=0)
+            state[i] = 2
+            stack.pop()
+    return best[0] if n else 0
+
+
+def _alu(grp: str, sub: int, dst: str, src: str, imm: int) -> str:
+    """One ALU record as the VM computes it (its ALU group body)."""
+    is64, isx = grp.startswith("alu64"), grp.endswith("_x")
+    if is64:
+        a, b, sh, zero, k = dst, (src if isx else _hex(imm)), 63, "0ull", imm & M64
+    else:
+        a, b, sh, zero, k = f"(dtmk_u32){dst}", (f"(dtmk_u32){src}" if isx else f"0x{imm & M32:x}u"), 31, "0u", imm & M32
+    amt = f"({b} & {sh})" if isx else str(k & sh)
+    if sub == 0x0: v = f"{a} + {b}"
+    elif sub == 0x1: v = f"{a} - {b}"
+    elif sub == 0x2: v = f"{a} * {b}"
+    elif sub == 0x3: v = f"({b} == {zero} ? {zero} : {a} / {b})" if isx else (zero if k == 0 else f"{a} / {b}")
+    elif sub == 0x4: v = f"{a} | {b}"
+    elif sub == 0x5: v = f"{a} & {b}"
+    elif sub == 0x6: v = f"{a} << {amt}"
+    elif sub == 0x7: v = f"{a} >> {amt}"
+    elif sub == 0x9: v = f"({b} == {zero} ? {a} : {a} % {b})" if isx else (a if k == 0 else f"{a} % {b}")
+    elif sub == 0xA: v = f"{a} ^ {b}"
+    elif sub == 0xB: v = b
+    elif sub == 0xC: v = f"(dtmk_u64)((dtmk_s64){a} >> {amt})" if is64 else f"(dtmk_u32)((int){a} >> {amt})"
+    else: v = a                                   # never encoded (the VM keeps dst)
+    return f"{dst} = {v};" if is64 else f"{dst} = (dtmk_u32)({v});"
+
+
+def _jmp(grp: str, sub: int, dst: str, src: str, imm: int, tgt: int, check: str) -> str:
+    is64, isx = grp.startswith("jmp64"), grp.endswith("_x")
+    if is64:
+        a, b = dst, (src if isx else _hex(imm))
+        sa, sb = f"(dtmk_s64){a}", f"(dtmk_s64){b}"
+    else:
+        a, b = f"(dtmk_u32){dst}", (f"(dtmk_u32){src}" if isx else f"0x{imm & M32:x}u")
+        sa, sb = f"(int){a}", f"(int){b}"
+    cond = _CMP.get(sub)
+    if cond is None:                              # never encoded (the VM: not taken)
+        return check or ";"
+    return f"{check}if ({cond.format(a=a, b=b, sa=sa, sb=sb)}) goto L{tgt};"
+
+
+def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int) -> Optional[str]:
+    o = f"(dtmk_s64)({off})"
+    if sub <= 3:
+        return f"{dst} = *(const {_MEM_T[sub]} *)({src} + {o});"
+    if sub <= 7:
+        t = _MEM_T[sub - 4]
+        return f"*({t} *)({dst} + {o}) = ({t}){_hex(imm)};"
+    if sub <= 11:
+        t = _MEM_T[sub - 8]
+        return f"*({t} *)({dst} + {o}) = ({t}){src};"
+    if sub in (12, 13):
+        t, at = ("dtmk_u32", "unsigned") if sub == 12 else ("dtmk_u64", "unsigned long long")
+        fetch = f" {src} = o_;" if aux else ""
+        return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; {t} o_; "
+                f"if (__isLocal(a_)) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
+    return None
+
+
+def _call(nm: str) -> str:
+    m = "(const struct dtmk_map *)r1"
+    return {
+        "call_map_lookup_elem": f"r0 = dtmk_map_lookup({m}, (const void *)r2, worker, &lost);",
+        "call_map_update_elem": f"r0 = dtmk_map_update({m}, (const void *)r2, (const void *)r3, r4, worker, &lost);",
+        "call_map_delete_elem": f"r0 = dtmk_map_delete({m}, (const void *)r2, &lost);",
+        "call_ktime_get_ns": "r0 = (flags & 1u) ? ctx->ts_ns : dtmk_cm_globaltimer();",
+        "call_get_worker_id": "r0 = worker;",
+        "call_ringbuf_output": f"r0 = dtmk_ringbuf_output({m}, (const void *)r2, r3, r4, worker, epoch, &lost, &thr);",
+        "call_hist_add": f"r0 = dtmk_hist_add({m}, (const void *)r2, r3, &lost);",
+        "call_set_priority_hint": "r0 = 0;",
+    }.get(nm, "r0 = (dtmk_u64)-22; lost = true;")   # trace_printk: not on the device yet (-EINVAL, lost)
+
+
+def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
+              stack_depth: int = abi.STACK_SIZE, name: str = "prog") -> str:
+    """dtmk_dinsn records (device.encode_program) -> one C function `fn`."""
+    n = len(recs)
+    try:                                               # the budget can bind: count like the VM
+        count = longest_path(recs, name) > max_insns
+    except TranslateError:                             # a loop (unverified program): the budget ends it
+        count = True
+    depth = max(8, (stack_depth + 7) // 8 * 8)
+    targets = set()
+    for i in range(n):
+        op = int(recs[i]["op"])
+        if NAME_OF_OP.get(op) == "ja" or _GROUPS[op >> 4].startswith("jmp"):
+            t = int(recs[i]["off"])
+            if not 0 <= t < n:
+                raise TranslateError(f"{name}: record {i}: jump to {t} outside the program")
+            targets.add(t)
+    out: List[str] = []
+    w = out.append
+    used_fault = False
+    w(f"/* {name}: {n} records, stack {depth} bytes, "
+      f"{'counted budget ' + str(max_insns) if count else 'no budget check needed'} */\n")
+    w(f"static __device__ __forceinline__ int {fn}(const struct dtmk_ctx *ctx, dtmk_u32 worker, dtmk_u32 epoch,\n"
+      f"        dtmk_u32 flags, dtmk_u64 *r0_out) {{\n")
+    w("    dtmk_u64 stk[%d];\n" % (depth // 8))
+    w("    for (int i = 0; i < %d; i++) stk[i] = 0;\n" % (depth // 8))
+    w("    dtmk_u64 r0 = 0, r1 = (dtmk_u64)ctx, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0, r8 = 0, r9 = 0;\n")
+    w(f"    dtmk_u64 r10 = (dtmk_u64)(stk + {depth // 8});\n")
+    w("    bool lost = false, thr = false;\n")
+    w("    (void)worker; (void)epoch; (void)flags; (void)r10;\n")
+    if count:
+        w("    dtmk_u32 cnt = 0;\n")
+    CNT = "cnt++; " if count else ""
+
+    def chk() -> str:
+        nonlocal used_fault
+        if not count:
+            return ""
+        used_fault = True
+        return f"if (cnt > {max_insns}u) goto L_fault; "
+
+    for i in range(n):
+        r = recs[i]
+        op, d, s, aux, off, imm = (int(r["op"]), int(r["dst"]), int(r["src"]), int(r["aux"]), int(r["off"]),
+                                   int(r["imm"]))
+        g, sub = op >> 4, op & 15
+        nm = NAME_OF_OP.get(op, "invalid")
+        grp = _GROUPS[g] if g < len(_GROUPS) else "bad"
+        if i in targets:
+            w(f"L{i}:\n")
+        if grp.startswith("alu"):
+            line = _alu(grp, sub, f"r{d}", f"r{s}", imm)
+        elif grp.startswith("jmp"):
+            line = _jmp(grp, sub, f"r{d}", f"r{s}", imm, off, chk())
+        elif grp == "mem":
+            line = _mem(sub, f"r{d}", f"r{s}", aux, off, imm)
+            if line is None:
+                used_fault = True
+                line = "goto L_fault;"
+        elif grp == "call":
+            line = chk() + _call(nm)
+        elif nm in ("lddw", "lddw_map", "lddw_map_value"):
+            line = f"r{d} = {_hex(imm)};"
+        elif nm == "neg":
+            line = f"r{d} = 0ull - r{d};"
+        elif nm == "neg32":
+            line = f"r{d} = (dtmk_u32)(0u - (dtmk_u32)r{d});"
+        elif nm == "le":
+            line = f"r{d} &= 0xffffull;" if imm == 16 else f"r{d} &= 0xffffffffull;" if imm == 32 else ";"
+        elif nm == "be":
+            line = (f"r{d} = ((r{d} & 0xffull) << 8) | ((r{d} >> 8) & 0xffull);" if imm == 16 else
+                    f"r{d} = DTMK_CM_BSWAP32((dtmk_u32)r{d});" if imm == 32 else
+                    f"r{d} = DTMK_CM_BSWAP64(r{d});")
+        elif nm == "ja":
+            line = f"{chk()}goto L{off};"
+        elif nm == "exit":
+            line = f"{chk()}goto L_exit;"
+        else:                                    # unknown helper id, invalid op: fault (as the VM)
+            used_fault = True
+            line = "goto L_fault;"
+        w(f"    /* {i}: {nm} */ {CNT}{line}\n")
+    used_fault = True
+    w("    goto L_fault;   /* fell off the end (never in a verified program) */\n")
+    w("L_exit:\n    *r0_out = r0;\n")
+    w("    return lost ? DTMK_OUT_LOST : thr ? DTMK_OUT_THROTTLED : DTMK_OUT_EXECUTED;\n")
+    if used_fault:
+        w("L_fault:\n    return DTMK_OUT_FAULT;\n")
+    w("}\n")
+    return "".join(out)
+
+
+PRELUDE = r"""/* GENERATED by dtrace_mk.runtime.compiled: a compiled-tier monitor.  Do not edit. */
+#include "dtrace_mk_abi.h"
+#ifndef DTMK_OUT_NONE
+#define DTMK_OUT_NONE 0
+#define DTMK_OUT_EXECUTED 1
+#define DTMK_OUT_THROTTLED 2
+#define DTMK_OUT_LOST 3
+#define DTMK_OUT_FAULT 4
+#define DTMK_OUT_SAMPLED 5
+#endif
+struct dtmk_map;
+/* defined by the kernel module (kernels/bpf_maps.cuh): the device VM's own helpers */
+__device__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const void *key, dtmk_u32 worker, bool *lost);
+__device__ dtmk_u64 dtmk_map_update(const struct dtmk_map *m, const void *key, const void *value,
+                                    dtmk_u64 flags, dtmk_u32 worker, bool *lost);
+__device__ dtmk_u64 dtmk_map_delete(const struct dtmk_map *m, const void *key, bool *lost);
+__device__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const void *key, dtmk_u64 v, bool *lost);
+__device__ dtmk_u64 dtmk_ringbuf_output(const struct dtmk_map *m, const void *data, dtmk_u64 size,
+                                        dtmk_u64 flags, dtmk_u32 worker, dtmk_u32 epoch,
+                                        bool *lost, bool *throttled);
+#ifdef __CUDA_ARCH__
+static __device__ __forceinline__ dtmk_u64 dtmk_cm_globaltimer() {
+    dtmk_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define DTMK_CM_BSWAP32(x) ((dtmk_u64)__byte_perm((x), 0, 0x0123))
+#define DTMK_CM_BSWAP64(x) ((((dtmk_u64)__byte_perm((dtmk_u32)(x), 0, 0x0123)) << 32) | \
+                            (dtmk_u64)__byte_perm((dtmk_u32)((x) >> 32), 0, 0x0123))
+#else
+static inline dtmk_u64 dtmk_cm_globaltimer() { return 0; }
+#define DTMK_CM_BSWAP32(x) ((dtmk_u64)__builtin_bswap32(x))
+#define DTMK_CM_BSWAP64(x) ((dtmk_u64)__builtin_bswap64(x))
+#endif
+"""
+
+
+@dataclass
+class MonitorProgram:
+    """One program of a monitor: its hook, its cm_id (the table's flags >> 16) and code."""
+    hook_id: int
+    cm_id: int
+    name: str
+    recs: np.ndarray
+    max_insns: int = abi.MAX_INSNS
+    stack_depth: int = abi.STACK_SIZE
+
+
+def monitor_source(progs: Sequence[MonitorProgram]) -> str:
+    """The monitor module: every program's function and dtmk_cm_hook_<id> for every hook
+    (an empty list gives the empty monitor)."""
+    parts = [PRELUDE]
+    ids = [p.cm_id for p in progs]
+    if len(set(ids)) != len(ids) or any(not 0 <= i < 1 << 16 for i in ids):
+        raise ValueError(f"cm_ids must be distinct and < 65536: {ids}")
+    for p in progs:
+        parts.append(translate(p.recs, f"dtmk_cm_prog_{p.cm_id}", max_insns=p.max_insns,
+                               stack_depth=p.stack_depth, name=p.name))
+    for h in HOOK_IDS:
+        mine = [p for p in progs if p.hook_id == h]
+        parts.append(f'extern "C" __device__ int dtmk_cm_hook_{h}(dtmk_u32 cm_id, const struct dtmk_ctx *ctx, '
+                     f'dtmk_u32 worker, dtmk_u32 epoch,\n        dtmk_u32 flags, dtmk_u64 *r0) {{\n')
+        if mine:
+            parts.append("    switch (cm_id) {\n")
+            for p in mine:
+                parts.append(f"    case {p.cm_id}: return dtmk_cm_prog_{p.cm_id}(ctx, worker, epoch, flags, r0);\n")
+            parts.append("    default: return DTMK_OUT_FAULT;\n    }\n}\n")
+        else:
+            parts.append("    (void)cm_id; (void)ctx; (void)worker; (void)epoch; (void)flags; (void)r0;\n"
+                         "    return DTMK_OUT_FAULT;\n}\n")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------
+# NVRTC -> LTO-IR, nvJitLink -> cubin, caches
+# ---------------------------------------------------------------------------------
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+    return nvrtc
+
+
+def ltoir(source: str, name: str = "monitor.cu", arch: str = ARCH, defines: Sequence[str] = ()) -> bytes:
+    """NVRTC: CUDA source -> LTO-IR for `arch` (-dlto -rdc=true); kernels/ on the include
+    path.  Raises device.CompileError with NVRTC's log."""
+    nvrtc = _nvrtc()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise D.CompileError(f"{name}: NVRTC create failed: {err}")
+    opts = [f"--gpu-architecture={arch}", "-dlto", "--relocatable-device-code=true", "--std=c++17",
+            "-default-device", f"--include-path={KERNEL_DIR}"] + [f"-D{d}" for d in defines]
+    try:
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise D.CompileError(f"{name}: NVRTC failed ({arch}):\n{log.decode(errors='replace').strip(chr(0) + ' ')}")
+        err, size = nvrtc.nvrtcGetLTOIRSize(prog)
+        out = b" " * size
+        nvrtc.nvrtcGetLTOIR(prog, out)
+        return bytes(out)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def nvjitlink_available() -> bool:
+    try:
+        from cuda.bindings import nvjitlink
+        nvjitlink.version()
+        return True
+    except Exception:   # noqa: BLE001 - missing library shows as various errors
+        return False
+
+
+def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
+    """nvJitLink: LTO-IR inputs (name, bytes) -> one cubin (-lto: cross-module inlining)."""
+    from cuda.bindings import nvjitlink
+    opts = [f"-arch={arch}", "-lto", "-O3"]
+    h = nvjitlink.create(len(opts), opts)
+    try:
+        try:
+            for nm, data in inputs:
+                nvjitlink.add_data(h, nvjitlink.InputType.LTOIR, data, len(data), nm)
+            nvjitlink.complete(h)
+        except nvjitlink.nvJitLinkError as e:
+            size = nvjitlink.get_error_log_size(h)
+            log = bytearray(size)
+            nvjitlink.get_error_log(h, log)
+            raise LinkError(f"nvJitLink ({arch}): {e}\n{bytes(log).decode(errors='replace').strip(chr(0))}") from None
+        size = nvjitlink.get_linked_cubin_size(h)
+        out = bytearray(size)
+        nvjitlink.get_linked_cubin(h, out)
+        return bytes(out)
+    finally:
+        nvjitlink.destroy(h)
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def kernel_hash(arch: str = ARCH, defines: Sequence[str] = ()) -> str:
+    h = hashlib.sha256()
+    for s in HARNESS_SOURCES:
+        h.update(s.encode() + b"\0" + (KERNEL_DIR / s).read_bytes())
+    h.update(f"{arch}|{'|'.join(defines)}".encode())
+    return h.hexdigest()[:20]
+
+
+def program_hash(source: str, arch: str = ARCH) -> str:
+    return hashlib.sha256(f"{arch}\0{source}".encode()).hexdigest()[:20]
+
+
+@dataclass
+class BuildTimes:
+    """Seconds spent on one compiled-harness build (0.0 = taken from a cache)."""
+    translate_s: float = 0.0
+    monitor_ltoir_s: float = 0.0
+    harness_ltoir_s: float = 0.0
+    link_s: float = 0.0
+    cached: str = ""            # "cubin", "ltoir" or ""
+
+    @property
+    def swap_s(self) -> float:
+        """What a promotion waits for with the kernel's LTO-IR cached: translate +
+        monitor compile + link."""
+        return self.translate_s + self.monitor_ltoir_s + self.link_s
+
+
+_MEM: Dict[str, bytes] = {}
+
+
+def _cached(key: str, suffix: str, make) -> Tuple[bytes, bool]:
+    if key in _MEM:
+        return _MEM[key], True
+    path = _cache_dir() / f"{key}{suffix}"
+    if path.exists():
+        data = path.read_bytes()
+        _MEM[key] = data
+        return data, True
+    data = make()
+    _write_atomic(path, data)
+    _MEM[key] = data
+    return data, False
+
+
+def harness_ltoir(arch: str = ARCH, defines: Sequence[str] = ()) -> Tuple[bytes, float]:
+    """The compiled harness as LTO-IR, cached by the kernel sources' hash (seconds spent)."""
+    t0 = time.perf_counter()
+    src = (KERNEL_DIR / HARNESS).read_text()
+    data, hit = _cached(f"cm_harness_{kernel_hash(arch, defines)}", ".ltoir",
+                        lambda: ltoir(src, HARNESS, arch, defines))
+    return data, 0.0 if hit else time.perf_counter() - t0
+
+
+def build_compiled_harness(monitor: str, arch: str = ARCH, defines: Sequence[str] = ()
+                           ) -> Tuple[Path, BuildTimes]:
+    """Harness LTO-IR + monitor LTO-IR -> linked cubin, cached by (program hash, kernel
+    hash).  Returns the cubin's path and what each step cost."""
+    times = BuildTimes()
+    ph, kh = program_hash(monitor, arch), kernel_hash(arch, defines)
+    path = _cache_dir() / f"cm_{kh}_{ph}.cubin"
+    if path.exists():
+        times.cached = "cubin"
+        return path, times
+    h_ir, times.harness_ltoir_s = harness_ltoir(arch, defines)
+    t0 = time.perf_counter()
+    m_ir, hit = _cached(f"cm_monitor_{ph}", ".ltoir", lambda: ltoir(monitor, "monitor.cu", arch))
+    times.monitor_ltoir_s = 0.0 if hit else time.perf_counter() - t0
+    if hit:
+        times.cached = "ltoir"
+    t0 = time.perf_counter()
+    cubin = link_cubin([(HARNESS, h_ir), ("monitor.cu", m_ir)], arch)
+    times.link_s = time.perf_counter() - t0
+    _write_atomic(path, cubin)
+    return path, times
+
+
+# ---------------------------------------------------------------------------------
+# Host build (g++): the same monitor and map code on the CPU, a warp of one lane
+# ---------------------------------------------------------------------------------
+
+HOST_SHIM = r"""/* CUDA on the host: a warp of one lane, one thread, plain memory */
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__ __restrict
+struct dtmk_host_dim3 { unsigned x, y, z; };
+static const dtmk_host_dim3 threadIdx = {0, 0, 0};
+static inline unsigned long long atomicAdd(unsigned long long *a, unsigned long long v) { unsigned long long o = *a; *a = o + v; return o; }
+static inline unsigned atomicAdd(unsigned *a, unsigned v) { unsigned o = *a; *a = o + v; return o; }
+static inline unsigned atomicCAS(unsigned *a, unsigned c, unsigned v) { unsigned o = *a; if (o == c) *a = v; return o; }
+static inline unsigned long long atomicCAS(unsigned long long *a, unsigned long long c, unsigned long long v) { unsigned long long o = *a; if (o == c) *a = v; return o; }
+static inline void __threadfence() {}
+static inline void __nanosleep(unsigned) {}
+static inline int __clzll(long long v) { return v ? __builtin_clzll((unsigned long long)v) : 64; }
+static inline unsigned __ballot_sync(unsigned, int p) { return p ? 1u : 0u; }
+template <class T> static inline T __shfl_sync(unsigned, T v, int) { return v; }
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(int v) { return __builtin_ffs(v); }
+static inline bool __isLocal(const void *) { return false; }
+"""
+
+HOST_DRIVER = r"""
+/* the harness's serial loop (one event at a time, table order), on the host */
+extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk_ctx *events, dtmk_u32 n,
+                              dtmk_u64 *r0_out, dtmk_u8 *outcome_out, dtmk_u32 flags) {
+    for (dtmk_u32 ev = 0; ev < n; ev++) {
+        const struct dtmk_ctx *c = events + ev;
+        dtmk_u32 h = c->hook;
+        if (h == 0 || h >= DTMK_NUM_HOOKS || (T[h].gen & 1)) continue;
+        for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
+            const struct dtmk_prog &P = T[h].progs[k];
+            if (!(P.flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */
+            dtmk_u64 r0 = 0;
+            int out = dtmk_cm_run_prog(P, h, true, c, c->worker, c->decode_step, T[h].gen >> 1, flags, &r0, 0);
+            r0_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = r0;
+            outcome_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = (dtmk_u8)out;
+        }
+    }
+    return 0;
+}
+"""
+
+_ASM_FIXES = (
+    ('asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");',
+     "v = *(volatile const dtmk_u32 *)p;"),
+    ('asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");',
+     "*(volatile dtmk_u32 *)p = v;"),
+)
+
+
+def host_maps_header() -> str:
+    """kernels/bpf_maps.cuh with its two PTX one-liners (acquire load, release store) as
+    plain C: the only edits the host build makes to the device map code."""
+    text = (KERNEL_DIR / "bpf_maps.cuh").read_text()
+    for old, new in _ASM_FIXES:
+        if old not in text:
+            raise RuntimeError(f"bpf_maps.cuh changed: host build cannot find {old!r}")
+        text = text.replace(old, new)
+    if "asm" in "".join(l.split("/*")[0] for l in text.splitlines() if not l.lstrip().startswith("*")):
+        raise RuntimeError("bpf_maps.cuh has inline PTX the host build does not know")
+    return text
+
+
+def host_source(monitor: str) -> str:
+    """One host C++ translation unit: shim, map code, the compiled-tier wrapper, the
+    monitor, the serial driver."""
+    wrapper = (KERNEL_DIR / "bpf_compiled.cuh").read_text().replace('#include "bpf_maps.cuh"', "")
+    maps = host_maps_header().replace('#include "dtrace_mk_abi.h"', "")
+    return "\n".join([HOST_SHIM, '#include "dtrace_mk_abi.h"', maps, monitor.replace('#include "dtrace_mk_abi.h"', ""),
+                      wrapper.replace('#include "dtrace_mk_abi.h"', ""), HOST_DRIVER])
+
+
+_HOST_LIBS: Dict[str, ctypes.CDLL] = {}
+
+
+def host_library(monitor: str, opt: str = "-O1") -> ctypes.CDLL:
+    """Compile host_source(monitor) with g++ into a shared library and load it (cached
+    per process by the source hash; the map addresses in the source are this process's)."""
+    src = host_source(monitor)
+    key = hashlib.sha256((opt + src).encode()).hexdigest()[:20]
+    if key in _HOST_LIBS:
+        return _HOST_LIBS[key]
+    with tempfile.TemporaryDirectory() as td:
+        c = Path(td) / "monitor_host.cpp"
+        c.write_text(src)
+        so = Path(td) / f"cm_host_{key}.so"
+        cmd = ["g++", "-std=c++17", opt, "-shared", "-fPIC", "-fno-strict-aliasing", "-w",
+               "-Wl,-z,defs", f"-I{KERNEL_DIR}", "-o", str(so), str(c)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode:
+            raise D.CompileError(f"host build of the compiled monitor failed:\n{res.stderr[-4000:]}")
+        lib = ctypes.CDLL(str(so))          # stays mapped after the directory goes
+    lib.dtmk_host_fire.restype = ctypes.c_int
+    lib.dtmk_host_fire.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_uint32]
+    _HOST_LIBS[key] = lib
+    return lib
+
+
+class _HostArray(np.ndarray):
+    """A numpy array posing as a CuPy device array (.data.ptr, .get(), .set())."""
+
+    class _Ptr:
+        __slots__ = ("ptr",)
+
+        def __init__(self, ptr: int):
+            self.ptr = ptr
+
+    @property
+    def data(self):                                    # noqa: D401 - CuPy's name
+        return _HostArray._Ptr(self.ctypes.data)
+
+    def get(self) -> np.ndarray:
+        return np.array(self, copy=True).view(np.ndarray)
+
+    def set(self, x) -> None:
+        self[...] = np.asarray(x).reshape(self.shape)
+
+
+class HostDevice:
+    """The slice of CuPy that DeviceMaps and the runtime's tables use, on numpy."""
+    uint8, uint32, uint64, ndarray = np.uint8, np.uint32, np.uint64, _HostArray
+
+    @staticmethod
+    def zeros(n, dtype=np.uint8):
+        return np.zeros(n, dtype=dtype).view(_HostArray)
+
+    @staticmethod
+    def asarray(a):
+        return np.array(a, copy=True).view(_HostArray)
+
+
+# ---------------------------------------------------------------------------------
+# Runtimes
+# ---------------------------------------------------------------------------------
+
+def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int, int]) -> List[MonitorProgram]:
+    """MonitorProgram per (attachment, _DevProg), cm_id = cm_ids[id(_DevProg)]."""
+    out = []
+    for att, dp in entries:
+        recs = D.encode_program(dp.program.insns, att.maps.desc_addrs, att.maps.value_addrs, dp.program.name)
+        out.append(MonitorProgram(dp.program.hook.id, cm_ids[id(dp)], f"{att.id}:{dp.program.name}", recs,
+                                  dp.max_insns, dp.stack_depth))
+    return out
+
+
+class _CompiledMixin:
+    """Table publishing with compiled slots, cm_id bookkeeping, the promotion protocol of
+    dtrace_mk.runtime.tiers (prepare_promotion / commit_promotion)."""
+
+    def _cm_init(self) -> None:
+        self._cm_id: Dict[int, int] = {}          # id(_DevProg) -> cm_id (compiled, in the tables)
+        self._cm_reserved: Dict[int, int] = {}    # id(_DevProg) -> cm_id (promotion being built)
+        self._next_cm = 0
+        self._tier: Dict[int, str] = {}           # attachment -> "compiled" (absent: "hot")
+
+    def attachments(self) -> List[int]:
+        return list(self._atts)
+
+    def tier(self, aid: int) -> str:
+        return self._tier.get(aid, "hot")
+
+    def _compiled_entries(self, extra: Optional[int] = None) -> List[Tuple[object, object]]:
+        out = []
+        for hid in HOOK_IDS:
+            for (a, d) in self._by_hook[hid]:
+                if id(d) in self._cm_id or (extra is not None and a.id == extra):
+                    out.append((a, d))
+        return out
+
+    def monitor(self, extra: Optional[int] = None) -> str:
+        """The monitor source for what is compiled now (plus attachment `extra`, whose
+        programs take their reserved cm_ids)."""
+        ids = dict(self._cm_id)
+        if extra is not None:
+            for dp in self._atts[extra].progs:
+                ids.setdefault(id(dp), self._cm_reserved.get(id(dp), -1))
+        return monitor_source(_monitor_programs(self._compiled_entries(extra), ids))
+
+    def _reserve(self, aid: int) -> None:
+        for dp in self._atts[aid].progs:
+            if id(dp) not in self._cm_id and id(dp) not in self._cm_reserved:
+                self._cm_reserved[id(dp)] = self._next_cm
+                self._next_cm += 1
+
+    def _mark_compiled(self, aid: int) -> None:
+        self._reserve(aid)
+        for dp in self._atts[aid].progs:
+            if id(dp) not in self._cm_id:
+                self._cm_id[id(dp)] = self._cm_reserved.pop(id(dp))
+        self._tier[aid] = "compiled"
+
+    def _publish(self, hid: int) -> None:
+        """DeviceRuntime._publish plus the compiled flag and cm_id of each slot."""
+        t = self.host_tables[hid]
+        base = hid * D.HOOK_TABLE_DTYPE.itemsize
+        t["gen"] = 2 * self._gen[hid] - 1
+        self.tables[base:base + 4].set(np.frombuffer(int(t["gen"]).to_bytes(4, "little"), np.uint8))
+        entries = self._by_hook[hid]
+        t["n_progs"] = len(entries)
+        for k in range(D.MAX_PROGS):
+            t["progs"][k] = np.zeros(1, D.PROG_DTYPE)[0]
+        for k, (att, dp) in enumerate(entries):
+            e = t["progs"][k]
+            e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
+            e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
+            e["sample_every"], e["prog_id"] = att.sample_every, att.id
+            e["max_per_epoch"] = D.NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
+            cm = self._cm_id.get(id(dp))
+            e["flags"] = 0 if cm is None else (PROG_F_COMPILED | (cm << 16))
+        body = self.host_tables[hid:hid + 1].view(np.uint8)
+        self.tables[base + 4:base + D.HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
+        t["gen"] = 2 * self._gen[hid]
+        self.tables[base:base + 4].set(np.frombuffer(int(t["gen"]).to_bytes(4, "little"), np.uint8))
+
+    def _hooks_of(self, aid: int) -> List[int]:
+        return sorted({dp.program.hook.id for dp in self._atts[aid].progs})
+
+    # -- promotion protocol (dtrace_mk.runtime.tiers) --------------------------------------
+    def prepare_promotion(self, aid: int) -> Tuple[str, object]:
+        """Fix what the build will contain (cm_ids reserved, the monitor source) on the
+        calling thread; returns (key, work): work() does the host-only build and may run on
+        any thread; key identifies the compiled set it was built for."""
+        if aid not in self._atts:
+            raise KeyError(f"no attachment {aid}")
+        self._reserve(aid)
+        src = self.monitor(extra=aid)
+        return src, self._build_work(src)
+
+    def commit_promotion(self, aid: int, key: str, artifact: object) -> bool:
+        """At a launch boundary: take the built artifact, mark the attachment's programs
+        compiled and publish their hooks under a new program_gen.  False (nothing changed)
+        when the attachment is gone or the compiled set moved on since prepare."""
+        if aid not in self._atts or self.tier(aid) == "compiled" or self.monitor(extra=aid) != key:
+            return False
+        self._install(key, artifact)
+        self._mark_compiled(aid)
+        for hid in self._hooks_of(aid):
+            self._gen[hid] += 1
+            self._publish(hid)
+        return True
+
+    def promote(self, aid: int) -> bool:
+        """prepare + build + commit now (the next launch runs compiled)."""
+        key, work = self.prepare_promotion(aid)
+        return self.commit_promotion(aid, key, work())
+
+    def _build_work(self, src: str):
+        raise NotImplementedError
+
+    def _install(self, src: str, artifact: object) -> None:
+        raise NotImplementedError
+
+
+class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
+    """The compiled tier on the CPU (g++), DeviceRuntime's interface: attach (every
+    program compiled), fire(records) serially (the harness's serial mode), maps(aid),
+    coverage(aid).  Maps, tables and coverage are the device layouts in host memory."""
+
+    def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, clock_from_ctx: bool = True,
+                 opt: str = "-O1"):
+        if num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        self.opt = opt                          # g++ optimisation level of the host build
+        self.cp = HostDevice
+        self.num_workers = num_workers
+        self.max_insns = max_insns
+        self.code_cap = 1 << 30
+        self.flags = D.FLAG_CLOCK_FROM_CTX if clock_from_ctx else 0
+        self.host_tables = np.zeros(D.NUM_HOOKS, dtype=D.HOOK_TABLE_DTYPE)
+        self.tables = HostDevice.asarray(self.host_tables.view(np.uint8))
+        self.status = HostDevice.zeros(4, np.uint64)
+        self._gen = {h.id: 0 for h in abi.HOOKS}
+        self._by_hook = {h.id: [] for h in abi.HOOKS}
+        self._atts, self._detached = {}, {}
+        self._next = 1
+        self._cm_init()
+        self._lib = None
+        self._lib_src: Optional[str] = None
+
+    def attach(self, obj, verify: bool = True, *, tier: str = "compiled", **kw) -> int:
+        """tier="compiled" (default): compiled at attach, same program_gen as the
+        reference.  tier="hot": attached but not compiled (the host has no interpreter:
+        fire() refuses until it is promoted; for the promotion protocol's tests)."""
+        if tier not in ("hot", "compiled"):
+            raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
+        aid = super().attach(obj, verify, **kw)
+        if tier == "compiled":
+            self._mark_compiled(aid)
+            for hid in self._hooks_of(aid):
+                self._publish(hid)
+        return aid
+
+    def _build_work(self, src: str):
+        return lambda: host_library(src, self.opt)
+
+    def _install(self, src: str, artifact: object) -> None:
+        self._lib, self._lib_src = artifact, src
+
+    def fire(self, records, **kw) -> D.FireBatch:
+        if isinstance(records, (list, tuple)):
+            blob = b"".join(bytes(r) for r in records)
+        else:
+            blob = bytes(records)
+        if len(blob) % abi.CONTEXT_SIZE:
+            raise UserError(f"context records: {len(blob)} bytes is not a multiple of {abi.CONTEXT_SIZE}")
+        ev = np.frombuffer(blob, np.uint8).copy()
+        n = len(blob) // abi.CONTEXT_SIZE
+        words = ev.reshape(-1, abi.CONTEXT_SIZE).view("<u4") if n else np.zeros((0, 32), "<u4")
+        hooks = words[:, 1].copy()
+        bad = np.flatnonzero((hooks < 1) | (hooks > abi.MAX_HOOK_ID))
+        if bad.size:
+            raise UserError(f"context record {int(bad[0])}: field 'hook': {int(hooks[bad[0]])} is not a hook id")
+        badw = np.flatnonzero(words[:, 6] >= self.num_workers)
+        if badw.size:
+            raise UserError(f"context record {int(badw[0])}: field 'worker': {int(words[badw[0], 6])} is out "
+                            f"of range for {self.num_workers} workers")
+        hot = [f"{a.id}:{d.program.name}" for hid in HOOK_IDS for a, d in self._by_hook[hid] if id(d) not in self._cm_id]
+        if hot:
+            raise UserError(f"host compiled tier: {', '.join(hot)} not compiled (no interpreter on the host); "
+                            f"promote first")
+        src = self.monitor()
+        if self._lib_src != src:
+            self._install(src, host_library(src, self.opt))
+        r0 = np.zeros(max(n, 1) * D.MAX_PROGS, np.uint64)
+        out = np.zeros(max(n, 1) * D.MAX_PROGS, np.uint8)
+        if n:
+            rc = self._lib.dtmk_host_fire(self.tables.ctypes.data, ev.ctypes.data, n, r0.ctypes.data,
+                                          out.ctypes.data, self.flags)
+            if rc:
+                raise UserError("host compiled tier: a table slot is not compiled (no interpreter on the host)")
+        slots = {hid: [(a.id, d.program.name) for a, d in ents] for hid, ents in self._by_hook.items()}
+        return D.FireBatch(slots, hooks, r0.reshape(-1, D.MAX_PROGS)[:n], out.reshape(-1, D.MAX_PROGS)[:n])
+
+
+class CompiledRuntime(_CompiledMixin, D.DeviceRuntime):
+    """DeviceRuntime whose launches run kernels/bpf_compiled_harness.cu linked with the
+    monitor of every program marked compiled (CuPy + GPU); hot programs run in the VM of
+    the same kernel.  `attach(..., tier="compiled")` compiles at attach (same program_gen
+    as a hot attach); `promote(aid)` / the tiers.TierManager protocol swap a hot one in
+    at the next launch under a new program_gen.  `last_build`: what the last build cost."""
+
+    def __init__(self, num_workers: int = 1, **kw):
+        super().__init__(num_workers, **kw)
+        self._cm_init()
+        self.arch = kw.get("arch") or self._arch()
+        self.last_build: Optional[BuildTimes] = None
+        self._module_src: Optional[str] = None
+        src = self.monitor()
+        self._install(src, self._build_work(src)())
+
+    def _arch(self) -> str:
+        cc = self.cp.cuda.Device().compute_capability
+        return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
+
+    def _build_work(self, src: str):
+        arch = self.arch
+        return lambda: build_compiled_harness(src, arch)
+
+    def _install(self, src: str, artifact) -> None:
+        if src == self._module_src:
+            return
+        path, times = artifact
+        self.last_build = times
+        self.module = self.cp.RawModule(path=str(path))
+        self.kernel = self.module.get_function("dtmk_compiled_harness")
+        self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(D.MAX_WARPS)
+        self._module_src = src
+
+    def attach(self, obj, verify: bool = True, *, tier: str = "hot", **kw) -> int:
+        """tier="compiled": the programs are compiled from the first launch on (same
+        program_gen as a hot attach; the module is built at the next launch, once for
+        everything attached compiled since)."""
+        if tier not in ("hot", "compiled"):
+            raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
+        aid = super().attach(obj, verify, **kw)
+        if tier == "compiled":
+            self._mark_compiled(aid)
+            for hid in self._hooks_of(aid):
+                self._publish(hid)
+        return aid
+
+    def ensure_module(self) -> Optional[BuildTimes]:
+        """Build and load the module for what is compiled now, if it changed (launch()
+        does this first).  Returns the build's times, None when nothing changed."""
+        src = self.monitor()
+        if src == self._module_src:
+            return None
+        self._install(src, self._build_work(src)())
+        return self.last_build
+
+    def launch(self, *a, **kw) -> None:
+        self.ensure_module()
+        super().launch(*a, **kw)
+
+    def detach(self, aid: int) -> None:
+        super().detach(aid)
+        self._tier.pop(aid, None)
+        for dp in self._detached[aid].progs:
+            self._cm_id.pop(id(dp), None)
+            self._cm_reserved.pop(id(dp), None)
+        # the loaded module keeps the detached programs' code until the next build: the
+        # tables no longer name their cm_ids, so it never runs (no relink on detach)

@@ -1,0 +1,372 @@
+"""Compiled tier without a GPU (dtrace_mk.runtime.compiled).
+
+* Differential on the CPU: the translation of random verified programs, compiled by the
+  host g++ together with the device map code (kernels/bpf_maps.cuh) and the tier's
+  wrapper (kernels/bpf_compiled.cuh) as a warp of one lane, run serially over random
+  contexts, gives the reference VM's r0, outcome, maps, map stats and coverage rows;
+  so do the engine-agnostic vm_cases the device runs; a deliberately wrong translation
+  is caught.
+* NVRTC: the monitors (random programs, every device vm_case) compile to LTO-IR for
+  sm_90a; with nvJitLink (pip nvidia-nvjitlink) the harness and a monitor link into a
+  cubin in which the hook entry point has been inlined away, and builds are cached.
+* The kernel-side copy of dtmk_vm_run_prog matches bpf_vm.cuh's; constants agree.
+"""
+from __future__ import annotations
+
+import random
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dtrace_mk.abi import definition as abi
+from dtrace_mk.bpf import asm
+from dtrace_mk.bpf.program import BpfObject, MapDef, Program
+from dtrace_mk.bpf.verifier import verify
+from dtrace_mk.runtime import compiled as C
+from dtrace_mk.runtime import device as D
+from dtrace_mk.runtime.reference import ReferenceRuntime
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "gpu"))
+sys.path.insert(0, str(HERE.parent / "bpf" / "vm_cases"))
+
+import device_progs as G                      # noqa: E402
+
+HOOK = abi.hook("task:end")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "cm_cache"))
+
+
+def _groups(objs, limit=D.MAX_PROGS):
+    """Objects packed into groups of at most `limit` programs (one hook table, one build)."""
+    group, n = [], 0
+    for o in objs:
+        if n + len(o.programs) > limit:
+            yield group
+            group, n = [], 0
+        group.append(o)
+        n += len(o.programs)
+    if group:
+        yield group
+
+
+def _run_group(objs, ctxs, workers, **kw):
+    """Reference and host-compiled runtimes, the same attachments in the same order."""
+    ref, host = ReferenceRuntime(num_workers=workers), C.HostCompiledRuntime(workers)
+    pairs = []
+    for obj in objs:
+        init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
+        ra = ref.attach(obj, **kw)
+        for name, items in init.items():
+            for k, v in items.items():
+                ref.maps(ra)[name].update(k, v)
+        pairs.append((ra, host.attach(obj, init_hash=init, **kw)))
+    rres = [ref.fire(c) for c in ctxs]
+    batch = host.fire(ctxs)
+    return ref, host, pairs, rres, batch
+
+
+def _diff(ref, host, pairs, rres, batch):
+    probs = G.compare_fires(rres, batch)
+    for ra, ha in pairs:
+        probs += G.compare_maps(ref.maps(ra), host.maps(ha), ordered=True)
+        rc, hc = G.coverage_dict(ref.coverage(ra)), G.coverage_dict(host.coverage(ha))
+        if rc != hc:
+            probs.append(f"coverage of attachment {ra}: reference {rc} compiled {hc}")
+    return probs
+
+
+# ------------------------------------------------------------------ CPU differential
+
+N_OBJECTS = 48
+
+
+def test_random_programs_match_the_reference_vm_on_the_cpu():
+    rnd = random.Random(20261130)
+    objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(N_OBJECTS)]
+    ran = {"executed": 0, "lost": 0, "throttled": 0}
+    for gi, group in enumerate(_groups(objs)):
+        ctxs = G.random_contexts(rnd, 120, 3, epochs=3)
+        ref, host, pairs, rres, batch = _run_group(group, ctxs, 3)
+        probs = _diff(ref, host, pairs, rres, batch)
+        assert not probs, f"group {gi}:\n" + "\n".join(probs[:20])
+        for ra, _ in pairs:
+            for c in ref.coverage(ra):
+                for k in ran:
+                    ran[k] += getattr(c, k)
+    # the comparison saw every outcome (not a vacuous pass)
+    assert ran["executed"] > 1000 and ran["lost"] > 0 and ran["throttled"] > 0, ran
+
+
+def test_sampling_and_rate_limit_match_the_reference_on_the_cpu():
+    rnd = random.Random(77)
+    objs = [G.random_object(rnd, parallel_safe=False, n_progs=2) for _ in range(2)]
+    ctxs = G.random_contexts(rnd, 150, 2, epochs=3)
+    r = _run_group(objs, ctxs, 2, sample_every=3, max_per_epoch=9)
+    assert not _diff(*r)
+    thr = sum(c.throttled for ra, _ in r[2] for c in r[1].coverage(r[2][0][1]))
+    assert thr > 0
+
+
+def _device_skip(case) -> str:
+    if case.error is not None or case.name.startswith("fault_"):
+        return "faults: the device tiers run verified programs only"
+    if case.expect_trace is not None or "trace_printk" in case.asm_text:
+        return "trace_printk is not implemented on the device"
+    if case.expect_hints is not None or case.options.get("prog_type") == "control":
+        return "control programs are not attachable in ABI v1"
+    return ""
+
+
+def _device_cases():
+    from harness import all_cases, parse_case
+    return [c for c in (parse_case(p) for p in all_cases()) if not _device_skip(c)]
+
+
+class HostCompiledEngine:
+    name = "compiled-host"
+
+    def run(self, case):
+        from harness import Outcome
+        rt = C.HostCompiledRuntime(case.opt_int("workers", 1), max_insns=case.opt_int("max_insns", abi.MAX_INSNS),
+                                   opt="-O0")          # ~50 small builds: the fast g++ level
+        limit = case.opt_int("max_per_epoch", -1)
+        aid = rt.attach(case.object(), verify=False, sample_every=case.opt_int("sample_every", 1),
+                        max_per_epoch=None if limit < 0 else limit)
+        batch = rt.fire(case.events)
+        results = [r0 for i in range(len(case.events)) for (_, _, _, r0) in batch.results(i)]
+        maps, stats = {}, {}
+        for m in rt.maps(aid):
+            stats[m.name] = (m.stats.lost, m.stats.throttled)
+            maps[m.name] = [r.data for r in m.drain()] if m.kind == "ringbuf" else \
+                m.snapshot(skip_zero=m.kind in ("array", "per_worker_array"))
+        rows = rt.coverage(aid)
+        cov = {k: sum(getattr(c, k) for c in rows) for k in ("eligible", "executed", "throttled", "lost")}
+        return Outcome(results, [], maps, stats, cov, True, [], [])
+
+
+def test_vm_cases_on_the_cpu_compiled_tier():
+    from harness import check
+    cases = _device_cases()
+    assert len(cases) >= 45
+    bad = {}
+    for case in cases:
+        probs = check(case, HostCompiledEngine().run(case))
+        if probs:
+            bad[case.name] = probs
+    assert not bad, bad
+
+
+def test_instruction_budget_binds_like_the_vm():
+    """Longest path over the budget: the translation counts, and the event is lost (fault)
+    at the check the VM makes; coverage as the reference's."""
+    text = "mov r0, 0\n" + "add r0, 1\n" * 30 + "jeq r0, 99, out\n" + "add r0, 1\n" * 10 + "out:\nexit\n"
+    prog = Program("budget", HOOK.section, HOOK, asm.assemble(text, []))
+    obj = BpfObject([prog], [], path="<budget>")
+    recs = D.encode_program(prog.insns)
+    assert C.longest_path(recs) == 43
+    src = C.translate(recs, "f", max_insns=20)
+    assert "cnt++" in src and "if (cnt > 20u) goto L_fault" in src
+    assert "cnt++" not in C.translate(recs, "f", max_insns=43)
+    ref, host = ReferenceRuntime(1, max_insns=20), C.HostCompiledRuntime(1, max_insns=20)
+    ra, ha = ref.attach(obj, verify=False), host.attach(obj, verify=False)
+    ev = [G.random_contexts(random.Random(1), 1, 1)[0]]
+    assert ref.fire(ev[0])[0].outcome == "lost"
+    assert host.fire(ev).outcome[0, 0] == D.OUT_FAULT
+    assert G.coverage_dict(ref.coverage(ra)) == G.coverage_dict(host.coverage(ha))
+
+
+def test_a_wrong_translation_is_caught(monkeypatch):
+    """Make jsgt unsigned: the differential test must see it."""
+    text = """
+        ldxw r7, [r1+28]
+        lddw r8, 0xfffffffffffffff0
+        mov r0, 1
+        jsgt r7, r8, out
+        mov r0, 2
+    out:
+        exit
+    """
+    prog = Program("sgt", HOOK.section, HOOK, asm.assemble(text, []))
+    obj = BpfObject([prog], [], path="<sgt>")
+    ctxs = G.random_contexts(random.Random(2), 8, 1)
+    assert not _diff(*_run_group([obj], ctxs, 1))
+    monkeypatch.setitem(C._CMP, 0x6, "{a} > {b}")
+    probs = _diff(*_run_group([obj], ctxs, 1))
+    assert any("r0 reference 0x1 device 0x2" in p for p in probs), probs
+
+
+def test_loops_are_refused_by_longest_path_and_counted_by_the_translation():
+    insns = asm.assemble("mov r0, 0\nl:\nadd r0, 1\njlt r0, 5, l\nexit\n", [])
+    recs = D.encode_program(insns)
+    with pytest.raises(C.TranslateError, match="record 2: jump to 1 closes a loop"):
+        C.longest_path(recs)
+    assert "if (cnt > 4096u) goto L_fault" in C.translate(recs, "f")
+
+
+def test_translation_folds_constant_divisors_and_masks_shifts():
+    insns = asm.assemble("""
+        mov r0, 7
+        div r0, 0
+        mod32 r0, 0
+        lsh r0, 70
+        arsh32 r0, 33
+        be16 r0
+        exit
+    """, [])
+    src = C.translate(D.encode_program(insns), "f")
+    assert "/* 1: div_k */ r0 = 0ull;" in src
+    assert "/* 2: mod32_k */ r0 = (dtmk_u32)((dtmk_u32)r0);" in src
+    assert "r0 << 6;" in src and ">> 1)" in src
+    assert "(int)(dtmk_u32)r0 >> 1" in src
+
+
+def test_host_runtime_refuses_bad_records():
+    from dtrace_mk.errors import UserError
+    rt = C.HostCompiledRuntime(1)
+    rt.attach(G.random_object(random.Random(3), parallel_safe=True), init_hash={})
+    with pytest.raises(UserError, match="field 'worker'"):
+        rt.fire(G.random_contexts(random.Random(4), 2, 3))
+
+
+# ------------------------------------------------------------------ kernel-side sources
+
+def _fn_body(text: str, name: str) -> str:
+    i = re.search(r"__device__[^;{]*\b" + name + r"\(", text).start()   # the definition, not a comment
+    j = text.index("{", i)
+    depth, k = 0, j
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        k += 1
+        if depth == 0:
+            return text[j:k]
+
+
+def _norm(s: str) -> str:
+    s = re.sub(r"/\*.*?\*/", "", s, flags=re.S)
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def test_wrapper_is_the_vm_run_prog_with_the_exec_swapped():
+    vm = _fn_body((D.KERNEL_DIR / "bpf_vm.cuh").read_text(), "dtmk_vm_run_prog")
+    cm = (D.KERNEL_DIR / "bpf_compiled.cuh").read_text()
+    blocks = re.findall(r"/\* BEGIN copy of dtmk_vm_run_prog \((.*?)\) \*/(.*?)/\* END copy \*/", cm, re.S)
+    assert [b[0] for b in blocks] == ["sampling and rate limit", "coverage"]
+    nvm = _norm(vm)
+    for what, body in blocks:
+        assert _norm(body) in nvm, f"bpf_compiled.cuh's copy ({what}) drifted from bpf_vm.cuh dtmk_vm_run_prog"
+    assert "dtmk_vm_exec(" in nvm
+
+
+def _defines(text: str, prefix: str):
+    return {m.group(1): int(m.group(2), 0) for m in re.finditer(rf"#define ({prefix}\w+) (\w+)", text)}
+
+
+def test_outcome_codes_agree_everywhere():
+    vm = _defines((D.KERNEL_DIR / "bpf_vm.cuh").read_text(), "DTMK_OUT_")
+    assert vm == _defines((D.KERNEL_DIR / "bpf_compiled.cuh").read_text(), "DTMK_OUT_") == \
+        _defines(C.PRELUDE, "DTMK_OUT_")
+    assert (vm["DTMK_OUT_EXECUTED"], vm["DTMK_OUT_FAULT"], vm["DTMK_OUT_SAMPLED"]) == \
+        (D.OUT_EXECUTED, D.OUT_FAULT, D.OUT_SAMPLED)
+
+
+def test_every_hook_has_an_entry_point():
+    assert C.HOOK_IDS == tuple(sorted(h.id for h in abi.HOOKS))
+    cm = (D.KERNEL_DIR / "bpf_compiled.cuh").read_text()
+    src = C.monitor_source([])
+    for h in C.HOOK_IDS:
+        assert f"DTMK_CM_HOOK_DECL({h})" in cm and f"case {h}: return dtmk_cm_hook_{h}(" in cm
+        assert f'extern "C" __device__ int dtmk_cm_hook_{h}(' in src
+    assert "DTMK_CM_HOOK_DECL(%d)" % (abi.MAX_HOOK_ID + 1) not in cm
+
+
+def test_host_build_edits_only_the_ptx_one_liners():
+    orig = (D.KERNEL_DIR / "bpf_maps.cuh").read_text()
+    host = C.host_maps_header()
+    diff = [(a, b) for a, b in zip(orig.splitlines(), host.splitlines()) if a != b]
+    assert len(diff) == 2 and all("asm volatile" in a and "volatile" in b for a, b in diff)
+
+
+# ------------------------------------------------------------------ NVRTC / nvJitLink
+
+pytest.importorskip("cuda.bindings.nvrtc")
+
+
+def _addrs(maps):
+    return ([0x7F00_0000_0000 + 128 * i for i in range(len(maps))],
+            [0x7E00_0000_0000 + 0x10000 * i if m.type == "array" else 0 for i, m in enumerate(maps)])
+
+
+def _monitor_for(objs, base=0):
+    progs = []
+    for obj in objs:
+        descs, vals = _addrs(obj.maps)
+        for p in obj.programs:
+            res = verify(p, obj.maps)
+            progs.append(C.MonitorProgram(p.hook.id, base + len(progs), p.name,
+                                          D.encode_program(p.insns, descs, vals, p.name),
+                                          res.max_path_insns, res.stack_depth))
+    return C.monitor_source(progs)
+
+
+def test_random_monitors_compile_to_ltoir_for_sm90a():
+    rnd = random.Random(5)
+    objs = [G.random_object(rnd, parallel_safe=i % 2 == 0, n_progs=rnd.randint(1, 3)) for i in range(24)]
+    ir = C.ltoir(_monitor_for(objs), "random_monitor.cu")
+    assert len(ir) > 10000
+    one = C.ltoir(_monitor_for(objs[:1]), "one.cu")
+    assert 0 < len(one) < len(ir)
+
+
+def test_every_device_vm_case_compiles_to_ltoir():
+    progs = []
+    for case in _device_cases():
+        obj = case.object()
+        descs, vals = _addrs(obj.maps)
+        p = obj.programs[0]
+        progs.append(C.MonitorProgram(p.hook.id, len(progs), case.name, D.encode_program(p.insns, descs, vals)))
+    assert len(progs) >= 45
+    assert len(C.ltoir(C.monitor_source(progs), "vm_cases.cu")) > 0
+
+
+def test_compiled_harness_compiles_to_ltoir():
+    ir, _ = C.harness_ltoir()
+    assert len(ir) > 10000
+
+
+def test_nvrtc_errors_carry_the_log():
+    with pytest.raises(D.CompileError, match="bad.cu"):
+        C.ltoir("this is not C", "bad.cu")
+
+
+@pytest.fixture(scope="module")
+def nvjitlink():
+    if not C.nvjitlink_available():
+        pytest.skip("nvJitLink is not installed (pip nvidia-nvjitlink)")
+
+
+def test_link_inlines_the_monitor_and_caches(nvjitlink):
+    rnd = random.Random(6)
+    mon = _monitor_for([G.random_object(rnd, parallel_safe=False, n_progs=2)])
+    path, t1 = C.build_compiled_harness(mon)
+    cubin = path.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and b"dtmk_compiled_harness" in cubin
+    assert b"dtmk_cm_hook_4" not in cubin and b"dtmk_cm_prog_0" not in cubin   # inlined by the LTO link
+    assert b"dtmk_map_lookup" in cubin                                        # the VM's helper, called
+    assert t1.cached == "" and t1.link_s > 0 and t1.monitor_ltoir_s > 0
+    path2, t2 = C.build_compiled_harness(mon)
+    assert path2 == path and t2.cached == "cubin"
+
+
+def test_link_refuses_a_monitor_without_hook_entry_points(nvjitlink):
+    h, _ = C.harness_ltoir()
+    part = C.ltoir(C.PRELUDE + 'extern "C" __device__ int dtmk_cm_hook_1(dtmk_u32 a, const struct dtmk_ctx *c, '
+                   'dtmk_u32 w, dtmk_u32 e, dtmk_u32 f, dtmk_u64 *r) { return 4; }\n', "partial.cu")
+    with pytest.raises(C.LinkError, match=r"Unresolved extern function .dtmk_cm_hook_\d+"):
+        C.link_cubin([("h", h), ("partial", part)])

@@ -366,6 +366,8 @@ class DirectChannel:
         # same host, same clock: one exact "round trip"
         t = self.clock()
         self.loop.sink_record(self.rank, PingPong(self.rank, t, t, t))
+        st = self.loop.state[self.rank]
+        st.pingpongs, st.min_rtt_ns = st.pingpongs + 1, 0
 
     def close(self, timeout_s: float = 0.0) -> bool:
         self.closed = True
@@ -535,10 +537,12 @@ class CollectorLoop:
     def finished(self) -> bool:
         return all(st.bye or st.lost for st in self.state.values())
 
-    def run(self, deadline_s: Optional[float] = None, idle_sleep_s: float = 0.0005) -> bool:
+    def run(self, deadline_s: Optional[float] = None, idle_sleep_s: float = 0.0005,
+            max_idle_sleep_s: float = 0.005) -> bool:
         """Poll until every rank said BYE or was lost, or until `deadline_s` (monotonic
         seconds).  At the deadline the ranks still running are reported lost.  True
         when every rank finished cleanly."""
+        nap = idle_sleep_s
         while not self.finished:
             if deadline_s is not None and time.monotonic() >= deadline_s:
                 for st in self.state.values():
@@ -548,8 +552,11 @@ class CollectorLoop:
                         if self.say:
                             self.say(f"rank {st.rank}: not done at the deadline, treated as lost")
                 break
-            if not self.poll():
-                time.sleep(idle_sleep_s)
+            if self.poll():
+                nap = idle_sleep_s
+            else:                 # back off while idle: the ranks share the cores
+                time.sleep(nap)
+                nap = min(nap * 2, max_idle_sleep_s)
         self.poll()
         return all(st.bye for st in self.state.values())
 

@@ -129,4 +129,37 @@ __device__ __forceinline__ int dtmk_cm_run_prog(const struct dtmk_prog &P, dtmk_
     /* END copy */
 }
 
+#ifdef DTMK_BPF_VM_CUH
+/* The megakernel hook site's call with both tiers: dtmk_vm_run_records (bpf_vm.cuh), each
+ * table slot run compiled (linked monitor) or interpreted by its flags.  Include
+ * bpf_vm.cuh before this header to get it.  Same arguments and contract as
+ * dtmk_vm_run_records. */
+__device__ __noinline__ void dtmk_cm_run_records(const struct dtmk_hook_table *tables, const struct dtmk_ctx *recs,
+                                                 dtmk_u32 n, dtmk_u64 *regs, struct dtmk_cov_acc *accs,
+                                                 dtmk_u32 worker, dtmk_u32 flags) {
+    const unsigned lane = threadIdx.x & 31;
+    const bool valid = lane < n;
+    const struct dtmk_ctx *c = recs + (valid ? lane : 0);
+    dtmk_u32 hook = valid ? c->hook : 0u;
+    if (hook >= DTMK_NUM_HOOKS) hook = 0;
+    const dtmk_u32 epoch = valid ? c->decode_step : 0u;
+    dtmk_u64 *R = regs + lane;
+    unsigned pending = __ballot_sync(DTMK_VM_FULL, valid && hook != 0 && tables[hook].n_progs != 0);
+    while (pending) {
+        const dtmk_u32 h = __shfl_sync(DTMK_VM_FULL, hook, __ffs(pending) - 1);
+        const bool mine = valid && hook == h;
+        pending &= ~__ballot_sync(DTMK_VM_FULL, mine);
+        const struct dtmk_hook_table &T = tables[h];
+        for (dtmk_u32 k = 0; k < T.n_progs; k++) {
+            dtmk_u64 r0 = 0;
+            if (T.progs[k].flags & DTMK_PROG_F_COMPILED)
+                dtmk_cm_run_prog(T.progs[k], h, mine, c, worker, epoch, T.gen >> 1, flags, &r0, accs + k);
+            else
+                dtmk_vm_run_prog(T.progs[k], (const struct dtmk_dinsn *)T.progs[k].insns, R, mine, c, worker, epoch,
+                                 T.gen >> 1, flags, &r0, accs + k);
+        }
+    }
+}
+#endif
+
 #endif /* DTMK_BPF_COMPILED_CUH */

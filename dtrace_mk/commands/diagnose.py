@@ -216,7 +216,7 @@ def _launch(cmd: List[str], result_path: Path, timeout_s: float, say) -> int:
             now = time.monotonic()
             if seen_result is None and result_path.is_file():
                 seen_result = now
-            if now >= deadline or (seen_result is not None and now - seen_result > 15.0):
+            if now >= deadline or (seen_result is not None and now - seen_result > 10.0):
                 say("stopping the MPI job (" + ("timeout" if now >= deadline else
                                                 "result written, ranks still running") + ")")
                 _kill(proc)
@@ -306,7 +306,8 @@ def mpi_main(argv: Optional[List[str]] = None) -> int:
             kill = job.get("kill") or {}        # tests: this rank's process dies at a step
             serve_rank(sc, roles.rank, roles.ranks, sub, channel, backend=job["backend"],
                        say=say, scenario_dir=Path(run_["scenario"]).parent,
-                       die_at_step=kill.get("step") if kill.get("rank") == roles.rank else None)
+                       die_at_step=kill.get("step") if kill.get("rank") == roles.rank else None,
+                       start_pings=8 if roles.mpmd else 0)
             if loop is not None:
                 loop.run(deadline)
                 loop.close()
@@ -349,7 +350,8 @@ def _write_result(path: str, acc, loop, sc, roles, t_start: float) -> None:
 
 
 def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim", say=print,
-               scenario_dir: Path = Path("."), die_at_step: Optional[int] = None) -> None:
+               scenario_dir: Path = Path("."), die_at_step: Optional[int] = None,
+               start_pings: int = 8) -> None:
     """Run the scenario's megakernel for `rank` with the agent attached (sim backend)."""
     from ..collectors.scenario import device_fault_specs
     from ..megakernel.faults import FaultTable
@@ -358,11 +360,13 @@ def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim"
     if backend != "sim":
         raise UserError(f"diagnose: backend {backend!r} is not built yet for ranks")
     cfg = get_preset(sc.model)
-    graph, transport, clocks = _sim_rank_graph(cfg, sc, rank, ranks, comm)
+    graph, transport = _sim_rank_graph(cfg, sc, rank, ranks, comm)
     monitors = [str(Path(m) if Path(m).is_absolute() else scenario_dir / m) for m in sc.monitors]
     agent = RankAgent(rank, channel, num_workers=graph.num_workers, schema=graph.schema,
                       monitors=monitors, budget_bytes_per_step=sc.budget_bytes_per_step)
-    agent.start()
+    # start-up ping-pongs need a collector that answers at once (MPMD); rank 0 collecting
+    # in-process polls only while its own sim runs, so then the periodic ones must do
+    agent.start(pings=start_pings)
     faults = FaultTable.from_specs(device_fault_specs(sc, rank), f"{sc.source} rank {rank}")
     t0 = time.monotonic()
     if die_at_step is not None:          # fault injection for the transport's tests
@@ -374,29 +378,38 @@ def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim"
                 os._exit(17)
             feed(ctx)
         agent.sink = dying_sink
-    res = _run_sim(graph, sc, faults, agent, transport, clocks)
+    res = _run_sim(graph, sc, faults, agent, transport, rank)
     stats = agent.close()
     say(f"{sc.steps} steps simulated in {time.monotonic() - t0:.1f} s; "
         f"{stats.records_sent} records, {stats.bytes_sent} bytes sent, {stats.records_lost} lost")
 
 
 def _sim_rank_graph(cfg, sc, rank: int, ranks: int, comm):
-    """(graph, sim transport, clock) for one sim rank.  Multi-rank graphs and the MPI
-    sim transport come from the megakernel layer."""
+    """(graph, MPI sim transport or None) for one sim rank: rank `rank` of a `ranks`-way
+    tensor-parallel graph whose remote signals travel over `comm` (the serving ranks'
+    communicator, without the collector)."""
     from ..megakernel.graph import build_graph
-    graph = build_graph(cfg, sc.batch, SIM_WORKERS, rank=0, ranks=1)
-    return graph, None, None
+    transport = None
+    if ranks > 1:
+        from ..megakernel.mpi_transport import MPITransport
+        transport = MPITransport(comm)
+        if (transport.rank, transport.size) != (rank, ranks):
+            raise UserError(f"diagnose: rank {rank} of {ranks} is MPI rank {transport.rank} of "
+                            f"{transport.size} in the serving communicator")
+    graph = build_graph(cfg, sc.batch, SIM_WORKERS, rank=rank, ranks=ranks)
+    return graph, transport
 
 
-def _run_sim(graph, sc, faults, agent, transport, clocks):
+def _run_sim(graph, sc, faults, agent, transport, rank: int):
+    """Run the sim with the agent as the hook sink and clock-sample callback."""
+    from ..megakernel.mpi_transport import rank_clock
     from ..megakernel.sim import Sim
     sim = Sim(graph, sc.steps, faults=faults, sink=agent.sink, hooks=agent.hooks, seed=sc.seed,
-              transport=transport)
-    res = sim.run()
-    for s, e in zip(res.step_start_ns, res.step_end_ns):
-        agent.clock_sample(s, s)
-        agent.clock_sample(e, e)
-    return res
+              transport=transport.port if transport is not None else None,
+              clock=rank_clock(rank, sc.seed, True), on_clock=agent.clock_sample)
+    if transport is None:
+        return sim.run()
+    return transport.run(sim)
 
 
 if __name__ == "__main__":

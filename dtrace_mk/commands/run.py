@@ -32,7 +32,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 from ..errors import UserError
 
@@ -243,6 +243,8 @@ def _run_ranks(args, cfg, workers: int, rank: int, size: int, ranks: int) -> int
             graphs[r].schema.dump(files[r].schema)
     kw = dict(seed=args.seed, clock_skew=not args.no_clock_skew, queue_threshold=args.queue_threshold,
               collect_trace=bool(args.trace))
+    err: Optional[BaseException] = None
+    results = {}
     try:
         if size == 1:
             from ..megakernel.mpi_transport import run_loopback
@@ -251,20 +253,29 @@ def _run_ranks(args, cfg, workers: int, rank: int, size: int, ranks: int) -> int
                                                    sinks=[files[r].sink for r in mine], **kw)))
         else:
             from ..megakernel.mpi_transport import run_mpi
-            results = {rank: run_mpi(cfg, args.batch, workers, args.steps, graph=graphs[rank],
-                                     faults=faults, sink=files[rank].sink, **kw)}
+            try:
+                results = {rank: run_mpi(cfg, args.batch, workers, args.steps, graph=graphs[rank],
+                                         faults=faults, sink=files[rank].sink, **kw)}
+            except Exception as e:       # still meet the others at the gather below
+                err = e
     finally:
         for f in files.values():
             f.close()
     for r, res in results.items():
         if files[r].trace:
             _write_json(files[r].trace, chrome_trace(graphs[r], res))
-    summaries = [_rank_summary(results[r], r) for r in mine]
+    summaries = [_rank_summary(results[r], r) for r in mine] if err is None else \
+        [{"rank": rank, "error": f"{type(err).__name__}: {err}"}]
     if size > 1:
         from mpi4py import MPI
         gathered = MPI.COMM_WORLD.gather(summaries[0], root=0)
+        if err is not None:
+            raise err
         if rank != 0:
             return 0
+        bad = [s for s in gathered if "error" in s]
+        if bad:
+            raise UserError("; ".join(f"rank {s['rank']}: {s['error']}" for s in bad))
         summaries = gathered
     steps_all = [ns for s in summaries for ns in s["step_ns"]]
     total = max(s["total_ns"] for s in summaries)

@@ -46,7 +46,11 @@ Matching rows add up.  Effects (sim.py and kernels/megakernel.cu):
                     are drained, filler_ns each, before that task's dispatch.
 * starve_ready      the worker holds the task delay ns after it first sees it ready (a
                     dynamic task: after its push) before dispatching it.
-* late_comm         parsed and tabled; no effect until comm tasks exist.
+* late_comm         a matching comm task (class allreduce, its signal event's comm op;
+                    layer = the all-reduce's layer) issues its signal to each peer
+                    delay ns after its end (comm:signal is that late; the signal to the
+                    rank's own slot is not delayed); the worker is not held.  Only
+                    tensor-parallel graphs (ranks > 1) have comm tasks.
 
 fault_pick -- identical in Python and CUDA (kernels/mk_common.cuh has splitmix64):
 

@@ -142,9 +142,12 @@ class LoopbackTransport:
 
 
 class MPITransport:
-    """This process is one rank of `comm` (default MPI.COMM_WORLD)."""
+    """This MPI process is one rank of `comm` (default MPI.COMM_WORLD; every process of
+    `comm` must be a sim rank).  `on_idle()` (optional) is called now and then while
+    this rank waits for slower peers (e.g. to poll an in-process collector); it must
+    not raise or block, and must not use `comm`."""
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, on_idle: Optional[Callable[[], Any]] = None):
         if comm is None:
             from mpi4py import MPI
             comm = MPI.COMM_WORLD
@@ -152,6 +155,7 @@ class MPITransport:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.port = RankPort(self.rank, self.size)
         self.windows = 0
+        self.on_idle = on_idle
 
     def _exchange(self, payloads: List[Any]) -> List[Any]:
         """alltoall of small objects by point-to-point messages, polled with short
@@ -177,6 +181,8 @@ class MPITransport:
                 spins += 1
                 if spins > 50:
                     time.sleep(20e-6)
+                    if self.on_idle is not None and spins % 64 == 0:
+                        self.on_idle()
         for r in sends:
             r.wait()
         return got

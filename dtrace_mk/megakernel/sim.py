@@ -4,8 +4,8 @@ It runs the graph of `graph.build_graph` with the same scheduler policy as the G
 kernel (one worker per SM, static per-worker plans, workers wait on their task's event,
 a dynamic FIFO queue for MoE expert tasks filled by the router; see graph.py), request
 slots with request generations (continuous batching) and the fault table
-(`faults.py`), and emits the hook contexts of every ABI hook except comm:* at the
-places docs/dev/megakernel_contract.md ("Hook semantics") defines.  It computes no
+(`faults.py`), and emits the hook contexts of every ABI hook at the places
+docs/dev/megakernel_contract.md ("Hook semantics", "Tensor parallelism") defines.  It computes no
 numerics: it reports simulated time (ns) per decode step.
 
     result = simulate(graph, steps=8, faults=table, sink=print, seed=0)
@@ -26,7 +26,9 @@ Timing (cost.py)
 dispatch -> begin: dispatch_ns; begin -> end: fixed_ns + per_row_ns * rows (+ slow
 faults); a signal lands notify_ns after the end (+ late_notification); the next step
 starts step_overhead_ns after argmax's signal lands.  A queue_saturation phantom
-costs filler_ns.
+costs filler_ns.  A comm task's signal to another rank is issued at its end (+
+late_notification + late_comm) and lands comm_ns later on the peer (visible there at
+once: comm_ns includes the flag propagation).
 
 Continuous batching
 -------------------
@@ -37,12 +39,33 @@ per KV row (position + 1).  At a step's end gen:advance fires per slot with the
 generation of the request that got the token; a slot whose request reached its length
 is refilled (request_gen + 1, position 0).
 
-Ranks
------
-Every event has an `owner_rank`.  Signals of events owned by this rank are heap
-events here; signals of other ranks' events go to `transport.send(event, count, ts)`
-and arriving remote signals enter through `Sim.deliver(event, count, ts)`.  Only the
-single-rank `LocalTransport` exists now; an MPI transport plugs in at this seam.
+Ranks (tensor parallelism, graph.py)
+------------------------------------
+Every event has an `owner_rank`.  Only `allreduce` comm tasks signal other ranks'
+events: at the issue time the sim fires **comm:signal** (the comm task's fields;
+event_id/event_gen = the peer's event and the target the signal counts toward;
+comm_op; comm_gen = step * n_layers + layer; peer_rank = the receiver; FLAG_REMOTE)
+and hands `(event, owner_rank, count, arrival ts, comm_op, comm_gen)` to
+`transport.send`.  Arriving signals enter through `Sim.deliver(event, count, ts,
+sender, seq, comm_op, comm_gen)`.  The consumer of a remote-fed (receive) event fires
+**comm:wait** once per step when its wait ends -- at the same time as its dep:release,
+or when the worker first sees it ready if it never waited: comm_op/comm_gen as the
+last remote signal carried them, peer_rank = the rank whose signal landed last,
+wait_ns = min(max(last remote landing - time the worker reached the task, 0), the
+dependency wait) (the part of the wait the remote data was missing; FLAG_REMOTE).
+task:ready / dep:wait / dep:release / task:begin of such a consumer carry FLAG_REMOTE,
+and task:end / comm:signal of a comm task that signals a peer.  `late_comm` delays the
+issue of matching comm tasks' signals to peers (not the rank's own slot): comm:signal
+is late, the peers stall.  A single `Sim.run()` handles single-rank graphs; multi-rank
+runs go through `mpi_transport` (`run_loopback`, `run_mpi`), which call `start`,
+`advance`, `next_ts`, `deliver` and `finish`.
+
+Clocks
+------
+`clock=RankClock(...)` maps the emitted ts_ns (only those) to a rank's device clock
+(offset, drift, 32 ns ticks); `SimResult.clock_samples` holds (device_ns, host_ns) at
+every step start and at the end, `on_clock(device_ns, host_ns)` gets them as they are
+taken.  The default is the identity (single-rank streams are unchanged).
 """
 from __future__ import annotations
 
@@ -307,6 +330,9 @@ class Sim:
     def run(self) -> SimResult:
         """Run all steps of a single-rank graph (or a multi-rank one whose transport
         never sends: use `mpi_transport` for multi-rank runs)."""
+        if self.g.ranks > 1 and isinstance(self.transport, LocalTransport):
+            raise UserError(f"rank {self.rank} of {self.g.ranks}: a multi-rank graph needs a multi-rank "
+                            f"transport (dtrace_mk.megakernel.mpi_transport: run_loopback, run_mpi)")
         self.start()
         self.advance(END_OF_TIME)
         return self.finish()

@@ -67,7 +67,7 @@ SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "t_end": 1, "expert_ns": 2, "ready_ts": 2
 EVIDENCE_MAP = "dtmk_evidence"
 
 #: Evidence bytes per worker per epoch when the scenario sets no budget: every remote
-#: wait and signal of a step on one worker (72 / 56 bytes each) with a wide margin.
+#: wait and signal of a step on one worker (80 / 56 bytes each) with a wide margin.
 DEFAULT_EVIDENCE_BUDGET = 1 << 16
 MAX_CLOCK_SAMPLES_QUEUED = 256
 U64 = (1 << 64) - 1
@@ -310,19 +310,20 @@ class RankAgent:
         return {_words(k, nkeys): bytes(v) for k, v in m.snapshot().items()}
 
     def _delete_upto(self, snap, last: int) -> None:
-        late = 0
         for name, entries in snap.items():
             m = self.maps[name]
             n = SUMMARY_MAPS[name]
             for key in entries:
                 if key[0] <= last:
                     m.delete(struct.pack("<%dQ" % n, *key))
-                    if key[0] < last and key[0] <= self.flushed_upto:
-                        late += 1
-        # coverage rows of flushed epochs go (bounded memory)
+        # coverage rows and evidence budget use of flushed epochs go (bounded memory)
         rows = self.rt.coverage_table(self.aid)._rows
         for key in [k for k in rows if k[2] <= last]:
             del rows[key]
+        if self._ev_tags:
+            used = self.maps[EVIDENCE_MAP]._used
+            for key in [k for k in used if k[1] <= last]:
+                del used[key]
 
     def _coverage(self, epochs: Sequence[int]) -> Dict[int, Coverage]:
         want = set(epochs)

@@ -50,14 +50,14 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..abi import definition as abi
-from ..bpf.devicegen import NAME_OF_OP, OP
+from ..bpf.devicegen import NAME_OF_OP
 from ..errors import UserError
 from . import device as D
 
@@ -94,15 +94,18 @@ def _hex(v: int) -> str:
     return f"0x{v & M64:x}ull"
 
 
+def _group(op: int) -> str:
+    return _GROUPS[op >> 4] if op >> 4 < len(_GROUPS) else "invalid"
+
+
 def _successors(recs: np.ndarray, i: int) -> List[int]:
     op = int(recs[i]["op"])
-    g, name = op >> 4, NAME_OF_OP.get(op, "invalid")
-    n = len(recs)
+    name = NAME_OF_OP.get(op, "invalid")
     if name in ("exit", "invalid", "call"):
         return []
     if name == "ja":
         return [int(recs[i]["off"])]
-    if _GROUPS[g].startswith("jmp"):
+    if _group(op).startswith("jmp"):
         return [i + 1, int(recs[i]["off"])]
     return [i + 1]
 
@@ -221,7 +224,7 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
     targets = set()
     for i in range(n):
         op = int(recs[i]["op"])
-        if NAME_OF_OP.get(op) == "ja" or _GROUPS[op >> 4].startswith("jmp"):
+        if NAME_OF_OP.get(op) == "ja" or _group(op).startswith("jmp"):
             t = int(recs[i]["off"])
             if not 0 <= t < n:
                 raise TranslateError(f"{name}: record {i}: jump to {t} outside the program")
@@ -254,9 +257,9 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
         r = recs[i]
         op, d, s, aux, off, imm = (int(r["op"]), int(r["dst"]), int(r["src"]), int(r["aux"]), int(r["off"]),
                                    int(r["imm"]))
-        g, sub = op >> 4, op & 15
+        sub = op & 15
         nm = NAME_OF_OP.get(op, "invalid")
-        grp = _GROUPS[g] if g < len(_GROUPS) else "bad"
+        grp = _group(op)
         if i in targets:
             w(f"L{i}:\n")
         if grp.startswith("alu"):

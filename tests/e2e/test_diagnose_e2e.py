@@ -82,3 +82,52 @@ def test_a_rank_that_dies_mid_run_yields_a_partial_result_naming_it():
     assert res["transport"]["from_spool"] is True
     # what rank 1 sent before it died is still used
     assert res["coverage"]["eligible"] > 0
+
+
+def test_the_command_writes_the_result_and_score_reads_it(tmp_path, capsys):
+    _mpiexec_or_skip()
+    from dtrace_mk import cli
+    path = SCENARIO_DIR / "pair_local_imbalance_r1.yaml"
+    out = tmp_path / "r.json"
+    assert cli.main(["diagnose", "--scenario", str(path), "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict fault" in text and "local_imbalance" in text and "bytes per rank per step" in text
+    res = json.loads(out.read_text())
+    assert set(res) >= {"scenario", "verdict", "findings", "telemetry_bytes", "coverage"}
+    assert res["scenario"] == "pair_local_imbalance_r1"
+    assert cli.main(["score", str(out), "--scenario", str(path)]) == 0
+    assert "recall: 1.00" in capsys.readouterr().out
+
+
+def test_without_mpmd_rank_0_collects_in_process(tmp_path):
+    _mpiexec_or_skip()
+    import subprocess
+    path = SCENARIO_DIR / "pair_remote_stall_r0.yaml"
+    result = tmp_path / "r.json"
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"backend": "sim", "deadline_s": 120, "quiet": True,
+                               "runs": [{"scenario": str(path), "ranks": 2, "result": str(result)}]}))
+    subprocess.run([D.find_mpiexec(), "-n", "2", sys.executable, "-m", "dtrace_mk.commands.diagnose",
+                    "--job", str(job)], check=True, timeout=120, stdin=subprocess.DEVNULL)
+    res = json.loads(result.read_text())
+    rep = score(res, load_scenario(path))
+    assert rep.recall == 1.0 and rep.false_confident == [], rep.render()
+    assert all(r["done"] for r in res["transport"]["ranks"].values())
+
+
+def test_gpu_backend_is_a_clear_not_yet(capsys):
+    from dtrace_mk import cli
+    assert cli.main(["diagnose", "--scenario", str(SCENARIO_DIR / "no_fault.yaml"),
+                     "--backend", "gpu"]) == 2
+    assert "not built yet" in capsys.readouterr().err
+
+
+def test_mpiexec_flags_follow_the_flavour():
+    mpich = D.mpiexec_command("/x/mpiexec", 3, ["--job", "j"], flavour="mpich")
+    assert mpich[:3] == ["/x/mpiexec", "-n", "3"] and mpich.count(":") == 1
+    i = mpich.index(":")
+    assert mpich[i + 1:i + 3] == ["-n", "1"] and mpich[3:i] == mpich[i + 3:]
+    ompi = D.mpiexec_command("/x/mpirun", 2, [], flavour="openmpi")
+    assert "--oversubscribe" in ompi
+    import os
+    assert ("--allow-run-as-root" in ompi) == (os.geteuid() == 0)

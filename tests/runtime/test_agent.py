@@ -111,7 +111,7 @@ def test_remote_waits_and_signals_become_records():
 
 def test_evidence_over_the_budget_is_throttled_in_coverage():
     ch = ListChannel()
-    agent = RankAgent(0, ch, num_workers=1, budget_bytes_per_step=72 * 2)
+    agent = RankAgent(0, ch, num_workers=1, budget_bytes_per_step=80 * 2)  # 80-byte records
     for i in range(5):
         agent.feed(_comm("comm:wait", 0, 5000 + i, wait_ns=10, worker=0, comm_gen=i))
     agent.close()
@@ -160,6 +160,7 @@ def test_memory_stays_bounded_over_many_steps():
     assert s_long.max_open_epochs <= long.max_open_epochs
     assert s_long.max_map_entries <= s_short.max_map_entries
     assert len(long.rt.coverage_table(long.aid).rows()) == 0      # flushed epochs' rows dropped
+    assert long.maps["dtmk_evidence"]._used == {}                  # and their budget use
     for name in ("dur", "end_ts", "queue_max"):
         assert len(long.maps[name].snapshot()) == 0
     assert len(_summaries(ch)) == 24
@@ -192,3 +193,34 @@ def test_user_monitors_run_beside_the_summary(tmp_path):
     (b,) = [b for b in blocks if b.get("name") == "@n"]
     assert b["entries"][0]["value"] == 2 * sum(1 for t in _graph().tasks if t.class_name == "attn")
     assert len(_summaries(ch)) == 2
+
+
+def test_two_tensor_parallel_ranks_ship_joinable_waits_and_signals():
+    from dtrace_mk.collectors.join import join
+    from dtrace_mk.megakernel.mpi_transport import run_loopback
+    cfg = get_preset("tiny")
+    graphs = [build_graph(cfg, 4, WORKERS, rank=r, ranks=2) for r in range(2)]
+    chans = [ListChannel(), ListChannel()]
+    agents = [RankAgent(r, chans[r], num_workers=WORKERS, schema=graphs[r].schema) for r in range(2)]
+    late = FaultTable.from_specs([{"kind": "late_comm", "comm_op": "allreduce_attn", "layer": 0,
+                                   "delay_us": 100, "steps": [2]}], "test")
+    run_loopback(cfg, 4, WORKERS, 2, 4, faults={1: late}, sinks=[a.sink for a in agents],
+                 graphs=graphs, on_clock=[a.clock_sample for a in agents], hooks=agents[0].hooks)
+    for a in agents:
+        a.close()
+    recs = [r for c in chans for r in c.records()]
+    waits = [r for r in recs if isinstance(r, RemoteWait)]
+    sigs = [r for r in recs if isinstance(r, Signal)]
+    samples = [r for r in recs if isinstance(r, ClockSample)]
+    # every step has both ops' all-reduces of every layer; every wait joins its signals
+    assert {(w.rank, w.peer) for w in waits} == {(0, 1), (1, 0)}
+    assert len(waits) == 2 * 4 * 2 * cfg.n_layers
+    j = join(waits, sigs, expected_ranks=[0, 1])
+    assert j.unmatched_waits == [] and j.missing_ranks == []
+    assert len(samples) == 2 * (4 + 1)
+    # the late signal shows as a long remote wait on rank 0 (local inputs excluded)
+    by = {(w.rank, w.step, w.comm_op, w.layer): w.wait_end_ns - w.wait_begin_ns for w in waits}
+    op = NAMES.comm_op_id("allreduce_attn")
+    assert by[(0, 2, op, 0)] >= 100_000 > 20 * by[(0, 1, op, 0)]
+    for s in _summaries(chans[0]).values():
+        assert s.remote_wait_count == 2 * cfg.n_layers

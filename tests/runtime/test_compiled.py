@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -84,9 +85,12 @@ def _diff(ref, host, pairs, rres, batch):
 
 # ------------------------------------------------------------------ CPU differential
 
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host build needs g++")
+
 N_OBJECTS = 48
 
 
+@needs_gxx
 def test_random_programs_match_the_reference_vm_on_the_cpu():
     rnd = random.Random(20261130)
     objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(N_OBJECTS)]
@@ -104,6 +108,7 @@ def test_random_programs_match_the_reference_vm_on_the_cpu():
     assert ran["executed"] > 1000 and ran["lost"] > 0 and ran["throttled"] > 0, ran
 
 
+@needs_gxx
 def test_sampling_and_rate_limit_match_the_reference_on_the_cpu():
     rnd = random.Random(77)
     objs = [G.random_object(rnd, parallel_safe=False, n_progs=2) for _ in range(2)]
@@ -151,6 +156,7 @@ class HostCompiledEngine:
         return Outcome(results, [], maps, stats, cov, True, [], [])
 
 
+@needs_gxx
 def test_vm_cases_on_the_cpu_compiled_tier():
     from harness import check
     cases = _device_cases()
@@ -163,6 +169,7 @@ def test_vm_cases_on_the_cpu_compiled_tier():
     assert not bad, bad
 
 
+@needs_gxx
 def test_instruction_budget_binds_like_the_vm():
     """Longest path over the budget: the translation counts, and the event is lost (fault)
     at the check the VM makes; coverage as the reference's."""
@@ -182,6 +189,7 @@ def test_instruction_budget_binds_like_the_vm():
     assert G.coverage_dict(ref.coverage(ra)) == G.coverage_dict(host.coverage(ha))
 
 
+@needs_gxx
 def test_a_wrong_translation_is_caught(monkeypatch):
     """Make jsgt unsigned: the differential test must see it."""
     text = """
@@ -227,6 +235,7 @@ def test_translation_folds_constant_divisors_and_masks_shifts():
     assert "(int)(dtmk_u32)r0 >> 1" in src
 
 
+@needs_gxx
 def test_host_runtime_refuses_bad_records():
     from dtrace_mk.errors import UserError
     rt = C.HostCompiledRuntime(1)
@@ -340,6 +349,41 @@ def test_compiled_harness_compiles_to_ltoir():
     assert len(ir) > 10000
 
 
+HOOK_SITE_PROBE = r"""
+#include "bpf_vm.cuh"
+#include "bpf_compiled.cuh"
+extern "C" __global__ void dtmk_cm_hook_site_probe(const struct dtmk_hook_table *g_tables,
+                                                    const struct dtmk_ctx *g_recs, dtmk_u32 n) {
+    __shared__ struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
+    __shared__ struct dtmk_ctx ring[32];
+    __shared__ dtmk_u64 regs[DTMK_VM_NREGS * 32];
+    __shared__ struct dtmk_cov_acc accs[DTMK_MAX_PROGS];
+    if (threadIdx.x == 0) {
+        for (int h = 1; h < DTMK_NUM_HOOKS; h++) dtmk_vm_load_table(g_tables + h, &tabs[h]);
+        tabs[0].n_progs = 0;
+        for (int k = 0; k < DTMK_MAX_PROGS; k++) { accs[k].cov = 0; accs[k].eligible = 0; }
+    }
+    if (threadIdx.x < n) ring[threadIdx.x] = g_recs[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        dtmk_cm_run_records(tabs, ring, n, regs, accs, blockIdx.x, 0);
+        if (threadIdx.x == 0)
+            for (int k = 0; k < DTMK_MAX_PROGS; k++) dtmk_cov_acc_flush(&accs[k]);
+    }
+}
+"""
+
+
+def test_the_megakernel_hook_site_call_compiles_and_links():
+    """dtmk_cm_run_records (what a megakernel hook site calls) compiles to LTO-IR; with
+    nvJitLink it links against the empty monitor."""
+    ir = C.ltoir(HOOK_SITE_PROBE, "hook_site_probe.cu")
+    assert len(ir) > 1000
+    if C.nvjitlink_available():
+        cubin = C.link_cubin([("probe", ir), ("empty", C.ltoir(C.monitor_source([]), "empty.cu"))])
+        assert b"dtmk_cm_hook_site_probe" in cubin
+
+
 def test_nvrtc_errors_carry_the_log():
     with pytest.raises(D.CompileError, match="bad.cu"):
         C.ltoir("this is not C", "bad.cu")
@@ -370,3 +414,54 @@ def test_link_refuses_a_monitor_without_hook_entry_points(nvjitlink):
                    'dtmk_u32 w, dtmk_u32 e, dtmk_u32 f, dtmk_u64 *r) { return 4; }\n', "partial.cu")
     with pytest.raises(C.LinkError, match=r"Unresolved extern function .dtmk_cm_hook_\d+"):
         C.link_cubin([("h", h), ("partial", part)])
+
+
+# ------------------------------------------------------------------ every op on edge values
+
+EDGE = [0, 1, 2, 5, 31, 32, 33, 63, 64, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0x100000000,
+        0x7FFFFFFFFFFFFFFF, 0x8000000000000000, 0xFFFFFFFFFFFFFFFF, 0xFFFFFFFF80000000, 0x123456789ABCDEF0]
+ALU_OPS = ["add", "sub", "mul", "div", "mod", "or", "and", "xor", "lsh", "rsh", "arsh", "mov"]
+JMP_OPS = ["jeq", "jne", "jgt", "jge", "jlt", "jle", "jsgt", "jsge", "jslt", "jsle", "jset"]
+
+
+def _edge_program():
+    """Every ALU and JMP op, 64/32-bit, register and immediate operands, and the byte
+    swaps, on a = dur_ns, b = wait_ns; result k is added into res[k] (sums over events:
+    any wrong result on any event shows)."""
+    lines = ["mov r6, r1", "ldxdw r8, [r6+96]", "ldxdw r9, [r6+104]"]
+    k = 0
+
+    def emit(body):
+        nonlocal k
+        lines.extend(["mov r7, r8"] + body + [
+            f"mov r2, {k}", "stxw [r10-4], r2", "lddw r1, map:res", "mov r2, r10", "add r2, -4",
+            "call map_lookup_elem", f"jeq r0, 0, S{k}", "xadddw [r0+0], r7", f"S{k}:"])
+        k += 1
+    for w in ("", "32"):
+        for op in ALU_OPS:
+            emit([f"{op}{w} r7, r9"])
+            for imm in ((0, 1, 7, 31) if op in ("lsh", "rsh", "arsh") else (0, -1, 7, -0x80000000)):
+                emit([f"{op}{w} r7, {imm}"])
+        emit([f"neg{w} r7"])
+        for c in JMP_OPS:
+            for rhs in ("r9", "-1", "5", "-0x80000000"):
+                emit([f"mov r3, r7", "mov r7, 1", f"{c}{w} r3, {rhs}, T{k}", "mov r7, 2", f"T{k}:"])
+    for sw in ("le16", "le32", "le64", "be16", "be32", "be64"):
+        emit([f"{sw} r7"])
+    lines += ["mov r0, 0", "exit"]
+    return "\n".join(lines), k
+
+
+@needs_gxx
+def test_every_alu_and_jmp_op_on_edge_values():
+    from dtrace_mk.abi import context
+    text, n = _edge_program()
+    maps = [MapDef("res", "array", 4, 8, n)]
+    prog = Program("edges", HOOK.section, HOOK, asm.assemble(text, ["res"]))
+    obj = BpfObject([prog], maps, path="<edges>")
+    ctxs = [context.pack(HOOK, dur_ns=a, wait_ns=b) for a in EDGE for b in EDGE]
+    r = _run_group([obj], ctxs, 1)
+    probs = _diff(*r)
+    assert not probs, "\n".join(probs[:10])
+    vals = r[0].maps(r[2][0][0])["res"].snapshot(skip_zero=True)
+    assert len(vals) > 0.9 * n, f"only {len(vals)} of {n} results are non-zero"

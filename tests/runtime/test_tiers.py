@@ -9,6 +9,7 @@ HostCompiledRuntime.
 from __future__ import annotations
 
 import random
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -187,10 +188,13 @@ def test_detach_while_building_drops_the_job():
 
 # ------------------------------------------------------------------ the real protocol
 
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host build needs g++")
+
 def _obj(seed):
     return G.random_object(random.Random(seed), parallel_safe=True)
 
 
+@needs_gxx
 def test_host_runtime_promotion_publishes_a_new_generation():
     rt = C.HostCompiledRuntime(2)
     a = rt.attach(_obj(1), init_hash=G.prefill(_obj(1)))          # compiled at attach
@@ -214,6 +218,7 @@ def test_host_runtime_promotion_publishes_a_new_generation():
     assert sum(c.eligible for c in rt.coverage(a)) == 50
 
 
+@needs_gxx
 def test_host_runtime_refuses_a_stale_promotion():
     rt = C.HostCompiledRuntime(1)
     b = rt.attach(_obj(5), tier="hot", init_hash=G.prefill(_obj(5)))

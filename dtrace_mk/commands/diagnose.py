@@ -104,13 +104,12 @@ def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
 
 
 def resolve_backend(requested: str, ranks: int) -> str:
-    if requested == "sim":
-        return "sim"
-    from .run import gpu_available
+    """auto = gpu when enough GPUs for the ranks, else sim.  The multi-rank GPU path (one
+    megakernel per GPU, CUDA IPC comm tasks, this command's rank launcher for it) is not
+    built yet, so auto is sim and gpu is a clear error."""
     if requested == "gpu":
         raise UserError("diagnose --backend gpu: the multi-rank GPU path (one megakernel per "
                         "GPU, CUDA IPC comm tasks) is not built yet; use --backend sim")
-    # auto: gpu when enough GPUs for the ranks -- until the GPU path exists, sim
     return "sim"
 
 

@@ -30,10 +30,7 @@ from ..errors import UserError
 from .graph import CLASS_IDS, TaskGraph, build_graph
 from .reference import Requests, dense_index, make_weights, moe_index
 
-try:  # the package's kernels folder (installed as dtrace_mk.kernels)
-    from ..kernels import KERNEL_DIR  # type: ignore
-except Exception:  # pragma: no cover - editable checkout
-    KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 
 SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h")
 MK_THREADS = 512

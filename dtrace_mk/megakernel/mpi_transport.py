@@ -51,7 +51,7 @@ as they are taken.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import UserError
 from . import faults as F
@@ -245,16 +245,18 @@ def run_loopback(cfg: ModelConfig, batch: int, num_workers: int, ranks: int, ste
                  seed: int = 0, clock_skew: bool = True, costs: Optional[ModelCosts] = None,
                  graphs: Optional[Sequence[TaskGraph]] = None,
                  on_clock: Optional[Sequence[Optional[Callable[[int, int], Any]]]] = None,
-                 **sim_kw) -> List[SimResult]:
+                 clocks: Optional[Sequence[RankClock]] = None, **sim_kw) -> List[SimResult]:
     """Run `ranks` ranks of `cfg` in this process.  `faults`: one table for every rank,
     or per rank (a sequence, or a mapping rank -> table); `sinks[r]` receives rank r's
-    hook contexts; other keywords go to every `Sim`."""
+    hook contexts; `clocks[r]` overrides rank r's clock (else `clock_skew` decides);
+    other keywords go to every `Sim`."""
     tr = LoopbackTransport(ranks)
     graphs = graphs or [build_graph(cfg, batch, num_workers, rank=r, ranks=ranks, costs=costs)
                         for r in range(ranks)]
     sims = [Sim(graphs[r], steps, faults=_faults_of(faults, r), costs=costs, seed=seed,
                 sink=sinks[r] if sinks else None, transport=tr.port(r),
-                clock=rank_clock(r, seed, clock_skew), on_clock=on_clock[r] if on_clock else None, **sim_kw)
+                clock=clocks[r] if clocks else rank_clock(r, seed, clock_skew),
+                on_clock=on_clock[r] if on_clock else None, **sim_kw)
             for r in range(ranks)]
     return tr.run(sims)
 
@@ -262,22 +264,24 @@ def run_loopback(cfg: ModelConfig, batch: int, num_workers: int, ranks: int, ste
 def run_mpi(cfg: ModelConfig, batch: int, num_workers: int, steps: int, *, comm=None,
             faults: FaultsArg = None, sink: Optional[Sink] = None, seed: int = 0,
             clock_skew: bool = True, costs: Optional[ModelCosts] = None,
-            graph: Optional[TaskGraph] = None, **sim_kw) -> SimResult:
+            graph: Optional[TaskGraph] = None, clock: Optional[RankClock] = None,
+            **sim_kw) -> SimResult:
     """This MPI process's rank of an `mpiexec -n R` run (every rank calls it with the
-    same arguments, except `sink`; `faults` may be per rank as in run_loopback)."""
+    same arguments, except `sink` and `clock`; `faults` may be per rank as in
+    run_loopback)."""
     tr = MPITransport(comm)
     graph = graph or build_graph(cfg, batch, num_workers, rank=tr.rank, ranks=tr.size, costs=costs)
     sim = Sim(graph, steps, faults=_faults_of(faults, tr.rank), costs=costs, seed=seed, sink=sink,
-              transport=tr.port, clock=rank_clock(tr.rank, seed, clock_skew), **sim_kw)
+              transport=tr.port, clock=clock or rank_clock(tr.rank, seed, clock_skew), **sim_kw)
     return tr.run(sim)
 
 
 def mpi_world() -> Tuple[int, int]:
     """(rank, size) when this process was started by an MPI launcher (mpiexec/mpirun;
-    MPICH, Open MPI, PMIx, Slurm), else (0, 1) without importing mpi4py."""
+    MPICH hydra, Open MPI, PMIx), else (0, 1) without importing mpi4py."""
     import os
     for rk, sz in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                   ("PMIX_RANK", "PMIX_SIZE"), ("MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
+                   ("PMIX_RANK", "PMIX_SIZE")):
         if rk in os.environ and sz in os.environ:
             try:
                 size = int(os.environ[sz])

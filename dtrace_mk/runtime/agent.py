@@ -41,8 +41,10 @@ dropped, clock samples wait in a bounded queue, the channel's queue is bounded. 
 agent never blocks the serving loop: `sink`/`feed` fire the monitors and, every
 `progress_every` events, make transport progress (non-blocking tests).
 
-Evidence budget: `budget_bytes_per_step` (scenario) is the evidence byte budget per
-worker per epoch of the summary monitors; records over it are `throttled` in coverage.
+Evidence budget: `budget_bytes_per_step` (scenario) bounds the packed bytes of the
+RemoteWait and Signal records of one epoch of this rank (and is the per-worker evidence
+budget of the summary monitors on the device); records over it are not sent and count
+as `throttled` in that epoch's coverage.  Summaries and clock samples are always sent.
 """
 from __future__ import annotations
 
@@ -52,7 +54,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..abi import context
-from ..abi import definition as abi
 from ..collectors.records import (MAX_EXPERTS, ClassStat, ClockSample, Coverage, EpochSummary,
                                   RemoteWait, Signal, pack)
 from ..errors import UserError
@@ -172,6 +173,8 @@ class RankAgent:
         self.flush_lag = flush_lag
         self.max_open_epochs = max_open_epochs
         self.progress_every = max(1, progress_every)
+        self.budget = budget_bytes_per_step
+        self.throttled_by_epoch: Dict[int, int] = {}
         self.summary = compile_summary(schema, budget_bytes_per_step)
         self.rt = ReferenceRuntime(num_workers=num_workers, rank=rank)
         self.aid = self.rt.attach(self.summary.obj)
@@ -292,9 +295,9 @@ class RankAgent:
         epochs = sorted(k for k in self.open if k <= last)
         # waits and signals first: their losses go into the summaries' coverage
         for k in epochs:
-            self._ship(evidence.pop(k, []), epoch=k)
+            self._ship(self._within_budget(k, evidence.pop(k, [])), epoch=k)
         for k, recs in evidence.items():        # evidence of other epochs (late or early)
-            self._ship(recs, epoch=k)
+            self._ship(self._within_budget(k, recs), epoch=k)
         cov = self._coverage(epochs)
         for k in epochs:
             s = self._summary(k, snap, cov.get(k, Coverage()))
@@ -344,6 +347,14 @@ class RankAgent:
             c = out.get(k, Coverage()) + self.late_cov
             self.late_cov = Coverage()
             out[k] = c
+        for k in list(self.throttled_by_epoch):
+            if k in want:
+                n = self.throttled_by_epoch.pop(k)
+                c = out.get(k, Coverage())
+                moved = min(n, c.executed)
+                out[k] = Coverage(c.eligible, c.executed - moved, c.throttled + moved, c.lost)
+            elif k <= self.flushed_upto:
+                self.throttled_by_epoch.pop(k)     # a flushed epoch: its summary is gone
         for k in list(self.lost_by_epoch):
             if k in want or k <= self.flushed_upto:
                 n = self.lost_by_epoch.pop(k)
@@ -378,6 +389,21 @@ class RankAgent:
                 continue
             by_epoch.setdefault(r.step, []).append(r)
         return by_epoch
+
+    def _within_budget(self, epoch: int, recs: List[Any]) -> List[Any]:
+        """The records of `epoch` that fit its byte budget; the rest count as throttled."""
+        if self.budget is None or not recs:
+            return recs
+        used = self.stats.bytes_per_epoch.get(epoch, 0)
+        out = []
+        for r in recs:
+            n = len(pack(r))
+            if used + n > self.budget:
+                self.throttled_by_epoch[epoch] = self.throttled_by_epoch.get(epoch, 0) + 1
+                continue
+            used += n
+            out.append(r)
+        return out
 
     def _take_clock(self) -> List[ClockSample]:
         q, self.clock_q = self.clock_q, []

@@ -43,7 +43,7 @@ from ..bpf.maps import MapSet, Record
 from ..bpf.program import BpfObject, MapDef, Program
 from ..errors import Rejected, UserError
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 SOURCES = ("bpf_vm_harness.cu", "bpf_vm.cuh", "bpf_maps.cuh", "bpf_opcodes.h", "dtrace_mk_abi.h")
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1

@@ -3,7 +3,6 @@ ranks (one MPI process per rank plus the collector, MPMD) scores full recall and
 false-confident finding.  Scenarios of one rank count share one mpiexec launch
 (`diagnose.run_job`) to keep the suite short."""
 import json
-import shutil
 import sys
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Multi-rank sim on the loopback transport: comm hooks, joins by (comm_op, comm_gen),
 clocks, determinism, remote stalls from late_comm and from a slow task on a peer."""
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 
@@ -128,6 +128,10 @@ def test_clock_skew_only_changes_emitted_timestamps():
         assert [d for d, _ in smp] == [clk.device_ns(t) for t in res1[r].step_start_ns + [res1[r].step_end_ns[-1]]]
         assert all(0 <= h - t < 200 for (_, h), t in zip(smp, res1[r].step_start_ns))
     assert RankClock.for_rank(0, 0) != RankClock.for_rank(1, 0)
+    mine = [RankClock(offset_ns=1000 * (r + 1), drift_ppb=0, quantum_ns=32) for r in range(2)]
+    _, sinks = run("tiny", 2, steps=3, clocks=mine)
+    for r in range(2):
+        assert [h["ts_ns"] for h in sinks[r]] == [mine[r].device_ns(h["ts_ns"]) for h in plain[r]]
     assert RankClock().identity and RankClock().device_ns(12345) == 12345
 
 

@@ -2,12 +2,9 @@
 comm contexts, lost counting when sends cannot go out, bounded memory."""
 from collections import Counter
 
-import pytest
-
 from dtrace_mk.abi import context
-from dtrace_mk.abi import definition as abi
 from dtrace_mk.collectors.records import (ClockSample, EpochSummary, Names, RemoteWait, Signal,
-                                          max_packed_size)
+                                          max_packed_size, pack)
 from dtrace_mk.megakernel.faults import FaultTable
 from dtrace_mk.megakernel.graph import build_graph
 from dtrace_mk.megakernel.presets import get_preset
@@ -224,3 +221,16 @@ def test_two_tensor_parallel_ranks_ship_joinable_waits_and_signals():
     assert by[(0, 2, op, 0)] >= 100_000 > 20 * by[(0, 1, op, 0)]
     for s in _summaries(chans[0]).values():
         assert s.remote_wait_count == 2 * cfg.n_layers
+
+
+def test_the_step_byte_budget_throttles_evidence_records_not_summaries():
+    ch = ListChannel()
+    agent = RankAgent(0, ch, num_workers=4, budget_bytes_per_step=100)
+    for i in range(6):      # ~30 bytes each packed: 3 fit in 100 bytes
+        agent.feed(_comm("comm:signal", 0, 1000 + i, comm_gen=i, worker=i % 4))
+    agent.close()
+    sigs = [r for r in ch.records() if isinstance(r, Signal)]
+    assert 0 < len(sigs) < 6
+    (s,) = _summaries(ch).values()
+    assert s.coverage.throttled == 6 - len(sigs) and s.coverage.consistent
+    assert sum(len(pack(x)) for x in sigs) <= 100

@@ -18,6 +18,8 @@ A message is at most `MSG_BYTES` bytes: a fixed 24-byte header
   DATA  payload = concatenated packed records (`collectors.records`), whole records only
   PONG  payload = u64 host clock of the rank when it answered ping `seq`
   BYE   the agent is done; `lost_total` is final
+  NOTE  payload = a JSON document (the printed output of user monitors), kept beside the
+        records (`CollectorLoop.notes`), not part of the diagnosis
 
 `lost_total` is the agent's running count of records it could not send (queue full,
 send refused); every header carries it, so the collector learns of losses with the next
@@ -77,7 +79,7 @@ class Tags:
     def for_run(cls, i: int) -> "Tags":
         return cls(TAG_UP + 2 * i, TAG_DOWN + 2 * i)
 
-HELLO, DATA, PONG, BYE = 0, 1, 2, 3       # up kinds
+HELLO, DATA, PONG, BYE, NOTE = 0, 1, 2, 3, 4   # up kinds
 PING, FIN = 10, 11                        # down kinds
 
 HostClock = Callable[[], int]
@@ -258,6 +260,16 @@ class RankChannel:
     def add_lost(self, n: int) -> None:
         self.lost_total += n
 
+    def note(self, payload: bytes) -> bool:
+        """Queue a NOTE message (JSON bytes, at most MAX_PAYLOAD; False when it does not
+        fit or the queue is full)."""
+        if len(payload) > MAX_PAYLOAD or self.closed or len(self.queue) >= self.max_queued:
+            return False
+        self.queue.append(self._msg(NOTE, payload))
+        self.queued_records.append(0)
+        self.progress()
+        return True
+
     @property
     def pending(self) -> int:
         return len(self.queue) + len(self.in_flight)
@@ -358,6 +370,12 @@ class DirectChannel:
     def add_lost(self, n: int) -> None:
         self.lost_total += n
 
+    def note(self, payload: bytes) -> bool:
+        if self.closed or len(payload) > MAX_PAYLOAD:
+            return False
+        self._deliver(NOTE, payload)
+        return True
+
     def progress(self) -> None:
         self.loop.poll()
 
@@ -425,6 +443,7 @@ class CollectorLoop:
         self._recv = port.irecv(tags.up) if port is not None else None
         self._sends: List = []
         self.bad_headers = 0
+        self.notes: Dict[int, List[bytes]] = {}
         self.t_start = now
 
     # -- inputs ------------------------------------------------------------------------
@@ -480,6 +499,8 @@ class CollectorLoop:
             if not st.direct and self.start_pings:
                 st.start_pings_left = self.start_pings - 1
                 self._ping(st)
+        elif kind == NOTE:
+            self.notes.setdefault(rank, []).append(payload)
         elif kind == BYE:
             st.bye = True
             if st.lost:          # it came back after all: its records stay, the mark goes

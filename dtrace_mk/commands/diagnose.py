@@ -6,8 +6,9 @@
 Starts `mpiexec -n RANKS <rank> : -n 1 <collector>` (MPMD; the collector is the second
 app, `MPI.APPNUM == 1`).  Each rank runs the megakernel for its rank (sim backend:
 the discrete-event simulation, one MPI process per rank) with the scenario's faults for
-that rank, and the per-rank agent with the default summary monitors (or the scenario's
-`monitors`) ships per-step summaries, remote waits, signal times and clock samples to
+that rank, and the per-rank agent with the default summary monitors (the scenario's
+`monitors`, query files, run beside them; their printed output comes back under
+"monitors" in the result) ships per-step summaries, remote waits, signal times and clock samples to
 the collector, which aligns clocks, joins waits to signals by (comm_op, comm_gen),
 classifies the waits and writes the result JSON:
 
@@ -281,6 +282,9 @@ def mpi_main(argv: Optional[List[str]] = None) -> int:
         if not quiet:
             print(f"diagnose [{who}]: {s}", file=sys.stderr, flush=True)
 
+    if not (roles.is_rank or roles.is_collector):     # extra processes of the collector app
+        say("nothing to do (one collector process is enough)")
+        return 0
     port = T.MpiPort(world)
     try:
         for i, run_ in enumerate(job["runs"]):
@@ -332,6 +336,16 @@ def _collector(port, roles, tags, job, say, result_path: str):
 def _result(acc, loop, sc, ranks: int) -> Dict[str, Any]:
     res = acc.result(sc, ranks=ranks)
     res["transport"].update(loop.report())
+    if loop.notes:             # user monitors' output, per rank (beside the diagnosis)
+        mons: Dict[str, Any] = {}
+        for rank, notes in sorted(loop.notes.items()):
+            for raw in notes:
+                try:
+                    doc = json.loads(raw)
+                except ValueError:
+                    continue
+                mons[str(rank)] = {"blocks": doc.get("blocks", []), "cut": doc.get("cut", 0)}
+        res["monitors"] = mons
     tb = res["telemetry_bytes"]
     res["telemetry"] = {"bytes": tb, "bytes_per_step": round(tb / max(sc.steps, 1), 1),
                         "bytes_per_rank_step": round(tb / max(sc.steps * ranks, 1), 1),

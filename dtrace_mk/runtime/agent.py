@@ -275,8 +275,26 @@ class RankAgent:
             self.closed = True
             for q in self.user:
                 self.user_blocks[q.path] = q.finish()
+            if self.user_blocks and hasattr(self.channel, "note"):
+                self._note_user_blocks()
             self.channel.close(timeout_s)
         return self.stats
+
+    def _note_user_blocks(self) -> None:
+        """Ship the user monitors' printed output (JSON blocks) as one NOTE; blocks that do
+        not fit are cut and the note says how many."""
+        import json
+        blocks = [{"monitor": path, **b} for path, bs in self.user_blocks.items() for b in bs]
+        cap = self.channel.max_payload
+        while blocks:
+            doc = {"rank": self.rank, "blocks": blocks, "cut": 0}
+            data = json.dumps(doc).encode()
+            if len(data) <= cap:
+                break
+            blocks = blocks[:len(blocks) // 2]
+        n_all = sum(len(bs) for bs in self.user_blocks.values())
+        doc = {"rank": self.rank, "blocks": blocks, "cut": n_all - len(blocks)}
+        self.channel.note(json.dumps(doc).encode())
 
     # -- epochs ----------------------------------------------------------------------------
     def _flush_through(self, last: int) -> None:
@@ -342,7 +360,7 @@ class RankAgent:
                 # events of an epoch already shipped: their map output was discarded
                 late = late + Coverage(cv.eligible, 0, cv.throttled, cv.executed + cv.lost)
         self.late_cov = self.late_cov + late
-        if epochs and (self.late_cov.eligible or self.lost_by_epoch):
+        if epochs and self.late_cov.eligible:
             k = epochs[0]
             c = out.get(k, Coverage()) + self.late_cov
             self.late_cov = Coverage()

@@ -218,3 +218,22 @@ def test_messages_still_queued_when_close_times_out_are_counted_lost():
     # one message was in flight (cancelled at the deadline), two still queued: 4 records
     assert ch.lost_total == 4 and ch.stats.records_dropped_at_close == 4
     assert hub.held == [] and ch.in_flight == []     # nothing left outstanding
+
+
+def test_user_monitor_output_travels_as_a_note(tmp_path):
+    import json
+    q = tmp_path / "q.d"
+    q.write_text("task:end { @n = count(); }")
+    acc = Accumulator()
+    loop = T.CollectorLoop(None, [0], acc)
+    agent = RankAgent(0, T.DirectChannel(loop, 0), num_workers=2, monitors=[str(q)])
+    agent.start()
+    from dtrace_mk.abi import context
+    for k in range(3):
+        agent.feed(context.pack("task:end", decode_step=k, ts_ns=10 + k, task_class=1, dur_ns=5, worker=0))
+    agent.close()
+    (raw,) = loop.notes[0]
+    doc = json.loads(raw)
+    (b,) = [b for b in doc["blocks"] if b.get("name") == "@n"]
+    assert b["monitor"] == str(q) and b["entries"][0]["value"] == 3 and doc["cut"] == 0
+    assert [s.epoch for s in acc.summaries] == [0, 1, 2]

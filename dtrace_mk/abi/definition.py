@@ -12,8 +12,8 @@ or helper id) requires bumping `ABI_VERSION`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
 
 ABI_VERSION = 1
 

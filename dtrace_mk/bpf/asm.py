@@ -15,7 +15,6 @@ is canonical text, and `assemble(disassemble(b)) == b` for every valid program.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..abi.definition import HELPERS_BY_ID, HELPERS_BY_NAME

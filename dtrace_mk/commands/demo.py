@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import struct
-from typing import Dict, List, Optional
+from typing import Dict
 
 from ..abi import context
 from ..abi import definition as abi

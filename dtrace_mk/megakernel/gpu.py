@@ -19,8 +19,7 @@ import hashlib
 import os
 import struct
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,6 +30,7 @@ from .graph import CLASS_IDS, TaskGraph, build_graph
 from .reference import Requests, dense_index, make_weights, moe_index
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
+from ..kernels import build
 
 SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h")
 MK_THREADS = 512
@@ -75,23 +75,7 @@ assert CTX_DTYPE.itemsize == abi.CONTEXT_SIZE
 # NVRTC
 # ---------------------------------------------------------------------------------
 
-class CompileError(UserError):
-    """NVRTC rejected a kernel source; the message carries NVRTC's log (file:line)."""
-
-
-def _nvrtc():
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:  # older cuda-python layout
-        from cuda import nvrtc  # type: ignore
-    return nvrtc
-
-
-def _check(nvrtc, res, what: str):
-    err = res[0] if isinstance(res, tuple) else res
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise CompileError(f"NVRTC {what}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
-    return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
+CompileError = build.CompileError
 
 
 def source_hash(arch: str, target: str, defines: Sequence[str] = ()) -> str:
@@ -99,17 +83,11 @@ def source_hash(arch: str, target: str, defines: Sequence[str] = ()) -> str:
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (KERNEL_DIR / name).read_bytes() + b"\0")
     h.update(f"{arch}|{target}|{'|'.join(defines)}".encode())
-    try:
-        h.update(repr(_nvrtc().nvrtcVersion()).encode())
-    except Exception:  # pragma: no cover
-        pass
+    h.update(build.nvrtc_version().encode())
     return h.hexdigest()[:24]
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+cache_dir = build.cache_dir
 
 
 def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequence[str] = (),
@@ -117,52 +95,11 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     """Compile kernels/<name> with NVRTC to 'cubin' (arch sm_XX[a]) or 'ltoir'.
 
     Cached on disk by source hash; raises CompileError with NVRTC's log."""
-    if target not in ("cubin", "ltoir", "ptx"):
-        raise ValueError(target)
-    try:
-        return _compile(arch, target, tuple(defines), use_cache, name)
-    except CompileError as e:
-        # NVRTC 13.0 lacks __builtin_offsetof (the ABI header's layout checks)
-        if "__builtin_offsetof" in str(e) and "DTMK_NO_OFFSETOF_ASSERTS" not in defines:
-            return _compile(arch, target, tuple(defines) + ("DTMK_NO_OFFSETOF_ASSERTS",), use_cache, name)
-        raise
-
-
-def _compile(arch: str, target: str, defines: Tuple[str, ...], use_cache: bool, name: str) -> bytes:
     key = source_hash(arch, target, defines) + "_" + name.replace(".", "_")
     path = cache_dir() / f"{key}.{target}"
     if use_cache and path.exists():
         return path.read_bytes()
-    nvrtc = _nvrtc()
-    src = (KERNEL_DIR / name).read_bytes()
-    (prog,) = _check(nvrtc, nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []), "create")
-    arch_opt = arch if target != "ptx" else arch.replace("sm_", "compute_")
-    opts = [f"--gpu-architecture={arch_opt}", f"--include-path={KERNEL_DIR}", "--std=c++17",
-            "-default-device"]
-    if target == "ltoir":
-        opts += ["-dlto", "--relocatable-device-code=true"]
-    opts += [f"-D{d}" for d in defines]
-    res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-    log_size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
-    log = b" " * log_size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    log_s = log.decode(errors="replace").strip("\0 \n")
-    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        nvrtc.nvrtcDestroyProgram(prog)
-        raise CompileError(f"{KERNEL_DIR / name}: NVRTC failed ({arch}, {target}):\n{log_s}")
-    if target == "cubin":
-        size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "cubin size")[0]
-        out = b" " * size
-        _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, out), "cubin")
-    elif target == "ltoir":
-        size = _check(nvrtc, nvrtc.nvrtcGetLTOIRSize(prog), "ltoir size")[0]
-        out = b" " * size
-        _check(nvrtc, nvrtc.nvrtcGetLTOIR(prog, out), "ltoir")
-    else:
-        size = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "ptx size")[0]
-        out = b" " * size
-        _check(nvrtc, nvrtc.nvrtcGetPTX(prog, out), "ptx")
-    nvrtc.nvrtcDestroyProgram(prog)
+    out = build.nvrtc_compile((KERNEL_DIR / name).read_text(), name, arch, target, defines)
     if use_cache:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(out)

@@ -59,6 +59,7 @@ import numpy as np
 from ..abi import definition as abi
 from ..bpf.devicegen import NAME_OF_OP
 from ..errors import UserError
+from ..kernels import build
 from . import device as D
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
@@ -380,33 +381,10 @@ def monitor_source(progs: Sequence[MonitorProgram]) -> str:
 # NVRTC -> LTO-IR, nvJitLink -> cubin, caches
 # ---------------------------------------------------------------------------------
 
-def _nvrtc():
-    from cuda.bindings import nvrtc
-    return nvrtc
-
-
 def ltoir(source: str, name: str = "monitor.cu", arch: str = ARCH, defines: Sequence[str] = ()) -> bytes:
     """NVRTC: CUDA source -> LTO-IR for `arch` (-dlto -rdc=true); kernels/ on the include
     path.  Raises device.CompileError with NVRTC's log."""
-    nvrtc = _nvrtc()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise D.CompileError(f"{name}: NVRTC create failed: {err}")
-    opts = [f"--gpu-architecture={arch}", "-dlto", "--relocatable-device-code=true", "--std=c++17",
-            "-default-device", f"--include-path={KERNEL_DIR}"] + [f"-D{d}" for d in defines]
-    try:
-        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise D.CompileError(f"{name}: NVRTC failed ({arch}):\n{log.decode(errors='replace').strip(chr(0) + ' ')}")
-        err, size = nvrtc.nvrtcGetLTOIRSize(prog)
-        out = b" " * size
-        nvrtc.nvrtcGetLTOIR(prog, out)
-        return bytes(out)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    return build.nvrtc_compile(source, name, arch, "ltoir", defines)
 
 
 def nvjitlink_available() -> bool:
@@ -441,10 +419,7 @@ def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
         nvjitlink.destroy(h)
 
 
-def _cache_dir() -> Path:
-    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+_cache_dir = build.cache_dir
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

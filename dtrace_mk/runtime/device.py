@@ -44,6 +44,7 @@ from ..bpf.program import BpfObject, MapDef, Program
 from ..errors import Rejected, UserError
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
+from ..kernels import build
 SOURCES = ("bpf_vm_harness.cu", "bpf_vm.cuh", "bpf_maps.cuh", "bpf_opcodes.h", "dtrace_mk_abi.h")
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
@@ -262,48 +263,8 @@ def hash_capacity(max_entries: int) -> int:
 # NVRTC (CI compiles without a GPU)
 # ---------------------------------------------------------------------------------
 
-class CompileError(UserError):
-    """NVRTC rejected a device VM source (the message carries NVRTC's log)."""
-
-
-def nvrtc_compile(source: str, name: str = "bpf_vm_harness.cu", arch: str = "sm_90a",
-                  target: str = "cubin", defines: Sequence[str] = (), include_dirs: Sequence[str] = ()) -> bytes:
-    """Compile CUDA source text with NVRTC (cuda.bindings) for `arch`; kernels/ is on the
-    include path.  Returns cubin (or PTX) bytes; raises CompileError with the log."""
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:  # pragma: no cover - older layout
-        from cuda import nvrtc  # type: ignore
-
-    def chk(res, what):
-        err = res[0] if isinstance(res, tuple) else res
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"NVRTC {what}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
-        return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
-
-    (prog,) = chk(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
-    arch_opt = arch if target == "cubin" else arch.replace("sm_", "compute_")
-    incs = [f"--include-path={d}" for d in include_dirs] + [f"--include-path={KERNEL_DIR}"]
-    opts = [f"--gpu-architecture={arch_opt}", *incs, "--std=c++17",
-            "-default-device"] + [f"-D{d}" for d in defines]
-    res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-    log_size = nvrtc.nvrtcGetProgramLogSize(prog)[1]
-    log = b" " * log_size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    log_s = log.decode(errors="replace").strip("\0 \n")
-    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        nvrtc.nvrtcDestroyProgram(prog)
-        raise CompileError(f"{name}: NVRTC failed ({arch}):\n{log_s}")
-    if target == "cubin":
-        size = chk(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")[0]
-        out = b" " * size
-        chk(nvrtc.nvrtcGetCUBIN(prog, out), "cubin")
-    else:
-        size = chk(nvrtc.nvrtcGetPTXSize(prog), "ptx size")[0]
-        out = b" " * size
-        chk(nvrtc.nvrtcGetPTX(prog, out), "ptx")
-    nvrtc.nvrtcDestroyProgram(prog)
-    return bytes(out)
+CompileError = build.CompileError
+nvrtc_compile = build.nvrtc_compile
 
 
 def harness_source() -> str:
@@ -316,9 +277,7 @@ def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
     for s in SOURCES:
         h.update(s.encode() + b"\0" + (KERNEL_DIR / s).read_bytes())
     h.update(f"{arch}|{'|'.join(defines)}".encode())
-    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"bpf_vm_{h.hexdigest()[:20]}.cubin"
+    path = build.cache_dir() / f"bpf_vm_{h.hexdigest()[:20]}.cubin"
     if not path.exists():
         data = nvrtc_compile(harness_source(), arch=arch, defines=defines)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -1,0 +1,80 @@
+"""NVRTC: the one place CUDA sources are compiled (megakernel, device VM, compiled
+monitors).  Works without a GPU or driver (CI): cuda-bindings + nvidia-cuda-nvrtc.
+
+    nvrtc_compile(source_text, name="x.cu", arch="sm_90a", target="cubin"|"ltoir"|"ptx")
+
+kernels/ is always on the include path.  NVRTC has no C++ standard headers: sources
+use the dtmk_u32/u64 typedefs of the generated dtrace_mk_abi.h."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import UserError
+from . import KERNEL_DIR
+
+TARGETS = ("cubin", "ltoir", "ptx")
+
+
+class CompileError(UserError):
+    """NVRTC rejected a source; the message carries NVRTC's log (file(line): ...)."""
+
+
+def nvrtc_module():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # older cuda-python layout
+        from cuda import nvrtc  # type: ignore
+    return nvrtc
+
+
+def nvrtc_version() -> str:
+    try:
+        return repr(nvrtc_module().nvrtcVersion())
+    except Exception:  # noqa: BLE001 - no NVRTC at all: callers fail when they compile
+        return "unknown"
+
+
+def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", target: str = "cubin",
+                  defines: Sequence[str] = (), include_dirs: Sequence[str] = ()) -> bytes:
+    """Compile CUDA source text to cubin or LTO-IR (`arch` sm_XX[a]) or PTX (compute_XX)."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    nvrtc = nvrtc_module()
+
+    def check(res, what):
+        err = res[0] if isinstance(res, tuple) else res
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"{name}: NVRTC {what}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}")
+        return res[1:] if isinstance(res, tuple) and len(res) > 1 else None
+
+    (prog,) = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "create")
+    try:
+        arch_opt = arch.replace("sm_", "compute_") if target == "ptx" else arch
+        opts = [f"--gpu-architecture={arch_opt}", "--std=c++17", "-default-device"]
+        opts += [f"--include-path={d}" for d in include_dirs] + [f"--include-path={KERNEL_DIR}"]
+        if target == "ltoir":
+            opts += ["-dlto", "--relocatable-device-code=true"]
+        opts += [f"-D{d}" for d in defines]
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            text = log.decode(errors="replace").strip("\0 \n")
+            raise CompileError(f"{name}: NVRTC failed ({arch}, {target}):\n{text}")
+        get_size, get = {"cubin": (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN),
+                         "ltoir": (nvrtc.nvrtcGetLTOIRSize, nvrtc.nvrtcGetLTOIR),
+                         "ptx": (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)}[target]
+        out = b" " * check(get_size(prog), f"{target} size")[0]
+        check(get(prog, out), target)
+        return bytes(out)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def cache_dir():
+    """Where compiled kernels are cached: $DTRACE_MK_CACHE, default ~/.cache/dtrace_mk/kernels."""
+    import os
+    from pathlib import Path
+    d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d

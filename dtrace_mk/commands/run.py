@@ -13,7 +13,8 @@ simulation on the CPU: times are SIMULATED from the cost table, no numerics), `a
 --faults FILE      JSON/YAML list of fault specs (see dtrace_mk/megakernel/faults.py)
 --events-out FILE  every hook context the run fires: JSON Lines, or raw 128-byte
                    records when FILE ends in .ctx
---trace FILE       the full task trace as Chrome trace-event JSON (Perfetto opens it)
+--trace FILE       the full task trace: native Perfetto protobuf when FILE ends in
+                   .perfetto-trace, else Chrome trace-event JSON (Perfetto opens both)
 --schema-out FILE  the task schema of the graph (what queries resolve names against)
 
 Tensor parallelism (sim backend): under an MPI launcher (`mpiexec -n N`) every
@@ -57,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="queue:pressure fires when a ready queue reaches N entries (default 16)")
     p.add_argument("--faults", metavar="FILE", help="fault specs (JSON or YAML list)")
     p.add_argument("--events-out", metavar="FILE", help="write every hook context (JSONL, or .ctx raw)")
-    p.add_argument("--trace", metavar="FILE", help="full task trace (Chrome trace JSON, opens in Perfetto)")
+    p.add_argument("--trace", metavar="FILE", help="full task trace (.perfetto-trace: native Perfetto; else Chrome JSON)")
     p.add_argument("--schema-out", metavar="FILE", help="write the task schema JSON")
     p.add_argument("--ranks", type=int, metavar="N",
                    help="tensor-parallel ranks (sim): default the MPI world size, else 1; "
@@ -263,7 +264,8 @@ def _run_ranks(args, cfg, workers: int, rank: int, size: int, ranks: int) -> int
             f.close()
     for r, res in results.items():
         if files[r].trace:
-            _write_json(files[r].trace, chrome_trace(graphs[r], res))
+            _write_trace(files[r].trace, lambda: chrome_trace(graphs[r], res),
+                         lambda: task_trace_from_sim(graphs[r], res))
     summaries = [_rank_summary(results[r], r) for r in mine] if err is None else \
         [{"rank": rank, "error": f"{type(err).__name__}: {err}"}]
     if size > 1:
@@ -307,7 +309,7 @@ def _run_sim(graph, args, faults, sink):
     if faults.rows:
         lines.append(f"faults: {len(faults.rows)} rows ({', '.join(r.kind_name for r in faults.rows)})")
     if args.trace:
-        _write_json(args.trace, chrome_trace(graph, res))
+        _write_trace(args.trace, lambda: chrome_trace(graph, res), lambda: task_trace_from_sim(graph, res))
         lines.append(f"trace: {args.trace} ({len(res.trace)} task records)")
     return res.step_ns, res.tokens, {"wall_ns": res.total_ns, "lines": lines}
 
@@ -336,9 +338,29 @@ def _run_gpu(graph, args, faults, sink):
         if res.hooks_dropped:
             lines.append(f"hooks: {n} written, {res.hooks_dropped} dropped (device ring full)")
     if args.trace:
-        _write_json(args.trace, gpu.trace_to_chrome(res.trace, graph, res.trace_dropped))
+        from ..exporters.perfetto import task_trace_from_gpu
+        _write_trace(args.trace, lambda: gpu.trace_to_chrome(res.trace, graph, res.trace_dropped),
+                     lambda: task_trace_from_gpu(res.trace, graph))
         lines.append(f"trace: {args.trace} ({len(res.trace)} task records, {res.trace_dropped} dropped)")
     return step_ns, int(res.tokens.size), {"wall_ns": total_ns, "lines": lines}
+
+
+def _write_trace(path: str, chrome_doc, task_trace) -> None:
+    """The full task trace: native Perfetto for *.perfetto-trace, else Chrome JSON."""
+    if not path.endswith(".perfetto-trace"):
+        _write_json(path, chrome_doc())
+        return
+    from ..exporters.batch import build_batch
+    from ..exporters.perfetto import write_perfetto
+    try:
+        write_perfetto(path, build_batch({"findings": []}, [], task_traces=[task_trace()]))
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def task_trace_from_sim(graph, res):
+    from ..exporters.perfetto import task_trace_from_sim as adapt
+    return adapt(graph, res)
 
 
 def _write_json(path: str, obj: Any) -> None:

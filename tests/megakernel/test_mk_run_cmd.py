@@ -1,5 +1,6 @@
 """`dtrace-mk run` with the sim backend."""
 import json
+import re
 
 import pytest
 
@@ -10,7 +11,7 @@ from dtrace_mk.commands import run as run_cmd
 
 
 def test_run_sim_prints_simulated_step_time(tmp_path, capsys):
-    ev, tr, sc = tmp_path / "e.jsonl", tmp_path / "t.perfetto-trace", tmp_path / "s.json"
+    ev, tr, sc = tmp_path / "e.jsonl", tmp_path / "t.json", tmp_path / "s.json"
     rc = main(["run", "--model", "tiny", "--steps", "3", "--batch", "2", "--backend", "sim", "--workers", "8",
                "--events-out", str(ev), "--trace", str(tr), "--schema-out", str(sc)])
     out = capsys.readouterr().out
@@ -93,3 +94,22 @@ def test_run_ranks_errors(tmp_path, capsys):
     f.write_text("- {kind: late_comm, comm_op: allreduce_x, delay_us: 3, rank: 1}\n")
     assert main(["run", "--backend", "sim", "--ranks", "2", "--faults", str(f)]) == 2
     assert "f.yaml[0].comm_op: unknown comm op" in capsys.readouterr().err
+
+
+def test_trace_native_perfetto_when_suffix_says_so(tmp_path, capsys):
+    """--trace X.perfetto-trace writes Perfetto's protobuf: TracePackets whose track
+    events include one slice begin per task (TrackEvent type 1 = SLICE_BEGIN)."""
+    from dtrace_mk.cli import main
+    from dtrace_mk.exporters.protowire import fields, parse
+
+    out = tmp_path / "t.perfetto-trace"
+    assert main(["run", "--backend", "sim", "--steps", "2", "--trace", str(out)]) == 0
+    m = re.search(r"trace: .* \((\d+) task records\)", capsys.readouterr().out)
+    tasks = int(m.group(1))
+    packets = [v for f, _, v in parse(out.read_bytes()) if f == 1]
+    begins = 0
+    for pkt in packets:
+        for ev in fields(pkt).get(11, []):            # TracePacket.track_event
+            if fields(ev).get(9) == [1]:              # TrackEvent.type == SLICE_BEGIN
+                begins += 1
+    assert begins >= tasks > 0

@@ -34,7 +34,8 @@ class Thresholds:
     rel: float = 0.25                   # relative floor (fraction of the expected value)
     abs_floor_ns: int = 20_000          # local patterns: minimum excess per (rank, epoch)
     stall_floor_ns: int = 10_000        # remote_stall: minimum late-sender time per wait
-    share_abs: float = 0.10             # routing_skew: minimum excess share
+    share_abs: float = 0.10             # routing_skew: minimum excess share (over epochs)
+    share_peer_abs: float = 0.04        # routing_skew: minimum excess over the other ranks
     queue_rel: float = 0.5              # queue_saturation: relative floor
     queue_abs: int = 4                  # queue_saturation: minimum extra tasks
     min_latency_ns: int = 1_000         # causal constraint: signal -> release
@@ -244,6 +245,12 @@ def detect_queue_saturation(inp: Inputs) -> List[Evidence]:
 
 @detector(P.ROUTING_SKEW)
 def detect_routing_skew(inp: Inputs) -> List[Evidence]:
+    """share = max(expert_counts) / sum(expert_counts) per (rank, epoch).  Tensor-parallel
+    ranks run a replicated router on the same tokens, so the other ranks' share in the
+    same epoch is the expected value: the excess over their median (clipped at 0) is what
+    is judged (robust center/scale over all excesses, floor `share_peer_abs`).  With one rank
+    (or no peer summary for the epoch) the share is judged over all epochs as before
+    (floor `share_abs`)."""
     keys, shares, experts = [], [], []
     for k, s in inp.summaries.items():
         tot = sum(s.expert_counts)
@@ -251,8 +258,24 @@ def detect_routing_skew(inp: Inputs) -> List[Evidence]:
             keys.append(k)
             shares.append(max(s.expert_counts) / tot)
             experts.append(int(np.argmax(s.expert_counts)))
-    center, scale = robust_center_scale(shares)
-    margin = max(inp.th.share_abs, inp.th.k * scale)
+    by_epoch: Dict[int, List[Tuple[int, float]]] = {}
+    for (rank, epoch), v in zip(keys, shares):
+        by_epoch.setdefault(epoch, []).append((rank, v))
+    peer_dev: List[Optional[float]] = []
+    for (rank, epoch), v in zip(keys, shares):
+        others = [x for r, x in by_epoch[epoch] if r != rank]
+        peer_dev.append(v - float(np.median(others)) if others else None)
+    use_peers = any(d is not None for d in peer_dev)
+    if use_peers:
+        # less skewed than the peers is not this pattern (and would inflate the scale:
+        # with two ranks the healthy peer mirrors the skewed one)
+        vals = [max(d, 0.0) if d is not None else 0.0 for d in peer_dev]
+        center, scale = robust_center_scale(vals)
+        margin = max(inp.th.share_peer_abs, inp.th.k * scale)
+    else:
+        vals = shares
+        center, scale = robust_center_scale(vals)
+        margin = max(inp.th.share_abs, inp.th.k * scale)
     try:
         expert_cls = inp.names.task_class_id("moe_expert")
     except ValueError:
@@ -261,7 +284,7 @@ def detect_routing_skew(inp: Inputs) -> List[Evidence]:
              if expert_cls is not None and s.class_stat(expert_cls).count]
     base_max = quantile(maxes, 0.25)
     out = []
-    for k, v, e in zip(keys, shares, experts):
+    for k, v, e in zip(keys, vals, experts):
         if v - center >= margin:
             s = inp.summaries[k]
             impact = (max(0.0, s.class_stat(expert_cls).dur_max_ns - base_max)

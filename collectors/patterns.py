@@ -119,8 +119,12 @@ PATTERNS: Tuple[Pattern, ...] = (
         id="routing_skew", parent="local_delay", name="MoE routing skew", unit="share",
         fault_kinds=("routing_skew",),
         info="The router sent a much larger share of tokens to one expert than usual.",
-        definition="For rank r, epoch e: share = max(expert_counts) / sum(expert_counts) is "
-                   "anomalous over all ranks and epochs.  The finding names the expert.  "
+        definition="For rank r, epoch e: share = max(expert_counts) / sum(expert_counts); "
+                   "its excess over the median share of the other ranks in epoch e (tensor-"
+                   "parallel ranks route the same tokens with a replicated router) is "
+                   "anomalous over all ranks and epochs (one rank: the share itself, over "
+                   "all epochs).  expert_counts is the agent's task time per expert, which "
+                   "grows with the tokens routed to it.  The finding names the expert.  "
                    "Impact: the excess of the expert class's dur_max over its baseline "
                    "(the longest expert task sits on the critical path; a lower bound).",
         diagnosis="Routing is skewed toward one expert: capacity factor, load-balancing "

@@ -28,6 +28,15 @@
  *   control u32[16], worker_state u64[W][8], faults int64[n][8]
  */
 #include "mk_ops.cuh"
+#ifndef DTMK_NO_HOOKS
+#include "bpf_vm.cuh"
+#ifdef DTMK_COMPILED_TIER      /* LTO build linked with a compiled monitor (bpf_compiled.cuh) */
+#include "bpf_compiled.cuh"
+#define DTMK_RUN_RECORDS dtmk_cm_run_records
+#else
+#define DTMK_RUN_RECORDS dtmk_vm_run_records
+#endif
+#endif
 
 /* control words (u32) */
 #define CTL_HOOK_MASK 0
@@ -37,6 +46,24 @@
 #define CTL_WD_US 4        /* watchdog: max wait in microseconds (0 = off) */
 #define CTL_ABORT_WORKER 5 /* worker that fired the watchdog */
 #define CTL_STEP_OVERRIDE 6
+#define CTL_GEN 7          /* global program generation: the host bumps it after writing hook tables */
+#define CTL_TABLES 8       /* u64 (words 8, 9): device address of dtmk_hook_table[DTMK_NUM_HOOKS], 0 = none */
+#define CTL_OBS 10         /* u64 (words 10, 11): observer state u64[W][OBS_WORDS] */
+#define CTL_STAMP 12       /* u64 (words 12, 13): host's attach stamp on the device clock (read by the host) */
+#define CTL_WORDS 32
+
+/* observer state per worker (u64 words, global memory, read by the host while running) */
+#define OBS_PENDING 0      /* lowest decode step of a record not yet run + flushed; ~0 = none */
+#define OBS_DRAINED 1      /* records run through the VM */
+#define OBS_LOST 2         /* records refused by a full shared ring (counted lost in coverage) */
+#define OBS_GEN 3          /* global generation whose tables this worker holds */
+#define OBS_LOADED_TS 4    /* %globaltimer when it loaded them */
+#define OBS_FIRST_TS 5     /* ts_ns of the first record counted under OBS_GEN (0 = none yet) */
+#define OBS_DONE 6         /* 1 when the worker has drained for the last time */
+#define OBS_DRAINS 7       /* drains (warp-0 VM calls) */
+#define OBS_WORDS 8
+#define OBS_RING 32        /* shared-memory ring of contexts per worker */
+#define OBS_DRAIN_AT 16    /* after a task, drain when the ring holds this many */
 
 /* worker_state u64 words */
 #define WS_TASK 0
@@ -125,6 +152,35 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
     return f;
 }
 
+/* ---- observer: the device VM at the hook sites ---------------------------------------- *
+ * Per CTA in shared memory: copies of the hook tables (refreshed when the host bumps
+ * control[CTL_GEN], checked with the other control words every `refresh` tasks and
+ * every 16 polls of a dependency wait), a ring of OBS_RING contexts that thread 0
+ * appends to at the hook sites, the VM's register file and coverage accumulators.
+ * Warp 0 drains the ring through dtmk_vm_run_records when a worker starts waiting on a
+ * dependency (off the critical path), when the ring holds OBS_DRAIN_AT records after a
+ * task, before any table reload (records are run under the tables they were taken
+ * with) and at kernel end; every drain flushes the coverage accumulators and publishes
+ * OBS_PENDING, so the host knows which epochs are final.  A hook with no program keeps
+ * its enable bit clear: the site stays a predicated branch on W.hook_mask. */
+#ifndef DTMK_NO_HOOKS
+struct __align__(16) Obs {
+    struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
+    struct dtmk_hook_table scratch;
+    struct dtmk_ctx ring[OBS_RING];
+    dtmk_u64 regs[DTMK_VM_NREGS * 32];
+    struct dtmk_cov_acc accs[DTMK_MAX_PROGS];
+    dtmk_u64 tables, state;
+    dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
+};
+__shared__ Obs O;
+#define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
+#define HOOKS_ANY(W, m) ((W).hook_mask & (m))
+#else
+#define HOOK_ON(W, h) 0
+#define HOOKS_ANY(W, m) 0
+#endif
+
 /* ---- hooks ------------------------------------------------------------------------- */
 #ifdef DTMK_LINKED_MONITOR
 extern "C" __device__ void dtmk_monitor(const struct dtmk_ctx *ctx);  /* linked LTO-IR tier */
@@ -148,9 +204,94 @@ __device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
 }
 
 /* The hook site: thread 0, after the caller checked the mask bit. */
+#ifndef DTMK_NO_HOOKS
+__device__ __forceinline__ dtmk_u64 *obs_state(const Worker &W) { return (dtmk_u64 *)O.state + W.worker * OBS_WORDS; }
+
+/* thread 0: a record the full ring cannot take is counted lost for every program of its hook */
+__device__ __noinline__ void obs_lost(const Worker &W, const struct dtmk_ctx &c) {
+    const struct dtmk_hook_table &T = O.tabs[c.hook];
+    for (dtmk_u32 k = 0; k < T.n_progs; ++k)
+        dtmk_cov_row_add((struct dtmk_cov *)T.progs[k].cov, c.decode_step, T.gen >> 1, 1, 0, 0, 1, 0);
+    obs_state(W)[OBS_LOST] += 1;
+}
+
+/* thread 0: append a context to the shared ring */
+__device__ __forceinline__ void obs_append(const Worker &W, const struct dtmk_ctx &c) {
+    dtmk_u32 n = O.n;
+    if (n >= OBS_RING) { obs_lost(W, c); return; }
+    if (n == 0 || c.decode_step < O.min_step) {
+        O.min_step = c.decode_step;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = c.decode_step;   /* before the task's release signal */
+    }
+    uint4 *dst = (uint4 *)&O.ring[n];
+    const uint4 *src = (const uint4 *)&c;
+#pragma unroll
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
+    O.n = n + 1;
+}
+
+/* warp 0 (all 32 lanes, converged): run the ring through the VM, flush coverage, then
+ * reload the hook tables if the host published new ones. */
+__device__ __noinline__ void obs_sync(const MkParams &P, Worker &W) {
+    const unsigned lane = threadIdx.x & 31;
+    const dtmk_u32 n = O.n;
+    dtmk_u64 *g = obs_state(W);
+    if (n) {
+        if (lane == 0 && g[OBS_FIRST_TS] == 0) {       /* attach latency: first counted event */
+            dtmk_u64 first = ~0ull;
+            for (dtmk_u32 i = 0; i < n; ++i)
+                if (O.tabs[O.ring[i].hook].n_progs && O.ring[i].ts_ns < first) first = O.ring[i].ts_ns;
+            if (first != ~0ull) g[OBS_FIRST_TS] = first;
+        }
+        DTMK_RUN_RECORDS(O.tabs, O.ring, n, O.regs, O.accs, W.worker, 0);
+        __syncwarp();
+        if (lane == 0) {
+            for (int k = 0; k < DTMK_MAX_PROGS; ++k) dtmk_cov_acc_flush(&O.accs[k]);
+            __threadfence();
+            O.n = 0;
+            g[OBS_DRAINED] += n;
+            g[OBS_DRAINS] += 1;
+            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
+        }
+        __syncwarp();
+    }
+    if (lane == 0 && O.reload) {
+        const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
+        const struct dtmk_hook_table *gt = (const struct dtmk_hook_table *)O.tables;
+        bool ok = true;
+        dtmk_u32 mask = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
+                if (dtmk_vm_load_table(gt + h, &O.scratch)) O.tabs[h] = O.scratch;
+                else ok = false;                      /* being written: keep the old copy, retry */
+            }
+            if (O.tabs[h].n_progs) mask |= 1u << h;
+        }
+        O.vm_mask = mask;
+        W.hook_mask = O.ring_mask | mask;
+        if (ok) {
+            O.gen_seen = gen;
+            O.reload = 0;
+            g[OBS_FIRST_TS] = 0;
+            g[OBS_LOADED_TS] = mk_now();
+            *(volatile dtmk_u64 *)(g + OBS_GEN) = gen;
+        }
+    }
+    __syncwarp();
+}
+#define OBS_SYNC_IF(cond) do { if (threadIdx.x < 32 && (cond)) obs_sync(P, W); } while (0)
+#else
+#define OBS_SYNC_IF(cond) do { } while (0)
+#endif
+
 __device__ void mk_hook(const MkParams &P, Worker &W, const struct dtmk_ctx &c) {
 #ifdef DTMK_LINKED_MONITOR
     dtmk_monitor(&c);
+#endif
+#ifndef DTMK_NO_HOOKS
+    const dtmk_u32 bit = 1u << c.hook;
+    if (O.vm_mask & bit) obs_append(W, c);
+    if (!(O.ring_mask & bit)) return;
 #endif
     dtmk_u64 n = W.hook_n++;
     if (n < P.hook_cap) {
@@ -160,7 +301,6 @@ __device__ void mk_hook(const MkParams &P, Worker &W, const struct dtmk_ctx &c) 
         for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
     }
 }
-#define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 
 __device__ void trace_rec(const MkParams &P, Worker &W, int t, int step, dtmk_u64 t0, dtmk_u64 t1, dtmk_u64 t2,
                           dtmk_u32 flags) {
@@ -181,7 +321,13 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     if (!force && ++W.since_refresh < W.refresh) return;
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     W.since_refresh = 0;
-    W.hook_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+#ifndef DTMK_NO_HOOKS
+    O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+    W.hook_mask = O.ring_mask | O.vm_mask;
+    if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
+#else
+    W.hook_mask = 0;
+#endif
     W.trace_on = ld_volatile_u32(ctl + CTL_TRACE);
     W.refresh = max(1u, ld_volatile_u32(ctl + CTL_REFRESH));
     W.wd_us = ld_volatile_u32(ctl + CTL_WD_US);
@@ -360,7 +506,7 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
     __threadfence();
     red_release_add((dtmk_u64 *)P.dyn_tail + mi, (dtmk_u64)pushed);
     if (skipped) red_release_add(counter(P, m[5]), (dtmk_u64)skipped);
-    if (W.hook_mask & ((1u << DTMK_HOOK_TASK_READY) | (1u << DTMK_HOOK_QUEUE_PRESSURE))) {
+    if (HOOKS_ANY(W, (1u << DTMK_HOOK_TASK_READY) | (1u << DTMK_HOOK_QUEUE_PRESSURE))) {
         dtmk_u64 depth0 = tail - head;   /* entries of this layer not yet popped before the push */
         for (int i = 0; i < pushed; ++i) {
             int dt = (int)(dtmk_u32)items[((tail + i) % P.dyn_cap) * 2];
@@ -433,6 +579,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         refresh_control(P, W, false);
     }
     __syncthreads();
+#ifndef DTMK_NO_HOOKS
+    OBS_SYNC_IF(O.n >= OBS_DRAIN_AT || O.reload);
+#endif
 }
 
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
@@ -457,6 +606,9 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
     int ready0 = W.ready;
     __syncthreads();
     if (ready0) return 0;
+#ifndef DTMK_NO_HOOKS
+    OBS_SYNC_IF(O.n || O.reload);          /* the worker waits anyway: run the monitors now */
+#endif
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
     for (;;) {
         /* thread 0 spins on the counter alone (one acquire load per poll); every 16th
@@ -477,6 +629,9 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
                     if (W.dyn_task >= 0) { s_t0 = ts; t_idle = now; break; }
                 }
                 const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+#ifndef DTMK_NO_HOOKS
+                if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) { O.reload = 1; break; }
+#endif
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
                 else if (W.wd_us && now - t_idle > (dtmk_u64)W.wd_us * 1000ull) {
                     atomicCAS((unsigned int *)ctl + CTL_ABORT_WORKER, 0xffffffffu, W.worker);
@@ -496,6 +651,9 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
         dtmk_u64 pushed_at = s_t0;
         __syncthreads();                 /* everyone read W before thread 0 writes it again */
         if (ready || aborted) break;
+#ifndef DTMK_NO_HOOKS
+        OBS_SYNC_IF(O.reload);           /* new tables published while waiting */
+#endif
         if (dt >= 0) {
             TaskFaults f;
             dtmk_u64 now = 0;
@@ -544,6 +702,18 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
     }
+#ifndef DTMK_NO_HOOKS
+    for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
+    if (threadIdx.x < DTMK_MAX_PROGS) { O.accs[threadIdx.x].cov = 0; O.accs[threadIdx.x].eligible = 0; }
+    if (threadIdx.x == 0) {
+        const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+        O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
+        O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
+        if (!O.state) O.tables = 0;
+        O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0;
+        O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
+    }
+#endif
     __syncthreads();
     if (threadIdx.x == 0) {
         W.hook_n = ((const dtmk_u64 *)P.hook_head)[blockIdx.x];
@@ -551,6 +721,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         refresh_control(P, W, true);
     }
     __syncthreads();
+#ifndef DTMK_NO_HOOKS
+    OBS_SYNC_IF(O.reload);
+    __syncthreads();
+#endif
     const int *plan = (const int *)P.plan_tasks;
     int p0 = ((const int *)P.plan_off)[blockIdx.x], p1 = ((const int *)P.plan_off)[blockIdx.x + 1];
     int last = (int)(P.step0 + P.n_steps);
@@ -590,6 +764,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+#ifndef DTMK_NO_HOOKS
+    if (O.tables) {
+        OBS_SYNC_IF(true);               /* last drain: every record counted, coverage flushed */
+        if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
+    }
+#endif
     if (threadIdx.x == 0) {
         post_pending(P, W, true);
         ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;

@@ -392,6 +392,7 @@ def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim"
             feed(ctx)
         agent.sink = dying_sink
     res = _run_sim(graph, sc, faults, agent, transport, rank)
+    _sim_pingpongs(agent, graph, sc, rank, res)
     stats = agent.close()
     say(f"{sc.steps} steps simulated in {time.monotonic() - t0:.1f} s; "
         f"{stats.records_sent} records, {stats.bytes_sent} bytes sent, {stats.records_lost} lost")
@@ -411,6 +412,20 @@ def _sim_rank_graph(cfg, sc, rank: int, ranks: int, comm):
                             f"{transport.size} in the serving communicator")
     graph = build_graph(cfg, sc.batch, SIM_WORKERS, rank=rank, ranks=ranks)
     return graph, transport
+
+
+def _sim_pingpongs(agent, graph, sc, rank: int, res) -> None:
+    """Score-P ping-pongs on the SIMULATED hosts (the real ones say nothing about them):
+    at every step start t, the collector's host (rank 0's, host offset 0) sends at t, the
+    rank's host stamps its clock at t + L, the reply lands at t + 2L, L = the sim's
+    one-way comm latency.  Ranks of one simulated host (8 per host) come out at offset 0
+    up to read jitter; further hosts at their offsets, which the clock model removes."""
+    from ..megakernel.cost import model_costs
+    from ..megakernel.mpi_transport import rank_clock
+    clock = rank_clock(rank, sc.seed, True)
+    lat = max(1, int(model_costs(graph.cfg).comm_ns))
+    for i, t in enumerate(res.step_start_ns):
+        agent.pingpong(t, clock.host_ns(t + lat, 10_000 + i), t + 2 * lat)
 
 
 def _run_sim(graph, sc, faults, agent, transport, rank: int):

@@ -59,6 +59,11 @@ PARAM_FIELDS: Tuple[str, ...] = (
 
 # control words (megakernel.cu CTL_*)
 CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
+CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
+# observer state words per worker (megakernel.cu OBS_*)
+OBS_NAMES = ("pending", "drained", "lost", "gen", "loaded_ts", "first_ts", "done", "drains")
+OBS_WORDS = len(OBS_NAMES)
+OBS_NONE = (1 << 64) - 1
 WS_NAMES = ("task", "step", "event", "value", "target", "state", "ts", "done")
 WS_STATES = {0: "idle", 1: "running", 2: "waiting", 3: "done", 4: "watchdog", 5: "stopped"}
 
@@ -107,10 +112,10 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     return bytes(out)
 
 
-def load_module(arch: str, name: str):
-    """cupy.RawModule of kernels/<name> compiled (or cached) for arch."""
+def load_module(arch: str, name: str, defines: Sequence[str] = ()):
+    """cupy.RawModule of kernels/<name> compiled (or cached) for arch (with -D defines)."""
     import cupy as cp
-    cubin = compile_source(arch, "cubin", name=name)
+    cubin = compile_source(arch, "cubin", defines=tuple(defines), name=name)
     path = cache_dir() / f"{hashlib.sha256(cubin).hexdigest()[:24]}_{name.replace('.', '_')}.loaded.cubin"
     if not path.exists():
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -243,7 +248,9 @@ class Megakernel:
                  weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
                  graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
                  queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None,
-                 prefetch: bool = False):
+                 prefetch: bool = False, defines: Sequence[str] = ()):
+        """defines: compile-time variants of megakernel.cu, e.g. ("DTMK_NO_HOOKS",) (no
+        hook code at all: the baseline of bench/hooks.py)."""
         import cupy as cp
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
@@ -251,7 +258,10 @@ class Megakernel:
         self.num_workers = num_workers or dev.attributes["MultiProcessorCount"]
         self.graph = graph or build_graph(cfg, batch, self.num_workers)
         self.arch = arch or device_arch()
-        self.module = load_module(self.arch, "megakernel.cu")
+        self.defines = tuple(defines)
+        self.module = load_module(self.arch, "megakernel.cu", self.defines)
+        self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
+        self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
         self.kernel = self.module.get_function("dtmk_megakernel")
         self.hook_cap, self.trace_cap = hook_cap, trace_cap
         W = self.num_workers
@@ -283,7 +293,7 @@ class Megakernel:
             "events": cp.zeros(len(self.graph.events), cp.uint64),
             "dyn_items": cp.zeros((n_moe, max(c.n_experts * et, 1), 2), cp.uint64),
             "dyn_head": cp.zeros(n_moe, cp.uint64), "dyn_tail": cp.zeros(n_moe, cp.uint64),
-            "control": cp.zeros(16, cp.uint32),
+            "control": cp.zeros(CTL_WORDS, cp.uint32),
             "hook_ring": cp.zeros((W, hook_cap, abi.CONTEXT_SIZE), cp.uint8),
             "hook_head": cp.zeros(W, cp.uint64),
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
@@ -388,16 +398,7 @@ class Megakernel:
         faults: a faults.FaultTable; watchdog_ms: a wait longer than this stops the run
         (0: off); inject_deadlock: task index whose wait target is made unreachable."""
         cp = self.cp
-        self.set_faults(faults)
-        ctl = np.zeros(16, np.uint32)
-        ctl[CTL_HOOK_MASK] = hook_mask(hooks)
-        ctl[CTL_TRACE] = 1 if trace else 0
-        ctl[CTL_REFRESH] = refresh
-        ctl[CTL_WD_US] = watchdog_ms * 1000
-        ctl[CTL_ABORT_WORKER] = 0xFFFFFFFF
-        self.buf["control"][:] = cp.asarray(ctl)
-        for k in ("hook_head", "trace_head"):
-            self.buf[k].fill(0)
+        self._prepare(hooks, trace, faults, watchdog_ms, refresh)
         if poison:
             self.poison()
         saved = None
@@ -438,6 +439,74 @@ class Megakernel:
             self.tables["tasks"][inject_deadlock, 7] = saved
         res = self._collect(steps, step0, elapsed, np.stack(logits_hist) if logits_hist else None,
                             watchdog_ms)
+        if res.watchdog is not None and raise_on_watchdog:
+            raise WatchdogFired(res.watchdog)
+        return res
+
+    # -- observer (device VM at the hook sites) ----------------------------------------
+    def set_observer(self, tables_ptr: int, state) -> None:
+        """Run the device VM's hook tables at `tables_ptr` (DeviceRuntime.tables) in the
+        next launches; `state`: cupy uint64 [num_workers, OBS_WORDS].  0 / None: off."""
+        self.obs_tables = int(tables_ptr)
+        self.obs_state = state
+
+    def _prepare(self, hooks, trace, faults, watchdog_ms, refresh) -> None:
+        cp = self.cp
+        self.set_faults(faults)
+        ctl = np.zeros(CTL_WORDS, np.uint32)
+        ctl[CTL_HOOK_MASK] = hook_mask(hooks)
+        ctl[CTL_TRACE] = 1 if trace else 0
+        ctl[CTL_REFRESH] = refresh
+        ctl[CTL_WD_US] = watchdog_ms * 1000
+        ctl[CTL_ABORT_WORKER] = 0xFFFFFFFF
+        if self.obs_tables and self.obs_state is not None:
+            st = np.zeros((self.num_workers, OBS_WORDS), np.uint64)
+            st[:, 0] = OBS_NONE
+            self.obs_state.set(st)
+            tp, op = self.obs_tables, int(self.obs_state.data.ptr)
+            ctl[CTL_TABLES], ctl[CTL_TABLES + 1] = tp & 0xFFFFFFFF, tp >> 32
+            ctl[CTL_OBS], ctl[CTL_OBS + 1] = op & 0xFFFFFFFF, op >> 32
+            # keep the generation and stamp the host wrote (LiveSession attached before the launch)
+            old = self.buf["control"].get()
+            ctl[CTL_GEN] = old[CTL_GEN]
+            ctl[CTL_STAMP:CTL_STAMP + 2] = old[CTL_STAMP:CTL_STAMP + 2]
+        self.buf["control"].set(ctl)
+        for k in ("hook_head", "trace_head"):
+            self.buf[k].fill(0)
+
+    def start(self, steps: int, hooks=None, trace: bool = False, faults=None, watchdog_ms: int = 2000,
+              refresh: int = 16, poison: bool = True) -> Dict[str, Any]:
+        """Launch `steps` decode steps in ONE launch on a non-blocking stream and return at
+        once; finish(handle) waits and collects (the asynchronous half of run())."""
+        cp = self.cp
+        self._prepare(hooks, trace, faults, watchdog_ms, refresh)
+        if poison:
+            self.poison()
+        self.out_tokens = cp.full((steps, self.B), -1, cp.int32)
+        step0 = self.step
+        stream = cp.cuda.Stream(non_blocking=True)
+        cp.cuda.runtime.deviceSynchronize()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        self.launch(steps, steps, stream)
+        end.record(stream)
+        return {"stream": stream, "start": start, "end": end, "steps": steps, "step0": step0,
+                "watchdog_ms": watchdog_ms, "t0": time.perf_counter()}
+
+    def done(self, handle: Dict[str, Any]) -> bool:
+        return bool(handle["end"].done)
+
+    def finish(self, handle: Dict[str, Any], host_timeout_s: float = 60.0,
+               raise_on_watchdog: bool = True) -> RunResult:
+        cp = self.cp
+        while not handle["end"].done:
+            if time.perf_counter() - handle["t0"] > host_timeout_s:
+                self.abort()
+                break
+            time.sleep(0.0005)
+        handle["stream"].synchronize()
+        elapsed = cp.cuda.get_elapsed_time(handle["start"], handle["end"])
+        res = self._collect(handle["steps"], handle["step0"], elapsed, None, handle["watchdog_ms"])
         if res.watchdog is not None and raise_on_watchdog:
             raise WatchdogFired(res.watchdog)
         return res

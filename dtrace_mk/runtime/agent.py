@@ -12,7 +12,8 @@ Record flow
 1. Every hook context the megakernel emits (the sim's sink, or records drained from the
    device ring) is fired into a `ReferenceRuntime` where the default summary monitors
    (`monitors/summary.d`, a query compiled by `dtrace_mk.lang`) aggregate it into maps
-   keyed by step, and write one evidence record per `comm:wait` and `comm:signal`.
+   keyed by step (the last signal per all-reduce and peer included), and write one
+   evidence record per `comm:wait`.
 2. An epoch is one decode step.  Epoch k is *flushed* once a context of step
    k + `flush_lag` arrives (or when more than `max_open_epochs` are open, or at close):
    the agent reads the maps' step-k entries and deletes them, drains the evidence ring,
@@ -25,7 +26,8 @@ Record flow
        (an all-reduce receive event is fed by this rank's own comm tasks too; until they
        are done the task waits on local work, and counting that as remote wait would hide
        a late sender under every step's local pipeline time);
-     * one `Signal` per comm:signal evidence record;
+     * one `Signal` per (peer, comm_op, comm_gen): the last tile's signal time (the
+       release the collector joins on; tiles merged in the map `@signal_last`);
      * the `ClockSample`s queued since the last flush.
 3. Records are packed (msgpack, `collectors.records`) into messages of at most
    `channel.max_payload` bytes, whole records only, and handed to the channel
@@ -55,7 +57,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..abi import context
 from ..collectors.records import (MAX_EXPERTS, ClassStat, ClockSample, Coverage, EpochSummary,
-                                  RemoteWait, Signal, pack)
+                                  PingPong, RemoteWait, Signal, pack)
 from ..errors import UserError
 
 MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
@@ -64,7 +66,9 @@ SUMMARY_FILE = MONITOR_DIR / "summary.d"
 #: The maps of summary.d the agent reads (name -> number of key words).
 SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "t_end": 1, "expert_ns": 2, "ready_ts": 2,
                 "queue_max": 2, "t_begin": 1, "dispatch_wait": 2, "dep_wait": 2,
-                "remote_wait": 1}
+                "remote_wait": 1, "signal_last": 5}
+#: Entries per summary map: a few open epochs of (64 peers x 2 ops x 32 layers) signals.
+SUMMARY_MAP_ENTRIES = 16384
 EVIDENCE_MAP = "dtmk_evidence"
 
 #: Evidence bytes per worker per epoch when the scenario sets no budget: every remote
@@ -85,7 +89,8 @@ def compile_summary(schema=None, budget_bytes_per_step: Optional[int] = None):
     from ..lang.passes.lower import Options
     from ..lang.pipeline import compile_query
     budget = budget_bytes_per_step or DEFAULT_EVIDENCE_BUDGET
-    opts = Options(evidence_budget=budget, evidence_ring=max(65536, 2 * budget))
+    opts = Options(max_entries=SUMMARY_MAP_ENTRIES, evidence_budget=budget,
+                   evidence_ring=max(65536, 2 * budget))
     return compile_query(summary_query_text(), schema, name=str(SUMMARY_FILE), options=opts)
 
 
@@ -188,7 +193,7 @@ class RankAgent:
         self.open: Dict[int, None] = {}          # epochs with events, not flushed (ordered)
         self.flushed_upto = -1                    # every epoch <= this is flushed
         self.max_step = -1
-        self.clock_q: List[ClockSample] = []
+        self.clock_q: List[Any] = []             # ClockSamples (and simulated PingPongs)
         self.late_cov = Coverage()                # coverage of late events, into the next summary
         self.lost_by_epoch: Dict[int, int] = {}
         self.closed = False
@@ -263,6 +268,14 @@ class RankAgent:
             return
         self.clock_q.append(ClockSample(self.rank, int(device_ns), int(host_ns)))
 
+    def pingpong(self, t0_ns: int, t_remote_ns: int, t1_ns: int) -> None:
+        """A host round trip measured outside the transport (the sim backend simulates the
+        Score-P ping-pong on its simulated hosts); shipped like clock samples."""
+        if len(self.clock_q) >= MAX_CLOCK_SAMPLES_QUEUED:
+            self.stats.clock_samples_dropped += 1
+            return
+        self.clock_q.append(PingPong(self.rank, int(t0_ns), int(t_remote_ns), int(t1_ns)))
+
     def progress(self) -> None:
         self.channel.progress()
 
@@ -311,6 +324,10 @@ class RankAgent:
                 local_end[(step, ev)] = t
         evidence = self._drain_evidence(local_end)
         epochs = sorted(k for k in self.open if k <= last)
+        for (step, op, gen, peer, layer), v in snap["signal_last"].items():
+            if step <= last:
+                evidence.setdefault(step, []).append(
+                    Signal(self.rank, peer, op, gen, step, layer, _words(v, 1)[0]))
         # waits and signals first: their losses go into the summaries' coverage
         for k in epochs:
             self._ship(self._within_budget(k, evidence.pop(k, [])), epoch=k)
@@ -423,7 +440,7 @@ class RankAgent:
             out.append(r)
         return out
 
-    def _take_clock(self) -> List[ClockSample]:
+    def _take_clock(self) -> List[Any]:
         q, self.clock_q = self.clock_q, []
         return q
 

@@ -290,6 +290,12 @@ def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
 # Device maps
 # ---------------------------------------------------------------------------------
 
+def _dzeros(cp, n: int, dtype):
+    """Zeroed device memory by a host-to-device copy: no kernel (cupy.zeros launches a
+    memset), so maps can be made while a persistent megakernel holds every SM."""
+    return cp.asarray(np.zeros(int(n), dtype=dtype))
+
+
 class DeviceMaps:
     """The maps of one attachment in device memory (CuPy), with readback into the host
     model.  `descs` is an array of MAP_DTYPE; desc_addr(i) is what lddw map:i loads."""
@@ -311,7 +317,7 @@ class DeviceMaps:
             d["read_only"] = int(bool(m.read_only))
             d["lin_lo"], d["lin_hi"], d["lin_step"] = m.lin_lo, m.lin_hi, m.lin_step
             d["budget_bytes"] = m.budget_bytes
-            b["stats"] = cp.zeros(MAP_STATS_DTYPE.itemsize, dtype=cp.uint8)
+            b["stats"] = _dzeros(cp, MAP_STATS_DTYPE.itemsize, np.uint8)
             d["stats"] = b["stats"].data.ptr
             vstride = _round8(max(m.value_size, 1))
             d["value_stride"] = vstride
@@ -324,8 +330,8 @@ class DeviceMaps:
                 b["values"] = cp.asarray(init.reshape(-1))
                 d["values"] = b["values"].data.ptr
             elif m.type == "ringbuf":
-                b["values"] = cp.zeros(num_workers * m.max_entries, dtype=cp.uint8)
-                b["keys"] = cp.zeros(num_workers * m.max_entries * RB_REC_DTYPE.itemsize, dtype=cp.uint8)
+                b["values"] = _dzeros(cp, num_workers * m.max_entries, np.uint8)
+                b["keys"] = _dzeros(cp, num_workers * m.max_entries * RB_REC_DTYPE.itemsize, np.uint8)
                 rw = np.zeros(num_workers, dtype=RB_WORKER_DTYPE)
                 rw["ep_tag"] = EPOCH_NONE
                 b["slots"] = cp.asarray(rw.view(np.uint8))
@@ -335,9 +341,9 @@ class DeviceMaps:
                 cap = hash_capacity(m.max_entries)
                 kstride = _round8(m.key_size)
                 d["capacity"], d["cap_mask"], d["key_stride"] = cap, cap - 1, kstride
-                b["keys"] = cp.zeros(cap * kstride, dtype=cp.uint8)
-                b["values"] = cp.zeros(cap * vstride, dtype=cp.uint8)
-                b["slots"] = cp.zeros(cap, dtype=cp.uint32)
+                b["keys"] = _dzeros(cp, cap * kstride, np.uint8)
+                b["values"] = _dzeros(cp, cap * vstride, np.uint8)
+                b["slots"] = _dzeros(cp, cap, np.uint32)
                 d["values"], d["keys"], d["slots"] = (b["values"].data.ptr, b["keys"].data.ptr,
                                                       b["slots"].data.ptr)
             self.bufs.append(b)
@@ -480,7 +486,10 @@ class DeviceRuntime:
     """ReferenceRuntime's interface on the GPU (CuPy).  See the module docstring."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
-                 clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = ()):
+                 clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = (),
+                 harness: bool = True):
+        """harness=False: tables, maps and coverage only (the megakernel's hook sites run
+        the programs, dtrace_mk.runtime.live); fire()/launch() are then unavailable."""
         import cupy as cp
         self.cp = cp
         if num_workers < 1:
@@ -492,16 +501,18 @@ class DeviceRuntime:
         if arch is None:
             cc = cp.cuda.Device().compute_capability
             arch = f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
-        key = (arch, cp.cuda.Device().id, tuple(defines))
-        if key not in _MODULES:              # one compiled module per process, device, variant
-            _MODULES[key] = cp.RawModule(path=str(compile_harness(arch, tuple(defines))))
-        self.module = _MODULES[key]
-        self.kernel = self.module.get_function("dtmk_vm_harness")
-        self.naive = self.module.get_function("dtmk_vm_naive")
-        self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(MAX_WARPS)
+        self.module = self.kernel = self.naive = None
+        if harness:
+            key = (arch, cp.cuda.Device().id, tuple(defines))
+            if key not in _MODULES:              # one compiled module per process, device, variant
+                _MODULES[key] = cp.RawModule(path=str(compile_harness(arch, tuple(defines))))
+            self.module = _MODULES[key]
+            self.kernel = self.module.get_function("dtmk_vm_harness")
+            self.naive = self.module.get_function("dtmk_vm_naive")
+            self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(MAX_WARPS)
         self.host_tables = np.zeros(NUM_HOOKS, dtype=HOOK_TABLE_DTYPE)
         self.tables = cp.asarray(self.host_tables.view(np.uint8))
-        self.status = cp.zeros(4, dtype=cp.uint64)   # skipped tables, code too large, clock, ns
+        self.status = _dzeros(cp, 4, np.uint64)   # skipped tables, code too large, clock, ns
         self._gen = {h.id: 0 for h in abi.HOOKS}
         self._by_hook: Dict[int, List[Tuple[_DevAttachment, _DevProg]]] = {h.id: [] for h in abi.HOOKS}
         self._atts: Dict[int, _DevAttachment] = {}
@@ -612,6 +623,8 @@ class DeviceRuntime:
                blocks: Optional[int] = None, warps: int = H_WARPS, repeat: int = 1) -> None:
         """Launch the harness over n device-resident records (no checks, no sync): what
         fire() does after validating, and what the benchmark times."""
+        if self.kernel is None:
+            raise UserError("this DeviceRuntime has no harness (harness=False): a megakernel runs its programs")
         if not 1 <= warps <= MAX_WARPS:
             raise ValueError(f"warps must be in 1..{MAX_WARPS}")
         if blocks is None:

@@ -108,3 +108,15 @@ def test_costs_conserve_the_observed_stall(topology, seed):
     assert all(c.root == c.wait.sender for c in costs if c.direct)
     # (in a ring a delay may travel all the way round and be charged to the first waiter
     # itself: its own earlier delay came back to it; that is correct, not a bug)
+
+
+def test_a_delayed_signal_whose_sender_ran_ahead_is_rooted_at_that_sender():
+    """Rank 1's signal of all-reduce 1 is late but rank 1 itself goes on (it had rank 0's
+    data): rank 0 waits 200, so rank 0 arrives 200 late at all-reduce 2 and rank 1 waits
+    on it.  Rank 0's lateness there is its wait on rank 1: the cost goes back to rank 1."""
+    v = AW(0, 1, 1, 1000, 1200)        # rank 0 waits on rank 1 (late by 200)
+    w = AW(1, 0, 2, 1300, 1500)        # rank 1 waits on rank 0 (late by 200: indirect)
+    sig = {(0, 1): ([1000.0, 1500.0], [(0, 1), (0, 2)]), (1, 0): ([1200.0], [(0, 1)])}
+    costs = attribute([w], [v, w], sig)
+    assert _by_root(costs) == pytest.approx({1: 200.0})
+    assert {c.observed_on for c in costs} == {(1, 0)}

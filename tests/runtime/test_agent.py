@@ -225,12 +225,12 @@ def test_two_tensor_parallel_ranks_ship_joinable_waits_and_signals():
 
 def test_the_step_byte_budget_throttles_evidence_records_not_summaries():
     ch = ListChannel()
-    agent = RankAgent(0, ch, num_workers=4, budget_bytes_per_step=100)
-    for i in range(6):      # ~30 bytes each packed: 3 fit in 100 bytes
+    agent = RankAgent(0, ch, num_workers=4, budget_bytes_per_step=40)
+    for i in range(6):      # ~12 bytes each packed: 3 fit in 40 bytes
         agent.feed(_comm("comm:signal", 0, 1000 + i, comm_gen=i, worker=i % 4))
     agent.close()
     sigs = [r for r in ch.records() if isinstance(r, Signal)]
     assert 0 < len(sigs) < 6
     (s,) = _summaries(ch).values()
     assert s.coverage.throttled == 6 - len(sigs) and s.coverage.consistent
-    assert sum(len(pack(x)) for x in sigs) <= 100
+    assert sum(len(pack(x)) for x in sigs) <= 40

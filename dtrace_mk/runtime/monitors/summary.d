@@ -16,10 +16,11 @@
 //   @expert_ns[step, expert]     MoE: task time per expert (grows with its tokens)
 //   @t_begin / @t_end[step]      epoch bounds on this rank's device clock
 //   @remote_wait[step]           comm:wait totals; evidence: one record per remote wait
-//                                and per signal, for the cross-rank join.  The agent starts
+//                                for the cross-rank join.  The agent starts
 //                                a remote wait no earlier than the last local producer end
 //                                of the awaited event (@end_ts): before that the task was
 //                                also waiting on local work, which is not a remote wait.
+//   @signal_last[step, op, gen, peer, layer]  last signal to peer of one all-reduce
 
 task:end {
   @dur[step, task.class] = stats(task.dur_ns);
@@ -50,4 +51,6 @@ comm:wait {
   evidence(comm.op, comm.gen, comm.peer, step, task.layer, task.class, ts, comm.wait_ns, event.id);
 }
 
-comm:signal { evidence(comm.op, comm.gen, comm.peer, step, task.layer, ts); }
+// sender-side signal times: the last tile's signal per (peer, op, gen) is the release the
+// collector joins on, so one map entry per all-reduce and peer instead of one per tile
+comm:signal { @signal_last[step, comm.op, comm.gen, comm.peer, task.layer] = max(ts); }

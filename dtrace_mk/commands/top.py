@@ -1,0 +1,205 @@
+"""`dtrace-mk top`: a live view of a running megakernel.
+
+    dtrace-mk top --model tiny --interval-ms 200 --steps 2000
+    dtrace-mk top --model 1b --backend gpu --frames 10
+
+Attaches the built-in summary monitor (dtrace_mk.runtime.live.SUMMARY_QUERY: per task
+class latency histogram, dependency-wait sum, ready-queue depth maximum) to a running
+decode loop and redraws every interval: per class the tasks finished, latency p50 / p99
+(log2 buckets: the bucket's upper bound), total dependency wait, the deepest ready
+queue, and the monitor's coverage (eligible = executed + throttled + lost).
+
+Backends: `gpu` hot-attaches into a running megakernel (dtrace_mk.runtime.live); `sim`
+(the default without a GPU) runs the discrete-event simulator and feeds its hook
+contexts into the reference runtime, advancing the simulated device clock by one
+interval per frame.  --frames N stops after N frames; --no-clear prints frames one
+after another (what tests and logs want).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Dict, Iterable, List, Optional
+
+from ..bpf.coverage import Coverage
+from ..errors import UserError
+
+NAME = "top"
+ORDER = 30
+HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="model preset (tiny, 1b, ...)")
+    p.add_argument("--batch", type=int, default=1, help="request slots")
+    p.add_argument("--interval-ms", type=float, default=500.0, help="refresh interval")
+    p.add_argument("--steps", type=int, default=200, help="decode steps to run")
+    p.add_argument("--backend", choices=("auto", "sim", "gpu"), default="auto")
+    p.add_argument("--workers", type=int, default=None, help="workers (sim; default 132)")
+    p.add_argument("--frames", type=int, default=0, help="stop after N frames (0: until the run ends)")
+    p.add_argument("--no-clear", action="store_true", help="do not clear the screen between frames")
+
+
+# ------------------------------------------------------------------------ rendering
+
+def _us(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f}ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.1f}us"
+    return f"{int(ns)}ns"
+
+
+def hist_quantile(buckets: List[int], q: float) -> int:
+    """Upper bound (ns) of the log2 bucket holding quantile q (bucket b: [2^(b-1), 2^b))."""
+    n = sum(buckets)
+    if not n:
+        return 0
+    want, acc = q * n, 0
+    for b, c in enumerate(buckets):
+        acc += c
+        if acc >= want:
+            return 0 if b == 0 else (1 << b) - 1
+    return (1 << (len(buckets) - 1)) - 1
+
+
+def _key(raw: bytes) -> int:
+    return int.from_bytes(raw[:8], "little")
+
+
+def render_frame(plan: dict, maps, coverage: Iterable[Coverage], header: str) -> str:
+    """One frame of `top` from the summary monitor's maps and coverage rows."""
+    from ..lang.printing import key_label
+    names = plan.get("names", {})
+    lat = maps["lat"].snapshot()
+    dep = maps["dep_wait"].snapshot()
+    queue = maps["queue"].snapshot()
+    rows: Dict[int, Dict[str, int]] = {}
+    for k, v in lat.items():
+        b = list(v)
+        rows.setdefault(_key(k), {})["hist"] = b
+    for k, v in dep.items():
+        rows.setdefault(_key(k), {})["dep"] = _key(v)
+    lines = [header, f"{'class':<14}{'tasks':>9}{'p50':>10}{'p99':>10}{'dep wait':>11}{'wait/task':>11}"]
+    total_dep = 0
+    for cls in sorted(rows, key=lambda c: -sum(rows[c].get("hist", [0]))):
+        r = rows[cls]
+        b = r.get("hist", [0])
+        n = sum(b)
+        d = r.get("dep", 0)
+        total_dep += d
+        label = key_label(cls, "task_class", names)
+        lines.append(f"{str(label):<14}{n:>9}{_us(hist_quantile(b, 0.5)):>10}{_us(hist_quantile(b, 0.99)):>10}"
+                     f"{_us(d):>11}{_us(d / n if n else 0):>11}")
+    if queue:
+        depths = sorted(((_key(v), _key(k)) for k, v in queue.items()), reverse=True)
+        top = ", ".join(f"w{w}={d}" for d, w in depths[:4])
+        lines.append(f"queue depth max {depths[0][0]} ({top})")
+    else:
+        lines.append("queue depth max -")
+    tot = {"eligible": 0, "executed": 0, "throttled": 0, "lost": 0}
+    for c in coverage:
+        for k in tot:
+            tot[k] += getattr(c, k)
+    lines.append("coverage " + " ".join(f"{k} {v}" for k, v in tot.items()) +
+                 ("  OK" if tot["eligible"] == tot["executed"] + tot["throttled"] + tot["lost"] else "  MISMATCH"))
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------ backends
+
+def sim_frames(model: str = "tiny", steps: int = 50, interval_ms: float = 0.5, batch: int = 1,
+               workers: Optional[int] = None, frames: int = 0) -> Iterable[str]:
+    """Frames of `top` on the simulator + reference runtime (no GPU): each frame
+    advances the simulated device clock by interval_ms."""
+    from ..megakernel import sim as S
+    from ..megakernel.graph import build_graph
+    from ..megakernel.presets import get_preset
+    from ..runtime.live import summary_monitor
+    from ..runtime.reference import ReferenceRuntime
+    cfg = get_preset(model)
+    g = build_graph(cfg, batch, workers or 132)
+    mon = summary_monitor(g.schema)
+    rt = ReferenceRuntime(num_workers=g.num_workers)
+    aid = rt.attach(mon.obj)
+    sim = S.Sim(g, steps, sink=S.runtime_sink(rt), hooks=S.runtime_hooks(rt))
+    sim.start()
+    step_ns = int(interval_ms * 1e6)
+    t, k = 0, 0
+    while True:
+        nxt = sim.next_ts()
+        if nxt >= S.END_OF_TIME:
+            break
+        t = max(t + step_ns, nxt + 1) if k == 0 else t + step_ns
+        sim.advance(t)
+        k += 1
+        done = sim.next_ts() >= S.END_OF_TIME
+        hdr = (f"dtrace-mk top  model {model}  backend sim  t={t / 1e6:.3f} ms (sim)  frame {k}"
+               + ("  [run finished]" if done else ""))
+        yield render_frame(mon.plan, rt.maps(aid), rt.coverage(aid), hdr)
+        if frames and k >= frames:
+            return
+    sim.finish()
+
+
+def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
+               frames: int = 0) -> Iterable[str]:
+    """Frames of `top` hot-attached to a running megakernel (dtrace_mk.runtime.live)."""
+    from ..megakernel import gpu
+    from ..megakernel.presets import get_preset
+    from ..runtime.live import LiveSession, summary_monitor
+    mk = gpu.Megakernel(get_preset(model), batch=batch)
+    live = LiveSession(mk)
+    mon = summary_monitor(mk.graph.schema)
+    live.start(steps)
+    aid = live.attach(mon.obj)
+    k, t0 = 0, time.perf_counter()
+    while True:
+        time.sleep(interval_ms / 1e3)
+        running = live.running()
+        if not running:
+            live.wait(raise_on_watchdog=False)
+        snap = live.snapshot(aid)
+        k += 1
+        hdr = (f"dtrace-mk top  model {model}  backend gpu  t={time.perf_counter() - t0:.1f} s  "
+               f"steps {snap.steps_done - mk.step + steps}/{steps}  final epoch {snap.final_epoch}  frame {k}"
+               + ("" if running else "  [run finished]"))
+        yield render_frame(mon.plan, snap.maps, snap.coverage + snap.partial, hdr)
+        if not running:
+            return
+        if frames and k >= frames:
+            live.mk.abort()
+            live.wait(raise_on_watchdog=False)
+            return
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval_ms <= 0:
+        raise UserError(f"--interval-ms: expected > 0, got {args.interval_ms}")
+    if args.steps < 1:
+        raise UserError(f"--steps: expected >= 1, got {args.steps}")
+    backend = args.backend
+    if backend == "auto":
+        backend = "gpu" if _gpu_available() else "sim"
+    if backend == "gpu":
+        it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames)
+    else:
+        it = sim_frames(args.model, args.steps, args.interval_ms, args.batch, args.workers, args.frames)
+    for frame in it:
+        if not args.no_clear and sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J")
+        sys.stdout.write(frame + ("\n" if args.no_clear else ""))
+        sys.stdout.flush()
+        if backend == "sim" and sys.stdout.isatty():
+            time.sleep(args.interval_ms / 1e3)
+    return 0

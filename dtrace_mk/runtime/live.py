@@ -1,0 +1,245 @@
+"""Host side of a RUNNING megakernel: hot attach / detach and live map streaming.
+
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    mk = gpu.Megakernel(cfg, batch=1)
+    live = LiveSession(mk)
+    live.start(steps=500)                    # one long launch, returns at once
+    aid = live.attach(summary_monitor().obj) # verified, written while the kernel runs
+    snap = live.snapshot(aid)                # maps + coverage, read from a side stream
+    live.detach(aid)
+    res = live.wait()                        # gpu.RunResult; snapshots are exact now
+
+How it works (kernels/megakernel.cu "observer"):
+
+* `DeviceRuntime(harness=False)` owns the hook tables (`dtmk_hook_table[11]`, a seqlock
+  generation each), maps and coverage in device memory.  The megakernel gets the tables'
+  address and a per-worker observer state array through control words at launch.
+* attach = verify (the verifier's max_path_insns becomes the per-event instruction
+  bound: a monitor cannot hang the kernel), allocate maps and code by host-to-device
+  copies on a non-blocking side stream (no kernel launches: the megakernel holds every
+  SM), write the hook table under its seqlock, then write the host's attach stamp and
+  bump the global generation control[CTL_GEN].  Every worker re-reads the control words
+  every `refresh` tasks and every 16 polls of a dependency wait; on a new generation
+  warp 0 first runs the records it holds under the old tables, then copies the new
+  tables into shared memory and sets the enable bits of hooks with programs.
+  detach is the same write with the programs removed.
+* Snapshot consistency: SEQUENCE NUMBERS, not double buffering.  A snapshot reads, in
+  this order, the step counter (steps finished), every worker's OBS_PENDING (the lowest
+  decode step of a record it holds but has not yet run and flushed), then the maps and
+  coverage.  `final_epoch = min(steps finished, min pending) - 1`: every epoch (decode
+  step) up to it is complete and its coverage rows and step-keyed map entries are exact
+  (each drain flushes coverage and fences before it clears OBS_PENDING).  Rows of later
+  epochs are partial (`Snapshot.partial`); after `wait()` everything is final.
+* Attach latency: the host converts its clock to the device's %globaltimer (calibrated
+  by a tiny kernel before the launch), writes that stamp with the generation bump, and
+  each worker records the ts_ns of the first event it counted under the new tables
+  (OBS_FIRST_TS).  `attach_latency(gen)` = earliest such event - stamp.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..abi import definition as abi
+from ..bpf.coverage import Coverage
+from ..bpf.maps import MapSet
+from ..bpf.program import BpfObject
+from ..errors import Rejected, UserError
+
+#: The built-in summary monitor of `dtrace-mk top` and bench/hooks.py: per task class
+#: latency histogram, dependency-wait sum and count, ready-queue depth maximum.
+SUMMARY_QUERY = """\
+task:end { @lat[task.class] = hist(task.dur_ns); }
+dep:release { @dep_wait[task.class] = sum(dep.wait_ns); }
+task:ready { @queue[worker] = max(queue.depth); }
+"""
+
+
+def summary_monitor(schema=None):
+    """The summary monitor compiled by dtrace_mk.lang (a CompileResult: .obj, .plan)."""
+    from ..lang.pipeline import compile_query
+    return compile_query(SUMMARY_QUERY, schema, name="<dtrace-mk summary>")
+
+
+class AttachRefused(UserError):
+    """An object the running kernel will not take (the kernel keeps running)."""
+
+
+@dataclass
+class Snapshot:
+    maps: MapSet
+    coverage: List[Coverage]            # rows of epochs <= final_epoch (exact)
+    partial: List[Coverage]             # rows of later epochs (still counting)
+    steps_done: int                     # decode steps finished (absolute)
+    final_epoch: int                    # -1: none yet
+    state: Dict[str, np.ndarray] = field(default_factory=dict)   # observer words per worker
+
+
+def _calibrate(cp, reps: int = 7) -> Tuple[int, int]:
+    """(offset, uncertainty) in ns: device %globaltimer ~= host time.time_ns() + offset."""
+    k = cp.RawKernel(r'''extern "C" __global__ void dtmk_gt(unsigned long long *o) {
+        unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); o[0] = t; }''', "dtmk_gt")
+    out = cp.zeros(1, cp.uint64)
+    best = None
+    for _ in range(reps):
+        cp.cuda.runtime.deviceSynchronize()
+        t0 = time.time_ns()
+        k((1,), (1,), (out,))
+        g = int(out.get()[0])
+        t1 = time.time_ns()
+        cand = (t1 - t0, g - (t0 + t1) // 2)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    return best[1], best[0] // 2
+
+
+class LiveSession:
+    """Attach, detach and read monitors in a megakernel while it runs (module doc)."""
+
+    def __init__(self, mk, *, refresh: int = 16, watchdog_ms: int = 2000, runtime=None):
+        import cupy as cp
+        from ..megakernel import gpu
+        from .device import DeviceRuntime
+        self.cp, self.mk, self.gpu = cp, mk, gpu
+        self.refresh, self.watchdog_ms = refresh, watchdog_ms
+        self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False)
+        self.state = cp.asarray(np.zeros((mk.num_workers, gpu.OBS_WORDS), np.uint64))
+        mk.set_observer(int(self.rt.tables.data.ptr), self.state)
+        self.side = cp.cuda.Stream(non_blocking=True)
+        self.gen = 0
+        self.stamps: Dict[int, Dict[str, int]] = {}     # gen -> host/device stamps
+        self.handle = None
+        self.clock_offset, self.clock_err = _calibrate(cp)
+        self._pinned = cp.cuda.alloc_pinned_memory(64)
+        self._word = np.frombuffer(self._pinned, np.uint32, 16)
+
+    # -- the run ----------------------------------------------------------------------
+    def start(self, steps: int, **kw) -> None:
+        """Launch `steps` decode steps in one launch; returns at once."""
+        if self.handle is not None and not self.mk.done(self.handle):
+            raise UserError("LiveSession.start: a launch is still running")
+        kw.setdefault("refresh", self.refresh)
+        kw.setdefault("watchdog_ms", self.watchdog_ms)
+        self.handle = self.mk.start(steps, **kw)
+
+    def running(self) -> bool:
+        return self.handle is not None and not self.mk.done(self.handle)
+
+    def wait(self, host_timeout_s: float = 120.0, raise_on_watchdog: bool = True):
+        """Wait for the launch; returns its gpu.RunResult."""
+        if self.handle is None:
+            raise UserError("LiveSession.wait: nothing was started")
+        res = self.mk.finish(self.handle, host_timeout_s=host_timeout_s, raise_on_watchdog=raise_on_watchdog)
+        return res
+
+    # -- attach / detach --------------------------------------------------------------
+    def attach(self, obj, **kw) -> int:
+        """Verify and attach `obj` (a BpfObject) to the running kernel; returns its id.
+        A rejected, malformed or wrong-ABI object raises AttachRefused and nothing
+        reaches the device; the running job continues."""
+        t_cmd = time.time_ns()
+        if not isinstance(obj, BpfObject):
+            raise AttachRefused(f"attach refused: expected a BpfObject, got {type(obj).__name__} "
+                                f"(the running kernel continues)")
+        bad = [p for p in obj.programs if p.hook.name.startswith("comm:")]
+        if bad:
+            raise AttachRefused(f"attach refused: {obj.path}: {bad[0].section} {bad[0].name}: the reference "
+                                f"megakernel has no {bad[0].hook.name} hook site (the running kernel continues)")
+        try:
+            with self.side:
+                aid = self.rt.attach(obj, verify=True, **kw)
+        except (Rejected, UserError) as e:
+            raise AttachRefused(f"attach refused: {e} (the running kernel continues)") from None
+        self._bump(t_cmd)
+        return aid
+
+    def detach(self, aid: int) -> None:
+        t_cmd = time.time_ns()
+        if aid not in self.rt._atts:
+            raise UserError(f"detach: no attachment {aid}")
+        with self.side:
+            self.rt.detach(aid)
+        self._bump(t_cmd)
+
+    def _bump(self, t_cmd: int) -> None:
+        """Write the attach stamp, then the next global generation (side stream)."""
+        gpu, cp = self.gpu, self.cp
+        self.gen += 1
+        t_write = time.time_ns()
+        stamp = t_write + self.clock_offset
+        self._word[0], self._word[1] = stamp & 0xFFFFFFFF, stamp >> 32
+        self._word[2] = self.gen
+        ctl = int(self.mk.buf["control"].data.ptr)
+        src = self._pinned.ptr
+        h2d = cp.cuda.runtime.memcpyHostToDevice
+        cp.cuda.runtime.memcpyAsync(ctl + 4 * gpu.CTL_STAMP, src, 8, h2d, self.side.ptr)
+        cp.cuda.runtime.memcpyAsync(ctl + 4 * gpu.CTL_GEN, src + 8, 4, h2d, self.side.ptr)
+        self.side.synchronize()
+        self.stamps[self.gen] = {"cmd_dev": t_cmd + self.clock_offset, "write_dev": stamp,
+                                 "written_host": time.time_ns()}
+
+    # -- reading while it runs -------------------------------------------------------
+    def read_state(self) -> np.ndarray:
+        with self.side:
+            st = self.state.get(stream=self.side)
+        return st
+
+    def attach_latency(self, gen: Optional[int] = None) -> Optional[Dict[str, float]]:
+        """For generation `gen` (default: the last): ms from the attach command and from
+        the generation write to the first event counted under it (device clock), and to
+        the first worker that loaded it.  None while no worker counted an event yet."""
+        gen = gen or self.gen
+        st = self.read_state()
+        s = self.stamps[gen]
+        mine = st[:, 3] == gen
+        first = st[mine, 5]
+        first = first[first > 0]
+        if not first.size:
+            return None
+        f = int(first.min())
+        loaded = int(st[mine, 4].min())
+        return {"cmd_to_first_event_ms": (f - s["cmd_dev"]) / 1e6,
+                "write_to_first_event_ms": (f - s["write_dev"]) / 1e6,
+                "write_to_first_load_ms": (loaded - s["write_dev"]) / 1e6,
+                "workers_loaded": int(mine.sum()), "clock_err_us": self.clock_err / 1e3}
+
+    def snapshot(self, aid: int) -> Snapshot:
+        """Maps and coverage of attachment `aid`, read on the side stream while the
+        kernel runs (module doc: consistent up to final_epoch)."""
+        cp = self.cp
+        g = self.mk.graph
+        with self.side:
+            ev = self.mk.buf["events"]
+            steps_done = int(ev[g.step_event:g.step_event + 1].get(stream=self.side)[0])
+            st = self.state.get(stream=self.side)
+            pend = st[:, 0]
+            lowest = int(pend.min()) if pend.size else (1 << 64) - 1
+            final = min(steps_done, lowest) - 1
+            att = self.rt._get(aid)
+            maps = att.maps.readback()
+            full, partial = [], []
+            from .device import COV_DTYPE, COV_TAG_EMPTY, M32
+            for dp in att.progs:
+                c = dp.cov.get(stream=self.side).view(COV_DTYPE)[0]
+                for r in c["rows"]:
+                    tag = int(r["tag"])
+                    if tag == COV_TAG_EMPTY:
+                        continue
+                    cv = Coverage(dp.program.name, dp.program.hook.name, tag >> 32, tag & M32,
+                                  int(r["eligible"]), int(r["executed"]), int(r["throttled"]), int(r["lost"]))
+                    if int(r["fault"]):
+                        cv.reasons["fault"] = int(r["fault"])
+                    if cv.epoch <= final:
+                        cv.check()
+                        full.append(cv)
+                    else:
+                        partial.append(cv)
+        full.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
+        partial.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
+        names = self.gpu.OBS_NAMES
+        return Snapshot(maps, full, partial, steps_done, final,
+                        {n: st[:, i].copy() for i, n in enumerate(names)})

@@ -1,0 +1,527 @@
+"""Host dtrace_mk inside an existing serving loop: the agent, live queries, the control socket.
+
+    from dtrace_mk.launch.api import ServingHost
+
+    host = ServingHost(num_workers=132, schema=graph.schema)   # every serving rank (collective)
+    step = 0
+    while serving and not host.should_stop(step):
+        host.step(step)                     # at each decode-step boundary, on every rank
+        for rec in run_one_step():          # packed 128-byte hook contexts (device ring, sim)
+            host.feed(rec)                  #   or host.sink(ctx_dict) for the sim's dicts
+        host.clock_sample(device_ns, host_ns)   # when the loop has a (device, host) reading
+        step += 1
+    result = host.close()                   # final outputs, agent BYE; the diagnosis when
+                                            # this rank also collects (not MPMD), else None
+
+What it does
+------------
+* Runs the per-rank agent (`runtime.agent.RankAgent`: default summary monitors, epochs,
+  shipping to the collector over `collectors.transport`).  Under `dtrace-mk launch` the
+  collector is an MPMD process (`MPI.APPNUM == 1`); without one, serving rank 0 also
+  collects (in-process) and `close()` returns the diagnosis.
+* On serving rank 0, when the process belongs to a job (`DTRACE_MK_JOB_DIR`, set by
+  `dtrace-mk launch`; or `job=`), serves the job's control socket (`launch.control`).
+* Live queries: an attach request (an ELF object, verified by the client and again by
+  rank 0's control thread) becomes a command `{op, id, apply_at}` that rank 0 sends to
+  every serving rank over MPI (non-blocking Isend on a private communicator; the others
+  test for it in `step`/`poll`).  Each rank applies a command at its first step boundary
+  `>= apply_at` (rank 0 picks its current step + 2, so coupled ranks apply it at the same
+  step; a rank that learns of it later applies it at once and its output says at which
+  step), attaching the object to its own runtime (`lang.host.QueryRun`, verified again
+  at attach).  Every `interval_s` rank 0 asks for a report: each rank renders the
+  query's maps through the printing plan (with coverage) and sends the blocks to rank 0,
+  which streams them to the attached client once every rank's part has arrived.
+  Detach (or the client leaving, or the job ending) gives a final report.
+
+Threading and cost: everything runs on the caller's thread except the control socket's
+threads (which only queue requests).  `feed` is the hot path: one dict lookup per live
+query on the record's hook id, then the monitors.  `step`/`poll` never block.
+
+MPI: the constructor is collective over `MPI.COMM_WORLD` (the collector process, when
+MPMD, must call `collectors.transport.roles` too -- `launch.collector` does); the other
+calls use point-to-point messages only, so they never deadlock a loop whose ranks run at
+different speeds.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+
+from ..abi import context
+from ..abi import definition as abi
+from ..errors import UserError
+
+TAG_DOWN = 7301          # rank 0 -> ranks: commands
+TAG_UP = 7302            # ranks -> rank 0: outputs, stop requests
+_HOOK = struct.Struct("<I")
+_OFF_HOOK = context.OFF_HOOK
+ALL_HOOKS = tuple(h.name for h in abi.HOOKS)
+
+
+def validate_object(raw: bytes, name: str = "<query>"):
+    """Load and verify an attach request's ELF object; a `UserError`/`Rejected` names the
+    problem.  Pure: called on the control thread."""
+    from ..bpf.elf import load_object
+    from ..bpf.verifier import verify
+    from ..lang.host import find_plan
+    obj = load_object(bytes(raw), name=name)
+    if not obj.programs:
+        raise UserError(f"{name}: no programs to attach")
+    for p in obj.programs:
+        pt = abi.PROGRAM_TYPES_BY_NAME.get(p.prog_type)
+        if pt is None or not pt.attachable:
+            raise UserError(f"{name}: program '{p.name}': {p.prog_type} programs cannot be attached")
+        try:
+            verify(p, obj.maps)
+        except UserError as e:
+            e.args = (f"{name}: {p.section} {p.name}: {e}",)
+            raise
+    if find_plan(obj) is None:
+        raise UserError(f"{name}: no printing plan (compile it from a query: dtrace-mk compile)")
+    return obj
+
+
+@dataclass
+class LiveQuery:
+    aid: int
+    name: str
+    run: Any                       # lang.host.QueryRun
+    hooks: Set[int]
+    attached_at: int
+    printed: int = 0               # text blocks already reported
+
+
+@dataclass
+class _Attachment:                 # rank 0's view, for status and reports
+    aid: int
+    name: str
+    text: str
+    apply_at: int
+    interval_s: float
+    next_report: float
+    seq: int = 0
+    detaching: bool = False
+    parts: Dict[int, Dict[int, dict]] = field(default_factory=dict)   # seq -> rank -> part
+    final_seq: Optional[int] = None
+
+
+class _Link:
+    """Commands down (rank 0 -> all) and outputs up (all -> rank 0) on a private
+    communicator; non-blocking sends, tested receives."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.sends: List[Any] = []
+
+    def _isend(self, obj, dest: int, tag: int) -> None:
+        self.sends.append(self.comm.isend(obj, dest=dest, tag=tag))
+        self.sends = [r for r in self.sends if not r.Test()]
+
+    def down(self, cmd: dict) -> None:
+        for d in range(1, self.size):
+            self._isend(cmd, d, TAG_DOWN)
+
+    def up(self, msg: dict) -> None:
+        self._isend(msg, 0, TAG_UP)
+
+    def recv(self, tag: int, source: int) -> List[Any]:
+        out = []
+        while self.comm.iprobe(source=source, tag=tag):
+            out.append(self.comm.recv(source=source, tag=tag))
+        return out
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.sends and time.monotonic() < deadline:
+            self.sends = [r for r in self.sends if not r.Test()]
+            if self.sends:
+                time.sleep(0.001)
+        for r in self.sends:
+            try:
+                r.Cancel()
+            except Exception:     # already complete
+                pass
+        self.sends = []
+
+
+class ServingHost:
+    """See the module docstring.  `schema`: the task schema, or a callable
+    `(rank, ranks) -> schema` (the graph of a rank needs its rank).  `say(line)` gets
+    progress lines."""
+
+    def __init__(self, *, num_workers: int, schema=None, comm=None, job=None,
+                 monitors: Sequence[str] = (), budget_bytes_per_step: Optional[int] = None,
+                 backend: str = "sim", say: Optional[Callable[[str], None]] = None,
+                 apply_lag: int = 2):
+        from mpi4py import MPI
+        from ..collectors import transport as T
+        from ..runtime.agent import RankAgent
+        from . import jobs
+        world = comm if comm is not None else MPI.COMM_WORLD
+        self.roles, sub = T.roles(world)
+        if not self.roles.is_rank:
+            raise UserError("ServingHost: this process is the MPMD collector, not a serving rank "
+                            "(run launch.collector there)")
+        self.rank, self.ranks = self.roles.rank, self.roles.ranks
+        self.comm = sub
+        self.say = say or (lambda s: print(f"dtrace-mk [rank {self.rank}]: {s}", file=sys.stderr,
+                                           flush=True))
+        self.num_workers = num_workers
+        if callable(schema):           # schema(rank, ranks): the graph needs the rank first
+            schema = schema(self.rank, self.ranks)
+        self.schema = schema
+        self.backend = backend
+        self.apply_lag = max(1, apply_lag)
+        port = T.MpiPort(world)
+        self.loop = self.acc = None
+        if self.roles.is_collector:               # rank 0 collects in-process (not MPMD)
+            self.acc = T.CollectorSink(use_pingpongs=(backend == "gpu"))
+            self.loop = T.CollectorLoop(port, list(range(self.ranks)), self.acc,
+                                        progress=None, silence_timeout_s=300.0)
+            channel = T.DirectChannel(self.loop, self.rank)
+        else:
+            channel = T.RankChannel(port, self.roles.collector, self.rank)
+        self.agent = RankAgent(self.rank, channel, num_workers=num_workers, schema=schema,
+                               monitors=monitors, budget_bytes_per_step=budget_bytes_per_step)
+        self.agent.start(pings=8 if self.roles.mpmd else 0)
+        self._agent_hooks = {abi.hook(h).id for h in self.agent.hooks}
+        self.link = _Link(sub.Dup())
+        self.live: Dict[int, LiveQuery] = {}
+        self.pending: List[dict] = []
+        self.step_now = -1
+        self.stop_at: Optional[int] = None
+        self.stop_wanted = False            # a local reason to stop (signal, duration)
+        self.closed = False
+        self._last_poll = 0.0
+        # rank 0: the job's control socket
+        self.server = None
+        self.job = None
+        self.attachments: Dict[int, _Attachment] = {}
+        self._next_id = 1
+        self.status_extra: Dict[str, Any] = {}
+        if self.rank == 0:
+            job_dir = os.environ.get(jobs.ENV_JOB_DIR) if job is None else None
+            self.job = job if job is not None else (jobs.job_from_dir(job_dir) if job_dir else None)
+            if self.job is not None:
+                from .control import ControlServer
+                self.server = ControlServer(self.job, validate_object)
+
+    # -- the serving loop's calls -------------------------------------------------------
+    def hooks(self) -> List[str]:
+        """Hooks the serving loop should emit: all of them (a live query may attach to any)."""
+        return list(ALL_HOOKS)
+
+    def sink(self, ctx: Mapping[str, Any]) -> None:
+        """The sim backend's sink (one context dict)."""
+        from ..megakernel.sim import pack_ctx
+        self.feed(pack_ctx(ctx))
+
+    def feed(self, rec: bytes) -> None:
+        """One packed 128-byte context (in nondecreasing ts order per worker)."""
+        hid = _HOOK.unpack_from(rec, _OFF_HOOK)[0]
+        if hid in self._agent_hooks:
+            self.agent.feed(rec)
+        for q in self.live.values():
+            if hid in q.hooks:
+                q.run.feed(rec)
+
+    def clock_sample(self, device_ns: int, host_ns: int) -> None:
+        self.agent.clock_sample(device_ns, host_ns)
+
+    def step(self, k: int) -> None:
+        """Decode step `k` begins on this rank: apply due commands, make progress."""
+        self.step_now = k
+        self.poll(force=True)
+
+    def should_stop(self, k: int) -> bool:
+        """True from the step the job agreed to stop at (a control `stop`, or any rank's
+        `request_stop`)."""
+        return self.stop_at is not None and k >= self.stop_at
+
+    def request_stop(self) -> None:
+        """Ask the job to stop at a step boundary soon (a signal handler may call it)."""
+        self.stop_wanted = True
+
+    def poll(self, force: bool = False) -> None:
+        """Non-blocking progress: commands, control requests, reports, the agent's channel."""
+        now = time.monotonic()
+        if not force and now - self._last_poll < 0.002:
+            return
+        self._last_poll = now
+        if self.rank == 0:
+            for msg in self.link.recv(TAG_UP, _any_source()):
+                self._on_up(msg)
+            self._control(now)
+            if self.stop_wanted and self.stop_at is None:
+                self._broadcast({"op": "stop"})
+        else:
+            self.pending.extend(self.link.recv(TAG_DOWN, 0))
+            if self.stop_wanted and self.stop_at is None and not getattr(self, "_asked", False):
+                self._asked = True
+                self.link.up({"op": "stop_request", "rank": self.rank})
+        if self.pending and self.step_now >= 0:
+            due = [c for c in self.pending if c["apply_at"] <= self.step_now]
+            if due:
+                self.pending = [c for c in self.pending if c["apply_at"] > self.step_now]
+                for c in due:
+                    self._apply(c)
+        self.agent.progress()
+
+    def wait_for_attach(self, timeout_s: float) -> bool:
+        """Hold before serving until the first query is attached (demos, tests) or the
+        timeout passes; every rank calls it.  True when a query came."""
+        deadline = time.monotonic() + timeout_s
+        got = False
+        while time.monotonic() < deadline:
+            if self.rank == 0:
+                self._control(time.monotonic())
+                got = bool(self.attachments)
+            else:
+                self.pending.extend(self.link.recv(TAG_DOWN, 0))
+                got = any(c["op"] in ("attach", "go") for c in self.pending)
+            if got:
+                break
+            self.agent.progress()
+            time.sleep(0.005)
+        if self.rank == 0:
+            self._broadcast({"op": "go"})
+        else:
+            while not any(c["op"] == "go" for c in self.pending) and time.monotonic() < deadline + 30:
+                self.pending.extend(self.link.recv(TAG_DOWN, 0))
+                time.sleep(0.002)
+        self.pending = [c for c in self.pending if c["op"] != "go"]
+        return got
+
+    def close(self, timeout_s: float = 10.0):
+        """End of serving: final outputs of live queries, the agent's last epochs and BYE.
+        Returns the diagnosis when this rank collected in-process, else None."""
+        if self.closed:
+            return None
+        self.closed = True
+        deadline = time.monotonic() + timeout_s
+        for aid in list(self.live):
+            self._final(aid, "job ended")
+        if self.rank == 0:
+            for a in list(self.attachments.values()):
+                a.detaching = True
+                if a.apply_at > self.step_now:           # never attached anywhere
+                    self.attachments.pop(a.aid)
+                    if self.server is not None:
+                        self.server.end(a.aid, f"job ended before step {a.apply_at}, where the query "
+                                               f"would have attached")
+            end = min(deadline, time.monotonic() + 5.0)
+            while self.attachments and time.monotonic() < end:   # the other ranks' final parts
+                msgs = self.link.recv(TAG_UP, _any_source())
+                for msg in msgs:
+                    self._on_up(msg)
+                if not msgs:
+                    time.sleep(0.002)
+            for a in list(self.attachments.values()):      # ranks whose final part never came
+                if -1 in a.parts:
+                    self._publish(a, -1, partial=True)
+                elif self.server is not None:
+                    self.server.end(a.aid, "job ended")
+            if self.server is not None:
+                self.server.close("job ended")
+        self.agent.close(max(0.5, deadline - time.monotonic()))
+        self.link.close()
+        if self.loop is not None:
+            self.loop.run(deadline_s=time.monotonic() + timeout_s)
+            self.loop.close()
+            res = self.acc.result(None, ranks=self.ranks)
+            res["transport"].update(self.loop.report())
+            return res
+        return None
+
+    # -- rank 0: control requests ----------------------------------------------------------
+    def _control(self, now: float) -> None:
+        if self.server is None:
+            return
+        import queue as _q
+        while True:
+            try:
+                r = self.server.requests.get_nowait()
+            except _q.Empty:
+                break
+            try:
+                r.answer(self._request(r))
+            except UserError as e:
+                r.answer({"ok": False, "error": str(e)})
+        for a in list(self.attachments.values()):
+            if not a.detaching and now >= a.next_report and self.step_now >= a.apply_at:
+                a.next_report = now + a.interval_s
+                a.seq += 1
+                self._broadcast({"op": "report", "id": a.aid, "seq": a.seq})
+
+    def _request(self, r) -> Dict[str, Any]:
+        if r.op == "status":
+            return {"ok": True, "op": "status", "step": self.step_now, "ranks": self.ranks,
+                    "job": self.job.info() if self.job else {}, "stopping": self.stop_at is not None,
+                    **self.status_extra,
+                    "attachments": [{"id": a.aid, "name": a.name, "text": a.text,
+                                     "apply_at": a.apply_at, "interval_s": a.interval_s,
+                                     "detaching": a.detaching,
+                                     "subscribers": self.server.subscribers(a.aid)}
+                                    for a in self.attachments.values()]}
+        if self.stop_at is not None or self.closed:
+            raise UserError(f"the job is stopping (at step {self.stop_at}); nothing attached")
+        if r.op == "attach":
+            from ..bpf.elfwrite import write_object
+            aid = self._next_id
+            self._next_id += 1
+            iv = r.body.get("interval_s", 1.0)
+            iv = float(iv) if isinstance(iv, (int, float)) and iv > 0 else 1.0
+            apply_at = max(self.step_now, 0) + self.apply_lag
+            self.attachments[aid] = _Attachment(aid, str(r.body.get("name") or "<query>"),
+                                                str(r.body.get("text") or "")[:4000], apply_at,
+                                                max(0.05, iv), time.monotonic() + iv)
+            self._broadcast({"op": "attach", "id": aid, "object": write_object(r.obj),
+                             "name": str(r.body.get("name") or "<query>")}, apply_at)
+            self.say(f"query {aid} ({self.attachments[aid].name}) attaches at step {apply_at}")
+            return {"ok": True, "op": "attach", "id": aid, "apply_at": apply_at}
+        if r.op == "detach":
+            aid = r.body["id"]
+            a = self.attachments.get(aid)
+            if a is None or a.detaching:
+                raise UserError(f"no attached query {aid} (dtrace-mk list shows them)")
+            a.detaching = True
+            apply_at = max(self.step_now + 1, a.apply_at)
+            self._broadcast({"op": "detach", "id": aid,
+                             "why": r.body.get("why", "detached")}, apply_at)
+            self.say(f"query {aid} detaches at step {apply_at}")
+            return {"ok": True, "op": "detach", "id": aid, "apply_at": apply_at}
+        if r.op == "stop":
+            self.stop_wanted = True
+            at = self._broadcast({"op": "stop"})
+            return {"ok": True, "op": "stop", "at_step": at}
+        raise UserError(f"unknown op {r.op!r}")
+
+    def _broadcast(self, cmd: dict, apply_at: Optional[int] = None) -> int:
+        if apply_at is None:
+            apply_at = max(self.step_now, 0) + self.apply_lag
+        cmd = dict(cmd, apply_at=apply_at)
+        if cmd["op"] == "stop":
+            self.stop_at = apply_at if self.stop_at is None else min(self.stop_at, apply_at)
+        self.link.down(cmd)
+        self.pending.append(cmd)
+        return apply_at
+
+    # -- every rank: commands --------------------------------------------------------------
+    def _apply(self, c: dict) -> None:
+        op = c["op"]
+        if op == "attach":
+            from ..bpf.elf import load_object
+            from ..lang.host import QueryRun
+            try:
+                obj = load_object(bytes(c["object"]))
+                q = QueryRun(obj, None, num_workers=self.num_workers)
+                q.begin()
+            except UserError as e:        # verified twice before; report, never crash serving
+                err = {"op": "error", "id": c["id"], "rank": self.rank, "error": str(e)}
+                if self.rank == 0:
+                    self._on_up(err)
+                else:
+                    self.link.up(err)
+                return
+            hooks = {p.hook.id for p in obj.programs}
+            self.live[c["id"]] = LiveQuery(c["id"], c.get("name", "<query>"), q, hooks, self.step_now)
+        elif op == "report":
+            q = self.live.get(c["id"])
+            if q is not None:
+                self._send_part(q, c["seq"], final=False)
+        elif op == "detach":
+            if c["id"] in self.live:
+                self._final(c["id"], c.get("why", "detached"))
+        elif op == "stop":
+            self.stop_at = c["apply_at"] if self.stop_at is None else min(self.stop_at, c["apply_at"])
+
+    def _final(self, aid: int, why: str) -> None:
+        q = self.live.pop(aid)
+        q.run.finish()
+        self._send_part(q, -1, final=True, why=why)
+
+    def _send_part(self, q: LiveQuery, seq: int, final: bool, why: str = "") -> None:
+        from ..lang import printing
+        run = q.run
+        if final:
+            blocks = run.blocks[q.printed:]
+        else:
+            blocks = list(run.blocks[q.printed:])
+            q.printed = len(run.blocks)
+            for pm in run.plan["maps"]:
+                blocks.append(printing.map_block(pm, run.rt.maps(run.aid), run.rt.coverage(run.aid),
+                                                 run.plan["names"], "interval",
+                                                 run.baseline.get(pm["name"])))
+        msg = {"op": "part", "id": q.aid, "seq": seq, "final": final, "why": why, "rank": self.rank,
+               "step": self.step_now, "attached_at": q.attached_at, "blocks": blocks}
+        if self.rank == 0:
+            self._on_up(msg)
+        else:
+            self.link.up(msg)
+
+    # -- rank 0: outputs -------------------------------------------------------------------
+    def _on_up(self, msg: dict) -> None:
+        op = msg.get("op")
+        if op == "stop_request":
+            self.stop_wanted = True
+            return
+        a = self.attachments.get(msg.get("id"))
+        if a is None:
+            return
+        if op == "error":
+            self.say(f"query {a.aid} failed on rank {msg['rank']}: {msg['error']}")
+            if self.server is not None:
+                self.server.publish(a.aid, {"type": "error", "id": a.aid, "rank": msg["rank"],
+                                            "error": msg["error"]})
+            return
+        seq = msg["seq"]
+        if msg["final"]:
+            a.final_seq = seq
+            a.detaching = True
+        a.parts.setdefault(seq, {})[msg["rank"]] = {k: msg[k] for k in ("step", "attached_at", "blocks", "why")}
+        if len(a.parts[seq]) == self.ranks:
+            self._publish(a, seq)
+
+    def _publish(self, a: _Attachment, seq: int, partial: bool = False) -> None:
+        parts = a.parts.pop(seq, {})
+        final = seq == -1
+        if self.server is not None:
+            self.server.publish(a.aid, {"type": "output", "id": a.aid, "seq": seq, "final": final,
+                                        "partial": partial,
+                                        "ranks": {str(r): p for r, p in sorted(parts.items())}})
+            if final:
+                why = next((p.get("why") for p in parts.values() if p.get("why")), "detached")
+                self.server.end(a.aid, why)
+        if final:
+            self.attachments.pop(a.aid, None)
+
+
+def _any_source() -> int:
+    from mpi4py import MPI
+    return MPI.ANY_SOURCE
+
+
+def render_output(msg: Mapping[str, Any], fmt: str = "text") -> str:
+    """One streamed output message as text (per rank: a header, then the maps as the
+    printing plan renders them, coverage under each) or NDJSON."""
+    import json
+    from ..lang import printing
+    out = []
+    for r, part in sorted(msg.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
+        if fmt == "json":
+            for b in part["blocks"]:
+                out.append(json.dumps({"query": msg["id"], "rank": int(r), "step": part["step"],
+                                       "final": msg.get("final", False), **b}, sort_keys=True))
+            continue
+        what = "final" if msg.get("final") else "interval"
+        out.append(f"-- query {msg['id']} rank {r}, step {part['step']} ({what}; attached at step "
+                   f"{part['attached_at']}) --")
+        text = printing.render_text(part["blocks"])
+        out.append(text.rstrip("\n") if text.strip() else "(no output yet)")
+    return "\n".join(out) + "\n"

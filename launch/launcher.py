@@ -1,0 +1,162 @@
+"""Start a serving job under mpiexec with the collector beside it; stop it cleanly.
+
+    job = start_job(2, ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"],
+                    json_spans="spans.jsonl")
+    job.wait_ready(deadline)          # the control socket answers
+    ...                               # attach through launch.control.ControlClient(job.job)
+    rc = job.wait()                   # or job.stop() (control `stop`, then SIGTERM, SIGKILL)
+    result = job.result()             # the collector's diagnosis (None if it wrote none)
+    job.cleanup()                     # removes the job directory
+
+The MPI command is MPMD: `mpiexec -n N COMMAND : -n 1 python -m dtrace_mk.launch.collector
+...` (the venv's mpiexec, next to sys.executable; Open MPI gets --oversubscribe, -x for the
+job variables and --allow-run-as-root when root).  The serving processes find their job
+through `DTRACE_MK_JOB_DIR` (and `DTRACE_MK_BACKEND`); a leading `python`/`python3` in
+COMMAND is replaced by this interpreter so the job runs in the same environment.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import UserError
+from . import jobs
+
+DEFAULT_COMMAND = ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"]
+
+
+def mpiexec_and_flavour():
+    from ..commands.diagnose import find_mpiexec, mpi_flavour
+    exe = find_mpiexec()
+    return exe, mpi_flavour(exe)
+
+
+def build_command(mpiexec: str, flavour: str, ranks: int, command: Sequence[str],
+                  collector_args: Sequence[str]) -> List[str]:
+    flags: List[str] = []
+    if flavour == "openmpi":
+        flags.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            flags.append("--allow-run-as-root")
+        for v in (jobs.ENV_JOB_DIR, "DTRACE_MK_BACKEND", jobs.ENV_RUNTIME_DIR):
+            flags += ["-x", v]
+    cmd = list(command)
+    if cmd and cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    coll = [sys.executable, "-m", "dtrace_mk.launch.collector", *collector_args]
+    return [mpiexec, *flags, "-n", str(ranks), *cmd, ":", "-n", "1", *coll]
+
+
+@dataclass
+class Launched:
+    job: jobs.Job
+    proc: subprocess.Popen
+    argv: List[str]
+    ranks: int
+    started: float = field(default_factory=time.monotonic)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, deadline: float) -> bool:
+        """True once the control socket answers; False if the job ended or the deadline passed."""
+        from .control import wait_for_socket
+        return wait_for_socket(self.job, deadline, self.running)
+
+    def wait(self, timeout_s: Optional[float] = None) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def stop(self, grace_s: float = 30.0, say=lambda s: None) -> int:
+        """Graceful: a control `stop` (ranks stop at a step boundary, agents flush, the
+        collector diagnoses); then SIGTERM to the job's process group; then SIGKILL."""
+        if self.running():
+            from .control import ControlClient, ControlError
+            try:
+                r = ControlClient(self.job, connect_timeout_s=2.0).stop()
+                say(f"job {self.job.id}: stopping at step {r.get('at_step')}")
+            except (ControlError, jobs.JobError) as e:
+                say(f"job {self.job.id}: control stop failed ({e}); terminating")
+                self._signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                say(f"job {self.job.id}: still running after {grace_s:g} s; terminating")
+                self._signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def result(self) -> Optional[Dict[str, Any]]:
+        import json
+        p = self.job.result_path
+        if p.is_file():
+            return json.loads(p.read_text())
+        spool = Path(str(p) + ".spool")
+        if spool.is_file():            # the collector died with the job: a partial result
+            from ..collectors import transport as T
+            acc = T.CollectorSink(use_pingpongs=False)
+            loop = T.replay_spool(str(spool), list(range(self.ranks)), acc)
+            res = acc.result(None, ranks=self.ranks)
+            res["transport"].update(loop.report())
+            res["scenario"] = self.job.id
+            res["partial_from_spool"] = True
+            return res
+        return None
+
+    def cleanup(self) -> None:
+        self.job.remove()
+
+
+def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
+              otlp: Optional[str] = None, json_spans: Optional[str] = None,
+              prometheus_port: Optional[int] = None, quiet: bool = False,
+              stdout=None, stderr=None) -> Launched:
+    if ranks < 1:
+        raise UserError(f"-n: expected >= 1 serving ranks, got {ranks}")
+    command = list(command) or list(DEFAULT_COMMAND)
+    mpiexec, flavour = mpiexec_and_flavour()
+    if backend == "gpu":
+        raise UserError("launch --backend gpu: the reference server has no multi-rank GPU path "
+                        "yet (one launch runs every step, no step boundary for live attach); "
+                        "use --backend sim")
+    job = jobs.new_job(ranks, command, backend)
+    coll = ["--result", str(job.result_path), "--job-id", job.id,
+            "--backend", "gpu" if backend == "gpu" else "sim"]
+    if json_spans:
+        coll += ["--json-spans", str(Path(json_spans).resolve())]
+    if otlp:
+        coll += ["--otlp", otlp]
+    if prometheus_port is not None:
+        coll += ["--prometheus-port", str(prometheus_port)]
+    if quiet:
+        coll.append("--quiet")
+    argv = build_command(mpiexec, flavour, ranks, command, coll)
+    env = dict(os.environ)
+    env[jobs.ENV_JOB_DIR] = str(job.dir)
+    env[jobs.ENV_RUNTIME_DIR] = str(job.dir.parent)
+    env["DTRACE_MK_BACKEND"] = "sim" if backend in ("auto", "sim") else backend
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, start_new_session=True)
+    except OSError as e:
+        job.remove()
+        raise UserError(f"launch: cannot start {argv[0]} ({e.strerror})") from None
+    return Launched(job, proc, argv, ranks)

@@ -1,0 +1,370 @@
+"""The reference server: a decode loop with request arrivals and continuous batching,
+one MPI rank per GPU (or sim rank), hosting the dtrace_mk agent.
+
+    python -m dtrace_mk.launch.serve --model tiny --steps 200
+    dtrace-mk launch -n 2 -- python -m dtrace_mk.launch.serve --model small-moe --duration 60
+    mpiexec -n 2 python -m dtrace_mk.launch.serve --model tiny --steps 64    # rank 0 collects
+
+Serving model
+-------------
+* Requests arrive by a seeded Poisson process: `--rate` requests per decode step
+  (default: 80% of the batch's capacity, batch / mean length), each with a length drawn
+  from a geometric distribution of mean `--mean-len` tokens (at least 1, at most the
+  model's max_seq).  Every rank draws the same sequence (tensor parallelism: the ranks
+  serve the same batch).
+* `--batch` request slots (continuous batching): a slot whose request produced its last
+  token is refilled at the end of that step with the oldest waiting request; with none
+  waiting it idles for a step (the persistent kernel's shapes are static, so an idle slot
+  still computes: counted as idle slot-steps).  Request latency = arrival to last token,
+  time to first token = arrival to the end of the first step in a slot (both in steps and
+  in simulated time).
+* Each step is one step of the reference megakernel: the sim backend (discrete-event
+  twin of the kernel, one MPI process per rank, remote signals over MPI) here.  The GPU
+  backend runs the megakernel's steps in one launch, so it has no step boundary to attach
+  at yet: `--backend gpu` says so; `auto` is sim.
+* `--steps N` serves N steps; `--duration S` serves until S seconds of wall time have
+  passed (then stops at the next step boundary every rank agrees on).  SIGINT/SIGTERM or a
+  control `stop` stop the same way.
+
+Faults (the fault table is data: the same server, `--fault` repeatable):
+
+    --fault late_comm:rank=1,steps=8-23,comm_op=allreduce_attn,delay_us=200
+    --faults FILE        a YAML/JSON list of the same entries (scenario `faults:` syntax)
+
+Live queries come in through the job's control socket (`dtrace-mk attach`);
+`--await-attach S` holds step 0 until the first query is attached (demos, tests) or S
+seconds pass.  Progress lines go to stderr from rank 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..errors import UserError
+
+SIM_WORKERS = 132          # one worker per SM of an H200
+DURATION_STEP_CAP = 1_000_000
+
+
+class StopServing(Exception):
+    """Every rank agreed to stop (raised in the same window on every rank)."""
+
+
+# ----------------------------------------------------------------------- serving model
+
+class ArrivalProcess:
+    """Seeded Poisson arrivals per step and the continuous-batching slot refill; the
+    sim asks `req_len(slot, gen, max_seq)` whenever a slot starts a new request."""
+
+    def __init__(self, batch: int, rate: float, mean_len: float, seed: int, max_seq: int):
+        import numpy as np
+        self.rng = np.random.default_rng(seed)
+        self.batch, self.rate, self.mean_len, self.max_seq = batch, rate, mean_len, max_seq
+        self.queue: List[List[int]] = []          # [request id, arrival step, length]
+        self.next_id = 0
+        self.step = 0                              # the step being served
+        self.slot_req: Dict[int, Optional[List[int]]] = {}
+        self.slot_start: Dict[int, int] = {}
+        self.arrived = self.finished = self.idle_slot_steps = self.tokens = 0
+        self.latency_steps: List[int] = []
+        self.ttft_steps: List[int] = []
+        self._arrive(batch)                        # a warm start: one request per slot
+
+    def _length(self) -> int:
+        p = 1.0 / max(self.mean_len, 1.0)
+        return int(min(max(1, self.rng.geometric(p)), self.max_seq))
+
+    def _arrive(self, n: int) -> None:
+        for _ in range(n):
+            self.queue.append([self.next_id, self.step, self._length()])
+            self.next_id += 1
+            self.arrived += 1
+
+    def on_step(self, k: int) -> None:
+        """Step k begins: this step's arrivals join the queue."""
+        self.step = k
+        if k > 0:
+            self._arrive(int(self.rng.poisson(self.rate)))
+        self.tokens += sum(1 for r in self.slot_req.values() if r is not None)
+
+    def req_len(self, slot: int, gen: int, max_seq: int) -> int:
+        prev = self.slot_req.get(slot)
+        if prev is not None:                       # its last token came in this step
+            self.finished += 1
+            self.latency_steps.append(self.step - prev[1] + 1)
+        elif slot in self.slot_req:
+            self.idle_slot_steps += 1
+        if self.queue:
+            req = self.queue.pop(0)
+            self.slot_req[slot] = req
+            self.ttft_steps.append(max(self.step, 0) + (1 if slot in self.slot_start else 0) - req[1] + 1)
+            self.slot_start[slot] = self.step
+            return min(req[2], max_seq)
+        self.slot_req[slot] = None                 # idle for one step
+        self.slot_start[slot] = self.step
+        return 1
+
+    def prompt_token(self, slot: int, gen: int, vocab: int) -> int:
+        return (slot * 7919 + gen * 104729) % vocab
+
+    def stats(self) -> Dict[str, Any]:
+        lat = sorted(self.latency_steps)
+        return {"arrived": self.arrived, "finished": self.finished, "queued": len(self.queue),
+                "idle_slot_steps": self.idle_slot_steps,
+                "latency_steps_p50": lat[len(lat) // 2] if lat else None,
+                "latency_steps_p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+                "ttft_steps_mean": round(sum(self.ttft_steps) / len(self.ttft_steps), 2)
+                if self.ttft_steps else None}
+
+
+# ------------------------------------------------------------------------------- faults
+
+def parse_fault(text: str) -> Dict[str, Any]:
+    """`kind:key=value,...` -> a scenario fault entry; steps `a-b` or `a`."""
+    kind, _, rest = text.partition(":")
+    out: Dict[str, Any] = {"kind": kind.strip()}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--fault {text!r}: expected key=value, got {item!r}")
+        k = k.strip()
+        if k == "steps":
+            a, dash, b = v.partition("-")
+            try:
+                out[k] = list(range(int(a), int(b) + 1)) if dash else [int(a)]
+            except ValueError:
+                raise UserError(f"--fault {text!r}: steps must be N or A-B, got {v!r}") from None
+            continue
+        try:
+            out[k] = int(v)
+        except ValueError:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                out[k] = v
+    return out
+
+
+def fault_scenario(faults: List[Dict[str, Any]], model: str, ranks: int, steps: int, batch: int,
+                   seed: int, source: str):
+    """Validate fault entries with the scenario parser (one table of kinds/parameters)."""
+    from ..collectors.scenario import parse_scenario
+    return parse_scenario({"name": "serve", "ranks": ranks, "model": model, "steps": steps,
+                           "batch": batch, "seed": seed, "faults": faults}, source)
+
+
+# -------------------------------------------------------------------------------- main
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dtrace_mk.launch.serve",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="model preset: tiny, small-moe, 1b (default tiny)")
+    p.add_argument("--backend", choices=("auto", "sim", "gpu"), default=None,
+                   help="auto (default; $DTRACE_MK_BACKEND): sim (the GPU path has no step boundary yet)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, help="decode steps to serve (default 64)")
+    g.add_argument("--duration", type=float, metavar="S", help="serve for S seconds of wall time")
+    p.add_argument("--batch", type=int, default=4, help="request slots (default 4)")
+    p.add_argument("--rate", type=float, help="requests per step, Poisson (default 0.8 * batch / mean-len)")
+    p.add_argument("--mean-len", type=float, default=8.0, help="mean request length in tokens (default 8)")
+    p.add_argument("--seed", type=int, default=1, help="seed of arrivals and faults (default 1)")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:K=V,...",
+                   help="inject a fault (repeatable), e.g. late_comm:rank=1,steps=8-15,"
+                        "comm_op=allreduce_attn,delay_us=200")
+    p.add_argument("--faults", metavar="FILE", help="YAML/JSON list of fault entries")
+    p.add_argument("--monitor", action="append", default=[], metavar="FILE",
+                   help="a query file every rank runs from the start (beside the summary monitors)")
+    p.add_argument("--await-attach", type=float, default=0.0, metavar="S",
+                   help="hold step 0 until the first live query attaches (at most S seconds)")
+    p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
+    p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def resolve_backend(requested: Optional[str]) -> str:
+    import os
+    b = requested or os.environ.get("DTRACE_MK_BACKEND") or "auto"
+    if b == "gpu":
+        raise UserError("serve --backend gpu: the megakernel runs all its steps in one launch, so "
+                        "there is no step boundary for the agent and live attach yet; use --backend sim")
+    if b not in ("auto", "sim"):
+        raise UserError(f"--backend: expected auto, sim or gpu, got {b!r}")
+    return "sim"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return serve(args)
+    except UserError as e:
+        print(f"dtrace_mk.launch.serve: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def serve(args: argparse.Namespace) -> int:
+    from ..megakernel.faults import FaultTable
+    from ..megakernel.graph import build_graph
+    from ..megakernel.mpi_transport import MPITransport, rank_clock
+    from ..megakernel.presets import get_preset
+    from ..megakernel.sim import Sim
+    from .api import ServingHost
+
+    backend = resolve_backend(args.backend)
+    cfg = get_preset(args.model)
+    if args.batch < 1:
+        raise UserError(f"--batch: expected >= 1, got {args.batch}")
+    if args.mean_len < 1:
+        raise UserError(f"--mean-len: expected >= 1, got {args.mean_len}")
+    steps = args.steps if args.steps is not None else (DURATION_STEP_CAP if args.duration else 64)
+    if steps < 1:
+        raise UserError(f"--steps: expected >= 1, got {steps}")
+    rate = args.rate if args.rate is not None else 0.8 * args.batch / args.mean_len
+    faults = [parse_fault(f) for f in args.fault]
+    if args.faults:
+        from ..collectors.scenario import _load_text
+        try:
+            faults += list(_load_text(Path(args.faults).read_text(), args.faults) or [])
+        except OSError as e:
+            raise UserError(f"--faults {args.faults}: cannot read ({e.strerror})") from None
+
+    graphs: Dict[str, Any] = {}
+
+    def schema_for(rank: int, ranks: int):
+        graphs["g"] = build_graph(cfg, args.batch, SIM_WORKERS, rank=rank, ranks=ranks)
+        return graphs["g"].schema
+
+    host = _host(ServingHost, schema_for, backend, args.monitor)
+    rank, ranks = host.rank, host.ranks
+    graph = graphs["g"]
+    sc = fault_scenario(faults, args.model, ranks, min(steps, 1 << 20), args.batch, args.seed,
+                        "--fault/--faults")
+    from ..collectors.scenario import device_fault_specs
+    table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
+    say = (lambda s: None) if args.quiet or rank != 0 else \
+        (lambda s: print(f"serve: {s}", file=sys.stderr, flush=True))
+    host.say = say
+    arrivals = ArrivalProcess(args.batch, rate, args.mean_len, args.seed, cfg.max_seq)
+    say(f"model {cfg.name}, {ranks} rank(s), backend {backend}, batch {args.batch}, "
+        f"arrivals {rate:.2f}/step (Poisson), mean length {args.mean_len:g}, "
+        + (f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s")
+        + (f", faults: {', '.join(f['kind'] + ' rank ' + str(f.get('rank')) for f in faults)}" if faults else ""))
+
+    def on_signal(signum, frame):
+        if host.stop_wanted:
+            raise KeyboardInterrupt
+        host.request_stop()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+
+    if args.await_attach > 0:
+        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
+        host.wait_for_attach(args.await_attach)
+
+    t0 = time.monotonic()
+    state = {"k": 0, "stop": None, "last_say": t0, "host0": None, "host_last": None}
+
+    def on_clock(device_ns: int, host_ns: int) -> None:
+        host.clock_sample(device_ns, host_ns)
+        k = state["k"]
+        if k >= steps or state["stop"] is not None:
+            return
+        if state["host0"] is None:
+            state["host0"] = host_ns
+        state["host_last"] = host_ns
+        state["k"] = k + 1
+        arrivals.on_step(k)
+        if args.duration and time.monotonic() - t0 >= args.duration:
+            host.request_stop()
+        host.step(k)
+        if host.should_stop(k):
+            state["stop"] = k
+            return
+        now = time.monotonic()
+        if now - state["last_say"] >= args.progress_s:
+            state["last_say"] = now
+            _progress(say, k, state, arrivals, host)
+        host.status_extra = {"serving": {"step": k, **arrivals.stats()}}
+
+    def sink(ctx) -> None:
+        stop = state["stop"]
+        if stop is not None and ctx["decode_step"] >= stop:
+            return
+        host.sink(ctx)
+
+    transport = _StoppingTransport(host.comm, host, lambda: state["stop"] is not None)
+    sim = Sim(graph, steps, faults=table, sink=sink, hooks=host.hooks(), seed=args.seed,
+              transport=transport.port, clock=rank_clock(rank, args.seed, True),
+              on_clock=on_clock, requests=arrivals)
+    stopped_early = False
+    try:
+        transport.run(sim)
+    except StopServing:
+        stopped_early = True
+    served = state["stop"] if state["stop"] is not None else state["k"]
+    wall = time.monotonic() - t0
+    st = arrivals.stats()
+    sim_s = ((state["host_last"] or 0) - (state["host0"] or 0)) / 1e9
+    say(f"served {served} steps in {wall:.1f} s wall ({'stopped' if stopped_early else 'done'}): "
+        f"{st['arrived']} requests arrived, {st['finished']} finished, {st['queued']} waiting; "
+        f"latency p50 {st['latency_steps_p50']} steps, time to first token {st['ttft_steps_mean']} "
+        f"steps (mean), {st['idle_slot_steps']} idle slot-steps"
+        + (f"; {arrivals.tokens / sim_s:,.0f} tokens/s simulated" if sim_s > 0 else ""))
+    res = host.close()
+    if res is not None and rank == 0:
+        _report(res, args, say)
+    return 0
+
+
+def _host(cls, schema_for, backend: str, monitors: List[str]):
+    """ServingHost with the rank's graph schema: the graph needs the rank, which only
+    ServingHost's collective role split knows, so the schema is a callable it calls."""
+    return cls(num_workers=SIM_WORKERS, schema=schema_for, backend=backend, monitors=monitors)
+
+
+class _StoppingTransport:
+    """`MPITransport` whose window exchange also carries each rank's "stopped" flag: when
+    every rank has passed the agreed stop step, all raise StopServing in the same window
+    (they all see the same flags).  Between windows it polls the host (control requests,
+    commands) without touching the transport's communicator."""
+
+    def __new__(cls, comm, host, stopped):
+        from ..megakernel.mpi_transport import MPITransport
+
+        class T(MPITransport):
+            def _exchange(self, payloads):
+                mine = stopped()
+                got = super()._exchange([(p, mine) for p in payloads])
+                host.poll()
+                if all(g[1] for g in got):
+                    raise StopServing()
+                return [g[0] for g in got]
+        return T(comm, on_idle=host.poll)
+
+
+def _progress(say, k: int, state, arrivals: ArrivalProcess, host) -> None:
+    st = arrivals.stats()
+    sim_ns = (state["host_last"] or 0) - (state["host0"] or 0)
+    per = sim_ns / max(k, 1) / 1000.0
+    say(f"step {k}: {per:.0f} us/step simulated, {st['queued']} waiting, {st['finished']} finished, "
+        f"latency p50 {st['latency_steps_p50']} steps, {len(host.live)} live quer"
+        f"{'y' if len(host.live) == 1 else 'ies'}")
+
+
+def _report(res: Dict[str, Any], args, say) -> None:
+    from ..commands.diagnose import _summary
+    if args.result:
+        Path(args.result).write_text(json.dumps(res, indent=1) + "\n")
+        say(f"diagnosis written to {args.result}")
+    if not args.quiet:
+        _summary(res, sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

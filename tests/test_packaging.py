@@ -44,3 +44,21 @@ def test_readme_opens_with_two_commands_and_ci_calls_the_test_one():
     assert len(first) == 2, first
     ci = (REPO / ".ci" / "run").read_text()
     assert first[1].strip() in ci
+
+
+def test_wheel_ships_kernels_headers_and_data(tmp_path):
+    """A real (non-editable) build carries what the code loads at run time."""
+    import subprocess
+    import sys
+    import zipfile
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(tmp_path)],
+                   check=True, capture_output=True)
+    (whl,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for must in ("dtrace_mk/kernels/megakernel.cu", "dtrace_mk/kernels/dtrace_mk_abi.h",
+                 "dtrace_mk/kernels/bpf_vm.cuh", "dtrace_mk/kernels/build.py",
+                 "dtrace_mk/abi/include/dtrace_mk_bpf.h", "dtrace_mk/megakernel/data/cost_table.json",
+                 "dtrace_mk/runtime/monitors/summary.d", "dtrace_mk/collectors/diagnose.py",
+                 "dtrace_mk/exporters/spans.py", "dtrace_mk/launch/__init__.py"):
+        assert must in names, must
+    assert not any(n.split("/")[0] in ("collectors", "exporters", "launch", "kernels") for n in names)

@@ -102,6 +102,22 @@ def pack(hook: Union[str, int, d.Hook], /, **fields: int) -> bytes:
     return _STRUCT.pack(*vals)
 
 
+_HOOK_IDS = {h.name: h.id for h in d.HOOKS}
+
+
+def pack_trusted(ctx: Mapping[str, Any]) -> bytes:
+    """A producer's context dict ({"hook": name, field: value, ...}) -> record, without
+    per-field checks: for producers whose values are in range by construction (the sim
+    backend), ~10x faster than `from_dict`.  Unknown names still raise KeyError."""
+    vals = list(_TEMPLATE)
+    idx = _INDEX
+    for k, v in ctx.items():
+        vals[idx[k]] = v
+    vals[_I_HOOK] = _HOOK_IDS[ctx["hook"]]
+    vals[_I_VERSION] = d.ABI_VERSION
+    return _STRUCT.pack(*vals)
+
+
 def unpack(record: Union[bytes, bytearray, memoryview]) -> Dict[str, int]:
     """All fields of one record by ABI name.  ValueError when not 128 bytes."""
     if len(record) != d.CONTEXT_SIZE:

@@ -56,7 +56,8 @@ def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", ta
             opts += ["-dlto", "--relocatable-device-code=true"]
         opts += [f"-D{d}" for d in defines]
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        log = b" " * nvrtc.nvrtcGetProgramLogSize(prog)[1]
+        # bytes(n), never b" " * n: for n == 1 that is the interned b" ", which NVRTC would overwrite
+        log = bytes(nvrtc.nvrtcGetProgramLogSize(prog)[1])
         nvrtc.nvrtcGetProgramLog(prog, log)
         if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             text = log.decode(errors="replace").strip("\0 \n")
@@ -64,7 +65,7 @@ def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", ta
         get_size, get = {"cubin": (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN),
                          "ltoir": (nvrtc.nvrtcGetLTOIRSize, nvrtc.nvrtcGetLTOIR),
                          "ptx": (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)}[target]
-        out = b" " * check(get_size(prog), f"{target} size")[0]
+        out = bytes(check(get_size(prog), f"{target} size")[0])
         check(get(prog, out), target)
         return bytes(out)
     finally:

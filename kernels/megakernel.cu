@@ -9,9 +9,13 @@
  * run in one launch; events are never reset, so one launch per step works the same.
  *
  * Observation, all compiled in, off by default:
- *   hooks   every ABI v1 hook except comm:* at its place; enabled hooks write the
- *           128-byte dtmk_ctx to a per-worker ring (mk_hook is the one site a later
- *           device VM / linked monitor call slots into: DTMK_LINKED_MONITOR);
+ *   hooks   every ABI v1 hook except comm:* at its place; a hook enabled in
+ *           control[CTL_HOOK_MASK] writes the 128-byte dtmk_ctx to a per-worker global
+ *           ring; a hook with device-VM programs attached (dtrace_mk/runtime/live.py)
+ *           appends it to a shared-memory ring that warp 0 runs through the VM
+ *           (the "observer" section below; -DDTMK_COMPILED_TIER: through
+ *           dtmk_cm_run_records, linked with a compiled monitor); -DDTMK_NO_HOOKS
+ *           builds the kernel with no hook code at all (the benchmark's baseline);
  *   trace   MPK-style full task trace, 32-byte records with 64-bit stamps, task
  *           identity, a stamp before the dependency wait, and a per-worker drop count;
  *   control the hook mask and trace switch live in shared memory, refreshed from
@@ -25,7 +29,8 @@
  *   tasks[T][16]: cls layer expert slot lo hi wait_event wait_count signal_event dynamic
  *                 tile_lo tile_hi aux_norm aux_fold aux_ord 0
  *   moe[n_moe][8]: layer router_task expert_base expert_tiles router_event expert_event 0 0
- *   control u32[16], worker_state u64[W][8], faults int64[n][8]
+ *   control u32[32] (CTL_*), worker_state u64[W][8], faults int64[n][8],
+ *   observer state u64[W][OBS_WORDS] (OBS_*; its address in control[CTL_OBS])
  */
 #include "mk_ops.cuh"
 #ifndef DTMK_NO_HOOKS
@@ -703,6 +708,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
     }
 #ifndef DTMK_NO_HOOKS
+    __syncthreads();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     if (threadIdx.x < DTMK_MAX_PROGS) { O.accs[threadIdx.x].cov = 0; O.accs[threadIdx.x].eligible = 0; }
     if (threadIdx.x == 0) {

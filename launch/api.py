@@ -49,7 +49,6 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from ..abi import context
@@ -335,6 +334,7 @@ class ServingHost:
             self.loop.run(deadline_s=time.monotonic() + timeout_s)
             self.loop.close()
             res = self.acc.result(None, ranks=self.ranks)
+            res["scenario"] = self.job.id if self.job is not None else "serve"
             res["transport"].update(self.loop.report())
             return res
         return None

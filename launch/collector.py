@@ -18,7 +18,6 @@ the time the job ran); GPU ranks use `time.monotonic_ns()` and the usual offset.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys

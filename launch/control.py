@@ -52,7 +52,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ..errors import UserError
-from .jobs import Job, JobError
+from .jobs import Job
 
 PROTOCOL = 1
 MAX_REQUEST = 4 << 20
@@ -365,33 +365,73 @@ class ControlClient:
         body = {"op": "attach", "object": base64.b64encode(obj_bytes).decode(), "name": name,
                 "text": text, "stream": stream, "interval_s": interval_s}
         s = self._open(body)
-        it = self._lines(s, REPLY_TIMEOUT_S + 5)
+        buf = bytearray()
         try:
-            first = next(it, None)
-        except ControlError:
-            s.close()
-            raise
-        if first is None:
-            s.close()
-            raise ControlError(f"job {self.job.id}: closed the connection without an answer")
-        try:
-            reply = _checked(self.job, first)
-        except ControlError:
+            s.settimeout(REPLY_TIMEOUT_S + 5)
+            while b"\n" not in buf:
+                try:
+                    chunk = s.recv(65536)
+                except socket.timeout:
+                    raise ControlError(f"job {self.job.id}: no answer within {REPLY_TIMEOUT_S + 5:g} s") from None
+                except OSError as e:
+                    raise ControlError(f"job {self.job.id}: connection lost ({e.strerror or e})") from None
+                if not chunk:
+                    raise ControlError(f"job {self.job.id}: closed the connection without an answer")
+                buf += chunk
+            i = buf.find(b"\n")
+            reply = _checked(self.job, json.loads(bytes(buf[:i])))
+        except (ControlError, ValueError):
             s.close()
             raise
         if not stream:
             s.close()
             return reply, None
+        return reply, Stream(self.job, s, bytes(buf[i + 1:]))
 
-        def gen():
+
+class Stream:
+    """The output/end messages of a streamed attach.  An iterator object (not a
+    generator), so a KeyboardInterrupt while waiting leaves it usable: the caller can
+    detach and keep reading the final maps.  Ends after the `end` message, or when the
+    connection closes (`ended` stays False then: the job went away)."""
+
+    def __init__(self, job: Job, sock: socket.socket, rest: bytes = b""):
+        self.job, self.sock = job, sock
+        self.buf = bytearray(rest)
+        self.ended = False
+        self.closed = False
+        sock.settimeout(None)
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        while not self.closed:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                line, self.buf = bytes(self.buf[:i]), self.buf[i + 1:]
+                msg = json.loads(line)
+                if msg.get("type") == "end":
+                    self.ended = True
+                    self.close()
+                return msg
             try:
-                for m in self._lines(s, None):
-                    yield m
-                    if m.get("type") == "end":
-                        return
-            finally:
-                s.close()
-        return reply, gen()
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close()
+                break
+            self.buf += chunk
+        raise StopIteration
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
 
 
 def _checked(job: Job, msg: Dict[str, Any]) -> Dict[str, Any]:

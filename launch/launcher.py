@@ -160,3 +160,38 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
         job.remove()
         raise UserError(f"launch: cannot start {argv[0]} ({e.strerror})") from None
     return Launched(job, proc, argv, ranks)
+
+
+def step_ranges(steps: Sequence[int]) -> str:
+    """[5, 6, 7, 9] -> '5-7, 9'."""
+    out: List[str] = []
+    s = sorted(set(int(x) for x in steps))
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def summary_lines(res: Dict[str, Any]) -> List[str]:
+    """The diagnosis in a few lines: verdict, each finding (cause, root rank, what, steps
+    as ranges, observed on, confidence, impact), coverage, telemetry."""
+    cov = res["coverage"]
+    lines = [f"verdict {res['verdict']}: {len(res['findings'])} finding(s)"]
+    for f in res["findings"]:
+        what = f.get("task_class") or f.get("comm_op") or ""
+        extra = f" layer {f['layer']}" if "layer" in f else ""
+        lines.append(f"  {f['cause']} rooted at rank {f['rank']} ({what}{extra}), steps "
+                     f"{step_ranges(f['steps'])}, observed on rank(s) "
+                     f"{', '.join(str(r) for r in f['observed_on'])}; confidence "
+                     f"{f['confidence']:.2f}, impact {f['impact_us']:.0f} us")
+    if res.get("missing_ranks") or res.get("partial"):
+        lines.append(f"  partial: missing ranks {res.get('missing_ranks', [])}, incomplete "
+                     f"{res.get('incomplete_ranks', {})}")
+    lines.append(f"coverage: eligible {cov['eligible']}, executed {cov['executed']}, throttled "
+                 f"{cov['throttled']}, lost {cov['lost']}")
+    lines.append(f"telemetry: {res.get('telemetry_bytes')} bytes from the agents")
+    return lines

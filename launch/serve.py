@@ -211,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     from ..megakernel.faults import FaultTable
     from ..megakernel.graph import build_graph
-    from ..megakernel.mpi_transport import MPITransport, rank_clock
+    from ..megakernel.mpi_transport import rank_clock
     from ..megakernel.presets import get_preset
     from ..megakernel.sim import Sim
     from .api import ServingHost

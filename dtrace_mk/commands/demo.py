@@ -1,128 +1,200 @@
-"""`dtrace-mk demo`: the reference megakernel with an injected fault and live queries.
+"""`dtrace-mk demo`: a 2-rank serving job with an injected remote stall, a query attached
+live, the collector's diagnosis and spans with cross-rank links.
 
-Runs the `tiny` decode loop (the CUDA megakernel when a GPU is present, the sim
-backend otherwise) with a fault from the fault table (`slow_task_class` on `attn` of
-layer 1 for the second half of the steps: the same binary, the fault is data), attaches
-one query from the start and a second one live at the step where the fault begins, and
-prints each query's output with its coverage (eligible / executed / throttled / lost).
+What it runs (the same pieces as `dtrace-mk launch` + `dtrace-mk attach`):
 
-On the GPU the hook records come from the kernel's device ring and are fed to the
-queries in time order after the launch; attaching into the running kernel (device VM)
-is the device-runtime issue's work.
+1. `mpiexec -n 2 python -m dtrace_mk.launch.serve --model tiny ... : -n 1 collector`:
+   two tensor-parallel ranks of the reference megakernel (sim backend: a discrete-event
+   twin of the kernel, one MPI process per rank) serving Poisson request arrivals with
+   continuous batching, each hosting the agent.  The fault table makes rank 1's
+   all-reduce signal after attention late (`late_comm`, +200 us) for the second half of
+   the steps: the same binary, the fault is data.
+2. Once the job's control socket is up, the query below is compiled and verified here,
+   sent over the socket, broadcast to both ranks and attached at a step boundary; its
+   maps stream back while the job runs (per rank, with coverage).
+3. At the end the collector aligns the ranks' clocks, joins remote waits to signals by
+   (comm_op, comm_gen) and names the root cause: a remote stall rooted at rank 1, seen as
+   waiting on rank 0.  Spans (a span per rank and step, remote waits linked to the
+   sender's signal span) go to a JSON-lines file, and with --otlp URL to a running
+   OpenTelemetry backend.
+
+A GPU backend for the multi-rank server is not built yet (the megakernel runs all its
+steps in one launch, with no step boundary for live attach), so the ranks are sim
+ranks on any machine; `dtrace-mk run --backend gpu` runs the single-GPU megakernel.
 """
 from __future__ import annotations
 
 import argparse
-import struct
-from typing import Dict
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
-from ..abi import context
-from ..abi import definition as abi
 from ..errors import UserError
 
 NAME = "demo"
 ORDER = 1
-HELP = "run the reference megakernel with an injected fault and live queries"
+HELP = "2-rank job with an injected remote stall: live query, diagnosis, spans"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
-QUERY_START = ('task:end { @latency[task.class] = hist(task.dur_ns); } '
-               'dep:release { @dep_wait_ns[task.class] = sum(dep.wait_ns); }')
-QUERY_LIVE = 'task:end /task.class == "attn"/ { @attn_dur_ns[task.layer] = stats(task.dur_ns); }'
+#: The live query: average remote wait per comm op and quarter of the run (step / Q).
+#: Both ranks wait longer once the fault starts -- the query alone cannot say who is late;
+#: the collector's join of waits to signals can.
+QUERY = 'comm:wait {{ @remote_wait_us[comm.op, step / {q}] = avg(comm.wait_ns / 1000); }}'
+
+
+def query_for(steps: int) -> str:
+    return QUERY.format(q=max(1, steps // 4))
+FAULT_DELAY_US = 200
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("auto", "gpu", "sim"), default="auto",
-                   help="gpu when CuPy and a GPU are present (auto), else the sim backend")
+    p.add_argument("--backend", choices=("auto", "sim", "gpu"), default="auto",
+                   help="auto (default): sim ranks (the multi-rank GPU server is not built yet)")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
-    p.add_argument("--steps", type=int, default=12, help="decode steps (default 12)")
+    p.add_argument("--steps", type=int, default=24, help="decode steps (default 24; the fault "
+                                                         "covers the second half)")
     p.add_argument("--batch", type=int, default=4, help="request slots (default 4)")
     p.add_argument("--no-fault", action="store_true", help="run without the injected fault")
+    p.add_argument("--spans", default=None, metavar="FILE",
+                   help="spans as JSON lines (default: dtrace_mk_demo.spans.jsonl in the temp dir)")
+    p.add_argument("--otlp", metavar="URL", help="also export the spans over OTLP/HTTP "
+                                                  "(e.g. http://127.0.0.1:4318)")
+    p.add_argument("--prometheus-port", type=int, metavar="P", help="live metrics while it runs")
+    p.add_argument("--interval", type=float, default=0.5, metavar="S",
+                   help="seconds between the live query's outputs (default 0.5)")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="give up after S seconds (default 120)")
     p.add_argument("-f", "--format", choices=("text", "json"), default="text",
-                   help="query output as text (bpftrace style) or newline-delimited JSON")
+                   help="text, or newline-delimited JSON (query blocks, then the diagnosis)")
+
+
+def fault_spec(steps: int) -> str:
+    first = steps // 2
+    return (f"late_comm:rank=1,steps={first}-{steps - 1},comm_op=allreduce_attn,layer=0,"
+            f"delay_us={FAULT_DELAY_US}")
+
+
+def cross_rank_links(spans_path: Path) -> Dict[str, int]:
+    """Spans in the file, and links from a rank's span to a span of another rank."""
+    spans = [json.loads(line) for line in spans_path.read_text().splitlines() if line.strip()]
+    rank_of = {s["span_id"]: s["attributes"].get("dtrace_mk.rank") for s in spans}
+    links = cross = 0
+    for s in spans:
+        for ln in s.get("links", []):
+            links += 1
+            if rank_of.get(ln["span_id"], s["attributes"].get("dtrace_mk.rank")) != \
+                    s["attributes"].get("dtrace_mk.rank"):
+                cross += 1
+    return {"spans": len(spans), "links": links, "cross_rank_links": cross}
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lang import printing
-    from ..lang.host import QueryRun
-    from ..lang.pipeline import compile_query
-    from ..megakernel.faults import FaultTable
-    from ..megakernel.graph import build_graph
-    from ..megakernel.presets import get_preset
-    from .run import H200_SMS, _gpu_sms, gpu_available
+    from ..launch.api import render_output
+    from ..launch.control import ControlClient
+    from ..launch.launcher import start_job, summary_lines
+    from .attach import compile_for_attach
 
-    if args.steps < 2:
-        raise UserError(f"--steps: expected >= 2 (the live query attaches mid-run), got {args.steps}")
-    backend = args.backend
-    if backend == "auto":
-        backend = "gpu" if gpu_available() else "sim"
-    elif backend == "gpu" and not gpu_available():
-        raise UserError("--backend gpu: no CuPy or no GPU here (use --backend sim)")
-    cfg = get_preset(args.model)
-    workers = _gpu_sms() if backend == "gpu" else H200_SMS
-    graph = build_graph(cfg, args.batch, workers)
-    attach_step = args.steps // 2
-    fault_specs = [] if args.no_fault else [
-        {"kind": "slow_task_class", "task_class": "attn", "layer": min(1, cfg.n_layers - 1),
-         "extra_us": 40, "steps": list(range(attach_step, args.steps))}]
-    faults = FaultTable.from_specs(fault_specs, "demo")
-
-    q_start = compile_query(QUERY_START, graph.schema, name="start")
-    q_live = compile_query(QUERY_LIVE, graph.schema, name="live")
-    why = "" if args.backend == "gpu" or backend == "gpu" else " (no GPU found)" if args.backend == "auto" else ""
-    say = print if args.format == "text" else (lambda *a, **k: None)
-    say(f"== dtrace_mk demo: model {cfg.name}, batch {args.batch}, {args.steps} decode steps, "
-        f"{workers} workers, backend {backend}{why} ==")
-    if fault_specs:
-        f = fault_specs[0]
-        say(f"fault table: slow_task_class attn layer {f['layer']} +{f['extra_us']} us, steps "
-            f"{f['steps'][0]}-{f['steps'][-1]} (data in device memory: the same binary runs both halves)")
-    say(f"attached at start:          {QUERY_START}")
-    say(f"attached live at step {attach_step:<3}  {QUERY_LIVE}")
-
-    hooks = {p.hook.name for q in (q_start, q_live) for p in q.obj.programs}
-    runs: Dict[str, QueryRun] = {"start": QueryRun(q_start.obj, q_start.plan, num_workers=workers)}
-    runs["start"].begin()
-
-    def feed(rec: bytes) -> None:
-        step = struct.unpack_from("<I", rec, context.OFF_DECODE_STEP)[0]
-        if "live" not in runs and step >= attach_step:
-            runs["live"] = QueryRun(q_live.obj, q_live.plan, num_workers=workers)
-            runs["live"].begin()
-        for q in runs.values():
-            q.feed(rec)
-
-    if backend == "sim":
-        from ..megakernel.sim import Sim, pack_ctx
-        res = Sim(graph, args.steps, faults=faults, sink=lambda ctx: feed(pack_ctx(ctx)),
-                  hooks=sorted(hooks)).run()
-        step_ns, source = res.step_ns, "simulated from the cost table"
-    else:
-        from ..megakernel import gpu
-        mk = gpu.Megakernel(graph.cfg, batch=graph.batch, num_workers=workers, graph=graph)
-        res = mk.run(args.steps, hooks="all", faults=faults if len(faults) else None)
-        wanted = {abi.hook(h).id for h in hooks}
-        raw = res.hooks.tobytes()
-        recs = sorted((raw[i:i + 128] for i in range(0, len(raw), 128)),
-                      key=lambda r: struct.unpack_from("<Q", r, context.OFF_TS_NS)[0])
-        for r in recs:
-            if struct.unpack_from("<I", r, context.OFF_HOOK)[0] in wanted:
-                feed(r)
-        total = int(res.elapsed_ms * 1e6)
-        step_ns, source = [total // args.steps] * args.steps, "one launch, launch time / steps"
-        if res.hooks_dropped:
-            say(f"warning: {res.hooks_dropped} hook records dropped (device ring full)")
-
-    say(f"\ndecode step time ({source}):")
-    for k, ns in enumerate(step_ns):
-        mark = "  <- fault active" if fault_specs and attach_step <= k else ""
-        say(f"  step {k:3d}: {ns / 1000:9.1f} us{mark}")
-    for label, q in runs.items():
-        blocks = q.finish()
-        if args.format == "json":
-            print(printing.render_json(blocks), end="")
-        else:
-            say(f"\n-- query attached {'at start' if label == 'start' else f'live at step {attach_step}'} --")
-            print(printing.render_text(blocks), end="")
-    say("\nnext: dtrace-mk probes -v | dtrace-mk run-vm -e 'QUERY' --events FILE | "
-        "dtrace-mk run --events-out FILE")
+    if args.steps < 4:
+        raise UserError(f"--steps: expected >= 4 (the fault covers the second half), got {args.steps}")
+    if args.backend == "gpu":
+        raise UserError("demo --backend gpu: the multi-rank GPU server is not built yet (the "
+                        "megakernel runs all steps in one launch, no step boundary for live "
+                        "attach); use --backend sim, or dtrace-mk run --backend gpu for one GPU")
+    text = args.format == "text"
+    say = print if text else (lambda *a, **k: None)
+    query = query_for(args.steps)
+    raw, name, qtext = compile_for_attach(query, None)          # rejected here, never sent
+    spans = Path(args.spans or Path(tempfile.gettempdir()) / "dtrace_mk_demo.spans.jsonl").resolve()
+    if spans.exists():
+        spans.unlink()
+    cmd = ["python", "-m", "dtrace_mk.launch.serve", "--model", args.model, "--steps", str(args.steps),
+           "--batch", str(args.batch), "--await-attach", "30", "--quiet"]
+    if not args.no_fault:
+        cmd += ["--fault", fault_spec(args.steps)]
+    say(f"== dtrace_mk demo: 2 ranks of the {args.model} megakernel (sim backend), batch "
+        f"{args.batch}, {args.steps} decode steps ==")
+    if not args.no_fault:
+        say(f"fault table: late_comm on rank 1 (allreduce_attn, layer 0, +{FAULT_DELAY_US} us) in steps "
+            f"{args.steps // 2}-{args.steps - 1}; the same binary runs every step")
+    t0 = time.monotonic()
+    deadline = t0 + args.timeout
+    log = tempfile.NamedTemporaryFile("w+", prefix="dtmk-demo-", suffix=".log")
+    job = start_job(2, cmd, backend="sim", otlp=args.otlp, json_spans=str(spans),
+                    prometheus_port=args.prometheus_port, quiet=True, stdout=log, stderr=log)
+    outputs: List[Dict[str, Any]] = []
+    final: Optional[Dict[str, Any]] = None
+    try:
+        say(f"job {job.job.id}: mpiexec -n 2 (serving ranks) : -n 1 (collector)")
+        if not job.wait_ready(deadline):
+            raise UserError(f"demo: the job's control socket did not come up ({_tail(log)})")
+        reply, stream = ControlClient(job.job).attach(raw, name, qtext, stream=True,
+                                                      interval_s=args.interval)
+        say(f"attached live through the control socket (as dtrace-mk attach does), query "
+            f"{reply['id']} at step {reply['apply_at']}:\n  {query}\n  (keys: comm op, "
+            f"quarter of the run = step / {max(1, args.steps // 4)})")
+        for msg in stream:
+            if msg.get("type") == "output":
+                outputs.append(msg)
+                if msg.get("final"):
+                    final = msg
+                elif text:
+                    steps = sorted({p["step"] for p in msg["ranks"].values()})
+                    print(f"  live output at step {steps[-1]}: " + _oneline(msg))
+            elif msg.get("type") == "end":
+                break
+            if time.monotonic() > deadline:
+                raise UserError(f"demo: no end after {args.timeout:g} s")
+        rc = job.wait(timeout_s=max(1.0, deadline - time.monotonic()))
+        if rc != 0:
+            raise UserError(f"demo: the MPI job exited with status {rc} ({_tail(log)})")
+        res = job.result()
+        if res is None:
+            raise UserError(f"demo: the collector wrote no diagnosis ({_tail(log)})")
+    finally:
+        if job.running():
+            job.kill()
+        job.cleanup()
+        log.close()
+    links = cross_rank_links(spans) if spans.is_file() else {"spans": 0, "links": 0, "cross_rank_links": 0}
+    if not text:
+        if final is not None:
+            sys.stdout.write(render_output(final, "json"))
+        print(json.dumps({"type": "diagnosis", "verdict": res["verdict"], "findings": res["findings"],
+                          "coverage": res["coverage"], "spans_file": str(spans), **links,
+                          "wall_s": round(time.monotonic() - t0, 2)}, sort_keys=True))
+        return 0
+    print("\n-- diagnosis (the collector: clocks aligned, waits joined to signals by comm_op/comm_gen) --")
+    for line in summary_lines(res):
+        print(line)
+    print("\n-- the live query's final output (per rank, with coverage) --")
+    sys.stdout.write(render_output(final, "text") if final else "(no output)\n")
+    print(f"\nspans: {links['spans']} spans, {links['cross_rank_links']} links from a rank's remote wait "
+          f"to the other rank's signal -> {spans}")
+    for e in (res.get("export") or {}).get("exporters", []):
+        if e["kind"] == "otlp":
+            print(f"spans: {e.get('exported', 0)} exported to {e.get('target')}"
+                  + (f", {e['dropped']} dropped" if e.get("dropped") else ""))
+    print(f"({time.monotonic() - t0:.1f} s)  next: dtrace-mk launch -n 2 -- python -m "
+          f"dtrace_mk.launch.serve --model tiny --duration 60, then dtrace-mk attach --job ID -e 'QUERY'")
     return 0
+
+
+def _oneline(msg: Dict[str, Any]) -> str:
+    parts = []
+    for r, part in sorted(msg["ranks"].items(), key=lambda kv: int(kv[0])):
+        n = sum(b["coverage"]["eligible"] for b in part["blocks"] if b.get("type") == "map")
+        parts.append(f"rank {r}: {n} comm:wait events")
+    return ", ".join(parts) or "(nothing yet)"
+
+
+def _tail(log) -> str:
+    try:
+        log.flush()
+        log.seek(0)
+        lines = [l.rstrip() for l in log.read().splitlines() if l.strip()]
+    except (OSError, ValueError):
+        return "no log"
+    return "last output: " + " | ".join(lines[-3:]) if lines else "no output"

@@ -26,7 +26,7 @@ from ..bpf.coverage import Coverage
 from ..errors import UserError
 
 NAME = "top"
-ORDER = 30
+ORDER = 34
 HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 

@@ -443,6 +443,19 @@ class Megakernel:
             raise WatchdogFired(res.watchdog)
         return res
 
+    def load_cubin(self, cubin: bytes, tag: str = "linked") -> None:
+        """Run a prebuilt cubin of megakernel.cu from the next launch (the compiled tier:
+        the kernel's LTO-IR linked with a monitor's, dtrace_mk.runtime.live)."""
+        import cupy as cp
+        path = cache_dir() / f"{hashlib.sha256(cubin).hexdigest()[:24]}_megakernel_{tag}.cubin"
+        if not path.exists():
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(cubin)
+            tmp.replace(path)
+        self.module = cp.RawModule(path=str(path))
+        self.kernel = self.module.get_function("dtmk_megakernel")
+        set_smem(self.kernel, self.smem)
+
     # -- observer (device VM at the hook sites) ----------------------------------------
     def set_observer(self, tables_ptr: int, state) -> None:
         """Run the device VM's hook tables at `tables_ptr` (DeviceRuntime.tables) in the
@@ -451,7 +464,6 @@ class Megakernel:
         self.obs_state = state
 
     def _prepare(self, hooks, trace, faults, watchdog_ms, refresh) -> None:
-        cp = self.cp
         self.set_faults(faults)
         ctl = np.zeros(CTL_WORDS, np.uint32)
         ctl[CTL_HOOK_MASK] = hook_mask(hooks)

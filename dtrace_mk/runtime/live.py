@@ -44,7 +44,6 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..abi import definition as abi
 from ..bpf.coverage import Coverage
 from ..bpf.maps import MapSet
 from ..bpf.program import BpfObject
@@ -63,6 +62,51 @@ def summary_monitor(schema=None):
     """The summary monitor compiled by dtrace_mk.lang (a CompileResult: .obj, .plan)."""
     from ..lang.pipeline import compile_query
     return compile_query(SUMMARY_QUERY, schema, name="<dtrace-mk summary>")
+
+
+def link_megakernel(monitor_src: str, arch: str = "sm_90a") -> Tuple[bytes, float]:
+    """The compiled tier in the megakernel: megakernel.cu's LTO-IR built with
+    -DDTMK_COMPILED_TIER (hook sites call dtmk_cm_run_records) + the monitor's LTO-IR
+    (dtrace_mk.runtime.compiled.monitor_source) -> nvJitLink -> cubin.  Returns (cubin,
+    seconds spent building and linking)."""
+    from ..megakernel import gpu
+    from .compiled import link_cubin, ltoir
+    t0 = time.perf_counter()
+    k = gpu.compile_source(arch, "ltoir", defines=("DTMK_COMPILED_TIER",))
+    m = ltoir(monitor_src, arch=arch)
+    cubin = link_cubin([("megakernel.ltoir", k), ("monitor.ltoir", m)], arch=arch)
+    return cubin, time.perf_counter() - t0
+
+
+def linked_runtime(num_workers: int, **kw):
+    """A DeviceRuntime (no harness) whose table slots can run compiled: attach(...,
+    tier="compiled") marks them; LiveSession.link_compiled() builds the kernel."""
+    from .compiled import _CompiledMixin
+    from .device import DeviceRuntime
+
+    class LinkedRuntime(_CompiledMixin, DeviceRuntime):
+        def __init__(self):
+            DeviceRuntime.__init__(self, num_workers, harness=False, clock_from_ctx=False, **kw)
+            self._cm_init()
+
+        def attach(self, obj, verify: bool = True, *, tier: str = "hot", **akw) -> int:
+            if tier not in ("hot", "compiled"):
+                raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
+            aid = DeviceRuntime.attach(self, obj, verify, **akw)
+            if tier == "compiled":
+                self._mark_compiled(aid)
+                for hid in self._hooks_of(aid):
+                    self._publish(hid)
+            return aid
+
+        def detach(self, aid: int) -> None:
+            DeviceRuntime.detach(self, aid)
+            self._tier.pop(aid, None)
+            for dp in self._detached[aid].progs:
+                self._cm_id.pop(id(dp), None)
+                self._cm_reserved.pop(id(dp), None)
+
+    return LinkedRuntime()
 
 
 class AttachRefused(UserError):
@@ -116,6 +160,13 @@ class LiveSession:
         self.clock_offset, self.clock_err = _calibrate(cp)
         self._pinned = cp.cuda.alloc_pinned_memory(64)
         self._word = np.frombuffer(self._pinned, np.uint32, 16)
+
+    def link_compiled(self) -> float:
+        """Relink the megakernel with the programs attached tier="compiled" (needs
+        runtime=linked_runtime(...)); used from the next launch.  Returns build seconds."""
+        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch)
+        self.mk.load_cubin(cubin)
+        return secs
 
     # -- the run ----------------------------------------------------------------------
     def start(self, steps: int, **kw) -> None:
@@ -183,6 +234,12 @@ class LiveSession:
                                  "written_host": time.time_ns()}
 
     # -- reading while it runs -------------------------------------------------------
+    def snapshot_steps(self) -> int:
+        """Decode steps finished so far (absolute), read on the side stream."""
+        g = self.mk.graph
+        with self.side:
+            return int(self.mk.buf["events"][g.step_event:g.step_event + 1].get(stream=self.side)[0])
+
     def read_state(self) -> np.ndarray:
         with self.side:
             st = self.state.get(stream=self.side)
@@ -210,7 +267,6 @@ class LiveSession:
     def snapshot(self, aid: int) -> Snapshot:
         """Maps and coverage of attachment `aid`, read on the side stream while the
         kernel runs (module doc: consistent up to final_epoch)."""
-        cp = self.cp
         g = self.mk.graph
         with self.side:
             ev = self.mk.buf["events"]

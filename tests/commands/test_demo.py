@@ -1,60 +1,104 @@
-"""The README's demo on the sim backend: the fault shows in step times and in the live
-query, and every map carries coverage that adds up."""
-import re
+"""The README's demo: a 2-rank job under mpiexec (sim ranks) with a late all-reduce
+signal on rank 1, a query attached live through the control socket, the collector's
+diagnosis and a spans file with links across ranks."""
+import json
+import os
+import tempfile
 
 import pytest
 
 from dtrace_mk.cli import main
 
 
-def _demo(capsys, *extra):
-    assert main(["demo", "--backend", "sim", *extra]) == 0
-    return capsys.readouterr().out
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    d = tempfile.mkdtemp(prefix="dtmk-")
+    os.chmod(d, 0o700)
+    monkeypatch.setenv("DTRACE_MK_RUNTIME_DIR", d)
+    yield d
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
 
 
-def _steps(out):
-    return [float(m) for m in re.findall(r"step +\d+: +([\d.]+) us", out)]
+def _spans(path):
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
-def _attn_avg(out, layer):
-    m = re.search(rf"@attn_dur_ns\[{layer}\]: count (\d+), average (\d+)", out)
-    assert m, out
-    return int(m.group(1)), int(m.group(2))
+@pytest.mark.mpi
+def test_demo_diagnoses_the_remote_stall_at_rank_1(capsys, runtime_dir, tmp_path):
+    spans = tmp_path / "spans.jsonl"
+    assert main(["demo", "--spans", str(spans)]) == 0
+    out = capsys.readouterr().out
+    assert "remote_stall rooted at rank 1 (allreduce_attn layer 0), steps 12-23, observed on rank(s) 0" in out, out
+    # the live query: attached at a step boundary on both ranks, output per rank with coverage
+    assert "query 1 rank 0, step 23 (final; attached at step 2)" in out
+    assert "query 1 rank 1, step 23 (final; attached at step 2)" in out
+    for e, x, t, l in __import__("re").findall(
+            r"coverage @remote_wait_us: eligible (\d+), executed (\d+), throttled (\d+), lost (\d+)", out):
+        assert int(e) == int(x) + int(t) + int(l) > 0
+    # spans: remote waits on rank 0 link to rank 1's signal spans (and the other way)
+    rows = _spans(spans)
+    rank_of = {s["span_id"]: s["attributes"]["dtrace_mk.rank"] for s in rows}
+    cross = [(s["attributes"]["dtrace_mk.rank"], rank_of[ln["span_id"]]) for s in rows
+             for ln in s["links"] if ln["span_id"] in rank_of]
+    assert (0, 1) in cross and all(a != b for a, b in cross)
+    assert f"{len(cross)} links from a rank's remote wait" in out
+    assert {s["resource"]["dtrace_mk.rank"] for s in rows} == {0, 1}
 
 
-def test_demo_shows_the_fault_in_steps_and_live_query(capsys):
-    out = _demo(capsys)
-    steps = _steps(out)
-    assert len(steps) == 12
-    assert min(steps[6:]) > max(steps[:6]) + 30, steps        # +40 us on layer-1 attn tasks
-    n0, avg0 = _attn_avg(out, 0)
-    n1, avg1 = _attn_avg(out, 1)
-    assert n0 == n1 > 0
-    assert avg1 - avg0 == pytest.approx(40_000, abs=500)
-    for e, x, t, l in re.findall(r"coverage @\w+: eligible (\d+), executed (\d+), throttled (\d+), lost (\d+)", out):
-        assert int(e) == int(x) + int(t) + int(l)
-    live = re.search(r"coverage @attn_dur_ns: eligible (\d+)", out)
-    start = re.search(r"coverage @latency: eligible (\d+)", out)
-    # attached live at step 6 of 12: it saw exactly the second half of task:end events
-    assert int(live.group(1)) * 2 == int(start.group(1))
+class OtlpReceiver:
+    """A local OTLP/HTTP endpoint that decodes what it receives (opentelemetry-proto)."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        import threading
+        self.spans = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        outer.spans.extend(ss.spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
 
 
-def test_demo_without_fault_has_even_layers(capsys):
-    out = _demo(capsys, "--no-fault")
-    steps = _steps(out)
-    assert max(steps) - min(steps) < 5, steps
-    _, avg0 = _attn_avg(out, 0)
-    _, avg1 = _attn_avg(out, 1)
-    assert abs(avg1 - avg0) < 1000
+@pytest.mark.mpi
+def test_demo_json_no_fault_and_otlp(capsys, runtime_dir, tmp_path):
+    rx = OtlpReceiver()
+    try:
+        assert main(["demo", "--no-fault", "--steps", "8", "-f", "json", "--otlp", rx.url,
+                     "--spans", str(tmp_path / "s.jsonl")]) == 0
+    finally:
+        rx.close()
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.strip()]
+    maps = [r for r in rows if r.get("type") == "map"]
+    assert {r["rank"] for r in maps} == {0, 1} and all("coverage" in r for r in maps)
+    diag = rows[-1]
+    assert diag["type"] == "diagnosis" and diag["verdict"] == "none" and diag["findings"] == []
+    assert diag["cross_rank_links"] > 0
+    # the running backend got the same spans, links included
+    assert len(rx.spans) == diag["spans"]
+    assert sum(len(s.links) for s in rx.spans) == diag["links"]
 
 
-def test_demo_json_is_ndjson(capsys):
-    import json
-    out = _demo(capsys, "-f", "json")
-    rows = [json.loads(l) for l in out.splitlines() if l.strip()]
-    assert rows and all("coverage" in r for r in rows if r.get("type") == "map")
-
-
-def test_demo_rejects_too_few_steps(capsys):
-    assert main(["demo", "--backend", "sim", "--steps", "1"]) == 2
-    assert "--steps: expected >= 2" in capsys.readouterr().err
+def test_demo_rejects_bad_options(capsys):
+    assert main(["demo", "--steps", "2"]) == 2
+    assert "--steps: expected >= 4" in capsys.readouterr().err
+    assert main(["demo", "--backend", "gpu"]) == 2
+    assert "multi-rank GPU server is not built yet" in capsys.readouterr().err

@@ -1,0 +1,256 @@
+"""Cost of observation in the reference megakernel, as ratios measured in one run.
+
+    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--out DIR]
+
+Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
+taken round-robin over the variants so drift hits all alike):
+
+  nohooks     megakernel.cu built with -DDTMK_NO_HOOKS (no hook code at all)
+  off         default build, hooks compiled in, nothing enabled (the shipped default)
+  off2        the same again (the spread between off and off2 is the noise floor)
+  live_idle   observer tables wired in (LiveSession), nothing attached
+  summary     the summary monitor (dtrace_mk.runtime.live.SUMMARY_QUERY: per-class
+              latency histogram, dependency-wait sum, queue depth max) attached in the
+              hot tier (device VM at the hook sites), always on
+  trace       the MPK-style full task trace (32-byte record per task), nothing else
+  ring_all    every hook writing its 128-byte context to the global ring
+
+plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
+the hot attach latency into a running launch (attach/detach cycles, from the host's
+generation write and from the attach command to the first counted event, device clock).
+Tokens of every variant must equal the nohooks tokens (checked, printed).
+
+Writes DIR/hooks.json; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dtrace_mk.megakernel import gpu  # noqa: E402
+from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
+from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
+from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor  # noqa: E402
+
+STEPS = {"tiny": 64, "1b": 16}
+LONG = {"tiny": 4000, "1b": 600}
+
+
+def map_bytes(snap) -> int:
+    """Bytes the host reads for the summary's entries (keys + values) in one snapshot."""
+    n = 0
+    for m in snap.maps:
+        s = m.snapshot()
+        for k, v in s.items():
+            n += len(k) + (len(v) * 8 if isinstance(v, list) else len(v))
+    return n
+
+
+def summary(schema, log):
+    """The summary monitor; if compiling it fails in this process (seen once on the
+    device image: an AsmError from the lowering, while the same query compiled in the
+    pytest process on the same machine), say why and compile it in a fresh interpreter."""
+    try:
+        return summary_monitor(schema)
+    except Exception as e:  # noqa: BLE001
+        import pickle
+        import subprocess
+        import traceback
+        log(f"summary_monitor failed here ({sys.version.split()[0]}): {e!r}\n{traceback.format_exc()}")
+        code = ("import pickle,sys; sys.path.insert(0, %r); from dtrace_mk.runtime.live import summary_monitor; "
+                "sys.stdout.buffer.write(pickle.dumps(summary_monitor()))" % str(REPO))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
+        log("summary monitor compiled in a subprocess instead")
+        return pickle.loads(out)
+
+
+def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
+    cfg = PRESETS[name]
+    w = make_weights(cfg, 0)
+    steps = STEPS.get(name, 16)
+    mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+    mk = gpu.Megakernel(cfg, batch=1, weights=w)
+    live = LiveSession(mk)
+    mon = summary(mk.graph.schema, log)
+    wires = int(live.rt.tables.data.ptr)
+    extra = {}
+    mkc = None
+    try:
+        if not compiled:
+            raise RuntimeError("compiled tier not requested for this preset (--compiled-presets)")                                            # the compiled tier: summary linked into the kernel
+        mkc = gpu.Megakernel(cfg, batch=1, weights=w)
+        livec = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers))
+        aidc = livec.attach(mon.obj, tier="compiled")
+        extra["compiled_link_s"] = livec.link_compiled()
+    except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
+        import traceback
+        log(f"{name}: compiled tier unavailable: {e!r}\n{traceback.format_exc()}")
+        extra["compiled_error"] = repr(e)
+        mkc = None
+
+    def run(variant):
+        if variant == "summary_cm":
+            mkc.reset()
+            return mkc.run(steps, poison=False)
+        m = mk0 if variant == "nohooks" else mk
+        m.reset()
+        if variant in ("live_idle", "summary"):
+            mk.set_observer(wires, live.state)
+        elif m is mk:
+            mk.set_observer(0, None)
+        kw = {}
+        if variant == "trace":
+            kw["trace"] = True
+        if variant == "ring_all":
+            kw["hooks"] = "all"
+        return m.run(steps, poison=False, **kw)
+
+    variants = ["nohooks", "off", "off2", "live_idle", "summary", "trace", "ring_all"]
+    if mkc is not None:
+        variants.append("summary_cm")
+    times = {v: [] for v in variants}
+    toks = {}
+    aid = None
+    for v in variants:                              # warm-up, tokens (summary attached from here on)
+        if v == "summary":
+            aid = live.attach(mon.obj)
+        r = run(v)
+        toks[v] = r.tokens
+        if v == "trace":
+            extra["trace_bytes_per_step"] = len(r.trace) * gpu.TRACE_BYTES / steps
+            extra["trace_dropped"] = r.trace_dropped
+        if v == "ring_all":
+            extra["ring_bytes_per_step"] = len(r.hooks) * 128 / steps
+            extra["ring_dropped"] = r.hooks_dropped
+        if v == "summary":
+            snap = live.snapshot(aid)
+            extra["summary_map_bytes"] = map_bytes(snap)
+            extra["summary_coverage"] = {k: sum(getattr(c, k) for c in snap.coverage)
+                                         for k in ("eligible", "executed", "throttled", "lost")}
+            extra["summary_obs"] = {k: int(v_.sum()) for k, v_ in snap.state.items() if k in ("drained", "lost", "drains")}
+            hot_counts = {k: sum(v_) for k, v_ in snap.maps["lat"].snapshot().items()}
+        if v == "summary_cm":
+            snc = livec.snapshot(aidc)
+            cm_counts = {k: sum(v_) for k, v_ in snc.maps["lat"].snapshot().items()}
+            extra["summary_cm_counts_equal_hot"] = cm_counts == hot_counts
+            extra["summary_cm_coverage"] = {k: sum(getattr(c, k) for c in snc.coverage)
+                                            for k in ("eligible", "executed", "throttled", "lost")}
+    # the summary stays attached for its timed runs: detach around the others
+    for rep in range(reps):
+        for v in variants:
+            r = run(v)
+            times[v].append(r.elapsed_ms * 1e3 / steps)
+            toks[v] = r.tokens
+    # note: the summary attachment is in the tables for every run, but only runs with
+    # the observer wired (live_idle, summary) read them: live_idle therefore has it
+    # attached too -> re-time live_idle with nothing attached
+    live.detach(aid)
+    idle = []
+    for rep in range(reps):
+        idle.append(run("live_idle").elapsed_ms * 1e3 / steps)
+        times["off"].append(run("off").elapsed_ms * 1e3 / steps)
+    times["live_idle"] = idle
+    med = {v: statistics.median(t) for v, t in times.items()}
+    base = med["nohooks"]
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+           "all_us_per_step": times,
+           "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
+           "summary_vs_off": med["summary"] / med["off"] - 1.0,
+           "summary_cm_vs_off": (med["summary_cm"] / med["off"] - 1.0) if "summary_cm" in med else None,
+           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
+           "tasks": len(mk.graph.tasks), **extra}
+    log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratio_vs_nohooks", "tokens_equal")}))
+    # hot attach latency into a running launch
+    lat = []
+    mk.reset()
+    mk.set_observer(wires, live.state)
+    live.start(LONG.get(name, 600))
+    t0 = time.perf_counter()
+    while live.snapshot_steps() < 3 and time.perf_counter() - t0 < 20:
+        time.sleep(0.001)
+    for k in range(3):
+        if not live.running():
+            break
+        tc = time.perf_counter()
+        a = live.attach(mon.obj)
+        gen = live.gen
+        got = None
+        while got is None and time.perf_counter() - tc < 5 and live.running():
+            got = live.attach_latency(gen)
+        host_ms = (time.perf_counter() - tc) * 1e3
+        if got is not None:
+            got["host_poll_ms"] = host_ms
+            got["attach_call_ms"] = (live.stamps[gen]["written_host"] - (live.stamps[gen]["cmd_dev"] - live.clock_offset)) / 1e6
+            lat.append(got)
+        mid = live.snapshot(a)
+        if got is not None:
+            got["mid_snapshot_final_epoch"] = mid.final_epoch
+            got["mid_snapshot_steps_done"] = mid.steps_done
+        live.detach(a)
+        time.sleep(0.02)
+    live.mk.abort()
+    res = live.wait(raise_on_watchdog=False)
+    out["attach"] = lat
+    out["attach_run_stopped_by"] = None if res.watchdog is None else res.watchdog["reason"]
+    if lat:
+        out["attach_write_to_first_event_ms_median"] = statistics.median(x["write_to_first_event_ms"] for x in lat)
+        out["attach_cmd_to_first_event_ms_median"] = statistics.median(x["cmd_to_first_event_ms"] for x in lat)
+    log(json.dumps({"preset": name, "attach": lat}))
+    mk.set_observer(0, None)
+
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", default="tiny,1b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--compiled-presets", default="tiny,1b", help="presets that also link the compiled tier")
+    a = ap.parse_args(argv)
+    import cupy as cp
+    outdir = Path(a.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    logf = open(outdir / "hooks.log", "w")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    res = {"card": props["name"].decode(), "sms": props["multiProcessorCount"],
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
+    for p in a.presets.split(","):
+        try:
+            res["presets"].append(bench_preset(p, a.reps, log, p in a.compiled_presets.split(",")))
+        except Exception as e:  # keep the other preset's numbers
+            import traceback
+            log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+    (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"\n{res['card']}  {res['date']}")
+    print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
+          f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok")
+    for r in res["presets"]:
+        q = r["ratio_vs_nohooks"]
+        pct = lambda x: f"{100 * x:+.2f}%"  # noqa: E731
+        print(f"{r['preset']:<6} {r['us_per_step']['nohooks']:>10.1f} {pct(q['off']):>7} {pct(q['off2']):>7} "
+              f"{pct(q['live_idle']):>7} {pct(q['summary']):>8} {pct(q['summary_cm']) if 'summary_cm' in q else '-':>7} "
+              f"{pct(q['trace']):>7} {pct(q['ring_all']):>7} "
+              f"{pct(r['summary_vs_off']):>10} {r.get('trace_bytes_per_step', 0):>10.0f} "
+              f"{r.get('summary_map_bytes', 0):>7} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
+              f"{all(r['tokens_equal'].values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The job registry: private directories and files, ids, unsafe places refused."""
+import os
+import stat
+
+import pytest
+
+from dtrace_mk.launch import jobs
+
+
+def _mode(p):
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def test_new_job_is_private_and_findable(runtime_dir):
+    job = jobs.new_job(2, ["python", "-m", "x"], "sim")
+    assert jobs.JOB_ID_RE.match(job.id)
+    assert _mode(job.dir) == 0o700
+    assert _mode(job.token_path) == 0o600
+    assert len(job.token) == 64
+    assert jobs.find_job(job.id).dir == job.dir
+    assert job.info()["ranks"] == 2 and job.info()["command"] == ["python", "-m", "x"]
+    assert [j.id for j in jobs.list_jobs()] == [job.id]
+    other = jobs.new_job()
+    assert other.token != job.token and other.id != job.id
+
+
+def test_bad_ids_and_missing_jobs_are_named(runtime_dir):
+    with pytest.raises(jobs.JobError, match="not a job id"):
+        jobs.find_job("../etc")
+    with pytest.raises(jobs.JobError, match="no such job"):
+        jobs.find_job("j00000000")
+    with pytest.raises(jobs.JobError, match="no running job"):
+        jobs.find_job(None)
+
+
+def test_open_directories_and_token_files_are_refused(runtime_dir):
+    job = jobs.new_job()
+    os.chmod(job.token_path, 0o644)
+    with pytest.raises(jobs.JobError, match="not a private file"):
+        job.token
+    os.chmod(job.dir, 0o755)
+    with pytest.raises(jobs.JobError, match="lets others in"):
+        jobs.find_job(job.id)
+    os.chmod(runtime_dir, 0o755)
+    with pytest.raises(jobs.JobError, match="expected 0700"):
+        jobs.runtime_dir()
+    os.chmod(runtime_dir, 0o700)
+
+
+def test_dead_jobs_are_not_alive_and_pruned(runtime_dir):
+    job = jobs.new_job()
+    job.socket_path.write_text("")            # a socket file nobody listens on
+    info = job.info()
+    info["launcher_pid"] = 2 ** 22 + 12345    # no such process
+    (job.dir / jobs.INFO_NAME).write_text(__import__("json").dumps(info))
+    assert not job.alive()
+    assert jobs.prune() == [job.id]
+    assert not job.dir.exists()

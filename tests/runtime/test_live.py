@@ -1,0 +1,111 @@
+"""CI parts of live observation (no GPU): `dtrace-mk top` on the sim backend, the
+summary monitor, and the megakernel's observer variants compiling through NVRTC."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dtrace_mk.commands import top
+from dtrace_mk.megakernel.graph import build_graph
+from dtrace_mk.megakernel.presets import get_preset
+from dtrace_mk.runtime.live import SUMMARY_QUERY, summary_monitor
+
+
+def test_summary_monitor_verifies_and_hooks():
+    from dtrace_mk.bpf.verifier import verify
+    mon = summary_monitor()
+    assert sorted(p.hook.name for p in mon.obj.programs) == ["dep:release", "task:end", "task:ready"]
+    for p in mon.obj.programs:
+        assert verify(p, mon.obj.maps).max_path_insns <= 64      # a short, bounded monitor
+    assert {m.name for m in mon.obj.maps} == {"lat", "dep_wait", "queue"}
+    assert "hist(task.dur_ns)" in SUMMARY_QUERY
+
+
+def test_hist_quantile():
+    b = [0] * 64
+    assert top.hist_quantile(b, 0.5) == 0
+    b[10] = 9
+    b[20] = 1
+    assert top.hist_quantile(b, 0.5) == (1 << 10) - 1
+    assert top.hist_quantile(b, 0.99) == (1 << 20) - 1
+
+
+def _tasks(frame: str) -> int:
+    n = 0
+    for line in frame.splitlines()[2:]:
+        m = re.match(r"^(\S+)\s+(\d+)\s", line)
+        if m and not line.startswith(("queue", "coverage")):
+            n += int(m.group(2))
+    return n
+
+
+def test_top_sim_frames_refresh_and_end_exact():
+    steps, workers = 4, 8
+    frames = list(top.sim_frames("tiny", steps=steps, interval_ms=0.2, workers=workers))
+    assert len(frames) >= 3
+    counts = [_tasks(f) for f in frames]
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+    for f in frames:
+        assert f.startswith("dtrace-mk top  model tiny  backend sim")
+        assert "coverage eligible" in f and f.rstrip().endswith("OK")
+    last = frames[-1]
+    assert "[run finished]" in last
+    g = build_graph(get_preset("tiny"), 1, workers)
+    assert counts[-1] == steps * len(g.tasks)          # every task:end counted once
+    for name in ("qkv", "attn", "lm_head", "argmax"):
+        assert re.search(rf"^{name}\s", last, re.M), name
+    assert "queue depth max" in last
+
+
+def test_top_cli_sim(capsys):
+    from dtrace_mk.cli import main
+    rc = main(["top", "--backend", "sim", "--model", "tiny", "--steps", "3", "--frames", "2",
+               "--interval-ms", "0.2", "--workers", "8", "--no-clear"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out.count("dtrace-mk top") == 2 and "frame 2" in out
+
+
+def test_top_rejects_bad_interval(capsys):
+    from dtrace_mk.cli import main
+    assert main(["top", "--backend", "sim", "--interval-ms", "0"]) != 0
+    assert "--interval-ms" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from dtrace_mk.megakernel import gpu
+    return gpu
+
+
+def test_megakernel_observer_sources(nvrtc):
+    src = (nvrtc.KERNEL_DIR / "megakernel.cu").read_text()
+    for needle in ("DTMK_RUN_RECORDS(O.tabs, O.ring", "dtmk_vm_load_table", "dtmk_cov_acc_flush",
+                   "CTL_GEN", "OBS_PENDING"):
+        assert needle in src, needle
+    assert nvrtc.CTL_GEN == 7 and nvrtc.CTL_TABLES == 8 and nvrtc.CTL_OBS == 10 and nvrtc.CTL_STAMP == 12
+    for name, val in (("CTL_GEN", 7), ("CTL_TABLES", 8), ("CTL_OBS", 10), ("CTL_STAMP", 12),
+                      ("CTL_WORDS", 32), ("OBS_WORDS", nvrtc.OBS_WORDS)):
+        assert re.search(rf"#define {name} {val}\b", src), name
+    for i, n in enumerate(nvrtc.OBS_NAMES):
+        assert re.search(rf"#define OBS_{n.upper()} {i}\b", src), n
+
+
+def test_megakernel_variants_compile(nvrtc, tmp_path, monkeypatch):
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
+    cubin = nvrtc.compile_source("sm_90a", "cubin", defines=("DTMK_NO_HOOKS",), use_cache=False)
+    assert cubin[:4] == b"\x7fELF" and b"dtmk_vm_run_records" not in cubin
+    lto = nvrtc.compile_source("sm_90a", "ltoir", defines=("DTMK_COMPILED_TIER",), use_cache=False)
+    assert len(lto) > 1000
+
+
+def test_nvrtc_wrapper_leaves_interned_bytes_alone(nvrtc):
+    """An NVRTC compile with an empty log once overwrote the interned b" " (the log
+    buffer was b" " * 1); afterwards the query lowering emitted 'ldxwr0,' on the
+    device's Python 3.12 and bench/hooks.py could not compile its monitor."""
+    from dtrace_mk.kernels import build
+    build.nvrtc_compile('extern "C" __global__ void k() {}', "k.cu", "sm_90a", "cubin", ())
+    assert bytes([32]) == b" " and " ".encode() == b"\x20"
+    assert "    ldxw r0, [r6+" in summary_monitor().lowered.asm["c0_task_end"]

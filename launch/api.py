@@ -356,6 +356,8 @@ class ServingHost:
         for a in list(self.attachments.values()):
             if not a.detaching and now >= a.next_report and self.step_now >= a.apply_at:
                 a.next_report = now + a.interval_s
+                if not self.server.subscribers(a.aid):      # nobody streams it: no report
+                    continue
                 a.seq += 1
                 self._broadcast({"op": "report", "id": a.aid, "seq": a.seq})
 

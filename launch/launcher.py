@@ -31,6 +31,22 @@ from . import jobs
 DEFAULT_COMMAND = ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"]
 
 
+class terminate_as_interrupt:
+    """`with terminate_as_interrupt():` SIGTERM/SIGHUP raise KeyboardInterrupt, so the
+    Ctrl-C path (stop the job, clean up its directory) runs for them too."""
+
+    def __enter__(self):
+        def raise_interrupt(signum, frame):
+            raise KeyboardInterrupt
+        self.old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        return False
+
+
 def mpiexec_and_flavour():
     from ..commands.diagnose import find_mpiexec, mpi_flavour
     exe = find_mpiexec()
@@ -114,6 +130,8 @@ class Launched:
             from ..collectors import transport as T
             acc = T.CollectorSink(use_pingpongs=False)
             loop = T.replay_spool(str(spool), list(range(self.ranks)), acc)
+            if not acc.summaries:
+                return None            # nothing arrived: no diagnosis to speak of
             res = acc.result(None, ranks=self.ranks)
             res["transport"].update(loop.report())
             res["scenario"] = self.job.id

@@ -204,8 +204,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return serve(args)
     except UserError as e:
-        print(f"dtrace_mk.launch.serve: {e}", file=sys.stderr)
+        print(f"dtrace_mk.launch.serve: {e}", file=sys.stderr, flush=True)
+        _abort_job(e.exit_code)
         return e.exit_code
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        _abort_job(1)
+        raise
+
+
+def _abort_job(code: int) -> None:
+    """A rank that fails ends the whole MPI job: its peers (and the collector) would
+    otherwise wait for it forever (MPI_Finalize, the window exchange, the collector's
+    role split).  A single process without a launcher just returns."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    if mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(code)
 
 
 def serve(args: argparse.Namespace) -> int:

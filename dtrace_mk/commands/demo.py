@@ -94,7 +94,7 @@ def cross_rank_links(spans_path: Path) -> Dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     from ..launch.api import render_output
     from ..launch.control import ControlClient
-    from ..launch.launcher import start_job, summary_lines
+    from ..launch.launcher import start_job, summary_lines, terminate_as_interrupt
     from .attach import compile_for_attach
 
     if args.steps < 4:
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                     prometheus_port=args.prometheus_port, quiet=True, stdout=log, stderr=log)
     outputs: List[Dict[str, Any]] = []
     final: Optional[Dict[str, Any]] = None
+    guard = terminate_as_interrupt().__enter__()
     try:
         say(f"job {job.job.id}: mpiexec -n 2 (serving ranks) : -n 1 (collector)")
         if not job.wait_ready(deadline):
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             job.kill()
         job.cleanup()
         log.close()
+        guard.__exit__()
     links = cross_rank_links(spans) if spans.is_file() else {"spans": 0, "links": 0, "cross_rank_links": 0}
     if not text:
         if final is not None:

@@ -53,13 +53,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch.launcher import start_job
+    from ..launch.launcher import start_job, terminate_as_interrupt
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if args.prometheus_port is not None and not 0 <= args.prometheus_port < 65536:
         raise UserError(f"--prometheus-port: expected 0..65535, got {args.prometheus_port}")
     say = lambda s: print(f"launch: {s}", file=sys.stderr, flush=True)  # noqa: E731
+    with terminate_as_interrupt():
+        return _run(args, cmd, say, start_job)
+
+
+def _run(args, cmd, say, start_job) -> int:
     job = start_job(args.ranks, cmd, backend=args.backend, otlp=args.otlp, json_spans=args.json_spans,
                     prometheus_port=args.prometheus_port, quiet=args.quiet)
     rc = 130

@@ -183,3 +183,14 @@ def test_dead_job_is_reported_and_pruned(runtime_dir):
     assert f"{job.id}  not running" in r.stdout
     r = _run("list", "--prune", env=env)
     assert f"removed dead job {job.id}" in r.stdout and not job.dir.exists()
+
+
+def test_a_failing_rank_ends_the_job_with_its_exit_status(runtime_dir):
+    _mpiexec_or_fail()
+    env = dict(os.environ, DTRACE_MK_RUNTIME_DIR=runtime_dir)
+    r = _run("launch", "-n", "2", "--", "python", "-m", "dtrace_mk.launch.serve",
+             "--fault", "late_comm:rank=3,steps=1,comm_op=allreduce_attn,delay_us=5", env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "faults[0] (late_comm): rank must be an integer in 0..1, got 3" in r.stderr
+    assert "no diagnosis" in r.stderr and "Traceback" not in r.stderr
+    assert os.listdir(runtime_dir) == []                     # the job's directory is gone

@@ -25,7 +25,7 @@ from . import patterns as P
 from .classify import Evidence, Inputs, Thresholds, align_signals, align_waits, detect_all
 from .clock import DEFAULT_WINDOW_NS, build_clock_model
 from .join import join
-from .records import (ClockSample, Coverage, EpochSummary, Names, PingPong, RecordError,
+from .records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, PingPong, RecordError,
                       RemoteWait, Signal, pack, unpack_stream)
 from .scenario import Scenario
 
@@ -271,16 +271,9 @@ class Accumulator(RecordSink):
             self.add(r)
 
     def add(self, r) -> None:
-        if isinstance(r, EpochSummary):
-            self.summaries.append(r)
-        elif isinstance(r, RemoteWait):
-            self.waits.append(r)
-        elif isinstance(r, Signal):
-            self.signals.append(r)
-        elif isinstance(r, ClockSample):
-            self.clock_samples.append(r)
-        elif isinstance(r, PingPong):
-            self.pingpongs.append(r)
+        name = RECORD_LISTS.get(type(r))
+        if name is not None:
+            getattr(self, name).append(r)
 
     def on_rank_lost(self, rank: int) -> None:
         self.lost_ranks.add(rank)

@@ -225,6 +225,11 @@ Record = Union[EpochSummary, RemoteWait, Signal, ClockSample, PingPong]
 RECORD_TYPES: Dict[int, Type[_Record]] = {
     t.TAG: t for t in (EpochSummary, RemoteWait, Signal, ClockSample, PingPong)}
 
+# Which list of a record container (collectors.diagnose.Accumulator,
+# exporters.batch.RecordSet) holds each record type.
+RECORD_LISTS: Dict[Type[_Record], str] = {EpochSummary: "summaries", RemoteWait: "waits", Signal: "signals",
+                                          ClockSample: "clock_samples", PingPong: "pingpongs"}
+
 
 def max_packed_size(rtype: Type[_Record]) -> int:
     """Upper bound on `len(pack(r))` for any valid record of `rtype`."""

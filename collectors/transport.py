@@ -53,7 +53,8 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
+import json
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from .records import PingPong
 
@@ -698,3 +699,17 @@ def replay_spool(path: str, ranks: Sequence[int], sink) -> "CollectorLoop":
             st.lost = True
             sink.on_rank_lost(st.rank)
     return loop
+
+
+def monitors_output(notes: Dict[int, List[bytes]]) -> Dict[str, Any]:
+    """User monitors' output that ranks sent as notes (`CollectorLoop.notes`), per rank,
+    for the result's "monitors" entry (the last note of a rank wins; bad JSON is skipped)."""
+    mons: Dict[str, Any] = {}
+    for rank, raws in sorted(notes.items()):
+        for raw in raws:
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            mons[str(rank)] = {"blocks": doc.get("blocks", []), "cut": doc.get("cut", 0)}
+    return mons

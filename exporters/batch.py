@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..collectors.clock import DEFAULT_WINDOW_NS, ClockModel, build_clock_model
-from ..collectors.records import (ClockSample, Coverage, EpochSummary, Names, PingPong,
+from ..collectors.records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, PingPong,
                                   RecordError, RemoteWait, Signal, pack_stream, unpack_stream)
 from ..errors import UserError
 
@@ -66,18 +66,10 @@ class RecordSet:
         return rs
 
     def add(self, r) -> None:
-        if isinstance(r, EpochSummary):
-            self.summaries.append(r)
-        elif isinstance(r, RemoteWait):
-            self.waits.append(r)
-        elif isinstance(r, Signal):
-            self.signals.append(r)
-        elif isinstance(r, ClockSample):
-            self.clock_samples.append(r)
-        elif isinstance(r, PingPong):
-            self.pingpongs.append(r)
-        else:
+        name = RECORD_LISTS.get(type(r))
+        if name is None:
             raise TypeError(f"not a collector record: {type(r).__name__}")
+        getattr(self, name).append(r)
 
     def __iter__(self):
         for k in self._KEYS:

@@ -81,16 +81,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     res["job_id"] = a.job_id
     res["transport"].update(loop.report())
     if loop.notes:             # serve --monitor FILE: those queries' output, per rank
-        import json
-        mons = {}
-        for rank, notes in sorted(loop.notes.items()):
-            for raw in notes:
-                try:
-                    doc = json.loads(raw)
-                except ValueError:
-                    continue
-                mons[str(rank)] = {"blocks": doc.get("blocks", []), "cut": doc.get("cut", 0)}
-        res["monitors"] = mons
+        from ..collectors.transport import monitors_output
+        res["monitors"] = monitors_output(loop.notes)
     res["wall_offset_ns"] = wall0 if a.backend != "gpu" else time.time_ns() - time.monotonic_ns()
     res["timing"] = {"collector_s": round(time.monotonic() - t0, 2)}
     res["telemetry"] = {"bytes": res["telemetry_bytes"], "records_lost": sum(acc.lost_records.values())}

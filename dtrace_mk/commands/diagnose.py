@@ -337,15 +337,8 @@ def _result(acc, loop, sc, ranks: int) -> Dict[str, Any]:
     res = acc.result(sc, ranks=ranks)
     res["transport"].update(loop.report())
     if loop.notes:             # user monitors' output, per rank (beside the diagnosis)
-        mons: Dict[str, Any] = {}
-        for rank, notes in sorted(loop.notes.items()):
-            for raw in notes:
-                try:
-                    doc = json.loads(raw)
-                except ValueError:
-                    continue
-                mons[str(rank)] = {"blocks": doc.get("blocks", []), "cut": doc.get("cut", 0)}
-        res["monitors"] = mons
+        from ..collectors.transport import monitors_output
+        res["monitors"] = monitors_output(loop.notes)
     tb = res["telemetry_bytes"]
     res["telemetry"] = {"bytes": tb, "bytes_per_step": round(tb / max(sc.steps, 1), 1),
                         "bytes_per_rank_step": round(tb / max(sc.steps * ranks, 1), 1),

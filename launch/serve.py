@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import UserError
 
-SIM_WORKERS = 132          # one worker per SM of an H200
+from ..megakernel.presets import SIM_WORKERS  # noqa: E402
 DURATION_STEP_CAP = 1_000_000
 
 

@@ -45,8 +45,7 @@ ORDER = 40
 HELP = "run a scenario under mpiexec (sim or GPU ranks) and diagnose local vs remote causes"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
-#: Workers per rank on the sim backend (one per SM of an H200).
-SIM_WORKERS = 132
+from ..megakernel.presets import SIM_WORKERS  # noqa: E402  (re-exported for bench/collector.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

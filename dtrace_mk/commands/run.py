@@ -42,7 +42,7 @@ ORDER = 10
 HELP = "run the reference megakernel (GPU or sim) and print tokens/s and decode-step time"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
-H200_SMS = 132
+from ..megakernel.presets import SIM_WORKERS as H200_SMS  # noqa: E402
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

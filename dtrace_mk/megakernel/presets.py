@@ -32,6 +32,9 @@ from typing import Dict, Tuple
 from ..errors import UserError
 
 
+# Workers of the sim backend when no GPU says otherwise: one per SM of an H200.
+SIM_WORKERS = 132
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str

@@ -118,6 +118,12 @@ class CoverageTable:
     def rows(self) -> List[Coverage]:
         return list(self._rows.values())
 
+    def retire_epochs(self, upto: int) -> None:
+        """Forget the rows of epochs <= upto (a consumer that has shipped them keeps
+        memory bounded)."""
+        for k in [k for k in self._rows if k[2] <= upto]:
+            del self._rows[k]
+
     def check(self) -> None:
         for c in self._rows.values():
             c.check()

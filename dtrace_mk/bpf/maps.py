@@ -384,6 +384,11 @@ class RingBufMap(Map):
     def budget_left(self, worker: int, epoch: int) -> int:
         return self.mdef.budget_bytes - self._used.get((worker, epoch), 0)
 
+    def retire_epochs(self, upto: int) -> None:
+        """Forget the budget use of epochs <= upto (their records were shipped)."""
+        for k in [k for k in self._used if k[1] <= upto]:
+            del self._used[k]
+
     def drain(self) -> List[Record]:
         """All records, worker by worker in output order; the rings are emptied (budget use
         of the epoch stays)."""

@@ -355,13 +355,9 @@ class RankAgent:
                 if key[0] <= last:
                     m.delete(struct.pack("<%dQ" % n, *key))
         # coverage rows and evidence budget use of flushed epochs go (bounded memory)
-        rows = self.rt.coverage_table(self.aid)._rows
-        for key in [k for k in rows if k[2] <= last]:
-            del rows[key]
+        self.rt.coverage_table(self.aid).retire_epochs(last)
         if self._ev_tags:
-            used = self.maps[EVIDENCE_MAP]._used
-            for key in [k for k in used if k[1] <= last]:
-                del used[key]
+            self.maps[EVIDENCE_MAP].retire_epochs(last)
 
     def _coverage(self, epochs: Sequence[int]) -> Dict[int, Coverage]:
         want = set(epochs)

@@ -139,3 +139,15 @@ def test_mapset_indexing_and_snapshot():
     assert ms.snapshot(skip_zero=True) == {"a": {}, "h": {k4(1): k4(2)}}
     ms.clear()
     assert ms.snapshot(skip_zero=True) == {"a": {}, "h": {}}
+
+
+def test_ringbuf_retire_epochs_frees_budget_of_shipped_epochs_only():
+    from dtrace_mk.bpf.maps import create_map
+    from dtrace_mk.bpf.program import MapDef
+    rb = create_map(MapDef("ev", "ringbuf", 0, 0, 4096, budget_bytes=16), num_workers=1)
+    for epoch in (1, 2):
+        assert rb.output(b"x" * 16, worker=0, epoch=epoch) == 0
+        assert rb.output(b"y", worker=0, epoch=epoch) < 0          # over budget
+    rb.retire_epochs(1)
+    assert rb.output(b"z", worker=0, epoch=1) == 0                 # epoch 1 forgotten
+    assert rb.output(b"z", worker=0, epoch=2) < 0                  # epoch 2 still counted

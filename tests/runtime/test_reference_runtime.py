@@ -218,3 +218,13 @@ def test_coverage_invariant_and_precedence():
         bad.check()
     with pytest.raises(ValueError):
         row.record("bogus")
+
+
+def test_coverage_table_retire_epochs():
+    from dtrace_mk.bpf.coverage import CoverageTable
+    t = CoverageTable()
+    for epoch in (1, 2, 3):
+        t.record("p", "task:end", epoch, 0, "executed")
+    t.retire_epochs(2)
+    assert [c.epoch for c in t.rows()] == [3]
+    t.check()

@@ -220,6 +220,20 @@ class ExportBatch:
         return s.coverage if s is not None else Coverage()
 
 
+def merge_wait_tiles(waits: Iterable[RemoteWait]) -> List[Tuple[Tuple[int, int, int, int], RemoteWait, int, int, int]]:
+    """The tiles of one remote wait (same comm_op, comm_gen, sender, receiver) as one wait:
+    (key, first tile, earliest begin, latest end, tile count), sorted by key."""
+    merged: Dict[Tuple[int, int, int, int], List[Any]] = {}
+    for w in waits:
+        k = (w.comm_op, w.comm_gen, w.peer, w.rank)
+        m = merged.get(k)
+        if m is None:
+            merged[k] = [w, w.wait_begin_ns, w.wait_end_ns, 1]
+        else:
+            m[1], m[2], m[3] = min(m[1], w.wait_begin_ns), max(m[2], w.wait_end_ns), m[3] + 1
+    return [(k, *v) for k, v in sorted(merged.items())]
+
+
 def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optional[str] = None,
                 service_name: str = "dtrace_mk",
                 rank_info: Optional[Mapping[int, RankInfo]] = None,

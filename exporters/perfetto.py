@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..abi.definition import FLAG_DYNAMIC, NONE_U32
 from ..collectors.join import group_signals
-from .batch import ExportBatch, TaskSlice, TaskTrace
+from .batch import ExportBatch, merge_wait_tiles, TaskSlice, TaskTrace
 from .protowire import Msg
 
 TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4
@@ -203,16 +203,8 @@ def build_perfetto(batch: ExportBatch) -> Tuple[bytes, Dict[str, int]]:
     # slice, one flow per key.  Perfetto orders a flow by time, so the signal instant is
     # causally clamped to before the release (as the collector clamps it).
     groups = group_signals(batch.signals)
-    merged: Dict[Tuple[int, int, int, int], List[Any]] = {}
-    for w in batch.waits:
-        k = (w.comm_op, w.comm_gen, w.peer, w.rank)
-        m = merged.get(k)
-        if m is None:
-            merged[k] = [w, w.wait_begin_ns, w.wait_end_ns, 1]
-        else:
-            m[1], m[2], m[3] = min(m[1], w.wait_begin_ns), max(m[2], w.wait_end_ns), m[3] + 1
     release_ts: Dict[Tuple[int, int, int, int], int] = {}
-    for k, (w0, b, e, tiles) in sorted(merged.items()):
+    for k, w0, b, e, tiles in merge_wait_tiles(batch.waits):
         op, gen, snd, rcv = k
         ub, ue = u(rcv, b), u(rcv, e)
         trk = child(rcv, "track", f"comm wait <- rank {snd}")

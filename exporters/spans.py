@@ -35,7 +35,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from ..collectors.classify import Thresholds
 from ..collectors.join import group_signals
 from ..collectors.records import Coverage, RemoteWait
-from .batch import ExportBatch
+from .batch import ExportBatch, merge_wait_tiles
 
 SCOPE = InstrumentationScope("dtrace_mk.exporters", "1")
 A = "dtrace_mk."
@@ -141,15 +141,7 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
             kind=SpanKind.PRODUCER, start_time=b, end_time=e, instrumentation_scope=SCOPE))
 
     # --- waits: tiles of one (receiver, key) merged
-    merged: Dict[Tuple[int, int, int, int], List[Any]] = {}
-    for w in batch.waits:
-        k = (w.comm_op, w.comm_gen, w.peer, w.rank)
-        m = merged.get(k)
-        if m is None:
-            merged[k] = [w, w.wait_begin_ns, w.wait_end_ns, 1]
-        else:
-            m[1], m[2], m[3] = min(m[1], w.wait_begin_ns), max(m[2], w.wait_end_ns), m[3] + 1
-    for k, (w0, wb, we, tiles) in sorted(merged.items()):
+    for k, w0, wb, we, tiles in merge_wait_tiles(batch.waits):
         w0: RemoteWait
         op, gen, snd, rcv = k
         key = (rcv, w0.step)

@@ -697,6 +697,21 @@ class _CompiledMixin:
                 self._cm_reserved[id(dp)] = self._next_cm
                 self._next_cm += 1
 
+    DEFAULT_TIER = "hot"
+
+    def attach(self, obj, verify: bool = True, *, tier: Optional[str] = None, **kw) -> int:
+        """Attach like DeviceRuntime; tier "compiled" also marks the programs compiled
+        (same program_gen as a hot attach), "hot" leaves them to the VM until promoted."""
+        tier = tier or self.DEFAULT_TIER
+        if tier not in ("hot", "compiled"):
+            raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
+        aid = super().attach(obj, verify, **kw)
+        if tier == "compiled":
+            self._mark_compiled(aid)
+            for hid in self._hooks_of(aid):
+                self._publish(hid)
+        return aid
+
     def _mark_compiled(self, aid: int) -> None:
         self._reserve(aid)
         for dp in self._atts[aid].progs:
@@ -792,18 +807,9 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
         self._lib = None
         self._lib_src: Optional[str] = None
 
-    def attach(self, obj, verify: bool = True, *, tier: str = "compiled", **kw) -> int:
-        """tier="compiled" (default): compiled at attach, same program_gen as the
-        reference.  tier="hot": attached but not compiled (the host has no interpreter:
-        fire() refuses until it is promoted; for the promotion protocol's tests)."""
-        if tier not in ("hot", "compiled"):
-            raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
-        aid = super().attach(obj, verify, **kw)
-        if tier == "compiled":
-            self._mark_compiled(aid)
-            for hid in self._hooks_of(aid):
-                self._publish(hid)
-        return aid
+    # HostCompiledRuntime: compiled at attach (the host has no interpreter: a "hot"
+    # attachment is refused by fire() until promoted; for the promotion protocol's tests).
+    DEFAULT_TIER = "compiled"
 
     def _build_work(self, src: str):
         return lambda: host_library(src, self.opt)
@@ -881,18 +887,9 @@ class CompiledRuntime(_CompiledMixin, D.DeviceRuntime):
         self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(D.MAX_WARPS)
         self._module_src = src
 
-    def attach(self, obj, verify: bool = True, *, tier: str = "hot", **kw) -> int:
-        """tier="compiled": the programs are compiled from the first launch on (same
-        program_gen as a hot attach; the module is built at the next launch, once for
-        everything attached compiled since)."""
-        if tier not in ("hot", "compiled"):
-            raise UserError(f"tier must be 'hot' or 'compiled', got {tier!r}")
-        aid = super().attach(obj, verify, **kw)
-        if tier == "compiled":
-            self._mark_compiled(aid)
-            for hid in self._hooks_of(aid):
-                self._publish(hid)
-        return aid
+    # CompiledRuntime: hot (device VM) by default; "compiled" takes effect from the next
+    # launch, whose module is built once for everything attached compiled since.
+    DEFAULT_TIER = "hot"
 
     def ensure_module(self) -> Optional[BuildTimes]:
         """Build and load the module for what is compiled now, if it changed (launch()

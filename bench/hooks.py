@@ -249,6 +249,17 @@ def main(argv=None) -> int:
               f"{pct(r['summary_vs_off']):>10} {r.get('trace_bytes_per_step', 0):>10.0f} "
               f"{r.get('summary_map_bytes', 0):>7} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
               f"{all(r['tokens_equal'].values())}")
+    # the short table: each variant against its own baseline (issue 5 targets: off/nohooks
+    # <= +0.5%, summary_hot/off <= +5%); off2/off is the noise floor of this run
+    print(f"\n{'preset':<6} {'off/nohooks':>11} {'off2/off':>9} {'sum_hot/off':>11} {'sum_cm/off':>10} "
+          f"{'trace/off':>9} {'trace B/st':>10} {'ring B/st':>10} {'sum map B':>9} {'drains':>7} tok")
+    for r in res["presets"]:
+        u = r["us_per_step"]
+        rel = lambda a, b: f"{100 * (u[a] / u[b] - 1):+.2f}%" if a in u and b in u else "-"  # noqa: E731
+        print(f"{r['preset']:<6} {rel('off', 'nohooks'):>11} {rel('off2', 'off'):>9} {rel('summary', 'off'):>11} "
+              f"{rel('summary_cm', 'off'):>10} {rel('trace', 'off'):>9} {r.get('trace_bytes_per_step', 0):>10.0f} "
+              f"{r.get('ring_bytes_per_step', 0):>10.0f} {r.get('summary_map_bytes', 0):>9} "
+              f"{r.get('summary_obs', {}).get('drains', '-'):>7} {all(r['tokens_equal'].values())}")
     return 0
 
 

@@ -195,7 +195,6 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
 
     # --- findings: children of (rank, step); a silent rank's go to an observing rank
     findings = batch.result.get("findings", [])
-    n_findings: Dict[Tuple[int, int], int] = {}
     for fi, f in enumerate(findings):
         for k in f.get("steps", []):
             host = next((r for r in [f["rank"]] + list(f.get("observed_on", []))
@@ -203,7 +202,6 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
             if host is None:
                 continue
             st = steps[(host, k)]
-            n_findings[(host, k)] = n_findings.get((host, k), 0) + 1
             attrs = {A + "rank": host, A + "step": k, A + "finding.cause": f["cause"],
                      A + "finding.rank": f["rank"], A + "finding.confidence": float(f["confidence"]),
                      A + "finding.impact_us": float(f["impact_us"]),
@@ -232,8 +230,9 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
             continue
         st = steps[(r, k)]
         s = summaries.get((r, k))
-        attrs: Dict[str, Any] = {A + "rank": r, A + "step": k, A + "job_id": job,
-                                 A + "findings": n_findings.get((r, k), 0)}
+        # no findings count here: a step span goes out while the job runs (exporters.stream),
+        # before the diagnosis; its finding spans (children) come at the end
+        attrs: Dict[str, Any] = {A + "rank": r, A + "step": k, A + "job_id": job}
         if s is not None:
             attrs.update({A + "queue_depth_max": s.queue_depth_max,
                           A + "queue_depth_worker": s.queue_depth_worker,

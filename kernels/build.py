@@ -35,8 +35,10 @@ def nvrtc_version() -> str:
 
 
 def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", target: str = "cubin",
-                  defines: Sequence[str] = (), include_dirs: Sequence[str] = ()) -> bytes:
-    """Compile CUDA source text to cubin or LTO-IR (`arch` sm_XX[a]) or PTX (compute_XX)."""
+                  defines: Sequence[str] = (), include_dirs: Sequence[str] = (),
+                  options: Sequence[str] = ()) -> bytes:
+    """Compile CUDA source text to cubin or LTO-IR (`arch` sm_XX[a]) or PTX (compute_XX).
+    `options`: extra NVRTC options (e.g. -rdc=true -maxrregcount=N for a relocatable cubin)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     nvrtc = nvrtc_module()
@@ -54,7 +56,7 @@ def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", ta
         opts += [f"--include-path={d}" for d in include_dirs] + [f"--include-path={KERNEL_DIR}"]
         if target == "ltoir":
             opts += ["-dlto", "--relocatable-device-code=true"]
-        opts += [f"-D{d}" for d in defines]
+        opts += [f"-D{d}" for d in defines] + list(options)
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         # bytes(n), never b" " * n: for n == 1 that is the interned b" ", which NVRTC would overwrite
         log = bytes(nvrtc.nvrtcGetProgramLogSize(prog)[1])

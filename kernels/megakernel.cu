@@ -9,7 +9,7 @@
  * run in one launch; events are never reset, so one launch per step works the same.
  *
  * Observation, all compiled in, off by default:
- *   hooks   every ABI v1 hook except comm:* at its place; a hook enabled in
+ *   hooks   every ABI v1 hook at its place (comm:* in tensor-parallel runs: mk_comm.cuh); a hook enabled in
  *           control[CTL_HOOK_MASK] writes the 128-byte dtmk_ctx to a per-worker global
  *           ring; a hook with device-VM programs attached (dtrace_mk/runtime/live.py)
  *           appends it to a shared-memory ring that warp 0 runs through the VM
@@ -27,12 +27,15 @@
  *
  * Layout of the tables (int32 unless noted), see gpu.py pack_tables():
  *   tasks[T][16]: cls layer expert slot lo hi wait_event wait_count signal_event dynamic
- *                 tile_lo tile_hi aux_norm aux_fold aux_ord 0
+ *                 tile_lo tile_hi aux_norm aux_fold aux_ord first_of_layer
+ *                 (allreduce: aux = all-reduce index l*2+op, MoE fold, destination rank;
+ *                  rmsnorm: aux_ord = the all-reduce it reduces, -1 = none)
  *   moe[n_moe][8]: layer router_task expert_base expert_tiles router_event expert_event 0 0
  *   control u32[32] (CTL_*), worker_state u64[W][8], faults int64[n][8],
  *   observer state u64[W][OBS_WORDS] (OBS_*; its address in control[CTL_OBS])
  */
 #include "mk_ops.cuh"
+#include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 #ifndef DTMK_NO_HOOKS
 #include "bpf_vm.cuh"
 #ifdef DTMK_COMPILED_TIER      /* LTO build linked with a compiled monitor (bpf_compiled.cuh) */
@@ -68,7 +71,9 @@
 #define OBS_DRAINS 7       /* drains (warp-0 VM calls) */
 #define OBS_WORDS 8
 #define OBS_RING 32        /* shared-memory ring of contexts per worker */
-#define OBS_DRAIN_AT 16    /* after a task, drain when the ring holds this many */
+#define OBS_FULL_AT 16     /* a wait drains at once (after its first look) when the ring holds this many */
+#define OBS_DRAIN_POLLS 64 /* a wait drains (one hook group at a time) once it lasted this many polls */
+#define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
 
 /* worker_state u64 words */
 #define WS_TASK 0
@@ -112,6 +117,12 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u64 done;                           /* tasks this worker completed (all launches: no) */
     int pend_event[MK_PENDING];              /* late_notification: deferred signals */
     dtmk_u64 pend_due[MK_PENDING];
+    /* the one "observing?" word: hook_mask | trace_on | table reload pending (obs_update).
+     * 0: no hook site, timer, trace record or observer check runs for the task. */
+    dtmk_u32 observe;
+    /* thread 0, hook / trace only (written while observe != 0; t_ready also for starve
+     * faults): kept here instead of run_task arguments so the hot call carries none */
+    dtmk_u64 t_disp, t_ready, t_begin, dep_wait;
 };
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
@@ -154,6 +165,7 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
         }
     }
     if (r[9]) f.flags |= DTMK_FLAG_DYNAMIC;
+    if (cls == MK_CLS_ALLREDUCE && comm_late_ns(P, t, step)) f.flags |= DTMK_FLAG_FAULT;   /* late_comm */
     return f;
 }
 
@@ -162,21 +174,28 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
  * control[CTL_GEN], checked with the other control words every `refresh` tasks and
  * every 16 polls of a dependency wait), a ring of OBS_RING contexts that thread 0
  * appends to at the hook sites, the VM's register file and coverage accumulators.
- * Warp 0 drains the ring through dtmk_vm_run_records when a worker starts waiting on a
- * dependency (off the critical path), when the ring holds OBS_DRAIN_AT records after a
- * task, before any table reload (records are run under the tables they were taken
- * with) and at kernel end; every drain flushes the coverage accumulators and publishes
- * OBS_PENDING, so the host knows which epochs are final.  A hook with no program keeps
- * its enable bit clear: the site stays a predicated branch on W.hook_mask. */
+ * Warp 0 drains the ring through dtmk_vm_run_records: inside a dependency wait that has
+ * lasted OBS_DRAIN_POLLS polls (never before the first poll; one hook group per chunk,
+ * re-polling between chunks, so readiness is seen at most one chunk late), all at once
+ * at a wait's first look when the ring holds OBS_FULL_AT records (room for the next
+ * task's records, as the post-task drain had), before any table reload (records are run
+ * under the tables they were taken with) and at kernel end.  Coverage is counted in one
+ * accumulator per (hook, slot); an emptied ring flushes those of epochs before the
+ * worker's current step (a reload or the last drain: all) and publishes OBS_PENDING =
+ * the lowest epoch still held (a record or an accumulator), so the host knows which
+ * epochs are final.  A hook with no program keeps its enable bit clear. */
 #ifndef DTMK_NO_HOOKS
 struct __align__(16) Obs {
     struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
     struct dtmk_hook_table scratch;
     struct dtmk_ctx ring[OBS_RING];
     dtmk_u64 regs[DTMK_VM_NREGS * 32];
-    struct dtmk_cov_acc accs[DTMK_MAX_PROGS];
+    struct dtmk_cov_acc accs[OBS_NACC];     /* per (hook, slot): a drain never flushes mid-way */
     dtmk_u64 tables, state;
+    dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
+    dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
+    dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
 };
 __shared__ Obs O;
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
@@ -205,7 +224,7 @@ __device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
     c.decode_step = step; c.layer = (dtmk_u32)r[1]; c.expert = (dtmk_u32)r[2];
     c.event_id = DTMK_NONE_U32; c.event_gen = 0; c.comm_op = DTMK_NONE_U32; c.comm_gen = 0;
     c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0; c.dur_ns = 0; c.wait_ns = 0;
-    c.flags = flags; c.reserved0 = 0; c.reserved1 = 0;
+    c.flags = flags | tp_flags(P, r, hook); c.reserved0 = 0; c.reserved1 = 0;   /* + FLAG_REMOTE (mk_comm.cuh) */
 }
 
 /* The hook site: thread 0, after the caller checked the mask bit. */
@@ -220,47 +239,83 @@ __device__ __noinline__ void obs_lost(const Worker &W, const struct dtmk_ctx &c)
     obs_state(W)[OBS_LOST] += 1;
 }
 
-/* thread 0: append a context to the shared ring */
-__device__ __forceinline__ void obs_append(const Worker &W, const struct dtmk_ctx &c) {
-    dtmk_u32 n = O.n;
-    if (n >= OBS_RING) { obs_lost(W, c); return; }
-    if (n == 0 || c.decode_step < O.min_step) {
-        O.min_step = c.decode_step;
-        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = c.decode_step;   /* before the task's release signal */
-    }
-    uint4 *dst = (uint4 *)&O.ring[n];
-    const uint4 *src = (const uint4 *)&c;
+/* thread 0: W.observe after any change of hook_mask, trace_on or O.reload */
+__device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
+
+/* warp 0: move ring record `lane` (valid) to index `dst`; every lane reads before any writes */
+__device__ __forceinline__ void obs_move(bool valid, dtmk_u32 src, dtmk_u32 dst) {
+    uint4 v[DTMK_CTX_SIZE / 16];
+    if (valid) {
 #pragma unroll
-    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
-    O.n = n + 1;
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) v[i] = ((const uint4 *)&O.ring[src])[i];
+    }
+    __syncwarp();
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.ring[dst])[i] = v[i];
+    }
+    __syncwarp();
 }
 
-/* warp 0 (all 32 lanes, converged): run the ring through the VM, flush coverage, then
- * reload the hook tables if the host published new ones. */
-__device__ __noinline__ void obs_sync(const MkParams &P, Worker &W) {
+/* warp 0 (all 32 lanes, converged): run the ring through the VM, one hook group (in
+ * order of first occurrence) per VM call; `chunk`: one group only (a spin loop calls it
+ * again after re-polling).  Once the ring is empty: flush the coverage accumulators of
+ * epochs < `step` (all on a reload or with step ~0), publish OBS_PENDING, then reload the
+ * hook tables if the host published new ones. */
+__device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
     const unsigned lane = threadIdx.x & 31;
-    const dtmk_u32 n = O.n;
+    dtmk_u32 n = O.n;
     dtmk_u64 *g = obs_state(W);
-    if (n) {
-        if (lane == 0 && g[OBS_FIRST_TS] == 0) {       /* attach latency: first counted event */
-            dtmk_u64 first = ~0ull;
-            for (dtmk_u32 i = 0; i < n; ++i)
-                if (O.tabs[O.ring[i].hook].n_progs && O.ring[i].ts_ns < first) first = O.ring[i].ts_ns;
-            if (first != ~0ull) g[OBS_FIRST_TS] = first;
+    const bool reload = O.reload;
+    if (reload) { chunk = false; step = ~0u; }
+    bool ran = false;
+    if (n && lane == 0 && !O.first_seen) {            /* attach latency: first counted event */
+        dtmk_u64 first = ~0ull;
+        for (dtmk_u32 i = 0; i < n; ++i)
+            if (O.tabs[O.ring[i].hook].n_progs && O.ring[i].ts_ns < first) first = O.ring[i].ts_ns;
+        if (first != ~0ull) { g[OBS_FIRST_TS] = first; O.first_seen = 1; }
+    }
+    __syncwarp();
+    while (n) {
+        const dtmk_u32 h = O.ring[0].hook;
+        const bool valid = lane < n, mine = valid && O.ring[lane].hook == h;
+        const unsigned vm = __ballot_sync(0xffffffffu, valid), mm = __ballot_sync(0xffffffffu, mine);
+        const dtmk_u32 nh = __popc(mm);
+        const unsigned lt = (1u << lane) - 1u;
+        if (mm != (nh == 32 ? 0xffffffffu : (1u << nh) - 1u))   /* stable partition: the group first */
+            obs_move(valid, lane, mine ? __popc(mm & lt) : nh + __popc(vm & ~mm & lt));
+        DTMK_RUN_RECORDS(O.tabs, O.ring, nh, O.regs, O.accs + (h < DTMK_NUM_HOOKS ? h : 0) * DTMK_MAX_PROGS,
+                         W.worker, 0);
+        __syncwarp();
+        n -= nh;
+        if (n) obs_move(lane < n, nh + lane, lane);
+        if (lane == 0) { O.n = n; O.drained += nh; O.drains += 1; }
+        __syncwarp();
+        ran = true;
+        if (chunk) break;
+    }
+    if (n == 0 && (ran || O.acc_min < step)) {
+        dtmk_u32 keep = ~0u;
+        for (int i = lane; i < OBS_NACC; i += 32) {
+            struct dtmk_cov_acc *a = &O.accs[i];
+            if (a->cov && a->eligible) {
+                if (a->epoch < step) dtmk_cov_acc_flush(a);
+                else keep = min(keep, a->epoch);
+            }
         }
-        DTMK_RUN_RECORDS(O.tabs, O.ring, n, O.regs, O.accs, W.worker, 0);
+        keep = __reduce_min_sync(0xffffffffu, keep);
+        __threadfence();                               /* this lane's coverage before OBS_PENDING */
         __syncwarp();
         if (lane == 0) {
-            for (int k = 0; k < DTMK_MAX_PROGS; ++k) dtmk_cov_acc_flush(&O.accs[k]);
             __threadfence();
-            O.n = 0;
-            g[OBS_DRAINED] += n;
-            g[OBS_DRAINS] += 1;
-            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
+            O.acc_min = keep;
+            g[OBS_DRAINED] = O.drained;
+            g[OBS_DRAINS] = O.drains;
+            *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
         }
         __syncwarp();
     }
-    if (lane == 0 && O.reload) {
+    if (lane == 0 && reload && n == 0) {
         const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
         const struct dtmk_hook_table *gt = (const struct dtmk_hook_table *)O.tables;
         bool ok = true;
@@ -277,31 +332,56 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W) {
         if (ok) {
             O.gen_seen = gen;
             O.reload = 0;
+            O.first_seen = 0;
             g[OBS_FIRST_TS] = 0;
             g[OBS_LOADED_TS] = mk_now();
             *(volatile dtmk_u64 *)(g + OBS_GEN) = gen;
         }
+        obs_update(W);
     }
     __syncwarp();
 }
-#define OBS_SYNC_IF(cond) do { if (threadIdx.x < 32 && (cond)) obs_sync(P, W); } while (0)
+#define OBS_SYNC_IF(cond, chunk, step) do { if (threadIdx.x < 32 && (cond)) obs_sync(P, W, chunk, step); } while (0)
 #else
-#define OBS_SYNC_IF(cond) do { } while (0)
+#define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-__device__ void mk_hook(const MkParams &P, Worker &W, const struct dtmk_ctx &c) {
+/* cold, thread 0: where a record of `hook` is built: in place in the observer's shared
+ * ring when a VM program of the hook wants it and there is room, else in `loc` */
+__device__ __forceinline__ struct dtmk_ctx *hook_slot(int hook, struct dtmk_ctx *loc) {
+#ifndef DTMK_NO_HOOKS
+    if (((O.vm_mask >> hook) & 1u) && O.n < OBS_RING) return &O.ring[O.n];
+#endif
+    return loc;
+}
+
+/* cold, thread 0: publish a record built at hook_slot(): linked monitor, VM ring (or
+ * counted lost when the ring was full), global ring */
+__device__ void hook_commit(const MkParams &P, Worker &W, const struct dtmk_ctx *c) {
 #ifdef DTMK_LINKED_MONITOR
-    dtmk_monitor(&c);
+    dtmk_monitor(c);
 #endif
 #ifndef DTMK_NO_HOOKS
-    const dtmk_u32 bit = 1u << c.hook;
-    if (O.vm_mask & bit) obs_append(W, c);
+    const dtmk_u32 bit = 1u << c->hook;
+    if (O.vm_mask & bit) {
+        const dtmk_u32 n = O.n;
+        if (n < OBS_RING && c == &O.ring[n]) {
+            const dtmk_u32 s = c->decode_step;
+            if (n == 0 || s < O.min_step) {
+                O.min_step = min(s, O.acc_min);
+                *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.min_step;   /* before the task's release signal */
+            }
+            O.n = n + 1;
+        } else {
+            obs_lost(W, *c);
+        }
+    }
     if (!(O.ring_mask & bit)) return;
 #endif
     dtmk_u64 n = W.hook_n++;
     if (n < P.hook_cap) {
         uint4 *dst = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + n) * DTMK_CTX_SIZE);
-        const uint4 *src = (const uint4 *)&c;
+        const uint4 *src = (const uint4 *)c;
 #pragma unroll
         for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
     }
@@ -336,6 +416,11 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.trace_on = ld_volatile_u32(ctl + CTL_TRACE);
     W.refresh = max(1u, ld_volatile_u32(ctl + CTL_REFRESH));
     W.wd_us = ld_volatile_u32(ctl + CTL_WD_US);
+#ifndef DTMK_NO_HOOKS
+    obs_update(W);
+#else
+    W.observe = W.trace_on;
+#endif
 }
 
 __device__ __forceinline__ dtmk_u64 *wstate(const MkParams &P, int w) { return (dtmk_u64 *)P.worker_state + w * 8; }
@@ -349,6 +434,7 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
     case 0: { /* rmsnorm: aux_norm 0 attention (layer 0 embeds first), 1 mlp, 2 final */
         int kind = r[12], fold = r[13];
         if (fold >= 0) { moe_fold(P, fold); __threadfence(); __syncthreads(); }
+        if (r[14] >= 0) op_tp_reduce(P, r[14]);   /* tensor parallel: h += the all-reduce's R slots */
         if (kind == 0 && layer == 0) { for (int b = 0; b < B; ++b) op_embed(P, b); __threadfence(); __syncthreads(); }
         const unsigned short *w = kind == 2 ? (const unsigned short *)P.w_final_norm
             : (const unsigned short *)(kind == 0 ? P.w_attn_norm : P.w_mlp_norm) + (long)layer * H;
@@ -361,10 +447,11 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
         break;
     case 2: op_rope_kv(P, layer, lo, hi); break;
     case 3: op_attn(P, layer, r[3], lo / (int)(P.n_heads / P.n_kv_heads), smem); break;
-    case 4: { /* attn_o: h[:, lo:hi] += Wo attn */
+    case 4: { /* attn_o: h[:, lo:hi] += Wo attn (tensor parallel: the partial sum, no residual) */
         int qd = (int)(P.n_heads * P.head_dim);
-        op_proj((const unsigned short *)P.w_o + (long)layer * H * qd, qd,
-                (const float *)P.attn + (long)layer * B * qd, (float *)P.h, H, B, lo, hi, true, XS);
+        bool tp = P.ranks > 1;
+        op_proj((const unsigned short *)P.w_o + (long)layer * H * qd, qd, (const float *)P.attn + (long)layer * B * qd,
+                tp ? tp_part(P, layer * 2) : (float *)P.h, H, B, lo, hi, !tp, XS);
         break;
     }
     case 5: { /* mlp gate/up */
@@ -373,10 +460,11 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
                    H, (const float *)P.xn, (float *)P.act + (long)layer * B * F, F, B, lo, hi, 0, 0, XS);
         break;
     }
-    case 6: { /* mlp down: h[:, lo:hi] += Wd act */
+    case 6: { /* mlp down: h[:, lo:hi] += Wd act (tensor parallel: the partial sum) */
         int di = r[14], F = (int)P.ffn;
+        bool tp = P.ranks > 1;
         op_proj((const unsigned short *)P.w_down + (long)di * H * F, F, (const float *)P.act + (long)layer * B * F,
-                (float *)P.h, H, B, lo, hi, true, XS);
+                tp ? tp_part(P, layer * 2 + 1) : (float *)P.h, H, B, lo, hi, !tp, XS);
         break;
     }
     case 7: op_router(P, r[14], layer, step, smem); break;
@@ -389,6 +477,7 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
     }
     case 9: op_lm_tile(P, lo, hi, smem); break;
     case 10: op_argmax_step(P, step, smem); break;
+    case MK_CLS_ALLREDUCE: op_comm_tile(P, r[12], r[13], r[14], lo, hi); break;
     default: break;
     }
 }
@@ -429,19 +518,103 @@ __device__ void ctx_none(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
     c.dur_ns = 0; c.wait_ns = 0; c.flags = flags; c.reserved0 = 0; c.reserved1 = 0;
 }
 
+/* ---- hook sites ------------------------------------------------------------------------
+ * HOW TO WRITE A HOOK SITE.  Hooks are off almost always and the off path must cost
+ * (almost) nothing, so a site is, on thread 0, ONE mask test and ONE call of a cold
+ * __noinline__ function:
+ *
+ *     if (HOOK_ON(W, DTMK_HOOK_COMM_WAIT))
+ *         hook_event(P, W, DTMK_HOOK_COMM_WAIT, t, step, flags, event, gen, wait_ns,
+ *                    0, 0, 0, comm_op, comm_gen, peer_rank);
+ *
+ *   * No dtmk_ctx, clock read (%globaltimer), table load or hook-only computation at the
+ *     site: pass the scalars the site already has.  hook_event fills the common fields
+ *     (ctx_task for t >= 0, ctx_none for t < 0), reads the clock (ts_ns 0: now), builds
+ *     the record in place in the observer's shared ring and copies it to the global
+ *     ring when that hook is enabled there.
+ *   * flags: the task's DTMK_FLAG_* bits, or HK_FAULTS to let hook_event compute
+ *     task_faults(P, t, step).flags itself (cold).
+ *   * Several hooks at one place: `if (HOOKS_ANY(W, bits)) my_cold_fn(...)` with the
+ *     HOOK_ON tests inside the cold __noinline__ function (see hook_pre / hook_post).
+ *   * A value only hooks or the trace need on the per-task path (a timer, a wait) is
+ *     computed under `if (W.observe)` (one shared load per task: hook_mask | trace_on |
+ *     reload pending) and kept in a Worker field, never passed through run_task.
+ *   * -DDTMK_NO_HOOKS makes HOOK_ON / HOOKS_ANY constant 0: the site compiles away.
+ */
+#define HK_FAULTS 0x80000000u   /* hook_event flags: add task_faults(P, t, step).flags */
+
+__device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
+                                        dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns, dtmk_u64 dur_ns = 0,
+                                        dtmk_u32 queue_depth = 0, dtmk_u64 ts_ns = 0,
+                                        dtmk_u32 comm_op = DTMK_NONE_U32, dtmk_u32 comm_gen = 0,
+                                        dtmk_u32 peer_rank = DTMK_NONE_U32) {
+    if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
+    struct dtmk_ctx loc;
+    struct dtmk_ctx *c = hook_slot(hook, &loc);
+    if (t >= 0) ctx_task(P, W, *c, hook, t, step, flags);
+    else ctx_none(P, W, *c, hook, step, flags);
+    if (ts_ns) c->ts_ns = ts_ns;
+    c->event_id = event; c->event_gen = event_gen; c->wait_ns = wait_ns; c->dur_ns = dur_ns;
+    c->queue_depth = queue_depth; c->comm_op = comm_op; c->comm_gen = comm_gen; c->peer_rank = peer_rank;
+    hook_commit(P, W, c);
+}
+
 /* thread 0: queue:pressure on an upward crossing of the threshold */
 __device__ void pressure(const MkParams &P, Worker &W, int step, dtmk_u32 d0, dtmk_u32 d1, int t) {
     dtmk_u32 th = (dtmk_u32)P.queue_threshold;
     if (!HOOK_ON(W, DTMK_HOOK_QUEUE_PRESSURE) || th == 0 || !(d0 < th && th <= d1)) return;
-    struct dtmk_ctx c;
-    if (t >= 0) ctx_task(P, W, c, DTMK_HOOK_QUEUE_PRESSURE, t, step, 0);
-    else ctx_none(P, W, c, DTMK_HOOK_QUEUE_PRESSURE, step, 0);
-    c.queue_depth = th;
-    mk_hook(P, W, c);
+    hook_event(P, W, DTMK_HOOK_QUEUE_PRESSURE, t, step, 0, DTMK_NONE_U32, 0, 0, 0, th);
+}
+
+/* cold, thread 0: task:ready (+ queue:pressure) of a static task whose dependency is met
+ * (e, target recomputed from the table: nothing hook-only stays live across the wait) */
+__device__ __noinline__ void hook_ready(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags) {
+    const int *r = trec(P, t);
+    const int e = r[6] >= 0 ? r[6] : (int)P.step_event;
+    const dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+    if (HOOK_ON(W, DTMK_HOOK_TASK_READY))
+        hook_event(P, W, DTMK_HOOK_TASK_READY, t, step, flags, e, target, 0, 0, W.phantoms + 1, W.t_ready);
+    pressure(P, W, step, W.phantoms, W.phantoms + 1, t);
+}
+
+/* cold, thread 0: task:dispatch / task:begin (e, target: the dependency, from the table) */
+__device__ __noinline__ void hook_pre(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags) {
+    const int *r = trec(P, t);
+    dtmk_u64 now = mk_now();
+    int e = r[6] >= 0 ? r[6] : (int)P.step_event;
+    dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (step + 1) : (dtmk_u64)step;
+    if (r[9]) { e = ((const int *)P.moe)[r[14] * 8 + 4]; target = (dtmk_u64)(step + 1); }
+    if (HOOK_ON(W, DTMK_HOOK_TASK_DISPATCH))
+        hook_event(P, W, DTMK_HOOK_TASK_DISPATCH, t, step, flags, DTMK_NONE_U32, 0, now - W.t_ready, 0, W.phantoms);
+    if (HOOK_ON(W, DTMK_HOOK_TASK_BEGIN))
+        hook_event(P, W, DTMK_HOOK_TASK_BEGIN, t, step, flags, e, target, W.dep_wait, 0, W.phantoms);
+}
+
+/* cold, thread 0: task:end, gen:advance and the trace record of a finished task */
+__device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end,
+                                       int sig) {
+    if (HOOK_ON(W, DTMK_HOOK_TASK_END))
+        hook_event(P, W, DTMK_HOOK_TASK_END, t, step, flags, sig,
+                   (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1), W.dep_wait,
+                   t_end - W.t_begin);
+    if (trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
+        for (int b = 0; b < (int)P.batch; ++b) {
+            struct dtmk_ctx loc;
+            struct dtmk_ctx *c = hook_slot(DTMK_HOOK_GEN_ADVANCE, &loc);
+            ctx_none(P, W, *c, DTMK_HOOK_GEN_ADVANCE, step, 0);
+            c->ts_ns = t_end;
+            /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
+            int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
+            c->request_slot = b; c->request_gen = (dtmk_u32)(p == 0 ? g - 1 : g);
+            hook_commit(P, W, c);
+        }
+    }
+    if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
 }
 
 /* thread 0: post deferred (late_notification) signals that are due (all: force) */
 __device__ void post_pending(const MkParams &P, Worker &W, bool force) {
+    if (P.ranks > 1) comm_poll(P, W, force);   /* deferred comm signals (mk_comm.cuh) */
     dtmk_u64 now = mk_now();
     for (int i = 0; i < MK_PENDING; ++i) {
         if (W.pend_event[i] >= 0 && (force || now >= W.pend_due[i])) {
@@ -516,104 +689,89 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
         for (int i = 0; i < pushed; ++i) {
             int dt = (int)(dtmk_u32)items[((tail + i) % P.dyn_cap) * 2];
             dtmk_u32 depth = (dtmk_u32)(depth0 + i + 1);
-            if (HOOK_ON(W, DTMK_HOOK_TASK_READY)) {
-                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_READY, dt, step, task_faults(P, dt, step).flags);
-                c.event_id = m[4]; c.event_gen = (dtmk_u64)(step + 1); c.queue_depth = depth;
-                mk_hook(P, W, c);
-            }
+            if (HOOK_ON(W, DTMK_HOOK_TASK_READY))
+                hook_event(P, W, DTMK_HOOK_TASK_READY, dt, step, HK_FAULTS, m[4], (dtmk_u64)(step + 1), 0, 0, depth);
             pressure(P, W, step, depth - 1, depth, dt);
         }
     }
 }
 
-/* whole CTA: run task t of `step` (its dependency is met).  Thread 0's arguments count:
- * f (faults), t_disp (trace: taken, before any wait), t_ready, dep_wait. */
-__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, TaskFaults f, dtmk_u64 t_disp,
-                         dtmk_u64 t_ready, dtmk_u64 dep_wait, float *smem) {
+/* whole CTA: run task t of `step` (its dependency is met).  plan: a static task of the
+ * plan (task:ready, phantom fillers here; a dynamic task had them at the router).
+ * Thread 0 computes the faults; the hook / trace values (t_disp, t_ready, dep_wait)
+ * are Worker fields, so the call carries nothing hook-only. */
+__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = trec(P, t);
-    int cls = r[0];
-    __shared__ dtmk_u64 s_t_begin;
+    TaskFaults f;
     if (threadIdx.x == 0) {
-        if (f.starve) { dtmk_u64 due = t_ready + f.starve; while (mk_now() < due) __nanosleep(100); }
-        dtmk_u64 now = mk_now();
-        int e = r[6] >= 0 ? r[6] : (int)P.step_event;
-        dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (step + 1) : (dtmk_u64)step;
-        if (r[9]) { e = ((const int *)P.moe)[r[14] * 8 + 4]; target = (dtmk_u64)(step + 1); }
-        if (HOOK_ON(W, DTMK_HOOK_TASK_DISPATCH)) {
-            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_DISPATCH, t, step, f.flags);
-            c.wait_ns = now - t_ready; c.queue_depth = W.phantoms; mk_hook(P, W, c);
+        const dtmk_u32 obs = W.observe;     /* the task's one "observing?" load */
+        f = task_faults(P, t, step);
+        if (plan) {
+            if (obs | f.starve) {
+                W.t_ready = mk_now();
+                if (HOOKS_ANY(W, (1u << DTMK_HOOK_TASK_READY) | (1u << DTMK_HOOK_QUEUE_PRESSURE)))
+                    hook_ready(P, W, t, step, f.flags);
+                if (HOOK_ON(W, DTMK_HOOK_COMM_WAIT)) {   /* e, target: the dependency of the plan task */
+                    const int e = r[6] >= 0 ? r[6] : (int)P.step_event;
+                    const dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+                    hook_comm_wait(P, W, t, step, e, target, f.flags);
+                }
+            }
+            if (W.phantoms) { mk_spin_ns((dtmk_u64)W.phantoms * P.filler_ns); W.phantoms = 0; }
         }
-        if (HOOK_ON(W, DTMK_HOOK_TASK_BEGIN)) {
-            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_BEGIN, t, step, f.flags);
-            c.event_id = e; c.event_gen = target; c.wait_ns = dep_wait; c.queue_depth = W.phantoms;
-            mk_hook(P, W, c);
-        }
+        if (f.starve) { dtmk_u64 due = W.t_ready + f.starve; while (mk_now() < due) __nanosleep(100); }
+        if (obs && HOOKS_ANY(W, (1u << DTMK_HOOK_TASK_DISPATCH) | (1u << DTMK_HOOK_TASK_BEGIN)))
+            hook_pre(P, W, t, step, f.flags);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_STATE] = 1;
-        s_t_begin = mk_now();
+        if (obs) W.t_begin = mk_now();
     }
     __syncthreads();
     run_body(P, W, t, step, smem);
     __syncthreads();
     if (threadIdx.x == 0) {
         if (f.slow) mk_spin_ns(f.slow);
-        if (cls == 7) router_publish(P, W, t, step);
+        if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
         int sig = r[8];
-        if (HOOK_ON(W, DTMK_HOOK_TASK_END)) {
-            struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_END, t, step, f.flags);
-            c.event_id = sig; c.event_gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
-            c.dur_ns = t_end - s_t_begin; c.wait_ns = dep_wait;
-            mk_hook(P, W, c);
-        }
-        if (cls == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
-            for (int b = 0; b < (int)P.batch; ++b) {
-                struct dtmk_ctx c; ctx_none(P, W, c, DTMK_HOOK_GEN_ADVANCE, step, 0);
-                c.ts_ns = t_end;
-                /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
-                int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
-                c.request_slot = b; c.request_gen = (dtmk_u32)(p == 0 ? g - 1 : g);
-                mk_hook(P, W, c);
-            }
-        }
-        if (W.trace_on) trace_rec(P, W, t, step, t_disp, s_t_begin, t_end, f.flags);
-        post_signal(P, W, sig, f.late);
+        if (W.observe) hook_post(P, W, t, step, f.flags, t_end, sig);
+        if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
+        else post_signal(P, W, sig, f.late);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
         refresh_control(P, W, false);
     }
     __syncthreads();
-#ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(O.n >= OBS_DRAIN_AT || O.reload);
-#endif
 }
 
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
- * Returns the dependency wait in ns (thread 0); sets W.aborted on abort / watchdog. */
-__device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+ * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
+ * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
+__device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
         post_pending(P, W, false);
-        W.ready = ld_acquire(counter(P, e)) >= target;
+        W.dep_wait = 0;
+        W.ready = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
         if (!W.ready) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT)) {
-                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_DEP_WAIT, t, step, task_faults(P, t, step).flags);
-                c.event_id = e; c.event_gen = target; mk_hook(P, W, c);
-            }
+            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+                hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
     }
     __syncthreads();
     int ready0 = W.ready;
     __syncthreads();
-    if (ready0) return 0;
+    /* after the first look (never before it): a ring that cannot take another task's
+     * records, or new tables, is drained now; otherwise only inside a wait that lasted */
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(O.n || O.reload);          /* the worker waits anyway: run the monitors now */
+    OBS_SYNC_IF(W.observe && (O.n >= OBS_FULL_AT || O.reload), false, (dtmk_u32)step);
 #endif
+    if (ready0) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
     for (;;) {
         /* thread 0 spins on the counter alone (one acquire load per poll); every 16th
@@ -621,13 +779,18 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
          * abort flag and the watchdog.  The CTA synchronizes only on an outcome. */
         if (threadIdx.x == 0) {
             W.dyn_task = -1;
+            const bool sys = P.ranks > 1;   /* receive events are added to by peer GPUs */
             for (unsigned it = 1;; ++it) {
-                dtmk_u64 v = ld_relaxed(counter(P, e));
-                if (v >= target) { fence_acquire(); W.ready = 1; break; }
+                dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
+                if (v >= target) { ev_fence_acquire(sys); W.ready = 1; break; }
                 if (it & 15) continue;
                 post_pending(P, W, false);
                 dtmk_u64 now = mk_now();
                 if (v != last_v) { last_v = v; t_idle = now; }   /* the awaited event progressed */
+#ifndef DTMK_NO_HOOKS
+                if (W.observe && (O.n >= OBS_FULL_AT || (it >= OBS_DRAIN_POLLS && (O.n || O.acc_min < (dtmk_u32)step))))
+                    break;                       /* drain (a chunk; all when nearly full), then re-poll */
+#endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
                     W.dyn_task = dyn_pop(P, &W.dyn_step, &ts);
@@ -635,9 +798,14 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
                 }
                 const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
 #ifndef DTMK_NO_HOOKS
-                if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) { O.reload = 1; break; }
-#endif
+                /* both control words loaded before either is tested (one L2 round trip) */
+                const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
+                const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
+                if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
+                if (abort_req) W.aborted = 5;
+#else
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
+#endif
                 else if (W.wd_us && now - t_idle > (dtmk_u64)W.wd_us * 1000ull) {
                     atomicCAS((unsigned int *)ctl + CTL_ABORT_WORKER, 0xffffffffu, W.worker);
                     atomicExch((unsigned int *)ctl + CTL_ABORT, 2u);
@@ -657,29 +825,31 @@ __device__ __noinline__ dtmk_u64 wait_event(const MkParams &P, Worker &W, int t,
         __syncthreads();                 /* everyone read W before thread 0 writes it again */
         if (ready || aborted) break;
 #ifndef DTMK_NO_HOOKS
-        OBS_SYNC_IF(O.reload);           /* new tables published while waiting */
+        /* new tables published while waiting, or a long wait: one hook group, then re-poll */
+        OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_FULL_AT, (dtmk_u32)step);
 #endif
         if (dt >= 0) {
-            TaskFaults f;
-            dtmk_u64 now = 0;
-            if (threadIdx.x == 0) { f = task_faults(P, dt, ds); now = mk_now(); }
-            run_task(P, W, dt, ds, f, now, pushed_at, 0, smem);
-            if (threadIdx.x == 0) t_idle = mk_now();
+            dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
+            if (threadIdx.x == 0) {
+                saved_disp = W.t_disp;
+                W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
+                if (W.observe) { W.t_disp = mk_now(); W.dep_wait = 0; }
+            }
+            run_task(P, W, dt, ds, false, smem);
+            if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
         }
     }
-    dtmk_u64 waited = 0;
     if (threadIdx.x == 0) {
         dtmk_u64 now = mk_now();
-        waited = now - t0;
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_RELEASE)) {
-                struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_DEP_RELEASE, t, step, task_faults(P, t, step).flags);
-                c.event_id = e; c.event_gen = target; c.wait_ns = waited; mk_hook(P, W, c);
+            if (W.observe) {
+                W.dep_wait = now - t0;
+                if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_RELEASE))
+                    hook_event(P, W, DTMK_HOOK_DEP_RELEASE, t, step, HK_FAULTS, e, target, now - t0);
             }
         }
     }
-    return waited;
 }
 
 /* thread 0: queue_saturation rows for this worker (layer < 0: at the step start; a
@@ -706,17 +876,23 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
+        comm_init();
     }
 #ifndef DTMK_NO_HOOKS
     __syncthreads();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
-    if (threadIdx.x < DTMK_MAX_PROGS) { O.accs[threadIdx.x].cov = 0; O.accs[threadIdx.x].eligible = 0; }
+    for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
     if (threadIdx.x == 0) {
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
         if (!O.state) O.tables = 0;
-        O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0;
+        O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
+        O.drained = O.drains = 0; O.first_seen = 0;
+        if (O.state) {
+            const dtmk_u64 *g = obs_state(W);
+            O.drained = g[OBS_DRAINED]; O.drains = g[OBS_DRAINS]; O.first_seen = g[OBS_FIRST_TS] != 0;
+        }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
     }
 #endif
@@ -728,7 +904,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     }
     __syncthreads();
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(O.reload);
+    OBS_SYNC_IF(O.reload, false, 0u);
     __syncthreads();
 #endif
     const int *plan = (const int *)P.plan_tasks;
@@ -739,40 +915,26 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         for (int i = p0; i < p1 && !W.aborted; ++i) {
             int t = plan[i];
             const int *r = trec(P, t);
-            __shared__ dtmk_u64 s_disp;
+            /* no barrier here: t_disp is thread 0's (trace only), W.aborted was last
+             * written before wait_event's / run_task's final barrier */
             if (threadIdx.x == 0) {
-                s_disp = mk_now();
+                if (W.observe) W.t_disp = mk_now();
                 if (P.n_faults && r[15]) add_phantoms(P, W, step, r[1]);
                 if (P.prefetch) prefetch_task_weights(P, t);
             }
-            __syncthreads();
-            dtmk_u64 t_disp = s_disp;
             int e = r[6];
             dtmk_u64 target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
             if (e < 0) e = (int)P.step_event;
-            dtmk_u64 waited = wait_event(P, W, t, step, e, target, smem);
+            wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
-            TaskFaults f;
-            dtmk_u64 t_ready = 0;
-            if (threadIdx.x == 0) {
-                f = task_faults(P, t, step);
-                t_ready = mk_now();
-                if (HOOK_ON(W, DTMK_HOOK_TASK_READY)) {
-                    struct dtmk_ctx c; ctx_task(P, W, c, DTMK_HOOK_TASK_READY, t, step, f.flags);
-                    c.ts_ns = t_ready; c.event_id = e; c.event_gen = target; c.queue_depth = W.phantoms + 1;
-                    mk_hook(P, W, c);
-                }
-                pressure(P, W, step, W.phantoms, W.phantoms + 1, t);
-                if (W.phantoms) { mk_spin_ns((dtmk_u64)W.phantoms * P.filler_ns); W.phantoms = 0; }
-            }
-            run_task(P, W, t, step, f, t_disp, t_ready, waited, smem);
+            run_task(P, W, t, step, true, smem);
         }
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
-        OBS_SYNC_IF(true);               /* last drain: every record counted, coverage flushed */
+        OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
     }
 #endif

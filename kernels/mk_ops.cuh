@@ -42,6 +42,8 @@ struct MkParams {
     /* observation and faults */
     dtmk_u64 control, hook_ring, hook_head, hook_cap, trace_ring, trace_head, trace_cap;
     dtmk_u64 worker_state, faults, n_faults, rank, queue_threshold, filler_ns, prefetch;
+    /* tensor parallelism (mk_comm.cuh; ranks == 1: the rest is 0) */
+    dtmk_u64 ranks, tp_peers, tp_part, tp_recv, ev_comm_op;
 };
 
 /* ---- matvec rows ---------------------------------------------------------------- */

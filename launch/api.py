@@ -171,10 +171,21 @@ class ServingHost:
         self.comm = sub
         self.say = say or (lambda s: print(f"dtrace-mk [rank {self.rank}]: {s}", file=sys.stderr,
                                            flush=True))
-        self.num_workers = num_workers
-        if callable(schema):           # schema(rank, ranks): the graph needs the rank first
-            schema = schema(self.rank, self.ranks)
+        if callable(schema):           # schema(rank, ranks[, comm]): the graph needs the rank first
+            import inspect
+            try:
+                n_args = len(inspect.signature(schema).parameters)
+            except (TypeError, ValueError):
+                n_args = 2
+            schema = schema(self.rank, self.ranks, sub) if n_args >= 3 else schema(self.rank, self.ranks)
         self.schema = schema
+        if callable(num_workers):      # known once the schema callable built the rank's kernel
+            num_workers = num_workers()
+        self.num_workers = num_workers
+        #: the runtime live queries attach to, when not the host reference runtime: on the
+        #: GPU backend `launch.device_live.DeviceQueries` (the device VM of the running
+        #: megakernel); None: each query runs in a host ReferenceRuntime fed by `feed`
+        self.live_runtime = None
         self.backend = backend
         self.apply_lag = max(1, apply_lag)
         port = T.MpiPort(world)
@@ -422,7 +433,10 @@ class ServingHost:
             from ..lang.host import QueryRun
             try:
                 obj = load_object(bytes(c["object"]))
-                q = QueryRun(obj, None, num_workers=self.num_workers)
+                if self.live_runtime is not None:       # runs in the device VM, not fed here
+                    q = QueryRun(obj, None, runtime=self.live_runtime)
+                else:
+                    q = QueryRun(obj, None, num_workers=self.num_workers)
                 q.begin()
             except UserError as e:        # verified twice before; report, never crash serving
                 err = {"op": "error", "id": c["id"], "rank": self.rank, "error": str(e)}
@@ -431,7 +445,7 @@ class ServingHost:
                 else:
                     self.link.up(err)
                 return
-            hooks = {p.hook.id for p in obj.programs}
+            hooks = {p.hook.id for p in obj.programs} if self.live_runtime is None else set()
             self.live[c["id"]] = LiveQuery(c["id"], c.get("name", "<query>"), q, hooks, self.step_now)
         elif op == "report":
             q = self.live.get(c["id"])
@@ -447,6 +461,11 @@ class ServingHost:
         q = self.live.pop(aid)
         q.run.finish()
         self._send_part(q, -1, final=True, why=why)
+        if self.live_runtime is not None and q.run.aid is not None:
+            try:                          # the device VM stops running it from the next launch
+                self.live_runtime.detach(q.run.aid)
+            except UserError as e:
+                self.say(f"query {aid}: detach from the device: {e}")
 
     def _send_part(self, q: LiveQuery, seq: int, final: bool, why: str = "") -> None:
         from ..lang import printing

@@ -70,6 +70,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         except OSError as e:
             say(f"--prometheus-port {a.prometheus_port}: cannot listen ({e.strerror}); no live metrics")
         sink = TeeRecordSink(acc, MetricsRecordSink(reg))
+    # spans go out per decode step while the job runs (exporters.stream); the end adds
+    # the findings and whatever was not joined live
+    wall_offset = wall0 if a.backend != "gpu" else time.time_ns() - time.monotonic_ns()
+    exporters = []
+    if a.json_spans:
+        exporters.append(f"json={a.json_spans}")
+    if a.otlp:
+        exporters.append(f"otlp={a.otlp}" if a.otlp != "env" else "otlp")
+    stream = None
+    if exporters:
+        from ..exporters import TeeRecordSink
+        from ..exporters.stream import StepSpanStream
+        try:
+            stream = StepSpanStream(acc, exporters, ranks=roles.ranks, job_id=a.job_id,
+                                    wall_offset_ns=wall_offset, warn=say)
+            sink = TeeRecordSink(sink, stream)
+        except Exception as e:      # a bad spec/file must not lose the diagnosis
+            say(f"span export disabled: {e}")
     loop = T.CollectorLoop(T.MpiPort(world), list(range(roles.ranks)), sink,
                            silence_timeout_s=a.silence_timeout, progress=None,
                            spool=T.open_spool(a.result + ".spool"))
@@ -83,29 +101,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     if loop.notes:             # serve --monitor FILE: those queries' output, per rank
         from ..collectors.transport import monitors_output
         res["monitors"] = monitors_output(loop.notes)
-    res["wall_offset_ns"] = wall0 if a.backend != "gpu" else time.time_ns() - time.monotonic_ns()
+    res["wall_offset_ns"] = wall_offset
     res["timing"] = {"collector_s": round(time.monotonic() - t0, 2)}
     res["telemetry"] = {"bytes": res["telemetry_bytes"], "records_lost": sum(acc.lost_records.values())}
     if server is not None:
         reg.observe_result(res)
-    from ..exporters import export_result, save_result  # noqa: F401
-    exporters = []
-    if a.json_spans:
-        exporters.append(f"json={a.json_spans}")
-    if a.otlp:
-        exporters.append(f"otlp={a.otlp}" if a.otlp != "env" else "otlp")
-    if exporters:
+    if stream is not None:
         try:
-            rep = export_result(res, acc, exporters, job_id=a.job_id, warn=say)
+            rep = stream.finish(res, acc)
             res["export"] = rep
             for e in rep["exporters"]:
                 where = e.get("path") or e.get("target")
-                say(f"{rep['spans']} spans -> {e['kind']} {where}"
-                    + (f" ({e.get('dropped', 0)} dropped)" if e.get("dropped") else ""))
+                say(f"{rep['spans']} spans -> {e['kind']} {where} ({rep['live_spans']} while "
+                    f"the job ran)" + (f" ({e.get('dropped', 0)} dropped)" if e.get("dropped") else ""))
         except Exception as e:      # an export failure must not lose the diagnosis
             res["export"] = {"error": str(e)}
             say(f"span export failed: {e}")
-    from ..exporters import records_path_for, save_records
+    from ..exporters import records_path_for, save_records, save_result
     save_records(records_path_for(a.result), acc)          # records first: the result's
     save_result(a.result + ".tmp", res)                     # appearance means both are there
     os.replace(a.result + ".tmp", a.result)

@@ -9,8 +9,10 @@
     job.cleanup()                     # removes the job directory
 
 The MPI command is MPMD: `mpiexec -n N COMMAND : -n 1 python -m dtrace_mk.launch.collector
-...` (the venv's mpiexec, next to sys.executable; Open MPI gets --oversubscribe, -x for the
-job variables and --allow-run-as-root when root).  The serving processes find their job
+...` ($DTRACE_MK_MPIEXEC, e.g. `mpirun`, else the venv's mpiexec next to sys.executable,
+else mpiexec/mpirun on PATH; Open MPI gets --oversubscribe, -x for the job variables and
+PASS_ENV, and --allow-run-as-root when root).  Backend auto: gpu when CuPy sees a GPU per
+serving rank, else sim.  The serving processes find their job
 through `DTRACE_MK_JOB_DIR` (and `DTRACE_MK_BACKEND`); a leading `python`/`python3` in
 COMMAND is replaced by this interpreter so the job runs in the same environment.
 """
@@ -29,6 +31,8 @@ from ..errors import UserError
 from . import jobs
 
 DEFAULT_COMMAND = ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"]
+#: passed to the ranks with Open MPI's -x when set (MPICH's Hydra passes the environment)
+PASS_ENV = ("PYTHONPATH", "NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES", "DTRACE_MK_CACHE", "CUPY_CACHE_DIR")
 
 
 class terminate_as_interrupt:
@@ -62,6 +66,9 @@ def build_command(mpiexec: str, flavour: str, ranks: int, command: Sequence[str]
             flags.append("--allow-run-as-root")
         for v in (jobs.ENV_JOB_DIR, "DTRACE_MK_BACKEND", jobs.ENV_RUNTIME_DIR):
             flags += ["-x", v]
+        for v in PASS_ENV:           # when set here: carried wheels, NCCL/CUDA settings, caches
+            if v in os.environ:
+                flags += ["-x", v]
     cmd = list(command)
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
@@ -76,6 +83,7 @@ class Launched:
     argv: List[str]
     ranks: int
     started: float = field(default_factory=time.monotonic)
+    backend: str = "sim"
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -151,10 +159,15 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
         raise UserError(f"-n: expected >= 1 serving ranks, got {ranks}")
     command = list(command) or list(DEFAULT_COMMAND)
     mpiexec, flavour = mpiexec_and_flavour()
-    if backend == "gpu":
-        raise UserError("launch --backend gpu: the reference server has no multi-rank GPU path "
-                        "yet (one launch runs every step, no step boundary for live attach); "
-                        "use --backend sim")
+    if backend not in ("auto", "sim", "gpu"):
+        raise UserError(f"--backend: expected auto, sim or gpu, got {backend!r}")
+    if backend in ("auto", "gpu"):   # gpu: one GPU per serving rank
+        from .serve import gpu_count
+        n = gpu_count()
+        if backend == "gpu" and n < ranks:
+            raise UserError(f"launch --backend gpu: {ranks} serving rank(s) need a GPU each; CuPy "
+                            f"sees {n}")
+        backend = "gpu" if n >= ranks else "sim"
     job = jobs.new_job(ranks, command, backend)
     coll = ["--result", str(job.result_path), "--job-id", job.id,
             "--backend", "gpu" if backend == "gpu" else "sim"]
@@ -170,14 +183,14 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
     env = dict(os.environ)
     env[jobs.ENV_JOB_DIR] = str(job.dir)
     env[jobs.ENV_RUNTIME_DIR] = str(job.dir.parent)
-    env["DTRACE_MK_BACKEND"] = "sim" if backend in ("auto", "sim") else backend
+    env["DTRACE_MK_BACKEND"] = backend
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=stderr, start_new_session=True)
     except OSError as e:
         job.remove()
         raise UserError(f"launch: cannot start {argv[0]} ({e.strerror})") from None
-    return Launched(job, proc, argv, ranks)
+    return Launched(job, proc, argv, ranks, backend=backend)
 
 
 def step_ranges(steps: Sequence[int]) -> str:

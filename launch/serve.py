@@ -18,10 +18,15 @@ Serving model
   still computes: counted as idle slot-steps).  Request latency = arrival to last token,
   time to first token = arrival to the end of the first step in a slot (both in steps and
   in simulated time).
-* Each step is one step of the reference megakernel: the sim backend (discrete-event
-  twin of the kernel, one MPI process per rank, remote signals over MPI) here.  The GPU
-  backend runs the megakernel's steps in one launch, so it has no step boundary to attach
-  at yet: `--backend gpu` says so; `auto` is sim.
+* Each step is one step of the reference megakernel: on the sim backend the discrete-event
+  twin of the kernel (one MPI process per rank, remote signals over MPI); on the GPU
+  backend (`serve_gpu`) one launch of the persistent megakernel per step, one GPU per
+  rank (device rank % GPUs), tensor parallel across ranks (`megakernel.tp.TPGroup`).
+  The step boundary between launches is where the agent takes the step's hook records
+  and live queries attach/detach (they run in the device VM: `launch.device_live`).
+  `auto` is gpu when CuPy sees a GPU per rank, else sim.  On the GPU the kernel draws
+  request lengths itself (continuous batching in the kernel), so `--rate`/`--mean-len`
+  do not apply there.
 * `--steps N` serves N steps; `--duration S` serves until S seconds of wall time have
   passed (then stops at the next step boundary every rank agrees on).  SIGINT/SIGTERM or a
   control `stop` stop the same way.
@@ -166,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="model preset: tiny, small-moe, 1b (default tiny)")
     p.add_argument("--backend", choices=("auto", "sim", "gpu"), default=None,
-                   help="auto (default; $DTRACE_MK_BACKEND): sim (the GPU path has no step boundary yet)")
+                   help="auto (default; $DTRACE_MK_BACKEND): gpu when CuPy sees a GPU per rank, else sim")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, help="decode steps to serve (default 64)")
     g.add_argument("--duration", type=float, metavar="S", help="serve for S seconds of wall time")
@@ -188,15 +193,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve_backend(requested: Optional[str]) -> str:
+def gpu_count() -> int:
+    """CUDA devices CuPy sees (0 without CuPy or a driver)."""
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:          # no cupy, no driver, no device
+        return 0
+
+
+def resolve_backend(requested: Optional[str], ranks: Optional[int] = None) -> str:
+    """auto: gpu when CuPy sees at least `ranks` GPUs (default: the MPI world's size less
+    the collector), else sim."""
     import os
     b = requested or os.environ.get("DTRACE_MK_BACKEND") or "auto"
-    if b == "gpu":
-        raise UserError("serve --backend gpu: the megakernel runs all its steps in one launch, so "
-                        "there is no step boundary for the agent and live attach yet; use --backend sim")
-    if b not in ("auto", "sim"):
+    if b not in ("auto", "sim", "gpu"):
         raise UserError(f"--backend: expected auto, sim or gpu, got {b!r}")
-    return "sim"
+    if b != "auto":
+        return b
+    n = gpu_count()
+    if n == 0:
+        return "sim"
+    if ranks is None:
+        try:
+            from mpi4py import MPI
+            ranks = MPI.COMM_WORLD.Get_size() - (1 if os.environ.get("DTRACE_MK_JOB_DIR") else 0)
+        except Exception:
+            ranks = 1
+    return "gpu" if n >= max(1, ranks) else "sim"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -235,6 +259,8 @@ def serve(args: argparse.Namespace) -> int:
     from .api import ServingHost
 
     backend = resolve_backend(args.backend)
+    if backend == "gpu":
+        return serve_gpu(args)
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
@@ -335,6 +361,126 @@ def serve(args: argparse.Namespace) -> int:
         f"steps (mean), {st['idle_slot_steps']} idle slot-steps"
         + (f"; {arrivals.tokens / sim_s:,.0f} tokens/s simulated" if sim_s > 0 else ""))
     res = host.close()
+    if res is not None and rank == 0:
+        _report(res, args, say)
+    return 0
+
+
+def serve_gpu(args: argparse.Namespace) -> int:
+    """The GPU backend: one megakernel per rank (one GPU each), ONE STEP PER LAUNCH; between
+    launches the step's hook records go to the agent, a clock pair is taken, and live
+    queries attach/detach (in the device VM).  The ranks are tensor parallel: every
+    launch is collective, so the ranks agree on stopping before each step (an allreduce
+    of "stop wanted" on a communicator of their own)."""
+    from mpi4py import MPI
+    from ..abi import definition as abi
+    from ..collectors.scenario import device_fault_specs
+    from ..megakernel.faults import FaultTable
+    from ..megakernel.presets import get_preset
+    from .api import ServingHost
+    from .device_live import DeviceQueries
+    try:
+        import cupy as cp
+        from ..megakernel import gpu
+        from ..megakernel.gpu_clock import GpuClock
+    except ImportError as e:
+        raise UserError(f"serve --backend gpu: needs CuPy and the GPU megakernel ({e})") from None
+    cfg = get_preset(args.model)
+    if args.batch < 1:
+        raise UserError(f"--batch: expected >= 1, got {args.batch}")
+    steps = args.steps if args.steps is not None else (DURATION_STEP_CAP if args.duration else 64)
+    if steps < 1:
+        raise UserError(f"--steps: expected >= 1, got {steps}")
+    faults = [parse_fault(f) for f in args.fault]
+    if args.faults:
+        from ..collectors.scenario import _load_text
+        try:
+            faults += list(_load_text(Path(args.faults).read_text(), args.faults) or [])
+        except OSError as e:
+            raise UserError(f"--faults {args.faults}: cannot read ({e.strerror})") from None
+    n_gpus = gpu_count()
+    if n_gpus < 1:
+        raise UserError("serve --backend gpu: CuPy sees no GPU")
+    held: Dict[str, Any] = {}
+
+    def build(rank: int, ranks: int, comm):
+        if ranks > n_gpus:
+            raise UserError(f"serve --backend gpu: {ranks} ranks but {n_gpus} GPU(s) visible "
+                            f"(one GPU per rank)")
+        if ranks > 1:
+            try:
+                from ..megakernel.tp import TPGroup
+            except ImportError as e:
+                raise UserError(f"serve --backend gpu: {ranks} ranks need tensor parallelism "
+                                f"(dtrace_mk.megakernel.tp: {e})") from None
+            held["tp"] = TPGroup(comm)            # collective; selects device rank % GPUs
+            held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed)
+        else:
+            cp.cuda.Device(0).use()
+            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed)
+        return held["mk"].graph.schema
+
+    host = ServingHost(num_workers=lambda: held["mk"].num_workers, schema=build, backend="gpu",
+                       monitors=args.monitor)
+    mk = held["mk"]
+    rank, ranks = host.rank, host.ranks
+    sc = fault_scenario(faults, args.model, ranks, min(steps, 1 << 20), args.batch, args.seed,
+                        "--fault/--faults")
+    table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
+    say = (lambda s: None) if args.quiet or rank != 0 else \
+        (lambda s: print(f"serve: {s}", file=sys.stderr, flush=True))
+    host.say = say
+    host.live_runtime = DeviceQueries(mk)      # live queries run in the device VM
+    clock = GpuClock()
+    clock.feed(host)
+    agree = host.comm.Dup()
+    dev = cp.cuda.Device()
+    say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
+        f"{mk.num_workers} workers), batch {args.batch}, one launch per step, "
+        + (f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s")
+        + (f", faults: {', '.join(f['kind'] + ' rank ' + str(f.get('rank')) for f in faults)}" if faults else ""))
+
+    def on_signal(signum, frame):
+        if host.stop_wanted:
+            raise KeyboardInterrupt
+        host.request_stop()
+    for sg in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sg, on_signal)
+    if args.await_attach > 0:
+        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
+        host.wait_for_attach(args.await_attach)
+    size = abi.CONTEXT_SIZE
+    t0 = last_say = time.monotonic()
+    k = 0
+    dropped = 0
+    gpu_ms = 0.0
+    while k < steps:
+        host.step(k)
+        if args.duration and time.monotonic() - t0 >= args.duration:
+            host.request_stop()
+        mine = 1 if (host.should_stop(k) or host.stop_wanted) else 0
+        if agree.allreduce(mine, op=MPI.MAX):
+            break
+        res = mk.run(1, hooks="all", faults=table)
+        gpu_ms += res.elapsed_ms
+        dropped += int(res.hooks_dropped)
+        raw = res.hooks.tobytes()
+        for i in range(len(res.hooks)):
+            host.feed(raw[i * size:(i + 1) * size])
+        clock.feed(host, rounds=4)
+        k += 1
+        host.status_extra = {"serving": {"step": k - 1, "backend": "gpu"}}
+        now = time.monotonic()
+        if now - last_say >= args.progress_s:
+            last_say = now
+            say(f"step {k - 1}: {gpu_ms / k * 1000:.0f} us/step on the GPU, {len(host.live)} live quer"
+                f"{'y' if len(host.live) == 1 else 'ies'}")
+    host.step(k)                 # due detach/report commands before the final outputs
+    wall = time.monotonic() - t0
+    say(f"served {k} steps in {wall:.1f} s wall, {gpu_ms / max(k, 1) * 1000:.0f} us/step on the GPU, "
+        f"{k * args.batch} tokens; hook records dropped by full rings: {dropped}")
+    res = host.close()
+    agree.Free()
     if res is not None and rank == 0:
         _report(res, args, say)
     return 0

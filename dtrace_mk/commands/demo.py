@@ -18,9 +18,11 @@ What it runs (the same pieces as `dtrace-mk launch` + `dtrace-mk attach`):
    sender's signal span) go to a JSON-lines file, and with --otlp URL to a running
    OpenTelemetry backend.
 
-A GPU backend for the multi-rank server is not built yet (the megakernel runs all its
-steps in one launch, with no step boundary for live attach), so the ranks are sim
-ranks on any machine; `dtrace-mk run --backend gpu` runs the single-GPU megakernel.
+With 2 GPUs visible to CuPy (`--backend auto`, the default) the ranks are GPU ranks: one
+megakernel per GPU, tensor parallel, ONE STEP PER LAUNCH (the step boundary is where the
+agent takes the step's records and the live query attaches); the live query then runs in
+the device VM of the running kernel and counts `task:end` per step (`QUERY_GPU`), and
+the fault is the same `late_comm` row of the device fault table.  Otherwise sim ranks.
 """
 from __future__ import annotations
 
@@ -45,14 +47,21 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1]
 QUERY = 'comm:wait {{ @remote_wait_us[comm.op, step / {q}] = avg(comm.wait_ns / 1000); }}'
 
 
-def query_for(steps: int) -> str:
+#: On GPU ranks: tasks finished per decode step, counted in the device VM (the same count
+#: on every step and rank: the tasks of one step of the rank's graph).
+QUERY_GPU = 'task:end { @task_end[step] = count(); }'
+
+
+def query_for(steps: int, backend: str = "sim") -> str:
+    if backend == "gpu":
+        return QUERY_GPU
     return QUERY.format(q=max(1, steps // 4))
 FAULT_DELAY_US = 200
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "sim", "gpu"), default="auto",
-                   help="auto (default): sim ranks (the multi-rank GPU server is not built yet)")
+                   help="auto (default): GPU ranks when CuPy sees 2 GPUs, else sim ranks")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--steps", type=int, default=24, help="decode steps (default 24; the fault "
                                                          "covers the second half)")
@@ -99,22 +108,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 4:
         raise UserError(f"--steps: expected >= 4 (the fault covers the second half), got {args.steps}")
-    if args.backend == "gpu":
-        raise UserError("demo --backend gpu: the multi-rank GPU server is not built yet (the "
-                        "megakernel runs all steps in one launch, no step boundary for live "
-                        "attach); use --backend sim, or dtrace-mk run --backend gpu for one GPU")
+    from ..launch.serve import gpu_count
+    n_gpus = gpu_count() if args.backend != "sim" else 0
+    if args.backend == "gpu" and n_gpus < 2:
+        raise UserError(f"demo --backend gpu: needs 2 GPUs visible to CuPy, found {n_gpus}; "
+                        f"use --backend sim")
+    backend = "gpu" if n_gpus >= 2 else "sim"
     text = args.format == "text"
     say = print if text else (lambda *a, **k: None)
-    query = query_for(args.steps)
+    query = query_for(args.steps, backend)
     raw, name, qtext = compile_for_attach(query, None)          # rejected here, never sent
     spans = Path(args.spans or Path(tempfile.gettempdir()) / "dtrace_mk_demo.spans.jsonl").resolve()
     if spans.exists():
         spans.unlink()
     cmd = ["python", "-m", "dtrace_mk.launch.serve", "--model", args.model, "--steps", str(args.steps),
-           "--batch", str(args.batch), "--await-attach", "30", "--quiet"]
+           "--batch", str(args.batch), "--await-attach", "30", "--quiet", "--backend", backend]
     if not args.no_fault:
         cmd += ["--fault", fault_spec(args.steps)]
-    say(f"== dtrace_mk demo: 2 ranks of the {args.model} megakernel (sim backend), batch "
+    what = "GPU backend: 2 GPUs, one launch per step" if backend == "gpu" else "sim backend"
+    say(f"== dtrace_mk demo: 2 ranks of the {args.model} megakernel ({what}), batch "
         f"{args.batch}, {args.steps} decode steps ==")
     if not args.no_fault:
         say(f"fault table: late_comm on rank 1 (allreduce_attn, layer 0, +{FAULT_DELAY_US} us) in steps "
@@ -122,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     log = tempfile.NamedTemporaryFile("w+", prefix="dtmk-demo-", suffix=".log")
-    job = start_job(2, cmd, backend="sim", otlp=args.otlp, json_spans=str(spans),
+    job = start_job(2, cmd, backend=backend, otlp=args.otlp, json_spans=str(spans),
                     prometheus_port=args.prometheus_port, quiet=True, stdout=log, stderr=log)
     outputs: List[Dict[str, Any]] = []
     final: Optional[Dict[str, Any]] = None
@@ -133,9 +145,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"demo: the job's control socket did not come up ({_tail(log)})")
         reply, stream = ControlClient(job.job).attach(raw, name, qtext, stream=True,
                                                       interval_s=args.interval)
+        where = "in the device VM of each rank's megakernel" if backend == "gpu" else \
+            "in each rank's runtime"
+        keys = "decode step" if backend == "gpu" else \
+            f"comm op, quarter of the run = step / {max(1, args.steps // 4)}"
         say(f"attached live through the control socket (as dtrace-mk attach does), query "
-            f"{reply['id']} at step {reply['apply_at']}:\n  {query}\n  (keys: comm op, "
-            f"quarter of the run = step / {max(1, args.steps // 4)})")
+            f"{reply['id']} at step {reply['apply_at']}, running {where}:\n  {query}\n  (keys: {keys})")
         for msg in stream:
             if msg.get("type") == "output":
                 outputs.append(msg)
@@ -143,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                     final = msg
                 elif text:
                     steps = sorted({p["step"] for p in msg["ranks"].values()})
-                    print(f"  live output at step {steps[-1]}: " + _oneline(msg))
+                    print(f"  live output at step {steps[-1]}: " + _oneline(msg, query.split()[0]))
             elif msg.get("type") == "end":
                 break
             if time.monotonic() > deadline:
@@ -164,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     if not text:
         if final is not None:
             sys.stdout.write(render_output(final, "json"))
-        print(json.dumps({"type": "diagnosis", "verdict": res["verdict"], "findings": res["findings"],
+        print(json.dumps({"type": "diagnosis", "backend": backend, "query": query,
+                          "verdict": res["verdict"], "findings": res["findings"],
                           "coverage": res["coverage"], "spans_file": str(spans), **links,
                           "wall_s": round(time.monotonic() - t0, 2)}, sort_keys=True))
         return 0
@@ -184,11 +200,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _oneline(msg: Dict[str, Any]) -> str:
+def _oneline(msg: Dict[str, Any], hook: str = "comm:wait") -> str:
     parts = []
     for r, part in sorted(msg["ranks"].items(), key=lambda kv: int(kv[0])):
         n = sum(b["coverage"]["eligible"] for b in part["blocks"] if b.get("type") == "map")
-        parts.append(f"rank {r}: {n} comm:wait events")
+        parts.append(f"rank {r}: {n} {hook} events")
     return ", ".join(parts) or "(nothing yet)"
 
 

@@ -16,11 +16,19 @@ classifies the waits and writes the result JSON:
      "task_class"?, "comm_op"?, "layer"?, "steps", "confidence", "impact_us",
      "coverage"}], "telemetry_bytes", "coverage", ...}
 
---backend auto|sim|gpu  overrides the scenario's backend (auto = gpu when enough GPUs,
-                        else sim).  The multi-rank GPU path is not built yet.
+--backend auto|sim|gpu  overrides the scenario's backend (auto = gpu when CuPy sees at
+                        least as many GPUs as the scenario has ranks, else sim).  gpu:
+                        one tensor-parallel megakernel per GPU (rank r on GPU r % count),
+                        the scenario's faults loaded as data into the same binary,
+                        %globaltimer paired with the host clock (gpu_clock), real
+                        host ping-pongs in the clock model.
 --out FILE              the result (default: SCENARIO-NAME.result.json here; '-' = stdout)
 --timeout S             wall-clock limit for the MPI job (default 600); ranks still
                         running then are reported lost and the result is partial.
+
+The launcher is $DTRACE_MK_MPIEXEC when set (a path or a name on PATH, e.g. Open MPI's
+`mpirun`), else the venv's mpiexec, else mpiexec / mpirun on PATH; Open MPI gets
+--oversubscribe (and --allow-run-as-root as root).
 
 Progress lines go to stderr; the summary to stdout.
 """
@@ -61,8 +69,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------ launch
 
+ENV_MPIEXEC = "DTRACE_MK_MPIEXEC"
+
+
 def find_mpiexec() -> str:
-    """The venv's mpiexec (next to sys.executable), else mpiexec / mpirun on PATH."""
+    """$DTRACE_MK_MPIEXEC (a path or a name on PATH, e.g. Open MPI's `mpirun`), else the
+    venv's mpiexec (next to sys.executable), else mpiexec / mpirun on PATH."""
+    forced = os.environ.get(ENV_MPIEXEC)
+    if forced:
+        w = forced if os.path.sep in forced else shutil.which(forced)
+        if not w or not (os.path.isfile(w) and os.access(w, os.X_OK)):
+            raise UserError(f"diagnose: ${ENV_MPIEXEC}={forced!r} is not an executable file")
+        return w
     here = Path(sys.executable).parent
     for name in ("mpiexec", "mpirun"):
         p = here / name
@@ -99,18 +117,48 @@ def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
         flags.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             flags.append("--allow-run-as-root")
+        # containers without ptrace rights (CMA) fail vader's single-copy path
+        flags += ["--mca", "btl_vader_single_copy_mechanism", "none"]
     child = [sys.executable, "-m", "dtrace_mk.commands.diagnose"] + child_args
     return [mpiexec] + flags + ["-n", str(ranks)] + child + [":", "-n", "1"] + child
 
 
+def gpu_count() -> Tuple[int, str]:
+    """(GPUs CuPy sees, why none when 0)."""
+    try:
+        import cupy
+    except ImportError:
+        return 0, "CuPy is not installed"
+    try:
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:                 # no driver / no device
+        return 0, f"CUDA reports no device ({e})"
+    return n, "" if n else "CUDA reports no device"
+
+
+def gpu_tp_available() -> bool:
+    """True when the GPU tensor-parallel launcher (dtrace_mk.megakernel.tp) is present."""
+    try:
+        from ..megakernel.tp import TPGroup  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def resolve_backend(requested: str, ranks: int) -> str:
-    """auto = gpu when enough GPUs for the ranks, else sim.  The multi-rank GPU path (one
-    megakernel per GPU, CUDA IPC comm tasks, this command's rank launcher for it) is not
-    built yet, so auto is sim and gpu is a clear error."""
-    if requested == "gpu":
-        raise UserError("diagnose --backend gpu: the multi-rank GPU path (one megakernel per "
-                        "GPU, CUDA IPC comm tasks) is not built yet; use --backend sim")
-    return "sim"
+    """auto = gpu when CuPy sees at least `ranks` GPUs (and, for more than one rank, the
+    tensor-parallel GPU launcher is there), else sim; gpu without them is a UserError."""
+    if requested == "sim":
+        return "sim"
+    n, why = gpu_count()
+    ok = n >= ranks and (ranks == 1 or gpu_tp_available())
+    if requested == "gpu" and not ok:
+        if n < ranks:
+            raise UserError(f"--backend gpu: the scenario has {ranks} rank(s), one GPU "
+                            f"each, but {why or f'CuPy sees {n} GPU(s)'}; use --backend sim")
+        raise UserError("--backend gpu: the tensor-parallel GPU launcher "
+                        "(dtrace_mk.megakernel.tp) is not installed; use --backend sim")
+    return "gpu" if ok else "sim"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,6 +208,9 @@ def run_job(runs: List[Tuple[Path, Optional[int]]], backend: str, timeout_s: flo
         raise UserError(f"diagnose: one launch runs one number of ranks, got {sorted(nranks)}")
     ranks = nranks.pop()
     mpiexec = find_mpiexec()
+    if backend == "gpu":
+        # NVRTC compile + weight upload precede a rank's first message
+        extra.setdefault("silence_timeout_s", 300.0)
     with tempfile.TemporaryDirectory(prefix="dtmk-diagnose-") as tmp:
         job = {"backend": backend, "deadline_s": max(5.0, timeout_s - 5.0), "quiet": quiet,
                "runs": [{"scenario": str(Path(p).resolve()), "ranks": ranks,
@@ -181,18 +232,19 @@ def run_job(runs: List[Tuple[Path, Optional[int]]], backend: str, timeout_s: flo
             elif Path(r["result"] + ".spool").is_file():
                 say(f"{sc.name}: the MPI job ended (exit status {rc}) before the collector "
                     f"wrote a result; partial result from what it had received")
-                out.append(_from_spool(r["result"] + ".spool", sc, ranks, rc))
+                out.append(_from_spool(r["result"] + ".spool", sc, ranks, rc, backend))
             else:
                 out.append(None)
         return out
 
 
-def _from_spool(spool: str, sc, ranks: int, rc: int) -> Dict[str, Any]:
+def _from_spool(spool: str, sc, ranks: int, rc: int, backend: str = "sim") -> Dict[str, Any]:
     from dataclasses import replace
     from ..collectors import transport as T
     if sc.ranks != ranks:
         sc = replace(sc, ranks=ranks)
-    acc = T.CollectorSink(use_pingpongs=False)
+    # the sim's clock samples are on simulated hosts: real ping-pongs only count for gpu
+    acc = T.CollectorSink(use_pingpongs=(backend == "gpu"))
     loop = T.replay_spool(spool, list(range(ranks)), acc)
     res = _result(acc, loop, sc, ranks)
     res["transport"]["job_exit_status"] = rc
@@ -357,13 +409,16 @@ def _write_result(path: str, acc, loop, sc, roles, t_start: float) -> None:
 def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim", say=print,
                scenario_dir: Path = Path("."), die_at_step: Optional[int] = None,
                start_pings: int = 8) -> None:
-    """Run the scenario's megakernel for `rank` with the agent attached (sim backend)."""
+    """Run the scenario's megakernel for `rank` with the agent attached (sim or GPU)."""
     from ..collectors.scenario import device_fault_specs
     from ..megakernel.faults import FaultTable
     from ..megakernel.presets import get_preset
     from ..runtime.agent import RankAgent
+    if backend == "gpu":
+        return _serve_rank_gpu(sc, rank, ranks, comm, channel, say=say, scenario_dir=scenario_dir,
+                               die_at_step=die_at_step, start_pings=start_pings)
     if backend != "sim":
-        raise UserError(f"diagnose: backend {backend!r} is not built yet for ranks")
+        raise UserError(f"diagnose: unknown backend {backend!r}")
     cfg = get_preset(sc.model)
     graph, transport = _sim_rank_graph(cfg, sc, rank, ranks, comm)
     monitors = [str(Path(m) if Path(m).is_absolute() else scenario_dir / m) for m in sc.monitors]
@@ -374,20 +429,177 @@ def serve_rank(sc, rank: int, ranks: int, comm, channel, *, backend: str = "sim"
     agent.start(pings=start_pings)
     faults = FaultTable.from_specs(device_fault_specs(sc, rank), f"{sc.source} rank {rank}")
     t0 = time.monotonic()
-    if die_at_step is not None:          # fault injection for the transport's tests
-        feed = agent.sink
-
-        def dying_sink(ctx):
-            if ctx["decode_step"] >= die_at_step:
-                say(f"dying at step {die_at_step} (test)")
-                os._exit(17)
-            feed(ctx)
-        agent.sink = dying_sink
+    _dying(agent, die_at_step, say)
     res = _run_sim(graph, sc, faults, agent, transport, rank)
     _sim_pingpongs(agent, graph, sc, rank, res)
     stats = agent.close()
     say(f"{sc.steps} steps simulated in {time.monotonic() - t0:.1f} s; "
         f"{stats.records_sent} records, {stats.bytes_sent} bytes sent, {stats.records_lost} lost")
+
+
+def _dying(agent, die_at_step: Optional[int], say) -> None:
+    if die_at_step is None:               # fault injection for the transport's tests
+        return
+    feed = agent.sink
+
+    def dying_sink(ctx):
+        if ctx["decode_step"] >= die_at_step:
+            say(f"dying at step {die_at_step} (test)")
+            os._exit(17)
+        feed(ctx)
+    agent.sink = dying_sink
+
+
+_TP_GROUPS: Dict[int, Any] = {}
+#: Hook ring headroom: a chunk of steps may fill at most this share of a worker's ring.
+GPU_RING_SHARE = 0.5
+#: Clock pairs taken before the first launch and after the last (the fit needs >= 3 per
+#: window), GPU_CLOCK_SPACING_S apart: the slope error is about bound / span.
+GPU_CLOCK_PRIMING = 4
+GPU_CLOCK_SPACING_S = 0.05
+
+
+def _serve_rank_gpu(sc, rank: int, ranks: int, comm, channel, *, say=print,
+                    scenario_dir: Path = Path("."), die_at_step: Optional[int] = None,
+                    start_pings: int = 8) -> None:
+    """GPU ranks: one tensor-parallel megakernel per GPU (`TPGroup` over the serving
+    communicator picks GPU rank % count), the scenario's faults as a device fault table
+    (the same binary for every scenario), the steps in chunks of launches sized so no
+    worker's hook ring overflows; after each chunk its hook contexts go to the agent in
+    ts order, and a %globaltimer/host clock pair (gpu_clock) is taken between launches.
+    Every rank runs the same chunks (a run is collective).  Hook contexts the device
+    dropped (ring full) are counted in the channel's lost records, so the result's
+    telemetry.records_lost shows them."""
+    import numpy as np
+    from ..collectors.scenario import device_fault_specs
+    from ..megakernel.faults import FaultTable
+    from ..megakernel.presets import get_preset
+    from ..runtime.agent import RankAgent
+    try:
+        from ..megakernel import gpu
+        from ..megakernel.gpu_clock import GpuClock
+    except ImportError as e:
+        raise UserError(f"diagnose --backend gpu: rank {rank}: {e}") from None
+    cfg = get_preset(sc.model)
+    t0 = time.monotonic()
+    if ranks > 1 or gpu_tp_available():
+        try:
+            from ..megakernel.tp import TPGroup
+        except ImportError as e:
+            raise UserError(f"diagnose --backend gpu: {ranks} ranks need the tensor-parallel "
+                            f"launcher dtrace_mk.megakernel.tp ({e})") from None
+        # one group per communicator: the job's scenarios run one after the other on it
+        group = _TP_GROUPS.get(id(comm))
+        if group is None:
+            group = _TP_GROUPS[id(comm)] = TPGroup(comm)
+        if (group.rank, group.ranks) != (rank, ranks):
+            raise UserError(f"diagnose: rank {rank} of {ranks} is rank {group.rank} of "
+                            f"{group.ranks} in the tensor-parallel group")
+        mk = gpu.Megakernel(cfg, sc.batch, seed=sc.seed, tp=group)
+    else:
+        group = None
+        mk = gpu.Megakernel(cfg, sc.batch, seed=sc.seed)
+    graph = mk.graph
+    # warm-up (no hooks, no faults), then fresh requests from step 0: the measured steps
+    # start with warm caches on every rank, as the sim's do
+    mk.run(GPU_WARMUP_STEPS, watchdog_ms=GPU_WATCHDOG_MS)
+    mk.reset()
+    clock = GpuClock()
+    say(f"megakernel ready on GPU {_device_id()} ({graph.num_workers} workers, "
+        f"{time.monotonic() - t0:.1f} s)")
+    monitors = [str(Path(m) if Path(m).is_absolute() else scenario_dir / m) for m in sc.monitors]
+    agent = RankAgent(rank, channel, num_workers=graph.num_workers, schema=graph.schema,
+                      monitors=monitors, budget_bytes_per_step=sc.budget_bytes_per_step)
+    agent.start(pings=start_pings)
+    faults = FaultTable.from_specs(device_fault_specs(sc, rank), f"{sc.source} rank {rank}")
+    _dying(agent, die_at_step, say)
+    _clock_pairs(clock, agent, GPU_CLOCK_PRIMING)
+    t_run = time.monotonic()
+    done, dropped, launches = 0, 0, 0
+    hook_cap = int(getattr(mk, "hook_cap", 1 << 14))
+    chunk = gpu_chunk_steps(graph, len(agent.hooks), hook_cap)
+    together = comm is not None and ranks > 1
+
+    def agree(value: int, op: str) -> int:
+        """Every rank launches the same chunks: the chunk and stop decisions are agreed."""
+        if not together:
+            return value
+        from mpi4py import MPI
+        return int(comm.allreduce(int(value), op=MPI.MIN if op == "min" else MPI.MAX))
+
+    while done < sc.steps:
+        n = min(chunk, sc.steps - done)
+        stopped = None
+        try:                                  # collective: the ranks meet right before the launch
+            res = mk.run(n, hooks=agent.hooks, faults=faults, watchdog_ms=GPU_WATCHDOG_MS)
+        except gpu.WatchdogFired as e:          # this chunk's hooks are lost with it
+            res, stopped = None, e
+        launches += 1
+        clock.feed(agent)                     # the GPU is idle between launches
+        if res is not None:
+            if res.hooks_dropped:
+                dropped += res.hooks_dropped
+                channel.add_lost(res.hooks_dropped)
+            for ctx in gpu.hook_dicts(res.hooks):          # sorted by ts_ns
+                agent.sink(ctx)
+        agent.progress()
+        if stopped is not None:
+            say(f"steps {done}..{done + n - 1}: {stopped}; the result is partial")
+        if agree(stopped is not None, "max"):
+            break
+        done += n
+        # next chunk: as many steps as fit GPU_RING_SHARE of the fullest worker's ring
+        want = sc.steps
+        if len(res.hooks):
+            per_worker = int(np.bincount(res.hooks["worker"].astype(np.int64)).max())
+            want = max(1, int(hook_cap * GPU_RING_SHARE * n // max(per_worker, 1)))
+        chunk = agree(want, "min")
+    _clock_pairs(clock, agent, GPU_CLOCK_PRIMING)
+    stats = agent.close()
+    if group is not None:
+        del mk
+        group.close()           # unmap the peers' buffers (collective; the next scenario maps anew)
+    cr = clock.report()
+    say(f"{done} of {sc.steps} steps on the GPU in {launches} launch(es), "
+        f"{time.monotonic() - t_run:.2f} s; {stats.records_sent} records, {stats.bytes_sent} "
+        f"bytes sent, {stats.records_lost} lost, {dropped} hook contexts dropped on the device; "
+        f"clock pairs {cr.get('pairs')}, bound {cr.get('bound_ns_min')}..{cr.get('bound_ns_max')} ns")
+
+
+def _device_id() -> str:
+    try:
+        import cupy
+        return str(cupy.cuda.Device().id)
+    except Exception:
+        return "?"
+
+
+def _clock_pairs(clock, agent, n: int, spacing_s: float = None) -> None:
+    """n clock pairs spacing_s apart (the first at once), answering pings meanwhile."""
+    spacing_s = GPU_CLOCK_SPACING_S if spacing_s is None else spacing_s
+    for i in range(n):
+        if i:
+            until = time.monotonic() + spacing_s
+            while time.monotonic() < until:
+                agent.progress()
+                time.sleep(0.001)
+        clock.feed(agent)
+        agent.progress()
+
+
+def gpu_chunk_steps(graph, n_hooks: int, hook_cap: int, share: float = GPU_RING_SHARE) -> int:
+    """Steps per launch so that no worker's hook ring (hook_cap contexts) fills beyond
+    `share`, at the static bound: every hook fires once per task of the fullest worker's
+    plan and per dynamic task (which any worker may take)."""
+    dyn = sum(1 for t in graph.tasks if t.dynamic)
+    per_step = (max((len(p) for p in graph.worker_plans), default=0) + dyn) * max(n_hooks, 1)
+    return max(1, int(hook_cap * share) // max(per_step, 1))
+
+
+#: Decode steps run (and discarded) before the scenario's, after which the state is reset.
+GPU_WARMUP_STEPS = 2
+#: Watchdog of the GPU runs: a wait longer than this stops the megakernel (partial result).
+GPU_WATCHDOG_MS = 5000
 
 
 def _sim_rank_graph(cfg, sc, rank: int, ranks: int, comm):

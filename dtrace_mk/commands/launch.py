@@ -38,7 +38,7 @@ DESCRIPTION = __doc__.split("\n\n", 1)[1]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--ranks", type=int, default=2, help="serving ranks (default 2)")
     p.add_argument("--backend", choices=("auto", "gpu", "sim"), default="auto",
-                   help="the ranks' backend (auto: sim; the multi-rank GPU server is not built yet)")
+                   help="the ranks' backend (auto: gpu when CuPy sees a GPU per rank, else sim)")
     p.add_argument("--otlp", metavar="URL", help="export spans over OTLP/HTTP at the end ('env': "
                                                   "the OTEL_EXPORTER_OTLP_* variables)")
     p.add_argument("--json-spans", metavar="FILE", help="write spans as JSON lines")
@@ -103,6 +103,14 @@ def _run(args, cmd, say, start_job) -> int:
                     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
                 except OSError as e:
                     raise UserError(f"--out {args.out}: cannot write ({e.strerror})") from None
+                from ..exporters import records_path_for
+                rec = records_path_for(job.job.result_path)
+                if rec.is_file():      # the records too: `dtrace-mk export --result OUT` works
+                    try:
+                        records_path_for(args.out).write_bytes(rec.read_bytes())
+                    except OSError as e:
+                        raise UserError(f"--out {args.out}: cannot write its records "
+                                        f"({e.strerror})") from None
                 print(f"result: {args.out}")
         else:
             say("no diagnosis (the collector wrote none)")

@@ -14,6 +14,16 @@ Backends: `gpu` hot-attaches into a running megakernel (dtrace_mk.runtime.live);
 contexts into the reference runtime, advancing the simulated device clock by one
 interval per frame.  --frames N stops after N frames; --no-clear prints frames one
 after another (what tests and logs want).
+
+Tiers (gpu backend): --tier hot runs the monitor in the device VM at the hook sites
+(attached into the running kernel); --tier compiled links it into the megakernel
+before the first launch (stage 1: the kernel's cached relocatable cubin + the monitor's
+own cubin, ~0.1 s; the full-LTO stage 2 builds in the background and is swapped in at a
+later launch); --tier auto attaches hot and promotes when the tier policy says the
+monitor is hot (programs ran in 3 epochs or 100k events).  A swap needs a launch
+boundary, so compiled/auto run the steps in --launches launches (default 1 for
+compiled, 4 for auto); every event is counted once across swaps.  The sim backend has
+one (interpreted) tier and ignores --tier.
 """
 from __future__ import annotations
 
@@ -40,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="workers (sim; default 132)")
     p.add_argument("--frames", type=int, default=0, help="stop after N frames (0: until the run ends)")
     p.add_argument("--no-clear", action="store_true", help="do not clear the screen between frames")
+    p.add_argument("--tier", choices=("hot", "compiled", "auto"), default="hot",
+                   help="gpu: hot = device VM; compiled = linked into the kernel (fast link, LTO later); "
+                        "auto = hot, promoted at a launch boundary when hot (default hot; sim ignores it)")
+    p.add_argument("--launches", type=int, default=0, metavar="N",
+                   help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
 
 
 # ------------------------------------------------------------------------ rendering
@@ -144,35 +159,58 @@ def sim_frames(model: str = "tiny", steps: int = 50, interval_ms: float = 0.5, b
     sim.finish()
 
 
+def launch_plan(steps: int, tier: str, launches: int = 0) -> List[int]:
+    """Steps per launch: --launches N (default 1, 4 for --tier auto), at most one per step."""
+    n = launches or (4 if tier == "auto" else 1)
+    if n < 1:
+        raise UserError(f"--launches: expected >= 1, got {n}")
+    n = min(n, steps)
+    return [steps // n + (1 if i < steps % n else 0) for i in range(n)]
+
+
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
-               frames: int = 0) -> Iterable[str]:
-    """Frames of `top` hot-attached to a running megakernel (dtrace_mk.runtime.live)."""
+               frames: int = 0, tier: str = "hot", launches: int = 0) -> Iterable[str]:
+    """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
+    promoted to the compiled tier at launch boundaries (--tier)."""
     from ..megakernel import gpu
     from ..megakernel.presets import get_preset
     from ..runtime.live import LiveSession, summary_monitor
     mk = gpu.Megakernel(get_preset(model), batch=batch)
-    live = LiveSession(mk)
+    live = LiveSession(mk, tier=tier)
     mon = summary_monitor(mk.graph.schema)
-    live.start(steps)
-    aid = live.attach(mon.obj)
+    plan = launch_plan(steps, tier, launches)
+    step_start = mk.step
+    if tier == "hot":
+        live.start(plan.pop(0))
+        aid = live.attach(mon.obj)
+    else:
+        aid = live.attach(mon.obj)              # hot; "compiled": promoted by start()'s boundary
+        live.start(plan.pop(0))
     k, t0 = 0, time.perf_counter()
-    while True:
-        time.sleep(interval_ms / 1e3)
-        running = live.running()
-        if not running:
-            live.wait(raise_on_watchdog=False)
-        snap = live.snapshot(aid)
-        k += 1
-        hdr = (f"dtrace-mk top  model {model}  backend gpu  t={time.perf_counter() - t0:.1f} s  "
-               f"steps {snap.steps_done - mk.step + steps}/{steps}  final epoch {snap.final_epoch}  frame {k}"
-               + ("" if running else "  [run finished]"))
-        yield render_frame(mon.plan, snap.maps, snap.coverage + snap.partial, hdr)
-        if not running:
-            return
-        if frames and k >= frames:
-            live.mk.abort()
-            live.wait(raise_on_watchdog=False)
-            return
+    try:
+        while True:
+            time.sleep(interval_ms / 1e3)
+            running = live.running()
+            if not running:
+                live.wait(raise_on_watchdog=False)
+                if plan and not (frames and k + 1 >= frames):
+                    live.start(plan.pop(0))     # a launch boundary: promotions / LTO swaps
+                    running = True
+            snap = live.snapshot(aid)
+            k += 1
+            tiers = "" if tier == "hot" else f"  tier {live.tier_status().get(aid, '?')}"
+            hdr = (f"dtrace-mk top  model {model}  backend gpu{tiers}  t={time.perf_counter() - t0:.1f} s  "
+                   f"steps {snap.steps_done - step_start}/{steps}  final epoch {snap.final_epoch}  frame {k}"
+                   + ("" if running else "  [run finished]"))
+            yield render_frame(mon.plan, snap.maps, snap.coverage + snap.partial, hdr)
+            if not running:
+                return
+            if frames and k >= frames:
+                live.mk.abort()
+                live.wait(raise_on_watchdog=False)
+                return
+    finally:
+        live.close()
 
 
 def _gpu_available() -> bool:
@@ -192,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
     if backend == "auto":
         backend = "gpu" if _gpu_available() else "sim"
     if backend == "gpu":
-        it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames)
+        it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames,
+                        getattr(args, "tier", "hot"), getattr(args, "launches", 0))
     else:
         it = sim_frames(args.model, args.steps, args.interval_ms, args.batch, args.workers, args.frames)
     for frame in it:

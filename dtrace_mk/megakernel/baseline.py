@@ -146,3 +146,205 @@ class Baseline:
         mk.step += steps
         return {"tokens": cp.asnumpy(mk.out_tokens), "logits": cp.asnumpy(mk.buf["logits"]),
                 "elapsed_ms": cp.cuda.get_elapsed_time(start, end)}
+
+
+# ---------------------------------------------------------------------------------------
+# Tensor-parallel kernel-per-operator baseline: cuBLAS matmuls + NCCL all-reduces
+# ---------------------------------------------------------------------------------------
+# Megatron-style, the split rules of graph.tp_shard (graph.py module doc, "Tensor
+# parallelism"): rank r owns q heads [q_lo, q_hi) and kv heads [kv_lo, kv_hi) (qkv is
+# column-parallel, the rank's q|k|v rows of W_qkv), W_o is row-parallel over the rank's
+# heads, the dense MLP's ffn columns are split in contiguous blocks of ffn/R (gate/up
+# column-parallel, down row-parallel), embedding, norms and lm_head are replicated.  Two
+# all-reduces (sum) per layer: after attn_o and after mlp_down; every rank then adds the
+# residual and computes the same logits and token (no gather).  Each operator is one or a
+# few CuPy launches (matmuls through cuBLAS in fp32 from the bf16 weights, upcast once),
+# the all-reduces through NCCL (cupy.cuda.nccl) on the compute stream.
+#
+# The same code runs on NumPy (xp=numpy, an `allreduce` callback): the CPU tests run R
+# ranks as threads and check the tokens against the single-process ReferenceModel.
+
+def tp_shard_weights(cfg, weights: Dict[str, Any], rank: int, ranks: int) -> Dict[str, Any]:
+    """Rank `rank`'s shard of the full weights, cut exactly as the TP megakernel cuts them
+    (reference.shard_weights: q|k|v rows of its heads, W_o columns of its q heads,
+    gate/up rows and down columns of its contiguous ffn/R block; the rest replicated).
+    Dense models only (MoE: UserError); a bad split is graph.tp_shard's UserError."""
+    from ..errors import UserError
+    from .graph import tp_shard
+    from .reference import shard_weights
+    if cfg.moe_layers:
+        raise UserError(f"tensor-parallel baseline: model {cfg.name!r} has MoE layers; only "
+                        f"dense models are built")
+    tp_shard(cfg, rank, ranks)               # validates the split (also for ranks == 1)
+    return shard_weights(cfg, weights, rank, ranks)
+
+
+class NcclAllReduce:
+    """In-place fp32 sum over the ranks of an mpi4py communicator (or a TPGroup's .comm)
+    through cupy.cuda.nccl; the unique id is broadcast from rank 0 over MPI."""
+
+    def __init__(self, comm):
+        import os
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast off (lent machines)
+        import cupy as cp
+        from cupy.cuda import nccl
+        self.cp, self.nccl = cp, nccl
+        comm = getattr(comm, "comm", comm)
+        self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = comm.bcast(uid, root=0)
+        self.nc = nccl.NcclCommunicator(self.ranks, uid, self.rank)
+
+    def __call__(self, a) -> None:
+        assert a.dtype == np.float32 and a.flags.c_contiguous
+        stream = self.cp.cuda.get_current_stream().ptr
+        self.nc.allReduce(a.data.ptr, a.data.ptr, a.size, self.nccl.NCCL_FLOAT32,
+                          self.nccl.NCCL_SUM, stream)
+
+
+class TPBaseline:
+    """One rank of the tensor-parallel per-operator baseline.
+
+        bl = TPBaseline(cfg, batch, rank, ranks, comm=mpi_comm)      # CuPy + NCCL
+        out = bl.run(steps)     # {"tokens" [steps, B], "logits" [B, V], "elapsed_ms"}
+
+    `weights`: the FULL make_weights(cfg, seed) dict (drawn here when None) -- sharded
+    with `tp_shard_weights`; `xp=numpy` with an `allreduce(array)` callback (in-place sum
+    over the ranks) runs it on the CPU; ranks == 1 needs no all-reduce."""
+
+    def __init__(self, cfg, batch: int, rank: int = 0, ranks: int = 1, seed: int = 0,
+                 weights: Optional[Dict[str, Any]] = None, comm=None, allreduce=None, xp=None,
+                 requests=None):
+        from .reference import Requests, bf16_bits_to_f32, make_weights
+        if xp is None:
+            import cupy as xp
+        self.xp, self.cfg, self.B = xp, cfg, batch
+        self.rank, self.ranks = rank, ranks
+        self.req = requests or Requests()
+        if ranks > 1 and allreduce is None:
+            if comm is None:
+                raise ValueError("TPBaseline: ranks > 1 needs comm (NCCL) or allreduce")
+            allreduce = NcclAllReduce(comm)
+        self.allreduce = allreduce
+        from .graph import tp_shard
+        self.shard = tp_shard(cfg, rank, ranks)
+        w = weights if weights is not None else make_weights(cfg, seed)
+        w = tp_shard_weights(cfg, w, rank, ranks)
+        self.W = {k: xp.ascontiguousarray(bf16_bits_to_f32(xp.asarray(v))) for k, v in w.items()}
+        c, sh = cfg, self.shard
+        self.hq, self.hkv = sh.q_hi - sh.q_lo, sh.kv_hi - sh.kv_lo
+        rep = c.n_heads // c.n_kv_heads
+        self.kv_of_q = xp.asarray(np.arange(sh.q_lo, sh.q_hi) // rep - sh.kv_lo)
+        half = c.head_dim // 2
+        inv = c.rope_theta ** (-2.0 * np.arange(half) / c.head_dim)
+        ang = np.arange(c.max_seq, dtype=np.float64)[:, None] * inv[None, :]
+        self.cos = xp.asarray(np.cos(ang).astype(np.float32))
+        self.sin = xp.asarray(np.sin(ang).astype(np.float32))
+        self.reset()
+
+    def reset(self) -> None:
+        xp, c, B = self.xp, self.cfg, self.B
+        self.k_cache = xp.zeros((c.n_layers, B, c.max_seq, self.hkv, c.head_dim), xp.float32)
+        self.v_cache = xp.zeros_like(self.k_cache)
+        self.pos = np.zeros(B, np.int64)
+        self.gen = np.zeros(B, np.int64)
+        self.req_len = np.array([self.req.req_len(b, 0, c.max_seq) for b in range(B)], np.int64)
+        self.tokens = xp.asarray(np.array([self.req.prompt_token(b, 0, c.vocab) for b in range(B)],
+                                          np.int64))
+
+    # -- operators ------------------------------------------------------------------------
+    def _rms(self, h, w):
+        xp = self.xp
+        ms = (h * h).mean(-1, keepdims=True)
+        return h / xp.sqrt(ms + xp.float32(self.cfg.rms_eps)) * w
+
+    def _rope(self, v, cos, sin):
+        half = self.cfg.head_dim // 2
+        a, b = v[..., :half], v[..., half:]
+        return self.xp.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+
+    def _sum(self, part):
+        if self.ranks > 1:
+            self.allreduce(part)
+        return part
+
+    def _schedule(self, steps: int):
+        """Slot bookkeeping for `steps` steps, on the host (it does not depend on the
+        tokens), uploaded once: per step the positions [B], the longest prefix T, which
+        slots are refilled after it and their prompt tokens.  Advances the host state."""
+        c, B = self.cfg, self.B
+        pos = np.zeros((steps, B), np.int64)
+        done = np.zeros((steps, B), bool)
+        prompt = np.zeros((steps, B), np.int64)
+        for k in range(steps):
+            pos[k] = self.pos
+            self.pos += 1
+            for b in np.nonzero(self.pos >= self.req_len)[0]:
+                done[k, b] = True
+                self.gen[b] += 1
+                self.pos[b] = 0
+                prompt[k, b] = self.req.prompt_token(int(b), int(self.gen[b]), c.vocab)
+                self.req_len[b] = self.req.req_len(int(b), int(self.gen[b]), c.max_seq)
+        xp = self.xp
+        return ([int(p.max()) + 1 for p in pos], xp.asarray(pos), xp.asarray(done),
+                xp.asarray(prompt))
+
+    def step(self, T: int, pos, done, prompt):
+        """One decode step (positions `pos` [B], longest prefix T; after it the slots
+        `done` get `prompt`, the others the argmax); returns the argmax tokens [B]."""
+        xp, c, W, B = self.xp, self.cfg, self.W, self.B
+        hd, hq, hkv = c.head_dim, self.hq, self.hkv
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        rows = xp.arange(B)
+        mask = (xp.arange(T)[None, :] > pos[:, None])[:, None, :]            # [B, 1, T]
+        scale = xp.float32(1.0 / np.sqrt(hd))
+        dense = dense_index(c)
+        h = W["embed"][self.tokens]
+        for l in range(c.n_layers):
+            xn = self._rms(h, W["attn_norm"][l])
+            qkv = xn @ W["qkv"][l].T
+            q = self._rope(qkv[:, : hq * hd].reshape(B, hq, hd), cos, sin)
+            k = self._rope(qkv[:, hq * hd: (hq + hkv) * hd].reshape(B, hkv, hd), cos, sin)
+            v = qkv[:, (hq + hkv) * hd:].reshape(B, hkv, hd)
+            self.k_cache[l, rows, pos] = k
+            self.v_cache[l, rows, pos] = v
+            K = self.k_cache[l, :, :T][:, :, self.kv_of_q]          # [B, T, hq, hd]
+            V = self.v_cache[l, :, :T][:, :, self.kv_of_q]
+            s = xp.einsum("bhd,bthd->bht", q, K) * scale
+            s = xp.where(mask, xp.float32(-np.inf), s)
+            p = xp.exp(s - s.max(-1, keepdims=True))
+            att = xp.einsum("bht,bthd->bhd", p, V) / p.sum(-1)[..., None]
+            h = h + self._sum(xp.ascontiguousarray(att.reshape(B, hq * hd) @ W["o"][l].T))
+            xn = self._rms(h, W["mlp_norm"][l])
+            di = dense[l]
+            g = xn @ W["gate"][di].T
+            u = xn @ W["up"][di].T
+            act = g / (1.0 + xp.exp(-g)) * u
+            h = h + self._sum(xp.ascontiguousarray(act @ W["down"][di].T))
+        xn = self._rms(h, W["final_norm"])
+        self.logits = xn @ W["lm_head"].T
+        nxt = xp.argmax(self.logits, -1).astype(xp.int64)
+        self.tokens = xp.where(done, prompt, nxt)
+        return nxt
+
+    def run(self, steps: int) -> Dict[str, Any]:
+        """`steps` decode steps from the current state; elapsed_ms of the device (CuPy
+        events) or wall time (NumPy)."""
+        xp = self.xp
+        toks = []
+        Ts, pos, done, prompt = self._schedule(steps)
+        if xp is np:
+            t0 = time.perf_counter()
+            for k in range(steps):
+                toks.append(self.step(Ts[k], pos[k], done[k], prompt[k]))
+            return {"tokens": np.stack(toks).astype(np.int64), "logits": self.logits,
+                    "elapsed_ms": (time.perf_counter() - t0) * 1e3}
+        start, end = xp.cuda.Event(), xp.cuda.Event()
+        start.record()
+        for k in range(steps):
+            toks.append(self.step(Ts[k], pos[k], done[k], prompt[k]))
+        end.record()
+        end.synchronize()
+        return {"tokens": xp.asnumpy(xp.stack(toks)).astype(np.int64),
+                "logits": xp.asnumpy(self.logits),
+                "elapsed_ms": xp.cuda.get_elapsed_time(start, end)}

@@ -7,6 +7,8 @@ buffers, launch, hook/trace/watchdog read-back.
     res = mk.run(steps=8, per_step_launch=True)     # one launch per step
     res.tokens [steps, B], res.logits [B, V] (last step), res.hooks (dtmk_ctx records),
     res.trace (task trace records), res.watchdog (None or per-worker state)
+    mk = gpu.Megakernel(cfg, batch=4, tp=tp.TPGroup(MPI.COMM_WORLD))   # tensor parallel:
+                                                    # this rank's shard; run() is collective
 
 Compilation needs no build step: `compile_source()` runs NVRTC (cuda.bindings.nvrtc)
 on kernels/megakernel.cu for sm_90a (cubin) or to LTO-IR, caching the output on disk
@@ -26,13 +28,13 @@ import numpy as np
 
 from ..abi import definition as abi
 from ..errors import UserError
-from .graph import CLASS_IDS, TaskGraph, build_graph
-from .reference import Requests, dense_index, make_weights, moe_index
+from .graph import CLASS_IDS, TaskGraph, build_graph, tp_shard
+from .reference import Requests, dense_index, make_weights, moe_index, shard_weights, tp_local_config
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 
-SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h")
+SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "mk_comm.cuh", "dtrace_mk_abi.h")
 MK_THREADS = 512
 MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
@@ -55,6 +57,7 @@ PARAM_FIELDS: Tuple[str, ...] = (
     "step0", "n_steps",
     "control", "hook_ring", "hook_head", "hook_cap", "trace_ring", "trace_head", "trace_cap",
     "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns", "prefetch",
+    "ranks", "tp_peers", "tp_part", "tp_recv", "ev_comm_op",
 )
 
 # control words (megakernel.cu CTL_*)
@@ -172,12 +175,36 @@ def pack_tables(g: TaskGraph) -> Dict[str, np.ndarray]:
             t[i, 14] = di_of_layer[task.layer]
         elif task.cls in (CLASS_IDS["moe_router"], CLASS_IDS["moe_expert"]):
             t[i, 14] = mi_of_layer[task.layer]
+    out_tp = {}
+    if g.ranks > 1:
+        # tensor parallel (kernels/mk_comm.cuh): rope / attn head ranges become the rank's
+        # local heads (hooks carry the global tile); comm tasks carry (all-reduce index
+        # l*2+op, MoE fold, destination rank); consumers the all-reduce they reduce
+        sh = tp_shard(cfg, g.rank, g.ranks)
+        recv_idx = {}
+        for task in g.tasks:
+            i = task.index
+            if task.cls == CLASS_IDS["rope_kv_append"]:
+                t[i, 4] -= sh.kv_lo; t[i, 5] -= sh.kv_lo
+            elif task.cls == CLASS_IDS["attn"]:
+                t[i, 4] -= sh.q_lo; t[i, 5] -= sh.q_lo
+            elif task.cls == CLASS_IDS["allreduce"]:
+                ev = g.events[task.signal_event]
+                idx = task.layer * 2 + ev.comm_op
+                t[i, 12], t[i, 13], t[i, 14] = idx, expert_event_moe.get(task.wait_event, -1), task.tile[1]
+                if ev.owner_rank == g.rank:
+                    recv_idx[task.signal_event] = idx
+        for task in g.tasks:
+            if task.cls == CLASS_IDS["rmsnorm"] and task.wait_event in recv_idx:
+                t[task.index, 13] = -1
+                t[task.index, 14] = recv_idx[task.wait_event]
+        out_tp["ev_comm_op"] = d["event_comm_op"].astype(np.int32)
     moe = np.zeros((max(len(g.moe), 1), 8), dtype=np.int32)
     for i, m in enumerate(g.moe):
         moe[i, :6] = (m.layer, m.router_task, m.expert_base, m.expert_tiles, m.router_event, m.expert_event)
     return {"tasks": t, "moe": moe, "plan_off": d["plan_offsets"].astype(np.int32),
             "plan_tasks": np.maximum(d["plan_tasks"], 0).astype(np.int32) if len(d["plan_tasks"]) else np.zeros(1, np.int32),
-            "event_triggers": d["event_triggers"].astype(np.int32)}
+            "event_triggers": d["event_triggers"].astype(np.int32), **out_tp}
 
 
 def hook_mask(hooks) -> int:
@@ -248,15 +275,30 @@ class Megakernel:
                  weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
                  graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
                  queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None,
-                 prefetch: bool = False, defines: Sequence[str] = ()):
+                 prefetch: bool = False, defines: Sequence[str] = (), tp=None):
         """defines: compile-time variants of megakernel.cu, e.g. ("DTMK_NO_HOOKS",) (no
-        hook code at all: the baseline of bench/hooks.py)."""
+        hook code at all: the baseline of bench/hooks.py).
+
+        tp: a tp.TPGroup with ranks > 1 makes this rank's share of a tensor-parallel
+        megakernel (collective: every rank of the group constructs it): the graph is
+        build_graph(cfg, batch, W, rank, ranks), the weights this rank's shards of the
+        FULL weights (`weights`, default make_weights(cfg, seed)), and the receive
+        buffers and event counters are exchanged over CUDA IPC.  run / start / finish are
+        then collective too (barriers around the launch)."""
         import cupy as cp
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
         dev = cp.cuda.Device()
         self.num_workers = num_workers or dev.attributes["MultiProcessorCount"]
-        self.graph = graph or build_graph(cfg, batch, self.num_workers)
+        self.tp = tp if tp is not None and tp.ranks > 1 else None
+        rank, ranks = (tp.rank, tp.ranks) if self.tp else (0, 1)
+        self.graph = graph or build_graph(cfg, batch, self.num_workers, rank=rank, ranks=ranks)
+        if (self.graph.rank, self.graph.ranks) != (rank, ranks):
+            raise UserError(f"Megakernel: graph of rank {self.graph.rank} of {self.graph.ranks}, "
+                            f"but the group says rank {rank} of {ranks}")
+        if ranks > 1 and cfg.comm_tile % 4:
+            raise UserError(f"model {cfg.name!r}: comm_tile {cfg.comm_tile} must be a multiple of 4 on the GPU")
+        self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
         self.defines = tuple(defines)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
@@ -267,10 +309,12 @@ class Megakernel:
         W = self.num_workers
         # weights (bf16 bits) on the device
         w = weights if weights is not None else make_weights(cfg, seed)
+        if ranks > 1:
+            w = shard_weights(cfg, w, rank, ranks)
         self.weights = {k: cp.asarray(v) for k, v in w.items()}
         tabs = pack_tables(self.graph)
         self.tables = {k: cp.asarray(v) for k, v in tabs.items()}
-        c = cfg
+        c = self.lcfg
         f32, i32 = cp.float32, cp.int32
         et = max(c.expert_ffn // c.tile_n, 1)
         n_moe = max(len(c.moe_layers), 1)
@@ -301,6 +345,14 @@ class Megakernel:
             "worker_state": cp.zeros((W, 8), cp.uint64),
             "faults": cp.zeros((1, 8), cp.int64),
         }
+        if self.tp:
+            # peers write: event counters (+ per event the last remote sender) and the
+            # receive slots [2 * n_layers][ranks][B][hidden], on their own allocations
+            E = len(self.graph.events)
+            self._ev_all = self.tp.alloc_shared((2 * E,), cp.uint64)
+            self.buf["events"] = self._ev_all[:E]
+            self.buf["tp_recv"] = self.tp.alloc_shared((2 * c.n_layers, ranks, B, c.hidden), f32)
+            self.buf["tp_part"] = cp.zeros((2 * c.n_layers, B, c.hidden), f32)
         self.out_tokens = cp.zeros((1, B), i32)
         self.n_faults = 0
         self.queue_threshold, self.filler_ns = queue_threshold, filler_ns
@@ -315,6 +367,9 @@ class Megakernel:
         set_smem(self.kernel, self.smem)
         self.step = 0
         self.reset()
+        if self.tp:                   # collective: map every rank's counters and slots
+            peers = self.tp.exchange([self._ev_all.data.ptr, self.buf["tp_recv"].data.ptr])
+            self.tables["tp_peers"] = cp.asarray(np.asarray(peers, dtype=np.uint64).reshape(ranks, 2))
 
     # -- state --
     def reset(self) -> None:
@@ -324,6 +379,8 @@ class Megakernel:
         self.buf["req_len"][:] = cp.asarray([self.req.req_len(b, 0, c.max_seq) for b in range(B)], cp.int32)
         for k in ("pos", "req_gen", "events", "dyn_head", "dyn_tail", "k_cache", "v_cache", "worker_state"):
             self.buf[k].fill(0)
+        if self.tp:
+            self._ev_all.fill(0)
         self.step = 0
 
     def set_faults(self, table) -> None:
@@ -332,7 +389,7 @@ class Megakernel:
         self.buf["faults"] = self.cp.asarray(a if len(a) else np.zeros((1, 8), np.int64))
 
     def _params(self, steps: int, n_out: int, out_row: int = 0) -> Any:
-        cp, c, g = self.cp, self.cfg, self.graph
+        cp, c, g = self.cp, self.lcfg, self.graph
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         f32bits = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]  # noqa: E731
         W, b, t = self.weights, self.buf, self.tables
@@ -357,7 +414,11 @@ class Megakernel:
             "hook_cap": self.hook_cap, "trace_cap": self.trace_cap,
             "n_faults": self.n_faults, "rank": g.rank, "queue_threshold": self.queue_threshold,
             "filler_ns": self.filler_ns, "prefetch": int(self.prefetch),
+            "ranks": g.ranks, "tp_peers": 0, "tp_part": 0, "tp_recv": 0, "ev_comm_op": 0,
         }
+        if self.tp:
+            v.update(tp_peers=ptr(t["tp_peers"]), tp_part=ptr(b["tp_part"]), tp_recv=ptr(b["tp_recv"]),
+                     ev_comm_op=ptr(t["ev_comm_op"]))
         for k in ("h", "xn", "qkv", "attn", "act", "k_cache", "v_cache", "logits", "tile_max", "tile_arg",
                   "moe_part", "route_expert", "route_weight", "tokens", "pos", "req_gen", "req_len",
                   "events", "dyn_items", "dyn_head", "dyn_tail", "control", "hook_ring", "hook_head",
@@ -368,8 +429,9 @@ class Megakernel:
         return cp.asarray(np.array([v[f] for f in PARAM_FIELDS], dtype=np.uint64))
 
     def poison(self) -> None:
-        for k in ("h", "xn", "qkv", "attn", "act", "logits", "tile_max", "moe_part"):
-            self.buf[k].fill(np.nan)
+        for k in ("h", "xn", "qkv", "attn", "act", "logits", "tile_max", "moe_part", "tp_part", "tp_recv"):
+            if k in self.buf:
+                self.buf[k].fill(np.nan)
         self.buf["tile_arg"].fill(-1)
         self.out_tokens.fill(-1)
 
@@ -410,6 +472,7 @@ class Megakernel:
         logits_hist = []
         stream = cp.cuda.Stream(non_blocking=True)
         cp.cuda.runtime.deviceSynchronize()
+        self._barrier()               # tensor parallel: every rank reset / poisoned before any launch
         t0 = time.perf_counter()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         keep = []
@@ -439,6 +502,7 @@ class Megakernel:
             self.tables["tasks"][inject_deadlock, 7] = saved
         res = self._collect(steps, step0, elapsed, np.stack(logits_hist) if logits_hist else None,
                             watchdog_ms)
+        self._barrier()               # no peer writes into this rank's buffers after this
         if res.watchdog is not None and raise_on_watchdog:
             raise WatchdogFired(res.watchdog)
         return res
@@ -463,10 +527,16 @@ class Megakernel:
         self.obs_tables = int(tables_ptr)
         self.obs_state = state
 
+    def _barrier(self) -> None:
+        if self.tp:
+            self.tp.barrier()
+
     def _prepare(self, hooks, trace, faults, watchdog_ms, refresh) -> None:
         self.set_faults(faults)
         ctl = np.zeros(CTL_WORDS, np.uint32)
         ctl[CTL_HOOK_MASK] = hook_mask(hooks)
+        if self.tp and (hooks is True or hooks == "all"):       # comm:* exist only with ranks > 1
+            ctl[CTL_HOOK_MASK] |= hook_mask(["comm:signal", "comm:wait"])
         ctl[CTL_TRACE] = 1 if trace else 0
         ctl[CTL_REFRESH] = refresh
         ctl[CTL_WD_US] = watchdog_ms * 1000
@@ -499,6 +569,7 @@ class Megakernel:
         stream = cp.cuda.Stream(non_blocking=True)
         cp.cuda.runtime.deviceSynchronize()
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        self._barrier()
         start.record(stream)
         self.launch(steps, steps, stream)
         end.record(stream)
@@ -519,6 +590,7 @@ class Megakernel:
         handle["stream"].synchronize()
         elapsed = cp.cuda.get_elapsed_time(handle["start"], handle["end"])
         res = self._collect(handle["steps"], handle["step0"], elapsed, None, handle["watchdog_ms"])
+        self._barrier()
         if res.watchdog is not None and raise_on_watchdog:
             raise WatchdogFired(res.watchdog)
         return res
@@ -575,7 +647,7 @@ class Megakernel:
             if d["state"] in ("waiting", "watchdog", "stopped") and 0 <= e < len(ev):
                 d["value"] = int(ev[e])
             workers.append(d)
-        return {"reason": {1: "host abort", 2: "watchdog"}.get(reason, f"abort {reason}"),
+        return {"rank": g.rank, "reason": {1: "host abort", 2: "watchdog"}.get(reason, f"abort {reason}"),
                 "worker": worker if worker != 0xFFFFFFFF else None, "timeout_ms": timeout_ms,
                 "workers": workers, "events": {g.events[i].name: int(v) for i, v in enumerate(ev)}}
 

@@ -181,52 +181,62 @@ class ReferenceModel:
 
     def step(self) -> Dict[str, np.ndarray]:
         """One decode step for all slots; returns logits [B, V] and next tokens [B]."""
+        c, W = self.cfg, self.W
+        h = W["embed"][self.tokens].astype(np.float32)
+        for l in range(c.n_layers):
+            h = h + self.attn_delta(l, self._rms(h, W["attn_norm"][l]))
+            h = h + self.mlp_delta(l, self._rms(h, W["mlp_norm"][l]))
+        return self._head(h)
+
+    def attn_delta(self, l: int, xn):
+        """Layer l's attention output projection W_o attn(xn) (appends k, v to the cache)."""
         c, W, B = self.cfg, self.W, self.B
         hd, nh, nkv = c.head_dim, c.n_heads, c.n_kv_heads
         rep = nh // nkv
-        h = W["embed"][self.tokens].astype(np.float32)
-        for l in range(c.n_layers):
-            xn = self._rms(h, W["attn_norm"][l])
-            qkv = xn @ W["qkv"][l].T
-            q = qkv[:, : nh * hd].reshape(B, nh, hd)
-            k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(B, nkv, hd)
-            v = qkv[:, (nh + nkv) * hd:].reshape(B, nkv, hd)
-            q, k = self._rope(q, self.pos), self._rope(k, self.pos)
-            for b in range(B):
-                self.k_cache[l, b, self.pos[b]] = k[b]
-                self.v_cache[l, b, self.pos[b]] = v[b]
-            att = np.zeros((B, nh, hd), np.float32)
-            for b in range(B):
-                T = self.pos[b] + 1
-                for qh in range(nh):
-                    g = qh // rep
-                    kk = self.k_cache[l, b, :T, g]                          # [T, hd]
-                    s = (kk @ q[b, qh]) / np.sqrt(hd)
-                    p = np.exp(s - s.max())
-                    att[b, qh] = (p @ self.v_cache[l, b, :T, g]) / p.sum()
-            h = h + att.reshape(B, nh * hd) @ W["o"][l].T
-            xn = self._rms(h, W["mlp_norm"][l])
-            mi = self.moe_idx[l]
-            if mi < 0:
-                di = self.dense_idx[l]
-                h = h + self._swiglu(xn, W["gate"][di], W["up"][di]) @ W["down"][di].T
-            else:
-                logits = xn @ W["router"][mi].T                              # [B, E]
-                out = np.zeros_like(h)
-                routing = np.zeros((B, c.top_k), np.int64)
-                for b in range(B):
-                    order = np.lexsort((np.arange(c.n_experts), -logits[b]))[: c.top_k]
-                    routing[b] = order
-                    sel = logits[b, order]
-                    wts = np.exp(sel - sel.max())
-                    wts /= wts.sum()
-                    for e, wt in zip(order, wts):
-                        y = self._swiglu(xn[b:b + 1], W["egate"][mi, e], W["eup"][mi, e]) @ W["edown"][mi, e].T
-                        out[b] += wt * y[0]
-                self.last_routing[l] = routing
-                h = h + out
-        xn = self._rms(h, W["final_norm"])
-        logits = xn @ W["lm_head"].T
+        qkv = xn @ W["qkv"][l].T
+        q = qkv[:, : nh * hd].reshape(B, nh, hd)
+        k = qkv[:, nh * hd: (nh + nkv) * hd].reshape(B, nkv, hd)
+        v = qkv[:, (nh + nkv) * hd:].reshape(B, nkv, hd)
+        q, k = self._rope(q, self.pos), self._rope(k, self.pos)
+        for b in range(B):
+            self.k_cache[l, b, self.pos[b]] = k[b]
+            self.v_cache[l, b, self.pos[b]] = v[b]
+        att = np.zeros((B, nh, hd), np.float32)
+        for b in range(B):
+            T = self.pos[b] + 1
+            for qh in range(nh):
+                g = qh // rep
+                kk = self.k_cache[l, b, :T, g]                          # [T, hd]
+                s = (kk @ q[b, qh]) / np.sqrt(hd)
+                p = np.exp(s - s.max())
+                att[b, qh] = (p @ self.v_cache[l, b, :T, g]) / p.sum()
+        return att.reshape(B, nh * hd) @ W["o"][l].T
+
+    def mlp_delta(self, l: int, xn):
+        """Layer l's MLP (dense or MoE) output for the normalised input xn."""
+        c, W, B = self.cfg, self.W, self.B
+        mi = self.moe_idx[l]
+        if mi < 0:
+            di = self.dense_idx[l]
+            return self._swiglu(xn, W["gate"][di], W["up"][di]) @ W["down"][di].T
+        logits = xn @ W["router"][mi].T                              # [B, E]
+        out = np.zeros((B, c.hidden), np.float32)
+        routing = np.zeros((B, c.top_k), np.int64)
+        for b in range(B):
+            order = np.lexsort((np.arange(c.n_experts), -logits[b]))[: c.top_k]
+            routing[b] = order
+            sel = logits[b, order]
+            wts = np.exp(sel - sel.max())
+            wts /= wts.sum()
+            for e, wt in zip(order, wts):
+                y = self._swiglu(xn[b:b + 1], W["egate"][mi, e], W["eup"][mi, e]) @ W["edown"][mi, e].T
+                out[b] += wt * y[0]
+        self.last_routing[l] = routing
+        return out
+
+    def _head(self, h) -> Dict[str, np.ndarray]:
+        xn = self._rms(h, self.W["final_norm"])
+        logits = xn @ self.W["lm_head"].T
         nxt = np.argmax(logits, -1)
         self._advance(nxt)
         return {"logits": logits.astype(np.float32), "tokens": nxt.astype(np.int64)}
@@ -250,3 +260,128 @@ class ReferenceModel:
             logits.append(r["logits"])
             toks.append(r["tokens"])
         return {"logits": np.stack(logits), "tokens": np.stack(toks)}
+
+
+# ---- tensor parallelism (graph.py "Tensor parallelism") ----------------------------------
+
+# weights split per rank: name -> (axis, part); the others are replicated
+_TP_SPLIT = {"qkv": (1, "qkv"), "o": (2, "q"), "gate": (1, "ffn"), "up": (1, "ffn"), "down": (2, "ffn"),
+             "egate": (2, "effn"), "eup": (2, "effn"), "edown": (3, "effn")}
+
+
+def tp_local_config(cfg, rank: int, ranks: int):
+    """The model shape rank `rank` of `ranks` computes with (graph.tp_shard): its q / kv
+    heads, ffn and expert_ffn columns; hidden, vocab and the rest unchanged.  ranks == 1:
+    cfg itself."""
+    from dataclasses import replace
+    from .graph import tp_shard
+    if ranks == 1:
+        return cfg
+    sh = tp_shard(cfg, rank, ranks)
+    dense = any(not cfg.is_moe(l) for l in range(cfg.n_layers))
+    return replace(cfg, n_heads=sh.q_hi - sh.q_lo, n_kv_heads=sh.kv_hi - sh.kv_lo,
+                   ffn=sh.ffn_cols if dense else cfg.ffn,
+                   expert_ffn=sh.expert_ffn_cols if cfg.moe_layers else cfg.expert_ffn)
+
+
+def _tp_index(cfg, rank: int, ranks: int, part: str):
+    """Indices (along the split axis) of rank's slice of `part`."""
+    from .graph import tp_shard
+    sh = tp_shard(cfg, rank, ranks)
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    if part == "q":
+        return np.arange(sh.q_lo * hd, sh.q_hi * hd)
+    if part == "qkv":
+        return np.concatenate([np.arange(sh.q_lo * hd, sh.q_hi * hd),
+                               nh * hd + np.arange(sh.kv_lo * hd, sh.kv_hi * hd),
+                               (nh + nkv) * hd + np.arange(sh.kv_lo * hd, sh.kv_hi * hd)])
+    n = sh.ffn_cols if part == "ffn" else sh.expert_ffn_cols
+    return np.arange(rank * n, (rank + 1) * n)
+
+
+def _tp_parts(cfg):
+    dense = any(not cfg.is_moe(l) for l in range(cfg.n_layers))
+    return {k: v for k, v in _TP_SPLIT.items()
+            if (v[1] != "ffn" or dense) and (v[1] != "effn" or cfg.moe_layers)}
+
+
+def shard_weights(cfg, weights: Dict[str, Any], rank: int, ranks: int) -> Dict[str, Any]:
+    """Rank `rank`'s weights (same keys, shapes of weight_shapes(tp_local_config(...)))
+    cut from the FULL weights (numpy or cupy): q|k|v rows of its heads, W_o columns of its
+    q heads, gate/up rows and down columns of its ffn share, the same per expert; the rest
+    replicated (the same arrays)."""
+    if ranks == 1:
+        return dict(weights)
+    out = dict(weights)
+    for name, (axis, part) in _tp_parts(cfg).items():
+        a = weights[name]
+        xp = _xp(a)
+        idx = _tp_index(cfg, rank, ranks, part)
+        if part in ("q", "ffn", "effn"):          # contiguous: a view-free slice copy
+            sl = [slice(None)] * a.ndim
+            sl[axis] = slice(int(idx[0]), int(idx[-1]) + 1)
+            out[name] = xp.ascontiguousarray(a[tuple(sl)])
+        else:
+            out[name] = xp.ascontiguousarray(xp.take(a, xp.asarray(idx), axis=axis))
+    return out
+
+
+def unshard_weights(cfg, shards: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+    """Inverse of shard_weights over all ranks (tests): the full weights, numpy."""
+    R = len(shards)
+    out = {k: np.asarray(v) for k, v in shards[0].items()}
+    for name, (axis, part) in _tp_parts(cfg).items():
+        full_n = {"q": cfg.n_heads * cfg.head_dim, "qkv": cfg.qkv_dim, "ffn": cfg.ffn,
+                  "effn": cfg.expert_ffn}[part]
+        shape = list(np.asarray(shards[0][name]).shape)
+        shape[axis] = full_n
+        a = np.zeros(shape, np.asarray(shards[0][name]).dtype)
+        for r in range(R):
+            idx = _tp_index(cfg, r, R, part)
+            sl = [slice(None)] * a.ndim
+            sl[axis] = idx
+            a[tuple(sl)] = np.asarray(shards[r][name])
+        out[name] = a
+    return out
+
+
+class TPReferenceModel:
+    """NumPy twin of the tensor-parallel megakernel: every rank computes its partial sums
+    with its shard (`shard_weights`); after attn_o and after the MLP / experts the
+    residual gets the sum of the R partials in rank order (what the consuming rmsnorm
+    does on every rank), so h is the same on every rank."""
+
+    def __init__(self, cfg, batch: int, weights: Dict[str, np.ndarray], ranks: int,
+                 requests: Requests = Requests()):
+        self.cfg, self.B, self.ranks = cfg, batch, ranks
+        self.parts = [ReferenceModel(tp_local_config(cfg, r, ranks), batch,
+                                     shard_weights(cfg, weights, r, ranks), requests) for r in range(ranks)]
+
+    def step(self) -> Dict[str, np.ndarray]:
+        c, P0 = self.cfg, self.parts[0]
+        W = P0.W                                      # replicated: embed, norms, router, lm_head
+        h = W["embed"][P0.tokens].astype(np.float32)
+        for l in range(c.n_layers):
+            xn = P0._rms(h, W["attn_norm"][l])
+            h = h + _sum_in_order([p.attn_delta(l, xn) for p in self.parts])
+            xn = P0._rms(h, W["mlp_norm"][l])
+            h = h + _sum_in_order([p.mlp_delta(l, xn) for p in self.parts])
+        out = P0._head(h)
+        for p in self.parts[1:]:
+            p._advance(out["tokens"])
+        return out
+
+    def run(self, steps: int) -> Dict[str, np.ndarray]:
+        logits, toks = [], []
+        for _ in range(steps):
+            r = self.step()
+            logits.append(r["logits"])
+            toks.append(r["tokens"])
+        return {"logits": np.stack(logits), "tokens": np.stack(toks)}
+
+
+def _sum_in_order(parts):
+    s = np.zeros_like(parts[0], dtype=np.float32)
+    for p in parts:
+        s = s + p.astype(np.float32)
+    return s

@@ -30,7 +30,10 @@ The module declares, not defines, the map helpers: the kernel module defines the
 Build: `ltoir(source)` (NVRTC, -dlto -rdc=true, sm_90a), `link_cubin([...])`
 (nvJitLink -lto), `build_compiled_harness(monitor)` = harness LTO-IR (cached by the
 kernel sources' hash) + monitor LTO-IR (cached by its source hash) -> cubin (cached
-by both), with timings (`BuildTimes`).
+by both), with timings (`BuildTimes`).  Promotions use the two-stage build
+(`build_linked`, section "Two-stage builds"): stage 1 links a cached relocatable kernel
+cubin with the monitor's own cubin without LTO (~0.1 s: the swap), stage 2 is the full
+LTO link (seconds, in the background, swapped in at a later launch boundary).
 
 CPU: `HostCompiledRuntime` compiles the very same monitor source with the host g++
 (CUDA keywords and intrinsics as macros, a warp of one lane), together with
@@ -447,7 +450,8 @@ class BuildTimes:
     monitor_ltoir_s: float = 0.0
     harness_ltoir_s: float = 0.0
     link_s: float = 0.0
-    cached: str = ""            # "cubin", "ltoir" or ""
+    cached: str = ""            # "cubin", "ltoir"/"monitor" or ""
+    stage: int = 2              # 1: relocatable link (fast swap), 2: full LTO
 
     @property
     def swap_s(self) -> float:
@@ -500,6 +504,156 @@ def build_compiled_harness(monitor: str, arch: str = ARCH, defines: Sequence[str
         times.cached = "ltoir"
     t0 = time.perf_counter()
     cubin = link_cubin([(HARNESS, h_ir), ("monitor.cu", m_ir)], arch)
+    times.link_s = time.perf_counter() - t0
+    _write_atomic(path, cubin)
+    return path, times
+
+
+# ---------------------------------------------------------------------------------
+# Two-stage builds: stage 1 (fast, the swap) and stage 2 (full LTO, in the background)
+# ---------------------------------------------------------------------------------
+#
+# Stage 1 links a PRECOMPILED relocatable (-rdc, non-LTO) cubin of the kernel (built once
+# per kernel-source hash, cached on disk) with the monitor compiled on its own by NVRTC
+# into a relocatable cubin: nvJitLink only resolves symbols (no LTO, no kernel codegen),
+# so a promotion costs translate + the monitor's NVRTC/ptxas + a ~2 ms link.  The hook
+# site calls dtmk_cm_hook_<id> for real (not inlined); the map helpers stay the kernel's.
+# Stage 2 is the full LTO link (kernel LTO-IR + monitor LTO-IR, the monitor inlined at the
+# hook sites): seconds, so it runs off the launch path and is swapped in at a later launch
+# boundary (tiers.TierManager).  Everything is linked into ONE cubin in both stages.
+#
+# An -rdc compile compiles every non-inlined function on its own under the ABI; ptxas
+# then refuses callees that use more registers than the entry's __launch_bounds__ allow
+# (the whole-program build fits them automatically).  `maxrreg` = the entry's limit
+# (megakernel: 65536 / MK_THREADS = 128) is passed to the kernel's and the monitor's
+# compile, which is the limit the whole-program build applies to those functions anyway.
+
+STAGE_FAST, STAGE_LTO = 1, 2
+MK_SOURCES = ("megakernel.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h", "bpf_vm.cuh",
+              "bpf_maps.cuh", "bpf_opcodes.h", "bpf_compiled.cuh")
+MK_MAXRREG = 128                      # 65536 registers / MK_THREADS (512), 1 block per SM
+MK_DEFINES = ("DTMK_COMPILED_TIER",)
+
+
+def include_closure(name: str) -> List[str]:
+    """kernels/<name> and every kernels/ file it #includes "..." (transitively), sorted."""
+    import re
+    seen, todo = set(), [name]
+    while todo:
+        f = todo.pop()
+        if f in seen or not (KERNEL_DIR / f).exists():
+            continue
+        seen.add(f)
+        todo += re.findall(r'#\s*include\s+"([^"]+)"', (KERNEL_DIR / f).read_text())
+    return sorted(seen)
+
+
+def _sources_hash(sources: Sequence[str], tag: str) -> str:
+    h = hashlib.sha256()
+    for s in sorted(set(sources)):
+        h.update(s.encode() + b"\0" + (KERNEL_DIR / s).read_bytes())
+    h.update(tag.encode() + b"\0" + build.nvrtc_version().encode())
+    return h.hexdigest()[:20]
+
+
+def _rdc_opts(maxrreg: Optional[int]) -> List[str]:
+    return ["--relocatable-device-code=true"] + ([f"-maxrregcount={maxrreg}"] if maxrreg else [])
+
+
+def relocatable_cubin(source: str, name: str, arch: str = ARCH, defines: Sequence[str] = (),
+                      maxrreg: Optional[int] = None) -> bytes:
+    """NVRTC: CUDA source -> relocatable (-rdc, non-LTO) cubin (device.CompileError)."""
+    return build.nvrtc_compile(source, name, arch, "cubin", defines, options=_rdc_opts(maxrreg))
+
+
+def link_relocatable(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
+    """nvJitLink without -lto: relocatable cubins (name, bytes) -> one cubin (symbol
+    resolution only, no codegen)."""
+    from cuda.bindings import nvjitlink
+    opts = [f"-arch={arch}"]
+    h = nvjitlink.create(len(opts), opts)
+    try:
+        try:
+            for nm, data in inputs:
+                nvjitlink.add_data(h, nvjitlink.InputType.CUBIN, data, len(data), nm)
+            nvjitlink.complete(h)
+        except nvjitlink.nvJitLinkError as e:
+            size = nvjitlink.get_error_log_size(h)
+            log = bytearray(size)
+            nvjitlink.get_error_log(h, log)
+            raise LinkError(f"nvJitLink ({arch}, relocatable): {e}\n"
+                            f"{bytes(log).decode(errors='replace').strip(chr(0))}") from None
+        size = nvjitlink.get_linked_cubin_size(h)
+        out = bytearray(size)
+        nvjitlink.get_linked_cubin(h, out)
+        return bytes(out)
+    finally:
+        nvjitlink.destroy(h)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a monitor is linked with: kernels/<name> built with `defines`; `maxrreg` the
+    entry's register limit for -rdc compiles (None: no __launch_bounds__)."""
+    name: str
+    sources: Tuple[str, ...]
+    defines: Tuple[str, ...] = ()
+    maxrreg: Optional[int] = None
+    tag: str = "harness"
+
+    def key(self, arch: str) -> str:
+        """Hash of the listed sources plus everything kernels/<name> includes."""
+        return _sources_hash(tuple(self.sources) + tuple(include_closure(self.name)),
+                             f"{arch}|{'|'.join(self.defines)}|{self.maxrreg}|{self.name}")
+
+
+HARNESS_SPEC = KernelSpec(HARNESS, HARNESS_SOURCES, (), None, "harness")
+MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG, "megakernel")
+
+
+def kernel_object(spec: KernelSpec, stage: int, arch: str = ARCH) -> Tuple[bytes, float]:
+    """The kernel side of a link, cached on disk by the kernel sources' hash: stage 1 a
+    relocatable cubin, stage 2 LTO-IR.  Returns (bytes, seconds spent; 0.0 = cached)."""
+    t0 = time.perf_counter()
+    src = (KERNEL_DIR / spec.name).read_text()
+    if stage == STAGE_FAST:
+        data, hit = _cached(f"cm_{spec.tag}_rdc_{spec.key(arch)}", ".cubin",
+                            lambda: relocatable_cubin(src, spec.name, arch, spec.defines, spec.maxrreg))
+    else:
+        data, hit = _cached(f"cm_{spec.tag}_lto_{spec.key(arch)}", ".ltoir",
+                            lambda: ltoir(src, spec.name, arch, spec.defines))
+    return data, 0.0 if hit else time.perf_counter() - t0
+
+
+def build_linked(monitor: str, spec: KernelSpec, stage: int = STAGE_FAST, arch: str = ARCH
+                 ) -> Tuple[Path, BuildTimes]:
+    """Kernel `spec` + compiled monitor -> one cubin on disk (cached by kernel hash,
+    program hash and stage).  Stage 1: relocatable kernel cubin + the monitor's own
+    relocatable cubin, linked without LTO (the swap: ~0.1 s); stage 2: full LTO (the
+    monitor inlined at the hook sites; seconds).  Returns (path, BuildTimes)."""
+    if stage not in (STAGE_FAST, STAGE_LTO):
+        raise ValueError(f"stage must be 1 or 2, got {stage!r}")
+    times = BuildTimes(stage=stage)
+    ph, kh = program_hash(monitor, arch), spec.key(arch)
+    path = _cache_dir() / f"cm_{spec.tag}_s{stage}_{kh}_{ph}.cubin"
+    if path.exists():
+        times.cached = "cubin"
+        return path, times
+    k_obj, times.harness_ltoir_s = kernel_object(spec, stage, arch)
+    t0 = time.perf_counter()
+    if stage == STAGE_FAST:
+        m_obj, hit = _cached(f"cm_monitor_rdc{spec.maxrreg or 0}_{ph}", ".cubin",
+                             lambda: relocatable_cubin(monitor, "monitor.cu", arch, (), spec.maxrreg))
+    else:
+        m_obj, hit = _cached(f"cm_monitor_{ph}", ".ltoir", lambda: ltoir(monitor, "monitor.cu", arch))
+    times.monitor_ltoir_s = 0.0 if hit else time.perf_counter() - t0
+    if hit:
+        times.cached = "monitor"
+    t0 = time.perf_counter()
+    if stage == STAGE_FAST:
+        cubin = link_relocatable([(spec.name, k_obj), ("monitor.cu", m_obj)], arch)
+    else:
+        cubin = link_cubin([(spec.name, k_obj), ("monitor.cu", m_obj)], arch)
     times.link_s = time.perf_counter() - t0
     _write_atomic(path, cubin)
     return path, times
@@ -667,6 +821,7 @@ class _CompiledMixin:
         self._cm_reserved: Dict[int, int] = {}    # id(_DevProg) -> cm_id (promotion being built)
         self._next_cm = 0
         self._tier: Dict[int, str] = {}           # attachment -> "compiled" (absent: "hot")
+        self.installed_stage = 0                  # stage of the loaded module (0: none/host)
 
     def attachments(self) -> List[int]:
         return list(self._atts)
@@ -754,7 +909,33 @@ class _CompiledMixin:
             raise KeyError(f"no attachment {aid}")
         self._reserve(aid)
         src = self.monitor(extra=aid)
-        return src, self._build_work(src)
+        return src, self._build_work(src, STAGE_FAST)
+
+    def prepare_optimize(self) -> Optional[Tuple[str, object]]:
+        """Stage 2: (key, work) for the full LTO build of what is compiled now, or None
+        when there is nothing to improve (nothing compiled, or the loaded module is
+        already the LTO one for this monitor).  work() may run on any thread."""
+        src = self.monitor()
+        if not self._cm_id or (self.installed_stage == STAGE_LTO and self._installed_src() == src):
+            return None
+        return src, self._build_work(src, STAGE_LTO)
+
+    def commit_optimize(self, key: str, artifact: object) -> bool:
+        """At a launch boundary: load the stage-2 module built for `key` and republish
+        every hook with a compiled program under a new program_gen (so the events of the
+        stage-1 and stage-2 modules fall in distinct coverage rows, g+1 and g+2).  False
+        (nothing changed) when the compiled set moved on since prepare_optimize."""
+        if not self._cm_id or self.monitor() != key:
+            return False
+        self._install(key, artifact)
+        hooks = sorted({dp.program.hook.id for a in self._atts.values() for dp in a.progs if id(dp) in self._cm_id})
+        for hid in hooks:
+            self._gen[hid] += 1
+            self._publish(hid)
+        return True
+
+    def _installed_src(self) -> Optional[str]:
+        return getattr(self, "_module_src", None) or getattr(self, "_lib_src", None)
 
     def commit_promotion(self, aid: int, key: str, artifact: object) -> bool:
         """At a launch boundary: take the built artifact, mark the attachment's programs
@@ -774,7 +955,7 @@ class _CompiledMixin:
         key, work = self.prepare_promotion(aid)
         return self.commit_promotion(aid, key, work())
 
-    def _build_work(self, src: str):
+    def _build_work(self, src: str, stage: int = STAGE_LTO):
         raise NotImplementedError
 
     def _install(self, src: str, artifact: object) -> None:
@@ -811,10 +992,20 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     # attachment is refused by fire() until promoted; for the promotion protocol's tests).
     DEFAULT_TIER = "compiled"
 
-    def _build_work(self, src: str):
-        return lambda: host_library(src, self.opt)
+    def _build_work(self, src: str, stage: int = STAGE_LTO):
+        return lambda: (host_library(src, self.opt), stage)
+
+    def prepare_optimize(self):
+        # the host build has one stage; the protocol still runs (a "stage 2" artifact is
+        # the same library) so the handover rows of stage 1 -> 2 can be checked on the CPU
+        src = self.monitor()
+        if not self._cm_id or self.installed_stage == STAGE_LTO and self._lib_src == src:
+            return None
+        return src, self._build_work(src, STAGE_LTO)
 
     def _install(self, src: str, artifact: object) -> None:
+        if isinstance(artifact, tuple):
+            artifact, self.installed_stage = artifact
         self._lib, self._lib_src = artifact, src
 
     def fire(self, records, **kw) -> D.FireBatch:
@@ -860,28 +1051,30 @@ class CompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     as a hot attach); `promote(aid)` / the tiers.TierManager protocol swap a hot one in
     at the next launch under a new program_gen.  `last_build`: what the last build cost."""
 
-    def __init__(self, num_workers: int = 1, **kw):
+    def __init__(self, num_workers: int = 1, *, link_stage: int = STAGE_LTO, **kw):
         super().__init__(num_workers, **kw)
         self._cm_init()
         self.arch = kw.get("arch") or self._arch()
+        self.link_stage = link_stage        # what ensure_module builds (promotions: stage 1)
         self.last_build: Optional[BuildTimes] = None
         self._module_src: Optional[str] = None
         src = self.monitor()
-        self._install(src, self._build_work(src)())
+        self._install(src, self._build_work(src, self.link_stage)())
 
     def _arch(self) -> str:
         cc = self.cp.cuda.Device().compute_capability
         return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
 
-    def _build_work(self, src: str):
+    def _build_work(self, src: str, stage: int = STAGE_LTO):
         arch = self.arch
-        return lambda: build_compiled_harness(src, arch)
+        return lambda: build_linked(src, HARNESS_SPEC, stage, arch)
 
     def _install(self, src: str, artifact) -> None:
-        if src == self._module_src:
-            return
         path, times = artifact
+        if src == self._module_src and times.stage == self.installed_stage:
+            return
         self.last_build = times
+        self.installed_stage = times.stage
         self.module = self.cp.RawModule(path=str(path))
         self.kernel = self.module.get_function("dtmk_compiled_harness")
         self.kernel.max_dynamic_shared_size_bytes = self.smem_bytes(D.MAX_WARPS)
@@ -897,7 +1090,7 @@ class CompiledRuntime(_CompiledMixin, D.DeviceRuntime):
         src = self.monitor()
         if src == self._module_src:
             return None
-        self._install(src, self._build_work(src)())
+        self._install(src, self._build_work(src, self.link_stage)())
         return self.last_build
 
     def launch(self, *a, **kw) -> None:

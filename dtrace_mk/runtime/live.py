@@ -64,30 +64,38 @@ def summary_monitor(schema=None):
     return compile_query(SUMMARY_QUERY, schema, name="<dtrace-mk summary>")
 
 
-def link_megakernel(monitor_src: str, arch: str = "sm_90a") -> Tuple[bytes, float]:
-    """The compiled tier in the megakernel: megakernel.cu's LTO-IR built with
-    -DDTMK_COMPILED_TIER (hook sites call dtmk_cm_run_records) + the monitor's LTO-IR
-    (dtrace_mk.runtime.compiled.monitor_source) -> nvJitLink -> cubin.  Returns (cubin,
-    seconds spent building and linking)."""
-    from ..megakernel import gpu
-    from .compiled import link_cubin, ltoir
+def link_megakernel(monitor_src: str, arch: str = "sm_90a", stage: int = 2) -> Tuple[bytes, float]:
+    """The compiled tier in the megakernel: megakernel.cu built with -DDTMK_COMPILED_TIER
+    (hook sites call dtmk_cm_run_records) + the monitor
+    (dtrace_mk.runtime.compiled.monitor_source) -> one cubin.  stage 2: full LTO (the
+    monitor inlined; seconds); stage 1: the kernel's cached relocatable cubin + the
+    monitor's own cubin, no LTO (~0.1 s; compiled.build_linked).  Returns (cubin, seconds
+    spent building and linking)."""
+    from .compiled import MEGAKERNEL_SPEC, build_linked
     t0 = time.perf_counter()
-    k = gpu.compile_source(arch, "ltoir", defines=("DTMK_COMPILED_TIER",))
-    m = ltoir(monitor_src, arch=arch)
-    cubin = link_cubin([("megakernel.ltoir", k), ("monitor.ltoir", m)], arch=arch)
-    return cubin, time.perf_counter() - t0
+    path, _ = build_linked(monitor_src, MEGAKERNEL_SPEC, stage, arch)
+    return path.read_bytes(), time.perf_counter() - t0
 
 
-def linked_runtime(num_workers: int, **kw):
+TIERS = ("hot", "compiled", "auto")
+
+
+def linked_runtime(num_workers: int, mk=None, **kw):
     """A DeviceRuntime (no harness) whose table slots can run compiled: attach(...,
-    tier="compiled") marks them; LiveSession.link_compiled() builds the kernel."""
-    from .compiled import _CompiledMixin
+    tier="compiled") marks them; LiveSession.link_compiled() builds the kernel.  With `mk`
+    (a gpu.Megakernel) it also speaks the promotion protocol of runtime.tiers: builds are
+    megakernel links (stage 1 / stage 2) and installing one loads it into `mk` for its
+    next launch."""
+    from .compiled import MEGAKERNEL_SPEC, _CompiledMixin, build_linked
     from .device import DeviceRuntime
 
     class LinkedRuntime(_CompiledMixin, DeviceRuntime):
         def __init__(self):
             DeviceRuntime.__init__(self, num_workers, harness=False, clock_from_ctx=False, **kw)
             self._cm_init()
+            self.mk = mk
+            self._module_src: Optional[str] = None
+            self.last_build = None
 
         def attach(self, obj, verify: bool = True, *, tier: str = "hot", **akw) -> int:
             if tier not in ("hot", "compiled"):
@@ -105,6 +113,17 @@ def linked_runtime(num_workers: int, **kw):
             for dp in self._detached[aid].progs:
                 self._cm_id.pop(id(dp), None)
                 self._cm_reserved.pop(id(dp), None)
+
+        def _build_work(self, src: str, stage: int = 2):
+            arch = mk.arch if mk is not None else "sm_90a"
+            return lambda: build_linked(src, MEGAKERNEL_SPEC, stage, arch)
+
+        def _install(self, src: str, artifact) -> None:
+            if mk is None:
+                raise UserError("linked_runtime: promotions need the Megakernel (linked_runtime(n, mk=...))")
+            path, times = artifact
+            mk.load_cubin(path.read_bytes(), tag=f"cm_s{times.stage}")
+            self.installed_stage, self._module_src, self.last_build = times.stage, src, times
 
     return LinkedRuntime()
 
@@ -144,13 +163,31 @@ def _calibrate(cp, reps: int = 7) -> Tuple[int, int]:
 class LiveSession:
     """Attach, detach and read monitors in a megakernel while it runs (module doc)."""
 
-    def __init__(self, mk, *, refresh: int = 16, watchdog_ms: int = 2000, runtime=None):
+    def __init__(self, mk, *, refresh: int = 16, watchdog_ms: int = 2000, runtime=None, tier: str = "hot",
+                 policy=None, background: bool = True):
+        """tier: "hot" (device VM only), "compiled" (every attach is promoted at the next
+        launch boundary: start()), "auto" (promoted when `policy`, a tiers.TierPolicy, says
+        hot enough).  Promotions link stage 1 inside start() (~0.1 s once the kernel's
+        relocatable cubin is cached); with `background` the full-LTO stage 2 builds on a
+        worker thread and is swapped in at a later start().  Swaps happen only at
+        start(): a running launch keeps the module and tables it started with."""
         import cupy as cp
         from ..megakernel import gpu
         from .device import DeviceRuntime
+        if tier not in TIERS:
+            raise UserError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
         self.cp, self.mk, self.gpu = cp, mk, gpu
         self.refresh, self.watchdog_ms = refresh, watchdog_ms
+        self.tier = tier
+        if runtime is None and tier != "hot":
+            runtime = linked_runtime(mk.num_workers, mk=mk)
         self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False)
+        self.tiers = None
+        if tier != "hot":
+            from concurrent.futures import ThreadPoolExecutor
+            from .tiers import TierManager, TierPolicy
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="dtmk-lto") if background else None
+            self.tiers = TierManager(self.rt, policy or TierPolicy(), executor=self._executor, inline_stage1=True)
         self.state = cp.asarray(np.zeros((mk.num_workers, gpu.OBS_WORDS), np.uint64))
         mk.set_observer(int(self.rt.tables.data.ptr), self.state)
         self.side = cp.cuda.Stream(non_blocking=True)
@@ -161,18 +198,46 @@ class LiveSession:
         self._pinned = cp.cuda.alloc_pinned_memory(64)
         self._word = np.frombuffer(self._pinned, np.uint32, 16)
 
-    def link_compiled(self) -> float:
+    def link_compiled(self, stage: int = 2) -> float:
         """Relink the megakernel with the programs attached tier="compiled" (needs
-        runtime=linked_runtime(...)); used from the next launch.  Returns build seconds."""
-        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch)
-        self.mk.load_cubin(cubin)
+        runtime=linked_runtime(...)); used from the next launch.  stage 2 (default): full
+        LTO, the monitor inlined (what bench/hooks.py measures); stage 1: the fast
+        relocatable link.  Returns build seconds."""
+        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch, stage)
+        self.mk.load_cubin(cubin, tag=f"cm_s{stage}")
         return secs
+
+    def boundary(self) -> List[int]:
+        """A launch boundary of the tier manager (start() calls it): start promotions the
+        policy asks for, swap in finished builds (stage 1 or 2).  Returns the attachments
+        promoted now.  Only between launches."""
+        if self.tiers is None:
+            return []
+        if self.running():
+            raise UserError("LiveSession.boundary: a launch is still running (swaps happen between launches)")
+        return self.tiers.boundary()
+
+    def tier_status(self) -> Dict[int, str]:
+        """attachment -> "hot", "building", "compiled/s1" or "compiled/s2"."""
+        out = {}
+        for aid in self.rt._atts:
+            st = self.tiers.state.get(aid, "hot") if self.tiers else "hot"
+            if getattr(self.rt, "tier", None) and self.rt.tier(aid) == "compiled":
+                st = f"compiled/s{getattr(self.rt, 'installed_stage', 0)}"
+            out[aid] = st
+        return out
+
+    def close(self) -> None:
+        ex = getattr(self, "_executor", None)
+        if ex is not None:
+            ex.shutdown(wait=False, cancel_futures=True)
 
     # -- the run ----------------------------------------------------------------------
     def start(self, steps: int, **kw) -> None:
         """Launch `steps` decode steps in one launch; returns at once."""
         if self.handle is not None and not self.mk.done(self.handle):
             raise UserError("LiveSession.start: a launch is still running")
+        self.boundary()
         kw.setdefault("refresh", self.refresh)
         kw.setdefault("watchdog_ms", self.watchdog_ms)
         self.handle = self.mk.start(steps, **kw)
@@ -188,11 +253,22 @@ class LiveSession:
         return res
 
     # -- attach / detach --------------------------------------------------------------
-    def attach(self, obj, **kw) -> int:
+    def attach(self, obj, *, tier: Optional[str] = None, **kw) -> int:
         """Verify and attach `obj` (a BpfObject) to the running kernel; returns its id.
         A rejected, malformed or wrong-ABI object raises AttachRefused and nothing
-        reaches the device; the running job continues."""
+        reaches the device; the running job continues.  It always starts in the hot tier
+        (the running module has no code for it); `tier` (default: the session's)
+        "compiled" promotes it at the next start(), "auto" when the policy says so.
+        tier="compiled" on a session built with runtime=linked_runtime(...) and
+        tier="hot" keeps the old meaning: marked compiled now, link_compiled() links."""
         t_cmd = time.time_ns()
+        want = tier or self.tier
+        if want not in TIERS:
+            raise UserError(f"tier must be one of {', '.join(TIERS)}, got {want!r}")
+        if self.tiers is None and want == "compiled" and hasattr(self.rt, "prepare_promotion"):
+            kw["tier"] = "compiled"               # link_compiled() flow (bench/hooks.py)
+        elif self.tiers is None and want != "hot":
+            raise UserError(f"attach: tier {want!r} needs LiveSession(mk, tier='compiled' or 'auto')")
         if not isinstance(obj, BpfObject):
             raise AttachRefused(f"attach refused: expected a BpfObject, got {type(obj).__name__} "
                                 f"(the running kernel continues)")
@@ -205,6 +281,8 @@ class LiveSession:
                 aid = self.rt.attach(obj, verify=True, **kw)
         except (Rejected, UserError) as e:
             raise AttachRefused(f"attach refused: {e} (the running kernel continues)") from None
+        if self.tiers is not None and want == "compiled":
+            self.tiers.request(aid)
         self._bump(t_cmd)
         return aid
 

@@ -32,6 +32,19 @@ Handover (what `TierManager.boundary()` guarantees; it is the only place a swap 
 A running persistent megakernel is the same with "launch" read as "relaunch": the
 compiled tier needs the module that is linked in, so it takes effect when the kernel
 is next launched; until then the hot tier keeps counting.
+
+Two stages (runtime.compiled "Two-stage builds").  The promotion build of step 1 is
+stage 1: a precompiled relocatable kernel cubin linked with the monitor's own cubin
+(~0.1 s, the hook call a real call).  After a stage-1 swap the manager prepares stage 2
+(`runtime.prepare_optimize()`: the full LTO link of the same compiled set, the monitor
+inlined; seconds) and runs it on the executor (or inline when `optimize=True` without
+one; `optimize=None`, the default, builds stage 2 only with an executor).  It swaps
+exactly like step 2: at the first boundary after it finished, `runtime.commit_optimize`
+loads it and republishes every hook with a compiled program under a new program_gen
+(g+1 -> g+2), so step 3's argument holds for this swap too; an inline stage-2 build
+commits at the NEXT boundary (at least one launch runs the stage-1 module).  A stage-2
+build whose compiled set changed (a promotion, attach or detach since) is stale and
+dropped, and a new one is prepared; a failed one leaves stage 1 running (`opt_errors`).
 """
 from __future__ import annotations
 
@@ -98,15 +111,28 @@ class TierManager:
     state: Dict[int, str] = field(default_factory=dict)
     errors: Dict[int, List[str]] = field(default_factory=dict)
     swaps: List[Tuple[int, int]] = field(default_factory=list)    # (aid, boundary index)
+    optimize: Optional[bool] = None       # stage 2: None = with an executor only
+    inline_stage1: bool = False           # stage-1 builds inside boundary() even with an executor
+    optimized: List[int] = field(default_factory=list)            # boundaries of stage-2 swaps
+    opt_errors: List[str] = field(default_factory=list)
     _jobs: Dict[int, _Job] = field(default_factory=dict)
+    _forced: set = field(default_factory=set)
+    _opt: Optional[_Job] = None
+    _opt_failed: set = field(default_factory=set)
     _n: int = 0
+
+    def request(self, aid: int) -> None:
+        """Promote `aid` at the next boundary whatever the policy says (tier "compiled")."""
+        self._forced.add(aid)
 
     def boundary(self) -> List[int]:
         """One launch boundary: start builds for attachments that became hot enough, then
         swap in every build that has finished (an inline build finishes here, so it swaps
         at this boundary).  Returns the attachments swapped now."""
         self._n += 1
+        self._finish_optimize()
         live = set(self.runtime.attachments())
+        self._forced &= live
         for aid in list(self.state):
             if aid not in live:                       # detached (maybe while building)
                 self.state.pop(aid, None)
@@ -114,9 +140,11 @@ class TierManager:
         for aid in sorted(live):
             if self.runtime.tier(aid) == "compiled":
                 self.state[aid] = COMPILED
+                self._forced.discard(aid)
                 continue
             st = self.state.setdefault(aid, HOT)
-            if st == HOT and aid not in self._jobs and self.policy.hot_enough(self.runtime.coverage(aid)):
+            if st == HOT and aid not in self._jobs and (
+                    aid in self._forced or self.policy.hot_enough(self.runtime.coverage(aid))):
                 self._start(aid)
         swapped = []
         for aid in sorted(self._jobs):
@@ -134,18 +162,65 @@ class TierManager:
                 self._failed(aid, job.error)
             elif self.runtime.commit_promotion(aid, job.key, job.result):
                 self.state[aid] = COMPILED
+                self._forced.discard(aid)
                 self.swaps.append((aid, self._n))
                 swapped.append(aid)
             else:                                     # stale: the compiled set moved on; next
                 self.state[aid] = HOT                 # boundary prepares a new build
+        self._start_optimize()
         return swapped
+
+    # -- stage 2 ----------------------------------------------------------------------
+    def _optimizing(self) -> bool:
+        if not hasattr(self.runtime, "prepare_optimize"):
+            return False
+        return self.executor is not None if self.optimize is None else bool(self.optimize)
+
+    def _finish_optimize(self) -> None:
+        """Swap in a finished stage-2 build (first boundary after it finished)."""
+        job = self._opt
+        if job is None:
+            return
+        if job.future is not None and job.future.done() and not job.done:
+            try:
+                job.result = job.future.result()
+            except BaseException as e:                # noqa: BLE001
+                job.error = e
+            job.done = True
+        if not job.done:
+            return
+        self._opt = None
+        if job.error is not None:
+            self.opt_errors.append(f"{type(job.error).__name__}: {job.error}")
+            self._opt_failed.add(job.key)
+        elif self.runtime.commit_optimize(job.key, job.result):
+            self.optimized.append(self._n)
+        # else stale: _start_optimize prepares one for the current set
+
+    def _start_optimize(self) -> None:
+        if self._opt is not None or self._jobs or not self._optimizing():
+            return
+        prep = self.runtime.prepare_optimize()
+        if prep is None or prep[0] in self._opt_failed:
+            return
+        key, work = prep
+        job = _Job(key)
+        self._opt = job
+        if self.executor is not None:
+            job.future = self.executor.submit(work)
+            return
+        try:                                          # inline: commits at the next boundary
+            job.result = work()
+        except BaseException as e:                    # noqa: BLE001
+            job.error = e
+        job.done = True
 
     def _start(self, aid: int) -> None:
         key, work = self.runtime.prepare_promotion(aid)
         job = _Job(key)
         self._jobs[aid] = job
         self.state[aid] = BUILDING
-        if self.executor is not None:
+        if self.executor is not None and not self.inline_stage1:
             job.future = self.executor.submit(work)
             return
         try:

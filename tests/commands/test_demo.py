@@ -101,4 +101,4 @@ def test_demo_rejects_bad_options(capsys):
     assert main(["demo", "--steps", "2"]) == 2
     assert "--steps: expected >= 4" in capsys.readouterr().err
     assert main(["demo", "--backend", "gpu"]) == 2
-    assert "multi-rank GPU server is not built yet" in capsys.readouterr().err
+    assert "demo --backend gpu: needs 2 GPUs visible to CuPy, found 0" in capsys.readouterr().err

@@ -114,11 +114,13 @@ def test_without_mpmd_rank_0_collects_in_process(tmp_path):
     assert all(r["done"] for r in res["transport"]["ranks"].values())
 
 
-def test_gpu_backend_is_a_clear_not_yet(capsys):
+def test_gpu_backend_without_gpus_is_a_clear_error(capsys):
+    """Without enough GPUs, --backend gpu says so and points at the sim (no traceback)."""
     from dtrace_mk import cli
     assert cli.main(["diagnose", "--scenario", str(SCENARIO_DIR / "no_fault.yaml"),
                      "--backend", "gpu"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--backend gpu" in err and "use --backend sim" in err
 
 
 def test_mpiexec_flags_follow_the_flavour():

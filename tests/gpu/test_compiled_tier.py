@@ -40,12 +40,14 @@ def _groups(objs, limit=8):
         yield group
 
 
-def _three_way(objs, ctxs, workers, *, serial, **kw):
-    """Reference, device VM and compiled tier over the same attachments and events."""
+def _three_way(objs, ctxs, workers, *, serial, link_stage=2, **kw):
+    """Reference, device VM and compiled tier over the same attachments and events
+    (link_stage 1: the fast relocatable link; 2: full LTO)."""
     from dtrace_mk.runtime.compiled import CompiledRuntime
     from dtrace_mk.runtime.device import DeviceRuntime
     from dtrace_mk.runtime.reference import ReferenceRuntime
-    ref, vm, cm = ReferenceRuntime(num_workers=workers), DeviceRuntime(workers), CompiledRuntime(workers)
+    ref, vm = ReferenceRuntime(num_workers=workers), DeviceRuntime(workers)
+    cm = CompiledRuntime(workers, link_stage=link_stage)
     ids = []
     for obj in objs:
         init = _init(obj)
@@ -171,3 +173,122 @@ def test_tier_manager_promotes_a_hot_monitor():
     rows = cm.coverage(aid)
     assert sum(c.eligible for c in rows) == sent
     assert len({c.program_gen for c in rows}) == 2
+
+
+def test_random_programs_serial_three_way_stage1_link():
+    """The same differential with the stage-1 (relocatable, not inlined) link."""
+    rnd = random.Random(434343)
+    objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(8)]
+    for gi, group in enumerate(_groups(objs)):
+        ctxs = G.random_contexts(rnd, 128, 3, epochs=3)
+        r = _three_way(group, ctxs, 3, serial=True, link_stage=1)
+        assert r[2].installed_stage == 1
+        probs = _problems(*r, ordered=True)
+        assert not probs, f"group {gi}:\n" + "\n".join(probs[:20])
+
+
+# ------------------------------------------------------------------ in the megakernel
+
+def _mk_reference(obj, hooks, workers):
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.runtime.reference import ReferenceRuntime
+    rt = ReferenceRuntime(num_workers=workers)
+    aid = rt.attach(obj)
+    raw = hooks.tobytes()
+    for i in range(len(hooks)):
+        rt.fire(raw[i * D.CONTEXT_SIZE:(i + 1) * D.CONTEXT_SIZE])
+    return rt.maps(aid), rt.coverage(aid)
+
+
+def test_megakernel_hot_then_stage1_then_stage2_counts_every_event_once():
+    """The compiled tier linked INTO the megakernel (-DDTMK_COMPILED_TIER), driven by
+    LiveSession(tier="auto"): launch 1 runs the summary monitor in the device VM
+    (program_gen g), the boundary before launch 2 promotes it with the stage-1 link (the
+    kernel's cached relocatable cubin + the monitor's cubin; g+1), the boundary before
+    launch 3 swaps in the full-LTO stage 2 (g+2).  Maps equal the reference runtime over
+    the kernel's own hook records of all three launches; coverage rows of g, g+1, g+2 add
+    up to the reference's; tokens and logits are bit-identical to a plain run."""
+    import numpy as np
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    from dtrace_mk.runtime.tiers import TierPolicy
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=2, seed=0)
+    base = mk.run(6)                                          # no observer: the outputs to match
+    mk.reset()
+    live = LiveSession(mk, tier="auto", policy=TierPolicy(min_epochs=1, min_events=1), background=False)
+    live.tiers.optimize = True                                # stage 2 inline (committed a boundary later)
+    mon = summary_monitor(mk.graph.schema)
+    aid = live.attach(mon.obj)
+    hid = {p.hook.id for p in mon.obj.programs}
+    results, stages, times = [], [], []
+    try:
+        for k in range(3):
+            t0 = time.perf_counter()
+            live.start(2, hooks="all")                        # boundary: promote / swap, then launch
+            times.append(time.perf_counter() - t0)
+            stages.append((live.rt.installed_stage, live.rt.last_build))
+            results.append(live.wait())
+        builds = [b for _, b in stages]
+        stages = [s for s, _ in stages]
+        assert stages == [0, 1, 2], stages
+        assert live.tiers.swaps == [(aid, 2)] and live.tiers.optimized == [3]
+        assert all(r.hooks_dropped == 0 for r in results)
+        snap = live.snapshot(aid)
+        assert not snap.partial and snap.final_epoch == 5
+        hooks = np.concatenate([r.hooks for r in results])
+        ref_maps, ref_cov = _mk_reference(mon.obj, hooks, mk.num_workers)
+        for name in ("lat", "dep_wait", "queue"):
+            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+        tot = lambda rows, key: sum(getattr(r, key) for r in rows)  # noqa: E731
+        for key in ("eligible", "executed", "throttled", "lost"):
+            assert tot(snap.coverage, key) == tot(ref_cov, key), key
+        gens = sorted({r.program_gen for r in snap.coverage})
+        assert len(gens) == 3 and gens[2] == gens[0] + 2, gens
+        for g in gens:                                        # every launch counted under its own gen
+            assert tot([r for r in snap.coverage if r.program_gen == g], "executed") > 0, g
+        assert int(snap.state["lost"].sum()) == 0
+        tokens = np.concatenate([r.tokens for r in results])
+        assert np.array_equal(tokens, base.tokens)
+        assert np.array_equal(results[-1].logits.view(np.uint32), base.logits.view(np.uint32))
+        assert builds[1].stage == 1 and builds[2].stage == 2
+        print(f"\nmegakernel stage-1 build: {builds[1]}\nmegakernel stage-2 build: {builds[2]}\n"
+              f"start() times (s): {[round(x, 3) for x in times]} (the 2nd includes the inline stage-2 "
+              f"build; with background=True it runs on a thread); hooks {sorted(hid)}")
+    finally:
+        live.close()
+
+
+def test_megakernel_compiled_from_the_first_launch_stage1():
+    """tier="compiled": the attach is promoted at the first start() with the stage-1 link
+    (no stage 2 without a background executor); maps equal the reference over the
+    kernel's hook records, every row under one program_gen, outputs bit-identical."""
+    import numpy as np
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=2, seed=0)
+    base = mk.run(3)
+    mk.reset()
+    live = LiveSession(mk, tier="compiled", background=False)
+    mon = summary_monitor(mk.graph.schema)
+    aid = live.attach(mon.obj)
+    try:
+        t0 = time.perf_counter()
+        live.start(3, hooks="all")
+        boundary_s = time.perf_counter() - t0
+        res = live.wait()
+        assert live.rt.tier(aid) == "compiled" and live.rt.installed_stage == 1
+        assert live.tier_status()[aid] == "compiled/s1"
+        assert res.hooks_dropped == 0
+        snap = live.snapshot(aid)
+        ref_maps, ref_cov = _mk_reference(mon.obj, res.hooks, mk.num_workers)
+        for name in ("lat", "dep_wait", "queue"):
+            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+        assert sum(r.executed for r in snap.coverage) == sum(r.executed for r in ref_cov) > 0
+        assert len({r.program_gen for r in snap.coverage}) == 1
+        assert np.array_equal(res.tokens, base.tokens)
+        assert np.array_equal(res.logits.view(np.uint32), base.logits.view(np.uint32))
+        print(f"\nstart() with a stage-1 promotion: {boundary_s * 1e3:.0f} ms ({live.rt.last_build})")
+    finally:
+        live.close()

@@ -40,8 +40,22 @@ def test_fault_option_syntax_and_validation():
         fault_scenario([dict(f, kind="late_com")], "tiny", 2, 64, 4, 1, "--fault")
     with pytest.raises(UserError, match="expected key=value"):
         parse_fault("late_comm:rank")
-    with pytest.raises(UserError, match="no step boundary"):
-        resolve_backend("gpu")
+    assert resolve_backend("gpu") == "gpu" and resolve_backend("sim") == "sim"
+    with pytest.raises(UserError, match="expected auto, sim or gpu"):
+        resolve_backend("tpu")
+
+
+def test_auto_backend_is_gpu_only_with_a_gpu_per_rank(monkeypatch):
+    from dtrace_mk.launch import serve
+    monkeypatch.delenv("DTRACE_MK_BACKEND", raising=False)
+    monkeypatch.setattr(serve, "gpu_count", lambda: 0)
+    assert serve.resolve_backend(None, ranks=2) == "sim"
+    monkeypatch.setattr(serve, "gpu_count", lambda: 1)
+    assert serve.resolve_backend("auto", ranks=2) == "sim"
+    monkeypatch.setattr(serve, "gpu_count", lambda: 2)
+    assert serve.resolve_backend("auto", ranks=2) == "gpu"
+    monkeypatch.setenv("DTRACE_MK_BACKEND", "sim")
+    assert serve.resolve_backend(None, ranks=2) == "sim"
 
 
 @pytest.mark.mpi

@@ -231,3 +231,150 @@ def test_host_runtime_refuses_a_stale_promotion():
     kb, wb = rt.prepare_promotion(b)
     assert rt.commit_promotion(b, kb, wb())
     assert not rt.commit_promotion(b, kb, None)                   # already compiled
+
+
+# ------------------------------------------------------------------ stage 1 -> stage 2
+
+class TwoStageRuntime(FakeRuntime):
+    """FakeRuntime whose promotions load a stage-1 module; prepare_optimize / commit_optimize
+    swap the stage-2 (LTO) module of the same compiled set under a new program_gen."""
+
+    def __init__(self, fail_opt=0, opt_gate=None, **kw):
+        super().__init__(**kw)
+        self.stage, self.module_set = 0, frozenset()
+        self.launch_stages = []
+        self.opt_builds, self.fail_opt, self.opt_gate = 0, fail_opt, opt_gate
+
+    def launch(self, n, epoch):
+        self.launch_stages.append(self.stage)
+        super().launch(n, epoch)
+
+    def commit_promotion(self, aid, key, artifact):
+        if not super().commit_promotion(aid, key, artifact):
+            return False
+        self.stage, self.module_set = 1, frozenset(self.compiled_set)
+        return True
+
+    def prepare_optimize(self):
+        key = frozenset(self.compiled_set)
+        if not key or (self.stage == 2 and self.module_set == key):
+            return None
+
+        def work():
+            if self.opt_gate is not None:
+                self.opt_gate.wait(5)
+            self.opt_builds += 1
+            if self.fail_opt:
+                self.fail_opt -= 1
+                raise RuntimeError("LTO link failed")
+            return f"lto{sorted(key)}"
+        return key, work
+
+    def commit_optimize(self, key, artifact):
+        if key != frozenset(self.compiled_set):
+            return False
+        self.stage, self.module_set = 2, key
+        self.gen += 1
+        return True
+
+
+def test_stage1_then_stage2_every_event_once_in_rows_g_g1_g2():
+    rt = TwoStageRuntime()
+    a = rt.add(1)
+    g = rt.gen
+    tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=10 ** 9), optimize=True)
+    for step in range(5):
+        rt.launch(16, step)
+        tm.boundary()
+    assert tm.swaps == [(a, 1)] and tm.optimized == [2]      # stage 2 swaps at the NEXT boundary
+    assert rt.launch_stages == [0, 1, 2, 2, 2]                # one launch ran the stage-1 module
+    by_gen = {}
+    for (_, _, gen), n in rt.rows.items():
+        by_gen[gen] = by_gen.get(gen, 0) + n
+    assert by_gen == {g: 16, g + 1: 16, g + 2: 48}
+    assert _events_counted(rt, a) == 80 and rt.opt_builds == 1
+    assert rt.prepare_optimize() is None                      # nothing left to improve
+
+
+def test_background_stage2_waits_for_its_build_and_a_stale_one_is_rebuilt():
+    gate, gate1 = Event(), Event()
+    rt = TwoStageRuntime(opt_gate=gate, gate=gate1)
+    a, b = rt.add(1), rt.add(2)
+    with ThreadPoolExecutor(2) as ex:                         # a stage-1 build never queues behind stage 2
+        tm = TierManager(rt, TierPolicy(min_epochs=100, min_events=10 ** 9), executor=ex)
+        tm.request(a)                                         # tier "compiled": no policy needed
+        assert tm.boundary() == []                            # stage 1 building (background)
+        gate1.set()
+        tm._jobs[a].future.result(5)
+        rt.launch(4, 0)
+        assert tm.boundary() == [a] and tm._opt is not None   # stage 2 of {a} started, held
+        rt.launch(4, 1)
+        assert tm.boundary() == [] and tm.optimized == []      # not finished: stage 1 keeps running
+        tm.request(b)
+        gate1.clear()
+        rt.launch(4, 2)
+        assert tm.boundary() == []                            # b's stage 1 starts (held)
+        gate1.set()
+        tm._jobs[b].future.result(5)
+        rt.launch(4, 3)
+        assert tm.boundary() == [b]                           # compiled set is now {a, b}
+        gate.set()
+        tm._opt.future.result(5)
+        rt.launch(4, 4)
+        tm.boundary()                                         # stage 2 of {a} is stale: dropped
+        assert tm.optimized == [] and rt.stage == 1
+        tm._opt.future.result(5)                              # stage 2 of {a, b}
+        rt.launch(4, 5)
+        tm.boundary()
+        assert len(tm.optimized) == 1 and rt.stage == 2 and rt.module_set == {a, b}
+        rt.launch(4, 6)
+    assert rt.opt_builds == 2
+    assert _events_counted(rt, a) == 28 and _events_counted(rt, b) == 28
+    assert rt.launch_stages == [0, 1, 1, 1, 1, 1, 2]
+
+
+def test_a_failed_stage2_leaves_stage1_running_and_is_not_retried():
+    rt = TwoStageRuntime(fail_opt=1)
+    a = rt.add(1)
+    tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1), optimize=True)
+    for step in range(4):
+        rt.launch(8, step)
+        tm.boundary()
+    assert rt.stage == 1 and rt.tier(a) == "compiled" and rt.opt_builds == 1
+    assert len(tm.opt_errors) == 1 and "LTO link failed" in tm.opt_errors[0]
+    assert _events_counted(rt, a) == 32
+
+
+def test_stage2_is_off_without_an_executor_by_default():
+    rt = TwoStageRuntime()
+    a = rt.add(1)
+    tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1))
+    for step in range(3):
+        rt.launch(8, step)
+        tm.boundary()
+    assert rt.tier(a) == "compiled" and rt.stage == 1 and rt.opt_builds == 0
+
+
+@needs_gxx
+def test_host_runtime_stage1_to_stage2_handover_rows():
+    rt = C.HostCompiledRuntime(2)
+    b = rt.attach(_obj(7), tier="hot", init_hash=G.prefill(_obj(7)))
+    hid = _obj(7).programs[0].hook.id
+    g = rt.program_gen(hid)
+    tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1), optimize=True)
+    tm.request(b)
+    assert tm.boundary() == [b] and rt.installed_stage == 1 and rt.program_gen(hid) == g + 1
+    assert tm._opt is not None and tm._opt.done               # stage 2 built inline, not yet in
+    rt.fire(G.random_contexts(random.Random(8), 40, 2))      # runs the stage-1 build
+    tm.boundary()
+    assert tm.optimized == [2] and rt.installed_stage == 2 and rt.program_gen(hid) == g + 2
+    rt.fire(G.random_contexts(random.Random(9), 40, 2))
+    rt.fire(G.random_contexts(random.Random(10), 40, 2))
+    rows = rt.coverage(b)
+    per = {}
+    for c in rows:
+        per[c.program_gen] = per.get(c.program_gen, 0) + c.eligible
+    eligible = lambda seed: sum(1 for r in G.random_contexts(random.Random(seed), 40, 2)  # noqa: E731
+                                if int.from_bytes(bytes(r)[4:8], "little") == hid)
+    assert per == {g + 1: eligible(8), g + 2: eligible(9) + eligible(10)} and eligible(8) > 0
+    assert tm.boundary() == [] and tm._opt is None            # stage 2 is current: nothing to do

@@ -1,0 +1,54 @@
+"""What the demo on GPU ranks must show (shared by tests/gpu/test_launch_gpu.py on 2 GPUs
+and tests/launch/test_demo_gpu_fake.py with stand-ins on a CPU machine)."""
+import json
+
+
+def check_gpu_demo(stdout: str, spans_path, sms: int, steps: int, batch: int, model: str = "tiny"):
+    """`stdout` of `dtrace-mk demo --backend gpu -f json`: the live query's final output on
+    both ranks counts task:end per step, the same count every step = the tasks of one step
+    of the rank's graph, its coverage exactly that many events (count x steps observed);
+    the diagnosis names remote_stall rooted at rank 1; the spans file has spans of both
+    ranks for every step and links from each rank's remote waits to the other rank's
+    signal spans, every one resolving in the file."""
+    from dtrace_mk.megakernel.graph import build_graph
+    from dtrace_mk.megakernel.presets import get_preset
+    rows = [json.loads(line) for line in stdout.splitlines() if line.strip().startswith("{")]
+    assert rows, f"no JSON rows in the demo's output: {stdout[-2000:]}"
+    diag = rows[-1]
+    assert diag["type"] == "diagnosis" and diag["backend"] == "gpu", diag
+    assert diag["query"].startswith("task:end")
+
+    maps = [r for r in rows if r.get("type") == "map" and r.get("name") == "@task_end"]
+    assert {r["rank"] for r in maps} == {0, 1}, rows[:-1]
+    for m in maps:
+        entries = {int(e["key"][0]): int(e["value"]) for e in m["entries"]}
+        assert entries, f"rank {m['rank']}: no task:end counted"
+        ks = sorted(entries)
+        assert ks == list(range(ks[0], ks[-1] + 1)), ks           # contiguous steps
+        assert ks[-1] == steps - 1 and ks[0] <= 4, ks               # attached early, ran to the end
+        per_step = set(entries.values())
+        assert len(per_step) == 1, f"rank {m['rank']}: task:end per step differs: {entries}"
+        (tasks,) = per_step
+        g = build_graph(get_preset(model), batch, sms, rank=m["rank"], ranks=2)
+        assert tasks == len(g.tasks), (m["rank"], tasks, len(g.tasks))
+        cov = m["coverage"]
+        assert cov["eligible"] == cov["executed"] == tasks * len(ks), cov
+        assert cov["lost"] == 0 and cov["throttled"] == 0, cov
+
+    causes = [(f["cause"], f["rank"]) for f in diag["findings"]]
+    assert ("remote_stall", 1) in causes, diag["findings"]
+
+    lines = [json.loads(x) for x in open(spans_path).read().splitlines() if x.strip()]
+    assert {s["attributes"]["dtrace_mk.rank"] for s in lines} == {0, 1}
+    have = {(s["attributes"]["dtrace_mk.rank"], s["attributes"]["dtrace_mk.step"])
+            for s in lines if s["name"].startswith("step ")}
+    assert have >= {(r, k) for r in (0, 1) for k in range(steps)}, sorted(have)[:6]
+    assert diag["cross_rank_links"] > 0 and diag["cross_rank_links"] == diag["links"], diag
+    by_id = {s["span_id"]: s for s in lines}
+    assert len(by_id) == len(lines), "a span id twice in the file"
+    for s in lines:
+        for ln in s["links"]:
+            target = by_id[ln["span_id"]]
+            assert target["name"].startswith("comm:signal")
+            assert target["attributes"]["dtrace_mk.rank"] != s["attributes"]["dtrace_mk.rank"]
+    return diag

@@ -1,0 +1,98 @@
+"""CI (no GPU): the megakernel's hook sites stay cheap when hooks are off
+(docs/dev/hook_cost_analysis.md, "Session 2 changes").  These pin the kernel text the
+static analysis depends on: every hook context is built out of line in a cold
+__noinline__ function, the scheduler's hot functions carry no hook-only arguments, the
+plan loop has no barrier before the wait, and the observer never drains before a wait's
+first look."""
+import re
+
+import pytest
+
+from dtrace_mk.megakernel import gpu
+
+SRC = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+COLD = ("hook_event", "hook_ready", "hook_pre", "hook_post")
+
+
+def body(name: str) -> str:
+    """Text of the function `name` (from its signature to the matching brace)."""
+    m = re.search(r"^[^\n;]*\b" + name + r"\([^;{]*\)\s*\{", SRC, re.M)
+    assert m, name
+    depth, i = 0, m.end() - 1
+    while True:
+        c = SRC[i]
+        depth += c == "{"
+        depth -= c == "}"
+        i += 1
+        if depth == 0:
+            return SRC[m.start():i]
+
+
+def test_cold_hook_functions_are_out_of_line():
+    for f in COLD:
+        assert re.search(r"__device__ __noinline__ void " + f + r"\(", SRC), f
+    assert "HOW TO WRITE A HOOK SITE" in SRC
+
+
+@pytest.mark.parametrize("fn", ["run_task", "wait_event", "dtmk_megakernel"])
+def test_hot_functions_build_no_context(fn):
+    b = body(fn)
+    for needle in ("struct dtmk_ctx", "ctx_task(", "ctx_none(", "mk_hook(", "trace_rec("):
+        assert needle not in b, (fn, needle)
+    # every hook test in a hot function guards a call of a cold function (or a block that
+    # makes one): no record is built inline
+    for m in re.finditer(r"\bif \((?=[^;]*HOOKS?_(ON|ANY)\()", b):
+        depth, i = 0, m.end() - 1
+        while True:                                   # the end of the if's condition
+            depth += b[i] == "("
+            depth -= b[i] == ")"
+            i += 1
+            if depth == 0:
+                break
+        rest = b[i:i + 400].lstrip()
+        assert re.match(r"(\{[^}]*?)?\bhook_\w+\(", rest, re.S), (fn, b[m.start():i + 80])
+
+
+def test_run_task_carries_no_hook_only_arguments():
+    sig = re.search(r"void run_task\(([^)]*)\)", SRC).group(1)
+    assert "dtmk_u64" not in sig and "TaskFaults" not in sig, sig
+
+
+def test_plan_loop_has_no_barrier_before_the_wait():
+    b = body("dtmk_megakernel")
+    loop = b[b.index("int t = plan[i];"):]
+    assert "__syncthreads()" not in loop[:loop.index("wait_event(")]
+
+
+def test_observer_never_drains_before_the_first_look():
+    b = body("wait_event")
+    first_look = re.search(r"W\.ready = (ev_)?ld_acquire\(", b)
+    assert first_look
+    assert "OBS_SYNC_IF" not in b[:first_look.start()]
+    # no drain at the end of a task: it happens at the next wait's first look or in the spin
+    assert "OBS_SYNC_IF" not in body("run_task")
+
+
+def test_control_words_loaded_before_tested():
+    b = body("wait_event")
+    i_gen, i_abort = b.index("ctl + CTL_GEN"), b.index("ctl + CTL_ABORT")
+    between = b[i_gen:i_abort]
+    assert "break" not in between and "if (" not in between
+
+
+def test_coverage_accumulators_per_hook_and_slot():
+    assert re.search(r"struct dtmk_cov_acc accs\[OBS_NACC\]", SRC)
+    assert "#define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)" in SRC
+    assert "O.accs + (h < DTMK_NUM_HOOKS ? h : 0) * DTMK_MAX_PROGS" in body("obs_sync")
+
+
+def test_cold_functions_stay_separate_in_ptx(tmp_path, monkeypatch):
+    """NVRTC keeps the cold hook functions as separate .func (not inlined into run_task,
+    wait_event or the kernel); the no-hooks build has none of them called."""
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
+    ptx = gpu.compile_source("sm_90a", "ptx", use_cache=False).decode(errors="replace")
+    funcs = set(re.findall(r"\.func\s+(?:\([^)]*\)\s*)?(\w+)\(", ptx))
+    for f in COLD:
+        assert any(f in x for x in funcs), f
+    calls = set(re.findall(r"call(?:\.uni)?\s*(?:\([^)]*\),\s*)?(\w+),", ptx))
+    assert any("hook_event" in c for c in calls)

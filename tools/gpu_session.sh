@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One batched GPU session on a lent machine (see docs/results/gpu_tests.md).
+# Usage (from the repo root on the device machine):  tools/gpu_session.sh STAGE...
+# Installs the package (no deps: the image has CuPy, mpi4py, NCCL) and the carried
+# OpenTelemetry wheels (.whl/, optional), then runs each STAGE; all logs come back as $OUT/logs.tgz.
+# A failing stage does not stop the later ones; the last lines are a table of stages.
+set -u
+OUT=${OUT:-/tmp/out}; LOG=/tmp/gpu_session_logs; rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOG/install.log" 2>&1 || { tail -20 "$LOG/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$LOG/card.txt"
+declare -a rows
+for stage in "$@"; do
+  t0=$(date +%s)
+  case "$stage" in
+    gputests)  cmd="python3 -m pytest -q -x -p no:cacheprovider tests/gpu" ;;
+    gpu:*)     cmd="python3 -m pytest -q -p no:cacheprovider ${stage#gpu:}" ;;
+    hooks)     cmd="python3 bench/hooks.py --presets tiny,1b --reps 3" ;;
+    *)         cmd="$stage" ;;
+  esac
+  echo "=== $stage: $cmd"
+  bash -c "$cmd" >"$LOG/${stage//[^A-Za-z0-9_.-]/_}.log" 2>&1
+  rc=$?
+  tail -25 "$LOG/${stage//[^A-Za-z0-9_.-]/_}.log"
+  rows+=("$(printf '%-40s rc=%-3s %4ss' "${stage:0:40}" "$rc" "$(( $(date +%s) - t0 ))")")
+done
+tar czf "$OUT/logs.tgz" -C "$LOG" . ; echo "=== stages (logs in \$OUT/logs.tgz)"; printf '%s\n' "${rows[@]}"

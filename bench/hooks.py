@@ -15,6 +15,23 @@ taken round-robin over the variants so drift hits all alike):
   trace       the MPK-style full task trace (32-byte record per task), nothing else
   ring_all    every hook writing its 128-byte context to the global ring
 
+Attribution of the summary monitor's cost (same default build, no extra compile; each
+printed as % over off in the "attribution" table, with drains and epoch publishes per
+step per worker that took records):
+
+  null3       a null program (mov r0, 0; exit) on each of the summary's three hooks
+              (task:end, dep:release, task:ready): records built in the observer's
+              ring and drained through the VM, which does almost nothing
+  s_end       the summary's task:end program alone (hist of dur)
+  s_dep       the summary's dep:release program alone (sum of wait)
+  s_ready     the summary's task:ready program alone (max queue depth)
+  nohooks_pad the -DDTMK_NO_HOOKS code with the default build's static shared memory
+              (-DDTMK_SMEM_PAD=SMEM_PAD: same L1 carveout; one extra compile): off over
+              nohooks_pad is the code's share of the off cost, nohooks_pad over nohooks
+              the shared memory's
+  mask3       the three hooks enabled in the hook mask with NO observer (no program,
+              no drain): each record built in a local struct and copied to the global ring
+
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
 generation write and from the attach command to the first counted event, device clock).
@@ -42,6 +59,9 @@ from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
 from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 64, "1b": 16}
+#: static shared memory of the default build minus that of -DDTMK_NO_HOOKS (ptxas -v,
+#: sm_90a: 18,496 - 1,072 B; NVRTC 13.5 + ptxas 13.0; recheck after changing Obs / Worker)
+SMEM_PAD = 17424
 LONG = {"tiny": 4000, "1b": 600}
 
 
@@ -73,16 +93,69 @@ def summary(schema, log):
         return pickle.loads(out)
 
 
+SUMMARY_HOOKS = ("task:end", "dep:release", "task:ready")
+
+
+def null_object(like):
+    """A null program (r0 = 0, exit) on each of the summary's hooks."""
+    from dtrace_mk.abi import definition as abi
+    from dtrace_mk.bpf.asm import assemble
+    from dtrace_mk.bpf.program import BpfObject, Program
+    progs = [Program("null_" + h.replace(":", "_"), abi.hook(h).section, abi.hook(h), assemble("mov r0, 0\nexit"))
+             for h in SUMMARY_HOOKS]
+    return BpfObject(progs, [], license=like.license, schema_hash=like.schema_hash, path="<null3>")
+
+
+def one_program(obj, hook: str):
+    """The program of `obj` on `hook` alone (all maps kept: indices stay valid)."""
+    from dtrace_mk.bpf.program import BpfObject
+    progs = [p for p in obj.programs if p.hook.name == hook]
+    return BpfObject(progs, list(obj.maps), license=obj.license, schema_hash=obj.schema_hash,
+                     path=f"<summary {hook}>")
+
+
+def obs_counts(state, steps: int) -> dict:
+    """Per-launch observer counters (reset by each launch): drains (VM calls) and epoch
+    publishes (fenced OBS_PENDING moves) per step per worker that took records."""
+    st = state.get()
+    drained = st[:, 1].astype(np.int64)
+    d = st[:, 7]
+    drains = (d & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    pubs = (d >> np.uint64(32)).astype(np.int64)
+    act = max(1, int((drained > 0).sum()))
+    return {"records_per_step": float(drained.sum()) / steps, "workers": act,
+            "drains_per_step_worker": float(drains.sum()) / steps / act,
+            "publishes_per_step_worker": float(pubs.sum()) / steps / act,
+            "lost": int(st[:, 2].sum())}
+
+
 def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
     mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     mk = gpu.Megakernel(cfg, batch=1, weights=w)
+    try:
+        mk0p = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={SMEM_PAD}"))
+    except Exception as e:  # noqa: BLE001 - keep the rest
+        log(f"{name}: nohooks_pad unavailable: {e!r}")
+        mk0p = None
     live = LiveSession(mk)
     mon = summary(mk.graph.schema, log)
     wires = int(live.rt.tables.data.ptr)
     extra = {}
+    # attribution sessions: own tables + state each, attached once (wired per run)
+    attrib = {"null3": null_object(mon.obj), "s_end": one_program(mon.obj, "task:end"),
+              "s_dep": one_program(mon.obj, "dep:release"), "s_ready": one_program(mon.obj, "task:ready")}
+    sess, sess_aid = {}, {}
+    for v, obj in attrib.items():
+        try:
+            sv = LiveSession(mk)
+            sess_aid[v] = sv.attach(obj)
+            sess[v] = sv
+        except Exception as e:  # noqa: BLE001 - keep the rest
+            log(f"{name}: attribution variant {v} unavailable: {e!r}")
+    mk.set_observer(0, None)
     mkc = None
     try:
         if not compiled:
@@ -101,13 +174,17 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
         if variant == "summary_cm":
             mkc.reset()
             return mkc.run(steps, poison=False)
-        m = mk0 if variant == "nohooks" else mk
+        m = mk0 if variant == "nohooks" else mk0p if variant == "nohooks_pad" else mk
         m.reset()
         if variant in ("live_idle", "summary"):
             mk.set_observer(wires, live.state)
+        elif variant in sess:
+            mk.set_observer(int(sess[variant].rt.tables.data.ptr), sess[variant].state)
         elif m is mk:
             mk.set_observer(0, None)
         kw = {}
+        if variant == "mask3":
+            kw["hooks"] = list(SUMMARY_HOOKS)
         if variant == "trace":
             kw["trace"] = True
         if variant == "ring_all":
@@ -117,6 +194,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
     variants = ["nohooks", "off", "off2", "live_idle", "summary", "trace", "ring_all"]
     if mkc is not None:
         variants.append("summary_cm")
+    variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     times = {v: [] for v in variants}
     toks = {}
     aid = None
@@ -125,6 +203,15 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
             aid = live.attach(mon.obj)
         r = run(v)
         toks[v] = r.tokens
+        if v in sess or v == "summary":
+            extra.setdefault("obs_counts", {})[v] = obs_counts((sess[v] if v in sess else live).state, steps)
+        if v in sess:
+            sn = sess[v].snapshot(sess_aid[v])
+            extra.setdefault("attrib_coverage", {})[v] = {
+                k: sum(getattr(c, k) for c in sn.coverage) for k in ("eligible", "executed", "throttled", "lost")}
+        if v == "mask3":
+            extra["mask3_records_per_step"] = len(r.hooks) / steps
+            extra["mask3_dropped"] = r.hooks_dropped
         if v == "trace":
             extra["trace_bytes_per_step"] = len(r.trace) * gpu.TRACE_BYTES / steps
             extra["trace_dropped"] = r.trace_dropped
@@ -136,7 +223,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
             extra["summary_map_bytes"] = map_bytes(snap)
             extra["summary_coverage"] = {k: sum(getattr(c, k) for c in snap.coverage)
                                          for k in ("eligible", "executed", "throttled", "lost")}
-            extra["summary_obs"] = {k: int(v_.sum()) for k, v_ in snap.state.items() if k in ("drained", "lost", "drains")}
+            extra["summary_obs"] = {k: int((v_ & np.uint64(0xFFFFFFFF)).sum()) if k == "drains" else int(v_.sum())
+                                    for k, v_ in snap.state.items() if k in ("drained", "lost", "drains")}
             hot_counts = {k: sum(v_) for k, v_ in snap.maps["lat"].snapshot().items()}
         if v == "summary_cm":
             snc = livec.snapshot(aidc)
@@ -166,11 +254,13 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
            "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
            "summary_vs_off": med["summary"] / med["off"] - 1.0,
            "summary_cm_vs_off": (med["summary_cm"] / med["off"] - 1.0) if "summary_cm" in med else None,
+           "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_cm", "null3", "s_end", "s_dep",
+                                                                   "s_ready", "mask3", "trace") if v in med},
            "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
            "tasks": len(mk.graph.tasks), **extra}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratio_vs_nohooks", "tokens_equal")}))
     # hot attach latency into a running launch
-    lat = []
+    lat, mids = [], []
     mk.reset()
     mk.set_observer(wires, live.state)
     live.start(LONG.get(name, 600))
@@ -192,6 +282,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
             got["attach_call_ms"] = (live.stamps[gen]["written_host"] - (live.stamps[gen]["cmd_dev"] - live.clock_offset)) / 1e6
             lat.append(got)
         mid = live.snapshot(a)
+        mids.append((a, mid))
         if got is not None:
             got["mid_snapshot_final_epoch"] = mid.final_epoch
             got["mid_snapshot_steps_done"] = mid.steps_done
@@ -200,6 +291,14 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
     live.mk.abort()
     res = live.wait(raise_on_watchdog=False)
     out["attach"] = lat
+    # exactness while running: coverage rows a mid-run snapshot called final never change
+    key = lambda c: (c.program, c.epoch, c.program_gen)  # noqa: E731
+    row = lambda c: (c.eligible, c.executed, c.throttled, c.lost)  # noqa: E731
+    stable = True
+    for a, mid in mids:
+        end = {key(c): row(c) for c in live.snapshot(a).coverage}
+        stable &= all(end.get(key(c)) == row(c) for c in mid.coverage)
+    out["final_rows_stable"] = stable if mids else None
     out["attach_run_stopped_by"] = None if res.watchdog is None else res.watchdog["reason"]
     if lat:
         out["attach_write_to_first_event_ms_median"] = statistics.median(x["write_to_first_event_ms"] for x in lat)
@@ -239,7 +338,7 @@ def main(argv=None) -> int:
     (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}")
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
-          f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok")
+          f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok exact")
     for r in res["presets"]:
         q = r["ratio_vs_nohooks"]
         pct = lambda x: f"{100 * x:+.2f}%"  # noqa: E731
@@ -248,7 +347,7 @@ def main(argv=None) -> int:
               f"{pct(q['trace']):>7} {pct(q['ring_all']):>7} "
               f"{pct(r['summary_vs_off']):>10} {r.get('trace_bytes_per_step', 0):>10.0f} "
               f"{r.get('summary_map_bytes', 0):>7} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
-              f"{all(r['tokens_equal'].values())}")
+              f"{all(r['tokens_equal'].values())} {r.get('final_rows_stable')}")
     # the short table: each variant against its own baseline (issue 5 targets: off/nohooks
     # <= +0.5%, summary_hot/off <= +5%); off2/off is the noise floor of this run
     print(f"\n{'preset':<6} {'off/nohooks':>11} {'off2/off':>9} {'sum_hot/off':>11} {'sum_cm/off':>10} "
@@ -260,6 +359,25 @@ def main(argv=None) -> int:
               f"{rel('summary_cm', 'off'):>10} {rel('trace', 'off'):>9} {r.get('trace_bytes_per_step', 0):>10.0f} "
               f"{r.get('ring_bytes_per_step', 0):>10.0f} {r.get('summary_map_bytes', 0):>9} "
               f"{r.get('summary_obs', {}).get('drains', '-'):>7} {all(r['tokens_equal'].values())}")
+    # attribution of the summary's cost (each % over off; drains / publishes per step
+    # per worker that took records, from one launch of the variant)
+    print(f"\n{'preset':<6} {'off/nohooks':>11} {'pad/nohooks':>11} {'off/pad':>9}   (off cost = smem/carveout x code)")
+    for r in res["presets"]:
+        u = r["us_per_step"]
+        rel = lambda a, b: f"{100 * (u[a] / u[b] - 1):+.2f}%" if a in u and b in u else "-"  # noqa: E731
+        print(f"{r['preset']:<6} {rel('off', 'nohooks'):>11} {rel('nohooks_pad', 'nohooks'):>11} "
+              f"{rel('off', 'nohooks_pad'):>9}")
+    cols = ("summary", "summary_cm", "null3", "s_end", "s_dep", "s_ready", "mask3", "trace")
+    print(f"\n{'preset':<6} " + " ".join(f"{c:>10}" for c in cols) + "   drains/st/w publishes/st/w records/st")
+    for r in res["presets"]:
+        a = r.get("attrib_vs_off", {})
+        oc = r.get("obs_counts", {})
+        dr = " ".join(f"{v}={oc[v]['drains_per_step_worker']:.2f}" for v in ("summary", "null3", "s_end", "s_dep",
+                                                                             "s_ready") if v in oc)
+        pb = " ".join(f"{v}={oc[v]['publishes_per_step_worker']:.2f}" for v in ("summary", "null3") if v in oc)
+        rc = " ".join(f"{v}={oc[v]['records_per_step']:.0f}" for v in ("summary", "null3") if v in oc)
+        print(f"{r['preset']:<6} " + " ".join(f"{100 * a[c]:>+9.2f}%" if c in a else f"{'-':>10}" for c in cols)
+              + f"   {dr} | {pb} | {rc}")
     return 0
 
 

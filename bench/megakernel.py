@@ -77,21 +77,35 @@ def timed(fn, reps):
 
 
 def preset(name):
-    """'1b' or '1b:t16' (the preset with tile_n overridden: finer tiles for batch 1)."""
+    """'1b', or the preset with options after colons: ':t16' tile_n 16; ':old' the standard
+    lowering (fuse_norm off, split_k 1: the lowering before session 2); ':fuse' fuse_norm
+    without split-K; ':s<N>' fuse_norm with split_k N.  E.g. '1b:old', '1b:s2', '1b:old:t16'."""
     import dataclasses
-    base, _, tile = name.partition(":t")
+    base, *opts = name.split(":")
     cfg = PRESETS[base]
-    return dataclasses.replace(cfg, tile_n=int(tile)) if tile else cfg
+    for o in opts:
+        if o == "old":
+            cfg = dataclasses.replace(cfg, fuse_norm=False, split_k=1)
+        elif o == "fuse":
+            cfg = dataclasses.replace(cfg, fuse_norm=True, split_k=1)
+        elif o.startswith("s") and o[1:].isdigit():
+            cfg = dataclasses.replace(cfg, fuse_norm=True, split_k=int(o[1:]))
+        elif o.startswith("t") and o[1:].isdigit():
+            cfg = dataclasses.replace(cfg, tile_n=int(o[1:]))
+        else:
+            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>)")
+    return cfg
 
 
-def bench_preset(cp, name, batch, steps, reps, log):
+def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
     cfg = preset(name)
     xp = cp if cfg.name == "1b" else np
     t0 = time.time()
-    w = make_weights(cfg, 0, xp=xp)
+    w = weights if weights is not None else make_weights(cfg, 0, xp=xp)
     mk = gpu.Megakernel(cfg, batch=batch, weights=w)
     bl = Baseline(mk)
-    log(f"{name}: setup {time.time() - t0:.1f} s, {len(mk.graph.tasks)} tasks, {mk.num_workers} workers")
+    log(f"{name}: setup {time.time() - t0:.1f} s, {len(mk.graph.tasks)} tasks, {mk.num_workers} workers, "
+        f"lowering fuse_norm={cfg.fuse_norm} split_k={cfg.split_k}")
     # correctness first: same tokens from the same state
     mk.reset(); t_mk = mk.run(steps).tokens
     mk.reset(); t_ps = mk.run(steps, per_step_launch=True).tokens
@@ -124,6 +138,16 @@ def bench_preset(cp, name, batch, steps, reps, log):
         med, allv = timed(f, reps)
         r[key] = {"step_ms": med, "runs": allv}
         log(f"{name}: {key}: {med * 1e3:.1f} us/step ({', '.join(f'{v * 1e3:.1f}' for v in allv)})")
+    mk.reset()
+    r["logits_last"] = mk.run(steps).logits        # last step's logits (old vs new lowering)
+    if quick:
+        wb = weight_bytes_per_step(cfg, batch)
+        out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
+               "tokens": t_mk.tolist(), "tasks": len(mk.graph.tasks), "workers": mk.num_workers,
+               "weight_bytes_per_step": wb, "fuse_norm": cfg.fuse_norm, "split_k": cfg.split_k, **r}
+        del bl, mk
+        cp.get_default_memory_pool().free_all_blocks()
+        return out
     try:
         blc = Baseline(mk, matmul="cublas")
         def eager_cublas():
@@ -153,7 +177,8 @@ def bench_preset(cp, name, batch, steps, reps, log):
         f"{r['megakernel_hooks_all_trace']['step_ms'] * 1e3:.1f} us/step")
     wb = weight_bytes_per_step(cfg, batch)
     out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
-           "tasks": len(mk.graph.tasks), "workers": mk.num_workers, "weight_bytes_per_step": wb, **r}
+           "tokens": t_mk.tolist(), "tasks": len(mk.graph.tasks), "workers": mk.num_workers,
+           "weight_bytes_per_step": wb, "fuse_norm": cfg.fuse_norm, "split_k": cfg.split_k, **r}
     del bl, mk, w
     cp.get_default_memory_pool().free_all_blocks()
     return out
@@ -250,7 +275,8 @@ def measure_costs(cp, name, steps, log):
         pr = max((d4 - d1) / 3.0, 0.0)
         classes[c] = {"fixed_ns": round(max(d1 - pr, 0.0), 1), "per_row_ns": round(pr, 2)}
     med = lambda v, dflt: int(np.median(v)) if v else dflt  # noqa: E731
-    entry = {"classes": classes, "notify_ns": med([x for x in glob["notify"] if x >= 0], 700),
+    from dtrace_mk.megakernel.cost import lowering_name
+    entry = {"classes": classes, "lowering": lowering_name(cfg), "notify_ns": med([x for x in glob["notify"] if x >= 0], 700),
              "dispatch_ns": med(glob["dispatch"], 200), "step_overhead_ns": med([x for x in glob["step"] if x >= 0], 3000)}
     log(f"costs {name}: {json.dumps(entry)}")
     return entry
@@ -277,6 +303,7 @@ def write_cost_table(bench_json: Path, path: Path, commit: str) -> None:
         classes = dict(est["classes"])
         classes.update(entry["classes"])
         table["presets"][name] = {"classes": classes, "source": "measured",
+                                  "lowering": entry.get("lowering", "standard"),
                                   **{k: entry[k] for k in ("notify_ns", "dispatch_ns", "step_overhead_ns")}}
     for name in table["presets"]:
         table["presets"][name].setdefault("source", "estimate")
@@ -294,6 +321,11 @@ def main(argv=None):
     ap.add_argument("--from-json", default="", help="(no GPU) a bench.json to turn into the cost table")
     ap.add_argument("--write-cost-table", default="", help="with --from-json: path of cost_table.json")
     ap.add_argument("--commit", default="")
+    ap.add_argument("--quick", action="store_true",
+                    help="only megakernel / per-step / eager / graph timings (no cuBLAS, prefetch, hooks)")
+    ap.add_argument("--no-old", action="store_true",
+                    help="do not add '<preset>:old' (the standard lowering) next to presets that use "
+                         "fuse_norm / split_k")
     a = ap.parse_args(argv)
     if a.from_json:
         write_cost_table(Path(a.from_json), Path(a.write_cost_table), a.commit)
@@ -319,9 +351,23 @@ def main(argv=None):
     info["copy_bw_bytes_per_s"] = bw
     log(f"{card}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     results = []
+    names = []
     for name in [p for p in a.presets.split(",") if p]:
+        cfg = preset(name)
+        if not a.no_old and cfg.fuse_norm and ":" not in name and f"{name}:old" not in names:
+            names.append(f"{name}:old")        # both lowerings in the same run, old first
+        if name not in names:
+            names.append(name)
+    shared_w = {}
+    for name in names:
         try:
-            results.append(bench_preset(cp, name, a.batch, a.steps, a.reps, log))
+            cfg = preset(name)
+            w = None
+            if cfg.name == "1b":                # the same GPU-drawn weights for every 1b variant
+                if cfg.name not in shared_w:
+                    shared_w[cfg.name] = make_weights(cfg, 0, xp=cp)
+                w = shared_w[cfg.name]
+            results.append(bench_preset(cp, name, a.batch, a.steps, a.reps, log, quick=a.quick, weights=w))
         except Exception as e:  # noqa: BLE001
             import traceback
             log(f"{name}: FAILED {e!r}\n{traceback.format_exc()}")
@@ -332,18 +378,45 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001
             import traceback
             log(f"costs {name}: FAILED {e!r}\n{traceback.format_exc()}")
-    (out / "bench.json").write_text(json.dumps({"info": info, "results": results, "costs": costs}, indent=1))
+    shared_w.clear()
+    # the lowerings against each other: same weights and starting state -> tokens agree?
+    by_name = {r["preset"]: r for r in results}
+    compare = []
+    for r in results:
+        o = by_name.get(r["preset"] + ":old")
+        if o is None:
+            continue
+        la, lb = r.pop("logits_last", None), o.get("logits_last")
+        rel = None
+        if la is not None and lb is not None:
+            rel = float(np.linalg.norm((la - lb).ravel()) / max(np.linalg.norm(lb.ravel()), 1e-30))
+        compare.append({"preset": r["preset"], "old_mk_us": o["megakernel"]["step_ms"] * 1e3,
+                        "new_mk_us": r["megakernel"]["step_ms"] * 1e3,
+                        "speedup": o["megakernel"]["step_ms"] / r["megakernel"]["step_ms"],
+                        "tokens_equal_old_new": r["tokens"] == o["tokens"], "last_logits_rel_diff": rel})
+    for r in results:
+        r.pop("logits_last", None)
+    (out / "bench.json").write_text(json.dumps({"info": info, "results": results, "costs": costs,
+                                                "old_vs_new": compare}, indent=1))
     # short table last
     print()
-    print(f"{'preset':8} {'B':>2} {'mk us':>8} {'mk/step':>8} {'eager':>8} {'graph':>8} {'eager/mk':>8} "
-          f"{'graph/mk':>8} {'wt GB/s':>8} {'% copy':>6} {'tok=':>4}")
+    print(f"{'preset':12} {'lowering':10} {'tasks':>6} {'B':>2} {'mk us':>8} {'mk/step':>8} {'eager':>8} {'graph':>8} "
+          f"{'eager/mk':>8} {'graph/mk':>8} {'wt GB/s':>8} {'% copy':>6} {'tok=':>4}")
     for r in results:
         mk_ms = r["megakernel"]["step_ms"]
         gbs = r["weight_bytes_per_step"] / (mk_ms / 1e3) / 1e9
-        print(f"{r['preset']:8} {r['batch']:>2} {mk_ms * 1e3:8.1f} {r['megakernel_per_step_launch']['step_ms'] * 1e3:8.1f} "
+        low = "standard" if not r.get("fuse_norm") else ("fuse" if r.get("split_k", 1) <= 1 else f"fuse+s{r['split_k']}")
+        print(f"{r['preset']:12} {low:10} {r['tasks']:>6} {r['batch']:>2} {mk_ms * 1e3:8.1f} "
+              f"{r['megakernel_per_step_launch']['step_ms'] * 1e3:8.1f} "
               f"{r['eager']['step_ms'] * 1e3:8.1f} {r['cuda_graph']['step_ms'] * 1e3:8.1f} "
               f"{r['eager']['step_ms'] / mk_ms:8.2f} {r['cuda_graph']['step_ms'] / mk_ms:8.2f} {gbs:8.0f} "
               f"{100 * gbs * 1e9 / bw:6.1f} {str(r['tokens_equal'])[0]:>4}")
+
+    for c in compare:
+        rd = c["last_logits_rel_diff"]
+        print(f"{c['preset']}: new lowering {c['new_mk_us']:.1f} us/step vs old {c['old_mk_us']:.1f} us/step: "
+              f"{c['speedup']:.2f}x; tokens old == new: {c['tokens_equal_old_new']}"
+              + (f"; last-step logits rel. diff {rd:.1e}" if rd is not None else ""))
 
 
 if __name__ == "__main__":

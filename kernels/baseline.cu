@@ -91,3 +91,34 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS) k_finish(const dtmk_u64
     __syncthreads();
     if (threadIdx.x == 0) *step_ptr = step + 1;
 }
+
+/* ---- fused-norm / split-K lowering (ModelConfig.fuse_norm, split_k; graph.py) -------- */
+/* projection with the RMSNorm (kind 0 attention, 2 final) computed in the prologue of
+ * every block; block = `rows` output rows */
+extern "C" __global__ void __launch_bounds__(MK_THREADS) k_fused_proj(const dtmk_u64 *params, dtmk_u64 W, dtmk_u64 y,
+                                                                      int ystride, int rows, int kind, int layer, int S) {
+    BP;
+    extern __shared__ float smem[];
+    int lo = blockIdx.x * rows;
+    op_fused_proj(P, (const unsigned short *)W, (float *)y, ystride, lo, lo + rows, kind, layer, S, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(MK_THREADS) k_fused_gate_up(const dtmk_u64 *params, dtmk_u64 Wg, dtmk_u64 Wu,
+                                                                         dtmk_u64 act, int rows, int layer, int S) {
+    BP;
+    extern __shared__ float smem[];
+    int lo = blockIdx.x * rows;
+    op_fused_gate_up(P, (const unsigned short *)Wg, (const unsigned short *)Wu, (float *)act, lo, lo + rows, layer, S, smem);
+}
+
+/* split-K projection into partial set `set`: block (row block, split s); commit >= 0:
+ * blocks of split 0 first commit the residual of layer `layer` (mlp_down) */
+extern "C" __global__ void __launch_bounds__(MK_THREADS) k_split_proj(const dtmk_u64 *params, dtmk_u64 W, int Kfull,
+                                                                      dtmk_u64 x, int set, int S, int rows, int commit,
+                                                                      int layer) {
+    BP;
+    extern __shared__ float smem[];
+    int lo = blockIdx.x * rows, s = blockIdx.y;
+    op_split_proj(P, (const unsigned short *)W, Kfull, (const float *)x, set, s, S, lo, lo + rows,
+                  commit != 0 && s == 0, layer, smem);
+}

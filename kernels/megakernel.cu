@@ -29,7 +29,10 @@
  *   tasks[T][16]: cls layer expert slot lo hi wait_event wait_count signal_event dynamic
  *                 tile_lo tile_hi aux_norm aux_fold aux_ord first_of_layer
  *                 (allreduce: aux = all-reduce index l*2+op, MoE fold, destination rank;
- *                  rmsnorm: aux_ord = the all-reduce it reduces, -1 = none)
+ *                  rmsnorm: aux_ord = the all-reduce it reduces, -1 = none;
+ *                  fused lowering (graph.fused_aux): qkv / gate_up / lm_head aux_norm =
+ *                  norm kind 0/1/2 and aux_fold = split_k; split attn_o / mlp_down
+ *                  aux_norm = split_k, split index = tile w)
  *   moe[n_moe][8]: layer router_task expert_base expert_tiles router_event expert_event 0 0
  *   control u32[32] (CTL_*), worker_state u64[W][8], faults int64[n][8],
  *   observer state u64[W][OBS_WORDS] (OBS_*; its address in control[CTL_OBS])
@@ -68,11 +71,15 @@
 #define OBS_LOADED_TS 4    /* %globaltimer when it loaded them */
 #define OBS_FIRST_TS 5     /* ts_ns of the first record counted under OBS_GEN (0 = none yet) */
 #define OBS_DONE 6         /* 1 when the worker has drained for the last time */
-#define OBS_DRAINS 7       /* drains (warp-0 VM calls) */
+#define OBS_DRAINS 7       /* low 32 bits: drains (warp-0 VM calls); high 32 bits: epoch publishes
+                            * (an emptied ring that fenced and moved OBS_PENDING) */
 #define OBS_WORDS 8
 #define OBS_RING 32        /* shared-memory ring of contexts per worker */
-#define OBS_FULL_AT 16     /* a wait drains at once (after its first look) when the ring holds this many */
-#define OBS_DRAIN_POLLS 64 /* a wait drains (one hook group at a time) once it lasted this many polls */
+#define OBS_FULL_AT 16     /* a wait that is not ready drains at its next 16-poll check when the ring holds this many */
+#define OBS_MUST_AT 24     /* ... and at once (even when ready at its first look) at this many: room for a task */
+#define OBS_DRAIN_POLLS 64 /* a wait drains (one hook group at a time) once it lasted this many polls ... */
+#define OBS_EARLY_POLLS 16 /* ... or this many when the worker's previous wait was long (OBS_LONG_WAIT_NS) */
+#define OBS_LONG_WAIT_NS 20000ull
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
 
 /* worker_state u64 words */
@@ -120,9 +127,12 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     /* the one "observing?" word: hook_mask | trace_on | table reload pending (obs_update).
      * 0: no hook site, timer, trace record or observer check runs for the task. */
     dtmk_u32 observe;
+    int first;                               /* wait_event's first look: 1 ready, 2 drain now */
+    dtmk_u32 long_wait;                      /* observing: the previous dependency wait was long */
     /* thread 0, hook / trace only (written while observe != 0; t_ready also for starve
      * faults): kept here instead of run_task arguments so the hot call carries none */
     dtmk_u64 t_disp, t_ready, t_begin, dep_wait;
+    dtmk_u64 end_rg;                         /* bit 32: task:end's request_gen, read before the signal */
 };
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
@@ -175,11 +185,13 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
  * every 16 polls of a dependency wait), a ring of OBS_RING contexts that thread 0
  * appends to at the hook sites, the VM's register file and coverage accumulators.
  * Warp 0 drains the ring through dtmk_vm_run_records: inside a dependency wait that has
- * lasted OBS_DRAIN_POLLS polls (never before the first poll; one hook group per chunk,
- * re-polling between chunks, so readiness is seen at most one chunk late), all at once
- * at a wait's first look when the ring holds OBS_FULL_AT records (room for the next
- * task's records, as the post-task drain had), before any table reload (records are run
- * under the tables they were taken with) and at kernel end.  Coverage is counted in one
+ * lasted OBS_DRAIN_POLLS polls, or OBS_EARLY_POLLS when the worker's previous wait was
+ * long (never before the first poll; one hook group per chunk, 16 polls between chunks,
+ * so readiness is seen at most one chunk late and a long wait's drain ends early in it),
+ * in a wait's spin when the ring holds OBS_FULL_AT records, all at once at a wait's first
+ * look (ready or not) only when it holds OBS_MUST_AT (room for the next task's records),
+ * before any table reload (records are run under the tables they were taken with) and at
+ * kernel end.  Coverage is counted in one
  * accumulator per (hook, slot); an emptied ring flushes those of epochs before the
  * worker's current step (a reload or the last drain: all) and publishes OBS_PENDING =
  * the lowest epoch still held (a record or an accumulator), so the host knows which
@@ -195,6 +207,8 @@ struct __align__(16) Obs {
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
+    dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
+    dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
 };
 __shared__ Obs O;
@@ -203,6 +217,10 @@ __shared__ Obs O;
 #else
 #define HOOK_ON(W, h) 0
 #define HOOKS_ANY(W, m) 0
+#ifdef DTMK_SMEM_PAD   /* bench/hooks.py "nohooks_pad": the no-hooks code with the default build's static
+                        * shared memory (same L1 carveout), to split the off cost into smem vs code */
+__shared__ __align__(16) char dtmk_smem_pad[DTMK_SMEM_PAD];
+#endif
 #endif
 
 /* ---- hooks ------------------------------------------------------------------------- */
@@ -220,7 +238,8 @@ __device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
     c.tile = (dtmk_u64)(dtmk_u32)r[10] | ((dtmk_u64)(dtmk_u32)r[11] << 32);
     int slot = r[3];
     c.request_slot = (dtmk_u32)slot;
-    c.request_gen = slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
+    c.request_gen = hook == DTMK_HOOK_TASK_END && (W.end_rg >> 32) ? (dtmk_u32)W.end_rg   /* hook_hold */
+                  : slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
     c.decode_step = step; c.layer = (dtmk_u32)r[1]; c.expert = (dtmk_u32)r[2];
     c.event_id = DTMK_NONE_U32; c.event_gen = 0; c.comm_op = DTMK_NONE_U32; c.comm_gen = 0;
     c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0; c.dur_ns = 0; c.wait_ns = 0;
@@ -296,22 +315,32 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     if (n == 0 && (ran || O.acc_min < step)) {
         dtmk_u32 keep = ~0u;
+        bool flushed = false;
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
             if (a->cov && a->eligible) {
-                if (a->epoch < step) dtmk_cov_acc_flush(a);
+                if (a->epoch < step) { dtmk_cov_acc_flush(a); flushed = true; }
                 else keep = min(keep, a->epoch);
             }
         }
         keep = __reduce_min_sync(0xffffffffu, keep);
-        __threadfence();                               /* this lane's coverage before OBS_PENDING */
-        __syncwarp();
+        /* fence + publish only when coverage was flushed or OBS_PENDING moves (an epoch
+         * end): between epoch ends the lowest held epoch is the one already published, so
+         * nothing becomes final and the map / coverage writes need no fence yet */
+        if (__any_sync(0xffffffffu, flushed) || keep != O.pub) {
+            __threadfence();                           /* this lane's coverage before OBS_PENDING */
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                O.pub = keep;
+                O.pubs += 1;
+                *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
+            }
+        }
         if (lane == 0) {
-            __threadfence();
             O.acc_min = keep;
             g[OBS_DRAINED] = O.drained;
-            g[OBS_DRAINS] = O.drains;
-            *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
+            g[OBS_DRAINS] = (O.drains & 0xffffffffull) | (O.pubs << 32);
         }
         __syncwarp();
     }
@@ -341,9 +370,39 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
-#define OBS_SYNC_IF(cond, chunk, step) do { if (threadIdx.x < 32 && (cond)) obs_sync(P, W, chunk, step); } while (0)
+/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
+__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+}
+#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+/* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
+ * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
+ * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
+__device__ __noinline__ int obs_first_look(Worker &W, int rd) {
+    if (rd) W.long_wait = 0;
+    return (O.n >= OBS_MUST_AT || O.reload) ? 2 : 0;
+}
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
+#endif
+
+/* cold, thread 0, while observing, before a task's release signal: task:end / gen:advance
+ * records are built after the signal (hook_post), so (1) OBS_PENDING must hold the epoch
+ * before it (a snapshot that sees the step counter move must not call `step` final) and
+ * (2) task:end's request_gen is read now (a later task may refill the slot) */
+#ifndef DTMK_NO_HOOKS
+__device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step) {
+    if (HOOK_ON(W, DTMK_HOOK_TASK_END)) {
+        const int slot = trec(P, t)[3];
+        W.end_rg = (1ull << 32) | (slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
+    }
+    if ((O.vm_mask & ((1u << DTMK_HOOK_TASK_END) | (1u << DTMK_HOOK_GEN_ADVANCE))) && step < O.pub) {
+        O.pub = step;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
+    }
+}
+#else
+__device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32) {}
 #endif
 
 /* cold, thread 0: where a record of `hook` is built: in place in the observer's shared
@@ -366,10 +425,12 @@ __device__ void hook_commit(const MkParams &P, Worker &W, const struct dtmk_ctx 
     if (O.vm_mask & bit) {
         const dtmk_u32 n = O.n;
         if (n < OBS_RING && c == &O.ring[n]) {
-            const dtmk_u32 s = c->decode_step;
-            if (n == 0 || s < O.min_step) {
-                O.min_step = min(s, O.acc_min);
-                *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.min_step;   /* before the task's release signal */
+            /* OBS_PENDING (lowest epoch held) only moves down here, before the task's
+             * release signal; obs_sync moves it up once the ring is empty */
+            const dtmk_u32 lo = min(c->decode_step, O.acc_min);
+            if (lo < O.pub) {
+                O.pub = lo;
+                *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
             }
             O.n = n + 1;
         } else {
@@ -441,7 +502,12 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
         op_rmsnorm(P, w, (const float *)P.h, (float *)P.xn, 0, B, smem);
         break;
     }
-    case 1: /* qkv */
+    case 1: /* qkv (r[12] >= 0: fused attention norm, split_k r[13]) */
+        if (r[12] >= 0) {
+            op_fused_proj(P, (const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H,
+                          (float *)P.qkv + (long)layer * B * P.qkv_dim, (int)P.qkv_dim, lo, hi, 0, layer, r[13], smem);
+            break;
+        }
         op_proj((const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H, H, (const float *)P.xn,
                 (float *)P.qkv + (long)layer * B * P.qkv_dim, (int)P.qkv_dim, B, lo, hi, false, XS);
         break;
@@ -450,12 +516,22 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
     case 4: { /* attn_o: h[:, lo:hi] += Wo attn (tensor parallel: the partial sum, no residual) */
         int qd = (int)(P.n_heads * P.head_dim);
         bool tp = P.ranks > 1;
+        if (r[12] > 1) {   /* split-K (graph.py split_k = r[12]): split index = tile w */
+            op_split_proj(P, (const unsigned short *)P.w_o + (long)layer * H * qd, qd, (const float *)P.attn + (long)layer * B * qd,
+                          2, (int)((dtmk_u32)r[11] >> 16), r[12], lo, hi, false, layer, smem);
+            break;
+        }
         op_proj((const unsigned short *)P.w_o + (long)layer * H * qd, qd, (const float *)P.attn + (long)layer * B * qd,
                 tp ? tp_part(P, layer * 2) : (float *)P.h, H, B, lo, hi, !tp, XS);
         break;
     }
     case 5: { /* mlp gate/up */
         int di = r[14], F = (int)P.ffn;
+        if (r[12] >= 0) {   /* fused MLP norm, split_k r[13] */
+            op_fused_gate_up(P, (const unsigned short *)P.w_gate + (long)di * F * H, (const unsigned short *)P.w_up + (long)di * F * H,
+                             (float *)P.act + (long)layer * B * F, lo, hi, layer, r[13], smem);
+            break;
+        }
         op_gate_up((const unsigned short *)P.w_gate + (long)di * F * H, (const unsigned short *)P.w_up + (long)di * F * H,
                    H, (const float *)P.xn, (float *)P.act + (long)layer * B * F, F, B, lo, hi, 0, 0, XS);
         break;
@@ -463,6 +539,12 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
     case 6: { /* mlp down: h[:, lo:hi] += Wd act (tensor parallel: the partial sum) */
         int di = r[14], F = (int)P.ffn;
         bool tp = P.ranks > 1;
+        if (r[12] > 1) {   /* split-K: tile w = split; split 0 commits the residual */
+            int sk = (int)((dtmk_u32)r[11] >> 16);
+            op_split_proj(P, (const unsigned short *)P.w_down + (long)di * H * F, F, (const float *)P.act + (long)layer * B * F,
+                          layer & 1, sk, r[12], lo, hi, sk == 0, layer, smem);
+            break;
+        }
         op_proj((const unsigned short *)P.w_down + (long)di * H * F, F, (const float *)P.act + (long)layer * B * F,
                 tp ? tp_part(P, layer * 2 + 1) : (float *)P.h, H, B, lo, hi, !tp, XS);
         break;
@@ -475,7 +557,7 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
         op_expert(P, mi, e, tile, lo, hi, smem);
         break;
     }
-    case 9: op_lm_tile(P, lo, hi, smem); break;
+    case 9: op_lm_tile(P, lo, hi, smem, r[12] >= 0 ? r[13] : -1); break;   /* r[12] == 2: fused final norm */
     case 10: op_argmax_step(P, step, smem); break;
     case MK_CLS_ALLREDUCE: op_comm_tile(P, r[12], r[13], r[14], lo, hi); break;
     default: break;
@@ -596,7 +678,8 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
     if (HOOK_ON(W, DTMK_HOOK_TASK_END))
         hook_event(P, W, DTMK_HOOK_TASK_END, t, step, flags, sig,
                    (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1), W.dep_wait,
-                   t_end - W.t_begin);
+                   t_end - W.t_begin, 0, t_end);   /* ts: the task's end, taken before the signal */
+    W.end_rg = 0;
     if (trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
         for (int b = 0; b < (int)P.batch; ++b) {
             struct dtmk_ctx loc;
@@ -734,9 +817,13 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
         int sig = r[8];
-        if (W.observe) hook_post(P, W, t, step, f.flags, t_end, sig);
+        /* task:end, gen:advance and the trace record are built AFTER the release signal
+         * (off the successor's critical path; their values were taken before it); only
+         * the epoch hold (OBS_PENDING <= step) must precede the signal */
+        if (W.observe) hook_hold(P, W, t, (dtmk_u32)step);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
+        if (W.observe) hook_post(P, W, t, step, f.flags, t_end, sig);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
@@ -754,8 +841,15 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
     if (threadIdx.x == 0) {
         post_pending(P, W, false);
         W.dep_wait = 0;
-        W.ready = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
-        if (!W.ready) {
+        int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
+        W.ready = rd;
+#ifndef DTMK_NO_HOOKS
+        /* after this first look (never before it): a ring that cannot take another
+         * task's records, or new tables, is drained at once */
+        if (W.observe) rd |= obs_first_look(W, rd);
+#endif
+        W.first = rd;
+        if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
             if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
@@ -764,15 +858,15 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         }
     }
     __syncthreads();
-    int ready0 = W.ready;
-    __syncthreads();
-    /* after the first look (never before it): a ring that cannot take another task's
-     * records, or new tables, is drained now; otherwise only inside a wait that lasted */
+    /* W.first is written only here: the next write is behind run_task's barriers, so
+     * one barrier suffices (W.ready is the spin loop's) */
+    const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(W.observe && (O.n >= OBS_FULL_AT || O.reload), false, (dtmk_u32)step);
+    OBS_SYNC_IF(first & 2, false, (dtmk_u32)step);
 #endif
-    if (ready0) return;
+    if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
+    unsigned it = 0;                     /* polls of this wait (thread 0): kept across drain chunks */
     for (;;) {
         /* thread 0 spins on the counter alone (one acquire load per poll); every 16th
          * poll it also posts due late signals, tries the dynamic queues and checks the
@@ -780,7 +874,8 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (threadIdx.x == 0) {
             W.dyn_task = -1;
             const bool sys = P.ranks > 1;   /* receive events are added to by peer GPUs */
-            for (unsigned it = 1;; ++it) {
+            for (;;) {
+                ++it;
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
                 if (v >= target) { ev_fence_acquire(sys); W.ready = 1; break; }
                 if (it & 15) continue;
@@ -788,8 +883,12 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 dtmk_u64 now = mk_now();
                 if (v != last_v) { last_v = v; t_idle = now; }   /* the awaited event progressed */
 #ifndef DTMK_NO_HOOKS
-                if (W.observe && (O.n >= OBS_FULL_AT || (it >= OBS_DRAIN_POLLS && (O.n || O.acc_min < (dtmk_u32)step))))
-                    break;                       /* drain (a chunk; all when nearly full), then re-poll */
+                /* drain a chunk (all when nearly full), re-poll 16 times, next chunk: a long
+                 * wait (the previous one was long: early) finishes its drain well before it ends */
+                if (W.observe && (O.n >= OBS_FULL_AT ||
+                                  (it >= (W.long_wait ? OBS_EARLY_POLLS : OBS_DRAIN_POLLS) &&
+                                   (O.n || O.acc_min < (dtmk_u32)step))))
+                    break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -826,7 +925,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (ready || aborted) break;
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_FULL_AT, (dtmk_u32)step);
+        OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_MUST_AT, (dtmk_u32)step);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
@@ -845,6 +944,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             wstate(P, W.worker)[WS_STATE] = 1;
             if (W.observe) {
                 W.dep_wait = now - t0;
+                W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
                 if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_RELEASE))
                     hook_event(P, W, DTMK_HOOK_DEP_RELEASE, t, step, HK_FAULTS, e, target, now - t0);
             }
@@ -874,9 +974,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0;
+        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.end_rg = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
+#ifdef DTMK_SMEM_PAD
+        ((volatile char *)dtmk_smem_pad)[0] = 0;     /* keep the padding allocated */
+#endif
     }
 #ifndef DTMK_NO_HOOKS
     __syncthreads();                     /* P is complete (thread 0 reads P.control below) */
@@ -888,10 +991,13 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
         if (!O.state) O.tables = 0;
         O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
-        O.drained = O.drains = 0; O.first_seen = 0;
+        O.drained = O.drains = O.pubs = 0; O.first_seen = 0; O.pub = 0;
         if (O.state) {
             const dtmk_u64 *g = obs_state(W);
-            O.drained = g[OBS_DRAINED]; O.drains = g[OBS_DRAINS]; O.first_seen = g[OBS_FIRST_TS] != 0;
+            const dtmk_u64 d = g[OBS_DRAINS], pend = g[OBS_PENDING];
+            O.drained = g[OBS_DRAINED]; O.drains = d & 0xffffffffull; O.pubs = d >> 32;
+            O.first_seen = g[OBS_FIRST_TS] != 0;
+            O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
     }

@@ -180,29 +180,43 @@ __device__ __forceinline__ void proj_store(float *y, int ystride, int b0, int nb
     }
 }
 
+/* ldw: row stride of W (0: K; a split-K slice of a wider matrix); ldx: row stride of x
+ * (0: K); prestaged: x already sits in xs as [B][K] (a fused RMSNorm prologue wrote it). */
 __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float *x, float *y, int ystride,
-                                     int B, int lo, int hi, bool accumulate, float *xs, int xs_cap) {
+                                     int B, int lo, int hi, bool accumulate, float *xs, int xs_cap,
+                                     int ldw = 0, int ldx = 0, bool prestaged = false) {
     int warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    bool staged = xs != 0 && B * K <= xs_cap;
-    if (staged) stage_x(xs, x, B * K);
+    long lw = ldw ? ldw : K;
+    int lx = ldx ? ldx : K;
+    bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
+    if (staged && !prestaged) {
+        if (lx == K) stage_x(xs, x, B * K);
+        else {
+            for (int b = 0; b < B; ++b)
+                for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4)
+                    *(float4 *)(xs + (long)b * K + i) = __ldcg((const float4 *)(x + (long)b * lx + i));
+            __syncthreads();
+        }
+    }
     float acc[MK_MAXB], acc2[MK_MAXB];
     for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
         int nb = min(MK_MAXB, B - b0);
-        const float *xb = (staged ? xs : x) + (long)b0 * K;
+        const float *xb = staged ? xs + (long)b0 * K : x + (long)b0 * lx;
+        int xst = staged ? K : lx;
         /* warp w owns rows lo+w, lo+w+nw, ...; it takes them two at a time (both rows'
          * loads in flight together) when x is staged */
         for (int n = lo + warp; n < hi; n += 2 * nw) {
             int n2 = n + nw;
             if (staged && n2 < hi) {
-                mv_row2<true, 8>(W, n, W, n2, K, xb, K, nb, acc, acc2);
+                mv_row2<true, 8>(W + n * lw, 0, W + n2 * lw, 0, K, xb, xst, nb, acc, acc2);
                 proj_store(y, ystride, b0, nb, n, acc, accumulate);
                 proj_store(y, ystride, b0, nb, n2, acc2, accumulate);
                 continue;
             }
             for (int m = n; m < hi && m <= n2; m += nw) {
-                if (!staged) mv_row<false>(W, m, K, xb, K, nb, acc);
-                else if (K >= 4096) mv_row<true, 16>(W, m, K, xb, K, nb, acc);
-                else mv_row<true>(W, m, K, xb, K, nb, acc);
+                if (!staged) mv_row<false>(W + m * lw, 0, K, xb, xst, nb, acc);
+                else if (K >= 4096) mv_row<true, 16>(W + m * lw, 0, K, xb, xst, nb, acc);
+                else mv_row<true>(W + m * lw, 0, K, xb, xst, nb, acc);
                 proj_store(y, ystride, b0, nb, m, acc, accumulate);
             }
         }
@@ -214,10 +228,10 @@ __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float
 __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned short *Wu, int K, const float *x,
                                         float *act, int astride, int B, int lo, int hi,
                                         const float *row_scale /* [B] or 0 */, const int *row_mask /* [B] or 0 */,
-                                        float *xs, int xs_cap) {
+                                        float *xs, int xs_cap, bool prestaged = false) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    bool staged = xs != 0 && B * K <= xs_cap;
-    if (staged) stage_x(xs, x, B * K);
+    bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
+    if (staged && !prestaged) stage_x(xs, x, B * K);
     float g[MK_MAXB], u[MK_MAXB];
     for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
         int nb = min(MK_MAXB, B - b0);
@@ -532,11 +546,131 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
     }
 }
 
-/* lm head tile: logits[b, lo:hi] and the tile's (max, argmax) per slot */
-__device__ void op_lm_tile(const MkParams &P, int lo, int hi, float *smem) {
+/* ==== fused RMSNorm and split-K (ModelConfig.fuse_norm / split_k, graph.py) ==== */
+/* Partial sums of split-K projections live in P.moe_part (dense models) as
+ * part[set][s][B][H], set 0/1: mlp_down of layers with that parity, set 2: attn_o.
+ * The residual stream after a split layer is h plus its pending partials; every reader
+ * sums them in one fixed order (mk_resid), so all readers and the one committer
+ * (the mlp_down tile of split 0) get the same bits.  No atomics. */
+__device__ __forceinline__ float4 mk_resid4(const MkParams &P, int b, int i, int pm, bool pa, int S) {
+    long BH = (long)P.batch * (long)P.hidden, off = (long)b * (long)P.hidden + i;
+    const float *part = (const float *)P.moe_part;
+    float4 v = __ldcg((const float4 *)((const float *)P.h + off));
+    if (pm >= 0)
+        for (int s = 0; s < S; ++s) {
+            float4 p = __ldcg((const float4 *)(part + (long)(pm * S + s) * BH + off));
+            v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+        }
+    if (pa)
+        for (int s = 0; s < S; ++s) {
+            float4 p = __ldcg((const float4 *)(part + (long)(2 * S + s) * BH + off));
+            v.x += p.x; v.y += p.y; v.z += p.z; v.w += p.w;
+        }
+    return v;
+}
+
+/* which pending partial sets the consumer of norm `kind` at `layer` adds (S > 1):
+ * kind 0 (attention norm, layer l): the mlp_down partials of layer l-1;
+ * kind 1 (MLP norm): those and the layer's attn_o partials; kind 2 (final norm): the
+ * last layer's mlp_down partials */
+__device__ __forceinline__ void mk_pending(const MkParams &P, int kind, int layer, int S, int &pm, bool &pa) {
+    pm = -1; pa = false;
+    if (S <= 1) return;
+    int prev = kind == 2 ? (int)P.n_layers - 1 : layer - 1;
+    if (prev >= 0) pm = prev & 1;
+    pa = kind == 1;
+}
+
+/* xs[b - b0][:] = rmsnorm(h[b] + pending partials) * w for slots b0 .. b0+nb-1 (whole
+ * CTA; H % 4 == 0; nb * H <= xs_cap) */
+__device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scratch, int kind, int layer, int S,
+                                        int b0, int nb) {
+    int H = (int)P.hidden;
+    float eps = __uint_as_float((dtmk_u32)P.rms_eps_bits);
+    const unsigned short *w = kind == 2 ? (const unsigned short *)P.w_final_norm
+        : (const unsigned short *)(kind == 0 ? P.w_attn_norm : P.w_mlp_norm) + (long)layer * H;
+    int pm; bool pa;
+    mk_pending(P, kind, layer, S, pm, pa);
+    for (int b = b0; b < b0 + nb; ++b) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
+            float4 v = mk_resid4(P, b, i, pm, pa, S);
+            *(float4 *)(xs + (long)(b - b0) * H + i) = v;
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, scratch);
+        float r = rsqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {   /* same elements as above */
+            float *o = xs + (long)(b - b0) * H + i;
+            o[0] = o[0] * r * bf16_at(w, i); o[1] = o[1] * r * bf16_at(w, i + 1);
+            o[2] = o[2] * r * bf16_at(w, i + 2); o[3] = o[3] * r * bf16_at(w, i + 3);
+        }
+    }
+    __syncthreads();
+}
+
+/* slots per staged chunk of a fused prologue (the whole batch when it fits in xs) */
+__device__ __forceinline__ int fused_chunk(const MkParams &P) {
+    int c = (int)(P.xs_cap / P.hidden);
+    return max(1, min(c, (int)P.batch));
+}
+
+/* fused-norm projection tile (qkv kind 0; lm_head kind 2 through op_lm_tile) */
+__device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
+                              int kind, int layer, int S, float *smem) {
+    int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
+    float *xs = smem + P.xs_off;
+    for (int b0 = 0; b0 < B; b0 += C) {
+        int nb = min(C, B - b0);
+        stage_norm(P, xs, smem, kind, layer, S, b0, nb);
+        op_proj(W, H, 0, y + (long)b0 * ystride, ystride, nb, lo, hi, false, xs, (int)P.xs_cap, 0, 0, true);
+    }
+}
+
+/* fused-norm gate/up tile (kind 1) */
+__device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, const unsigned short *Wu, float *act,
+                                 int lo, int hi, int layer, int S, float *smem) {
+    int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P), F = (int)P.ffn;
+    float *xs = smem + P.xs_off;
+    for (int b0 = 0; b0 < B; b0 += C) {
+        int nb = min(C, B - b0);
+        stage_norm(P, xs, smem, 1, layer, S, b0, nb);
+        op_gate_up(Wg, Wu, H, 0, act + (long)b0 * F, F, nb, lo, hi, 0, 0, xs, (int)P.xs_cap, true);
+    }
+}
+
+/* split-K tile s of S of a projection y = W x, W [N][Kfull] (the layer's matrix), x
+ * [B][Kfull]: part[set][s][b][lo:hi] = W[lo:hi, s*Ks:(s+1)*Ks] . x[b, s*Ks:(s+1)*Ks].
+ * commit (mlp_down, s == 0): first h[b][lo:hi] = h + the partials pending before this
+ * layer's down projection (mlp_down of layer-1, attn_o of layer), the same sum the
+ * layer's gate/up tiles normalised. */
+__device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
+                              int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
+    int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
+    if (commit) {
+        int pm; bool pa;
+        mk_pending(P, 1, layer, S, pm, pa);
+        float *h = (float *)P.h;
+        for (int idx = threadIdx.x * 4; idx < B * (hi - lo); idx += blockDim.x * 4) {
+            int b = idx / (hi - lo), i = lo + idx % (hi - lo);     /* (hi - lo) % 4 == 0 */
+            *(float4 *)(h + (long)b * H + i) = mk_resid4(P, b, i, pm, pa, S);
+        }
+    }
+    float *y = (float *)P.moe_part + ((long)set * S + s) * B * H;
+    op_proj(W + (long)s * Ks, Ks, x + (long)s * Ks, y, H, B, lo, hi, false, smem + P.xs_off, (int)P.xs_cap,
+            Kfull, Kfull);
+}
+
+/* lm head tile: logits[b, lo:hi] and the tile's (max, argmax) per slot; fused_S >= 1:
+ * the final norm is computed here (ModelConfig.fuse_norm, split_k = fused_S) */
+__device__ void op_lm_tile(const MkParams &P, int lo, int hi, float *smem, int fused_S = -1) {
     int B = (int)P.batch, H = (int)P.hidden, V = (int)P.vocab;
-    op_proj((const unsigned short *)P.w_lm_head, H, (const float *)P.xn, (float *)P.logits, V, B, lo, hi, false,
-            smem + P.xs_off, (int)P.xs_cap);
+    if (fused_S >= 1)
+        op_fused_proj(P, (const unsigned short *)P.w_lm_head, (float *)P.logits, V, lo, hi, 2, (int)P.n_layers,
+                      fused_S, smem);
+    else
+        op_proj((const unsigned short *)P.w_lm_head, H, (const float *)P.xn, (float *)P.logits, V, B, lo, hi, false,
+                smem + P.xs_off, (int)P.xs_cap);
     __threadfence();
     __syncthreads();
     int tile = lo / (int)P.tile_n, nt = V / (int)P.tile_n;

@@ -23,9 +23,15 @@ class DeviceQueries:
     """The `QueryRun` runtime of a rank's megakernel (module doc).  Called from the
     serving loop's thread only, between launches."""
 
-    def __init__(self, mk):
+    def __init__(self, mk, tier: str = "hot"):
+        """tier: hot (device VM), compiled or auto (runtime.live.LiveSession / tiers)."""
         from ..runtime.live import LiveSession
-        self.session = LiveSession(mk)
+        self.session = LiveSession(mk, tier=tier)
+
+    def boundary(self) -> None:
+        """A launch boundary: the tier manager starts promotions and swaps in finished
+        builds (no event is lost or counted twice across a swap: runtime.tiers)."""
+        self.session.boundary()
 
     def attach(self, obj, verify: bool = True, **kw) -> int:
         return self.session.attach(obj)       # verifies; AttachRefused (a UserError) if not

@@ -58,13 +58,14 @@ def mpiexec_and_flavour():
 
 
 def build_command(mpiexec: str, flavour: str, ranks: int, command: Sequence[str],
-                  collector_args: Sequence[str]) -> List[str]:
+                  collector_args: Sequence[str], export: Sequence[str] = ()) -> List[str]:
+    """export: more variables Open MPI must pass on (set in the job's environment)."""
     flags: List[str] = []
     if flavour == "openmpi":
         flags.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             flags.append("--allow-run-as-root")
-        for v in (jobs.ENV_JOB_DIR, "DTRACE_MK_BACKEND", jobs.ENV_RUNTIME_DIR):
+        for v in (jobs.ENV_JOB_DIR, "DTRACE_MK_BACKEND", jobs.ENV_RUNTIME_DIR, *export):
             flags += ["-x", v]
         for v in PASS_ENV:           # when set here: carried wheels, NCCL/CUDA settings, caches
             if v in os.environ:
@@ -154,9 +155,11 @@ class Launched:
 def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
               otlp: Optional[str] = None, json_spans: Optional[str] = None,
               prometheus_port: Optional[int] = None, quiet: bool = False,
-              stdout=None, stderr=None) -> Launched:
+              stdout=None, stderr=None, tier: Optional[str] = None) -> Launched:
     if ranks < 1:
         raise UserError(f"-n: expected >= 1 serving ranks, got {ranks}")
+    if tier not in (None, "hot", "compiled", "auto"):
+        raise UserError(f"--tier: expected hot, compiled or auto, got {tier!r}")
     command = list(command) or list(DEFAULT_COMMAND)
     mpiexec, flavour = mpiexec_and_flavour()
     if backend not in ("auto", "sim", "gpu"):
@@ -179,11 +182,14 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
         coll += ["--prometheus-port", str(prometheus_port)]
     if quiet:
         coll.append("--quiet")
-    argv = build_command(mpiexec, flavour, ranks, command, coll)
+    argv = build_command(mpiexec, flavour, ranks, command, coll,
+                         export=("DTRACE_MK_TIER",) if tier is not None else ())
     env = dict(os.environ)
     env[jobs.ENV_JOB_DIR] = str(job.dir)
     env[jobs.ENV_RUNTIME_DIR] = str(job.dir.parent)
     env["DTRACE_MK_BACKEND"] = backend
+    if tier is not None:                       # the reference server's --tier default
+        env["DTRACE_MK_TIER"] = tier
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=stderr, start_new_session=True)

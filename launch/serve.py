@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -163,6 +164,39 @@ def fault_scenario(faults: List[Dict[str, Any]], model: str, ranks: int, steps: 
                            "batch": batch, "seed": seed, "faults": faults}, source)
 
 
+# ------------------------------------------------------- shared by the sim and gpu loops
+
+def _progress_say(host, args, rank: int):
+    """Progress lines on stderr from rank 0 only (none with --quiet); also the host's."""
+    say = (lambda s: None) if args.quiet or rank != 0 else \
+        (lambda s: print(f"serve: {s}", file=sys.stderr, flush=True))
+    host.say = say
+    return say
+
+
+def _length_and_faults(args, steps: int, faults) -> str:
+    text = f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s"
+    if faults:
+        text += ", faults: " + ", ".join(f"{f['kind']} rank {f.get('rank')}" for f in faults)
+    return text
+
+
+def _stop_on_signals(host) -> None:
+    """SIGINT/SIGTERM stop at the next step boundary; a second one interrupts at once."""
+    def on_signal(signum, frame):
+        if host.stop_wanted:
+            raise KeyboardInterrupt
+        host.request_stop()
+    for sg in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sg, on_signal)
+
+
+def _await_attach(host, args, say) -> None:
+    if args.await_attach > 0:
+        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
+        host.wait_for_attach(args.await_attach)
+
+
 # -------------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a query file every rank runs from the start (beside the summary monitors)")
     p.add_argument("--await-attach", type=float, default=0.0, metavar="S",
                    help="hold step 0 until the first live query attaches (at most S seconds)")
+    p.add_argument("--tier", choices=("hot", "compiled", "auto"), default=None,
+                   help="gpu backend: where live queries run: hot (device VM, default; "
+                        "$DTRACE_MK_TIER), compiled (linked into the megakernel from the next "
+                        "launch boundary), auto (hot, promoted when the tier policy says so)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -291,25 +329,13 @@ def serve(args: argparse.Namespace) -> int:
                         "--fault/--faults")
     from ..collectors.scenario import device_fault_specs
     table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
-    say = (lambda s: None) if args.quiet or rank != 0 else \
-        (lambda s: print(f"serve: {s}", file=sys.stderr, flush=True))
-    host.say = say
+    say = _progress_say(host, args, rank)
     arrivals = ArrivalProcess(args.batch, rate, args.mean_len, args.seed, cfg.max_seq)
     say(f"model {cfg.name}, {ranks} rank(s), backend {backend}, batch {args.batch}, "
         f"arrivals {rate:.2f}/step (Poisson), mean length {args.mean_len:g}, "
-        + (f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s")
-        + (f", faults: {', '.join(f['kind'] + ' rank ' + str(f.get('rank')) for f in faults)}" if faults else ""))
-
-    def on_signal(signum, frame):
-        if host.stop_wanted:
-            raise KeyboardInterrupt
-        host.request_stop()
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, on_signal)
-
-    if args.await_attach > 0:
-        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
-        host.wait_for_attach(args.await_attach)
+        + _length_and_faults(args, steps, faults))
+    _stop_on_signals(host)
+    _await_attach(host, args, say)
 
     t0 = time.monotonic()
     state = {"k": 0, "stop": None, "last_say": t0, "host0": None, "host_last": None}
@@ -427,28 +453,18 @@ def serve_gpu(args: argparse.Namespace) -> int:
     sc = fault_scenario(faults, args.model, ranks, min(steps, 1 << 20), args.batch, args.seed,
                         "--fault/--faults")
     table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
-    say = (lambda s: None) if args.quiet or rank != 0 else \
-        (lambda s: print(f"serve: {s}", file=sys.stderr, flush=True))
-    host.say = say
-    host.live_runtime = DeviceQueries(mk)      # live queries run in the device VM
+    say = _progress_say(host, args, rank)
+    tier = args.tier or os.environ.get("DTRACE_MK_TIER") or "hot"
+    host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
     clock = GpuClock()
     clock.feed(host)
     agree = host.comm.Dup()
     dev = cp.cuda.Device()
     say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
         f"{mk.num_workers} workers), batch {args.batch}, one launch per step, "
-        + (f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s")
-        + (f", faults: {', '.join(f['kind'] + ' rank ' + str(f.get('rank')) for f in faults)}" if faults else ""))
-
-    def on_signal(signum, frame):
-        if host.stop_wanted:
-            raise KeyboardInterrupt
-        host.request_stop()
-    for sg in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sg, on_signal)
-    if args.await_attach > 0:
-        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
-        host.wait_for_attach(args.await_attach)
+        + _length_and_faults(args, steps, faults))
+    _stop_on_signals(host)
+    _await_attach(host, args, say)
     size = abi.CONTEXT_SIZE
     t0 = last_say = time.monotonic()
     k = 0
@@ -461,6 +477,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
         mine = 1 if (host.should_stop(k) or host.stop_wanted) else 0
         if agree.allreduce(mine, op=MPI.MAX):
             break
+        host.live_runtime.boundary()           # tier swaps happen only between launches
         res = mk.run(1, hooks="all", faults=table)
         gpu_ms += res.elapsed_ms
         dropped += int(res.hooks_dropped)

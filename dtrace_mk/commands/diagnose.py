@@ -467,6 +467,9 @@ def _serve_rank_gpu(sc, rank: int, ranks: int, comm, channel, *, say=print,
     (the same binary for every scenario), the steps in chunks of launches sized so no
     worker's hook ring overflows; after each chunk its hook contexts go to the agent in
     ts order, and a %globaltimer/host clock pair (gpu_clock) is taken between launches.
+    Every launch first runs GPU_LAUNCH_WARMUP_STEPS warm-up steps whose records are not
+    fed (faults moved, records renumbered to scenario steps: launch_fault_specs,
+    renumber_ctx).
     Every rank runs the same chunks (a run is collective).  Hook contexts the device
     dropped (ring full) are counted in the channel's lost records, so the result's
     telemetry.records_lost shows them."""
@@ -511,14 +514,20 @@ def _serve_rank_gpu(sc, rank: int, ranks: int, comm, channel, *, say=print,
     agent = RankAgent(rank, channel, num_workers=graph.num_workers, schema=graph.schema,
                       monitors=monitors, budget_bytes_per_step=sc.budget_bytes_per_step)
     agent.start(pings=start_pings)
-    faults = FaultTable.from_specs(device_fault_specs(sc, rank), f"{sc.source} rank {rank}")
+    specs = device_fault_specs(sc, rank)
+    fault_src = f"{sc.source} rank {rank}"
+    FaultTable.from_specs(specs, fault_src)          # a bad fault is an error before any launch
     _dying(agent, die_at_step, say)
     _clock_pairs(clock, agent, GPU_CLOCK_PRIMING)
     t_run = time.monotonic()
     done, dropped, launches = 0, 0, 0
     hook_cap = int(getattr(mk, "hook_cap", 1 << 14))
-    chunk = gpu_chunk_steps(graph, len(agent.hooks), hook_cap)
+    # every launch runs `warm` discarded steps before its scenario steps (see
+    # GPU_LAUNCH_WARMUP_STEPS): the ring holds both
+    warm = GPU_LAUNCH_WARMUP_STEPS
+    chunk = max(1, gpu_chunk_steps(graph, len(agent.hooks), hook_cap) - warm)
     together = comm is not None and ranks > 1
+    evidence = GpuEvidence(sc, rank, graph, agent.hooks, warm)
 
     def agree(value: int, op: str) -> int:
         """Every rank launches the same chunks: the chunk and stop decisions are agreed."""
@@ -530,18 +539,23 @@ def _serve_rank_gpu(sc, rank: int, ranks: int, comm, channel, *, say=print,
     while done < sc.steps:
         n = min(chunk, sc.steps - done)
         stopped = None
+        k0 = int(mk.step) + warm              # the kernel step of scenario step `done`
+        off = k0 - done                       # kernel step = scenario step + off (this launch)
+        faults = FaultTable.from_specs(launch_fault_specs(specs, done, n, off), fault_src)
         try:                                  # collective: the ranks meet right before the launch
-            res = mk.run(n, hooks=agent.hooks, faults=faults, watchdog_ms=GPU_WATCHDOG_MS)
+            res = mk.run(warm + n, hooks=agent.hooks, faults=faults, watchdog_ms=GPU_WATCHDOG_MS)
         except gpu.WatchdogFired as e:          # this chunk's hooks are lost with it
             res, stopped = None, e
         launches += 1
         clock.feed(agent)                     # the GPU is idle between launches
         if res is not None:
-            if res.hooks_dropped:
-                dropped += res.hooks_dropped
+            if res.hooks_dropped:               # in full: an upper bound when the ring
+                dropped += res.hooks_dropped    # also dropped warm-up records (never when sized)
                 channel.add_lost(res.hooks_dropped)
+            evidence.add(res.hooks, off, k0)
             for ctx in gpu.hook_dicts(res.hooks):          # sorted by ts_ns
-                agent.sink(ctx)
+                if ctx["decode_step"] >= k0:               # the launch's warm-up steps: not fed
+                    agent.sink(renumber_ctx(ctx, off, graph.cfg.n_layers))
         agent.progress()
         if stopped is not None:
             say(f"steps {done}..{done + n - 1}: {stopped}; the result is partial")
@@ -549,18 +563,20 @@ def _serve_rank_gpu(sc, rank: int, ranks: int, comm, channel, *, say=print,
             break
         done += n
         # next chunk: as many steps as fit GPU_RING_SHARE of the fullest worker's ring
+        # (this launch's records cover warm + n steps)
         want = sc.steps
         if len(res.hooks):
             per_worker = int(np.bincount(res.hooks["worker"].astype(np.int64)).max())
-            want = max(1, int(hook_cap * GPU_RING_SHARE * n // max(per_worker, 1)))
+            want = max(1, int(hook_cap * GPU_RING_SHARE * (warm + n) // max(per_worker, 1)) - warm)
         chunk = agree(want, "min")
+    evidence.write(say)
     _clock_pairs(clock, agent, GPU_CLOCK_PRIMING)
     stats = agent.close()
     if group is not None:
         del mk
         group.close()           # unmap the peers' buffers (collective; the next scenario maps anew)
     cr = clock.report()
-    say(f"{done} of {sc.steps} steps on the GPU in {launches} launch(es), "
+    say(f"{done} of {sc.steps} steps on the GPU in {launches} launch(es) (+{warm} warm-up steps each), "
         f"{time.monotonic() - t_run:.2f} s; {stats.records_sent} records, {stats.bytes_sent} "
         f"bytes sent, {stats.records_lost} lost, {dropped} hook contexts dropped on the device; "
         f"clock pairs {cr.get('pairs')}, bound {cr.get('bound_ns_min')}..{cr.get('bound_ns_max')} ns")
@@ -598,6 +614,116 @@ def gpu_chunk_steps(graph, n_hooks: int, hook_cap: int, share: float = GPU_RING_
 
 #: Decode steps run (and discarded) before the scenario's, after which the state is reset.
 GPU_WARMUP_STEPS = 2
+#: Decode steps every launch runs BEFORE its scenario steps, in the same launch, and whose
+#: records are not fed to the agent.  The first step of a launch is slower than the rest
+#: (instruction cache, L2 and TLBs -- the peer mappings too -- cold after the host's work
+#: between launches; each rank's launch starts when its host gets there), which the sim
+#: never shows: on 2 x H200 it made the all-reduce tasks of scenario step 0 look like a
+#: confident slow_task_class (0.99) on both ranks.  Inside one launch the warm-up steps'
+#: all-reduces also line the ranks up, so launch skew ends before scenario step 0.  The
+#: scenario's faults are shifted to the kernel steps (launch_fault_specs) and the
+#: records renumbered back (renumber_ctx), so the agent, the join keys (comm_gen) and the
+#: epochs see scenario steps only.  docs/dev/megakernel_contract.md "Cold launches".
+GPU_LAUNCH_WARMUP_STEPS = 2
+#: Environment variable naming a folder: each GPU rank writes its per-class, per-step
+#: evidence table there (GpuEvidence; tests/gpu/test_diagnose_gpu.py sets it).
+ENV_GPU_EVIDENCE = "DTRACE_MK_GPU_EVIDENCE"
+
+
+def launch_fault_specs(specs: List[Dict[str, Any]], done: int, n: int, off: int) -> List[Dict[str, Any]]:
+    """The device fault specs of one launch: the scenario steps done..done+n-1 that a
+    fault names, moved to kernel steps (+ off); a fault with no step in the launch is left
+    out (so nothing is injected into the launch's warm-up steps)."""
+    out = []
+    for f in specs:
+        steps = f.get("steps")
+        if steps is None:
+            mine = list(range(done, done + n))
+        else:
+            mine = [int(k) for k in (steps if isinstance(steps, list) else [steps]) if done <= int(k) < done + n]
+        if mine:
+            out.append({**f, "steps": [k + off for k in mine]})
+    return out
+
+
+_COMM_HOOKS = ("comm:signal", "comm:wait")
+
+
+def renumber_ctx(ctx: Dict[str, Any], off: int, n_layers: int) -> Dict[str, Any]:
+    """A hook context of kernel step k as one of scenario step k - off: decode_step,
+    task_gen (= the step), comm_gen (= step * n_layers + layer, comm hooks) and event_gen
+    (a wait target or signal count: c * (k + 1), or k for the step event) move together,
+    identically on every rank (every rank runs the same launches)."""
+    if not off:
+        return ctx
+    k = int(ctx["decode_step"])
+    s = k - off
+    ctx["decode_step"] = s
+    if ctx.get("task_gen") == k:
+        ctx["task_gen"] = s
+    if ctx.get("hook") in _COMM_HOOKS and ctx.get("comm_gen") is not None:
+        ctx["comm_gen"] = int(ctx["comm_gen"]) - off * n_layers
+    eg = ctx.get("event_gen")
+    if eg:
+        eg = int(eg)
+        if eg == k:
+            ctx["event_gen"] = s
+        elif eg % (k + 1) == 0:
+            ctx["event_gen"] = eg // (k + 1) * (s + 1)
+    return ctx
+
+
+class GpuEvidence:
+    """Per task class and step of one GPU rank, from the device records: tasks run, mean
+    task:end duration, mean dependency wait (dep:release), mean comm:wait, in us; the
+    launches' warm-up steps too (negative steps relative to the launch's first scenario
+    step are marked warm).  Written as JSON to $DTRACE_MK_GPU_EVIDENCE/<scenario>.rank<r>.json
+    when that is set (nothing otherwise): the evidence a failed GPU diagnosis test prints."""
+
+    def __init__(self, sc, rank: int, graph, hooks, warm: int):
+        self.dir = os.environ.get(ENV_GPU_EVIDENCE)
+        self.sc, self.rank, self.graph, self.warm = sc, rank, graph, warm
+        self.hooks = list(hooks or [])
+        self.acc: Dict[Tuple[int, bool, str], List[float]] = {}
+        self.launches: List[Dict[str, int]] = []
+
+    def add(self, recs, off: int, k0: int) -> None:
+        if not self.dir:
+            return
+        import numpy as np
+        from ..abi import definition as Dd
+        from ..megakernel.graph import CLASS_IDS
+        names = {v: k for k, v in CLASS_IDS.items()}
+        self.launches.append({"kernel_step0": k0 - self.warm, "warm": self.warm, "offset": off,
+                              "records": int(len(recs))})
+        cols = {"task:end": ("dur_ns", 1), "dep:release": ("wait_ns", 2), "comm:wait": ("wait_ns", 3)}
+        for hook, (field, col) in cols.items():
+            m = recs[recs["hook"] == Dd.hook(hook).id]
+            for cls, k, v in zip(m["task_class"].astype(np.int64), m["decode_step"].astype(np.int64),
+                                 m[field].astype(np.float64)):
+                key = (int(k) - off, int(k) < k0, names.get(int(cls), str(int(cls))))
+                row = self.acc.setdefault(key, [0.0, 0, 0.0, 0, 0.0, 0])   # (sum, n) per column
+                row[2 * col - 2] += v
+                row[2 * col - 1] += 1
+
+    def rows(self) -> List[Dict[str, Any]]:
+        out = []
+        for (step, w, cls), r in sorted(self.acc.items()):
+            mean = lambda i: round(r[i] / r[i + 1] / 1e3, 2) if r[i + 1] else None  # noqa: E731
+            out.append({"step": step, "warm": w, "class": cls, "tasks": r[1],
+                        "dur_us": mean(0), "dep_wait_us": mean(2), "comm_wait_us": mean(4)})
+        return out
+
+    def write(self, say) -> None:
+        if not self.dir:
+            return
+        path = Path(self.dir) / f"{self.sc.name}.rank{self.rank}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"scenario": self.sc.name, "rank": self.rank, "hooks": self.hooks,
+                                        "launches": self.launches, "rows": self.rows()}, indent=1))
+        except OSError as e:
+            say(f"evidence: cannot write {path}: {e.strerror}")
 #: Watchdog of the GPU runs: a wait longer than this stops the megakernel (partial result).
 GPU_WATCHDOG_MS = 5000
 

@@ -45,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-port", type=int, metavar="P",
                    help="serve live metrics on 127.0.0.1:P while the job runs")
     p.add_argument("--out", metavar="RESULT.json", help="also write the diagnosis here")
+    p.add_argument("--tier", choices=("hot", "compiled", "auto"), default=None,
+                   help="gpu backend: where live queries run (the reference server's --tier, "
+                        "passed as $DTRACE_MK_TIER): hot = device VM (default), compiled = linked "
+                        "into the megakernel at the next launch boundary, auto = hot, promoted by "
+                        "the tier policy")
     p.add_argument("--ready-timeout", type=float, default=120.0, metavar="S",
                    help="give up when the control socket is not up after S seconds (default 120)")
     p.add_argument("--quiet", action="store_true", help="fewer progress lines")
@@ -66,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args, cmd, say, start_job) -> int:
     job = start_job(args.ranks, cmd, backend=args.backend, otlp=args.otlp, json_spans=args.json_spans,
-                    prometheus_port=args.prometheus_port, quiet=args.quiet)
+                    prometheus_port=args.prometheus_port, quiet=args.quiet,
+                    tier=getattr(args, "tier", None))
     rc = 130
     try:
         print(f"job {job.job.id}", flush=True)

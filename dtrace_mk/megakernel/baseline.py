@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .gpu import MK_THREADS, Megakernel, load_module, set_smem
+from .graph import fused_lowering
 from .reference import dense_index, moe_index
 
 ROWS = MK_THREADS // 32        # output rows per block of a projection launch (warp per row)
@@ -37,8 +38,10 @@ class Baseline:
         arch = mk.arch
         self.module = load_module(arch, "baseline.cu")
         self.k = {n: self.module.get_function(n) for n in
-                  ("k_norm", "k_proj", "k_gate_up", "k_rope", "k_attn", "k_router", "k_expert", "k_finish")}
-        for n in ("k_attn", "k_router", "k_expert", "k_proj", "k_gate_up"):
+                  ("k_norm", "k_proj", "k_gate_up", "k_rope", "k_attn", "k_router", "k_expert", "k_finish",
+                   "k_fused_proj", "k_fused_gate_up", "k_split_proj")}
+        for n in ("k_attn", "k_router", "k_expert", "k_proj", "k_gate_up", "k_fused_proj", "k_fused_gate_up",
+                  "k_split_proj"):
             set_smem(self.k[n], mk.smem)
         self.step_dev = cp.zeros(1, cp.int32)
         self._graph = None
@@ -69,6 +72,12 @@ class Baseline:
             k["k_proj"]((N // ROWS,), blk, (params, ptr(w_arr, 2 * w_off_elems), i32(K), ptr(x), ptr(y), i32(N),
                                              i32(ROWS), i32(1 if acc else 0)), shared_mem=sm)
 
+        if fused_lowering(c, mk.graph.ranks):
+            if self.matmul == "cublas":
+                raise ValueError("matmul='cublas' follows the standard lowering only (fuse_norm is on)")
+            self._step_fused(params, proj)
+            return
+
         for l in range(L):
             k["k_norm"]((1,), blk, (params, i32(0), i32(l), i32(fold)))
             fold = -1
@@ -94,6 +103,43 @@ class Baseline:
                 fold = mi
         k["k_norm"]((1,), blk, (params, i32(2), i32(-1), i32(fold)))
         proj(W["lm_head"], 0, H, buf["xn"], buf["logits"], c.vocab, False)
+        k["k_finish"]((1,), blk, (params, self.step_dev))
+
+    def _step_fused(self, params, proj) -> None:
+        """The fused-norm / split-K lowering (graph.py build_fused), one launch per level:
+        the same task bodies as the megakernel's (op_fused_proj, op_fused_gate_up,
+        op_split_proj), so the same bits."""
+        c, mk, k = self.cfg, self.mk, self.k
+        B, H, L, S, F = mk.B, c.hidden, c.n_layers, c.split_k, c.ffn
+        W, buf = mk.weights, mk.buf
+        ptr = lambda a, off=0: np.uint64(int(a.data.ptr) + off)  # noqa: E731
+        i32 = np.int32
+        blk = (MK_THREADS,)
+        sm = mk.smem
+        di_of = dense_index(c)
+        k["k_norm"]((1,), blk, (params, i32(0), i32(0), i32(-1)))          # embedding (+ unused norm)
+        for l in range(L):
+            k["k_fused_proj"]((c.qkv_dim // ROWS,), blk, (params, ptr(W["qkv"], 2 * l * c.qkv_dim * H), ptr(buf["qkv"][l]),
+                                                          i32(c.qkv_dim), i32(ROWS), i32(0), i32(l), i32(S)), shared_mem=sm)
+            k["k_rope"]((c.n_kv_heads,), blk, (params, i32(l)))
+            k["k_attn"]((c.n_kv_heads, B), blk, (params, i32(l)), shared_mem=sm)
+            di = di_of[l]
+            if S > 1:
+                k["k_split_proj"]((H // ROWS, S), blk, (params, ptr(W["o"], 2 * l * H * c.q_dim), i32(c.q_dim),
+                                                        ptr(buf["attn"][l]), i32(2), i32(S), i32(ROWS), i32(0), i32(l)),
+                                  shared_mem=sm)
+            else:
+                proj(W["o"], l * H * c.q_dim, c.q_dim, buf["attn"][l], buf["h"], H, True)
+            k["k_fused_gate_up"]((F // ROWS,), blk, (params, ptr(W["gate"], 2 * di * F * H), ptr(W["up"], 2 * di * F * H),
+                                                     ptr(buf["act"], 4 * l * B * F), i32(ROWS), i32(l), i32(S)), shared_mem=sm)
+            if S > 1:
+                k["k_split_proj"]((H // ROWS, S), blk, (params, ptr(W["down"], 2 * di * H * F), i32(F),
+                                                        ptr(buf["act"][l]), i32(l & 1), i32(S), i32(ROWS), i32(1), i32(l)),
+                                  shared_mem=sm)
+            else:
+                proj(W["down"], di * H * F, F, buf["act"][l], buf["h"], H, True)
+        k["k_fused_proj"]((c.vocab // ROWS,), blk, (params, ptr(W["lm_head"]), ptr(buf["logits"]), i32(c.vocab),
+                                                     i32(ROWS), i32(2), i32(L), i32(S)), shared_mem=sm)
         k["k_finish"]((1,), blk, (params, self.step_dev))
 
     # -- cuBLAS variant ------------------------------------------------------------------

@@ -74,6 +74,7 @@ class ModelCosts:
     filler_ns: int = DEFAULTS["filler_ns"]
     comm_ns: int = DEFAULTS["comm_ns"]
     source: str = "estimate"
+    lowering: str = "standard"   # the graph lowering the class costs describe (lowering_name)
 
     def by_class_id(self) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
         """(fixed_ns, per_row_ns) indexed by standard class id (0 for unknown classes)."""
@@ -110,6 +111,54 @@ def estimate_costs(cfg: ModelConfig) -> ModelCosts:
         c["moe_expert"] = mm(h, t, mats=3, fixed=1500.0)
     c = {k: ClassCost(round(v.fixed_ns, 1), round(v.per_row_ns, 2)) for k, v in c.items()}
     return ModelCosts(cfg.name, c)
+
+
+# Cost rule of the fused lowering (graph.py "Fused norm and split-K") applied to class
+# costs measured on the standard lowering: a split-K tile streams 1/S of the weights
+# (fixed and per-row parts scale by 1/S above a per-task floor); a fused consumer pays
+# the norm prologue (its input row(s) from L2, plus the pending partials).
+SPLIT_FLOOR_NS = 2500.0
+PROLOGUE_FIXED_NS = 1200.0
+PROLOGUE_PER_ROW_NS = 400.0
+PROLOGUE_PER_PARTIAL_ROW_NS = 150.0
+
+
+def lowering_name(cfg: ModelConfig, ranks: int = 1) -> str:
+    """'standard', or 'fuse_norm' / 'fuse_norm+split_kS' for graphs built with the options."""
+    if not cfg.fuse_norm or ranks != 1:
+        return "standard"
+    return "fuse_norm" if cfg.split_k <= 1 else f"fuse_norm+split_k{cfg.split_k}"
+
+
+def lowered_costs(costs: ModelCosts, cfg: ModelConfig, ranks: int = 1) -> ModelCosts:
+    """`costs` for the graph `build_graph(cfg, ..., ranks=ranks)` builds: unchanged when
+    they already describe its lowering; standard-lowering costs are mapped by the rule
+    above."""
+    want = lowering_name(cfg, ranks)
+    if want == costs.lowering or want == "standard" or costs.lowering != "standard":
+        return costs
+    S = cfg.split_k
+    c = dict(costs.classes)
+
+    def split(name: str) -> None:
+        if name in c and S > 1:
+            v = c[name]
+            fx = max(SPLIT_FLOOR_NS, SPLIT_FLOOR_NS + (v.fixed_ns - SPLIT_FLOOR_NS) / S)
+            c[name] = ClassCost(round(min(fx, v.fixed_ns), 1), round(v.per_row_ns / S, 2))
+
+    def fused(name: str, partial_sets: float) -> None:
+        if name in c:
+            v = c[name]
+            per_row = PROLOGUE_PER_ROW_NS + (PROLOGUE_PER_PARTIAL_ROW_NS * partial_sets * S if S > 1 else 0.0)
+            c[name] = ClassCost(round(v.fixed_ns + PROLOGUE_FIXED_NS, 1), round(v.per_row_ns + per_row, 2))
+
+    split("attn_o")
+    split("mlp_down")
+    fused("qkv", 1)
+    fused("mlp_gate_up", 2)
+    fused("lm_head", 1)
+    return ModelCosts(costs.model, c, costs.notify_ns, costs.dispatch_ns, costs.step_overhead_ns,
+                      costs.filler_ns, costs.comm_ns, costs.source, want)
 
 
 class CostTable:
@@ -152,7 +201,8 @@ class CostTable:
         for k in DEFAULTS:
             if k in entry:
                 defaults[k] = int(entry[k])
-        return ModelCosts(cfg.name, classes, source=str(self.data.get("source", "estimate")), **defaults)
+        return ModelCosts(cfg.name, classes, source=str(self.data.get("source", "estimate")),
+                          lowering=str(entry.get("lowering", "standard")), **defaults)
 
 
 _cached: Optional[CostTable] = None

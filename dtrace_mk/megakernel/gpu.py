@@ -28,7 +28,7 @@ import numpy as np
 
 from ..abi import definition as abi
 from ..errors import UserError
-from .graph import CLASS_IDS, TaskGraph, build_graph, tp_shard
+from .graph import CLASS_IDS, TaskGraph, build_graph, fused_aux, split_part_floats, tp_shard
 from .reference import Requests, dense_index, make_weights, moe_index, shard_weights, tp_local_config
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
@@ -175,6 +175,8 @@ def pack_tables(g: TaskGraph) -> Dict[str, np.ndarray]:
             t[i, 14] = di_of_layer[task.layer]
         elif task.cls in (CLASS_IDS["moe_router"], CLASS_IDS["moe_expert"]):
             t[i, 14] = mi_of_layer[task.layer]
+    for i, (a12, a13) in fused_aux(g).items():     # fuse_norm / split_k (graph.py)
+        t[i, 12], t[i, 13] = a12, a13
     out_tp = {}
     if g.ranks > 1:
         # tensor parallel (kernels/mk_comm.cuh): rope / attn head ranges become the rank's
@@ -329,7 +331,8 @@ class Megakernel:
             "v_cache": cp.zeros((c.n_layers, B, c.max_seq, c.n_kv_heads, c.head_dim), f32),
             "logits": cp.zeros((B, c.vocab), f32),
             "tile_max": cp.zeros((B, nt), f32), "tile_arg": cp.zeros((B, nt), i32),
-            "moe_part": cp.zeros((n_moe, max(c.n_experts, 1), et, B, c.hidden) if c.moe_layers else (1,), f32),
+            "moe_part": cp.zeros((n_moe, max(c.n_experts, 1), et, B, c.hidden) if c.moe_layers
+                                 else (max(1, split_part_floats(c, B) if self.graph.ranks == 1 else 0),), f32),
             "route_expert": cp.zeros((n_moe, B, max(c.top_k, 1)), i32),
             "route_weight": cp.zeros((n_moe, B, max(c.top_k, 1)), f32),
             "tokens": cp.zeros(B, i32), "pos": cp.zeros(B, i32), "req_gen": cp.zeros(B, i32),

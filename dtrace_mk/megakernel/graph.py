@@ -43,6 +43,26 @@ cover the whole batch (`slot == NONE_U32`).  A `moe_expert` tile computes
 h = silu(x Wg[:, lo:hi]) * (x Wu[:, lo:hi]) for the tokens routed to its expert and
 adds gate_weight * h Wd[lo:hi, :] into the residual (a split-K partial sum).
 
+Fused norm and split-K (ModelConfig.fuse_norm, split_k; single rank, dense models)
+-----------------------------------------------------------------------------------
+With `fuse_norm` (on for `1b`) the RMSNorm levels disappear: every `qkv`, `mlp_gate_up`
+and `lm_head` tile normalises its input rows itself in its prologue (hidden floats per
+slot from L2) and waits directly on what the norm waited on.  Task 0 stays a `rmsnorm`
+(layer 0, tile (0,0,0,0), the step boundary): it writes the embedding into h.  With
+`split_k = S > 1` every `attn_o` and `mlp_down` output tile becomes S tasks, tile
+(x, 0, 0, s), each the partial product over K-slice s, written (no atomics) to a
+partial buffer: attn_o -> set 2, mlp_down of layer l -> set l % 2 (part[set][s][B][H]).
+The residual after a layer is h plus its pending partials; each reader sums them in one
+fixed order (h, then mlp_down(l-1) s = 0..S-1, then attn_o(l) s = 0..S-1), and the
+split-0 `mlp_down` tile of layer l first commits h[:, lo:hi] = that sum, so every
+consumer and every run computes the same bits.  Per layer: qkv (waits mlp_down of l-1,
+or task 0) -> rope -> attn -> attn_o (S x hidden/T) -> gate_up -> mlp_down (S x
+hidden/T); then lm_head waits on the last mlp_down.  6 dependency levels per layer
+instead of 8.  The kernel reads the options from the task records (`fused_aux`).
+Tensor-parallel graphs (ranks > 1) keep the Megatron lowering whatever the
+options say: the lowering of the "Tensor parallelism" section (its norm tasks reduce
+the all-reduce slots).
+
 Static plans
 ------------
 `worker_plans[w]` is worker w's task order for every step (dense and router tasks;
@@ -367,6 +387,9 @@ class _Builder:
         cfg, B, T = self.cfg, self.batch, self.cfg.tile_n
         sh = tp_shard(cfg, self.rank, self.ranks)
         tp = self.ranks > 1
+        if fused_lowering(cfg, self.ranks):
+            self.build_fused()
+            return
         group = cfg.n_heads // cfg.n_kv_heads
         kv_heads = range(sh.kv_lo, sh.kv_hi)
         n_kv = len(kv_heads)
@@ -421,6 +444,83 @@ class _Builder:
         self.task("argmax", NONE_U32, (0, 0, 0, 0), 0, cfg.vocab, (e_lm, nl), self.step_event)
 
 
+    def build_fused(self) -> None:
+        """Single-rank dense lowering with fuse_norm (and split_k); module doc, "Fused
+        norm and split-K"."""
+        cfg, B, T, S = self.cfg, self.batch, self.cfg.tile_n, self.cfg.split_k
+        group = cfg.n_heads // cfg.n_kv_heads
+        no = cfg.hidden // T
+        e = self.event("L0.attn_norm", "rmsnorm", 1)
+        self.task("rmsnorm", 0, (0, 0, 0, 0), 0, cfg.hidden, (-1, 0), e)   # embedding (+ norm)
+        prev: Tuple[int, int] = (e, 1)
+        for l in range(cfg.n_layers):
+            nq = cfg.qkv_dim // T
+            e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
+            self.tiled("qkv", l, cfg.qkv_dim, prev, e_qkv)
+            e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
+            for h in range(cfg.n_kv_heads):
+                self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
+            e_attn = self.event(f"L{l}.attn", "attn", cfg.n_kv_heads * B)
+            for h in range(cfg.n_kv_heads):
+                for s in range(B):
+                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, (e_rope, cfg.n_kv_heads),
+                              e_attn, slot=s)
+            e_o = self.event(f"L{l}.attn_o", "attn_o", no * S)
+            self.split_tiled("attn_o", l, cfg.hidden, (e_attn, cfg.n_kv_heads * B), e_o)
+            ng = cfg.ffn // T
+            e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
+            self.tiled("mlp_gate_up", l, cfg.ffn, (e_o, no * S), e_gu)
+            e_d = self.event(f"L{l}.mlp_down", "mlp_down", no * S)
+            self.split_tiled("mlp_down", l, cfg.hidden, (e_gu, ng), e_d)
+            prev = (e_d, no * S)
+        nl = cfg.vocab // T
+        e_lm = self.event("lm_head", "lm_head", nl)
+        self.tiled("lm_head", NONE_U32, cfg.vocab, prev, e_lm)
+        self.step_event = self.event("step_done", "argmax", 1)
+        self.task("argmax", NONE_U32, (0, 0, 0, 0), 0, cfg.vocab, (e_lm, nl), self.step_event)
+
+    def split_tiled(self, cls: str, layer: int, n: int, wait, signal: int) -> None:
+        """n / T output tiles x split_k K-slices: tile (x, 0, 0, s), split-major per tile."""
+        T, S = self.cfg.tile_n, self.cfg.split_k
+        for x in range(n // T):
+            for s in range(S):
+                self.task(cls, layer, (x, 0, 0, s), x * T, (x + 1) * T, wait, signal)
+
+
+def fused_lowering(cfg: ModelConfig, ranks: int = 1) -> bool:
+    """True when build_graph uses the fused-norm lowering (single rank, cfg.fuse_norm).
+    Tensor-parallel graphs (ranks > 1) keep the Megatron lowering: the options apply to
+    single-rank graphs only (module doc)."""
+    return cfg.fuse_norm and ranks == 1
+
+
+def fused_aux(g: "TaskGraph") -> Dict[int, Tuple[int, int]]:
+    """Task records' aux words (kernel task record words 12, 13) of the fused lowering,
+    by task index: qkv / mlp_gate_up / lm_head: (norm kind 0 / 1 / 2, split_k);
+    attn_o / mlp_down when split_k > 1: (split_k, -1).  Empty for other graphs."""
+    cfg = g.cfg
+    if not fused_lowering(cfg, g.ranks):
+        return {}
+    S = cfg.split_k
+    kinds = {CLASS_IDS["qkv"]: 0, CLASS_IDS["mlp_gate_up"]: 1, CLASS_IDS["lm_head"]: 2}
+    split = {CLASS_IDS["attn_o"], CLASS_IDS["mlp_down"]}
+    out: Dict[int, Tuple[int, int]] = {}
+    for t in g.tasks:
+        if t.cls in kinds:
+            out[t.index] = (kinds[t.cls], S)
+        elif t.cls in split and S > 1:
+            out[t.index] = (S, -1)
+    return out
+
+
+def split_part_floats(cfg: ModelConfig, batch: int) -> int:
+    """Floats of the split-K partial buffer (3 sets x split_k x batch x hidden: mlp_down
+    of even / odd layers, attn_o); 0 without split-K."""
+    if not cfg.fuse_norm or cfg.split_k <= 1:
+        return 0
+    return 3 * cfg.split_k * batch * cfg.hidden
+
+
 @dataclass(frozen=True)
 class TPShard:
     """What rank r of R computes (module doc, "Tensor parallelism")."""
@@ -471,12 +571,12 @@ def tp_shard(cfg: ModelConfig, rank: int, ranks: int) -> TPShard:
 
 def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: ModelConfig,
           batch: int, num_workers: int, costs: Optional["ModelCosts"] = None,
-          own_recv: Optional[Dict[int, int]] = None) -> List[List[int]]:
+          own_recv: Optional[Dict[int, int]] = None, ranks: int = 1) -> List[List[int]]:
     """Deterministic list scheduling by estimated cost (see module doc).  A comm task's
     signal counts toward its own rank's receive event of the op at end + comm_ns (the
     ranks run the same schedule, so the peers' signals are estimated to arrive then)."""
-    from .cost import model_costs
-    costs = costs or model_costs(cfg)
+    from .cost import lowered_costs, model_costs
+    costs = lowered_costs(costs or model_costs(cfg), cfg, ranks)
     own_recv = own_recv or {}
     fixed, per_row = costs.by_class_id()
     kv_est = cfg.max_seq // 2
@@ -525,9 +625,14 @@ def build_graph(cfg: ModelConfig, batch: int, num_workers: int, rank: int = 0, r
     if num_workers < 1:
         raise UserError(f"num_workers: expected >= 1, got {num_workers}")
     tp_shard(cfg, rank, ranks)          # validates the split
+    if fused_lowering(cfg, ranks):
+        for f in ("ffn", "q_dim"):
+            if getattr(cfg, f) % (8 * cfg.split_k):
+                raise UserError(f"model {cfg.name!r}: split_k: {f}={getattr(cfg, f)} is not a multiple of "
+                                f"8 x split_k={cfg.split_k}")
     b = _Builder(cfg, batch, rank, ranks)
     b.build()
-    plans = _plan(b.tasks, b.events, b.moe, cfg, batch, num_workers, costs, b.own_recv)
+    plans = _plan(b.tasks, b.events, b.moe, cfg, batch, num_workers, costs, b.own_recv, ranks)
     schema = S.TaskSchema(
         model=cfg.name, task_classes=S.standard_classes(),
         events=[S.Event(e.id, e.name, e.producer_class, e.triggers, e.owner_rank) for e in b.events],

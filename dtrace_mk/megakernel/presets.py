@@ -23,6 +23,12 @@ Tensor-parallel splits (`graph.tp_shard`): R ranks need n_heads % R == 0, n_kv_h
 R == 0 or R % n_kv_heads == 0, (ffn / tile_n) % R == 0 (dense layers), (expert_ffn /
 tile_n) % R == 0 (MoE).  tiny: 1, 2, 4 ranks; small-moe: 1, 2, 4; 1b: 1, 2, 4, 8, 16, 32;
 wide-tp: 1, 2, 4, ..., 64.
+
+Lowering options (graph.py, "Fused norm and split-K"): `fuse_norm` drops the RMSNorm
+levels (each consumer tile normalises its input row itself), `split_k = S` splits the
+attn_o and mlp_down projections into S K-slices with deterministic partial buffers.
+Both are on for `1b` (fuse_norm, split_k 4; `dataclasses.replace(cfg, fuse_norm=False,
+split_k=1)` is the previous lowering), off elsewhere; both are single-rank only.
 """
 from __future__ import annotations
 
@@ -54,6 +60,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     tile_n: int = 64                     # output columns per matmul tile
     comm_tile_n: int = 0                 # columns per all-reduce comm task (0: tile_n)
+    # lowering options (graph.py "Fused norm and split-K"); single rank, dense models only
+    fuse_norm: bool = False              # RMSNorm computed in its consumers' prologue
+    split_k: int = 1                     # K splits of attn_o / mlp_down (> 1 needs fuse_norm)
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:
@@ -72,6 +81,17 @@ class ModelConfig:
         for l in self.moe_layers:
             if not 0 <= l < self.n_layers:
                 raise bad("moe_layers", f"layer {l} is outside 0..{self.n_layers - 1}")
+        if self.split_k < 1:
+            raise bad("split_k", f"expected >= 1, got {self.split_k}")
+        if self.split_k > 1:
+            if not self.fuse_norm:
+                raise bad("split_k", f"split_k={self.split_k} needs fuse_norm=True (the fused norm "
+                          f"prologue sums the split partials)")
+        if self.fuse_norm:
+            if self.moe_layers:
+                raise bad("fuse_norm", "not supported with MoE layers (their norms fold the expert partials)")
+            if self.hidden % 4:
+                raise bad("fuse_norm", f"needs hidden % 4 == 0, got {self.hidden}")
         if self.moe_layers:
             if self.n_experts < 1 or not 1 <= self.top_k <= self.n_experts:
                 raise bad("top_k", f"expected 1..n_experts={self.n_experts}, got {self.top_k}")
@@ -107,7 +127,8 @@ PRESETS: Dict[str, ModelConfig] = {
                              ffn=1024, vocab=4096, max_seq=256, moe_layers=(1, 3), n_experts=8,
                              top_k=2, expert_ffn=256),
     "1b": ModelConfig("1b", hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
-                      ffn=8192, vocab=32000, max_seq=2048, rope_theta=500000.0),
+                      ffn=8192, vocab=32000, max_seq=2048, rope_theta=500000.0,
+                      fuse_norm=True, split_k=4),
     # sim-scale preset for many-rank tensor parallelism (up to 64 ranks); not Llama-shaped
     "wide-tp": ModelConfig("wide-tp", hidden=512, n_layers=2, n_heads=64, n_kv_heads=8, head_dim=64,
                            ffn=4096, vocab=1024, max_seq=128, comm_tile_n=512),

@@ -79,7 +79,7 @@ from ..abi import context
 from ..abi import definition as D
 from ..errors import UserError
 from . import faults as F
-from .cost import ModelCosts, model_costs
+from .cost import ModelCosts, lowered_costs, model_costs
 from .graph import CLASS_IDS, TaskGraph
 from .reference import Requests
 
@@ -259,7 +259,7 @@ class Sim:
         if queue_threshold < 1:
             raise UserError(f"queue_threshold: expected >= 1, got {queue_threshold}")
         self.g, self.cfg, self.steps = graph, graph.cfg, steps
-        self.costs = costs or model_costs(graph.cfg)
+        self.costs = lowered_costs(costs or model_costs(graph.cfg), graph.cfg, graph.ranks)
         self.faults = faults or F.FaultTable()
         self.seed = seed
         self.sink = sink

@@ -13,7 +13,8 @@ small-moe, batch 4):
     comm:wait of that op grows (mean per step, vs the same run without the fault), rank
     1's comm:signal of it carries FLAG_FAULT;
   * (first preset) rank 1 injects a deadlock: both ranks get a watchdog report (not a
-    hang); rank 0's names a worker waiting on its receive event;
+    hang); rank 0's names a worker waiting (or stopped while waiting) on its receive
+    event of layer 0's allreduce_mlp, rank 1's one on the victim's event;
   * timing: TP step time per rank vs the single GPU (one launch of --timing-steps),
     tiny and (--timing-1b) 1b at batch 1.
 Rank 0 writes every fact to --out (JSON) and prints one line per check and the timing
@@ -149,8 +150,28 @@ def run_preset(name: str, tp, args, out: Dict[str, Any], first: bool) -> None:
         out["deadlock_s"] = round(time.perf_counter() - t1, 2)
         rep = dl.watchdog
         out["deadlock_reported"] = rep is not None
-        out["deadlock_waiting_on"] = sorted({w["event_name"] for w in (rep or {}).get("workers", [])
-                                             if w["state"] in ("waiting", "watchdog")})
+        # Which workers wait on what.  The watchdog fires in ONE worker per rank: the one
+        # whose awaited counter has stood still longest (often a task downstream of the
+        # stuck one, e.g. rank 0's L1 qkv tiles on L1.attn_norm, which started waiting
+        # before the consumer of L0.allreduce_mlp.r0 did); it sets the abort word and every
+        # other waiting worker leaves its wait as "stopped" with WS_EVENT still naming the
+        # event it waited on.  So the stuck chain shows among the stopped workers too: rank
+        # 1 (the victim's wait target is unreachable) on L0.allreduce_attn.r1, and rank 0 --
+        # which finished layer 0's attention, sent its allreduce_mlp partials, and never
+        # gets rank 1's -- on its receive event L0.allreduce_mlp.r0.
+        ws = (rep or {}).get("workers", [])
+        out["deadlock_waiting_on"] = sorted({w["event_name"] for w in ws
+                                             if w["state"] in ("waiting", "watchdog", "stopped")})
+        out["deadlock_fired"] = next((f"{w['class']} on {w['event_name']}" for w in ws
+                                      if w["state"] == "watchdog"), None)
+        out["deadlock_workers"] = [(w["worker"], w["state"], w["class"], w["event_name"], w.get("value"),
+                                    w.get("target")) for w in ws if w["state"] != "done"]
+        v = mk.graph.tasks[victim]
+        # rank 1: the victim's own wait; rank 0: its receive event of layer 0's MLP all-reduce
+        out["deadlock_expect_event"] = (mk.graph.events[v.wait_event].name if rank == 1 else
+                                        next(e.name for e in mk.graph.events
+                                             if e.comm_op == 1 and e.owner_rank == rank
+                                             and e.name.startswith("L0.")))
         mk.reset()
 
 
@@ -200,9 +221,12 @@ def verdicts(per_rank: List[Dict[str, Any]], args) -> List[str]:
            f"({f1['late_signals_fault_flag']}/{f1['late_signals']})")
         if "deadlock_reported" in f0:
             ok(all(p[name]["deadlock_reported"] for p in per_rank)
-               and any(".allreduce_" in e for e in f0["deadlock_waiting_on"]),
+               and all(p[name]["deadlock_expect_event"] in p[name]["deadlock_waiting_on"] for p in per_rank),
                f"{name}: rank 1 deadlock -> watchdog reports on both ranks in "
-               f"{[p[name]['deadlock_s'] for p in per_rank]} s; rank 0 waits on {f0['deadlock_waiting_on']}")
+               f"{[p[name]['deadlock_s'] for p in per_rank]} s; "
+               + "; ".join(f"rank {r} waits on {p[name]['deadlock_waiting_on']} (want "
+                           f"{p[name]['deadlock_expect_event']}; fired: {p[name]['deadlock_fired']})"
+                           for r, p in enumerate(per_rank)))
     if "1b" in per_rank[0]:
         ok(all(p["1b"]["tokens_equal"] for p in per_rank), "1b: TP tokens == single-GPU tokens")
     return lines

@@ -272,10 +272,13 @@ class LiveSession:
         if not isinstance(obj, BpfObject):
             raise AttachRefused(f"attach refused: expected a BpfObject, got {type(obj).__name__} "
                                 f"(the running kernel continues)")
-        bad = [p for p in obj.programs if p.hook.name.startswith("comm:")]
+        # comm:* sites exist only in a tensor-parallel megakernel (ranks > 1: mk_comm.cuh)
+        tp = getattr(getattr(self.mk, "graph", None), "ranks", 1) > 1
+        bad = [] if tp else [p for p in obj.programs if p.hook.name.startswith("comm:")]
         if bad:
-            raise AttachRefused(f"attach refused: {obj.path}: {bad[0].section} {bad[0].name}: the reference "
-                                f"megakernel has no {bad[0].hook.name} hook site (the running kernel continues)")
+            raise AttachRefused(f"attach refused: {obj.path}: {bad[0].section} {bad[0].name}: a single-GPU "
+                                f"megakernel has no {bad[0].hook.name} hook site (only a tensor-parallel one, "
+                                f"ranks > 1, has) (the running kernel continues)")
         try:
             with self.side:
                 aid = self.rt.attach(obj, verify=True, **kw)

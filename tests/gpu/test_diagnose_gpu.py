@@ -4,10 +4,20 @@ scenarios (faults are data), and the diagnosis names the injected cause and rank
 * gpu_remote_stall_r1: rank 1's allreduce_attn signal late -> remote_stall rooted at 1;
 * gpu_local_imbalance_r0: rank 0's mlp_gate_up starved -> local_imbalance on rank 0;
 
-scored by collectors.score (precision and recall 1.0, no false-confident finding), with
-every rank reporting, the clocks aligned from real %globaltimer pairs and real host
-ping-pongs, and nothing lost.  Both scenarios share one mpirun launch (run_job)."""
+scored by collectors.score as the issue asks: recall 1.0 and no false-confident finding
+(confidence >= 0.8 matching no fault; low-confidence extras are allowed), with every rank
+reporting, the clocks aligned from real %globaltimer pairs and real host ping-pongs, and
+nothing lost.  Both scenarios share one mpirun launch (run_job).
+
+Evidence: each result JSON and, per rank, a per-class, per-step table (tasks, mean
+task:end duration, dependency wait, comm:wait; the launches' warm-up steps marked) are
+written to $OUT (else a temporary folder, printed) as <scenario>.result.json and
+<scenario>.rank<r>.json (diagnose.GpuEvidence) + <scenario>.table.txt; a failed assertion
+prints the findings whole and the tables."""
+import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,20 +47,63 @@ def _need_two_gpus():
 
 
 _RESULTS = {}
+_EVIDENCE = []
+
+
+def _evidence_dir() -> Path:
+    if not _EVIDENCE:
+        d = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp(prefix="dtmk-gpu-diag-"))
+        d.mkdir(parents=True, exist_ok=True)
+        _EVIDENCE.append(d)
+        print(f"GPU diagnosis evidence in {d}", file=sys.stderr)
+    return _EVIDENCE[0]
 
 
 def _results():
     if not _RESULTS:
         _need_two_gpus()
-        out = D.run_job([(REMOTE, None), (LOCAL, None)], "gpu", 400.0,
-                        lambda s: print(s, file=sys.stderr))
+        ev = _evidence_dir()
+        os.environ[D.ENV_GPU_EVIDENCE] = str(ev)      # the ranks (mpirun children) inherit it
+        try:
+            out = D.run_job([(REMOTE, None), (LOCAL, None)], "gpu", 400.0,
+                            lambda s: print(s, file=sys.stderr))
+        finally:
+            os.environ.pop(D.ENV_GPU_EVIDENCE, None)
         _RESULTS.update(zip((REMOTE, LOCAL), out))
+        for path, res in _RESULTS.items():
+            stem = load_scenario(path).name
+            (ev / f"{stem}.result.json").write_text(json.dumps(res, indent=1))
+            (ev / f"{stem}.table.txt").write_text(_table(stem))
     return _RESULTS
+
+
+def _table(stem: str) -> str:
+    """Per rank, class and step: tasks, mean dur / dep wait / comm wait (us)."""
+    lines = []
+    for f in sorted(_evidence_dir().glob(f"{stem}.rank*.json")):
+        ev = json.loads(f.read_text())
+        lines.append(f"== {stem} rank {ev['rank']} (launches {ev['launches']}, hooks {ev['hooks']})")
+        lines.append(f"{'step':>5} {'warm':>4} {'class':<16} {'tasks':>5} {'dur_us':>8} {'dep_us':>8} {'comm_us':>8}")
+        fmt = lambda v: f"{v:8.2f}" if v is not None else f"{'-':>8}"  # noqa: E731
+        for r in ev["rows"]:
+            lines.append(f"{r['step']:>5} {'w' if r['warm'] else '':>4} {r['class']:<16} {r['tasks']:>5} "
+                         f"{fmt(r['dur_us'])} {fmt(r['dep_wait_us'])} {fmt(r['comm_wait_us'])}")
+    return "\n".join(lines) or f"(no evidence table for {stem})"
 
 
 def _brief(res):
     return [(f["cause"], f["rank"], f.get("task_class") or f.get("comm_op"), f["steps"],
              f["confidence"]) for f in res["findings"]]
+
+
+def _explain(res, rep=None) -> str:
+    """The whole story of a failed check: score, every finding in full, the tables."""
+    stem = res["scenario"] if isinstance(res.get("scenario"), str) else str(res.get("scenario"))
+    msg = (rep.render() + "\n" if rep is not None else "") + "findings:\n" + \
+        "\n".join(json.dumps(f, sort_keys=True) for f in res["findings"])
+    msg += "\n" + _table(stem)
+    print(msg, file=sys.stderr)
+    return msg
 
 
 @pytest.mark.parametrize("path", [REMOTE, LOCAL], ids=lambda p: p.stem)
@@ -63,11 +116,13 @@ def test_gpu_scenario_names_the_cause_and_rank(path):
     assert not res["partial"] and not res["missing_ranks"], (res["missing_ranks"],
                                                              res["incomplete_ranks"])
     cause, rank = EXPECT[path]
-    assert any(f["cause"] == cause and f["rank"] == rank for f in res["findings"]), _brief(res)
     rep = score(res, sc)
-    assert rep.recall == 1.0, (rep.render(), _brief(res))
-    assert rep.precision == 1.0, (rep.render(), _brief(res))
-    assert rep.false_confident == [], (rep.render(), _brief(res))
+    ok = (any(f["cause"] == cause and f["rank"] == rank for f in res["findings"])
+          and rep.recall == 1.0 and rep.false_confident == [])
+    # the issue's bar: full recall and no false-confident finding (low-confidence extras
+    # are allowed by the spec, so precision is printed, not asserted)
+    assert ok, _explain(res, rep)
+    print(rep.render(), _brief(res), file=sys.stderr)
     assert res["verdict"] == "fault"
     cov = res["coverage"]
     assert cov["eligible"] > 0 and cov["lost"] == 0, cov

@@ -56,3 +56,17 @@ def test_dead_jobs_are_not_alive_and_pruned(runtime_dir):
     assert not job.alive()
     assert jobs.prune() == [job.id]
     assert not job.dir.exists()
+
+
+def test_launch_passes_the_tier_to_open_mpi_ranks_and_refuses_a_bad_one(runtime_dir):
+    """--tier travels as $DTRACE_MK_TIER, which Open MPI forwards only when told (-x)."""
+    from dtrace_mk.errors import UserError
+    from dtrace_mk.launch.launcher import build_command, start_job
+    argv = build_command("/x/mpirun", "openmpi", 2, ["python3", "-m", "dtrace_mk.launch.serve"], [],
+                         export=("DTRACE_MK_TIER",))
+    i = argv.index("DTRACE_MK_TIER")
+    assert argv[i - 1] == "-x"
+    assert "DTRACE_MK_TIER" not in build_command("/x/mpirun", "openmpi", 2, ["serve"], [])
+    with pytest.raises(UserError, match="--tier: expected hot, compiled or auto, got 'fast'"):
+        start_job(1, ["serve"], backend="sim", tier="fast")
+    assert os.listdir(runtime_dir) == []           # refused before any job directory exists

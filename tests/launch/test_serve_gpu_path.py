@@ -56,11 +56,19 @@ class FakeMegakernel:
 
 
 class FakeDeviceQueries:
-    def __init__(self, mk):
+    instances = []
+
+    def __init__(self, mk, tier="hot"):
         from dtrace_mk.runtime.reference import ReferenceRuntime
         self.rt = ReferenceRuntime(num_workers=mk.num_workers)
         mk.observer = self
+        self.mk, self.tier = mk, tier
         self.detached = []
+        self.boundaries = []            # mk.runs at each launch boundary
+        FakeDeviceQueries.instances.append(self)
+
+    def boundary(self):
+        self.boundaries.append(self.mk.runs)
 
     def attach(self, obj, verify=True, **kw):
         return self.rt.attach(obj, verify=verify)
@@ -128,7 +136,7 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     result = tmp_path / "r.json"
     try:
         rc = serve.main(["--backend", "gpu", "--model", "tiny", "--batch", str(BATCH), "--steps", str(STEPS),
-                         "--await-attach", "30", "--quiet", "--result", str(result)])
+                         "--await-attach", "30", "--quiet", "--result", str(result), "--tier", "auto"])
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -137,6 +145,9 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     assert rc == 0 and got["error"] is None, got["error"]
     (mk,) = FakeMegakernel.instances[-1:]
     assert mk.runs == STEPS                                   # one launch per step
+    dq = FakeDeviceQueries.instances[-1]
+    assert dq.tier == "auto"                                  # --tier reaches the live session
+    assert dq.boundaries == list(range(STEPS))                # a tier boundary before every launch
     final = got["outputs"][-1]
     assert final["final"] and got["end"]["reason"] == "job ended"
     part = final["ranks"]["0"]

@@ -66,9 +66,11 @@ def test_plan_loop_has_no_barrier_before_the_wait():
 
 def test_observer_never_drains_before_the_first_look():
     b = body("wait_event")
-    first_look = re.search(r"W\.ready = (ev_)?ld_acquire\(", b)
+    first_look = re.search(r"= (ev_)?ld_acquire\(", b)
     assert first_look
     assert "OBS_SYNC_IF" not in b[:first_look.start()]
+    # one barrier publishes the first look (W.first) to the CTA
+    assert b[first_look.start():b.index("for (;;)")].count("__syncthreads()") == 1
     # no drain at the end of a task: it happens at the next wait's first look or in the spin
     assert "OBS_SYNC_IF" not in body("run_task")
 
@@ -96,3 +98,41 @@ def test_cold_functions_stay_separate_in_ptx(tmp_path, monkeypatch):
         assert any(f in x for x in funcs), f
     calls = set(re.findall(r"call(?:\.uni)?\s*(?:\([^)]*\),\s*)?(\w+),", ptx))
     assert any("hook_event" in c for c in calls)
+
+
+# ---- round 2 (docs/dev/hook_cost_analysis.md "Round 2") -------------------------------
+
+def test_task_end_records_built_after_the_release_signal():
+    """task:end / gen:advance / trace records are built after the successor is signalled;
+    the epoch hold (OBS_PENDING) comes before the signal, so snapshots stay exact."""
+    b = body("run_task")
+    i_hold, i_post, i_sig = b.index("hook_hold("), b.index("hook_post("), b.index("post_signal(")
+    assert i_hold < i_sig < i_post
+    assert b.index("comm_post(") < i_post
+    h = body("hook_hold")
+    assert "OBS_PENDING" in h and "O.pub" in h
+
+
+def test_no_drain_on_a_ready_first_look_below_must_at():
+    f = body("obs_first_look")
+    assert "OBS_MUST_AT" in f and "OBS_FULL_AT" not in f
+    w = body("wait_event")
+    assert "OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_MUST_AT" in w
+    # the poll count survives a drain chunk (chunks 16 polls apart, not 64)
+    assert "unsigned it = 0;" in w and "for (unsigned it" not in w
+    assert "W.long_wait ? OBS_EARLY_POLLS : OBS_DRAIN_POLLS" in w
+
+
+def test_pending_published_only_when_it_moves():
+    s = body("obs_sync")
+    i_cond = s.index("keep != O.pub")
+    assert "__threadfence()" not in s[s.index("if (n == 0 && (ran"):i_cond]
+    c = body("hook_commit")
+    assert "lo < O.pub" in c and "OBS_PENDING" in c
+
+
+def test_smem_pad_build_matches_bench():
+    """bench/hooks.py's nohooks_pad build pads the no-hooks kernel by SMEM_PAD bytes."""
+    assert "DTMK_SMEM_PAD" in SRC
+    bench = (gpu.KERNEL_DIR.parent / "bench" / "hooks.py").read_text()
+    assert re.search(r"^SMEM_PAD = \d+$", bench, re.M)

@@ -1,5 +1,6 @@
 """Graph builder invariants (MPK normal form), presets, schema and device tables."""
 from collections import Counter, defaultdict, deque
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,7 +11,9 @@ from dtrace_mk.errors import UserError
 from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, pack_tile
 from dtrace_mk.megakernel.presets import PRESETS, ModelConfig, get_preset
 
-CASES = [("tiny", 4, 8), ("tiny", 1, 1), ("small-moe", 8, 16), ("small-moe", 3, 132), ("1b", 2, 132)]
+# "1b" uses the fused-norm / split-K lowering; "1b:std" is 1b with the standard lowering
+CASES = [("tiny", 4, 8), ("tiny", 1, 1), ("small-moe", 8, 16), ("small-moe", 3, 132), ("1b", 2, 132),
+         ("1b:std", 2, 132)]
 REQUIRED = ("rmsnorm", "qkv", "rope_kv_append", "attn", "attn_o", "mlp_gate_up", "mlp_down",
             "moe_router", "moe_expert", "lm_head", "argmax")
 
@@ -18,7 +21,9 @@ REQUIRED = ("rmsnorm", "qkv", "rope_kv_append", "attn", "attn_o", "mlp_gate_up",
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-b{c[1]}-w{c[2]}")
 def graph(request):
     name, batch, workers = request.param
-    return build_graph(PRESETS[name], batch, workers)
+    base, _, opt = name.partition(":")
+    cfg = replace(PRESETS[base], fuse_norm=False, split_k=1) if opt == "std" else PRESETS[base]
+    return build_graph(cfg, batch, workers)
 
 
 def producers(g):
@@ -116,19 +121,21 @@ def test_task_identity_unique_and_layers(graph):
 def test_class_counts_per_layer(graph):
     cfg, B, T = graph.cfg, graph.batch, graph.cfg.tile_n
     c = Counter((t.class_name, t.layer) for t in graph.tasks)
+    S = cfg.split_k if cfg.fuse_norm else 1
     for l in range(cfg.n_layers):
-        assert c[("rmsnorm", l)] == 2
+        assert c[("rmsnorm", l)] == (2 if not cfg.fuse_norm else int(l == 0))
         assert c[("qkv", l)] == cfg.qkv_dim // T
         assert c[("rope_kv_append", l)] == cfg.n_kv_heads
         assert c[("attn", l)] == cfg.n_kv_heads * B
-        assert c[("attn_o", l)] == cfg.hidden // T
+        assert c[("attn_o", l)] == cfg.hidden // T * S
         if cfg.is_moe(l):
             assert c[("moe_router", l)] == 1
             assert c[("moe_expert", l)] == cfg.n_experts * cfg.expert_ffn // T
             assert c[("mlp_gate_up", l)] == c[("mlp_down", l)] == 0
         else:
             assert c[("mlp_gate_up", l)] == cfg.ffn // T
-            assert c[("mlp_down", l)] == cfg.hidden // T
+            assert c[("mlp_down", l)] == cfg.hidden // T * S
+    assert c[("rmsnorm", NONE_U32)] == int(not cfg.fuse_norm)
     assert c[("lm_head", NONE_U32)] == cfg.vocab // T
     assert c[("argmax", NONE_U32)] == 1
 

@@ -82,7 +82,7 @@ def _install():
             return types.SimpleNamespace(hooks=arr, hooks_dropped=0, elapsed_ms=0.05)
 
     class DeviceQueries:
-        def __init__(self, mk):
+        def __init__(self, mk, tier="hot"):
             from dtrace_mk.runtime.reference import ReferenceRuntime
             self.rt = ReferenceRuntime(num_workers=mk.num_workers)
             mk.observer = self
@@ -93,6 +93,9 @@ def _install():
 
         def detach(self, aid):
             self.rt.detach(aid)
+
+        def boundary(self):
+            pass
 
         def maps(self, aid):
             return self.rt.maps(aid)

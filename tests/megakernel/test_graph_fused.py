@@ -1,0 +1,228 @@
+"""The fused-norm / split-K lowering (ModelConfig.fuse_norm, split_k; graph.py "Fused
+norm and split-K"): graph shape, kernel aux words, cost rule, and a NumPy emulation of
+the lowering's task bodies (the semantics of mk_ops.cuh's stage_norm / op_split_proj:
+partial buffers by layer parity, the split-0 mlp_down tile commits the residual) that
+must agree with the reference model.  The emulation runs every group of tasks waiting
+on the same event against a snapshot of the buffers taken before the group (as if they
+all ran at once) and checks the result equals running them one after the other: a task
+reading what a task of its own group writes would make the two differ."""
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dtrace_mk.errors import UserError
+from dtrace_mk.megakernel.cost import lowered_costs, lowering_name, model_costs
+from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, fused_aux, split_part_floats
+from dtrace_mk.megakernel.presets import PRESETS, ModelConfig
+from dtrace_mk.megakernel.reference import ReferenceModel, bf16_bits_to_f32, make_weights
+from dtrace_mk.megakernel.sim import simulate
+
+OLD_1B = replace(PRESETS["1b"], fuse_norm=False, split_k=1)
+
+
+def _classes(g, name):
+    return [t for t in g.tasks if t.cls == CLASS_IDS[name]]
+
+
+def test_1b_preset_uses_the_fused_lowering():
+    cfg = PRESETS["1b"]
+    assert cfg.fuse_norm and cfg.split_k == 4
+    g, old = build_graph(cfg, 1, 132), build_graph(OLD_1B, 1, 132)
+    assert len(_classes(old, "rmsnorm")) == 2 * 16 + 1
+    assert [t.index for t in _classes(g, "rmsnorm")] == [0]        # the embedding task
+    assert g.tasks[0].wait_event == -1
+    assert len(_classes(g, "attn_o")) == 4 * len(_classes(old, "attn_o"))
+    assert len(_classes(g, "mlp_down")) == 4 * len(_classes(old, "mlp_down"))
+    assert {t.tile[3] for t in _classes(g, "mlp_down")} == {0, 1, 2, 3}
+    assert {(t.tile[0], t.tile[3]) for t in _classes(g, "attn_o") if t.layer == 0} == \
+        {(x, s) for x in range(32) for s in range(4)}
+    # dependency levels per step: 1 + 6 per layer + 2 (was 8 per layer + 3)
+    def depth(gr):
+        d = {}
+        for t in gr.tasks:
+            src = [u for u in gr.tasks if u.signal_event == t.wait_event] if t.wait_event >= 0 else []
+            d[t.index] = 1 + max((d[u.index] for u in src), default=0)
+        return max(d.values())
+    assert depth(old) == 8 * 16 + 3 and depth(g) == 1 + 6 * 16 + 2
+    # every event's triggers == its producers
+    for e in g.events:
+        assert e.triggers == sum(1 for t in g.tasks if t.signal_event == e.id)
+
+
+def test_fused_aux_words():
+    g = build_graph(PRESETS["1b"], 2, 132)
+    aux = fused_aux(g)
+    for t in g.tasks:
+        want = {"qkv": (0, 4), "mlp_gate_up": (1, 4), "lm_head": (2, 4), "attn_o": (4, -1),
+                "mlp_down": (4, -1)}.get(t.class_name)
+        assert aux.get(t.index) == want
+    assert fused_aux(build_graph(OLD_1B, 2, 132)) == {}
+    from dtrace_mk.megakernel.gpu import pack_tables        # the kernel's task records
+    rec = pack_tables(g)["tasks"]
+    for t in g.tasks:
+        if t.index in aux:
+            assert tuple(rec[t.index, 12:14]) == aux[t.index]
+        assert (rec[t.index, 11] >> 16) == t.tile[3]         # tile w: the split index
+    assert split_part_floats(PRESETS["1b"], 2) == 3 * 4 * 2 * 2048
+    assert split_part_floats(replace(PRESETS["1b"], split_k=1), 2) == 0
+
+
+def test_tensor_parallel_graphs_keep_the_standard_lowering():
+    a = build_graph(PRESETS["1b"], 2, 16, rank=1, ranks=2)
+    b = build_graph(OLD_1B, 2, 16, rank=1, ranks=2)
+    assert a.tasks == b.tasks and a.events == b.events and a.worker_plans == b.worker_plans
+    assert fused_aux(a) == {}
+    assert lowering_name(PRESETS["1b"], 2) == "standard"
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(split_k=0), "split_k: expected >= 1"),
+    (dict(split_k=2), "split_k=2 needs fuse_norm=True"),
+    (dict(fuse_norm=True, moe_layers=(1,), n_experts=4, top_k=2, expert_ffn=64), "fuse_norm: not supported with MoE"),
+])
+def test_option_errors(kw, msg):
+    base = dict(name="m", hidden=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn=512,
+                vocab=1024, max_seq=128)
+    base.update(kw)
+    with pytest.raises(UserError, match=msg):
+        ModelConfig(**base)
+
+
+def test_build_errors():
+    with pytest.raises(UserError, match=r"split_k: q_dim=256 is not a multiple of 8 x split_k=64"):
+        build_graph(replace(PRESETS["tiny"], fuse_norm=True, split_k=64), 1, 8)
+    assert len(build_graph(PRESETS["1b"], 32, 132).tasks) > 0        # any batch (staged in chunks)
+
+
+def test_cost_rule_and_sim_1b():
+    std = model_costs(PRESETS["1b"])
+    low = lowered_costs(std, PRESETS["1b"])
+    assert low.lowering == "fuse_norm+split_k4"
+    assert low.classes["mlp_down"].ns(1) < std.classes["mlp_down"].ns(1) / 2
+    assert low.classes["qkv"].ns(1) > std.classes["qkv"].ns(1)
+    assert lowered_costs(low, PRESETS["1b"]) is low                 # idempotent
+    new = simulate(build_graph(PRESETS["1b"], 1, 132), 2)
+    old = simulate(build_graph(OLD_1B, 1, 132), 2)
+    assert new.tasks_run == build_graph(PRESETS["1b"], 1, 132).static_tasks * 2
+    assert new.step_ns[-1] < 0.85 * old.step_ns[-1]
+
+
+# ---- NumPy emulation of the lowering's task bodies ---------------------------------------
+
+class Emu:
+    def __init__(self, cfg, B, weights):
+        self.cfg, self.B = cfg, B
+        self.ref = ReferenceModel(cfg, B, weights)         # request slots, caches, weights (fp32)
+        self.W = self.ref.W
+        c, S = cfg, max(cfg.split_k, 1)
+        z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+        self.buf = {"h": z(B, c.hidden), "qkv": z(c.n_layers, B, c.qkv_dim), "attn": z(c.n_layers, B, c.q_dim),
+                    "act": z(c.n_layers, B, c.ffn), "part": z(3, S, B, c.hidden), "logits": z(B, c.vocab),
+                    "k": self.ref.k_cache, "v": self.ref.v_cache}
+
+    def resid(self, rd, kind, layer):
+        S, L = self.cfg.split_k, self.cfg.n_layers
+        v = rd["h"].copy()
+        if S > 1:
+            prev = L - 1 if kind == 2 else layer - 1
+            if prev >= 0:
+                for s in range(S):
+                    v = v + rd["part"][prev & 1, s]
+            if kind == 1:
+                for s in range(S):
+                    v = v + rd["part"][2, s]
+        return v
+
+    def norm_in(self, rd, kind, layer):
+        w = self.W["final_norm"] if kind == 2 else self.W["attn_norm" if kind == 0 else "mlp_norm"][layer]
+        return self.ref._rms(self.resid(rd, kind, layer), w).astype(np.float32)
+
+    def run_task(self, t, rd, wr):
+        c, B, W, S = self.cfg, self.B, self.W, self.cfg.split_k
+        n, l, lo, hi = t.class_name, t.layer, t.lo, t.hi
+        if n == "rmsnorm":
+            wr["h"][...] = W["embed"][self.ref.tokens]
+        elif n == "qkv":
+            wr["qkv"][l][:, lo:hi] = self.norm_in(rd, 0, l) @ W["qkv"][l][lo:hi].T
+        elif n == "rope_kv_append":
+            g, hd, rep = t.tile[1], c.head_dim, c.n_heads // c.n_kv_heads
+            row = rd["qkv"][l]
+            q = row[:, g * rep * hd:(g + 1) * rep * hd].reshape(B, rep, hd)
+            k = row[:, (c.n_heads + g) * hd:(c.n_heads + g + 1) * hd].reshape(B, 1, hd)
+            v = row[:, (c.n_heads + c.n_kv_heads + g) * hd:(c.n_heads + c.n_kv_heads + g + 1) * hd]
+            q, k = self.ref._rope(q, self.ref.pos), self.ref._rope(k, self.ref.pos)
+            wr["qkv"][l][:, g * rep * hd:(g + 1) * rep * hd] = q.reshape(B, -1)
+            wr["qkv"][l][:, (c.n_heads + g) * hd:(c.n_heads + g + 1) * hd] = k.reshape(B, -1)
+            for b in range(B):
+                wr["k"][l, b, self.ref.pos[b], g] = k[b, 0]
+                wr["v"][l, b, self.ref.pos[b], g] = v[b]
+        elif n == "attn":
+            hd, g, b = c.head_dim, t.tile[1], t.slot
+            T = self.ref.pos[b] + 1
+            for qh in range(lo, hi):
+                q = rd["qkv"][l][b, qh * hd:(qh + 1) * hd]
+                s = (rd["k"][l, b, :T, g] @ q) / np.sqrt(hd)
+                p = np.exp(s - s.max())
+                wr["attn"][l][b, qh * hd:(qh + 1) * hd] = (p @ rd["v"][l, b, :T, g]) / p.sum()
+        elif n in ("attn_o", "mlp_down"):
+            x = rd["attn"][l] if n == "attn_o" else rd["act"][l]
+            Wm = W["o"][l] if n == "attn_o" else W["down"][l]
+            if S == 1:
+                wr["h"][:, lo:hi] = rd["h"][:, lo:hi] + x @ Wm[lo:hi].T
+            else:
+                s, K = t.tile[3], x.shape[1] // S
+                if n == "mlp_down" and s == 0:
+                    wr["h"][:, lo:hi] = self.resid(rd, 1, l)[:, lo:hi]
+                wr["part"][2 if n == "attn_o" else l & 1, s][:, lo:hi] = \
+                    x[:, s * K:(s + 1) * K] @ Wm[lo:hi, s * K:(s + 1) * K].T
+        elif n == "mlp_gate_up":
+            xn = self.norm_in(rd, 1, l)
+            wr["act"][l][:, lo:hi] = self.ref._swiglu(xn, W["gate"][l][lo:hi], W["up"][l][lo:hi])
+        elif n == "lm_head":
+            wr["logits"][:, lo:hi] = self.norm_in(rd, 2, -1) @ W["lm_head"][lo:hi].T
+        elif n == "argmax":
+            self.out = {"logits": rd["logits"].copy(), "tokens": np.argmax(rd["logits"], -1)}
+            self.ref._advance(self.out["tokens"])
+        else:
+            raise AssertionError(n)
+
+    def step(self, g):
+        groups = {}
+        for t in g.tasks:
+            groups.setdefault(t.wait_event, []).append(t)
+        order = []                                  # groups in the order their first task comes
+        for t in g.tasks:
+            if not order or order[-1] != t.wait_event:
+                if t.wait_event not in order:
+                    order.append(t.wait_event)
+        for e in order:
+            snap = copy.deepcopy(self.buf)
+            seq = copy.deepcopy(self.buf)
+            for t in groups[e]:
+                if t.class_name == "argmax":
+                    continue
+                self.run_task(t, snap, self.buf)    # all of the group against the snapshot
+                self.run_task(t, seq, seq)          # one after the other
+            for k in self.buf:
+                np.testing.assert_array_equal(self.buf[k], seq[k], err_msg=f"hazard in group of event {e}: {k}")
+            for t in groups[e]:
+                if t.class_name == "argmax":
+                    self.run_task(t, self.buf, self.buf)
+        return self.out
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_numpy_emulation_matches_reference(split_k):
+    cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=split_k)
+    B, steps = 2, 6
+    w = make_weights(cfg, seed=3)
+    g = build_graph(cfg, B, 8)
+    emu, ref = Emu(cfg, B, w), ReferenceModel(cfg, B, w)
+    for _ in range(steps):
+        a, r = emu.step(g), ref.step()
+        err = np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max()
+        assert err < 1e-4
+        assert (a["tokens"] == r["tokens"]).all()
+    assert bf16_bits_to_f32(w["embed"]).shape == (cfg.vocab, cfg.hidden)

@@ -34,7 +34,11 @@ The collector pings every rank `start_pings` times back to back when the rank sa
 HELLO (its agent answers in a tight loop during `RankChannel.start`), then once every
 `ping_interval_s` while the run goes on (answered whenever the agent makes progress),
 and keeps every round trip as a `PingPong` record; `collectors.clock` takes the
-minimum-RTT one.
+minimum-RTT one.  HELLO carries the rank's host identity (`host_identity()`: hostname +
+kernel boot id); a rank on the collector's own host shares its clock, so the collector
+records one exact round trip (offset 0, RTT 0) for it, as Score-P does within a node:
+a busy serving loop answers pings late (hundreds of us seen on the H200 host), and a
+late answer would otherwise bias the offset by half its delay.
 
 Failure handling
 ----------------
@@ -57,6 +61,18 @@ import json
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 from .records import PingPong
+
+
+def host_identity() -> bytes:
+    """Who shares this process's clocks: hostname + the kernel's boot id (containers on
+    different machines may share a hostname; processes of one kernel share its clock)."""
+    import socket
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = b""
+    return socket.gethostname().encode() + b"/" + boot
 
 MSG_BYTES = 16384
 HEADER = struct.Struct("<IIQQ")
@@ -302,7 +318,7 @@ class RankChannel:
 
     def start(self, pings: int = 8, timeout_s: float = 5.0) -> None:
         """Say HELLO, then answer the collector's start-up pings in a tight loop."""
-        self.in_flight.append(self.port.isend(self.collector, self.tags.up, self._msg(HELLO)))
+        self.in_flight.append(self.port.isend(self.collector, self.tags.up, self._msg(HELLO, host_identity())))
         deadline = time.monotonic() + timeout_s
         while self.stats.pongs < pings and time.monotonic() < deadline:
             self.progress()
@@ -437,6 +453,7 @@ class CollectorLoop:
         self.ping_interval_s = ping_interval_s
         self.start_pings = start_pings
         self.clock = clock
+        self.identity = host_identity()
         self.say = progress
         now = time.monotonic()
         self.state: Dict[int, RankState] = {r: RankState(r, last_heard=now) for r in ranks}
@@ -497,6 +514,11 @@ class CollectorLoop:
                     self._ping(st)
         elif kind == HELLO:
             st.hello = True
+            if payload and payload == self.identity:     # same host, same clock: exact
+                t = self.clock()
+                self.sink_record(rank, PingPong(rank, t, t, t))
+                st.pingpongs += 1
+                st.min_rtt_ns = 0
             if not st.direct and self.start_pings:
                 st.start_pings_left = self.start_pings - 1
                 self._ping(st)

@@ -70,6 +70,26 @@ def test_start_up_ping_pongs_become_pingpong_records():
     assert loop.report()["ranks"]["0"]["pingpongs"] == 3
 
 
+def test_a_rank_on_the_collectors_host_gets_an_exact_offset_however_late_its_pongs():
+    """Same host = same clock: HELLO's host identity gives one exact round trip, so a
+    serving loop that answers pings hundreds of us late cannot bias the offset (seen on
+    the H200 host: 290 us half-RTTs made a 276 us causal violation)."""
+    from dtrace_mk.collectors.clock import fit_host_offsets
+    hub, acc, loop, chans = _hub(n_ranks=2)
+    fake = iter(range(0, 10 ** 9, 300_000))           # every clock read 300 us later
+    loop.clock = lambda: next(fake)
+    chans[0].in_flight.append(chans[0].port.isend(COLLECTOR, T.TAG_UP, chans[0]._msg(T.HELLO, T.host_identity())))
+    chans[1].in_flight.append(chans[1].port.isend(COLLECTOR, T.TAG_UP, chans[1]._msg(T.HELLO, b"elsewhere/0")))
+    for _ in range(10):
+        loop.poll()
+        for c in chans:
+            c.progress()
+    off = fit_host_offsets(acc.pingpongs)
+    assert off[0].half_rtt_ns == 0 and off[0].offset_ns == 0       # the exact one wins
+    assert off[1].half_rtt_ns > 0                                   # another host: measured
+    assert loop.report()["ranks"]["0"]["pingpongs"] == 1 + 3
+
+
 def test_lost_totals_in_headers_reach_the_sink_as_deltas():
     hub, acc, loop, chans = _hub(n_ranks=1)
     ch = chans[0]

@@ -89,9 +89,10 @@ class AlignedWait:
     begin: float
     end: float
     release: float           # last signal, causally clamped
-    late: float = 0.0
+    late: float = 0.0        # late-sender time, launch skew removed (see align_waits)
     transfer: float = 0.0
     stall: float = 0.0       # the part counted as stall (late + anomalous transfer)
+    skew: float = 0.0        # sender's step start minus the receiver's (>= 0), taken off late
 
     @property
     def key(self) -> Key:
@@ -107,10 +108,39 @@ def _to_global_many(clock: ClockModel, rank_times: Dict[int, List[int]]) -> Dict
             for r, v in rank_times.items()}
 
 
-def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float
-                ) -> Tuple[List[AlignedWait], CausalReport]:
+StepBegins = Dict[Tuple[int, int], float]     # (rank, step) -> aligned step start
+
+
+def step_begins(summaries: Dict[Tuple[int, int], EpochSummary], clock: ClockModel) -> StepBegins:
+    """Each rank's step start on the aligned clock (the summary's first hook of the step)."""
+    per: Dict[int, List[Tuple[int, int]]] = {}
+    for (r, k), s in summaries.items():
+        per.setdefault(r, []).append((k, s.begin_ns))
+    out: StepBegins = {}
+    for r, v in per.items():
+        g = np.atleast_1d(np.asarray(clock.to_global(r, np.asarray([b for _, b in v], dtype=np.float64)),
+                                     dtype=np.float64))
+        for (k, _), t in zip(v, g):
+            out[(r, k)] = float(t)
+    return out
+
+
+def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
+                begins: Optional[StepBegins] = None) -> Tuple[List[AlignedWait], CausalReport]:
     """Map joined waits to the aligned clock (vectorised per rank), merge tiles of one
-    (receiver, key), clamp releases causally, and compute late/transfer."""
+    (receiver, key), clamp releases causally, and compute late/transfer.
+
+    Launch skew: with `begins` (each rank's step starts), a sender that started the
+    signal's step `d` later than the receiver started the wait's step (separate host
+    launches per step, or a rank made late by the previous step) is late by up to `d`
+    for that reason alone; that part (`skew`) is not the sender's lateness in this step:
+
+        late = max(0, min(release - max(d, 0), end) - begin)
+
+    In one launch the all-reduces keep the step starts within a transfer of each other,
+    so `d` is about 0 and late is the plain late-sender time.  A rank whose step start
+    was delayed by its own fault in the previous step shows that fault there (local
+    pattern), and remote costs fold into it."""
     times: Dict[int, List[int]] = {}
     slots: List[Tuple[int, int, int, int, int]] = []      # (rank, i_begin, i_end, sender, i_sig)
     for w, g in joined.pairs:
@@ -137,7 +167,11 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float
     out = list(merged.values())
     for a in out:
         a.release = causal_clamp(a.release, a.end, min_latency_ns, rep)
-        a.late = max(0.0, min(a.release, a.end) - a.begin)
+        if begins:
+            ts, tr = begins.get((a.sender, a.sender_step)), begins.get((a.receiver, a.step))
+            if ts is not None and tr is not None:
+                a.skew = max(0.0, ts - tr)
+        a.late = max(0.0, min(a.release - a.skew, a.end) - a.begin)
         a.transfer = max(0.0, a.end - max(a.begin, a.release))
     return out, rep
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import patterns as P
-from .classify import Evidence, Inputs, Thresholds, align_signals, align_waits, detect_all
+from .classify import (Evidence, Inputs, Thresholds, align_signals, align_waits, detect_all,
+                       step_begins)
 from .clock import DEFAULT_WINDOW_NS, build_clock_model
 from .join import join
 from .records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, PingPong, RecordError,
@@ -101,7 +102,7 @@ def diagnose(summaries: Iterable[EpochSummary], waits: Iterable[RemoteWait],
 
     clock = build_clock_model(clock_samples, pingpongs, window_ns)
     joined = join(waits, signals, expected_ranks=expected, present_ranks=present)
-    aligned, causal = align_waits(joined, clock, th.min_latency_ns)
+    aligned, causal = align_waits(joined, clock, th.min_latency_ns, step_begins(by_key, clock))
 
     inp = Inputs(by_key, aligned, names, th, align_signals(joined, clock))
     evidence = detect_all(inp)

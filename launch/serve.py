@@ -174,6 +174,26 @@ def _progress_say(host, args, rank: int):
     return say
 
 
+def _steps_of(args) -> int:
+    steps = args.steps if args.steps is not None else (DURATION_STEP_CAP if args.duration else 64)
+    if steps < 1:
+        raise UserError(f"--steps: expected >= 1, got {steps}")
+    return steps
+
+
+def _faults_of(args) -> list:
+    """--fault entries, then those of --faults FILE (validated later, with the scenario's
+    table of kinds and parameters)."""
+    faults = [parse_fault(f) for f in args.fault]
+    if args.faults:
+        from ..collectors.scenario import _load_text
+        try:
+            faults += list(_load_text(Path(args.faults).read_text(), args.faults) or [])
+        except OSError as e:
+            raise UserError(f"--faults {args.faults}: cannot read ({e.strerror})") from None
+    return faults
+
+
 def _length_and_faults(args, steps: int, faults) -> str:
     text = f"{steps} steps" if args.steps is not None or not args.duration else f"{args.duration:g} s"
     if faults:
@@ -304,17 +324,9 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
     if args.mean_len < 1:
         raise UserError(f"--mean-len: expected >= 1, got {args.mean_len}")
-    steps = args.steps if args.steps is not None else (DURATION_STEP_CAP if args.duration else 64)
-    if steps < 1:
-        raise UserError(f"--steps: expected >= 1, got {steps}")
+    steps = _steps_of(args)
     rate = args.rate if args.rate is not None else 0.8 * args.batch / args.mean_len
-    faults = [parse_fault(f) for f in args.fault]
-    if args.faults:
-        from ..collectors.scenario import _load_text
-        try:
-            faults += list(_load_text(Path(args.faults).read_text(), args.faults) or [])
-        except OSError as e:
-            raise UserError(f"--faults {args.faults}: cannot read ({e.strerror})") from None
+    faults = _faults_of(args)
 
     graphs: Dict[str, Any] = {}
 
@@ -414,16 +426,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
-    steps = args.steps if args.steps is not None else (DURATION_STEP_CAP if args.duration else 64)
-    if steps < 1:
-        raise UserError(f"--steps: expected >= 1, got {steps}")
-    faults = [parse_fault(f) for f in args.fault]
-    if args.faults:
-        from ..collectors.scenario import _load_text
-        try:
-            faults += list(_load_text(Path(args.faults).read_text(), args.faults) or [])
-        except OSError as e:
-            raise UserError(f"--faults {args.faults}: cannot read ({e.strerror})") from None
+    steps = _steps_of(args)
+    faults = _faults_of(args)
     n_gpus = gpu_count()
     if n_gpus < 1:
         raise UserError("serve --backend gpu: CuPy sees no GPU")

@@ -254,12 +254,7 @@ class ReferenceModel:
                 self.tokens[b] = nxt[b]
 
     def run(self, steps: int) -> Dict[str, np.ndarray]:
-        logits, toks = [], []
-        for _ in range(steps):
-            r = self.step()
-            logits.append(r["logits"])
-            toks.append(r["tokens"])
-        return {"logits": np.stack(logits), "tokens": np.stack(toks)}
+        return _run_steps(self, steps)
 
 
 # ---- tensor parallelism (graph.py "Tensor parallelism") ----------------------------------
@@ -372,12 +367,17 @@ class TPReferenceModel:
         return out
 
     def run(self, steps: int) -> Dict[str, np.ndarray]:
-        logits, toks = [], []
-        for _ in range(steps):
-            r = self.step()
-            logits.append(r["logits"])
-            toks.append(r["tokens"])
-        return {"logits": np.stack(logits), "tokens": np.stack(toks)}
+        return _run_steps(self, steps)
+
+
+def _run_steps(model, steps: int) -> Dict[str, np.ndarray]:
+    """`steps` decode steps of a reference model: stacked logits and tokens."""
+    logits, toks = [], []
+    for _ in range(steps):
+        r = model.step()
+        logits.append(r["logits"])
+        toks.append(r["tokens"])
+    return {"logits": np.stack(logits), "tokens": np.stack(toks)}
 
 
 def _sum_in_order(parts):

@@ -60,6 +60,15 @@ is late, the peers stall.  A single `Sim.run()` handles single-rank graphs; mult
 runs go through `mpi_transport` (`run_loopback`, `run_mpi`), which call `start`,
 `advance`, `next_ts`, `deliver` and `finish`.
 
+GPU semantics (options, default off)
+------------------------------------
+`gpu_comm_wait=True` emits comm:wait the way the GPU kernel does (it cannot observe when
+a remote signal landed): wait_ns = the consumer's whole dependency wait, ts = its
+release (first sight of ready), as the contract's "GPU side (as built)" says.
+`launch_skew_ns=S` delays the start of every step k on this rank by a deterministic
+amount in [0, S] (splitmix64 of seed, rank, step), like one host launch per step
+whose ranks start apart.  Defaults leave every stream byte-identical.
+
 Clocks
 ------
 `clock=RankClock(...)` maps the emitted ts_ns (only those) to a rank's device clock
@@ -253,7 +262,8 @@ class Sim:
                  hooks: Optional[Iterable[str]] = None, queue_threshold: int = 16,
                  transport=None, collect_trace: bool = False, requests: Optional[Requests] = None,
                  clock: Optional[RankClock] = None,
-                 on_clock: Optional[Callable[[int, int], Any]] = None):
+                 on_clock: Optional[Callable[[int, int], Any]] = None,
+                 gpu_comm_wait: bool = False, launch_skew_ns: int = 0):
         if steps < 0:
             raise UserError(f"--steps: expected >= 0, got {steps}")
         if queue_threshold < 1:
@@ -277,6 +287,10 @@ class Sim:
         self.requests = requests or Requests()
         self.clock = clock or RankClock()
         self.on_clock = on_clock
+        if launch_skew_ns < 0:
+            raise UserError(f"launch_skew_ns: expected >= 0, got {launch_skew_ns}")
+        self.gpu_comm_wait = bool(gpu_comm_wait)
+        self.launch_skew_ns = int(launch_skew_ns)
         if graph.ranks > 1 and self.costs.comm_ns < 1:
             raise UserError(f"comm_ns: expected >= 1 ns for a multi-rank graph (it is the lookahead), "
                             f"got {self.costs.comm_ns}")
@@ -454,6 +468,15 @@ class Sim:
         ev_rid = [(-1, 0)] * len(g.events)   # (comm_op, comm_gen) the peer sent
         t_rinfo: Dict[int, Tuple[int, int, int, int]] = {}   # consumer -> (peer, ts, op, gen)
 
+        gpu_wait, skew_ns = self.gpu_comm_wait, self.launch_skew_ns
+
+        def launch_skew(k: int) -> int:
+            """launch_skew_ns: step k starts this much later on this rank (a separate host
+            launch per step), in [0, launch_skew_ns], deterministic per (seed, rank, step)."""
+            if not skew_ns:
+                return 0
+            return F.splitmix64((self.seed * 0x100000001B3 ^ (rank << 32) ^ k ^ 0x5CE3) & F.M64) % (skew_ns + 1)
+
         def push(ts: int, code: int, a: int = 0, b: int = 0) -> None:
             seqc[0] += 1
             heapq.heappush(heap, (ts, 0, seqc[0], code, a, b))
@@ -558,7 +581,7 @@ class Sim:
         def comm_wait(w: int, t: int, k: int, now: int, reached: int) -> None:
             """comm:wait of a consumer of a remote-fed event at the end of its wait."""
             peer, rts, op, cgen = t_rinfo.get(t, (NONE, 0, -1, 0))
-            wait = min(max(rts - reached, 0), now - reached)
+            wait = (now - reached) if gpu_wait else min(max(rts - reached, 0), now - reached)
             comm_wait_ns[0] += wait
             if not on_cwait:
                 counts[_H_CWAIT] += 1
@@ -683,7 +706,7 @@ class Sim:
             gen = count[e]
             k = gen // trig - 1
             if e == step_event:
-                push(now + costs.step_overhead_ns, _STEP_START, k + 1)
+                push(now + costs.step_overhead_ns + launch_skew(k + 1), _STEP_START, k + 1)
                 return
             for t in consumers[e]:
                 if ev_rfed[e]:
@@ -700,7 +723,7 @@ class Sim:
 
         # ---- main loop ----------------------------------------------------------------
         if steps:
-            push(0, _STEP_START, 0)
+            push(launch_skew(0), _STEP_START, 0)
             for w in range(W):
                 push(0, _BOUNDARY, w)
         pop = heapq.heappop

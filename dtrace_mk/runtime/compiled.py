@@ -399,27 +399,32 @@ def nvjitlink_available() -> bool:
         return False
 
 
-def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
-    """nvJitLink: LTO-IR inputs (name, bytes) -> one cubin (-lto: cross-module inlining)."""
+def _nvjitlink(inputs: Sequence[Tuple[str, bytes]], opts: List[str], kind: str, what: str) -> bytes:
+    """One nvJitLink run over (name, bytes) inputs of one InputType; LinkError with the
+    linker's log on failure."""
     from cuda.bindings import nvjitlink
-    opts = [f"-arch={arch}", "-lto", "-O3"]
     h = nvjitlink.create(len(opts), opts)
     try:
         try:
             for nm, data in inputs:
-                nvjitlink.add_data(h, nvjitlink.InputType.LTOIR, data, len(data), nm)
+                nvjitlink.add_data(h, getattr(nvjitlink.InputType, kind), data, len(data), nm)
             nvjitlink.complete(h)
         except nvjitlink.nvJitLinkError as e:
             size = nvjitlink.get_error_log_size(h)
             log = bytearray(size)
             nvjitlink.get_error_log(h, log)
-            raise LinkError(f"nvJitLink ({arch}): {e}\n{bytes(log).decode(errors='replace').strip(chr(0))}") from None
+            raise LinkError(f"nvJitLink ({what}): {e}\n{bytes(log).decode(errors='replace').strip(chr(0))}") from None
         size = nvjitlink.get_linked_cubin_size(h)
         out = bytearray(size)
         nvjitlink.get_linked_cubin(h, out)
         return bytes(out)
     finally:
         nvjitlink.destroy(h)
+
+
+def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
+    """nvJitLink: LTO-IR inputs (name, bytes) -> one cubin (-lto: cross-module inlining)."""
+    return _nvjitlink(inputs, [f"-arch={arch}", "-lto", "-O3"], "LTOIR", arch)
 
 
 _cache_dir = build.cache_dir
@@ -569,26 +574,7 @@ def relocatable_cubin(source: str, name: str, arch: str = ARCH, defines: Sequenc
 def link_relocatable(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
     """nvJitLink without -lto: relocatable cubins (name, bytes) -> one cubin (symbol
     resolution only, no codegen)."""
-    from cuda.bindings import nvjitlink
-    opts = [f"-arch={arch}"]
-    h = nvjitlink.create(len(opts), opts)
-    try:
-        try:
-            for nm, data in inputs:
-                nvjitlink.add_data(h, nvjitlink.InputType.CUBIN, data, len(data), nm)
-            nvjitlink.complete(h)
-        except nvjitlink.nvJitLinkError as e:
-            size = nvjitlink.get_error_log_size(h)
-            log = bytearray(size)
-            nvjitlink.get_error_log(h, log)
-            raise LinkError(f"nvJitLink ({arch}, relocatable): {e}\n"
-                            f"{bytes(log).decode(errors='replace').strip(chr(0))}") from None
-        size = nvjitlink.get_linked_cubin_size(h)
-        out = bytearray(size)
-        nvjitlink.get_linked_cubin(h, out)
-        return bytes(out)
-    finally:
-        nvjitlink.destroy(h)
+    return _nvjitlink(inputs, [f"-arch={arch}"], "CUBIN", f"{arch}, relocatable")
 
 
 @dataclass(frozen=True)

@@ -284,3 +284,16 @@ class ReferenceRuntime:
 
     def faults(self, aid: int) -> List[Tuple[str, int, VMFault]]:
         return list(self._get(aid).faults)
+
+
+def replay(obj, records, num_workers: int):
+    """(maps, coverage) of `obj` attached alone to a fresh reference runtime fed
+    `records` (CTX_DTYPE rows, e.g. a GPU run's hook records, in order): what a device
+    runtime must reproduce exactly over the same events."""
+    from ..abi import definition as D
+    rt = ReferenceRuntime(num_workers=num_workers)
+    aid = rt.attach(obj)
+    raw = records.tobytes()
+    for i in range(len(records)):
+        rt.fire(raw[i * D.CONTEXT_SIZE:(i + 1) * D.CONTEXT_SIZE])
+    return rt.maps(aid), rt.coverage(aid)

@@ -190,14 +190,8 @@ def test_random_programs_serial_three_way_stage1_link():
 # ------------------------------------------------------------------ in the megakernel
 
 def _mk_reference(obj, hooks, workers):
-    from dtrace_mk.abi import definition as D
-    from dtrace_mk.runtime.reference import ReferenceRuntime
-    rt = ReferenceRuntime(num_workers=workers)
-    aid = rt.attach(obj)
-    raw = hooks.tobytes()
-    for i in range(len(hooks)):
-        rt.fire(raw[i * D.CONTEXT_SIZE:(i + 1) * D.CONTEXT_SIZE])
-    return rt.maps(aid), rt.coverage(aid)
+    from dtrace_mk.runtime.reference import replay
+    return replay(obj, hooks, workers)
 
 
 def test_megakernel_hot_then_stage1_then_stage2_counts_every_event_once():

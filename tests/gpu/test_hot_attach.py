@@ -37,13 +37,8 @@ def summary(live):
 
 def reference_maps(obj, hooks, workers):
     """The same monitor on the reference runtime over the kernel's own hook records."""
-    from dtrace_mk.runtime.reference import ReferenceRuntime
-    rt = ReferenceRuntime(num_workers=workers)
-    aid = rt.attach(obj)
-    raw = hooks.tobytes()
-    for i in range(len(hooks)):
-        rt.fire(raw[i * D.CONTEXT_SIZE:(i + 1) * D.CONTEXT_SIZE])
-    return rt.maps(aid), rt.coverage(aid)
+    from dtrace_mk.runtime.reference import replay
+    return replay(obj, hooks, workers)
 
 
 def test_attached_before_launch_matches_reference_exactly():

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 
 from dtrace_mk.megakernel.graph import build_graph
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fake_gpu"))
+from fake_device import FakeDeviceQueries  # noqa: E402  (shared with fake_gpu/sitecustomize.py)
 from dtrace_mk.megakernel.presets import get_preset
 
 STEPS = 10
@@ -53,38 +56,6 @@ class FakeMegakernel:
         self.runs += 1
         arr = np.frombuffer(b"".join(recs), dtype=gpu.CTX_DTYPE) if recs else np.zeros(0, gpu.CTX_DTYPE)
         return types.SimpleNamespace(hooks=arr, hooks_dropped=0, elapsed_ms=0.05)
-
-
-class FakeDeviceQueries:
-    instances = []
-
-    def __init__(self, mk, tier="hot"):
-        from dtrace_mk.runtime.reference import ReferenceRuntime
-        self.rt = ReferenceRuntime(num_workers=mk.num_workers)
-        mk.observer = self
-        self.mk, self.tier = mk, tier
-        self.detached = []
-        self.boundaries = []            # mk.runs at each launch boundary
-        FakeDeviceQueries.instances.append(self)
-
-    def boundary(self):
-        self.boundaries.append(self.mk.runs)
-
-    def attach(self, obj, verify=True, **kw):
-        return self.rt.attach(obj, verify=verify)
-
-    def detach(self, aid):
-        self.detached.append(aid)
-        self.rt.detach(aid)
-
-    def maps(self, aid):
-        return self.rt.maps(aid)
-
-    def coverage(self, aid):
-        return self.rt.coverage(aid)
-
-    def evidence(self, aid):
-        return self.rt.evidence(aid)
 
 
 class FakeClock:

@@ -228,3 +228,16 @@ def test_coverage_table_retire_epochs():
     t.retire_epochs(2)
     assert [c.epoch for c in t.rows()] == [3]
     t.check()
+
+
+def test_replay_of_context_rows_equals_firing_them_in_order():
+    """runtime.reference.replay: what the GPU tests compare device maps against."""
+    import numpy as np
+    from dtrace_mk.runtime.reference import replay
+    rows = np.frombuffer(b"".join(_ev(task_class=c, worker=c % 2, decode_step=s)
+                                  for s in (0, 1) for c in (1, 2, 1, 3)), dtype=context.CTX_DTYPE)
+    maps, cov = replay(_obj(), rows, 2)
+    assert maps["counts"].snapshot() == {
+        (1).to_bytes(4, "little"): (4).to_bytes(8, "little"),
+        (2).to_bytes(4, "little"): (2).to_bytes(8, "little")}     # 3: the hash map (2) is full
+    assert [(c.epoch, c.eligible, c.executed, c.lost) for c in cov] == [(0, 4, 3, 1), (1, 4, 3, 1)]

@@ -81,30 +81,7 @@ def _install():
                 self.last_ts = int(arr["ts_ns"].max())
             return types.SimpleNamespace(hooks=arr, hooks_dropped=0, elapsed_ms=0.05)
 
-    class DeviceQueries:
-        def __init__(self, mk, tier="hot"):
-            from dtrace_mk.runtime.reference import ReferenceRuntime
-            self.rt = ReferenceRuntime(num_workers=mk.num_workers)
-            mk.observer = self
-            self.mk = mk
-
-        def attach(self, obj, verify=True, **kw):
-            return self.rt.attach(obj, verify=verify)
-
-        def detach(self, aid):
-            self.rt.detach(aid)
-
-        def boundary(self):
-            pass
-
-        def maps(self, aid):
-            return self.rt.maps(aid)
-
-        def coverage(self, aid):
-            return self.rt.coverage(aid)
-
-        def evidence(self, aid):
-            return self.rt.evidence(aid)
+    from fake_device import FakeDeviceQueries as DeviceQueries   # beside this file
 
     class GpuClock:
         """Identity clocks (the sim ran with clock_skew=False): device = host."""

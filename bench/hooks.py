@@ -30,7 +30,8 @@ step per worker that took records):
               nohooks_pad is the code's share of the off cost, nohooks_pad over nohooks
               the shared memory's
   mask3       the three hooks enabled in the hook mask with NO observer (no program,
-              no drain): each record built in a local struct and copied to the global ring
+              no drain): each record built in registers after its task's release
+              signal and stored straight into the global ring (16-byte stores)
 
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
@@ -60,8 +61,8 @@ from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor 
 
 STEPS = {"tiny": 64, "1b": 16}
 #: static shared memory of the default build minus that of -DDTMK_NO_HOOKS (ptxas -v,
-#: sm_90a: 18,496 - 1,072 B; NVRTC 13.5 + ptxas 13.0; recheck after changing Obs / Worker)
-SMEM_PAD = 17424
+#: sm_90a: 18,528 - 1,072 B; NVRTC 13.5 + ptxas 13.0; recheck after changing Obs / Worker)
+SMEM_PAD = 17456
 LONG = {"tiny": 4000, "1b": 600}
 
 

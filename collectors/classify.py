@@ -89,14 +89,20 @@ class AlignedWait:
     begin: float
     end: float
     release: float           # last signal, causally clamped
-    late: float = 0.0        # late-sender time, launch skew removed (see align_waits)
+    late: float = 0.0        # late-sender time
     transfer: float = 0.0
     stall: float = 0.0       # the part counted as stall (late + anomalous transfer)
-    skew: float = 0.0        # sender's step start minus the receiver's (>= 0), taken off late
+    skew: float = 0.0        # sender's step start minus the receiver's (signed)
+    late_own: float = -1.0   # step-relative late-sender time (flag_stalls); < 0: = late
+    base: float = 0.0        # its series' usual late-sender time (flag_stalls)
 
     @property
     def key(self) -> Key:
         return (self.comm_op, self.comm_gen, self.sender, self.receiver)
+
+    @property
+    def own_late(self) -> float:
+        return self.late if self.late_own < 0.0 else self.late_own
 
     @property
     def late_end(self) -> float:
@@ -132,15 +138,17 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
 
     Launch skew: with `begins` (each rank's step starts), a sender that started the
     signal's step `d` later than the receiver started the wait's step (separate host
-    launches per step, or a rank made late by the previous step) is late by up to `d`
-    for that reason alone; that part (`skew`) is not the sender's lateness in this step:
+    launches per step, or a rank made late in the previous step) is late by `d` for
+    that reason alone, and a receiver that started `-d` later hides that much of the
+    sender's lateness.  The lateness in step-relative time (`skew` = d):
 
-        late = max(0, min(release - max(d, 0), end) - begin)
+        late_own = max(0, release - d - begin)
 
-    In one launch the all-reduces keep the step starts within a transfer of each other,
-    so `d` is about 0 and late is the plain late-sender time.  A rank whose step start
-    was delayed by its own fault in the previous step shows that fault there (local
-    pattern), and remote costs fold into it."""
+    `flag_stalls` judges late_own (the stall it charges never exceeds `late`, the time
+    actually waited); `late` stays what the delay analysis follows upstream (a sender's
+    own earlier waits explain it).  In one launch the all-reduces keep the step starts
+    within a transfer of each other, so `d` is about 0.  A rank whose step start was delayed by its own fault in the
+    previous step shows that fault there (local pattern), remote costs fold into it."""
     times: Dict[int, List[int]] = {}
     slots: List[Tuple[int, int, int, int, int]] = []      # (rank, i_begin, i_end, sender, i_sig)
     for w, g in joined.pairs:
@@ -170,8 +178,9 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
         if begins:
             ts, tr = begins.get((a.sender, a.sender_step)), begins.get((a.receiver, a.step))
             if ts is not None and tr is not None:
-                a.skew = max(0.0, ts - tr)
-        a.late = max(0.0, min(a.release - a.skew, a.end) - a.begin)
+                a.skew = ts - tr
+                a.late_own = max(0.0, a.release - a.skew - a.begin)
+        a.late = max(0.0, min(a.release, a.end) - a.begin)
         a.transfer = max(0.0, a.end - max(a.begin, a.release))
     return out, rep
 
@@ -382,21 +391,44 @@ def detect_remote_stall(inp: Inputs) -> List[Evidence]:
     return out
 
 
+#: A (receiver, comm_op, layer) series needs this many steps for its own baseline.
+SERIES_MIN_STEPS = 4
+
+
+def series_baselines(waits: Sequence[AlignedWait]) -> Dict[Tuple[int, int, int], float]:
+    """Per (receiver, comm_op, layer): the 25th percentile of `late_own`
+    over the steps (0 for shorter series).  A lateness every step shows (one rank always a
+    little behind at one all-reduce: unequal work or clocks per GPU) is that all-reduce's
+    normal on that receiver, not a fault; up to 3/4 of the steps may be faulty without
+    moving it.  Keyed without the sender: a wait names only the sender that landed last,
+    which may change from step to step with more than two ranks."""
+    per: Dict[Tuple[int, int, int], List[float]] = {}
+    for w in waits:
+        per.setdefault((w.receiver, w.comm_op, w.layer), []).append(w.own_late)
+    return {k: (quantile(v, 0.25) if len(v) >= SERIES_MIN_STEPS else 0.0) for k, v in per.items()}
+
+
 def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedWait], float]:
-    """Set `stall` on each wait; return the stalled ones and the late-time margin."""
+    """Set `stall` on each wait; return the stalled ones and the late-time margin.
+
+    The late-sender time is judged as the excess over its series' baseline
+    (`series_baselines`), against a robust center/scale of all excesses."""
     if not waits:
         return [], float(th.stall_floor_ns)
-    lc, ls = robust_center_scale([w.late for w in waits])
+    base = series_baselines(waits)
+    excess = [w.own_late - base[(w.receiver, w.comm_op, w.layer)] for w in waits]
+    lc, ls = robust_center_scale(excess)
     tc, ts = robust_center_scale([w.transfer for w in waits])
     lmargin = max(th.stall_floor_ns, th.k * ls)
     tmargin = max(th.stall_floor_ns, th.k * ts)
     out = []
-    for w in waits:
-        late_hit = w.late - lc >= lmargin
+    for w, ex in zip(waits, excess):
+        w.base = base[(w.receiver, w.comm_op, w.layer)]
+        late_hit = ex - lc >= lmargin
         xfer_excess = w.transfer - tc
         xfer_hit = xfer_excess >= tmargin
         if late_hit or xfer_hit:
-            w.stall = (w.late if late_hit else 0.0) + (xfer_excess if xfer_hit else 0.0)
+            w.stall = (min(ex, w.late) if late_hit else 0.0) + (xfer_excess if xfer_hit else 0.0)
             out.append(w)
     return out, lmargin
 

@@ -65,22 +65,55 @@ class WaitIndex:
         self.recv_ends = {r: [w.end for w in v] for r, v in self.by_receiver.items()}
         self.max_len = {r: max((w.end - w.begin for w in v), default=0.0)
                         for r, v in self.by_receiver.items()}
+        self.sig_keys = {k: set(keys) for k, (_, keys) in self.signal_times.items()}
+        self.passed: Dict[Tuple[int, int, int], float] = {}   # (rank, op, gen) -> wait end
+        for w in waits_list(self.by_receiver):
+            k = (w.receiver, w.comm_op, w.comm_gen)
+            self.passed[k] = max(self.passed.get(k, w.end), w.end)
 
     def sync_point(self, rank: int, peer: int, before: float, exclude: Tuple[int, int]) -> float:
         """Of `rank`'s latest wait on `peer` ending before `before` (not `exclude` key): its
         end, or its begin when it had a late-sender part.  In the second case `peer` was
         itself late there, which can be what made `rank` late now (a delayed signal from
         `peer` that `peer` did not wait for: it ran ahead, and then waits on `rank`), so
-        that wait's late part belongs to the interval as indirect delay."""
+        that wait's late part belongs to the interval as indirect delay.
+
+        With more than two ranks a wait names only the sender that landed last: `rank`'s
+        latest wait on a third rank in an all-reduce that `peer` also signalled `rank`
+        in is a shared point too (its end: `peer`'s part had arrived by then, and `peer`
+        passed the same all-reduce), so `rank`'s waiting on the third rank before it
+        does not explain `rank`'s lateness to `peer` afterwards.
+
+        Either point is no earlier than where `peer` itself passed that all-reduce (its
+        own wait's end there, when recorded): `peer` ran ahead only from there on, so
+        only `rank`'s waiting after it can be what `peer` passed on (a rank that started
+        the step late makes everyone wait once, then all resume together)."""
+        out = float("-inf")
         ws = self.pair.get((rank, peer))
-        if not ws:
-            return float("-inf")
-        i = bisect.bisect_left(self.pair_ends[(rank, peer)], before) - 1
-        while i >= 0:
-            if (ws[i].comm_op, ws[i].comm_gen) != exclude:
-                return ws[i].begin if ws[i].late > 0.0 else ws[i].end
-            i -= 1
-        return float("-inf")
+        if ws:
+            i = bisect.bisect_left(self.pair_ends[(rank, peer)], before) - 1
+            while i >= 0:
+                w = ws[i]
+                if (w.comm_op, w.comm_gen) != exclude:
+                    if w.late > 0.0:
+                        pt = self.passed.get((peer, w.comm_op, w.comm_gen))
+                        out = w.begin if pt is None else max(w.begin, min(pt, w.end))
+                    else:
+                        out = w.end
+                    break
+                i -= 1
+        keys = self.sig_keys.get((peer, rank))
+        if keys:
+            ws = self.by_receiver.get(rank, [])
+            i = bisect.bisect_left(self.recv_ends.get(rank, []), before) - 1
+            while i >= 0 and ws[i].end > out:
+                w = ws[i]
+                k = (w.comm_op, w.comm_gen)
+                if w.sender != peer and k != exclude and k in keys:
+                    pt = self.passed.get((peer, w.comm_op, w.comm_gen))
+                    return max(out, w.end if pt is None else min(pt, w.end))
+                i -= 1
+        return out
 
     def prev_signal(self, sender: int, receiver: int, before: float, exclude: Tuple[int, int]) -> float:
         ts = self.signal_times.get((sender, receiver))
@@ -117,6 +150,11 @@ class WaitIndex:
         return out
 
 
+def waits_list(by_receiver: Dict[int, List[AlignedWait]]) -> Iterable[AlignedWait]:
+    for ws in by_receiver.values():
+        yield from ws
+
+
 def attribute(stalled: Sequence[AlignedWait], all_waits: Sequence[AlignedWait],
               signal_times=None, max_depth: int = MAX_DEPTH) -> List[Cost]:
     """Charge each stalled wait's `stall` to root ranks (direct costs).
@@ -145,7 +183,13 @@ def _explain(idx: WaitIndex, top: AlignedWait, w: AlignedWait, amount: float,
                  idx.prev_signal(p, r, s, (w.comm_op, w.comm_gen)))
         parts = idx.late_parts(p, t0, s, skip_key=(w.comm_op, w.comm_gen))
         indirect_total = sum(ov for _, ov in parts)
-    f = min(indirect_total, w.late) / w.late if w.late > 0.0 else 0.0
+    # a usual lateness (the series' baseline) is explained first by the sender's usual
+    # waiting in the interval; only the rest of either is compared
+    lex = w.late - w.base
+    if w.base > 0.0 and lex > 0.0:
+        f = min(max(indirect_total - w.base, 0.0), lex) / lex
+    else:
+        f = min(indirect_total, w.late) / w.late if w.late > 0.0 else 0.0
     direct = late_amount * (1.0 - f) + (amount - late_amount)
     if direct >= MIN_AMOUNT_NS:
         out.append(Cost(p, w.sender_step, w.comm_op, w.sender_layer, direct, top, path,

@@ -132,7 +132,20 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     /* thread 0, hook / trace only (written while observe != 0; t_ready also for starve
      * faults): kept here instead of run_task arguments so the hot call carries none */
     dtmk_u64 t_disp, t_ready, t_begin, dep_wait;
-    dtmk_u64 end_rg;                         /* bit 32: task:end's request_gen, read before the signal */
+    dtmk_u64 pend_rg;                        /* bit 32 set: the deferred records' request_gen (hook_hold) */
+#ifndef DTMK_NO_HOOKS
+    /* Deferred records of the running task (thread 0).  dep:release, task:ready,
+     * queue:pressure, comm:wait, task:dispatch, task:begin and task:end are captured on
+     * the critical path as a few shared stores (these scalars; no clock read, table or
+     * global load beyond the stamps the task takes anyway) and built by hook_flush after
+     * the task's release signal, in hook order, each with its captured stamp. */
+    dtmk_u32 pend;                           /* hook bits captured, not yet built */
+    dtmk_u32 pend_q;                         /* task:ready's queue depth (phantoms + 1) */
+    int pend_t, pend_step;                   /* the task and step they belong to */
+    dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
+    dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
+    dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
+#endif
 };
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
@@ -228,22 +241,43 @@ __shared__ __align__(16) char dtmk_smem_pad[DTMK_SMEM_PAD];
 extern "C" __device__ void dtmk_monitor(const struct dtmk_ctx *ctx);  /* linked LTO-IR tier */
 #endif
 
-/* Fill the common and task fields of a context (thread 0 only). */
-__device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c, int hook, int t, int step,
-                         dtmk_u32 flags) {
+/* A record in registers: the 128-byte dtmk_ctx as 8 x 16 bytes (the field offsets are
+ * pinned by dtrace_mk_abi.h's static_asserts).  hk_store writes it with 16-byte stores
+ * straight into the observer's shared ring and / or the global ring: no local struct. */
+struct HkRec { uint4 v[DTMK_CTX_SIZE / 16]; };
+
+/* the task fields of a record (ctx_task of ABI v1): t >= 0 task t, else none */
+struct HkTask { dtmk_u32 cls, index, tile_lo, tile_hi, slot, rg, layer, expert; };
+
+/* thread 0, cold: task t's fields; rg bit 32 set: its request_gen (captured before the
+ * release signal), else read now */
+__device__ __forceinline__ HkTask hk_task(const MkParams &P, int t, dtmk_u64 rg) {
+    HkTask k;
+    if (t < 0) {
+        k.cls = k.index = k.slot = k.rg = k.layer = k.expert = DTMK_NONE_U32; k.tile_lo = k.tile_hi = 0;
+        return k;
+    }
     const int *r = trec(P, t);
-    c.abi_version = DTMK_ABI_VERSION; c.hook = hook; c.ts_ns = mk_now();
-    c.rank = (dtmk_u32)P.rank; c.sm = W.sm; c.worker = W.worker;
-    c.task_class = r[0]; c.task_index = t; c.task_gen = step;
-    c.tile = (dtmk_u64)(dtmk_u32)r[10] | ((dtmk_u64)(dtmk_u32)r[11] << 32);
-    int slot = r[3];
-    c.request_slot = (dtmk_u32)slot;
-    c.request_gen = hook == DTMK_HOOK_TASK_END && (W.end_rg >> 32) ? (dtmk_u32)W.end_rg   /* hook_hold */
-                  : slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
-    c.decode_step = step; c.layer = (dtmk_u32)r[1]; c.expert = (dtmk_u32)r[2];
-    c.event_id = DTMK_NONE_U32; c.event_gen = 0; c.comm_op = DTMK_NONE_U32; c.comm_gen = 0;
-    c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0; c.dur_ns = 0; c.wait_ns = 0;
-    c.flags = flags | tp_flags(P, r, hook); c.reserved0 = 0; c.reserved1 = 0;   /* + FLAG_REMOTE (mk_comm.cuh) */
+    const int slot = r[3];
+    k.cls = (dtmk_u32)r[0]; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
+    k.slot = (dtmk_u32)slot;
+    k.rg = (rg >> 32) ? (dtmk_u32)rg : slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
+    k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
+    return k;
+}
+
+__device__ __forceinline__ void hk_rec(HkRec &c, const MkParams &P, const Worker &W, dtmk_u32 hook, dtmk_u64 ts,
+                                       const HkTask &k, dtmk_u32 step, dtmk_u32 event, dtmk_u64 event_gen,
+                                       dtmk_u64 wait_ns, dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op,
+                                       dtmk_u32 comm_gen, dtmk_u32 peer_rank, dtmk_u32 flags) {
+    c.v[0] = make_uint4(DTMK_ABI_VERSION, hook, (dtmk_u32)ts, (dtmk_u32)(ts >> 32));            /* +0 */
+    c.v[1] = make_uint4((dtmk_u32)P.rank, W.sm, W.worker, k.cls);                               /* +16 */
+    c.v[2] = make_uint4(k.index, step, k.tile_lo, k.tile_hi);                                   /* +32 task_gen */
+    c.v[3] = make_uint4(k.slot, k.rg, step, k.layer);                                           /* +48 decode_step */
+    c.v[4] = make_uint4(k.expert, event, (dtmk_u32)event_gen, (dtmk_u32)(event_gen >> 32));    /* +64 */
+    c.v[5] = make_uint4(comm_op, comm_gen, peer_rank, queue_depth);                             /* +80 */
+    c.v[6] = make_uint4((dtmk_u32)dur_ns, (dtmk_u32)(dur_ns >> 32), (dtmk_u32)wait_ns, (dtmk_u32)(wait_ns >> 32));
+    c.v[7] = make_uint4(flags, 0u, 0u, 0u);                                                     /* +112 */
 }
 
 /* The hook site: thread 0, after the caller checked the mask bit. */
@@ -251,10 +285,10 @@ __device__ void ctx_task(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
 __device__ __forceinline__ dtmk_u64 *obs_state(const Worker &W) { return (dtmk_u64 *)O.state + W.worker * OBS_WORDS; }
 
 /* thread 0: a record the full ring cannot take is counted lost for every program of its hook */
-__device__ __noinline__ void obs_lost(const Worker &W, const struct dtmk_ctx &c) {
-    const struct dtmk_hook_table &T = O.tabs[c.hook];
+__device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+    const struct dtmk_hook_table &T = O.tabs[hook];
     for (dtmk_u32 k = 0; k < T.n_progs; ++k)
-        dtmk_cov_row_add((struct dtmk_cov *)T.progs[k].cov, c.decode_step, T.gen >> 1, 1, 0, 0, 1, 0);
+        dtmk_cov_row_add((struct dtmk_cov *)T.progs[k].cov, step, T.gen >> 1, 1, 0, 0, 1, 0);
     obs_state(W)[OBS_LOST] += 1;
 }
 
@@ -386,55 +420,37 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd) {
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-/* cold, thread 0, while observing, before a task's release signal: task:end / gen:advance
- * records are built after the signal (hook_post), so (1) OBS_PENDING must hold the epoch
- * before it (a snapshot that sees the step counter move must not call `step` final) and
- * (2) task:end's request_gen is read now (a later task may refill the slot) */
-#ifndef DTMK_NO_HOOKS
-__device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step) {
-    if (HOOK_ON(W, DTMK_HOOK_TASK_END)) {
-        const int slot = trec(P, t)[3];
-        W.end_rg = (1ull << 32) | (slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
-    }
-    if ((O.vm_mask & ((1u << DTMK_HOOK_TASK_END) | (1u << DTMK_HOOK_GEN_ADVANCE))) && step < O.pub) {
-        O.pub = step;
-        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
-    }
-}
-#else
-__device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32) {}
-#endif
-
-/* cold, thread 0: where a record of `hook` is built: in place in the observer's shared
- * ring when a VM program of the hook wants it and there is room, else in `loc` */
-__device__ __forceinline__ struct dtmk_ctx *hook_slot(int hook, struct dtmk_ctx *loc) {
-#ifndef DTMK_NO_HOOKS
-    if (((O.vm_mask >> hook) & 1u) && O.n < OBS_RING) return &O.ring[O.n];
-#endif
-    return loc;
-}
-
-/* cold, thread 0: publish a record built at hook_slot(): linked monitor, VM ring (or
- * counted lost when the ring was full), global ring */
-__device__ void hook_commit(const MkParams &P, Worker &W, const struct dtmk_ctx *c) {
+/* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, the
+ * observer's shared ring when a VM program of the hook wants it (counted lost when the
+ * ring is full), the global ring when the hook is enabled there (else no copy) */
+__device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
 #ifdef DTMK_LINKED_MONITOR
-    dtmk_monitor(c);
+    {
+        struct dtmk_ctx loc;
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
+        dtmk_monitor(&loc);
+    }
 #endif
 #ifndef DTMK_NO_HOOKS
-    const dtmk_u32 bit = 1u << c->hook;
+    const dtmk_u32 bit = 1u << hook;
     if (O.vm_mask & bit) {
         const dtmk_u32 n = O.n;
-        if (n < OBS_RING && c == &O.ring[n]) {
-            /* OBS_PENDING (lowest epoch held) only moves down here, before the task's
-             * release signal; obs_sync moves it up once the ring is empty */
-            const dtmk_u32 lo = min(c->decode_step, O.acc_min);
+        if (n < OBS_RING) {
+            uint4 *d = (uint4 *)&O.ring[n];
+#pragma unroll
+            for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
+            /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
+             * its task's release signal had it held by hook_hold before the signal;
+             * obs_sync moves it up once the ring is empty */
+            const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
                 O.pub = lo;
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
             }
             O.n = n + 1;
         } else {
-            obs_lost(W, *c);
+            obs_lost(W, hook, step);
         }
     }
     if (!(O.ring_mask & bit)) return;
@@ -442,10 +458,23 @@ __device__ void hook_commit(const MkParams &P, Worker &W, const struct dtmk_ctx 
     dtmk_u64 n = W.hook_n++;
     if (n < P.hook_cap) {
         uint4 *dst = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + n) * DTMK_CTX_SIZE);
-        const uint4 *src = (const uint4 *)c;
 #pragma unroll
-        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = src[i];
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = c.v[i];
     }
+}
+
+/* cold, thread 0: build and publish one record (ts given: no clock read here); t >= 0:
+ * the task fields of t (request_gen: rg, see hk_task) and FLAG_REMOTE (mk_comm.cuh) */
+__device__ __noinline__ void hook_put(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
+                                      dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
+                                      dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op, dtmk_u32 comm_gen,
+                                      dtmk_u32 peer_rank, dtmk_u64 rg) {
+    const HkTask k = hk_task(P, t, rg);
+    if (t >= 0) flags |= tp_flags(P, trec(P, t), (int)hook);
+    HkRec c;
+    hk_rec(c, P, W, hook, ts, k, (dtmk_u32)step, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
+           peer_rank, flags);
+    hk_store(P, W, c, hook, (dtmk_u32)step);
 }
 
 __device__ void trace_rec(const MkParams &P, Worker &W, int t, int step, dtmk_u64 t0, dtmk_u64 t1, dtmk_u64 t2,
@@ -589,17 +618,6 @@ __device__ void prefetch_task_weights(const MkParams &P, int t) {
 /* ---- scheduler ---------------------------------------------------------------------- */
 __device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return (dtmk_u64 *)P.events + e; }
 
-/* common context fields for hooks without a task (queue:pressure of phantoms) */
-__device__ void ctx_none(const MkParams &P, const Worker &W, struct dtmk_ctx &c, int hook, int step, dtmk_u32 flags) {
-    c.abi_version = DTMK_ABI_VERSION; c.hook = hook; c.ts_ns = mk_now();
-    c.rank = (dtmk_u32)P.rank; c.sm = W.sm; c.worker = W.worker;
-    c.task_class = DTMK_NONE_U32; c.task_index = DTMK_NONE_U32; c.task_gen = step; c.tile = 0;
-    c.request_slot = DTMK_NONE_U32; c.request_gen = DTMK_NONE_U32; c.decode_step = step;
-    c.layer = DTMK_NONE_U32; c.expert = DTMK_NONE_U32; c.event_id = DTMK_NONE_U32; c.event_gen = 0;
-    c.comm_op = DTMK_NONE_U32; c.comm_gen = 0; c.peer_rank = DTMK_NONE_U32; c.queue_depth = 0;
-    c.dur_ns = 0; c.wait_ns = 0; c.flags = flags; c.reserved0 = 0; c.reserved1 = 0;
-}
-
 /* ---- hook sites ------------------------------------------------------------------------
  * HOW TO WRITE A HOOK SITE.  Hooks are off almost always and the off path must cost
  * (almost) nothing, so a site is, on thread 0, ONE mask test and ONE call of a cold
@@ -610,35 +628,126 @@ __device__ void ctx_none(const MkParams &P, const Worker &W, struct dtmk_ctx &c,
  *                    0, 0, 0, comm_op, comm_gen, peer_rank);
  *
  *   * No dtmk_ctx, clock read (%globaltimer), table load or hook-only computation at the
- *     site: pass the scalars the site already has.  hook_event fills the common fields
- *     (ctx_task for t >= 0, ctx_none for t < 0), reads the clock (ts_ns 0: now), builds
- *     the record in place in the observer's shared ring and copies it to the global
- *     ring when that hook is enabled there.
+ *     site: pass the scalars the site already has.  hook_event fills the common and task
+ *     fields (none for t < 0), reads the clock (ts_ns 0: now), and hook_put builds the
+ *     record in registers and stores it (16-byte stores) into the observer's shared ring
+ *     and / or the global ring, wherever the hook is enabled.
  *   * flags: the task's DTMK_FLAG_* bits, or HK_FAULTS to let hook_event compute
  *     task_faults(P, t, step).flags itself (cold).
  *   * Several hooks at one place: `if (HOOKS_ANY(W, bits)) my_cold_fn(...)` with the
- *     HOOK_ON tests inside the cold __noinline__ function (see hook_pre / hook_post).
+ *     HOOK_ON tests inside the cold __noinline__ function (see hook_post).
  *   * A value only hooks or the trace need on the per-task path (a timer, a wait) is
  *     computed under `if (W.observe)` (one shared load per task: hook_mask | trace_on |
  *     reload pending) and kept in a Worker field, never passed through run_task.
+ *   * Between a task's readiness and its release signal (its successor's critical path)
+ *     a site builds nothing and calls nothing: it sets its bit in W.pend and keeps the
+ *     scalars that cannot be recomputed later (stamps, waits, queue depth) in Worker
+ *     fields.  hook_hold (before the signal) holds OBS_PENDING and reads what may change
+ *     once the signal is out (request_gen, comm:wait's sender); hook_flush builds the
+ *     records after the signal, in hook order (dep:release, task:ready, queue:pressure,
+ *     comm:wait, task:dispatch, task:begin, task:end), each with its captured stamp.
+ *     hook_event flushes them first, so a record built elsewhere in that window (router
+ *     task:ready, comm:signal) keeps the worker's ring in time order.
  *   * -DDTMK_NO_HOOKS makes HOOK_ON / HOOKS_ANY constant 0: the site compiles away.
  */
 #define HK_FAULTS 0x80000000u   /* hook_event flags: add task_faults(P, t, step).flags */
+#define HK_BIT(h) (1u << DTMK_HOOK_##h)
+
+#ifndef DTMK_NO_HOOKS
+/* thread 0, cold: complete the records captured for task W.pend_t (fields cls, slot,
+ * dep = r[6], a14 = r[14] of its task record, loaded by the caller in one batch): drop
+ * queue:pressure without an upward threshold crossing and comm:wait of a task that is no
+ * consumer of a receive event, and read what may change after the release signal
+ * (request_gen; the last remote sender).  Marks W.pend_rg (bit 32) done; hook_flush
+ * does it if hook_hold has not (a router's task:ready records flush before its hold). */
+__device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtmk_u32 pend, int cls, int slot, int dep,
+                                               int a14) {
+    if (pend & HK_BIT(QUEUE_PRESSURE)) {
+        const dtmk_u32 th = (dtmk_u32)P.queue_threshold, q = W.pend_q;
+        if (!(th != 0 && q - 1 < th && th <= q)) pend &= ~HK_BIT(QUEUE_PRESSURE);
+    }
+    if (pend & HK_BIT(COMM_WAIT)) {
+        if (cls == MK_CLS_RMSNORM && a14 >= 0) {
+            const int e = dep >= 0 ? dep : (int)P.step_event;
+            W.cw_peer = (dtmk_u32)ld_relaxed_sys((const dtmk_u64 *)P.events + P.n_events + e);
+        } else {
+            pend &= ~HK_BIT(COMM_WAIT);
+        }
+    }
+    W.pend_rg = (1ull << 32) | (slot >= 0 && pend ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
+    W.pend = pend;
+    return pend;
+}
+
+/* the order hook_flush builds captured records in (4-bit hook ids, lowest nibble first):
+ * dep:release, task:ready, queue:pressure, comm:wait, task:dispatch, task:begin, task:end */
+#define HK_ORDER ((DTMK_HOOK_DEP_RELEASE) | (DTMK_HOOK_TASK_READY << 4) | (DTMK_HOOK_QUEUE_PRESSURE << 8) | \
+                  (DTMK_HOOK_COMM_WAIT << 12) | (DTMK_HOOK_TASK_DISPATCH << 16) | (DTMK_HOOK_TASK_BEGIN << 20) | \
+                  (DTMK_HOOK_TASK_END << 24))
+
+/* thread 0, cold: build the records captured for task W.pend_t (see Worker) after its
+ * release signal, in hook order, each with its captured stamp; every field as it was
+ * when captured.  The task's fields are loaded once; one emit site for all records. */
+__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
+    const int t = W.pend_t, step = W.pend_step;
+    const int *r = trec(P, t);
+    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
+    HkTask k;
+    k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
+    k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
+    dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
+#pragma unroll
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
+    dtmk_u32 pend = W.pend;
+    if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+    W.pend = 0;
+    k.rg = (dtmk_u32)W.pend_rg;
+    W.pend_rg = 0;
+    /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
+    int e = dep >= 0 ? dep : (int)P.step_event;
+    dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+    if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
+    const dtmk_u32 flags = W.pend_flags, N = DTMK_NONE_U32;
+    const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, t_end = W.t_end, dep_wait = W.dep_wait;
+    for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
+        const dtmk_u32 h = o & 15u;
+        if (!(pend & (1u << h))) continue;
+        dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
+        dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
+        switch (h) {
+        case DTMK_HOOK_DEP_RELEASE: ts = W.ts_rel; wait = dep_wait; break;
+        case DTMK_HOOK_TASK_READY: qd = W.pend_q; break;
+        case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
+        case DTMK_HOOK_COMM_WAIT:
+            wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
+            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = W.cw_peer;
+            break;
+        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = W.phantoms; break;
+        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = W.phantoms; break;
+        default: /* task:end */
+            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
+            wait = dep_wait; dur = t_end - t_begin;
+            break;
+        }
+        if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
+        HkRec c;
+        hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
+        hk_store(P, W, c, h, (dtmk_u32)step);
+    }
+}
+#endif
 
 __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
                                         dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns, dtmk_u64 dur_ns = 0,
                                         dtmk_u32 queue_depth = 0, dtmk_u64 ts_ns = 0,
                                         dtmk_u32 comm_op = DTMK_NONE_U32, dtmk_u32 comm_gen = 0,
                                         dtmk_u32 peer_rank = DTMK_NONE_U32) {
+#ifndef DTMK_NO_HOOKS
+    if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
+#endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
-    struct dtmk_ctx loc;
-    struct dtmk_ctx *c = hook_slot(hook, &loc);
-    if (t >= 0) ctx_task(P, W, *c, hook, t, step, flags);
-    else ctx_none(P, W, *c, hook, step, flags);
-    if (ts_ns) c->ts_ns = ts_ns;
-    c->event_id = event; c->event_gen = event_gen; c->wait_ns = wait_ns; c->dur_ns = dur_ns;
-    c->queue_depth = queue_depth; c->comm_op = comm_op; c->comm_gen = comm_gen; c->peer_rank = peer_rank;
-    hook_commit(P, W, c);
+    hook_put(P, W, (dtmk_u32)hook, ts_ns ? ts_ns : mk_now(), t, step, flags, event, event_gen, wait_ns, dur_ns,
+             queue_depth, comm_op, comm_gen, peer_rank, 0);
 }
 
 /* thread 0: queue:pressure on an upward crossing of the threshold */
@@ -648,48 +757,49 @@ __device__ void pressure(const MkParams &P, Worker &W, int step, dtmk_u32 d0, dt
     hook_event(P, W, DTMK_HOOK_QUEUE_PRESSURE, t, step, 0, DTMK_NONE_U32, 0, 0, 0, th);
 }
 
-/* cold, thread 0: task:ready (+ queue:pressure) of a static task whose dependency is met
- * (e, target recomputed from the table: nothing hook-only stays live across the wait) */
-__device__ __noinline__ void hook_ready(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags) {
+/* cold, thread 0, while observing, after a task's body and before its release signal:
+ * task:end (stamp t_end) joins the captured records; hk_capture reads what may change
+ * once the signal is out; and when a VM program will get a record of this task after the
+ * signal (captured, gen:advance of the argmax task, comm:signal of a comm task to a
+ * peer), OBS_PENDING holds `step` before it (a snapshot that sees the step counter move
+ * must not call the epoch final) */
+#ifndef DTMK_NO_HOOKS
+__device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step, dtmk_u64 t_end) {
     const int *r = trec(P, t);
-    const int e = r[6] >= 0 ? r[6] : (int)P.step_event;
-    const dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-    if (HOOK_ON(W, DTMK_HOOK_TASK_READY))
-        hook_event(P, W, DTMK_HOOK_TASK_READY, t, step, flags, e, target, 0, 0, W.phantoms + 1, W.t_ready);
-    pressure(P, W, step, W.phantoms, W.phantoms + 1, t);
+    const int cls = r[0], slot = r[3], dep = r[6], a14 = r[14];   /* one batch of loads */
+    dtmk_u32 pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
+    W.t_end = t_end;
+    if (pend) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+    dtmk_u32 later = pend;
+    if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
+    if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
+    if ((O.vm_mask & later) && step < O.pub) {
+        O.pub = step;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
+    }
 }
+#else
+__device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32, dtmk_u64) {}
+#endif
 
-/* cold, thread 0: task:dispatch / task:begin (e, target: the dependency, from the table) */
-__device__ __noinline__ void hook_pre(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags) {
-    const int *r = trec(P, t);
-    dtmk_u64 now = mk_now();
-    int e = r[6] >= 0 ? r[6] : (int)P.step_event;
-    dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (step + 1) : (dtmk_u64)step;
-    if (r[9]) { e = ((const int *)P.moe)[r[14] * 8 + 4]; target = (dtmk_u64)(step + 1); }
-    if (HOOK_ON(W, DTMK_HOOK_TASK_DISPATCH))
-        hook_event(P, W, DTMK_HOOK_TASK_DISPATCH, t, step, flags, DTMK_NONE_U32, 0, now - W.t_ready, 0, W.phantoms);
-    if (HOOK_ON(W, DTMK_HOOK_TASK_BEGIN))
-        hook_event(P, W, DTMK_HOOK_TASK_BEGIN, t, step, flags, e, target, W.dep_wait, 0, W.phantoms);
-}
-
-/* cold, thread 0: task:end, gen:advance and the trace record of a finished task */
-__device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end,
-                                       int sig) {
-    if (HOOK_ON(W, DTMK_HOOK_TASK_END))
-        hook_event(P, W, DTMK_HOOK_TASK_END, t, step, flags, sig,
-                   (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1), W.dep_wait,
-                   t_end - W.t_begin, 0, t_end);   /* ts: the task's end, taken before the signal */
-    W.end_rg = 0;
+/* cold, thread 0, after a task's release signal: its captured records (hook_flush),
+ * gen:advance and the trace record */
+__device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end) {
+#ifndef DTMK_NO_HOOKS
+    if (W.pend) hook_flush(P, W);
+    W.pend_rg = 0;                       /* the next task captures afresh */
+#endif
     if (trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
+        const HkTask none = hk_task(P, -1, 0);
         for (int b = 0; b < (int)P.batch; ++b) {
-            struct dtmk_ctx loc;
-            struct dtmk_ctx *c = hook_slot(DTMK_HOOK_GEN_ADVANCE, &loc);
-            ctx_none(P, W, *c, DTMK_HOOK_GEN_ADVANCE, step, 0);
-            c->ts_ns = t_end;
             /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
-            int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
-            c->request_slot = b; c->request_gen = (dtmk_u32)(p == 0 ? g - 1 : g);
-            hook_commit(P, W, c);
+            const int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
+            HkTask k = none;
+            k.slot = (dtmk_u32)b; k.rg = (dtmk_u32)(p == 0 ? g - 1 : g);
+            HkRec c;
+            hk_rec(c, P, W, DTMK_HOOK_GEN_ADVANCE, t_end, k, (dtmk_u32)step, DTMK_NONE_U32, 0, 0, 0, 0, DTMK_NONE_U32, 0,
+                   DTMK_NONE_U32, 0);
+            hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
         }
     }
     if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
@@ -782,32 +892,39 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
 /* whole CTA: run task t of `step` (its dependency is met).  plan: a static task of the
  * plan (task:ready, phantom fillers here; a dynamic task had them at the router).
  * Thread 0 computes the faults; the hook / trace values (t_disp, t_ready, dep_wait)
- * are Worker fields, so the call carries nothing hook-only. */
+ * are Worker fields, so the call carries nothing hook-only.  Hook records of the task
+ * are captured before the body (shared stores only) and built after its release signal. */
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = trec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
         const dtmk_u32 obs = W.observe;     /* the task's one "observing?" load */
         f = task_faults(P, t, step);
+#ifndef DTMK_NO_HOOKS
+        dtmk_u32 pend = 0;
+#endif
         if (plan) {
             if (obs | f.starve) {
                 W.t_ready = mk_now();
-                if (HOOKS_ANY(W, (1u << DTMK_HOOK_TASK_READY) | (1u << DTMK_HOOK_QUEUE_PRESSURE)))
-                    hook_ready(P, W, t, step, f.flags);
-                if (HOOK_ON(W, DTMK_HOOK_COMM_WAIT)) {   /* e, target: the dependency of the plan task */
-                    const int e = r[6] >= 0 ? r[6] : (int)P.step_event;
-                    const dtmk_u64 target = r[6] >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-                    hook_comm_wait(P, W, t, step, e, target, f.flags);
-                }
+#ifndef DTMK_NO_HOOKS
+                /* task:ready, queue:pressure, comm:wait: captured (stamp t_ready, depth) */
+                pend = HOOKS_ANY(W, HK_BIT(TASK_READY) | HK_BIT(QUEUE_PRESSURE) | HK_BIT(COMM_WAIT));
+                W.pend_q = W.phantoms + 1;
+#endif
             }
             if (W.phantoms) { mk_spin_ns((dtmk_u64)W.phantoms * P.filler_ns); W.phantoms = 0; }
         }
         if (f.starve) { dtmk_u64 due = W.t_ready + f.starve; while (mk_now() < due) __nanosleep(100); }
-        if (obs && HOOKS_ANY(W, (1u << DTMK_HOOK_TASK_DISPATCH) | (1u << DTMK_HOOK_TASK_BEGIN)))
-            hook_pre(P, W, t, step, f.flags);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_STATE] = 1;
-        if (obs) W.t_begin = mk_now();
+        if (obs) {
+            W.t_begin = mk_now();
+#ifndef DTMK_NO_HOOKS
+            /* task:dispatch / task:begin: captured (stamp t_begin); whose records they are */
+            W.pend |= pend | HOOKS_ANY(W, HK_BIT(TASK_DISPATCH) | HK_BIT(TASK_BEGIN));
+            W.pend_t = t; W.pend_step = step; W.pend_flags = f.flags;
+#endif
+        }
     }
     __syncthreads();
     run_body(P, W, t, step, smem);
@@ -817,13 +934,14 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
         int sig = r[8];
-        /* task:end, gen:advance and the trace record are built AFTER the release signal
-         * (off the successor's critical path; their values were taken before it); only
-         * the epoch hold (OBS_PENDING <= step) must precede the signal */
-        if (W.observe) hook_hold(P, W, t, (dtmk_u32)step);
+        /* the task's hook records (captured ones, task:end, gen:advance) and the trace
+         * record are built AFTER the release signal (off the successor's critical path;
+         * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
+         * and the reads of what may change after the signal precede it */
+        if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
-        if (W.observe) hook_post(P, W, t, step, f.flags, t_end, sig);
+        if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
@@ -945,8 +1063,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             if (W.observe) {
                 W.dep_wait = now - t0;
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
-                if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_RELEASE))
-                    hook_event(P, W, DTMK_HOOK_DEP_RELEASE, t, step, HK_FAULTS, e, target, now - t0);
+#ifndef DTMK_NO_HOOKS
+                /* dep:release: captured (stamp, wait in dep_wait), built after the task's
+                 * release signal (hook_flush); nothing of the previous task is pending */
+                if (t >= 0) { W.pend = HOOKS_ANY(W, HK_BIT(DEP_RELEASE)); W.ts_rel = now; }
+#endif
             }
         }
     }
@@ -974,7 +1095,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.end_rg = 0;
+        W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
 #ifdef DTMK_SMEM_PAD
@@ -1000,6 +1121,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
+        W.pend = 0;
     }
 #endif
     __syncthreads();

@@ -69,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fault", action="store_true", help="run without the injected fault")
     p.add_argument("--spans", default=None, metavar="FILE",
                    help="spans as JSON lines (default: dtrace_mk_demo.spans.jsonl in the temp dir)")
+    p.add_argument("--perfetto", default=None, metavar="FILE",
+                   help="Perfetto trace of the job: a track per rank and worker, remote-wait flows "
+                        "(default: dtrace_mk_demo.perfetto-trace in the temp dir; open in ui.perfetto.dev)")
     p.add_argument("--otlp", metavar="URL", help="also export the spans over OTLP/HTTP "
                                                   "(e.g. http://127.0.0.1:4318)")
     p.add_argument("--prometheus-port", type=int, metavar="P", help="live metrics while it runs")
@@ -169,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         res = job.result()
         if res is None:
             raise UserError(f"demo: the collector wrote no diagnosis ({_tail(log)})")
+        perfetto = write_perfetto(res, job.job, args.perfetto)
     finally:
         if job.running():
             job.kill()
@@ -176,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         log.close()
         guard.__exit__()
     links = cross_rank_links(spans) if spans.is_file() else {"spans": 0, "links": 0, "cross_rank_links": 0}
+    links["perfetto_file"] = str(perfetto) if perfetto else None
     if not text:
         if final is not None:
             sys.stdout.write(render_output(final, "json"))
@@ -191,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(render_output(final, "text") if final else "(no output)\n")
     print(f"\nspans: {links['spans']} spans, {links['cross_rank_links']} links from a rank's remote wait "
           f"to the other rank's signal -> {spans}")
+    if perfetto:
+        print(f"perfetto: {perfetto} (open in https://ui.perfetto.dev)")
     for e in (res.get("export") or {}).get("exporters", []):
         if e["kind"] == "otlp":
             print(f"spans: {e.get('exported', 0)} exported to {e.get('target')}"
@@ -198,6 +205,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"({time.monotonic() - t0:.1f} s)  next: dtrace-mk launch -n 2 -- python -m "
           f"dtrace_mk.launch.serve --model tiny --duration 60, then dtrace-mk attach --job ID -e 'QUERY'")
     return 0
+
+
+def write_perfetto(res, job, path: Optional[str]) -> Optional[Path]:
+    """The job's Perfetto trace from its result and records (what `dtrace-mk export
+    --perfetto` writes); None when the collector kept no records."""
+    from ..exporters import export_result, load_records, records_path_for
+    rec = records_path_for(job.result_path)
+    if not rec.is_file():
+        return None
+    out = Path(path or Path(tempfile.gettempdir()) / "dtrace_mk_demo.perfetto-trace").resolve()
+    export_result(res, load_records(rec), [f"perfetto={out}"], job_id=job.id)
+    return out
 
 
 def _oneline(msg: Dict[str, Any], hook: str = "comm:wait") -> str:

@@ -2,6 +2,8 @@
 signal on rank 1, a query attached live through the control socket, the collector's
 diagnosis and a spans file with links across ranks."""
 import json
+from pathlib import Path
+import sys
 import os
 import tempfile
 
@@ -27,8 +29,17 @@ def _spans(path):
 @pytest.mark.mpi
 def test_demo_diagnoses_the_remote_stall_at_rank_1(capsys, runtime_dir, tmp_path):
     spans = tmp_path / "spans.jsonl"
-    assert main(["demo", "--spans", str(spans)]) == 0
+    trace = tmp_path / "demo.perfetto-trace"
+    assert main(["demo", "--spans", str(spans), "--perfetto", str(trace)]) == 0
     out = capsys.readouterr().out
+    # the Perfetto trace: a track per rank and worker, slices of both ranks
+    sys.path.insert(0, str(Path(__file__).parents[1] / "exporters"))   # the decoder of its tests
+    from test_perfetto import check_well_formed, decode, summarize
+    tr = decode(trace.read_bytes())
+    check_well_formed(tr)
+    tracks, events = summarize(tr)
+    assert any("rank 1" in t.name for t in tracks.values()) and len(events) > 100
+    assert f"perfetto: {trace}" in out
     assert "remote_stall rooted at rank 1 (allreduce_attn layer 0), steps 12-23, observed on rank(s) 0" in out, out
     # the live query: attached at a step boundary on both ranks, output per rank with coverage
     assert "query 1 rank 0, step 23 (final; attached at step 2)" in out

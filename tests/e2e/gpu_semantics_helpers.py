@@ -10,7 +10,10 @@ from dtrace_mk.megakernel.presets import SIM_WORKERS, get_preset
 from dtrace_mk.runtime.agent import ListChannel, RankAgent
 
 
-def run_gpu_semantics(sc, *, ranks=None, gpu_comm_wait=True, launch_skew_ns=0):
+def run_gpu_semantics(sc, *, ranks=None, gpu_comm_wait=True, launch_skew_ns=0, background=None):
+    """Diagnose `sc` on the sim with the GPU's semantics.  `background`: {rank: [fault
+    spec]} injected besides the scenario's faults but not part of its ground truth (a
+    GPU's steady asymmetry, e.g. one rank's signal a little late every step)."""
     ranks = ranks or sc.ranks
     cfg = get_preset(sc.model)
     graphs = [build_graph(cfg, sc.batch, SIM_WORKERS, rank=r, ranks=ranks) for r in range(ranks)]
@@ -19,7 +22,9 @@ def run_gpu_semantics(sc, *, ranks=None, gpu_comm_wait=True, launch_skew_ns=0):
               for r in range(ranks)]
     for a in agents:
         a.start(pings=0)
-    faults = {r: FaultTable.from_specs(device_fault_specs(sc, r), f"{sc.source} rank {r}")
+    background = background or {}
+    faults = {r: FaultTable.from_specs(device_fault_specs(sc, r) + list(background.get(r, [])),
+                                       f"{sc.source} rank {r}")
               for r in range(ranks)}
     run_loopback(cfg, sc.batch, SIM_WORKERS, ranks, sc.steps, faults=faults,
                  sinks=[a.sink for a in agents], seed=sc.seed, graphs=graphs,

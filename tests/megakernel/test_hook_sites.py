@@ -11,7 +11,7 @@ import pytest
 from dtrace_mk.megakernel import gpu
 
 SRC = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
-COLD = ("hook_event", "hook_ready", "hook_pre", "hook_post")
+COLD = ("hook_event", "hook_put", "hook_flush", "hook_hold", "hook_post")
 
 
 def body(name: str) -> str:
@@ -37,7 +37,8 @@ def test_cold_hook_functions_are_out_of_line():
 @pytest.mark.parametrize("fn", ["run_task", "wait_event", "dtmk_megakernel"])
 def test_hot_functions_build_no_context(fn):
     b = body(fn)
-    for needle in ("struct dtmk_ctx", "ctx_task(", "ctx_none(", "mk_hook(", "trace_rec("):
+    for needle in ("struct dtmk_ctx", "HkRec", "hk_rec(", "hk_store(", "hook_put(", "ctx_task(", "mk_hook(",
+                   "trace_rec("):
         assert needle not in b, (fn, needle)
     # every hook test in a hot function guards a call of a cold function (or a block that
     # makes one): no record is built inline
@@ -49,8 +50,14 @@ def test_hot_functions_build_no_context(fn):
             i += 1
             if depth == 0:
                 break
+        if not re.search(r"HOOKS?_(ON|ANY)\(", b[m.start():i]):
+            continue                                  # the hook test is in the block, not the condition
         rest = b[i:i + 400].lstrip()
         assert re.match(r"(\{[^}]*?)?\bhook_\w+\(", rest, re.S), (fn, b[m.start():i + 80])
+    # a hook value captured without an `if` is a plain Worker store (no record, no call)
+    for m in re.finditer(r"^[^\n]*HOOKS?_(ON|ANY)\([^\n]*$", b, re.M):
+        line = m.group(0)
+        assert "if (" in line or re.match(r"\s*(W\.\w+ (\|)?=|pend =)", line), (fn, line)
 
 
 def test_run_task_carries_no_hook_only_arguments():
@@ -127,7 +134,7 @@ def test_pending_published_only_when_it_moves():
     s = body("obs_sync")
     i_cond = s.index("keep != O.pub")
     assert "__threadfence()" not in s[s.index("if (n == 0 && (ran"):i_cond]
-    c = body("hook_commit")
+    c = body("hk_store")
     assert "lo < O.pub" in c and "OBS_PENDING" in c
 
 
@@ -136,3 +143,52 @@ def test_smem_pad_build_matches_bench():
     assert "DTMK_SMEM_PAD" in SRC
     bench = (gpu.KERNEL_DIR.parent / "bench" / "hooks.py").read_text()
     assert re.search(r"^SMEM_PAD = \d+$", bench, re.M)
+
+
+# ---- round 3 (docs/dev/hook_cost_analysis.md "Round 3") -------------------------------
+
+HOOK_ORDER = ("DEP_RELEASE", "TASK_READY", "QUEUE_PRESSURE", "COMM_WAIT", "TASK_DISPATCH", "TASK_BEGIN", "TASK_END")
+
+
+def test_no_record_built_between_readiness_and_the_release_signal():
+    """dep:release / task:ready / queue:pressure / comm:wait / task:dispatch / task:begin
+    are captured (bits in W.pend + scalars in Worker fields), not built: no cold call and
+    no global load for hooks before the body; hook_hold is the only hook call before the
+    release signal; the records are built by hook_flush after it."""
+    rt = body("run_task")
+    pre = rt[:rt.index("run_body(")]
+    assert not re.search(r"\bhook_\w+\(", pre), "a hook call before the body"
+    assert "__ldcg" not in pre and "W.pend |=" in pre
+    post = rt[rt.index("run_body("):]
+    before_sig = post[:post.index("post_signal(")]
+    assert re.findall(r"\bhook_\w+\(", before_sig) == ["hook_hold("]
+    we = body("wait_event")
+    tail = we[we.rindex("for (;;)"):]
+    assert "W.ts_rel = now" in tail and "hook_event(P, W, DTMK_HOOK_DEP_RELEASE" not in SRC
+    for h in ("DEP_RELEASE", "TASK_READY", "QUEUE_PRESSURE", "COMM_WAIT", "TASK_DISPATCH", "TASK_BEGIN"):
+        assert "hook_event(P, W, DTMK_HOOK_" + h not in rt + we, h
+
+
+def test_flush_builds_captured_records_in_hook_order():
+    m = re.search(r"#define HK_ORDER \(([^\n]*(?:\\\n[^\n]*)*)\)\n", SRC)
+    assert m, "HK_ORDER"
+    names = re.findall(r"DTMK_HOOK_(\w+)", m.group(1))
+    assert tuple(names) == HOOK_ORDER
+    f = body("hook_flush")
+    assert "HK_ORDER" in f and f.count("hk_store(") == 1      # one emit site
+    # any other record first flushes what was captured (per-worker ring in time order)
+    e = body("hook_event")
+    assert e.index("hook_flush(") < e.index("hook_put(")
+    assert body("hook_post").index("hook_flush(") < body("hook_post").index("trace_rec(")
+
+
+def test_hold_reads_what_may_change_after_the_signal():
+    h = body("hook_hold")
+    assert "hk_capture(" in h and "OBS_PENDING" in h
+    c = body("hk_capture")
+    assert "P.req_gen" in c and "ld_relaxed_sys" in c
+    # records are built in registers and stored with 16-byte stores (no local struct
+    # outside the linked-monitor build)
+    s = body("hk_store")
+    assert "uint4" in s
+    assert s.count("struct dtmk_ctx") == 1 and "DTMK_LINKED_MONITOR" in s

@@ -136,11 +136,12 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
     """Map joined waits to the aligned clock (vectorised per rank), merge tiles of one
     (receiver, key), clamp releases causally, and compute late/transfer.
 
-    Launch skew: with `begins` (each rank's step starts), a sender that started the
-    signal's step `d` later than the receiver started the wait's step (separate host
-    launches per step, or a rank made late in the previous step) is late by `d` for
-    that reason alone, and a receiver that started `-d` later hides that much of the
-    sender's lateness.  The lateness in step-relative time (`skew` = d):
+    Launch skew: with `begins` (each rank's step starts), a sender whose last sync point
+    (its step start, or the end of its latest earlier all-reduce wait in the step) was
+    `d` later than the receiver's (separate host launches per step, or a rank held
+    longer) is late by `d` for that reason alone, and a receiver that was `-d` later
+    hides that much of the sender's lateness.  The lateness in sync-relative time
+    (`skew` = d):
 
         late_own = max(0, release - d - begin)
 
@@ -175,14 +176,46 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
     out = list(merged.values())
     for a in out:
         a.release = causal_clamp(a.release, a.end, min_latency_ns, rep)
-        if begins:
-            ts, tr = begins.get((a.sender, a.sender_step)), begins.get((a.receiver, a.step))
-            if ts is not None and tr is not None:
-                a.skew = ts - tr
-                a.late_own = max(0.0, a.release - a.skew - a.begin)
         a.late = max(0.0, min(a.release, a.end) - a.begin)
         a.transfer = max(0.0, a.end - max(a.begin, a.release))
+    if begins:
+        _sync_relative(out, begins)
     return out, rep
+
+
+def _sync_relative(waits: List[AlignedWait], begins: StepBegins) -> None:
+    """Set `skew` and `late_own` (see align_waits).  A rank's sync point before time t
+    in step k is the later of its step start and the end of its latest wait (another
+    all-reduce) of step k that ended by t: every rank leaves an all-reduce together,
+    so only the time since then is a rank's own."""
+    import bisect
+    ends: Dict[Tuple[int, int], List[Tuple[float, int, int]]] = {}
+    for w in waits:
+        ends.setdefault((w.receiver, w.step), []).append((w.end, w.comm_op, w.comm_gen))
+    for v in ends.values():
+        v.sort()
+    keys = {k: [e for e, _, _ in v] for k, v in ends.items()}
+
+    def sync(rank: int, step: int, t: float, key: Tuple[int, int]) -> Optional[float]:
+        b = begins.get((rank, step))
+        if b is None:
+            return None
+        v = ends.get((rank, step))
+        if v:
+            i = bisect.bisect_right(keys[(rank, step)], t) - 1
+            while i >= 0:
+                e, op, gen = v[i]
+                if (op, gen) != key:
+                    return max(b, e)
+                i -= 1
+        return b
+    for a in waits:
+        key = (a.comm_op, a.comm_gen)
+        rr = sync(a.receiver, a.step, a.begin, key)
+        rp = sync(a.sender, a.sender_step, a.release, key)
+        if rr is not None and rp is not None:
+            a.skew = rp - rr
+            a.late_own = max(0.0, a.release - a.skew - a.begin)
 
 
 SignalTimes = Dict[Tuple[int, int], Tuple[List[float], List[Tuple[int, int]]]]
@@ -391,21 +424,31 @@ def detect_remote_stall(inp: Inputs) -> List[Evidence]:
     return out
 
 
-#: A (receiver, comm_op, layer) series needs this many steps for its own baseline.
+#: A series (series_baselines) needs this many steps for its own baseline.
 SERIES_MIN_STEPS = 4
 
 
-def series_baselines(waits: Sequence[AlignedWait]) -> Dict[Tuple[int, int, int], float]:
-    """Per (receiver, comm_op, layer): the 25th percentile of `late_own`
-    over the steps (0 for shorter series).  A lateness every step shows (one rank always a
-    little behind at one all-reduce: unequal work or clocks per GPU) is that all-reduce's
-    normal on that receiver, not a fault; up to 3/4 of the steps may be faulty without
-    moving it.  Keyed without the sender: a wait names only the sender that landed last,
-    which may change from step to step with more than two ranks."""
-    per: Dict[Tuple[int, int, int], List[float]] = {}
-    for w in waits:
-        per.setdefault((w.receiver, w.comm_op, w.layer), []).append(w.own_late)
-    return {k: (quantile(v, 0.25) if len(v) >= SERIES_MIN_STEPS else 0.0) for k, v in per.items()}
+def series_baselines(waits: Sequence[AlignedWait]) -> List[float]:
+    """Per wait: its series' usual `late_own`, the larger of two 25th percentiles over
+    the steps (a series shorter than SERIES_MIN_STEPS counts 0): the receiver's at this
+    all-reduce (receiver, comm_op, layer) and the sender's (sender, comm_op, its
+    layer).  A lateness every step shows (one rank always a little behind at one
+    all-reduce: unequal work or clocks per GPU) is normal, not a fault; up to 3/4 of
+    the steps may be faulty without moving it.  Two keys, because a wait names only the
+    sender that landed last, which may change from step to step with more than two
+    ranks (then the sender's own series still shows its usual lateness)."""
+    rk = [(w.receiver, w.comm_op, w.layer) for w in waits]
+    sk = [(w.sender, w.comm_op, w.sender_layer) for w in waits]
+    per_r: Dict[Tuple[int, int, int], List[float]] = {}
+    per_s: Dict[Tuple[int, int, int], List[float]] = {}
+    for w, a, b in zip(waits, rk, sk):
+        per_r.setdefault(a, []).append(w.own_late)
+        per_s.setdefault(b, []).append(w.own_late)
+
+    def q(per):
+        return {k: (quantile(v, 0.25) if len(v) >= SERIES_MIN_STEPS else 0.0) for k, v in per.items()}
+    br, bs = q(per_r), q(per_s)
+    return [max(br[a], bs[b]) for a, b in zip(rk, sk)]
 
 
 def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedWait], float]:
@@ -416,14 +459,14 @@ def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedW
     if not waits:
         return [], float(th.stall_floor_ns)
     base = series_baselines(waits)
-    excess = [w.own_late - base[(w.receiver, w.comm_op, w.layer)] for w in waits]
+    excess = [w.own_late - b for w, b in zip(waits, base)]
     lc, ls = robust_center_scale(excess)
     tc, ts = robust_center_scale([w.transfer for w in waits])
     lmargin = max(th.stall_floor_ns, th.k * ls)
     tmargin = max(th.stall_floor_ns, th.k * ts)
     out = []
-    for w, ex in zip(waits, excess):
-        w.base = base[(w.receiver, w.comm_op, w.layer)]
+    for w, ex, b in zip(waits, excess, base):
+        w.base = b
         late_hit = ex - lc >= lmargin
         xfer_excess = w.transfer - tc
         xfer_hit = xfer_excess >= tmargin

@@ -94,7 +94,7 @@ class AlignedWait:
     stall: float = 0.0       # the part counted as stall (late + anomalous transfer)
     skew: float = 0.0        # sender's step start minus the receiver's (signed)
     late_own: float = -1.0   # step-relative late-sender time (flag_stalls); < 0: = late
-    base: float = 0.0        # its series' usual late-sender time (flag_stalls)
+    base: float = 0.0        # the part of late that is skew or usual (flag_stalls)
 
     @property
     def key(self) -> Key:
@@ -179,15 +179,16 @@ def align_waits(joined: JoinResult, clock: ClockModel, min_latency_ns: float,
         a.late = max(0.0, min(a.release, a.end) - a.begin)
         a.transfer = max(0.0, a.end - max(a.begin, a.release))
     if begins:
-        _sync_relative(out, begins)
+        _sync_relative(out, begins, set(joined.groups))
     return out, rep
 
 
-def _sync_relative(waits: List[AlignedWait], begins: StepBegins) -> None:
-    """Set `skew` and `late_own` (see align_waits).  A rank's sync point before time t
-    in step k is the later of its step start and the end of its latest wait (another
-    all-reduce) of step k that ended by t: every rank leaves an all-reduce together,
-    so only the time since then is a rank's own."""
+def _sync_relative(waits: List[AlignedWait], begins: StepBegins, keys_sent: Set[Key]) -> None:
+    """Set `skew` and `late_own` (see align_waits).  A rank's sync point with a peer
+    before time t in step k is the later of its step start and the end of its latest
+    wait of step k that ended by t in another all-reduce in which the two signalled
+    each other (`keys_sent`: (comm_op, comm_gen, sender, receiver)): both leave such an
+    all-reduce together, so only the time since then is a rank's own."""
     import bisect
     ends: Dict[Tuple[int, int], List[Tuple[float, int, int]]] = {}
     for w in waits:
@@ -196,7 +197,7 @@ def _sync_relative(waits: List[AlignedWait], begins: StepBegins) -> None:
         v.sort()
     keys = {k: [e for e, _, _ in v] for k, v in ends.items()}
 
-    def sync(rank: int, step: int, t: float, key: Tuple[int, int]) -> Optional[float]:
+    def sync(rank: int, step: int, t: float, key: Tuple[int, int], other: int) -> Optional[float]:
         b = begins.get((rank, step))
         if b is None:
             return None
@@ -205,14 +206,17 @@ def _sync_relative(waits: List[AlignedWait], begins: StepBegins) -> None:
             i = bisect.bisect_right(keys[(rank, step)], t) - 1
             while i >= 0:
                 e, op, gen = v[i]
-                if (op, gen) != key:
-                    return max(b, e)
+                if e <= b:
+                    break
+                if ((op, gen) != key and (op, gen, rank, other) in keys_sent
+                        and (op, gen, other, rank) in keys_sent):
+                    return e
                 i -= 1
         return b
     for a in waits:
         key = (a.comm_op, a.comm_gen)
-        rr = sync(a.receiver, a.step, a.begin, key)
-        rp = sync(a.sender, a.sender_step, a.release, key)
+        rr = sync(a.receiver, a.step, a.begin, key, a.sender)
+        rp = sync(a.sender, a.sender_step, a.release, key, a.receiver)
         if rr is not None and rp is not None:
             a.skew = rp - rr
             a.late_own = max(0.0, a.release - a.skew - a.begin)
@@ -426,6 +430,8 @@ def detect_remote_stall(inp: Inputs) -> List[Evidence]:
 
 #: A series (series_baselines) needs this many steps for its own baseline.
 SERIES_MIN_STEPS = 4
+#: ... and a sender's series this share of the steps of its all-reduce.
+SENDER_SERIES_COVER = 0.75
 
 
 def series_baselines(waits: Sequence[AlignedWait]) -> List[float]:
@@ -440,14 +446,19 @@ def series_baselines(waits: Sequence[AlignedWait]) -> List[float]:
     rk = [(w.receiver, w.comm_op, w.layer) for w in waits]
     sk = [(w.sender, w.comm_op, w.sender_layer) for w in waits]
     per_r: Dict[Tuple[int, int, int], List[float]] = {}
-    per_s: Dict[Tuple[int, int, int], List[float]] = {}
+    per_s: Dict[Tuple[int, int, int], Dict[int, float]] = {}     # step -> min over receivers
+    steps: Dict[Tuple[int, int], Set[int]] = {}
     for w, a, b in zip(waits, rk, sk):
         per_r.setdefault(a, []).append(w.own_late)
-        per_s.setdefault(b, []).append(w.own_late)
-
-    def q(per):
-        return {k: (quantile(v, 0.25) if len(v) >= SERIES_MIN_STEPS else 0.0) for k, v in per.items()}
-    br, bs = q(per_r), q(per_s)
+        d = per_s.setdefault(b, {})
+        d[w.sender_step] = min(d.get(w.sender_step, w.own_late), w.own_late)
+        steps.setdefault((w.comm_op, w.sender_layer), set()).add(w.sender_step)
+    br = {k: (quantile(v, 0.25) if len(v) >= SERIES_MIN_STEPS else 0.0) for k, v in per_r.items()}
+    # the sender is named only where it landed last, more often when it was late: its
+    # series counts only if it covers most steps (one value per step)
+    bs = {k: (quantile(list(v.values()), 0.25)
+              if len(v) >= max(SERIES_MIN_STEPS, SENDER_SERIES_COVER * len(steps[k[1:]])) else 0.0)
+          for k, v in per_s.items()}
     return [max(br[a], bs[b]) for a, b in zip(rk, sk)]
 
 
@@ -465,8 +476,8 @@ def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedW
     lmargin = max(th.stall_floor_ns, th.k * ls)
     tmargin = max(th.stall_floor_ns, th.k * ts)
     out = []
-    for w, ex, b in zip(waits, excess, base):
-        w.base = b
+    for w, ex in zip(waits, excess):
+        w.base = min(max(w.late - max(ex, 0.0), 0.0), w.late)
         late_hit = ex - lc >= lmargin
         xfer_excess = w.transfer - tc
         xfer_hit = xfer_excess >= tmargin

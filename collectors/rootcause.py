@@ -183,10 +183,11 @@ def _explain(idx: WaitIndex, top: AlignedWait, w: AlignedWait, amount: float,
                  idx.prev_signal(p, r, s, (w.comm_op, w.comm_gen)))
         parts = idx.late_parts(p, t0, s, skip_key=(w.comm_op, w.comm_gen))
         indirect_total = sum(ov for _, ov in parts)
-    # a usual lateness (the series' baseline) is explained first by the sender's usual
-    # waiting in the interval; only the rest of either is compared
+    # the stalled wait: the part of late that is skew or the series' usual lateness
+    # (`base`) is explained first by the sender's waiting in the interval; only the rest
+    # of either is compared
     lex = w.late - w.base
-    if w.base > 0.0 and lex > 0.0:
+    if depth == 0 and w.base > 0.0 and lex > 0.0:
         f = min(max(indirect_total - w.base, 0.0), lex) / lex
     else:
         f = min(indirect_total, w.late) / w.late if w.late > 0.0 else 0.0

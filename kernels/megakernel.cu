@@ -74,12 +74,14 @@
 #define OBS_DRAINS 7       /* low 32 bits: drains (warp-0 VM calls); high 32 bits: epoch publishes
                             * (an emptied ring that fenced and moved OBS_PENDING) */
 #define OBS_WORDS 8
-#define OBS_RING 32        /* shared-memory ring of contexts per worker */
-#define OBS_FULL_AT 16     /* a wait that is not ready drains at its next 16-poll check when the ring holds this many */
-#define OBS_MUST_AT 24     /* ... and at once (even when ready at its first look) at this many: room for a task */
-#define OBS_DRAIN_POLLS 64 /* a wait drains (one hook group at a time) once it lasted this many polls ... */
-#define OBS_EARLY_POLLS 16 /* ... or this many when the worker's previous wait was long (OBS_LONG_WAIT_NS) */
-#define OBS_LONG_WAIT_NS 20000ull
+#define OBS_RING 96        /* shared-memory ring of contexts per worker, split evenly between the hooks
+                            * that have VM programs (one sub-ring each: a drain runs 32-record batches
+                            * of one hook back to back); static smem + gpu.py's SMEM_LIMIT <= 227 KB */
+#define OBS_ROOM 8         /* a sub-ring keeps room for this many records of one task (must-drain below) */
+#define OBS_EARLY_POLLS 16 /* a wait drains (one 32-record batch per 16 polls) after this many polls when it
+                            * is long (this one or the worker's previous one lasted OBS_LONG_WAIT_NS), ... */
+#define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
+#define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
 
 /* worker_state u64 words */
@@ -196,16 +198,19 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step) {
  * Per CTA in shared memory: copies of the hook tables (refreshed when the host bumps
  * control[CTL_GEN], checked with the other control words every `refresh` tasks and
  * every 16 polls of a dependency wait), a ring of OBS_RING contexts that thread 0
- * appends to at the hook sites, the VM's register file and coverage accumulators.
- * Warp 0 drains the ring through dtmk_vm_run_records: inside a dependency wait that has
- * lasted OBS_DRAIN_POLLS polls, or OBS_EARLY_POLLS when the worker's previous wait was
- * long (never before the first poll; one hook group per chunk, 16 polls between chunks,
- * so readiness is seen at most one chunk late and a long wait's drain ends early in it),
- * in a wait's spin when the ring holds OBS_FULL_AT records, all at once at a wait's first
- * look (ready or not) only when it holds OBS_MUST_AT (room for the next task's records),
- * before any table reload (records are run under the tables they were taken with) and at
- * kernel end.  Coverage is counted in one
- * accumulator per (hook, slot); an emptied ring flushes those of epochs before the
+ * appends to at the hook sites (split evenly into one sub-ring per hook with VM
+ * programs, obs_layout), the VM's register file and coverage accumulators.
+ * Warp 0 drains through DTMK_RUN_RECORDS, one sub-ring at a time in 32-record VM calls
+ * back to back (round 4: drains rare and large).  When: a wait that is not ready at its
+ * first look, or its 16-poll spin check, finds a sub-ring O.full_at (<= 3/4) full: one
+ * batch of the fullest sub-ring per 16 polls; a long wait (this one or the worker's
+ * previous one lasted OBS_LONG_WAIT_NS): everything, one batch per 16 polls, starting
+ * after OBS_EARLY_POLLS polls; the lowest held epoch OBS_LAG steps behind (not ready):
+ * everything at once, so epochs finalise with a bounded lag; a first look (ready or
+ * not) that finds a sub-ring O.must_at full (room for one task's records): everything;
+ * before any table reload (records are run under the tables they were taken with) and
+ * at kernel end.  Never before the first poll of a wait, never after a task.
+ * Coverage is counted in one accumulator per (hook, slot); an emptied ring flushes those of epochs before the
  * worker's current step (a reload or the last drain: all) and publishes OBS_PENDING =
  * the lowest epoch still held (a record or an accumulator), so the host knows which
  * epochs are final.  A hook with no program keeps its enable bit clear. */
@@ -214,6 +219,8 @@ struct __align__(16) Obs {
     struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
     struct dtmk_hook_table scratch;
     struct dtmk_ctx ring[OBS_RING];
+    dtmk_u32 cnt[DTMK_NUM_HOOKS], base[DTMK_NUM_HOOKS];   /* per hook: records held, first ring index */
+    dtmk_u32 cap, full_at, must_at, maxc;   /* sub-ring size; drain thresholds; max(cnt) */
     dtmk_u64 regs[DTMK_VM_NREGS * 32];
     struct dtmk_cov_acc accs[OBS_NACC];     /* per (hook, slot): a drain never flushes mid-way */
     dtmk_u64 tables, state;
@@ -310,9 +317,24 @@ __device__ __forceinline__ void obs_move(bool valid, dtmk_u32 src, dtmk_u32 dst)
     __syncwarp();
 }
 
-/* warp 0 (all 32 lanes, converged): run the ring through the VM, one hook group (in
- * order of first occurrence) per VM call; `chunk`: one group only (a spin loop calls it
- * again after re-polling).  Once the ring is empty: flush the coverage accumulators of
+/* one thread, ring empty: split the ring evenly between the hooks of `mask` (VM programs) */
+__device__ __forceinline__ void obs_layout(dtmk_u32 mask) {
+    const dtmk_u32 k = __popc(mask);
+    const dtmk_u32 cap = k ? OBS_RING / k : 0;
+    dtmk_u32 b = 0;
+    for (int h = 0; h < DTMK_NUM_HOOKS; ++h) {
+        O.cnt[h] = 0; O.base[h] = b;
+        if (mask & (1u << h)) b += cap;
+    }
+    O.cap = cap; O.maxc = 0;
+    O.must_at = cap > OBS_ROOM ? cap - OBS_ROOM : 1u;          /* room for one task's records */
+    O.full_at = min(cap - cap / 4, cap > 2 * OBS_ROOM ? cap - 2 * OBS_ROOM : 1u);   /* <= 3/4 full */
+    if (!O.full_at) O.full_at = 1;
+}
+
+/* warp 0 (all 32 lanes, converged): run the ring through the VM, each hook's sub-ring in
+ * 32-record VM calls back to back (within a hook in time order); `chunk`: one 32-record
+ * batch of the fullest sub-ring only (a spin loop calls it again after re-polling).  Once the ring is empty: flush the coverage accumulators of
  * epochs < `step` (all on a reload or with step ~0), publish OBS_PENDING, then reload the
  * hook tables if the host published new ones. */
 __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
@@ -324,25 +346,40 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     bool ran = false;
     if (n && lane == 0 && !O.first_seen) {            /* attach latency: first counted event */
         dtmk_u64 first = ~0ull;
-        for (dtmk_u32 i = 0; i < n; ++i)
-            if (O.tabs[O.ring[i].hook].n_progs && O.ring[i].ts_ns < first) first = O.ring[i].ts_ns;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            if (!O.tabs[h].n_progs) continue;
+            for (dtmk_u32 i = 0; i < O.cnt[h]; ++i)
+                if (O.ring[O.base[h] + i].ts_ns < first) first = O.ring[O.base[h] + i].ts_ns;
+        }
         if (first != ~0ull) { g[OBS_FIRST_TS] = first; O.first_seen = 1; }
     }
     __syncwarp();
-    while (n) {
-        const dtmk_u32 h = O.ring[0].hook;
-        const bool valid = lane < n, mine = valid && O.ring[lane].hook == h;
-        const unsigned vm = __ballot_sync(0xffffffffu, valid), mm = __ballot_sync(0xffffffffu, mine);
-        const dtmk_u32 nh = __popc(mm);
-        const unsigned lt = (1u << lane) - 1u;
-        if (mm != (nh == 32 ? 0xffffffffu : (1u << nh) - 1u))   /* stable partition: the group first */
-            obs_move(valid, lane, mine ? __popc(mm & lt) : nh + __popc(vm & ~mm & lt));
-        DTMK_RUN_RECORDS(O.tabs, O.ring, nh, O.regs, O.accs + (h < DTMK_NUM_HOOKS ? h : 0) * DTMK_MAX_PROGS,
-                         W.worker, 0);
-        __syncwarp();
-        n -= nh;
-        if (n) obs_move(lane < n, nh + lane, lane);
-        if (lane == 0) { O.n = n; O.drained += nh; O.drains += 1; }
+    /* one hook's sub-ring per round, in batches of 32 records (one VM call each) back to
+     * back; `chunk`: one batch, then the rest of that sub-ring moves to its front */
+    int hsel = 0;                                   /* chunk: the fullest sub-ring */
+    if (chunk) {
+        dtmk_u32 mx = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.cnt[h] > mx) { mx = O.cnt[h]; hsel = h; }
+    }
+    for (int h = 1; n && h < DTMK_NUM_HOOKS; ++h) {
+        const dtmk_u32 c = O.cnt[h];
+        if (!c || (chunk && h != hsel)) continue;
+        const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
+        for (dtmk_u32 w = 0; w < todo; w += 32) {
+            DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
+                             W.worker, 0);
+            __syncwarp();
+        }
+        const dtmk_u32 rem = c - todo;
+        for (dtmk_u32 w = 0; w < rem; w += 32)          /* ascending: a batch is read before it is overwritten */
+            obs_move(w + lane < rem, b + todo + w + lane, b + w + lane);
+        n -= todo;
+        if (lane == 0) {
+            O.cnt[h] = rem; O.n = n; O.drained += todo; O.drains += (todo + 31) / 32;
+            dtmk_u32 mx = 0;
+            for (int k = 1; k < DTMK_NUM_HOOKS; ++k) mx = max(mx, O.cnt[k]);
+            O.maxc = mx;
+        }
         __syncwarp();
         ran = true;
         if (chunk) break;
@@ -391,6 +428,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             if (O.tabs[h].n_progs) mask |= 1u << h;
         }
         O.vm_mask = mask;
+        obs_layout(mask);                             /* the ring is empty here */
         W.hook_mask = O.ring_mask | mask;
         if (ok) {
             O.gen_seen = gen;
@@ -409,12 +447,21 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
     if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+/* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
+#define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
-__device__ __noinline__ int obs_first_look(Worker &W, int rd) {
+__device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     if (rd) W.long_wait = 0;
-    return (O.n >= OBS_MUST_AT || O.reload) ? 2 : 0;
+    if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
+    if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
+    return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
+}
+/* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
+__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+    return O.maxc >= O.full_at ||
+           ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
@@ -435,9 +482,9 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
     if (O.vm_mask & bit) {
-        const dtmk_u32 n = O.n;
-        if (n < OBS_RING) {
-            uint4 *d = (uint4 *)&O.ring[n];
+        const dtmk_u32 cn = O.cnt[hook];
+        if (cn < O.cap) {
+            uint4 *d = (uint4 *)&O.ring[O.base[hook] + cn];
 #pragma unroll
             for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
             /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
@@ -448,7 +495,8 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
                 O.pub = lo;
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
             }
-            O.n = n + 1;
+            O.cnt[hook] = cn + 1; O.n += 1;
+            if (cn >= O.maxc) O.maxc = cn + 1;
         } else {
             obs_lost(W, hook, step);
         }
@@ -964,7 +1012,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (W.observe) rd |= obs_first_look(W, rd);
+        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
@@ -980,7 +1028,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(first & 2, false, (dtmk_u32)step);
+    OBS_SYNC_IF(first & 6, !(first & 2), (dtmk_u32)step);
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1001,12 +1049,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 dtmk_u64 now = mk_now();
                 if (v != last_v) { last_v = v; t_idle = now; }   /* the awaited event progressed */
 #ifndef DTMK_NO_HOOKS
-                /* drain a chunk (all when nearly full), re-poll 16 times, next chunk: a long
-                 * wait (the previous one was long: early) finishes its drain well before it ends */
-                if (W.observe && (O.n >= OBS_FULL_AT ||
-                                  (it >= (W.long_wait ? OBS_EARLY_POLLS : OBS_DRAIN_POLLS) &&
-                                   (O.n || O.acc_min < (dtmk_u32)step))))
-                    break;
+                /* drain one 32-record batch of the fullest sub-ring, re-poll 16 times, next
+                 * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
+                 * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
+                 * (then all at once).  Short waits of a busy worker are left alone. */
+                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -1043,7 +1090,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (ready || aborted) break;
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_MUST_AT, (dtmk_u32)step);
+        OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
@@ -1112,6 +1159,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
         if (!O.state) O.tables = 0;
         O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
+        obs_layout(0u);
         O.drained = O.drains = O.pubs = 0; O.first_seen = 0; O.pub = 0;
         if (O.state) {
             const dtmk_u64 *g = obs_state(W);

@@ -92,7 +92,7 @@ def test_control_words_loaded_before_tested():
 def test_coverage_accumulators_per_hook_and_slot():
     assert re.search(r"struct dtmk_cov_acc accs\[OBS_NACC\]", SRC)
     assert "#define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)" in SRC
-    assert "O.accs + (h < DTMK_NUM_HOOKS ? h : 0) * DTMK_MAX_PROGS" in body("obs_sync")
+    assert "O.accs + h * DTMK_MAX_PROGS" in body("obs_sync")
 
 
 def test_cold_functions_stay_separate_in_ptx(tmp_path, monkeypatch):
@@ -122,12 +122,33 @@ def test_task_end_records_built_after_the_release_signal():
 
 def test_no_drain_on_a_ready_first_look_below_must_at():
     f = body("obs_first_look")
-    assert "OBS_MUST_AT" in f and "OBS_FULL_AT" not in f
+    assert "O.maxc >= O.must_at" in f
+    # 3/4 full (full_at) and the epoch-lag drain only when the first look was not ready
+    assert "(!rd && O.maxc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
     w = body("wait_event")
-    assert "OBS_SYNC_IF(dt < 0 && W.observe, O.n < OBS_MUST_AT" in w
+    assert "OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step)" in w
     # the poll count survives a drain chunk (chunks 16 polls apart, not 64)
     assert "unsigned it = 0;" in w and "for (unsigned it" not in w
-    assert "W.long_wait ? OBS_EARLY_POLLS : OBS_DRAIN_POLLS" in w
+    assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
+
+
+# ---- round 4: rare, large drains ---------------------------------------------------------
+
+def test_ring_split_per_hook_and_drained_in_32_record_batches():
+    """The shared ring holds a sub-ring per hook with VM programs; a drain runs each
+    sub-ring in back-to-back 32-record VM calls (not one call per hook group of a
+    32-record window), short waits drain only when 3/4 full or the epoch lags."""
+    ring = int(re.search(r"#define OBS_RING (\d+)", SRC).group(1))
+    assert ring >= 96
+    lay = body("obs_layout")
+    assert "OBS_RING / k" in lay and "O.must_at" in lay and "O.full_at" in lay
+    s = body("obs_sync")
+    assert "for (dtmk_u32 w = 0; w < todo; w += 32)" in s and "min(todo - w, 32u)" in s
+    c = body("hk_store")
+    assert "O.cnt[hook]" in c and "< O.cap" in c and "obs_lost(" in c
+    d = body("obs_spin_drain")
+    assert "O.maxc >= O.full_at" in d and "OBS_LAGGING(step)" in d and "OBS_LONG_WAIT_NS" in d
+    assert re.search(r"#define OBS_LAGGING\(step\) \(O\.pub < ", SRC)
 
 
 def test_pending_published_only_when_it_moves():

@@ -34,6 +34,8 @@ class Thresholds:
     rel: float = 0.25                   # relative floor (fraction of the expected value)
     abs_floor_ns: int = 20_000          # local patterns: minimum excess per (rank, epoch)
     stall_floor_ns: int = 10_000        # remote_stall: minimum late-sender time per wait
+    usual_late_cap_ns: int = 50_000     # remote_stall: at most this much lateness per wait is
+                                        # "usual" (series_baselines); a steady larger one is a stall
     share_abs: float = 0.10             # routing_skew: minimum excess share (over epochs)
     share_peer_abs: float = 0.04        # routing_skew: minimum excess over the other ranks
     queue_rel: float = 0.5              # queue_saturation: relative floor
@@ -434,7 +436,7 @@ SERIES_MIN_STEPS = 4
 SENDER_SERIES_COVER = 0.75
 
 
-def series_baselines(waits: Sequence[AlignedWait]) -> List[float]:
+def series_baselines(waits: Sequence[AlignedWait], cap_ns: float = float("inf")) -> List[float]:
     """Per wait: its series' usual `late_own`, the larger of two 25th percentiles over
     the steps (a series shorter than SERIES_MIN_STEPS counts 0): the receiver's at this
     all-reduce (receiver, comm_op, layer) and the sender's (sender, comm_op, its
@@ -459,7 +461,9 @@ def series_baselines(waits: Sequence[AlignedWait]) -> List[float]:
     bs = {k: (quantile(list(v.values()), 0.25)
               if len(v) >= max(SERIES_MIN_STEPS, SENDER_SERIES_COVER * len(steps[k[1:]])) else 0.0)
           for k, v in per_s.items()}
-    return [max(br[a], bs[b]) for a, b in zip(rk, sk)]
+    # a lateness every step shows is "usual" only while small: a persistent fault (a
+    # sender 200 us late from step 4 to the end of a long job) must stay a stall
+    return [min(max(br[a], bs[b]), cap_ns) for a, b in zip(rk, sk)]
 
 
 def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedWait], float]:
@@ -469,7 +473,7 @@ def flag_stalls(waits: List[AlignedWait], th: Thresholds) -> Tuple[List[AlignedW
     (`series_baselines`), against a robust center/scale of all excesses."""
     if not waits:
         return [], float(th.stall_floor_ns)
-    base = series_baselines(waits)
+    base = series_baselines(waits, th.usual_late_cap_ns)
     excess = [w.own_late - b for w, b in zip(waits, base)]
     lc, ls = robust_center_scale(excess)
     tc, ts = robust_center_scale([w.transfer for w in waits])

@@ -63,7 +63,7 @@ PATTERNS: Tuple[Pattern, ...] = (
                    "late_own(w) minus its baseline (the larger 25th percentile over the "
                    "steps of the receiver's series (receiver, comm_op, layer; at least 4 "
                    "steps) and the sender's (sender, comm_op, layer; one value per step, "
-                   "covering at least 3/4 of the steps); else 0: a lateness every step "
+                   "covering at least 3/4 of the steps), capped at 50 us; else 0: a small lateness every step "
                    "shows is normal) is anomalous over all joined waits, or when "
                    "transfer(w) = wait_end - max(wait_begin, S) exceeds its baseline; the "
                    "stall is that excess.  Its cost is followed upstream (rootcause.py): "

@@ -790,11 +790,14 @@ __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, 
                                         dtmk_u32 queue_depth = 0, dtmk_u64 ts_ns = 0,
                                         dtmk_u32 comm_op = DTMK_NONE_U32, dtmk_u32 comm_gen = 0,
                                         dtmk_u32 peer_rank = DTMK_NONE_U32) {
+    /* stamp first: the flush below takes ~1 us, and e.g. comm:signal's stamp is what the
+     * collector's causal check compares the peer's release with */
+    const dtmk_u64 ts = ts_ns ? ts_ns : mk_now();
 #ifndef DTMK_NO_HOOKS
     if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
 #endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
-    hook_put(P, W, (dtmk_u32)hook, ts_ns ? ts_ns : mk_now(), t, step, flags, event, event_gen, wait_ns, dur_ns,
+    hook_put(P, W, (dtmk_u32)hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns,
              queue_depth, comm_op, comm_gen, peer_rank, 0);
 }
 

@@ -15,7 +15,9 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOG/install.log" 2>&1 || { tail -20 "$LOG/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$LOG/card.txt"
 declare -a rows
+i=0
 for stage in "$@"; do
+  i=$((i + 1)); log="$LOG/stage$i.log"
   t0=$(date +%s)
   case "$stage" in
     gputests)  cmd="python3 -m pytest -q -x -p no:cacheprovider tests/gpu" ;;
@@ -24,9 +26,9 @@ for stage in "$@"; do
     *)         cmd="$stage" ;;
   esac
   echo "=== $stage: $cmd"
-  bash -c "$cmd" >"$LOG/${stage//[^A-Za-z0-9_.-]/_}.log" 2>&1
+  bash -c "$cmd" >"$log" 2>&1
   rc=$?
-  tail -25 "$LOG/${stage//[^A-Za-z0-9_.-]/_}.log"
+  tail -25 "$log"
   rows+=("$(printf '%-40s rc=%-3s %4ss' "${stage:0:40}" "$rc" "$(( $(date +%s) - t0 ))")")
 done
 tar czf "$OUT/logs.tgz" -C "$LOG" . ; echo "=== stages (logs in \$OUT/logs.tgz)"; printf '%s\n' "${rows[@]}"

@@ -69,6 +69,22 @@ def test_one_launch_per_step_demo_is_step_precise_with_no_reverse_finding():
     assert [f["rank"] for f in res["findings"] if f["cause"] == "remote_stall"] == [1], _brief(res)
 
 
+@pytest.mark.parametrize("gpu_comm_wait", [False, True])
+def test_a_stall_in_almost_every_step_is_still_a_stall(gpu_comm_wait):
+    """The usual lateness a series may absorb is capped (Thresholds.usual_late_cap_ns):
+    a sender 200 us late from step 2 to the end (as `dtrace-mk launch --fault
+    late_comm:...,steps=4-100000` does) is a remote stall rooted at it, not "normal"."""
+    from dtrace_mk.collectors.scenario import parse_scenario
+    sc = parse_scenario(dict(name="persistent", ranks=2, model="tiny", steps=16, batch=4, seed=0,
+                             faults=[dict(kind="late_comm", rank=1, steps=list(range(2, 16)),
+                                          comm_op="allreduce_attn", layer=0, delay_us=200)]))
+    res, _ = run_gpu_semantics(sc, gpu_comm_wait=gpu_comm_wait)
+    rep = score(res, sc)
+    assert rep.recall == 1.0 and rep.false_confident == [], (rep.render(), _brief(res))
+    assert any(f["cause"] == "remote_stall" and f["rank"] == 1 and f["confidence"] >= 0.8
+               for f in res["findings"]), _brief(res)
+
+
 def test_without_the_corrections_the_sim_shows_both_gpu_symptoms(monkeypatch):
     """The GPU-semantics sim reproduces what the GPU runs showed, once the launch-skew and
     baseline corrections are off: findings over every step, and a confident remote

@@ -213,3 +213,13 @@ def test_hold_reads_what_may_change_after_the_signal():
     s = body("hk_store")
     assert "uint4" in s
     assert s.count("struct dtmk_ctx") == 1 and "DTMK_LINKED_MONITOR" in s
+
+
+def test_hook_event_stamps_before_it_flushes_captured_records():
+    """A record's ts is when its event happened: hook_event reads the clock BEFORE
+    building the task's captured records (~1 us).  Stamping after it made comm:signal
+    ~1.3 us late and gave the collector causal violations on 2 GPUs (2026-11-30)."""
+    body = SRC[SRC.index("__device__ __noinline__ void hook_event("):]
+    body = body[:body.index("\n}\n")]
+    assert body.index("mk_now()") < body.index("hook_flush(P, W)")
+    assert "hook_put(P, W, (dtmk_u32)hook, ts," in body

@@ -46,16 +46,8 @@
 #define MK_COMM_PEND 8        /* deferred comm signals per worker */
 
 /* ---- system-scope primitives (peer GPUs read / write these locations) ---------------- */
-__device__ __forceinline__ dtmk_u64 ld_acquire_sys(const dtmk_u64 *p) {
-    dtmk_u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ dtmk_u64 ld_relaxed_sys(const dtmk_u64 *p) {
-    dtmk_u64 v;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+MK_LD_U64(ld_acquire_sys, acquire, sys)
+MK_LD_U64(ld_relaxed_sys, relaxed, sys)
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 __device__ __forceinline__ void red_release_sys_add(dtmk_u64 *p, dtmk_u64 v) {
     asm volatile("red.release.sys.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");

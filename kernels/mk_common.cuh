@@ -83,16 +83,16 @@ __device__ __forceinline__ void mk_spin_ns(dtmk_u64 ns) {
 }
 
 /* ---- event counters (monotonic u64) ------------------------------------------- */
-__device__ __forceinline__ dtmk_u64 ld_acquire(const dtmk_u64 *p) {
-    dtmk_u64 v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ dtmk_u64 ld_relaxed(const dtmk_u64 *p) {
-    dtmk_u64 v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+/* NAME(p): a u64 load with memory-model semantics SEM at scope SCOPE (gpu: this GPU's
+ * workers; sys: peer GPUs too, mk_comm.cuh) */
+#define MK_LD_U64(NAME, SEM, SCOPE)                                                              \
+    __device__ __forceinline__ dtmk_u64 NAME(const dtmk_u64 *p) {                                \
+        dtmk_u64 v;                                                                              \
+        asm volatile("ld." #SEM "." #SCOPE ".global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); \
+        return v;                                                                                \
+    }
+MK_LD_U64(ld_acquire, acquire, gpu)
+MK_LD_U64(ld_relaxed, relaxed, gpu)
 __device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 /* start streaming [p, p + bytes) into L2 (bulk copy engine, sm_90); 16-byte aligned */
 __device__ __forceinline__ void prefetch_l2(const void *p, dtmk_u64 bytes) {

@@ -62,7 +62,7 @@ from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor 
 STEPS = {"tiny": 64, "1b": 16}
 #: static shared memory of the default build minus that of -DDTMK_NO_HOOKS (ptxas -v,
 #: sm_90a: 18,528 - 1,072 B; NVRTC 13.5 + ptxas 13.0; recheck after changing Obs / Worker)
-SMEM_PAD = 26208
+SMEM_PAD = 25760
 LONG = {"tiny": 4000, "1b": 600}
 
 

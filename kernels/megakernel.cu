@@ -101,7 +101,6 @@
 #define F_STARVE 5
 
 #define MK_PENDING 4        /* deferred (late) signals per worker */
-#define HK_QN 6             /* captured-record queue: tasks whose records wait for the worker's next wait */
 
 #define TREC_WORDS 16
 #define TRACE_BYTES 32
@@ -116,13 +115,6 @@ struct TraceRec {          /* 32 bytes; stamps are %globaltimer ns */
     dtmk_u16 worker;
     dtmk_u16 flags;        /* DTMK_FLAG_* */
     dtmk_u16 cls;
-};
-
-/* the captured scalars of one task whose records are not built yet (hook_flush) */
-struct HkSlot {
-    dtmk_u32 pend, q, flags, peer, rg, phantoms;   /* hook bits; queue depth; DTMK_FLAG_*; comm sender; request_gen */
-    int t, step;
-    dtmk_u64 ts_rel, t_ready, t_begin, t_end, dep_wait;
 };
 
 struct Worker {            /* per-CTA scheduler state, in shared memory */
@@ -155,15 +147,6 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
     dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
-    /* Round 5: after the release signal the captured scalars move to this queue (hk_push);
-     * its records are built only when the worker next waits (a first look that is not
-     * ready or must drain, the spin's 16-poll check), when it holds HK_QN tasks, before any
-     * record built at once (hook_event, gen:advance), before a ring-mask change and at the
-     * end, so a ready successor starts without waiting for them.  Every obs_sync comes
-     * after it was emptied, so OBS_PENDING (held per task by hook_hold) never moves above
-     * a queued record's step. */
-    HkSlot hq[HK_QN];
-    dtmk_u32 qn;                             /* tasks queued in hq (oldest first) */
 #endif
 };
 
@@ -466,37 +449,17 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
-__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W, dtmk_u32 n = ~0u);
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
-__device__ __noinline__ int obs_first_look(const MkParams &P, Worker &W, int rd, dtmk_u32 step, const dtmk_u64 *ctr,
-                                          dtmk_u64 target) {
+__device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     if (rd) W.long_wait = 0;
-    /* a queued task adds at most one record per hook (the captured hooks are distinct) */
-    const dtmk_u32 mc = O.maxc + W.qn;
-    int f = 0;
-    if (mc >= O.must_at || O.reload) f = 2;                   /* all at once */
-    else if (!rd && OBS_LAGGING(step)) f = 2;                 /* bounded epoch lag: all, publish */
-    else if (!rd && mc >= O.full_at) f = 4;                   /* not ready, 3/4 full: one batch now */
-    /* the queued records: built now unless the task is ready and nothing drains (every
-     * drain finds the queue empty: epochs stay exact); a wait with no drain builds them
-     * task by task, oldest first, while the awaited event stays behind (a short wait is
-     * not stretched by more than one task's records; the rest wait for the next wait) */
-    if (f) {
-        if (W.qn) hook_flush(P, W);
-    } else if (!rd) {
-        const bool sys = P.ranks > 1;
-        while (W.qn) {
-            hook_flush(P, W, 1u);
-            if (ev_ld_relaxed(sys, ctr) >= target) break;
-        }
-    }
-    return f;
+    if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
+    if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
+    return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
-__device__ __noinline__ bool obs_spin_drain(const MkParams &P, Worker &W, dtmk_u64 waited, dtmk_u32 step) {
-    if (W.qn) hook_flush(P, W);   /* queued records (dynamic tasks run in this wait): built while waiting */
+__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
@@ -582,9 +545,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
-    const dtmk_u32 ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
-    if (W.qn && ring_mask != O.ring_mask) hook_flush(P, W);   /* queued records under the mask they were taken with */
-    O.ring_mask = ring_mask;
+    O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
     W.hook_mask = O.ring_mask | O.vm_mask;
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
 #else
@@ -730,10 +691,9 @@ __device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return 
  *     a site builds nothing and calls nothing: it sets its bit in W.pend and keeps the
  *     scalars that cannot be recomputed later (stamps, waits, queue depth) in Worker
  *     fields.  hook_hold (before the signal) holds OBS_PENDING and reads what may change
- *     once the signal is out (request_gen, comm:wait's sender); hook_post queues them
- *     (W.hq) and hook_flush builds them at the worker's next wait (Round 5), in hook
- *     order (dep:release, task:ready, queue:pressure, comm:wait, task:dispatch,
- *     task:begin, task:end), each with its captured stamp.
+ *     once the signal is out (request_gen, comm:wait's sender); hook_flush builds the
+ *     records after the signal, in hook order (dep:release, task:ready, queue:pressure,
+ *     comm:wait, task:dispatch, task:begin, task:end), each with its captured stamp.
  *     hook_event flushes them first, so a record built elsewhere in that window (router
  *     task:ready, comm:signal) keeps the worker's ring in time order.
  *   * -DDTMK_NO_HOOKS makes HOOK_ON / HOOKS_ANY constant 0: the site compiles away.
@@ -773,80 +733,55 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
                   (DTMK_HOOK_COMM_WAIT << 12) | (DTMK_HOOK_TASK_DISPATCH << 16) | (DTMK_HOOK_TASK_BEGIN << 20) | \
                   (DTMK_HOOK_TASK_END << 24))
 
-/* thread 0: move the captured scalars of task W.pend_t (see Worker) to the queue, after
- * hk_capture if hook_hold has not run it (a router's task:ready records flush before its
- * hold); the caller makes room (W.qn < HK_QN) */
-__device__ __forceinline__ void hk_push(const MkParams &P, Worker &W) {
-    dtmk_u32 pend = W.pend;
-    if (!(W.pend_rg >> 32)) {
-        const int *r = trec(P, W.pend_t);
-        pend = hk_capture(P, W, pend, r[0], r[3], r[6], r[14]);
-    }
-    if (pend) {
-        HkSlot &s = W.hq[W.qn++];
-        s.pend = pend; s.q = W.pend_q; s.flags = W.pend_flags; s.peer = W.cw_peer; s.rg = (dtmk_u32)W.pend_rg;
-        s.phantoms = W.phantoms; s.t = W.pend_t; s.step = W.pend_step;
-        s.ts_rel = W.ts_rel; s.t_ready = W.t_ready; s.t_begin = W.t_begin; s.t_end = W.t_end; s.dep_wait = W.dep_wait;
-    }
-    W.pend = 0;
-    W.pend_rg = 0;
-}
-
-/* thread 0, cold: build the records of the queued tasks (oldest first) and of the one
- * captured now (W.pend, pushed last), each task's in hook order with its captured stamps;
- * every field as it was when captured.  A task's fields are loaded once; one emit site.
- * n < queued: only the oldest n tasks (obs_first_look), the rest move to the front. */
-__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W, dtmk_u32 n) {
-    if (W.pend) hk_push(P, W);
-    const dtmk_u32 nq = min(n, W.qn);
-    for (dtmk_u32 i = 0; i < nq; ++i) {
-        const HkSlot &s = W.hq[i];
-        const int t = s.t, step = s.step;
-        const int *r = trec(P, t);
-        const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
-        HkTask k;
-        k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
-        k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
-        k.rg = s.rg;
-        dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
+/* thread 0, cold: build the records captured for task W.pend_t (see Worker) after its
+ * release signal, in hook order, each with its captured stamp; every field as it was
+ * when captured.  The task's fields are loaded once; one emit site for all records. */
+__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
+    const int t = W.pend_t, step = W.pend_step;
+    const int *r = trec(P, t);
+    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
+    HkTask k;
+    k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
+    k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
+    dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
 #pragma unroll
-        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
-        const dtmk_u32 pend = s.pend;
-        /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
-        int e = dep >= 0 ? dep : (int)P.step_event;
-        dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-        if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
-        const dtmk_u32 flags = s.flags, N = DTMK_NONE_U32;
-        const dtmk_u64 t_ready = s.t_ready, t_begin = s.t_begin, t_end = s.t_end, dep_wait = s.dep_wait;
-        for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
-            const dtmk_u32 h = o & 15u;
-            if (!(pend & (1u << h))) continue;
-            dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
-            dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
-            switch (h) {
-            case DTMK_HOOK_DEP_RELEASE: ts = s.ts_rel; wait = dep_wait; break;
-            case DTMK_HOOK_TASK_READY: qd = s.q; break;
-            case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
-            case DTMK_HOOK_COMM_WAIT:
-                wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
-                cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = s.peer;
-                break;
-            case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = s.phantoms; break;
-            case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = s.phantoms; break;
-            default: /* task:end */
-                ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
-                wait = dep_wait; dur = t_end - t_begin;
-                break;
-            }
-            if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
-            HkRec c;
-            hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
-            hk_store(P, W, c, h, (dtmk_u32)step);
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
+    dtmk_u32 pend = W.pend;
+    if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+    W.pend = 0;
+    k.rg = (dtmk_u32)W.pend_rg;
+    W.pend_rg = 0;
+    /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
+    int e = dep >= 0 ? dep : (int)P.step_event;
+    dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+    if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
+    const dtmk_u32 flags = W.pend_flags, N = DTMK_NONE_U32;
+    const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, t_end = W.t_end, dep_wait = W.dep_wait;
+    for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
+        const dtmk_u32 h = o & 15u;
+        if (!(pend & (1u << h))) continue;
+        dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
+        dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
+        switch (h) {
+        case DTMK_HOOK_DEP_RELEASE: ts = W.ts_rel; wait = dep_wait; break;
+        case DTMK_HOOK_TASK_READY: qd = W.pend_q; break;
+        case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
+        case DTMK_HOOK_COMM_WAIT:
+            wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
+            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = W.cw_peer;
+            break;
+        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = W.phantoms; break;
+        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = W.phantoms; break;
+        default: /* task:end */
+            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
+            wait = dep_wait; dur = t_end - t_begin;
+            break;
         }
+        if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
+        HkRec c;
+        hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
+        hk_store(P, W, c, h, (dtmk_u32)step);
     }
-    const dtmk_u32 left = W.qn - nq;
-    for (dtmk_u32 i = 0; i < left; ++i) W.hq[i] = W.hq[nq + i];
-    W.qn = left;
 }
 #endif
 
@@ -859,7 +794,7 @@ __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, 
      * collector's causal check compares the peer's release with */
     const dtmk_u64 ts = ts_ns ? ts_ns : mk_now();
 #ifndef DTMK_NO_HOOKS
-    if (W.pend | W.qn) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
+    if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
 #endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
     hook_put(P, W, (dtmk_u32)hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns,
@@ -902,14 +837,10 @@ __device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_
  * gen:advance and the trace record */
 __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end) {
 #ifndef DTMK_NO_HOOKS
-    const bool gen_adv = trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE);
-    if (W.pend) hk_push(P, W);           /* built at the worker's next wait (Round 5) */
+    if (W.pend) hook_flush(P, W);
     W.pend_rg = 0;                       /* the next task captures afresh */
-    if (W.qn >= HK_QN || (W.qn && gen_adv)) hook_flush(P, W);   /* full; gen:advance is built now */
-#else
-    const bool gen_adv = false;
 #endif
-    if (gen_adv) {
+    if (trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
         const HkTask none = hk_task(P, -1, 0);
         for (int b = 0; b < (int)P.batch; ++b) {
             /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
@@ -1084,7 +1015,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (W.observe) rd |= obs_first_look(P, W, rd, (dtmk_u32)step, counter(P, e), target);
+        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
@@ -1125,7 +1056,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
-                if (W.observe && obs_spin_drain(P, W, now - t0, (dtmk_u32)step)) break;
+                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -1241,7 +1172,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
-        W.pend = 0; W.qn = 0;
+        W.pend = 0;
     }
 #endif
     __syncthreads();
@@ -1281,8 +1212,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifndef DTMK_NO_HOOKS
-    if (threadIdx.x == 0 && W.qn) hook_flush(P, W);   /* the queued records (wait_event may have been ready) */
-    __syncthreads();
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }

@@ -122,15 +122,14 @@ def test_task_end_records_built_after_the_release_signal():
 
 def test_no_drain_on_a_ready_first_look_below_must_at():
     f = body("obs_first_look")
-    # round 5: the records of queued tasks count against the room (mc = O.maxc + W.qn)
-    assert "mc = O.maxc + W.qn" in f and "mc >= O.must_at" in f
+    assert "O.maxc >= O.must_at" in f
     # 3/4 full (full_at) and the epoch-lag drain only when the first look was not ready
-    assert "(!rd && mc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
+    assert "(!rd && O.maxc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
     w = body("wait_event")
     assert "OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step)" in w
     # the poll count survives a drain chunk (chunks 16 polls apart, not 64)
     assert "unsigned it = 0;" in w and "for (unsigned it" not in w
-    assert "obs_spin_drain(P, W, now - t0, (dtmk_u32)step)" in w
+    assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
 
 
 # ---- round 4: rare, large drains ---------------------------------------------------------
@@ -224,40 +223,3 @@ def test_hook_event_stamps_before_it_flushes_captured_records():
     body = body[:body.index("\n}\n")]
     assert body.index("mk_now()") < body.index("hook_flush(P, W)")
     assert "hook_put(P, W, (dtmk_u32)hook, ts," in body
-
-
-# ---- round 5 (docs/dev/hook_cost_analysis.md "Round 5") -------------------------------
-
-def test_captured_records_wait_for_the_next_wait():
-    """After the release signal a task's captured scalars go to a per-worker queue
-    (hk_push); hook_flush builds the queue only when the worker next waits (a first look
-    that is not ready or must drain, the spin check), when HK_QN tasks are queued, before
-    any record built at once, before a ring-mask change and at the end.  Every drain
-    (obs_sync) comes after the queue was emptied, so OBS_PENDING never passes a queued
-    record's step."""
-    qn = int(re.search(r"#define HK_QN (\d+)", SRC).group(1))
-    assert 4 <= qn <= 8
-    p = body("hook_post")
-    assert "hk_push(P, W)" in p and "W.qn >= HK_QN" in p and "gen_adv" in p
-    assert p.index("hk_push(") < p.index("hook_flush(") < p.index("trace_rec(")
-    f = body("hook_flush")
-    assert f.index("hk_push(") < f.index("min(n, W.qn)") < f.index("hk_store(") < f.index("W.qn = left")
-    assert "s.rg" in f and "s.phantoms" in f and "W.phantoms" not in f and "W.pend_q" not in f
-    # the wait's first look builds the queue unless ready with nothing to drain
-    fl = body("obs_first_look")
-    assert "if (W.qn) hook_flush(P, W);" in fl            # a drain: all of them first
-    # no drain, not ready: task by task while the awaited event stays behind
-    part = fl[fl.index("} else if (!rd) {"):fl.index("return f;")]
-    assert part.index("hook_flush(P, W, 1u)") < part.index("ev_ld_relaxed(sys, ctr) >= target")
-    assert "obs_first_look(P, W, rd, (dtmk_u32)step, counter(P, e), target)" in body("wait_event")
-    assert body("obs_spin_drain").lstrip().split("\n")[1].strip() == "if (W.qn) hook_flush(P, W);   " \
-        "/* queued records (dynamic tasks run in this wait): built while waiting */"
-    assert "W.pend | W.qn" in body("hook_event")
-    rc = body("refresh_control")
-    assert rc.index("hook_flush(") < rc.index("O.ring_mask = ring_mask")
-    k = body("dtmk_megakernel")
-    assert k.index("W.qn) hook_flush(P, W)") < k.index("OBS_SYNC_IF(true, false, ~0u)")
-    assert "W.qn = 0" in k
-    # the hot path never touches the queue
-    for fn in ("run_task", "wait_event"):
-        assert "W.qn" not in body(fn) and "hq[" not in body(fn), fn

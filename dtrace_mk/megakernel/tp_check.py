@@ -56,11 +56,7 @@ def check_comm_hooks(g: TaskGraph, hooks: np.ndarray, steps: int, step0: int = 0
             (int(r["comm_op"]), int(r["comm_gen"]), int(r["peer_rank"]), int(r["event_id"]), int(r["event_gen"])))
         if not int(r["flags"]) & D.FLAG_REMOTE:
             bad.append(f"comm:signal task {int(r['task_index'])} without FLAG_REMOTE")
-    for key, v in want_sig.items():
-        if got.get(key) != [v]:
-            bad.append(f"comm:signal task {key[0]} step {key[1]}: got {got.get(key)}, want [{v}]")
-    if len(sig) != len(want_sig):
-        bad.append(f"comm:signal: {len(sig)} records, want {len(want_sig)}")
+    bad += _exactly_once("comm:signal", got, want_sig, len(sig))
     # consumers: rmsnorms waiting on this rank's receive events; the all-reduce's layer
     recv_layer = {t.signal_event: t.layer for t in g.tasks if t.cls == AR and not g.is_remote(t.signal_event)}
     want_wait = {}
@@ -78,12 +74,17 @@ def check_comm_hooks(g: TaskGraph, hooks: np.ndarray, steps: int, step0: int = 0
             bad.append(f"comm:wait task {int(r['task_index'])}: peer {int(r['peer_rank'])} not in {peers}")
         if not int(r["flags"]) & D.FLAG_REMOTE:
             bad.append(f"comm:wait task {int(r['task_index'])} without FLAG_REMOTE")
-    for key, v in want_wait.items():
-        if gotw.get(key) != [v]:
-            bad.append(f"comm:wait task {key[0]} step {key[1]}: got {gotw.get(key)}, want [{v}]")
-    if len(wai) != len(want_wait):
-        bad.append(f"comm:wait: {len(wai)} records, want {len(want_wait)}")
+    bad += _exactly_once("comm:wait", gotw, want_wait, len(wai))
     return bad[:20]
+
+
+def _exactly_once(hook: str, got, want, n_records: int) -> List[str]:
+    """Each expected (task, step) record once with the expected fields, and nothing else."""
+    bad = [f"{hook} task {k[0]} step {k[1]}: got {got.get(k)}, want [{v}]"
+           for k, v in want.items() if got.get(k) != [v]]
+    if n_records != len(want):
+        bad.append(f"{hook}: {n_records} records, want {len(want)}")
+    return bad
 
 
 def comm_wait_ns(hooks: np.ndarray, op: int, layer: int, n_layers: int) -> List[int]:

@@ -219,18 +219,8 @@ __device__ void comm_post(const MkParams &P, WK &W, int t, int step, dtmk_u64 la
     }
 }
 
-/* comm:wait of consumer t (step) when its wait on receive event e ended (cold,
- * outlined): ts = when the worker saw it ready (W.t_ready), wait_ns = the dependency
- * wait (W.dep_wait); peer = the last remote sender.  Not a consumer: nothing. */
-template <class WK>
-__device__ __noinline__ void hook_comm_wait(const MkParams &P, WK &W, int t, int step, int e, dtmk_u64 target,
-                                            dtmk_u32 flags) {
-    const int *r = (const int *)P.tasks + t * 16;
-    if (r[0] != MK_CLS_RMSNORM || r[14] < 0) return;
-    hook_event(P, W, DTMK_HOOK_COMM_WAIT, t, step, flags, (dtmk_u32)e, target, W.dep_wait, (dtmk_u64)0, 0u,
-               W.t_ready, (dtmk_u32)((const int *)P.ev_comm_op)[e],
-               (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(r[14] >> 1)),
-               (dtmk_u32)ld_relaxed_sys((const dtmk_u64 *)P.events + P.n_events + e));
-}
+/* comm:wait records are captured and built by megakernel.cu (hk_capture / hook_flush):
+ * ts = when the worker saw the receive event ready, wait_ns = its dependency wait, peer =
+ * the last remote sender (written by comm_issue before its add). */
 
 #endif /* DTMK_MK_COMM_CUH */

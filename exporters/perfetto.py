@@ -107,8 +107,10 @@ class TraceBuilder:
         pkt = Msg().uint(8, max(int(ts), 0)).uint(10, SEQ_ID).msg(11, ev)
         self._events.append((int(ts), _ORDER[typ], len(self._events), bytes(pkt)))
 
-    def slice(self, track: int, name: str, begin: int, end: int, args: Optional[Dict[str, Any]] = None,
-              category: str = "task", flows: Iterable[int] = (), terminating_flows: Iterable[int] = ()) -> None:
+    def _named(self, category: str, name: str, args: Optional[Dict[str, Any]], flows: Iterable[int],
+               terminating_flows: Iterable[int]) -> Msg:
+        """The TrackEvent fields a slice begin and an instant share: category, name, debug
+        annotations, flow ids (a terminating flow is counted once, where it ends)."""
         ev = Msg().string(22, category).string(23, name)
         for k, v in (args or {}).items():
             ev.msg(4, _annotation(k, v))
@@ -117,6 +119,11 @@ class TraceBuilder:
         for f in terminating_flows:
             ev.fixed64(48, f)
             self.counts["flows"] += 1
+        return ev
+
+    def slice(self, track: int, name: str, begin: int, end: int, args: Optional[Dict[str, Any]] = None,
+              category: str = "task", flows: Iterable[int] = (), terminating_flows: Iterable[int] = ()) -> None:
+        ev = self._named(category, name, args, flows, terminating_flows)
         self._event(begin, TYPE_SLICE_BEGIN, track, ev)
         self._event(max(end, begin), TYPE_SLICE_END, track, Msg())
         self.counts["slices"] += 1
@@ -124,14 +131,7 @@ class TraceBuilder:
     def instant(self, track: int, name: str, ts: int, args: Optional[Dict[str, Any]] = None,
                 category: str = "comm", flows: Iterable[int] = (),
                 terminating_flows: Iterable[int] = ()) -> None:
-        ev = Msg().string(22, category).string(23, name)
-        for k, v in (args or {}).items():
-            ev.msg(4, _annotation(k, v))
-        for f in flows:
-            ev.fixed64(47, f)
-        for f in terminating_flows:
-            ev.fixed64(48, f)
-            self.counts["flows"] += 1
+        ev = self._named(category, name, args, flows, terminating_flows)
         self._event(ts, TYPE_INSTANT, track, ev)
         self.counts["instants"] += 1
 

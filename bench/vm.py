@@ -40,30 +40,8 @@ out:
     exit
 """)
 
-COUNT = ("count by class (hash lookup + atomic add)", [MapDef("counts", "hash", 4, 8, 64)], """
-    ldxw r2, [r1+28]
-    stxw [r10-4], r2
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    call map_lookup_elem
-    jeq r0, 0, insert
-    mov r1, 1
-    xadddw [r0+0], r1
-    mov r0, 0
-    exit
-insert:
-    stdw [r10-16], 1
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    mov r3, r10
-    add r3, -16
-    mov r4, 0
-    call map_update_elem
-    mov r0, 0
-    exit
-""")
+COUNT = ("count by class (hash lookup + atomic add)", [MapDef("counts", "hash", 4, 8, 64)],
+         (Path(__file__).resolve().parents[1] / "examples" / "monitors" / "count_by_class.s").read_text())
 
 HIST = ("hist(dur) by layer (hist_add)", [MapDef("lat", "hist_log2", 4, 512, 64)], """
     ldxw r2, [r1+60]

@@ -1,5 +1,6 @@
 """sim backend: determinism, hook fields and ordering, counts, request slots, fault effects."""
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -391,30 +392,7 @@ def test_late_comm_is_accepted_without_effect(tiny_run):
     assert recs == brec
 
 
-COUNT_BY_CLASS = """
-    ldxw r2, [r1+28]
-    stxw [r10-4], r2
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    call map_lookup_elem
-    jeq r0, 0, insert
-    mov r1, 1
-    xadddw [r0+0], r1
-    mov r0, 0
-    exit
-insert:
-    stdw [r10-16], 1
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    mov r3, r10
-    add r3, -16
-    mov r4, 0
-    call map_update_elem
-    mov r0, 0
-    exit
-"""
+COUNT_BY_CLASS = (Path(__file__).resolve().parents[2] / "examples" / "monitors" / "count_by_class.s").read_text()
 
 
 def test_sim_drives_an_attached_program_end_to_end():

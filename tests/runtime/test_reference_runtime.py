@@ -1,5 +1,6 @@
 """The reference runtime: attach (verified by default), fire, coverage per epoch, program
 generations, sampling, evidence and trace output."""
+from pathlib import Path
 import pytest
 
 from dtrace_mk.abi import context
@@ -10,30 +11,7 @@ from dtrace_mk.bpf.program import BpfObject, MapDef, Program
 from dtrace_mk.errors import Rejected, UserError
 from dtrace_mk.runtime.reference import ReferenceRuntime
 
-COUNT_BY_CLASS = """
-    ldxw r2, [r1+28]
-    stxw [r10-4], r2
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    call map_lookup_elem
-    jeq r0, 0, insert
-    mov r1, 1
-    xadddw [r0+0], r1
-    mov r0, 0
-    exit
-insert:
-    stdw [r10-16], 1
-    lddw r1, map:counts
-    mov r2, r10
-    add r2, -4
-    mov r3, r10
-    add r3, -16
-    mov r4, 0
-    call map_update_elem
-    mov r0, 0
-    exit
-"""
+COUNT_BY_CLASS = (Path(__file__).resolve().parents[2] / "examples" / "monitors" / "count_by_class.s").read_text()
 
 
 def _obj(text=COUNT_BY_CLASS, hook="task:end", maps=None, name="count", prog_type="observe"):

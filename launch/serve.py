@@ -252,12 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def gpu_count() -> int:
-    """CUDA devices CuPy sees (0 without CuPy or a driver)."""
-    try:
-        import cupy
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:          # no cupy, no driver, no device
-        return 0
+    """CUDA devices CuPy sees (0 without CuPy or a driver): megakernel.gpu.gpu_count."""
+    from ..megakernel.gpu import gpu_count as count
+    return count()[0]
 
 
 def resolve_backend(requested: Optional[str], ranks: Optional[int] = None) -> str:

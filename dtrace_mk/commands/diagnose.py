@@ -124,16 +124,9 @@ def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
 
 
 def gpu_count() -> Tuple[int, str]:
-    """(GPUs CuPy sees, why none when 0)."""
-    try:
-        import cupy
-    except ImportError:
-        return 0, "CuPy is not installed"
-    try:
-        n = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as e:                 # no driver / no device
-        return 0, f"CUDA reports no device ({e})"
-    return n, "" if n else "CUDA reports no device"
+    """(GPUs CuPy sees, why none when 0): megakernel.gpu.gpu_count."""
+    from ..megakernel.gpu import gpu_count as count
+    return count()
 
 
 def gpu_tp_available() -> bool:

@@ -134,6 +134,19 @@ def set_smem(fn, nbytes: int) -> None:
         fn.max_dynamic_shared_size_bytes = nbytes
 
 
+def gpu_count() -> Tuple[int, str]:
+    """(CUDA devices CuPy sees, why none when 0): without CuPy or a driver, (0, reason)."""
+    try:
+        import cupy
+    except ImportError:
+        return 0, "CuPy is not installed"
+    try:
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:                 # no driver / no device
+        return 0, f"CUDA reports no device ({e})"
+    return n, "" if n else "CUDA reports no device"
+
+
 def device_arch() -> str:
     import cupy
     cc = cupy.cuda.Device().compute_capability

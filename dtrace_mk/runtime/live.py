@@ -142,22 +142,13 @@ class Snapshot:
     state: Dict[str, np.ndarray] = field(default_factory=dict)   # observer words per worker
 
 
-def _calibrate(cp, reps: int = 7) -> Tuple[int, int]:
-    """(offset, uncertainty) in ns: device %globaltimer ~= host time.time_ns() + offset."""
-    k = cp.RawKernel(r'''extern "C" __global__ void dtmk_gt(unsigned long long *o) {
-        unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); o[0] = t; }''', "dtmk_gt")
-    out = cp.zeros(1, cp.uint64)
-    best = None
-    for _ in range(reps):
-        cp.cuda.runtime.deviceSynchronize()
-        t0 = time.time_ns()
-        k((1,), (1,), (out,))
-        g = int(out.get()[0])
-        t1 = time.time_ns()
-        cand = (t1 - t0, g - (t0 + t1) // 2)
-        if best is None or cand[0] < best[0]:
-            best = cand
-    return best[1], best[0] // 2
+def _calibrate(reps: int = 7) -> Tuple[int, int]:
+    """(offset, uncertainty) in ns: device %globaltimer ~= host time.time_ns() + offset
+    (the min-round-trip pairing of megakernel.gpu_clock, against the wall clock that
+    attach commands are stamped with)."""
+    from ..megakernel.gpu_clock import GpuClock
+    p = GpuClock(rounds=reps, host_clock=time.time_ns).pair()
+    return p.device_ns - p.host_ns, p.bound_ns
 
 
 class LiveSession:
@@ -194,7 +185,7 @@ class LiveSession:
         self.gen = 0
         self.stamps: Dict[int, Dict[str, int]] = {}     # gen -> host/device stamps
         self.handle = None
-        self.clock_offset, self.clock_err = _calibrate(cp)
+        self.clock_offset, self.clock_err = _calibrate()
         self._pinned = cp.cuda.alloc_pinned_memory(64)
         self._word = np.frombuffer(self._pinned, np.uint32, 16)
 

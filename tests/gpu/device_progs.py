@@ -12,8 +12,10 @@ multiset with budgets that never bind.  parallel_safe=False adds order-dependent
 (inserting counters into small hash maps that fill up, tight ring budgets, deletes):
 those runs compare in serial mode (one event at a time, the reference's order).
 
-Used by tests/gpu/test_device_vm.py, bench/vm_device.py and (CPU only: the generator
-must produce accepted programs) tests/runtime/test_device_sources.py.
+Used by tests/gpu/test_device_vm.py, tests/gpu/test_compiled_tier.py, bench/vm_device.py
+and (CPU only) tests/runtime/test_device_sources.py and tests/runtime/test_compiled.py;
+`groups` packs objects into hook tables and `device_skip` names the vm_cases the device
+tiers do not run.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dtrace_mk.abi import context
 from dtrace_mk.abi import definition as abi
 from dtrace_mk.bpf.asm import assemble
 from dtrace_mk.bpf.program import BpfObject, MapDef, Program
+from dtrace_mk.runtime.device import MAX_PROGS
 
 HOOK = abi.hook("task:end")
 FIELDS = [f for f in abi.CONTEXT_FIELDS if f.name in HOOK.valid_fields]
@@ -266,3 +269,27 @@ def compare_fires(ref_results: List[list], batch) -> List[str]:
         if len(probs) > 20:
             break
     return probs
+
+
+def groups(objs, limit: int = MAX_PROGS):
+    """Objects packed into groups of at most `limit` programs (one hook table, one build)."""
+    group, n = [], 0
+    for o in objs:
+        if n + len(o.programs) > limit:
+            yield group
+            group, n = [], 0
+        group.append(o)
+        n += len(o.programs)
+    if group:
+        yield group
+
+
+def device_skip(case) -> str:
+    """Why a vm_cases case does not run on the device tiers ("" when it does)."""
+    if case.error is not None or case.name.startswith("fault_"):
+        return "faults: the device VM runs verified programs only (no run-time checks)"
+    if case.expect_trace is not None or "trace_printk" in case.asm_text:
+        return "trace_printk is not implemented on the device yet"
+    if case.expect_hints is not None or case.options.get("prog_type") == "control":
+        return "control programs (priority hints) are not attachable in ABI v1"
+    return ""

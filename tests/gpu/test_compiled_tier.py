@@ -28,18 +28,6 @@ def _init(obj):
     return {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
 
 
-def _groups(objs, limit=8):
-    group, n = [], 0
-    for o in objs:
-        if n + len(o.programs) > limit:
-            yield group
-            group, n = [], 0
-        group.append(o)
-        n += len(o.programs)
-    if group:
-        yield group
-
-
 def _three_way(objs, ctxs, workers, *, serial, link_stage=2, **kw):
     """Reference, device VM and compiled tier over the same attachments and events
     (link_stage 1: the fast relocatable link; 2: full LTO)."""
@@ -78,7 +66,7 @@ def _problems(ref, vm, cm, ids, rres, vb, cb, ordered):
 def test_random_programs_serial_three_way():
     rnd = random.Random(424242)
     objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(16)]
-    for gi, group in enumerate(_groups(objs)):
+    for gi, group in enumerate(G.groups(objs)):
         ctxs = G.random_contexts(rnd, 128, 3, epochs=3)
         r = _three_way(group, ctxs, 3, serial=True)
         probs = _problems(*r, ordered=True)
@@ -88,7 +76,7 @@ def test_random_programs_serial_three_way():
 def test_random_parallel_safe_programs_many_warps_three_way():
     rnd = random.Random(515151)
     objs = [G.random_object(rnd, parallel_safe=True, n_progs=rnd.randint(1, 3)) for _ in range(8)]
-    for gi, group in enumerate(_groups(objs)):
+    for gi, group in enumerate(G.groups(objs)):
         ctxs = G.random_contexts(rnd, 2000, 5, epochs=2)
         r = _three_way(group, ctxs, 5, serial=False)
         probs = _problems(*r, ordered=False)
@@ -179,7 +167,7 @@ def test_random_programs_serial_three_way_stage1_link():
     """The same differential with the stage-1 (relocatable, not inlined) link."""
     rnd = random.Random(434343)
     objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(8)]
-    for gi, group in enumerate(_groups(objs)):
+    for gi, group in enumerate(G.groups(objs)):
         ctxs = G.random_contexts(rnd, 128, 3, epochs=3)
         r = _three_way(group, ctxs, 3, serial=True, link_stage=1)
         assert r[2].installed_stage == 1

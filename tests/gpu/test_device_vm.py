@@ -64,16 +64,6 @@ def _case_paths():
     return all_cases()
 
 
-def _device_skip(case) -> str:
-    if case.error is not None or case.name.startswith("fault_"):
-        return "faults: the device VM runs verified programs only (no run-time checks)"
-    if case.expect_trace is not None or "trace_printk" in case.asm_text:
-        return "trace_printk is not implemented on the device yet"
-    if case.expect_hints is not None or case.options.get("prog_type") == "control":
-        return "control programs (priority hints) are not attachable in ABI v1"
-    return ""
-
-
 class DeviceEngine:
     name = "device"
 
@@ -102,7 +92,7 @@ class DeviceEngine:
 def test_vm_case_on_device(path):
     from harness import check, parse_case
     case = parse_case(path)
-    why = _device_skip(case)
+    why = G.device_skip(case)
     if why:
         pytest.skip(why)
     probs = check(case, DeviceEngine().run(case))

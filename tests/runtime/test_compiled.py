@@ -44,19 +44,6 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "cm_cache"))
 
 
-def _groups(objs, limit=D.MAX_PROGS):
-    """Objects packed into groups of at most `limit` programs (one hook table, one build)."""
-    group, n = [], 0
-    for o in objs:
-        if n + len(o.programs) > limit:
-            yield group
-            group, n = [], 0
-        group.append(o)
-        n += len(o.programs)
-    if group:
-        yield group
-
-
 def _run_group(objs, ctxs, workers, **kw):
     """Reference and host-compiled runtimes, the same attachments in the same order."""
     ref, host = ReferenceRuntime(num_workers=workers), C.HostCompiledRuntime(workers)
@@ -95,7 +82,7 @@ def test_random_programs_match_the_reference_vm_on_the_cpu():
     rnd = random.Random(20261130)
     objs = [G.random_object(rnd, parallel_safe=i % 3 == 0, n_progs=rnd.randint(1, 3)) for i in range(N_OBJECTS)]
     ran = {"executed": 0, "lost": 0, "throttled": 0}
-    for gi, group in enumerate(_groups(objs)):
+    for gi, group in enumerate(G.groups(objs)):
         ctxs = G.random_contexts(rnd, 120, 3, epochs=3)
         ref, host, pairs, rres, batch = _run_group(group, ctxs, 3)
         probs = _diff(ref, host, pairs, rres, batch)
@@ -119,19 +106,9 @@ def test_sampling_and_rate_limit_match_the_reference_on_the_cpu():
     assert thr > 0
 
 
-def _device_skip(case) -> str:
-    if case.error is not None or case.name.startswith("fault_"):
-        return "faults: the device tiers run verified programs only"
-    if case.expect_trace is not None or "trace_printk" in case.asm_text:
-        return "trace_printk is not implemented on the device"
-    if case.expect_hints is not None or case.options.get("prog_type") == "control":
-        return "control programs are not attachable in ABI v1"
-    return ""
-
-
 def _device_cases():
     from harness import all_cases, parse_case
-    return [c for c in (parse_case(p) for p in all_cases()) if not _device_skip(c)]
+    return [c for c in (parse_case(p) for p in all_cases()) if not G.device_skip(c)]
 
 
 class HostCompiledEngine:

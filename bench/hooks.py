@@ -33,6 +33,14 @@ step per worker that took records):
               no drain): each record built in registers after its task's release
               signal and stored straight into the global ring (16-byte stores)
 
+Build variants (--variants obswarp[,obswarp120]; docs/dev/hook_cost_analysis.md round 6):
+the same weights in megakernel.cu built with -DDTMK_OBS_WARP (a 17th, observer warp per
+CTA builds the records and runs the programs; obswarp120: also -DDTMK_OBS_MAXNREG=120)
+run off, mask3, null3, summary (hot) and summary_cm (compiled tier linked with that
+build) as off_<v>, ...; printed side by side with the default build, each as % over the
+default build's off, plus <v>'s off over nohooks.  Their summary counts must equal the
+default build's (printed).
+
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
 generation write and from the attach command to the first counted event, device clock).
@@ -61,8 +69,8 @@ from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor 
 
 STEPS = {"tiny": 64, "1b": 16}
 #: static shared memory of the default build minus that of -DDTMK_NO_HOOKS (ptxas -v,
-#: sm_90a: 18,528 - 1,072 B; NVRTC 13.5 + ptxas 13.0; recheck after changing Obs / Worker)
-SMEM_PAD = 25760
+#: sm_90a: 26,896 - 1,120 B at 13:58 UTC; NVRTC 13 + ptxas 13.0; recheck after changing Obs / Worker)
+SMEM_PAD = 25776
 LONG = {"tiny": 4000, "1b": 600}
 
 
@@ -130,7 +138,36 @@ def obs_counts(state, steps: int) -> dict:
             "lost": int(st[:, 2].sum())}
 
 
-def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
+#: build variants of --variants: name -> extra defines
+BUILD_VARIANTS = {"obswarp": ("DTMK_OBS_WARP",), "obswarp120": ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG=120")}
+#: the runs of each build variant (suffixed _<variant>)
+BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
+
+
+def build_variant(cfg, w, defines, mon, null_obj, compiled: bool, log, name: str) -> dict:
+    """One megakernel build (`defines`) with its own summary session (hot), null3 session
+    and compiled-tier kernel: what run() of bench_preset needs for the BUILD_RUNS."""
+    b = {"mk": gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)}
+    b["mk"].run(2, poison=False)                    # fails here if the SM cannot hold the block
+    b["mk"].reset()
+    b["live"] = LiveSession(b["mk"])
+    b["null"] = LiveSession(b["mk"])
+    b["null"].attach(null_obj)
+    b["mk"].set_observer(0, None)
+    b["mkc"] = None
+    if compiled:
+        try:
+            b["mkc"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
+            b["livec"] = LiveSession(b["mkc"], runtime=linked_runtime(b["mkc"].num_workers, mk=b["mkc"]))
+            b["aidc"] = b["livec"].attach(mon.obj, tier="compiled")
+            b["link_s"] = b["livec"].link_compiled()
+        except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
+            log(f"{name}: compiled tier of {defines} unavailable: {e!r}")
+            b["mkc"] = None
+    return b
+
+
+def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple = ()) -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
@@ -192,10 +229,43 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
             kw["hooks"] = "all"
         return m.run(steps, poison=False, **kw)
 
+    bv = {}
+    for bn in builds:                               # build variants (--variants)
+        try:
+            bv[bn] = build_variant(cfg, w, BUILD_VARIANTS[bn], mon, attrib["null3"], compiled, log, name)
+        except Exception as e:  # noqa: BLE001 - keep the rest (e.g. a launch the SM cannot hold)
+            log(f"{name}: build variant {bn} unavailable: {e!r}")
+
+    def run_build(variant):
+        base, bn = variant.rsplit("_", 1) if variant.endswith(tuple("_" + b for b in bv)) else (variant, None)
+        b = bv[bn]
+        if base == "summary_cm":
+            b["mkc"].reset()
+            return b["mkc"].run(steps, poison=False)
+        m = b["mk"]
+        m.reset()
+        if base == "summary":
+            m.set_observer(int(b["live"].rt.tables.data.ptr), b["live"].state)
+        elif base == "null3":
+            m.set_observer(int(b["null"].rt.tables.data.ptr), b["null"].state)
+        else:
+            m.set_observer(0, None)
+        kw = {"hooks": list(SUMMARY_HOOKS)} if base == "mask3" else {}
+        return m.run(steps, poison=False, **kw)
+
     variants = ["nohooks", "off", "off2", "live_idle", "summary", "trace", "ring_all"]
     if mkc is not None:
         variants.append("summary_cm")
     variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
+    for bn, b in bv.items():
+        variants += [f"{r}_{bn}" for r in BUILD_RUNS if r != "summary_cm" or b["mkc"] is not None]
+    run_default = run
+
+    def run(variant):  # noqa: F811 - the build variants' runs, then the default build's
+        if any(variant.endswith("_" + b) for b in bv):
+            return run_build(variant)
+        return run_default(variant)
+
     times = {v: [] for v in variants}
     toks = {}
     aid = None
@@ -227,6 +297,22 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
             extra["summary_obs"] = {k: int((v_ & np.uint64(0xFFFFFFFF)).sum()) if k == "drains" else int(v_.sum())
                                     for k, v_ in snap.state.items() if k in ("drained", "lost", "drains")}
             hot_counts = {k: sum(v_) for k, v_ in snap.maps["lat"].snapshot().items()}
+        for bn, b in bv.items():                   # build variants: attach, then compare counts
+            if v == f"summary_{bn}":
+                b["aid"] = b["live"].attach(mon.obj)
+                r = run(v)
+                toks[v] = r.tokens
+                sn = b["live"].snapshot(b["aid"])
+                extra.setdefault("build_counts_equal_hot", {})[v] = \
+                    {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
+                extra.setdefault("build_coverage", {})[v] = {
+                    k: sum(getattr(c, k) for c in sn.coverage) for k in ("eligible", "executed", "throttled", "lost")}
+            if v == f"summary_cm_{bn}":
+                sn = b["livec"].snapshot(b["aidc"])
+                extra.setdefault("build_counts_equal_hot", {})[v] = \
+                    {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
+            if v == f"mask3_{bn}":
+                extra.setdefault("build_mask3_records_per_step", {})[v] = len(r.hooks) / steps
         if v == "summary_cm":
             snc = livec.snapshot(aidc)
             cm_counts = {k: sum(v_) for k, v_ in snc.maps["lat"].snapshot().items()}
@@ -258,7 +344,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True) -> dict:
            "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_cm", "null3", "s_end", "s_dep",
                                                                    "s_ready", "mask3", "trace") if v in med},
            "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
-           "tasks": len(mk.graph.tasks), **extra}
+           "tasks": len(mk.graph.tasks), "builds": list(bv),
+           "build_link_s": {bn: b.get("link_s") for bn, b in bv.items()}, **extra}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratio_vs_nohooks", "tokens_equal")}))
     # hot attach latency into a running launch
     lat, mids = [], []
@@ -316,7 +403,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=".")
     ap.add_argument("--compiled-presets", default="tiny,1b", help="presets that also link the compiled tier")
+    ap.add_argument("--variants", default="", help="build variants run side by side: " + ",".join(BUILD_VARIANTS))
     a = ap.parse_args(argv)
+    bad = [v for v in a.variants.split(",") if v and v not in BUILD_VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     import cupy as cp
     outdir = Path(a.out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -332,7 +423,8 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
     for p in a.presets.split(","):
         try:
-            res["presets"].append(bench_preset(p, a.reps, log, p in a.compiled_presets.split(",")))
+            res["presets"].append(bench_preset(p, a.reps, log, p in a.compiled_presets.split(","),
+                                               tuple(v for v in a.variants.split(",") if v)))
         except Exception as e:  # keep the other preset's numbers
             import traceback
             log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
@@ -379,6 +471,23 @@ def main(argv=None) -> int:
         rc = " ".join(f"{v}={oc[v]['records_per_step']:.0f}" for v in ("summary", "null3") if v in oc)
         print(f"{r['preset']:<6} " + " ".join(f"{100 * a[c]:>+9.2f}%" if c in a else f"{'-':>10}" for c in cols)
               + f"   {dr} | {pb} | {rc}")
+    # build variants side by side (--variants): each % over the DEFAULT build's off
+    if any(r.get("builds") for r in res["presets"]):
+        print(f"\n{'preset':<6} {'build':<10} " + " ".join(f"{c:>10}" for c in ("nohooks",) + BUILD_RUNS)
+              + f" {'off/nohooks':>11}  counts==hot tok")
+        for r in res["presets"]:
+            u = r["us_per_step"]
+            pct = lambda v: f"{100 * (u[v] / u['off'] - 1):>+9.2f}%" if v in u else f"{'-':>10}"  # noqa: E731
+            print(f"{r['preset']:<6} {'default':<10} {pct('nohooks')} " + " ".join(pct(c) for c in BUILD_RUNS)
+                  + f" {100 * (u['off'] / u['nohooks'] - 1):>+10.2f}%")
+            for bn in r.get("builds", []):
+                eq = r.get("build_counts_equal_hot", {})
+                ok = all(eq.get(f"{c}_{bn}", True) for c in ("summary", "summary_cm"))
+                tok = all(t for v, t in r["tokens_equal"].items() if v.endswith("_" + bn))
+                offb = f"off_{bn}"
+                ratio = f"{100 * (u[offb] / u['nohooks'] - 1):>+10.2f}%" if offb in u else f"{'-':>11}"
+                print(f"{r['preset']:<6} {bn:<10} {'':>10} " + " ".join(pct(f"{c}_{bn}") for c in BUILD_RUNS)
+                      + f" {ratio}  {ok} {tok}")
     return 0
 
 

@@ -184,6 +184,97 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
     return out
 
 
+def parse_variants(spec):
+    """'NAME=DEF1+DEF2,NAME2=...' -> [(name, defines, prefetch)]; a token 'prefetch' turns
+    on Megakernel(prefetch=True) (the L2 weight prefetch at dispatch), every other token is a
+    -D define (KEY or KEY=VALUE) of megakernel.cu.  'default' (no defines) is always first."""
+    out = [("default", (), False)]
+    for item in [x for x in spec.split(",") if x]:
+        if "=" not in item:
+            raise SystemExit(f"--variants: {item!r} is not NAME=DEF1+DEF2")
+        name, toks = item.split("=", 1)
+        toks = [t for t in toks.split("+") if t]
+        if name == "default" or name in [o[0] for o in out]:
+            raise SystemExit(f"--variants: duplicate variant name {name!r}")
+        out.append((name, tuple(t for t in toks if t != "prefetch"), "prefetch" in toks))
+    return out
+
+
+def _precompile(job):
+    arch, defines = job
+    t0 = time.time()
+    gpu.compile_source(arch, "cubin", defines=tuple(defines), name="megakernel.cu")
+    return time.time() - t0
+
+
+def precompile_variants(variants, log):
+    """NVRTC-compile every variant in parallel processes (one is ~15 s on one core); the
+    Megakernel constructors then load the cubins from the disk cache."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    arch = gpu.device_arch()
+    jobs = sorted({(arch, d) for _, d, _ in variants})     # 'prefetch'-only variants share a build
+    t0 = time.time()
+    try:
+        with ProcessPoolExecutor(min(len(jobs), max(1, (os.cpu_count() or 2) - 1)),
+                                 mp_context=multiprocessing.get_context("spawn")) as ex:
+            list(ex.map(_precompile, jobs))
+        log(f"variants: {len(jobs)} builds compiled in {time.time() - t0:.1f} s")
+    except Exception as e:  # noqa: BLE001  (a build error shows again, per variant, in bench_variants)
+        log(f"variants: parallel precompile failed ({e!r}); compiling one by one")
+
+
+def bench_variants(cp, name, variants, batch, steps, reps, log, weights=None):
+    """The megakernel of preset `name` built once per compile-time variant (same weights,
+    same starting state): tokens and last-step logits bitwise against the default build,
+    then one-launch us/step, timed round-robin (rep r of every variant, then rep r + 1) so
+    clock drift hits all variants alike."""
+    cfg = preset(name)
+    xp = cp if cfg.name == "1b" else np
+    w = weights if weights is not None else make_weights(cfg, 0, xp=xp)
+    mks, rows = {}, []
+    ref = None
+    for vname, defines, pf in variants:
+        t0 = time.time()
+        try:
+            mk = gpu.Megakernel(cfg, batch=batch, weights=w, defines=defines, prefetch=pf)
+            mk.reset()
+            res = mk.run(steps)
+        except Exception as e:  # noqa: BLE001
+            log(f"{name} variant {vname}: FAILED {e!r}")
+            rows.append({"variant": vname, "defines": list(defines), "prefetch": pf, "error": repr(e)})
+            continue
+        if ref is None:
+            ref = (res.tokens.copy(), res.logits.copy())
+        tok_eq = bool(np.array_equal(res.tokens, ref[0]))
+        log_eq = bool(np.array_equal(res.logits.view(np.uint32), ref[1].view(np.uint32)))
+        log(f"{name} variant {vname} ({'+'.join(defines + (('prefetch',) if pf else ())) or 'no defines'}): "
+            f"build {time.time() - t0:.1f} s; tokens == default: {tok_eq}; logits bit-equal: {log_eq}")
+        mks[vname] = mk
+        rows.append({"variant": vname, "defines": list(defines), "prefetch": pf, "tokens_equal": tok_eq,
+                     "logits_bit_equal": log_eq, "runs": []})
+
+    def one(mk):
+        mk.reset()
+        return mk.run(steps, poison=False).elapsed_ms / steps
+
+    for mk in mks.values():
+        one(mk)   # warm
+    for _ in range(reps):
+        for r in rows:
+            if r["variant"] in mks:
+                r["runs"].append(one(mks[r["variant"]]))
+    for r in rows:
+        if r.get("runs"):
+            r["step_ms"] = statistics.median(r["runs"])
+            log(f"{name} variant {r['variant']}: {r['step_ms'] * 1e3:.1f} us/step "
+                f"({', '.join(f'{v * 1e3:.1f}' for v in r['runs'])})")
+    mks.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    return {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps,
+            "weight_bytes_per_step": weight_bytes_per_step(cfg, batch), "variants": rows}
+
+
 def slot_positions(req, batch, steps, max_seq):
     """pos[k][b] of every slot at every step (reference.Requests refill rule)."""
     pos, gen = [0] * batch, [0] * batch
@@ -326,7 +417,13 @@ def main(argv=None):
     ap.add_argument("--no-old", action="store_true",
                     help="do not add '<preset>:old' (the standard lowering) next to presets that use "
                          "fuse_norm / split_k")
+    ap.add_argument("--variants", default="",
+                    help="compile-time variants of the megakernel, 'NAME=DEF1+DEF2,...' (token 'prefetch': "
+                         "the runtime L2 prefetch); each is built for --variant-presets and compared with "
+                         "the default build: us/step, vs eager per-op, vs default, %% copy bandwidth, tokens")
+    ap.add_argument("--variant-presets", default="1b", help="presets the --variants are built for")
     a = ap.parse_args(argv)
+    variants = parse_variants(a.variants) if a.variants else None
     if a.from_json:
         write_cost_table(Path(a.from_json), Path(a.write_cost_table), a.commit)
         print(f"wrote {a.write_cost_table}")
@@ -350,6 +447,8 @@ def main(argv=None):
     bw = copy_bandwidth(cp)
     info["copy_bw_bytes_per_s"] = bw
     log(f"{card}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
+    if variants:
+        precompile_variants(variants, log)
     results = []
     names = []
     for name in [p for p in a.presets.split(",") if p]:
@@ -378,6 +477,20 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001
             import traceback
             log(f"costs {name}: FAILED {e!r}\n{traceback.format_exc()}")
+    var_results = []
+    if variants:
+        for name in [p for p in a.variant_presets.split(",") if p]:
+            try:
+                cfg = preset(name)
+                w = None
+                if cfg.name == "1b":
+                    w = shared_w.get(cfg.name)
+                    if w is None:
+                        w = shared_w[cfg.name] = make_weights(cfg, 0, xp=cp)
+                var_results.append(bench_variants(cp, name, variants, a.batch, a.steps, a.reps, log, weights=w))
+            except Exception as e:  # noqa: BLE001
+                import traceback
+                log(f"{name} variants: FAILED {e!r}\n{traceback.format_exc()}")
     shared_w.clear()
     # the lowerings against each other: same weights and starting state -> tokens agree?
     by_name = {r["preset"]: r for r in results}
@@ -397,7 +510,7 @@ def main(argv=None):
     for r in results:
         r.pop("logits_last", None)
     (out / "bench.json").write_text(json.dumps({"info": info, "results": results, "costs": costs,
-                                                "old_vs_new": compare}, indent=1))
+                                                "old_vs_new": compare, "variants": var_results}, indent=1))
     # short table last
     print()
     print(f"{'preset':12} {'lowering':10} {'tasks':>6} {'B':>2} {'mk us':>8} {'mk/step':>8} {'eager':>8} {'graph':>8} "
@@ -417,6 +530,36 @@ def main(argv=None):
         print(f"{c['preset']}: new lowering {c['new_mk_us']:.1f} us/step vs old {c['old_mk_us']:.1f} us/step: "
               f"{c['speedup']:.2f}x; tokens old == new: {c['tokens_equal_old_new']}"
               + (f"; last-step logits rel. diff {rd:.1e}" if rd is not None else ""))
+
+    for v in var_results:
+        print()
+        print(variant_table(v, results, bw))
+
+
+def variant_table(v, results, bw):
+    """The --variants table of one preset: the eager per-op reference is the fastest eager
+    build of the same base model in this run (e.g. 1b:old, the session-2 target 1624 us)."""
+    base = v["preset"].split(":")[0]
+    eag = [(r["eager"]["step_ms"], r["preset"]) for r in results
+           if r["preset"].split(":")[0] == base and "eager" in r]
+    e_ms, e_name = min(eag) if eag else (None, "-")
+    rows = [r for r in v["variants"] if "step_ms" in r]
+    d_ms = next((r["step_ms"] for r in rows if r["variant"] == "default"), None)
+    lines = [f"{v['preset']} batch {v['batch']}: compile-time variants (eager per-op reference: {e_name}"
+             + (f" {e_ms * 1e3:.1f} us)" if e_ms else ")"),
+             f"{'variant':14} {'us/step':>8} {'eager/mk':>8} {'dflt/mk':>8} {'wt GB/s':>8} {'% copy':>6} "
+             f"{'tok=':>4} {'bits=':>5}  defines"]
+    for r in v["variants"]:
+        defs = "+".join(r["defines"] + (["prefetch"] if r["prefetch"] else [])) or "-"
+        if "step_ms" not in r:
+            lines.append(f"{r['variant']:14} {'FAILED':>8}  {defs}  {r.get('error', '')[:80]}")
+            continue
+        ms = r["step_ms"]
+        gbs = v["weight_bytes_per_step"] / (ms / 1e3) / 1e9
+        lines.append(f"{r['variant']:14} {ms * 1e3:8.1f} {(e_ms / ms if e_ms else float('nan')):8.2f} "
+                     f"{(d_ms / ms if d_ms else float('nan')):8.2f} {gbs:8.0f} {100 * gbs * 1e9 / bw:6.1f} "
+                     f"{str(r['tokens_equal'])[0]:>4} {str(r['logits_bit_equal'])[0]:>5}  {defs}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

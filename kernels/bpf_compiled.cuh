@@ -21,9 +21,8 @@
  *
  * Program table: a slot runs compiled when its dtmk_prog.flags has DTMK_PROG_F_COMPILED;
  * its cm_id is flags >> 16 (the host writes both with the table, under the seqlock).
- * Sampling, rate limit and coverage are dtmk_vm_run_prog's, unchanged (dtmk_cm_run_prog
- * below is a copy with the exec call swapped; tests/runtime/test_compiled.py checks the
- * copy against bpf_vm.cuh so the two cannot drift).
+ * Sampling, rate limit and coverage are dtmk_vm_run_prog's: both are dtmk_run_prog
+ * (bpf_run_prog.cuh), dtmk_cm_run_prog below with the compiled program as its exec step.
  *
  * No standard headers (NVRTC).  Compiles on the host too (g++ with the shim of
  * dtrace_mk/runtime/compiled.py: a warp of one lane) for the CI differential test.
@@ -76,57 +75,25 @@ __device__ __forceinline__ int dtmk_cm_exec(dtmk_u32 hook, dtmk_u32 cm_id, const
     }
 }
 
+#include "bpf_run_prog.cuh"   /* after the DTMK_OUT_* codes */
+
+/* dtmk_run_prog's exec step for a compiled program (a = hook) */
+struct dtmk_cm_exec_step {
+    static __device__ __forceinline__ int exec(const struct dtmk_prog &P, bool run, const void *ctx, dtmk_u32 worker,
+                                               dtmk_u32 epoch, dtmk_u32 flags, dtmk_u64 *r0, dtmk_u32 hook) {
+        return run ? dtmk_cm_exec(hook, DTMK_PROG_CM_ID(P.flags), (const struct dtmk_ctx *)ctx, worker, epoch,
+                                  flags, r0)
+                   : DTMK_OUT_NONE;
+    }
+};
+
 /* dtmk_vm_run_prog with the compiled program in place of dtmk_vm_exec: sampling, rate
  * limit, execution, coverage of one program over the warp's events (all 32 lanes call
  * it; `eligible`: this lane has an event for the program's hook `hook`). */
 __device__ __forceinline__ int dtmk_cm_run_prog(const struct dtmk_prog &P, dtmk_u32 hook, bool eligible,
                                                 const void *ctx, dtmk_u32 worker, dtmk_u32 epoch, dtmk_u32 gen,
                                                 dtmk_u32 flags, dtmk_u64 *r0, struct dtmk_cov_acc *acc = 0) {
-    const unsigned lane = threadIdx.x & 31;
-    const unsigned em = __ballot_sync(DTMK_VM_FULL, eligible);
-    if (!em) return DTMK_OUT_NONE;
-    struct dtmk_cov *cov = (struct dtmk_cov *)P.cov;
-    bool run = eligible;
-    /* BEGIN copy of dtmk_vm_run_prog (sampling and rate limit) */
-    if (P.sample_every > 1) {   /* every N-th eligible event runs (tickets in lane order) */
-        const int leader = __ffs(em) - 1;
-        unsigned long long base = 0;
-        if ((int)lane == leader) base = atomicAdd((unsigned long long *)&cov->seen, (unsigned long long)__popc(em));
-        base = __shfl_sync(DTMK_VM_FULL, base, leader);
-        const unsigned long long ticket = base + __popc(em & ((1u << lane) - 1u));
-        run = eligible && (ticket % P.sample_every) == 0;
-    }
-    if (P.max_per_epoch != DTMK_NO_LIMIT) {   /* rate limit: at most N runs per epoch */
-        const unsigned cand = __ballot_sync(DTMK_VM_FULL, run);
-        unsigned pend = cand;
-        bool granted = false;
-        while (pend) {
-            const int leader = __ffs(pend) - 1;
-            const dtmk_u32 e = __shfl_sync(DTMK_VM_FULL, epoch, leader);
-            const unsigned grp = __ballot_sync(DTMK_VM_FULL, ((cand >> lane) & 1) && epoch == e);
-            pend &= ~grp;
-            dtmk_u32 base = 0;
-            if ((int)lane == leader) base = dtmk_rate_ticket(cov, e, (dtmk_u32)__popc(grp));
-            base = __shfl_sync(DTMK_VM_FULL, base, leader);
-            if ((grp >> lane) & 1)
-                granted = base != DTMK_NO_LIMIT &&
-                          (unsigned long long)base + __popc(grp & ((1u << lane) - 1u)) < P.max_per_epoch;
-        }
-        run = run && granted;
-    }
-    /* END copy */
-    int out = run ? dtmk_cm_exec(hook, DTMK_PROG_CM_ID(P.flags), (const struct dtmk_ctx *)ctx, worker, epoch,
-                                 flags, r0)
-                  : DTMK_OUT_NONE;
-    /* BEGIN copy of dtmk_vm_run_prog (coverage) */
-    if (eligible && !run) out = DTMK_OUT_SAMPLED;
-    const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);
-    const unsigned thr = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_THROTTLED || out == DTMK_OUT_SAMPLED);
-    const unsigned lost = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT);
-    const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
-    dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault, acc);
-    return out;
-    /* END copy */
+    return dtmk_run_prog<dtmk_cm_exec_step>(P, eligible, ctx, worker, epoch, gen, flags, r0, acc, hook);
 }
 
 #ifdef DTMK_BPF_VM_CUH

@@ -316,51 +316,25 @@ __device__ __forceinline__ bool dtmk_vm_load_table(const struct dtmk_hook_table 
     return true;
 }
 
+#include "bpf_run_prog.cuh"   /* dtmk_run_prog: sampling, rate limit, coverage (shared with the compiled tier) */
+
+/* dtmk_run_prog's exec step for the interpreter (a = code, R) */
+struct dtmk_vm_exec_step {
+    static __device__ __forceinline__ int exec(const struct dtmk_prog &P, bool run, const void *ctx, dtmk_u32 worker,
+                                               dtmk_u32 epoch, dtmk_u32 flags, dtmk_u64 *r0,
+                                               const struct dtmk_dinsn *code, dtmk_u64 *R) {
+        return dtmk_vm_exec(code, P.max_insns, P.stack_depth, R, run, ctx, worker, epoch, flags, r0);
+    }
+};
+
 /* One program over the warp's events: sampling, rate limit, execution, coverage.  `eligible`: this
- * lane has an event for the program's hook.  `gen`: the hook table's program_gen. */
+ * lane has an event for the program's hook.  `gen`: the hook table's program_gen.  dtmk_run_prog
+ * (bpf_run_prog.cuh) with the interpreter as its exec step. */
 __device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const struct dtmk_dinsn *code,
                                                 dtmk_u64 *R, bool eligible, const void *ctx, dtmk_u32 worker,
                                                 dtmk_u32 epoch, dtmk_u32 gen, dtmk_u32 flags, dtmk_u64 *r0,
                                                 struct dtmk_cov_acc *acc = 0) {
-    const unsigned lane = threadIdx.x & 31;
-    const unsigned em = __ballot_sync(DTMK_VM_FULL, eligible);
-    if (!em) return DTMK_OUT_NONE;
-    struct dtmk_cov *cov = (struct dtmk_cov *)P.cov;
-    bool run = eligible;
-    if (P.sample_every > 1) {   /* every N-th eligible event runs (tickets in lane order) */
-        const int leader = __ffs(em) - 1;
-        unsigned long long base = 0;
-        if ((int)lane == leader) base = atomicAdd((unsigned long long *)&cov->seen, (unsigned long long)__popc(em));
-        base = __shfl_sync(DTMK_VM_FULL, base, leader);
-        const unsigned long long ticket = base + __popc(em & ((1u << lane) - 1u));
-        run = eligible && (ticket % P.sample_every) == 0;
-    }
-    if (P.max_per_epoch != DTMK_NO_LIMIT) {   /* rate limit: at most N runs per epoch */
-        const unsigned cand = __ballot_sync(DTMK_VM_FULL, run);
-        unsigned pend = cand;
-        bool granted = false;
-        while (pend) {
-            const int leader = __ffs(pend) - 1;
-            const dtmk_u32 e = __shfl_sync(DTMK_VM_FULL, epoch, leader);
-            const unsigned grp = __ballot_sync(DTMK_VM_FULL, ((cand >> lane) & 1) && epoch == e);
-            pend &= ~grp;
-            dtmk_u32 base = 0;
-            if ((int)lane == leader) base = dtmk_rate_ticket(cov, e, (dtmk_u32)__popc(grp));
-            base = __shfl_sync(DTMK_VM_FULL, base, leader);
-            if ((grp >> lane) & 1)
-                granted = base != DTMK_NO_LIMIT &&
-                          (unsigned long long)base + __popc(grp & ((1u << lane) - 1u)) < P.max_per_epoch;
-        }
-        run = run && granted;
-    }
-    int out = dtmk_vm_exec(code, P.max_insns, P.stack_depth, R, run, ctx, worker, epoch, flags, r0);
-    if (eligible && !run) out = DTMK_OUT_SAMPLED;
-    const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);
-    const unsigned thr = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_THROTTLED || out == DTMK_OUT_SAMPLED);
-    const unsigned lost = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT);
-    const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
-    dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault, acc);
-    return out;
+    return dtmk_run_prog<dtmk_vm_exec_step>(P, eligible, ctx, worker, epoch, gen, flags, r0, acc, code, R);
 }
 
 /* A hook site's whole job for one warp: run the programs attached to each record's hook

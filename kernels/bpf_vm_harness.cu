@@ -13,17 +13,36 @@
  *                     local array, a switch on the opcode byte.  One program.
  *
  * Outputs per (event, program slot): r0 and a DTMK_OUT_* code.
+ *
+ * With DTMK_HARNESS_COMPILED defined (kernels/bpf_compiled_harness.cu) the file is the
+ * compiled tier's harness instead: the same kernel body named dtmk_compiled_harness, in
+ * which a slot whose dtmk_prog.flags has DTMK_PROG_F_COMPILED runs the linked monitor
+ * (dtmk_cm_run_prog, kernels/bpf_compiled.cuh) and is not staged; no dtmk_vm_naive.
  */
 #include "bpf_vm.cuh"
+#ifdef DTMK_HARNESS_COMPILED
+#include "bpf_compiled.cuh"
+#define H_KERNEL dtmk_compiled_harness
+#define H_COMPILED(P) ((P).flags & DTMK_PROG_F_COMPILED)   /* the slot runs the linked monitor */
+#else
+#define H_KERNEL dtmk_vm_harness
+#define H_COMPILED(P) 0
+#endif
+#if defined(DTMK_HARNESS_COMPILED) && defined(DTMK_CM_NO_VM)
+#define H_VM_RUN_PROG(...) DTMK_OUT_NONE   /* compiled-only variant (link-time measurements): interpreted slots do not run */
+#else
+#define H_VM_RUN_PROG(...) dtmk_vm_run_prog(__VA_ARGS__)
+#endif
 
 /* block = any number of whole warps; dynamic shared memory:
  *   tables[DTMK_NUM_HOOKS] | code[code_cap] | regs[warps][11][32] | ctx[warps][32]
- * status[0]: hook tables skipped (odd or moving gen), status[1]: code larger than code_cap */
+ * status[0]: hook tables skipped (odd or moving gen), status[1]: (interpreted) code larger
+ * than code_cap */
 /* no __launch_bounds__: with it ptxas capped the kernel at 64 registers and spilled */
 #define H_MAX_WARPS 8       /* dtrace_mk.runtime.device.MAX_WARPS */
 
-extern "C" __global__ void
-dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dtmk_u64 *r0_out,
+extern "C" __global__ void   /* dtmk_vm_harness (dtmk_compiled_harness with DTMK_HARNESS_COMPILED) */
+H_KERNEL(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dtmk_u64 *r0_out,
                 dtmk_u8 *outcome_out, dtmk_u64 *status, dtmk_u32 n_events, dtmk_u32 serial, dtmk_u32 flags,
                 dtmk_u32 code_cap, dtmk_u32 epoch_override, dtmk_u32 use_epoch_override, dtmk_u32 repeat) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -52,7 +71,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
                 atomicAdd((unsigned long long *)&status[0], 1ull);
             for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
                 code_off[h][k] = used;
-                used += T[h].progs[k].n_insns;
+                if (!H_COMPILED(T[h].progs[k])) used += T[h].progs[k].n_insns;
             }
         }
         T[0].n_progs = 0;
@@ -62,6 +81,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     if (!ok) return;
     for (int h = 1; h < DTMK_NUM_HOOKS; h++) {
         for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
+            if (H_COMPILED(T[h].progs[k])) continue;
             const uint4 *src = (const uint4 *)T[h].progs[k].insns;
             uint4 *dst = (uint4 *)(code + code_off[h][k]);
             for (dtmk_u32 i = threadIdx.x; i < T[h].progs[k].n_insns; i += blockDim.x) dst[i] = src[i];
@@ -114,8 +134,13 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
             const dtmk_u32 gen = T[h].gen >> 1;
             for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
                 dtmk_u64 r0 = 0;
-                int out = dtmk_vm_run_prog(T[h].progs[k], code + code_off[h][k], R, mine, c, worker, epoch,
-                                           gen, flags, &r0, &accs[warp][k]);
+                int out =
+#ifdef DTMK_HARNESS_COMPILED
+                    H_COMPILED(T[h].progs[k])
+                    ? dtmk_cm_run_prog(T[h].progs[k], h, mine, c, worker, epoch, gen, flags, &r0, &accs[warp][k]) :
+#endif
+                    H_VM_RUN_PROG(T[h].progs[k], code + code_off[h][k], R, mine, c, worker, epoch,
+                                  gen, flags, &r0, &accs[warp][k]);
                 if (mine && rep == 0) {
                     r0_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = r0;
                     outcome_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = (dtmk_u8)out;
@@ -136,6 +161,7 @@ dtmk_vm_harness(const struct dtmk_hook_table *tables, const struct dtmk_ctx *eve
     }
 }
 
+#ifndef DTMK_HARNESS_COMPILED
 /* ---------------------------------------------------------------------------------- */
 /* baseline: the naive switch interpreter                                              */
 /* ---------------------------------------------------------------------------------- */
@@ -246,3 +272,4 @@ extern "C" __global__ void dtmk_vm_naive(const dtmk_u64 *code, const dtmk_u64 *m
         }
     }
 }
+#endif /* !DTMK_HARNESS_COMPILED */

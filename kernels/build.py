@@ -81,3 +81,18 @@ def cache_dir():
     d = Path(os.environ.get("DTRACE_MK_CACHE", Path.home() / ".cache" / "dtrace_mk" / "kernels"))
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def include_closure(name: str, kdir=None) -> list:
+    """kernels/<name> and every kernels/ file it #includes "..." (transitively), sorted:
+    what a compiled kernel's cache key must hash (a hand-kept list goes stale)."""
+    import re
+    kdir = KERNEL_DIR if kdir is None else kdir
+    seen, todo = set(), [name]
+    while todo:
+        f = todo.pop()
+        if f in seen or not (kdir / f).exists():
+            continue
+        seen.add(f)
+        todo += re.findall(r'#\s*include\s+"([^"]+)"', (kdir / f).read_text())
+    return sorted(seen)

@@ -87,7 +87,7 @@ __device__ __noinline__ void op_comm_tile(const MkParams &P, int idx, int fold, 
     float *dst = (float *)(q == rank ? P.tp_recv : peers[q].recv) + ((long)idx * R + rank) * B * H;
     if (fold < 0) {
         const float *src = tp_part(P, idx);
-        for (int i = threadIdx.x * 4; i < B * n; i += blockDim.x * 4) {
+        for (int i = threadIdx.x * 4; i < B * n; i += MK_THREADS * 4) {
             int b = i / n, c = lo + i % n;
             *(float4 *)(dst + (long)b * H + c) = __ldcg((const float4 *)(src + (long)b * H + c));
         }
@@ -95,7 +95,7 @@ __device__ __noinline__ void op_comm_tile(const MkParams &P, int idx, int fold, 
         int K = (int)P.top_k, E = (int)P.n_experts, et = (int)(P.expert_ffn / P.tile_n);
         const int *re = (const int *)P.route_expert + (long)fold * B * K;
         const float *part = (const float *)P.moe_part + (long)fold * E * et * B * H;
-        for (int i = threadIdx.x; i < B * n; i += blockDim.x) {
+        for (int i = threadIdx.x; i < B * n; i += MK_THREADS) {
             int b = i / n, c = lo + i % n;
             float s = 0.0f;
             for (int k = 0; k < K; ++k) {
@@ -114,13 +114,13 @@ __device__ __noinline__ void op_tp_reduce(const MkParams &P, int idx) {
     long n = (long)B * H;
     const float *rv = (const float *)P.tp_recv + (long)idx * R * n;
     float *h = (float *)P.h;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) {
+    for (long i = threadIdx.x; i < n; i += MK_THREADS) {
         float s = 0.0f;
         for (int q = 0; q < R; ++q) s += __ldcg(rv + q * n + i);
         h[i] = __ldcg(h + i) + s;
     }
     __threadfence();
-    __syncthreads();
+    MK_SYNC();
 }
 
 /* ---- faults and flags ----------------------------------------------------------------- */

@@ -44,6 +44,9 @@ struct MkParams {
     dtmk_u64 worker_state, faults, n_faults, rank, queue_threshold, filler_ns, prefetch;
     /* tensor parallelism (mk_comm.cuh; ranks == 1: the rest is 0) */
     dtmk_u64 ranks, tp_peers, tp_part, tp_recv, ev_comm_op;
+    /* resident launches (megakernel.cu CTL_GATE; 0 / null otherwise): the streaming hook
+     * ring's host tail u64[W], drops u64[W], steps finished u64[W] (published per step) */
+    dtmk_u64 resident, hook_tail, hook_drop, steps_done;
 };
 
 /* ---- matvec rows ---------------------------------------------------------------- */
@@ -135,11 +138,23 @@ __device__ __noinline__ void mv_row_nl(const unsigned short *W, long row, int K,
     for (int b = 0; b < MK_MAXB; ++b) acc[b] = a[b];
 }
 
+/* DTMK_PF_FIRST: before a tile's prologue (fused norm, split-K residual commit, x
+ * staging) each warp starts the first `per` weight rows it will read (rows lo + warp +
+ * j * MK_WARPS, j < per) streaming into L2, so the first latency round of the weight
+ * stream overlaps the prologue's L2 round trips instead of following them.  lw: row
+ * stride in elements, K: elements read per row.  No-op without the define. */
+__device__ __forceinline__ void pf_first_rows(const unsigned short *W, long lw, int K, int lo, int hi, int per) {
+#ifdef DTMK_PF_FIRST
+    int lane = threadIdx.x & 31, m = lo + (int)(threadIdx.x >> 5) + lane * MK_WARPS;
+    if (lane < per && m < hi) prefetch_l2(W + (long)m * lw, (dtmk_u64)K * 2);
+#endif
+}
+
 /* copy x[0 : n] (fp32, n % 4 == 0) from global (L2) into shared xs; whole block */
 __device__ __forceinline__ void stage_x(float *xs, const float *x, int n) {
-    for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4)
+    for (int i = threadIdx.x * 4; i < n; i += MK_THREADS * 4)
         *(float4 *)(xs + i) = __ldcg((const float4 *)(x + i));
-    __syncthreads();
+    MK_SYNC();
 }
 
 /* ---- RMSNorm: xn[b] = h[b] * rsqrt(mean(h[b]^2) + eps) * w; rows lo..hi ------------ */
@@ -149,10 +164,10 @@ __device__ __noinline__ void op_rmsnorm(const MkParams &P, const unsigned short 
     float eps = __uint_as_float((dtmk_u32)P.rms_eps_bits);
     for (int b = lo; b < hi; ++b) {
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < H; i += blockDim.x) { float v = __ldcg(h + (long)b * H + i); ss += v * v; }
+        for (int i = threadIdx.x; i < H; i += MK_THREADS) { float v = __ldcg(h + (long)b * H + i); ss += v * v; }
         ss = block_sum(ss, scratch);
         float r = rsqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x; i < H; i += blockDim.x)
+        for (int i = threadIdx.x; i < H; i += MK_THREADS)
             xn[(long)b * H + i] = __ldcg(h + (long)b * H + i) * r * bf16_at(w, i);
     }
 }
@@ -163,7 +178,7 @@ __device__ void op_embed(const MkParams &P, int b) {
     const unsigned short *E = (const unsigned short *)P.w_embed;
     int tok = __ldcg((const int *)P.tokens + b);
     float *h = (float *)P.h;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) h[(long)b * H + i] = bf16_at(E, (long)tok * H + i);
+    for (int i = threadIdx.x; i < H; i += MK_THREADS) h[(long)b * H + i] = bf16_at(E, (long)tok * H + i);
 }
 
 /* ---- generic projection tile: y[b, n] (= or +=) W[n, :] . x[b, :], n in lo..hi ------- */
@@ -185,17 +200,18 @@ __device__ __forceinline__ void proj_store(float *y, int ystride, int b0, int nb
 __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float *x, float *y, int ystride,
                                      int B, int lo, int hi, bool accumulate, float *xs, int xs_cap,
                                      int ldw = 0, int ldx = 0, bool prestaged = false) {
-    int warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    int warp = threadIdx.x >> 5, nw = MK_WARPS;
     long lw = ldw ? ldw : K;
     int lx = ldx ? ldx : K;
     bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
+    if (!prestaged) pf_first_rows(W, lw, K, lo, hi, 2);   /* DTMK_PF_FIRST: before the staging */
     if (staged && !prestaged) {
         if (lx == K) stage_x(xs, x, B * K);
         else {
             for (int b = 0; b < B; ++b)
-                for (int i = threadIdx.x * 4; i < K; i += blockDim.x * 4)
+                for (int i = threadIdx.x * 4; i < K; i += MK_THREADS * 4)
                     *(float4 *)(xs + (long)b * K + i) = __ldcg((const float4 *)(x + (long)b * lx + i));
-            __syncthreads();
+            MK_SYNC();
         }
     }
     float acc[MK_MAXB], acc2[MK_MAXB];
@@ -207,6 +223,15 @@ __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float
          * loads in flight together) when x is staged */
         for (int n = lo + warp; n < hi; n += 2 * nw) {
             int n2 = n + nw;
+#ifdef DTMK_PF_NEXT
+            /* DTMK_PF_NEXT=D: the warp's row pair D iterations ahead (all D on the first)
+             * streams into L2 while this pair is read: D more latency rounds in flight */
+            {
+                int ln = threadIdx.x & 31, d = (ln >> 1) + 1, m = n + d * 2 * nw + (ln & 1) * nw;
+                if (ln < 2 * DTMK_PF_NEXT && (n == lo + warp || d == DTMK_PF_NEXT) && m < hi)
+                    prefetch_l2(W + m * lw, (dtmk_u64)K * 2);
+            }
+#endif
             if (staged && n2 < hi) {
                 mv_row2<true, 8>(W + n * lw, 0, W + n2 * lw, 0, K, xb, xst, nb, acc, acc2);
                 proj_store(y, ystride, b0, nb, n, acc, accumulate);
@@ -221,7 +246,7 @@ __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float
             }
         }
     }
-    if (staged) __syncthreads();      /* xs is reused by the next task */
+    if (staged) MK_SYNC();      /* xs is reused by the next task */
 }
 
 /* ---- SiLU-gated MLP up tile: act[b, n] = silu(gate[n].x) * (up[n].x) --------------- */
@@ -231,11 +256,20 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
                                         float *xs, int xs_cap, bool prestaged = false) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
+    if (!prestaged) { pf_first_rows(Wg, K, K, lo, hi, 1); pf_first_rows(Wu, K, K, lo, hi, 1); }   /* DTMK_PF_FIRST */
     if (staged && !prestaged) stage_x(xs, x, B * K);
     float g[MK_MAXB], u[MK_MAXB];
     for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
         int nb = min(MK_MAXB, B - b0);
-        for (int n = lo + warp; n < hi; n += (int)(blockDim.x >> 5)) {
+        for (int n = lo + warp; n < hi; n += MK_WARPS) {
+#ifdef DTMK_PF_NEXT
+            /* the warp's gate and up rows D iterations ahead stream into L2 (see op_proj) */
+            {
+                int d = (lane >> 1) + 1, m = n + d * MK_WARPS;
+                if (lane < 2 * DTMK_PF_NEXT && (n == lo + warp || d == DTMK_PF_NEXT) && m < hi)
+                    prefetch_l2(((lane & 1) ? Wu : Wg) + (long)m * K, (dtmk_u64)K * 2);
+            }
+#endif
             if (staged) {
                 mv_row2<true, 8>(Wg, n, Wu, n, K, xs + (long)b0 * K, K, nb, g, u);
             } else {
@@ -255,7 +289,7 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
             }
         }
     }
-    if (staged) __syncthreads();
+    if (staged) MK_SYNC();
 }
 
 /* ---- RoPE on q and k heads + KV-cache append for kv heads lo..hi -------------------- */
@@ -274,7 +308,7 @@ __device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, in
     for (int b = 0; b < B; ++b) {
         int p = __ldcg(pos + b);
         float *row = qkv + (long)b * QKV;
-        for (int idx = threadIdx.x; idx < (hi - lo) * per_g; idx += blockDim.x) {
+        for (int idx = threadIdx.x; idx < (hi - lo) * per_g; idx += MK_THREADS) {
             int g = lo + idx / per_g, r = idx % per_g;
             if (r < (rep + 1) * half) {
                 int hh = r / half, i = r % half;       /* hh < rep: q head, hh == rep: k head */
@@ -313,7 +347,7 @@ __device__ __noinline__ void op_attn_seq(const MkParams &P, int layer, int b, in
     for (int qh = g * rep; qh < g * rep + rep; ++qh) {
         const float *q = qkv + (long)b * QKV + (long)qh * hd;
         float m = -3.0e38f;
-        for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        for (int t = threadIdx.x; t < T; t += MK_THREADS) {
             const float *k = kc + (((long)b * S + t) * nkv + g) * hd;
             float s = 0.0f;
             for (int d = 0; d < hd; d += 4) {
@@ -325,27 +359,27 @@ __device__ __noinline__ void op_attn_seq(const MkParams &P, int layer, int b, in
             m = fmaxf(m, s);
         }
         m = warp_max(m);
-        __syncthreads();
+        MK_SYNC();
         if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = m;
-        __syncthreads();
-        m = (threadIdx.x & 31) < (int)(blockDim.x >> 5) ? scratch[threadIdx.x & 31] : -3.0e38f;
+        MK_SYNC();
+        m = (threadIdx.x & 31) < MK_WARPS ? scratch[threadIdx.x & 31] : -3.0e38f;
         m = warp_max(m);
         float l = 0.0f;
-        for (int t = threadIdx.x; t < T; t += blockDim.x) { float e = __expf(sc[t] - m); sc[t] = e; l += e; }
+        for (int t = threadIdx.x; t < T; t += MK_THREADS) { float e = __expf(sc[t] - m); sc[t] = e; l += e; }
         l = block_sum(l, scratch);       /* has __syncthreads: sc[] visible after */
         /* out[d] = sum_t p_t v[t, d]: groups of hd threads split t */
-        int ngrp = blockDim.x / hd, grp = threadIdx.x / hd, d = threadIdx.x % hd;
+        int ngrp = MK_THREADS / hd, grp = threadIdx.x / hd, d = threadIdx.x % hd;
         float o = 0.0f;
         if (grp < ngrp)
             for (int t = grp; t < T; t += ngrp) o = fmaf(sc[t], __ldcg(vc + (((long)b * S + t) * nkv + g) * hd + d), o);
         part[threadIdx.x] = o;
-        __syncthreads();
+        MK_SYNC();
         if (threadIdx.x < hd) {
             float s = 0.0f;
             for (int j = 0; j < ngrp; ++j) s += part[j * hd + threadIdx.x];
             out[(long)b * nh * hd + (long)qh * hd + threadIdx.x] = s / l;
         }
-        __syncthreads();
+        MK_SYNC();
     }
 }
 
@@ -358,7 +392,7 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
     int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv;
     int T = __ldcg((const int *)P.pos + b) + 1;
     int cap = S + MK_THREADS;
-    if (rep * T > cap || rep > MK_MAX_REP || rep > (int)(blockDim.x >> 5)) { op_attn_seq(P, layer, b, g, smem); return; }
+    if (rep * T > cap || rep > MK_MAX_REP || rep > MK_WARPS) { op_attn_seq(P, layer, b, g, smem); return; }
     const float *qkv = (const float *)P.qkv + (long)layer * B * QKV;
     const float *kc = (const float *)P.k_cache + (long)layer * B * S * nkv * hd;
     const float *vc = (const float *)P.v_cache + (long)layer * B * S * nkv * hd;
@@ -366,7 +400,7 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
     float *sc = smem, *stat = smem + cap;          /* stat[j] = 1 / sum of head j */
     float scale = rsqrtf((float)hd);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int idx = threadIdx.x; idx < rep * T; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < rep * T; idx += MK_THREADS) {
         int j = idx / T, t = idx - j * T;
         const float *q = qkv + (long)b * QKV + (long)(g * rep + j) * hd;
         const float *k = kc + (((long)b * S + t) * nkv + g) * hd;
@@ -377,7 +411,7 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         }
         sc[idx] = s * scale;
     }
-    __syncthreads();
+    MK_SYNC();
     if (warp < rep) {
         float *row = sc + warp * T;
         float m = -3.0e38f;
@@ -388,8 +422,8 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         l = warp_sum(l);
         if (lane == 0) stat[warp] = 1.0f / l;
     }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < rep * hd; idx += blockDim.x) {
+    MK_SYNC();
+    for (int idx = threadIdx.x; idx < rep * hd; idx += MK_THREADS) {
         int j = idx / hd, d = idx - j * hd;
         const float *p = sc + j * T;
         const float *v = vc + ((long)b * S * nkv + g) * hd + d;
@@ -398,13 +432,13 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         for (int t = 0; t < T; ++t) o = fmaf(p[t], __ldcg(v + (long)t * nkv * hd), o);
         out[(long)b * nh * hd + (long)(g * rep + j) * hd + d] = o * stat[j];
     }
-    __syncthreads();
+    MK_SYNC();
 }
 
 /* ---- argmax over logits of slot b ------------------------------------------------- */
 __device__ int op_argmax_row(const float *row, int V, float *smem) {
     float best = -3.0e38f; int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    for (int i = threadIdx.x; i < V; i += MK_THREADS) {
         float v = __ldcg(row + i);
         if (v > best || (v == best && i < bi)) { best = v; bi = i; }
     }
@@ -414,17 +448,17 @@ __device__ int op_argmax_row(const float *row, int V, float *smem) {
         if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
     }
     int *si = (int *)(smem + MK_WARPS);
-    __syncthreads();
+    MK_SYNC();
     if ((threadIdx.x & 31) == 0) { smem[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
-    __syncthreads();
+    MK_SYNC();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+        for (int w = 1; w < MK_WARPS; ++w)
             if (smem[w] > best || (smem[w] == best && si[w] < bi)) { best = smem[w]; bi = si[w]; }
         si[0] = bi;
     }
-    __syncthreads();
+    MK_SYNC();
     int r = si[0];
-    __syncthreads();
+    MK_SYNC();
     return r;
 }
 
@@ -452,7 +486,7 @@ __device__ void moe_fold(const MkParams &P, int mi) {
     const float *part = (const float *)P.moe_part + (long)mi * E * et * B * H;
     float *h = (float *)P.h;
     for (int b = 0; b < B; ++b)
-        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        for (int i = threadIdx.x; i < H; i += MK_THREADS) {
             float s = 0.0f;
             for (int k = 0; k < K; ++k) {
                 int e = __ldcg(re + b * K + k);
@@ -470,7 +504,7 @@ __device__ __noinline__ void op_router(const MkParams &P, int mi, int layer, int
     const unsigned short *Wr = (const unsigned short *)P.w_router + (long)mi * E * H;
     float *lg = smem;                                          /* [B][E] */
     op_proj(Wr, H, (const float *)P.xn, lg, E, B, 0, E, false, smem + P.xs_off, (int)P.xs_cap);
-    __syncthreads();
+    MK_SYNC();
     if (threadIdx.x < B) {
         int b = threadIdx.x;
         int *re = (int *)P.route_expert + ((long)mi * B + b) * K;
@@ -505,7 +539,7 @@ __device__ __noinline__ void op_router(const MkParams &P, int mi, int layer, int
         for (int j = 0; j < K; ++j) { val[j] = expf(val[j] - m); s += val[j]; }
         for (int j = 0; j < K; ++j) { re[j] = sel[j]; rw[j] = val[j] / s; }
     }
-    __syncthreads();
+    MK_SYNC();
 }
 
 /* expert tile: for slots routed to `e`: a = silu(x Wg[lo:hi]) * (x Wu[lo:hi]) scaled by
@@ -525,17 +559,17 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
             }
         scale[b] = w; mask[b] = on;
     }
-    __syncthreads();
+    MK_SYNC();
     const unsigned short *Wg = (const unsigned short *)P.w_egate + ((long)mi * E + e) * EF * H;
     const unsigned short *Wu = (const unsigned short *)P.w_eup + ((long)mi * E + e) * EF * H;
     /* a[b][j - lo] for j in lo..hi: write into smem with stride n, base shifted by -lo */
     op_gate_up(Wg, Wu, H, (const float *)P.xn, a - lo, n, B, lo, hi, scale, mask, smem + P.xs_off, (int)P.xs_cap);
-    __syncthreads();
+    MK_SYNC();
     /* partial[b][i] = sum_j Wd[i, lo + j] a[b][j]: warp per output row, K = n (<= 256) */
     const unsigned short *Wd = (const unsigned short *)P.w_edown + ((long)mi * E + e) * H * EF;
     float *part = (float *)P.moe_part + ((((long)mi * E + e) * et + tile) * B) * H;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = warp; i < H; i += (int)(blockDim.x >> 5)) {
+    for (int i = warp; i < H; i += MK_WARPS) {
         const unsigned short *row = Wd + (long)i * EF + lo;
         for (int b = 0; b < B; ++b) {
             float s = 0.0f;
@@ -552,9 +586,43 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
  * The residual stream after a split layer is h plus its pending partials; every reader
  * sums them in one fixed order (mk_resid), so all readers and the one committer
  * (the mlp_down tile of split 0) get the same bits.  No atomics. */
+#ifndef DTMK_PROLOGUE_SERIAL
+/* mk_resid4 for a compile-time S: every load first, then the adds in the same order as
+ * the loop below (same bits): one L2 round trip instead of 1 + 2S dependent ones (the
+ * runtime-S loop compiles to load/add/load...: ~9 serialized trips in each gate/up
+ * prologue, docs/dev/megakernel_speed.md "Session 3") */
+template <int S, bool PM, bool PA>
+__device__ __forceinline__ float4 mk_resid4_s(const float *hp, const float *part, long BH, long off, int pm) {
+    float4 v = __ldcg((const float4 *)(hp + off));
+    float4 p[PM ? S : 1], q[PA ? S : 1];
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        if (PM) p[s] = __ldcg((const float4 *)(part + (long)(pm * S + s) * BH + off));
+        if (PA) q[s] = __ldcg((const float4 *)(part + (long)(2 * S + s) * BH + off));
+    }
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+        if (PM) { v.x += p[s].x; v.y += p[s].y; v.z += p[s].z; v.w += p[s].w; }
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+        if (PA) { v.x += q[s].x; v.y += q[s].y; v.z += q[s].z; v.w += q[s].w; }
+    return v;
+}
+#endif
 __device__ __forceinline__ float4 mk_resid4(const MkParams &P, int b, int i, int pm, bool pa, int S) {
     long BH = (long)P.batch * (long)P.hidden, off = (long)b * (long)P.hidden + i;
     const float *part = (const float *)P.moe_part;
+#ifndef DTMK_PROLOGUE_SERIAL
+    {   /* batched loads for the split factors benched (graph.py split_k 2 and 4) */
+        const float *hp = (const float *)P.h;
+        if (S == 4 && pm >= 0 && pa) return mk_resid4_s<4, true, true>(hp, part, BH, off, pm);
+        if (S == 4 && pm >= 0) return mk_resid4_s<4, true, false>(hp, part, BH, off, pm);
+        if (S == 4 && pa) return mk_resid4_s<4, false, true>(hp, part, BH, off, pm);
+        if (S == 2 && pm >= 0 && pa) return mk_resid4_s<2, true, true>(hp, part, BH, off, pm);
+        if (S == 2 && pm >= 0) return mk_resid4_s<2, true, false>(hp, part, BH, off, pm);
+        if (S == 2 && pa) return mk_resid4_s<2, false, true>(hp, part, BH, off, pm);
+    }
+#endif
     float4 v = __ldcg((const float4 *)((const float *)P.h + off));
     if (pm >= 0)
         for (int s = 0; s < S; ++s) {
@@ -591,22 +659,56 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
         : (const unsigned short *)(kind == 0 ? P.w_attn_norm : P.w_mlp_norm) + (long)layer * H;
     int pm; bool pa;
     mk_pending(P, kind, layer, S, pm, pa);
+#ifndef DTMK_PROLOGUE_SERIAL
+    if (H <= MK_THREADS * 4) {
+        /* one float4 per thread (1b: H = 2048): the norm weights are loaded together with
+         * the residual instead of after the block sum (one L2 round trip less); same
+         * expressions as the loop below, so the same bits */
+        const int i = threadIdx.x * 4;
+        const bool on = i < H;
+        float w0 = 0.0f, w1 = 0.0f, w2 = 0.0f, w3 = 0.0f;
+        if (on) {   /* asm volatile: the compiler sank plain __ldg loads past the block sum */
+            unsigned short u0, u1, u2, u3;
+            asm volatile("ld.global.nc.u16 %0, [%4];\n\tld.global.nc.u16 %1, [%4+2];\n\t"
+                         "ld.global.nc.u16 %2, [%4+4];\n\tld.global.nc.u16 %3, [%4+6];"
+                         : "=h"(u0), "=h"(u1), "=h"(u2), "=h"(u3) : "l"(w + i) : "memory");
+            w0 = __uint_as_float((dtmk_u32)u0 << 16); w1 = __uint_as_float((dtmk_u32)u1 << 16);
+            w2 = __uint_as_float((dtmk_u32)u2 << 16); w3 = __uint_as_float((dtmk_u32)u3 << 16);
+        }
+        for (int b = b0; b < b0 + nb; ++b) {
+            float ss = 0.0f;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (on) {
+                v = mk_resid4(P, b, i, pm, pa, S);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = block_sum(ss, scratch);
+            float r = rsqrtf(ss / (float)H + eps);
+            if (on) {
+                float *o = xs + (long)(b - b0) * H + i;
+                o[0] = v.x * r * w0; o[1] = v.y * r * w1; o[2] = v.z * r * w2; o[3] = v.w * r * w3;
+            }
+        }
+        MK_SYNC();
+        return;
+    }
+#endif
     for (int b = b0; b < b0 + nb; ++b) {
         float ss = 0.0f;
-        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
+        for (int i = threadIdx.x * 4; i < H; i += MK_THREADS * 4) {
             float4 v = mk_resid4(P, b, i, pm, pa, S);
             *(float4 *)(xs + (long)(b - b0) * H + i) = v;
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = block_sum(ss, scratch);
         float r = rsqrtf(ss / (float)H + eps);
-        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {   /* same elements as above */
+        for (int i = threadIdx.x * 4; i < H; i += MK_THREADS * 4) {   /* same elements as above */
             float *o = xs + (long)(b - b0) * H + i;
             o[0] = o[0] * r * bf16_at(w, i); o[1] = o[1] * r * bf16_at(w, i + 1);
             o[2] = o[2] * r * bf16_at(w, i + 2); o[3] = o[3] * r * bf16_at(w, i + 3);
         }
     }
-    __syncthreads();
+    MK_SYNC();
 }
 
 /* slots per staged chunk of a fused prologue (the whole batch when it fits in xs) */
@@ -620,6 +722,7 @@ __device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float 
                               int kind, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
     float *xs = smem + P.xs_off;
+    pf_first_rows(W, H, H, lo, hi, 2);          /* DTMK_PF_FIRST: overlaps the norm prologue */
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, kind, layer, S, b0, nb);
@@ -632,6 +735,8 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
                                  int lo, int hi, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P), F = (int)P.ffn;
     float *xs = smem + P.xs_off;
+    pf_first_rows(Wg, H, H, lo, hi, 1);         /* DTMK_PF_FIRST: overlaps the norm prologue */
+    pf_first_rows(Wu, H, H, lo, hi, 1);
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, 1, layer, S, b0, nb);
@@ -647,11 +752,12 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
 __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
+    if (commit) pf_first_rows(W + (long)s * Ks, Kfull, Ks, lo, hi, 2);   /* DTMK_PF_FIRST: before the commit */
     if (commit) {
         int pm; bool pa;
         mk_pending(P, 1, layer, S, pm, pa);
         float *h = (float *)P.h;
-        for (int idx = threadIdx.x * 4; idx < B * (hi - lo); idx += blockDim.x * 4) {
+        for (int idx = threadIdx.x * 4; idx < B * (hi - lo); idx += MK_THREADS * 4) {
             int b = idx / (hi - lo), i = lo + idx % (hi - lo);     /* (hi - lo) % 4 == 0 */
             *(float4 *)(h + (long)b * H + i) = mk_resid4(P, b, i, pm, pa, S);
         }
@@ -672,7 +778,7 @@ __device__ void op_lm_tile(const MkParams &P, int lo, int hi, float *smem, int f
         op_proj((const unsigned short *)P.w_lm_head, H, (const float *)P.xn, (float *)P.logits, V, B, lo, hi, false,
                 smem + P.xs_off, (int)P.xs_cap);
     __threadfence();
-    __syncthreads();
+    MK_SYNC();
     int tile = lo / (int)P.tile_n, nt = V / (int)P.tile_n;
     for (int b = 0; b < B; ++b) {
         int i = op_argmax_row((const float *)P.logits + (long)b * V + lo, hi - lo, smem);
@@ -688,7 +794,9 @@ __device__ void mk_slot_advance(const MkParams &P, int b, int tok_next, int step
     int B = (int)P.batch;
     int *pos = (int *)P.pos, *gen = (int *)P.req_gen, *tok = (int *)P.tokens, *rl = (int *)P.req_len;
     if (tok_next < 0 || tok_next >= (int)P.vocab) tok_next = 0;   /* NaN logits: keep indices valid */
-    if (step - (int)P.step0 >= 0 && step - (int)P.step0 < (int)P.n_out_steps)
+    if (P.resident)        /* resident: a ring of n_out_steps rows the host reads behind */
+        ((int *)P.out_tokens)[(long)((step - (int)P.step0) % (int)P.n_out_steps) * B + b] = tok_next;
+    else if (step - (int)P.step0 >= 0 && step - (int)P.step0 < (int)P.n_out_steps)
         ((int *)P.out_tokens)[(long)(step - (int)P.step0) * B + b] = tok_next;
     int p = pos[b] + 1;
     if (p >= rl[b]) {
@@ -706,7 +814,7 @@ __device__ void op_argmax_step(const MkParams &P, int step, float *smem) {
     int *si = (int *)(smem + MK_WARPS);
     for (int b = 0; b < B; ++b) {
         float best = -3.0e38f; int bi = 0x7fffffff;
-        for (int x = threadIdx.x; x < nt; x += blockDim.x) {
+        for (int x = threadIdx.x; x < nt; x += MK_THREADS) {
             float v = __ldcg((const float *)P.tile_max + (long)b * nt + x);
             int i = __ldcg((const int *)P.tile_arg + (long)b * nt + x);
             if (v > best || (v == best && i < bi)) { best = v; bi = i; }
@@ -717,13 +825,13 @@ __device__ void op_argmax_step(const MkParams &P, int step, float *smem) {
             if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
         }
         if ((threadIdx.x & 31) == 0) { smem[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
-        __syncthreads();
+        MK_SYNC();
         if (threadIdx.x == 0) {
-            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            for (int w = 1; w < MK_WARPS; ++w)
                 if (smem[w] > best || (smem[w] == best && si[w] < bi)) { best = smem[w]; bi = si[w]; }
             mk_slot_advance(P, b, bi, step);
         }
-        __syncthreads();
+        MK_SYNC();
     }
 }
 

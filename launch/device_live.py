@@ -3,14 +3,17 @@
     host = ServingHost(...)                       # launch.api
     mk = gpu.Megakernel(cfg, batch, tp=group)
     host.live_runtime = DeviceQueries(mk)         # before the first launch
-    ... each step: host.step(k); mk.run(1, hooks=..., faults=...) ...
+    ... the serving loop (launch/serve.py serve_gpu): one resident launch for many steps
+    (mk.start_resident / grant / poll / finish), boundary() between launches ...
 
 `DeviceQueries` is the runtime a `lang.host.QueryRun` attaches to (attach / detach /
 maps / coverage / evidence): a `runtime.live.LiveSession` on the rank's megakernel, whose
 `DeviceRuntime` hook tables are wired into every launch with `Megakernel.set_observer`.
-A query attached at a step boundary is verified, written to the device tables and picked
-up by the next launch (a generation bump); its maps and coverage live in device memory
-and are read back between launches (exact: no kernel runs then).  The host never feeds
+A query attached at a step boundary is verified and written to the device tables (a
+generation bump) while the resident kernel waits at that step's gate (serve_gpu grants
+no step past a pending attach), so it counts from that step on; its maps and coverage
+live in device memory, read with device-to-host copies (runtime.live: exact for the
+epochs every worker has flushed, all of them once the launch ended).  The host never feeds
 these queries: the device VM runs them over the kernel's own hook contexts.
 
 Host clauses (BEGIN/END) run as usual; `interval:` clauses do not fire (they run on the
@@ -33,17 +36,42 @@ class DeviceQueries:
         builds (no event is lost or counted twice across a swap: runtime.tiers)."""
         self.session.boundary()
 
+    def swap_pending(self) -> bool:
+        """Would the next boundary() swap code in (a finished build, or a promotion that
+        builds inline there)?  The resident serving loop then ends its launch: a swap
+        happens only between launches.  Read from the tier manager's state (no device
+        work); the hot tier never swaps."""
+        tm = getattr(self.session, "tiers", None)
+        if tm is None:
+            return False
+        done = lambda j: j is not None and (j.done or (j.future is not None and j.future.done()))  # noqa: E731
+        if done(getattr(tm, "_opt", None)) or any(done(j) for j in tm._jobs.values()):
+            return True
+        HOT = "hot"
+        rt = tm.runtime
+        for aid in rt.attachments():
+            if aid in tm._jobs or tm.state.get(aid, HOT) != HOT or rt.tier(aid) == "compiled":
+                continue
+            if aid in tm._forced or tm.policy.hot_enough(self.coverage(aid)):
+                return True                    # inline stage 1: builds and swaps at the boundary
+        return False
+
     def attach(self, obj, verify: bool = True, **kw) -> int:
         return self.session.attach(obj)       # verifies; AttachRefused (a UserError) if not
 
     def detach(self, aid: int) -> None:
         self.session.detach(aid)
 
+    # read while the resident kernel runs: device-to-host copies on the session's
+    # non-blocking side stream (never behind the kernel's stream)
     def maps(self, aid: int):
-        return self.session.rt.maps(aid)
+        with self.session.side:
+            return self.session.rt.maps(aid)
 
     def coverage(self, aid: int):
-        return self.session.rt.coverage(aid)
+        with self.session.side:
+            return self.session.rt.coverage(aid)
 
     def evidence(self, aid: int):
-        return self.session.rt.evidence(aid)
+        with self.session.side:
+            return self.session.rt.evidence(aid)

@@ -20,10 +20,14 @@ Serving model
   in simulated time).
 * Each step is one step of the reference megakernel: on the sim backend the discrete-event
   twin of the kernel (one MPI process per rank, remote signals over MPI); on the GPU
-  backend (`serve_gpu`) one launch of the persistent megakernel per step, one GPU per
-  rank (device rank % GPUs), tensor parallel across ranks (`megakernel.tp.TPGroup`).
-  The step boundary between launches is where the agent takes the step's hook records
-  and live queries attach/detach (they run in the device VM: `launch.device_live`).
+  backend (`serve_gpu`) the persistent megakernel stays RESIDENT across steps (one
+  launch; a step gate lets it run a few steps ahead of the host), one GPU per rank
+  (device rank % GPUs, SMs - 1 workers: one SM runs the clock-pairing kernel), tensor
+  parallel across ranks (`megakernel.tp.TPGroup`).  Its hook records stream to the host
+  while it runs; when every worker finished a step, the agent takes that step's records
+  and live queries attach/detach at the next step (they run in the device VM:
+  `launch.device_live`; the kernel waits at the gate for an attach's step).  A
+  compiled-tier swap ends the launch at an agreed step and starts the next one.
   `auto` is gpu when CuPy sees a GPU per rank, else sim.  On the GPU the kernel draws
   request lengths itself (continuous batching in the kernel), so `--rate`/`--mean-len`
   do not apply there.
@@ -243,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold step 0 until the first live query attaches (at most S seconds)")
     p.add_argument("--tier", choices=("hot", "compiled", "auto"), default=None,
                    help="gpu backend: where live queries run: hot (device VM, default; "
-                        "$DTRACE_MK_TIER), compiled (linked into the megakernel from the next "
-                        "launch boundary), auto (hot, promoted when the tier policy says so)")
+                        "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
+                        "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -401,14 +405,25 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+#: serve_gpu: steps granted to the resident kernel ahead of the last step the host fed
+RESIDENT_WINDOW = 4
+#: serve_gpu: seconds of host time between clock pairs (GpuClock) while the kernel runs
+CLOCK_EVERY_S = 0.05
+#: serve_gpu: the resident kernel's watchdog (a dependency wait without progress)
+GPU_SERVE_WATCHDOG_MS = 5000
+
+
 def serve_gpu(args: argparse.Namespace) -> int:
-    """The GPU backend: one megakernel per rank (one GPU each), ONE STEP PER LAUNCH; between
-    launches the step's hook records go to the agent, a clock pair is taken, and live
-    queries attach/detach (in the device VM).  The ranks are tensor parallel: every
-    launch is collective, so the ranks agree on stopping before each step (an allreduce
-    of "stop wanted" on a communicator of their own)."""
-    from mpi4py import MPI
-    from ..abi import definition as abi
+    """The GPU backend: one megakernel per rank (one GPU each), RESIDENT across serving
+    steps: one launch serves many steps, held at a step gate RESIDENT_WINDOW steps ahead
+    of the last step the host has fed, its hook records streamed to the host while it
+    runs (Megakernel.start_resident / grant / poll / stop / finish).  A step is complete
+    when every worker finished it; its records are fed to the agent in order, then
+    host.step(k+1) runs (commands, live-query attach/detach in the device VM).  The ranks
+    are tensor parallel: once per completed step they agree (an allreduce on a
+    communicator of their own) on stopping and on ending the launch for a compiled-tier
+    swap; every rank grants the same steps, so all stop at the same one.  Records a full
+    device ring refused are counted lost in the agent's coverage."""
     from ..collectors.scenario import device_fault_specs
     from ..megakernel.faults import FaultTable
     from ..megakernel.presets import get_preset
@@ -416,6 +431,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     from .device_live import DeviceQueries
     try:
         import cupy as cp
+        import numpy as np
         from ..megakernel import gpu
         from ..megakernel.gpu_clock import GpuClock
     except ImportError as e:
@@ -430,6 +446,11 @@ def serve_gpu(args: argparse.Namespace) -> int:
         raise UserError("serve --backend gpu: CuPy sees no GPU")
     held: Dict[str, Any] = {}
 
+    def workers() -> int:
+        # one SM is left free: the resident megakernel holds every SM it has a worker on,
+        # and the clock pairs (gpu_clock's 1-thread globaltimer kernel) need one to run
+        return max(1, int(cp.cuda.Device().attributes["MultiProcessorCount"]) - 1)
+
     def build(rank: int, ranks: int, comm):
         if ranks > n_gpus:
             raise UserError(f"serve --backend gpu: {ranks} ranks but {n_gpus} GPU(s) visible "
@@ -441,10 +462,10 @@ def serve_gpu(args: argparse.Namespace) -> int:
                 raise UserError(f"serve --backend gpu: {ranks} ranks need tensor parallelism "
                                 f"(dtrace_mk.megakernel.tp: {e})") from None
             held["tp"] = TPGroup(comm)            # collective; selects device rank % GPUs
-            held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed)
+            held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed, num_workers=workers())
         else:
             cp.cuda.Device(0).use()
-            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed)
+            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers())
         return held["mk"].graph.schema
 
     host = ServingHost(num_workers=lambda: held["mk"].num_workers, schema=build, backend="gpu",
@@ -456,52 +477,143 @@ def serve_gpu(args: argparse.Namespace) -> int:
     table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
     say = _progress_say(host, args, rank)
     tier = args.tier or os.environ.get("DTRACE_MK_TIER") or "hot"
-    host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
+    dq = host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
     clock = GpuClock()
     clock.feed(host)
     agree = host.comm.Dup()
     dev = cp.cuda.Device()
     say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
-        f"{mk.num_workers} workers), batch {args.batch}, one launch per step, "
+        f"{mk.num_workers} workers), batch {args.batch}, resident kernel, "
         + _length_and_faults(args, steps, faults))
     _stop_on_signals(host)
     _await_attach(host, args, say)
-    size = abi.CONTEXT_SIZE
-    t0 = last_say = time.monotonic()
-    k = 0
-    dropped = 0
-    gpu_ms = 0.0
-    while k < steps:
-        host.step(k)
+    size = abi_context_size()
+    lost = host.agent.channel
+    t0 = last_say = last_clock = time.monotonic()
+    st = {"k": 0, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "hold": None}
+    # a query attached while the kernel runs applies at a step not yet granted (the
+    # grant runs RESIDENT_WINDOW steps ahead): the kernel parks there until it attached
+    host.apply_lag = max(host.apply_lag, RESIDENT_WINDOW + 2)
+    pending: List[Any] = []                    # streamed record arrays not fed yet
+
+    def decide(k: int) -> int:
+        """Step k is next: every rank's stop (1) / end-the-launch-for-a-swap (2) wishes,
+        and the earliest step a known command applies at (st["hold"]: the kernel is not
+        granted past it, so a query attaches at that step boundary in the device VM)."""
         if args.duration and time.monotonic() - t0 >= args.duration:
             host.request_stop()
         mine = 1 if (host.should_stop(k) or host.stop_wanted) else 0
-        if agree.allreduce(mine, op=MPI.MAX):
-            break
-        host.live_runtime.boundary()           # tier swaps happen only between launches
-        res = mk.run(1, hooks="all", faults=table)
-        gpu_ms += res.elapsed_ms
-        dropped += int(res.hooks_dropped)
-        raw = res.hooks.tobytes()
-        for i in range(len(res.hooks)):
+        swap = getattr(dq, "swap_pending", None)
+        if swap is not None and swap():
+            mine |= 2
+        due = [int(c["apply_at"]) for c in host.pending if int(c["apply_at"]) > k]
+        got = agree.allgather((mine, min(due) if due else None))
+        holds = [h for _, h in got if h is not None]
+        st["hold"] = min(holds) if holds else None
+        flags = 0
+        for f, _ in got:
+            flags |= int(f)
+        return flags
+
+    def limit(k: int) -> int:
+        """The grant after deciding step k: the same on every rank."""
+        g = min(steps, k + RESIDENT_WINDOW)
+        return min(g, st["hold"]) if st["hold"] is not None and st["hold"] > k else g
+
+    def take(recs, dropped: int) -> None:
+        if dropped:                            # a full device ring: counted lost in coverage
+            st["dropped"] += int(dropped)
+            lost.add_lost(int(dropped))
+        if len(recs):
+            pending.append(recs)
+
+    def feed_until(done: int) -> List[int]:
+        """Feed the records of steps < done (complete), in step then time order; returns
+        the steps fed, each after its records."""
+        k = st["k"]
+        if done <= k:
+            return []
+        arr = np.concatenate(pending) if len(pending) > 1 else (pending[0] if pending else None)
+        pending.clear()
+        fed = list(range(k, done))
+        if arr is None or not len(arr):
+            return fed
+        ds = arr["decode_step"].astype(np.int64)
+        later = ds >= done
+        if later.any():
+            pending.append(arr[later])
+        now_ = arr[~later]
+        now_ = now_[np.lexsort((now_["ts_ns"], ds[~later]))]
+        raw = now_.tobytes()
+        for i in range(len(now_)):
             host.feed(raw[i * size:(i + 1) * size])
-        clock.feed(host, rounds=4)
-        k += 1
-        host.status_extra = {"serving": {"step": k - 1, "backend": "gpu"}}
-        now = time.monotonic()
-        if now - last_say >= args.progress_s:
-            last_say = now
-            say(f"step {k - 1}: {gpu_ms / k * 1000:.0f} us/step on the GPU, {len(host.live)} live quer"
-                f"{'y' if len(host.live) == 1 else 'ies'}")
+        return fed
+
+    def advance(done: int, decisions: bool, flags: int, running: bool) -> int:
+        """Steps < done are complete: feed them; host.step for each next step, and (while
+        deciding) the ranks' agreement.  Every rank decides at the same steps and, while
+        the kernel runs, grants k + RESIDENT_WINDOW right after each decision that goes
+        on: the grant a launch ends at is the same on every rank (a function of the last
+        such step, however the ranks' polls group the completed steps)."""
+        for j in feed_until(done):
+            st["k"] = k = j + 1
+            host.step(k)
+            host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
+            if decisions and k < steps and not flags:
+                flags |= decide(k)
+                if running and not flags:
+                    mk.grant(limit(k))
+            elif decisions and k < steps and flags == 2:
+                flags |= decide(k)         # between launches: a stop may still come
+        return flags
+
+    host.step(0)
+    flags = decide(0)
+    while st["k"] < steps and not flags & 1:
+        flags = 0
+        host.live_runtime.boundary()           # tier swaps happen only between launches
+        k = st["k"]
+        mk.start_resident(hooks="all", faults=table, window=limit(k) - k,
+                          watchdog_ms=GPU_SERVE_WATCHDOG_MS)
+        st["segments"] += 1
+        while st["k"] < steps and not flags:
+            recs, dropped, done = mk.poll()
+            take(recs, dropped)
+            now = time.monotonic()
+            if now - last_clock >= CLOCK_EVERY_S:
+                last_clock = now
+                clock.feed(host, rounds=4)
+            if done <= st["k"]:
+                host.poll()
+                time.sleep(0.0001)
+                continue
+            flags = advance(done, True, flags, True)
+            if now - last_say >= args.progress_s:
+                last_say = now
+                kk = st["k"]
+                say(f"step {kk - 1}: {(now - t0) / max(kk, 1) * 1e6:.0f} us/step wall, "
+                    f"{len(host.live)} live quer{'y' if len(host.live) == 1 else 'ies'}")
+        res = mk.finish()                      # ends at the current grant, the same on every rank
+        st["gpu_ms"] += res.elapsed_ms
+        take(res.hooks, res.hooks_dropped)
+        flags = advance(int(mk.step), not flags & 1, flags, False)
+        clock.feed(host, rounds=4)             # the GPU is idle between launches
+    k = st["k"]
     host.step(k)                 # due detach/report commands before the final outputs
     wall = time.monotonic() - t0
-    say(f"served {k} steps in {wall:.1f} s wall, {gpu_ms / max(k, 1) * 1000:.0f} us/step on the GPU, "
-        f"{k * args.batch} tokens; hook records dropped by full rings: {dropped}")
+    say(f"served {k} steps in {wall:.1f} s wall ({st['segments']} resident launch"
+        f"{'' if st['segments'] == 1 else 'es'}), {st['gpu_ms'] / max(k, 1) * 1000:.0f} us/step of launch "
+        f"time, {k * args.batch} tokens; hook records dropped by full rings: {st['dropped']} (counted lost)")
     res = host.close()
     agree.Free()
     if res is not None and rank == 0:
         _report(res, args, say)
     return 0
+
+
+def abi_context_size() -> int:
+    from ..abi import definition as abi
+    return abi.CONTEXT_SIZE
 
 
 def _host(cls, schema_for, backend: str, monitors: List[str]):

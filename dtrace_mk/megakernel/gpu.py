@@ -34,9 +34,15 @@ from .reference import Requests, dense_index, make_weights, moe_index, shard_wei
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 
-SOURCES = ("megakernel.cu", "baseline.cu", "mk_ops.cuh", "mk_common.cuh", "mk_comm.cuh", "dtrace_mk_abi.h")
-MK_THREADS = 512
+MK_THREADS = 512               # compute threads of a worker CTA (kernels/mk_common.cuh)
 MK_WARPS = MK_THREADS // 32
+OBS_WARP_DEFINE = "DTMK_OBS_WARP"   # + one observer warp per CTA (hook_cost_analysis.md round 6)
+
+
+def block_threads(defines: Sequence[str] = ()) -> int:
+    """Threads per megakernel CTA for a build with `defines` (MK_BLOCK_THREADS of
+    kernels/mk_common.cuh): MK_THREADS, plus the observer warp under -DDTMK_OBS_WARP."""
+    return MK_THREADS + (32 if any(d.split("=")[0] == OBS_WARP_DEFINE for d in defines) else 0)
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
 TRACE_BYTES = 32
@@ -58,11 +64,14 @@ PARAM_FIELDS: Tuple[str, ...] = (
     "control", "hook_ring", "hook_head", "hook_cap", "trace_ring", "trace_head", "trace_cap",
     "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns", "prefetch",
     "ranks", "tp_peers", "tp_part", "tp_recv", "ev_comm_op",
+    "resident", "hook_tail", "hook_drop", "steps_done",
 )
 
 # control words (megakernel.cu CTL_*)
 CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
 CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
+CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP: end at the grant
+GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
 OBS_NAMES = ("pending", "drained", "lost", "gen", "loaded_ts", "first_ts", "done", "drains")
 OBS_WORDS = len(OBS_NAMES)
@@ -86,10 +95,10 @@ assert CTX_DTYPE.itemsize == abi.CONTEXT_SIZE
 CompileError = build.CompileError
 
 
-def source_hash(arch: str, target: str, defines: Sequence[str] = ()) -> str:
+def source_hash(arch: str, target: str, defines: Sequence[str] = (), name: str = "megakernel.cu") -> str:
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update(name.encode() + b"\0" + (KERNEL_DIR / name).read_bytes() + b"\0")
+    for src in build.include_closure(name, KERNEL_DIR):
+        h.update(src.encode() + b"\0" + (KERNEL_DIR / src).read_bytes() + b"\0")
     h.update(f"{arch}|{target}|{'|'.join(defines)}".encode())
     h.update(build.nvrtc_version().encode())
     return h.hexdigest()[:24]
@@ -103,7 +112,7 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     """Compile kernels/<name> with NVRTC to 'cubin' (arch sm_XX[a]) or 'ltoir'.
 
     Cached on disk by source hash; raises CompileError with NVRTC's log."""
-    key = source_hash(arch, target, defines) + "_" + name.replace(".", "_")
+    key = source_hash(arch, target, defines, name) + "_" + name.replace(".", "_")
     path = cache_dir() / f"{key}.{target}"
     if use_cache and path.exists():
         return path.read_bytes()
@@ -316,6 +325,7 @@ class Megakernel:
         self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
         self.defines = tuple(defines)
+        self.block = block_threads(self.defines)     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
@@ -355,7 +365,10 @@ class Megakernel:
             "dyn_head": cp.zeros(n_moe, cp.uint64), "dyn_tail": cp.zeros(n_moe, cp.uint64),
             "control": cp.zeros(CTL_WORDS, cp.uint32),
             "hook_ring": cp.zeros((W, hook_cap, abi.CONTEXT_SIZE), cp.uint8),
-            "hook_head": cp.zeros(W, cp.uint64),
+            "hook_head": cp.zeros(W, cp.uint64),      # records stored (a streaming ring: slot n % cap)
+            "hook_drop": cp.zeros(W, cp.uint64),      # records not stored: ring full
+            "hook_tail": cp.zeros(W, cp.uint64),      # resident: records the host consumed
+            "steps_done": cp.zeros(W, cp.uint64),     # resident: steps whose records are all stored
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
             "trace_head": cp.zeros(W, cp.uint64),
             "worker_state": cp.zeros((W, 8), cp.uint64),
@@ -378,10 +391,13 @@ class Megakernel:
                    B * c.tile_n + 2 * B + 8, 2 * MK_WARPS + 4) + 64
         self.xs_off = (base + 3) // 4 * 4
         max_k = max(c.hidden, c.ffn, c.q_dim)
-        self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
+        # the observer warp's job queue (static smem, ~4.6 KB) must fit next to a full staging area
+        limit = SMEM_LIMIT - (8 * 1024 if self.block > MK_THREADS else 0)
+        self.xs_cap = int(min(B * max_k, limit // 4 - self.xs_off))
         self.smem = 4 * (self.xs_off + self.xs_cap)
         set_smem(self.kernel, self.smem)
         self.step = 0
+        self._res = None              # the resident launch (start_resident), None when none
         self.reset()
         if self.tp:                   # collective: map every rank's counters and slots
             peers = self.tp.exchange([self._ev_all.data.ptr, self.buf["tp_recv"].data.ptr])
@@ -404,7 +420,7 @@ class Megakernel:
         self.n_faults = len(a)
         self.buf["faults"] = self.cp.asarray(a if len(a) else np.zeros((1, 8), np.int64))
 
-    def _params(self, steps: int, n_out: int, out_row: int = 0) -> Any:
+    def _params(self, steps: int, n_out: int, out_row: int = 0, resident: bool = False) -> Any:
         cp, c, g = self.cp, self.lcfg, self.graph
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         f32bits = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]  # noqa: E731
@@ -431,6 +447,8 @@ class Megakernel:
             "n_faults": self.n_faults, "rank": g.rank, "queue_threshold": self.queue_threshold,
             "filler_ns": self.filler_ns, "prefetch": int(self.prefetch),
             "ranks": g.ranks, "tp_peers": 0, "tp_part": 0, "tp_recv": 0, "ev_comm_op": 0,
+            "resident": int(resident), "hook_tail": ptr(b["hook_tail"]) if resident else 0,
+            "hook_drop": ptr(b["hook_drop"]), "steps_done": ptr(b["steps_done"]),
         }
         if self.tp:
             v.update(tp_peers=ptr(t["tp_peers"]), tp_part=ptr(b["tp_part"]), tp_recv=ptr(b["tp_recv"]),
@@ -463,7 +481,7 @@ class Megakernel:
     def launch(self, steps: int, n_out: int, stream=None) -> None:
         params = self._params(steps, n_out)
         self._last_params = params   # keep alive until the launch completes
-        self.kernel((self.num_workers,), (MK_THREADS,), (params,), shared_mem=self.smem, stream=stream)
+        self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
 
     def run(self, steps: int, per_step_launch: bool = False, hooks=None, trace: bool = False,
@@ -498,7 +516,7 @@ class Megakernel:
                 for k in range(steps):
                     params = self._params(1, 1, out_row=k)
                     keep.append(params)
-                    self.kernel((self.num_workers,), (MK_THREADS,), (params,), shared_mem=self.smem)
+                    self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem)
                     self.step += 1
                     if keep_logits:
                         logits_hist.append(cp.asnumpy(self.buf["logits"]))
@@ -569,7 +587,7 @@ class Megakernel:
             ctl[CTL_GEN] = old[CTL_GEN]
             ctl[CTL_STAMP:CTL_STAMP + 2] = old[CTL_STAMP:CTL_STAMP + 2]
         self.buf["control"].set(ctl)
-        for k in ("hook_head", "trace_head"):
+        for k in ("hook_head", "trace_head", "hook_drop", "hook_tail", "steps_done"):
             self.buf[k].fill(0)
 
     def start(self, steps: int, hooks=None, trace: bool = False, faults=None, watchdog_ms: int = 2000,
@@ -595,8 +613,12 @@ class Megakernel:
     def done(self, handle: Dict[str, Any]) -> bool:
         return bool(handle["end"].done)
 
-    def finish(self, handle: Dict[str, Any], host_timeout_s: float = 60.0,
+    def finish(self, handle: Optional[Dict[str, Any]] = None, host_timeout_s: float = 60.0,
                raise_on_watchdog: bool = True) -> RunResult:
+        """Wait for start()'s launch `handle` and collect; without a handle: the resident
+        launch (finish_resident)."""
+        if handle is None:
+            return self.finish_resident(host_timeout_s, raise_on_watchdog)
         cp = self.cp
         while not handle["end"].done:
             if time.perf_counter() - handle["t0"] > host_timeout_s:
@@ -609,6 +631,194 @@ class Megakernel:
         self._barrier()
         if res.watchdog is not None and raise_on_watchdog:
             raise WatchdogFired(res.watchdog)
+        return res
+
+    # -- resident launches (serving): one launch across many steps, hooks streamed -------
+    def start_resident(self, hooks=None, faults=None, watchdog_ms: int = 2000, window: int = 4,
+                       refresh: int = 16, poison: bool = True, trace: bool = False,
+                       out_rows: int = 256, max_steps: int = 1 << 30) -> None:
+        """Launch the megakernel ONCE for many decode steps from the current step s0 and
+        return at once; the kernel runs steps < s0 + window, then parks at the step gate
+        (control word CTL_GATE) until grant() lets more run; stop() ends every worker at
+        the granted step; finish() waits and collects.  While it runs, poll() streams the
+        hook records (the ring is consumed: records written after the host read them may
+        reuse their slots) and the steps every worker has finished.
+
+        The kernel holds every SM while it runs: nothing here (grant, stop, poll) launches
+        a kernel; only async copies on a side stream into pinned host buffers.  Tokens of
+        step k land in row (k - s0) % out_rows and are read by poll() (grant refuses to
+        run out_rows steps ahead of the last poll).  Collective with tensor parallelism.
+        trace: not in resident launches (its ring does not stream)."""
+        cp = self.cp
+        if trace:
+            raise UserError("Megakernel.start_resident: the built-in task trace does not stream; "
+                            "use run(..., trace=True) (one launch of a known length)")
+        if self._res is not None:
+            raise UserError("Megakernel.start_resident: a resident launch is already running (finish() it)")
+        if window < 1 or out_rows <= window:
+            raise UserError(f"Megakernel.start_resident: window {window} must be >= 1 and < out_rows {out_rows}")
+        self._prepare(hooks, False, faults, watchdog_ms, refresh)
+        if poison:
+            self.poison()
+        s0 = self.step
+        self.out_tokens = cp.full((out_rows, self.B), -1, cp.int32)
+        self.buf["control"][CTL_GATE] = s0 + window
+        W = self.num_workers
+        pin = lambda n, dt: np.frombuffer(cp.cuda.alloc_pinned_memory(max(1, n * np.dtype(dt).itemsize)),  # noqa: E731
+                                          dt, n)
+        stage_n = int(min(W * self.hook_cap, 1 << 15))      # records per staging copy (4 MiB)
+        r = {"s0": s0, "grant": s0 + window, "stopped": False, "out_rows": out_rows, "max_steps": max_steps,
+             "watchdog_ms": watchdog_ms, "pub": pin(3 * W, np.uint64), "tail": pin(W, np.uint64),
+             "gate": pin(1, np.uint32), "tok": pin(out_rows * self.B, np.int32),
+             "stage": pin(stage_n * abi.CONTEXT_SIZE, np.uint8), "stage_n": stage_n,
+             "consumed": np.zeros(W, np.int64), "dropped": 0, "done": s0, "tokens": [],
+             "side": cp.cuda.Stream(non_blocking=True), "stream": cp.cuda.Stream(non_blocking=True)}
+        params = self._params(max_steps, out_rows, resident=True)
+        r["params"] = params                                 # alive until the launch ends
+        cp.cuda.runtime.deviceSynchronize()
+        self._barrier()
+        r["start"], r["end"] = cp.cuda.Event(), cp.cuda.Event()
+        r["start"].record(r["stream"])
+        self.kernel((W,), (self.block,), (params,), shared_mem=self.smem, stream=r["stream"])
+        r["end"].record(r["stream"])
+        r["t0"] = time.perf_counter()
+        self._res = r
+
+    @property
+    def resident(self) -> bool:
+        return self._res is not None
+
+    def _h2d(self, dst: int, src: np.ndarray, nbytes: int) -> None:
+        r = self._res
+        self.cp.cuda.runtime.memcpyAsync(dst, src.ctypes.data, nbytes, self.cp.cuda.runtime.memcpyHostToDevice,
+                                         r["side"].ptr)
+        r["side"].synchronize()
+
+    def _write_gate(self, value: int) -> None:
+        r = self._res
+        r["gate"][0] = value
+        self._h2d(int(self.buf["control"].data.ptr) + 4 * CTL_GATE, r["gate"], 4)
+
+    def grant(self, until: int) -> None:
+        """Let the resident kernel run every step < `until` (absolute decode steps; only
+        grows).  Both tensor-parallel ranks must grant the same steps (each rank's workers
+        wait for the other's at the all-reduces)."""
+        r = self._res
+        if r is None:
+            raise UserError("Megakernel.grant: no resident launch (start_resident)")
+        if r["stopped"]:
+            raise UserError("Megakernel.grant: the resident launch was stopped")
+        until = int(until)
+        if until <= r["grant"]:
+            return
+        if until - r["done"] > r["out_rows"] or until - r["s0"] > r["max_steps"]:
+            raise UserError(f"Megakernel.grant: step {until} is more than out_rows={r['out_rows']} steps "
+                            f"ahead of the last polled finished step {r['done']} (its tokens would be overwritten)")
+        r["grant"] = until
+        self._write_gate(until)
+
+    def stop(self) -> int:
+        """End the resident launch at the current grant: every worker stops at that same
+        step (one store of grant | stop).  Returns that step."""
+        r = self._res
+        if r is None:
+            raise UserError("Megakernel.stop: no resident launch (start_resident)")
+        if not r["stopped"]:
+            r["stopped"] = True
+            self._write_gate(r["grant"] | GATE_STOP)
+        return r["grant"]
+
+    def poll(self) -> Tuple[np.ndarray, int, int]:
+        """While resident: (new hook records since the last poll (CTX_DTYPE rows, per
+        worker in ring order, workers one after another), records newly dropped by full
+        rings, the lowest step every worker has finished: all records of steps below it
+        have been returned now or before).  The consumed slots are handed back (tail)."""
+        cp, r = self.cp, self._res
+        if r is None:
+            raise UserError("Megakernel.poll: no resident launch (start_resident)")
+        W, cap, size = self.num_workers, self.hook_cap, abi.CONTEXT_SIZE
+        d2h, side = cp.cuda.runtime.memcpyDeviceToHost, r["side"]
+        pub = r["pub"]
+        # steps_done first: a worker publishes records, head and drops before steps_done
+        for i, k in enumerate(("steps_done", "hook_head", "hook_drop")):
+            cp.cuda.runtime.memcpyAsync(pub[i * W:].ctypes.data, int(self.buf[k].data.ptr), 8 * W, d2h, side.ptr)
+            side.synchronize()
+        done = int(pub[:W].min())
+        head = pub[W:2 * W].astype(np.int64)
+        drop_total = int(pub[2 * W:].sum())
+        segs = []                                     # (worker, first slot, count)
+        for w in np.nonzero(head > r["consumed"])[0]:
+            n0, n1 = int(r["consumed"][w]), int(head[w])
+            while n0 < n1:
+                slot = n0 % cap
+                c = min(n1 - n0, cap - slot)
+                segs.append((int(w), slot, c))
+                n0 += c
+        out, stage, room = [], r["stage"], r["stage_n"]
+        ring = int(self.buf["hook_ring"].data.ptr)
+        i = 0
+        while i < len(segs):
+            used = 0
+            while i < len(segs) and used < room:
+                w, slot, c = segs[i]
+                take = min(c, room - used)
+                cp.cuda.runtime.memcpyAsync(stage.ctypes.data + used * size, ring + (w * cap + slot) * size,
+                                            take * size, d2h, side.ptr)
+                used += take
+                segs[i] = (w, slot + take, c - take)
+                if take == c:
+                    i += 1
+            side.synchronize()
+            out.append(stage[:used * size].copy().view(CTX_DTYPE))
+        if len(segs):
+            r["consumed"][:] = np.maximum(r["consumed"], head)
+            r["tail"][:] = r["consumed"].astype(np.uint64)
+            self._h2d(int(self.buf["hook_tail"].data.ptr), r["tail"], 8 * W)
+        if done > r["done"]:                          # tokens of the newly finished steps
+            cp.cuda.runtime.memcpyAsync(r["tok"].ctypes.data, int(self.out_tokens.data.ptr), r["tok"].nbytes,
+                                        d2h, side.ptr)
+            side.synchronize()
+            rows = r["tok"].reshape(r["out_rows"], self.B)
+            for k in range(r["done"], done):
+                r["tokens"].append(rows[(k - r["s0"]) % r["out_rows"]].copy())
+            r["done"] = done
+        new_drop = drop_total - r["dropped"]
+        r["dropped"] = drop_total
+        recs = np.concatenate(out) if out else np.zeros(0, CTX_DTYPE)
+        return recs, new_drop, max(done, r["done"])
+
+    def finish_resident(self, host_timeout_s: float = 60.0, raise_on_watchdog: bool = True) -> RunResult:
+        """Stop (at the current grant, unless stop() was called), wait for the launch to
+        end and collect: RunResult.tokens [steps, B] of every step of the launch, hooks /
+        hooks_dropped: what poll() had not returned yet (the last poll), watchdog as in
+        run().  The next launch continues at the stopped step."""
+        cp, r = self.cp, self._res
+        if r is None:
+            raise UserError("Megakernel.finish_resident: no resident launch (start_resident)")
+        last = self.stop()
+        while not r["end"].done:
+            if time.perf_counter() - r["t0"] > host_timeout_s and host_timeout_s > 0:
+                self.abort(r["side"])
+                break
+            time.sleep(0.0005)
+        r["stream"].synchronize()
+        elapsed = cp.cuda.get_elapsed_time(r["start"], r["end"])
+        ctl = cp.asnumpy(self.buf["control"])
+        wd = None
+        if ctl[CTL_ABORT]:
+            wd = self.watchdog_report(int(ctl[CTL_ABORT]), int(ctl[CTL_ABORT_WORKER]), r["watchdog_ms"])
+        recs, dropped, done = self.poll()
+        if wd is None and done != last:
+            raise RuntimeError(f"resident megakernel ended at step {done}, stopped at {last}")
+        recs = recs[np.argsort(recs["ts_ns"], kind="stable")]
+        toks = np.stack(r["tokens"]) if r["tokens"] else np.zeros((0, self.B), np.int32)
+        self.step = done if wd is None else max(done, r["s0"])
+        self._res = None
+        res = RunResult(toks, cp.asnumpy(self.buf["logits"]), None, recs, dropped, np.zeros(0, TRACE_DTYPE), 0,
+                        wd, elapsed, done - r["s0"], r["s0"])
+        self._barrier()
+        if wd is not None and raise_on_watchdog:
+            raise WatchdogFired(wd)
         return res
 
     def _collect(self, steps, step0, elapsed, step_logits, watchdog_ms) -> RunResult:
@@ -624,9 +834,11 @@ class Megakernel:
                          elapsed, steps, step0)
 
     def read_hooks(self) -> Tuple[np.ndarray, int]:
+        """The records of the last (non-resident) launches and how many a full ring refused
+        (outside resident launches the ring does not wrap: hook_head <= hook_cap)."""
         head = self.cp.asnumpy(self.buf["hook_head"]).astype(np.int64)
         ring = self.cp.asnumpy(self.buf["hook_ring"])
-        recs, dropped = [], 0
+        recs, dropped = [], int(self.cp.asnumpy(self.buf["hook_drop"]).sum())
         for w in range(self.num_workers):
             n = int(min(head[w], self.hook_cap))
             dropped += int(head[w]) - n

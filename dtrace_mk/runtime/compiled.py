@@ -68,7 +68,7 @@ from . import device as D
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
 KERNEL_DIR = D.KERNEL_DIR
 HARNESS = "bpf_compiled_harness.cu"
-HARNESS_SOURCES = (HARNESS, "bpf_compiled.cuh") + D.SOURCES[1:]
+HARNESS_SOURCES = (HARNESS, "bpf_compiled.cuh") + D.SOURCES   # bpf_vm_harness.cu is its kernel body
 HOOK_IDS = tuple(range(1, abi.MAX_HOOK_ID + 1))
 PROG_F_COMPILED = 1
 ARCH = "sm_90a"
@@ -535,22 +535,12 @@ def build_compiled_harness(monitor: str, arch: str = ARCH, defines: Sequence[str
 
 STAGE_FAST, STAGE_LTO = 1, 2
 MK_SOURCES = ("megakernel.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h", "bpf_vm.cuh",
-              "bpf_maps.cuh", "bpf_opcodes.h", "bpf_compiled.cuh")
+              "bpf_run_prog.cuh", "bpf_maps.cuh", "bpf_opcodes.h", "bpf_compiled.cuh")
 MK_MAXRREG = 128                      # 65536 registers / MK_THREADS (512), 1 block per SM
 MK_DEFINES = ("DTMK_COMPILED_TIER",)
 
 
-def include_closure(name: str) -> List[str]:
-    """kernels/<name> and every kernels/ file it #includes "..." (transitively), sorted."""
-    import re
-    seen, todo = set(), [name]
-    while todo:
-        f = todo.pop()
-        if f in seen or not (KERNEL_DIR / f).exists():
-            continue
-        seen.add(f)
-        todo += re.findall(r'#\s*include\s+"([^"]+)"', (KERNEL_DIR / f).read_text())
-    return sorted(seen)
+include_closure = build.include_closure     # the one include scanner (kernels/build.py)
 
 
 def _sources_hash(sources: Sequence[str], tag: str) -> str:
@@ -595,6 +585,19 @@ class KernelSpec:
 
 HARNESS_SPEC = KernelSpec(HARNESS, HARNESS_SOURCES, (), None, "harness")
 MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG, "megakernel")
+MK_OBS_MAXRREG = 96                   # -DDTMK_OBS_WARP: __launch_bounds__(544, 1) -> ptxas allots 96
+
+
+def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:
+    """The compiled tier's kernel for a Megakernel built with `defines` (its .defines):
+    MEGAKERNEL_SPEC, or with -DDTMK_OBS_WARP (the observer warp, hook_cost_analysis.md
+    round 6) added and the register limit of that entry (DTMK_OBS_MAXNREG=N: N)."""
+    names = {d.split("=")[0]: d for d in defines}
+    if "DTMK_OBS_WARP" not in names:
+        return MEGAKERNEL_SPEC
+    extra = tuple(names[k] for k in ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG") if k in names)
+    nreg = int(names["DTMK_OBS_MAXNREG"].split("=")[1]) if "DTMK_OBS_MAXNREG" in names else MK_OBS_MAXRREG
+    return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + extra, nreg, "megakernel_obs")
 
 
 def kernel_object(spec: KernelSpec, stage: int, arch: str = ARCH) -> Tuple[bytes, float]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -64,16 +64,17 @@ def summary_monitor(schema=None):
     return compile_query(SUMMARY_QUERY, schema, name="<dtrace-mk summary>")
 
 
-def link_megakernel(monitor_src: str, arch: str = "sm_90a", stage: int = 2) -> Tuple[bytes, float]:
+def link_megakernel(monitor_src: str, arch: str = "sm_90a", stage: int = 2,
+                    defines: Sequence[str] = ()) -> Tuple[bytes, float]:
     """The compiled tier in the megakernel: megakernel.cu built with -DDTMK_COMPILED_TIER
     (hook sites call dtmk_cm_run_records) + the monitor
     (dtrace_mk.runtime.compiled.monitor_source) -> one cubin.  stage 2: full LTO (the
     monitor inlined; seconds); stage 1: the kernel's cached relocatable cubin + the
     monitor's own cubin, no LTO (~0.1 s; compiled.build_linked).  Returns (cubin, seconds
-    spent building and linking)."""
-    from .compiled import MEGAKERNEL_SPEC, build_linked
+    spent building and linking).  `defines`: the Megakernel's (compiled.megakernel_spec)."""
+    from .compiled import build_linked, megakernel_spec
     t0 = time.perf_counter()
-    path, _ = build_linked(monitor_src, MEGAKERNEL_SPEC, stage, arch)
+    path, _ = build_linked(monitor_src, megakernel_spec(defines), stage, arch)
     return path.read_bytes(), time.perf_counter() - t0
 
 
@@ -86,8 +87,9 @@ def linked_runtime(num_workers: int, mk=None, **kw):
     (a gpu.Megakernel) it also speaks the promotion protocol of runtime.tiers: builds are
     megakernel links (stage 1 / stage 2) and installing one loads it into `mk` for its
     next launch."""
-    from .compiled import MEGAKERNEL_SPEC, _CompiledMixin, build_linked
+    from .compiled import _CompiledMixin, build_linked, megakernel_spec
     from .device import DeviceRuntime
+    spec = megakernel_spec(getattr(mk, "defines", ()))   # e.g. the observer-warp build (-DDTMK_OBS_WARP)
 
     class LinkedRuntime(_CompiledMixin, DeviceRuntime):
         def __init__(self):
@@ -116,7 +118,7 @@ def linked_runtime(num_workers: int, mk=None, **kw):
 
         def _build_work(self, src: str, stage: int = 2):
             arch = mk.arch if mk is not None else "sm_90a"
-            return lambda: build_linked(src, MEGAKERNEL_SPEC, stage, arch)
+            return lambda: build_linked(src, spec, stage, arch)
 
         def _install(self, src: str, artifact) -> None:
             if mk is None:
@@ -194,7 +196,7 @@ class LiveSession:
         runtime=linked_runtime(...)); used from the next launch.  stage 2 (default): full
         LTO, the monitor inlined (what bench/hooks.py measures); stage 1: the fast
         relocatable link.  Returns build seconds."""
-        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch, stage)
+        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch, stage, self.mk.defines)
         self.mk.load_cubin(cubin, tag=f"cm_s{stage}")
         return secs
 

@@ -17,15 +17,18 @@ from dtrace_mk.megakernel.presets import PRESETS
 
 BATCH = 2
 _S = {}
+#: megakernel builds proven exact: the default and the observer warp (-DDTMK_OBS_WARP,
+#: docs/dev/hook_cost_analysis.md round 6: records built and programs run by a 17th warp)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_WARP",)], ids=["default", "obswarp"])
 
 
-def session(name="tiny"):
+def session(name="tiny", defines=()):
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.runtime.live import LiveSession
-    if name not in _S:
-        mk = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0)
-        _S[name] = LiveSession(mk)
-    live = _S[name]
+    if (name, defines) not in _S:
+        mk = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, defines=defines)
+        _S[name, defines] = LiveSession(mk)
+    live = _S[name, defines]
     live.mk.reset()
     return live
 
@@ -41,8 +44,9 @@ def reference_maps(obj, hooks, workers):
     return replay(obj, hooks, workers)
 
 
-def test_attached_before_launch_matches_reference_exactly():
-    live = session()
+@BUILDS
+def test_attached_before_launch_matches_reference_exactly(defines):
+    live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
     try:
@@ -64,9 +68,10 @@ def test_attached_before_launch_matches_reference_exactly():
         live.detach(aid)
 
 
-def test_hot_attach_detach_while_running_and_outputs_unchanged():
+@BUILDS
+def test_hot_attach_detach_while_running_and_outputs_unchanged(defines):
     from dtrace_mk.megakernel import gpu
-    live = session()
+    live = session(defines=defines)
     mk = live.mk
     mk.set_observer(0, None)                  # a plain run: no observer at all
     steps = 600
@@ -110,6 +115,12 @@ def test_hot_attach_detach_while_running_and_outputs_unchanged():
     assert 0 < n < steps * len(mk.graph.tasks)          # attached late, detached early
     assert np.array_equal(res.tokens, base.tokens)
     assert np.array_equal(res.logits.view(np.uint32), base.logits.view(np.uint32))
+    if defines:                               # the variant computes the default build's bits
+        ref = session(defines=())
+        ref.mk.set_observer(0, None)
+        other = ref.mk.run(steps)
+        assert np.array_equal(other.tokens, base.tokens)
+        assert np.array_equal(other.logits.view(np.uint32), base.logits.view(np.uint32))
     # the latency target is a benchmark figure (bench/hooks.py); here only sanity
     assert lat["write_to_first_event_ms"] < 1000
 
@@ -133,9 +144,10 @@ def test_bad_objects_are_refused_while_the_job_runs():
     assert not live.rt._atts
 
 
-def test_watchdog_fires_with_a_monitor_attached():
+@BUILDS
+def test_watchdog_fires_with_a_monitor_attached(defines):
     from dtrace_mk.megakernel import gpu
-    live = session()
+    live = session(defines=defines)
     aid = live.attach(summary(live).obj)
     try:
         victim = next(t.index for t in live.mk.graph.tasks if t.cls == CLASS_IDS["attn_o"])

@@ -20,13 +20,14 @@ QUERIES = {
 }
 
 
+@pytest.mark.parametrize("defines", [(), ("DTMK_OBS_WARP",)], ids=["default", "obswarp"])
 @pytest.mark.parametrize("which", sorted(QUERIES))
-def test_few_workers_many_records_match_reference(which):
+def test_few_workers_many_records_match_reference(which, defines):
     from dtrace_mk.lang.pipeline import compile_query
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.runtime.live import LiveSession
     from dtrace_mk.runtime.reference import replay
-    mk = gpu.Megakernel(PRESETS["tiny"], batch=2, num_workers=6, seed=0)
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=2, num_workers=6, seed=0, defines=defines)
     live = LiveSession(mk)
     mon = compile_query(QUERIES[which], mk.graph.schema, name=f"<obs ring {which}>")
     aid = live.attach(mon.obj)
@@ -48,7 +49,9 @@ def test_few_workers_many_records_match_reference(which):
         drains = sum(int(d) & 0xffffffff for d in snap.state["drains"])   # low half: VM calls
         assert drained > 0 and drains > 0
         # rare, large drains: ~13 tasks per worker per step here; round 3 ran ~4 records
-        # per VM call, round 4 batches a (sub-)ring at 3/4 full or on epoch lag
-        assert drained / drains >= 8, (drained, drains)
+        # per VM call, round 4 batches a (sub-)ring at 3/4 full or on epoch lag (the
+        # observer warp drains off the compute path: also when idle, so no ratio there)
+        if not defines:
+            assert drained / drains >= 8, (drained, drains)
     finally:
         live.detach(aid)

@@ -3,11 +3,13 @@ and tests/launch/test_demo_gpu_fake.py with stand-ins on a CPU machine)."""
 import json
 
 
-def check_gpu_demo(stdout: str, spans_path, sms: int, steps: int, batch: int, model: str = "tiny"):
+def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int, model: str = "tiny"):
     """`stdout` of `dtrace-mk demo --backend gpu -f json`: the live query's final output on
     both ranks counts task:end per step, the same count every step = the tasks of one step
     of the rank's graph, its coverage exactly that many events (count x steps observed);
-    the diagnosis names remote_stall rooted at rank 1; the spans file has spans of both
+    the diagnosis's confident findings (the ones scoring counts: confidence >= 0.8) are
+    ONLY remote_stall rooted at rank 1, within the steps of the demo's fault (the second
+    half); `workers`: the rank's megakernel workers (serve: SMs - 1); the spans file has spans of both
     ranks for every step and links from each rank's remote waits to the other rank's
     signal spans, every one resolving in the file."""
     from dtrace_mk.megakernel.graph import build_graph
@@ -29,14 +31,19 @@ def check_gpu_demo(stdout: str, spans_path, sms: int, steps: int, batch: int, mo
         per_step = set(entries.values())
         assert len(per_step) == 1, f"rank {m['rank']}: task:end per step differs: {entries}"
         (tasks,) = per_step
-        g = build_graph(get_preset(model), batch, sms, rank=m["rank"], ranks=2)
+        g = build_graph(get_preset(model), batch, workers, rank=m["rank"], ranks=2)
         assert tasks == len(g.tasks), (m["rank"], tasks, len(g.tasks))
         cov = m["coverage"]
         assert cov["eligible"] == cov["executed"] == tasks * len(ks), cov
         assert cov["lost"] == 0 and cov["throttled"] == 0, cov
 
-    causes = [(f["cause"], f["rank"]) for f in diag["findings"]]
-    assert ("remote_stall", 1) in causes, diag["findings"]
+    from dtrace_mk.collectors.score import CONFIDENT
+    confident = [f for f in diag["findings"] if f["confidence"] >= CONFIDENT]
+    assert confident, diag["findings"]
+    assert all((f["cause"], f["rank"]) == ("remote_stall", 1) for f in confident), diag["findings"]
+    fault_steps = set(range(steps // 2, steps))        # commands/demo.py fault_spec
+    for f in confident:
+        assert f["steps"] and set(f["steps"]) <= fault_steps, (f, sorted(fault_steps))
 
     lines = [json.loads(x) for x in open(spans_path).read().splitlines() if x.strip()]
     assert {s["attributes"]["dtrace_mk.rank"] for s in lines} == {0, 1}

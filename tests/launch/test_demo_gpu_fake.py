@@ -32,4 +32,31 @@ def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_
                         "-f", "json", "--spans", str(spans), "--timeout", "100"],
                        capture_output=True, text=True, env=env, timeout=150)
     assert p.returncode == 0, f"demo failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    check_gpu_demo(p.stdout, spans, sms=8, steps=STEPS, batch=BATCH)
+    check_gpu_demo(p.stdout, spans, workers=8 - 1, steps=STEPS, batch=BATCH)   # 8 fake SMs, one for the clock
+
+
+def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_path):
+    """Two serving ranks (no collector) with stand-ins: rank 0 learns of finished steps in
+    bigger groups than rank 1 (uneven polls), rank 1 gets SIGINT at step 9.  Both end the
+    resident launch at the same step (the stand-in's finish() compares the ranks' steps
+    and fails otherwise) and the job ends cleanly before its 60 steps."""
+    import re
+    from dtrace_mk.commands.diagnose import find_mpiexec, mpi_flavour
+    mpiexec = find_mpiexec()
+    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS="64", DTRACE_MK_FAKE_UNEVEN="1",
+               DTRACE_MK_FAKE_SIGINT_AT="9",
+               PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
+                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    env.pop("DTRACE_MK_JOB_DIR", None)
+    cmd = [mpiexec]
+    if mpi_flavour(mpiexec) == "openmpi":
+        cmd += ["--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    cmd += ["-n", "2", sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--steps", "60",
+            "--batch", str(BATCH)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150)
+    assert p.returncode == 0, f"serve failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    m = re.search(r"served (\d+) steps .*\(1 resident launch\)", p.stderr)
+    assert m, p.stderr[-3000:]
+    assert 9 < int(m.group(1)) < 60

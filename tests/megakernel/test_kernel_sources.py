@@ -8,6 +8,7 @@ import pytest
 
 from dtrace_mk.abi import definition as D
 from dtrace_mk.megakernel import gpu
+from dtrace_mk.kernels.build import include_closure as build_include_closure
 
 
 @pytest.fixture()
@@ -38,7 +39,7 @@ def test_baseline_compiles(fresh_cache):
 def test_compile_error_names_file_and_line(fresh_cache, monkeypatch, tmp_path):
     bad = tmp_path / "k"
     bad.mkdir()
-    for n in gpu.SOURCES:
+    for n in build_include_closure("megakernel.cu"):
         (bad / n).write_bytes((gpu.KERNEL_DIR / n).read_bytes())
     (bad / "megakernel.cu").write_text((gpu.KERNEL_DIR / "megakernel.cu").read_text() + "\nint broken = no_such_symbol;\n")
     monkeypatch.setattr(gpu, "KERNEL_DIR", bad)

@@ -9,7 +9,8 @@
 * NVRTC: the monitors (random programs, every device vm_case) compile to LTO-IR for
   sm_90a; with nvJitLink (pip nvidia-nvjitlink) the harness and a monitor link into a
   cubin in which the hook entry point has been inlined away, and builds are cached.
-* The kernel-side copy of dtmk_vm_run_prog matches bpf_vm.cuh's; constants agree.
+* One run-prog body (bpf_run_prog.cuh) and one harness body (bpf_vm_harness.cu) for both
+  tiers; every harness variant compiles with the same kernel interface; constants agree.
 """
 from __future__ import annotations
 
@@ -239,15 +240,33 @@ def _norm(s: str) -> str:
     return re.sub(r"\s+", " ", s).strip()
 
 
-def test_wrapper_is_the_vm_run_prog_with_the_exec_swapped():
-    vm = _fn_body((D.KERNEL_DIR / "bpf_vm.cuh").read_text(), "dtmk_vm_run_prog")
-    cm = (D.KERNEL_DIR / "bpf_compiled.cuh").read_text()
-    blocks = re.findall(r"/\* BEGIN copy of dtmk_vm_run_prog \((.*?)\) \*/(.*?)/\* END copy \*/", cm, re.S)
-    assert [b[0] for b in blocks] == ["sampling and rate limit", "coverage"]
-    nvm = _norm(vm)
-    for what, body in blocks:
-        assert _norm(body) in nvm, f"bpf_compiled.cuh's copy ({what}) drifted from bpf_vm.cuh dtmk_vm_run_prog"
-    assert "dtmk_vm_exec(" in nvm
+def _kernel_text(name: str) -> str:
+    return (D.KERNEL_DIR / name).read_text()
+
+
+def test_both_tiers_run_one_run_prog_body():
+    """Sampling, rate limit and coverage live in dtmk_run_prog (bpf_run_prog.cuh) only:
+    dtmk_vm_run_prog and dtmk_cm_run_prog are one call with their tier's exec step."""
+    kernels = {p.name: p.read_text() for p in D.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h")}
+    assert not [n for n, t in kernels.items() if "BEGIN copy" in t]
+    for marker in ("sample_every", "dtmk_rate_ticket(", "dtmk_cov_add("):
+        users = sorted(n for n, t in kernels.items() if marker in _norm(t) and n != "bpf_maps.cuh")
+        assert users == ["bpf_run_prog.cuh"], (marker, users)
+    for name, fn, step, call in (("bpf_vm.cuh", "dtmk_vm_run_prog", "dtmk_vm_exec_step", "dtmk_vm_exec("),
+                                 ("bpf_compiled.cuh", "dtmk_cm_run_prog", "dtmk_cm_exec_step", "dtmk_cm_exec(")):
+        text = _kernel_text(name)
+        assert '#include "bpf_run_prog.cuh"' in text
+        assert re.fullmatch(r"\{ return dtmk_run_prog<" + step + r">\([^;]*\); \}", _norm(_fn_body(text, fn))), fn
+        i = text.index("struct " + step + " {")
+        assert call in _norm(text[i:text.index(fn, i)]), step
+    assert "Exec::exec(" in _norm(_kernel_text("bpf_run_prog.cuh"))
+
+
+def test_compiled_harness_is_the_vm_harness_body():
+    """kernels/bpf_compiled_harness.cu only selects the compiled variant of bpf_vm_harness.cu."""
+    assert _norm(_kernel_text("bpf_compiled_harness.cu")) == \
+        '#define DTMK_HARNESS_COMPILED #include "bpf_vm_harness.cu"'
+    assert C.HARNESS == "bpf_compiled_harness.cu" and "bpf_vm_harness.cu" in C.HARNESS_SOURCES
 
 
 def _defines(text: str, prefix: str):
@@ -324,6 +343,34 @@ def test_every_device_vm_case_compiles_to_ltoir():
 def test_compiled_harness_compiles_to_ltoir():
     ir, _ = C.harness_ltoir()
     assert len(ir) > 10000
+
+
+def _entry(ptx: str, name: str):
+    """(parameter types, static shared declarations) of kernel `name` in PTX, names removed."""
+    m = re.search(r"\.entry " + name + r"\((.*?)\)\s*\{(.*?)\n\}", ptx, re.S)
+    assert m, name
+    params = re.findall(r"\.param (\S+) " + name + r"_param_\d+", m.group(1))
+    shared = re.findall(r"\.shared (.*?) _ZZ\d+" + name + r"E\d+(\w+\[?\d*\]?);", m.group(2))
+    return params, shared
+
+
+def test_every_harness_variant_compiles_with_one_kernel_interface():
+    """Both harness kernels (and the bench / link-time variants) from the one body: same
+    parameters and static shared memory; the naive baseline only in the VM harness."""
+    from dtrace_mk.kernels import build
+    rdc = ["--relocatable-device-code=true"]         # the compiled harness calls the monitor's hooks
+    variants = {("bpf_vm_harness.cu", ()): [], ("bpf_vm_harness.cu", ("DTMK_VM_REGS_LOCAL",)): [],
+                (C.HARNESS, ()): rdc, (C.HARNESS, ("DTMK_CM_NO_VM",)): rdc}
+    shapes = []
+    for (name, defines), opts in variants.items():
+        ptx = build.nvrtc_compile(_kernel_text(name), name, C.ARCH, "ptx", defines, options=opts).decode()
+        entries = sorted(re.findall(r"\.entry (\w+)\(", ptx))
+        vm = name == "bpf_vm_harness.cu"
+        assert entries == (["dtmk_vm_harness", "dtmk_vm_naive"] if vm else ["dtmk_compiled_harness"]), (name, defines)
+        assert ("dtmk_cm_hook_" in ptx) != vm, (name, defines)
+        shapes.append(_entry(ptx, "dtmk_vm_harness" if vm else "dtmk_compiled_harness"))
+    assert len(shapes[0][0]) == 12 and [n for _, n in shapes[0][1]] == ["code_off[352]", "ok", "accs[2560]"]
+    assert all(sh == shapes[0] for sh in shapes), shapes
 
 
 HOOK_SITE_PROBE = r"""

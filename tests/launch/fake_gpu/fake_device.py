@@ -13,8 +13,14 @@ class FakeDeviceQueries:
         mk.observer = self
         self.mk, self.tier = mk, tier
         self.detached = []
-        self.boundaries = []            # launches run before each boundary
+        self.boundaries = []            # resident launches run before each boundary
+        self.swap_after = None          # swap_pending() once a poll reported this step finished
+        self.swapped = 0
         FakeDeviceQueries.instances.append(self)
+
+    def swap_pending(self):
+        return (self.swap_after is not None and not self.swapped
+                and getattr(self.mk, "_reported", 0) >= self.swap_after)
 
     def attach(self, obj, verify=True, **kw):
         return self.rt.attach(obj, verify=verify)
@@ -24,7 +30,9 @@ class FakeDeviceQueries:
         self.rt.detach(aid)
 
     def boundary(self):
-        self.boundaries.append(getattr(self.mk, "runs", None))
+        if self.swap_pending():
+            self.swapped += 1
+        self.boundaries.append(len(getattr(self.mk, "segments", ())))
 
     def maps(self, aid):
         return self.rt.maps(aid)
@@ -34,3 +42,90 @@ class FakeDeviceQueries:
 
     def evidence(self, aid):
         return self.rt.evidence(aid)
+
+
+class FakeResident:
+    """The resident-launch API of gpu.Megakernel (start_resident / grant / poll / stop /
+    finish) over per-step records, for the fake-GPU tests of serve_gpu's loop.  The
+    "kernel" runs every granted step at once (the device VM, `observer.rt`, sees every
+    record as it runs); poll() returns the records per worker (workers one after another,
+    so steps interleave, as the real ring read does) and reports a step finished only
+    one poll later (records of unfinished steps arrive first).  `drop_every` N: every Nth
+    record is refused by the "full ring" (counted, not returned; the VM still sees it).
+    The host needs: `_records_of(step)` -> packed records, `_collective(what)`."""
+    drop_every = 0
+    report_every = 1                    # a poll reports finished steps only every Nth time
+    on_done = None                      # called with each poll's finished step
+
+    def _res_init(self):
+        self.segments = []              # (first step, stop step) of each resident launch
+        self._ran = self._reported = 0
+        self._out, self._drops, self._lag = [], 0, False
+        self._nrec = self.dropped_total = 0
+        self._active = False
+
+    def start_resident(self, hooks=None, faults=None, watchdog_ms=2000, window=4, **kw):
+        assert not self._active, "a resident launch is already running"
+        self._collective("start")
+        self._active, self._stopped = True, False
+        self._s0 = self._ran = self._reported = self.step
+        self._grant = self.step
+        self.grant(self.step + window)
+
+    @property
+    def resident(self):
+        return self._active
+
+    def grant(self, until):
+        assert self._active and not self._stopped
+        if until <= self._grant:
+            return
+        self._grant = until
+        recs = []
+        for k in range(self._ran, until):
+            for r in self._records_of(k):
+                if self.observer is not None:
+                    self.observer.rt.fire(r)
+                self._nrec += 1
+                if self.drop_every and self._nrec % self.drop_every == 0:
+                    self._drops += 1
+                    self.dropped_total += 1
+                else:
+                    recs.append(r)
+        self._ran = until
+        import numpy as np
+        from dtrace_mk.megakernel import gpu
+        if recs:
+            arr = np.frombuffer(b"".join(recs), dtype=gpu.CTX_DTYPE)
+            self._out.append(arr[np.lexsort((arr["ts_ns"], arr["worker"]))])
+        self._lag = True
+
+    def stop(self):
+        self._stopped = True
+        return self._grant
+
+    def poll(self):
+        import numpy as np
+        from dtrace_mk.megakernel import gpu
+        out = np.concatenate(self._out) if self._out else np.zeros(0, gpu.CTX_DTYPE)
+        self._out = []
+        drops, self._drops = self._drops, 0
+        done = self._ran - 1 if self._lag and self._ran > self._reported else self._ran
+        self._lag = False
+        self._polls = getattr(self, "_polls", 0) + 1
+        if self._polls % self.report_every:
+            done = self._reported                # this poll saw no new finished step
+        if self.on_done is not None:
+            self.on_done(done)
+        self._reported = max(self._reported, done)
+        return out, drops, done
+
+    def finish(self, *a, **kw):
+        import types
+        self.stop()
+        recs, drops, _ = self.poll()
+        self.step = self._ran
+        self._active = False
+        self.segments.append((self._s0, self.step))
+        self._collective(("finish", self.step))
+        return types.SimpleNamespace(hooks=recs, hooks_dropped=drops, elapsed_ms=0.05 * (self.step - self._s0))

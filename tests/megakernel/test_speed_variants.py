@@ -1,0 +1,83 @@
+"""CI (no GPU): the megakernel's speed variants (docs/dev/megakernel_speed.md "Session 3")
+keep compiling through NVRTC for sm_90a, the default build has the faster code shapes
+(acquire poll; norm weights loaded before the fused prologue's block sum), and
+bench/megakernel.py's --variants parsing and table work."""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from dtrace_mk.megakernel import gpu
+
+REPO = Path(__file__).resolve().parents[2]
+NEW_PATHS = ("DTMK_PF_NEXT=2", "DTMK_PF_HEAD=65536", "DTMK_PF_FIRST", "DTMK_REC_EARLY")   # every opt-in define
+OLD_PATHS = ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL")                  # the session-2 code
+
+
+@pytest.fixture()
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
+
+
+@pytest.mark.parametrize("defines", [NEW_PATHS, OLD_PATHS], ids=["new", "old"])
+def test_variant_builds_compile(fresh_cache, defines):
+    cubin = gpu.compile_source("sm_90a", "cubin", defines=defines, use_cache=False)
+    assert cubin[:4] == b"\x7fELF"
+
+
+def _func(ptx: str, name: str) -> str:
+    m = re.search(r"\.func\s[^\n(]*" + re.escape(name) + r"[^\n(]*\(", ptx)
+    assert m, f"{name} not in the PTX"
+    end = ptx.find("\n.func", m.end())
+    end2 = ptx.find("\n.entry", m.end())
+    ends = [e for e in (end, end2) if e > 0]
+    return ptx[m.start():min(ends) if ends else len(ptx)]
+
+
+def test_default_ptx_shapes(fresh_cache):
+    ptx = gpu.compile_source("sm_90a", "ptx", use_cache=False).decode()
+    sn = _func(ptx, "stage_norm")
+    # the fused prologue's norm weights are loaded before its first barrier (block sum)
+    assert "ld.global.nc.u16" in sn and sn.index("ld.global.nc.u16") < sn.index("bar.sync")
+    we = _func(ptx, "wait_event")
+    # first look and poll are acquire loads; the poll has no relaxed load + fence any more
+    assert we.count("ld.acquire.gpu") >= 2
+    assert "ld.relaxed.gpu" not in we
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_megakernel", REPO / "bench" / "megakernel.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_parse_variants(bench):
+    v = bench.parse_variants("old=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL,pfh=DTMK_PF_HEAD=65536+prefetch")
+    assert v == [("default", (), False), ("old", ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL"), False),
+                 ("pfh", ("DTMK_PF_HEAD=65536",), True)]
+    with pytest.raises(SystemExit, match="NAME=DEF"):
+        bench.parse_variants("justaname")
+    with pytest.raises(SystemExit, match="duplicate"):
+        bench.parse_variants("a=X,a=Y")
+
+
+def test_variant_table(bench):
+    v = {"preset": "1b", "batch": 1, "weight_bytes_per_step": 2.0e9, "variants": [
+        {"variant": "default", "defines": [], "prefetch": False, "tokens_equal": True, "logits_bit_equal": True,
+         "step_ms": 1.6},
+        {"variant": "fast", "defines": ["DTMK_X=1"], "prefetch": True, "tokens_equal": True,
+         "logits_bit_equal": False, "step_ms": 0.8},
+        {"variant": "broken", "defines": ["DTMK_Y"], "prefetch": False, "error": "CompileError('x')"}]}
+    results = [{"preset": "1b:old", "eager": {"step_ms": 1.6}}, {"preset": "1b", "eager": {"step_ms": 2.0}},
+               {"preset": "tiny", "eager": {"step_ms": 0.1}}]
+    out = bench.variant_table(v, results, bw=4.0e12)
+    lines = out.splitlines()
+    assert "1b:old 1600.0 us" in lines[0]            # the fastest eager build of the same model
+    fast = next(ln for ln in lines if ln.startswith("fast"))
+    # 800 us: eager/mk 2.00, default/mk 2.00, 2.5 TB/s = 62.5 % of 4 TB/s, tokens T, bits F
+    assert fast.split()[1:8] == ["800.0", "2.00", "2.00", "2500", "62.5", "T", "F"]
+    assert "DTMK_X=1+prefetch" in fast
+    assert next(ln for ln in lines if ln.startswith("broken")).split()[1] == "FAILED"

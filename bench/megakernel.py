@@ -9,6 +9,13 @@ timing is reported), as ratios; weight bytes per step over the measured device-t
 copy bandwidth.  --costs also measures per-class task costs from the built-in trace
 (batch 1 and 4) in the format of dtrace_mk/megakernel/cost.py, for the sim.
 
+--variants builds the megakernel once per set of -D defines of megakernel.cu and times
+each against the default build (tokens and logits must be bit-equal).  The defines left
+select the old (session-2) code paths, e.g. (docs/dev/megakernel_speed.md "Session 3"):
+
+    python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
+        --variants s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE,reclate=DTMK_REC_LATE,pf=prefetch
+
 Writes DIR/bench.json (and DIR/costs.json); prints a short table last.
 """
 from __future__ import annotations
@@ -420,7 +427,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="",
                     help="compile-time variants of the megakernel, 'NAME=DEF1+DEF2,...' (token 'prefetch': "
                          "the runtime L2 prefetch); each is built for --variant-presets and compared with "
-                         "the default build: us/step, vs eager per-op, vs default, %% copy bandwidth, tokens")
+                         "the default build: us/step, vs eager per-op, vs default, %% copy bandwidth, tokens; "
+                         "e.g. 'reclate=DTMK_REC_LATE,s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE'")
     ap.add_argument("--variant-presets", default="1b", help="presets the --variants are built for")
     a = ap.parse_args(argv)
     variants = parse_variants(a.variants) if a.variants else None

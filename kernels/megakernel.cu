@@ -815,7 +815,11 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
 
 /* ---- weight prefetch ------------------------------------------------------------------ */
 /* thread 0: stream the weight rows task t will read into L2 while the worker waits for
- * its dependency (weights never depend on the step's activations). */
+ * its dependency (weights never depend on the step's activations).  Runtime opt-in
+ * (Megakernel(prefetch=True)), off by default: slower in v4, and in session 3 every
+ * in-kernel prefetch variant (head-only, first rows, D rows ahead) was 0.86-0.94x the
+ * default on H200 1b (docs/dev/megakernel_speed.md "Session 3"): the prefetches compete
+ * with the demand stream for HBM / L2 bandwidth, so they were removed. */
 __device__ void prefetch_task_weights(const MkParams &P, int t) {
     const int *r = trec(P, t);
     int cls = r[0], layer = r[1], lo = r[4], hi = r[5];
@@ -831,25 +835,8 @@ __device__ void prefetch_task_weights(const MkParams &P, int t) {
     case 9: K = H; w = (const unsigned short *)P.w_lm_head + (dtmk_u64)lo * H; break;
     default: return;
     }
-#ifndef DTMK_PF_HEAD
     prefetch_l2(w, rows * K * 2);
     if (w2) prefetch_l2(w2, rows * K * 2);
-#else
-    /* DTMK_PF_HEAD=N: only the first N bytes of each matrix of the tile (its first
-     * latency rounds; 132 workers x N stays far below L2, unlike whole tiles), and of a
-     * split-K tile only its slice of every row (r[12] = split_k, split = tile_hi >> 16) */
-    dtmk_u64 ks = K, off = 0;
-    if ((cls == 4 || cls == 6) && r[12] > 1) { ks = K / (dtmk_u64)r[12]; off = (dtmk_u64)((dtmk_u32)r[11] >> 16) * ks; }
-    dtmk_u64 left = (dtmk_u64)(DTMK_PF_HEAD);
-    if (ks == K) {
-        dtmk_u64 n = min(left, rows * K * 2);
-        prefetch_l2(w, n);
-        if (w2) prefetch_l2(w2, n);
-    } else {
-        for (dtmk_u64 q = 0; q < rows && left >= 16; ++q, left -= min(left, ks * 2))
-            prefetch_l2(w + q * K + off, min(left, ks * 2));
-    }
-#endif
 }
 
 /* ---- scheduler ---------------------------------------------------------------------- */
@@ -1314,17 +1301,19 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
  * Thread 0 computes the faults; the hook / trace values (t_disp, t_ready, dep_wait)
  * are Worker fields, so the call carries nothing hook-only.  Hook records of the task
  * are captured before the body (shared stores only) and built after its release signal. */
-#ifdef DTMK_REC_EARLY
-/* DTMK_REC_EARLY: wait_event copies the waiting static task's record into shared memory
- * BEFORE its acquire (the acquire's CCTL.IVALL empties L1, so run_task's first record read
- * was an L2 round trip on every level's critical path, and the signal's r[8] after the body
- * another one).  s_rec_t: whose record s_rec holds (-1 none; set by wait_event, cleared by
- * run_task: run_task never runs before the first wait_event). */
+#ifndef DTMK_REC_LATE
+/* record early (default; -DDTMK_REC_LATE = the session-2 path, run_task reads trec): wait_event
+ * copies the waiting static task's record into shared memory BEFORE its acquire (the
+ * acquire's CCTL.IVALL empties L1, so run_task's first record read was an L2 round trip on
+ * every level's critical path, and the signal's r[8] after the body another one).  H200, 1b
+ * batch 1: 1636.6 vs 1660.9 us/step (-1.5%), docs/dev/megakernel_speed.md "Session 3".
+ * s_rec_t: whose record s_rec holds (-1 none; set by wait_event, cleared by run_task:
+ * run_task never runs before the first wait_event). */
 __shared__ __align__(16) int s_rec[TREC_WORDS];
 __shared__ int s_rec_t;
 #endif
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
-#ifdef DTMK_REC_EARLY
+#ifndef DTMK_REC_LATE
     const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
 #else
     const int *r = trec(P, t);
@@ -1363,7 +1352,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
     run_body(P, W, t, step, smem, r);
     MK_SYNC();
     if (threadIdx.x == 0) {
-#ifdef DTMK_REC_EARLY
+#ifndef DTMK_REC_LATE
         s_rec_t = -1;                   /* every thread read s_rec before the barrier above */
 #endif
         if (f.slow) mk_spin_ns(f.slow);
@@ -1393,7 +1382,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
-#ifdef DTMK_REC_EARLY
+#ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
             const int4 *src = (const int4 *)trec(P, t);
 #pragma unroll

@@ -138,18 +138,6 @@ __device__ __noinline__ void mv_row_nl(const unsigned short *W, long row, int K,
     for (int b = 0; b < MK_MAXB; ++b) acc[b] = a[b];
 }
 
-/* DTMK_PF_FIRST: before a tile's prologue (fused norm, split-K residual commit, x
- * staging) each warp starts the first `per` weight rows it will read (rows lo + warp +
- * j * MK_WARPS, j < per) streaming into L2, so the first latency round of the weight
- * stream overlaps the prologue's L2 round trips instead of following them.  lw: row
- * stride in elements, K: elements read per row.  No-op without the define. */
-__device__ __forceinline__ void pf_first_rows(const unsigned short *W, long lw, int K, int lo, int hi, int per) {
-#ifdef DTMK_PF_FIRST
-    int lane = threadIdx.x & 31, m = lo + (int)(threadIdx.x >> 5) + lane * MK_WARPS;
-    if (lane < per && m < hi) prefetch_l2(W + (long)m * lw, (dtmk_u64)K * 2);
-#endif
-}
-
 /* copy x[0 : n] (fp32, n % 4 == 0) from global (L2) into shared xs; whole block */
 __device__ __forceinline__ void stage_x(float *xs, const float *x, int n) {
     for (int i = threadIdx.x * 4; i < n; i += MK_THREADS * 4)
@@ -204,7 +192,6 @@ __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float
     long lw = ldw ? ldw : K;
     int lx = ldx ? ldx : K;
     bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
-    if (!prestaged) pf_first_rows(W, lw, K, lo, hi, 2);   /* DTMK_PF_FIRST: before the staging */
     if (staged && !prestaged) {
         if (lx == K) stage_x(xs, x, B * K);
         else {
@@ -220,18 +207,10 @@ __device__ __noinline__ void op_proj(const unsigned short *W, int K, const float
         const float *xb = staged ? xs + (long)b0 * K : x + (long)b0 * lx;
         int xst = staged ? K : lx;
         /* warp w owns rows lo+w, lo+w+nw, ...; it takes them two at a time (both rows'
-         * loads in flight together) when x is staged */
+         * loads in flight together) when x is staged.  No L2 prefetch of later rows: it
+         * competes with these loads for bandwidth (0.86-0.94x, megakernel_speed.md "Session 3") */
         for (int n = lo + warp; n < hi; n += 2 * nw) {
             int n2 = n + nw;
-#ifdef DTMK_PF_NEXT
-            /* DTMK_PF_NEXT=D: the warp's row pair D iterations ahead (all D on the first)
-             * streams into L2 while this pair is read: D more latency rounds in flight */
-            {
-                int ln = threadIdx.x & 31, d = (ln >> 1) + 1, m = n + d * 2 * nw + (ln & 1) * nw;
-                if (ln < 2 * DTMK_PF_NEXT && (n == lo + warp || d == DTMK_PF_NEXT) && m < hi)
-                    prefetch_l2(W + m * lw, (dtmk_u64)K * 2);
-            }
-#endif
             if (staged && n2 < hi) {
                 mv_row2<true, 8>(W + n * lw, 0, W + n2 * lw, 0, K, xb, xst, nb, acc, acc2);
                 proj_store(y, ystride, b0, nb, n, acc, accumulate);
@@ -256,20 +235,11 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
                                         float *xs, int xs_cap, bool prestaged = false) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     bool staged = prestaged || (xs != 0 && B * K <= xs_cap);
-    if (!prestaged) { pf_first_rows(Wg, K, K, lo, hi, 1); pf_first_rows(Wu, K, K, lo, hi, 1); }   /* DTMK_PF_FIRST */
     if (staged && !prestaged) stage_x(xs, x, B * K);
     float g[MK_MAXB], u[MK_MAXB];
     for (int b0 = 0; b0 < B; b0 += MK_MAXB) {
         int nb = min(MK_MAXB, B - b0);
         for (int n = lo + warp; n < hi; n += MK_WARPS) {
-#ifdef DTMK_PF_NEXT
-            /* the warp's gate and up rows D iterations ahead stream into L2 (see op_proj) */
-            {
-                int d = (lane >> 1) + 1, m = n + d * MK_WARPS;
-                if (lane < 2 * DTMK_PF_NEXT && (n == lo + warp || d == DTMK_PF_NEXT) && m < hi)
-                    prefetch_l2(((lane & 1) ? Wu : Wg) + (long)m * K, (dtmk_u64)K * 2);
-            }
-#endif
             if (staged) {
                 mv_row2<true, 8>(Wg, n, Wu, n, K, xs + (long)b0 * K, K, nb, g, u);
             } else {
@@ -722,7 +692,6 @@ __device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float 
                               int kind, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
     float *xs = smem + P.xs_off;
-    pf_first_rows(W, H, H, lo, hi, 2);          /* DTMK_PF_FIRST: overlaps the norm prologue */
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, kind, layer, S, b0, nb);
@@ -735,8 +704,6 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
                                  int lo, int hi, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P), F = (int)P.ffn;
     float *xs = smem + P.xs_off;
-    pf_first_rows(Wg, H, H, lo, hi, 1);         /* DTMK_PF_FIRST: overlaps the norm prologue */
-    pf_first_rows(Wu, H, H, lo, hi, 1);
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, 1, layer, S, b0, nb);
@@ -752,7 +719,6 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
 __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
-    if (commit) pf_first_rows(W + (long)s * Ks, Kfull, Ks, lo, hi, 2);   /* DTMK_PF_FIRST: before the commit */
     if (commit) {
         int pm; bool pa;
         mk_pending(P, 1, layer, S, pm, pa);

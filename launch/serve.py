@@ -28,6 +28,9 @@ Serving model
   and live queries attach/detach at the next step (they run in the device VM:
   `launch.device_live`; the kernel waits at the gate for an attach's step).  A
   compiled-tier swap ends the launch at an agreed step and starts the next one.
+  The first launch begins with warm-up steps (diagnose's GPU_LAUNCH_WARMUP_STEPS: the
+  first step of a launch is cold) that are run but not observed; steps keep the device's
+  numbers, so GPU serving steps start at that number, not 0 (`serve_gpu`).
   `auto` is gpu when CuPy sees a GPU per rank, else sim.  On the GPU the kernel draws
   request lengths itself (continuous batching in the kernel), so `--rate`/`--mean-len`
   do not apply there.
@@ -41,8 +44,8 @@ Faults (the fault table is data: the same server, `--fault` repeatable):
     --faults FILE        a YAML/JSON list of the same entries (scenario `faults:` syntax)
 
 Live queries come in through the job's control socket (`dtrace-mk attach`);
-`--await-attach S` holds step 0 until the first query is attached (demos, tests) or S
-seconds pass.  Progress lines go to stderr from rank 0.
+`--await-attach S` holds the first served step (0; on the GPU the first after the
+warm-up) until the first query is attached (demos, tests) or S seconds pass.  Progress lines go to stderr from rank 0.
 """
 from __future__ import annotations
 
@@ -215,9 +218,9 @@ def _stop_on_signals(host) -> None:
         signal.signal(sg, on_signal)
 
 
-def _await_attach(host, args, say) -> None:
+def _await_attach(host, args, say, at: int = 0) -> None:
     if args.await_attach > 0:
-        say(f"holding step 0 until a query attaches (at most {args.await_attach:g} s)")
+        say(f"holding step {at} until a query attaches (at most {args.await_attach:g} s)")
         host.wait_for_attach(args.await_attach)
 
 
@@ -244,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--monitor", action="append", default=[], metavar="FILE",
                    help="a query file every rank runs from the start (beside the summary monitors)")
     p.add_argument("--await-attach", type=float, default=0.0, metavar="S",
-                   help="hold step 0 until the first live query attaches (at most S seconds)")
+                   help="hold the first served step (gpu: the first after the warm-up) until the "
+                        "first live query attaches (at most S seconds)")
     p.add_argument("--tier", choices=("hot", "compiled", "auto"), default=None,
                    help="gpu backend: where live queries run: hot (device VM, default; "
                         "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
@@ -423,8 +427,27 @@ def serve_gpu(args: argparse.Namespace) -> int:
     are tensor parallel: once per completed step they agree (an allreduce on a
     communicator of their own) on stopping and on ending the launch for a compiled-tier
     swap; every rank grants the same steps, so all stop at the same one.  Records a full
-    device ring refused are counted lost in the agent's coverage."""
+    device ring refused are counted lost in the agent's coverage.
+
+    Warm-up: the first step of a launch is cold (instruction cache, L2 and TLBs, the peer
+    mappings too; each rank's launch starts when its host gets there): on 2 x H200 it made
+    the all-reduces of the first served step a confident slow_task_class on both ranks.
+    So the job's FIRST resident launch begins with WARMUP (= diagnose's
+    GPU_LAUNCH_WARMUP_STEPS) decode steps outside the observed window: the kernel runs
+    them (hooks on as usual), their records are consumed from the ring (poll) but neither
+    fed to the agent nor counted lost, and no fault may name them.  Steps keep the
+    device's numbers: the observed steps are WARMUP .. WARMUP+steps-1 (`--steps N` is N
+    observed steps), and everything host-side counts in device steps: host.step(k), whose
+    first call is host.step(WARMUP) (the host never is at a warm-up step, so no command --
+    attach, report, stop -- applies at one, and no live query counts one), commands'
+    apply_at, the --await-attach hold, the stop agreement, the grants, the fault table,
+    progress lines, "served N steps", and so the agent's epochs, the collector's steps
+    and the spans.  A ring drop has no step: all drops are counted lost (an upper bound
+    when warm-up records were dropped too; none when the ring is sized).  Known limit:
+    a later launch (after a compiled-tier swap) starts without a warm-up, so its first
+    step is cold again."""
     from ..collectors.scenario import device_fault_specs
+    from ..commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as WARMUP
     from ..megakernel.faults import FaultTable
     from ..megakernel.presets import get_preset
     from .api import ServingHost
@@ -440,7 +463,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
     steps = _steps_of(args)
+    end = WARMUP + steps                       # device steps served: WARMUP .. end-1 observed
     faults = _faults_of(args)
+    _refuse_warmup_faults(faults, WARMUP, end)
     n_gpus = gpu_count()
     if n_gpus < 1:
         raise UserError("serve --backend gpu: CuPy sees no GPU")
@@ -472,7 +497,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
                        monitors=args.monitor)
     mk = held["mk"]
     rank, ranks = host.rank, host.ranks
-    sc = fault_scenario(faults, args.model, ranks, min(steps, 1 << 20), args.batch, args.seed,
+    # the fault table names device steps (observed: WARMUP .. end-1)
+    sc = fault_scenario(faults, args.model, ranks, WARMUP + min(steps, 1 << 20), args.batch, args.seed,
                         "--fault/--faults")
     table = FaultTable.from_specs(device_fault_specs(sc, rank), f"--fault (rank {rank})")
     say = _progress_say(host, args, rank)
@@ -482,15 +508,17 @@ def serve_gpu(args: argparse.Namespace) -> int:
     clock.feed(host)
     agree = host.comm.Dup()
     dev = cp.cuda.Device()
+    served = f"steps {WARMUP}..{end - 1}" if args.steps is not None or not args.duration else f"steps {WARMUP}.."
     say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
-        f"{mk.num_workers} workers), batch {args.batch}, resident kernel, "
-        + _length_and_faults(args, steps, faults))
+        f"{mk.num_workers} workers), batch {args.batch}, resident kernel (first {WARMUP} steps "
+        f"warm the kernel up, not observed; {served} served), " + _length_and_faults(args, steps, faults))
     _stop_on_signals(host)
-    _await_attach(host, args, say)
+    host.step(WARMUP)            # the host starts at the first observed step (commands after it)
+    _await_attach(host, args, say, at=WARMUP)
     size = abi_context_size()
     lost = host.agent.channel
     t0 = last_say = last_clock = time.monotonic()
-    st = {"k": 0, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "hold": None}
+    st = {"k": WARMUP, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "hold": None, "warm_records": 0}
     # a query attached while the kernel runs applies at a step not yet granted (the
     # grant runs RESIDENT_WINDOW steps ahead): the kernel parks there until it attached
     host.apply_lag = max(host.apply_lag, RESIDENT_WINDOW + 2)
@@ -517,13 +545,18 @@ def serve_gpu(args: argparse.Namespace) -> int:
 
     def limit(k: int) -> int:
         """The grant after deciding step k: the same on every rank."""
-        g = min(steps, k + RESIDENT_WINDOW)
+        g = min(end, k + RESIDENT_WINDOW)
         return min(g, st["hold"]) if st["hold"] is not None and st["hold"] > k else g
 
     def take(recs, dropped: int) -> None:
         if dropped:                            # a full device ring: counted lost in coverage
             st["dropped"] += int(dropped)
             lost.add_lost(int(dropped))
+        if len(recs):
+            warm = recs["decode_step"] < WARMUP
+            if warm.any():                     # the warm-up steps': consumed, never fed
+                st["warm_records"] += int(warm.sum())
+                recs = recs[~warm]
         if len(recs):
             pending.append(recs)
 
@@ -559,24 +592,24 @@ def serve_gpu(args: argparse.Namespace) -> int:
             st["k"] = k = j + 1
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
-            if decisions and k < steps and not flags:
+            if decisions and k < end and not flags:
                 flags |= decide(k)
                 if running and not flags:
                     mk.grant(limit(k))
-            elif decisions and k < steps and flags == 2:
+            elif decisions and k < end and flags == 2:
                 flags |= decide(k)         # between launches: a stop may still come
         return flags
 
-    host.step(0)
-    flags = decide(0)
-    while st["k"] < steps and not flags & 1:
+    flags = decide(WARMUP)
+    while st["k"] < end and not flags & 1:
         flags = 0
         host.live_runtime.boundary()           # tier swaps happen only between launches
         k = st["k"]
-        mk.start_resident(hooks="all", faults=table, window=limit(k) - k,
+        # the first launch starts at device step 0: its warm-up steps run ahead of the grant
+        mk.start_resident(hooks="all", faults=table, window=limit(k) - int(mk.step),
                           watchdog_ms=GPU_SERVE_WATCHDOG_MS)
         st["segments"] += 1
-        while st["k"] < steps and not flags:
+        while st["k"] < end and not flags:
             recs, dropped, done = mk.poll()
             take(recs, dropped)
             now = time.monotonic()
@@ -601,14 +634,31 @@ def serve_gpu(args: argparse.Namespace) -> int:
     k = st["k"]
     host.step(k)                 # due detach/report commands before the final outputs
     wall = time.monotonic() - t0
-    say(f"served {k} steps in {wall:.1f} s wall ({st['segments']} resident launch"
-        f"{'' if st['segments'] == 1 else 'es'}), {st['gpu_ms'] / max(k, 1) * 1000:.0f} us/step of launch "
-        f"time, {k * args.batch} tokens; hook records dropped by full rings: {st['dropped']} (counted lost)")
+    n = k - WARMUP
+    ran = max(int(mk.step), 1)                 # device steps the launches ran, warm-up included
+    say(f"served {n} steps{f' ({WARMUP}..{k - 1})' if n else ''} in {wall:.1f} s wall "
+        f"({st['segments']} resident launch{'' if st['segments'] == 1 else 'es'}), "
+        f"{st['gpu_ms'] / ran * 1000:.0f} us/step of launch time, {n * args.batch} tokens; the first "
+        f"{WARMUP} steps warmed the kernel up, not observed ({st['warm_records']} records not fed); "
+        f"hook records dropped by full rings: {st['dropped']} (counted lost)")
     res = host.close()
     agree.Free()
     if res is not None and rank == 0:
         _report(res, args, say)
     return 0
+
+
+def _refuse_warmup_faults(faults: List[Dict[str, Any]], warmup: int, end: int) -> None:
+    """serve_gpu: a fault entry naming a warm-up step (device steps < warmup: run, never
+    observed) is an error; the scenario parser checks the rest of each entry."""
+    for i, f in enumerate(faults):
+        st = f.get("steps") if isinstance(f, dict) else None
+        early = sorted(s for s in (st if isinstance(st, list) else [st])
+                       if isinstance(s, int) and not isinstance(s, bool) and 0 <= s < warmup)
+        if early:
+            raise UserError(f"--fault/--faults entry {i} ({f.get('kind')}, rank {f.get('rank')}): "
+                            f"step(s) {early} are the GPU backend's warm-up steps (run, not observed); "
+                            f"its observed steps are {warmup}..{end - 1}")
 
 
 def abi_context_size() -> int:

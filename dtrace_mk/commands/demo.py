@@ -19,10 +19,13 @@ What it runs (the same pieces as `dtrace-mk launch` + `dtrace-mk attach`):
    OpenTelemetry backend.
 
 With 2 GPUs visible to CuPy (`--backend auto`, the default) the ranks are GPU ranks: one
-megakernel per GPU, tensor parallel, ONE STEP PER LAUNCH (the step boundary is where the
-agent takes the step's records and the live query attaches); the live query then runs in
-the device VM of the running kernel and counts `task:end` per step (`QUERY_GPU`), and
-the fault is the same `late_comm` row of the device fault table.  Otherwise sim ranks.
+megakernel per GPU, tensor parallel, RESIDENT: one launch for every step (a step
+boundary is where the agent takes the step's records and the live query attaches); the
+first GPU_LAUNCH_WARMUP_STEPS (2) steps warm the kernel up and are not observed, and the
+steps keep the device's numbers, so `--steps 16` serves steps 2-17 (the fault's steps 8-15
+lie inside them).  The live query then runs in the device VM of the running kernel and
+counts `task:end` per step (`QUERY_GPU`), and the fault is the same `late_comm` row of the
+device fault table.  Otherwise sim ranks.
 """
 from __future__ import annotations
 
@@ -128,9 +131,15 @@ def run(args: argparse.Namespace) -> int:
            "--batch", str(args.batch), "--await-attach", "30", "--quiet", "--backend", backend]
     if not args.no_fault:
         cmd += ["--fault", fault_spec(args.steps)]
-    what = "GPU backend: 2 GPUs, one launch per step" if backend == "gpu" else "sim backend"
+    if backend == "gpu":
+        from .diagnose import GPU_LAUNCH_WARMUP_STEPS as warm
+        what = (f"GPU backend: 2 GPUs, one resident launch; the first {warm} steps warm it up, "
+                f"not observed")
+        served = f"steps {warm}-{warm + args.steps - 1}"
+    else:
+        what, served = "sim backend", f"steps 0-{args.steps - 1}"
     say(f"== dtrace_mk demo: 2 ranks of the {args.model} megakernel ({what}), batch "
-        f"{args.batch}, {args.steps} decode steps ==")
+        f"{args.batch}, {args.steps} decode steps ({served}) ==")
     if not args.no_fault:
         say(f"fault table: late_comm on rank 1 (allreduce_attn, layer 0, +{FAULT_DELAY_US} us) in steps "
             f"{args.steps // 2}-{args.steps - 1}; the same binary runs every step")

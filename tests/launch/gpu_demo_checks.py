@@ -2,16 +2,25 @@
 and tests/launch/test_demo_gpu_fake.py with stand-ins on a CPU machine)."""
 import json
 
+from dtrace_mk.commands.diagnose import GPU_LAUNCH_WARMUP_STEPS
 
-def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int, model: str = "tiny"):
-    """`stdout` of `dtrace-mk demo --backend gpu -f json`: the live query's final output on
-    both ranks counts task:end per step, the same count every step = the tasks of one step
-    of the rank's graph, its coverage exactly that many events (count x steps observed);
-    the diagnosis's confident findings (the ones scoring counts: confidence >= 0.8) are
-    ONLY remote_stall rooted at rank 1, within the steps of the demo's fault (the second
-    half); `workers`: the rank's megakernel workers (serve: SMs - 1); the spans file has spans of both
-    ranks for every step and links from each rank's remote waits to the other rank's
-    signal spans, every one resolving in the file."""
+
+def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int, model: str = "tiny",
+                   warmup: int = GPU_LAUNCH_WARMUP_STEPS):
+    """`stdout` of `dtrace-mk demo --backend gpu -f json`: the served steps keep the
+    device's numbers: the first launch's `warmup` steps are run but not observed, so the
+    `steps` observed ones are warmup .. warmup+steps-1.  The live query's final output on
+    both ranks counts task:end per step (attached after the warm-up, early, to the last
+    step), the same count every step = the tasks of one step of the rank's graph, its
+    coverage exactly that many events (count x steps observed); the diagnosis's confident
+    findings (the ones scoring counts: confidence >= 0.8) are ONLY remote_stall rooted at
+    rank 1, within the steps of the demo's fault (device steps steps//2 .. steps-1), and
+    NO finding (any confidence) names a step outside the observed window (the cold
+    warm-up steps above all); `workers`: the rank's megakernel workers (serve: SMs - 1);
+    the spans file has spans of both ranks for every observed step, none of a warm-up
+    step, and links from each rank's remote waits to the other rank's signal spans, every
+    one resolving in the file."""
+    first, last = warmup, warmup + steps - 1          # the observed window (device steps)
     from dtrace_mk.megakernel.graph import build_graph
     from dtrace_mk.megakernel.presets import get_preset
     rows = [json.loads(line) for line in stdout.splitlines() if line.strip().startswith("{")]
@@ -27,7 +36,7 @@ def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int
         assert entries, f"rank {m['rank']}: no task:end counted"
         ks = sorted(entries)
         assert ks == list(range(ks[0], ks[-1] + 1)), ks           # contiguous steps
-        assert ks[-1] == steps - 1 and ks[0] <= 4, ks               # attached early, ran to the end
+        assert ks[-1] == last and first < ks[0] <= first + 4, ks    # attached early, ran to the end
         per_step = set(entries.values())
         assert len(per_step) == 1, f"rank {m['rank']}: task:end per step differs: {entries}"
         (tasks,) = per_step
@@ -41,15 +50,22 @@ def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int
     confident = [f for f in diag["findings"] if f["confidence"] >= CONFIDENT]
     assert confident, diag["findings"]
     assert all((f["cause"], f["rank"]) == ("remote_stall", 1) for f in confident), diag["findings"]
-    fault_steps = set(range(steps // 2, steps))        # commands/demo.py fault_spec
+    fault_steps = set(range(steps // 2, steps))        # commands/demo.py fault_spec (device steps)
+    assert fault_steps <= set(range(first, last + 1))  # ... inside the observed window
     for f in confident:
         assert f["steps"] and set(f["steps"]) <= fault_steps, (f, sorted(fault_steps))
+    for f in diag["findings"]:                         # nothing at a warm-up (or unserved) step
+        assert set(f["steps"]) <= set(range(first, last + 1)), (f, first, last)
 
     lines = [json.loads(x) for x in open(spans_path).read().splitlines() if x.strip()]
     assert {s["attributes"]["dtrace_mk.rank"] for s in lines} == {0, 1}
     have = {(s["attributes"]["dtrace_mk.rank"], s["attributes"]["dtrace_mk.step"])
             for s in lines if s["name"].startswith("step ")}
-    assert have >= {(r, k) for r in (0, 1) for k in range(steps)}, sorted(have)[:6]
+    assert have >= {(r, k) for r in (0, 1) for k in range(first, last + 1)}, sorted(have)[:6]
+    early = sorted({s["attributes"].get("dtrace_mk.step") for s in lines
+                    if isinstance(s["attributes"].get("dtrace_mk.step"), int)
+                    and s["attributes"]["dtrace_mk.step"] < first})
+    assert not early, f"spans of warm-up steps {early}"
     assert diag["cross_rank_links"] > 0 and diag["cross_rank_links"] == diag["links"], diag
     by_id = {s["span_id"]: s for s in lines}
     assert len(by_id) == len(lines), "a span id twice in the file"

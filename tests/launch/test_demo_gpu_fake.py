@@ -4,7 +4,9 @@ from a 2-rank sim with the same fault tables), tensor parallelism, the clock pai
 the device VM (tests/launch/fake_gpu/sitecustomize.py) in every process under mpiexec.
 It checks exactly what tests/gpu/test_launch_gpu.py checks on 2 H200s: backend auto picks
 gpu, the live query runs in the (stand-in) device runtime and counts every task:end once,
-the remote stall is rooted at rank 1, spans of both ranks with cross-rank links."""
+the remote stall is rooted at rank 1, spans of both ranks with cross-rank links; the
+first launch's warm-up steps (GPU_LAUNCH_WARMUP_STEPS) are never observed and the served
+steps keep the device's numbers."""
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dtrace_mk.commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as W
 from gpu_demo_checks import check_gpu_demo
 
 pytestmark = pytest.mark.mpi
@@ -25,7 +28,7 @@ def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_
     from dtrace_mk.commands.diagnose import find_mpiexec
     find_mpiexec()
     spans = tmp_path / "spans.jsonl"
-    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(STEPS + 4),
+    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + STEPS + 4),
                PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--steps", str(STEPS), "--batch", str(BATCH),
@@ -37,9 +40,10 @@ def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_
 
 def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_path):
     """Two serving ranks (no collector) with stand-ins: rank 0 learns of finished steps in
-    bigger groups than rank 1 (uneven polls), rank 1 gets SIGINT at step 9.  Both end the
-    resident launch at the same step (the stand-in's finish() compares the ranks' steps
-    and fails otherwise) and the job ends cleanly before its 60 steps."""
+    bigger groups than rank 1 (uneven polls), rank 1 gets SIGINT at (device) step 9.  Both
+    end the resident launch at the same step (the stand-in's finish() compares the ranks'
+    steps and fails otherwise) and the job ends cleanly before its 60 steps, which are
+    numbered from W (after the warm-up)."""
     import re
     from dtrace_mk.commands.diagnose import find_mpiexec, mpi_flavour
     mpiexec = find_mpiexec()
@@ -57,6 +61,7 @@ def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_
             "--batch", str(BATCH)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150)
     assert p.returncode == 0, f"serve failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    m = re.search(r"served (\d+) steps .*\(1 resident launch\)", p.stderr)
+    m = re.search(r"served (\d+) steps \((\d+)\.\.(\d+)\) .*\(1 resident launch\)", p.stderr)
     assert m, p.stderr[-3000:]
-    assert 9 < int(m.group(1)) < 60
+    n, a, b = (int(x) for x in m.groups())
+    assert 9 - W < n < 60 and a == W and b == W + n - 1 and b > 9, m.group(0)

@@ -5,7 +5,9 @@ by the "device" over the kernel's own records, never fed by the host), so the lo
 logic is checked here: attach through the control socket at a step boundary, output
 streamed back, every task:end of every step counted exactly once (a query also fed by the
 host would count twice), the agent's records reaching the in-process collector, and the
-stop at the end.  The real thing runs in tests/gpu/test_launch_gpu.py."""
+stop at the end.  The first launch's warm-up steps (diagnose's GPU_LAUNCH_WARMUP_STEPS,
+device steps 0..W-1) run but are never fed; the served steps keep the device's numbers
+W..W+STEPS-1.  The real thing runs in tests/gpu/test_launch_gpu.py."""
 import signal
 import sys
 import threading
@@ -19,9 +21,10 @@ from dtrace_mk.megakernel.graph import build_graph
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fake_gpu"))
 from fake_device import FakeDeviceQueries, FakeResident  # noqa: E402  (shared with fake_gpu/sitecustomize.py)
+from dtrace_mk.commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as W
 from dtrace_mk.megakernel.presets import get_preset
 
-STEPS = 10
+STEPS = 10                      # observed steps: device steps W .. W + STEPS - 1
 BATCH = 2
 WORKERS = 8
 
@@ -44,7 +47,7 @@ class FakeMegakernel(FakeResident):
         self.runs = 0
         per = {}
         self.per_step = per
-        Sim(self.graph, STEPS + 4, sink=lambda c: per.setdefault(c["decode_step"], []).append(pack_ctx(c)),
+        Sim(self.graph, W + STEPS + 4, sink=lambda c: per.setdefault(c["decode_step"], []).append(pack_ctx(c)),
             hooks=ALL_HOOKS, seed=seed).run()
         self.per_step = per
         FakeMegakernel.instances.append(self)
@@ -125,7 +128,7 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     th.join(30)
     assert rc == 0 and got["error"] is None, got["error"]
     (mk,) = FakeMegakernel.instances[-1:]
-    assert mk.segments == [(0, STEPS)] and mk.runs == 0      # ONE resident launch for every step
+    assert mk.segments == [(0, W + STEPS)] and mk.runs == 0  # ONE resident launch: warm-up + every step
     dq = FakeDeviceQueries.instances[-1]
     assert dq.tier == "auto"                                  # --tier reaches the live session
     assert dq.boundaries == [0]                               # a tier boundary before the launch
@@ -135,7 +138,8 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     (block,) = [b for b in part["blocks"] if b.get("type") == "map"]
     counts = {int(e["key"][0]): int(e["value"]) for e in block["entries"]}
     apply_at = got["reply"]["apply_at"]
-    assert sorted(counts) == list(range(apply_at, STEPS))     # attached at a step boundary
+    assert apply_at > W                                       # never at a warm-up step (device numbers)
+    assert sorted(counts) == list(range(apply_at, W + STEPS))  # attached at a step boundary
     from dtrace_mk.abi import definition as D
     from dtrace_mk.abi import context
     end_id = D.hook("task:end").id
@@ -149,9 +153,11 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
 
 
-def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_every=0):
+def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_every=0, quiet=True,
+                spy=None):
     """serve --backend gpu with the stand-ins, no job; returns (mk, dq, fed records per
-    step as {step: count}, rank 0's diagnosis)."""
+    step as {step: count}, rank 0's diagnosis).  spy: a dict that gets the host.step
+    calls ("steps") and the collector's epochs per rank ("epochs": {rank: [epoch...]})."""
     pytest.importorskip("mpi4py")
     import json
     from dtrace_mk.launch import api, device_live, serve
@@ -172,11 +178,26 @@ def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_
         fed[k] = fed.get(k, 0) + 1
         orig(self, rec)
     monkeypatch.setattr(api.ServingHost, "feed", feed)
+    if spy is not None:
+        from dtrace_mk.collectors.diagnose import Accumulator
+        orig_step, orig_result = api.ServingHost.step, Accumulator.result
+        spy["steps"], spy["epochs"] = [], {}
+
+        def step(self, k):
+            spy["steps"].append(k)
+            orig_step(self, k)
+
+        def result(self, *a, **kw):
+            for s in self.summaries:
+                spy["epochs"].setdefault(s.rank, []).append(s.epoch)
+            return orig_result(self, *a, **kw)
+        monkeypatch.setattr(api.ServingHost, "step", step)
+        monkeypatch.setattr(Accumulator, "result", result)
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     result = tmp_path / "r.json"
     try:
         rc = serve.main(["--backend", "gpu", "--model", "tiny", "--batch", str(BATCH), "--steps", str(STEPS),
-                         "--quiet", "--result", str(result), *extra])
+                         *(["--quiet"] if quiet else []), "--result", str(result), *extra])
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -186,18 +207,54 @@ def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_
 
 def test_device_ring_drops_are_counted_lost_in_coverage(monkeypatch, tmp_path):
     mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, drop_every=7)
-    total = sum(len(mk.per_step[k]) for k in range(STEPS))
-    assert mk.dropped_total == total // 7 > 0
-    assert sum(fed.values()) == total - mk.dropped_total          # every stored record fed once
-    # ... and every refused one reported lost by the rank's agent (as diagnose's GPU path does)
+    ran = sum(len(mk.per_step[k]) for k in range(W + STEPS))      # warm-up steps' records too
+    assert mk.dropped_total == ran // 7 > 0
+    observed = sum(len(mk.per_step[k]) for k in range(W, W + STEPS))
+    dropped_observed = sum(n for k, n in mk.dropped_by_step.items() if k >= W)
+    assert sum(fed.values()) == observed - dropped_observed       # every stored record fed once
+    # ... and every refused one reported lost by the rank's agent (as diagnose's GPU path
+    # does): a drop has no step, so the warm-up's drops count too (an upper bound)
     assert res["transport"]["lost_records"] == {"0": mk.dropped_total}
 
 
 def test_no_drops_no_loss_and_every_step_fed_in_order(monkeypatch, tmp_path):
     mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path)
-    assert mk.segments == [(0, STEPS)]
-    assert fed == {k: len(mk.per_step[k]) for k in range(STEPS)}
+    assert mk.segments == [(0, W + STEPS)]
+    assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}
     assert res["transport"]["lost_records"] in ({}, {"0": 0})
+
+
+def test_warmup_steps_run_but_are_never_fed_and_served_steps_keep_device_numbers(monkeypatch, tmp_path,
+                                                                                 capsys):
+    assert W >= 1
+    spy = {}
+    mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, quiet=False, spy=spy)
+    assert mk.segments == [(0, W + STEPS)]                        # the kernel ran the warm-up steps
+    assert all(len(mk.per_step[k]) for k in range(W))             # ... which had records
+    assert min(fed) == W and sorted(fed) == list(range(W, W + STEPS))   # none of them fed
+    # the host never is at a warm-up step: host.step(W) first, then W+1 .. W+STEPS (the end)
+    assert spy["steps"][0] == W and set(spy["steps"]) == set(range(W, W + STEPS + 1))
+    assert spy["steps"] == sorted(spy["steps"])
+    # the collector's result is made of exactly the STEPS observed epochs
+    assert sorted(set(spy["epochs"][0])) == list(range(W, W + STEPS)), spy["epochs"]
+    assert res["transport"]["lost_records"] in ({}, {"0": 0})    # warm-up records are not "lost"
+    assert res["incomplete_ranks"] == {} and not res["partial"]
+    err = capsys.readouterr().err
+    assert f"first {W} steps warm the kernel up, not observed; steps {W}..{W + STEPS - 1} served" in err
+    warm_recs = sum(len(mk.per_step[k]) for k in range(W))
+    assert (f"served {STEPS} steps ({W}..{W + STEPS - 1}) in " in err
+            and f"the first {W} steps warmed the kernel up, not observed ({warm_recs} records not fed)" in err), err
+
+
+def test_a_fault_at_a_warmup_step_is_refused(monkeypatch, capsys):
+    from dtrace_mk.launch import serve
+    monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    rc = serve.main(["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet",
+                     "--fault", f"late_comm:rank=0,steps=0-{W + 3},comm_op=allreduce_attn,delay_us=50"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "warm-up steps" in err and f"{list(range(W))}" in err, err
+    assert f"observed steps are {W}..{W + STEPS - 1}" in err, err
 
 
 class SwappingQueries(FakeDeviceQueries):
@@ -211,7 +268,7 @@ class SwappingQueries(FakeDeviceQueries):
 
 def test_a_pending_tier_swap_ends_the_resident_launch_and_starts_the_next(monkeypatch, tmp_path):
     mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, extra=("--tier", "compiled"), dq_cls=SwappingQueries)
-    (a, g), (g2, b) = mk.segments                 # two launches, back to back
-    assert (a, b) == (0, STEPS) and g == g2 and 3 <= g < STEPS
+    (a, g), (g2, b) = mk.segments                 # two launches, back to back (warm-up: the first only)
+    assert (a, b) == (0, W + STEPS) and g == g2 and W < g < W + STEPS and g >= 3
     assert dq.swapped == 1 and dq.boundaries == [0, 1]     # the swap at the boundary between them
-    assert fed == {k: len(mk.per_step[k]) for k in range(STEPS)}   # no step lost or fed twice
+    assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}   # no step lost or fed twice

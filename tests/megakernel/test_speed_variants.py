@@ -1,7 +1,9 @@
 """CI (no GPU): the megakernel's speed variants (docs/dev/megakernel_speed.md "Session 3")
 keep compiling through NVRTC for sm_90a, the default build has the faster code shapes
-(acquire poll; norm weights loaded before the fused prologue's block sum), and
-bench/megakernel.py's --variants parsing and table work."""
+(acquire poll; norm weights loaded before the fused prologue's block sum; the task record
+copied to shared memory before the dependency's acquire), and bench/megakernel.py's
+--variants parsing and table work.  The defines left are the old (session-2) paths, kept
+so the bench can compare them with the default."""
 import importlib.util
 import re
 from pathlib import Path
@@ -11,8 +13,9 @@ import pytest
 from dtrace_mk.megakernel import gpu
 
 REPO = Path(__file__).resolve().parents[2]
-NEW_PATHS = ("DTMK_PF_NEXT=2", "DTMK_PF_HEAD=65536", "DTMK_PF_FIRST", "DTMK_REC_EARLY")   # every opt-in define
-OLD_PATHS = ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL")                  # the session-2 code
+BUILDS = {"default": (),
+          "reclate": ("DTMK_REC_LATE",),                                   # record read after the acquire
+          "s2code": ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL", "DTMK_REC_LATE")}   # the session-2 code
 
 
 @pytest.fixture()
@@ -20,9 +23,9 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
 
 
-@pytest.mark.parametrize("defines", [NEW_PATHS, OLD_PATHS], ids=["new", "old"])
-def test_variant_builds_compile(fresh_cache, defines):
-    cubin = gpu.compile_source("sm_90a", "cubin", defines=defines, use_cache=False)
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_variant_builds_compile(fresh_cache, name):
+    cubin = gpu.compile_source("sm_90a", "cubin", defines=BUILDS[name], use_cache=False)
     assert cubin[:4] == b"\x7fELF"
 
 
@@ -44,6 +47,15 @@ def test_default_ptx_shapes(fresh_cache):
     # first look and poll are acquire loads; the poll has no relaxed load + fence any more
     assert we.count("ld.acquire.gpu") >= 2
     assert "ld.relaxed.gpu" not in we
+    # record early: the waiting task's record is copied into s_rec before the first acquire
+    assert "st.shared.v4.u32 \t[s_rec]" in we
+    assert we.index("st.shared.v4.u32 \t[s_rec]") < we.index("ld.acquire.gpu")
+    assert "s_rec_t" in _func(ptx, "run_task")
+
+
+def test_rec_late_reads_the_record_in_run_task(fresh_cache):
+    ptx = gpu.compile_source("sm_90a", "ptx", defines=("DTMK_REC_LATE",), use_cache=False).decode()
+    assert "s_rec" not in _func(ptx, "wait_event") and "s_rec" not in _func(ptx, "run_task")
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +67,9 @@ def bench():
 
 
 def test_parse_variants(bench):
-    v = bench.parse_variants("old=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL,pfh=DTMK_PF_HEAD=65536+prefetch")
+    v = bench.parse_variants("old=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL,late=DTMK_REC_LATE+prefetch,pf=prefetch")
     assert v == [("default", (), False), ("old", ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL"), False),
-                 ("pfh", ("DTMK_PF_HEAD=65536",), True)]
+                 ("late", ("DTMK_REC_LATE",), True), ("pf", (), True)]
     with pytest.raises(SystemExit, match="NAME=DEF"):
         bench.parse_variants("justaname")
     with pytest.raises(SystemExit, match="duplicate"):

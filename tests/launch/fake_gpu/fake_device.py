@@ -51,7 +51,8 @@ class FakeResident:
     record as it runs); poll() returns the records per worker (workers one after another,
     so steps interleave, as the real ring read does) and reports a step finished only
     one poll later (records of unfinished steps arrive first).  `drop_every` N: every Nth
-    record is refused by the "full ring" (counted, not returned; the VM still sees it).
+    record is refused by the "full ring" (counted, not returned; the VM still sees it;
+    `dropped_by_step` says of which steps, for the tests).
     The host needs: `_records_of(step)` -> packed records, `_collective(what)`."""
     drop_every = 0
     report_every = 1                    # a poll reports finished steps only every Nth time
@@ -62,6 +63,7 @@ class FakeResident:
         self._ran = self._reported = 0
         self._out, self._drops, self._lag = [], 0, False
         self._nrec = self.dropped_total = 0
+        self.dropped_by_step = {}
         self._active = False
 
     def start_resident(self, hooks=None, faults=None, watchdog_ms=2000, window=4, **kw):
@@ -90,6 +92,7 @@ class FakeResident:
                 if self.drop_every and self._nrec % self.drop_every == 0:
                     self._drops += 1
                     self.dropped_total += 1
+                    self.dropped_by_step[k] = self.dropped_by_step.get(k, 0) + 1
                 else:
                     recs.append(r)
         self._ran = until

@@ -106,7 +106,10 @@ struct __align__(16) dtmk_prog {
     dtmk_u64 insns;        /* struct dtmk_dinsn[n_insns] */
     dtmk_u64 cov;          /* struct dtmk_cov */
     dtmk_u32 n_insns, max_insns, stack_depth, sample_every;
-    dtmk_u32 prog_id, flags, max_per_epoch, pad1;   /* max_per_epoch: DTMK_NO_LIMIT = none */
+    dtmk_u32 prog_id, flags, max_per_epoch;   /* max_per_epoch: DTMK_NO_LIMIT = none */
+    dtmk_u32 first_epoch;  /* events of earlier epochs (decode steps) are not eligible: an attach
+                            * into a running kernel counts from a step boundary no worker has
+                            * started (launch/serve.py), 0 = every event */
     dtmk_u64 pad2, pad3;
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");

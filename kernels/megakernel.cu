@@ -42,6 +42,13 @@
 #if defined(DTMK_OBS_WARP) && defined(DTMK_NO_HOOKS)
 #error "DTMK_OBS_WARP needs the hook code (not with DTMK_NO_HOOKS)"
 #endif
+/* -DDTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md): hook_hold / hook_flush /
+ * hook_put take the task record from the shared copy s_rec (wait_event, record early) when
+ * it holds the task, instead of a global load: no L2 round trip before the release signal
+ * and one fewer after it.  Record contents unchanged (s_rec is a verbatim copy). */
+#if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_OBS_WARP) || defined(DTMK_REC_LATE))
+#error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_OBS_WARP, DTMK_REC_LATE)"
+#endif
 #ifndef DTMK_NO_HOOKS
 #include "bpf_vm.cuh"
 #ifdef DTMK_COMPILED_TIER      /* LTO build linked with a compiled monitor (bpf_compiled.cuh) */
@@ -264,6 +271,9 @@ struct __align__(16) Obs {
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
+#ifdef DTMK_REC_FAST
+    int rec_t;                              /* s_rec_t at the last observing first look (a static task or -1) */
+#endif
 #ifdef DTMK_OBS_WARP
     ObsJob q[OBS_Q];
     dtmk_u32 q_head, q_tail;                /* popped (observer), pushed (thread 0) */
@@ -299,6 +309,21 @@ extern "C" __device__ void dtmk_monitor(const struct dtmk_ctx *ctx);  /* linked 
  * pinned by dtrace_mk_abi.h's static_asserts).  hk_store writes it with 16-byte stores
  * straight into the observer's shared ring and / or the global ring: no local struct. */
 struct HkRec { uint4 v[DTMK_CTX_SIZE / 16]; };
+
+#if defined(DTMK_REC_FAST) && !defined(DTMK_NO_HOOKS)
+__device__ __forceinline__ int hk_srec_t();           /* s_rec_t / s_rec (declared with run_task; */
+__device__ __forceinline__ const int *hk_srec();      /* defined at the end of this file) */
+/* hook_hold / hook_flush / hook_post only (t: the task running or just ended): task t's
+ * record.  The shared copy when the last observing first look was t's wait (O.rec_t holds
+ * only static tasks: a dynamic t never matches) and no wait_event has copied another record
+ * since (run_task cleared s_rec_t to -1 after its body; a later wait_event sets it >= 0);
+ * else the global table */
+__device__ __forceinline__ const int *hk_trec(const MkParams &P, int t) {
+    return O.rec_t == t && hk_srec_t() < 0 ? hk_srec() : trec(P, t);
+}
+#else
+#define hk_trec trec
+#endif
 
 /* the task fields of a record (ctx_task of ABI v1): t >= 0 task t, else none */
 struct HkTask { dtmk_u32 cls, index, tile_lo, tile_hi, slot, rg, layer, expert; };
@@ -434,6 +459,9 @@ __device__ __forceinline__ void obs_layout(dtmk_u32 mask) {
         if (mask & (1u << h)) b += cap;
     }
     O.cap = cap; O.maxc = 0;
+#ifdef DTMK_REC_FAST
+    O.rec_t = -1;                                             /* (start / reload) the global table */
+#endif
     O.must_at = cap > OBS_ROOM ? cap - OBS_ROOM : 1u;          /* room for one task's records */
     O.full_at = min(cap - cap / 4, cap > 2 * OBS_ROOM ? cap - 2 * OBS_ROOM : 1u);   /* <= 3/4 full */
     if (!O.full_at) O.full_at = 1;
@@ -591,6 +619,9 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef DTMK_OBS_WARP
     obs_reload_push(W);                                   /* the observer drains, never this CTA */
     return 0;
+#endif
+#ifdef DTMK_REC_FAST
+    O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
 #endif
     if (rd) W.long_wait = 0;
     if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
@@ -915,7 +946,7 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
 #ifndef DTMK_OBS_WARP
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     const int t = W.pend_t, step = W.pend_step;
-    const int *r = trec(P, t);
+    const int *r = hk_trec(P, t);
     const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
     HkTask k;
     k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
@@ -1056,7 +1087,7 @@ __device__ void pressure(const MkParams &P, Worker &W, int step, dtmk_u32 d0, dt
  * must not call the epoch final) */
 #ifndef DTMK_NO_HOOKS
 __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step, dtmk_u64 t_end) {
-    const int *r = trec(P, t);
+    const int *r = hk_trec(P, t);
     const int cls = r[0], slot = r[3], dep = r[6], a14 = r[14];   /* one batch of loads */
     dtmk_u32 pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
     W.t_end = t_end;
@@ -1090,7 +1121,7 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
     if (W.pend) hook_flush(P, W);
     W.pend_rg = 0;                       /* the next task captures afresh */
 #endif
-    if (trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
+    if (hk_trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
         const HkTask none = hk_task(P, -1, 0);
         for (int b = 0; b < (int)P.batch; ++b) {
             /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
@@ -1312,7 +1343,29 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
 __shared__ __align__(16) int s_rec[TREC_WORDS];
 __shared__ int s_rec_t;
 #endif
-__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+/* -DDTMK_OFF_COPY (round 7, docs/dev/hook_cost_analysis.md "Round 7"): run_task and wait_event
+ * are compiled twice, OBS = true (today's code) and OBS = false (every per-task hook / observer
+ * site compiled out: MK_OBS_ON is constant 0 there), and each call picks its copy from
+ * W.observe right before it (MK_RUN_TASK / MK_WAIT_EVENT: one shared load, uniform across the
+ * CTA: observe is written by thread 0 only behind a barrier the caller has passed).  Hot attach
+ * is unchanged: the OBS = false copy keeps the control refresh (end of run_task) and the
+ * spin's CTL_GEN check + reload, so a worker switches to the observing copy at its next call
+ * (the next task or wait, as today's first capture).  Default build: one copy, MK_OBS_ON 1. */
+#ifdef DTMK_OFF_COPY
+#if defined(DTMK_OBS_WARP)
+#error "DTMK_OFF_COPY is not combined with DTMK_OBS_WARP"
+#endif
+#define MK_OBS_FN template <bool OBS>
+#define MK_OBS_ON OBS
+#define MK_RUN_TASK(...) do { if (W.observe) run_task<true>(__VA_ARGS__); else run_task<false>(__VA_ARGS__); } while (0)
+#define MK_WAIT_EVENT(...) do { if (W.observe) wait_event<true>(__VA_ARGS__); else wait_event<false>(__VA_ARGS__); } while (0)
+#else
+#define MK_OBS_FN
+#define MK_OBS_ON 1
+#define MK_RUN_TASK(...) run_task(__VA_ARGS__)
+#define MK_WAIT_EVENT(...) wait_event(__VA_ARGS__)
+#endif
+MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
 #ifndef DTMK_REC_LATE
     const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
 #else
@@ -1320,7 +1373,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #endif
     TaskFaults f;
     if (threadIdx.x == 0) {
-        const dtmk_u32 obs = W.observe;     /* the task's one "observing?" load */
+        const dtmk_u32 obs = MK_OBS_ON ? W.observe : 0u;   /* the task's one "observing?" load */
         f = task_faults(P, t, step, r);
 #ifndef DTMK_NO_HOOKS
         dtmk_u32 pend = 0;
@@ -1363,10 +1416,10 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
-        if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
+        if (MK_OBS_ON && HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
-        if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
+        if (MK_OBS_ON && W.observe) hook_post(P, W, t, step, f.flags, t_end);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
@@ -1379,7 +1432,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
-__device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
 #ifndef DTMK_REC_LATE
@@ -1397,13 +1450,13 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (MK_OBS_ON && W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+            if (MK_OBS_ON && t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
@@ -1413,7 +1466,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(first & 6, !(first & 2), (dtmk_u32)step);
+    OBS_SYNC_IF(MK_OBS_ON && (first & 6), !(first & 2), (dtmk_u32)step);
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1445,7 +1498,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
-                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+                if (MK_OBS_ON && W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -1491,7 +1544,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
                 if (W.observe) { W.t_disp = mk_now(); W.dep_wait = 0; }
             }
-            run_task(P, W, dt, ds, false, smem);
+            MK_RUN_TASK(P, W, dt, ds, false, smem);
             if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
         }
     }
@@ -1499,7 +1552,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         dtmk_u64 now = mk_now();
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-            if (W.observe) {
+            if (MK_OBS_ON && W.observe) {
                 W.dep_wait = now - t0;
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
 #ifndef DTMK_NO_HOOKS
@@ -1633,12 +1686,23 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                 const dtmk_u64 v = ev_ld_acquire(P, counter(P, (int)P.step_event));
                 gate_publish(P, W, v < (dtmk_u64)step ? v : (dtmk_u64)step);
                 W.gate = gate_look(P, W, step);
+                /* granted: pick up what the host wrote before granting this step (a query
+                 * attached with first_epoch = this step: its tables and generation were
+                 * written before the grant), so it counts from this step's first event
+                 * without the kernel ever parking for an attach; a few loads per step */
+                if (W.gate == 0) refresh_control(P, W, true);
             }
             MK_SYNC();
+#ifndef DTMK_NO_HOOKS
+            if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
+                OBS_SYNC_IF(true, false, (dtmk_u32)step);
+                MK_SYNC();
+            }
+#endif
             if (W.gate == 1) {
                 /* not granted yet: first finish the previous step everywhere (its dynamic
                  * tasks: a parked worker takes none), so that all of it is published */
-                wait_event(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
+                MK_WAIT_EVENT(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
 #ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
@@ -1679,13 +1743,13 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             int e = r[6];
             dtmk_u64 target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
             if (e < 0) e = (int)P.step_event;
-            wait_event(P, W, t, step, e, target, smem);
+            MK_WAIT_EVENT(P, W, t, step, e, target, smem);
             if (W.aborted) break;
-            run_task(P, W, t, step, true, smem);
+            MK_RUN_TASK(P, W, t, step, true, smem);
         }
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
-    if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (!W.aborted) MK_WAIT_EVENT(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifdef DTMK_OBS_WARP
         if (threadIdx.x == 0) obs_fin(W);    /* no more jobs */
     }
@@ -1710,3 +1774,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         if (!W.aborted) ws[WS_STATE] = 3;
     }
 }
+
+#ifdef DTMK_REC_FAST
+/* the hook code's view of wait_event's record copy (declared before the hooks, see hk_trec) */
+__device__ __forceinline__ int hk_srec_t() { return s_rec_t; }
+__device__ __forceinline__ const int *hk_srec() { return (const int *)s_rec; }
+#endif

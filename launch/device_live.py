@@ -9,9 +9,10 @@
 `DeviceQueries` is the runtime a `lang.host.QueryRun` attaches to (attach / detach /
 maps / coverage / evidence): a `runtime.live.LiveSession` on the rank's megakernel, whose
 `DeviceRuntime` hook tables are wired into every launch with `Megakernel.set_observer`.
-A query attached at a step boundary is verified and written to the device tables (a
-generation bump) while the resident kernel waits at that step's gate (serve_gpu grants
-no step past a pending attach), so it counts from that step on; its maps and coverage
+A query attached while the resident kernel runs is verified and written to the device
+tables (a generation bump) with first_epoch = the first step no worker has started (the
+grant, `Megakernel.unstarted_step`); every worker reloads changed tables at each step's
+gate, so it counts from that step's first event on, exactly, without the kernel parking; its maps and coverage
 live in device memory, read with device-to-host copies (runtime.live: exact for the
 epochs every worker has flushed, all of them once the launch ended).  The host never feeds
 these queries: the device VM runs them over the kernel's own hook contexts.
@@ -57,7 +58,9 @@ class DeviceQueries:
         return False
 
     def attach(self, obj, verify: bool = True, **kw) -> int:
-        return self.session.attach(obj)       # verifies; AttachRefused (a UserError) if not
+        """Verify (AttachRefused, a UserError, if not) and attach; counts from the first
+        decode step no worker has started (module doc)."""
+        return self.session.attach(obj, first_epoch=self.session.mk.unstarted_step())
 
     def detach(self, aid: int) -> None:
         self.session.detach(aid)

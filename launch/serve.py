@@ -423,7 +423,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
     of the last step the host has fed, its hook records streamed to the host while it
     runs (Megakernel.start_resident / grant / poll / stop / finish).  A step is complete
     when every worker finished it; its records are fed to the agent in order, then
-    host.step(k+1) runs (commands, live-query attach/detach in the device VM).  The ranks
+    host.step(k+1) runs (commands, live-query attach/detach in the device VM; an attach
+    counts from the first step no worker has started, DeviceQueries.attach: the kernel
+    never parks for a command, since a parked rank skews the all-reduces).  The ranks
     are tensor parallel: once per completed step they agree (an allreduce on a
     communicator of their own) on stopping and on ending the launch for a compiled-tier
     swap; every rank grants the same steps, so all stop at the same one.  Records a full
@@ -446,6 +448,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     when warm-up records were dropped too; none when the ring is sized).  Known limit:
     a later launch (after a compiled-tier swap) starts without a warm-up, so its first
     step is cold again."""
+    from mpi4py import MPI
     from ..collectors.scenario import device_fault_specs
     from ..commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as WARMUP
     from ..megakernel.faults import FaultTable
@@ -518,35 +521,25 @@ def serve_gpu(args: argparse.Namespace) -> int:
     size = abi_context_size()
     lost = host.agent.channel
     t0 = last_say = last_clock = time.monotonic()
-    st = {"k": WARMUP, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "hold": None, "warm_records": 0}
-    # a query attached while the kernel runs applies at a step not yet granted (the
-    # grant runs RESIDENT_WINDOW steps ahead): the kernel parks there until it attached
-    host.apply_lag = max(host.apply_lag, RESIDENT_WINDOW + 2)
+    st = {"k": WARMUP, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "warm_records": 0}
+    # a query attached while the kernel runs counts from the first step no worker has
+    # started (DeviceQueries.attach: first_epoch = the grant): exact from a step boundary,
+    # and the kernel never parks for it (a parked rank skews the all-reduces: session 3)
     pending: List[Any] = []                    # streamed record arrays not fed yet
 
     def decide(k: int) -> int:
-        """Step k is next: every rank's stop (1) / end-the-launch-for-a-swap (2) wishes,
-        and the earliest step a known command applies at (st["hold"]: the kernel is not
-        granted past it, so a query attaches at that step boundary in the device VM)."""
+        """Step k is next: every rank's stop (1) / end-the-launch-for-a-swap (2) wishes."""
         if args.duration and time.monotonic() - t0 >= args.duration:
             host.request_stop()
         mine = 1 if (host.should_stop(k) or host.stop_wanted) else 0
         swap = getattr(dq, "swap_pending", None)
         if swap is not None and swap():
             mine |= 2
-        due = [int(c["apply_at"]) for c in host.pending if int(c["apply_at"]) > k]
-        got = agree.allgather((mine, min(due) if due else None))
-        holds = [h for _, h in got if h is not None]
-        st["hold"] = min(holds) if holds else None
-        flags = 0
-        for f, _ in got:
-            flags |= int(f)
-        return flags
+        return int(agree.allreduce(mine, op=MPI.BOR))
 
     def limit(k: int) -> int:
         """The grant after deciding step k: the same on every rank."""
-        g = min(end, k + RESIDENT_WINDOW)
-        return min(g, st["hold"]) if st["hold"] is not None and st["hold"] > k else g
+        return min(end, k + RESIDENT_WINDOW)
 
     def take(recs, dropped: int) -> None:
         if dropped:                            # a full device ring: counted lost in coverage

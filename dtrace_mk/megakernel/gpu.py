@@ -699,6 +699,12 @@ class Megakernel:
         r["gate"][0] = value
         self._h2d(int(self.buf["control"].data.ptr) + 4 * CTL_GATE, r["gate"], 4)
 
+    def unstarted_step(self) -> int:
+        """The first decode step no worker has started: the resident launch's grant (no
+        worker starts a step before it is granted), else the next launch's first step."""
+        r = self._res
+        return int(r["grant"]) if r is not None else int(self.step)
+
     def grant(self, until: int) -> None:
         """Let the resident kernel run every step < `until` (absolute decode steps; only
         grows).  Both tensor-parallel ranks must grant the same steps (each rank's workers

@@ -88,7 +88,7 @@ COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (R
                       ("rl_ran", "<u4", (RL_EPOCHS,)), ("pad", "<u8", (2,)),
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
-    "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "pad1")] +
+    "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
     [("pad2", "<u8"), ("pad3", "<u8")])
 HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("pad", "<u4", (14,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
@@ -457,6 +457,7 @@ class _DevAttachment:
     progs: List[_DevProg]
     sample_every: int
     max_per_epoch: Optional[int] = None
+    first_epoch: int = 0
 
 
 @dataclass
@@ -533,9 +534,11 @@ class DeviceRuntime:
     # -- attach / detach ---------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
                programs: Optional[Sequence[str]] = None, max_per_epoch: Optional[int] = None,
-               init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None) -> int:
+               init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None, first_epoch: int = 0) -> int:
         """Attach like ReferenceRuntime.attach (sampling, rate limit per program and epoch);
-        init_hash pre-fills hash maps by name before anything runs."""
+        init_hash pre-fills hash maps by name before anything runs; first_epoch: events of
+        earlier decode steps are not eligible (not counted at all: attached from a step
+        boundary of a running kernel)."""
         if obj.abi_version != abi.ABI_VERSION:
             raise UserError(f"{obj.path}: built for hook ABI v{obj.abi_version}, this runtime "
                             f"speaks v{abi.ABI_VERSION}")
@@ -543,6 +546,8 @@ class DeviceRuntime:
             raise UserError(f"sample_every must be >= 1, got {sample_every}")
         if max_per_epoch is not None and not 0 <= max_per_epoch < NO_LIMIT:
             raise UserError(f"max_per_epoch must be in 0..{NO_LIMIT - 1}, got {max_per_epoch}")
+        if not 0 <= int(first_epoch) <= M32:
+            raise UserError(f"first_epoch must be in 0..{M32}, got {first_epoch}")
         progs = [p for p in obj.programs if programs is None or p.name in programs]
         if not progs:
             raise UserError(f"{obj.path}: no programs to attach")
@@ -577,7 +582,7 @@ class DeviceRuntime:
                                    self.cp.asarray(cov.view(np.uint8))))
         aid = self._next
         self._next += 1
-        att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch)
+        att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch))
         self._atts[aid] = att
         for dp in dprogs:
             self._by_hook[dp.program.hook.id].append((att, dp))
@@ -614,6 +619,7 @@ class DeviceRuntime:
             e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
             e["sample_every"], e["prog_id"] = att.sample_every, att.id
             e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
+            e["first_epoch"] = att.first_epoch
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
         t["gen"] = 2 * self._gen[hid]

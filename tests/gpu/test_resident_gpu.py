@@ -172,3 +172,32 @@ def test_serve_on_one_gpu_is_one_resident_launch(tmp_path):
     res = json.loads(out.read_text())
     assert res["coverage"]["eligible"] > 0 and res["coverage"]["lost"] == 0
     assert res["transport"]["lost_records"] in ({}, {"0": 0})
+
+
+def test_attach_while_running_counts_from_the_first_unstarted_step_exactly():
+    """serve's live attach (launch/device_live.py): a query attached into the RUNNING
+    resident kernel with first_epoch = the first step no worker has started (the grant)
+    counts every task:end of that step and later ones, and nothing of earlier steps, with
+    the kernel never parked for it (the grant is moved on right after the attach)."""
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.runtime.live import LiveSession
+    mk = _mk()
+    live = LiveSession(mk)
+    obj = compile_query("task:end { @c[step] = count(); }").obj
+    got = []
+    mk.start_resident(hooks=list(DET), window=4)
+    poll_until(mk, 1, got)                     # running: step 0 finished, steps up to 3 granted
+    first = mk.unstarted_step()
+    assert first == 4
+    aid = live.attach(obj, first_epoch=first)
+    mk.grant(N)                                # no parking: steps first.. run at once
+    poll_until(mk, N, got)
+    res = mk.finish()
+    assert res.watchdog is None and res.steps == N
+    cov = {c.epoch: c for c in live.rt.coverage(aid)}
+    tasks = len(mk.graph.tasks)
+    assert sorted(cov) == list(range(first, N)), sorted(cov)
+    assert all(c.eligible == c.executed == tasks and c.lost == 0 for c in cov.values()), cov
+    counts = {int.from_bytes(k, "little"): int.from_bytes(v, "little")
+              for k, v in live.rt.maps(aid)["c"].snapshot().items()}
+    assert counts == {s: tasks for s in range(first, N)}, counts

@@ -27,10 +27,20 @@ class DeviceQueries:
     """The `QueryRun` runtime of a rank's megakernel (module doc).  Called from the
     serving loop's thread only, between launches."""
 
+    #: device memory kept in CuPy's pool for attaches (program code, coverage, maps)
+    ARENA_BYTES = 64 << 20
+
     def __init__(self, mk, tier: str = "hot"):
         """tier: hot (device VM), compiled or auto (runtime.live.LiveSession / tiers)."""
         from ..runtime.live import LiveSession
         self.session = LiveSession(mk, tier=tier)
+        # An attach allocates device arrays while the resident kernel runs.  Suspected
+        # (2 x H200, session 3): a cudaMalloc then, with peer access on, stalled both
+        # GPUs ~1 ms in the attach's step (a confident slow_task_class on both ranks).
+        # Allocate once now and free into the pool: attach-time arrays are carved from
+        # it (CuPy splits free chunks), no driver allocation while the kernel runs.
+        arena = mk.cp.empty(self.ARENA_BYTES, mk.cp.uint8)
+        del arena
 
     def boundary(self) -> None:
         """A launch boundary: the tier manager starts promotions and swaps in finished

@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -237,10 +239,26 @@ def _oneline(msg: Dict[str, Any], hook: str = "comm:wait") -> str:
 
 
 def _tail(log) -> str:
+    """What went wrong, from the job's output: the last error line (a rank's traceback
+    ends in one; Open MPI's kill notice comes after it), else the last lines; the whole
+    log is kept beside the temp files (named in the message)."""
     try:
         log.flush()
         log.seek(0)
-        lines = [l.rstrip() for l in log.read().splitlines() if l.strip()]
+        text = log.read()
     except (OSError, ValueError):
         return "no log"
-    return "last output: " + " | ".join(lines[-3:]) if lines else "no output"
+    lines = [l.rstrip() for l in text.splitlines() if l.strip()]
+    if not lines:
+        return "no output"
+    keep = Path(tempfile.gettempdir()) / f"dtrace_mk_demo_failed_{os.getpid()}.log"
+    try:
+        keep.write_text(text)
+        where = f"; full log: {keep}"
+    except OSError:
+        where = ""
+    errors = [l.strip() for l in lines if re.match(r"^\s*(\w+\.)*\w*(Error|Exception|Refused)\b|^\s*error:", l)
+              or "Error:" in l]
+    if errors:
+        return f"first error: {errors[0]}" + (f" (last: {errors[-1]})" if errors[-1] != errors[0] else "") + where
+    return "last output: " + " | ".join(lines[-3:]) + where

@@ -41,6 +41,11 @@ build) as off_<v>, ...; printed side by side with the default build, each as % o
 default build's off, plus <v>'s off over nohooks.  Their summary counts must equal the
 default build's (printed).
 
+--offpath (round 7): only nohooks / off / summary of the default build and of each
+--variants build (its no-hooks build gets the variant's defines too: like for like), plus
+off2; prints us/step, off/nohooks, summary/off, off over the default's nohooks, tokens.
+e.g. `--offpath --presets tiny,1b --reps 3 --variants offcopy` (~2-3 min).
+
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
 generation write and from the attach command to the first counted event, device clock).
@@ -140,6 +145,12 @@ def obs_counts(state, steps: int) -> dict:
 
 #: build variants of --variants: name -> extra defines
 BUILD_VARIANTS = {"obswarp": ("DTMK_OBS_WARP",), "obswarp120": ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG=120")}
+#: round 7 (docs/dev/hook_cost_analysis.md "Round 7"): the off path as a second copy of
+#: run_task / wait_event with no hook code, picked per call from W.observe
+BUILD_VARIANTS["offcopy"] = ("DTMK_OFF_COPY",)
+#: round 8 (docs/dev/hook_cost_analysis.md "Round 8"): hook_hold / hook_flush read the task
+#: record from the shared copy s_rec (no L2 trip before the release signal)
+BUILD_VARIANTS["recfast"] = ("DTMK_REC_FAST",)
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 
@@ -397,6 +408,100 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     return out
 
 
+def _precompile(defines):
+    """(spawned process) NVRTC-compile one megakernel build into the kernel cache."""
+    gpu.compile_source("sm_90a", "cubin", defines=tuple(defines))
+    return defines
+
+
+def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
+    """--offpath: only the off-path figures, fast (no attribution, compiled tier or attach
+    latency).  For the default build and each build variant v (like for like: v's defines
+    also in its no-hooks build; obswarp variants have none, they reuse the default's):
+    nohooks_v, off_v and summary_v (SUMMARY_QUERY, hot tier) us/step, round-robin over
+    --reps; off2 (the default build again) is the noise floor.  Tokens of every run must
+    equal the default no-hooks build's."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    cfg = PRESETS[name]
+    steps = STEPS.get(name, 16)
+    specs = {"": ()}
+    specs.update({"_" + b: BUILD_VARIANTS[b] for b in builds})
+    nohook_defs = {k: (None if any(d.startswith("DTMK_OBS_WARP") for d in v) else ("DTMK_NO_HOOKS",) + v)
+                   for k, v in specs.items()}
+    todo = {tuple(v) for v in specs.values()} | {tuple(v) for v in nohook_defs.values() if v is not None}
+    t0 = time.perf_counter()
+    with cf.ProcessPoolExecutor(max_workers=min(8, len(todo)), mp_context=mp.get_context("spawn")) as ex:
+        for f in cf.as_completed([ex.submit(_precompile, d) for d in todo]):
+            f.result()
+    log(f"{name}: {len(todo)} builds compiled in {time.perf_counter() - t0:.1f} s")
+    w = make_weights(cfg, 0)
+    mks, lives = {}, {}
+    mon = None
+    for k, defs in specs.items():
+        try:
+            mk = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs)
+            if nohook_defs[k] is not None:
+                mks["nohooks" + k] = gpu.Megakernel(cfg, batch=1, weights=w, defines=nohook_defs[k])
+            mks["off" + k] = mk
+            if mon is None:
+                mon = summary(mk.graph.schema, log)
+            lives[k] = LiveSession(mk)
+            lives[k].attach(mon.obj)
+            mk.set_observer(0, None)
+        except Exception as e:  # noqa: BLE001 - keep the other builds
+            log(f"{name}: build {k or 'default'} {defs} unavailable: {e!r}")
+    runs = [v for k in specs for v in ("nohooks" + k, "off" + k, "summary" + k) if v in mks or
+            (v.startswith("summary") and k in lives)]
+    runs.insert(runs.index("off") + 1, "off2")
+
+    def run(v):
+        k = "" if v in ("off2", "off", "summary", "nohooks") else v[v.index("_"):]
+        base = v[:len(v) - len(k)] if k else v
+        m = mks["off" + k] if base in ("off", "off2", "summary") else mks[v]
+        m.reset()
+        if base == "summary":
+            m.set_observer(int(lives[k].rt.tables.data.ptr), lives[k].state)
+        elif base != "nohooks":
+            m.set_observer(0, None)
+        r = m.run(steps, poison=False)
+        if base == "summary":
+            m.set_observer(0, None)
+        return r
+
+    toks = {v: run(v).tokens for v in runs}          # warm-up, tokens
+    times = {v: [] for v in runs}
+    for _ in range(reps):
+        for v in runs:
+            times[v].append(run(v).elapsed_ms * 1e3 / steps)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    out = {"preset": name, "mode": "offpath", "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+           "all_us_per_step": times, "builds": [k.lstrip("_") or "default" for k in specs],
+           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()}}
+    log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal")}))
+    return out
+
+
+def print_offpath(res) -> None:
+    """The --offpath table: per build, us/step and off/nohooks (issue 5 target <= +0.5%),
+    summary/off, off/nohooks(default); off2/off is the noise floor."""
+    print(f"\n{res['card']}  {res['date']}  (--offpath)")
+    print(f"{'preset':<6} {'build':<11} {'nohooks us':>10} {'off us':>8} {'summary us':>10} {'off/nohooks':>11} "
+          f"{'sum/off':>8} {'off/nh(def)':>11} {'off2/off':>8} tok")
+    for r in res["presets"]:
+        u = r["us_per_step"]
+        for b in r["builds"]:
+            k = "" if b == "default" else "_" + b
+            nh = u.get("nohooks" + k, u.get("nohooks"))
+            f = lambda x: f"{x:>10.1f}" if x is not None else f"{'-':>10}"  # noqa: E731
+            rel = lambda a, c: f"{100 * (a / c - 1):+.2f}%" if a is not None and c else "-"  # noqa: E731
+            off, sm = u.get("off" + k), u.get("summary" + k)
+            tok = all(t for v, t in r["tokens_equal"].items() if (v.endswith(k) if k else "_" not in v))
+            print(f"{r['preset']:<6} {b:<11} {f(nh)} {f(off)[2:]} {f(sm)} "
+                  f"{rel(off, nh):>11} {rel(sm, off):>8} {rel(off, u.get('nohooks')):>11} "
+                  f"{rel(u.get('off2'), u.get('off')) if not k else '':>8} {tok}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", default="tiny,1b")
@@ -404,6 +509,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--compiled-presets", default="tiny,1b", help="presets that also link the compiled tier")
     ap.add_argument("--variants", default="", help="build variants run side by side: " + ",".join(BUILD_VARIANTS))
+    ap.add_argument("--offpath", action="store_true",
+                    help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
     bad = [v for v in a.variants.split(",") if v and v not in BUILD_VARIANTS]
     if bad:
@@ -421,6 +528,16 @@ def main(argv=None) -> int:
     props = cp.cuda.runtime.getDeviceProperties(0)
     res = {"card": props["name"].decode(), "sms": props["multiProcessorCount"],
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
+    if a.offpath:                                    # round 7: the off path only, per build
+        for p in a.presets.split(","):
+            try:
+                res["presets"].append(bench_offpath(p, a.reps, log, tuple(v for v in a.variants.split(",") if v)))
+            except Exception as e:  # keep the other preset's numbers
+                import traceback
+                log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+        (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
+        print_offpath(res)
+        return 0
     for p in a.presets.split(","):
         try:
             res["presets"].append(bench_preset(p, a.reps, log, p in a.compiled_presets.split(","),

@@ -622,8 +622,15 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
-#endif
     if (rd) W.long_wait = 0;
+    /* no device observer (hooks to the global ring only, e.g. bench mask3): nothing to drain
+     * or reload.  The default build returns 2 here at every non-ready first look of steps
+     * >= OBS_LAG: O.pub stays 0 without observer state, so OBS_LAGGING is always true and
+     * warp 0 calls an empty obs_sync before the spin */
+    if (!O.tables) return 0;
+#else
+    if (rd) W.long_wait = 0;
+#endif
     if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
@@ -1346,8 +1353,9 @@ __shared__ int s_rec_t;
 /* -DDTMK_OFF_COPY (round 7, docs/dev/hook_cost_analysis.md "Round 7"): run_task and wait_event
  * are compiled twice, OBS = true (today's code) and OBS = false (every per-task hook / observer
  * site compiled out: MK_OBS_ON is constant 0 there), and each call picks its copy from
- * W.observe right before it (MK_RUN_TASK / MK_WAIT_EVENT: one shared load, uniform across the
- * CTA: observe is written by thread 0 only behind a barrier the caller has passed).  Hot attach
+ * W.observe right before it (the forceinline non-template run_task / wait_event after each
+ * template: one shared load, uniform across the CTA: observe is written by thread 0 only
+ * behind a barrier the caller has passed; call sites are unchanged).  Hot attach
  * is unchanged: the OBS = false copy keeps the control refresh (end of run_task) and the
  * spin's CTL_GEN check + reload, so a worker switches to the observing copy at its next call
  * (the next task or wait, as today's first capture).  Default build: one copy, MK_OBS_ON 1. */
@@ -1357,13 +1365,9 @@ __shared__ int s_rec_t;
 #endif
 #define MK_OBS_FN template <bool OBS>
 #define MK_OBS_ON OBS
-#define MK_RUN_TASK(...) do { if (W.observe) run_task<true>(__VA_ARGS__); else run_task<false>(__VA_ARGS__); } while (0)
-#define MK_WAIT_EVENT(...) do { if (W.observe) wait_event<true>(__VA_ARGS__); else wait_event<false>(__VA_ARGS__); } while (0)
 #else
 #define MK_OBS_FN
 #define MK_OBS_ON 1
-#define MK_RUN_TASK(...) run_task(__VA_ARGS__)
-#define MK_WAIT_EVENT(...) wait_event(__VA_ARGS__)
 #endif
 MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
 #ifndef DTMK_REC_LATE
@@ -1427,6 +1431,14 @@ MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, in
     }
     MK_SYNC();
 }
+
+#ifdef DTMK_OFF_COPY
+/* DTMK_OFF_COPY: every run_task call picks its copy here (whole CTA, W.observe uniform) */
+__device__ __forceinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+    if (W.observe) run_task<true>(P, W, t, step, plan, smem);
+    else run_task<false>(P, W, t, step, plan, smem);
+}
+#endif
 
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
@@ -1544,7 +1556,7 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
                 W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
                 if (W.observe) { W.t_disp = mk_now(); W.dep_wait = 0; }
             }
-            MK_RUN_TASK(P, W, dt, ds, false, smem);
+            run_task(P, W, dt, ds, false, smem);
             if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
         }
     }
@@ -1564,6 +1576,14 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
         }
     }
 }
+
+#ifdef DTMK_OFF_COPY
+/* DTMK_OFF_COPY: every wait_event call picks its copy here (whole CTA, W.observe uniform) */
+__device__ __forceinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+    if (W.observe) wait_event<true>(P, W, t, step, e, target, smem);
+    else wait_event<false>(P, W, t, step, e, target, smem);
+}
+#endif
 
 /* thread 0: queue_saturation rows for this worker (layer < 0: at the step start; a
  * layer: when the worker reaches its first task of that layer) -> phantom entries */
@@ -1702,7 +1722,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if (W.gate == 1) {
                 /* not granted yet: first finish the previous step everywhere (its dynamic
                  * tasks: a parked worker takes none), so that all of it is published */
-                MK_WAIT_EVENT(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
+                wait_event(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
 #ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
@@ -1711,7 +1731,11 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                         gate_publish(P, W, (dtmk_u64)step);
                         /* deferred (late) signals still fall due while parked: a peer rank
                          * may need one to finish the step this rank has finished */
-                        while ((W.gate = gate_look(P, W, step)) == 1) { post_pending(P, W, false); __nanosleep(2000); }
+                        while ((W.gate = gate_look(P, W, step)) == 1) {
+                            post_pending(P, W, false);
+                            tp_keepalive(P, W.worker);
+                            __nanosleep(2000);
+                        }
                         /* what the host wrote while the kernel was parked (hook mask, device-VM
                          * tables: a query attached at this step boundary) holds from this step */
                         if (W.gate == 0) refresh_control(P, W, true);
@@ -1743,13 +1767,13 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             int e = r[6];
             dtmk_u64 target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
             if (e < 0) e = (int)P.step_event;
-            MK_WAIT_EVENT(P, W, t, step, e, target, smem);
+            wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
-            MK_RUN_TASK(P, W, t, step, true, smem);
+            run_task(P, W, t, step, true, smem);
         }
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
-    if (!W.aborted) MK_WAIT_EVENT(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifdef DTMK_OBS_WARP
         if (threadIdx.x == 0) obs_fin(W);    /* no more jobs */
     }

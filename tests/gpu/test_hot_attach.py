@@ -19,7 +19,10 @@ BATCH = 2
 _S = {}
 #: megakernel builds proven exact: the default and the observer warp (-DDTMK_OBS_WARP,
 #: docs/dev/hook_cost_analysis.md round 6: records built and programs run by a 17th warp)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_WARP",)], ids=["default", "obswarp"])
+#: and the round-7 off copy (-DDTMK_OFF_COPY: run_task / wait_event twice, the copy picked per
+#: call from W.observe; attaching while running switches a worker to the observing copy)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_WARP",), ("DTMK_OFF_COPY",), ("DTMK_REC_FAST",)],
+                                 ids=["default", "obswarp", "offcopy", "recfast"])   # recfast: round 8
 
 
 def session(name="tiny", defines=()):

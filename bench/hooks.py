@@ -33,18 +33,18 @@ step per worker that took records):
               no drain): each record built in registers after its task's release
               signal and stored straight into the global ring (16-byte stores)
 
-Build variants (--variants obswarp[,obswarp120]; docs/dev/hook_cost_analysis.md round 6):
-the same weights in megakernel.cu built with -DDTMK_OBS_WARP (a 17th, observer warp per
-CTA builds the records and runs the programs; obswarp120: also -DDTMK_OBS_MAXNREG=120)
+Build variants (--variants recfast; docs/dev/hook_cost_analysis.md round 8): the same
+weights in megakernel.cu built with the variant's defines (recfast: -DDTMK_REC_FAST)
 run off, mask3, null3, summary (hot) and summary_cm (compiled tier linked with that
 build) as off_<v>, ...; printed side by side with the default build, each as % over the
 default build's off, plus <v>'s off over nohooks.  Their summary counts must equal the
 default build's (printed).
 
 --offpath (round 7): only nohooks / off / summary of the default build and of each
---variants build (its no-hooks build gets the variant's defines too: like for like), plus
-off2; prints us/step, off/nohooks, summary/off, off over the default's nohooks, tokens.
-e.g. `--offpath --presets tiny,1b --reps 3 --variants offcopy` (~2-3 min).
+--variants build (its no-hooks build gets the variant's defines too: like for like; a
+variant of hook code only, e.g. recfast, reuses the default's), plus off2; prints us/step,
+off/nohooks, summary/off, off over the default's nohooks, tokens.
+e.g. `--offpath --presets tiny,1b --reps 3 --variants recfast` (~2-3 min).
 
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
@@ -144,13 +144,12 @@ def obs_counts(state, steps: int) -> dict:
 
 
 #: build variants of --variants: name -> extra defines
-BUILD_VARIANTS = {"obswarp": ("DTMK_OBS_WARP",), "obswarp120": ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG=120")}
-#: round 7 (docs/dev/hook_cost_analysis.md "Round 7"): the off path as a second copy of
-#: run_task / wait_event with no hook code, picked per call from W.observe
-BUILD_VARIANTS["offcopy"] = ("DTMK_OFF_COPY",)
+#: (rounds 6 and 7, obswarp / offcopy, were measured and removed: hook_cost_analysis.md)
 #: round 8 (docs/dev/hook_cost_analysis.md "Round 8"): hook_hold / hook_flush read the task
 #: record from the shared copy s_rec (no L2 trip before the release signal)
-BUILD_VARIANTS["recfast"] = ("DTMK_REC_FAST",)
+BUILD_VARIANTS = {"recfast": ("DTMK_REC_FAST",)}
+#: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
+HOOK_ONLY_DEFINES = ("DTMK_REC_FAST",)
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 
@@ -417,7 +416,7 @@ def _precompile(defines):
 def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     """--offpath: only the off-path figures, fast (no attribution, compiled tier or attach
     latency).  For the default build and each build variant v (like for like: v's defines
-    also in its no-hooks build; obswarp variants have none, they reuse the default's):
+    also in its no-hooks build; a variant of HOOK_ONLY_DEFINES has none, it reuses the default's):
     nohooks_v, off_v and summary_v (SUMMARY_QUERY, hot tier) us/step, round-robin over
     --reps; off2 (the default build again) is the noise floor.  Tokens of every run must
     equal the default no-hooks build's."""
@@ -427,7 +426,7 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     steps = STEPS.get(name, 16)
     specs = {"": ()}
     specs.update({"_" + b: BUILD_VARIANTS[b] for b in builds})
-    nohook_defs = {k: (None if any(d.startswith("DTMK_OBS_WARP") for d in v) else ("DTMK_NO_HOOKS",) + v)
+    nohook_defs = {k: (None if any(d.split("=")[0] in HOOK_ONLY_DEFINES for d in v) else ("DTMK_NO_HOOKS",) + v)
                    for k, v in specs.items()}
     todo = {tuple(v) for v in specs.values()} | {tuple(v) for v in nohook_defs.values() if v is not None}
     t0 = time.perf_counter()

@@ -39,15 +39,12 @@
  */
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
-#if defined(DTMK_OBS_WARP) && defined(DTMK_NO_HOOKS)
-#error "DTMK_OBS_WARP needs the hook code (not with DTMK_NO_HOOKS)"
-#endif
 /* -DDTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md): hook_hold / hook_flush /
  * hook_put take the task record from the shared copy s_rec (wait_event, record early) when
  * it holds the task, instead of a global load: no L2 round trip before the release signal
  * and one fewer after it.  Record contents unchanged (s_rec is a verbatim copy). */
-#if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_OBS_WARP) || defined(DTMK_REC_LATE))
-#error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_OBS_WARP, DTMK_REC_LATE)"
+#if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_REC_LATE))
+#error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_REC_LATE)"
 #endif
 #ifndef DTMK_NO_HOOKS
 #include "bpf_vm.cuh"
@@ -232,30 +229,6 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step, const int 
  * the lowest epoch still held (a record or an accumulator), so the host knows which
  * epochs are final.  A hook with no program keeps its enable bit clear. */
 #ifndef DTMK_NO_HOOKS
-#ifdef DTMK_OBS_WARP
-/* -DDTMK_OBS_WARP (round 6, docs/dev/hook_cost_analysis.md): the CTA's 17th warp is the
- * observer.  Thread 0's hook sites capture as in the default build, but where the default
- * builds and stores records (hook_flush, hook_put, gen:advance) thread 0 only copies the
- * captured scalars into one ObsJob of a single-producer / single-consumer queue in shared
- * memory (OBS_Q jobs; a full queue makes thread 0 wait for a free slot: no record is lost
- * to it).  The observer warp pops the jobs in order, builds the 128-byte records, stores
- * them (observer sub-rings, global ring) and runs the VM / compiled programs (obs_sync),
- * all off the compute warps' path.  OBS_PENDING is written by both thread 0 (holds, pushes:
- * only ever lowered) and the observer (raised only with the queue empty and no hold open),
- * each under the shared spin lock O.plock. */
-#define OBS_Q 32
-#define OBSJ_FLUSH 0       /* hook_flush: the records captured for task t */
-#define OBSJ_PUT 1         /* hook_put: one record */
-#define OBSJ_GENADV 2      /* gen:advance of batch slot `qd` (rg: its request_gen) */
-#define OBSJ_HOLD_DONE 3   /* every job of the task that held OBS_PENDING is in the queue */
-#define OBSJ_RELOAD 4      /* thread 0 is between tasks: drain, then reload the tables */
-#define OBSJ_SYNC 5        /* drain everything; coverage of epochs < step flushed and published */
-#define OBS_REFUSED (O.pub < O.acc_min)   /* obs_sync: a raise was refused earlier: retry it */
-struct __align__(16) ObsJob {
-    dtmk_u64 rg, ts, gen, wait, dur, t_ready, t_begin, t_end, dep_wait, ts_rel;
-    dtmk_u32 kind, hook, t, step, flags, event, qd, comm_op, comm_gen, peer, pend, pend_q, phantoms, cw_peer;
-};
-#endif
 struct __align__(16) Obs {
     struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
     struct dtmk_hook_table scratch;
@@ -274,21 +247,8 @@ struct __align__(16) Obs {
 #ifdef DTMK_REC_FAST
     int rec_t;                              /* s_rec_t at the last observing first look (a static task or -1) */
 #endif
-#ifdef DTMK_OBS_WARP
-    ObsJob q[OBS_Q];
-    dtmk_u32 q_head, q_tail;                /* popped (observer), pushed (thread 0) */
-    dtmk_u32 fin;                           /* thread 0: no more jobs (after the final wait) */
-    dtmk_u32 plock;                         /* O.pub / OBS_PENDING lock (thread 0 vs observer lane 0) */
-    dtmk_u32 holds, holds_done;             /* OBS_PENDING holds taken (thread 0) / closed (observer) */
-    dtmk_u32 hold_open, reload_pushed;      /* thread 0 only */
-    dtmk_u32 q_step;                        /* observer: highest epoch of a job seen (obs_sync's step) */
-    dtmk_u32 reload_now;                    /* observer: obs_sync may reload (prologue, RELOAD job, end) */
-#endif
 };
 __shared__ Obs O;
-#ifndef DTMK_OBS_WARP
-#define OBS_REFUSED false
-#endif
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 #define HOOKS_ANY(W, m) ((W).hook_mask & (m))
 #else
@@ -374,65 +334,6 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
 /* thread 0: W.observe after any change of hook_mask, trace_on or O.reload */
 __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
 
-#ifdef DTMK_OBS_WARP
-/* O.pub / OBS_PENDING are written under O.plock (thread 0 and observer lane 0 only);
- * `wrote`: OBS_PENDING was stored (fenced before the lock is free) */
-__device__ __forceinline__ void obs_lock() {
-    while (atomicCAS(&O.plock, 0u, 1u)) { }
-    __threadfence_block();
-}
-__device__ __forceinline__ void obs_unlock(bool wrote) {
-    if (wrote) __threadfence(); else __threadfence_block();
-    atomicExch(&O.plock, 0u);
-}
-/* under the lock: lower O.pub / OBS_PENDING to lo; true when it stored */
-__device__ __forceinline__ bool obs_lower(const Worker &W, dtmk_u32 lo) {
-    if (lo >= O.pub) return false;
-    O.pub = lo;
-    *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
-    return true;
-}
-/* thread 0: the next free job slot (waits while the queue is full: nothing is lost) */
-__device__ __forceinline__ ObsJob *obsq_slot() {
-    const dtmk_u32 tl = O.q_tail;
-    while (tl - *(volatile dtmk_u32 *)&O.q_head >= OBS_Q) __nanosleep(64);
-    return &O.q[tl % OBS_Q];
-}
-/* thread 0: publish the job written into obsq_slot(); its records (hooks `bits`, epoch
- * `step`) are held in OBS_PENDING from now on as a stored record would be */
-__device__ __noinline__ void obsq_push(const Worker &W, dtmk_u32 bits, dtmk_u32 step) {
-    obs_lock();
-    const bool w = (O.vm_mask & bits) ? obs_lower(W, step) : false;
-    *(volatile dtmk_u32 *)&O.q_tail = O.q_tail + 1;
-    obs_unlock(w);
-}
-__device__ __forceinline__ void obsq_simple(const Worker &W, dtmk_u32 kind) {
-    ObsJob *j = obsq_slot();
-    j->kind = kind;
-    obsq_push(W, 0u, ~0u);
-}
-/* thread 0: a full drain at a compute site (OBS_SYNC_IF, chunk false) as a SYNC job */
-__device__ __noinline__ void obsq_sync(const Worker &W, dtmk_u32 step) {
-    if (O.fin) return;                       /* after the final wait: the observer's own last drain */
-    ObsJob *j = obsq_slot();
-    j->kind = OBSJ_SYNC; j->step = step;
-    obsq_push(W, 0u, ~0u);
-}
-/* thread 0, after its final wait: no more jobs (a hold left open is closed) */
-__device__ __noinline__ void obs_fin(const Worker &W) {
-    if (O.hold_open) { O.hold_open = 0; obsq_simple(W, OBSJ_HOLD_DONE); }
-    __threadfence_block();
-    *(volatile dtmk_u32 *)&O.fin = 1;
-}
-/* thread 0, between tasks (a wait's first look or spin check): new tables wanted -> one
- * RELOAD job; the observer drains what precedes it and reloads (obs_sync) */
-__device__ __forceinline__ void obs_reload_push(const Worker &W) {
-    if (!O.reload) { O.reload_pushed = 0; return; }
-    if (O.reload_pushed) return;
-    O.reload_pushed = 1;
-    obsq_simple(W, OBSJ_RELOAD);
-}
-#endif
 
 /* warp 0: move ring record `lane` (valid) to index `dst`; every lane reads before any writes */
 __device__ __forceinline__ void obs_move(bool valid, dtmk_u32 src, dtmk_u32 dst) {
@@ -476,11 +377,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     const unsigned lane = threadIdx.x & 31;
     dtmk_u32 n = O.n;
     dtmk_u64 *g = obs_state(W);
-#ifdef DTMK_OBS_WARP
-    const bool reload = O.reload && O.reload_now;   /* thread 0 is between tasks (or not started / done) */
-#else
     const bool reload = O.reload;
-#endif
     if (reload) { chunk = false; step = ~0u; }
     bool ran = false;
     if (n && lane == 0 && !O.first_seen) {            /* attach latency: first counted event */
@@ -523,7 +420,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         ran = true;
         if (chunk) break;
     }
-    if (n == 0 && (ran || O.acc_min < step || OBS_REFUSED)) {
+    /* "|| false": the observer warp's removed refusal flag; kept so the PTX stays that of 1e256b7 (without it
+     * NVVM orders this cold branch differently; same behaviour) */
+    if (n == 0 && (ran || O.acc_min < step || false)) {
         dtmk_u32 keep = ~0u;
         bool flushed = false;
         for (int i = lane; i < OBS_NACC; i += 32) {
@@ -541,21 +440,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             __threadfence();                           /* this lane's coverage before OBS_PENDING */
             __syncwarp();
             if (lane == 0) {
-#ifdef DTMK_OBS_WARP
-                /* raise only with no job queued and no hold open (their records are held) */
-                obs_lock();
-                if (keep < O.pub || (*(volatile dtmk_u32 *)&O.q_tail == O.q_head && O.holds == O.holds_done)) {
-                    O.pub = keep;
-                    O.pubs += 1;
-                    *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
-                }
-                obs_unlock(true);
-#else
                 __threadfence();
                 O.pub = keep;
                 O.pubs += 1;
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
-#endif
             }
         }
         if (lane == 0) {
@@ -588,9 +476,6 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             g[OBS_LOADED_TS] = mk_now();
             *(volatile dtmk_u64 *)(g + OBS_GEN) = gen;
         }
-#ifdef DTMK_OBS_WARP
-        else O.reload_pushed = 0;                     /* thread 0 asks again at its next wait */
-#endif
         obs_update(W);
     }
     __syncwarp();
@@ -599,27 +484,13 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
     if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
 }
-#ifdef DTMK_OBS_WARP
-/* the observer warp drains (prologue and final drain only; the compute warps never) */
-/* the observer warp drains itself; a compute site's full drain (chunk false: e.g. the
- * resident step gate's "epochs < step flushed") becomes a SYNC job of thread 0 */
-#define OBS_SYNC_IF(cond, chunk, step) do {                                                         \
-        if (threadIdx.x >= MK_THREADS) { if (cond) obs_sync(P, W, chunk, step); }                    \
-        else if (threadIdx.x == 0 && !(chunk) && (cond)) obsq_sync(W, (dtmk_u32)(step));            \
-    } while (0)
-#else
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
-#endif
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
-#ifdef DTMK_OBS_WARP
-    obs_reload_push(W);                                   /* the observer drains, never this CTA */
-    return 0;
-#endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
     if (rd) W.long_wait = 0;
@@ -637,10 +508,6 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
 __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
-#ifdef DTMK_OBS_WARP
-    obs_reload_push(W);
-    return false;
-#endif
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
@@ -673,13 +540,8 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
              * obs_sync moves it up once the ring is empty */
             const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
-#ifdef DTMK_OBS_WARP
-                obs_lock();                   /* the observer: thread 0 may lower it meanwhile */
-                obs_unlock(obs_lower(W, lo));
-#else
                 O.pub = lo;
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
-#endif
             }
             O.cnt[hook] = cn + 1; O.n += 1;
             if (cn >= O.maxc) O.maxc = cn + 1;
@@ -719,21 +581,8 @@ __device__ __noinline__ void hook_put(const MkParams &P, Worker &W, dtmk_u32 hoo
                                       dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
                                       dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op, dtmk_u32 comm_gen,
                                       dtmk_u32 peer_rank, dtmk_u64 rg) {
-#ifdef DTMK_OBS_WARP
-    /* thread 0: the scalars into a job (request_gen read now, as the default build does) */
-    if (t >= 0 && !(rg >> 32)) {
-        const int slot = trec(P, t)[3];
-        rg = (1ull << 32) | (slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
-    }
-    ObsJob *j = obsq_slot();
-    j->kind = OBSJ_PUT; j->hook = hook; j->ts = ts; j->t = (dtmk_u32)t; j->step = (dtmk_u32)step; j->flags = flags;
-    j->event = event; j->gen = event_gen; j->wait = wait_ns; j->dur = dur_ns; j->qd = queue_depth;
-    j->comm_op = comm_op; j->comm_gen = comm_gen; j->peer = peer_rank; j->rg = rg;
-    obsq_push(W, 1u << hook, (dtmk_u32)step);
-#else
     hk_put_rec(P, W, hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
                peer_rank, rg);
-#endif
 }
 
 __device__ void trace_rec(const MkParams &P, Worker &W, int t, int step, dtmk_u64 t0, dtmk_u64 t1, dtmk_u64 t2,
@@ -950,7 +799,6 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
 /* thread 0, cold: build the records captured for task W.pend_t (see Worker) after its
  * release signal, in hook order, each with its captured stamp; every field as it was
  * when captured.  The task's fields are loaded once; one emit site for all records. */
-#ifndef DTMK_OBS_WARP
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     const int t = W.pend_t, step = W.pend_step;
     const int *r = hk_trec(P, t);
@@ -998,69 +846,6 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
         hk_store(P, W, c, h, (dtmk_u32)step);
     }
 }
-#else
-/* thread 0 (DTMK_OBS_WARP): the captured scalars of task W.pend_t into one job; the
- * observer builds the records (obs_build_flush, the default hook_flush's loop) */
-__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
-    dtmk_u32 pend = W.pend;
-    if (!(W.pend_rg >> 32)) {
-        const int *r = trec(P, W.pend_t);
-        pend = hk_capture(P, W, pend, r[0], r[3], r[6], r[14]);
-    }
-    W.pend = 0;
-    ObsJob *j = obsq_slot();
-    j->kind = OBSJ_FLUSH; j->t = (dtmk_u32)W.pend_t; j->step = (dtmk_u32)W.pend_step; j->pend = pend;
-    j->flags = W.pend_flags; j->rg = W.pend_rg; j->t_ready = W.t_ready; j->t_begin = W.t_begin; j->t_end = W.t_end;
-    j->dep_wait = W.dep_wait; j->ts_rel = W.ts_rel; j->pend_q = W.pend_q; j->phantoms = W.phantoms;
-    j->cw_peer = W.cw_peer;
-    W.pend_rg = 0;
-    obsq_push(W, pend, (dtmk_u32)W.pend_step);
-}
-__device__ __noinline__ void obs_build_flush(const MkParams &P, Worker &W, const ObsJob &j) {
-    const int t = (int)j.t, step = (int)j.step;
-    const int *r = trec(P, t);
-    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
-    HkTask k;
-    k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
-    k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
-    dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
-#pragma unroll
-    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
-    const dtmk_u32 pend = j.pend;          /* hk_capture ran on thread 0 (hook_flush) */
-    k.rg = (dtmk_u32)j.rg;
-    /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
-    int e = dep >= 0 ? dep : (int)P.step_event;
-    dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-    if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
-    const dtmk_u32 flags = j.flags, N = DTMK_NONE_U32;
-    const dtmk_u64 t_ready = j.t_ready, t_begin = j.t_begin, t_end = j.t_end, dep_wait = j.dep_wait;
-    for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
-        const dtmk_u32 h = o & 15u;
-        if (!(pend & (1u << h))) continue;
-        dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
-        dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
-        switch (h) {
-        case DTMK_HOOK_DEP_RELEASE: ts = j.ts_rel; wait = dep_wait; break;
-        case DTMK_HOOK_TASK_READY: qd = j.pend_q; break;
-        case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
-        case DTMK_HOOK_COMM_WAIT:
-            wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
-            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = j.cw_peer;
-            break;
-        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = j.phantoms; break;
-        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = j.phantoms; break;
-        default: /* task:end */
-            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
-            wait = dep_wait; dur = t_end - t_begin;
-            break;
-        }
-        if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
-        HkRec c;
-        hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
-        hk_store(P, W, c, h, (dtmk_u32)step);
-    }
-}
-#endif
 #endif
 
 __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
@@ -1102,20 +887,10 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
     dtmk_u32 later = pend;
     if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
     if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
-#ifdef DTMK_OBS_WARP
-    /* the hold stays open (the observer raises nothing) until hook_post's HOLD_DONE job */
-    if (O.vm_mask & later) {
-        obs_lock();
-        O.holds += 1;
-        O.hold_open = 1;
-        obs_unlock(obs_lower(W, step));
-    }
-#else
     if ((O.vm_mask & later) && step < O.pub) {
         O.pub = step;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }
-#endif
 }
 #else
 __device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32, dtmk_u64) {}
@@ -1135,120 +910,15 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
             const int g = __ldcg((const int *)P.req_gen + b), p = __ldcg((const int *)P.pos + b);
             HkTask k = none;
             k.slot = (dtmk_u32)b; k.rg = (dtmk_u32)(p == 0 ? g - 1 : g);
-#ifdef DTMK_OBS_WARP
-            ObsJob *j = obsq_slot();
-            j->kind = OBSJ_GENADV; j->ts = t_end; j->step = (dtmk_u32)step; j->qd = (dtmk_u32)b; j->rg = k.rg;
-            obsq_push(W, HK_BIT(GEN_ADVANCE), (dtmk_u32)step);
-#else
             HkRec c;
             hk_rec(c, P, W, DTMK_HOOK_GEN_ADVANCE, t_end, k, (dtmk_u32)step, DTMK_NONE_U32, 0, 0, 0, 0, DTMK_NONE_U32, 0,
                    DTMK_NONE_U32, 0);
             hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
-#endif
         }
     }
-#ifdef DTMK_OBS_WARP
-    if (O.hold_open) { O.hold_open = 0; obsq_simple(W, OBSJ_HOLD_DONE); }
-#endif
     if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
 }
 
-#ifdef DTMK_OBS_WARP
-#define OBS_IDLE_NS 20000ull   /* the observer drains a partial ring after this long without a job */
-/* observer lane 0: the records of job j, in queue order (= the default build's order) */
-__device__ __noinline__ void obs_build(const MkParams &P, Worker &W, const ObsJob &j) {
-    switch (j.kind) {
-    case OBSJ_FLUSH: obs_build_flush(P, W, j); break;
-    case OBSJ_PUT:
-        hk_put_rec(P, W, j.hook, j.ts, (int)j.t, (int)j.step, j.flags, j.event, j.gen, j.wait, j.dur, j.qd, j.comm_op,
-                   j.comm_gen, j.peer, j.rg);
-        break;
-    case OBSJ_GENADV: {
-        HkTask k = hk_task(P, -1, 0);
-        k.slot = j.qd; k.rg = (dtmk_u32)j.rg;
-        HkRec c;
-        hk_rec(c, P, W, DTMK_HOOK_GEN_ADVANCE, j.ts, k, j.step, DTMK_NONE_U32, 0, 0, 0, 0, DTMK_NONE_U32, 0,
-               DTMK_NONE_U32, 0);
-        hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, j.step);
-        break;
-    }
-    case OBSJ_HOLD_DONE: O.holds_done += 1; return;
-    default: return;
-    }
-    if (j.step > O.q_step) O.q_step = j.step;
-}
-
-/* the observer warp (DTMK_OBS_WARP): pop jobs in order and build their records (lane 0),
- * drain the sub-rings through the VM / compiled programs (obs_sync, whole warp) when one
- * is O.full_at full, before a job could overflow one (O.must_at), when idle OBS_IDLE_NS
- * with records or unflushed coverage held, when the lowest held epoch lags OBS_LAG steps,
- * and at a RELOAD job (thread 0 between tasks: everything before it drained, then the new
- * tables).  Returns once thread 0 set O.fin and the queue is empty; the caller's final
- * OBS_SYNC_IF drains the rest. */
-__device__ __noinline__ void obs_warp(const MkParams &P, Worker &W) {
-    const unsigned lane = threadIdx.x & 31;
-    dtmk_u32 head = O.q_head;
-    dtmk_u64 idle_since = 0;
-    if (lane == 0) O.reload_now = 0;                      /* from now on only at RELOAD jobs */
-    __syncwarp();
-    for (;;) {
-        dtmk_u32 fin = 0, tail = 0;
-        if (lane == 0) {
-            fin = *(volatile dtmk_u32 *)&O.fin;          /* before the tail: the last push is seen */
-            __threadfence_block();
-            tail = *(volatile dtmk_u32 *)&O.q_tail;
-        }
-        fin = __shfl_sync(MK_FULL, fin, 0);
-        tail = __shfl_sync(MK_FULL, tail, 0);
-        if (head != tail) {
-            __threadfence_block();
-            const ObsJob &j = O.q[head % OBS_Q];
-            const dtmk_u32 kind = j.kind, jstep = j.step;
-            if (kind == OBSJ_RELOAD || kind == OBSJ_SYNC) {
-                ++head;                               /* consumed: an emptied queue lets obs_sync publish */
-                __syncwarp();
-                if (lane == 0) {
-                    *(volatile dtmk_u32 *)&O.q_head = head;
-                    if (kind == OBSJ_RELOAD) O.reload_now = 1;
-                    else if (jstep > O.q_step) O.q_step = jstep;
-                    idle_since = 0;
-                }
-                __syncwarp();
-                if (O.tables) obs_sync(P, W, false, O.q_step);
-                if (lane == 0) O.reload_now = 0;
-                __syncwarp();
-                continue;
-            }
-            if (O.tables && O.maxc >= O.must_at) obs_sync(P, W, false, O.q_step);   /* room for the job */
-            if (lane == 0) obs_build(P, W, j);
-            ++head;
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence_block();
-                *(volatile dtmk_u32 *)&O.q_head = head;
-                idle_since = 0;
-            }
-            __syncwarp();
-            continue;
-        }
-        if (fin) break;
-        int go = 0;
-        if (lane == 0 && O.tables) {
-            const dtmk_u64 now = mk_now();
-            if (!idle_since) idle_since = now;
-            const bool idle = now - idle_since >= OBS_IDLE_NS;
-            go = O.maxc >= O.full_at ||
-                 ((O.n || O.acc_min < O.q_step) && (idle || OBS_LAGGING(O.q_step))) ||
-                 (idle && O.n == 0 && O.pub < O.acc_min);   /* a raise refused earlier */
-            if (go) idle_since = 0;
-        }
-        if (__shfl_sync(MK_FULL, go, 0)) obs_sync(P, W, false, O.q_step);
-        else __nanosleep(O.n ? 200 : 1000);        /* idle: few issue slots taken from warp 0's partition */
-    }
-    if (lane == 0) { O.holds_done = O.holds; O.reload_now = 1; }   /* thread 0 is done */
-    __syncwarp();
-}
-#endif
 
 /* thread 0: post deferred (late_notification) signals that are due (all: force) */
 __device__ void post_pending(const MkParams &P, Worker &W, bool force) {
@@ -1350,26 +1020,7 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
 __shared__ __align__(16) int s_rec[TREC_WORDS];
 __shared__ int s_rec_t;
 #endif
-/* -DDTMK_OFF_COPY (round 7, docs/dev/hook_cost_analysis.md "Round 7"): run_task and wait_event
- * are compiled twice, OBS = true (today's code) and OBS = false (every per-task hook / observer
- * site compiled out: MK_OBS_ON is constant 0 there), and each call picks its copy from
- * W.observe right before it (the forceinline non-template run_task / wait_event after each
- * template: one shared load, uniform across the CTA: observe is written by thread 0 only
- * behind a barrier the caller has passed; call sites are unchanged).  Hot attach
- * is unchanged: the OBS = false copy keeps the control refresh (end of run_task) and the
- * spin's CTL_GEN check + reload, so a worker switches to the observing copy at its next call
- * (the next task or wait, as today's first capture).  Default build: one copy, MK_OBS_ON 1. */
-#ifdef DTMK_OFF_COPY
-#if defined(DTMK_OBS_WARP)
-#error "DTMK_OFF_COPY is not combined with DTMK_OBS_WARP"
-#endif
-#define MK_OBS_FN template <bool OBS>
-#define MK_OBS_ON OBS
-#else
-#define MK_OBS_FN
-#define MK_OBS_ON 1
-#endif
-MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
 #ifndef DTMK_REC_LATE
     const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
 #else
@@ -1377,7 +1028,7 @@ MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, in
 #endif
     TaskFaults f;
     if (threadIdx.x == 0) {
-        const dtmk_u32 obs = MK_OBS_ON ? W.observe : 0u;   /* the task's one "observing?" load */
+        const dtmk_u32 obs = W.observe;   /* the task's one "observing?" load */
         f = task_faults(P, t, step, r);
 #ifndef DTMK_NO_HOOKS
         dtmk_u32 pend = 0;
@@ -1420,10 +1071,10 @@ MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, in
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
-        if (MK_OBS_ON && HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
+        if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
-        if (MK_OBS_ON && W.observe) hook_post(P, W, t, step, f.flags, t_end);
+        if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
@@ -1432,19 +1083,12 @@ MK_OBS_FN __device__ __noinline__ void run_task(const MkParams &P, Worker &W, in
     MK_SYNC();
 }
 
-#ifdef DTMK_OFF_COPY
-/* DTMK_OFF_COPY: every run_task call picks its copy here (whole CTA, W.observe uniform) */
-__device__ __forceinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
-    if (W.observe) run_task<true>(P, W, t, step, plan, smem);
-    else run_task<false>(P, W, t, step, plan, smem);
-}
-#endif
 
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
-MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+__device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
 #ifndef DTMK_REC_LATE
@@ -1462,13 +1106,13 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (MK_OBS_ON && W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (MK_OBS_ON && t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
@@ -1478,7 +1122,7 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF(MK_OBS_ON && (first & 6), !(first & 2), (dtmk_u32)step);
+    OBS_SYNC_IF((first & 6), !(first & 2), (dtmk_u32)step);
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1510,7 +1154,7 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
                  * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
-                if (MK_OBS_ON && W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -1564,7 +1208,7 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
         dtmk_u64 now = mk_now();
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-            if (MK_OBS_ON && W.observe) {
+            if (W.observe) {
                 W.dep_wait = now - t0;
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
 #ifndef DTMK_NO_HOOKS
@@ -1577,13 +1221,6 @@ MK_OBS_FN __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, 
     }
 }
 
-#ifdef DTMK_OFF_COPY
-/* DTMK_OFF_COPY: every wait_event call picks its copy here (whole CTA, W.observe uniform) */
-__device__ __forceinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
-    if (W.observe) wait_event<true>(P, W, t, step, e, target, smem);
-    else wait_event<false>(P, W, t, step, e, target, smem);
-}
-#endif
 
 /* thread 0: queue_saturation rows for this worker (layer < 0: at the step start; a
  * layer: when the worker reaches its first task of that layer) -> phantom entries */
@@ -1622,15 +1259,7 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
     return 1;
 }
 
-/* DTMK_OBS_WARP: __launch_bounds__(544, 1) lets ptxas give 96 registers (17 warps: one SM
- * sub-partition holds 5 warps of its 16K registers); DTMK_OBS_MAXNREG=N asks for N instead
- * (__maxnreg__; the launch fails if the SM cannot hold the block) */
-#if defined(DTMK_OBS_WARP) && defined(DTMK_OBS_MAXNREG)
-#define MK_KERNEL_BOUNDS __maxnreg__(DTMK_OBS_MAXNREG)
-#else
-#define MK_KERNEL_BOUNDS __launch_bounds__(MK_BLOCK_THREADS, 1)
-#endif
-extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
+extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
     extern __shared__ float smem[];
@@ -1646,7 +1275,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #endif
     }
 #ifndef DTMK_NO_HOOKS
-    MK_SYNC_ALL();                     /* P is complete (thread 0 reads P.control below) */
+    MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
     if (threadIdx.x == 0) {
@@ -1666,13 +1295,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
         W.pend = 0;
-#ifdef DTMK_OBS_WARP
-        O.q_head = O.q_tail = O.fin = O.plock = O.holds = O.holds_done = O.hold_open = O.reload_pushed = 0;
-        O.q_step = 0; O.reload_now = 1;          /* the prologue's reload below */
-#endif
     }
 #endif
-    MK_SYNC_ALL();
+    MK_SYNC();
     if (threadIdx.x == 0) {
         W.hook_n = ((const dtmk_u64 *)P.hook_head)[blockIdx.x];
         W.trace_n = ((const dtmk_u64 *)P.trace_head)[blockIdx.x];
@@ -1681,19 +1306,14 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.gate = 0;
         refresh_control(P, W, true);
     }
-    MK_SYNC_ALL();
+    MK_SYNC();
 #ifndef DTMK_NO_HOOKS
     OBS_SYNC_IF(O.reload, false, 0u);
-    MK_SYNC_ALL();
+    MK_SYNC();
 #endif
     const int *plan = (const int *)P.plan_tasks;
     int p0 = ((const int *)P.plan_off)[blockIdx.x], p1 = ((const int *)P.plan_off)[blockIdx.x + 1];
     int last = (int)(P.step0 + P.n_steps);
-#ifdef DTMK_OBS_WARP
-    if (threadIdx.x >= MK_THREADS) {
-        obs_warp(P, W);                      /* the observer: until thread 0 sets O.fin */
-    } else {
-#endif
     for (int step = (int)P.step0; step < last && !W.aborted; ++step) {
         if (P.resident) {
             /* the step gate: publish (steps < min(step, completed steps) are whole for
@@ -1774,17 +1394,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
-#ifdef DTMK_OBS_WARP
-        if (threadIdx.x == 0) obs_fin(W);    /* no more jobs */
-    }
-    MK_SYNC_ALL();                           /* the observer has built every job's records */
-#endif
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
-#ifdef DTMK_OBS_WARP
-        MK_SYNC_ALL();                   /* the observer's last drain before OBS_DONE */
-#endif
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
     }
 #endif

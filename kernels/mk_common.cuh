@@ -21,21 +21,7 @@
 
 #define MK_THREADS 512                      /* compute threads of a CTA (the task bodies) */
 #define MK_WARPS (MK_THREADS / 32)
-/* DTMK_OBS_WARP (docs/dev/hook_cost_analysis.md round 6): a 17th warp per CTA runs the
- * hook observer (record build, raw ring, VM / compiled programs) off the compute path.
- * The launch then has MK_BLOCK_THREADS threads, and every compute barrier is a named
- * barrier over the MK_THREADS compute threads only (MK_SYNC); MK_SYNC_ALL is the whole
- * CTA (prologue only).  Without the define both are __syncthreads() and the block is
- * MK_THREADS: the default build is unchanged. */
-#ifdef DTMK_OBS_WARP
-#define MK_BLOCK_THREADS (MK_THREADS + 32)
-#define MK_OBS_WARP_ID MK_WARPS
-#define MK_SYNC() asm volatile("bar.sync 1, 512;" ::: "memory")
-#else
-#define MK_BLOCK_THREADS MK_THREADS
-#define MK_SYNC() __syncthreads()
-#endif
-#define MK_SYNC_ALL() __syncthreads()
+#define MK_SYNC() __syncthreads()          /* every CTA barrier (one name for grep) */
 #define MK_FULL 0xffffffffu
 
 /* ---- numbers ------------------------------------------------------------------ */

@@ -34,15 +34,8 @@ from .reference import Requests, dense_index, make_weights, moe_index, shard_wei
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 
-MK_THREADS = 512               # compute threads of a worker CTA (kernels/mk_common.cuh)
+MK_THREADS = 512               # threads of a worker CTA, every build (kernels/mk_common.cuh)
 MK_WARPS = MK_THREADS // 32
-OBS_WARP_DEFINE = "DTMK_OBS_WARP"   # + one observer warp per CTA (hook_cost_analysis.md round 6)
-
-
-def block_threads(defines: Sequence[str] = ()) -> int:
-    """Threads per megakernel CTA for a build with `defines` (MK_BLOCK_THREADS of
-    kernels/mk_common.cuh): MK_THREADS, plus the observer warp under -DDTMK_OBS_WARP."""
-    return MK_THREADS + (32 if any(d.split("=")[0] == OBS_WARP_DEFINE for d in defines) else 0)
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
 TRACE_BYTES = 32
@@ -325,7 +318,7 @@ class Megakernel:
         self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
         self.defines = tuple(defines)
-        self.block = block_threads(self.defines)     # the launch's block size (one place)
+        self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
@@ -391,9 +384,7 @@ class Megakernel:
                    B * c.tile_n + 2 * B + 8, 2 * MK_WARPS + 4) + 64
         self.xs_off = (base + 3) // 4 * 4
         max_k = max(c.hidden, c.ffn, c.q_dim)
-        # the observer warp's job queue (static smem, ~4.6 KB) must fit next to a full staging area
-        limit = SMEM_LIMIT - (8 * 1024 if self.block > MK_THREADS else 0)
-        self.xs_cap = int(min(B * max_k, limit // 4 - self.xs_off))
+        self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
         self.smem = 4 * (self.xs_off + self.xs_cap)
         set_smem(self.kernel, self.smem)
         self.step = 0

@@ -585,7 +585,6 @@ class KernelSpec:
 
 HARNESS_SPEC = KernelSpec(HARNESS, HARNESS_SOURCES, (), None, "harness")
 MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG, "megakernel")
-MK_OBS_MAXRREG = 96                   # -DDTMK_OBS_WARP: __launch_bounds__(544, 1) -> ptxas allots 96
 #: build variants of the default 512-thread kernel that the compiled tier links as they are
 #: (-DDTMK_REC_FAST: hook_cost_analysis.md round 8)
 MK_PASS_DEFINES = ("DTMK_REC_FAST",)
@@ -593,17 +592,12 @@ MK_PASS_DEFINES = ("DTMK_REC_FAST",)
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:
     """The compiled tier's kernel for a Megakernel built with `defines` (its .defines):
-    MEGAKERNEL_SPEC, or with -DDTMK_OBS_WARP (the observer warp, hook_cost_analysis.md
-    round 6) added and the register limit of that entry (DTMK_OBS_MAXNREG=N: N)."""
+    MEGAKERNEL_SPEC, plus those of MK_PASS_DEFINES it carries (same block, same limit)."""
     names = {d.split("=")[0]: d for d in defines}
-    passed = tuple(names[k] for k in MK_PASS_DEFINES if k in names)   # same block, same limit
-    if "DTMK_OBS_WARP" not in names:
-        if passed:
-            return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + passed, MK_MAXRREG, "megakernel_v")
-        return MEGAKERNEL_SPEC
-    extra = tuple(names[k] for k in ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG") if k in names)
-    nreg = int(names["DTMK_OBS_MAXNREG"].split("=")[1]) if "DTMK_OBS_MAXNREG" in names else MK_OBS_MAXRREG
-    return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + extra, nreg, "megakernel_obs")
+    passed = tuple(names[k] for k in MK_PASS_DEFINES if k in names)
+    if passed:
+        return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + passed, MK_MAXRREG, "megakernel_v")
+    return MEGAKERNEL_SPEC
 
 
 def kernel_object(spec: KernelSpec, stage: int, arch: str = ARCH) -> Tuple[bytes, float]:

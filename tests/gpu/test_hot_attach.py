@@ -17,12 +17,9 @@ from dtrace_mk.megakernel.presets import PRESETS
 
 BATCH = 2
 _S = {}
-#: megakernel builds proven exact: the default and the observer warp (-DDTMK_OBS_WARP,
-#: docs/dev/hook_cost_analysis.md round 6: records built and programs run by a 17th warp)
-#: and the round-7 off copy (-DDTMK_OFF_COPY: run_task / wait_event twice, the copy picked per
-#: call from W.observe; attaching while running switches a worker to the observing copy)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_WARP",), ("DTMK_OFF_COPY",), ("DTMK_REC_FAST",)],
-                                 ids=["default", "obswarp", "offcopy", "recfast"])   # recfast: round 8
+#: megakernel builds proven exact: the default and -DDTMK_REC_FAST (docs/dev/hook_cost_analysis.md
+#: round 8: hook records read the task record from the shared copy s_rec)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_FAST",)], ids=["default", "recfast"])
 
 
 def session(name="tiny", defines=()):

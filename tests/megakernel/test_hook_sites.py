@@ -77,7 +77,7 @@ def test_observer_never_drains_before_the_first_look():
     assert first_look
     assert "OBS_SYNC_IF" not in b[:first_look.start()]
     # one barrier publishes the first look (W.first) to the CTA
-    assert b[first_look.start():b.index("for (;;)")].count("MK_SYNC()") == 1   # __syncthreads (obswarp: bar 1)
+    assert b[first_look.start():b.index("for (;;)")].count("MK_SYNC()") == 1   # __syncthreads
     # no drain at the end of a task: it happens at the next wait's first look or in the spin
     assert "OBS_SYNC_IF" not in body("run_task")
 

@@ -1351,11 +1351,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
                         gate_publish(P, W, (dtmk_u64)step);
                         /* deferred (late) signals still fall due while parked: a peer rank
                          * may need one to finish the step this rank has finished */
-                        while ((W.gate = gate_look(P, W, step)) == 1) {
-                            post_pending(P, W, false);
-                            tp_keepalive(P, W.worker);
-                            __nanosleep(2000);
-                        }
+                        while ((W.gate = gate_look(P, W, step)) == 1) { post_pending(P, W, false); __nanosleep(2000); }
                         /* what the host wrote while the kernel was parked (hook mask, device-VM
                          * tables: a query attached at this step boundary) holds from this step */
                         if (W.gate == 0) refresh_control(P, W, true);

@@ -71,17 +71,6 @@ __device__ __forceinline__ void ev_fence_acquire(bool sys) {
 /* ---- buffers ------------------------------------------------------------------------ */
 struct MkPeer { dtmk_u64 events, recv; };
 
-/* While a resident kernel is parked at its step gate (launch/serve.py), worker 0 reads a
- * peer's first event counter now and then: an idle NVLink seemed to cost the first
- * all-reduces after a long park (2 x H200: after a 57 ms park both ranks' all-reduce
- * tasks ran ~4x slower in that step, after 15-32 ms parks not), so the link is kept busy */
-__device__ __forceinline__ void tp_keepalive(const MkParams &P, int worker) {
-    if (P.ranks < 2 || worker != 0) return;
-    const MkPeer *peers = (const MkPeer *)P.tp_peers;
-    const int q = ((int)P.rank + 1) % (int)P.ranks;
-    (void)ld_relaxed_sys((const dtmk_u64 *)peers[q].events);
-}
-
 /* partial-sum buffer of all-reduce idx (= layer * 2 + comm op): [B][H] */
 __device__ __forceinline__ float *tp_part(const MkParams &P, int idx) {
     return (float *)P.tp_part + (long)idx * P.batch * P.hidden;

@@ -412,7 +412,12 @@ def serve(args: argparse.Namespace) -> int:
 #: serve_gpu: steps granted to the resident kernel ahead of the last step the host fed
 RESIDENT_WINDOW = 4
 #: serve_gpu: seconds of host time between clock pairs (GpuClock) while the kernel runs
-CLOCK_EVERY_S = 0.05
+#: ($DTRACE_MK_GPU_CLOCK_EVERY_S).  Pairs are also taken before and after each launch; the
+#: collector fits offset and drift (1-4 ppm) through them.  Once a second, not every 50 ms:
+#: in every 2 x H200 demo run whose first gate park lasted over 50 ms (so a pair's kernel
+#: ran on the spare SM meanwhile) the step after it ran its all-reduces slowly on both
+#: ranks; the one run with a 40 ms park did not (session 3; not yet confirmed as cause)
+CLOCK_EVERY_S = float(os.environ.get("DTRACE_MK_GPU_CLOCK_EVERY_S", "1.0"))
 #: serve_gpu: the resident kernel's watchdog (a dependency wait without progress)
 GPU_SERVE_WATCHDOG_MS = 5000
 

@@ -430,7 +430,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
     when every worker finished it; its records are fed to the agent in order, then
     host.step(k+1) runs (commands, live-query attach/detach in the device VM; an attach
     counts from the first step no worker has started, DeviceQueries.attach: the kernel
-    never parks for a command, since a parked rank skews the all-reduces).  The ranks
+    never parks for a command: the host applies commands only after feeding the steps
+    before them, so holding the kernel for one parks it for tens of ms).  The ranks
     are tensor parallel: once per completed step they agree (an allreduce on a
     communicator of their own) on stopping and on ending the launch for a compiled-tier
     swap; every rank grants the same steps, so all stop at the same one.  Records a full
@@ -529,7 +530,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     st = {"k": WARMUP, "dropped": 0, "gpu_ms": 0.0, "segments": 0, "warm_records": 0}
     # a query attached while the kernel runs counts from the first step no worker has
     # started (DeviceQueries.attach: first_epoch = the grant): exact from a step boundary,
-    # and the kernel never parks for it (a parked rank skews the all-reduces: session 3)
+    # and the kernel never parks for it (a hold parks it for the host's feeding: tens of ms)
     pending: List[Any] = []                    # streamed record arrays not fed yet
 
     def decide(k: int) -> int:

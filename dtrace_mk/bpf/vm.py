@@ -24,6 +24,11 @@ Machine model
 * After a helper call r0 holds the result; r1..r5 keep whatever they held (the verifier
   makes them unreadable, so no verified program can tell).
 
+Tiers: `Vm(..., tier="interp")` (default) runs these closures; tier="compiled" runs the
+same slots translated to one Python function by `vmcompile.py` (identical results,
+maps, losses and faults; the runtime's default, $DTRACE_MK_HOST_VM=interp to force this
+interpreter).
+
 `VMFault` is raised for anything a verified program can never do: an out-of-bounds or
 NULL access, a write to the context, a dereference of a map handle, an invalid opcode
 or operand, a jump out of the program or into the second slot of lddw, falling off the
@@ -84,7 +89,7 @@ class VMFault(Exception):
         self.insns = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class RunResult:
     r0: int
     insns: int
@@ -251,7 +256,8 @@ class Vm:
 
     def __init__(self, program, maps: Union[MapSet, Sequence[Map], None] = None, *,
                  max_insns: int = abi.MAX_INSNS, trace: Optional[TraceLog] = None,
-                 prog_type: Optional[str] = None, clock: Optional[Callable[[], int]] = None):
+                 prog_type: Optional[str] = None, clock: Optional[Callable[[], int]] = None,
+                 tier: str = "interp"):
         insns = getattr(program, "insns", program)
         if prog_type is None and hasattr(program, "prog_type"):
             prog_type = program.prog_type
@@ -278,6 +284,15 @@ class Vm:
             h.id: getattr(self, "_h_" + h.name) for h in abi.HELPERS
             if prog_type is None or prog_type in h.program_types}
         self._code = self._decode()
+        # tier "compiled": the same slots as one generated Python function (vmcompile.py);
+        # the interpreter above stays the semantics (and finishes runs near the budget)
+        self.tier = tier
+        self._fast = None
+        if tier == "compiled":
+            from .vmcompile import compile_vm
+            self._fast = compile_vm(self)
+        elif tier != "interp":
+            raise ValueError(f"unknown VM tier {tier!r} (compiled or interp)")
 
     # -- running -------------------------------------------------------------------
     def run(self, ctx: bytes, *, worker: Optional[int] = None, epoch: Optional[int] = None) -> RunResult:
@@ -291,23 +306,30 @@ class Vm:
             w, e = _CTX_WORKER_STEP.unpack_from(ctx)
             worker = w if worker is None else worker
             epoch = e if epoch is None else epoch
-        if self._num_workers is not None and not 0 <= worker < self._num_workers:
-            raise ValueError(f"worker {worker} out of range: the maps have {self._num_workers} worker copies")
+        nw = self._num_workers
+        if nw is not None and not 0 <= worker < nw:
+            raise ValueError(f"worker {worker} out of range: the maps have {nw} worker copies")
         self._worker, self._epoch, self._ctx = worker, epoch, ctx
-        self._lost, self._throttled = [], []
+        self._lost = lost = []
+        self._throttled = throttled = []
         bufs = self._bufs
         if len(bufs) > self._nfixed:
             del bufs[self._nfixed:]
             self._region_of.clear()
         bufs[REGION_CTX] = ctx
-        bufs[REGION_STACK] = bytearray(abi.STACK_SIZE)
+        bufs[REGION_STACK] = stack = bytearray(abi.STACK_SIZE)
         r = self.r
-        r[:] = _INITIAL_REGS
+        pc = n = 0
+        fast = self._fast
+        if fast is not None:
+            r0, n, pc = fast(ctx, stack, worker)
+            if pc < 0:
+                return RunResult(r0, n, lost, throttled)
+        else:
+            r[:] = _INITIAL_REGS
         code = self._code
-        pc = 0
-        n = 0
         try:
-            for n in range(1, self.max_insns + 1):
+            for n in range(n + 1, self.max_insns + 1):
                 pc = code[pc]()
                 if pc < 0:
                     break
@@ -323,6 +345,7 @@ class Vm:
     def _fault_fn(self, pc: int, message: str) -> Callable[[], int]:
         def f():
             raise VMFault(pc, message)
+        f.fault = message       # type: ignore[attr-defined]  (the compiled tier reads it)
         return f
 
     def _decode(self) -> List[Callable[[], int]]:

@@ -30,10 +30,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..abi import context
 from ..abi import definition as abi
-from ..bpf.coverage import LOST, THROTTLED, Coverage, CoverageTable, classify
+from ..bpf.coverage import EXECUTED, LOST, THROTTLED, Coverage, CoverageTable, classify
 from ..bpf.maps import MapSet, Record, RingBufMap
 from ..bpf.program import BpfObject, Program
 from ..bpf.vm import DEFAULT_TRACE_BUDGET, TraceLog, Vm, VMFault
+from ..bpf.vmcompile import default_tier
 from ..errors import Rejected, UserError
 
 try:  # written concurrently; until it exists, attach(verify=True) says so
@@ -88,9 +89,13 @@ class Attachment:
 
 class ReferenceRuntime:
     def __init__(self, num_workers: int = 1, rank: int = 0, *, max_insns: int = abi.MAX_INSNS,
-                 trace_budget_bytes: int = DEFAULT_TRACE_BUDGET, clock=None):
+                 trace_budget_bytes: int = DEFAULT_TRACE_BUDGET, clock=None,
+                 vm_tier: Optional[str] = None):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
+        # host VM tier of attached programs: compiled (default) or interp
+        # ($DTRACE_MK_HOST_VM); both run the same semantics (bpf/vmcompile.py)
+        self.vm_tier = vm_tier or default_tier()
         self.num_workers = num_workers
         self.rank = rank
         self.max_insns = max_insns
@@ -145,7 +150,8 @@ class ReferenceRuntime:
         maps = MapSet(obj.maps, self.num_workers)
         trace = TraceLog(self.trace_budget_bytes)
         states = [_ProgState(p, Vm(p, maps, max_insns=self.max_insns, trace=trace,
-                                   prog_type=p.prog_type, clock=self.clock)) for p in progs]
+                                   prog_type=p.prog_type, clock=self.clock, tier=self.vm_tier))
+                  for p in progs]
         aid = self._next_id
         self._next_id += 1
         att = Attachment(aid, obj, maps, trace, states, sample_every, max_per_epoch)
@@ -233,6 +239,11 @@ class ReferenceRuntime:
             row.record(LOST, ("fault",))
             self._collect(att, st, nhints)
             return FireResult(att.id, name, LOST, None, ("fault",), e)
+        if not res.lost and not res.throttled:        # the common case, same counts
+            row.record(EXECUTED)
+            if len(vm.hints) > nhints:
+                self._collect(att, st, nhints)
+            return FireResult(att.id, name, EXECUTED, res.r0)
         outcome = classify(res.lost, res.throttled)
         reasons = tuple(res.lost) + tuple(res.throttled)
         row.record(outcome, reasons)

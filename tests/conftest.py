@@ -20,6 +20,21 @@ def repo() -> Path:
     return REPO
 
 
+def _load_bench(name: str):
+    """bench/<name>.py as a module (the benches are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def load_bench():
+    """load_bench("notify") -> bench/notify.py as a module."""
+    return _load_bench
+
+
 @pytest.fixture(scope="session")
 def clang():
     """Path of the distro clang that builds eBPF monitors (installed by dev.sh)."""

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrace_mk.abi import context
-from dtrace_mk.bpf import asm, isa, vm, vmcompile
+from dtrace_mk.bpf import asm, vm, vmcompile
 from dtrace_mk.bpf.maps import MapSet
 from dtrace_mk.bpf.program import MapDef, Program
 from dtrace_mk.runtime.reference import ReferenceRuntime
@@ -214,10 +214,9 @@ def test_runtime_tier_switch(monkeypatch):
         vm.Vm(asm.assemble("mov r0, 0\nexit\n"), tier="jit")
 
 
-def test_summary_monitors_same_in_both_tiers():
+def test_summary_monitors_same_in_both_tiers(load_bench):
     """The agent's default monitors over simulated records: same maps and coverage."""
-    sys.path.insert(0, str(HERE.parents[1] / "bench"))
-    import host_vm
+    host_vm = load_bench("host_vm")
     schema, recs = host_vm.records(2, 16)
     obj = host_vm.compile_summary(schema).obj
     got = []

@@ -2,21 +2,15 @@
 variant is a kernel of the cubin, and each variant's PTX has the instructions it claims
 (fence.acq_rel, ld.acquire poll, ld.cg payload, st.release/atom producers, nanosleep, vote); the host's
 verdict flags timeouts, stale payloads and shared SMs."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def notify():
-    spec = importlib.util.spec_from_file_location("bench_notify", REPO / "bench" / "notify.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def notify(load_bench):
+    return load_bench("notify")
 
 
 @pytest.fixture(scope="module")

@@ -4,15 +4,12 @@ keep compiling through NVRTC for sm_90a, the default build has the faster code s
 copied to shared memory before the dependency's acquire), and bench/megakernel.py's
 --variants parsing and table work.  The defines left are the old (session-2) paths, kept
 so the bench can compare them with the default."""
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 from dtrace_mk.megakernel import gpu
 
-REPO = Path(__file__).resolve().parents[2]
 BUILDS = {"default": (),
           "reclate": ("DTMK_REC_LATE",),                                   # record read after the acquire
           "s2code": ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL", "DTMK_REC_LATE")}   # the session-2 code
@@ -59,11 +56,8 @@ def test_rec_late_reads_the_record_in_run_task(fresh_cache):
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_megakernel", REPO / "bench" / "megakernel.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_bench):
+    return load_bench("megakernel")
 
 
 def test_parse_variants(bench):

@@ -5,7 +5,6 @@ tests/gpu/test_rec_fast_gpu.py (and test_hot_attach.py / test_obs_ring.py, param
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -71,13 +70,10 @@ def test_rec_fast_compiled_tier_links_the_same_build():
     assert cubin[:4] == b"\x7fELF" and b"dtmk_cm_run_records" in cubin
 
 
-def test_record_cost_bench_kernel_compiles_and_chases_cycles():
+def test_record_cost_bench_kernel_compiles_and_chases_cycles(load_bench):
     """bench/record_cost.py (the round-8 microbenchmark): its kernel compiles for sm_90a,
     every hot chase visits the CTA's 16 lines once per cycle, the cold chase all lines."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("record_cost", Path(__file__).resolve().parents[2] / "bench" / "record_cost.py")
-    rc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rc)
+    rc = load_bench("record_cost")
     hot, cold = rc.hot_table(3), rc.chase_table(256)
     for c in range(3):
         j, seen = c * 16, set()

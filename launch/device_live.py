@@ -25,22 +25,12 @@ from __future__ import annotations
 
 class DeviceQueries:
     """The `QueryRun` runtime of a rank's megakernel (module doc).  Called from the
-    serving loop's thread only, between launches."""
-
-    #: device memory kept in CuPy's pool for attaches (program code, coverage, maps)
-    ARENA_BYTES = 64 << 20
+    serving loop's thread only (while the resident kernel runs, or between launches)."""
 
     def __init__(self, mk, tier: str = "hot"):
         """tier: hot (device VM), compiled or auto (runtime.live.LiveSession / tiers)."""
         from ..runtime.live import LiveSession
         self.session = LiveSession(mk, tier=tier)
-        # An attach allocates device arrays while the resident kernel runs.  Suspected
-        # (2 x H200, session 3): a cudaMalloc then, with peer access on, stalled both
-        # GPUs ~1 ms in the attach's step (a confident slow_task_class on both ranks).
-        # Allocate once now and free into the pool: attach-time arrays are carved from
-        # it (CuPy splits free chunks), no driver allocation while the kernel runs.
-        arena = mk.cp.empty(self.ARENA_BYTES, mk.cp.uint8)
-        del arena
 
     def boundary(self) -> None:
         """A launch boundary: the tier manager starts promotions and swaps in finished
@@ -48,24 +38,11 @@ class DeviceQueries:
         self.session.boundary()
 
     def swap_pending(self) -> bool:
-        """Would the next boundary() swap code in (a finished build, or a promotion that
-        builds inline there)?  The resident serving loop then ends its launch: a swap
-        happens only between launches.  Read from the tier manager's state (no device
-        work); the hot tier never swaps."""
+        """Would the next boundary() swap code in (TierManager.swap_pending)?  The
+        resident serving loop then ends its launch: a swap happens only between
+        launches.  The hot tier never swaps."""
         tm = getattr(self.session, "tiers", None)
-        if tm is None:
-            return False
-        done = lambda j: j is not None and (j.done or (j.future is not None and j.future.done()))  # noqa: E731
-        if done(getattr(tm, "_opt", None)) or any(done(j) for j in tm._jobs.values()):
-            return True
-        HOT = "hot"
-        rt = tm.runtime
-        for aid in rt.attachments():
-            if aid in tm._jobs or tm.state.get(aid, HOT) != HOT or rt.tier(aid) == "compiled":
-                continue
-            if aid in tm._forced or tm.policy.hot_enough(self.coverage(aid)):
-                return True                    # inline stage 1: builds and swaps at the boundary
-        return False
+        return tm is not None and tm.swap_pending(self.coverage)
 
     def attach(self, obj, verify: bool = True, **kw) -> int:
         """Verify (AttachRefused, a UserError, if not) and attach; counts from the first

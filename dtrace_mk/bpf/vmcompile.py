@@ -111,7 +111,6 @@ class _Gen:
         out: List[str] = []
         edges: List[Tuple[int, Dict[int, int]]] = []
         pc, cnt = leader, 0
-        vm = self.vm
 
         def reg(i: int, w64: bool = True) -> str:
             if i == 10:
@@ -253,15 +252,20 @@ class _Gen:
         else:
             direct = None
             addr = None
+
+        def guarded(body, write):
+            """`a` = the access address, then `body` (lines) with a bad buffer a memory fault"""
+            out.append(f"a = {addr or f'(r{base} + {off}) & {_lit(M64)}'}")
+            out.append("try:")
+            out.extend(" " + line for line in body)
+            out.append("except SE:")
+            out.append(f" MF({pc}, a, {size}, {write})")
+
         if k == "ldx":
             if direct:
                 out.append(f"r{d} = {U}({direct})[0]")
             else:
-                out.append(f"a = {addr or f'(r{s} + {off}) & {_lit(M64)}'}")
-                out.append("try:")
-                out.append(f" r{d} = {U}(bufs[a >> 32], a & 0xffffffff)[0]")
-                out.append("except SE:")
-                out.append(f" MF({pc}, a, {size}, False)")
+                guarded([f"r{d} = {U}(bufs[a >> 32], a & 0xffffffff)[0]"], False)
             K.pop(d, None)
             return
         if k == "st":
@@ -275,24 +279,11 @@ class _Gen:
             if direct:
                 out.append(f"{P}({direct}, {val})")
             else:
-                out.append(f"a = {addr or f'(r{d} + {off}) & {_lit(M64)}'}")
-                out.append("try:")
-                out.append(f" {P}(bufs[a >> 32], a & 0xffffffff, {val})")
-                out.append("except SE:")
-                out.append(f" MF({pc}, a, {size}, True)")
+                guarded([f"{P}(bufs[a >> 32], a & 0xffffffff, {val})"], True)
             return
         # atomic add (optionally fetch)
-        out.append(f"a = {addr or f'(r{d} + {off}) & {_lit(M64)}'}")
-        out.append("try:")
-        if direct:
-            out.append(" b_, o_ = stk, a & 0xffffffff")
-        else:
-            out.append(" b_ = bufs[a >> 32]")
-            out.append(" o_ = a & 0xffffffff")
-        out.append(f" old = {U}(b_, o_)[0]")
-        out.append(f" {P}(b_, o_, (old + r{s}) & {_lit(mask)})")
-        out.append("except SE:")
-        out.append(f" MF({pc}, a, {size}, True)")
+        guarded((["b_, o_ = stk, a & 0xffffffff"] if direct else ["b_ = bufs[a >> 32]", "o_ = a & 0xffffffff"])
+                + [f"old = {U}(b_, o_)[0]", f"{P}(b_, o_, (old + r{s}) & {_lit(mask)})"], True)
         if fetch:
             out.append(f"r{s} = old")
             K.pop(s, None)
@@ -331,7 +322,7 @@ class _Gen:
                         self.prelude.add(f"LK{idx} = M[{idx}].lookup")
                         out.append(f"v_ = LK{idx}({key}, worker)")
                     if ro:
-                        out.append(f"r0 = 0 if v_ is None else VA(v_, True)")
+                        out.append("r0 = 0 if v_ is None else VA(v_, True)")
                     else:                                   # Vm._value_addr, inlined
                         out += ["if v_ is None:",
                                 " r0 = 0",
@@ -387,7 +378,7 @@ class _Gen:
         src = ["def make(vm, R, bufs, RO, C, H, M, VA, MF, SE, VMFault, U1, U2, U4, U8, P1, P2, P4, P8):",
                f" POS = {dict(sorted(self.pos.items()))!r}"] + [" " + x for x in sorted(self.prelude)] + [
                " def run(ctx, stk, worker):",
-               f"  r0 = r2 = r3 = r4 = r5 = r6 = r7 = r8 = r9 = 0",
+               "  r0 = r2 = r3 = r4 = r5 = r6 = r7 = r8 = r9 = 0",
                f"  r1 = {_lit(CTX_ADDR)}",
                "  n = 0",
                "  pc = 0",

@@ -737,9 +737,10 @@ class Megakernel:
         d2h, side = cp.cuda.runtime.memcpyDeviceToHost, r["side"]
         pub = r["pub"]
         # steps_done first: a worker publishes records, head and drops before steps_done
+        # (copies on one stream run in order: one wait for the three)
         for i, k in enumerate(("steps_done", "hook_head", "hook_drop")):
             cp.cuda.runtime.memcpyAsync(pub[i * W:].ctypes.data, int(self.buf[k].data.ptr), 8 * W, d2h, side.ptr)
-            side.synchronize()
+        side.synchronize()
         done = int(pub[:W].min())
         head = pub[W:2 * W].astype(np.int64)
         drop_total = int(pub[2 * W:].sum())

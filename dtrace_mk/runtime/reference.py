@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..abi import context
 from ..abi import definition as abi
-from ..bpf.coverage import EXECUTED, LOST, THROTTLED, Coverage, CoverageTable, classify
+from ..bpf.coverage import LOST, THROTTLED, Coverage, CoverageTable, classify
 from ..bpf.maps import MapSet, Record, RingBufMap
 from ..bpf.program import BpfObject, Program
 from ..bpf.vm import DEFAULT_TRACE_BUDGET, TraceLog, Vm, VMFault
@@ -239,11 +239,6 @@ class ReferenceRuntime:
             row.record(LOST, ("fault",))
             self._collect(att, st, nhints)
             return FireResult(att.id, name, LOST, None, ("fault",), e)
-        if not res.lost and not res.throttled:        # the common case, same counts
-            row.record(EXECUTED)
-            if len(vm.hints) > nhints:
-                self._collect(att, st, nhints)
-            return FireResult(att.id, name, EXECUTED, res.r0)
         outcome = classify(res.lost, res.throttled)
         reasons = tuple(res.lost) + tuple(res.throttled)
         row.record(outcome, reasons)

@@ -142,9 +142,8 @@ class TierManager:
                 self.state[aid] = COMPILED
                 self._forced.discard(aid)
                 continue
-            st = self.state.setdefault(aid, HOT)
-            if st == HOT and aid not in self._jobs and (
-                    aid in self._forced or self.policy.hot_enough(self.runtime.coverage(aid))):
+            self.state.setdefault(aid, HOT)
+            if self._wants_build(aid, self.runtime.coverage):
                 self._start(aid)
         swapped = []
         for aid in sorted(self._jobs):
@@ -169,6 +168,25 @@ class TierManager:
                 self.state[aid] = HOT                 # boundary prepares a new build
         self._start_optimize()
         return swapped
+
+    def _wants_build(self, aid: int, coverage: Callable[[int], list]) -> bool:
+        """A hot attachment with no build running that is requested or hot enough."""
+        return (self.state.get(aid, HOT) == HOT and aid not in self._jobs
+                and (aid in self._forced or self.policy.hot_enough(coverage(aid))))
+
+    def swap_pending(self, coverage: Optional[Callable[[int], list]] = None) -> bool:
+        """Would the next boundary() swap code in or start a build: a finished build, or
+        a hot attachment that is requested or hot enough (an inline build swaps at that
+        boundary)?  A resident launch ends its segment for it.  `coverage` reads an
+        attachment's coverage (default runtime.coverage: e.g. a side-stream read while
+        the kernel runs)."""
+        def finished(j: Optional[_Job]) -> bool:
+            return j is not None and (j.done or (j.future is not None and j.future.done()))
+        if finished(self._opt) or any(finished(j) for j in self._jobs.values()):
+            return True
+        cov = coverage or self.runtime.coverage
+        return any(self.runtime.tier(aid) != "compiled" and self._wants_build(aid, cov)
+                   for aid in self.runtime.attachments())
 
     # -- stage 2 ----------------------------------------------------------------------
     def _optimizing(self) -> bool:

@@ -139,6 +139,36 @@ def test_background_build_swaps_at_the_first_boundary_after_it_finished():
     assert _events_counted(rt, a) == 48
 
 
+def test_swap_pending_says_when_the_next_boundary_swaps_or_builds():
+    """What a resident serving launch asks before each step (launch/device_live.py): a
+    hot attachment that became hot enough, or a requested one, or a finished background
+    build -> True; a build still running, or nothing to do -> False."""
+    rt = FakeRuntime()
+    a = rt.add(1)
+    tm = TierManager(rt, TierPolicy(min_epochs=2, min_events=10 ** 9))
+    rt.launch(8, 0)
+    assert not tm.swap_pending()                      # one epoch: not hot yet
+    rt.launch(8, 1)
+    assert tm.swap_pending()                          # hot enough: built and swapped inline
+    assert tm.boundary() == [a] and not tm.swap_pending()
+    b = rt.add(2)
+    assert not tm.swap_pending(lambda aid: [])        # the coverage reader is the caller's
+    tm.request(b)
+    assert tm.swap_pending(lambda aid: [])            # requested: whatever the policy says
+    gate = Event()
+    rt2 = FakeRuntime(gate=gate)
+    c = rt2.add(1)
+    with ThreadPoolExecutor(1) as ex:
+        tm2 = TierManager(rt2, TierPolicy(min_epochs=1, min_events=1), executor=ex)
+        rt2.launch(8, 0)
+        assert tm2.swap_pending() and tm2.boundary() == [] and tm2.state[c] == BUILDING
+        assert not tm2.swap_pending()                 # the build is held
+        gate.set()
+        tm2._jobs[c].future.result(5)
+        assert tm2.swap_pending()                     # finished: the next boundary swaps it
+        assert tm2.boundary() == [c] and not tm2.swap_pending()
+
+
 def test_a_stale_build_is_rebuilt_not_installed():
     gate = Event()
     rt = FakeRuntime(gate=gate)

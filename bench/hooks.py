@@ -33,8 +33,9 @@ step per worker that took records):
               no drain): each record built in registers after its task's release
               signal and stored straight into the global ring (16-byte stores)
 
-Build variants (--variants recfast; docs/dev/hook_cost_analysis.md round 8): the same
-weights in megakernel.cu built with the variant's defines (recfast: -DDTMK_REC_FAST)
+Build variants (--variants recglobal; docs/dev/hook_cost_analysis.md round 8): the same
+weights in megakernel.cu built with the variant's defines (recglobal: -DDTMK_REC_GLOBAL,
+the record path before round 8)
 run off, mask3, null3, summary (hot) and summary_cm (compiled tier linked with that
 build) as off_<v>, ...; printed side by side with the default build, each as % over the
 default build's off, plus <v>'s off over nohooks.  Their summary counts must equal the
@@ -42,9 +43,9 @@ default build's (printed).
 
 --offpath (round 7): only nohooks / off / summary of the default build and of each
 --variants build (its no-hooks build gets the variant's defines too: like for like; a
-variant of hook code only, e.g. recfast, reuses the default's), plus off2; prints us/step,
+variant of hook code only, e.g. recglobal, reuses the default's), plus off2; prints us/step,
 off/nohooks, summary/off, off over the default's nohooks, tokens.
-e.g. `--offpath --presets tiny,1b --reps 3 --variants recfast` (~2-3 min).
+e.g. `--offpath --presets tiny,1b --reps 3 --variants recglobal` (~2-3 min).
 
 plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
@@ -146,10 +147,11 @@ def obs_counts(state, steps: int) -> dict:
 #: build variants of --variants: name -> extra defines
 #: (rounds 6 and 7, obswarp / offcopy, were measured and removed: hook_cost_analysis.md)
 #: round 8 (docs/dev/hook_cost_analysis.md "Round 8"): hook_hold / hook_flush read the task
-#: record from the shared copy s_rec (no L2 trip before the release signal)
-BUILD_VARIANTS = {"recfast": ("DTMK_REC_FAST",)}
+#: record from the shared copy s_rec (no L2 trip before the release signal): the default
+#: since session 4; recglobal = the old path (the global task table)
+BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",)}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
-HOOK_ONLY_DEFINES = ("DTMK_REC_FAST",)
+HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

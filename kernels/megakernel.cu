@@ -39,10 +39,17 @@
  */
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
-/* -DDTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md): hook_hold / hook_flush /
- * hook_put take the task record from the shared copy s_rec (wait_event, record early) when
- * it holds the task, instead of a global load: no L2 round trip before the release signal
- * and one fewer after it.  Record contents unchanged (s_rec is a verbatim copy). */
+/* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,
+ * -DDTMK_REC_GLOBAL builds the old path): hook_hold / hook_flush / hook_put take the task
+ * record from the shared copy s_rec (wait_event, record early) when it holds the task,
+ * instead of a global load: no L2 round trip before the release signal and one fewer after
+ * it.  Record contents unchanged (s_rec is a verbatim copy; tests/gpu/test_rec_fast_gpu.py). */
+#if !defined(DTMK_REC_GLOBAL) && !defined(DTMK_REC_FAST) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_REC_LATE)
+#define DTMK_REC_FAST
+#endif
+#if defined(DTMK_REC_GLOBAL) && defined(DTMK_REC_FAST)
+#error "DTMK_REC_GLOBAL (the old record path) and DTMK_REC_FAST exclude each other"
+#endif
 #if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_REC_LATE))
 #error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_REC_LATE)"
 #endif

@@ -586,8 +586,9 @@ class KernelSpec:
 HARNESS_SPEC = KernelSpec(HARNESS, HARNESS_SOURCES, (), None, "harness")
 MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG, "megakernel")
 #: build variants of the default 512-thread kernel that the compiled tier links as they are
-#: (-DDTMK_REC_FAST: hook_cost_analysis.md round 8)
-MK_PASS_DEFINES = ("DTMK_REC_FAST",)
+#: (-DDTMK_REC_GLOBAL: the record path before hook_cost_analysis.md round 8; DTMK_REC_FAST is
+#: the default since session 4, passing it changes nothing but the cache key)
+MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST")
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:

@@ -89,7 +89,7 @@ def linked_runtime(num_workers: int, mk=None, **kw):
     next launch."""
     from .compiled import _CompiledMixin, build_linked, megakernel_spec
     from .device import DeviceRuntime
-    spec = megakernel_spec(getattr(mk, "defines", ()))   # e.g. the -DDTMK_REC_FAST build
+    spec = megakernel_spec(getattr(mk, "defines", ()))   # e.g. the -DDTMK_REC_GLOBAL build
 
     class LinkedRuntime(_CompiledMixin, DeviceRuntime):
         def __init__(self):

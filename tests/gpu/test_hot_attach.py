@@ -17,9 +17,10 @@ from dtrace_mk.megakernel.presets import PRESETS
 
 BATCH = 2
 _S = {}
-#: megakernel builds proven exact: the default and -DDTMK_REC_FAST (docs/dev/hook_cost_analysis.md
-#: round 8: hook records read the task record from the shared copy s_rec)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_FAST",)], ids=["default", "recfast"])
+#: megakernel builds proven exact: the default (DTMK_REC_FAST, docs/dev/hook_cost_analysis.md
+#: round 8: hook records read the task record from the shared copy s_rec) and
+#: -DDTMK_REC_GLOBAL, the old record path (the global task table)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",)], ids=["default", "recglobal"])
 
 
 def session(name="tiny", defines=()):

@@ -20,7 +20,7 @@ QUERIES = {
 }
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_REC_FAST",)], ids=["default", "recfast"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",)], ids=["default", "recglobal"])
 @pytest.mark.parametrize("which", sorted(QUERIES))
 def test_few_workers_many_records_match_reference(which, defines):
     from dtrace_mk.lang.pipeline import compile_query

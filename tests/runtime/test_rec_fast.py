@@ -1,5 +1,6 @@
-"""-DDTMK_REC_FAST (docs/dev/hook_cost_analysis.md round 8): the hook code reads the
-running task's record from wait_event's shared copy (s_rec) instead of the global table.
+"""DTMK_REC_FAST (docs/dev/hook_cost_analysis.md round 8; the default since session 4,
+-DDTMK_REC_GLOBAL builds the old path): the hook code reads the running task's record from
+wait_event's shared copy (s_rec) instead of the global table.
 NVRTC + nvJitLink run without a GPU; record equality on the device is
 tests/gpu/test_rec_fast_gpu.py (and test_hot_attach.py / test_obs_ring.py, parametrized)."""
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
 
 FAST = ("DTMK_REC_FAST",)
+GLOBAL = ("DTMK_REC_GLOBAL",)
 
 
 @pytest.fixture(autouse=True)
@@ -41,12 +43,20 @@ def test_rec_fast_compiles_and_refuses_other_layouts():
     for other in ("DTMK_NO_HOOKS", "DTMK_REC_LATE"):
         with pytest.raises(Exception, match="DTMK_REC_FAST needs"):
             gpu.compile_source("sm_90a", "cubin", defines=FAST + (other,), use_cache=False)
+    with pytest.raises(Exception, match="exclude each other"):
+        gpu.compile_source("sm_90a", "cubin", defines=FAST + GLOBAL, use_cache=False)
+
+
+def test_rec_fast_is_the_default():
+    """The default build IS the explicit-define build (identical PTX); the old path differs."""
+    d, f, g = _ptx(()), _ptx(FAST), _ptx(GLOBAL)
+    assert d == f and d != g
 
 
 def test_rec_fast_hook_hold_reads_the_shared_copy():
-    """Only the variant's hook_hold / hook_flush select the shared record (s_rec, whose
-    holder O.rec_t the observing first look sets); the default build's do not."""
-    d, f = _ptx(()), _ptx(FAST)
+    """Only REC_FAST's hook_hold / hook_flush select the shared record (s_rec, whose
+    holder O.rec_t the observing first look sets); the old path's (REC_GLOBAL) do not."""
+    d, f = _ptx(GLOBAL), _ptx(())
     for fn in ("hook_hold", "hook_flush"):
         assert "s_rec" in _func(f, fn), fn
         assert "s_rec" not in _func(d, fn), fn
@@ -54,19 +64,19 @@ def test_rec_fast_hook_hold_reads_the_shared_copy():
 
 
 def test_rec_fast_compiled_tier_links_the_same_build():
-    spec = C.megakernel_spec(FAST)
-    assert spec.defines == C.MK_DEFINES + FAST and spec.maxrreg == C.MEGAKERNEL_SPEC.maxrreg
+    spec = C.megakernel_spec(GLOBAL)
+    assert spec.defines == C.MK_DEFINES + GLOBAL and spec.maxrreg == C.MEGAKERNEL_SPEC.maxrreg
     assert spec.key("sm_90a") != C.MEGAKERNEL_SPEC.key("sm_90a")
     assert C.megakernel_spec(()) is C.MEGAKERNEL_SPEC
     pytest.importorskip("cuda.bindings.nvrtc")
-    lto = gpu.compile_source("sm_90a", "ltoir", defines=FAST + ("DTMK_COMPILED_TIER",), use_cache=False)
+    lto = gpu.compile_source("sm_90a", "ltoir", defines=GLOBAL + ("DTMK_COMPILED_TIER",), use_cache=False)
     assert len(lto) > 1000
     if not C.nvjitlink_available():
         pytest.skip("nvJitLink is not installed")
     from dtrace_mk.runtime.live import link_megakernel, summary_monitor
     rt = C.HostCompiledRuntime(4)
     rt.attach(summary_monitor().obj)
-    cubin, _ = link_megakernel(rt.monitor(), "sm_90a", stage=1, defines=FAST)
+    cubin, _ = link_megakernel(rt.monitor(), "sm_90a", stage=1, defines=GLOBAL)
     assert cubin[:4] == b"\x7fELF" and b"dtmk_cm_run_records" in cubin
 
 

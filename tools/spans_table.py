@@ -9,8 +9,36 @@ import sys
 from collections import defaultdict
 
 
+def outliers(spans, factor=1.3):
+    """Steps (outside every finding's steps) whose span is over `factor` x the rank's median,
+    and how many of them are slow on every rank at once."""
+    steps = [s for s in spans if s["name"].startswith("step ")]
+    flagged = set()
+    for s in spans:
+        if s["name"].startswith("finding:"):
+            flagged.update(s["attributes"].get("dtrace_mk.finding.steps") or [])
+    by_rank = defaultdict(dict)
+    for s in steps:
+        a = s["attributes"]
+        by_rank[a["dtrace_mk.rank"]][a["dtrace_mk.step"]] = (s["end_time_unix_nano"] - s["start_time_unix_nano"]) / 1e3
+    slow = defaultdict(set)
+    for r, d in by_rank.items():
+        vals = sorted(v for k, v in d.items() if k not in flagged)
+        med = vals[len(vals) // 2]
+        for k, v in d.items():
+            if k not in flagged and v > factor * med:
+                slow[k].add(r)
+                print(f"outlier: rank {r} step {k} {v:.1f} us (median {med:.1f})")
+    both = sorted(k for k, rs in slow.items() if len(rs) == len(by_rank))
+    n = len({k for d in by_rank.values() for k in d} - flagged)
+    print(f"outliers: {len(slow)} of {n} unflagged steps slow on some rank, {len(both)} on every rank {both}")
+
+
 def main(path):
     spans = [json.loads(line) for line in open(path)]
+    if "--outliers" in sys.argv:
+        outliers(spans)
+        return
     steps = [s for s in spans if s["name"].startswith("step ")]
     if not steps:
         sys.exit(f"{path}: no step spans")
@@ -45,4 +73,5 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "spans.jsonl")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args[0] if args else "spans.jsonl")

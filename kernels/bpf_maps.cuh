@@ -90,14 +90,14 @@ struct dtmk_cov_row {
     dtmk_u64 eligible, executed, throttled, lost;
     dtmk_u64 fault, pad0, pad1;   /* fault: lost because the instruction budget ran out */
 };
-#define DTMK_RL_EPOCHS 4
+#define DTMK_RL_EPOCHS 8   /* a power of 2; a resident launch retires complete epochs (DeviceRuntime.retire_epochs) */
 #define DTMK_NO_LIMIT 0xffffffffu
 struct dtmk_cov {
     dtmk_u64 seen;       /* eligible events so far (sampling tickets) */
     dtmk_u64 overflow;   /* events that found no free row (a host bug: rows not drained) */
     dtmk_u32 rl_tag[DTMK_RL_EPOCHS];   /* rate limit: epoch of each slot (DTMK_EPOCH_NONE = free) */
     dtmk_u32 rl_ran[DTMK_RL_EPOCHS];   /* runs granted in that epoch */
-    dtmk_u64 pad[2];
+    dtmk_u64 pad[6];     /* the header is 128 bytes: rows start on a 128-byte line */
     struct dtmk_cov_row rows[DTMK_COV_ROWS];
 };
 

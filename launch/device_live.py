@@ -52,6 +52,15 @@ class DeviceQueries:
     def detach(self, aid: int) -> None:
         self.session.detach(aid)
 
+    def retire(self) -> int:
+        """Free the device tables' slots of complete steps (coverage rows, rate-limit and
+        ring budget slots; coverage() keeps reporting them from the host): the resident
+        serving loop calls it every few steps, since the tables hold only COV_ROWS (64)
+        steps at a time (runtime.live.LiveSession.retire_complete)."""
+        if not self.session.rt._atts and not self.session.rt._detached:
+            return 0
+        return self.session.retire_complete()
+
     # read while the resident kernel runs: device-to-host copies on the session's
     # non-blocking side stream (never behind the kernel's stream)
     def maps(self, aid: int):

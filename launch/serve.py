@@ -418,6 +418,10 @@ RESIDENT_WINDOW = 4
 #: ran on the spare SM meanwhile) the step after it ran its all-reduces slowly on both
 #: ranks; the one run with a 40 ms park did not (session 3; not yet confirmed as cause)
 CLOCK_EVERY_S = float(os.environ.get("DTRACE_MK_GPU_CLOCK_EVERY_S", "1.0"))
+#: serve_gpu: steps between retirements of the device tables' complete epochs
+#: (DeviceQueries.retire): well under the 64 coverage rows, 4 rate-limit and 8 ring-budget
+#: slots a live query's tables hold, with RESIDENT_WINDOW steps granted ahead
+RETIRE_EVERY = 2
 #: serve_gpu: the resident kernel's watchdog (a dependency wait without progress)
 GPU_SERVE_WATCHDOG_MS = 5000
 
@@ -591,6 +595,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
             st["k"] = k = j + 1
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
+            if k % RETIRE_EVERY == 0:
+                dq.retire()
             if decisions and k < end and not flags:
                 flags |= decide(k)
                 if running and not flags:

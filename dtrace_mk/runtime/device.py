@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -82,10 +82,10 @@ RB_WORKER_DTYPE = np.dtype([("held", "<u8"), ("nrec", "<u8"), ("ep_tag", "<u4", 
 RB_REC_DTYPE = np.dtype([("off", "<u4"), ("len", "<u4"), ("epoch", "<u4"), ("pad", "<u4")])
 COV_ROW_DTYPE = np.dtype([(n, "<u8") for n in (
     "tag", "eligible", "executed", "throttled", "lost", "fault", "pad0", "pad1")])
-RL_EPOCHS = 4
+RL_EPOCHS = 8
 NO_LIMIT = M32
 COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (RL_EPOCHS,)),
-                      ("rl_ran", "<u4", (RL_EPOCHS,)), ("pad", "<u8", (2,)),
+                      ("rl_ran", "<u4", (RL_EPOCHS,)), ("pad", "<u8", (6,)),
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
     "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
@@ -291,6 +291,43 @@ def compile_harness(arch: str = "sm_90a", defines: Sequence[str] = ()) -> Path:
 # Device maps
 # ---------------------------------------------------------------------------------
 
+_COV_ROWS_OFF = COV_DTYPE.fields["rows"][1]
+_COV_RL_TAG_OFF = COV_DTYPE.fields["rl_tag"][1]
+_COV_RL_RAN_OFF = COV_DTYPE.fields["rl_ran"][1]
+
+
+def coverage_rows(dp: "_DevProg", c: np.void) -> List[Coverage]:
+    """A program's coverage: its retired rows (host) plus the device table's rows `c`
+    (a COV_DTYPE record), one Coverage per (epoch, program_gen)."""
+    acc: Dict[Tuple[int, int], List[int]] = {k: list(v) for k, v in dp.retired.items()}
+    for r in c["rows"]:
+        tag = int(r["tag"])
+        if tag == COV_TAG_EMPTY:
+            continue
+        a = acc.setdefault((tag >> 32, tag & M32), [0, 0, 0, 0, 0])
+        for i, f in enumerate(("eligible", "executed", "throttled", "lost", "fault")):
+            a[i] += int(r[f])
+    out = []
+    for (epoch, gen), (el, ex, th, lo, fa) in acc.items():
+        cv = Coverage(dp.program.name, dp.program.hook.name, epoch, gen, el, ex, th, lo)
+        if fa:
+            cv.reasons["fault"] = fa
+        out.append(cv)
+    return out
+
+
+def _clear_slots(cp, buf, stream, zero: List[Tuple[int, int, Optional[int]]],
+                 free: List[Tuple[int, int, Optional[int]]]) -> None:
+    """Host-to-device writes into the uint8 device array `buf`: every (offset, size) of
+    `zero` set to 0, THEN every (offset, size, value) of `free` (the slot tags) written,
+    in that order on `stream`; a slot becomes claimable only after its counters are 0."""
+    for group in (zero, free):
+        for off, size, val in group:
+            v = np.zeros(size, np.uint8) if val is None else \
+                np.array([val], dtype="<u8" if size == 8 else "<u4").view(np.uint8)
+            buf[off:off + size].set(v, stream=stream)
+
+
 def _dzeros(cp, n: int, dtype):
     """Zeroed device memory by a host-to-device copy: no kernel (cupy.zeros launches a
     memset), so maps can be made while a persistent megakernel holds every SM."""
@@ -387,6 +424,25 @@ class DeviceMaps:
     def stats(self, i: int) -> np.void:
         return self.bufs[i]["stats"].get().view(MAP_STATS_DTYPE)[0]
 
+    def retire_epochs(self, upto: int, stream=None) -> None:
+        """Free the ring buffers' per-worker budget slots of epochs <= upto
+        (DeviceRuntime.retire_epochs; the records already written stay)."""
+        tag_off = RB_WORKER_DTYPE.fields["ep_tag"][1]
+        used_off = RB_WORKER_DTYPE.fields["ep_used"][1]
+        for m, b in zip(self.defs, self.bufs):
+            if m.type != "ringbuf":
+                continue
+            rws = b["slots"].get(stream=stream)
+            if stream is not None:
+                stream.synchronize()
+            rws = rws.view(RB_WORKER_DTYPE)
+            old = [(w, j) for w in range(self.W) for j in range(RB_EPOCHS)
+                   if int(rws[w]["ep_tag"][j]) != EPOCH_NONE and int(rws[w]["ep_tag"][j]) <= upto]
+            base = RB_WORKER_DTYPE.itemsize
+            _clear_slots(self.cp, b["slots"], stream,
+                         [(w * base + used_off + 8 * j, 8, None) for w, j in old],
+                         [(w * base + tag_off + 4 * j, 4, EPOCH_NONE) for w, j in old])
+
     def readback(self) -> MapSet:
         """A host MapSet holding the device maps' contents and stats."""
         ms = MapSet(self.defs, self.W)
@@ -447,6 +503,9 @@ class _DevProg:
     max_insns: int
     stack_depth: int
     cov: object                  # cupy uint8 array of COV_DTYPE
+    #: coverage rows retired from the device table (DeviceRuntime.retire_epochs):
+    #: (epoch, program_gen) -> [eligible, executed, throttled, lost, fault]
+    retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -709,19 +768,49 @@ class DeviceRuntime:
             c = dp.cov.get().view(COV_DTYPE)[0]
             if int(c["overflow"]):
                 raise RuntimeError(f"coverage of {dp.program.name}: {int(c['overflow'])} events found no "
-                                   f"free row (more than {COV_ROWS} (epoch, gen) rows)")
-            for r in c["rows"]:
-                if int(r["tag"]) == COV_TAG_EMPTY:
-                    continue
-                tag = int(r["tag"])
-                cv = Coverage(dp.program.name, dp.program.hook.name, tag >> 32, tag & M32,
-                              int(r["eligible"]), int(r["executed"]), int(r["throttled"]), int(r["lost"]))
-                if int(r["fault"]):
-                    cv.reasons["fault"] = int(r["fault"])
+                                   f"free row (more than {COV_ROWS} (epoch, gen) rows not retired)")
+            for cv in coverage_rows(dp, c):
                 cv.check()
                 rows.append(cv)
         rows.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
         return rows
+
+    def retire_epochs(self, upto: int, stream=None) -> int:
+        """Free the device's per-epoch slots of epochs <= upto, for every attachment: the
+        coverage rows (folded into the host's `retired` rows first: coverage() still
+        reports them), the rate-limit slots and the ring buffers' budget slots.  The
+        tables hold COV_ROWS / RL_EPOCHS / RB_EPOCHS epochs at a time; a long-running
+        kernel (a resident serving launch) would run out of them, so the host retires
+        the epochs it knows complete: no event of them can come any more (the caller's
+        promise; runtime.live.LiveSession.retire_complete).  Safe while the kernel runs:
+        a slot's counters are zeroed by one copy and its tag freed by the next one on
+        the same stream, so a worker that claims the freed slot counts from zero.
+        Returns the number of coverage rows retired."""
+        cp = self.cp
+        n = 0
+        for att in list(self._atts.values()) + list(self._detached.values()):
+            for dp in att.progs:
+                host = dp.cov.get(stream=stream)
+                if stream is not None:
+                    stream.synchronize()
+                c = host.view(COV_DTYPE)[0]
+                rows = [j for j in range(COV_ROWS) if int(c["rows"][j]["tag"]) != COV_TAG_EMPTY
+                        and (int(c["rows"][j]["tag"]) >> 32) <= upto]
+                rl = [j for j in range(RL_EPOCHS) if int(c["rl_tag"][j]) != EPOCH_NONE and int(c["rl_tag"][j]) <= upto]
+                for j in rows:
+                    r = c["rows"][j]
+                    tag = int(r["tag"])
+                    acc = dp.retired.setdefault((tag >> 32, tag & M32), [0, 0, 0, 0, 0])
+                    for i, f in enumerate(("eligible", "executed", "throttled", "lost", "fault")):
+                        acc[i] += int(r[f])
+                _clear_slots(cp, dp.cov, stream, [(_COV_ROWS_OFF + j * COV_ROW_DTYPE.itemsize + 8,
+                                                   COV_ROW_DTYPE.itemsize - 8, None) for j in rows] +
+                             [(_COV_RL_RAN_OFF + 4 * j, 4, None) for j in rl],
+                             [(_COV_ROWS_OFF + j * COV_ROW_DTYPE.itemsize, 8, COV_TAG_EMPTY) for j in rows] +
+                             [(_COV_RL_TAG_OFF + 4 * j, 4, EPOCH_NONE) for j in rl])
+                n += len(rows)
+            att.maps.retire_epochs(upto, stream)
+        return n
 
     def evidence(self, aid: int) -> List[Tuple[str, Record]]:
         ms = self.maps(aid)

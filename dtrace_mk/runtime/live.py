@@ -338,31 +338,40 @@ class LiveSession:
                 "write_to_first_load_ms": (loaded - s["write_dev"]) / 1e6,
                 "workers_loaded": int(mine.sum()), "clock_err_us": self.clock_err / 1e3}
 
+    def _final_epoch(self) -> Tuple[int, int, np.ndarray]:
+        """(steps done, final_epoch, observer state): every epoch <= final_epoch is
+        complete and flushed (module doc).  Reads on the side stream."""
+        g = self.mk.graph
+        ev = self.mk.buf["events"]
+        steps_done = int(ev[g.step_event:g.step_event + 1].get(stream=self.side)[0])
+        st = self.state.get(stream=self.side)
+        pend = st[:, 0]
+        lowest = int(pend.min()) if pend.size else (1 << 64) - 1
+        return steps_done, min(steps_done, lowest) - 1, st
+
+    def retire_complete(self) -> int:
+        """Retire the device tables' per-epoch slots (coverage rows, rate-limit and ring
+        budget slots) of every complete epoch (<= final_epoch), while the kernel runs or
+        after it: a resident launch serves more steps than the tables hold epochs
+        (DeviceRuntime.retire_epochs).  Returns the coverage rows retired."""
+        with self.side:
+            _, final, _ = self._final_epoch()
+            if final < 0:
+                return 0
+            return self.rt.retire_epochs(final, stream=self.side)
+
     def snapshot(self, aid: int) -> Snapshot:
         """Maps and coverage of attachment `aid`, read on the side stream while the
         kernel runs (module doc: consistent up to final_epoch)."""
-        g = self.mk.graph
         with self.side:
-            ev = self.mk.buf["events"]
-            steps_done = int(ev[g.step_event:g.step_event + 1].get(stream=self.side)[0])
-            st = self.state.get(stream=self.side)
-            pend = st[:, 0]
-            lowest = int(pend.min()) if pend.size else (1 << 64) - 1
-            final = min(steps_done, lowest) - 1
+            steps_done, final, st = self._final_epoch()
             att = self.rt._get(aid)
             maps = att.maps.readback()
             full, partial = [], []
-            from .device import COV_DTYPE, COV_TAG_EMPTY, M32
+            from .device import COV_DTYPE, coverage_rows
             for dp in att.progs:
                 c = dp.cov.get(stream=self.side).view(COV_DTYPE)[0]
-                for r in c["rows"]:
-                    tag = int(r["tag"])
-                    if tag == COV_TAG_EMPTY:
-                        continue
-                    cv = Coverage(dp.program.name, dp.program.hook.name, tag >> 32, tag & M32,
-                                  int(r["eligible"]), int(r["executed"]), int(r["throttled"]), int(r["lost"]))
-                    if int(r["fault"]):
-                        cv.reasons["fault"] = int(r["fault"])
+                for cv in coverage_rows(dp, c):
                     if cv.epoch <= final:
                         cv.check()
                         full.append(cv)

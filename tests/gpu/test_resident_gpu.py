@@ -201,3 +201,49 @@ def test_attach_while_running_counts_from_the_first_unstarted_step_exactly():
     counts = {int.from_bytes(k, "little"): int.from_bytes(v, "little")
               for k, v in live.rt.maps(aid)["c"].snapshot().items()}
     assert counts == {s: tasks for s in range(first, N)}, counts
+
+
+def test_live_query_outlives_the_device_tables_with_retirement():
+    """A resident launch serves more steps than a program's device tables hold epochs
+    (64 coverage rows, 8 rate-limit slots).  Retiring complete epochs while the kernel
+    runs (LiveSession.retire_complete, as serve_gpu does every RETIRE_EVERY steps) keeps
+    every step's coverage exact, reported from the host once retired, and the rate limit
+    granted in every step; without retirement the 65th step's events found no row (the
+    coverage read raised: the 150-step GPU demo of 2026-11-30 16:00 UTC died of it)."""
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.runtime.device import COV_ROWS
+    from dtrace_mk.runtime.live import LiveSession
+    steps = COV_ROWS + 40
+    mk = _mk()
+    live = LiveSession(mk)
+    obj = compile_query("task:end { @c[step] = count(); }").obj
+    # the same query rate-limited to 3 runs per step: its rate-limit slots must recycle too
+    aid = live.attach(obj, first_epoch=0)
+    rid = live.attach(compile_query("task:end { @r[step] = count(); }").obj, first_epoch=0, max_per_epoch=3)
+    got, retired = [], 0
+    mk.start_resident(hooks=list(DET), window=4)
+    for k in range(2, steps + 1, 2):
+        poll_until(mk, k - 1, got)
+        retired += live.retire_complete()
+        mk.grant(min(steps, k + 3))
+    poll_until(mk, steps, got)
+    res = mk.finish()
+    retired += live.retire_complete()
+    assert res.watchdog is None and res.steps == steps
+    tasks = len(mk.graph.tasks)
+    assert retired >= steps - 8                # the tables were emptied along the way
+    cov = {c.epoch: c for c in live.rt.coverage(aid)}
+    assert sorted(cov) == list(range(steps))
+    assert all(c.eligible == c.executed == tasks and c.lost == c.throttled == 0 for c in cov.values()), \
+        [c for c in cov.values() if c.executed != tasks][:3]
+    counts = {int.from_bytes(k, "little"): int.from_bytes(v, "little")
+              for k, v in live.rt.maps(aid)["c"].snapshot().items()}
+    assert counts == {s: tasks for s in range(steps)}
+    rcov = {c.epoch: c for c in live.rt.coverage(rid)}
+    assert sorted(rcov) == list(range(steps))
+    # the rate limit granted 3 runs in EVERY step (its slots were retired), the rest throttled
+    assert all(c.executed == 3 and c.throttled == tasks - 3 for c in rcov.values()), \
+        [c for c in rcov.values() if c.executed != 3][:3]
+    rcounts = {int.from_bytes(k, "little"): int.from_bytes(v, "little")
+               for k, v in live.rt.maps(rid)["r"].snapshot().items()}
+    assert rcounts == {s: 3 for s in range(steps)}

@@ -152,6 +152,10 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
                    if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
         assert n == want == len(mk.graph.tasks), (k, n, want)   # once: not also fed by the host
     assert block["coverage"]["eligible"] == sum(counts.values())
+    # the device tables' complete epochs were retired every RETIRE_EVERY fed steps (a
+    # resident launch outlives the 64 coverage rows), each after the steps it frees finished
+    assert len(dq.retire_calls) >= STEPS // serve.RETIRE_EVERY - 1
+    assert dq.retire_calls == sorted(dq.retire_calls)
     import json
     res = json.loads(result.read_text())
     assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")

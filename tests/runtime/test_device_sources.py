@@ -218,5 +218,5 @@ def test_key_hash_is_pinned():
 
 
 def test_table_layout_sizes():
-    assert D.HOOK_TABLE_DTYPE.itemsize == 576 and D.COV_DTYPE.itemsize == 64 + 64 * D.COV_ROWS
+    assert D.HOOK_TABLE_DTYPE.itemsize == 576 and D.COV_DTYPE.itemsize == 128 + 64 * D.COV_ROWS
     assert D.NUM_HOOKS == abi.MAX_HOOK_ID + 1 == 11

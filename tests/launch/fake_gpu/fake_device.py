@@ -16,6 +16,7 @@ class FakeDeviceQueries:
         self.boundaries = []            # resident launches run before each boundary
         self.swap_after = None          # swap_pending() once a poll reported this step finished
         self.swapped = 0
+        self.retire_calls = []
         FakeDeviceQueries.instances.append(self)
 
     def swap_pending(self):
@@ -42,6 +43,12 @@ class FakeDeviceQueries:
 
     def evidence(self, aid):
         return self.rt.evidence(aid)
+
+    def retire(self):
+        """DeviceQueries.retire: the host model has no device slots to free; the tests
+        check the loop calls it (the steps the kernel had reported finished then)."""
+        self.retire_calls.append(getattr(self.mk, "_reported", 0))
+        return 0
 
 
 class FakeResident:

@@ -18,6 +18,8 @@ Pipeline (order matters):
 """
 from __future__ import annotations
 
+import os
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -247,6 +249,11 @@ class RecordSink:
         """A record the transport made itself (a host ping-pong with `rank`)."""
 
 
+#: a path: Accumulator.result() pickles the collector's input there first (replay:
+#: `python -m dtrace_mk.collectors.replay PATH` runs diagnose() on it again, without the job)
+DUMP_ENV = "DTRACE_MK_COLLECTOR_DUMP"
+
+
 class Accumulator(RecordSink):
     """Collects records for `diagnose`; counts bytes, bad messages and lost records."""
 
@@ -286,6 +293,12 @@ class Accumulator(RecordSink):
         self.lost_records[rank] = self.lost_records.get(rank, 0) + count
 
     def result(self, scenario: Optional[Scenario] = None, **kw) -> Dict[str, Any]:
+        dump = os.environ.get(DUMP_ENV)
+        if dump:           # the collector's whole input, to replay diagnose() offline
+            with open(dump, "wb") as f:
+                pickle.dump({"summaries": self.summaries, "waits": self.waits, "signals": self.signals,
+                             "clock_samples": self.clock_samples, "pingpongs": self.pingpongs,
+                             "scenario": scenario, "kw": kw, "lost_ranks": self.lost_ranks}, f)
         res = diagnose(self.summaries, self.waits, self.signals, self.clock_samples, scenario,
                        pingpongs=self.pingpongs, telemetry_bytes=self.bytes or None,
                        lost_ranks=self.lost_ranks, **kw)

@@ -100,3 +100,24 @@ def test_single_rank_and_empty_inputs_do_not_crash():
     empty = diagnose([], [], [], [])
     validate_result(empty)
     assert empty["verdict"] == "none" and empty["findings"] == [] and empty["partial"] is False
+
+
+def test_dump_replays_the_same_diagnosis(tmp_path, monkeypatch):
+    """DTRACE_MK_COLLECTOR_DUMP: the collector's input pickled at result() time; the
+    replay tool diagnoses it again offline with the same findings (how a GPU run's wrong
+    diagnosis is studied on the CPU machine)."""
+    from dtrace_mk.collectors import replay
+    from dtrace_mk.collectors.diagnose import DUMP_ENV
+    sc = scenario(faults=[LATE])
+    tr = synthesize(SynthConfig.from_scenario(sc))
+    acc = Accumulator()
+    for r in range(2):
+        recs = ([s for s in tr.summaries if s.rank == r] + [w for w in tr.waits if w.rank == r]
+                + [s for s in tr.signals if s.rank == r] + [c for c in tr.clock_samples if c.rank == r])
+        acc.on_bytes(r, pack_stream(recs))
+    dump = tmp_path / "in.pkl"
+    monkeypatch.setenv(DUMP_ENV, str(dump))
+    res = acc.result(sc)
+    assert res["findings"] and dump.exists()
+    again = replay.replay(str(dump))
+    assert brief(again) == brief(res)

@@ -74,7 +74,8 @@ PATTERNS: Tuple[Pattern, ...] = (
                    "signalled it in: its end, likewise clipped; or its previous signal to "
                    "the receiver) is split into direct cost and the late "
                    "parts of the sender's own remote waits in that interval (indirect; other "
-                   "ranks' waits of the same all-reduce excepted), scaled to late(w) (for the "
+                   "ranks' waits of the same all-reduce excepted, and waits that had not "
+                   "ended when S left: another worker's, they cannot have delayed it), scaled to late(w) (for the "
                    "stalled wait, with b = the part of late(w) not in the stall (skew or "
                    "usual lateness), the indirect share is min(max(I - b, 0), late(w) - b) / "
                    "(late(w) - b): that part is explained first by the sender's waiting); "
@@ -130,7 +131,9 @@ PATTERNS: Tuple[Pattern, ...] = (
         info="Tasks of one class ran longer than their baseline.",
         definition="For rank r, epoch e, class c: excess(dur) (task:begin -> task:end) is "
                    "anomalous and no routing_skew finding on (r, e) explains it (for the MoE "
-                   "expert class).  Impact: excess(dur).",
+                   "expert class).  For the all-reduce class, dur is its own time: minus the "
+                   "epoch's remote waits, which happen inside its tasks and are remote_stall's "
+                   "to explain.  Impact: excess(dur).",
         diagnosis="The class's device function is slower on this rank: look at the tile "
                   "(PC sampling on that function), clocks, or contention."),
     Pattern(

@@ -9,7 +9,8 @@ same (comm_op, comm_gen)); the second matters when r never signals p (ring or pi
 topologies).  Inside it, p may itself have waited on other ranks; the late-sender parts of
 those waits (clipped to the interval), summed, are p's *indirect* delay `I`.  Of the
 late-sender time `late(w)`, the fraction `f = min(I, late(w)) / late(w)` is indirect and
-the rest direct.  The cost `amount` being explained (the observed stall, at the top) is
+the rest direct (a wait still running when the late signal left does not count: it ran
+on another worker; CONCURRENT_SLACK_NS).  The cost `amount` being explained (the observed stall, at the top) is
 scaled accordingly:
 
     direct cost at p    = amount * late_share * (1 - f) + amount * (1 - late_share)
@@ -34,6 +35,14 @@ from .classify import AlignedWait
 
 MAX_DEPTH = 64
 MIN_AMOUNT_NS = 1.0
+#: A megakernel rank is many workers at once: a wait of the sender that had not ended
+#: when its late signal left ran on another worker and cannot have delayed that signal
+#: (a signal that depends on a wait leaves after it).  Scalasca's one-thread-per-rank
+#: model counted it, and on 2 x H200 the two ranks' concurrent waits (rank 1 late at
+#: allreduce_attn while waiting at allreduce_mlp for rank 0, itself waiting on rank 1)
+#: bounced the cost between the ranks until no single cost was a stall.  The slack
+#: covers the causal clamp of the release (classify: <= min_latency_ns).
+CONCURRENT_SLACK_NS = 2_000.0
 
 
 @dataclass
@@ -144,6 +153,8 @@ class WaitIndex:
                 continue
             if (w.comm_op, w.comm_gen) == skip_key or w.late <= 0.0:
                 continue
+            if w.end > t1 + CONCURRENT_SLACK_NS:
+                continue           # still waiting when it signalled: another worker's wait
             ov = min(w.late_end, t1) - max(w.begin, t0)
             if ov > 0.0:
                 out.append((w, ov))

@@ -120,3 +120,25 @@ def test_a_delayed_signal_whose_sender_ran_ahead_is_rooted_at_that_sender():
     costs = attribute([w], [v, w], sig)
     assert _by_root(costs) == pytest.approx({1: 200.0})
     assert {c.observed_on for c in costs} == {(1, 0)}
+
+
+def test_a_wait_still_running_when_the_late_signal_left_is_not_its_cause():
+    """Two megakernel ranks, rank 1 late at allreduce_attn by its own fault (~215 us)
+    while another of its workers waits at allreduce_mlp for rank 0 -- which is waiting on
+    rank 1.  Rank 1's mlp wait ended AFTER its late attn signal left, so it ran on
+    another worker and cannot have delayed it (CONCURRENT_SLACK_NS): every ns is rooted
+    at rank 1.  Scalasca's one-thread-per-rank rule counted it as indirect delay and
+    bounced the cost between the ranks (2 x H200 demo, 2026-11-30: 9 of 75 fault steps
+    lost)."""
+    wa = AW(0, 1, 1, 842_000, 1_057_000, 1_058_500)     # rank 0 waits on rank 1's attn signal
+    wb = AW(1, 0, 2, 890_000, 1_097_000, 1_099_000)     # rank 1 waits on rank 0's mlp signal
+    sig = {(1, 0): ([1_057_000.0], [(0, 1)]), (0, 1): ([1_097_000.0], [(0, 2)])}
+    got = _by_root(attribute([wa, wb], [wa, wb], sig))
+    assert set(got) == {1}
+    assert got[1] == pytest.approx(wa.stall + wb.stall)
+    # the same waits, rank 1's mlp wait over before its attn signal left: it may have
+    # delayed that signal, so part of rank 0's stall is passed on through it (to rank 0)
+    wb2 = AW(1, 0, 2, 890_000, 1_040_000, 1_041_000)
+    sig2 = {(1, 0): ([1_057_000.0], [(0, 1)]), (0, 1): ([1_040_000.0], [(0, 2)])}
+    got2 = _by_root(attribute([wa], [wa, wb2], sig2))
+    assert got2.get(0, 0.0) > 0.0 and got2[1] < wa.stall

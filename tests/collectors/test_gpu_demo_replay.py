@@ -1,0 +1,34 @@
+"""Real collector input from two GPU demo runs (2 x H200, 2026-11-30 ~15:55 UTC, commit
+384044b: `dtrace-mk demo --steps 150`, late_comm on rank 1 at allreduce_attn layer 0, +200
+us, steps 75-149; DTRACE_MK_COLLECTOR_DUMP, re-packed in the wire format per rank).  Before
+the two collector fixes of that session, run b lost fault steps 84-86, 114-116, 138-140
+(the cost bounced between the ranks' concurrent waits; the root's "slow all-reduce"
+swallowed the rest) and both runs added slow_task_class allreduce findings (0.60-0.78).
+The diagnosis must be exactly: remote_stall rooted at rank 1, allreduce_attn, every fault
+step, observed on rank 0, confident; nothing else confident."""
+import gzip
+from pathlib import Path
+
+import pytest
+
+from dtrace_mk.collectors.diagnose import Accumulator
+from dtrace_mk.collectors.score import CONFIDENT
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("run", ["b", "c"])
+def test_gpu_demo_input_diagnoses_the_injected_remote_stall(run):
+    blob = gzip.decompress((DATA / f"gpu_demo_late_comm_{run}.msgpack.gz").read_bytes())
+    n0 = int.from_bytes(blob[:8], "little")
+    acc = Accumulator()
+    acc.on_bytes(0, blob[8:8 + n0])
+    acc.on_bytes(1, blob[8 + n0:])
+    assert not acc.bad_messages and len(acc.summaries) == 300 and len(acc.waits) == 1200
+    res = acc.result(ranks=2)
+    confident = [f for f in res["findings"] if f["confidence"] >= CONFIDENT]
+    assert len(confident) == 1, res["findings"]
+    (f,) = confident
+    assert (f["cause"], f["rank"], f["comm_op"], f["layer"]) == ("remote_stall", 1, "allreduce_attn", 0)
+    assert f["steps"] == list(range(75, 150)) and f["observed_on"] == [0]
+    assert not [g for g in res["findings"] if g["cause"] == "slow_task_class"], res["findings"]

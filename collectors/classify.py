@@ -264,30 +264,16 @@ class Inputs:
     def class_excess(self, metric: str) -> Dict[Tuple[int, int, int], Tuple[float, float]]:
         """(rank, epoch, class) -> (excess_ns, ratio) for a ClassStat sum metric."""
         if metric not in self._class_excess:
-            try:
-                comm = self.names.task_class_id(COMM_TASK_CLASS) if metric == "dur_sum_ns" else None
-            except ValueError:
-                comm = None
-            self._class_excess[metric] = _class_excess(self.summaries, metric, self.th, comm)
+            self._class_excess[metric] = _class_excess(self.summaries, metric, self.th)
         return self._class_excess[metric]
 
 
-#: The task class whose tasks wait for peers inside their body (comm:wait): its duration
-#: minus the epoch's remote waits is its own time (the waiting is remote_stall's to
-#: explain, with its root; counted as slow_task_class it made the root rank's "slow
-#: all-reduce" swallow the remote stall it suffered on 2 x H200)
-COMM_TASK_CLASS = "allreduce"
-
-
-def _class_excess(summaries, metric: str, th: Thresholds, comm_class: Optional[int] = None):
+def _class_excess(summaries, metric: str, th: Thresholds):
     per_class: Dict[int, List[Tuple[Tuple[int, int], int, int]]] = {}
     for (rank, epoch), s in summaries.items():
         for c in s.classes:
             if c.count > 0:
-                v = getattr(c, metric)
-                if c.task_class == comm_class:
-                    v = max(0, v - s.remote_wait_sum_ns)
-                per_class.setdefault(c.task_class, []).append(((rank, epoch), v, c.count))
+                per_class.setdefault(c.task_class, []).append(((rank, epoch), getattr(c, metric), c.count))
     out = {}
     for cid, samples in per_class.items():
         base = quantile([v / n for _, v, n in samples], 0.25)

@@ -32,8 +32,13 @@ from .records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, 
                       RemoteWait, Signal, pack, unpack_stream)
 from .scenario import Scenario
 
-#: Remote costs rooted at r fold into r's local finding within this many epochs.
+#: Remote costs rooted at r fold into r's local finding within this many epochs...
 FOLD_EPOCH_SLACK = 1
+#: ... when that finding's own impact within those epochs is at least this share of the
+#: remote cost: a local delay explains a late signal only if it is about as large (on
+#: 2 x H200, all-reduce tasks 25 us slower than usual in one step -- a marginal
+#: slow_task_class -- swallowed the 200 us remote stalls of the steps around it)
+FOLD_MIN_SHARE = 0.5
 
 
 @dataclass
@@ -208,7 +213,8 @@ def _merge(evidence: List[Evidence]) -> List[Finding]:
             best = None
             for f in by_rank.get(e.rank, []):
                 d = min(abs(s - e.step) for s in f.steps)
-                if d <= FOLD_EPOCH_SLACK:
+                near = sum(x.impact_ns for x in f.evidence if abs(x.step - e.step) <= FOLD_EPOCH_SLACK)
+                if d <= FOLD_EPOCH_SLACK and near >= FOLD_MIN_SHARE * e.impact_ns:
                     cand = (d, -sum(x.impact_ns for x in f.evidence))
                     if best is None or cand < best[0]:
                         best = (cand, f)

@@ -84,8 +84,9 @@ PATTERNS: Tuple[Pattern, ...] = (
                    "ranks (the root excepted).  A RemoteWait starts no earlier than the last "
                    "local producer of the awaited event ended (the agent's rule: before, the "
                    "task also waited on local work; it makes the GPU's comm:wait, whose "
-                   "wait_ns is the whole dependency wait, equivalent to the sim's).  If the root rank has a local finding in the same epoch, the cost "
-                   "is folded into that finding instead (the waiting ranks are never blamed).",
+                   "wait_ns is the whole dependency wait, equivalent to the sim's).  If the root rank has a local finding in the same or an adjacent "
+                   "epoch whose own impact there is at least half the cost, the cost is folded "
+                   "into that finding instead (the waiting ranks are never blamed).",
         diagnosis="Look at the root rank, not at the rank that waited: its comm task for "
                   "comm_op was late (delayed signal, or slow work before it).  If the root "
                   "holds a local finding, fix that one."),
@@ -131,9 +132,7 @@ PATTERNS: Tuple[Pattern, ...] = (
         info="Tasks of one class ran longer than their baseline.",
         definition="For rank r, epoch e, class c: excess(dur) (task:begin -> task:end) is "
                    "anomalous and no routing_skew finding on (r, e) explains it (for the MoE "
-                   "expert class).  For the all-reduce class, dur is its own time: minus the "
-                   "epoch's remote waits, which happen inside its tasks and are remote_stall's "
-                   "to explain.  Impact: excess(dur).",
+                   "expert class).  Impact: excess(dur).",
         diagnosis="The class's device function is slower on this rank: look at the tile "
                   "(PC sampling on that function), clocks, or contention."),
     Pattern(

@@ -216,15 +216,24 @@ def step_ranges(steps: Sequence[int]) -> str:
 def summary_lines(res: Dict[str, Any]) -> List[str]:
     """The diagnosis in a few lines: verdict, each finding (cause, root rank, what, steps
     as ranges, observed on, confidence, impact), coverage, telemetry."""
+    from ..collectors.score import CONFIDENT
     cov = res["coverage"]
-    lines = [f"verdict {res['verdict']}: {len(res['findings'])} finding(s)"]
-    for f in res["findings"]:
+    sure = [f for f in res["findings"] if f["confidence"] >= CONFIDENT]
+    weak = [f for f in res["findings"] if f["confidence"] < CONFIDENT]
+    lines = [f"verdict {res['verdict']}: {len(sure)} finding(s)"
+             + (f" (+ {len(weak)} below confidence {CONFIDENT:.2f})" if weak else "")]
+
+    def line(f, indent):
         what = f.get("task_class") or f.get("comm_op") or ""
         extra = f" layer {f['layer']}" if "layer" in f else ""
-        lines.append(f"  {f['cause']} rooted at rank {f['rank']} ({what}{extra}), steps "
-                     f"{step_ranges(f['steps'])}, observed on rank(s) "
-                     f"{', '.join(str(r) for r in f['observed_on'])}; confidence "
-                     f"{f['confidence']:.2f}, impact {f['impact_us']:.0f} us")
+        return (f"{indent}{f['cause']} rooted at rank {f['rank']} ({what}{extra}), steps "
+                f"{step_ranges(f['steps'])}, observed on rank(s) "
+                f"{', '.join(str(r) for r in f['observed_on'])}; confidence "
+                f"{f['confidence']:.2f}, impact {f['impact_us']:.0f} us")
+    lines += [line(f, "  ") for f in sure]
+    if weak:       # listed, but apart: small, irregular effects a long run also shows
+        lines.append(f"  below confidence {CONFIDENT:.2f} (possibly noise):")
+        lines += [line(f, "    ") for f in weak]
     if res.get("missing_ranks") or res.get("partial"):
         lines.append(f"  partial: missing ranks {res.get('missing_ranks', [])}, incomplete "
                      f"{res.get('incomplete_ranks', {})}")

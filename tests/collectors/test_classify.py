@@ -72,28 +72,3 @@ def test_robust_stats_ignore_a_faulty_minority():
     center, scale = robust_center_scale(vals)
     assert 99 <= center <= 101 and scale < 5
 
-
-def test_allreduce_waiting_is_not_a_slow_task_class():
-    """On the GPU an all-reduce task's duration includes its comm:wait (the waiting on
-    the peer is inside the task): the class's own time is its duration minus the epoch's
-    remote waits (classify.COMM_TASK_CLASS).  Durations inflated by exactly the waits of
-    a late_comm fault give no slow_task_class; the same plus 300 us of own time does."""
-    import dataclasses
-    from dtrace_mk.collectors.records import ClassStat
-    sc = scenario(faults=[dict(kind="late_comm", rank=1, steps=[3], comm_op="allreduce_attn", delay_us=200)])
-    ar = _cls(classify.COMM_TASK_CLASS)
-
-    def with_allreduce_time(extra_own_ns):
-        inp = inputs_for(sc)
-        out = {}
-        for k, s in inp.summaries.items():
-            own = 20_000 + (extra_own_ns if k == (1, 3) else 0)
-            cls = tuple(c for c in s.classes if c.task_class != ar) + (
-                ClassStat(ar, 4, own + s.remote_wait_sum_ns, own + s.remote_wait_sum_ns),)
-            out[k] = dataclasses.replace(s, classes=cls)
-        return classify.Inputs(out, inp.waits, inp.names, signal_times=inp.signal_times)
-
-    assert any(e.rank == 1 and e.step == 3 for e in classify.DETECTORS["remote_stall"](with_allreduce_time(0)))
-    assert [e for e in classify.detect_slow_task_class(with_allreduce_time(0)) if e.task_class == ar] == []
-    slow = [e for e in classify.detect_slow_task_class(with_allreduce_time(300_000)) if e.task_class == ar]
-    assert [(e.rank, e.step) for e in slow] == [(1, 3)]

@@ -88,10 +88,17 @@ def _status_until(job, pred, timeout=DEADLINE_S):
 
 
 def test_launch_attach_list_detach_stop(runtime_dir, tmp_path):
+    launch_attach_list_detach_stop(runtime_dir, tmp_path, "sim")
+
+
+def launch_attach_list_detach_stop(runtime_dir, tmp_path, backend: str):
+    """The second-terminal workflow on `backend` (sim here; tests/gpu/test_launch_attach_gpu.py
+    runs it on 2 GPU ranks)."""
     _mpiexec_or_fail()
     env = dict(os.environ, DTRACE_MK_RUNTIME_DIR=runtime_dir)
     spans = tmp_path / "spans.jsonl"
-    launch = Proc("launch", "-n", "2", "--json-spans", str(spans), "--prometheus-port", "0", "--",
+    launch = Proc("launch", "-n", "2", "--backend", backend, "--json-spans", str(spans),
+                  "--prometheus-port", "0", "--",
                   "python", "-m", "dtrace_mk.launch.serve", "--model", "tiny", "--duration", "120",
                   "--progress-s", "100",
                   "--fault", "late_comm:rank=1,steps=4-100000,comm_op=allreduce_attn,delay_us=200",

@@ -16,6 +16,16 @@ select the old (session-2) code paths, e.g. (docs/dev/megakernel_speed.md "Sessi
     python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
         --variants s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE,reclate=DTMK_REC_LATE,pf=prefetch
 
+Session 4's TMA weight streaming through shared memory (DTMK_WSTREAM: ring of DTMK_WS_NST
+stages of DTMK_WS_STAGE bytes, default 4 x 32 KB; DTMK_WS_NOPRE: no start before the
+dependency wait; DTMK_WS_XSMEM: x re-read from shared memory per row instead of held in
+registers; gpu.Megakernel adds the ring to the launch's shared memory):
+
+    python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
+        --variants ws=DTMK_WSTREAM,ws8=DTMK_WSTREAM+DTMK_WS_NST=8+DTMK_WS_STAGE=16384,\
+ws9=DTMK_WSTREAM+DTMK_WS_NST=9+DTMK_WS_STAGE=16384,wsnopre=DTMK_WSTREAM+DTMK_WS_NOPRE,\
+wsxs=DTMK_WSTREAM+DTMK_WS_XSMEM
+
 Writes DIR/bench.json (and DIR/costs.json); prints a short table last.
 """
 from __future__ import annotations
@@ -428,7 +438,9 @@ def main(argv=None):
                     help="compile-time variants of the megakernel, 'NAME=DEF1+DEF2,...' (token 'prefetch': "
                          "the runtime L2 prefetch); each is built for --variant-presets and compared with "
                          "the default build: us/step, vs eager per-op, vs default, %% copy bandwidth, tokens; "
-                         "e.g. 'reclate=DTMK_REC_LATE,s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE'")
+                         "e.g. 'reclate=DTMK_REC_LATE,s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE'; "
+                         "TMA weight streaming: 'ws=DTMK_WSTREAM,ws8=DTMK_WSTREAM+DTMK_WS_NST=8+DTMK_WS_STAGE=16384' "
+                         "(docs/dev/megakernel_speed.md \"Session 4\")")
     ap.add_argument("--variant-presets", default="1b", help="presets the --variants are built for")
     a = ap.parse_args(argv)
     variants = parse_variants(a.variants) if a.variants else None

@@ -34,10 +34,12 @@ from .scenario import Scenario
 
 #: Remote costs rooted at r fold into r's local finding within this many epochs...
 FOLD_EPOCH_SLACK = 1
-#: ... when that finding's own impact within those epochs is at least this share of the
-#: remote cost: a local delay explains a late signal only if it is about as large (on
-#: 2 x H200, all-reduce tasks 25 us slower than usual in one step -- a marginal
-#: slow_task_class -- swallowed the 200 us remote stalls of the steps around it)
+#: ... unless that finding is marginal there: its evidence within those epochs must pass
+#: its threshold by this factor, or have at least FOLD_MIN_SHARE of the remote cost's
+#: impact (on 2 x H200, all-reduce tasks 25 us slower than usual in one step -- a
+#: slow_task_class at 1.09x its threshold -- swallowed the 200 us remote stalls of the
+#: steps around it; a real local fault on the root passes its threshold by far)
+FOLD_MIN_RATIO = 2.0
 FOLD_MIN_SHARE = 0.5
 
 
@@ -213,8 +215,10 @@ def _merge(evidence: List[Evidence]) -> List[Finding]:
             best = None
             for f in by_rank.get(e.rank, []):
                 d = min(abs(s - e.step) for s in f.steps)
-                near = sum(x.impact_ns for x in f.evidence if abs(x.step - e.step) <= FOLD_EPOCH_SLACK)
-                if d <= FOLD_EPOCH_SLACK and near >= FOLD_MIN_SHARE * e.impact_ns:
+                near = [x for x in f.evidence if abs(x.step - e.step) <= FOLD_EPOCH_SLACK]
+                strong = near and (max(x.ratio for x in near) >= FOLD_MIN_RATIO
+                                   or sum(x.impact_ns for x in near) >= FOLD_MIN_SHARE * e.impact_ns)
+                if d <= FOLD_EPOCH_SLACK and strong:
                     cand = (d, -sum(x.impact_ns for x in f.evidence))
                     if best is None or cand < best[0]:
                         best = (cand, f)

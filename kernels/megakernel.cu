@@ -1091,6 +1091,23 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 }
 
 
+#ifdef DTMK_WSTREAM
+/* warp 1 of wait_event (whole warp): start the weight stream static task t's body will
+ * consume (ws_task_desc), after any started stream that nobody consumed (ws_drop) */
+__device__ __noinline__ void ws_prestart(const MkParams &P, int t) {
+#ifndef DTMK_REC_LATE
+    const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
+#else
+    const int *r = trec(P, t);
+#endif
+    WsDesc d;
+    if (!ws_task_desc(P, r, d)) return;
+    ws_drop();
+    ws_start(d);
+    if ((threadIdx.x & 31) == 0) ++ws_s.npre;
+}
+#endif
+
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
@@ -1125,6 +1142,12 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         }
     }
     MK_SYNC();
+#if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
+    /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
+     * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
+     * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
+    if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
+#endif
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
@@ -1305,6 +1328,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     }
 #endif
     MK_SYNC();
+#ifdef DTMK_WSTREAM
+    if (threadIdx.x == 0) ws_init(P, smem);      /* the weight ring after xs (P complete) */
+#endif
     if (threadIdx.x == 0) {
         W.hook_n = ((const dtmk_u64 *)P.hook_head)[blockIdx.x];
         W.trace_n = ((const dtmk_u64 *)P.trace_head)[blockIdx.x];
@@ -1401,6 +1427,14 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
+    }
+#endif
+#ifdef DTMK_WSTREAM
+    if ((threadIdx.x >> 5) == 0) ws_drop();      /* a stream started for a task that never ran (abort) */
+    if (threadIdx.x == 0) {
+        atomicAdd(&dtmk_ws_stats[0], (unsigned long long)ws_s.seq);
+        atomicAdd(&dtmk_ws_stats[1], (unsigned long long)ws_s.npre);
+        atomicAdd(&dtmk_ws_stats[2], (unsigned long long)ws_s.nmiss);
     }
 #endif
     if (threadIdx.x == 0) {

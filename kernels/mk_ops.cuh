@@ -550,6 +550,314 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
     }
 }
 
+#ifdef DTMK_WSTREAM
+/* ==== weight streaming through shared memory (-DDTMK_WSTREAM, docs/dev/megakernel_speed.md
+ * "Session 4") ====
+ * A task's weight rows are copied into a ring of DTMK_WS_NST stages of DTMK_WS_STAGE bytes
+ * (dynamic shared memory after xs, carved by ws_init) with TMA 1-D bulk copies
+ * (cp.async.bulk ... mbarrier::complete_tx), one "full" mbarrier per stage.  The first
+ * min(NST, stages) are issued by warp 1 of wait_event BEFORE the dependency is met
+ * (weights do not depend on activations: ws_prestart, megakernel.cu); the rest by the
+ * last of the 16 warps done with a stage (ws_release: every warp waits for every stage in
+ * order and counts itself done with it, rows of its own or not), so the SM always has up
+ * to NST stages in flight and nobody blocks on a producer.
+ * A stage holds whole rows (of a split-K tile: the tile's K-slice of each row): rps rows of
+ * A, then (gate/up) the same rps rows of B.  Row r of the tile is computed by warp r % 16
+ * with the same per-lane order as mv_row / mv_row2 (lane l sums its 16-byte chunks
+ * i = l, l + 32, ... in ascending order from 0.0f, then warp_sum): the bits equal the
+ * default build's.  Covered: fused qkv / lm_head (op_fused_proj), fused gate/up, split-K
+ * attn_o / mlp_down (op_split_proj), batch <= MK_MAXB, one rank; everything else (the
+ * standard lowering, MoE experts and router, tensor parallel) keeps the old path. */
+#ifndef DTMK_WS_NST
+#define DTMK_WS_NST 4
+#endif
+#ifndef DTMK_WS_STAGE
+#define DTMK_WS_STAGE 32768
+#endif
+#if DTMK_WS_STAGE % 128 || DTMK_WS_STAGE > 65536 || DTMK_WS_NST < 1
+#error "DTMK_WS_STAGE: a multiple of 128 bytes, at most 64 KB; DTMK_WS_NST >= 1"
+#endif
+#define MK_WS_MAXR 32          /* rows per stage at most: one bulk copy per lane of the issuing warp */
+
+struct WsDesc {             /* the weight stream of one tile */
+    const char *a, *b;      /* row lo (and column k0 of a split-K slice) of A, of B (gate/up's up; 0: none) */
+    unsigned row_bytes, ld_bytes;   /* bytes of a row's (slice), global row stride */
+    int rows, rps, nst;     /* rows of the tile, rows per stage, stages */
+};
+struct WsState {
+    unsigned long long full[DTMK_WS_NST];   /* mbarrier per slot: the stage's bytes landed */
+    int cnt[DTMK_WS_NST];   /* warps done with the slot's stage so far */
+    unsigned seq;           /* global index of the stream's first stage (all stages before it landed) */
+    int live;               /* 1: d started (its first min(NST, nst) stages issued), not yet consumed */
+    int on;                 /* the ring fits in the launch's dynamic shared memory */
+    unsigned ring;          /* shared-window address of slot 0 (128-byte aligned) */
+    char *ringp;            /* the same, generic */
+    unsigned npre, nmiss;   /* streams started by the dependency wait / by a body (prediction missed) */
+    WsDesc d;
+};
+__shared__ __align__(16) WsState ws_s;
+/* per launch, summed over workers at the end (megakernel.cu; tests/gpu read it by name):
+ * [0] stages issued, [1] streams started by the dependency wait, [2] started by a body */
+extern "C" __device__ unsigned long long dtmk_ws_stats[3];
+__device__ unsigned long long dtmk_ws_stats[3];
+
+__device__ __forceinline__ unsigned ws_bar(unsigned g) {
+    return (unsigned)__cvta_generic_to_shared(&ws_s.full[g % DTMK_WS_NST]);
+}
+/* stage with global index g landed.  A bulk copy lands within microseconds; a wait of 2 s
+ * is a protocol bug: trap (a launch error) instead of hanging the GPU */
+__device__ __forceinline__ void ws_wait(unsigned g) {
+    const unsigned bar = ws_bar(g), par = (g / DTMK_WS_NST) & 1u;
+    dtmk_u64 t0 = 0;
+    for (unsigned it = 1;; ++it) {
+        unsigned ok;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+        if (ok) break;
+        if ((it & 1023) == 0) {
+            if (!t0) t0 = mk_now();
+            else if (mk_now() - t0 > 2000000000ull) __trap();
+        }
+    }
+}
+
+/* thread 0, kernel prologue: the ring after xs when the launch gave the shared memory
+ * (gpu.Megakernel adds it for DTMK_WSTREAM builds); its mbarriers */
+__device__ void ws_init(const MkParams &P, float *smem) {
+    unsigned dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
+    const unsigned ring = (base + (unsigned)(P.xs_off + P.xs_cap) * 4u + 127u) & ~127u;
+    ws_s.on = ring - base + (unsigned)DTMK_WS_NST * DTMK_WS_STAGE <= dyn;
+    ws_s.ring = ring;
+    ws_s.ringp = (char *)smem + (ring - base);
+    ws_s.seq = 0; ws_s.live = 0; ws_s.npre = 0; ws_s.nmiss = 0;
+    for (int k = 0; k < DTMK_WS_NST; ++k) {
+        ws_s.cnt[k] = 0;
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(ws_bar(k)) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* the stream of a tile: `rows` rows of K bf16 from a (and b), global row stride ldw
+ * elements; false: this tile keeps the old path */
+__device__ __forceinline__ bool ws_desc(const MkParams &P, WsDesc &d, const unsigned short *a,
+                                        const unsigned short *b, int K, long ldw, int rows) {
+    if (!ws_s.on || P.ranks > 1 || (int)P.batch > MK_MAXB || rows <= 0 || K <= 0) return false;
+    const unsigned rb = (unsigned)K * 2u, per = b ? 2u * rb : rb;
+    const bool contig = ldw == (long)K;
+    int rps = (int)min((unsigned)DTMK_WS_STAGE / per, (unsigned)(contig || !b ? MK_WS_MAXR : MK_WS_MAXR / 2));
+    if (rps < 1 || ((((unsigned long long)a) | ((unsigned long long)b) | rb | (unsigned long long)ldw * 2) & 15))
+        return false;
+    d.a = (const char *)a; d.b = (const char *)b; d.row_bytes = rb; d.ld_bytes = (unsigned)(ldw * 2);
+    d.rows = rows; d.rps = rps; d.nst = (rows + rps - 1) / rps;
+    return true;
+}
+__device__ __forceinline__ bool ws_same(const WsDesc &x, const WsDesc &y) {
+    return x.a == y.a && x.b == y.b && x.row_bytes == y.row_bytes && x.ld_bytes == y.ld_bytes && x.rows == y.rows;
+}
+
+/* whole warp: issue stage j of d as global stage g (its slot is free: never read again) */
+__device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
+    const bool contig = d.ld_bytes == d.row_bytes;
+    const int nc = contig ? (d.b ? 2 : 1) : (d.b ? 2 * n : n);
+    const unsigned bar = ws_bar(g), dst = ws_s.ring + (g % DTMK_WS_NST) * DTMK_WS_STAGE;
+    /* generic-proxy reads of the slot (ordered before this by the caller's barrier or
+     * release counter) before the async proxy's writes */
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     :: "r"(bar), "r"((unsigned)n * d.row_bytes * (d.b ? 2u : 1u)) : "memory");
+    __syncwarp();
+    if (lane < nc) {
+        const bool isb = contig ? lane == 1 : lane >= n;
+        const int r = contig ? 0 : (isb ? lane - n : lane);
+        const unsigned bytes = contig ? (unsigned)n * d.row_bytes : d.row_bytes;
+        const char *src = (isb ? d.b : d.a) + (long)(r0 + r) * d.ld_bytes;
+        const unsigned to = dst + (isb ? (unsigned)d.rps * d.row_bytes : 0u) + (unsigned)r * d.row_bytes;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(to), "l"(src), "r"(bytes), "r"(bar) : "memory");
+    }
+}
+/* whole warp: wait for the stages of a started, never consumed stream and forget it */
+__device__ void ws_drop() {
+    if (!ws_s.live) return;
+    const unsigned g0 = ws_s.seq;
+    const int first = min(DTMK_WS_NST, ws_s.d.nst);
+    for (int j = 0; j < first; ++j) ws_wait(g0 + j);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) { ws_s.seq = g0 + first; ws_s.live = 0; }
+    __syncwarp();
+}
+/* whole warp (the ring idle: ws_drop first): start d, its first min(NST, nst) stages */
+__device__ void ws_start(const WsDesc &d) {
+    const unsigned g0 = ws_s.seq;
+    const int first = min(DTMK_WS_NST, d.nst);
+    for (int j = 0; j < first; ++j) ws_issue(d, g0 + j, j);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) { ws_s.d = d; ws_s.live = 1; }
+    __syncwarp();
+}
+/* whole CTA, a tile's body: make d the live stream (started by the dependency wait,
+ * ws_prestart, unless that predicted another stream or none) */
+__device__ __forceinline__ void ws_begin(const WsDesc &d) {
+    const bool miss = !ws_s.live || !ws_same(ws_s.d, d);
+    if (__syncthreads_or(miss)) {          /* everyone read ws_s before warp 0 rewrites it */
+        if ((threadIdx.x >> 5) == 0) {
+            ws_drop();
+            ws_start(d);
+            if (threadIdx.x == 0) ++ws_s.nmiss;
+        }
+        MK_SYNC();
+    }
+}
+/* whole CTA after the tile's rows: every stage landed and was read; the next stream
+ * starts after them */
+__device__ __forceinline__ void ws_end(const WsDesc &d) {
+    MK_SYNC();
+    if (threadIdx.x == 0) { ws_s.seq += (unsigned)d.nst; ws_s.live = 0; }
+}
+/* whole warp, done with stage j (global g; its rows computed, if any): the last of the
+ * 16 warps refills the slot with stage j + NST */
+__device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
+    __syncwarp();
+    int last = 0;
+    if ((threadIdx.x & 31) == 0) {
+        int *c = &ws_s.cnt[g % DTMK_WS_NST];
+        __threadfence_block();             /* this warp's reads of the slot before the count */
+        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        if (last) { *c = 0; __threadfence_block(); }
+    }
+    last = __shfl_sync(MK_FULL, last, 0);
+    if (last && j + DTMK_WS_NST < d.nst) ws_issue(d, g + DTMK_WS_NST, j + DTMK_WS_NST);
+}
+/* warp: acc[b] = dot(w[:k8n * 8], x[b]) (b < NB) with mv_row's per-lane order (chunks
+ * i = lane, lane + 32, ... ascending, from 0.0f) and warp_sum: mv_row / mv_row2's bits.
+ * TWO: also accB from the row at w2 (gate/up: the x loads shared, like mv_row2). */
+template <int NB, bool TWO>
+__device__ __forceinline__ void ws_row(const uint4 *w, const uint4 *w2, int k8n, const float *x, int xstride,
+                                       float *acc, float *accB) {
+#pragma unroll
+    for (int b = 0; b < NB; ++b) { acc[b] = 0.0f; if (TWO) accB[b] = 0.0f; }
+#pragma unroll 4
+    for (int i = threadIdx.x & 31; i < k8n; i += 32) {
+        const uint4 wv = w[i];
+        uint4 wv2;
+        if (TWO) wv2 = w2[i];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const float *xb = x + (long)b * xstride + (i << 3);
+            acc[b] += dot8<true>(wv, xb);
+            if (TWO) accB[b] += dot8<true>(wv2, xb);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) { acc[b] = warp_sum(acc[b]); if (TWO) accB[b] = warp_sum(accB[b]); }
+}
+/* whole CTA, from the stream d (ws_begin before the activations were staged; xs: [NB][K]
+ * in shared memory): GU false: y[b, lo + r] = A[r] . xs[b] (op_proj's store);
+ * GU true: act[b, lo + r] = silu(A[r] . xs[b]) * (B[r] . xs[b]) (op_gate_up's expression) */
+template <int NB, bool GU>
+__device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ystride, int lo) {
+    const WsDesc &d = ws_s.d;     /* the live stream (read from shared memory: no registers held) */
+    const int warp = threadIdx.x >> 5, k8n = K >> 3, rq = (int)(d.row_bytes >> 4);
+    const unsigned g0 = ws_s.seq;
+    float acc[MK_MAXB], accB[MK_MAXB];
+    for (int j = 0; j < d.nst; ++j) {
+        const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
+        const unsigned g = g0 + (unsigned)j;
+        /* every warp waits for every stage in order and releases it, even one without its
+         * rows: a parity wait is sound only while the slot's previous phase is complete and
+         * its next one cannot complete (a warp that skipped stage j could take stage j + 2 NST's
+         * parity for j's completed phase, or be lapped) */
+        ws_wait(g);
+        const int first = r0 + ((warp - r0) & (MK_WARPS - 1));       /* its rows: r % 16 == warp */
+        const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE);
+        for (int r = first; r < r0 + n; r += MK_WARPS) {
+            ws_row<NB, GU>(base + (r - r0) * rq, base + (d.rps + r - r0) * rq, k8n, xs, K, acc, accB);
+            if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+                    y[(long)b * ystride + lo + r] = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
+            }
+        }
+        ws_release(d, g, j);
+    }
+    ws_end(d);
+}
+/* dot8's arithmetic, x from registers (a: x[0:4], b: x[4:8]): the same bits */
+__device__ __forceinline__ float ws_dot8(uint4 w, float4 a, float4 b) {
+    float s = bf16_lo(w.x) * a.x;
+    s = fmaf(bf16_hi(w.x), a.y, s);
+    s = fmaf(bf16_lo(w.y), a.z, s);
+    s = fmaf(bf16_hi(w.y), a.w, s);
+    s = fmaf(bf16_lo(w.z), b.x, s);
+    s = fmaf(bf16_hi(w.z), b.y, s);
+    s = fmaf(bf16_lo(w.w), b.z, s);
+    s = fmaf(bf16_hi(w.w), b.w, s);
+    return s;
+}
+/* ws_tile for one slot and K = 256 * KCH (1b batch 1: K 2048 and split attn_o's 512): a
+ * lane's x chunks (the same for every row) live in registers, so shared memory serves
+ * only the weights (ws_tile reads 8 KB of x per 4 KB row: its bandwidth, not HBM's, was
+ * the bound of a qkv tile).  Same per-lane order: chunk m = 0, 1, ... is i = lane + 32 m. */
+template <int KCH, bool GU>
+__device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
+    const WsDesc &d = ws_s.d;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rq = 32 * KCH;
+    float4 xa[KCH], xb[KCH];
+#pragma unroll
+    for (int m = 0; m < KCH; ++m) {
+        const float *p = xs + ((lane + 32 * m) << 3);
+        xa[m] = *(const float4 *)p; xb[m] = *(const float4 *)(p + 4);
+    }
+    const unsigned g0 = ws_s.seq;
+    for (int j = 0; j < d.nst; ++j) {
+        const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
+        const unsigned g = g0 + (unsigned)j;
+        ws_wait(g);                       /* every stage, in order: see ws_tile */
+        const int first = r0 + ((warp - r0) & (MK_WARPS - 1));
+        const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE) + lane;
+        for (int r = first; r < r0 + n; r += MK_WARPS) {
+            const uint4 *w = base + (r - r0) * rq, *w2 = base + (d.rps + r - r0) * rq;
+            float acc = 0.0f, accB = 0.0f;
+#pragma unroll
+            for (int m = 0; m < KCH; ++m) {
+                acc += ws_dot8(w[32 * m], xa[m], xb[m]);
+                if (GU) accB += ws_dot8(w2[32 * m], xa[m], xb[m]);
+            }
+            acc = warp_sum(acc);
+            if (GU) accB = warp_sum(accB);
+            if (lane == 0) y[lo + r] = GU ? acc / (1.0f + __expf(-acc)) * accB : acc;
+        }
+        ws_release(d, g, j);
+    }
+    ws_end(d);
+}
+/* the tile of the live stream (ws_begin made it ws_s.d) */
+__device__ __noinline__ void ws_proj(const float *xs, int K, int nb, float *y, int ystride, int lo) {
+#ifndef DTMK_WS_XSMEM
+    if (nb == 1 && K == 2048) { ws_tile_xr<8, false>(xs, y, lo); return; }
+    if (nb == 1 && K == 512) { ws_tile_xr<2, false>(xs, y, lo); return; }
+#endif
+    if (nb == 1) ws_tile<1, false>(xs, K, y, ystride, lo);
+    else if (nb == 2) ws_tile<2, false>(xs, K, y, ystride, lo);
+    else if (nb == 3) ws_tile<3, false>(xs, K, y, ystride, lo);
+    else ws_tile<4, false>(xs, K, y, ystride, lo);
+}
+__device__ __noinline__ void ws_gate_up(const float *xs, int K, int nb, float *act, int astride, int lo) {
+#ifndef DTMK_WS_XSMEM
+    if (nb == 1 && K == 2048) { ws_tile_xr<8, true>(xs, act, lo); return; }
+#endif
+    if (nb == 1) ws_tile<1, true>(xs, K, act, astride, lo);
+    else if (nb == 2) ws_tile<2, true>(xs, K, act, astride, lo);
+    else if (nb == 3) ws_tile<3, true>(xs, K, act, astride, lo);
+    else ws_tile<4, true>(xs, K, act, astride, lo);
+}
+#endif /* DTMK_WSTREAM */
+
 /* ==== fused RMSNorm and split-K (ModelConfig.fuse_norm / split_k, graph.py) ==== */
 /* Partial sums of split-K projections live in P.moe_part (dense models) as
  * part[set][s][B][H], set 0/1: mlp_down of layers with that parity, set 2: attn_o.
@@ -692,6 +1000,15 @@ __device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float 
                               int kind, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
     float *xs = smem + P.xs_off;
+#ifdef DTMK_WSTREAM
+    WsDesc d;    /* same test and pointers as ws_task_desc (cls 1 / 9) */
+    if (C >= B && ws_desc(P, d, W + (long)lo * H, 0, H, H, hi - lo)) {
+        ws_begin(d);
+        stage_norm(P, xs, smem, kind, layer, S, 0, B);
+        ws_proj(xs, H, B, y, ystride, lo);
+        return;
+    }
+#endif
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, kind, layer, S, b0, nb);
@@ -704,6 +1021,15 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
                                  int lo, int hi, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P), F = (int)P.ffn;
     float *xs = smem + P.xs_off;
+#ifdef DTMK_WSTREAM
+    WsDesc d;    /* same test and pointers as ws_task_desc (cls 5) */
+    if (C >= B && ws_desc(P, d, Wg + (long)lo * H, Wu + (long)lo * H, H, H, hi - lo)) {
+        ws_begin(d);
+        stage_norm(P, xs, smem, 1, layer, S, 0, B);
+        ws_gate_up(xs, H, B, act, F, lo);
+        return;
+    }
+#endif
     for (int b0 = 0; b0 < B; b0 += C) {
         int nb = min(C, B - b0);
         stage_norm(P, xs, smem, 1, layer, S, b0, nb);
@@ -729,9 +1055,56 @@ __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kf
         }
     }
     float *y = (float *)P.moe_part + ((long)set * S + s) * B * H;
+#ifdef DTMK_WSTREAM
+    WsDesc d;    /* same test and pointers as ws_task_desc (cls 4 / 6) */
+    float *xs = smem + P.xs_off;
+    if ((long)B * Ks <= (long)P.xs_cap && ws_desc(P, d, W + (long)lo * Kfull + (long)s * Ks, 0, Ks, Kfull, hi - lo)) {
+        ws_begin(d);
+        for (int b = 0; b < B; ++b)          /* op_proj's staging of a strided x */
+            for (int i = threadIdx.x * 4; i < Ks; i += MK_THREADS * 4)
+                *(float4 *)(xs + (long)b * Ks + i) = __ldcg((const float4 *)(x + (long)s * Ks + (long)b * Kfull + i));
+        MK_SYNC();
+        ws_proj(xs, Ks, B, y, H, lo);
+        return;
+    }
+#endif
     op_proj(W + (long)s * Ks, Ks, x + (long)s * Ks, y, H, B, lo, hi, false, smem + P.xs_off, (int)P.xs_cap,
             Kfull, Kfull);
 }
+
+#ifdef DTMK_WSTREAM
+/* the weight stream the body of static task record r will consume (megakernel.cu run_body:
+ * the same conditions and pointers as op_fused_proj / op_fused_gate_up / op_split_proj);
+ * false: none (the body keeps the old path) */
+__device__ bool ws_task_desc(const MkParams &P, const int *r, WsDesc &d) {
+    const int cls = r[0], layer = r[1], lo = r[4], hi = r[5], B = (int)P.batch, H = (int)P.hidden;
+    const unsigned short *W;
+    switch (cls) {
+    case 1: case 9:   /* fused qkv / lm_head (op_lm_tile: fused when split_k r[13] >= 1) */
+        if (r[12] < 0 || (cls == 9 && r[13] < 1) || fused_chunk(P) < B) return false;
+        W = cls == 1 ? (const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H
+                     : (const unsigned short *)P.w_lm_head;
+        return ws_desc(P, d, W + (long)lo * H, 0, H, H, hi - lo);
+    case 5: {         /* fused gate/up */
+        if (r[12] < 0 || fused_chunk(P) < B) return false;
+        const long F = (long)P.ffn, di = r[14];
+        return ws_desc(P, d, (const unsigned short *)P.w_gate + di * F * H + (long)lo * H,
+                       (const unsigned short *)P.w_up + di * F * H + (long)lo * H, H, H, hi - lo);
+    }
+    case 4: case 6: { /* split-K attn_o / mlp_down: tile w = split index */
+        const int S = r[12];
+        if (S <= 1) return false;
+        const int Kfull = cls == 4 ? (int)(P.n_heads * P.head_dim) : (int)P.ffn, Ks = Kfull / S;
+        const int s = (int)((unsigned)r[11] >> 16);
+        if ((long)B * Ks > (long)P.xs_cap) return false;
+        W = cls == 4 ? (const unsigned short *)P.w_o + (long)layer * H * Kfull
+                     : (const unsigned short *)P.w_down + (long)r[14] * H * Kfull;
+        return ws_desc(P, d, W + (long)lo * Kfull + (long)s * Ks, 0, Ks, Kfull, hi - lo);
+    }
+    default: return false;
+    }
+}
+#endif
 
 /* lm head tile: logits[b, lo:hi] and the tile's (max, argmax) per slot; fused_S >= 1:
  * the final norm is computed here (ModelConfig.fuse_norm, split_k = fused_S) */

@@ -39,6 +39,7 @@ MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
 TRACE_BYTES = 32
+WS_SMEM_MAX = 195 * 1024       # dynamic smem with a DTMK_WSTREAM ring: 227 KB less ~32 KB static
 
 # Field order of struct MkParams (kernels/mk_ops.cuh); tests check they agree.
 PARAM_FIELDS: Tuple[str, ...] = (
@@ -127,6 +128,16 @@ def load_module(arch: str, name: str, defines: Sequence[str] = ()):
         tmp.write_bytes(cubin)
         tmp.replace(path)
     return cp.RawModule(path=str(path))
+
+
+def ws_ring_bytes(defines: Sequence[str]) -> int:
+    """Dynamic shared memory the weight-streaming ring of a -DDTMK_WSTREAM build needs
+    (kernels/mk_ops.cuh ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 4 and
+    32768, plus 128 bytes of alignment); 0 for every other build."""
+    kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
+    if "DTMK_WSTREAM" not in kv:
+        return 0
+    return int(kv.get("DTMK_WS_NST") or 4) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
 
 
 def set_smem(fn, nbytes: int) -> None:
@@ -386,6 +397,9 @@ class Megakernel:
         max_k = max(c.hidden, c.ffn, c.q_dim)
         self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
         self.smem = 4 * (self.xs_off + self.xs_cap)
+        ring = ws_ring_bytes(self.defines)           # DTMK_WSTREAM: the weight ring after xs
+        if self.smem + ring <= WS_SMEM_MAX:            # else the kernel keeps the old path (ws_init)
+            self.smem += ring
         set_smem(self.kernel, self.smem)
         self.step = 0
         self._res = None              # the resident launch (start_resident), None when none

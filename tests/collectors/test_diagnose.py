@@ -125,18 +125,24 @@ def test_dump_replays_the_same_diagnosis(tmp_path, monkeypatch):
 
 def test_a_small_local_delay_does_not_swallow_a_large_remote_stall():
     """_merge folds a remote stall rooted at r into r's local finding of an adjacent step
-    only when that local delay is about as large (FOLD_MIN_SHARE): all-reduce tasks 25 us
-    slower in one step cannot explain a 200 us late signal (2 x H200 demo, 2026-11-30: such
+    only when that finding is not marginal there (FOLD_MIN_RATIO, FOLD_MIN_SHARE):
+    all-reduce tasks 25 us slower in one step (1.1x the threshold) cannot explain a 200 us
+    late signal (2 x H200 demo, 2026-11-30: such
     marginal findings swallowed 3-9 fault steps of the remote stall)."""
     from dtrace_mk.collectors import patterns as P
     from dtrace_mk.collectors.classify import Evidence
-    from dtrace_mk.collectors.diagnose import FOLD_MIN_SHARE, _merge
+    from dtrace_mk.collectors.diagnose import FOLD_MIN_RATIO, FOLD_MIN_SHARE, _merge
     remote = [Evidence(P.REMOTE_STALL, 1, s, impact_ns=200_000.0, ratio=20.0, comm_op=0, layer=0,
                        observed_on={0}) for s in (10, 11, 12)]
     small = Evidence(P.SLOW_TASK_CLASS, 1, 11, impact_ns=25_000.0, ratio=1.1, task_class=11, observed_on={1})
     fs = {f.cause: f for f in _merge(remote + [small])}
     assert fs[P.REMOTE_STALL].steps == [10, 11, 12] and not fs[P.SLOW_TASK_CLASS].folded
-    big = Evidence(P.SLOW_TASK_CLASS, 1, 11, impact_ns=FOLD_MIN_SHARE * 200_000.0, ratio=9.0, task_class=3,
+    big = Evidence(P.SLOW_TASK_CLASS, 1, 11, impact_ns=FOLD_MIN_SHARE * 200_000.0, ratio=1.2, task_class=3,
                    observed_on={1})
     fs = _merge(remote + [big])
     assert [f.cause for f in fs] == [P.SLOW_TASK_CLASS] and len(fs[0].folded) == 3
+    # far past its threshold but small against the summed remote cost (many ranks waited
+    # on the root's one delay): still the cause
+    sure = Evidence(P.QUEUE_SATURATION, 1, 11, impact_ns=20_000.0, ratio=FOLD_MIN_RATIO, observed_on={1})
+    fs = _merge(remote + [sure])
+    assert [f.cause for f in fs] == [P.QUEUE_SATURATION] and len(fs[0].folded) == 3

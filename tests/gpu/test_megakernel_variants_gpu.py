@@ -3,7 +3,9 @@ code paths bench/megakernel.py --variants compares (the session-2 code, and the 
 record read after the acquire) must compute the same bits as the default build --
 greedy tokens and last-step logits bitwise, from the same weights and starting state --
 on tiny (standard and fused/split-4 lowering, batch 4) and on 1b (batch 1).  A variant that changes an arithmetic order, reads a stale partial or loses
-a release/acquire edge shows here as different bits (or NaN from the poisoned outputs)."""
+a release/acquire edge shows here as different bits (or NaN from the poisoned outputs).
+Session 4's TMA weight streaming (DTMK_WSTREAM*) must give the same bits too, and its
+per-launch counters must show that every covered tile really went through the ring."""
 from dataclasses import replace
 
 import numpy as np
@@ -18,6 +20,13 @@ from dtrace_mk.megakernel.presets import PRESETS
 VARIANTS = {
     "s2code": (("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL", "DTMK_REC_LATE"), False),
     "reclate": (("DTMK_REC_LATE",), False),
+    # session 4: weight tiles through shared memory with TMA bulk copies, started before the
+    # dependency wait (kernels/mk_ops.cuh "weight streaming"); 4 x 32 KB, 8 and 9 x 16 KB rings
+    "wstream": (("DTMK_WSTREAM",), False),
+    "wstream8": (("DTMK_WSTREAM", "DTMK_WS_NST=8", "DTMK_WS_STAGE=16384"), False),
+    "wstream9": (("DTMK_WSTREAM", "DTMK_WS_NST=9", "DTMK_WS_STAGE=16384"), False),
+    "wstream_nh": (("DTMK_WSTREAM", "DTMK_NO_HOOKS"), False),
+    "wstream_nopre": (("DTMK_WSTREAM", "DTMK_WS_NOPRE"), False),     # ring only, started by the body
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),
@@ -58,3 +67,75 @@ def test_variant_bits_equal_default(key, name):
     assert np.array_equal(lg.view(np.uint32), log0.view(np.uint32)), \
         f"{name} on {key}: last-step logits not bit-identical to the default build " \
         f"(max abs diff {np.nanmax(np.abs(lg - log0)):.3e})"
+
+
+# ---- the weight stream really ran (a variant that silently kept the old path would pass
+# the bit test above) ----------------------------------------------------------------------
+WS_VARIANTS = ["wstream", "wstream8", "wstream9", "wstream_nopre"]
+
+
+def _ws_expected(tasks, cfg, B, xs_cap, stage):
+    """(streams, stages) one step of the graph's static tasks should take through the ring:
+    kernels/mk_ops.cuh ws_task_desc / ws_desc in Python (fused qkv, lm_head, gate/up; split-K
+    attn_o, mlp_down; batch <= 4, one rank)"""
+    if B > 4:
+        return 0, 0
+    H, chunk = cfg.hidden, max(1, min(xs_cap // cfg.hidden, B))
+    streams = stages = 0
+    for r in tasks:
+        cls, lo, hi, dyn, a12, a13 = int(r[0]), int(r[4]), int(r[5]), int(r[9]), int(r[12]), int(r[13])
+        if dyn:
+            continue
+        if cls in (1, 9, 5):
+            if a12 < 0 or (cls == 9 and a13 < 1) or chunk < B:
+                continue
+            K, two, contig = H, cls == 5, True
+        elif cls in (4, 6):
+            if a12 <= 1:
+                continue
+            K = (cfg.n_heads * cfg.head_dim if cls == 4 else cfg.ffn) // a12
+            if B * K > xs_cap:
+                continue
+            two, contig = False, False
+        else:
+            continue
+        per = 2 * K * (2 if two else 1)
+        rps = min(stage // per, 32 if (contig or not two) else 16)
+        if rps < 1 or (2 * K) % 16:
+            continue
+        streams += 1
+        stages += -(-(hi - lo) // rps)
+    return streams, stages
+
+
+@pytest.mark.parametrize("key", sorted(CFGS))
+@pytest.mark.parametrize("name", WS_VARIANTS)
+def test_wstream_takes_every_covered_tile(key, name):
+    """dtmk_ws_stats after a run: every covered static tile's stream was started by its
+    dependency wait (prediction == body: no restart by a body), and exactly the predicted
+    stages went through the ring; the standard lowering (tiny) streams nothing"""
+    import cupy as cp
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.reference import make_weights
+    cfg, batch, steps = CFGS[key]
+    defines, _ = VARIANTS[name]
+    if key not in _W:
+        _W[key] = make_weights(cfg, 0, xp=cp if cfg.name == "1b" else np)
+    mk = gpu.Megakernel(cfg, batch=batch, weights=_W[key], defines=defines)
+    stats = cp.ndarray((3,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_stats"))
+    stats[:] = 0
+    mk.reset()
+    mk.run(steps)
+    got = [int(v) for v in stats.get()]
+    kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
+    stage = int(kv.get("DTMK_WS_STAGE") or 32768)
+    streams, stages = _ws_expected(mk.tables["tasks"].get(), mk.lcfg, batch, mk.xs_cap, stage)
+    del mk
+    cp.get_default_memory_pool().free_all_blocks()
+    if key == "tiny":
+        assert streams == 0 and got == [0, 0, 0], got
+        return
+    assert streams > 0
+    pre = 0 if "DTMK_WS_NOPRE" in kv else streams       # NOPRE: every stream started by its body
+    want = [stages * steps, pre * steps, (streams - pre) * steps]
+    assert got == want, f"{name} on {key}: [stages, started by the wait, by the body] = {got}, expected {want}"

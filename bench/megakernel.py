@@ -16,15 +16,14 @@ select the old (session-2) code paths, e.g. (docs/dev/megakernel_speed.md "Sessi
     python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
         --variants s2code=DTMK_POLL_FENCE+DTMK_PROLOGUE_SERIAL+DTMK_REC_LATE,reclate=DTMK_REC_LATE,pf=prefetch
 
-Session 4's TMA weight streaming through shared memory (DTMK_WSTREAM: ring of DTMK_WS_NST
-stages of DTMK_WS_STAGE bytes, default 4 x 32 KB; DTMK_WS_NOPRE: no start before the
-dependency wait; DTMK_WS_XSMEM: x re-read from shared memory per row instead of held in
-registers; gpu.Megakernel adds the ring to the launch's shared memory):
+Session 4's TMA weight streaming through shared memory (the default build since then;
+DTMK_NO_WSTREAM = the old matvec path; a ring of DTMK_WS_NST stages of DTMK_WS_STAGE
+bytes, default 4 x 32 KB; DTMK_WS_NOPRE: no start before the dependency wait;
+DTMK_WS_XSMEM: x re-read from shared memory per row instead of held in registers;
+gpu.Megakernel adds the ring to the launch's shared memory):
 
     python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
-        --variants ws=DTMK_WSTREAM,ws8=DTMK_WSTREAM+DTMK_WS_NST=8+DTMK_WS_STAGE=16384,\
-ws9=DTMK_WSTREAM+DTMK_WS_NST=9+DTMK_WS_STAGE=16384,wsnopre=DTMK_WSTREAM+DTMK_WS_NOPRE,\
-wsxs=DTMK_WSTREAM+DTMK_WS_XSMEM
+        --variants nows=DTMK_NO_WSTREAM,ws8=DTMK_WS_NST=8+DTMK_WS_STAGE=16384,wsnopre=DTMK_WS_NOPRE
 
 Writes DIR/bench.json (and DIR/costs.json); prints a short table last.
 """

@@ -37,6 +37,16 @@
  *   control u32[32] (CTL_*), worker_state u64[W][8], faults int64[n][8],
  *   observer state u64[W][OBS_WORDS] (OBS_*; its address in control[CTL_OBS])
  */
+/* Weight streaming through a shared-memory ring (mk_ops.cuh, docs/dev/megakernel_speed.md
+ * "Session 4"): the megakernel's default since session 4 (1b batch 1 on an H200: 1538.8
+ * vs 1648.6 us/step, logits bit-equal); -DDTMK_NO_WSTREAM builds the old path.  Defined
+ * here, not in mk_ops.cuh: the per-operator baseline (baseline.cu) has no ring. */
+#if !defined(DTMK_NO_WSTREAM) && !defined(DTMK_WSTREAM)
+#define DTMK_WSTREAM
+#endif
+#if defined(DTMK_NO_WSTREAM) && defined(DTMK_WSTREAM)
+#error "DTMK_NO_WSTREAM and DTMK_WSTREAM exclude each other"
+#endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 /* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,

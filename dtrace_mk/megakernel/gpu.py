@@ -39,7 +39,7 @@ MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
 TRACE_BYTES = 32
-WS_SMEM_MAX = 195 * 1024       # dynamic smem with a DTMK_WSTREAM ring: 227 KB less ~32 KB static
+WS_SMEM_MAX = 195 * 1024       # dynamic smem with the weight-stream ring: 227 KB less ~32 KB static
 
 # Field order of struct MkParams (kernels/mk_ops.cuh); tests check they agree.
 PARAM_FIELDS: Tuple[str, ...] = (
@@ -131,11 +131,11 @@ def load_module(arch: str, name: str, defines: Sequence[str] = ()):
 
 
 def ws_ring_bytes(defines: Sequence[str]) -> int:
-    """Dynamic shared memory the weight-streaming ring of a -DDTMK_WSTREAM build needs
-    (kernels/mk_ops.cuh ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 4 and
-    32768, plus 128 bytes of alignment); 0 for every other build."""
+    """Dynamic shared memory the megakernel's weight-streaming ring needs (kernels/mk_ops.cuh
+    ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 4 and 32768, plus 128
+    bytes of alignment; on by default since session 4); 0 for a -DDTMK_NO_WSTREAM build."""
     kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
-    if "DTMK_WSTREAM" not in kv:
+    if "DTMK_NO_WSTREAM" in kv:
         return 0
     return int(kv.get("DTMK_WS_NST") or 4) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
 
@@ -397,7 +397,7 @@ class Megakernel:
         max_k = max(c.hidden, c.ffn, c.q_dim)
         self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
         self.smem = 4 * (self.xs_off + self.xs_cap)
-        ring = ws_ring_bytes(self.defines)           # DTMK_WSTREAM: the weight ring after xs
+        ring = ws_ring_bytes(self.defines)           # the weight-stream ring after xs
         if self.smem + ring <= WS_SMEM_MAX:            # else the kernel keeps the old path (ws_init)
             self.smem += ring
         set_smem(self.kernel, self.smem)

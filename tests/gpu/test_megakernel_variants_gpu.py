@@ -4,8 +4,9 @@ record read after the acquire) must compute the same bits as the default build -
 greedy tokens and last-step logits bitwise, from the same weights and starting state --
 on tiny (standard and fused/split-4 lowering, batch 4) and on 1b (batch 1).  A variant that changes an arithmetic order, reads a stale partial or loses
 a release/acquire edge shows here as different bits (or NaN from the poisoned outputs).
-Session 4's TMA weight streaming (DTMK_WSTREAM*) must give the same bits too, and its
-per-launch counters must show that every covered tile really went through the ring."""
+Session 4's TMA weight streaming (DTMK_WSTREAM*, the default build since then; the old
+path is DTMK_NO_WSTREAM) must give the same bits too, and its per-launch counters must
+show that every covered tile really went through the ring."""
 from dataclasses import replace
 
 import numpy as np
@@ -27,6 +28,10 @@ VARIANTS = {
     "wstream9": (("DTMK_WSTREAM", "DTMK_WS_NST=9", "DTMK_WS_STAGE=16384"), False),
     "wstream_nh": (("DTMK_WSTREAM", "DTMK_NO_HOOKS"), False),
     "wstream_nopre": (("DTMK_WSTREAM", "DTMK_WS_NOPRE"), False),     # ring only, started by the body
+    # the weight stream is the default build since session 4: the old matvec path must
+    # still give the same bits (hooks on and off)
+    "nowstream": (("DTMK_NO_WSTREAM",), False),
+    "nowstream_nh": (("DTMK_NO_WSTREAM", "DTMK_NO_HOOKS"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

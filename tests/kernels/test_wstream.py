@@ -1,9 +1,11 @@
-"""CI (no GPU): the TMA weight-streaming variant of the megakernel (-DDTMK_WSTREAM,
+"""CI (no GPU): the TMA weight streaming of the megakernel (-DDTMK_WSTREAM, the default since
+session 4; -DDTMK_NO_WSTREAM is the old path;
 kernels/mk_ops.cuh "weight streaming through shared memory"; docs/dev/megakernel_speed.md
 "Session 4") compiles through NVRTC to sm_90a cubin with the default hook code and with
 -DDTMK_NO_HOOKS; ptxas gives its new functions no spills and leaves op_proj / op_gate_up
-as they are in the default build; the default builds contain none of it; the ring fits the
-1b launch's shared memory; gpu.ws_ring_bytes reads the variant's defines."""
+as they are in the old build; the old-path builds and the per-operator baseline contain
+none of it; the ring fits the 1b launch's shared memory; gpu.ws_ring_bytes reads the
+defines."""
 import re
 
 import pytest
@@ -13,6 +15,7 @@ from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.presets import PRESETS
 
 WS = ("DTMK_WSTREAM",)
+OLD = ("DTMK_NO_WSTREAM",)      # the matvec path before session 4 (the default streams since)
 WS8 = ("DTMK_WSTREAM", "DTMK_WS_NST=8", "DTMK_WS_STAGE=16384")
 SMEM_MAX = 227 * 1024          # sm_90: static + dynamic shared memory per block
 
@@ -67,7 +70,7 @@ def _ptx(defines):
 
 @pytest.fixture(scope="module")
 def ptxs():
-    return {"default": _ptx(()), "nohooks": _ptx(("DTMK_NO_HOOKS",)), "ws": _ptx(WS)}
+    return {"default": _ptx(()), "old": _ptx(OLD), "old_nohooks": _ptx(OLD + ("DTMK_NO_HOOKS",)), "ws": _ptx(WS)}
 
 
 def test_variant_compiles_with_and_without_hooks(builds):
@@ -88,15 +91,22 @@ def test_variant_leaves_the_old_matvec_code_alone(ptxs):
     PTX in the variant as in the default build (so ptxas gives them the same registers and
     spills: 32 / 176 and 20 / 36 bytes spill stores / loads with hooks on, CUDA 13.0)"""
     for f in ("_Z7op_projP", "_Z10op_gate_upP", "mv_row_nl"):
-        a, b = _func(ptxs["default"], f), _func(ptxs["ws"], f)
+        a, b = _func(ptxs["old"], f), _func(ptxs["ws"], f)
         strip = lambda t: re.sub(r"\$L__BB\d+_\d+|%[a-z]+\d+", "", t)   # noqa: E731  (label / register numbering)
         assert strip(a) == strip(b), f"{f} differs between the default and the DTMK_WSTREAM build"
 
 
-def test_default_ptx_has_no_weight_stream(ptxs):
-    for name in ("default", "nohooks"):
+def test_default_is_the_weight_stream_and_the_old_path_has_none(ptxs):
+    """Since session 4 the default build IS -DDTMK_WSTREAM (identical PTX);
+    -DDTMK_NO_WSTREAM (with or without hooks) has none of its code; the per-operator
+    baseline (baseline.cu, which includes mk_ops.cuh) has none either."""
+    assert ptxs["default"] == ptxs["ws"]
+    for name in ("old", "old_nohooks"):
         for sym in ("cp.async.bulk.shared", "mbarrier", "ws_s", "ws_prestart", "dtmk_ws_stats", "ws_tile"):
             assert sym not in ptxs[name], f"{name} build contains {sym}"
+    base = build.nvrtc_compile((build.KERNEL_DIR / "baseline.cu").read_text(), "baseline.cu", "sm_90a", "ptx",
+                               ()).decode()
+    assert "cp.async.bulk.shared" not in base and "ws_prestart" not in base
 
 
 def _func(ptx, name):
@@ -128,8 +138,9 @@ def test_variant_ptx_shape(ptxs, extra):
 
 
 def test_ws_ring_bytes():
-    assert gpu.ws_ring_bytes(()) == 0
-    assert gpu.ws_ring_bytes(("DTMK_NO_HOOKS",)) == 0
+    assert gpu.ws_ring_bytes(()) == 4 * 32768 + 128                  # the default streams
+    assert gpu.ws_ring_bytes(("DTMK_NO_HOOKS",)) == 4 * 32768 + 128
+    assert gpu.ws_ring_bytes(OLD) == gpu.ws_ring_bytes(OLD + ("DTMK_NO_HOOKS",)) == 0
     assert gpu.ws_ring_bytes(WS) == 4 * 32768 + 128
     assert gpu.ws_ring_bytes(WS8) == 8 * 16384 + 128
     assert gpu.ws_ring_bytes(("DTMK_WSTREAM", "DTMK_WS_NST=9", "DTMK_WS_STAGE=16384")) == 9 * 16384 + 128

@@ -140,6 +140,17 @@ def ws_ring_bytes(defines: Sequence[str]) -> int:
     return int(kv.get("DTMK_WS_NST") or 4) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
 
 
+def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
+    """The ring a Megakernel of this graph gets (bytes; 0 = none, the kernel keeps the old
+    matvec path): only graphs with streamed tiles -- the fused / split-K lowering on one
+    rank at batch <= MK_MAXB (4), kernels/mk_ops.cuh -- since an unused ring still takes
+    shared memory from the L1 carveout (1b's standard lowering ran 1946 -> 2334 us/step
+    with an idle ring, H200, 2026-11-30)."""
+    if ranks > 1 or batch > 4 or not (cfg.fuse_norm or cfg.split_k > 1):
+        return 0
+    return ws_ring_bytes(defines)
+
+
 def set_smem(fn, nbytes: int) -> None:
     """Raise a kernel's dynamic shared-memory limit to nbytes (never lower it: several
     Megakernel objects share one loaded module)."""
@@ -397,7 +408,7 @@ class Megakernel:
         max_k = max(c.hidden, c.ffn, c.q_dim)
         self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
         self.smem = 4 * (self.xs_off + self.xs_cap)
-        ring = ws_ring_bytes(self.defines)           # the weight-stream ring after xs
+        ring = ws_ring_for(c, B, ranks, self.defines)   # the weight-stream ring after xs
         if self.smem + ring <= WS_SMEM_MAX:            # else the kernel keeps the old path (ws_init)
             self.smem += ring
         set_smem(self.kernel, self.smem)

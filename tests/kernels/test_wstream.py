@@ -257,3 +257,16 @@ def test_ring_model_catches_the_unsound_protocol():
     first version) reads a stale stage or deadlocks for some interleaving with 9 slots"""
     bad = [_run_ring(9, [16, 16], seed, skip_rowless=True, rps_rows=4) for seed in range(200)]
     assert any(b is not None for b in bad)
+
+
+def test_ring_only_for_graphs_with_streamed_tiles():
+    """An idle ring costs the L1 carveout (1b standard lowering 1946 -> 2334 us/step on the
+    H200): Megakernel adds it only for the fused / split-K lowering on one rank, batch <= 4."""
+    one = PRESETS["1b"]
+    assert gpu.ws_ring_for(one, 1, 1, ()) == 4 * 32768 + 128
+    assert gpu.ws_ring_for(one, 4, 1, ()) == 4 * 32768 + 128
+    assert gpu.ws_ring_for(one, 8, 1, ()) == 0                       # batch > MK_MAXB
+    assert gpu.ws_ring_for(one, 1, 2, ()) == 0                       # tensor parallel: standard lowering
+    assert gpu.ws_ring_for(one, 1, 1, OLD) == 0
+    std = PRESETS["tiny"]
+    assert not std.fuse_norm and std.split_k == 1 and gpu.ws_ring_for(std, 1, 1, ()) == 0

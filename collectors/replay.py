@@ -30,11 +30,8 @@ def main(argv=None) -> int:
     if "--json" in argv:
         print(json.dumps(res, indent=1, default=str))
         return 0
-    print(f"verdict {res['verdict']}: {len(res['findings'])} finding(s)")
-    for f in res["findings"]:
-        print(f"  {f['cause']} rank {f['rank']} {f.get('task_class') or f.get('comm_op') or ''} "
-              f"steps {f['steps'][0]}-{f['steps'][-1]} ({len(f['steps'])}) conf {f['confidence']} "
-              f"impact {f['impact_us']} us")
+    from ..launch.launcher import summary_lines        # the text `dtrace-mk launch` prints
+    print("\n".join(summary_lines(res)))
     return 0
 
 

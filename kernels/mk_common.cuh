@@ -33,11 +33,9 @@ __device__ __forceinline__ float bf16_at(const unsigned short *p, long i) {
 
 /* dot of 8 bf16 weights (one 16-byte load) with 8 fp32 activations at x: from L2
  * (global, written by other CTAs: never through the non-coherent L1) or shared memory */
-template <bool SHARED>
-__device__ __forceinline__ float dot8(uint4 w, const float *x) {
-    float4 a, b;
-    if (SHARED) { a = *(const float4 *)x; b = *(const float4 *)(x + 4); }
-    else { a = __ldcg((const float4 *)x); b = __ldcg((const float4 *)(x + 4)); }
+/* the arithmetic (its order fixes the bits every matvec path must reproduce): a = x[0:4],
+ * b = x[4:8] already in registers */
+__device__ __forceinline__ float dot8_regs(uint4 w, float4 a, float4 b) {
     float s = bf16_lo(w.x) * a.x;
     s = fmaf(bf16_hi(w.x), a.y, s);
     s = fmaf(bf16_lo(w.y), a.z, s);
@@ -47,6 +45,13 @@ __device__ __forceinline__ float dot8(uint4 w, const float *x) {
     s = fmaf(bf16_lo(w.w), b.z, s);
     s = fmaf(bf16_hi(w.w), b.w, s);
     return s;
+}
+template <bool SHARED>
+__device__ __forceinline__ float dot8(uint4 w, const float *x) {
+    float4 a, b;
+    if (SHARED) { a = *(const float4 *)x; b = *(const float4 *)(x + 4); }
+    else { a = __ldcg((const float4 *)x); b = __ldcg((const float4 *)(x + 4)); }
+    return dot8_regs(w, a, b);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -787,18 +787,6 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
     }
     ws_end(d);
 }
-/* dot8's arithmetic, x from registers (a: x[0:4], b: x[4:8]): the same bits */
-__device__ __forceinline__ float ws_dot8(uint4 w, float4 a, float4 b) {
-    float s = bf16_lo(w.x) * a.x;
-    s = fmaf(bf16_hi(w.x), a.y, s);
-    s = fmaf(bf16_lo(w.y), a.z, s);
-    s = fmaf(bf16_hi(w.y), a.w, s);
-    s = fmaf(bf16_lo(w.z), b.x, s);
-    s = fmaf(bf16_hi(w.z), b.y, s);
-    s = fmaf(bf16_lo(w.w), b.z, s);
-    s = fmaf(bf16_hi(w.w), b.w, s);
-    return s;
-}
 /* ws_tile for one slot and K = 256 * KCH (1b batch 1: K 2048 and split attn_o's 512): a
  * lane's x chunks (the same for every row) live in registers, so shared memory serves
  * only the weights (ws_tile reads 8 KB of x per 4 KB row: its bandwidth, not HBM's, was
@@ -825,8 +813,8 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
             float acc = 0.0f, accB = 0.0f;
 #pragma unroll
             for (int m = 0; m < KCH; ++m) {
-                acc += ws_dot8(w[32 * m], xa[m], xb[m]);
-                if (GU) accB += ws_dot8(w2[32 * m], xa[m], xb[m]);
+                acc += dot8_regs(w[32 * m], xa[m], xb[m]);
+                if (GU) accB += dot8_regs(w2[32 * m], xa[m], xb[m]);
             }
             acc = warp_sum(acc);
             if (GU) accB = warp_sum(accB);

@@ -35,6 +35,19 @@ def load_bench():
     return _load_bench
 
 
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    """A private job registry for the test ($DTRACE_MK_RUNTIME_DIR; a short path: Unix
+    socket paths are limited)."""
+    import os
+    import tempfile
+    d = tempfile.mkdtemp(prefix="dtmk-")
+    os.chmod(d, 0o700)
+    monkeypatch.setenv("DTRACE_MK_RUNTIME_DIR", d)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def clang():
     """Path of the distro clang that builds eBPF monitors (installed by dev.sh)."""

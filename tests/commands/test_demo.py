@@ -4,22 +4,11 @@ diagnosis and a spans file with links across ranks."""
 import json
 from pathlib import Path
 import sys
-import os
-import tempfile
 
 import pytest
 
 from dtrace_mk.cli import main
 
-
-@pytest.fixture
-def runtime_dir(monkeypatch):
-    d = tempfile.mkdtemp(prefix="dtmk-")
-    os.chmod(d, 0o700)
-    monkeypatch.setenv("DTRACE_MK_RUNTIME_DIR", d)
-    yield d
-    import shutil
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _spans(path):

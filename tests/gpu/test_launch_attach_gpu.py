@@ -6,9 +6,7 @@ detach, Ctrl-C on an attached client, live Prometheus metrics, Ctrl-C on the job
 at a step boundary, the collector names remote_stall rooted at rank 1 and exports spans).
 The same code as the sim test (tests/launch/test_launch_e2e.py); the job serves hundreds
 of steps, more than a device coverage table holds (its epochs are retired while it runs)."""
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,6 @@ pytestmark = pytest.mark.gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 from test_launch_e2e import launch_attach_list_detach_stop  # noqa: E402
-
-
-@pytest.fixture
-def runtime_dir(monkeypatch):
-    d = tempfile.mkdtemp(prefix="dtmk-")
-    os.chmod(d, 0o700)
-    monkeypatch.setenv("DTRACE_MK_RUNTIME_DIR", d)
-    yield d
-    import shutil
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_launch_attach_list_detach_stop_on_two_gpus(runtime_dir, tmp_path):

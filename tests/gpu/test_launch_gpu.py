@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 from pathlib import Path
 
@@ -34,14 +33,6 @@ def _gpus() -> int:
     except Exception:
         return 0
 
-
-@pytest.fixture
-def runtime_dir():
-    d = tempfile.mkdtemp(prefix="dtmk-")
-    os.chmod(d, 0o700)
-    yield d
-    import shutil
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans(runtime_dir, tmp_path):

@@ -25,6 +25,14 @@ gpu.Megakernel adds the ring to the launch's shared memory):
     python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
         --variants nows=DTMK_NO_WSTREAM,ws8=DTMK_WS_NST=8+DTMK_WS_STAGE=16384,wsnopre=DTMK_WS_NOPRE
 
+Session 4b (docs/dev/megakernel_speed.md "Session 4b"): DTMK_WS_NEXT streams each worker's
+NEXT static task's weights into the ring slots the current tile frees (the ring does not
+drain between tasks); with DTMK_WS_NOPRE the dependency wait starts nothing; with
+DTMK_WS_NEXT_NOTAIL only slots free at a task boundary go to the next task (not the tail's):
+
+    python bench/megakernel.py --presets 1b --steps 8 --reps 3 --quick \
+        --variants wsnext=DTMK_WS_NEXT,wsnextnopre=DTMK_WS_NEXT+DTMK_WS_NOPRE,wsnextnotail=DTMK_WS_NEXT+DTMK_WS_NEXT_NOTAIL
+
 Writes DIR/bench.json (and DIR/costs.json); prints a short table last.
 """
 from __future__ import annotations

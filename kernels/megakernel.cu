@@ -1111,11 +1111,40 @@ __device__ __noinline__ void ws_prestart(const MkParams &P, int t) {
     const int *r = trec(P, t);
 #endif
     WsDesc d;
+#ifndef DTMK_WS_NEXT
     if (!ws_task_desc(P, r, d)) return;
     ws_drop();
     ws_start(d);
     if ((threadIdx.x & 31) == 0) ++ws_s.npre;
+#else
+    /* t's stream is usually live already (chained by the previous stream's end): then only
+     * the slots it leaves free go to the next task's stream (ws_fill).  A t without a stream
+     * (rope, attention, ...) leaves the ring to the next task's stream at once. */
+    if (ws_task_desc(P, r, d)) {
+        if (ws_s.live && ws_same(ws_s.d, d)) { ws_fill(); return; }
+        ws_drop();
+        ws_start(d);
+    } else {
+        if (!ws_s.nvalid) return;
+        ws_drop();
+        ws_start_next();
+    }
+    if ((threadIdx.x & 31) == 0) ++ws_s.npre;
+#endif
 }
+#ifdef DTMK_WS_NEXT
+/* warp 1 in the plan loop, before static task t's wait (the ring quiescent: the previous body
+ * ended with a barrier, the next starts after wait_event's): tn is the worker's next static
+ * task (-1: none); its stream, if any, follows t's in the ring (mk_ops.cuh "DTMK_WS_NEXT") */
+__device__ __noinline__ void ws_next(const MkParams &P, int tn) {
+    /* a next stream still pending here was never consumed (its task's body took the old path):
+     * its issued stages are waited for before nd changes meaning (never in the plan order) */
+    if (ws_s.nvalid) ws_drop();
+    if ((threadIdx.x & 31) == 0)         /* ws_task_desc writes nd only when it returns true */
+        ws_s.nvalid = tn >= 0 && ws_task_desc(P, trec(P, tn), ws_s.nd);
+    __syncwarp();
+}
+#endif
 #endif
 
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
@@ -1426,6 +1455,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             int e = r[6];
             dtmk_u64 target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
             if (e < 0) e = (int)P.step_event;
+#ifdef DTMK_WS_NEXT
+            /* the worker's next static task (the next step's first one within a launch; not
+             * across a resident step gate) streams after t: mk_ops.cuh "DTMK_WS_NEXT" */
+            if ((threadIdx.x >> 5) == 1)
+                ws_next(P, i + 1 < p1 ? plan[i + 1] : (!P.resident && step + 1 < last ? plan[p0] : -1));
+#endif
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
             run_task(P, W, t, step, true, smem);
@@ -1445,6 +1480,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         atomicAdd(&dtmk_ws_stats[0], (unsigned long long)ws_s.seq);
         atomicAdd(&dtmk_ws_stats[1], (unsigned long long)ws_s.npre);
         atomicAdd(&dtmk_ws_stats[2], (unsigned long long)ws_s.nmiss);
+#ifdef DTMK_WS_NEXT
+        atomicAdd(&dtmk_ws_next_stats[0], (unsigned long long)ws_s.nchain);
+        atomicAdd(&dtmk_ws_next_stats[1], (unsigned long long)ws_s.nearly);
+#endif
     }
 #endif
     if (threadIdx.x == 0) {

@@ -578,6 +578,31 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
 #error "DTMK_WS_STAGE: a multiple of 128 bytes, at most 64 KB; DTMK_WS_NST >= 1"
 #endif
 #define MK_WS_MAXR 32          /* rows per stage at most: one bulk copy per lane of the issuing warp */
+#ifdef DTMK_WS_NEXT
+/* -DDTMK_WS_NEXT (docs/dev/megakernel_speed.md "Session 4b"): the ring never drains between
+ * a worker's tasks.  Global stage indices run on across streams, so "stage g + NST goes into
+ * g's slot once the 16 warps are done with g" holds whatever stream g + NST belongs to: the
+ * stream d being consumed is followed in the ring by nd, the stream of the worker's NEXT
+ * static task (ws_next, known before d's body starts: the static per-SM plan).  Releases of
+ * d's last NST stages issue nd's first ones (ws_release), and a short d (fewer than NST
+ * stages) leaves its free slots to nd at once (ws_fill); at d's end nd becomes the live
+ * stream with its first min(NST, stages) issued -- the state ws_start leaves -- so the next
+ * wait finds it started.  State at the CTA's quiescent points (between barriers, nobody in a
+ * body): global stages [seq, top) are issued, every stage below seq is landed and nobody
+ * reads it; stage seq + x is d's stage x (x < d.nst), else nd's stage x - d.nst; top - seq
+ * <= NST; !live => top == seq.  tests/kernels/test_wstream.py models it (random
+ * interleavings, mispredictions, aborts) and shows three unsound orderings failing. */
+#ifndef DTMK_WSTREAM
+#error "DTMK_WS_NEXT needs the weight stream (drop DTMK_NO_WSTREAM)"
+#endif
+#endif
+/* -DDTMK_WS_NEXT_NOTAIL (with DTMK_WS_NEXT): the next stream gets only the slots that are free
+ * at a task boundary (a short stream's, an unstreamed task's wait: ws_fill), never those the
+ * current tile's releases free (its tail): tests whether next-task stages issued during the
+ * current level's tail steal HBM from its stragglers (docs/dev/megakernel_speed.md "Session 4b") */
+#if defined(DTMK_WS_NEXT_NOTAIL) && !defined(DTMK_WS_NEXT)
+#error "DTMK_WS_NEXT_NOTAIL is an option of DTMK_WS_NEXT"
+#endif
 
 struct WsDesc {             /* the weight stream of one tile */
     const char *a, *b;      /* row lo (and column k0 of a split-K slice) of A, of B (gate/up's up; 0: none) */
@@ -594,12 +619,25 @@ struct WsState {
     char *ringp;            /* the same, generic */
     unsigned npre, nmiss;   /* streams started by the dependency wait / by a body (prediction missed) */
     WsDesc d;
+#ifdef DTMK_WS_NEXT
+    WsDesc nd;              /* the stream of the worker's next static task, valid when nvalid (ws_next) */
+    int nvalid;
+    unsigned top;           /* one past the last issued global stage (at quiescent points) */
+    unsigned nchain, nearly;   /* streams made live by the previous stream's end (ws_end) / started
+                                * early by an unstreamed previous task's wait (ws_prestart) */
+#endif
 };
 __shared__ __align__(16) WsState ws_s;
 /* per launch, summed over workers at the end (megakernel.cu; tests/gpu read it by name):
  * [0] stages issued, [1] streams started by the dependency wait, [2] started by a body */
 extern "C" __device__ unsigned long long dtmk_ws_stats[3];
 __device__ unsigned long long dtmk_ws_stats[3];
+#ifdef DTMK_WS_NEXT
+/* [0] streams chained (live at the previous stream's end: not counted in dtmk_ws_stats[1]),
+ * [1] streams started early by an unstreamed previous task's wait (counted in [1] there) */
+extern "C" __device__ unsigned long long dtmk_ws_next_stats[2];
+__device__ unsigned long long dtmk_ws_next_stats[2];
+#endif
 
 __device__ __forceinline__ unsigned ws_bar(unsigned g) {
     return (unsigned)__cvta_generic_to_shared(&ws_s.full[g % DTMK_WS_NST]);
@@ -632,6 +670,9 @@ __device__ void ws_init(const MkParams &P, float *smem) {
     ws_s.ring = ring;
     ws_s.ringp = (char *)smem + (ring - base);
     ws_s.seq = 0; ws_s.live = 0; ws_s.npre = 0; ws_s.nmiss = 0;
+#ifdef DTMK_WS_NEXT
+    ws_s.top = 0; ws_s.nvalid = 0; ws_s.nchain = 0; ws_s.nearly = 0;
+#endif
     for (int k = 0; k < DTMK_WS_NST; ++k) {
         ws_s.cnt[k] = 0;
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(ws_bar(k)) : "memory");
@@ -681,6 +722,7 @@ __device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
                      :: "r"(to), "l"(src), "r"(bytes), "r"(bar) : "memory");
     }
 }
+#ifndef DTMK_WS_NEXT
 /* whole warp: wait for the stages of a started, never consumed stream and forget it */
 __device__ void ws_drop() {
     if (!ws_s.live) return;
@@ -700,8 +742,47 @@ __device__ void ws_start(const WsDesc &d) {
     if ((threadIdx.x & 31) == 0) { ws_s.d = d; ws_s.live = 1; }
     __syncwarp();
 }
+#else /* DTMK_WS_NEXT */
+/* whole warp: wait for every issued, never consumed stage (the live stream's and the next
+ * stream's started ones) and forget them */
+__device__ void ws_drop() {
+    if (!ws_s.live) return;              /* !live => top == seq */
+    const unsigned top = ws_s.top;
+    for (unsigned g = ws_s.seq; g != top; ++g) ws_wait(g);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) { ws_s.seq = top; ws_s.live = 0; }
+    __syncwarp();
+}
+/* whole warp, at a quiescent point with d (ws_s.d) live: issue every stage of d, then nd, that
+ * has a free slot now -- global stages [top, seq + NST) -- and advance top */
+__device__ void ws_fill() {
+    const unsigned seq = ws_s.seq, top = ws_s.top;
+    const int na = ws_s.d.nst, end = min(DTMK_WS_NST, na + (ws_s.nvalid ? ws_s.nd.nst : 0));
+    for (int x = (int)(top - seq); x < end; ++x) {
+        const bool a = x < na;
+        ws_issue(a ? ws_s.d : ws_s.nd, seq + (unsigned)x, a ? x : x - na);
+    }
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0 && (int)(top - seq) < end) ws_s.top = seq + (unsigned)end;
+    __syncwarp();
+}
+/* whole warp (the ring idle: ws_drop first): make d live, issue its first stages (and nd's,
+ * when d is shorter than the ring) */
+__device__ void ws_start(const WsDesc &d) {
+    if ((threadIdx.x & 31) == 0) { ws_s.d = d; ws_s.live = 1; }
+    __syncwarp();
+    ws_fill();
+}
+/* whole warp (the ring idle, nvalid): the next task's stream becomes the live one now */
+__device__ void ws_start_next() {
+    if ((threadIdx.x & 31) == 0) { ws_s.d = ws_s.nd; ws_s.nvalid = 0; ws_s.live = 1; ++ws_s.nearly; }
+    __syncwarp();
+    ws_fill();
+}
+#endif /* DTMK_WS_NEXT */
 /* whole CTA, a tile's body: make d the live stream (started by the dependency wait,
  * ws_prestart, unless that predicted another stream or none) */
+#ifndef DTMK_WS_NEXT
 __device__ __forceinline__ void ws_begin(const WsDesc &d) {
     const bool miss = !ws_s.live || !ws_same(ws_s.d, d);
     if (__syncthreads_or(miss)) {          /* everyone read ws_s before warp 0 rewrites it */
@@ -713,11 +794,50 @@ __device__ __forceinline__ void ws_begin(const WsDesc &d) {
         MK_SYNC();
     }
 }
+#else /* DTMK_WS_NEXT: also fills the free slots the wait left (-DDTMK_WS_NOPRE: a chained
+       * stream's successor stages), so that ws_end's top is exact */
+__device__ __forceinline__ void ws_begin(const WsDesc &d) {
+    const bool hit = ws_s.live && ws_same(ws_s.d, d);
+    const int full = min(DTMK_WS_NST, d.nst + (ws_s.nvalid ? ws_s.nd.nst : 0));
+    if (__syncthreads_or(!hit || (int)(ws_s.top - ws_s.seq) < full)) {   /* all read ws_s first */
+        if ((threadIdx.x >> 5) == 0) {
+            if (!hit) {
+                ws_drop();
+                ws_start(d);
+                if (threadIdx.x == 0) ++ws_s.nmiss;
+            } else {
+                ws_fill();
+            }
+        }
+        MK_SYNC();
+    }
+}
+#endif
 /* whole CTA after the tile's rows: every stage landed and was read; the next stream
  * starts after them */
 __device__ __forceinline__ void ws_end(const WsDesc &d) {
     MK_SYNC();
+#ifndef DTMK_WS_NEXT
     if (threadIdx.x == 0) { ws_s.seq += (unsigned)d.nst; ws_s.live = 0; }
+#else
+    /* the releases issued global stages up to min(seq + d.nst + NST, seq + d.nst + nd.nst):
+     * nd's first min(NST, nd.nst), the state ws_start leaves (d is ws_s.d: read before nd) */
+    if (threadIdx.x == 0) {
+        const unsigned s = ws_s.seq + (unsigned)d.nst;
+        ws_s.seq = s;
+        if (ws_s.nvalid) {
+            ws_s.d = ws_s.nd; ws_s.nvalid = 0; ws_s.live = 1;
+#ifndef DTMK_WS_NEXT_NOTAIL
+            ws_s.top = s + (unsigned)min(DTMK_WS_NST, ws_s.nd.nst);
+#else       /* only what ws_fill issued (maybe nothing: live with top == seq, the wait fills) */
+            if ((int)(ws_s.top - s) < 0) ws_s.top = s;
+#endif
+            ++ws_s.nchain;
+        } else {
+            ws_s.live = 0; ws_s.top = s;
+        }
+    }
+#endif
 }
 /* whole warp, done with stage j (global g; its rows computed, if any): the last of the
  * 16 warps refills the slot with stage j + NST */
@@ -731,7 +851,21 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
         if (last) { *c = 0; __threadfence_block(); }
     }
     last = __shfl_sync(MK_FULL, last, 0);
+#ifndef DTMK_WS_NEXT
     if (last && j + DTMK_WS_NST < d.nst) ws_issue(d, g + DTMK_WS_NST, j + DTMK_WS_NST);
+#else
+    /* global stage g + NST: d's stage j + NST, or past d's end the next stream's */
+#ifndef DTMK_WS_NEXT_NOTAIL
+    if (last) {
+        int k = j + DTMK_WS_NST;
+        const bool a = k < d.nst;
+        if (!a) k -= d.nst;
+        if (a || (ws_s.nvalid && k < ws_s.nd.nst)) ws_issue(a ? d : ws_s.nd, g + DTMK_WS_NST, k);
+    }
+#else
+    if (last && j + DTMK_WS_NST < d.nst) ws_issue(d, g + DTMK_WS_NST, j + DTMK_WS_NST);
+#endif
+#endif
 }
 /* warp: acc[b] = dot(w[:k8n * 8], x[b]) (b < NB) with mv_row's per-lane order (chunks
  * i = lane, lane + 32, ... ascending, from 0.0f) and warp_sum: mv_row / mv_row2's bits.

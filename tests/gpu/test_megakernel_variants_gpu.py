@@ -32,6 +32,14 @@ VARIANTS = {
     # still give the same bits (hooks on and off)
     "nowstream": (("DTMK_NO_WSTREAM",), False),
     "nowstream_nh": (("DTMK_NO_WSTREAM", "DTMK_NO_HOOKS"), False),
+    # session 4b: the next static task's stream follows the current one through the ring
+    # (docs/dev/megakernel_speed.md "Session 4b"); with the wait's start off, the body's
+    # ws_begin fills the free slots
+    "wsnext": (("DTMK_WS_NEXT",), False),
+    "wsnext_nh": (("DTMK_WS_NEXT", "DTMK_NO_HOOKS"), False),
+    "wsnext_nopre": (("DTMK_WS_NEXT", "DTMK_WS_NOPRE"), False),
+    # ... the next stream only into slots free at a task boundary, not the tile's tail
+    "wsnext_notail": (("DTMK_WS_NEXT", "DTMK_WS_NEXT_NOTAIL"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),
@@ -144,3 +152,74 @@ def test_wstream_takes_every_covered_tile(key, name):
     pre = 0 if "DTMK_WS_NOPRE" in kv else streams       # NOPRE: every stream started by its body
     want = [stages * steps, pre * steps, (streams - pre) * steps]
     assert got == want, f"{name} on {key}: [stages, started by the wait, by the body] = {got}, expected {want}"
+
+
+# ---- session 4b: DTMK_WS_NEXT chains each worker's streams (counters: mk_ops.cuh ws_end /
+# ws_prestart, dtmk_ws_next_stats = [chained, started early]) -------------------------------
+NEXT_VARIANTS = ["wsnext", "wsnext_nopre", "wsnext_notail"]   # NOTAIL: the same counters
+
+
+def _next_expected(tasks, plan_off, plan_tasks, steps, cfg, B, xs_cap, stage):
+    """[stages, started by a wait, started by a body] and [chained, started early] for one
+    launch of `steps` steps: per worker the plan repeated `steps` times (the next step's first
+    task follows the last one within a launch); a streamed task after a streamed one is
+    chained, after an unstreamed one started early by that task's wait, the worker's first
+    one started by its own wait (tests/kernels/test_wstream.py _next_counts, the model's rule)"""
+    one = {}
+    for t in range(len(tasks)):
+        n_st, n_stages = _ws_expected(tasks[t:t + 1], cfg, B, xs_cap, stage)
+        one[t] = n_stages if n_st else 0
+    chain = early = pre = stages = 0
+    for w in range(len(plan_off) - 1):
+        seq = [int(t) for t in plan_tasks[plan_off[w]:plan_off[w + 1]]] * steps
+        for i, t in enumerate(seq):
+            if not one[t]:
+                continue
+            stages += one[t]
+            if i == 0:
+                pre += 1
+            elif one[seq[i - 1]]:
+                chain += 1
+            else:
+                early += 1
+                pre += 1
+    return [stages, pre, 0], [chain, early]
+
+
+@pytest.mark.parametrize("key", sorted(CFGS))
+@pytest.mark.parametrize("name", NEXT_VARIANTS)
+def test_wsnext_chains_the_plan(key, name):
+    """dtmk_ws_stats / dtmk_ws_next_stats after a run equal the plan's prediction: every
+    streamed tile after a streamed one was live when its wait began (chained), every other one
+    was started by a wait, none restarted by a body; the same stages went through the ring as
+    in the default build.  DTMK_WS_NOPRE: the wait starts nothing (no early start), so the
+    streams the wait would have started are started by their bodies.  tiny (standard
+    lowering): nothing streams."""
+    import cupy as cp
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.reference import make_weights
+    cfg, batch, steps = CFGS[key]
+    defines, _ = VARIANTS[name]
+    if key not in _W:
+        _W[key] = make_weights(cfg, 0, xp=cp if cfg.name == "1b" else np)
+    mk = gpu.Megakernel(cfg, batch=batch, weights=_W[key], defines=defines)
+    stats = cp.ndarray((3,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_stats"))
+    nstats = cp.ndarray((2,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_next_stats"))
+    stats[:] = 0
+    nstats[:] = 0
+    mk.reset()
+    mk.run(steps)
+    got, ngot = [int(v) for v in stats.get()], [int(v) for v in nstats.get()]
+    host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)      # noqa: E731
+    want, nwant = _next_expected(host(mk.tables["tasks"]), host(mk.tables["plan_off"]),
+                                 host(mk.tables["plan_tasks"]), steps, mk.lcfg, batch, mk.xs_cap, 32768)
+    del mk
+    cp.get_default_memory_pool().free_all_blocks()
+    if key == "tiny":
+        assert want[0] == 0 and got == [0, 0, 0] and ngot == [0, 0], (got, ngot)
+        return
+    assert want[0] > 0 and nwant[0] > 0
+    if "DTMK_WS_NOPRE" in defines:      # no wait starts a stream: the early ones start in their bodies
+        want, nwant = [want[0], 0, want[1]], [nwant[0], 0]
+    assert (got, ngot) == (want, nwant), \
+        f"{name} on {key}: [stages, by a wait, by a body], [chained, early] = {got}, {ngot}; expected {want}, {nwant}"

@@ -5,7 +5,11 @@ kernels/mk_ops.cuh "weight streaming through shared memory"; docs/dev/megakernel
 -DDTMK_NO_HOOKS; ptxas gives its new functions no spills and leaves op_proj / op_gate_up
 as they are in the old build; the old-path builds and the per-operator baseline contain
 none of it; the ring fits the 1b launch's shared memory; gpu.ws_ring_bytes reads the
-defines."""
+defines.  Session 4b: -DDTMK_WS_NEXT (the next static task's stream follows the current one
+through the ring) compiles the same way, leaves the default PTX alone, and its protocol --
+global stage indices running on across tasks -- is modelled under random interleavings,
+mispredictions and aborts; three unsound orderings fail in the model."""
+import random
 import re
 
 import pytest
@@ -17,6 +21,8 @@ from dtrace_mk.megakernel.presets import PRESETS
 WS = ("DTMK_WSTREAM",)
 OLD = ("DTMK_NO_WSTREAM",)      # the matvec path before session 4 (the default streams since)
 WS8 = ("DTMK_WSTREAM", "DTMK_WS_NST=8", "DTMK_WS_STAGE=16384")
+NEXT = ("DTMK_WS_NEXT",)        # session 4b: streaming across task boundaries
+NOTAIL = NEXT + ("DTMK_WS_NEXT_NOTAIL",)   # ... only into slots free at a task boundary
 SMEM_MAX = 227 * 1024          # sm_90: static + dynamic shared memory per block
 
 
@@ -60,7 +66,7 @@ def _spills(funcs, name):
 
 @pytest.fixture(scope="module")
 def builds():
-    return {"ws": _compile_v(WS), "ws_nohooks": _compile_v(WS + ("DTMK_NO_HOOKS",))}
+    return {"ws": _compile_v(WS), "ws_nohooks": _compile_v(WS + ("DTMK_NO_HOOKS",)), "next": _compile_v(NEXT)}
 
 
 def _ptx(defines):
@@ -70,7 +76,8 @@ def _ptx(defines):
 
 @pytest.fixture(scope="module")
 def ptxs():
-    return {"default": _ptx(()), "old": _ptx(OLD), "old_nohooks": _ptx(OLD + ("DTMK_NO_HOOKS",)), "ws": _ptx(WS)}
+    return {"default": _ptx(()), "old": _ptx(OLD), "old_nohooks": _ptx(OLD + ("DTMK_NO_HOOKS",)), "ws": _ptx(WS),
+            "next": _ptx(NEXT), "next_nohooks": _ptx(NEXT + ("DTMK_NO_HOOKS",)), "notail": _ptx(NOTAIL)}
 
 
 def test_variant_compiles_with_and_without_hooks(builds):
@@ -270,3 +277,331 @@ def test_ring_only_for_graphs_with_streamed_tiles():
     assert gpu.ws_ring_for(one, 1, 1, OLD) == 0
     std = PRESETS["tiny"]
     assert not std.fuse_norm and std.split_k == 1 and gpu.ws_ring_for(std, 1, 1, ()) == 0
+
+
+# ---- session 4b: -DDTMK_WS_NEXT, streaming across task boundaries --------------------------
+def test_next_compiles_without_new_spills(builds, ptxs):
+    """the variant builds to sm_90a cubin (hooks on; no hooks: PTX) with 128 registers at most,
+    no spills in the stream functions (ws_next reads its record into shared memory directly:
+    a local WsDesc spilled 108 bytes around ptxas' 64-bit division call), and a few bytes more
+    static shared memory than the default stream"""
+    cubin, log = builds["next"]
+    assert cubin[:4] == b"\x7fELF"
+    funcs, regs, smem = _resources(log)
+    _, _, smem_ws = _resources(builds["ws"][1])
+    assert regs <= 128
+    for f in ("ws_proj", "ws_gate_up", "ws_prestart", "ws_next"):
+        assert _spills(funcs, f)[0] == 0, f"DTMK_WS_NEXT: {f} spills"
+    assert smem_ws < smem <= smem_ws + 64, (smem_ws, smem)
+    assert ".entry dtmk_megakernel" in ptxs["next_nohooks"]
+
+
+def _entry(ptx):
+    i = ptx.find(".entry dtmk_megakernel")
+    assert i >= 0
+    return ptx[i:]
+
+
+def test_next_ptx_shape(ptxs):
+    """the default build has none of the variant's code; the variant (and DTMK_WS_NEXT_NOTAIL)
+    calls ws_next from the plan loop (the kernel entry) and still starts / completes streams
+    in wait_event; NOTAIL without WS_NEXT is refused"""
+    for name in ("default", "ws", "old"):
+        for sym in ("ws_next", "dtmk_ws_next_stats", "ws_fill", "ws_start_next"):
+            assert sym not in ptxs[name], f"{name} build contains {sym}"
+    for name in ("next", "next_nohooks", "notail"):
+        ptx = ptxs[name]
+        assert re.search(r"call[^;]*ws_next", _entry(ptx), re.S), f"{name}: the plan loop does not call ws_next"
+        assert "ws_prestart" in _func(ptx, "wait_event")
+        assert "dtmk_ws_next_stats" in ptx
+        rb = _func(ptx, "run_body")
+        assert "ws_proj" in rb and "ws_gate_up" in rb and "bar.red.or" in rb
+    assert ptxs["notail"] != ptxs["next"]
+    with pytest.raises(build.CompileError, match="DTMK_WS_NEXT_NOTAIL is an option of DTMK_WS_NEXT"):
+        _ptx(("DTMK_WS_NEXT_NOTAIL",))
+
+
+
+
+class _Bad(Exception):
+    pass
+
+
+class _NextRing:
+    """One CTA's ring under -DDTMK_WS_NEXT, transliterated from kernels/mk_ops.cuh (ws_issue,
+    ws_wait, ws_drop, ws_fill, ws_start, ws_start_next, ws_begin, ws_release, ws_end) and
+    megakernel.cu (ws_next, ws_prestart, the plan loop, the kernel end).  Functions are
+    generators: every yield is a point where other warps step or copies land."""
+
+    def __init__(self, nst, rnd, warps=16, strict=True, unsound=(), notail=False):
+        self.N, self.rnd, self.warps, self.strict, self.unsound = nst, rnd, warps, strict, set(unsound)
+        self.notail = notail                  # -DDTMK_WS_NEXT_NOTAIL: releases never issue nd's stages
+        self.phase = [0] * nst                # completed phases of each slot's mbarrier
+        self.content = [None] * nst           # (stream key, stage) whose bytes the slot holds
+        self.inflight = []                    # (global stage, content): issued, not landed
+        self.issued, self.done = set(), set()  # done: landed and nobody reads it any more
+        self.cnt = [0] * nst
+        self.seq = self.top = 0
+        self.live = self.nvalid = False
+        self.d = self.nd = None               # descriptors: (key, stages)
+        self.nchain = self.nearly = self.npre = self.nmiss = 0
+
+    # ---- the hardware: copies, mbarrier parity waits ----
+    def issue(self, desc, g, j):
+        s = g % self.N
+        if self.strict:
+            if g in self.issued:
+                raise _Bad(f"stage {g} issued twice")
+            if g >= self.N and g - self.N not in self.done:
+                raise _Bad(f"stage {g} issued into slot {s} before stage {g - self.N} was done with")
+        self.issued.add(g)
+        self.inflight.append((g, (desc[0], j)))
+
+    def land(self, i):
+        g, c = self.inflight.pop(i)
+        self.content[g % self.N] = c
+        self.phase[g % self.N] += 1
+
+    def wait(self, g):
+        # mbarrier.try_wait.parity(P): true once the phase of parity P completed (current parity != P)
+        while ((g // self.N) & 1) == (self.phase[g % self.N] & 1):
+            yield "spin"
+
+    # ---- mk_ops.cuh ----
+    def drop(self):
+        if not self.live:
+            return
+        for g in range(self.seq, self.top):
+            yield from self.wait(g)
+            self.done.add(g)
+        self.seq, self.live = self.top, False
+
+    def fill(self):
+        na = self.d[1]
+        end = min(self.N, na + (self.nd[1] if self.nvalid else 0))
+        if "no_fill" in self.unsound:
+            end = min(self.N, na)
+        for x in range(self.top - self.seq, end):
+            a = x < na
+            self.issue(self.d if a else self.nd, self.seq + x, x if a else x - na)
+            yield "step"
+        if self.top - self.seq < end:
+            self.top = self.seq + end
+
+    def start(self, desc):
+        self.d, self.live = desc, True
+        yield from self.fill()
+
+    def start_next(self):
+        self.d, self.nvalid, self.live = self.nd, False, True
+        self.nearly += 1
+        yield from self.fill()
+
+    def begin(self, desc):
+        hit = self.live and self.d == desc
+        full = min(self.N, desc[1] + (self.nd[1] if self.nvalid else 0))
+        if "no_fill" in self.unsound:
+            full = 0
+        if not hit or self.top - self.seq < full:
+            if not hit:
+                yield from self.drop()
+                yield from self.start(desc)
+                self.nmiss += 1
+            else:
+                yield from self.fill()
+
+    def consume(self, desc, w):
+        """warp w of ws_tile (every stage, in order) with ws_release"""
+        g0, nst = self.seq, desc[1]
+        for j in range(nst):
+            g = g0 + j
+            s = g % self.N
+            yield from self.wait(g)
+            if self.content[s] != (desc[0], j):
+                raise _Bad(f"warp {w} read slot {s} holding {self.content[s]} as {(desc[0], j)} (stage {g})")
+            yield "step"                                      # computing its rows from the slot
+            if self.content[s] != (desc[0], j):
+                raise _Bad(f"slot {s} overwritten while warp {w} read stage {g}")
+            self.cnt[s] += 1
+            c = self.cnt[s]
+            last = c == self.warps
+            if last:
+                self.cnt[s] = 0
+                self.done.add(g)
+            yield "step"
+            k = j + self.N
+            a = k < nst
+            if not a:
+                k -= nst
+            # unsound "chain_first": the next stream's stages go out when the FIRST warp is done
+            # with the slot's stage (others may still read it), not the 16th
+            trigger = c == 1 if ("chain_first" in self.unsound and not a) else last
+            if self.notail and not a:
+                trigger = False
+            if trigger and (a or (self.nvalid and k < self.nd[1])):
+                self.issue(desc if a else self.nd, g + self.N, k)
+                yield "step"
+
+    def end(self, desc):
+        s = self.seq + desc[1]
+        self.seq = s
+        if self.nvalid:
+            self.d, self.nvalid, self.live = self.nd, False, True
+            # NOTAIL: only what ws_fill issued (possibly nothing: live with top == seq)
+            self.top = max(self.top, s) if self.notail else s + min(self.N, self.d[1])
+            self.nchain += 1
+        else:
+            self.live, self.top = False, s
+
+    # ---- megakernel.cu ----
+    def ws_next(self, pred):
+        if self.nvalid and "renext" not in self.unsound:
+            yield from self.drop()
+        self.nd, self.nvalid = pred, pred is not None
+
+    def prestart(self, pred):
+        if pred is not None:
+            if self.live and self.d == pred:
+                yield from self.fill()
+                return
+            yield from self.drop()
+            yield from self.start(pred)
+        else:
+            if not self.nvalid:
+                return
+            yield from self.drop()
+            yield from self.start_next()
+        self.npre += 1
+
+
+def _schedule(ring, agents, rnd):
+    """step the agents (generators) and land copies in random order until the agents finish"""
+    agents = list(agents)
+    spins = 0
+    while agents:
+        n_land = len(ring.inflight)
+        i = rnd.randrange(n_land + len(agents))
+        if i < n_land:
+            ring.land(i)
+            spins = 0
+            continue
+        a = agents[i - n_land]
+        try:
+            r = next(a)
+        except StopIteration:
+            agents.remove(a)
+            spins = 0
+            continue
+        if r == "spin":
+            spins += 1
+            if not ring.inflight and spins > 40 * len(agents) + 40:
+                raise _Bad("deadlock: every warp waits for a stage nobody issued")
+        else:
+            spins = 0
+
+
+def _run_next(nst_ring, plan, steps, seed, nopre=False, p_abort=0.0, unsound=(), strict=True, warps=16,
+              notail=False):
+    """plan: per task (body stream, predicted stream): (key, stages) or None; the worker runs
+    it `steps` times in one launch.  Returns (None, counters) or (what went wrong, None)."""
+    rnd = random.Random(seed)
+    ring = _NextRing(nst_ring, rnd, warps=warps, strict=strict, unsound=unsound, notail=notail)
+    inst = [task for _ in range(steps) for task in plan]
+    try:
+        for i, (body, pred) in enumerate(inst):
+            nxt = inst[i + 1][1] if i + 1 < len(inst) else None
+            _schedule(ring, [ring.ws_next(nxt)], rnd)                 # warp 1, plan loop
+            if not nopre:
+                _schedule(ring, [ring.prestart(pred)], rnd)           # warp 1, wait_event
+            if rnd.random() < p_abort:
+                break                                                 # the wait aborted
+            if body is not None:
+                _schedule(ring, [ring.begin(body)], rnd)              # warp 0 after the barrier
+                _schedule(ring, [ring.consume(body, w) for w in range(warps)], rnd)
+                ring.end(body)                                        # thread 0 after a barrier
+        _schedule(ring, [ring.drop()], rnd)                           # the kernel end
+        if ring.inflight:
+            raise _Bad(f"the CTA exits with stages {sorted(g for g, _ in ring.inflight)} in flight")
+    except _Bad as e:
+        return str(e), None
+    return None, dict(chain=ring.nchain, early=ring.nearly, pre=ring.npre, miss=ring.nmiss, stages=ring.seq)
+
+
+def _next_counts(covered):
+    """(chained, started early, started by the wait) for a worker running the static tasks
+    `covered` (flags: has a stream) back to back in one launch, predictions right: a streamed
+    task after a streamed one is chained (ws_end), after an unstreamed one started early (that
+    task's ws_prestart), the launch's first one started by its own wait (ws_prestart)"""
+    chain = early = pre = 0
+    for i, c in enumerate(covered):
+        if not c:
+            continue
+        if i == 0:
+            pre += 1
+        elif covered[i - 1]:
+            chain += 1
+        else:
+            early += 1
+            pre += 1
+    return chain, early, pre
+
+
+# 1b-like worker plans (stages per stream at 4 x 32 KB): a layer's qkv / rope / attention /
+# attn_o / gate_up / down; four lm_head tiles and the argmax; tiny fused's short streams; one
+# task per step (the next step's copy of the same task follows it)
+_PLANS = {
+    "layer": [("qkv", 8), None, None, ("o", 2), ("gu", 16), ("down", 8)],
+    "lm_head": [("l0", 8), ("l1", 8), ("l2", 8), ("l3", 8), None],
+    "short": [("a", 1), ("b", 2), None, ("c", 3), ("d", 1), ("e", 1)],
+    "one": [("x", 8)],
+    "long": [("gu0", 33), ("gu1", 16)],
+}
+
+
+@pytest.mark.parametrize("notail", [False, True])
+@pytest.mark.parametrize("nst_ring", [1, 4, 8, 9])
+@pytest.mark.parametrize("plan", sorted(_PLANS))
+def test_next_protocol_sound(nst_ring, plan, notail):
+    """random interleavings of the 16 warps, the copies' landings and the control warps: every
+    wait reads its own stage, no slot is refilled before its stage is done with, no deadlock,
+    no copy in flight at the kernel end; the counters are the rule the GPU test checks"""
+    tasks = [(d, d) for d in _PLANS[plan]]
+    steps = 3
+    chain, early, pre = _next_counts([d is not None for d in _PLANS[plan]] * steps)
+    for seed in range(12):
+        err, c = _run_next(nst_ring, tasks, steps, seed, notail=notail)
+        assert err is None, (plan, seed, err)
+        assert (c["chain"], c["early"], c["pre"], c["miss"]) == (chain, early, pre, 0), c
+        assert c["stages"] == steps * sum(d[1] for d in _PLANS[plan] if d)
+
+
+def test_next_protocol_sound_with_mispredictions_and_aborts():
+    """random plans with wrong predictions (a body with another stream than ws_task_desc said,
+    or none), aborted waits, the wait's start off (DTMK_WS_NOPRE), rings of 1..9 slots, with
+    and without the tail chaining (DTMK_WS_NEXT_NOTAIL)"""
+    for seed in range(300):
+        rnd = random.Random(1000 + seed)
+        keys = [(f"k{i}", rnd.choice([1, 2, 3, 5, 8, 16, 33])) for i in range(4)]
+        plan = []
+        for _ in range(rnd.randint(1, 6)):
+            body = rnd.choice(keys + [None])
+            plan.append((body, body if rnd.random() > 0.25 else rnd.choice(keys + [None])))
+        n = rnd.choice([1, 2, 4, 8, 9])
+        err, _ = _run_next(n, plan, rnd.randint(1, 3), seed, nopre=rnd.random() < 0.3, p_abort=0.05,
+                           notail=seed % 2 == 1)
+        assert err is None, (seed, n, plan, err)
+
+
+def test_next_model_catches_unsound_orderings():
+    """the model is not vacuous (no oracle: what the hardware would do): (1) not giving a short
+    stream's free slots to the next stream while ws_end still counts them issued leaves a hole
+    (deadlock); (2) chaining when the FIRST warp is done with a stage (not the 16th) overwrites
+    a slot others still read; (3) ws_next changing the next stream without first waiting for
+    the stages issued for the old one makes a later stream read them as its own"""
+    layer = [(d, d) for d in _PLANS["layer"]]
+    for unsound, tasks in (("no_fill", layer), ("chain_first", layer),
+                           ("renext", [(("a", 1),) * 2, (None, ("b", 3)), (("b", 3),) * 2, (("c", 2),) * 2])):
+        bad = [_run_next(4, tasks, 2, seed, unsound=(unsound,), strict=False)[0] for seed in range(10)]
+        assert any(b is not None for b in bad), unsound
+        ok = [_run_next(4, tasks, 2, seed)[0] for seed in range(10)]
+        assert all(b is None for b in ok), (unsound, ok)

@@ -121,6 +121,24 @@ def _ws_expected(tasks, cfg, B, xs_cap, stage):
     return streams, stages
 
 
+def _run_counting(key, defines, *counters):
+    """One run of CFGS[key] built with `defines`; each (kernel global, words) counter is
+    zeroed before and read after.  Returns (the Megakernel, [counter values...])."""
+    import cupy as cp
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.reference import make_weights
+    cfg, batch, steps = CFGS[key]
+    if key not in _W:
+        _W[key] = make_weights(cfg, 0, xp=cp if cfg.name == "1b" else np)
+    mk = gpu.Megakernel(cfg, batch=batch, weights=_W[key], defines=defines)
+    arrs = [cp.ndarray((n,), cp.uint64, memptr=mk.module.get_global(g)) for g, n in counters]
+    for a in arrs:
+        a[:] = 0
+    mk.reset()
+    mk.run(steps)
+    return mk, [[int(v) for v in a.get()] for a in arrs]
+
+
 @pytest.mark.parametrize("key", sorted(CFGS))
 @pytest.mark.parametrize("name", WS_VARIANTS)
 def test_wstream_takes_every_covered_tile(key, name):
@@ -128,18 +146,9 @@ def test_wstream_takes_every_covered_tile(key, name):
     dependency wait (prediction == body: no restart by a body), and exactly the predicted
     stages went through the ring; the standard lowering (tiny) streams nothing"""
     import cupy as cp
-    from dtrace_mk.megakernel import gpu
-    from dtrace_mk.megakernel.reference import make_weights
     cfg, batch, steps = CFGS[key]
     defines, _ = VARIANTS[name]
-    if key not in _W:
-        _W[key] = make_weights(cfg, 0, xp=cp if cfg.name == "1b" else np)
-    mk = gpu.Megakernel(cfg, batch=batch, weights=_W[key], defines=defines)
-    stats = cp.ndarray((3,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_stats"))
-    stats[:] = 0
-    mk.reset()
-    mk.run(steps)
-    got = [int(v) for v in stats.get()]
+    mk, (got,) = _run_counting(key, defines, ("dtmk_ws_stats", 3))
     kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
     stage = int(kv.get("DTMK_WS_STAGE") or 32768)
     streams, stages = _ws_expected(mk.tables["tasks"].get(), mk.lcfg, batch, mk.xs_cap, stage)
@@ -196,20 +205,9 @@ def test_wsnext_chains_the_plan(key, name):
     streams the wait would have started are started by their bodies.  tiny (standard
     lowering): nothing streams."""
     import cupy as cp
-    from dtrace_mk.megakernel import gpu
-    from dtrace_mk.megakernel.reference import make_weights
     cfg, batch, steps = CFGS[key]
     defines, _ = VARIANTS[name]
-    if key not in _W:
-        _W[key] = make_weights(cfg, 0, xp=cp if cfg.name == "1b" else np)
-    mk = gpu.Megakernel(cfg, batch=batch, weights=_W[key], defines=defines)
-    stats = cp.ndarray((3,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_stats"))
-    nstats = cp.ndarray((2,), cp.uint64, memptr=mk.module.get_global("dtmk_ws_next_stats"))
-    stats[:] = 0
-    nstats[:] = 0
-    mk.reset()
-    mk.run(steps)
-    got, ngot = [int(v) for v in stats.get()], [int(v) for v in nstats.get()]
+    mk, (got, ngot) = _run_counting(key, defines, ("dtmk_ws_stats", 3), ("dtmk_ws_next_stats", 2))
     host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)      # noqa: E731
     want, nwant = _next_expected(host(mk.tables["tasks"]), host(mk.tables["plan_off"]),
                                  host(mk.tables["plan_tasks"]), steps, mk.lcfg, batch, mk.xs_cap, 32768)

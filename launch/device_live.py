@@ -57,8 +57,6 @@ class DeviceQueries:
         ring budget slots; coverage() keeps reporting them from the host): the resident
         serving loop calls it every few steps, since the tables hold only COV_ROWS (64)
         steps at a time (runtime.live.LiveSession.retire_complete)."""
-        if not self.session.rt._atts and not self.session.rt._detached:
-            return 0
         return self.session.retire_complete()
 
     # read while the resident kernel runs: device-to-host copies on the session's

@@ -296,17 +296,25 @@ _COV_RL_TAG_OFF = COV_DTYPE.fields["rl_tag"][1]
 _COV_RL_RAN_OFF = COV_DTYPE.fields["rl_ran"][1]
 
 
+#: a coverage row's counters, in the order of _DevProg.retired's lists
+_COV_COUNTS = ("eligible", "executed", "throttled", "lost", "fault")
+
+
+def _fold_row(acc: Dict[Tuple[int, int], List[int]], r: np.void) -> None:
+    """Add the counters of device coverage row `r` (a used one) to acc[(epoch, gen)]."""
+    tag = int(r["tag"])
+    a = acc.setdefault((tag >> 32, tag & M32), [0] * len(_COV_COUNTS))
+    for i, f in enumerate(_COV_COUNTS):
+        a[i] += int(r[f])
+
+
 def coverage_rows(dp: "_DevProg", c: np.void) -> List[Coverage]:
     """A program's coverage: its retired rows (host) plus the device table's rows `c`
     (a COV_DTYPE record), one Coverage per (epoch, program_gen)."""
     acc: Dict[Tuple[int, int], List[int]] = {k: list(v) for k, v in dp.retired.items()}
     for r in c["rows"]:
-        tag = int(r["tag"])
-        if tag == COV_TAG_EMPTY:
-            continue
-        a = acc.setdefault((tag >> 32, tag & M32), [0, 0, 0, 0, 0])
-        for i, f in enumerate(("eligible", "executed", "throttled", "lost", "fault")):
-            a[i] += int(r[f])
+        if int(r["tag"]) != COV_TAG_EMPTY:
+            _fold_row(acc, r)
     out = []
     for (epoch, gen), (el, ex, th, lo, fa) in acc.items():
         cv = Coverage(dp.program.name, dp.program.hook.name, epoch, gen, el, ex, th, lo)
@@ -775,6 +783,11 @@ class DeviceRuntime:
         rows.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
         return rows
 
+    def holds_epochs(self) -> bool:
+        """Does any attachment (detached ones too: their last epochs) hold device slots
+        that retire_epochs would have to read?"""
+        return bool(self._atts or self._detached)
+
     def retire_epochs(self, upto: int, stream=None) -> int:
         """Free the device's per-epoch slots of epochs <= upto, for every attachment: the
         coverage rows (folded into the host's `retired` rows first: coverage() still
@@ -798,11 +811,7 @@ class DeviceRuntime:
                         and (int(c["rows"][j]["tag"]) >> 32) <= upto]
                 rl = [j for j in range(RL_EPOCHS) if int(c["rl_tag"][j]) != EPOCH_NONE and int(c["rl_tag"][j]) <= upto]
                 for j in rows:
-                    r = c["rows"][j]
-                    tag = int(r["tag"])
-                    acc = dp.retired.setdefault((tag >> 32, tag & M32), [0, 0, 0, 0, 0])
-                    for i, f in enumerate(("eligible", "executed", "throttled", "lost", "fault")):
-                        acc[i] += int(r[f])
+                    _fold_row(dp.retired, c["rows"][j])
                 _clear_slots(cp, dp.cov, stream, [(_COV_ROWS_OFF + j * COV_ROW_DTYPE.itemsize + 8,
                                                    COV_ROW_DTYPE.itemsize - 8, None) for j in rows] +
                              [(_COV_RL_RAN_OFF + 4 * j, 4, None) for j in rl],

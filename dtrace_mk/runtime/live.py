@@ -354,6 +354,8 @@ class LiveSession:
         budget slots) of every complete epoch (<= final_epoch), while the kernel runs or
         after it: a resident launch serves more steps than the tables hold epochs
         (DeviceRuntime.retire_epochs).  Returns the coverage rows retired."""
+        if not self.rt.holds_epochs():
+            return 0                      # nothing attached: no device reads
         with self.side:
             _, final, _ = self._final_epoch()
             if final < 0:

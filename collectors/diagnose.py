@@ -214,12 +214,10 @@ def _merge(evidence: List[Evidence]) -> List[Finding]:
         if e.confidence_cap >= 1.0:
             best = None
             for f in by_rank.get(e.rank, []):
-                d = min(abs(s - e.step) for s in f.steps)
                 near = [x for x in f.evidence if abs(x.step - e.step) <= FOLD_EPOCH_SLACK]
-                strong = near and (max(x.ratio for x in near) >= FOLD_MIN_RATIO
-                                   or sum(x.impact_ns for x in near) >= FOLD_MIN_SHARE * e.impact_ns)
-                if d <= FOLD_EPOCH_SLACK and strong:
-                    cand = (d, -sum(x.impact_ns for x in f.evidence))
+                if near and (max(x.ratio for x in near) >= FOLD_MIN_RATIO
+                             or sum(x.impact_ns for x in near) >= FOLD_MIN_SHARE * e.impact_ns):
+                    cand = (min(abs(x.step - e.step) for x in near), -sum(x.impact_ns for x in f.evidence))
                     if best is None or cand < best[0]:
                         best = (cand, f)
             host = best[1] if best else None

@@ -413,13 +413,12 @@ def serve(args: argparse.Namespace) -> int:
 RESIDENT_WINDOW = 4
 #: serve_gpu: seconds of host time between clock pairs (GpuClock) while the kernel runs
 #: ($DTRACE_MK_GPU_CLOCK_EVERY_S).  Pairs are also taken before and after each launch; the
-#: collector fits offset and drift (1-4 ppm) through them.  Once a second, not every 50 ms:
-#: in every 2 x H200 demo run whose first gate park lasted over 50 ms (so a pair's kernel
-#: ran on the spare SM meanwhile) the step after it ran its all-reduces slowly on both
-#: ranks; the one run with a 40 ms park did not (session 3; not yet confirmed as cause)
+#: collector fits offset and drift (1-4 ppm) through them.  Once a second: enough for the
+#: fit (session 3 suspected 50 ms pairs of slowing the kernel; session 4 ruled it out:
+#: 20 ms pairs left every step normal, docs/results/tp.md)
 CLOCK_EVERY_S = float(os.environ.get("DTRACE_MK_GPU_CLOCK_EVERY_S", "1.0"))
 #: serve_gpu: steps between retirements of the device tables' complete epochs
-#: (DeviceQueries.retire): well under the 64 coverage rows, 4 rate-limit and 8 ring-budget
+#: (DeviceQueries.retire): well under the 64 coverage rows, 8 rate-limit and 8 ring-budget
 #: slots a live query's tables hold, with RESIDENT_WINDOW steps granted ahead
 RETIRE_EVERY = 2
 #: serve_gpu: the resident kernel's watchdog (a dependency wait without progress)

@@ -35,6 +35,7 @@ from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 
 MK_THREADS = 512               # threads of a worker CTA, every build (kernels/mk_common.cuh)
+MK_MAXB = 4                    # batch rows per matvec register block (kernels/mk_ops.cuh)
 MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
@@ -146,7 +147,7 @@ def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
     rank at batch <= MK_MAXB (4), kernels/mk_ops.cuh -- since an unused ring still takes
     shared memory from the L1 carveout (1b's standard lowering ran 1946 -> 2334 us/step
     with an idle ring, H200, 2026-11-30)."""
-    if ranks > 1 or batch > 4 or not (cfg.fuse_norm or cfg.split_k > 1):
+    if ranks > 1 or batch > MK_MAXB or not (cfg.fuse_norm or cfg.split_k > 1):
         return 0
     return ws_ring_bytes(defines)
 

@@ -277,6 +277,8 @@ def test_ring_only_for_graphs_with_streamed_tiles():
     assert gpu.ws_ring_for(one, 1, 1, OLD) == 0
     std = PRESETS["tiny"]
     assert not std.fuse_norm and std.split_k == 1 and gpu.ws_ring_for(std, 1, 1, ()) == 0
+    src = (build.KERNEL_DIR / "mk_ops.cuh").read_text()
+    assert re.search(r"#define MK_MAXB (\d+)", src).group(1) == str(gpu.MK_MAXB)
 
 
 # ---- session 4b: -DDTMK_WS_NEXT, streaming across task boundaries --------------------------

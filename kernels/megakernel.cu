@@ -1037,12 +1037,16 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
 __shared__ __align__(16) int s_rec[TREC_WORDS];
 __shared__ int s_rec_t;
 #endif
-__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+/* static task t's record: wait_event's shared copy when it holds t, else the global table */
+__device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
 #ifndef DTMK_REC_LATE
-    const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
+    return s_rec_t == t ? (const int *)s_rec : trec(P, t);
 #else
-    const int *r = trec(P, t);
+    return trec(P, t);
 #endif
+}
+__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+    const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
         const dtmk_u32 obs = W.observe;   /* the task's one "observing?" load */
@@ -1105,11 +1109,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 /* warp 1 of wait_event (whole warp): start the weight stream static task t's body will
  * consume (ws_task_desc), after any started stream that nobody consumed (ws_drop) */
 __device__ __noinline__ void ws_prestart(const MkParams &P, int t) {
-#ifndef DTMK_REC_LATE
-    const int *r = s_rec_t == t ? (const int *)s_rec : trec(P, t);
-#else
-    const int *r = trec(P, t);
-#endif
+    const int *r = task_rec(P, t);
     WsDesc d;
 #ifndef DTMK_WS_NEXT
     if (!ws_task_desc(P, r, d)) return;

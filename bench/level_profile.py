@@ -1,0 +1,201 @@
+"""Where a decode step's time goes, level by level, from the built-in task trace (GPU).
+
+    python bench/level_profile.py [--preset 1b] [--steps 16] [--configs nohooks,off,mask3,summary,summary_cm]
+                                  [--variants name=DEF+DEF,...] [--out DIR]
+
+Every configuration runs the same weights with the MPK-style trace on (one 32-byte
+record per task: dispatch stamp before the wait, wait, begin..end), so all rows pay the
+trace's own cost alike.  Configurations:
+
+  nohooks     megakernel.cu built with -DDTMK_NO_HOOKS
+  off         the default build, no hook enabled (the trace turns the observing path on)
+  mask3       the summary's three hooks stored to the global ring (no program)
+  summary     the summary monitor in the hot tier (device VM)
+  summary_cm  the summary monitor in the compiled tier (LTO-linked)
+  <variant>   a --variants build (defines), nothing enabled
+
+A *level* is one (layer, task class) of the graph (e.g. L3 mlp_gate_up).  Per level and
+step: span = last end - first begin of its tasks; handoff = its first begin - the last
+end of the tasks that signal the event it waits on (notification + the waiter's own
+post-task work).  Per task: dur (begin..end), post = the same worker's next dispatch
+stamp - this task's end (release signal, hook records, bookkeeping).  Printed per class,
+summed over the step's levels, side by side per configuration; the critical sum
+(span + handoff over the chain of levels) is compared with the measured step time.
+Writes DIR/level_profile.json; the tables are printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dtrace_mk.megakernel import gpu  # noqa: E402
+from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
+from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
+
+SUMMARY_HOOKS = ("task:end", "dep:release", "task:ready")
+
+
+def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
+    """Per class: tasks per step, median dur / post, mean per-step sums of level span and
+    handoff; plus the step's total span and the critical sum.  Steps < skip_steps dropped
+    (the first step of a launch includes the start)."""
+    tasks = graph.tasks
+    tr = trace[trace["step"] >= skip_steps]
+    if not len(tr):
+        raise ValueError("no trace records after the skipped steps")
+    idx = tr["task_index"].astype(np.int64)
+    begin = tr["t_dispatch"].astype(np.int64) + tr["wait_ns"].astype(np.int64)
+    end = begin + tr["dur_ns"].astype(np.int64)
+    steps = tr["step"].astype(np.int64)
+    # post: next dispatch of the same worker after this task's end
+    post = np.full(len(tr), -1, np.int64)
+    order = np.lexsort((tr["t_dispatch"], tr["worker"]))
+    for a, b in zip(order[:-1], order[1:]):
+        if tr["worker"][a] == tr["worker"][b]:
+            post[a] = int(tr["t_dispatch"][b]) - int(end[a])
+    lvl_of = {}
+    producers = defaultdict(set)             # event -> level keys that signal it
+    for t in tasks:
+        if t.dynamic:
+            continue
+        key = (t.layer, t.class_name)
+        lvl_of[t.index] = key
+        producers[t.signal_event].add(key)
+    lvl_wait = {lvl_of[t.index]: t.wait_event for t in tasks if t.index in lvl_of}
+    first_b, last_e = {}, {}
+    per_cls = defaultdict(lambda: {"dur": [], "post": [], "n": 0})
+    for i in range(len(tr)):
+        ti = int(idx[i])
+        if ti not in lvl_of:
+            continue
+        key, s = lvl_of[ti], int(steps[i])
+        k = (key, s)
+        first_b[k] = min(first_b.get(k, 1 << 62), int(begin[i]))
+        last_e[k] = max(last_e.get(k, 0), int(end[i]))
+        c = per_cls[key[1]]
+        c["dur"].append(int(tr["dur_ns"][i]))
+        if post[i] >= 0:
+            c["post"].append(int(post[i]))
+        c["n"] += 1
+    nsteps = len(set(int(s) for s in steps))
+    span_sum, hand_sum, nlev = defaultdict(float), defaultdict(float), defaultdict(int)
+    for (key, s), fb in first_b.items():
+        span_sum[key[1]] += last_e[(key, s)] - fb
+        nlev[key[1]] += 1
+        prods = [last_e.get((p, s)) for p in producers.get(lvl_wait[key], ())]
+        prods = [p for p in prods if p is not None]
+        if prods:
+            hand_sum[key[1]] += fb - max(prods)
+    out = {}
+    for cls, c in per_cls.items():
+        out[cls] = {"tasks_per_step": c["n"] / nsteps, "levels_per_step": nlev[cls] / nsteps,
+                    "dur_med_ns": float(np.median(c["dur"])),
+                    "post_med_ns": float(np.median(c["post"])) if c["post"] else 0.0,
+                    "span_us_per_step": span_sum[cls] / nsteps / 1e3,
+                    "handoff_us_per_step": hand_sum[cls] / nsteps / 1e3}
+    per_step = [(max(last_e[k] for k in last_e if k[1] == s) - min(first_b[k] for k in first_b if k[1] == s)) / 1e3
+                for s in sorted(set(int(x) for x in steps))]
+    out["_total"] = {"step_span_us": float(np.median(per_step)),
+                     "critical_us": sum(v["span_us_per_step"] + v["handoff_us_per_step"]
+                                        for k, v in out.items() if not k.startswith("_"))}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2, help="runs per configuration (the last one is profiled)")
+    ap.add_argument("--configs", default="nohooks,off,mask3,summary,summary_cm")
+    ap.add_argument("--variants", default="", help="name=DEF+DEF,... extra builds profiled with nothing enabled")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = PRESETS[a.preset]
+    w = make_weights(cfg, 0)
+
+    def log(s):
+        print(s, flush=True)
+
+    builds = {}
+    configs = [c for c in a.configs.split(",") if c]
+    need_default = any(c in ("off", "mask3", "summary", "summary_cm") for c in configs)
+    if "nohooks" in configs:
+        builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+    if need_default:
+        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w)
+    for spec in [v for v in a.variants.split(",") if v]:
+        name, defs = spec.split("=", 1)
+        builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in defs.split("+") if d))
+        configs.append(name)
+    live = livec = None
+    if "summary" in configs or "summary_cm" in configs:
+        from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor
+        mon = summary_monitor(builds["default"].graph.schema)
+        if "summary" in configs:
+            live = LiveSession(builds["default"])
+            live.attach(mon.obj)
+        if "summary_cm" in configs:
+            builds["cm"] = gpu.Megakernel(cfg, batch=1, weights=w)
+            livec = LiveSession(builds["cm"], runtime=linked_runtime(builds["cm"].num_workers))
+            livec.attach(mon.obj, tier="compiled")
+            livec.link_compiled()
+        builds["default"].set_observer(0, None)
+
+    def run(c):
+        m = (builds["nohooks"] if c == "nohooks" else builds["cm"] if c == "summary_cm"
+             else builds.get(c) or builds["default"])
+        if m is builds.get("default"):
+            if c == "summary":
+                m.set_observer(int(live.rt.tables.data.ptr), live.state)
+            else:
+                m.set_observer(0, None)
+        m.reset()
+        kw = {"hooks": list(SUMMARY_HOOKS)} if c == "mask3" else {}
+        t0 = time.perf_counter()
+        r = m.run(a.steps, poison=False, trace=True, **kw)
+        return r, m, time.perf_counter() - t0
+
+    results, toks = {}, {}
+    for rep in range(a.reps):
+        for c in configs:
+            r, m, _ = run(c)
+            toks[c] = r.tokens
+            if rep == a.reps - 1:
+                if r.trace_dropped:
+                    log(f"{c}: {r.trace_dropped} trace records dropped (raise trace_cap)")
+                st = level_stats(r.trace, m.graph)
+                st["_total"]["us_per_step"] = r.elapsed_ms * 1e3 / a.steps
+                results[c] = st
+    ref = next(iter(toks.values()))
+    same = {c: bool(np.array_equal(t, ref)) for c, t in toks.items()}
+    (out / "level_profile.json").write_text(json.dumps({"preset": a.preset, "steps": a.steps, "results": results,
+                                                        "tokens_equal": same}, indent=1))
+    classes = [k for k in next(iter(results.values())) if not k.startswith("_")]
+    cols = list(results)
+    print(f"\n{a.preset} batch 1, {a.steps} steps, trace on in every row (first step dropped); tokens equal: {same}")
+    print(f"{'':<28}" + "".join(f"{c:>12}" for c in cols))
+    for field, label in (("us_per_step", "us/step (launch)"), ("step_span_us", "us/step (trace span)"),
+                         ("critical_us", "critical sum us")):
+        print(f"{label:<28}" + "".join(f"{results[c]['_total'][field]:>12.1f}" for c in cols))
+    for field, label, scale in (("span_us_per_step", "span us/step", 1), ("handoff_us_per_step", "handoff us/step", 1),
+                                ("dur_med_ns", "dur med us", 1e-3), ("post_med_ns", "post med us", 1e-3)):
+        print(f"--- {label}")
+        for k in classes:
+            print(f"  {k:<26}" + "".join(f"{results[c].get(k, {}).get(field, float('nan')) * scale:>12.2f}"
+                                         for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,6 +118,9 @@ def main() -> int:
     ap.add_argument("--configs", default="nohooks,off,mask3,summary,summary_cm")
     ap.add_argument("--variants", default="", help="name=DEF+DEF,... extra builds profiled with nothing enabled")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--prof", action="store_true",
+                    help="build the hooked configurations with -DDTMK_OBS_PROF and print where thread 0's "
+                         "observation time goes (drains, hook_post) per step per worker")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -133,7 +136,7 @@ def main() -> int:
     if "nohooks" in configs:
         builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     if need_default:
-        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w)
+        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_OBS_PROF",) if a.prof else ())
     for spec in [v for v in a.variants.split(",") if v]:
         name, defs = spec.split("=", 1)
         builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in defs.split("+") if d))
@@ -162,11 +165,18 @@ def main() -> int:
                 m.set_observer(0, None)
         m.reset()
         kw = {"hooks": list(SUMMARY_HOOKS)} if c == "mask3" else {}
+        prof = None
+        if a.prof and "DTMK_OBS_PROF" in m.defines:
+            import cupy as cp
+            prof = cp.ndarray((8,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
+            prof[:] = 0
         t0 = time.perf_counter()
         r = m.run(a.steps, poison=False, trace=True, **kw)
+        if prof is not None:
+            profs[c] = [int(v) for v in prof.get()]
         return r, m, time.perf_counter() - t0
 
-    results, toks = {}, {}
+    results, toks, profs = {}, {}, {}
     for rep in range(a.reps):
         for c in configs:
             r, m, _ = run(c)
@@ -180,7 +190,7 @@ def main() -> int:
     ref = next(iter(toks.values()))
     same = {c: bool(np.array_equal(t, ref)) for c, t in toks.items()}
     (out / "level_profile.json").write_text(json.dumps({"preset": a.preset, "steps": a.steps, "results": results,
-                                                        "tokens_equal": same}, indent=1))
+                                                        "tokens_equal": same, "obs_prof": profs}, indent=1))
     classes = [k for k in next(iter(results.values())) if not k.startswith("_")]
     cols = list(results)
     print(f"\n{a.preset} batch 1, {a.steps} steps, trace on in every row (first step dropped); tokens equal: {same}")
@@ -194,6 +204,19 @@ def main() -> int:
         for k in classes:
             print(f"  {k:<26}" + "".join(f"{results[c].get(k, {}).get(field, float('nan')) * scale:>12.2f}"
                                          for c in cols))
+    if profs:
+        ghz = 1.98        # H200 SM clock under load (bench/timer_cost.py prints the attribute)
+        nw = builds["default"].num_workers
+        print(f"--- DTMK_OBS_PROF: per step per worker (cycles at {ghz} GHz); 'late' = drains after which the "
+              f"awaited event was already there")
+        print(f"  {'config':<12}{'batch n':>9}{'us':>8}{'us/each':>9}{'whole n':>9}{'us':>8}{'us/each':>9}"
+              f"{'post n':>8}{'us':>8}{'us/each':>9}{'late n':>8}{'us':>8}")
+        for c, v in profs.items():
+            per = [x / a.steps / nw for x in v]
+            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
+            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
+            print(f"  {c:<12}{per[0]:>9.2f}{us(per[1]):>8.2f}{each(0):>9.2f}{per[2]:>9.2f}{us(per[3]):>8.2f}"
+                  f"{each(2):>9.2f}{per[4]:>8.2f}{us(per[5]):>8.2f}{each(4):>9.2f}{per[6]:>8.2f}{us(per[7]):>8.2f}")
     return 0
 
 

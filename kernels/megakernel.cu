@@ -60,6 +60,9 @@
 #if defined(DTMK_REC_GLOBAL) && defined(DTMK_REC_FAST)
 #error "DTMK_REC_GLOBAL (the old record path) and DTMK_REC_FAST exclude each other"
 #endif
+#if defined(DTMK_OBS_PROF) && defined(DTMK_NO_HOOKS)
+#error "DTMK_OBS_PROF profiles the hook code (not with DTMK_NO_HOOKS)"
+#endif
 #if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_REC_LATE))
 #error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_REC_LATE)"
 #endif
@@ -497,9 +500,28 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
+#ifdef DTMK_OBS_PROF
+/* -DDTMK_OBS_PROF (bench/level_profile.py --prof): where thread 0's observation time goes,
+ * in SM clock cycles, summed over workers at the kernel end into dtmk_obs_prof:
+ * [0, 1] one-batch drains (count, cycles), [2, 3] whole-ring drains, [4, 5] hook_post
+ * (after the release signal), [6, 7] drains after which the awaited event was already
+ * there at the next poll (count, cycles of those drains: an upper bound on the delay) */
+extern "C" __device__ unsigned long long dtmk_obs_prof[8];
+__device__ unsigned long long dtmk_obs_prof[8];
+__shared__ unsigned long long s_prof[8];
+__shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
+#define PROF_T0 const long long prof_c0 = clock64()
+#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
+#endif
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+#ifdef DTMK_OBS_PROF
+    PROF_T0;
+#endif
     if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+#ifdef DTMK_OBS_PROF
+    if (threadIdx.x == 0) { PROF_ADD(chunk ? 0 : 2); s_prof_drain = clock64() - prof_c0; }
+#endif
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
@@ -1095,7 +1117,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
+#ifdef DTMK_OBS_PROF
+        if (W.observe) { PROF_T0; hook_post(P, W, t, step, f.flags, t_end); PROF_ADD(4); }
+#else
         if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
+#endif
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
@@ -1209,6 +1235,12 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 /* acquire poll, no fence after it: bench/notify.py variant b, 928 vs 1168 ns
                  * per handoff (docs/dev/notify_latency.md); sys scope when ranks > 1 */
                 dtmk_u64 v = ev_ld_acquire(P, counter(P, e));
+#ifdef DTMK_OBS_PROF
+                if (s_prof_drain) {
+                    if (v >= target) { s_prof[6] += 1; s_prof[7] += (unsigned long long)s_prof_drain; }
+                    s_prof_drain = 0;
+                }
+#endif
                 if (v >= target) { W.ready = 1; break; }
 #else           /* the session-2 poll: relaxed loads, one fence.acq_rel once satisfied */
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
@@ -1339,6 +1371,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
+#ifdef DTMK_OBS_PROF
+        for (int i = 0; i < 8; ++i) s_prof[i] = 0;
+        s_prof_drain = 0;
+#endif
 #ifdef DTMK_SMEM_PAD
         ((volatile char *)dtmk_smem_pad)[0] = 0;     /* keep the padding allocated */
 #endif
@@ -1487,6 +1523,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     }
 #endif
     if (threadIdx.x == 0) {
+#ifdef DTMK_OBS_PROF
+        for (int i = 0; i < 8; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
+#endif
         post_pending(P, W, true);
         ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;
         ((dtmk_u64 *)P.trace_head)[blockIdx.x] = W.trace_n;

@@ -149,7 +149,7 @@ def obs_counts(state, steps: int) -> dict:
 #: round 8 (docs/dev/hook_cost_analysis.md "Round 8"): hook_hold / hook_flush read the task
 #: record from the shared copy s_rec (no L2 trip before the release signal): the default
 #: since session 4; recglobal = the old path (the global task table)
-BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evict": ("DTMK_WS_EVICT_FIRST",)}
+BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",)}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST")
 #: the runs of each build variant (suffixed _<variant>)

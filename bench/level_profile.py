@@ -168,7 +168,7 @@ def main() -> int:
         prof = None
         if a.prof and "DTMK_OBS_PROF" in m.defines:
             import cupy as cp
-            prof = cp.ndarray((8,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
+            prof = cp.ndarray((14,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
             prof[:] = 0
         t0 = time.perf_counter()
         r = m.run(a.steps, poison=False, trace=True, **kw)
@@ -217,6 +217,14 @@ def main() -> int:
             each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
             print(f"  {c:<12}{per[0]:>9.2f}{us(per[1]):>8.2f}{each(0):>9.2f}{per[2]:>9.2f}{us(per[3]):>8.2f}"
                   f"{each(2):>9.2f}{per[4]:>8.2f}{us(per[5]):>8.2f}{each(4):>9.2f}{per[6]:>8.2f}{us(per[7]):>8.2f}")
+        print(f"  inside drains:  {'vm n':>8}{'us':>8}{'us/each':>9}{'flush n':>9}{'us':>8}{'us/each':>9}"
+              f"{'move n':>8}{'us':>8}{'us/each':>9}")
+        for c, v in profs.items():
+            per = [x / a.steps / nw for x in v]
+            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
+            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
+            print(f"  {c:<16}{per[8]:>8.2f}{us(per[9]):>8.2f}{each(8):>9.2f}{per[10]:>9.2f}{us(per[11]):>8.2f}"
+                  f"{each(10):>9.2f}{per[12]:>8.2f}{us(per[13]):>8.2f}{each(12):>9.2f}")
     return 0
 
 

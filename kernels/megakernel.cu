@@ -249,6 +249,22 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step, const int 
  * the lowest epoch still held (a record or an accumulator), so the host knows which
  * epochs are final.  A hook with no program keeps its enable bit clear. */
 #ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_PROF
+/* -DDTMK_OBS_PROF (bench/level_profile.py --prof): where thread 0's observation time goes,
+ * in SM clock cycles, summed over workers at the kernel end into dtmk_obs_prof:
+ * [0, 1] one-batch drains (count, cycles), [2, 3] whole-ring drains, [4, 5] hook_post
+ * (after the release signal), [6, 7] drains after which the awaited event was already
+ * there at the next poll (count, cycles of those drains: an upper bound on the delay),
+ * inside drains: [8, 9] VM / compiled calls on a batch, [10, 11] the coverage flush and
+ * epoch publish, [12, 13] the ring moves */
+#define PROF_N 14
+extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
+__device__ unsigned long long dtmk_obs_prof[PROF_N];
+__shared__ unsigned long long s_prof[PROF_N];
+__shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
+#define PROF_T0 const long long prof_c0 = clock64()
+#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
+#endif
 struct __align__(16) Obs {
     struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
     struct dtmk_hook_table scratch;
@@ -422,13 +438,25 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         if (!c || (chunk && h != hsel)) continue;
         const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
         for (dtmk_u32 w = 0; w < todo; w += 32) {
+#ifdef DTMK_OBS_PROF
+            PROF_T0;
+#endif
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
                              W.worker, 0);
             __syncwarp();
+#ifdef DTMK_OBS_PROF
+            if (lane == 0) PROF_ADD(8);
+#endif
         }
         const dtmk_u32 rem = c - todo;
+#ifdef DTMK_OBS_PROF
+        PROF_T0;
+#endif
         for (dtmk_u32 w = 0; w < rem; w += 32)          /* ascending: a batch is read before it is overwritten */
             obs_move(w + lane < rem, b + todo + w + lane, b + w + lane);
+#ifdef DTMK_OBS_PROF
+        if (lane == 0) PROF_ADD(12);
+#endif
         n -= todo;
         if (lane == 0) {
             O.cnt[h] = rem; O.n = n; O.drained += todo; O.drains += (todo + 31) / 32;
@@ -443,6 +471,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     /* "|| false": the observer warp's removed refusal flag; kept so the PTX stays that of 1e256b7 (without it
      * NVVM orders this cold branch differently; same behaviour) */
     if (n == 0 && (ran || O.acc_min < step || false)) {
+#ifdef DTMK_OBS_PROF
+        PROF_T0;
+#endif
         dtmk_u32 keep = ~0u;
         bool flushed = false;
         for (int i = lane; i < OBS_NACC; i += 32) {
@@ -472,6 +503,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             g[OBS_DRAINS] = (O.drains & 0xffffffffull) | (O.pubs << 32);
         }
         __syncwarp();
+#ifdef DTMK_OBS_PROF
+        if (lane == 0) PROF_ADD(10);
+#endif
     }
     if (lane == 0 && reload && n == 0) {
         const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
@@ -500,19 +534,6 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
-#ifdef DTMK_OBS_PROF
-/* -DDTMK_OBS_PROF (bench/level_profile.py --prof): where thread 0's observation time goes,
- * in SM clock cycles, summed over workers at the kernel end into dtmk_obs_prof:
- * [0, 1] one-batch drains (count, cycles), [2, 3] whole-ring drains, [4, 5] hook_post
- * (after the release signal), [6, 7] drains after which the awaited event was already
- * there at the next poll (count, cycles of those drains: an upper bound on the delay) */
-extern "C" __device__ unsigned long long dtmk_obs_prof[8];
-__device__ unsigned long long dtmk_obs_prof[8];
-__shared__ unsigned long long s_prof[8];
-__shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
-#define PROF_T0 const long long prof_c0 = clock64()
-#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
-#endif
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
 #ifdef DTMK_OBS_PROF
@@ -1372,7 +1393,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
 #ifdef DTMK_OBS_PROF
-        for (int i = 0; i < 8; ++i) s_prof[i] = 0;
+        for (int i = 0; i < PROF_N; ++i) s_prof[i] = 0;
         s_prof_drain = 0;
 #endif
 #ifdef DTMK_SMEM_PAD
@@ -1524,7 +1545,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #endif
     if (threadIdx.x == 0) {
 #ifdef DTMK_OBS_PROF
-        for (int i = 0; i < 8; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
+        for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
 #endif
         post_pending(P, W, true);
         ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;

@@ -718,11 +718,11 @@ __device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
         const unsigned bytes = contig ? (unsigned)n * d.row_bytes : d.row_bytes;
         const char *src = (isb ? d.b : d.a) + (long)(r0 + r) * d.ld_bytes;
         const unsigned to = dst + (isb ? (unsigned)d.rps * d.row_bytes : 0u) + (unsigned)r * d.row_bytes;
-#ifdef DTMK_WS_EVICT_FIRST
-        /* weights are read once per step (2 GB through a 50 MB L2): mark their lines
+#ifndef DTMK_WS_EVICT_NORMAL
+        /* weights are read once per step (2 GB through a 50 MB L2): their lines are
          * evict-first so they do not push the kernel's code, the task tables and the
-         * activations out of L2 (hypothesis: cold instruction fetches after every weight
-         * level; docs/dev/megakernel_speed.md "Session 5") */
+         * activations out of L2.  H200 1b: 1551 -> 1381 us/step, bits equal
+         * (docs/dev/megakernel_speed.md "Session 5"); -DDTMK_WS_EVICT_NORMAL = the old copies */
         unsigned long long pol;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"

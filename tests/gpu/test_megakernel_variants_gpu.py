@@ -40,6 +40,8 @@ VARIANTS = {
     "wsnext_nopre": (("DTMK_WS_NEXT", "DTMK_WS_NOPRE"), False),
     # ... the next stream only into slots free at a task boundary, not the tile's tail
     "wsnext_notail": (("DTMK_WS_NEXT", "DTMK_WS_NEXT_NOTAIL"), False),
+    # session 5: the weight stream's copies are L2 evict-first by default; the old copies
+    "evictnormal": (("DTMK_WS_EVICT_NORMAL",), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

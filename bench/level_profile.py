@@ -36,6 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 from dtrace_mk.megakernel import gpu  # noqa: E402
 from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
@@ -132,7 +133,7 @@ def main() -> int:
 
     builds = {}
     configs = [c for c in a.configs.split(",") if c]
-    need_default = any(c in ("off", "mask3", "summary", "summary_cm") for c in configs)
+    need_default = any(c in ("off", "mask3", "null3", "summary", "summary_cm") for c in configs)
     if "nohooks" in configs:
         builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     if need_default:
@@ -148,6 +149,12 @@ def main() -> int:
         if "summary" in configs:
             live = LiveSession(builds["default"])
             live.attach(mon.obj)
+    if "null3" in configs:   # a null program (r0 = 0, exit) on each of the summary's hooks
+        from dtrace_mk.runtime.live import LiveSession, summary_monitor
+        from hooks import null_object
+        live_null = LiveSession(builds["default"])
+        live_null.attach(null_object(summary_monitor(builds["default"].graph.schema).obj))
+        builds["default"].set_observer(0, None)
         if "summary_cm" in configs:
             builds["cm"] = gpu.Megakernel(cfg, batch=1, weights=w)
             livec = LiveSession(builds["cm"], runtime=linked_runtime(builds["cm"].num_workers))
@@ -161,6 +168,8 @@ def main() -> int:
         if m is builds.get("default"):
             if c == "summary":
                 m.set_observer(int(live.rt.tables.data.ptr), live.state)
+            elif c == "null3":
+                m.set_observer(int(live_null.rt.tables.data.ptr), live_null.state)
             else:
                 m.set_observer(0, None)
         m.reset()
@@ -168,7 +177,7 @@ def main() -> int:
         prof = None
         if a.prof and "DTMK_OBS_PROF" in m.defines:
             import cupy as cp
-            prof = cp.ndarray((14,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
+            prof = cp.ndarray((20,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
             prof[:] = 0
         t0 = time.perf_counter()
         r = m.run(a.steps, poison=False, trace=True, **kw)
@@ -225,6 +234,14 @@ def main() -> int:
             each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
             print(f"  {c:<16}{per[8]:>8.2f}{us(per[9]):>8.2f}{each(8):>9.2f}{per[10]:>9.2f}{us(per[11]):>8.2f}"
                   f"{each(10):>9.2f}{per[12]:>8.2f}{us(per[13]):>8.2f}{each(12):>9.2f}")
+        print(f"  per program run: {'exec n':>8}{'us':>8}{'us/each':>9}{'cov n':>9}{'us':>8}{'us/each':>9}"
+              f"{'accfl n':>8}{'us':>8}{'us/each':>9}")
+        for c, v in profs.items():
+            per = [x / a.steps / nw for x in v]
+            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
+            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
+            print(f"  {c:<16}{per[14]:>8.2f}{us(per[15]):>8.2f}{each(14):>9.2f}{per[16]:>9.2f}{us(per[17]):>8.2f}"
+                  f"{each(16):>9.2f}{per[18]:>8.2f}{us(per[19]):>8.2f}{each(18):>9.2f}")
     return 0
 
 

@@ -138,6 +138,14 @@ __device__ __forceinline__ void dtmk_st_release_u32(dtmk_u32 *p, dtmk_u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+/* -DDTMK_OBS_PROF cycle counters (megakernel.cu defines them before including this
+ * file; everywhere else they are nothing) */
+#ifndef DTMK_PROF_BEGIN
+#define DTMK_PROF_BEGIN(name)
+#define DTMK_PROF_END(k, name)
+#define DTMK_PROF_END1(k, name)
+#endif
+
 /* Global adds without a result, aggregated over the lanes of the warp that reach them
  * together: lanes adding to one address add once (the group's lowest lane, the group's
  * sum; addition commutes, so maps end with the same values).  Why: a drain batch runs one
@@ -553,7 +561,9 @@ __device__ __forceinline__ void dtmk_cov_add(struct dtmk_cov *c, dtmk_u32 gen, d
                 dtmk_cov_row_add(c, e, gen, ne, nx, nt, nl, nf);
             } else {
                 if (acc->cov != (dtmk_u64)c || acc->epoch != e || acc->gen != gen) {
+                    DTMK_PROF_BEGIN(prof_flush);
                     dtmk_cov_acc_flush(acc);
+                    DTMK_PROF_END1(18, prof_flush);
                     acc->cov = (dtmk_u64)c; acc->epoch = e; acc->gen = gen;
                 }
                 acc->eligible += ne; acc->executed += nx; acc->throttled += nt;

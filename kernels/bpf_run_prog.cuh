@@ -63,13 +63,17 @@ __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eli
         }
         run = run && granted;
     }
+    DTMK_PROF_BEGIN(prof_exec);    /* -DDTMK_OBS_PROF only (bpf_maps.cuh) */
     int out = Exec::exec(P, run, ctx, worker, epoch, flags, r0, a...);
+    DTMK_PROF_END(14, prof_exec);
     if (eligible && !run) out = DTMK_OUT_SAMPLED;
     const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);
     const unsigned thr = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_THROTTLED || out == DTMK_OUT_SAMPLED);
     const unsigned lost = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT);
     const unsigned fault = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_FAULT);
+    DTMK_PROF_BEGIN(prof_cov);
     dtmk_cov_add(cov, gen, epoch, em, exec, thr, lost, fault, acc);
+    DTMK_PROF_END(16, prof_cov);
     return out;
 }
 

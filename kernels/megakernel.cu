@@ -67,6 +67,30 @@
 #error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_REC_LATE)"
 #endif
 #ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_PROF
+/* -DDTMK_OBS_PROF (bench/level_profile.py --prof): where thread 0's observation time goes,
+ * in SM clock cycles, summed over workers at the kernel end into dtmk_obs_prof:
+ * [0, 1] one-batch drains (count, cycles), [2, 3] whole-ring drains, [4, 5] hook_post
+ * (after the release signal), [6, 7] drains after which the awaited event was already
+ * there at the next poll (count, cycles of those drains: an upper bound on the delay),
+ * inside drains: [8, 9] VM / compiled calls on a batch, [10, 11] the coverage flush and
+ * epoch publish, [12, 13] the ring moves; inside the VM / compiled calls (lane 0, per program
+ * run): [14, 15] the exec step, [16, 17] the coverage count (bpf_run_prog.cuh), [18, 19]
+ * accumulator flushes to the global coverage rows (epoch changes) */
+#define PROF_N 20
+extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
+__device__ unsigned long long dtmk_obs_prof[PROF_N];
+__shared__ unsigned long long s_prof[PROF_N];
+__shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
+#define PROF_T0 const long long prof_c0 = clock64()
+#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
+#endif
+#ifdef DTMK_OBS_PROF
+#define DTMK_PROF_BEGIN(name) const long long name = clock64()
+#define DTMK_PROF_END(k, name) do { if ((threadIdx.x & 31) == 0 && threadIdx.x < 32) { s_prof[k] += 1; \
+    s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } } while (0)
+#define DTMK_PROF_END1(k, name) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } while (0)
+#endif
 #include "bpf_vm.cuh"
 #ifdef DTMK_COMPILED_TIER      /* LTO build linked with a compiled monitor (bpf_compiled.cuh) */
 #include "bpf_compiled.cuh"
@@ -249,22 +273,6 @@ __device__ TaskFaults task_faults(const MkParams &P, int t, int step, const int 
  * the lowest epoch still held (a record or an accumulator), so the host knows which
  * epochs are final.  A hook with no program keeps its enable bit clear. */
 #ifndef DTMK_NO_HOOKS
-#ifdef DTMK_OBS_PROF
-/* -DDTMK_OBS_PROF (bench/level_profile.py --prof): where thread 0's observation time goes,
- * in SM clock cycles, summed over workers at the kernel end into dtmk_obs_prof:
- * [0, 1] one-batch drains (count, cycles), [2, 3] whole-ring drains, [4, 5] hook_post
- * (after the release signal), [6, 7] drains after which the awaited event was already
- * there at the next poll (count, cycles of those drains: an upper bound on the delay),
- * inside drains: [8, 9] VM / compiled calls on a batch, [10, 11] the coverage flush and
- * epoch publish, [12, 13] the ring moves */
-#define PROF_N 14
-extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
-__device__ unsigned long long dtmk_obs_prof[PROF_N];
-__shared__ unsigned long long s_prof[PROF_N];
-__shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
-#define PROF_T0 const long long prof_c0 = clock64()
-#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
-#endif
 struct __align__(16) Obs {
     struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
     struct dtmk_hook_table scratch;

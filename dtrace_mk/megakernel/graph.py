@@ -362,8 +362,8 @@ class _Builder:
                                wait[0], wait[1], signal, dynamic, slot))
         return len(self.tasks) - 1
 
-    def tiled(self, cls: str, layer: int, n: int, wait, signal: int) -> None:
-        T = self.cfg.tile_n
+    def tiled(self, cls: str, layer: int, n: int, wait, signal: int, T: int = 0) -> None:
+        T = T or self.cfg.tile_n
         for x in range(n // T):
             self.task(cls, layer, (x, 0, 0, 0), x * T, (x + 1) * T, wait, signal)
 
@@ -453,10 +453,11 @@ class _Builder:
         e = self.event("L0.attn_norm", "rmsnorm", 1)
         self.task("rmsnorm", 0, (0, 0, 0, 0), 0, cfg.hidden, (-1, 0), e)   # embedding (+ norm)
         prev: Tuple[int, int] = (e, 1)
+        Tq = cfg.qkv_tile_n or T      # narrower qkv tiles: more of the SMs stream W_qkv
         for l in range(cfg.n_layers):
-            nq = cfg.qkv_dim // T
+            nq = cfg.qkv_dim // Tq
             e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
-            self.tiled("qkv", l, cfg.qkv_dim, prev, e_qkv)
+            self.tiled("qkv", l, cfg.qkv_dim, prev, e_qkv, Tq)
             e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
             for h in range(cfg.n_kv_heads):
                 self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)

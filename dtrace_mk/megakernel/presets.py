@@ -63,6 +63,7 @@ class ModelConfig:
     # lowering options (graph.py "Fused norm and split-K"); single rank, dense models only
     fuse_norm: bool = False              # RMSNorm computed in its consumers' prologue
     split_k: int = 1                     # K splits of attn_o / mlp_down (> 1 needs fuse_norm)
+    qkv_tile_n: int = 0                  # q|k|v columns per qkv tile with fuse_norm (0: tile_n)
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:
@@ -87,6 +88,11 @@ class ModelConfig:
             if not self.fuse_norm:
                 raise bad("split_k", f"split_k={self.split_k} needs fuse_norm=True (the fused norm "
                           f"prologue sums the split partials)")
+        if self.qkv_tile_n:
+            if self.qkv_tile_n < 0 or not self.fuse_norm:
+                raise bad("qkv_tile_n", f"needs fuse_norm=True and a value >= 0, got {self.qkv_tile_n}")
+            if self.qkv_dim % self.qkv_tile_n:
+                raise bad("qkv_tile_n", f"must divide qkv_dim={self.qkv_dim}, got {self.qkv_tile_n}")
         if self.fuse_norm:
             if self.moe_layers:
                 raise bad("fuse_norm", "not supported with MoE layers (their norms fold the expert partials)")

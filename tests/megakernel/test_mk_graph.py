@@ -124,7 +124,7 @@ def test_class_counts_per_layer(graph):
     S = cfg.split_k if cfg.fuse_norm else 1
     for l in range(cfg.n_layers):
         assert c[("rmsnorm", l)] == (2 if not cfg.fuse_norm else int(l == 0))
-        assert c[("qkv", l)] == cfg.qkv_dim // T
+        assert c[("qkv", l)] == cfg.qkv_dim // ((cfg.fuse_norm and cfg.qkv_tile_n) or T)
         assert c[("rope_kv_append", l)] == cfg.n_kv_heads
         assert c[("attn", l)] == cfg.n_kv_heads * B
         assert c[("attn_o", l)] == cfg.hidden // T * S

@@ -146,35 +146,6 @@ __device__ __forceinline__ void dtmk_st_release_u32(dtmk_u32 *p, dtmk_u32 v) {
 #define DTMK_PROF_END1(k, name)
 #endif
 
-/* Global adds without a result, aggregated over the lanes of the warp that reach them
- * together: lanes adding to one address add once (the group's lowest lane, the group's
- * sum; addition commutes, so maps end with the same values).  Why: a drain batch runs one
- * program over 32 records, and those of one hook usually share a key (every worker just
- * ended a task of the same class), so 132 workers x 32 lanes of same-address atomics
- * serialised at L2 made a summary-monitor drain batch take 13.4 us on H200
- * (bench/level_profile.py --prof, 2026-11-30).  Host builds (the compiled tier's g++
- * test shim, one lane): a plain add.  Not inline: a compiled monitor declares and calls
- * them like the map helpers (dtrace_mk/runtime/compiled.py PRELUDE). */
-__device__ __noinline__ void dtmk_add_u64_agg(unsigned long long *a, unsigned long long v) {
-#ifdef __CUDA_ARCH__
-    const unsigned grp = __match_any_sync(__activemask(), (unsigned long long)a);
-    unsigned long long s = 0;
-    for (unsigned m = grp; m; m &= m - 1) s += __shfl_sync(grp, v, __ffs(m) - 1);
-    if ((int)(threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(a, s);
-#else
-    atomicAdd(a, v);
-#endif
-}
-__device__ __noinline__ void dtmk_add_u32_agg(unsigned *a, unsigned v) {
-#ifdef __CUDA_ARCH__
-    const unsigned grp = __match_any_sync(__activemask(), (unsigned long long)a);
-    const unsigned s = __reduce_add_sync(grp, v);
-    if ((int)(threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(a, s);
-#else
-    atomicAdd(a, v);
-#endif
-}
-
 /* copy n bytes (n < 2^16) between generic addresses; word-wise when aligned */
 __device__ __forceinline__ void dtmk_copy(void *dst, const void *src, dtmk_u32 n) {
     dtmk_u64 a = (dtmk_u64)dst, b = (dtmk_u64)src;
@@ -405,7 +376,7 @@ __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const v
     int s = dtmk_hash_find(m, key, true, 0, &created);
     if (s < 0) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
     dtmk_u32 b = t == DTMK_MAP_TYPE_HIST_LOG2 ? dtmk_log2_bucket(v) : dtmk_linear_bucket(m, v);
-    dtmk_add_u64_agg((unsigned long long *)(dtmk_hash_value(m, s) + 8ull * b), 1ull);
+    atomicAdd((unsigned long long *)(dtmk_hash_value(m, s) + 8ull * b), 1ull);
     return 0;
 }
 

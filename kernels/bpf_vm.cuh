@@ -204,7 +204,6 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     const dtmk_u32 v = (dtmk_u32)REG(I.src);
                     dtmk_u32 old;
                     if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else if (!I.aux) { old = 0; dtmk_add_u32_agg((unsigned *)a, v); }   /* no fetch */
                     else old = atomicAdd((unsigned *)a, v);
                     if (I.aux) REG(I.src) = old;
                     break; }
@@ -213,7 +212,6 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     const dtmk_u64 v = REG(I.src);
                     dtmk_u64 old;
                     if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else if (!I.aux) { old = 0; dtmk_add_u64_agg((unsigned long long *)a, v); }   /* no fetch */
                     else old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
                     if (I.aux) REG(I.src) = old;
                     break; }

@@ -196,12 +196,9 @@ def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int) -> Optional
         return f"*({t} *)({dst} + {o}) = ({t}){src};"
     if sub in (12, 13):
         t, at = ("dtmk_u32", "unsigned") if sub == 12 else ("dtmk_u64", "unsigned long long")
-        if not aux:   # no fetch: the warp-aggregated add of bpf_maps.cuh (the device VM's)
-            agg = "dtmk_add_u32_agg" if sub == 12 else "dtmk_add_u64_agg"
-            return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; "
-                    f"if (__isLocal(a_)) *a_ += v_; else {agg}(({at} *)a_, v_); }}")
+        fetch = f" {src} = o_;" if aux else ""
         return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; {t} o_; "
-                f"if (__isLocal(a_)) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_); {src} = o_; }}")
+                f"if (__isLocal(a_)) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
     return None
 
 
@@ -327,8 +324,6 @@ __device__ dtmk_u64 dtmk_map_update(const struct dtmk_map *m, const void *key, c
                                     dtmk_u64 flags, dtmk_u32 worker, bool *lost);
 __device__ dtmk_u64 dtmk_map_delete(const struct dtmk_map *m, const void *key, bool *lost);
 __device__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const void *key, dtmk_u64 v, bool *lost);
-__device__ void dtmk_add_u64_agg(unsigned long long *a, unsigned long long v);   /* xadd, no fetch */
-__device__ void dtmk_add_u32_agg(unsigned *a, unsigned v);
 __device__ dtmk_u64 dtmk_ringbuf_output(const struct dtmk_map *m, const void *data, dtmk_u64 size,
                                         dtmk_u64 flags, dtmk_u32 worker, dtmk_u32 epoch,
                                         bool *lost, bool *throttled);

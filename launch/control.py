@@ -405,6 +405,19 @@ class Stream:
     def __iter__(self) -> "Stream":
         return self
 
+    def poll(self, timeout_s: float) -> Optional[Dict[str, Any]]:
+        """The next message, or None when none came within timeout_s (the caller checks
+        its own flags, e.g. a Ctrl-C, between polls: no exception ever interrupts a read
+        halfway through a line).  Raises StopIteration once the connection is closed."""
+        self.sock.settimeout(timeout_s)
+        try:
+            return next(self)
+        except _PollTimeout:
+            return None
+        finally:
+            if not self.closed:
+                self.sock.settimeout(None)
+
     def __next__(self) -> Dict[str, Any]:
         while not self.closed:
             i = self.buf.find(b"\n")
@@ -417,6 +430,8 @@ class Stream:
                 return msg
             try:
                 chunk = self.sock.recv(65536)
+            except socket.timeout:
+                raise _PollTimeout() from None       # poll(): nothing yet, the buffer intact
             except OSError:
                 chunk = b""
             if not chunk:
@@ -432,6 +447,10 @@ class Stream:
                 self.sock.close()
             except OSError:
                 pass
+
+
+class _PollTimeout(Exception):
+    """Stream.poll's read timed out (internal)."""
 
 
 def _checked(job: Job, msg: Dict[str, Any]) -> Dict[str, Any]:

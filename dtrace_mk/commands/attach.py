@@ -74,34 +74,41 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"attached query {aid} to job {job.id} at step {reply['apply_at']}; Ctrl-C detaches",
           file=sys.stderr, flush=True)
-    ended = False
+    # Ctrl-C only sets a flag (the handler never raises inside a socket read, where a
+    # KeyboardInterrupt could drop half a line and leave the client waiting for ever);
+    # the loop polls the stream and looks at the flag between messages
+    import signal
+    interrupts: list = []
+    old_handler = signal.signal(signal.SIGINT, lambda *_: interrupts.append(1))
     detaching = False
-    while not ended:
-        try:
-            for msg in stream:
-                t = msg.get("type")
-                if t == "output":
-                    sys.stdout.write(render_output(msg, args.format))
-                    sys.stdout.flush()
-                elif t == "error":
-                    print(f"query {aid}: rank {msg.get('rank')}: {msg.get('error')}", file=sys.stderr)
-                elif t == "end":
-                    print(f"query {aid}: {msg.get('reason')}", file=sys.stderr)
-                    ended = True
-                    break
-            else:
-                if not ended:
-                    raise ControlError(f"job {job.id}: connection lost (the job ended?)")
-            ended = True
-        except KeyboardInterrupt:
-            if detaching:
+    try:
+        while True:
+            if interrupts and not detaching:
+                detaching = True
+                try:                      # detach explicitly, then show the final maps
+                    r = client.detach(aid)
+                    print(f"detaching query {aid} at step {r['apply_at']} (Ctrl-C again to leave)",
+                          file=sys.stderr, flush=True)
+                except ControlError as e:
+                    print(f"{e}", file=sys.stderr)
+                    return 130
+            elif len(interrupts) > 1:
                 return 130
-            detaching = True
-            try:                      # detach explicitly, then show the final maps
-                r = client.detach(aid)
-                print(f"detaching query {aid} at step {r['apply_at']} (Ctrl-C again to leave)",
-                      file=sys.stderr, flush=True)
-            except ControlError as e:
-                print(f"{e}", file=sys.stderr)
-                return 130
+            try:
+                msg = stream.poll(0.2)
+            except StopIteration:
+                raise ControlError(f"job {job.id}: connection lost (the job ended?)") from None
+            if msg is None:
+                continue
+            t = msg.get("type")
+            if t == "output":
+                sys.stdout.write(render_output(msg, args.format))
+                sys.stdout.flush()
+            elif t == "error":
+                print(f"query {aid}: rank {msg.get('rank')}: {msg.get('error')}", file=sys.stderr)
+            elif t == "end":
+                print(f"query {aid}: {msg.get('reason')}", file=sys.stderr)
+                break
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
     return 0

@@ -111,6 +111,32 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
     return out
 
 
+#: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
+PROF_TABLES = (
+    ("drains (one batch / whole ring), hook_post after the signal, late drains",
+     (("batch", 0), ("whole", 2), ("post", 4), ("late", 6))),
+    ("inside drains: VM / compiled calls, coverage flush + publish, ring moves",
+     (("vm", 8), ("flush", 10), ("move", 12))),
+    ("per program run: exec step, coverage count, accumulator flushes",
+     (("exec", 14), ("cov", 16), ("accfl", 18))),
+)
+
+
+def print_prof(profs: dict, steps: int, workers: int, ghz: float = 1.98) -> None:
+    """The DTMK_OBS_PROF counters per step per worker: count, us, us each (cycles at
+    `ghz`, the H200's SM clock under load; bench/timer_cost.py prints the attribute)."""
+    us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
+    for title, cols in PROF_TABLES:
+        print(f"--- DTMK_OBS_PROF {title} (per step per worker)")
+        print(f"  {'config':<12}" + "".join(f"{n + ' n':>9}{'us':>8}{'us/each':>9}" for n, _ in cols))
+        for c, v in profs.items():
+            row = ""
+            for _, k in cols:
+                each = us(v[k + 1] / v[k]) if v[k] else 0.0
+                row += f"{v[k] / steps / workers:>9.2f}{us(v[k + 1] / steps / workers):>8.2f}{each:>9.2f}"
+            print(f"  {c:<12}" + row)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="1b")
@@ -214,34 +240,7 @@ def main() -> int:
             print(f"  {k:<26}" + "".join(f"{results[c].get(k, {}).get(field, float('nan')) * scale:>12.2f}"
                                          for c in cols))
     if profs:
-        ghz = 1.98        # H200 SM clock under load (bench/timer_cost.py prints the attribute)
-        nw = builds["default"].num_workers
-        print(f"--- DTMK_OBS_PROF: per step per worker (cycles at {ghz} GHz); 'late' = drains after which the "
-              f"awaited event was already there")
-        print(f"  {'config':<12}{'batch n':>9}{'us':>8}{'us/each':>9}{'whole n':>9}{'us':>8}{'us/each':>9}"
-              f"{'post n':>8}{'us':>8}{'us/each':>9}{'late n':>8}{'us':>8}")
-        for c, v in profs.items():
-            per = [x / a.steps / nw for x in v]
-            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
-            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
-            print(f"  {c:<12}{per[0]:>9.2f}{us(per[1]):>8.2f}{each(0):>9.2f}{per[2]:>9.2f}{us(per[3]):>8.2f}"
-                  f"{each(2):>9.2f}{per[4]:>8.2f}{us(per[5]):>8.2f}{each(4):>9.2f}{per[6]:>8.2f}{us(per[7]):>8.2f}")
-        print(f"  inside drains:  {'vm n':>8}{'us':>8}{'us/each':>9}{'flush n':>9}{'us':>8}{'us/each':>9}"
-              f"{'move n':>8}{'us':>8}{'us/each':>9}")
-        for c, v in profs.items():
-            per = [x / a.steps / nw for x in v]
-            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
-            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
-            print(f"  {c:<16}{per[8]:>8.2f}{us(per[9]):>8.2f}{each(8):>9.2f}{per[10]:>9.2f}{us(per[11]):>8.2f}"
-                  f"{each(10):>9.2f}{per[12]:>8.2f}{us(per[13]):>8.2f}{each(12):>9.2f}")
-        print(f"  per program run: {'exec n':>8}{'us':>8}{'us/each':>9}{'cov n':>9}{'us':>8}{'us/each':>9}"
-              f"{'accfl n':>8}{'us':>8}{'us/each':>9}")
-        for c, v in profs.items():
-            per = [x / a.steps / nw for x in v]
-            us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
-            each = lambda k: us(v[k + 1] / v[k]) if v[k] else 0.0   # noqa: E731
-            print(f"  {c:<16}{per[14]:>8.2f}{us(per[15]):>8.2f}{each(14):>9.2f}{per[16]:>9.2f}{us(per[17]):>8.2f}"
-                  f"{each(16):>9.2f}{per[18]:>8.2f}{us(per[19]):>8.2f}{each(18):>9.2f}")
+        print_prof(profs, a.steps, builds["default"].num_workers)
     return 0
 
 

@@ -1,0 +1,67 @@
+"""CI (no GPU): bench/level_profile.py's per-level arithmetic on a synthetic trace of the
+real 1b graph (levels, spans, handoffs, post times), and the -DDTMK_OBS_PROF build it
+profiles compiles and exports the counters it reads."""
+
+import numpy as np
+import pytest
+
+from dtrace_mk.megakernel import gpu
+from dtrace_mk.megakernel.graph import build_graph
+from dtrace_mk.megakernel.presets import PRESETS
+
+
+@pytest.fixture(scope="module")
+def lp(load_bench):
+    return load_bench("level_profile")
+
+
+def _trace(graph, steps, level_ns=10_000, dur_ns=8_000, wait_ns=500):
+    """Every level starts level_ns after the previous one; a task waits wait_ns, runs dur_ns."""
+    levels, rows = {}, []
+    for s in range(steps):
+        for t in graph.tasks:
+            if t.dynamic:
+                continue
+            li = levels.setdefault((t.layer, t.class_name), len(levels))
+            begin = 10 ** 9 + s * (len(levels) + 1) * level_ns + li * level_ns if s else 10 ** 9 + li * level_ns
+            rows.append((begin - wait_ns, wait_ns, dur_ns, t.index, s, 0, t.index % graph.num_workers, 0, t.cls))
+    return np.array(rows, dtype=gpu.TRACE_DTYPE), levels
+
+
+def test_level_stats_on_a_synthetic_trace(lp):
+    g = build_graph(PRESETS["1b"], batch=1, num_workers=132)
+    tr, levels = _trace(g, steps=3)
+    st = lp.level_stats(tr, g, skip_steps=1)
+    n_layers = PRESETS["1b"].n_layers
+    # per layer: qkv, rope, attn, attn_o, gate/up, down; 1b's 24-column qkv tiles: 128 per layer
+    assert st["qkv"]["levels_per_step"] == n_layers and st["qkv"]["tasks_per_step"] == 128 * n_layers
+    assert st["mlp_gate_up"]["dur_med_ns"] == 8000
+    # a level's tasks all start together: span = dur; the handoff = level gap - dur
+    assert st["mlp_down"]["span_us_per_step"] == pytest.approx(8.0 * n_layers)
+    assert st["mlp_down"]["handoff_us_per_step"] == pytest.approx(2.0 * n_layers)
+    # the step's first task (rmsnorm) waits on the step boundary: no producer level, no handoff
+    assert st["rmsnorm"]["handoff_us_per_step"] == 0
+    # critical sum = sum of spans + handoffs = the trace's step span
+    assert st["_total"]["critical_us"] == pytest.approx(st["_total"]["step_span_us"])
+    assert st["_total"]["step_span_us"] == pytest.approx((len(levels) - 1) * 10.0 + 8.0)
+
+
+def test_level_stats_refuses_an_empty_trace(lp):
+    g = build_graph(PRESETS["tiny"], batch=1, num_workers=4)
+    tr, _ = _trace(g, steps=1)
+    with pytest.raises(ValueError, match="no trace records"):
+        lp.level_stats(tr, g, skip_steps=1)
+
+
+def test_obs_prof_build_exports_its_counters(lp):
+    """The profiled build compiles and has the counter array level_profile reads (its
+    size = the kernel's PROF_N = what print_prof indexes); the default build has none."""
+    from dtrace_mk.kernels.build import nvrtc_compile
+    from dtrace_mk.megakernel.gpu import KERNEL_DIR
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_PROF",)).decode()
+    assert ".global .align 8 .b8 dtmk_obs_prof[160];" in ptx      # 20 u64 counters
+    top = max(k for _, cols in lp.PROF_TABLES for _, k in cols)
+    assert top + 1 == 19
+    dflt = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx").decode()
+    assert "dtmk_obs_prof" not in dflt

@@ -32,8 +32,13 @@ class Proc:
     """A dtrace-mk subprocess whose output lines arrive on queues."""
 
     def __init__(self, *args, env):
+        # SIGINT back to its default in the child: a test run started in the background of
+        # a non-interactive shell (`./dev.sh test &`) inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler, so the Ctrl-C this test sends would
+        # be ignored (the job never stops; its ranks outlive the test)
         self.p = subprocess.Popen([sys.executable, "-m", "dtrace_mk", *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
+                                  stderr=subprocess.PIPE, text=True, env=env,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.out, self.err = queue.Queue(), queue.Queue()
         self.lines = {"out": [], "err": []}
         for name, pipe, q in (("out", self.p.stdout, self.out), ("err", self.p.stderr, self.err)):

@@ -145,6 +145,8 @@ def main() -> int:
     ap.add_argument("--configs", default="nohooks,off,mask3,summary,summary_cm")
     ap.add_argument("--variants", default="", help="name=DEF+DEF,... extra builds profiled with nothing enabled")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--defines", default="", help="DEF+DEF: extra defines of the hooked build (e.g. a variant to "
+                                                  "profile with --prof)")
     ap.add_argument("--prof", action="store_true",
                     help="build the hooked configurations with -DDTMK_OBS_PROF and print where thread 0's "
                          "observation time goes (drains, hook_post) per step per worker")
@@ -163,7 +165,9 @@ def main() -> int:
     if "nohooks" in configs:
         builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     if need_default:
-        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_OBS_PROF",) if a.prof else ())
+        extra = tuple(d for d in a.defines.split("+") if d)
+        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w,
+                                           defines=(("DTMK_OBS_PROF",) if a.prof else ()) + extra)
     for spec in [v for v in a.variants.split(",") if v]:
         name, defs = spec.split("=", 1)
         builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in defs.split("+") if d))
@@ -182,7 +186,7 @@ def main() -> int:
         live_null.attach(null_object(summary_monitor(builds["default"].graph.schema).obj))
         builds["default"].set_observer(0, None)
         if "summary_cm" in configs:
-            builds["cm"] = gpu.Megakernel(cfg, batch=1, weights=w)
+            builds["cm"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in a.defines.split("+") if d))
             livec = LiveSession(builds["cm"], runtime=linked_runtime(builds["cm"].num_workers))
             livec.attach(mon.obj, tier="compiled")
             livec.link_compiled()

@@ -139,6 +139,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
 #define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
+#ifndef DTMK_OBS_CODE
+#define DTMK_OBS_CODE 256  /* -DDTMK_VM_CODE_SMEM: instruction records of VM code kept in shared memory (4 KB) */
+#endif
 
 /* worker_state u64 words */
 #define WS_TASK 0
@@ -290,6 +293,15 @@ struct __align__(16) Obs {
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
 #ifdef DTMK_REC_FAST
     int rec_t;                              /* s_rec_t at the last observing first look (a static task or -1) */
+#endif
+#ifdef DTMK_VM_CODE_SMEM
+    /* -DDTMK_VM_CODE_SMEM (variant, not measured yet; docs/dev/hook_cost_analysis.md
+     * "Session 5"): the VM programs' code (+ the padding record the VM prefetches) copied
+     * here at table load while it fits, so a drain fetches no instruction from global
+     * memory (a null program measured 1.9 us per run, mostly such dependent trips).
+     * gcode: each slot's code in global memory (the tables' insns then point here) */
+    struct dtmk_dinsn code[DTMK_OBS_CODE];
+    dtmk_u64 gcode[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
 #endif
 };
 __shared__ Obs O;
@@ -522,11 +534,34 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         dtmk_u32 mask = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
-                if (dtmk_vm_load_table(gt + h, &O.scratch)) O.tabs[h] = O.scratch;
-                else ok = false;                      /* being written: keep the old copy, retry */
+                if (dtmk_vm_load_table(gt + h, &O.scratch)) {
+                    O.tabs[h] = O.scratch;
+#ifdef DTMK_VM_CODE_SMEM
+                    for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gcode[h][k] = O.tabs[h].progs[k].insns;
+#endif
+                } else {
+                    ok = false;                       /* being written: keep the old copy, retry */
+                }
             }
             if (O.tabs[h].n_progs) mask |= 1u << h;
         }
+#ifdef DTMK_VM_CODE_SMEM
+        /* lay every program's code out again (the ring is empty: no drain reads it now);
+         * a program that does not fit keeps running from global memory */
+        dtmk_u32 used = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                struct dtmk_prog &pg = O.tabs[h].progs[k];
+                const dtmk_u32 n = pg.n_insns + 1;
+                pg.insns = O.gcode[h][k];
+                if (used + n > DTMK_OBS_CODE) continue;
+                const struct dtmk_dinsn *src = (const struct dtmk_dinsn *)O.gcode[h][k];
+                for (dtmk_u32 i = 0; i < n; ++i) O.code[used + i] = src[i];
+                pg.insns = (dtmk_u64)(O.code + used);
+                used += n;
+            }
+        }
+#endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
         W.hook_mask = O.ring_mask | mask;

@@ -20,7 +20,8 @@ _S = {}
 #: megakernel builds proven exact: the default (DTMK_REC_FAST, docs/dev/hook_cost_analysis.md
 #: round 8: hook records read the task record from the shared copy s_rec) and
 #: -DDTMK_REC_GLOBAL, the old record path (the global task table)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",)], ids=["default", "recglobal"])
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",)],
+                                 ids=["default", "recglobal", "codesmem"])
 
 
 def session(name="tiny", defines=()):

@@ -82,10 +82,8 @@ extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
 __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
-#define PROF_T0 const long long prof_c0 = clock64()
-#define PROF_ADD(k) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - prof_c0); } while (0)
-#endif
-#ifdef DTMK_OBS_PROF
+/* a counter pair: DTMK_PROF_BEGIN(t) ... DTMK_PROF_END1(k, t) (the calling thread) or
+ * DTMK_PROF_END(k, t) (lane 0 of warp 0 only); empty without DTMK_OBS_PROF (bpf_maps.cuh) */
 #define DTMK_PROF_BEGIN(name) const long long name = clock64()
 #define DTMK_PROF_END(k, name) do { if ((threadIdx.x & 31) == 0 && threadIdx.x < 32) { s_prof[k] += 1; \
     s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } } while (0)
@@ -458,25 +456,17 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         if (!c || (chunk && h != hsel)) continue;
         const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
         for (dtmk_u32 w = 0; w < todo; w += 32) {
-#ifdef DTMK_OBS_PROF
-            PROF_T0;
-#endif
+            DTMK_PROF_BEGIN(prof_c0);
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
                              W.worker, 0);
             __syncwarp();
-#ifdef DTMK_OBS_PROF
-            if (lane == 0) PROF_ADD(8);
-#endif
+            if (lane == 0) DTMK_PROF_END1(8, prof_c0);
         }
         const dtmk_u32 rem = c - todo;
-#ifdef DTMK_OBS_PROF
-        PROF_T0;
-#endif
+        DTMK_PROF_BEGIN(prof_c0);
         for (dtmk_u32 w = 0; w < rem; w += 32)          /* ascending: a batch is read before it is overwritten */
             obs_move(w + lane < rem, b + todo + w + lane, b + w + lane);
-#ifdef DTMK_OBS_PROF
-        if (lane == 0) PROF_ADD(12);
-#endif
+        if (lane == 0) DTMK_PROF_END1(12, prof_c0);
         n -= todo;
         if (lane == 0) {
             O.cnt[h] = rem; O.n = n; O.drained += todo; O.drains += (todo + 31) / 32;
@@ -491,9 +481,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     /* "|| false": the observer warp's removed refusal flag; kept so the PTX stays that of 1e256b7 (without it
      * NVVM orders this cold branch differently; same behaviour) */
     if (n == 0 && (ran || O.acc_min < step || false)) {
-#ifdef DTMK_OBS_PROF
-        PROF_T0;
-#endif
+        DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
         for (int i = lane; i < OBS_NACC; i += 32) {
@@ -523,9 +511,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             g[OBS_DRAINS] = (O.drains & 0xffffffffull) | (O.pubs << 32);
         }
         __syncwarp();
-#ifdef DTMK_OBS_PROF
-        if (lane == 0) PROF_ADD(10);
-#endif
+        if (lane == 0) DTMK_PROF_END1(10, prof_c0);
     }
     if (lane == 0 && reload && n == 0) {
         const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
@@ -579,12 +565,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 }
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
-#ifdef DTMK_OBS_PROF
-    PROF_T0;
-#endif
+    DTMK_PROF_BEGIN(prof_c0);
     if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
 #ifdef DTMK_OBS_PROF
-    if (threadIdx.x == 0) { PROF_ADD(chunk ? 0 : 2); s_prof_drain = clock64() - prof_c0; }
+    if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
@@ -1182,7 +1166,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_PROF
-        if (W.observe) { PROF_T0; hook_post(P, W, t, step, f.flags, t_end); PROF_ADD(4); }
+        if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
 #else
         if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
 #endif

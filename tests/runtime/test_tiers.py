@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from threading import Event
@@ -60,16 +61,7 @@ class FakeRuntime:
 
     def prepare_promotion(self, aid):
         key = frozenset(self.compiled_set | {aid})
-
-        def work():
-            if self.gate is not None:
-                self.gate.wait(5)
-            self.builds += 1
-            if self.fail_builds:
-                self.fail_builds -= 1
-                raise RuntimeError("nvJitLink said no")
-            return f"cubin{sorted(key)}"
-        return key, work
+        return key, _build_work(self, "gate", "builds", "fail_builds", "nvJitLink said no", f"cubin{sorted(key)}")
 
     def commit_promotion(self, aid, key, artifact):
         if aid not in self._tier or key != frozenset(self.compiled_set | {aid}):
@@ -78,6 +70,20 @@ class FakeRuntime:
         self._tier[aid] = "compiled"
         self.gen += 1
         return True
+
+
+def _build_work(rt, gate: str, count: str, fails: str, error: str, artifact: str):
+    """A background build of the fake runtime: waits for rt.<gate> (when set), counts
+    itself in rt.<count>, fails while rt.<fails> > 0, else returns `artifact`."""
+    def work():
+        if getattr(rt, gate) is not None:
+            getattr(rt, gate).wait(5)
+        setattr(rt, count, getattr(rt, count) + 1)
+        if getattr(rt, fails):
+            setattr(rt, fails, getattr(rt, fails) - 1)
+            raise RuntimeError(error)
+        return artifact
+    return work
 
 
 def _events_counted(rt, aid):
@@ -169,7 +175,10 @@ def test_swap_pending_says_when_the_next_boundary_swaps_or_builds():
         assert tm2.boundary() == [c] and not tm2.swap_pending()
 
 
-def test_a_stale_build_is_rebuilt_not_installed():
+@contextmanager
+def _build_held():
+    """(gate, rt, a, tm): one program `a`, hot enough after one launch; the first boundary
+    started its background build, which waits for `gate`."""
     gate = Event()
     rt = FakeRuntime(gate=gate)
     a = rt.add(1)
@@ -177,6 +186,11 @@ def test_a_stale_build_is_rebuilt_not_installed():
         tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1), executor=ex)
         rt.launch(4, 0)
         tm.boundary()
+        yield gate, rt, a, tm
+
+
+def test_a_stale_build_is_rebuilt_not_installed():
+    with _build_held() as (gate, rt, a, tm):
         rt.compiled_set.add(99)                          # the compiled set changed meanwhile
         gate.set()
         tm._jobs[a].future.result(5)
@@ -203,13 +217,7 @@ def test_failed_builds_leave_the_program_hot():
 
 
 def test_detach_while_building_drops_the_job():
-    gate = Event()
-    rt = FakeRuntime(gate=gate)
-    a = rt.add(1)
-    with ThreadPoolExecutor(1) as ex:
-        tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1), executor=ex)
-        rt.launch(4, 0)
-        tm.boundary()
+    with _build_held() as (gate, rt, a, tm):
         del rt._tier[a]
         gate.set()
         tm._jobs[a].future.result(5)
@@ -290,15 +298,7 @@ class TwoStageRuntime(FakeRuntime):
         if not key or (self.stage == 2 and self.module_set == key):
             return None
 
-        def work():
-            if self.opt_gate is not None:
-                self.opt_gate.wait(5)
-            self.opt_builds += 1
-            if self.fail_opt:
-                self.fail_opt -= 1
-                raise RuntimeError("LTO link failed")
-            return f"lto{sorted(key)}"
-        return key, work
+        return key, _build_work(self, "opt_gate", "opt_builds", "fail_opt", "LTO link failed", f"lto{sorted(key)}")
 
     def commit_optimize(self, key, artifact):
         if key != frozenset(self.compiled_set):

@@ -104,7 +104,7 @@ def preset(name):
     """'1b', or the preset with options after colons: ':t16' tile_n 16; ':old' the standard
     lowering (fuse_norm off, split_k 1: the lowering before session 2); ':fuse' fuse_norm
     without split-K; ':s<N>' fuse_norm with split_k N; ':q<N>' N columns per qkv tile (fused
-    lowering).  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:q24'."""
+    lowering); ':r' rope_in_attn (no rope level).  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:r'."""
     import dataclasses
     base, *opts = name.split(":")
     cfg = PRESETS[base]
@@ -119,8 +119,10 @@ def preset(name):
             cfg = dataclasses.replace(cfg, tile_n=int(o[1:]))
         elif o.startswith("q") and o[1:].isdigit():
             cfg = dataclasses.replace(cfg, qkv_tile_n=int(o[1:]))
+        elif o == "r":
+            cfg = dataclasses.replace(cfg, rope_in_attn=True)
         else:
-            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>)")
+            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r)")
     return cfg
 
 

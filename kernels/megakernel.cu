@@ -735,7 +735,19 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
                 (float *)P.qkv + (long)layer * B * P.qkv_dim, (int)P.qkv_dim, B, lo, hi, false, XS);
         break;
     case 2: op_rope_kv(P, layer, lo, hi); break;
+#ifdef DTMK_ROPE_IN_ATTN   /* rope_in_attn graphs (graph.py; gpu.Megakernel adds the define) */
+    case 3: {
+        const int g = lo / (int)(P.n_heads / P.n_kv_heads);
+        if (r[12] == 1) {          /* this slot's q / k rope and cache row first */
+            rope_kv_slots(P, layer, g, g + 1, r[3], r[3] + 1);
+            MK_SYNC();             /* the rotated q and the new cache row are read by other threads */
+        }
+        op_attn(P, layer, r[3], g, smem);
+        break;
+    }
+#else
     case 3: op_attn(P, layer, r[3], lo / (int)(P.n_heads / P.n_kv_heads), smem); break;
+#endif
     case 4: { /* attn_o: h[:, lo:hi] += Wo attn (tensor parallel: the partial sum, no residual) */
         int qd = (int)(P.n_heads * P.head_dim);
         bool tp = P.ranks > 1;

@@ -265,8 +265,9 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
 /* ---- RoPE on q and k heads + KV-cache append for kv heads lo..hi -------------------- */
 /* qkv row layout: [q heads (n_heads*hd) | k heads (nkv*hd) | v heads (nkv*hd)].
  * Rotation pairs (i, i + hd/2), angle pos * theta^(-2i/hd) (Llama/NeoX style).  A kv
- * head g owns q heads g*rep .. g*rep+rep-1. */
-__device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, int hi) {
+ * head g owns q heads g*rep .. g*rep+rep-1.  Slots b0 .. b1-1: op_rope_kv does every
+ * slot; an attn task of a rope_in_attn graph (graph.py, -DDTMK_ROPE_IN_ATTN) its own. */
+__device__ __forceinline__ void rope_kv_slots(const MkParams &P, int layer, int lo, int hi, int b0, int b1) {
     int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
     int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv, half = hd / 2;
     float theta = __uint_as_float((dtmk_u32)P.rope_theta_bits);
@@ -275,7 +276,7 @@ __device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, in
     float *vc = (float *)P.v_cache + (long)layer * B * S * nkv * hd;
     const int *pos = (const int *)P.pos;
     int per_g = (rep + 1) * half + half * 2;           /* rope pairs (q heads + k) + v copy */
-    for (int b = 0; b < B; ++b) {
+    for (int b = b0; b < b1; ++b) {
         int p = __ldcg(pos + b);
         float *row = qkv + (long)b * QKV;
         for (int idx = threadIdx.x; idx < (hi - lo) * per_g; idx += MK_THREADS) {
@@ -300,6 +301,9 @@ __device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, in
             }
         }
     }
+}
+__device__ __noinline__ void op_rope_kv(const MkParams &P, int layer, int lo, int hi) {
+    rope_kv_slots(P, layer, lo, hi, 0, (int)P.batch);
 }
 
 /* ---- attention, one q head after the other (long contexts: rep*T > smem) --------- */

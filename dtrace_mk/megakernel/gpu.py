@@ -28,7 +28,7 @@ import numpy as np
 
 from ..abi import definition as abi
 from ..errors import UserError
-from .graph import CLASS_IDS, TaskGraph, build_graph, fused_aux, split_part_floats, tp_shard
+from .graph import CLASS_IDS, TaskGraph, build_graph, fused_aux, fused_lowering, split_part_floats, tp_shard
 from .reference import Requests, dense_index, make_weights, moe_index, shard_weights, tp_local_config
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
@@ -341,6 +341,8 @@ class Megakernel:
         self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
         self.defines = tuple(defines)
+        if fused_lowering(cfg, ranks) and cfg.rope_in_attn and "DTMK_ROPE_IN_ATTN" not in self.defines:
+            self.defines += ("DTMK_ROPE_IN_ATTN",)     # its attn tasks rope (graph.fused_aux)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none

@@ -458,14 +458,17 @@ class _Builder:
             nq = cfg.qkv_dim // Tq
             e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
             self.tiled("qkv", l, cfg.qkv_dim, prev, e_qkv, Tq)
-            e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
-            for h in range(cfg.n_kv_heads):
-                self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
+            if cfg.rope_in_attn:          # each attn task ropes its own q / k (fused_aux flags it)
+                attn_wait = (e_qkv, nq)
+            else:
+                e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
+                for h in range(cfg.n_kv_heads):
+                    self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
+                attn_wait = (e_rope, cfg.n_kv_heads)
             e_attn = self.event(f"L{l}.attn", "attn", cfg.n_kv_heads * B)
             for h in range(cfg.n_kv_heads):
                 for s in range(B):
-                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, (e_rope, cfg.n_kv_heads),
-                              e_attn, slot=s)
+                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, attn_wait, e_attn, slot=s)
             e_o = self.event(f"L{l}.attn_o", "attn_o", no * S)
             self.split_tiled("attn_o", l, cfg.hidden, (e_attn, cfg.n_kv_heads * B), e_o)
             ng = cfg.ffn // T
@@ -498,7 +501,8 @@ def fused_lowering(cfg: ModelConfig, ranks: int = 1) -> bool:
 def fused_aux(g: "TaskGraph") -> Dict[int, Tuple[int, int]]:
     """Task records' aux words (kernel task record words 12, 13) of the fused lowering,
     by task index: qkv / mlp_gate_up / lm_head: (norm kind 0 / 1 / 2, split_k);
-    attn_o / mlp_down when split_k > 1: (split_k, -1).  Empty for other graphs."""
+    attn_o / mlp_down when split_k > 1: (split_k, -1); attn with cfg.rope_in_attn: (1, -1)
+    (rope its q / k, append its cache row, then attend).  Empty for other graphs."""
     cfg = g.cfg
     if not fused_lowering(cfg, g.ranks):
         return {}
@@ -511,6 +515,8 @@ def fused_aux(g: "TaskGraph") -> Dict[int, Tuple[int, int]]:
             out[t.index] = (kinds[t.cls], S)
         elif t.cls in split and S > 1:
             out[t.index] = (S, -1)
+        elif t.cls == CLASS_IDS["attn"] and cfg.rope_in_attn:
+            out[t.index] = (1, -1)
     return out
 
 

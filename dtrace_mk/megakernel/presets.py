@@ -67,6 +67,8 @@ class ModelConfig:
     fuse_norm: bool = False              # RMSNorm computed in its consumers' prologue
     split_k: int = 1                     # K splits of attn_o / mlp_down (> 1 needs fuse_norm)
     qkv_tile_n: int = 0                  # q|k|v columns per qkv tile, fused lowering only (0: tile_n)
+    rope_in_attn: bool = False           # fused lowering only: each attn task ropes its q/k and appends
+                                         # its kv head's cache row itself (no rope_kv_append level)
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:

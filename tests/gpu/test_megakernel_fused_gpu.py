@@ -16,7 +16,9 @@ from dtrace_mk.megakernel.reference import ReferenceModel, make_weights
 
 BATCH = 4
 CFGS = {"s1": replace(PRESETS["tiny"], fuse_norm=True, split_k=1),
-        "s4": replace(PRESETS["tiny"], fuse_norm=True, split_k=4)}
+        "s4": replace(PRESETS["tiny"], fuse_norm=True, split_k=4),
+        # session 5, not yet run on a GPU: attn tasks rope their own q / k (no rope level)
+        "s4r": replace(PRESETS["tiny"], fuse_norm=True, split_k=4, rope_in_attn=True)}
 _MK = {}
 
 

@@ -139,6 +139,22 @@ class Emu:
         w = self.W["final_norm"] if kind == 2 else self.W["attn_norm" if kind == 0 else "mlp_norm"][layer]
         return self.ref._rms(self.resid(rd, kind, layer), w).astype(np.float32)
 
+    def rope_kv(self, g, l, slots, rd, wr):
+        """op_rope_kv for kv head g, layer l, the given slots: rotate q / k in the qkv rows,
+        append k / v at each slot's position."""
+        c = self.cfg
+        hd, rep = c.head_dim, c.n_heads // c.n_kv_heads
+        for b in slots:
+            row = rd["qkv"][l][b]
+            pos = self.ref.pos[b:b + 1]
+            q = self.ref._rope(row[g * rep * hd:(g + 1) * rep * hd].reshape(1, rep, hd), pos)
+            k = self.ref._rope(row[(c.n_heads + g) * hd:(c.n_heads + g + 1) * hd].reshape(1, 1, hd), pos)
+            v = row[(c.n_heads + c.n_kv_heads + g) * hd:(c.n_heads + c.n_kv_heads + g + 1) * hd]
+            wr["qkv"][l][b, g * rep * hd:(g + 1) * rep * hd] = q.reshape(-1)
+            wr["qkv"][l][b, (c.n_heads + g) * hd:(c.n_heads + g + 1) * hd] = k.reshape(-1)
+            wr["k"][l, b, self.ref.pos[b], g] = k[0, 0]
+            wr["v"][l, b, self.ref.pos[b], g] = v
+
     def run_task(self, t, rd, wr):
         c, B, W, S = self.cfg, self.B, self.W, self.cfg.split_k
         n, l, lo, hi = t.class_name, t.layer, t.lo, t.hi
@@ -147,19 +163,12 @@ class Emu:
         elif n == "qkv":
             wr["qkv"][l][:, lo:hi] = self.norm_in(rd, 0, l) @ W["qkv"][l][lo:hi].T
         elif n == "rope_kv_append":
-            g, hd, rep = t.tile[1], c.head_dim, c.n_heads // c.n_kv_heads
-            row = rd["qkv"][l]
-            q = row[:, g * rep * hd:(g + 1) * rep * hd].reshape(B, rep, hd)
-            k = row[:, (c.n_heads + g) * hd:(c.n_heads + g + 1) * hd].reshape(B, 1, hd)
-            v = row[:, (c.n_heads + c.n_kv_heads + g) * hd:(c.n_heads + c.n_kv_heads + g + 1) * hd]
-            q, k = self.ref._rope(q, self.ref.pos), self.ref._rope(k, self.ref.pos)
-            wr["qkv"][l][:, g * rep * hd:(g + 1) * rep * hd] = q.reshape(B, -1)
-            wr["qkv"][l][:, (c.n_heads + g) * hd:(c.n_heads + g + 1) * hd] = k.reshape(B, -1)
-            for b in range(B):
-                wr["k"][l, b, self.ref.pos[b], g] = k[b, 0]
-                wr["v"][l, b, self.ref.pos[b], g] = v[b]
+            self.rope_kv(t.tile[1], l, range(B), rd, wr)
         elif n == "attn":
             hd, g, b = c.head_dim, t.tile[1], t.slot
+            if c.rope_in_attn:              # the task's own rope first; it reads what it wrote
+                self.rope_kv(g, l, [b], rd, wr)
+                rd = {"qkv": wr["qkv"], "k": wr["k"], "v": wr["v"]}
             T = self.ref.pos[b] + 1
             for qh in range(lo, hi):
                 q = rd["qkv"][l][b, qh * hd:(qh + 1) * hd]
@@ -213,9 +222,9 @@ class Emu:
         return self.out
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 4])
-def test_numpy_emulation_matches_reference(split_k):
-    cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=split_k)
+@pytest.mark.parametrize("split_k,rope_in_attn", [(1, False), (2, False), (4, False), (4, True)])
+def test_numpy_emulation_matches_reference(split_k, rope_in_attn):
+    cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=split_k, rope_in_attn=rope_in_attn)
     B, steps = 2, 6
     w = make_weights(cfg, seed=3)
     g = build_graph(cfg, B, 8)
@@ -226,3 +235,21 @@ def test_numpy_emulation_matches_reference(split_k):
         assert err < 1e-4
         assert (a["tokens"] == r["tokens"]).all()
     assert bf16_bits_to_f32(w["embed"]).shape == (cfg.vocab, cfg.hidden)
+
+
+def test_rope_in_attn_drops_the_rope_level():
+    """rope_in_attn (fused lowering): no rope_kv_append task; every attn task waits on its
+    layer's qkv event and carries the aux flag (1, -1) that makes the kernel rope first;
+    one dependency level less per layer.  Ignored by the standard lowering."""
+    cfg = replace(PRESETS["1b"], rope_in_attn=True)
+    g, g0 = build_graph(cfg, 1, 132), build_graph(PRESETS["1b"], 1, 132)
+    assert not any(t.class_name == "rope_kv_append" for t in g.tasks)
+    aux = fused_aux(g)
+    qkv_event = {t.layer: t.signal_event for t in g.tasks if t.class_name == "qkv"}
+    attn = [t for t in g.tasks if t.class_name == "attn"]
+    assert len(attn) == cfg.n_layers * cfg.n_kv_heads
+    for t in attn:
+        assert t.wait_event == qkv_event[t.layer] and aux[t.index] == (1, -1)
+    assert len(g0.tasks) - len(g.tasks) == cfg.n_layers * cfg.n_kv_heads
+    old = build_graph(replace(cfg, fuse_norm=False, split_k=1), 1, 132)
+    assert sum(t.class_name == "rope_kv_append" for t in old.tasks) == cfg.n_layers * cfg.n_kv_heads

@@ -410,12 +410,6 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     return out
 
 
-def _precompile(defines):
-    """(spawned process) NVRTC-compile one megakernel build into the kernel cache."""
-    gpu.compile_source("sm_90a", "cubin", defines=tuple(defines))
-    return defines
-
-
 def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     """--offpath: only the off-path figures, fast (no attribution, compiled tier or attach
     latency).  For the default build and each build variant v (like for like: v's defines
@@ -423,8 +417,6 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     nohooks_v, off_v and summary_v (SUMMARY_QUERY, hot tier) us/step, round-robin over
     --reps; off2 (the default build again) is the noise floor.  Tokens of every run must
     equal the default no-hooks build's."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
     cfg = PRESETS[name]
     steps = STEPS.get(name, 16)
     specs = {"": ()}
@@ -433,9 +425,9 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
                    for k, v in specs.items()}
     todo = {tuple(v) for v in specs.values()} | {tuple(v) for v in nohook_defs.values() if v is not None}
     t0 = time.perf_counter()
-    with cf.ProcessPoolExecutor(max_workers=min(8, len(todo)), mp_context=mp.get_context("spawn")) as ex:
-        for f in cf.as_completed([ex.submit(_precompile, d) for d in todo]):
-            f.result()
+    for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
+        if err is not None:
+            raise err
     log(f"{name}: {len(todo)} builds compiled in {time.perf_counter() - t0:.1f} s")
     w = make_weights(cfg, 0)
     mks, lives = {}, {}

@@ -229,26 +229,14 @@ def parse_variants(spec):
     return out
 
 
-def _precompile(job):
-    arch, defines = job
-    t0 = time.time()
-    gpu.compile_source(arch, "cubin", defines=tuple(defines), name="megakernel.cu")
-    return time.time() - t0
-
-
 def precompile_variants(variants, log):
-    """NVRTC-compile every variant in parallel processes (one is ~15 s on one core); the
-    Megakernel constructors then load the cubins from the disk cache."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    arch = gpu.device_arch()
-    jobs = sorted({(arch, d) for _, d, _ in variants})     # 'prefetch'-only variants share a build
+    """NVRTC-compile every variant in parallel processes (gpu.precompile); the Megakernel
+    constructors then load the cubins from the disk cache."""
     t0 = time.time()
     try:
-        with ProcessPoolExecutor(min(len(jobs), max(1, (os.cpu_count() or 2) - 1)),
-                                 mp_context=multiprocessing.get_context("spawn")) as ex:
-            list(ex.map(_precompile, jobs))
-        log(f"variants: {len(jobs)} builds compiled in {time.time() - t0:.1f} s")
+        # 'prefetch'-only variants share a build
+        done = gpu.precompile([d for _, d, _ in variants], arch=gpu.device_arch())
+        log(f"variants: {len(done)} builds compiled in {time.time() - t0:.1f} s")
     except Exception as e:  # noqa: BLE001  (a build error shows again, per variant, in bench_variants)
         log(f"variants: parallel precompile failed ({e!r}); compiling one by one")
 

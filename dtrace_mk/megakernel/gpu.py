@@ -131,6 +131,31 @@ def load_module(arch: str, name: str, defines: Sequence[str] = ()):
     return cp.RawModule(path=str(path))
 
 
+def _compile_job(job):
+    """(spawned process) one precompile() build: (seconds, None) or (seconds, the error)."""
+    arch, defines = job
+    t0 = time.perf_counter()
+    try:
+        compile_source(arch, "cubin", defines=defines)
+    except Exception as e:  # noqa: BLE001 - reported per build by the caller
+        return time.perf_counter() - t0, e
+    return time.perf_counter() - t0, None
+
+
+def precompile(define_sets, arch: str = "sm_90a", workers: Optional[int] = None) -> Dict[tuple, tuple]:
+    """NVRTC-compile megakernel.cu for each set of defines in parallel processes (one build
+    is ~15-25 s on one core) into the disk cache, so Megakernel constructors load them.
+    Returns {defines: (seconds, None or the exception)}; the tuple order is the cache key's."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    jobs = sorted({tuple(d) for d in define_sets})
+    if not jobs:
+        return {}
+    n = workers or min(len(jobs), max(1, (os.cpu_count() or 2) - 1))
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return dict(zip(jobs, ex.map(_compile_job, [(arch, d) for d in jobs])))
+
+
 def ws_ring_bytes(defines: Sequence[str]) -> int:
     """Dynamic shared memory the megakernel's weight-streaming ring needs (kernels/mk_ops.cuh
     ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 4 and 32768, plus 128

@@ -26,7 +26,8 @@ step per worker that took records):
   s_dep       the summary's dep:release program alone (sum of wait)
   s_ready     the summary's task:ready program alone (max queue depth)
   nohooks_pad the -DDTMK_NO_HOOKS code with the default build's static shared memory
-              (-DDTMK_SMEM_PAD=SMEM_PAD: same L1 carveout; one extra compile): off over
+              (-DDTMK_SMEM_PAD = the difference of the two builds' static shared memory: same
+              L1 carveout; one extra compile): off over
               nohooks_pad is the code's share of the off cost, nohooks_pad over nohooks
               the shared memory's
   mask3       the three hooks enabled in the hook mask with NO observer (no program,
@@ -74,9 +75,6 @@ from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
 from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 64, "1b": 16}
-#: static shared memory of the default build minus that of -DDTMK_NO_HOOKS (ptxas -v,
-#: sm_90a: 26,896 - 1,120 B at 13:58 UTC; NVRTC 13 + ptxas 13.0; recheck after changing Obs / Worker)
-SMEM_PAD = 25776
 LONG = {"tiny": 4000, "1b": 600}
 
 
@@ -186,8 +184,13 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     steps = STEPS.get(name, 16)
     mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     mk = gpu.Megakernel(cfg, batch=1, weights=w)
+    pad = int(mk.kernel.shared_size_bytes) - int(mk0.kernel.shared_size_bytes)
+    for m, what in ((mk0, "nohooks"), (mk, "off")):
+        carve = gpu.carveout_kb(int(m.kernel.shared_size_bytes) + m.smem)
+        log(f"{name}: {what} build: smem {int(m.kernel.shared_size_bytes)} static + {m.smem} dynamic B "
+            f"-> carveout {carve} KB, L1 {256 - carve} KB")
     try:
-        mk0p = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={SMEM_PAD}"))
+        mk0p = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={pad}"))
     except Exception as e:  # noqa: BLE001 - keep the rest
         log(f"{name}: nohooks_pad unavailable: {e!r}")
         mk0p = None

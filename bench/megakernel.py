@@ -265,11 +265,15 @@ def bench_variants(cp, name, variants, batch, steps, reps, log, weights=None):
             ref = (res.tokens.copy(), res.logits.copy())
         tok_eq = bool(np.array_equal(res.tokens, ref[0]))
         log_eq = bool(np.array_equal(res.logits.view(np.uint32), ref[1].view(np.uint32)))
+        static = int(mk.kernel.shared_size_bytes)
+        carve = gpu.carveout_kb(static + mk.smem)
         log(f"{name} variant {vname} ({'+'.join(defines + (('prefetch',) if pf else ())) or 'no defines'}): "
-            f"build {time.time() - t0:.1f} s; tokens == default: {tok_eq}; logits bit-equal: {log_eq}")
+            f"build {time.time() - t0:.1f} s; tokens == default: {tok_eq}; logits bit-equal: {log_eq}; "
+            f"smem {static} static + {mk.smem} dynamic B -> carveout {carve} KB, L1 {256 - carve} KB")
         mks[vname] = mk
         rows.append({"variant": vname, "defines": list(defines), "prefetch": pf, "tokens_equal": tok_eq,
-                     "logits_bit_equal": log_eq, "runs": []})
+                     "logits_bit_equal": log_eq, "smem_static": static, "smem_dynamic": mk.smem,
+                     "l1_kb": 256 - carve, "runs": []})
 
     def one(mk):
         mk.reset()

@@ -177,6 +177,49 @@ def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
     return ws_ring_bytes(defines)
 
 
+def staged_k(cfg, ranks: int) -> int:
+    """The longest activation row a task stages in shared memory (xs, kernels/mk_ops.cuh).
+    The fused lowering's attn_o / mlp_down tasks stage only their K-slice (ffn / split_k),
+    so 1b needs hidden = 2048 floats per slot instead of ffn = 8192.  Sizing xs to it is
+    what keeps 1b's hook build in the same L1 carveout as the no-hook build: 24 KB of
+    unused staging put the hook build's ~197 KB over the 196 KB carveout, leaving 28 KB
+    of L1 for the kernel's spills (docs/dev/hook_cost_analysis.md "Session 6")."""
+    if fused_lowering(cfg, ranks):
+        S = max(cfg.split_k, 1)
+        return max(cfg.hidden, -(-cfg.q_dim // S), -(-cfg.ffn // S))
+    return max(cfg.hidden, cfg.ffn, cfg.q_dim)
+
+
+def smem_layout(cfg, batch: int, ranks: int, defines: Sequence[str]) -> Tuple[int, int, int]:
+    """(xs_off, xs_cap, bytes) of a worker's dynamic shared memory: task scratch (floats),
+    then the activation staging area xs (floats), then the weight-stream ring when it fits
+    (else the kernel keeps the old path, mk_ops.cuh ws_init)."""
+    base = max(cfg.max_seq + MK_WARPS + MK_THREADS, batch * max(cfg.n_experts, 1) + 8,
+               batch * cfg.tile_n + 2 * batch + 8, 2 * MK_WARPS + 4) + 64
+    xs_off = (base + 3) // 4 * 4
+    xs_cap = int(min(batch * staged_k(cfg, ranks), SMEM_LIMIT // 4 - xs_off))
+    nbytes = 4 * (xs_off + xs_cap)
+    ring = ws_ring_for(cfg, batch, ranks, defines)
+    return xs_off, xs_cap, nbytes + ring if nbytes + ring <= WS_SMEM_MAX else nbytes
+
+
+#: sm_90 unified L1 / shared memory: the shared-memory capacities (KB) an SM can be set to,
+#: of 256 KB; the rest is L1.  The driver takes the smallest that holds a block's static +
+#: dynamic shared memory + 1 KB reserved per block (one worker CTA per SM here).
+SM90_CARVEOUTS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
+
+
+def carveout_kb(smem_bytes: int) -> int:
+    """The sm_90 shared-memory carveout (KB) a block of smem_bytes (static + dynamic) gets;
+    its worker's L1 is 256 KB minus it (1b's hook build at 228 KB, i.e. 28 KB of L1, ran
+    7% slower than with 60 KB: docs/dev/hook_cost_analysis.md "Session 6")."""
+    need = smem_bytes + 1024
+    for c in SM90_CARVEOUTS_KB:
+        if need <= c * 1024:
+            return c
+    raise UserError(f"{smem_bytes} bytes of shared memory per block exceed sm_90's 227 KB")
+
+
 def set_smem(fn, nbytes: int) -> None:
     """Raise a kernel's dynamic shared-memory limit to nbytes (never lower it: several
     Megakernel objects share one loaded module)."""
@@ -429,16 +472,7 @@ class Megakernel:
         self.n_faults = 0
         self.queue_threshold, self.filler_ns = queue_threshold, filler_ns
         self.prefetch = prefetch      # L2 prefetch of a task's weights while its worker waits
-        # dynamic shared memory (floats): task scratch, then the activation staging area
-        base = max(c.max_seq + MK_WARPS + MK_THREADS, B * max(c.n_experts, 1) + 8,
-                   B * c.tile_n + 2 * B + 8, 2 * MK_WARPS + 4) + 64
-        self.xs_off = (base + 3) // 4 * 4
-        max_k = max(c.hidden, c.ffn, c.q_dim)
-        self.xs_cap = int(min(B * max_k, SMEM_LIMIT // 4 - self.xs_off))
-        self.smem = 4 * (self.xs_off + self.xs_cap)
-        ring = ws_ring_for(c, B, ranks, self.defines)   # the weight-stream ring after xs
-        if self.smem + ring <= WS_SMEM_MAX:            # else the kernel keeps the old path (ws_init)
-            self.smem += ring
+        self.xs_off, self.xs_cap, self.smem = smem_layout(c, B, ranks, self.defines)
         set_smem(self.kernel, self.smem)
         self.step = 0
         self._res = None              # the resident launch (start_resident), None when none

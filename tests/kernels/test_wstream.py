@@ -154,14 +154,8 @@ def test_ws_ring_bytes():
 
 
 def _dyn_smem(cfg, B, defines):
-    """gpu.Megakernel's dynamic shared memory (its formula, kept in step by hand)"""
-    base = max(cfg.max_seq + gpu.MK_WARPS + gpu.MK_THREADS, B * max(cfg.n_experts, 1) + 8,
-               B * cfg.tile_n + 2 * B + 8, 2 * gpu.MK_WARPS + 4) + 64
-    xs_off = (base + 3) // 4 * 4
-    xs_cap = int(min(B * max(cfg.hidden, cfg.ffn, cfg.q_dim), gpu.SMEM_LIMIT // 4 - xs_off))
-    smem = 4 * (xs_off + xs_cap)
-    ring = gpu.ws_ring_bytes(defines)
-    return smem + ring if smem + ring <= gpu.WS_SMEM_MAX else smem, ring
+    _, _, dyn = gpu.smem_layout(cfg, B, 1, defines)
+    return dyn, gpu.ws_ring_for(cfg, B, 1, defines)
 
 
 @pytest.mark.parametrize("defines", [WS, WS8, ("DTMK_WSTREAM", "DTMK_WS_NST=9", "DTMK_WS_STAGE=16384")])
@@ -173,6 +167,29 @@ def test_ring_fits_the_1b_launch(builds, defines):
     assert dyn >= ring > 0 and dyn - ring > 0
     assert static + dyn <= SMEM_MAX, (static, dyn)
     assert gpu.WS_SMEM_MAX + static <= SMEM_MAX
+
+
+def test_carveout_of_1b_builds(builds):
+    """1b batch 1: xs holds only a K-slice (gpu.staged_k), so the no-hook build fits the
+    164 KB shared-memory carveout and the hook build the 196 KB one (60 KB of L1), not the
+    228 KB one it had with 24 KB of unused staging (28 KB of L1: the hook build ran ~7%
+    slower for it, docs/dev/hook_cost_analysis.md "Session 6")."""
+    cfg = PRESETS["1b"]
+    assert gpu.staged_k(cfg, 1) == cfg.hidden == cfg.ffn // cfg.split_k
+    assert gpu.staged_k(cfg, 2) == max(cfg.hidden, cfg.ffn, cfg.q_dim)     # TP keeps whole rows
+    xs_off, xs_cap, dyn = gpu.smem_layout(cfg, 1, 1, ())
+    assert xs_cap == cfg.hidden and dyn == 4 * (xs_off + xs_cap) + gpu.ws_ring_bytes(())
+    static = {k: _resources(builds[k][1])[2] for k in ("ws", "ws_nohooks")}
+    carve = {k: gpu.carveout_kb(v + dyn) for k, v in static.items()}
+    print(f"static {static}, dynamic {dyn} -> carveouts {carve}")
+    assert carve == {"ws": 196, "ws_nohooks": 164}, (static, dyn, carve)
+
+
+def test_carveout_kb():
+    assert gpu.carveout_kb(0) == 8 and gpu.carveout_kb(7 * 1024) == 8 and gpu.carveout_kb(7 * 1024 + 1) == 16
+    assert gpu.carveout_kb(195 * 1024) == 196 and gpu.carveout_kb(195 * 1024 + 1) == 228
+    with pytest.raises(Exception, match="227 KB"):
+        gpu.carveout_kb(227 * 1024 + 1)
 
 
 # ---- the ring protocol, modelled (kernels/mk_ops.cuh ws_issue / ws_wait / ws_release) --------

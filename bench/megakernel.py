@@ -216,7 +216,7 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
 def parse_variants(spec):
     """'NAME=DEF1+DEF2,NAME2=...' -> [(name, defines, prefetch)]; a token 'prefetch' turns
     on Megakernel(prefetch=True) (the L2 weight prefetch at dispatch), every other token is a
-    -D define (KEY or KEY=VALUE) of megakernel.cu.  'default' (no defines) is always first."""
+    -D define (KEY or KEY=VALUE) of megakernel.cu, except 'dynpadN' (split_dynpad).  'default' (no defines) is always first."""
     out = [("default", (), False)]
     for item in [x for x in spec.split(",") if x]:
         if "=" not in item:
@@ -229,13 +229,21 @@ def parse_variants(spec):
     return out
 
 
+def split_dynpad(defines):
+    """(defines without a 'dynpadN' token, N): N more bytes of dynamic shared memory for
+    the launch, to move a build into a larger carveout (less L1) without a static array
+    (static shared memory stops at 48 KB)."""
+    pad = [int(t[6:]) for t in defines if t.startswith("dynpad")]
+    return tuple(t for t in defines if not t.startswith("dynpad")), sum(pad)
+
+
 def precompile_variants(variants, log):
     """NVRTC-compile every variant in parallel processes (gpu.precompile); the Megakernel
     constructors then load the cubins from the disk cache."""
     t0 = time.time()
     try:
         # 'prefetch'-only variants share a build
-        done = gpu.precompile([d for _, d, _ in variants], arch=gpu.device_arch())
+        done = gpu.precompile([split_dynpad(d)[0] for _, d, _ in variants], arch=gpu.device_arch())
         log(f"variants: {len(done)} builds compiled in {time.time() - t0:.1f} s")
     except Exception as e:  # noqa: BLE001  (a build error shows again, per variant, in bench_variants)
         log(f"variants: parallel precompile failed ({e!r}); compiling one by one")
@@ -254,7 +262,11 @@ def bench_variants(cp, name, variants, batch, steps, reps, log, weights=None):
     for vname, defines, pf in variants:
         t0 = time.time()
         try:
-            mk = gpu.Megakernel(cfg, batch=batch, weights=w, defines=defines, prefetch=pf)
+            defs, dynpad = split_dynpad(defines)
+            mk = gpu.Megakernel(cfg, batch=batch, weights=w, defines=defs, prefetch=pf)
+            if dynpad:
+                mk.smem += dynpad
+                gpu.set_smem(mk.kernel, mk.smem)
             mk.reset()
             res = mk.run(steps)
         except Exception as e:  # noqa: BLE001

@@ -104,13 +104,14 @@ def preset(name):
     """'1b', or the preset with options after colons: ':t16' tile_n 16; ':old' the standard
     lowering (fuse_norm off, split_k 1: the lowering before session 2); ':fuse' fuse_norm
     without split-K; ':s<N>' fuse_norm with split_k N; ':q<N>' N columns per qkv tile (fused
-    lowering); ':r' rope_in_attn (no rope level).  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:r'."""
+    lowering); ':r' rope_in_attn (no rope level, 1b's default since session 6), ':nor' with
+    the rope level.  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:nor'."""
     import dataclasses
     base, *opts = name.split(":")
     cfg = PRESETS[base]
     for o in opts:
         if o == "old":
-            cfg = dataclasses.replace(cfg, fuse_norm=False, split_k=1)
+            cfg = dataclasses.replace(cfg, fuse_norm=False, split_k=1, rope_in_attn=False)
         elif o == "fuse":
             cfg = dataclasses.replace(cfg, fuse_norm=True, split_k=1)
         elif o.startswith("s") and o[1:].isdigit():
@@ -121,8 +122,10 @@ def preset(name):
             cfg = dataclasses.replace(cfg, qkv_tile_n=int(o[1:]))
         elif o == "r":
             cfg = dataclasses.replace(cfg, rope_in_attn=True)
+        elif o == "nor":
+            cfg = dataclasses.replace(cfg, rope_in_attn=False)
         else:
-            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r)")
+            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r, nor)")
     return cfg
 
 
@@ -237,13 +240,16 @@ def split_dynpad(defines):
     return tuple(t for t in defines if not t.startswith("dynpad")), sum(pad)
 
 
-def precompile_variants(variants, log):
-    """NVRTC-compile every variant in parallel processes (gpu.precompile); the Megakernel
-    constructors then load the cubins from the disk cache."""
+def precompile_variants(variants, log, cfgs=()):
+    """NVRTC-compile every variant in parallel processes (gpu.precompile) with the defines
+    each model in `cfgs` adds (gpu.megakernel_defines); the Megakernel constructors then
+    load the cubins from the disk cache."""
     t0 = time.time()
     try:
         # 'prefetch'-only variants share a build
-        done = gpu.precompile([split_dynpad(d)[0] for _, d, _ in variants], arch=gpu.device_arch())
+        defs = [split_dynpad(d)[0] for _, d, _ in variants]
+        sets = {gpu.megakernel_defines(c, 1, d) for d in defs for c in cfgs} if cfgs else set(defs)
+        done = gpu.precompile(sorted(sets), arch=gpu.device_arch())
         log(f"variants: {len(done)} builds compiled in {time.time() - t0:.1f} s")
     except Exception as e:  # noqa: BLE001  (a build error shows again, per variant, in bench_variants)
         log(f"variants: parallel precompile failed ({e!r}); compiling one by one")
@@ -484,7 +490,7 @@ def main(argv=None):
     info["copy_bw_bytes_per_s"] = bw
     log(f"{card}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     if variants:
-        precompile_variants(variants, log)
+        precompile_variants(variants, log, [preset(p) for p in a.variant_presets.split(",") if p])
     results = []
     names = []
     for name in [p for p in a.presets.split(",") if p]:

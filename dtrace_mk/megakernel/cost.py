@@ -116,18 +116,22 @@ def estimate_costs(cfg: ModelConfig) -> ModelCosts:
 # Cost rule of the fused lowering (graph.py "Fused norm and split-K") applied to class
 # costs measured on the standard lowering: a split-K tile streams 1/S of the weights
 # (fixed and per-row parts scale by 1/S above a per-task floor); a fused consumer pays
-# the norm prologue (its input row(s) from L2, plus the pending partials).
+# the norm prologue (its input row(s) from L2, plus the pending partials); with
+# rope_in_attn an attn task also does one slot's rope work (rope_kv_append's per-row cost).
 SPLIT_FLOOR_NS = 2500.0
 PROLOGUE_FIXED_NS = 1200.0
 PROLOGUE_PER_ROW_NS = 400.0
 PROLOGUE_PER_PARTIAL_ROW_NS = 150.0
+ROPE_IN_ATTN_FIXED_NS = 300.0     # rope_in_attn: the attn task's extra CTA barrier + q/k reload
 
 
 def lowering_name(cfg: ModelConfig, ranks: int = 1) -> str:
-    """'standard', or 'fuse_norm' / 'fuse_norm+split_kS' for graphs built with the options."""
+    """'standard', or 'fuse_norm' / 'fuse_norm+split_kS' (+ '+rope_in_attn') for graphs
+    built with the options."""
     if not cfg.fuse_norm or ranks != 1:
         return "standard"
-    return "fuse_norm" if cfg.split_k <= 1 else f"fuse_norm+split_k{cfg.split_k}"
+    name = "fuse_norm" if cfg.split_k <= 1 else f"fuse_norm+split_k{cfg.split_k}"
+    return name + "+rope_in_attn" if cfg.rope_in_attn else name
 
 
 def lowered_costs(costs: ModelCosts, cfg: ModelConfig, ranks: int = 1) -> ModelCosts:
@@ -152,6 +156,10 @@ def lowered_costs(costs: ModelCosts, cfg: ModelConfig, ranks: int = 1) -> ModelC
             per_row = PROLOGUE_PER_ROW_NS + (PROLOGUE_PER_PARTIAL_ROW_NS * partial_sets * S if S > 1 else 0.0)
             c[name] = ClassCost(round(v.fixed_ns + PROLOGUE_FIXED_NS, 1), round(v.per_row_ns + per_row, 2))
 
+    if cfg.rope_in_attn and "rope_kv_append" in c and "attn" in c:
+        # each attn task (one slot) does one slot's rope work before its CTA barrier
+        r, a = c["rope_kv_append"], c["attn"]
+        c["attn"] = ClassCost(round(a.fixed_ns + r.per_row_ns + ROPE_IN_ATTN_FIXED_NS, 1), a.per_row_ns)
     split("attn_o")
     split("mlp_down")
     fused("qkv", 1)

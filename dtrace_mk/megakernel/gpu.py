@@ -177,6 +177,16 @@ def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
     return ws_ring_bytes(defines)
 
 
+def megakernel_defines(cfg, ranks: int, defines: Sequence[str] = ()) -> Tuple[str, ...]:
+    """The -D defines megakernel.cu is built with for this model: the caller's, plus
+    DTMK_ROPE_IN_ATTN for rope_in_attn graphs (their attn tasks rope, graph.fused_aux).
+    Precompile with these to hit the cache the Megakernel loads from."""
+    out = tuple(defines)
+    if fused_lowering(cfg, ranks) and cfg.rope_in_attn and "DTMK_ROPE_IN_ATTN" not in out:
+        out += ("DTMK_ROPE_IN_ATTN",)
+    return out
+
+
 def staged_k(cfg, ranks: int) -> int:
     """The longest activation row a task stages in shared memory (xs, kernels/mk_ops.cuh).
     The fused lowering's attn_o / mlp_down tasks stage only their K-slice (ffn / split_k),
@@ -198,7 +208,8 @@ def smem_layout(cfg, batch: int, ranks: int, defines: Sequence[str]) -> Tuple[in
                batch * cfg.tile_n + 2 * batch + 8, 2 * MK_WARPS + 4) + 64
     xs_off = (base + 3) // 4 * 4
     xs_cap = int(min(batch * staged_k(cfg, ranks), SMEM_LIMIT // 4 - xs_off))
-    nbytes = 4 * (xs_off + xs_cap)
+    kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
+    nbytes = 4 * (xs_off + xs_cap) + int(kv.get("DTMK_DYN_ALIGN") or 0)   # variant: room to align the start
     ring = ws_ring_for(cfg, batch, ranks, defines)
     return xs_off, xs_cap, nbytes + ring if nbytes + ring <= WS_SMEM_MAX else nbytes
 
@@ -408,9 +419,7 @@ class Megakernel:
             raise UserError(f"model {cfg.name!r}: comm_tile {cfg.comm_tile} must be a multiple of 4 on the GPU")
         self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
-        self.defines = tuple(defines)
-        if fused_lowering(cfg, ranks) and cfg.rope_in_attn and "DTMK_ROPE_IN_ATTN" not in self.defines:
-            self.defines += ("DTMK_ROPE_IN_ATTN",)     # its attn tasks rope (graph.fused_aux)
+        self.defines = megakernel_defines(cfg, ranks, defines)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none

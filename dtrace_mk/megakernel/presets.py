@@ -31,7 +31,10 @@ Both are on for `1b` (fuse_norm, split_k 4; `dataclasses.replace(cfg, fuse_norm=
 split_k=1)` is the previous lowering), off elsewhere; both are single-rank
 only.  `qkv_tile_n` (fused lowering only): `1b` uses 24-column qkv tiles, 128 per layer
 instead of 48, so the qkv level streams W_qkv on 128 SMs instead of 48 (H200, 2026-11-30:
-1351 vs 1393 us/step; 32 columns 1355, 16 columns 1467).
+1351 vs 1393 us/step; 32 columns 1355, 16 columns 1467).  `rope_in_attn` (fused lowering
+only, on for `1b` since session 6): no rope_kv_append level; each attn task ropes its
+slot's q heads and k head and appends its cache row before attending (H200, 2026-11-30:
+1235 vs 1311 us/step, one dependency level less per layer).
 """
 from __future__ import annotations
 
@@ -139,7 +142,7 @@ PRESETS: Dict[str, ModelConfig] = {
                              top_k=2, expert_ffn=256),
     "1b": ModelConfig("1b", hidden=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
                       ffn=8192, vocab=32000, max_seq=2048, rope_theta=500000.0,
-                      fuse_norm=True, split_k=4, qkv_tile_n=24),
+                      fuse_norm=True, split_k=4, qkv_tile_n=24, rope_in_attn=True),
     # sim-scale preset for many-rank tensor parallelism (up to 64 ranks); not Llama-shaped
     "wide-tp": ModelConfig("wide-tp", hidden=512, n_layers=2, n_heads=64, n_kv_heads=8, head_dim=64,
                            ffn=4096, vocab=1024, max_seq=128, comm_tile_n=512),

@@ -38,14 +38,17 @@ def test_1b_preset_uses_the_fused_lowering():
     assert {t.tile[3] for t in _classes(g, "mlp_down")} == {0, 1, 2, 3}
     assert {(t.tile[0], t.tile[3]) for t in _classes(g, "attn_o") if t.layer == 0} == \
         {(x, s) for x in range(32) for s in range(4)}
-    # dependency levels per step: 1 + 6 per layer + 2 (was 8 per layer + 3)
+    # dependency levels per step: 1 + 5 per layer + 2 with rope_in_attn (1b's default since
+    # session 6), 1 + 6 per layer + 2 with the rope level, 8 per layer + 3 in the old lowering
     def depth(gr):
         d = {}
         for t in gr.tasks:
             src = [u for u in gr.tasks if u.signal_event == t.wait_event] if t.wait_event >= 0 else []
             d[t.index] = 1 + max((d[u.index] for u in src), default=0)
         return max(d.values())
-    assert depth(old) == 8 * 16 + 3 and depth(g) == 1 + 6 * 16 + 2
+    assert cfg.rope_in_attn and not _classes(g, "rope_kv_append")
+    assert depth(old) == 8 * 16 + 3 and depth(g) == 1 + 5 * 16 + 2
+    assert depth(build_graph(replace(cfg, rope_in_attn=False), 1, 132)) == 1 + 6 * 16 + 2
     # every event's triggers == its producers
     for e in g.events:
         assert e.triggers == sum(1 for t in g.tasks if t.signal_event == e.id)
@@ -56,7 +59,7 @@ def test_fused_aux_words():
     aux = fused_aux(g)
     for t in g.tasks:
         want = {"qkv": (0, 4), "mlp_gate_up": (1, 4), "lm_head": (2, 4), "attn_o": (4, -1),
-                "mlp_down": (4, -1)}.get(t.class_name)
+                "mlp_down": (4, -1), "attn": (1, -1)}.get(t.class_name)   # attn: rope_in_attn
         assert aux.get(t.index) == want
     assert fused_aux(build_graph(OLD_1B, 2, 132)) == {}
     from dtrace_mk.megakernel.gpu import pack_tables        # the kernel's task records
@@ -99,7 +102,8 @@ def test_build_errors():
 def test_cost_rule_and_sim_1b():
     std = model_costs(PRESETS["1b"])
     low = lowered_costs(std, PRESETS["1b"])
-    assert low.lowering == "fuse_norm+split_k4"
+    assert low.lowering == "fuse_norm+split_k4+rope_in_attn"
+    assert low.classes["attn"].ns(1) > std.classes["attn"].ns(1)     # each attn task ropes its slot
     assert low.classes["mlp_down"].ns(1) < std.classes["mlp_down"].ns(1) / 2
     assert low.classes["qkv"].ns(1) > std.classes["qkv"].ns(1)
     assert lowered_costs(low, PRESETS["1b"]) is low                 # idempotent
@@ -242,7 +246,7 @@ def test_rope_in_attn_drops_the_rope_level():
     layer's qkv event and carries the aux flag (1, -1) that makes the kernel rope first;
     one dependency level less per layer.  Ignored by the standard lowering."""
     cfg = replace(PRESETS["1b"], rope_in_attn=True)
-    g, g0 = build_graph(cfg, 1, 132), build_graph(PRESETS["1b"], 1, 132)
+    g, g0 = build_graph(cfg, 1, 132), build_graph(replace(cfg, rope_in_attn=False), 1, 132)
     assert not any(t.class_name == "rope_kv_append" for t in g.tasks)
     aux = fused_aux(g)
     qkv_event = {t.layer: t.signal_event for t in g.tasks if t.class_name == "qkv"}

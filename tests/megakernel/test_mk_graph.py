@@ -8,7 +8,7 @@ import pytest
 from dtrace_mk.abi.definition import NONE_U32
 from dtrace_mk.abi.schema import STANDARD_TASK_CLASSES, TaskSchema
 from dtrace_mk.errors import UserError
-from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, pack_tile
+from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, fused_lowering, pack_tile
 from dtrace_mk.megakernel.presets import PRESETS, ModelConfig, get_preset
 
 # "1b" uses the fused-norm / split-K lowering; "1b:std" is 1b with the standard lowering
@@ -33,6 +33,10 @@ def producers(g):
     return out
 
 
+def _rope_in_attn(graph):
+    return graph.cfg.rope_in_attn and fused_lowering(graph.cfg, graph.ranks)
+
+
 def test_indices_classes_and_ids(graph):
     for i, t in enumerate(graph.tasks):
         assert t.index == i
@@ -43,6 +47,8 @@ def test_indices_classes_and_ids(graph):
     expect = set(REQUIRED) - ({"moe_router", "moe_expert"} if not graph.cfg.moe_layers else set())
     if graph.cfg.moe_layers and len(graph.cfg.moe_layers) == graph.cfg.n_layers:
         expect -= {"mlp_gate_up", "mlp_down"}
+    if _rope_in_attn(graph):
+        expect -= {"rope_kv_append"}          # each attn task ropes its own slot
     assert used == expect
 
 
@@ -125,7 +131,7 @@ def test_class_counts_per_layer(graph):
     for l in range(cfg.n_layers):
         assert c[("rmsnorm", l)] == (2 if not cfg.fuse_norm else int(l == 0))
         assert c[("qkv", l)] == cfg.qkv_dim // ((cfg.fuse_norm and cfg.qkv_tile_n) or T)
-        assert c[("rope_kv_append", l)] == cfg.n_kv_heads
+        assert c[("rope_kv_append", l)] == (0 if _rope_in_attn(graph) else cfg.n_kv_heads)
         assert c[("attn", l)] == cfg.n_kv_heads * B
         assert c[("attn_o", l)] == cfg.hidden // T * S
         if cfg.is_moe(l):

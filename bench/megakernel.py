@@ -105,7 +105,8 @@ def preset(name):
     lowering (fuse_norm off, split_k 1: the lowering before session 2); ':fuse' fuse_norm
     without split-K; ':s<N>' fuse_norm with split_k N; ':q<N>' N columns per qkv tile (fused
     lowering); ':r' rope_in_attn (no rope level, 1b's default since session 6), ':nor' with
-    the rope level.  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:nor'."""
+    the rope level; ':h' head_events (events per kv group / K-slice; needs qkv tiles inside
+    heads, e.g. '1b:q32:h').  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:nor'."""
     import dataclasses
     base, *opts = name.split(":")
     cfg = PRESETS[base]
@@ -124,8 +125,10 @@ def preset(name):
             cfg = dataclasses.replace(cfg, rope_in_attn=True)
         elif o == "nor":
             cfg = dataclasses.replace(cfg, rope_in_attn=False)
+        elif o == "h":
+            cfg = dataclasses.replace(cfg, head_events=True)
         else:
-            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r, nor)")
+            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r, nor, h)")
     return cfg
 
 

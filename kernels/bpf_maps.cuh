@@ -398,8 +398,8 @@ __device__ __forceinline__ void dtmk_mc_begin(struct dtmk_map_cache *mc) {
             if (d != e->ggen_d || h != e->ggen_h) {
                 e->ggen_d = d; e->ggen_h = h;
                 atomicAdd(&e->lgen, 1u);
+                __threadfence();     /* a probe after this sees the tombstones the new generation counts */
             }
-            __threadfence();         /* the generations before this warp's probes */
         }
     }
     __syncwarp();
@@ -429,7 +429,7 @@ __device__ __forceinline__ int dtmk_mc_map_get(struct dtmk_map_cache *mc, const 
         e->ggen_d = (dtmk_u32)*(volatile const dtmk_u64 *)&s->del_gen;
         e->ggen_h = (dtmk_u32)*(volatile const dtmk_u64 *)&s->host_gen;
         e->lgen = 0;                                  /* no entry of index i exists since the clear */
-        __threadfence_block();
+        __threadfence();                              /* the generations before any probe of m */
         *(volatile dtmk_u32 *)&e->state = DTMK_MC_READY;
         return i;
     }

@@ -59,6 +59,12 @@ consumer and every run computes the same bits.  Per layer: qkv (waits mlp_down o
 or task 0) -> rope -> attn -> attn_o (S x hidden/T) -> gate_up -> mlp_down (S x
 hidden/T); then lm_head waits on the last mlp_down.  6 dependency levels per layer
 instead of 8.  The kernel reads the options from the task records (`fused_aux`).
+`rope_in_attn` (on for `1b`) drops the rope level: each attn task ropes its slot's q
+heads and k head and appends its cache row first (5 levels per layer).  `head_events`
+narrows two of the level barriers to what a task reads: attn (kv group g) waits on an
+event of the qkv tiles holding group g's q, k and v columns (tiles must not straddle
+heads), attn_o K-slice s on an event of the attn tasks of slice s's heads.  gate_up ->
+mlp_down stays one event (split 0 commits h, which other gate_up tiles still read).
 Tensor-parallel graphs (ranks > 1) keep the Megatron lowering whatever the
 options say: the lowering of the "Tensor parallelism" section (its norm tasks reduce
 the all-reduce slots).
@@ -454,24 +460,47 @@ class _Builder:
         self.task("rmsnorm", 0, (0, 0, 0, 0), 0, cfg.hidden, (-1, 0), e)   # embedding (+ norm)
         prev: Tuple[int, int] = (e, 1)
         Tq = cfg.qkv_tile_n or T      # narrower qkv tiles: more of the SMs stream W_qkv
+        G, hd = cfg.n_kv_heads, cfg.head_dim
+        # head_events: one event per kv group (qkv -> rope / attn) and per K-slice
+        # (attn -> attn_o) instead of one per level (module doc)
+        ng_ev = G if cfg.head_events else 1           # qkv / rope events per layer
+        ns_ev = S if cfg.head_events else 1           # attn events per layer
+        ng = cfg.ffn // T
+
+        def qkv_group(c0: int) -> int:
+            """the kv group whose q, k or v columns qkv column c0 is in"""
+            if c0 < cfg.q_dim:
+                return c0 // (group * hd)
+            return (c0 - cfg.q_dim) // hd % G
+
         for l in range(cfg.n_layers):
             nq = cfg.qkv_dim // Tq
-            e_qkv = self.event(f"L{l}.qkv", "qkv", nq)
-            self.tiled("qkv", l, cfg.qkv_dim, prev, e_qkv, Tq)
+            e_qkv = [self.event(f"L{l}.qkv" + (f".g{g}" if ng_ev > 1 else ""), "qkv", nq // ng_ev)
+                     for g in range(ng_ev)]
+            for x in range(nq):
+                self.task("qkv", l, (x, 0, 0, 0), x * Tq, (x + 1) * Tq, prev, e_qkv[qkv_group(x * Tq) % ng_ev])
             if cfg.rope_in_attn:          # each attn task ropes its own q / k (fused_aux flags it)
-                attn_wait = (e_qkv, nq)
+                attn_wait = [(e_qkv[h % ng_ev], nq // ng_ev) for h in range(G)]
             else:
-                e_rope = self.event(f"L{l}.rope", "rope_kv_append", cfg.n_kv_heads)
-                for h in range(cfg.n_kv_heads):
-                    self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv, nq), e_rope)
-                attn_wait = (e_rope, cfg.n_kv_heads)
-            e_attn = self.event(f"L{l}.attn", "attn", cfg.n_kv_heads * B)
-            for h in range(cfg.n_kv_heads):
+                e_rope = [self.event(f"L{l}.rope" + (f".g{g}" if ng_ev > 1 else ""), "rope_kv_append", G // ng_ev)
+                          for g in range(ng_ev)]
+                for h in range(G):
+                    self.task("rope_kv_append", l, (0, h, 0, 0), h, h + 1, (e_qkv[h % ng_ev], nq // ng_ev),
+                              e_rope[h % ng_ev])
+                attn_wait = [(e_rope[h % ng_ev], G // ng_ev) for h in range(G)]
+            e_attn = [self.event(f"L{l}.attn" + (f".s{k}" if ns_ev > 1 else ""), "attn", G // ns_ev * B)
+                      for k in range(ns_ev)]
+            for h in range(G):
                 for s in range(B):
-                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, attn_wait, e_attn, slot=s)
+                    self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, attn_wait[h],
+                              e_attn[h // (G // ns_ev)], slot=s)
             e_o = self.event(f"L{l}.attn_o", "attn_o", no * S)
-            self.split_tiled("attn_o", l, cfg.hidden, (e_attn, cfg.n_kv_heads * B), e_o)
-            ng = cfg.ffn // T
+            for x in range(no):           # tile (x, 0, 0, k): K-slice k waits for its heads only
+                for k in range(S):
+                    self.task("attn_o", l, (x, 0, 0, k), x * T, (x + 1) * T,
+                              (e_attn[k % ns_ev], G // ns_ev * B), e_o)
+            # gate_up -> down stays one event: down's K-slice 0 commits the residual into h,
+            # which gate_up tiles of the other slices still read (their fused norm)
             e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
             self.tiled("mlp_gate_up", l, cfg.ffn, (e_o, no * S), e_gu)
             e_d = self.event(f"L{l}.mlp_down", "mlp_down", no * S)

@@ -72,6 +72,8 @@ class ModelConfig:
     qkv_tile_n: int = 0                  # q|k|v columns per qkv tile, fused lowering only (0: tile_n)
     rope_in_attn: bool = False           # fused lowering only: each attn task ropes its q/k and appends
                                          # its kv head's cache row itself (no rope_kv_append level)
+    head_events: bool = False            # fused lowering only: attn waits for its kv group's qkv tiles,
+                                         # attn_o K-slice k for the attn tasks of its heads only
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:
@@ -101,6 +103,13 @@ class ModelConfig:
                 raise bad("qkv_tile_n", f"expected >= 0, got {self.qkv_tile_n}")
             if self.qkv_dim % self.qkv_tile_n:
                 raise bad("qkv_tile_n", f"must divide qkv_dim={self.qkv_dim}, got {self.qkv_tile_n}")
+        if self.head_events and self.fuse_norm:
+            Tq = self.qkv_tile_n or self.tile_n
+            if self.head_dim % Tq:
+                raise bad("head_events", f"qkv tiles must not straddle heads: {Tq} columns per tile "
+                          f"do not divide head_dim={self.head_dim}")
+            if self.n_kv_heads % self.split_k:
+                raise bad("head_events", f"split_k={self.split_k} must divide n_kv_heads={self.n_kv_heads}")
         if self.fuse_norm:
             if self.moe_layers:
                 raise bad("fuse_norm", "not supported with MoE layers (their norms fold the expert partials)")

@@ -437,11 +437,13 @@ class DeviceMaps:
         b["stats"].set(stats.view(np.uint8))
 
     def clear_hash(self, i: int, stream=None) -> None:
-        """Empty hash map i (every slot EMPTY, count 0), then bump its stats.host_gen so a
-        running -DDTMK_MAP_CACHE kernel drops its cached slots of the map at its next VM
-        call (kernels/bpf_maps.cuh).  Host-to-device copies only (no kernel: safe while a
-        persistent megakernel holds every SM).  Inserts racing the clear may survive it or
-        not (as with any concurrent update); lost / throttled / probe_exhausted stay."""
+        """Empty hash map i as the host model's clear() does (every slot EMPTY; count, lost,
+        throttled, probe_exhausted 0), then bump its stats.host_gen so a running
+        -DDTMK_MAP_CACHE kernel drops its cached slots of the map at its next VM call
+        (kernels/bpf_maps.cuh).  Host-to-device copies only (no kernel: safe while a
+        persistent megakernel holds every SM).  Updates racing the clear may survive it or
+        not, and may leave the counters off by what they added (as with any concurrent
+        host write)."""
         m, b = self.defs[i], self.bufs[i]
         if m.type not in ("hash", "hist_log2", "hist_linear"):
             raise UserError(f"map {m.name!r}: clear_hash needs a hash map, not {m.type}")
@@ -449,7 +451,7 @@ class DeviceMaps:
             dst.set(v) if stream is None else dst.set(v, stream=stream)
         cap = int(self.host_descs[i]["capacity"])
         put(b["slots"], np.zeros(cap, np.uint32))
-        put(b["stats"][0:8], np.zeros(1, "<u8").view(np.uint8))
+        put(b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8))     # count .. probe_exhausted
         self._host_gen[i] = self._host_gen.get(i, 0) + 1
         put(b["stats"][HOST_GEN_OFF:HOST_GEN_OFF + 8], np.array([self._host_gen[i]], "<u8").view(np.uint8))
 

@@ -17,8 +17,11 @@ from dtrace_mk.megakernel.reference import ReferenceModel, make_weights
 BATCH = 4
 CFGS = {"s1": replace(PRESETS["tiny"], fuse_norm=True, split_k=1),
         "s4": replace(PRESETS["tiny"], fuse_norm=True, split_k=4),
-        # session 5, not yet run on a GPU: attn tasks rope their own q / k (no rope level)
-        "s4r": replace(PRESETS["tiny"], fuse_norm=True, split_k=4, rope_in_attn=True)}
+        # attn tasks rope their own q / k (no rope level; 1b's default since session 6)
+        "s4r": replace(PRESETS["tiny"], fuse_norm=True, split_k=4, rope_in_attn=True),
+        # session 6: events per kv group / K-slice (head_events); split_k must divide n_kv_heads
+        "s2rh": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, head_events=True),
+        "s2h": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, head_events=True)}
 _MK = {}
 
 

@@ -1,0 +1,16 @@
+"""The compiled tier links the megakernel with the defines that change what the kernel
+computes.  gpu.megakernel_defines adds DTMK_ROPE_IN_ATTN for rope_in_attn graphs (1b's
+default since session 6); a linked kernel without it skips the attn tasks' rope and gives
+wrong tokens (bench/hooks.py caught it on the GPU: summary_cm tokens != nohooks)."""
+from dtrace_mk.megakernel import gpu
+from dtrace_mk.megakernel.presets import PRESETS
+from dtrace_mk.runtime import compiled as C
+
+
+def test_every_define_the_model_adds_reaches_the_linked_kernel():
+    for name, cfg in PRESETS.items():
+        added = set(gpu.megakernel_defines(cfg, 1))
+        spec = C.megakernel_spec(gpu.megakernel_defines(cfg, 1))
+        assert added <= set(spec.defines), (name, added, spec.defines)
+    assert "DTMK_ROPE_IN_ATTN" in C.megakernel_spec(gpu.megakernel_defines(PRESETS["1b"], 1)).defines
+    assert C.megakernel_spec(gpu.megakernel_defines(PRESETS["tiny"], 1)) is C.MEGAKERNEL_SPEC

@@ -27,7 +27,10 @@
  *
  * Layout of the tables (int32 unless noted), see gpu.py pack_tables():
  *   tasks[T][16]: cls layer expert slot lo hi wait_event wait_count signal_event dynamic
- *                 tile_lo tile_hi aux_norm aux_fold aux_ord first_of_layer
+ *                 tile_lo tile_hi aux_norm aux_fold aux_ord first_of_layer | triggers << 1
+ *                 (word 15: bit 0 first task of its layer in its worker's plan, bits 1..:
+ *                  the triggers of its signal event, so task:end's event_gen needs no
+ *                  dependent global load after the release signal)
  *                 (allreduce: aux = all-reduce index l*2+op, MoE fold, destination rank;
  *                  rmsnorm: aux_ord = the all-reduce it reduces, -1 = none;
  *                  fused lowering (graph.fused_aux): qkv / gate_up / lm_head aux_norm =
@@ -908,7 +911,7 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     const int t = W.pend_t, step = W.pend_step;
     const int *r = hk_trec(P, t);
-    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14];
+    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];
     HkTask k;
     k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
     k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
@@ -942,7 +945,7 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
         case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = W.phantoms; break;
         case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = W.phantoms; break;
         default: /* task:end */
-            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((const int *)P.event_triggers)[sig] * (dtmk_u64)(step + 1);
+            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((dtmk_u32)r15 >> 1) * (dtmk_u64)(step + 1);
             wait = dep_wait; dur = t_end - t_begin;
             break;
         }
@@ -1561,7 +1564,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
              * written before wait_event's / run_task's final barrier */
             if (threadIdx.x == 0) {
                 if (W.observe) W.t_disp = mk_now();
-                if (P.n_faults && r[15]) add_phantoms(P, W, step, r[1]);
+                if (P.n_faults && (r[15] & 1)) add_phantoms(P, W, step, r[1]);
                 if (P.prefetch) prefetch_task_weights(P, t);
             }
             int e = r[6];

@@ -277,12 +277,17 @@ def pack_tables(g: TaskGraph) -> Dict[str, np.ndarray]:
     expert_event_moe = {m.expert_event: i for i, m in enumerate(g.moe)}
     mi_of_layer, di_of_layer = moe_index(cfg), dense_index(cfg)
     t[:, 12] = -1; t[:, 13] = -1; t[:, 14] = -1; t[:, 15] = 0
-    for plan in g.worker_plans:          # first task of each layer in a worker's plan
+    for plan in g.worker_plans:          # first task of each layer in a worker's plan (bit 0)
         seen = set()
         for i in plan:
             if g.tasks[i].layer not in seen:
                 seen.add(g.tasks[i].layer)
                 t[i, 15] = 1
+    # bits 1..: the triggers of the task's signal event (task:end's event_gen, read after
+    # the release signal from the task record instead of a dependent global load)
+    sig = np.asarray(d["task_signal_event"], np.int64)
+    trig = np.asarray(d["event_triggers"], np.int64)
+    t[:, 15] |= (np.where(sig >= 0, trig[np.maximum(sig, 0)], 0) << 1).astype(np.int32)
     for task in g.tasks:
         i = task.index
         if task.cls == CLASS_IDS["rmsnorm"]:

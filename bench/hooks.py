@@ -149,7 +149,8 @@ def obs_counts(state, steps: int) -> dict:
 #: since session 4; recglobal = the old path (the global task table)
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
                   "codesmem": ("DTMK_VM_CODE_SMEM",), "mapcache": ("DTMK_MAP_CACHE",),
-                  "mapcode": ("DTMK_MAP_CACHE", "DTMK_VM_CODE_SMEM")}
+                  "mapcode": ("DTMK_MAP_CACHE", "DTMK_VM_CODE_SMEM"),
+                  "mapnoval": ("DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE")}   # attribution only: unsafe with deletes
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM")
 #: the runs of each build variant (suffixed _<variant>)

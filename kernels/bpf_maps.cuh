@@ -316,9 +316,12 @@ __device__ __forceinline__ bool dtmk_is_array(dtmk_u32 t) {
  *       call: up to 32 records) reads both for every map in the cache, one independent
  *       load pair per map, and bumps lgen when either moved.  Window: a lookup during a
  *       VM call that races a delete by another CTA or the host behaves as if it came
- *       before the delete (the uncached path has this window too, shorter: one probe);
- *       a key deleted elsewhere AND re-inserted into a different slot within that window
- *       is updated in its old slot by this CTA until the next VM call;
+ *       before the delete (the uncached path has this window too, shorter: one probe).
+ *       Within that window this CTA may still reach a key deleted elsewhere through its
+ *       old slot: a lookup sees the old value, an update or hist_add there is lost (the
+ *       slot is a tombstone) or, when an insert elsewhere reused the slot meanwhile,
+ *       lands in that key's value.  Programs that delete keys other CTAs update should
+ *       expect that (they race without the cache too, in a narrower window);
  *   (3) the caller clears the cache (dtmk_mc_clear) at kernel start and at every table
  *       reload (attach / detach: maps may be new at the same address).
  * A filler reads lgen BEFORE it probes the table (fenced), so a fill that raced a delete
@@ -326,8 +329,10 @@ __device__ __forceinline__ bool dtmk_is_array(dtmk_u32 t) {
  * or inserted): absence is never cached.  Deletes themselves probe uncached.
  * lgen is 32-bit: an entry that sat unused through exactly 2^32 deletes of its map
  * would be hit again (not a practical concern).
- * Costs (1b hook build): sizeof(struct dtmk_map_cache) = 56 * DTMK_MC_MAPS + 28 *
- * DTMK_MC_ENTRIES + 8 = 1128 bytes by default, + 8 for dtmk_mc_cur. */
+ * Costs: sizeof(struct dtmk_map_cache) = 56 * DTMK_MC_MAPS + 28 * DTMK_MC_ENTRIES + 8
+ * = 1128 bytes by default (the 1b hook build's static shared memory: 27,088 -> 28,208 B,
+ * still the 196 KB carveout); per VM call one global load pair per cached map
+ * (-DDTMK_MC_NO_VALIDATE drops it: an attribution variant, wrong with deletes elsewhere). */
 #ifdef DTMK_MAP_CACHE
 #ifndef DTMK_MC_MAPS
 #define DTMK_MC_MAPS 4
@@ -388,6 +393,7 @@ __device__ __forceinline__ void dtmk_mc_clear(struct dtmk_map_cache *mc, unsigne
 __device__ __forceinline__ void dtmk_mc_begin(struct dtmk_map_cache *mc) {
     const unsigned lane = threadIdx.x & 31;
     if (lane == 0) dtmk_mc_cur = mc;
+#ifndef DTMK_MC_NO_VALIDATE   /* attribution variant only (bench/hooks.py "mapnoval"): WRONG with deletes elsewhere */
     for (unsigned i = lane; mc && i < DTMK_MC_MAPS; i += DTMK_MC_LANES) {
         struct dtmk_mc_map *e = &mc->maps[i];
         if (*(volatile dtmk_u32 *)&e->state == DTMK_MC_READY) {
@@ -402,6 +408,7 @@ __device__ __forceinline__ void dtmk_mc_begin(struct dtmk_map_cache *mc) {
             }
         }
     }
+#endif
     __syncwarp();
 }
 

@@ -255,9 +255,116 @@ def test_upload_hash_bumps_host_gen():
     m = _maps()
     m.upload_hash(0, {b"\x01" * 8: b"\x02" * 8})
     m.upload_hash(0, {b"\x03" * 8: b"\x04" * 8})
+    m.bufs[0]["stats"][8:16].set(np.array([5], "<u8").view(np.uint8))      # lost = 5
     m.clear_hash(0)
-    assert int(m.stats(0)["host_gen"]) == 3 and int(m.stats(0)["count"]) == 0
+    st = m.stats(0)
+    assert int(st["host_gen"]) == 3 and int(st["count"]) == 0 and int(st["lost"]) == 0
     assert not m.readback().maps[0]._d
+
+
+# ---------------------------------------------------------------------------- threads
+
+#: the one-lane shim with real atomics and fences: host threads stand in for the lanes and
+#: warps of one CTA sharing the cache (x86 is stronger than the GPU's memory model: this
+#: checks the protocol's interleavings, the GPU tests check the hardware)
+THREAD_SHIM = r"""
+static inline unsigned long long atomicAdd(unsigned long long *a, unsigned long long v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned *a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicCAS(unsigned *a, unsigned c, unsigned v) { __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
+static inline unsigned long long atomicCAS(unsigned long long *a, unsigned long long c, unsigned long long v) { __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); return c; }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __nanosleep(unsigned) { __builtin_ia32_pause(); }
+"""
+
+STRESS = r"""
+#include <thread>
+#include <vector>
+static struct dtmk_map_cache g_mc;
+struct Rng { unsigned long long s; unsigned next() { s = s * 6364136223846793005ull + 1442695040888963407ull; return (unsigned)(s >> 33); } };
+/* thread t owns keys (t << 8) | r, r < nk, in a hash map H (8-byte keys, u64 values) and a
+ * log2 histogram L (4-byte keys); it checks every result against its own model */
+static int worker(int t, unsigned long long H, unsigned long long L, int ops, int nk, unsigned seed) {
+    Rng g{seed * 7919ull + t};
+    std::vector<int> present(nk, 0), lpresent(nk, 0);
+    std::vector<unsigned long long> val(nk, 0), cnt(nk, 0);
+    int bad = 0;
+    for (int i = 0; i < ops; i++) {
+        if (g.next() % 16 == 0) dtmk_mc_begin(&g_mc);
+        const int r = (int)(g.next() % nk);
+        unsigned long long key = ((unsigned long long)t << 8) | r;
+        unsigned key4 = (unsigned)key;
+        bool lost = false;
+        switch (g.next() % 6) {
+        case 0: {
+            unsigned long long a = dtmk_map_lookup((const struct dtmk_map *)H, &key, 0, &lost);
+            if ((a != 0) != (bool)present[r] || (a && *(volatile unsigned long long *)a != val[r])) bad++;
+            break; }
+        case 1: case 2: {
+            unsigned long long flags = g.next() % 3, v = g.next();
+            unsigned long long rc = dtmk_map_update((const struct dtmk_map *)H, &key, &v, flags, 0, &lost);
+            unsigned long long want = flags == 1 && present[r] ? (unsigned long long)-DTMK_EEXIST
+                                    : flags == 2 && !present[r] ? (unsigned long long)-DTMK_ENOENT : 0;
+            if (rc != want || lost) bad++;
+            if (want == 0) { present[r] = 1; val[r] = v; }
+            break; }
+        case 3: {
+            unsigned long long rc = dtmk_map_delete((const struct dtmk_map *)H, &key, &lost);
+            if (rc != (present[r] ? 0ull : (unsigned long long)-DTMK_ENOENT)) bad++;
+            present[r] = 0;
+            break; }
+        case 4: {
+            if (dtmk_hist_add((const struct dtmk_map *)L, &key4, 5, &lost) != 0 || lost) bad++;
+            lpresent[r] = 1; cnt[r]++;
+            unsigned long long a = dtmk_map_lookup((const struct dtmk_map *)L, &key4, 0, &lost);
+            if (!a || ((volatile unsigned long long *)a)[3] != cnt[r]) bad++;   /* bucket of 5 */
+            break; }
+        case 5: {
+            if (g.next() % 4) break;
+            unsigned long long rc = dtmk_map_delete((const struct dtmk_map *)L, &key4, &lost);
+            if (rc != (lpresent[r] ? 0ull : (unsigned long long)-DTMK_ENOENT)) bad++;
+            lpresent[r] = 0; cnt[r] = 0;
+            break; }
+        }
+    }
+    return bad;
+}
+extern "C" int mc_stress(unsigned long long H, unsigned long long L, int threads, int ops, int nk, unsigned seed) {
+    dtmk_mc_clear(&g_mc, 0, 1);
+    dtmk_mc_begin(&g_mc);
+    std::vector<std::thread> th;
+    std::vector<int> bad(threads, 0);
+    for (int t = 0; t < threads; t++) th.emplace_back([&, t] { bad[t] = worker(t, H, L, ops, nk, seed); });
+    int total = 0;
+    for (int t = 0; t < threads; t++) { th[t].join(); total += bad[t]; }
+    return total;
+}
+"""
+
+
+def test_threads_sharing_one_cache_see_their_own_keys_exactly():
+    if not shutil.which("g++"):
+        pytest.skip("g++ not found")
+    shim = C.HOST_SHIM
+    for name in ("atomicAdd(unsigned long long", "atomicAdd(unsigned *", "atomicCAS(unsigned *",
+                 "atomicCAS(unsigned long long", "__threadfence()", "__nanosleep"):
+        shim = "\n".join(l for l in shim.splitlines() if name not in l)
+    src = "\n".join([shim, THREAD_SHIM, SHIM_EXTRA.replace("static inline void __threadfence_block() {}", ""),
+                     '#include "dtrace_mk_abi.h"', C.host_maps_header().replace('#include "dtrace_mk_abi.h"', ""),
+                     STRESS])
+    td = Path(tempfile.mkdtemp(prefix="mc_stress_"))
+    (td / "s.cpp").write_text(src)
+    so = td / "s.so"
+    res = subprocess.run(["g++", "-std=c++17", "-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-w", "-pthread",
+                          f"-I{KERNEL_DIR}", "-o", str(so), str(td / "s.cpp")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    lib = ctypes.CDLL(str(so))
+    lib.mc_stress.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_uint]
+    for seed in range(3):                          # fresh maps: each run's model starts empty
+        maps = DeviceMaps(C.HostDevice, [MapDef("h", "hash", 8, 8, 4096), MapDef("l", "hist_log2", 4, 8 * 64, 4096)], 1)
+        assert lib.mc_stress(maps.desc_addr(0), maps.desc_addr(1), 6, 20000, 24, seed) == 0, seed
+        assert int(maps.stats(0)["del_gen"]) > 0 and int(maps.stats(0)["probe_exhausted"]) == 0
 
 
 # ---------------------------------------------------------------------------- builds

@@ -111,6 +111,8 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
     return out
 
 
+#: number of dtmk_obs_prof counters (kernels/megakernel.cu PROF_N)
+PROF_N = 24
 #: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
 PROF_TABLES = (
     ("drains (one batch / whole ring), hook_post after the signal, late drains",
@@ -119,6 +121,8 @@ PROF_TABLES = (
      (("vm", 8), ("flush", 10), ("move", 12))),
     ("per program run: exec step, coverage count, accumulator flushes",
      (("exec", 14), ("cov", 16), ("accfl", 18))),
+    ("inside the VM's exec step: helper calls, memory instructions",
+     (("call", 20), ("mem", 22))),
 )
 
 
@@ -207,7 +211,7 @@ def main() -> int:
         prof = None
         if a.prof and "DTMK_OBS_PROF" in m.defines:
             import cupy as cp
-            prof = cp.ndarray((20,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
+            prof = cp.ndarray((PROF_N,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
             prof[:] = 0
         t0 = time.perf_counter()
         r = m.run(a.steps, poison=False, trace=True, **kw)

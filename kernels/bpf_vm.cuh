@@ -184,7 +184,8 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
             }
             SYNC_PC
         }
-        case DTMK_OPG_MEM:
+        case DTMK_OPG_MEM: {
+            DTMK_PROF_BEGIN(prof_mem);
             if (me) {
                 switch (sub) {
                 case 0x0: REG(I.dst) = *(const dtmk_u8 *)ADDR(I.src); break;
@@ -204,7 +205,8 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     const dtmk_u32 v = (dtmk_u32)REG(I.src);
                     dtmk_u32 old;
                     if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else old = atomicAdd((unsigned *)a, v);
+                    else if (I.aux) old = atomicAdd((unsigned *)a, v);
+                    else { atomicAdd((unsigned *)a, v); old = 0; }   /* result unused: a RED, no round trip */
                     if (I.aux) REG(I.src) = old;
                     break; }
                 case 0xd: {
@@ -212,14 +214,17 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     const dtmk_u64 v = REG(I.src);
                     dtmk_u64 old;
                     if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
+                    else if (I.aux) old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
+                    else { atomicAdd((unsigned long long *)a, (unsigned long long)v); old = 0; }   /* a RED */
                     if (I.aux) REG(I.src) = old;
                     break; }
                 default: fault = true; p = DTMK_VM_NOPC; break;
                 }
             }
-            NEXT
-        case DTMK_OPG_CALL:
+            DTMK_PROF_END(22, prof_mem);
+            NEXT }
+        case DTMK_OPG_CALL: {
+            DTMK_PROF_BEGIN(prof_call);
             if (CALL_GUARD) {
                 switch (I.op) {
                 case DTMK_OP_CALL_MAP_LOOKUP_ELEM:
@@ -249,7 +254,8 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                 default: REG(0) = (dtmk_u64)-DTMK_EINVAL; lost = true; break;
                 }
             }
-            NEXT
+            DTMK_PROF_END(20, prof_call);
+            NEXT }
         case DTMK_OPG_MISC:
             switch (I.op) {
             case DTMK_OP_LDDW: case DTMK_OP_LDDW_MAP: case DTMK_OP_LDDW_MAP_VALUE:

@@ -79,8 +79,9 @@
  * inside drains: [8, 9] VM / compiled calls on a batch, [10, 11] the coverage flush and
  * epoch publish, [12, 13] the ring moves; inside the VM / compiled calls (lane 0, per program
  * run): [14, 15] the exec step, [16, 17] the coverage count (bpf_run_prog.cuh), [18, 19]
- * accumulator flushes to the global coverage rows (epoch changes) */
-#define PROF_N 20
+ * accumulator flushes to the global coverage rows (epoch changes); inside the VM's exec step
+ * (lane 0, warp-wide instructions): [20, 21] helper calls, [22, 23] memory instructions */
+#define PROF_N 24
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];

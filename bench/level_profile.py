@@ -112,7 +112,7 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
 
 
 #: number of dtmk_obs_prof counters (kernels/megakernel.cu PROF_N)
-PROF_N = 24
+PROF_N = 28
 #: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
 PROF_TABLES = (
     ("drains (one batch / whole ring), hook_post after the signal, late drains",
@@ -123,6 +123,8 @@ PROF_TABLES = (
      (("exec", 14), ("cov", 16), ("accfl", 18))),
     ("inside the VM's exec step: helper calls, memory instructions",
      (("call", 20), ("mem", 22))),
+    ("around the release signal: hook_hold (before it), one record of hook_flush (after it)",
+     (("hold", 24), ("rec", 26))),
 )
 
 

@@ -80,8 +80,10 @@
  * epoch publish, [12, 13] the ring moves; inside the VM / compiled calls (lane 0, per program
  * run): [14, 15] the exec step, [16, 17] the coverage count (bpf_run_prog.cuh), [18, 19]
  * accumulator flushes to the global coverage rows (epoch changes); inside the VM's exec step
- * (lane 0, warp-wide instructions): [20, 21] helper calls, [22, 23] memory instructions */
-#define PROF_N 24
+ * (lane 0, warp-wide instructions): [20, 21] helper calls, [22, 23] memory instructions;
+ * thread 0 around a task's release signal: [24, 25] hook_hold (before it: on the
+ * consumers' path), [26, 27] one record built and stored in hook_flush (after it) */
+#define PROF_N 28
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
@@ -951,9 +953,11 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
             break;
         }
         if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
+        DTMK_PROF_BEGIN(prof_r);
         HkRec c;
         hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
         hk_store(P, W, c, h, (dtmk_u32)step);
+        DTMK_PROF_END1(26, prof_r);
     }
 }
 #endif
@@ -1185,7 +1189,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
+#ifdef DTMK_OBS_PROF
+        if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); hook_hold(P, W, t, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
+#else
         if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
+#endif
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_PROF

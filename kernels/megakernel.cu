@@ -103,6 +103,11 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_RUN_RECORDS dtmk_vm_run_records
 #endif
 #endif
+#ifndef DTMK_PROF_BEGIN   /* -DDTMK_NO_HOOKS (no bpf headers): the counters are empty here too */
+#define DTMK_PROF_BEGIN(name)
+#define DTMK_PROF_END(k, name)
+#define DTMK_PROF_END1(k, name)
+#endif
 
 /* control words (u32) */
 #define CTL_HOOK_MASK 0
@@ -1189,11 +1194,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
-#ifdef DTMK_OBS_PROF
         if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); hook_hold(P, W, t, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
-#else
-        if (HOOKS_ANY(W, ~0u)) hook_hold(P, W, t, (dtmk_u32)step, t_end);
-#endif
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_PROF

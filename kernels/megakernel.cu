@@ -1443,13 +1443,7 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
-#ifdef DTMK_DYN_ALIGN   /* variant (docs/dev/hook_cost_analysis.md "Session 6"): the dynamic layout starts on a
-                        * DTMK_DYN_ALIGN-byte boundary whatever the static shared memory (gpu.smem_layout adds it) */
-    extern __shared__ float smem_raw[];
-    float *smem = (float *)(((unsigned long long)smem_raw + (DTMK_DYN_ALIGN - 1)) & ~(unsigned long long)(DTMK_DYN_ALIGN - 1));
-#else
     extern __shared__ float smem[];
-#endif
     for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];
     if (threadIdx.x == 0) {
         dtmk_u32 sm;

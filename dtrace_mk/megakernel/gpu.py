@@ -208,8 +208,7 @@ def smem_layout(cfg, batch: int, ranks: int, defines: Sequence[str]) -> Tuple[in
                batch * cfg.tile_n + 2 * batch + 8, 2 * MK_WARPS + 4) + 64
     xs_off = (base + 3) // 4 * 4
     xs_cap = int(min(batch * staged_k(cfg, ranks), SMEM_LIMIT // 4 - xs_off))
-    kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
-    nbytes = 4 * (xs_off + xs_cap) + int(kv.get("DTMK_DYN_ALIGN") or 0)   # variant: room to align the start
+    nbytes = 4 * (xs_off + xs_cap)
     ring = ws_ring_for(cfg, batch, ranks, defines)
     return xs_off, xs_cap, nbytes + ring if nbytes + ring <= WS_SMEM_MAX else nbytes
 

@@ -186,11 +186,10 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     steps = STEPS.get(name, 16)
     mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     mk = gpu.Megakernel(cfg, batch=1, weights=w)
-    pad = int(mk.kernel.shared_size_bytes) - int(mk0.kernel.shared_size_bytes)
+    pad = mk.shared_memory()[0] - mk0.shared_memory()[0]
     for m, what in ((mk0, "nohooks"), (mk, "off")):
-        carve = gpu.carveout_kb(int(m.kernel.shared_size_bytes) + m.smem)
-        log(f"{name}: {what} build: smem {int(m.kernel.shared_size_bytes)} static + {m.smem} dynamic B "
-            f"-> carveout {carve} KB, L1 {256 - carve} KB")
+        static, dyn, carve = m.shared_memory()
+        log(f"{name}: {what} build: smem {static} static + {dyn} dynamic B -> carveout {carve} KB, L1 {256 - carve} KB")
     try:
         mk0p = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={pad}"))
     except Exception as e:  # noqa: BLE001 - keep the rest

@@ -286,8 +286,7 @@ def bench_variants(cp, name, variants, batch, steps, reps, log, weights=None):
             ref = (res.tokens.copy(), res.logits.copy())
         tok_eq = bool(np.array_equal(res.tokens, ref[0]))
         log_eq = bool(np.array_equal(res.logits.view(np.uint32), ref[1].view(np.uint32)))
-        static = int(mk.kernel.shared_size_bytes)
-        carve = gpu.carveout_kb(static + mk.smem)
+        static, _, carve = mk.shared_memory()
         log(f"{name} variant {vname} ({'+'.join(defines + (('prefetch',) if pf else ())) or 'no defines'}): "
             f"build {time.time() - t0:.1f} s; tokens == default: {tok_eq}; logits bit-equal: {log_eq}; "
             f"smem {static} static + {mk.smem} dynamic B -> carveout {carve} KB, L1 {256 - carve} KB")

@@ -1197,11 +1197,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); hook_hold(P, W, t, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
-#ifdef DTMK_OBS_PROF
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
-#else
-        if (W.observe) hook_post(P, W, t, step, f.flags, t_end);
-#endif
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);

@@ -495,6 +495,12 @@ class Megakernel:
             self.tables["tp_peers"] = cp.asarray(np.asarray(peers, dtype=np.uint64).reshape(ranks, 2))
 
     # -- state --
+    def shared_memory(self) -> Tuple[int, int, int]:
+        """(static, dynamic, carveout KB) of a worker's shared memory in this build and
+        launch; the worker's L1 is 256 KB minus the carveout (carveout_kb)."""
+        static = int(self.kernel.shared_size_bytes)
+        return static, self.smem, carveout_kb(static + self.smem)
+
     def reset(self) -> None:
         """Fresh requests (generation 0 in every slot), zero events and queues."""
         cp, B, c = self.cp, self.B, self.cfg

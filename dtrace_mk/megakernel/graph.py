@@ -368,10 +368,13 @@ class _Builder:
                                wait[0], wait[1], signal, dynamic, slot))
         return len(self.tasks) - 1
 
-    def tiled(self, cls: str, layer: int, n: int, wait, signal: int, T: int = 0) -> None:
+    def tiled(self, cls: str, layer: int, n: int, wait, signal, T: int = 0) -> None:
+        """n / T output tiles (x, 0, 0, 0); signal: an event, or a function of the tile's
+        first column giving its event (head_events)."""
         T = T or self.cfg.tile_n
         for x in range(n // T):
-            self.task(cls, layer, (x, 0, 0, 0), x * T, (x + 1) * T, wait, signal)
+            self.task(cls, layer, (x, 0, 0, 0), x * T, (x + 1) * T, wait,
+                      signal(x * T) if callable(signal) else signal)
 
     def allreduce(self, layer: int, op: str, src: Tuple[int, int]) -> Tuple[int, int]:
         """Comm tasks of one all-reduce (module doc); returns (own receive event, count)."""
@@ -477,8 +480,7 @@ class _Builder:
             nq = cfg.qkv_dim // Tq
             e_qkv = [self.event(f"L{l}.qkv" + (f".g{g}" if ng_ev > 1 else ""), "qkv", nq // ng_ev)
                      for g in range(ng_ev)]
-            for x in range(nq):
-                self.task("qkv", l, (x, 0, 0, 0), x * Tq, (x + 1) * Tq, prev, e_qkv[qkv_group(x * Tq) % ng_ev])
+            self.tiled("qkv", l, cfg.qkv_dim, prev, lambda c0: e_qkv[qkv_group(c0) % ng_ev], Tq)
             if cfg.rope_in_attn:          # each attn task ropes its own q / k (fused_aux flags it)
                 attn_wait = [(e_qkv[h % ng_ev], nq // ng_ev) for h in range(G)]
             else:
@@ -495,10 +497,8 @@ class _Builder:
                     self.task("attn", l, (0, h, s, 0), h * group, (h + 1) * group, attn_wait[h],
                               e_attn[h // (G // ns_ev)], slot=s)
             e_o = self.event(f"L{l}.attn_o", "attn_o", no * S)
-            for x in range(no):           # tile (x, 0, 0, k): K-slice k waits for its heads only
-                for k in range(S):
-                    self.task("attn_o", l, (x, 0, 0, k), x * T, (x + 1) * T,
-                              (e_attn[k % ns_ev], G // ns_ev * B), e_o)
+            # K-slice k waits for the attn tasks of its heads only
+            self.split_tiled("attn_o", l, cfg.hidden, lambda k: (e_attn[k % ns_ev], G // ns_ev * B), e_o)
             # gate_up -> down stays one event: down's K-slice 0 commits the residual into h,
             # which gate_up tiles of the other slices still read (their fused norm)
             e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
@@ -513,11 +513,12 @@ class _Builder:
         self.task("argmax", NONE_U32, (0, 0, 0, 0), 0, cfg.vocab, (e_lm, nl), self.step_event)
 
     def split_tiled(self, cls: str, layer: int, n: int, wait, signal: int) -> None:
-        """n / T output tiles x split_k K-slices: tile (x, 0, 0, s), split-major per tile."""
+        """n / T output tiles x split_k K-slices: tile (x, 0, 0, s), split-major per tile;
+        wait: an (event, count), or a function of the K-slice s giving it (head_events)."""
         T, S = self.cfg.tile_n, self.cfg.split_k
         for x in range(n // T):
             for s in range(S):
-                self.task(cls, layer, (x, 0, 0, s), x * T, (x + 1) * T, wait, signal)
+                self.task(cls, layer, (x, 0, 0, s), x * T, (x + 1) * T, wait(s) if callable(wait) else wait, signal)
 
 
 def fused_lowering(cfg: ModelConfig, ranks: int = 1) -> bool:

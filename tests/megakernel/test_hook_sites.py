@@ -4,6 +4,7 @@ static analysis depends on: every hook context is built out of line in a cold
 __noinline__ function, the scheduler's hot functions carry no hook-only arguments, the
 plan loop has no barrier before the wait, and the observer never drains before a wait's
 first look."""
+import inspect
 import re
 
 import pytest
@@ -164,7 +165,8 @@ def test_smem_pad_build_matches_bench():
     the two loaded kernels' static shared memory (measured, not a constant)."""
     assert "DTMK_SMEM_PAD" in SRC
     bench = (gpu.KERNEL_DIR.parent / "bench" / "hooks.py").read_text()
-    assert 'f"DTMK_SMEM_PAD={pad}"' in bench and "shared_size_bytes" in bench
+    assert 'f"DTMK_SMEM_PAD={pad}"' in bench and "pad = mk.shared_memory()[0] - mk0.shared_memory()[0]" in bench
+    assert "self.kernel.shared_size_bytes" in inspect.getsource(gpu.Megakernel.shared_memory)
 
 
 # ---- round 3 (docs/dev/hook_cost_analysis.md "Round 3") -------------------------------

@@ -30,8 +30,9 @@ def _ptx(defines):
 
 
 def _func(ptx, name):
-    """The PTX body of the first .func whose mangled name contains `name`."""
-    m = re.search(r"\.func[^\n]*" + name + r"[\s\S]*?\n}\n", ptx)
+    """The PTX body of the first .func whose mangled name contains `name` (a definition:
+    no ';' between the name and its '{', which skips forward declarations)."""
+    m = re.search(r"\.func[^\n]*" + name + r"[^;{]*\{[\s\S]*?\n}\n", ptx)
     assert m, name
     return m.group(0)
 

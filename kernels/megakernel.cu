@@ -148,11 +148,6 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
 #define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
-#ifdef DTMK_DRAIN_PLAN
-#define OBS_SLACK(W) ((W).slack)   /* the static plan predicts this wait to span a level */
-#else
-#define OBS_SLACK(W) true
-#endif
 #ifndef DTMK_OBS_CODE
 #define DTMK_OBS_CODE 256  /* -DDTMK_VM_CODE_SMEM: instruction records of VM code kept in shared memory (4 KB) */
 #endif
@@ -190,28 +185,6 @@ struct TraceRec {          /* 32 bytes; stamps are %globaltimer ns */
     dtmk_u16 cls;
 };
 
-#ifndef DTMK_NO_HOOKS
-/* A task's captured hook state (Worker's pend fields below) and its trace record, kept
- * after its release signal until the worker waits: hook_post pushes one per task,
- * hk_jobs_run builds them (oldest first) in a dependency wait that is not over yet, when
- * the FIFO is full, or before anything else is stored or drained (hook_event, obs_sync,
- * the step gate, the end).  Building records right after the signal put ~2 us per task
- * on the next level's critical path whenever the worker was its last producer. */
-#ifndef HK_JOBS
-#define HK_JOBS 8          /* a power of two */
-#endif
-#if defined(DTMK_DRAIN_PLAN) && defined(DTMK_REC_LATE)
-#error "DTMK_DRAIN_PLAN reads the slack bit from wait_event's shared record copy (not with DTMK_REC_LATE)"
-#endif
-struct HkJob {
-    dtmk_u64 pend_rg, ts_rel, t_end, t_ready, t_begin, dep_wait, t_disp;
-    dtmk_u32 pend, pend_q, pend_flags, cw_peer, phantoms;
-    int pend_t, pend_step;                   /* the hook records' task and step */
-    int t, step;                             /* the trace record's (trace != 0) */
-    dtmk_u32 tflags, trace;
-};
-#endif
-
 struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 hook_mask, trace_on, refresh, wd_us, since_refresh, aborted;
     dtmk_u32 worker, sm;
@@ -244,21 +217,8 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
     dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
-    /* tasks whose records (and trace record) wait for this worker's next dependency wait
-     * that is not over at once: a FIFO of HK_JOBS (see hook_post) */
-    HkJob jobs[HK_JOBS];
-    dtmk_u32 jhead, jn;
-    /* the static task waited for has a slack wait (task word 15 bit 31, graph.slack_waits):
-     * -DDTMK_DRAIN_PLAN runs deferred jobs and 3/4-full drains only in those */
-    dtmk_u32 slack;
 #endif
 };
-#ifndef DTMK_NO_HOOKS
-__device__ __noinline__ void hk_jobs_run(const MkParams &P, Worker &W, dtmk_u32 n);
-#define HK_JOBS_ALL(P, W) do { if ((W).jn) hk_jobs_run(P, W, HK_JOBS); } while (0)
-#else
-#define HK_JOBS_ALL(P, W) do { } while (0)
-#endif
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
@@ -624,11 +584,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
     DTMK_PROF_BEGIN(prof_c0);
-    if (threadIdx.x < 32) {
-        if (threadIdx.x == 0) HK_JOBS_ALL(P, W);   /* deferred records join the ring first */
-        __syncwarp();
-        obs_sync(P, W, chunk, step);
-    }
+    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
 #ifdef DTMK_OBS_PROF
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
@@ -653,11 +609,11 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #endif
     if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
-    return (!rd && O.maxc >= O.full_at && OBS_SLACK(W)) ? 4 : 0;   /* not ready, 3/4 full: one batch now */
+    return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
 __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
-    return (O.maxc >= O.full_at && OBS_SLACK(W)) ||
+    return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
 #else
@@ -754,9 +710,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
-    const dtmk_u32 ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
-    if (ring_mask != O.ring_mask) HK_JOBS_ALL(P, W);   /* jobs captured under the old mask go by it */
-    O.ring_mask = ring_mask;
+    O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
     W.hook_mask = O.ring_mask | O.vm_mask;
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
 #else
@@ -934,21 +888,22 @@ __device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return 
  * consumer of a receive event, and read what may change after the release signal
  * (request_gen; the last remote sender).  Marks W.pend_rg (bit 32) done; hook_flush
  * does it if hook_hold has not (a router's task:ready records flush before its hold). */
-__device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, dtmk_u32 pend, dtmk_u32 q, dtmk_u32 &cw_peer,
-                                               dtmk_u64 &pend_rg, int cls, int slot, int dep, int a14) {
+__device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtmk_u32 pend, int cls, int slot, int dep,
+                                               int a14) {
     if (pend & HK_BIT(QUEUE_PRESSURE)) {
-        const dtmk_u32 th = (dtmk_u32)P.queue_threshold;
+        const dtmk_u32 th = (dtmk_u32)P.queue_threshold, q = W.pend_q;
         if (!(th != 0 && q - 1 < th && th <= q)) pend &= ~HK_BIT(QUEUE_PRESSURE);
     }
     if (pend & HK_BIT(COMM_WAIT)) {
         if (cls == MK_CLS_RMSNORM && a14 >= 0) {
             const int e = dep >= 0 ? dep : (int)P.step_event;
-            cw_peer = (dtmk_u32)ld_relaxed_sys((const dtmk_u64 *)P.events + P.n_events + e);
+            W.cw_peer = (dtmk_u32)ld_relaxed_sys((const dtmk_u64 *)P.events + P.n_events + e);
         } else {
             pend &= ~HK_BIT(COMM_WAIT);
         }
     }
-    pend_rg = (1ull << 32) | (slot >= 0 && pend ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
+    W.pend_rg = (1ull << 32) | (slot >= 0 && pend ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
+    W.pend = pend;
     return pend;
 }
 
@@ -958,11 +913,11 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, dtmk_u32 pend,
                   (DTMK_HOOK_COMM_WAIT << 12) | (DTMK_HOOK_TASK_DISPATCH << 16) | (DTMK_HOOK_TASK_BEGIN << 20) | \
                   (DTMK_HOOK_TASK_END << 24))
 
-/* thread 0, cold: build the records captured for task j.pend_t (see Worker) after its
+/* thread 0, cold: build the records captured for task W.pend_t (see Worker) after its
  * release signal, in hook order, each with its captured stamp; every field as it was
  * when captured.  The task's fields are loaded once; one emit site for all records. */
-__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W, HkJob &j) {
-    const int t = j.pend_t, step = j.pend_step;
+__device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
+    const int t = W.pend_t, step = W.pend_step;
     const int *r = hk_trec(P, t);
     const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];
     HkTask k;
@@ -971,32 +926,34 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W, HkJob &j) 
     dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
 #pragma unroll
     for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
-    dtmk_u32 pend = j.pend;
-    if (!(j.pend_rg >> 32)) pend = hk_capture(P, pend, j.pend_q, j.cw_peer, j.pend_rg, cls, slot, dep, a14);
-    k.rg = (dtmk_u32)j.pend_rg;
+    dtmk_u32 pend = W.pend;
+    if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+    W.pend = 0;
+    k.rg = (dtmk_u32)W.pend_rg;
+    W.pend_rg = 0;
     /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
     int e = dep >= 0 ? dep : (int)P.step_event;
     dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
     if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
-    const dtmk_u32 flags = j.pend_flags, N = DTMK_NONE_U32;
-    const dtmk_u64 t_ready = j.t_ready, t_begin = j.t_begin, t_end = j.t_end, dep_wait = j.dep_wait;
+    const dtmk_u32 flags = W.pend_flags, N = DTMK_NONE_U32;
+    const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, t_end = W.t_end, dep_wait = W.dep_wait;
     for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
         const dtmk_u32 h = o & 15u;
         if (!(pend & (1u << h))) continue;
         dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
         dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
         switch (h) {
-        case DTMK_HOOK_DEP_RELEASE: ts = j.ts_rel; wait = dep_wait; break;
-        case DTMK_HOOK_TASK_READY: qd = j.pend_q; break;
+        case DTMK_HOOK_DEP_RELEASE: ts = W.ts_rel; wait = dep_wait; break;
+        case DTMK_HOOK_TASK_READY: qd = W.pend_q; break;
         case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
         case DTMK_HOOK_COMM_WAIT:
             wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
-            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = j.cw_peer;
+            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = W.cw_peer;
             break;
-        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = j.phantoms; break;
-        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = j.phantoms; break;
+        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = W.phantoms; break;
+        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = W.phantoms; break;
         default: /* task:end */
-            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)(((dtmk_u32)r15 >> 1) & 0x3fffffffu) * (dtmk_u64)(step + 1);
+            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((dtmk_u32)r15 >> 1) * (dtmk_u64)(step + 1);
             wait = dep_wait; dur = t_end - t_begin;
             break;
         }
@@ -1007,33 +964,6 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W, HkJob &j) 
         hk_store(P, W, c, h, (dtmk_u32)step);
         DTMK_PROF_END1(26, prof_r);
     }
-}
-
-/* thread 0, cold: build the n oldest deferred jobs (HkJob): records, then trace record */
-__device__ __noinline__ void hk_jobs_run(const MkParams &P, Worker &W, dtmk_u32 n) {
-    for (; n && W.jn; --n) {
-        HkJob &j = W.jobs[W.jhead];
-        W.jhead = (W.jhead + 1) & (HK_JOBS - 1);
-        W.jn -= 1;
-        if (j.pend) hook_flush(P, W, j);
-        if (j.trace) trace_rec(P, W, j.t, j.step, j.t_disp, j.t_begin, j.t_end, j.tflags);
-    }
-}
-
-/* thread 0, cold: the running task's captured state (and trace record: trace != 0) joins
- * the FIFO as its newest job (the oldest one is built first when it is full) */
-__device__ __forceinline__ void hk_job_push(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags,
-                                            dtmk_u32 trace) {
-    if (W.jn == HK_JOBS) hk_jobs_run(P, W, 1);
-    HkJob &j = W.jobs[(W.jhead + W.jn) & (HK_JOBS - 1)];
-    j.pend_rg = W.pend_rg; j.ts_rel = W.ts_rel; j.t_end = W.t_end; j.t_ready = W.t_ready; j.t_begin = W.t_begin;
-    j.dep_wait = W.dep_wait; j.t_disp = W.t_disp;
-    j.pend = W.pend; j.pend_q = W.pend_q; j.pend_flags = W.pend_flags; j.cw_peer = W.cw_peer; j.phantoms = W.phantoms;
-    j.pend_t = W.pend_t; j.pend_step = W.pend_step;
-    j.t = t; j.step = step; j.tflags = flags; j.trace = trace;
-    W.jn += 1;
-    W.pend = 0;
-    W.pend_rg = 0;                       /* the next task captures afresh */
 }
 #endif
 
@@ -1046,9 +976,7 @@ __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, 
      * collector's causal check compares the peer's release with */
     const dtmk_u64 ts = ts_ns ? ts_ns : mk_now();
 #ifndef DTMK_NO_HOOKS
-    /* records captured before this one go first (ring order = time order) */
-    if (W.pend) hk_job_push(P, W, t, step, 0, 0);
-    HK_JOBS_ALL(P, W);
+    if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
 #endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
     hook_put(P, W, (dtmk_u32)hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns,
@@ -1074,8 +1002,7 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
     const int cls = r[0], slot = r[3], dep = r[6], a14 = r[14];   /* one batch of loads */
     dtmk_u32 pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
     W.t_end = t_end;
-    if (pend) pend = hk_capture(P, pend, W.pend_q, W.cw_peer, W.pend_rg, cls, slot, dep, a14);
-    W.pend = pend;
+    if (pend) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
     dtmk_u32 later = pend;
     if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
     if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
@@ -1088,30 +1015,14 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
 __device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32, dtmk_u64) {}
 #endif
 
-/* cold, thread 0, after a task's release signal: its captured records and trace record
- * become a deferred job (HkJob), built in the worker's next wait that is not over at once.
- * Built now (with every older job): gen:advance's task (it reads request state the next
- * step changes), and when the observer's ring could not take the deferred jobs' records
- * plus one more task's (O.must_at: then the first look drains, as without deferral). */
+/* cold, thread 0, after a task's release signal: its captured records (hook_flush),
+ * gen:advance and the trace record */
 __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end) {
-    const bool gen_adv = hk_trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE);
 #ifndef DTMK_NO_HOOKS
-    W.t_end = t_end;                     /* hook_hold's value when it ran; the trace record's */
-    hk_job_push(P, W, t, step, flags, W.trace_on);
-#ifdef DTMK_HK_NODEFER   /* the variant builds every record here, after the signal (sessions 2-6) */
-    const bool now = true;
-#else
-    const bool now = gen_adv || (O.vm_mask && O.maxc + W.jn >= O.must_at);
+    if (W.pend) hook_flush(P, W);
+    W.pend_rg = 0;                       /* the next task captures afresh */
 #endif
-    if (!now) {
-#ifdef DTMK_REC_FAST
-        O.rec_t = -1;                    /* s_rec will not describe a deferred job's task */
-#endif
-        return;
-    }
-    hk_jobs_run(P, W, HK_JOBS);
-#endif
-    if (gen_adv) {
+    if (hk_trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
         const HkTask none = hk_task(P, -1, 0);
         for (int b = 0; b < (int)P.batch; ++b) {
             /* the request that got this step's token: a refilled slot (pos 0) was gen-1 */
@@ -1124,9 +1035,7 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
             hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
         }
     }
-#ifdef DTMK_NO_HOOKS
     if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
-#endif
 }
 
 
@@ -1355,9 +1264,6 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         }
         s_rec_t = t;
 #endif
-#if defined(DTMK_DRAIN_PLAN) && !defined(DTMK_NO_HOOKS)
-        W.slack = t < 0 || ((const int *)s_rec)[15] < 0;
-#endif
         post_pending(P, W, false);
         W.dep_wait = 0;
         int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
@@ -1412,9 +1318,6 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 }
 #endif
                 if (v >= target) { W.ready = 1; break; }
-#ifndef DTMK_NO_HOOKS
-                if (W.jn && OBS_SLACK(W)) { hk_jobs_run(P, W, 1); continue; }   /* deferred records: one job per poll */
-#endif
 #else           /* the session-2 poll: relaxed loads, one fence.acq_rel once satisfied */
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
                 if (v >= target) { ev_fence_acquire(sys); W.ready = 1; break; }
@@ -1516,7 +1419,6 @@ __device__ void add_phantoms(const MkParams &P, Worker &W, int step, int layer) 
  * hook_drop (records refused by a full ring) and steps_done (all of this worker's records
  * of steps < fin are stored). */
 __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64 fin) {
-    HK_JOBS_ALL(P, W);                   /* deferred records are stored first */
     __threadfence_system();
     ((volatile dtmk_u64 *)P.hook_head)[W.worker] = W.hook_n;
     ((volatile dtmk_u64 *)P.hook_drop)[W.worker] = W.hook_drop;
@@ -1576,7 +1478,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
-        W.pend = 0; W.jhead = 0; W.jn = 0;
+        W.pend = 0;
     }
 #endif
     MK_SYNC();
@@ -1704,7 +1606,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
 #endif
         post_pending(P, W, true);
-        HK_JOBS_ALL(P, W);               /* without device programs nothing drained them */
         ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;
         ((dtmk_u64 *)P.trace_head)[blockIdx.x] = W.trace_n;
         if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[blockIdx.x] = W.hook_drop;

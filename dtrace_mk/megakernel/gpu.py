@@ -287,10 +287,6 @@ def pack_tables(g: TaskGraph) -> Dict[str, np.ndarray]:
     sig = np.asarray(d["task_signal_event"], np.int64)
     trig = np.asarray(d["event_triggers"], np.int64)
     t[:, 15] |= (np.where(sig >= 0, trig[np.maximum(sig, 0)], 0) << 1).astype(np.int32)
-    # bit 31: the task's dependency wait spans a whole level of other workers' tasks
-    # (graph.slack_waits; the observer's preferred waits under -DDTMK_DRAIN_PLAN)
-    assert int(trig.max(initial=0)) < 1 << 29, "event triggers overflow task word 15"
-    t[g.slack_waits(), 15] |= np.int32(-(1 << 31))
     for task in g.tasks:
         i = task.index
         if task.cls == CLASS_IDS["rmsnorm"]:

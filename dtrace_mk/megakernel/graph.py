@@ -267,47 +267,6 @@ class TaskGraph:
                 owner[i] = w
         return owner
 
-    def task_levels(self) -> List[int]:
-        """Dependency level of every task within a step: 1 for a task waiting on the step
-        boundary, else 1 + the highest level among the producers of the event it waits on."""
-        producers: List[List[int]] = [[] for _ in self.events]
-        for t in self.tasks:
-            if t.signal_event >= 0:
-                producers[t.signal_event].append(t.index)
-        level: List[int] = [0] * len(self.tasks)
-
-        def of(i: int) -> int:
-            stack = [i]                        # iterative DFS: graphs are ~10^4 tasks deep-ish
-            while stack:
-                j = stack[-1]
-                e = self.tasks[j].wait_event
-                todo = [u for u in producers[e] if not level[u]] if e >= 0 else []
-                if todo:
-                    stack.extend(todo)
-                    continue
-                stack.pop()
-                level[j] = 1 + max((level[u] for u in producers[e]), default=0) if e >= 0 else 1
-            return level[i]
-        for t in self.tasks:
-            if not level[t.index]:
-                of(t.index)
-        return level
-
-    def slack_waits(self) -> List[int]:
-        """Static tasks whose dependency wait spans at least one whole level of other
-        workers' tasks: the level it waits for is above the level of the task its worker
-        ran before it (the previous step's last one for a plan's first task).  The
-        kernel's observer prefers these waits for its work (megakernel.cu, DTMK_DRAIN_PLAN)."""
-        lv = self.task_levels()
-        depth = max(lv, default=0)
-        out = []
-        for plan in self.worker_plans:
-            for k, i in enumerate(plan):
-                prev = lv[plan[k - 1]] - (depth if k == 0 else 0)
-                if lv[i] - 1 > prev:
-                    out.append(i)
-        return sorted(out)
-
     @property
     def static_tasks(self) -> int:
         return sum(1 for t in self.tasks if not t.dynamic)

@@ -260,26 +260,3 @@ def test_build_errors():
         build_graph(PRESETS["tiny"], 1, 4, rank=2, ranks=2)
     with pytest.raises(UserError, match=r"ranks: model 'tiny' cannot be split over 3 ranks: n_heads=4"):
         build_graph(PRESETS["tiny"], 1, 4, rank=0, ranks=3)
-
-
-def test_task_levels_and_slack_waits(graph):
-    """task_levels: a task waiting on the step boundary is level 1, every other one is one
-    above its highest producer (checked against a longest-path walk over `producers`);
-    slack_waits: exactly the plan tasks whose awaited level lies above the level of the
-    task their worker ran just before (cyclically across the step boundary)."""
-    g = graph
-    prod = producers(g)
-    want = {}
-    for t in g.tasks:                     # tasks are in topological order (test above)
-        want[t.index] = 1 + max((want[u.index] for u in prod[t.wait_event]), default=0) if t.wait_event >= 0 else 1
-    lv = g.task_levels()
-    assert lv == [want[i] for i in range(len(g.tasks))]
-    depth = max(lv)
-    slack = set(g.slack_waits())
-    assert slack <= {i for p in g.worker_plans for i in p}
-    for plan in g.worker_plans:
-        for k, i in enumerate(plan):
-            prev = lv[plan[k - 1]] if k else lv[plan[-1]] - depth
-            assert (i in slack) == (lv[i] - 1 > prev), (i, k)
-    if g.cfg.name == "1b" and fused_lowering(g.cfg, g.ranks):   # ~67 tasks / worker / step: 27% span a level
-        assert 0.15 < len(slack) / sum(map(len, g.worker_plans)) < 0.5

@@ -756,11 +756,8 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_ROPE_IN_ATTN   /* rope_in_attn graphs (graph.py; gpu.Megakernel adds the define) */
     case 3: {
         const int g = lo / (int)(P.n_heads / P.n_kv_heads);
-        if (r[12] == 1) {          /* this slot's q / k rope and cache row first */
-            rope_kv_slots(P, layer, g, g + 1, r[3], r[3] + 1);
-            MK_SYNC();             /* the rotated q and the new cache row are read by other threads */
-        }
-        op_attn(P, layer, r[3], g, smem);
+        if (r[12] == 1) op_rope_attn(P, layer, r[3], g, smem);   /* this slot's q / k rope + cache row first */
+        else op_attn(P, layer, r[3], g, smem);
         break;
     }
 #else

@@ -266,7 +266,19 @@ __device__ __noinline__ void op_gate_up(const unsigned short *Wg, const unsigned
 /* qkv row layout: [q heads (n_heads*hd) | k heads (nkv*hd) | v heads (nkv*hd)].
  * Rotation pairs (i, i + hd/2), angle pos * theta^(-2i/hd) (Llama/NeoX style).  A kv
  * head g owns q heads g*rep .. g*rep+rep-1.  Slots b0 .. b1-1: op_rope_kv does every
- * slot; an attn task of a rope_in_attn graph (graph.py, -DDTMK_ROPE_IN_ATTN) its own. */
+ * slot; an attn task of a rope_in_attn graph (graph.py, -DDTMK_ROPE_IN_ATTN) its own
+ * (op_rope_attn: staged in smem, rope_kv_slots only on its long-context fallback).
+ * rope_angle / rope_rot are the one arithmetic of every rope path (explicit _rn
+ * intrinsics: no contraction choice left to the compiler), so the staged and the
+ * global-memory paths, and megakernel and eager baseline, give the same bits. */
+__device__ __forceinline__ void rope_angle(int p, int i, int hd, float theta, float &s, float &c) {
+    float inv = powf(theta, -2.0f * (float)i / (float)hd);
+    sincosf(__fmul_rn((float)p, inv), &s, &c);
+}
+__device__ __forceinline__ void rope_rot(float a, float bb, float s, float c, float &ra, float &rb) {
+    ra = __fmaf_rn(a, c, -__fmul_rn(bb, s));
+    rb = __fmaf_rn(a, s, __fmul_rn(bb, c));
+}
 __device__ __forceinline__ void rope_kv_slots(const MkParams &P, int layer, int lo, int hi, int b0, int b1) {
     int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
     int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv, half = hd / 2;
@@ -284,11 +296,10 @@ __device__ __forceinline__ void rope_kv_slots(const MkParams &P, int layer, int 
             if (r < (rep + 1) * half) {
                 int hh = r / half, i = r % half;       /* hh < rep: q head, hh == rep: k head */
                 float *v = hh < rep ? row + (long)(g * rep + hh) * hd : row + (long)nh * hd + (long)g * hd;
-                float inv = powf(theta, -2.0f * (float)i / (float)hd);
-                float s, c;
-                sincosf((float)p * inv, &s, &c);
+                float s, c, ra, rb;
+                rope_angle(p, i, hd, theta, s, c);
                 float a = __ldcg(v + i), bb = __ldcg(v + i + half);
-                float ra = a * c - bb * s, rb = bb * c + a * s;
+                rope_rot(a, bb, s, c, ra, rb);
                 v[i] = ra; v[i + half] = rb;
                 if (hh == rep) {
                     float *kd = kc + (((long)b * S + p) * nkv + g) * hd;
@@ -357,14 +368,141 @@ __device__ __noinline__ void op_attn_seq(const MkParams &P, int layer, int b, in
     }
 }
 
-/* ---- attention of request slot b, kv head g (GQA): its `rep` q heads at once -------- */
-/* smem: >= max_seq + MK_WARPS + MK_THREADS floats.  Scores of all rep heads sit in
- * smem [rep][T] (falls back to op_attn_seq when they do not fit); warp j reduces head j. */
 #define MK_MAX_REP 16
+/* ---- attention staged in shared memory (short contexts: decode of short requests) ---- */
+/* One batch of global loads after pos -- the slot's rep q heads, the kv head's k and v
+ * rows 0..T-1 -- into smem, then QK, softmax and PV from smem: two dependent global
+ * round trips (pos, the batch) instead of one per phase.  The per-element arithmetic and
+ * summation order are op_attn's (QK: d ascending in steps of 4, fmaf; PV: t ascending;
+ * out = o * (1 / l)), so both paths give the same bits.  ROPE (rope_in_attn tasks): q,
+ * k and v of position T-1 come from the qkv row, are roped in smem (rope_angle /
+ * rope_rot: rope_kv_slots' bits) and k / v are appended to the cache rows of position
+ * T-1, never read back; q and k are not written back to the qkv row (this task is the
+ * only reader of slot b's q heads of group g and k head g; the task stays idempotent).
+ * smem layout (floats): q [rep][hd] | k [T][hd + 4] (padded: conflict-free float4 rows)
+ * | v [T][hd] | scores [rep][T] | 1 / sum [rep]; fits when attn_staged_floats <= the
+ * task scratch max_seq + MK_WARPS + MK_THREADS (gpu.smem_layout).  -DDTMK_ATTN_UNSTAGED
+ * keeps the global-memory paths (bench/megakernel.py variant: old vs new, same bits). */
+__device__ __forceinline__ long attn_staged_floats(int rep, int hd, int T) {
+    return (long)rep * hd + (long)T * (2 * hd + 4) + (long)rep * T + rep;
+}
+__device__ __forceinline__ bool attn_staged_fits(const MkParams &P, int T) {
+#ifdef DTMK_ATTN_UNSTAGED
+    return false;
+#else
+    int hd = (int)P.head_dim, rep = (int)(P.n_heads / P.n_kv_heads);
+    return (hd & 3) == 0 && rep <= MK_WARPS && rep <= MK_MAX_REP &&
+           attn_staged_floats(rep, hd, T) <= (long)P.max_seq + MK_WARPS + MK_THREADS;
+#endif
+}
+template <bool ROPE>
+__device__ __noinline__ void op_attn_staged(const MkParams &P, int layer, int b, int g, int p, float *smem) {
+    int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
+    int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv, half = hd >> 1;
+    int T = p + 1, KS = hd + 4, hd4 = hd >> 2;
+    const float *row = (const float *)P.qkv + (long)layer * B * QKV + (long)b * QKV;
+    float *kc = (float *)P.k_cache + (long)layer * B * S * nkv * hd + ((long)b * S * nkv + g) * hd;
+    float *vc = (float *)P.v_cache + (long)layer * B * S * nkv * hd + ((long)b * S * nkv + g) * hd;
+    long cstride = (long)nkv * hd;                         /* cache: position t at kc + t * cstride */
+    float *out = (float *)P.attn + (long)layer * B * nh * hd + (long)b * nh * hd + (long)g * rep * hd;
+    float *qs = smem, *ks = qs + rep * hd, *vs = ks + T * KS, *sc = vs + T * hd, *stat = sc + rep * T;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* 1. every global load of the task in one batch (<= 2 float4 per thread in flight) */
+    int nq = rep * hd4, nk = T * hd4, n = nq + 2 * nk;
+    int npair = ROPE ? (rep + 1) * half : 0;               /* rope pair idx: q head idx / half (k: rep) */
+    float sn = 0.0f, cs = 0.0f;
+    for (int i0 = tid; i0 < max(n, npair); i0 += 2 * MK_THREADS) {   /* (ROPE: every rope thread once) */
+        float4 val[2];
+        int so[2];                                         /* smem offset of the float4 (-1: none) */
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            int idx = i0 + u * MK_THREADS;
+            so[u] = -1;
+            if (idx >= n) continue;
+            const float *src;
+            if (idx < nq) {
+                int j = idx / hd4, d = (idx - j * hd4) << 2;
+                src = row + (long)(g * rep + j) * hd + d;
+                so[u] = j * hd + d;
+            } else {
+                int kv = idx >= nq + nk, x = idx - nq - kv * nk, t = x / hd4, d = (x - t * hd4) << 2;
+                if (ROPE && t == T - 1) src = row + (long)(nh + kv * nkv + g) * hd + d;   /* k / v: the qkv row */
+                else src = (kv ? vc : kc) + t * cstride + d;
+                so[u] = kv ? (int)(vs - qs) + t * hd + d : (int)(ks - qs) + t * KS + d;
+            }
+            val[u] = __ldcg((const float4 *)src);
+        }
+        /* (ROPE) this thread's rope angle while its loads are in flight */
+        if (ROPE && i0 == tid && tid < npair)
+            rope_angle(p, tid % half, hd, __uint_as_float((dtmk_u32)P.rope_theta_bits), sn, cs);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            if (so[u] < 0) continue;
+            *(float4 *)(qs + so[u]) = val[u];
+            int vx = so[u] - (int)(vs - qs) - (T - 1) * hd;    /* (ROPE) v of position T-1 -> cache row p */
+            if (ROPE && vx >= 0 && vx < hd) *(float4 *)(vc + (long)p * cstride + vx) = val[u];
+        }
+    }
+    if (ROPE) {
+        MK_SYNC();
+        /* 2. rope q heads and k (row T-1) in smem; k -> cache row p */
+        if (tid < npair) {
+            int hh = tid / half, i = tid - hh * half;
+            float *v = hh < rep ? qs + hh * hd : ks + (T - 1) * KS;
+            float ra, rb;
+            rope_rot(v[i], v[i + half], sn, cs, ra, rb);
+            v[i] = ra; v[i + half] = rb;
+            if (hh == rep) { kc[(long)p * cstride + i] = ra; kc[(long)p * cstride + i + half] = rb; }
+        }
+    }
+    MK_SYNC();
+    /* 3. scores (op_attn's order) */
+    float scale = rsqrtf((float)hd);
+    for (int idx = tid; idx < rep * T; idx += MK_THREADS) {
+        int j = idx / T, t = idx - j * T;
+        const float *q = qs + j * hd, *k = ks + t * KS;
+        float s = 0.0f;
+        for (int d = 0; d < hd; d += 4) {
+            float4 qa = *(const float4 *)(q + d), ka = *(const float4 *)(k + d);
+            s = fmaf(qa.x, ka.x, s); s = fmaf(qa.y, ka.y, s); s = fmaf(qa.z, ka.z, s); s = fmaf(qa.w, ka.w, s);
+        }
+        sc[idx] = s * scale;
+    }
+    MK_SYNC();
+    /* 4. softmax: warp j, head j */
+    if (warp < rep) {
+        float *r = sc + warp * T;
+        float m = -3.0e38f;
+        for (int t = lane; t < T; t += 32) m = fmaxf(m, r[t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < T; t += 32) { float e = __expf(r[t] - m); r[t] = e; l += e; }
+        l = warp_sum(l);
+        if (lane == 0) stat[warp] = 1.0f / l;
+    }
+    MK_SYNC();
+    /* 5. out[j][d] = sum_t p[j][t] v[t][d], t ascending */
+    for (int idx = tid; idx < rep * hd; idx += MK_THREADS) {
+        int j = idx / hd, d = idx - j * hd;
+        const float *pr = sc + j * T, *v = vs + d;
+        float o = 0.0f;
+#pragma unroll 4
+        for (int t = 0; t < T; ++t) o = fmaf(pr[t], v[t * hd], o);
+        out[idx] = o * stat[j];
+    }
+    MK_SYNC();
+}
+
+/* ---- attention of request slot b, kv head g (GQA): its `rep` q heads at once -------- */
+/* smem: >= max_seq + MK_WARPS + MK_THREADS floats.  op_attn_staged<false> when q, k, v
+ * fit there (short T); else scores of all rep heads sit in smem [rep][T] and q, k, v are
+ * read from global memory (falls back to op_attn_seq when the scores do not fit either);
+ * warp j reduces head j. */
 __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g, float *smem) {
     int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
     int QKV = (int)P.qkv_dim, S = (int)P.max_seq, rep = nh / nkv;
     int T = __ldcg((const int *)P.pos + b) + 1;
+    if (attn_staged_fits(P, T)) { op_attn_staged<false>(P, layer, b, g, T - 1, smem); return; }
     int cap = S + MK_THREADS;
     if (rep * T > cap || rep > MK_MAX_REP || rep > MK_WARPS) { op_attn_seq(P, layer, b, g, smem); return; }
     const float *qkv = (const float *)P.qkv + (long)layer * B * QKV;
@@ -407,6 +545,18 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         out[(long)b * nh * hd + (long)(g * rep + j) * hd + d] = o * stat[j];
     }
     MK_SYNC();
+}
+
+/* ---- rope_in_attn task (-DDTMK_ROPE_IN_ATTN, run_body case 3 with aux 1): slot b's q
+ * heads of group g and k rope, KV-cache append, attention.  Staged in smem when it fits
+ * (op_attn_staged<true>), else rope_kv_slots + op_attn through global memory. */
+__device__ __noinline__ void op_rope_attn(const MkParams &P, int layer, int b, int g, float *smem) {
+    int p = __ldcg((const int *)P.pos + b);
+    int pairs = (int)(P.n_heads / P.n_kv_heads + 1) * (int)(P.head_dim >> 1);   /* one rope pair per thread */
+    if (pairs <= MK_THREADS && attn_staged_fits(P, p + 1)) { op_attn_staged<true>(P, layer, b, g, p, smem); return; }
+    rope_kv_slots(P, layer, g, g + 1, b, b + 1);
+    MK_SYNC();             /* the rotated q and the new cache row are read by other threads */
+    op_attn(P, layer, b, g, smem);
 }
 
 /* ---- argmax over logits of slot b ------------------------------------------------- */

@@ -150,12 +150,9 @@ def obs_counts(state, steps: int) -> dict:
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
                   "codesmem": ("DTMK_VM_CODE_SMEM",), "mapcache": ("DTMK_MAP_CACHE",),
                   "mapcode": ("DTMK_MAP_CACHE", "DTMK_VM_CODE_SMEM"),
-                  "mapnoval": ("DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE"),   # attribution only: unsafe with deletes
-                  # session 7: run_task's records built by thread 0 alone (before: warp 0 together)
-                  "serialrec": ("DTMK_HK_SERIAL",)}
+                  "mapnoval": ("DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE")}   # attribution only: unsafe with deletes
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
-HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE",
-                     "DTMK_HK_SERIAL")
+HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -375,30 +375,18 @@ __device__ __forceinline__ HkTask hk_task(const MkParams &P, int t, dtmk_u64 rg)
     return k;
 }
 
-/* 16-byte quarter q (0..7) of a record: the one place the dtmk_ctx layout is spelled */
-__device__ __forceinline__ uint4 hk_quad(int q, const MkParams &P, const Worker &W, dtmk_u32 hook, dtmk_u64 ts,
-                                         const HkTask &k, dtmk_u32 step, dtmk_u32 event, dtmk_u64 event_gen,
-                                         dtmk_u64 wait_ns, dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op,
-                                         dtmk_u32 comm_gen, dtmk_u32 peer_rank, dtmk_u32 flags) {
-    switch (q) {
-    case 0: return make_uint4(DTMK_ABI_VERSION, hook, (dtmk_u32)ts, (dtmk_u32)(ts >> 32));          /* +0 */
-    case 1: return make_uint4((dtmk_u32)P.rank, W.sm, W.worker, k.cls);                             /* +16 */
-    case 2: return make_uint4(k.index, step, k.tile_lo, k.tile_hi);                                 /* +32 task_gen */
-    case 3: return make_uint4(k.slot, k.rg, step, k.layer);                                         /* +48 decode_step */
-    case 4: return make_uint4(k.expert, event, (dtmk_u32)event_gen, (dtmk_u32)(event_gen >> 32));  /* +64 */
-    case 5: return make_uint4(comm_op, comm_gen, peer_rank, queue_depth);                           /* +80 */
-    case 6: return make_uint4((dtmk_u32)dur_ns, (dtmk_u32)(dur_ns >> 32), (dtmk_u32)wait_ns, (dtmk_u32)(wait_ns >> 32));
-    default: return make_uint4(flags, 0u, 0u, 0u);                                                  /* +112 */
-    }
-}
 __device__ __forceinline__ void hk_rec(HkRec &c, const MkParams &P, const Worker &W, dtmk_u32 hook, dtmk_u64 ts,
                                        const HkTask &k, dtmk_u32 step, dtmk_u32 event, dtmk_u64 event_gen,
                                        dtmk_u64 wait_ns, dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op,
                                        dtmk_u32 comm_gen, dtmk_u32 peer_rank, dtmk_u32 flags) {
-#pragma unroll
-    for (int q = 0; q < DTMK_CTX_SIZE / 16; ++q)
-        c.v[q] = hk_quad(q, P, W, hook, ts, k, step, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
-                         peer_rank, flags);
+    c.v[0] = make_uint4(DTMK_ABI_VERSION, hook, (dtmk_u32)ts, (dtmk_u32)(ts >> 32));            /* +0 */
+    c.v[1] = make_uint4((dtmk_u32)P.rank, W.sm, W.worker, k.cls);                               /* +16 */
+    c.v[2] = make_uint4(k.index, step, k.tile_lo, k.tile_hi);                                   /* +32 task_gen */
+    c.v[3] = make_uint4(k.slot, k.rg, step, k.layer);                                           /* +48 decode_step */
+    c.v[4] = make_uint4(k.expert, event, (dtmk_u32)event_gen, (dtmk_u32)(event_gen >> 32));    /* +64 */
+    c.v[5] = make_uint4(comm_op, comm_gen, peer_rank, queue_depth);                             /* +80 */
+    c.v[6] = make_uint4((dtmk_u32)dur_ns, (dtmk_u32)(dur_ns >> 32), (dtmk_u32)wait_ns, (dtmk_u32)(wait_ns >> 32));
+    c.v[7] = make_uint4(flags, 0u, 0u, 0u);                                                     /* +112 */
 }
 
 /* The hook site: thread 0, after the caller checked the mask bit. */
@@ -633,19 +621,26 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-/* cold, thread 0: where record `hook` (epoch `step`) goes, counted as stored: *ds the
- * observer's shared ring when a VM program of the hook wants it (counted lost when the ring
- * is full), *dg the global ring when the hook is enabled there and the host left room
- * (else counted in hook_drop); 0 = not there */
-__device__ __forceinline__ void hk_dest(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u32 step, uint4 *&ds,
-                                        uint4 *&dg) {
-    ds = 0; dg = 0;
+/* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, the
+ * observer's shared ring when a VM program of the hook wants it (counted lost when the
+ * ring is full), the global ring when the hook is enabled there (else no copy) */
+__device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+#ifdef DTMK_LINKED_MONITOR
+    {
+        struct dtmk_ctx loc;
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
+        dtmk_monitor(&loc);
+    }
+#endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
     if (O.vm_mask & bit) {
         const dtmk_u32 cn = O.cnt[hook];
         if (cn < O.cap) {
-            ds = (uint4 *)&O.ring[O.base[hook] + cn];
+            uint4 *d = (uint4 *)&O.ring[O.base[hook] + cn];
+#pragma unroll
+            for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
             /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
              * its task's release signal had it held by hook_hold before the signal;
              * obs_sync moves it up once the ring is empty */
@@ -662,40 +657,19 @@ __device__ __forceinline__ void hk_dest(const MkParams &P, Worker &W, dtmk_u32 h
     }
     if (!(O.ring_mask & bit)) return;
 #endif
-    /* streaming ring: hook_head = records stored; slot n % cap (W.hook_slot, kept without
-     * a 64-bit modulo per record) while the host's tail (consumed, 0 outside resident
-     * launches) leaves room, else counted in hook_drop */
+    /* streaming ring: hook_head = records stored; slot n % cap (W.hook_slot: no 64-bit
+     * modulo per record) while the host's tail (consumed, 0 outside resident launches)
+     * leaves room, else counted in hook_drop */
     const dtmk_u64 n = W.hook_n;
     if (n - W.hook_tail < P.hook_cap) {
-        const dtmk_u64 s = W.hook_slot;
-        dg = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + s) * DTMK_CTX_SIZE);
-        W.hook_slot = s + 1 == P.hook_cap ? 0 : s + 1;
+        const dtmk_u64 slot = W.hook_slot;
+        uint4 *dst = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + slot) * DTMK_CTX_SIZE);
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = c.v[i];
+        W.hook_slot = slot + 1 == P.hook_cap ? 0 : slot + 1;
         W.hook_n = n + 1;
     } else {
         W.hook_drop += 1;
-    }
-}
-
-/* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, then the rings
- * hk_dest picks */
-__device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
-#ifdef DTMK_LINKED_MONITOR
-    {
-        struct dtmk_ctx loc;
-#pragma unroll
-        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
-        dtmk_monitor(&loc);
-    }
-#endif
-    uint4 *ds, *dg;
-    hk_dest(P, W, hook, step, ds, dg);
-    if (ds) {
-#pragma unroll
-        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ds[i] = c.v[i];
-    }
-    if (dg) {
-#pragma unroll
-        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dg[i] = c.v[i];
     }
 }
 
@@ -940,133 +914,58 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
                   (DTMK_HOOK_COMM_WAIT << 12) | (DTMK_HOOK_TASK_DISPATCH << 16) | (DTMK_HOOK_TASK_BEGIN << 20) | \
                   (DTMK_HOOK_TASK_END << 24))
 
-/* the variable fields of captured record h of task W.pend_t (see Worker); e / target: the
- * awaited event, sig / r15 / a14: task record words, rem: its FLAG_REMOTE hooks */
-struct HkVar { dtmk_u64 ts, gen, wait, dur; dtmk_u32 ev, qd, op, cg, peer, fl; };
-__device__ __forceinline__ HkVar hk_var(const MkParams &P, const Worker &W, dtmk_u32 h, int e, dtmk_u64 target,
-                                        int sig, int r15, int a14, int step, dtmk_u32 rem) {
-    const dtmk_u32 N = DTMK_NONE_U32;
-    const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, dep_wait = W.dep_wait;
-    HkVar v;
-    v.ts = t_ready; v.gen = target; v.wait = 0; v.dur = 0;
-    v.ev = (dtmk_u32)e; v.qd = 0; v.op = N; v.cg = 0; v.peer = N; v.fl = W.pend_flags;
-    switch (h) {
-    case DTMK_HOOK_DEP_RELEASE: v.ts = W.ts_rel; v.wait = dep_wait; break;
-    case DTMK_HOOK_TASK_READY: v.qd = W.pend_q; break;
-    case DTMK_HOOK_QUEUE_PRESSURE: v.ev = N; v.gen = 0; v.qd = (dtmk_u32)P.queue_threshold; v.fl = 0; break;
-    case DTMK_HOOK_COMM_WAIT:
-        v.wait = dep_wait; v.op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
-        v.cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); v.peer = W.cw_peer;
-        break;
-    case DTMK_HOOK_TASK_DISPATCH: v.ts = t_begin; v.ev = N; v.gen = 0; v.wait = t_begin - t_ready; v.qd = W.phantoms; break;
-    case DTMK_HOOK_TASK_BEGIN: v.ts = t_begin; v.wait = dep_wait; v.qd = W.phantoms; break;
-    default: /* task:end */
-        v.ts = W.t_end; v.ev = (dtmk_u32)sig; v.gen = (dtmk_u64)((dtmk_u32)r15 >> 1) * (dtmk_u64)(step + 1);
-        v.wait = dep_wait; v.dur = W.t_end - t_begin;
-        break;
-    }
-    if (rem & (1u << h)) v.fl |= DTMK_FLAG_REMOTE;
-    return v;
-}
-
-/* The fields every record of task W.pend_t shares, loaded once from its task record:
- * task identity, the awaited event (the plan's dependency; a dynamic task: its MoE layer's
- * queue event) and the hooks that carry FLAG_REMOTE (mk_comm.cuh) */
-struct HkFlushTask {
-    HkTask k;
-    int cls, slot, dep, sig, a14, r15, e;
-    dtmk_u64 target;
-    dtmk_u32 rem;
-};
-__device__ __forceinline__ void hk_flush_task(const MkParams &P, const Worker &W, HkFlushTask &f) {
-    const int t = W.pend_t, step = W.pend_step;
-    const int *r = hk_trec(P, t);
-    const int dep_n = r[7], dyn = r[9];
-    f.cls = r[0]; f.slot = r[3]; f.dep = r[6]; f.sig = r[8]; f.a14 = r[14]; f.r15 = r[15];
-    f.k.cls = (dtmk_u32)f.cls; f.k.index = (dtmk_u32)t; f.k.tile_lo = (dtmk_u32)r[10]; f.k.tile_hi = (dtmk_u32)r[11];
-    f.k.slot = (dtmk_u32)f.slot; f.k.layer = (dtmk_u32)r[1]; f.k.expert = (dtmk_u32)r[2]; f.k.rg = 0;
-    f.rem = 0;
-#pragma unroll
-    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) f.rem |= tp_flags(P, r, h) ? 1u << h : 0u;
-    f.e = f.dep >= 0 ? f.dep : (int)P.step_event;
-    f.target = f.dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-    if (dyn) { f.e = ((const int *)P.moe)[f.a14 * 8 + 4]; f.target = (dtmk_u64)(step + 1); }
-}
-
 /* thread 0, cold: build the records captured for task W.pend_t (see Worker) after its
  * release signal, in hook order, each with its captured stamp; every field as it was
- * when captured.  The task's fields are loaded once; one emit site for all records.
- * (The megakernel's per-task path uses hook_flush_warp; this serves hook_event.) */
+ * when captured.  The task's fields are loaded once; one emit site for all records. */
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
-    const int step = W.pend_step;
-    HkFlushTask f;
-    hk_flush_task(P, W, f);
+    const int t = W.pend_t, step = W.pend_step;
+    const int *r = hk_trec(P, t);
+    const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];
+    HkTask k;
+    k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
+    k.slot = (dtmk_u32)slot; k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
+    dtmk_u32 rem = 0;                    /* hooks of this task that carry FLAG_REMOTE (mk_comm.cuh) */
+#pragma unroll
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) rem |= tp_flags(P, r, h) ? 1u << h : 0u;
     dtmk_u32 pend = W.pend;
-    if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, f.cls, f.slot, f.dep, f.a14);
+    if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
     W.pend = 0;
-    f.k.rg = (dtmk_u32)W.pend_rg;
+    k.rg = (dtmk_u32)W.pend_rg;
     W.pend_rg = 0;
+    /* the awaited event: the plan's dependency (a dynamic task: its MoE layer's queue event) */
+    int e = dep >= 0 ? dep : (int)P.step_event;
+    dtmk_u64 target = dep >= 0 ? (dtmk_u64)dep_n * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+    if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
+    const dtmk_u32 flags = W.pend_flags, N = DTMK_NONE_U32;
+    const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, t_end = W.t_end, dep_wait = W.dep_wait;
     for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
         const dtmk_u32 h = o & 15u;
         if (!(pend & (1u << h))) continue;
-        const HkVar v = hk_var(P, W, h, f.e, f.target, f.sig, f.r15, f.a14, step, f.rem);
+        dtmk_u64 ts = t_ready, gen = target, wait = 0, dur = 0;
+        dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
+        switch (h) {
+        case DTMK_HOOK_DEP_RELEASE: ts = W.ts_rel; wait = dep_wait; break;
+        case DTMK_HOOK_TASK_READY: qd = W.pend_q; break;
+        case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
+        case DTMK_HOOK_COMM_WAIT:
+            wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];
+            cg = (dtmk_u32)((dtmk_u64)step * P.n_layers + (dtmk_u64)(a14 >> 1)); peer = W.cw_peer;
+            break;
+        case DTMK_HOOK_TASK_DISPATCH: ts = t_begin; ev = N; gen = 0; wait = t_begin - t_ready; qd = W.phantoms; break;
+        case DTMK_HOOK_TASK_BEGIN: ts = t_begin; wait = dep_wait; qd = W.phantoms; break;
+        default: /* task:end */
+            ts = t_end; ev = (dtmk_u32)sig; gen = (dtmk_u64)((dtmk_u32)r15 >> 1) * (dtmk_u64)(step + 1);
+            wait = dep_wait; dur = t_end - t_begin;
+            break;
+        }
+        if (rem & (1u << h)) fl |= DTMK_FLAG_REMOTE;
         DTMK_PROF_BEGIN(prof_r);
         HkRec c;
-        hk_rec(c, P, W, h, v.ts, f.k, (dtmk_u32)step, v.ev, v.gen, v.wait, v.dur, v.qd, v.op, v.cg, v.peer, v.fl);
+        hk_rec(c, P, W, h, ts, k, (dtmk_u32)step, ev, gen, wait, dur, qd, op, cg, peer, fl);
         hk_store(P, W, c, h, (dtmk_u32)step);
         DTMK_PROF_END1(26, prof_r);
     }
 }
-
-#if !defined(DTMK_LINKED_MONITOR) && !defined(DTMK_HK_SERIAL)
-#define HK_WARP_FLUSH   /* run_task's records: hook_flush_warp (-DDTMK_HK_SERIAL: hook_flush, thread 0) */
-/* warp 0 (all 32 lanes, converged; W.pend != 0), cold: hook_flush's records built by the
- * warp together.  Lane 0 does the bookkeeping (capture, destinations in hook order, ring
- * counters); then lane i builds and stores 16-byte quarter i % 8 of record i / 8 (4 records
- * per pass) into the destinations lane 0 chose.  Byte-identical to hook_flush's records;
- * thread 0 alone spent ~0.3-0.6 us per record in dependent shared loads. */
-__device__ __noinline__ void hook_flush_warp(const MkParams &P, Worker &W) {
-    __shared__ uint4 *s_ds[8], *s_dg[8];
-    __shared__ dtmk_u32 s_h[8], s_n, s_rg;
-    const unsigned lane = threadIdx.x & 31;
-    const int step = W.pend_step;
-    DTMK_PROF_BEGIN(prof_r);
-    HkFlushTask f;
-    hk_flush_task(P, W, f);                  /* every lane: the same addresses (broadcast loads) */
-    if (lane == 0) {
-        dtmk_u32 pend = W.pend;
-        if (!(W.pend_rg >> 32)) pend = hk_capture(P, W, pend, f.cls, f.slot, f.dep, f.a14);
-        W.pend = 0;
-        s_rg = (dtmk_u32)W.pend_rg;
-        W.pend_rg = 0;
-        dtmk_u32 n = 0;
-        for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
-            const dtmk_u32 h = o & 15u;
-            if (!(pend & (1u << h))) continue;
-            s_h[n] = h;
-            hk_dest(P, W, h, (dtmk_u32)step, s_ds[n], s_dg[n]);
-            ++n;
-        }
-        s_n = n;
-    }
-    __syncwarp();                            /* lane 0's W writes (cw_peer) and choices are visible */
-    const dtmk_u32 n = s_n;
-    f.k.rg = s_rg;
-    for (dtmk_u32 i = lane; i < n * 8; i += 32) {
-        const dtmk_u32 j = i >> 3, h = s_h[j];
-        const HkVar v = hk_var(P, W, h, f.e, f.target, f.sig, f.r15, f.a14, step, f.rem);
-        const uint4 x = hk_quad((int)(i & 7), P, W, h, v.ts, f.k, (dtmk_u32)step, v.ev, v.gen, v.wait, v.dur, v.qd,
-                                v.op, v.cg, v.peer, v.fl);
-        uint4 *ds = s_ds[j], *dg = s_dg[j];
-        if (ds) ds[i & 7] = x;
-        if (dg) dg[i & 7] = x;
-    }
-    __syncwarp();                            /* the records are stored before lane 0 goes on */
-#ifdef DTMK_OBS_PROF
-    if (lane == 0) { s_prof[26] += n; s_prof[27] += (unsigned long long)(clock64() - prof_r); }
-#endif
-}
-#endif
 #endif
 
 __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
@@ -1284,14 +1183,13 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
     MK_SYNC();
     run_body(P, W, t, step, smem, r);
     MK_SYNC();
-    dtmk_u64 t_end = 0;                  /* thread 0's */
     if (threadIdx.x == 0) {
 #ifndef DTMK_REC_LATE
         s_rec_t = -1;                   /* every thread read s_rec before the barrier above */
 #endif
         if (f.slow) mk_spin_ns(f.slow);
         if (r[0] == 7) router_publish(P, W, t, step);
-        t_end = mk_now();
+        dtmk_u64 t_end = mk_now();
         int sig = r[8];
         /* the task's hook records (captured ones, task:end, gen:advance) and the trace
          * record are built AFTER the release signal (off the successor's critical path;
@@ -1300,15 +1198,6 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); hook_hold(P, W, t, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
-    }
-#ifdef HK_WARP_FLUSH
-    /* after the signal, warp 0 builds the task's captured records together */
-    if (threadIdx.x < 32) {
-        __syncwarp();
-        if (W.observe && W.pend) hook_flush_warp(P, W);
-    }
-#endif
-    if (threadIdx.x == 0) {
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;

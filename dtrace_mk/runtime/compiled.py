@@ -589,7 +589,6 @@ MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG
 #: (-DDTMK_REC_GLOBAL: the record path before hook_cost_analysis.md round 8; DTMK_REC_FAST is
 #: the default since session 4, passing it changes nothing but the cache key)
 MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE",   # DTMK_M*: bpf_maps.cuh
-                   "DTMK_HK_SERIAL",      # run_task's records by thread 0 alone (megakernel.cu hook_flush_warp)
                    "DTMK_ROPE_IN_ATTN")   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
 

@@ -7,9 +7,7 @@ dropped.  Timing fields (stamps, waits, durations), the SM, the worker (which wo
 an expert task is timing) and the queue depth (dynamic queues) are masked; everything
 taken from the task record is compared.  queue:pressure is left out of the comparison:
 whether a dynamic queue crosses its threshold depends on timing (small-moe at 16:00 UTC
-2026-11-30: 5150 vs 5148 records, the difference in that hook).  The same comparison holds
-the default build's warp-built records (hook_flush_warp, session 7) to thread 0's
-(-DDTMK_HK_SERIAL)."""
+2026-11-30: 5150 vs 5148 records, the difference in that hook)."""
 from collections import Counter
 
 import numpy as np
@@ -22,10 +20,6 @@ from dtrace_mk.megakernel.faults import FaultTable
 from dtrace_mk.megakernel.presets import PRESETS
 
 GLOBAL = ("DTMK_REC_GLOBAL",)
-#: session 7: the default build's run_task records are built by warp 0 together
-#: (hook_flush_warp); -DDTMK_HK_SERIAL builds them with thread 0 alone (hook_flush)
-SERIAL = ("DTMK_HK_SERIAL",)
-OLD = pytest.mark.parametrize("old", [GLOBAL, SERIAL], ids=["recglobal", "serial"])
 MASKED = {"ts_ns", "sm", "worker", "queue_depth", "dur_ns", "wait_ns", "reserved0", "reserved1"}
 #: fires on a timing-dependent threshold crossing: not comparable between two runs
 TIMING_HOOKS = {D.HOOKS_BY_NAME["queue:pressure"].id}
@@ -49,10 +43,9 @@ def _comparable(recs):
     return recs[~np.isin(recs["hook"], list(TIMING_HOOKS))]
 
 
-@OLD
 @pytest.mark.parametrize("name", ["tiny", "small-moe"])
-def test_rec_fast_records_equal_old_path(name, old):
-    a, b = _run(name, old), _run(name, ())
+def test_rec_fast_records_equal_old_path(name):
+    a, b = _run(name, GLOBAL), _run(name, ())
     np.testing.assert_array_equal(a.tokens, b.tokens)
     ha, hb = _comparable(a.hooks), _comparable(b.hooks)
     assert len(ha) == len(hb) > 0
@@ -63,8 +56,7 @@ def test_rec_fast_records_equal_old_path(name, old):
         assert ka == kb, f"hook {D.HOOKS_BY_ID[h].name}: records differ"
 
 
-@OLD
-def test_rec_fast_records_equal_old_path_with_faults(old):
+def test_rec_fast_records_equal_old_path_with_faults():
     """Fault flags and the summary's three hooks alone (the bench's mask3)."""
     ft = FaultTable.from_specs([
         {"kind": "slow_task_class", "task_class": "attn", "extra_us": 5},
@@ -72,7 +64,7 @@ def test_rec_fast_records_equal_old_path_with_faults(old):
         {"kind": "starve_ready", "task_class": "mlp_down", "delay_us": 5},
     ])
     for hooks in ("all", ["task:end", "dep:release", "task:ready"]):
-        a, b = _run("tiny", old, ft, hooks), _run("tiny", (), ft, hooks)
+        a, b = _run("tiny", GLOBAL, ft, hooks), _run("tiny", (), ft, hooks)
         np.testing.assert_array_equal(a.tokens, b.tokens)
         assert _key(_comparable(a.hooks)) == _key(_comparable(b.hooks))
         assert (b.hooks["flags"] & D.FLAG_FAULT).any()

@@ -145,7 +145,7 @@ def test_ring_split_per_hook_and_drained_in_32_record_batches():
     assert "OBS_RING / k" in lay and "O.must_at" in lay and "O.full_at" in lay
     s = body("obs_sync")
     assert "for (dtmk_u32 w = 0; w < todo; w += 32)" in s and "min(todo - w, 32u)" in s
-    c = body("hk_dest")
+    c = body("hk_store")
     assert "O.cnt[hook]" in c and "< O.cap" in c and "obs_lost(" in c
     d = body("obs_spin_drain")
     assert "O.maxc >= O.full_at" in d and "OBS_LAGGING(step)" in d and "OBS_LONG_WAIT_NS" in d
@@ -156,7 +156,7 @@ def test_pending_published_only_when_it_moves():
     s = body("obs_sync")
     i_cond = s.index("keep != O.pub")
     assert "__threadfence()" not in s[s.index("if (n == 0 && (ran"):i_cond]
-    c = body("hk_dest")
+    c = body("hk_store")
     assert "lo < O.pub" in c and "OBS_PENDING" in c
 
 
@@ -228,20 +228,10 @@ def test_hook_event_stamps_before_it_flushes_captured_records():
     assert "hook_put(P, W, (dtmk_u32)hook, ts," in body
 
 
-def test_run_task_records_are_built_by_warp_0_after_the_signal():
-    """Session 7: after the release signal warp 0 builds the task's captured records
-    together (hook_flush_warp: lane 0 picks destinations in hook order through hk_dest, the
-    lanes store 16-byte quarters built by hk_quad, the one spelling of the record layout);
-    -DDTMK_HK_SERIAL and the linked-monitor build keep thread 0's hook_flush."""
-    rt = body("run_task")
-    sig, warp = rt.index("post_signal("), rt.index("hook_flush_warp(P, W)")
-    assert sig < warp < rt.index("hook_post(")
-    seg = rt[sig:warp]
-    assert "if (threadIdx.x < 32)" in seg and "__syncwarp();" in seg
-    f = body("hook_flush_warp")
-    assert f.count("hk_dest(") == 1 and "hk_quad(" in f and "HK_ORDER" in f
-    assert f.index("if (lane == 0)") < f.index("hk_dest(") < f.index("__syncwarp();")
-    assert body("hk_rec").count("hk_quad(") == 1 and body("hk_store").count("hk_dest(") == 1
-    assert "% P.hook_cap" not in body("hk_dest")            # no 64-bit modulo per record
-    m = re.search(r"#if !defined\(DTMK_LINKED_MONITOR\) && !defined\(DTMK_HK_SERIAL\)\n#define HK_WARP_FLUSH", SRC)
-    assert m, "HK_WARP_FLUSH guard"
+def test_streaming_ring_slot_without_a_modulo_per_record():
+    """The streaming ring's slot is kept incrementally (W.hook_slot = hook_n % hook_cap,
+    set once per launch): a 64-bit modulo per record was a call into the runtime's urem."""
+    st = body("hk_store")
+    assert "% P.hook_cap" not in st and "W.hook_slot = slot + 1 == P.hook_cap ? 0 : slot + 1" in st
+    k = SRC[SRC.index("dtmk_megakernel(const dtmk_u64 *params)"):]
+    assert "W.hook_slot = P.hook_cap ? W.hook_n % P.hook_cap : 0;" in k

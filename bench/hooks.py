@@ -143,16 +143,15 @@ def obs_counts(state, steps: int) -> dict:
 
 
 #: build variants of --variants: name -> extra defines
-#: (rounds 6 and 7, obswarp / offcopy, were measured and removed: hook_cost_analysis.md)
+#: (rounds 6 and 7, obswarp / offcopy, and session 6's mapcache / mapcode / mapnoval were
+#: measured and removed: hook_cost_analysis.md)
 #: round 8 (docs/dev/hook_cost_analysis.md "Round 8"): hook_hold / hook_flush read the task
 #: record from the shared copy s_rec (no L2 trip before the release signal): the default
 #: since session 4; recglobal = the old path (the global task table)
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
-                  "codesmem": ("DTMK_VM_CODE_SMEM",), "mapcache": ("DTMK_MAP_CACHE",),
-                  "mapcode": ("DTMK_MAP_CACHE", "DTMK_VM_CODE_SMEM"),
-                  "mapnoval": ("DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE")}   # attribution only: unsafe with deletes
+                  "codesmem": ("DTMK_VM_CODE_SMEM",)}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
-HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_MAP_CACHE", "DTMK_MC_NO_VALIDATE")
+HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -103,10 +103,7 @@ __device__ __forceinline__ int dtmk_cm_run_prog(const struct dtmk_prog &P, dtmk_
  * dtmk_vm_run_records. */
 __device__ __noinline__ void dtmk_cm_run_records(const struct dtmk_hook_table *tables, const struct dtmk_ctx *recs,
                                                  dtmk_u32 n, dtmk_u64 *regs, struct dtmk_cov_acc *accs,
-                                                 dtmk_u32 worker, dtmk_u32 flags DTMK_MC_PARAM) {
-#ifdef DTMK_MAP_CACHE
-    dtmk_mc_begin(mc);   /* bind the CTA's map cache (or none) for the helpers; validate it */
-#endif
+                                                 dtmk_u32 worker, dtmk_u32 flags) {
     const unsigned lane = threadIdx.x & 31;
     const bool valid = lane < n;
     const struct dtmk_ctx *c = recs + (valid ? lane : 0);

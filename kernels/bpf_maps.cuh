@@ -69,8 +69,8 @@ struct dtmk_map_stats {
     dtmk_u64 lost;        /* full map / out of range / ring full */
     dtmk_u64 throttled;   /* ring budget refusals */
     dtmk_u64 probe_exhausted;  /* hash: no EMPTY or deleted slot on the probe path (never while capacity >= 2 x max_entries) */
-    dtmk_u64 del_gen;     /* hash: deletes by the device (-DDTMK_MAP_CACHE builds count them) */
-    dtmk_u64 host_gen;    /* hash: deletes / clears by the host (DeviceMaps; only the host writes it) */
+    dtmk_u64 pad0;        /* reserved: 0 */
+    dtmk_u64 pad1;        /* reserved: 0 */
 };
 static_assert(sizeof(struct dtmk_map_stats) == 48, "dtmk_map_stats size");
 
@@ -287,240 +287,6 @@ __device__ __forceinline__ bool dtmk_is_array(dtmk_u32 t) {
     return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY;
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* -DDTMK_MAP_CACHE: a per-CTA shared-memory lookup cache of hash-type maps            */
-/* ---------------------------------------------------------------------------------- */
-/* Why: a hash lookup is three DEPENDENT global round trips (slot state, key words,
- * value) behind the weight stream's loads; a hit in this cache leaves only the value
- * access (docs/dev/hook_cost_analysis.md "Session 5").
- *
- * What: struct dtmk_map_cache, owned by the caller in shared memory (the megakernel's
- * observer O.mc, the harness's block) and passed to dtmk_vm_run_records /
- * dtmk_cm_run_records (DTMK_MC_ARG; a null pointer = no cache, the old path).  Those
- * bind it for the helpers (dtmk_mc_cur: the compiled tier's monitor calls the same
- * helpers with their old signatures) and validate it (dtmk_mc_begin).
- *   maps[DTMK_MC_MAPS]     the hash / hist maps (keys <= 16 bytes) this CTA has used, in
- *                          order of first use, with the descriptor's hot fields, so a hit
- *                          loads no descriptor; a map that finds no free slot (or a
- *                          bigger key, another type) runs uncached
- *   ents[DTMK_MC_ENTRIES]  (map, key) -> slot, 2-choice: each key may sit in one of two
- *                          entries; a per-entry seqlock (ver) makes fills and reads safe
- *                          among the lanes and warps of the CTA (a torn read is a miss)
- * Correctness rests on: a hash slot, once FULL for a key, keeps that key until a delete
- * (which tombstones it; a later insert may reuse it).  So an entry is valid while its
- * map's local generation lgen is the one it was filled under:
- *   (1) a delete by this CTA (dtmk_map_delete) bumps lgen of that map at once (after the
- *       tombstone): the CTA's later lookups miss and probe the table;
- *   (2) deletes by other CTAs bump the map's stats.del_gen, host deletes / clears its
- *       stats.host_gen (DeviceMaps.clear_hash); dtmk_mc_begin (the start of every VM
- *       call: up to 32 records) reads both for every map in the cache, one independent
- *       load pair per map, and bumps lgen when either moved.  Window: a lookup during a
- *       VM call that races a delete by another CTA or the host behaves as if it came
- *       before the delete (the uncached path has this window too, shorter: one probe).
- *       Within that window this CTA may still reach a key deleted elsewhere through its
- *       old slot: a lookup sees the old value, an update or hist_add there is lost (the
- *       slot is a tombstone) or, when an insert elsewhere reused the slot meanwhile,
- *       lands in that key's value.  Programs that delete keys other CTAs update should
- *       expect that (they race without the cache too, in a narrower window);
- *   (3) the caller clears the cache (dtmk_mc_clear) at kernel start and at every table
- *       reload (attach / detach: maps may be new at the same address).
- * A filler reads lgen BEFORE it probes the table (fenced), so a fill that raced a delete
- * of this CTA carries the old lgen and is never hit.  Only FULL slots are cached (found
- * or inserted): absence is never cached.  Deletes themselves probe uncached.
- * lgen is 32-bit: an entry that sat unused through exactly 2^32 deletes of its map
- * would be hit again (not a practical concern).
- * Costs: sizeof(struct dtmk_map_cache) = 56 * DTMK_MC_MAPS + 28 * DTMK_MC_ENTRIES + 8
- * = 1128 bytes by default (the 1b hook build's static shared memory: 27,088 -> 28,208 B,
- * still the 196 KB carveout); per VM call one global load pair per cached map
- * (-DDTMK_MC_NO_VALIDATE drops it: an attribution variant, wrong with deletes elsewhere). */
-#ifdef DTMK_MAP_CACHE
-#ifndef DTMK_MC_MAPS
-#define DTMK_MC_MAPS 4
-#endif
-#ifndef DTMK_MC_ENTRIES
-#define DTMK_MC_ENTRIES 32
-#endif
-#define DTMK_MC_KEY_WORDS 4          /* keys up to 16 bytes */
-#ifndef DTMK_MC_LANES
-#define DTMK_MC_LANES 32             /* lanes of a warp (the host test's one-lane shim: 1) */
-#endif
-static_assert(DTMK_MC_MAPS >= 1 && DTMK_MC_MAPS <= 15, "DTMK_MC_MAPS: 1..15 (4 bits in an entry)");
-static_assert(DTMK_MC_ENTRIES >= 2 && (DTMK_MC_ENTRIES & (DTMK_MC_ENTRIES - 1)) == 0,
-              "DTMK_MC_ENTRIES: a power of two >= 2");
-
-#define DTMK_MC_FREE 0u
-#define DTMK_MC_CLAIMED 1u           /* a lane is filling the map slot */
-#define DTMK_MC_READY 2u
-
-struct dtmk_mc_map {
-    dtmk_u64 map;                    /* descriptor address */
-    dtmk_u64 values, stats;          /* the descriptor's hot fields */
-    dtmk_u32 type, key_size, value_size, value_stride;
-    dtmk_u32 state;                  /* DTMK_MC_FREE / CLAIMED / READY */
-    dtmk_u32 lgen;                   /* entries of another lgen are stale */
-    dtmk_u32 ggen_d, ggen_h;         /* low words of stats.del_gen / host_gen last seen */
-};
-static_assert(sizeof(struct dtmk_mc_map) == 56, "dtmk_mc_map size");
-
-struct dtmk_mc_ent {
-    dtmk_u32 ver;                    /* seqlock: odd while a lane writes the entry */
-    dtmk_u32 lgen;                   /* the map's lgen read before the probe that found the slot */
-    dtmk_u32 slot_mi;                /* slot << 4 | (map index + 1); 0 = empty */
-    dtmk_u32 key[DTMK_MC_KEY_WORDS]; /* zero-padded key words */
-};
-static_assert(sizeof(struct dtmk_mc_ent) == 28, "dtmk_mc_ent size");
-
-struct __align__(8) dtmk_map_cache {
-    struct dtmk_mc_map maps[DTMK_MC_MAPS];
-    struct dtmk_mc_ent ents[DTMK_MC_ENTRIES];
-    dtmk_u32 rr, pad;                /* rr: victim choice when both entries are live */
-};
-
-/* the cache the helpers use: bound by dtmk_mc_begin (0 = none) */
-__shared__ struct dtmk_map_cache *dtmk_mc_cur;
-
-#define DTMK_MC_PARAM , struct dtmk_map_cache *mc
-#define DTMK_MC_ARG(x) , (x)
-
-/* empty the cache (threads t, t + nt, ...; then a barrier before any use) */
-__device__ __forceinline__ void dtmk_mc_clear(struct dtmk_map_cache *mc, unsigned t, unsigned nt) {
-    dtmk_u32 *p = (dtmk_u32 *)mc;
-    for (unsigned i = t; i < sizeof(struct dtmk_map_cache) / 4; i += nt) p[i] = 0;
-}
-
-/* all 32 lanes of the warp, converged, before the warp runs programs: bind `mc` for
- * the helpers and validate it against the maps' global delete generations */
-__device__ __forceinline__ void dtmk_mc_begin(struct dtmk_map_cache *mc) {
-    const unsigned lane = threadIdx.x & 31;
-    if (lane == 0) dtmk_mc_cur = mc;
-#ifndef DTMK_MC_NO_VALIDATE   /* attribution variant only (bench/hooks.py "mapnoval"): WRONG with deletes elsewhere */
-    for (unsigned i = lane; mc && i < DTMK_MC_MAPS; i += DTMK_MC_LANES) {
-        struct dtmk_mc_map *e = &mc->maps[i];
-        if (*(volatile dtmk_u32 *)&e->state == DTMK_MC_READY) {
-            __threadfence_block();
-            const struct dtmk_map_stats *s = (const struct dtmk_map_stats *)e->stats;
-            const dtmk_u32 d = (dtmk_u32)*(volatile const dtmk_u64 *)&s->del_gen;
-            const dtmk_u32 h = (dtmk_u32)*(volatile const dtmk_u64 *)&s->host_gen;
-            if (d != e->ggen_d || h != e->ggen_h) {
-                e->ggen_d = d; e->ggen_h = h;
-                atomicAdd(&e->lgen, 1u);
-                __threadfence();     /* a probe after this sees the tombstones the new generation counts */
-            }
-        }
-    }
-#endif
-    __syncwarp();
-}
-
-/* index of map m in the cache; `reg`: register it when absent and cacheable.  -1: run
- * uncached.  Map slots fill in order and are emptied only by dtmk_mc_clear. */
-__device__ __forceinline__ int dtmk_mc_map_get(struct dtmk_map_cache *mc, const struct dtmk_map *m, bool reg) {
-    for (int i = 0; i < DTMK_MC_MAPS; i++) {
-        struct dtmk_mc_map *e = &mc->maps[i];
-        dtmk_u32 st = *(volatile dtmk_u32 *)&e->state;
-        while (st == DTMK_MC_CLAIMED) st = *(volatile dtmk_u32 *)&e->state;   /* a few stores away */
-        if (st == DTMK_MC_READY) {
-            __threadfence_block();
-            if (*(volatile dtmk_u64 *)&e->map == (dtmk_u64)m) return i;
-            continue;
-        }
-        if (!reg) return -1;                          /* FREE: m is not in the cache */
-        const dtmk_u32 t = m->type, ks = m->key_size;
-        if (!dtmk_is_hash(t) || ks > 4 * DTMK_MC_KEY_WORDS) return -1;
-        if (atomicCAS(&e->state, DTMK_MC_FREE, DTMK_MC_CLAIMED) != DTMK_MC_FREE) { i--; continue; }   /* look again */
-        e->map = (dtmk_u64)m;
-        e->values = m->values;
-        e->stats = m->stats;
-        e->type = t; e->key_size = ks; e->value_size = m->value_size; e->value_stride = m->value_stride;
-        const struct dtmk_map_stats *s = (const struct dtmk_map_stats *)e->stats;
-        e->ggen_d = (dtmk_u32)*(volatile const dtmk_u64 *)&s->del_gen;
-        e->ggen_h = (dtmk_u32)*(volatile const dtmk_u64 *)&s->host_gen;
-        e->lgen = 0;                                  /* no entry of index i exists since the clear */
-        __threadfence();                              /* the generations before any probe of m */
-        *(volatile dtmk_u32 *)&e->state = DTMK_MC_READY;
-        return i;
-    }
-    return -1;
-}
-
-/* this CTA deleted a key of m (tombstoned, fenced): its entries of m are stale */
-__device__ __forceinline__ void dtmk_mc_invalidate(struct dtmk_map_cache *mc, const struct dtmk_map *m) {
-    __threadfence_block();
-    const int i = dtmk_mc_map_get(mc, m, false);
-    if (i >= 0) atomicAdd(&mc->maps[i].lgen, 1u);
-}
-
-__device__ __forceinline__ int dtmk_mc_read(struct dtmk_map_cache *mc, dtmk_u32 i, dtmk_u32 tag, dtmk_u32 lgen,
-                                            const dtmk_u32 *w, dtmk_u32 nw) {
-    volatile struct dtmk_mc_ent *e = &mc->ents[i];
-    const dtmk_u32 v1 = e->ver;
-    if (v1 & 1) return -1;
-    __threadfence_block();
-    const dtmk_u32 sm = e->slot_mi;
-    bool eq = (sm & 15u) == tag && e->lgen == lgen;
-    for (dtmk_u32 j = 0; j < nw; j++) eq &= e->key[j] == w[j];
-    __threadfence_block();
-    if (!eq || e->ver != v1) return -1;
-    return (int)(sm >> 4);
-}
-
-__device__ __forceinline__ bool dtmk_mc_live(struct dtmk_map_cache *mc, dtmk_u32 i) {
-    const dtmk_u32 sm = *(volatile dtmk_u32 *)&mc->ents[i].slot_mi;
-    return (sm & 15u) && *(volatile dtmk_u32 *)&mc->ents[i].lgen ==
-                         *(volatile dtmk_u32 *)&mc->maps[(sm & 15u) - 1].lgen;
-}
-
-__device__ __forceinline__ void dtmk_mc_fill(struct dtmk_map_cache *mc, dtmk_u32 i1, dtmk_u32 i2, dtmk_u32 tag,
-                                             dtmk_u32 lgen, const dtmk_u32 *w, dtmk_u32 nw, dtmk_u32 slot) {
-    dtmk_u32 i = i1;
-    if (dtmk_mc_live(mc, i1)) {
-        i = i2;
-        if (dtmk_mc_live(mc, i2)) {
-            volatile dtmk_u32 *rr = &mc->rr;
-            const dtmk_u32 r = *rr;
-            *rr = r + 1;                              /* racy on purpose: any victim will do */
-            i = (r & 1) ? i1 : i2;
-        }
-    }
-    struct dtmk_mc_ent *e = &mc->ents[i];
-    const dtmk_u32 v = *(volatile dtmk_u32 *)&e->ver;
-    if ((v & 1) || atomicCAS(&e->ver, v, v + 1) != v) return;   /* another lane is writing it */
-    __threadfence_block();
-    volatile struct dtmk_mc_ent *ve = e;
-    ve->slot_mi = (slot << 4) | tag;
-    ve->lgen = lgen;
-    for (dtmk_u32 j = 0; j < DTMK_MC_KEY_WORDS; j++) ve->key[j] = j < nw ? w[j] : 0u;
-    __threadfence_block();
-    ve->ver = v + 2;
-}
-
-/* dtmk_hash_find through the cache (map index mi, READY): a hit returns the cached slot
- * with no global load; a miss probes the table and caches a FULL slot it returns. */
-__device__ __forceinline__ int dtmk_mc_find(struct dtmk_map_cache *mc, int mi, const struct dtmk_map *m,
-                                            const void *key, bool create, const void *init, bool *created) {
-    const struct dtmk_mc_map *E = &mc->maps[mi];
-    dtmk_u32 w[DTMK_MC_KEY_WORDS];
-    const dtmk_u32 nw = dtmk_load_key(key, E->key_size, w);
-    const dtmk_u32 tag = (dtmk_u32)mi + 1;
-    const dtmk_u32 h = dtmk_key_hash(w, nw) ^ (tag * 0x9e3779b9u);
-    const dtmk_u32 i1 = h & (DTMK_MC_ENTRIES - 1);
-    dtmk_u32 i2 = (h >> 16) & (DTMK_MC_ENTRIES - 1);
-    if (i2 == i1) i2 ^= 1;
-    const dtmk_u32 lgen = *(volatile const dtmk_u32 *)&E->lgen;
-    *created = false;
-    int s = dtmk_mc_read(mc, i1, tag, lgen, w, nw);
-    if (s < 0) s = dtmk_mc_read(mc, i2, tag, lgen, w, nw);
-    if (s >= 0) return s;
-    __threadfence_block();                            /* lgen read before the probe */
-    s = dtmk_hash_find(m, key, create, init, created);
-    if (s >= 0) dtmk_mc_fill(mc, i1, i2, tag, lgen, w, nw, (dtmk_u32)s);
-    return s;
-}
-#else
-#define DTMK_MC_PARAM
-#define DTMK_MC_ARG(x)
-#endif /* DTMK_MAP_CACHE */
-
 __device__ __forceinline__ dtmk_u32 dtmk_array_index(const void *key) {
     dtmk_u64 a = (dtmk_u64)key;
     if ((a & 3) == 0) return *(const dtmk_u32 *)a;
@@ -535,17 +301,6 @@ __device__ __forceinline__ dtmk_u64 dtmk_array_value(const struct dtmk_map *m, d
 
 __device__ __noinline__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const void *key, dtmk_u32 worker,
                                                  bool *lost) {
-#ifdef DTMK_MAP_CACHE
-    {
-        struct dtmk_map_cache *mc = dtmk_mc_cur;
-        int mi;
-        if (mc && (mi = dtmk_mc_map_get(mc, m, true)) >= 0) {
-            bool created;
-            const int s = dtmk_mc_find(mc, mi, m, key, false, 0, &created);
-            return s >= 0 ? mc->maps[mi].values + (dtmk_u64)(dtmk_u32)s * mc->maps[mi].value_stride : 0;
-        }
-    }
-#endif
     dtmk_u32 t = m->type;
     if (dtmk_is_array(t)) {
         dtmk_u32 idx = dtmk_array_index(key);
@@ -562,24 +317,6 @@ __device__ __noinline__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const
 
 __device__ __noinline__ dtmk_u64 dtmk_map_update(const struct dtmk_map *m, const void *key, const void *value,
                                                  dtmk_u64 flags, dtmk_u32 worker, bool *lost) {
-#ifdef DTMK_MAP_CACHE
-    {
-        struct dtmk_map_cache *mc = dtmk_mc_cur;
-        int mi;
-        if (mc && (mi = dtmk_mc_map_get(mc, m, true)) >= 0) {   /* a hash map: the path below */
-            const struct dtmk_mc_map *E = &mc->maps[mi];
-            if (flags > 2) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-            bool created;
-            const int s = dtmk_mc_find(mc, mi, m, key, flags != 2, flags != 2 ? value : 0, &created);
-            if (flags == 2 && s < 0) return (dtmk_u64)-DTMK_ENOENT;
-            if (s == DTMK_HASH_FULL) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
-            if (created) return 0;
-            if (flags == 1) return (dtmk_u64)-DTMK_EEXIST;
-            dtmk_copy((void *)(E->values + (dtmk_u64)(dtmk_u32)s * E->value_stride), value, E->value_size);
-            return 0;
-        }
-    }
-#endif
     dtmk_u32 t = m->type;
     if (!dtmk_is_array(t) && !dtmk_is_hash(t)) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
     if (flags > 2) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
@@ -619,11 +356,6 @@ __device__ __noinline__ dtmk_u64 dtmk_map_delete(const struct dtmk_map *m, const
     if (atomicCAS(states + s, DTMK_SLOT_FULL, DTMK_SLOT_TOMB) != DTMK_SLOT_FULL)
         return (dtmk_u64)-DTMK_ENOENT;            /* deleted concurrently */
     atomicAdd((unsigned long long *)&dtmk_stats(m)->count, ~0ull);
-#ifdef DTMK_MAP_CACHE
-    __threadfence();                              /* the tombstone before the generations */
-    atomicAdd((unsigned long long *)&dtmk_stats(m)->del_gen, 1ull);   /* other CTAs: at their next VM call */
-    if (dtmk_mc_cur) dtmk_mc_invalidate(dtmk_mc_cur, m);               /* this CTA: now */
-#endif
     return 0;
 }
 
@@ -641,30 +373,6 @@ __device__ __forceinline__ dtmk_u32 dtmk_linear_bucket(const struct dtmk_map *m,
 }
 
 __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const void *key, dtmk_u64 v, bool *lost) {
-#ifdef DTMK_MAP_CACHE
-    struct dtmk_map_cache *mc = dtmk_mc_cur;
-    int mi;
-    dtmk_u32 t;
-    bool created;
-    int s;
-    dtmk_u64 val;
-    if (mc && (mi = dtmk_mc_map_get(mc, m, true)) >= 0) {   /* no descriptor load on a hit (log2) */
-        const struct dtmk_mc_map *E = &mc->maps[mi];
-        t = E->type;
-        if (t != DTMK_MAP_TYPE_HIST_LOG2 && t != DTMK_MAP_TYPE_HIST_LINEAR) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-        s = dtmk_mc_find(mc, mi, m, key, true, 0, &created);
-        val = E->values + (dtmk_u64)(dtmk_u32)s * E->value_stride;
-    } else {
-        t = m->type;
-        if (t != DTMK_MAP_TYPE_HIST_LOG2 && t != DTMK_MAP_TYPE_HIST_LINEAR) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-        s = dtmk_hash_find(m, key, true, 0, &created);
-        val = s >= 0 ? dtmk_hash_value(m, s) : 0;
-    }
-    if (s < 0) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
-    dtmk_u32 b = t == DTMK_MAP_TYPE_HIST_LOG2 ? dtmk_log2_bucket(v) : dtmk_linear_bucket(m, v);
-    atomicAdd((unsigned long long *)(val + 8ull * b), 1ull);
-    return 0;
-#else
     dtmk_u32 t = m->type;
     if (t != DTMK_MAP_TYPE_HIST_LOG2 && t != DTMK_MAP_TYPE_HIST_LINEAR) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
     bool created;
@@ -673,7 +381,6 @@ __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const v
     dtmk_u32 b = t == DTMK_MAP_TYPE_HIST_LOG2 ? dtmk_log2_bucket(v) : dtmk_linear_bucket(m, v);
     atomicAdd((unsigned long long *)(dtmk_hash_value(m, s) + 8ull * b), 1ull);
     return 0;
-#endif
 }
 
 /* budget slot of (worker ring, epoch): claim a free one for a new epoch */

@@ -36,9 +36,9 @@
  *   dtmk_vm_load_table(global_table, shared_copy)            (one thread)
  *       snapshot a hook's program table under its seqlock generation; false (and no
  *       programs in the copy) while the host is writing it: retry at the next refresh.
- *   dtmk_vm_run_records(tables, recs, n, regs, accs, worker, flags DTMK_MC_ARG(mc))
+ *   dtmk_vm_run_records(tables, recs, n, regs, accs, worker, flags)
  *       (all 32 lanes) the hook site's call: every program of each record's hook over
- *       up to 32 records in shared memory; see its comment.  mc: -DDTMK_MAP_CACHE only.
+ *       up to 32 records in shared memory; see its comment.
  *   dtmk_vm_run_prog(prog, code, regs, eligible, ctx, worker, epoch, gen, flags, &r0, acc)
  *       (all 32 lanes of a warp together) -> DTMK_OUT_* of this lane's event; adds the
  *       warp's coverage to prog.cov, through `acc` (a shared-memory dtmk_cov_acc per
@@ -352,16 +352,10 @@ __device__ __forceinline__ int dtmk_vm_run_prog(const struct dtmk_prog &P, const
  *           host wrote it, or a shared-memory copy the caller substituted)
  *   regs    the warp's register file: DTMK_VM_REG_BYTES_PER_WARP bytes of shared memory
  *   worker  this worker's index (per-worker maps and rings); epoch = record decode_step
- *   mc      (-DDTMK_MAP_CACHE builds only, passed as DTMK_MC_ARG(mc)) the CTA's hash-map
- *           lookup cache in shared memory, or 0 for none (bpf_maps.cuh: validated here,
- *           cleared by the caller at kernel start and table reloads)
  * All 32 lanes of the warp call it.  Same loop as kernels/bpf_vm_harness.cu. */
 __device__ __noinline__ void dtmk_vm_run_records(const struct dtmk_hook_table *tables, const struct dtmk_ctx *recs,
                                                  dtmk_u32 n, dtmk_u64 *regs, struct dtmk_cov_acc *accs,
-                                                 dtmk_u32 worker, dtmk_u32 flags DTMK_MC_PARAM) {
-#ifdef DTMK_MAP_CACHE
-    dtmk_mc_begin(mc);   /* bind the CTA's map cache (or none) for the helpers; validate it */
-#endif
+                                                 dtmk_u32 worker, dtmk_u32 flags) {
     const unsigned lane = threadIdx.x & 31;
     const bool valid = lane < n;
     const struct dtmk_ctx *c = recs + (valid ? lane : 0);

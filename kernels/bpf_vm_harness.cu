@@ -14,11 +14,6 @@
  *
  * Outputs per (event, program slot): r0 and a DTMK_OUT_* code.
  *
- * With -DDTMK_MAP_CACHE the block keeps the hash-map lookup cache of bpf_maps.cuh in
- * static shared memory: cleared at kernel start, validated and bound by each warp before
- * each batch of up to 32 events (as dtmk_vm_run_records does per VM call), shared by the
- * block's warps.  The naive kernel runs without it.
- *
  * With DTMK_HARNESS_COMPILED defined (kernels/bpf_compiled_harness.cu) the file is the
  * compiled tier's harness instead: the same kernel body named dtmk_compiled_harness, in
  * which a slot whose dtmk_prog.flags has DTMK_PROG_F_COMPILED runs the linked monitor
@@ -59,10 +54,6 @@ H_KERNEL(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dt
     __shared__ dtmk_u32 code_off[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
     __shared__ dtmk_u32 ok;
     __shared__ struct dtmk_cov_acc accs[H_MAX_WARPS][DTMK_MAX_PROGS];
-#ifdef DTMK_MAP_CACHE
-    __shared__ struct dtmk_map_cache mcache;
-    dtmk_mc_clear(&mcache, threadIdx.x, blockDim.x);   /* before the barrier below */
-#endif
     long long c_start = 0;
     dtmk_u64 t_start = 0;
     if (blockIdx.x == 0 && threadIdx.x == 0) { c_start = clock64(); t_start = dtmk_globaltimer(); }
@@ -135,9 +126,6 @@ H_KERNEL(const struct dtmk_hook_table *tables, const struct dtmk_ctx *events, dt
         if (hook >= DTMK_NUM_HOOKS) hook = 0;
         const dtmk_u32 worker = valid ? c->worker : 0u;
         const dtmk_u32 epoch = use_epoch_override ? epoch_override : (valid ? c->decode_step : 0u);
-#ifdef DTMK_MAP_CACHE
-        dtmk_mc_begin(&mcache);
-#endif
         unsigned pending = __ballot_sync(DTMK_VM_FULL, valid && hook != 0 && T[hook].n_progs != 0);
         while (pending) {
             const dtmk_u32 h = __shfl_sync(DTMK_VM_FULL, hook, __ffs(pending) - 1);
@@ -194,9 +182,6 @@ extern "C" __global__ void dtmk_vm_naive(const dtmk_u64 *code, const dtmk_u64 *m
                                           dtmk_u64 *r0_out, dtmk_u32 n_events, dtmk_u32 n_slots,
                                           dtmk_u32 threads_per_warp, dtmk_u32 repeat) {
     const unsigned lane = threadIdx.x & 31;
-#ifdef DTMK_MAP_CACHE
-    dtmk_mc_cur = 0;   /* the baseline runs uncached (every thread stores the same value) */
-#endif
     if (lane >= threads_per_warp) return;
     const dtmk_u32 gw = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = (gridDim.x * blockDim.x) >> 5;
     for (dtmk_u32 rep = 0; rep < repeat; rep++)

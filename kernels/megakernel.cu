@@ -313,9 +313,6 @@ struct __align__(16) Obs {
     struct dtmk_dinsn code[DTMK_OBS_CODE];
     dtmk_u64 gcode[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
 #endif
-#ifdef DTMK_MAP_CACHE
-    struct dtmk_map_cache mc;               /* hash-map lookup cache (bpf_maps.cuh): cleared at start and reload */
-#endif
 };
 __shared__ Obs O;
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
@@ -474,7 +471,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         for (dtmk_u32 w = 0; w < todo; w += 32) {
             DTMK_PROF_BEGIN(prof_c0);
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
-                             W.worker, 0 DTMK_MC_ARG(&O.mc));
+                             W.worker, 0);
             __syncwarp();
             if (lane == 0) DTMK_PROF_END1(8, prof_c0);
         }
@@ -563,9 +560,6 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                 used += n;
             }
         }
-#endif
-#ifdef DTMK_MAP_CACHE
-        dtmk_mc_clear(&O.mc, 0, 1);                   /* maps may be new (the ring is empty: no drain runs) */
 #endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
@@ -1460,9 +1454,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
-#ifdef DTMK_MAP_CACHE
-    dtmk_mc_clear(&O.mc, threadIdx.x, blockDim.x);
-#endif
     if (threadIdx.x == 0) {
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);

@@ -76,10 +76,7 @@ MAP_DTYPE = np.dtype([(n, "<u4") for n in (
     [("lin_lo", "<i8"), ("lin_hi", "<i8"), ("lin_step", "<i8"), ("budget_bytes", "<u8"),
      ("values", "<u8"), ("keys", "<u8"), ("slots", "<u8"), ("stats", "<u8"), ("pad3", "<u8")])
 MAP_STATS_DTYPE = np.dtype([("count", "<u8"), ("lost", "<u8"), ("throttled", "<u8"),
-                            ("probe_exhausted", "<u8"), ("del_gen", "<u8"), ("host_gen", "<u8")])
-#: hash maps: bumped by the host after every host-side delete / clear (DeviceMaps.clear_hash),
-#: so -DDTMK_MAP_CACHE kernels drop their cached slots of the map (kernels/bpf_maps.cuh)
-HOST_GEN_OFF = MAP_STATS_DTYPE.fields["host_gen"][1]
+                            ("probe_exhausted", "<u8"), ("pad0", "<u8"), ("pad1", "<u8")])
 RB_WORKER_DTYPE = np.dtype([("held", "<u8"), ("nrec", "<u8"), ("ep_tag", "<u4", (RB_EPOCHS,)),
                             ("ep_used", "<u8", (RB_EPOCHS,)), ("slot_busy", "<u8")])
 RB_REC_DTYPE = np.dtype([("off", "<u4"), ("len", "<u4"), ("epoch", "<u4"), ("pad", "<u4")])
@@ -398,7 +395,6 @@ class DeviceMaps:
             self.bufs.append(b)
         self.host_descs = host
         self.descs = cp.asarray(host.view(np.uint8))
-        self._host_gen: Dict[int, int] = {}       # what clear_hash last wrote to stats.host_gen
 
     def desc_addr(self, i: int) -> int:
         return self.descs.data.ptr + i * MAP_DTYPE.itemsize
@@ -429,31 +425,25 @@ class DeviceMaps:
         b["keys"].set(keys.reshape(-1))
         b["values"].set(vals.reshape(-1))
         b["slots"].set(st)
-        stats = b["stats"].get().view(MAP_STATS_DTYPE).copy()   # keeps del_gen / host_gen
+        stats = b["stats"].get().view(MAP_STATS_DTYPE).copy()
         stats["count"] = int((st == SLOT_FULL).sum())
         stats["lost"] = stats["throttled"] = stats["probe_exhausted"] = 0
-        self._host_gen[i] = self._host_gen.get(i, 0) + 1   # not a delete, but no cache outlives a rewrite
-        stats["host_gen"] = self._host_gen[i]
         b["stats"].set(stats.view(np.uint8))
 
     def clear_hash(self, i: int, stream=None) -> None:
         """Empty hash map i as the host model's clear() does (every slot EMPTY; count, lost,
-        throttled, probe_exhausted 0), then bump its stats.host_gen so a running
-        -DDTMK_MAP_CACHE kernel drops its cached slots of the map at its next VM call
-        (kernels/bpf_maps.cuh).  Host-to-device copies only (no kernel: safe while a
+        throttled, probe_exhausted 0).  Host-to-device copies only (no kernel: safe while a
         persistent megakernel holds every SM).  Updates racing the clear may survive it or
         not, and may leave the counters off by what they added (as with any concurrent
         host write)."""
         m, b = self.defs[i], self.bufs[i]
         if m.type not in ("hash", "hist_log2", "hist_linear"):
             raise UserError(f"map {m.name!r}: clear_hash needs a hash map, not {m.type}")
-        def put(dst, v):                   # in stream order: slots, count, then host_gen
+        def put(dst, v):                   # in stream order: slots, then count
             dst.set(v) if stream is None else dst.set(v, stream=stream)
         cap = int(self.host_descs[i]["capacity"])
         put(b["slots"], np.zeros(cap, np.uint32))
         put(b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8))     # count .. probe_exhausted
-        self._host_gen[i] = self._host_gen.get(i, 0) + 1
-        put(b["stats"][HOST_GEN_OFF:HOST_GEN_OFF + 8], np.array([self._host_gen[i]], "<u8").view(np.uint8))
 
     def stats(self, i: int) -> np.void:
         return self.bufs[i]["stats"].get().view(MAP_STATS_DTYPE)[0]

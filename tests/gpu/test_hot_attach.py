@@ -32,6 +32,9 @@ def session(name="tiny", defines=()):
         _S[name, defines] = LiveSession(mk)
     live = _S[name, defines]
     live.mk.reset()
+    # a test may have run the kernel without its observer (set_observer(0, None)); every
+    # user of the shared session gets it back (other test files reuse these sessions)
+    live.mk.set_observer(int(live.rt.tables.data.ptr), live.state)
     return live
 
 

@@ -1198,7 +1198,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         post_pending(P, W, false);
         refresh_control(P, W, false);
     }
+#ifdef DTMK_EXTRA_SYNC
     MK_SYNC();
+#endif
+    /* no barrier here: the other threads next wait at wait_event's (or the spin loop's)
+     * first barrier, behind thread 0's post-task work; they read nothing it writes */
 }
 
 
@@ -1359,8 +1363,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         MK_SYNC();
         int ready = W.ready, aborted = W.aborted, dt = W.dyn_task, ds = W.dyn_step;
         dtmk_u64 pushed_at = s_t0;
-        MK_SYNC();                 /* everyone read W before thread 0 writes it again */
+#ifndef DTMK_EXTRA_SYNC
+        /* leaving: thread 0 writes none of these before run_task's first barrier */
         if (ready || aborted) break;
+        MK_SYNC();                 /* everyone read W before thread 0 writes it again */
+#else                              /* (the variant keeps session 6's barrier on the way out) */
+        MK_SYNC();
+        if (ready || aborted) break;
+#endif
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
         OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step);

@@ -149,7 +149,8 @@ def obs_counts(state, steps: int) -> dict:
 #: record from the shared copy s_rec (no L2 trip before the release signal): the default
 #: since session 4; recglobal = the old path (the global task table)
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
-                  "codesmem": ("DTMK_VM_CODE_SMEM",)}
+                  "codesmem": ("DTMK_VM_CODE_SMEM",),
+                  "extrasync": ("DTMK_EXTRA_SYNC",)}   # session 7: the two per-task barriers back
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM")
 #: the runs of each build variant (suffixed _<variant>)

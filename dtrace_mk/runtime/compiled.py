@@ -588,7 +588,7 @@ MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG
 #: build variants of the default 512-thread kernel that the compiled tier links as they are
 #: (-DDTMK_REC_GLOBAL: the record path before hook_cost_analysis.md round 8; DTMK_REC_FAST is
 #: the default since session 4, passing it changes nothing but the cache key)
-MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST",
+MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_ROPE_IN_ATTN")   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
 

@@ -395,6 +395,23 @@ __device__ __forceinline__ bool attn_staged_fits(const MkParams &P, int T) {
            attn_staged_floats(rep, hd, T) <= (long)P.max_seq + MK_WARPS + MK_THREADS;
 #endif
 }
+/* softmax of the score rows sc[j][0..T) in place, warp j for head j < rep; stat[j] = 1 / its
+ * sum (op_attn_staged and op_attn: one spelling of the order the eager build shares) */
+__device__ __forceinline__ void attn_softmax_rows(float *sc, int T, int rep, float *stat) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < rep) {
+        float *row = sc + warp * T;
+        float m = -3.0e38f;
+        for (int t = lane; t < T; t += 32) m = fmaxf(m, row[t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < T; t += 32) { float e = __expf(row[t] - m); row[t] = e; l += e; }
+        l = warp_sum(l);
+        if (lane == 0) stat[warp] = 1.0f / l;
+    }
+    MK_SYNC();
+}
+
 template <bool ROPE>
 __device__ __noinline__ void op_attn_staged(const MkParams &P, int layer, int b, int g, int p, float *smem) {
     int B = (int)P.batch, hd = (int)P.head_dim, nh = (int)P.n_heads, nkv = (int)P.n_kv_heads;
@@ -470,17 +487,7 @@ __device__ __noinline__ void op_attn_staged(const MkParams &P, int layer, int b,
     }
     MK_SYNC();
     /* 4. softmax: warp j, head j */
-    if (warp < rep) {
-        float *r = sc + warp * T;
-        float m = -3.0e38f;
-        for (int t = lane; t < T; t += 32) m = fmaxf(m, r[t]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < T; t += 32) { float e = __expf(r[t] - m); r[t] = e; l += e; }
-        l = warp_sum(l);
-        if (lane == 0) stat[warp] = 1.0f / l;
-    }
-    MK_SYNC();
+    attn_softmax_rows(sc, T, rep, stat);
     /* 5. out[j][d] = sum_t p[j][t] v[t][d], t ascending */
     for (int idx = tid; idx < rep * hd; idx += MK_THREADS) {
         int j = idx / hd, d = idx - j * hd;
@@ -524,17 +531,7 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
         sc[idx] = s * scale;
     }
     MK_SYNC();
-    if (warp < rep) {
-        float *row = sc + warp * T;
-        float m = -3.0e38f;
-        for (int t = lane; t < T; t += 32) m = fmaxf(m, row[t]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < T; t += 32) { float e = __expf(row[t] - m); row[t] = e; l += e; }
-        l = warp_sum(l);
-        if (lane == 0) stat[warp] = 1.0f / l;
-    }
-    MK_SYNC();
+    attn_softmax_rows(sc, T, rep, stat);
     for (int idx = threadIdx.x; idx < rep * hd; idx += MK_THREADS) {
         int j = idx / hd, d = idx - j * hd;
         const float *p = sc + j * T;

@@ -23,24 +23,7 @@ import device_progs as G                                     # noqa: E402
 import test_device_vm as TV                                  # noqa: E402
 
 
-def fresh(workers: int, **kw):
-    from dtrace_mk.runtime.device import DeviceRuntime
-    return DeviceRuntime(num_workers=workers, **kw)
-
-
-def run_both(obj, ctxs, workers, *, serial, prefill=True):
-    from dtrace_mk.runtime.reference import ReferenceRuntime
-    ref = ReferenceRuntime(num_workers=workers)
-    raid = ref.attach(obj)
-    init = G.prefill(obj) if prefill else {}
-    for name, items in init.items():
-        for k, v in items.items():
-            ref.maps(raid)[name].update(k, v)
-    ref_results = [ref.fire(c) for c in ctxs]
-    dev = fresh(workers)
-    daid = dev.attach(obj, init_hash=init)
-    batch = dev.fire(ctxs, serial=serial)
-    return ref, raid, ref_results, dev, daid, batch
+fresh, run_both = TV.fresh, TV.run_both      # device runtime and reference side by side (test_device_vm.py)
 
 
 CHURN = """

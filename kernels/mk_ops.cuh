@@ -423,7 +423,7 @@ __device__ __noinline__ void op_attn_staged(const MkParams &P, int layer, int b,
     long cstride = (long)nkv * hd;                         /* cache: position t at kc + t * cstride */
     float *out = (float *)P.attn + (long)layer * B * nh * hd + (long)b * nh * hd + (long)g * rep * hd;
     float *qs = smem, *ks = qs + rep * hd, *vs = ks + T * KS, *sc = vs + T * hd, *stat = sc + rep * T;
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int tid = threadIdx.x;
     /* 1. every global load of the task in one batch (<= 2 float4 per thread in flight) */
     int nq = rep * hd4, nk = T * hd4, n = nq + 2 * nk;
     int npair = ROPE ? (rep + 1) * half : 0;               /* rope pair idx: q head idx / half (k: rep) */
@@ -518,7 +518,6 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
     float *out = (float *)P.attn + (long)layer * B * nh * hd;
     float *sc = smem, *stat = smem + cap;          /* stat[j] = 1 / sum of head j */
     float scale = rsqrtf((float)hd);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int idx = threadIdx.x; idx < rep * T; idx += MK_THREADS) {
         int j = idx / T, t = idx - j * T;
         const float *q = qkv + (long)b * QKV + (long)(g * rep + j) * hd;

@@ -111,3 +111,19 @@ def test_fault_pick_matches_vectors():
     src = (gpu.KERNEL_DIR / "mk_common.cuh").read_text()
     for c in ("0x9E3779B97F4A7C15", "0xBF58476D1CE4E5B9", "0x94D049BB133111EB", "% 1000000"):
         assert c in src
+
+
+def test_no_barrier_between_a_finished_wait_and_the_next_task():
+    """Session 7 (-2.5% per 1b step): a wait whose event arrived leaves right after the
+    barrier that publishes the outcome (thread 0 writes none of W.ready / aborted /
+    dyn_task / dyn_step / s_t0 before run_task's first barrier), and run_task ends without
+    a barrier (the CTA next meets at wait_event's).  -DDTMK_EXTRA_SYNC restores both."""
+    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    we = src[src.index("__device__ __noinline__ void wait_event("):]
+    spin = we[we.index("int ready = W.ready, aborted = W.aborted"):]
+    default = spin[:spin.index("#else")]
+    assert default.index("if (ready || aborted) break;") < default.index("MK_SYNC();")
+    rt = src[src.index("__device__ __noinline__ void run_task("):]
+    rt = rt[:rt.index("\n}\n")]
+    tail = rt[rt.rindex("refresh_control(P, W, false);"):]
+    assert "#ifdef DTMK_EXTRA_SYNC\n    MK_SYNC();\n#endif" in tail and tail.count("MK_SYNC()") == 1

@@ -7,7 +7,8 @@ kernels/ is always on the include path.  NVRTC has no C++ standard headers: sour
 use the dtmk_u32/u64 typedefs of the generated dtrace_mk_abi.h."""
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Optional, Sequence
 
 from ..errors import UserError
 from . import KERNEL_DIR
@@ -72,6 +73,21 @@ def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", ta
         return bytes(out)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+def ptx_function(ptx: str, name: str) -> Optional[str]:
+    """The definition of the first PTX .func whose header line contains `name` (a mangled
+    name or part of one), from `.func` to its closing brace; prototypes (a ';' before any
+    '{') are skipped.  None when the PTX defines no such function.  For tests and reports
+    that inspect generated code."""
+    for m in re.finditer(r"^\.(?:visible |weak |extern )?func\b[^\n]*", ptx, re.M):
+        if name not in m.group(0):
+            continue
+        semi, brace = ptx.find(";", m.end()), ptx.find("{", m.end())
+        if brace < 0 or 0 <= semi < brace:
+            continue
+        return ptx[m.start():ptx.index("\n}\n", brace) + 2]
+    return None
 
 
 def cache_dir():

@@ -117,10 +117,9 @@ def test_default_is_the_weight_stream_and_the_old_path_has_none(ptxs):
 
 
 def _func(ptx, name):
-    m = re.search(r"\.func\s[^\n(]*" + re.escape(name) + r"[^\n(]*\(", ptx)
-    assert m, f"{name} not in the PTX"
-    ends = [e for e in (ptx.find("\n.func", m.end()), ptx.find("\n.entry", m.end())) if e > 0]
-    return ptx[m.start():min(ends) if ends else len(ptx)]
+    body = build.ptx_function(ptx, name)
+    assert body, f"{name} not in the PTX"
+    return body
 
 
 @pytest.mark.parametrize("extra", [(), ("DTMK_REC_LATE",), ("DTMK_WS_NST=9", "DTMK_WS_STAGE=16384"),

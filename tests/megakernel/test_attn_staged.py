@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dtrace_mk.kernels.build import nvrtc_compile
+from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.presets import PRESETS
 from dtrace_mk.megakernel.reference import ReferenceModel, Requests
@@ -33,15 +33,7 @@ def _ptx(name, *defines):
     return _PTX[key]
 
 
-def _func(ptx, mangled):
-    """The body of a .func's definition (None when the PTX has none)."""
-    m = None
-    for m in re.finditer(r"^\.(?:visible |weak )?func\b[^\n]*\b" + re.escape(mangled) + r"\(", ptx, re.M):
-        pass                                   # the last match: the definition (earlier: prototypes)
-    if m is None:
-        return None
-    body = ptx[m.start():ptx.index("\n}\n", m.start())]
-    return body if "{" in body else None
+_func = ptx_function                           # a .func's definition, None when the PTX has none
 
 
 def _calls(body, mangled):

@@ -4,10 +4,10 @@ keep compiling through NVRTC for sm_90a, the default build has the faster code s
 copied to shared memory before the dependency's acquire), and bench/megakernel.py's
 --variants parsing and table work.  The defines left are the old (session-2) paths, kept
 so the bench can compare them with the default."""
-import re
 
 import pytest
 
+from dtrace_mk.kernels.build import ptx_function
 from dtrace_mk.megakernel import gpu
 
 BUILDS = {"default": (),
@@ -27,12 +27,9 @@ def test_variant_builds_compile(fresh_cache, name):
 
 
 def _func(ptx: str, name: str) -> str:
-    m = re.search(r"\.func\s[^\n(]*" + re.escape(name) + r"[^\n(]*\(", ptx)
-    assert m, f"{name} not in the PTX"
-    end = ptx.find("\n.func", m.end())
-    end2 = ptx.find("\n.entry", m.end())
-    ends = [e for e in (end, end2) if e > 0]
-    return ptx[m.start():min(ends) if ends else len(ptx)]
+    body = ptx_function(ptx, name)
+    assert body, f"{name} not in the PTX"
+    return body
 
 
 def test_default_ptx_shapes(fresh_cache):

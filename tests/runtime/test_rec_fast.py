@@ -5,11 +5,9 @@ NVRTC + nvJitLink run without a GPU; record equality on the device is
 tests/gpu/test_rec_fast_gpu.py (and test_hot_attach.py / test_obs_ring.py, parametrized)."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from dtrace_mk.kernels import KERNEL_DIR
+from dtrace_mk.kernels import KERNEL_DIR, build
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
 
@@ -30,11 +28,9 @@ def _ptx(defines):
 
 
 def _func(ptx, name):
-    """The PTX body of the first .func whose mangled name contains `name` (a definition:
-    no ';' between the name and its '{', which skips forward declarations)."""
-    m = re.search(r"\.func[^\n]*" + name + r"[^;{]*\{[\s\S]*?\n}\n", ptx)
-    assert m, name
-    return m.group(0)
+    body = build.ptx_function(ptx, name)
+    assert body, name
+    return body
 
 
 def test_rec_fast_compiles_and_refuses_other_layouts():

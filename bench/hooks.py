@@ -224,11 +224,24 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         log(f"{name}: compiled tier unavailable: {e!r}\n{traceback.format_exc()}")
         extra["compiled_error"] = repr(e)
         mkc = None
+    mkr = None                                      # session 8: the compiled tier through the ring
+    if mkc is not None:                             # (summary_cm now runs at the hook sites)
+        try:
+            mkr = gpu.Megakernel(cfg, batch=1, weights=w)
+            liver = LiveSession(mkr, runtime=linked_runtime(mkr.num_workers, inline=False))
+            aidr = liver.attach(mon.obj, tier="compiled")
+            extra["compiled_ring_link_s"] = liver.link_compiled()
+        except Exception as e:  # noqa: BLE001 - keep the rest
+            log(f"{name}: compiled tier (ring) unavailable: {e!r}")
+            mkr = None
 
     def run(variant):
         if variant == "summary_cm":
             mkc.reset()
             return mkc.run(steps, poison=False)
+        if variant == "summary_cmring":
+            mkr.reset()
+            return mkr.run(steps, poison=False)
         m = mk0 if variant == "nohooks" else mk0p if variant == "nohooks_pad" else mk
         m.reset()
         if variant in ("live_idle", "summary"):
@@ -273,6 +286,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     variants = ["nohooks", "off", "off2", "live_idle", "summary", "trace", "ring_all"]
     if mkc is not None:
         variants.append("summary_cm")
+    if mkr is not None:
+        variants.append("summary_cmring")
     variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     for bn, b in bv.items():
         variants += [f"{r}_{bn}" for r in BUILD_RUNS if r != "summary_cm" or b["mkc"] is not None]
@@ -330,12 +345,13 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
             if v == f"mask3_{bn}":
                 extra.setdefault("build_mask3_records_per_step", {})[v] = len(r.hooks) / steps
-        if v == "summary_cm":
-            snc = livec.snapshot(aidc)
+        if v in ("summary_cm", "summary_cmring"):
+            snc = (livec if v == "summary_cm" else liver).snapshot(aidc if v == "summary_cm" else aidr)
             cm_counts = {k: sum(v_) for k, v_ in snc.maps["lat"].snapshot().items()}
-            extra["summary_cm_counts_equal_hot"] = cm_counts == hot_counts
-            extra["summary_cm_coverage"] = {k: sum(getattr(c, k) for c in snc.coverage)
-                                            for k in ("eligible", "executed", "throttled", "lost")}
+            extra[f"{v}_counts_equal_hot"] = cm_counts == hot_counts
+            extra[f"{v}_coverage"] = {k: sum(getattr(c, k) for c in snc.coverage)
+                                      for k in ("eligible", "executed", "throttled", "lost")}
+            extra[f"{v}_queue_workers"] = len(snc.maps["queue"].snapshot())
     # the summary stays attached for its timed runs: detach around the others
     for rep in range(reps):
         for v in variants:
@@ -358,7 +374,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
            "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
            "summary_vs_off": med["summary"] / med["off"] - 1.0,
            "summary_cm_vs_off": (med["summary_cm"] / med["off"] - 1.0) if "summary_cm" in med else None,
-           "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_cm", "null3", "s_end", "s_dep",
+           "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_cm", "summary_cmring", "null3",
+                                                                   "s_end", "s_dep",
                                                                    "s_ready", "mask3", "trace") if v in med},
            "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
            "tasks": len(mk.graph.tasks), "builds": list(bv),
@@ -558,15 +575,21 @@ def main(argv=None) -> int:
               f"{all(r['tokens_equal'].values())} {r.get('final_rows_stable')}")
     # the short table: each variant against its own baseline (issue 5 targets: off/nohooks
     # <= +0.5%, summary_hot/off <= +5%); off2/off is the noise floor of this run
-    print(f"\n{'preset':<6} {'off/nohooks':>11} {'off2/off':>9} {'sum_hot/off':>11} {'sum_cm/off':>10} "
+    print(f"\n{'preset':<6} {'off/nohooks':>11} {'off2/off':>9} {'sum_hot/off':>11} {'sum_cm/off':>10} {'cmring/off':>10} "
           f"{'trace/off':>9} {'trace B/st':>10} {'ring B/st':>10} {'sum map B':>9} {'drains':>7} tok")
     for r in res["presets"]:
         u = r["us_per_step"]
         rel = lambda a, b: f"{100 * (u[a] / u[b] - 1):+.2f}%" if a in u and b in u else "-"  # noqa: E731
         print(f"{r['preset']:<6} {rel('off', 'nohooks'):>11} {rel('off2', 'off'):>9} {rel('summary', 'off'):>11} "
-              f"{rel('summary_cm', 'off'):>10} {rel('trace', 'off'):>9} {r.get('trace_bytes_per_step', 0):>10.0f} "
+              f"{rel('summary_cm', 'off'):>10} {rel('summary_cmring', 'off'):>10} {rel('trace', 'off'):>9} "
+              f"{r.get('trace_bytes_per_step', 0):>10.0f} "
               f"{r.get('ring_bytes_per_step', 0):>10.0f} {r.get('summary_map_bytes', 0):>9} "
               f"{r.get('summary_obs', {}).get('drains', '-'):>7} {all(r['tokens_equal'].values())}")
+    for r in res["presets"]:                          # session 8: the compiled tier's two forms are exact
+        for v in ("summary_cm", "summary_cmring"):
+            if f"{v}_counts_equal_hot" in r:
+                print(f"{r['preset']:<6} {v:<15} lat counts == hot: {r[f'{v}_counts_equal_hot']}  "
+                      f"coverage {r.get(f'{v}_coverage')}  queue workers {r.get(f'{v}_queue_workers')}")
     # attribution of the summary's cost (each % over off; drains / publishes per step
     # per worker that took records, from one launch of the variant)
     print(f"\n{'preset':<6} {'off/nohooks':>11} {'pad/nohooks':>11} {'off/pad':>9}   (off cost = smem/carveout x code)")
@@ -575,7 +598,7 @@ def main(argv=None) -> int:
         rel = lambda a, b: f"{100 * (u[a] / u[b] - 1):+.2f}%" if a in u and b in u else "-"  # noqa: E731
         print(f"{r['preset']:<6} {rel('off', 'nohooks'):>11} {rel('nohooks_pad', 'nohooks'):>11} "
               f"{rel('off', 'nohooks_pad'):>9}")
-    cols = ("summary", "summary_cm", "null3", "s_end", "s_dep", "s_ready", "mask3", "trace")
+    cols = ("summary", "summary_cm", "summary_cmring", "null3", "s_end", "s_dep", "s_ready", "mask3", "trace")
     print(f"\n{'preset':<6} " + " ".join(f"{c:>10}" for c in cols) + "   drains/st/w publishes/st/w records/st")
     for r in res["presets"]:
         a = r.get("attrib_vs_off", {})

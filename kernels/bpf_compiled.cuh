@@ -32,6 +32,7 @@
 
 #include "dtrace_mk_abi.h"
 #include "bpf_maps.cuh"
+#include "bpf_inline.cuh"    /* the inline form: its slots run at the hook site, never from records */
 
 #ifndef DTMK_OUT_NONE           /* the same definitions as bpf_vm.cuh (checked in CI) */
 #define DTMK_OUT_NONE 0
@@ -119,6 +120,7 @@ __device__ __noinline__ void dtmk_cm_run_records(const struct dtmk_hook_table *t
         const struct dtmk_hook_table &T = tables[h];
         for (dtmk_u32 k = 0; k < T.n_progs; k++) {
             dtmk_u64 r0 = 0;
+            if (T.progs[k].flags & DTMK_PROG_F_INLINE) continue;   /* ran at the site (bpf_inline.cuh) */
             if (T.progs[k].flags & DTMK_PROG_F_COMPILED)
                 dtmk_cm_run_prog(T.progs[k], h, mine, c, worker, epoch, T.gen >> 1, flags, &r0, accs + k);
             else

@@ -28,6 +28,7 @@
 #define DTMK_BPF_MAPS_CUH
 
 #include "dtrace_mk_abi.h"
+#include "bpf_buckets.cuh"
 
 #define DTMK_E2BIG 7
 #define DTMK_ENOENT 2
@@ -359,17 +360,9 @@ __device__ __noinline__ dtmk_u64 dtmk_map_delete(const struct dtmk_map *m, const
     return 0;
 }
 
-__device__ __forceinline__ dtmk_u32 dtmk_log2_bucket(dtmk_u64 v) {
-    if (v == 0) return 0;
-    dtmk_u32 b = 64 - __clzll((long long)v);
-    return b < DTMK_HIST_LOG2_BUCKETS - 1 ? b : DTMK_HIST_LOG2_BUCKETS - 1;
-}
+__device__ __forceinline__ dtmk_u32 dtmk_log2_bucket(dtmk_u64 v) { return dtmk_bucket_log2(v); }
 __device__ __forceinline__ dtmk_u32 dtmk_linear_bucket(const struct dtmk_map *m, dtmk_u64 v) {
-    dtmk_s64 s = (dtmk_s64)v;
-    if (s < m->lin_lo) return 0;
-    if (s >= m->lin_hi) return m->n_buckets - 1;
-    /* lin_lo <= s < lin_hi: the difference fits in u64 */
-    return 1 + (dtmk_u32)((dtmk_u64)(s - m->lin_lo) / (dtmk_u64)m->lin_step);
+    return dtmk_bucket_linear(m->lin_lo, m->lin_hi, m->lin_step, m->n_buckets, v);
 }
 
 __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const void *key, dtmk_u64 v, bool *lost) {

@@ -298,6 +298,14 @@ struct __align__(16) Obs {
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
+#ifdef DTMK_COMPILED_TIER
+    /* the compiled tier's inline form (kernels/bpf_inline.cuh): hooks with a slot flagged
+     * DTMK_PROG_F_INLINE run it at the site (hk_inline), its map updates held here until
+     * obs_sync's epoch flush (before the accumulators'); vm_mask then names only hooks
+     * with slots that take records */
+    dtmk_u32 inl_mask;
+    struct dtmk_shadow sh;
+#endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
@@ -497,6 +505,12 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
+#ifdef DTMK_COMPILED_TIER
+        /* the inline form's map updates first (all epochs: moving the current one's early
+         * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
+        flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
+        __syncwarp();
+#endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
             if (a->cov && a->eligible) {
@@ -530,7 +544,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
         const struct dtmk_hook_table *gt = (const struct dtmk_hook_table *)O.tables;
         bool ok = true;
-        dtmk_u32 mask = 0;
+        dtmk_u32 mask = 0, inl = 0;            /* hooks whose slots take records / run inline */
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
                 if (dtmk_vm_load_table(gt + h, &O.scratch)) {
@@ -542,7 +556,14 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                     ok = false;                       /* being written: keep the old copy, retry */
                 }
             }
+#ifdef DTMK_COMPILED_TIER
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
+                else mask |= 1u << h;
+            }
+#else
             if (O.tabs[h].n_progs) mask |= 1u << h;
+#endif
         }
 #ifdef DTMK_VM_CODE_SMEM
         /* lay every program's code out again (the ring is empty: no drain reads it now);
@@ -563,7 +584,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
-        W.hook_mask = O.ring_mask | mask;
+#ifdef DTMK_COMPILED_TIER
+        O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
+#endif
+        W.hook_mask = O.ring_mask | mask | inl;
         if (ok) {
             O.gen_seen = gen;
             O.reload = 0;
@@ -615,6 +639,25 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
+#ifdef DTMK_COMPILED_TIER
+/* cold, thread 0: record c through the hook's inline programs (kernels/bpf_inline.cuh):
+ * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both
+ * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
+ * it before the task's release signal when the record comes after it). */
+__device__ __noinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+    struct dtmk_ctx loc;
+#pragma unroll
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
+    dtmk_inl_event(O.tabs[hook], hook, &loc, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+    if (step < O.acc_min) O.acc_min = step;
+    if (O.acc_min < O.pub) {
+        O.pub = O.acc_min;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
+    }
+    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = loc.ts_ns; O.first_seen = 1; }
+}
+#endif
+
 /* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, the
  * observer's shared ring when a VM program of the hook wants it (counted lost when the
  * ring is full), the global ring when the hook is enabled there (else no copy) */
@@ -629,6 +672,9 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
+#ifdef DTMK_COMPILED_TIER
+    if (O.inl_mask & bit) hk_inline(W, c, hook, step);
+#endif
     if (O.vm_mask & bit) {
         const dtmk_u32 cn = O.cnt[hook];
         if (cn < O.cap) {
@@ -709,7 +755,11 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+#ifdef DTMK_COMPILED_TIER
+    W.hook_mask = O.ring_mask | O.vm_mask | O.inl_mask;
+#else
     W.hook_mask = O.ring_mask | O.vm_mask;
+#endif
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
 #else
     W.hook_mask = 0;
@@ -1001,7 +1051,12 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
     dtmk_u32 later = pend;
     if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
     if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
-    if ((O.vm_mask & later) && step < O.pub) {
+#ifdef DTMK_COMPILED_TIER
+    const dtmk_u32 vm = O.vm_mask | O.inl_mask;
+#else
+    const dtmk_u32 vm = O.vm_mask;
+#endif
+    if ((vm & later) && step < O.pub) {
         O.pub = step;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }
@@ -1464,6 +1519,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+#ifdef DTMK_COMPILED_TIER
+    for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
+    if (threadIdx.x == 0) O.inl_mask = 0;
+#endif
     if (threadIdx.x == 0) {
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);

@@ -55,7 +55,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -65,12 +65,16 @@ from ..errors import UserError
 from ..kernels import build
 from . import device as D
 
+if TYPE_CHECKING:                      # runtime/inline.py imports the verifier: loaded when a plan is made
+    from .inline import InlineMap, InlinePlan
+
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
 KERNEL_DIR = D.KERNEL_DIR
 HARNESS = "bpf_compiled_harness.cu"
-HARNESS_SOURCES = (HARNESS, "bpf_compiled.cuh") + D.SOURCES   # bpf_vm_harness.cu is its kernel body
+HARNESS_SOURCES = tuple(sorted(set(build.include_closure(HARNESS, KERNEL_DIR)) | set(D.SOURCES)))
 HOOK_IDS = tuple(range(1, abi.MAX_HOOK_ID + 1))
 PROG_F_COMPILED = 1
+PROG_F_INLINE = 2                     # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE
 ARCH = "sm_90a"
 
 
@@ -184,7 +188,7 @@ def _jmp(grp: str, sub: int, dst: str, src: str, imm: int, tgt: int, check: str)
     return f"{check}if ({cond.format(a=a, b=b, sa=sa, sb=sb)}) goto L{tgt};"
 
 
-def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int) -> Optional[str]:
+def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int, shadow: bool = False) -> Optional[str]:
     o = f"(dtmk_s64)({off})"
     if sub <= 3:
         return f"{dst} = *(const {_MEM_T[sub]} *)({src} + {o});"
@@ -197,12 +201,38 @@ def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int) -> Optional
     if sub in (12, 13):
         t, at = ("dtmk_u32", "unsigned") if sub == 12 else ("dtmk_u64", "unsigned long long")
         fetch = f" {src} = o_;" if aux else ""
+        own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"   # shadow values: one thread
         return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; {t} o_; "
-                f"if (__isLocal(a_)) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
+                f"if ({own}) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
     return None
 
 
-def _call(nm: str) -> str:
+def _inline_call(nm: str, shadow: Dict[int, "InlineMap"], plain: str) -> str:
+    """The inline form's helper call: maps of the shadow (kernels/bpf_inline.cuh) by
+    descriptor address (r1 is the lddw constant just before, so the test folds away),
+    every other map -- and a full shadow probe window -- through the ordinary helper."""
+    arms = []
+    for addr, im in sorted(shadow.items()):
+        a = _hex(addr)
+        key = f"dtmk_sh_key(r2, {im.key_size}u)"
+        if nm == "call_map_lookup_elem" and im.kind == "hash":
+            arms.append(f"if (r1 == {a}) {{ struct dtmk_sh_ent *e_ = dtmk_sh_get(S, {a}, {key}, 0u, {im.ops}u, epoch, "
+                        f"slot); if (e_) r0 = (dtmk_u64)e_->val; else {{ {plain} }} }}")
+        elif nm == "call_hist_add" and im.kind != "hash":
+            lo, hi, step, nb = im.lin
+            b = ("dtmk_bucket_log2(r3)" if im.kind == "hist_log2" else
+                 f"dtmk_bucket_linear({lo}ll, {hi}ll, {step}ll, {nb}u, r3)")
+            arms.append(f"if (r1 == {a}) {{ struct dtmk_sh_ent *e_ = dtmk_sh_get(S, {a}, {key}, {b}, 1u, epoch, "
+                        f"slot); if (e_) {{ e_->val[0] += 1; r0 = 0; }} else {{ {plain} }} }}")
+    return " else ".join(arms + [f"{{ {plain} }}"]) if arms else plain
+
+
+def _call(nm: str, shadow: Optional[Dict[int, "InlineMap"]] = None) -> str:
+    plain = _plain_call(nm)
+    return _inline_call(nm, shadow, plain) if shadow else plain
+
+
+def _plain_call(nm: str) -> str:
     m = "(const struct dtmk_map *)r1"
     return {
         "call_map_lookup_elem": f"r0 = dtmk_map_lookup({m}, (const void *)r2, worker, &lost);",
@@ -217,8 +247,11 @@ def _call(nm: str) -> str:
 
 
 def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
-              stack_depth: int = abi.STACK_SIZE, name: str = "prog") -> str:
-    """dtmk_dinsn records (device.encode_program) -> one C function `fn`."""
+              stack_depth: int = abi.STACK_SIZE, name: str = "prog",
+              shadow: Optional[Dict[int, "InlineMap"]] = None) -> str:
+    """dtmk_dinsn records (device.encode_program) -> one C function `fn`.  `shadow`: the
+    inline form (kernels/bpf_inline.cuh): the maps the shadow combines, by descriptor
+    address (dtrace_mk.runtime.inline); `fn` then also takes the shadow and the slot."""
     n = len(recs)
     try:                                               # the budget can bind: count like the VM
         count = longest_path(recs, name) > max_insns
@@ -238,14 +271,15 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
     used_fault = False
     w(f"/* {name}: {n} records, stack {depth} bytes, "
       f"{'counted budget ' + str(max_insns) if count else 'no budget check needed'} */\n")
+    extra = ", struct dtmk_shadow *S, dtmk_u32 slot" if shadow is not None else ""
     w(f"static __device__ __forceinline__ int {fn}(const struct dtmk_ctx *ctx, dtmk_u32 worker, dtmk_u32 epoch,\n"
-      f"        dtmk_u32 flags, dtmk_u64 *r0_out) {{\n")
+      f"        dtmk_u32 flags, dtmk_u64 *r0_out{extra}) {{\n")
     w("    dtmk_u64 stk[%d];\n" % (depth // 8))
     w("    for (int i = 0; i < %d; i++) stk[i] = 0;\n" % (depth // 8))
     w("    dtmk_u64 r0 = 0, r1 = (dtmk_u64)ctx, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0, r8 = 0, r9 = 0;\n")
     w(f"    dtmk_u64 r10 = (dtmk_u64)(stk + {depth // 8});\n")
     w("    bool lost = false, thr = false;\n")
-    w("    (void)worker; (void)epoch; (void)flags; (void)r10;\n")
+    w("    (void)worker; (void)epoch; (void)flags; (void)r10;%s\n" % (" (void)S; (void)slot;" if shadow is not None else ""))
     if count:
         w("    dtmk_u32 cnt = 0;\n")
     CNT = "cnt++; " if count else ""
@@ -271,12 +305,12 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
         elif grp.startswith("jmp"):
             line = _jmp(grp, sub, f"r{d}", f"r{s}", imm, off, chk())
         elif grp == "mem":
-            line = _mem(sub, f"r{d}", f"r{s}", aux, off, imm)
+            line = _mem(sub, f"r{d}", f"r{s}", aux, off, imm, shadow is not None)
             if line is None:
                 used_fault = True
                 line = "goto L_fault;"
         elif grp == "call":
-            line = chk() + _call(nm)
+            line = chk() + _call(nm, shadow)
         elif nm in ("lddw", "lddw_map", "lddw_map_value"):
             line = f"r{d} = {_hex(imm)};"
         elif nm == "neg":
@@ -317,6 +351,7 @@ PRELUDE = r"""/* GENERATED by dtrace_mk.runtime.compiled: a compiled-tier monito
 #define DTMK_OUT_FAULT 4
 #define DTMK_OUT_SAMPLED 5
 #endif
+#include "bpf_inline.cuh"
 struct dtmk_map;
 /* defined by the kernel module (kernels/bpf_maps.cuh): the device VM's own helpers */
 __device__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const void *key, dtmk_u32 worker, bool *lost);
@@ -346,13 +381,16 @@ static inline dtmk_u64 dtmk_cm_globaltimer() { return 0; }
 
 @dataclass
 class MonitorProgram:
-    """One program of a monitor: its hook, its cm_id (the table's flags >> 16) and code."""
+    """One program of a monitor: its hook, its cm_id (the table's flags >> 16) and code.
+    shadow: also translate its inline form (the maps the shadow combines, by descriptor
+    address; dtrace_mk.runtime.inline), None: ring path only."""
     hook_id: int
     cm_id: int
     name: str
     recs: np.ndarray
     max_insns: int = abi.MAX_INSNS
     stack_depth: int = abi.STACK_SIZE
+    shadow: Optional[Dict[int, "InlineMap"]] = None
 
 
 def monitor_source(progs: Sequence[MonitorProgram]) -> str:
@@ -365,6 +403,9 @@ def monitor_source(progs: Sequence[MonitorProgram]) -> str:
     for p in progs:
         parts.append(translate(p.recs, f"dtmk_cm_prog_{p.cm_id}", max_insns=p.max_insns,
                                stack_depth=p.stack_depth, name=p.name))
+        if p.shadow is not None:
+            parts.append(translate(p.recs, f"dtmk_cm_iprog_{p.cm_id}", max_insns=p.max_insns,
+                                   stack_depth=p.stack_depth, name=p.name + " (inline)", shadow=p.shadow))
     for h in HOOK_IDS:
         mine = [p for p in progs if p.hook_id == h]
         parts.append(f'extern "C" __device__ int dtmk_cm_hook_{h}(dtmk_u32 cm_id, const struct dtmk_ctx *ctx, '
@@ -377,6 +418,19 @@ def monitor_source(progs: Sequence[MonitorProgram]) -> str:
         else:
             parts.append("    (void)cm_id; (void)ctx; (void)worker; (void)epoch; (void)flags; (void)r0;\n"
                          "    return DTMK_OUT_FAULT;\n}\n")
+        inl = [p for p in mine if p.shadow is not None]
+        parts.append(f'extern "C" __device__ int dtmk_cm_inline_{h}(dtmk_u32 cm_id, const struct dtmk_ctx *ctx, '
+                     f'dtmk_u32 worker, dtmk_u32 epoch,\n        dtmk_u32 flags, dtmk_u64 *r0, '
+                     f'struct dtmk_shadow *S, dtmk_u32 slot) {{\n')
+        if inl:
+            parts.append("    switch (cm_id) {\n")
+            for p in inl:
+                parts.append(f"    case {p.cm_id}: return dtmk_cm_iprog_{p.cm_id}(ctx, worker, epoch, flags, r0, S, "
+                             f"slot);\n")
+            parts.append("    default: return DTMK_OUT_FAULT;\n    }\n}\n")
+        else:
+            parts.append("    (void)cm_id; (void)ctx; (void)worker; (void)epoch; (void)flags; (void)r0; (void)S; "
+                         "(void)slot;\n    return DTMK_OUT_FAULT;\n}\n")
     return "".join(parts)
 
 
@@ -534,8 +588,7 @@ def build_compiled_harness(monitor: str, arch: str = ARCH, defines: Sequence[str
 # compile, which is the limit the whole-program build applies to those functions anyway.
 
 STAGE_FAST, STAGE_LTO = 1, 2
-MK_SOURCES = ("megakernel.cu", "mk_ops.cuh", "mk_common.cuh", "dtrace_mk_abi.h", "bpf_vm.cuh",
-              "bpf_run_prog.cuh", "bpf_maps.cuh", "bpf_opcodes.h", "bpf_compiled.cuh")
+MK_SOURCES = tuple(build.include_closure("megakernel.cu", KERNEL_DIR))   # every file the build reads
 MK_MAXRREG = 128                      # 65536 registers / MK_THREADS (512), 1 block per SM
 MK_DEFINES = ("DTMK_COMPILED_TIER",)
 
@@ -677,25 +730,39 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int) { return v; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(int v) { return __builtin_ffs(v); }
 static inline bool __isLocal(const void *) { return false; }
+static inline bool __isShared(const void *) { return false; }
+static inline unsigned long long atomicMax(unsigned long long *a, unsigned long long v) { unsigned long long o = *a; if (v > o) *a = v; return o; }
 """
 
 HOST_DRIVER = r"""
-/* the harness's serial loop (one event at a time, table order), on the host */
+/* the harness's serial loop (one event at a time, table order), on the host; slots with
+ * DTMK_PROG_F_INLINE as the megakernel's hook site runs them (kernels/bpf_inline.cuh): one
+ * shadow and one set of coverage accumulators, flushed at the end of every call (the
+ * megakernel's epoch end) */
+static struct dtmk_shadow dtmk_host_shadow;
+static struct dtmk_cov_acc dtmk_host_accs[DTMK_NUM_HOOKS * DTMK_MAX_PROGS];
 extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk_ctx *events, dtmk_u32 n,
                               dtmk_u64 *r0_out, dtmk_u8 *outcome_out, dtmk_u32 flags) {
     for (dtmk_u32 ev = 0; ev < n; ev++) {
         const struct dtmk_ctx *c = events + ev;
         dtmk_u32 h = c->hook;
         if (h == 0 || h >= DTMK_NUM_HOOKS || (T[h].gen & 1)) continue;
+        for (dtmk_u32 k = 0; k < T[h].n_progs; k++)
+            if (!(T[h].progs[k].flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */
+        dtmk_inl_event(T[h], h, c, c->worker, c->decode_step, flags, &dtmk_host_shadow,
+                       dtmk_host_accs + h * DTMK_MAX_PROGS, r0_out + (dtmk_u64)ev * DTMK_MAX_PROGS,
+                       outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
         for (dtmk_u32 k = 0; k < T[h].n_progs; k++) {
             const struct dtmk_prog &P = T[h].progs[k];
-            if (!(P.flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */
+            if (P.flags & DTMK_PROG_F_INLINE) continue;
             dtmk_u64 r0 = 0;
             int out = dtmk_cm_run_prog(P, h, true, c, c->worker, c->decode_step, T[h].gen >> 1, flags, &r0, 0);
             r0_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = r0;
             outcome_out[(dtmk_u64)ev * DTMK_MAX_PROGS + k] = (dtmk_u8)out;
         }
     }
+    dtmk_sh_flush(&dtmk_host_shadow, T, dtmk_host_accs, 0, 1);
+    for (int i = 0; i < DTMK_NUM_HOOKS * DTMK_MAX_PROGS; i++) dtmk_cov_acc_flush(&dtmk_host_accs[i]);
     return 0;
 }
 """
@@ -794,19 +861,34 @@ class HostDevice:
 # Runtimes
 # ---------------------------------------------------------------------------------
 
+def inline_plan(att, dp) -> "InlinePlan":
+    """The inline plan of attachment att's program dp (dtrace_mk.runtime.inline), kept on dp."""
+    plan = getattr(dp, "inline_plan", None)
+    if plan is None:
+        from .inline import analyse
+        plan = dp.inline_plan = analyse(dp.program, att.maps.defs)
+    return plan
+
+
 def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int, int]) -> List[MonitorProgram]:
-    """MonitorProgram per (attachment, _DevProg), cm_id = cm_ids[id(_DevProg)]."""
+    """MonitorProgram per (attachment, _DevProg), cm_id = cm_ids[id(_DevProg)]; programs
+    the inline form can run get it too (the table flag decides which form runs)."""
     out = []
     for att, dp in entries:
         recs = D.encode_program(dp.program.insns, att.maps.desc_addrs, att.maps.value_addrs, dp.program.name)
+        plan = inline_plan(att, dp)
+        addrs = att.maps.desc_addrs
+        shadow = {addrs[i]: im for i, im in plan.maps.items()} if plan.ok else None
         out.append(MonitorProgram(dp.program.hook.id, cm_ids[id(dp)], f"{att.id}:{dp.program.name}", recs,
-                                  dp.max_insns, dp.stack_depth))
+                                  dp.max_insns, dp.stack_depth, shadow))
     return out
 
 
 class _CompiledMixin:
     """Table publishing with compiled slots, cm_id bookkeeping, the promotion protocol of
     dtrace_mk.runtime.tiers (prepare_promotion / commit_promotion)."""
+
+    inline_tier = True    # compiled programs that qualify run at the hook site (megakernel)
 
     def _cm_init(self) -> None:
         self._cm_id: Dict[int, int] = {}          # id(_DevProg) -> cm_id (compiled, in the tables)
@@ -817,6 +899,13 @@ class _CompiledMixin:
 
     def attachments(self) -> List[int]:
         return list(self._atts)
+
+    def runs_inline(self, att, dp) -> bool:
+        """A compiled program runs in the inline form (kernels/bpf_inline.cuh) when the
+        runtime allows it (`inline_tier`), its plan qualifies and every event runs it
+        (no sampling, no rate limit: those need the warp's tickets)."""
+        return (self.inline_tier and att.sample_every <= 1 and att.max_per_epoch is None
+                and inline_plan(att, dp).ok)
 
     def tier(self, aid: int) -> str:
         return self._tier.get(aid, "hot")
@@ -884,6 +973,8 @@ class _CompiledMixin:
             e["max_per_epoch"] = D.NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
             cm = self._cm_id.get(id(dp))
             e["flags"] = 0 if cm is None else (PROG_F_COMPILED | (cm << 16))
+            if cm is not None and self.runs_inline(att, dp):
+                e["flags"] |= PROG_F_INLINE
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + D.HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
         t["gen"] = 2 * self._gen[hid]
@@ -960,10 +1051,13 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     coverage(aid).  Maps, tables and coverage are the device layouts in host memory."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, clock_from_ctx: bool = True,
-                 opt: str = "-O1"):
+                 opt: str = "-O1", inline: bool = False):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.opt = opt                          # g++ optimisation level of the host build
+        # inline: qualifying programs run as the megakernel's hook site runs them (shadow
+        # flushed at the end of every fire(): the epoch end); else as the harness does
+        self.inline_tier = inline
         self.cp = HostDevice
         self.num_workers = num_workers
         self.max_insns = max_insns
@@ -1075,6 +1169,7 @@ class CompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     # CompiledRuntime: hot (device VM) by default; "compiled" takes effect from the next
     # launch, whose module is built once for everything attached compiled since.
     DEFAULT_TIER = "hot"
+    inline_tier = False   # the harness runs records, it has no hook site
 
     def ensure_module(self) -> Optional[BuildTimes]:
         """Build and load the module for what is compiled now, if it changed (launch()

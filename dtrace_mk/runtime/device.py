@@ -45,8 +45,7 @@ from ..errors import Rejected, UserError
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
-SOURCES = ("bpf_vm_harness.cu", "bpf_vm.cuh", "bpf_run_prog.cuh", "bpf_maps.cuh", "bpf_opcodes.h",
-           "dtrace_mk_abi.h")
+SOURCES = tuple(build.include_closure("bpf_vm_harness.cu", KERNEL_DIR))   # what the harness cache key hashes
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
 NUM_HOOKS = abi.MAX_HOOK_ID + 1

@@ -30,7 +30,7 @@ class Checker:
         self.stack_depth = 0
         self.helpers_used: Set[int] = set()
         self.maps_used: Set[int] = set()
-        self._dispatch = {cls: getattr(Checker, "check_" + cls.__name__) for cls in A.KINDS}
+        self._dispatch = {cls: getattr(type(self), "check_" + cls.__name__) for cls in A.KINDS}
 
     # ------------------------------------------------------------------ walk
 

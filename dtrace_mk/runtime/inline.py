@@ -1,0 +1,315 @@
+"""Which compiled programs run inline at the hook site (kernels/bpf_inline.cuh).
+
+The inline form runs a compiled program on the event's thread at the hook site and
+combines its map updates in a per-worker shadow table that moves into the device maps
+at epoch ends.  That is exact only for updates that commute, so a program qualifies when
+every map it updates is one of (decided on the verified bytecode, from the verifier's own
+register types, not from what the compiler that made it says):
+
+* a hist_log2 / hist_linear map with keys <= 8 bytes, used only through `hist_add`
+  whose return value the program never reads (the shadow cannot know the map is full);
+* a hash map with keys <= 8 bytes and an 8- or 16-byte value whose words, reached only
+  through `map_lookup_elem`, are each either only `xadddw`-ed (ADD) or only changed by
+  the "raise to" triple `ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw [rP+o], rV` (MAX), and
+  whose `map_update_elem` calls insert a zero value with BPF_NOEXIST (the insert path of a
+  lookup-or-insert: in the shadow it is what the flush's insert does).
+
+Array maps are used through the ordinary helpers (a few cached loads, no probing).
+Anything else -- ringbuf evidence, map_delete_elem, trace_printk, a value read for any
+other purpose -- keeps the program on the ring + drain path, with the reason recorded.
+
+    plan = analyse(program, maps)      # InlinePlan: .ok, .reason, .maps {index: InlineMap}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Set, Tuple
+
+from ..abi import definition as abi
+from ..bpf import isa
+from ..bpf.program import MapDef, Program
+from ..bpf.verifier import cfg as _cfg
+from ..bpf.verifier import scalar as S
+from ..bpf.verifier import structure
+from ..bpf.verifier import types as T
+from ..bpf.verifier.checker import Checker
+
+ADD, MAX = 1, 2                               # kernels/bpf_inline.cuh DTMK_SH_ADD / DTMK_SH_MAX
+MAX_KEY = 8
+HIST_TYPES = ("hist_log2", "hist_linear")
+PURE_HELPERS = ("ktime_get_ns", "get_worker_id", "set_priority_hint")
+MAP_HELPERS = ("map_lookup_elem", "map_update_elem", "hist_add")
+NOEXIST = 1
+
+
+@dataclass(frozen=True)
+class InlineMap:
+    """How the shadow combines one map: kind 'hash' (ops: 2 bits per value word) or a
+    hist type (lin = (lo, hi, step, n_buckets) for hist_linear)."""
+    index: int
+    kind: str
+    key_size: int
+    ops: int = 0
+    lin: Tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+@dataclass
+class InlinePlan:
+    maps: Dict[int, InlineMap] = field(default_factory=dict)
+    reason: Optional[str] = None              # why the program stays on the ring path
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+class _Facts(Checker):
+    """The verifier's walk, noting per instruction what the inline analysis needs."""
+
+    def __init__(self, insns, maps, hook, ptype):
+        super().__init__(insns, maps, hook, ptype)
+        self.value_access: Dict[int, Set[Tuple[int, Optional[int], int, str]]] = {}
+        self.calls: Dict[int, Set[Tuple[str, Optional[int], Optional[int], bool]]] = {}
+
+    def check_MemAccess(self, a, st, pc):
+        super().check_MemAccess(a, st, pc)
+        base = st.regs[a.base]
+        if base.kind == T.MAP_VALUE:
+            c = base.off.const
+            off = None if c is None else S.to_signed(c) + a.off
+            self.value_access.setdefault(pc, set()).add((base.map, off, a.size, a.mode))
+
+    def check_Call(self, a, st, pc):
+        super().check_Call(a, st, pc)
+        h = abi.HELPERS_BY_ID[a.helper_id]
+        r1, r3, r4 = st.regs[1], st.regs[3], st.regs[4]
+        m = r1.map if r1.kind == T.MAP_PTR else None
+        flags = r4.num.const if r4.kind == T.SCALAR and r4.num is not None else None
+        zero = False
+        if h.name == "map_update_elem" and m is not None and r3.kind == T.STACK and r3.off.const is not None:
+            off, size = S.to_signed(r3.off.const), self.maps[m].value_size
+            if off % 8 == 0 and size % 8 == 0:
+                slots = [st.spills.get(s) for s in range(off, off + size, 8)]
+                zero = all(r is not None and r.kind == T.SCALAR and r.num is not None and r.num.const == 0
+                           for r in slots)
+        self.calls.setdefault(pc, set()).add((h.name, m, flags, zero))
+
+
+def _facts(prog: Program, maps: Sequence[MapDef]) -> _Facts:
+    cont = structure.check(prog.insns, maps)
+    graph = _cfg.build(prog.insns, cont)
+    f = _Facts(prog.insns, list(maps), prog.hook, prog.prog_type)
+    f.run(graph.order)
+    f.graph = graph
+    return f
+
+
+def _jump_targets(insns: Sequence[isa.Insn]) -> Set[int]:
+    out: Set[int] = set()
+    for pc, ins in enumerate(insns):
+        info = isa.OPCODES.get(ins.opcode)
+        if info is not None and info.kind == "jmp":
+            out.add(pc + 1 + ins.off)
+    return out
+
+
+def _max_triple(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> bool:
+    """insns[pc:pc+3] is `ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw [rP+o], rV`, entered only at pc."""
+    if pc + 2 >= len(insns) or pc + 1 in targets or pc + 2 in targets:
+        return False
+    ld, j, stx = insns[pc], insns[pc + 1], insns[pc + 2]
+    return (ld.opcode == isa.BPF_LDX | isa.BPF_MEM | isa.BPF_DW
+            and j.opcode == isa.BPF_JMP | isa.BPF_X | isa.BPF_JGE and j.off == 1 and j.dst == ld.dst
+            and stx.opcode == isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW
+            and stx.dst == ld.src and stx.off == ld.off and stx.src == j.src and j.src != ld.dst)
+
+
+def _r0_dead_after(insns: Sequence[isa.Insn], pc: int) -> bool:
+    """r0 is written before it is read on the straight line after the call at pc (a jump
+    or exit first: not provably dead)."""
+    for ins in insns[pc + 1:]:
+        info = isa.OPCODES.get(ins.opcode)
+        if info is None or info.kind in ("jmp", "exit"):
+            return False
+        if info.kind == "call":
+            return True                                  # clobbers r0 unread
+        x = info.src == isa.BPF_X
+        if info.kind == "alu":
+            reads = (ins.dst == 0 and isa.ALU_OPS[info.op] != "mov") or (x and ins.src == 0)
+        elif info.kind == "ldx":
+            reads = ins.src == 0
+        elif info.kind == "st":
+            reads = ins.dst == 0
+        elif info.kind in ("stx", "atomic"):
+            reads = 0 in (ins.dst, ins.src)
+        else:                                            # ld_imm64
+            reads = False
+        if reads:
+            return False
+        if ins.dst == 0 and info.kind in ("alu", "ldx", "ld_imm64"):
+            return True
+    return False
+
+
+def _reg_dead_after(insns: Sequence[isa.Insn], start: int, reg: int) -> bool:
+    """`reg` is written before it is read on the straight line from `start` (exit: dead
+    unless it is r0; a jump, or a call taking it as an argument: not provably dead)."""
+    pc = start
+    while pc < len(insns):
+        ins = insns[pc]
+        info = isa.OPCODES.get(ins.opcode)
+        if info is None or info.kind == "jmp":
+            return False
+        if info.kind == "exit":
+            return reg != 0
+        if info.kind == "call":
+            if 1 <= reg <= 5:
+                return False
+            if reg == 0:
+                return True
+            pc += 1
+            continue
+        x = info.src == isa.BPF_X
+        if info.kind == "alu":
+            reads = (ins.dst == reg and isa.ALU_OPS[info.op] != "mov") or (x and ins.src == reg)
+        elif info.kind == "ldx":
+            reads = ins.src == reg
+        elif info.kind == "st":
+            reads = ins.dst == reg
+        elif info.kind in ("stx", "atomic"):
+            reads = reg in (ins.dst, ins.src)
+        else:                                            # ld_imm64
+            reads = False
+        if reads:
+            return False
+        if ins.dst == reg and info.kind in ("alu", "ldx", "ld_imm64"):
+            return True
+        pc += 2 if info.kind == "ld_imm64" else 1
+    return False
+
+
+def _null_edge(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> Optional[Tuple[int, int]]:
+    """The edge a null result of the lookup call at pc takes: the first instruction after it
+    that is a jump, when that is `jeq/jne r0, 0` on a straight line entered only at pc
+    and r0 is not written before it; else None."""
+    j = pc + 1
+    while j < len(insns) and j not in targets:
+        ins = insns[j]
+        info = isa.OPCODES.get(ins.opcode)
+        if info is None or info.kind in ("exit", "call"):
+            return None
+        if info.kind == "jmp":
+            if (info.is64 and info.src == isa.BPF_K and ins.dst == 0 and ins.imm == 0 and ins.off != 0
+                    and info.op in (isa.BPF_JEQ, isa.BPF_JNE)):
+                return (j, j + 1 + ins.off) if info.op == isa.BPF_JEQ else (j, j + 1)
+            return None
+        if ins.dst == 0 and info.kind in ("alu", "ldx", "ld_imm64"):
+            return None
+        j += 2 if info.kind == "ld_imm64" else 1
+    return None
+
+
+def _most_per_run(insns: Sequence[isa.Insn], graph, sites: Set[int], lookups: Set[int],
+                  targets: Set[int]) -> Tuple[int, int]:
+    """(most shadow accesses -- calls at `sites` -- one run can make, the site where a path
+    first makes that many), over the CFG without the null edges of the shadow's lookups
+    (the shadow never returns null; a lookup-or-insert's second lookup is on that edge)."""
+    pruned = {e for e in (_null_edge(insns, pc, targets) for pc in lookups) if e is not None}
+    inc: Dict[int, int] = {0: 0}
+    best, where = 0, -1
+    for pc in graph.order:
+        cur = inc.get(pc)
+        if cur is None:
+            continue                                     # reached only through pruned edges
+        if pc in sites:
+            cur += 1
+            if cur > best:
+                best, where = cur, pc
+        for s in graph.succ.get(pc, ()):
+            if (pc, s) not in pruned:
+                inc[s] = max(inc.get(s, 0), cur)
+    return best, where
+
+
+def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
+    """The inline plan of a verified program (see the module doc)."""
+    try:
+        f = _facts(prog, maps)
+    except Exception as e:                    # noqa: BLE001 - not verifiable: never inline
+        return InlinePlan(reason=f"not verified: {e}")
+    insns = prog.insns
+    targets = _jump_targets(insns)
+    used_maps: Set[int] = set()
+    update_ok: Dict[int, bool] = {}
+    hist_via_helper: Set[int] = set()
+    for pc, calls in sorted(f.calls.items()):
+        for name, m, flags, zero in calls:
+            if name in PURE_HELPERS:
+                continue
+            if name not in MAP_HELPERS:
+                return InlinePlan(reason=f"insn {pc}: {name} keeps the program on the ring path")
+            if m is None:
+                return InlinePlan(reason=f"insn {pc}: {name} on an unknown map")
+            used_maps.add(m)
+            md = maps[m]
+            if name == "hist_add":
+                hist_via_helper.add(m)
+                if not _r0_dead_after(insns, pc):
+                    return InlinePlan(reason=f"insn {pc}: hist_add's return value is read")
+            elif name == "map_update_elem":
+                update_ok[m] = update_ok.get(m, True) and flags == NOEXIST and zero
+            elif md.type in HIST_TYPES:
+                return InlinePlan(reason=f"insn {pc}: map '{md.name}': a hist value read directly")
+    ops: Dict[int, Dict[int, int]] = {}       # map -> word -> op
+    for pc, accs in sorted(f.value_access.items()):
+        for m, off, size, mode in accs:
+            md = maps[m]
+            if md.type not in ("hash",):
+                continue                      # arrays: ordinary helpers
+            if off is None or size != 8 or off % 8 or off >= 16:
+                return InlinePlan(reason=f"insn {pc}: map '{md.name}': value access at {off} size {size}")
+            word = off // 8
+            if mode == "atomic" and not insns[pc].imm & isa.ATOMIC_FETCH:
+                op = ADD                      # (a fetch would read the shadow's partial value)
+            elif mode == "read" and _max_triple(insns, pc, targets) and _reg_dead_after(insns, pc + 3, insns[pc].dst):
+                op = MAX                      # (the value read must not be used past the triple)
+            elif mode == "write" and pc >= 2 and _max_triple(insns, pc - 2, targets):
+                op = MAX
+            else:
+                return InlinePlan(reason=f"insn {pc}: map '{md.name}': value {mode} outside an add or max")
+            prev = ops.setdefault(m, {}).setdefault(word, op)
+            if prev != op:
+                return InlinePlan(reason=f"map '{md.name}': value word {word} both added and raised")
+    plan = InlinePlan()
+    for m in sorted(used_maps):
+        md = maps[m]
+        if md.type in ("array", "per_worker_array"):
+            continue
+        if md.key_size > MAX_KEY:
+            return InlinePlan(reason=f"map '{md.name}': {md.key_size}-byte keys (inline: <= {MAX_KEY})")
+        if md.type in HIST_TYPES:
+            n = md.value_size // 8
+            plan.maps[m] = InlineMap(m, md.type, md.key_size, ADD, (md.lin_lo, md.lin_hi, md.lin_step, n))
+        elif md.type == "hash":
+            if md.value_size not in (8, 16):
+                return InlinePlan(reason=f"map '{md.name}': {md.value_size}-byte values (inline: 8 or 16)")
+            if m not in update_ok:            # the flush inserts every key looked up
+                return InlinePlan(reason=f"map '{md.name}': looked up without a zero NOEXIST insert")
+            if not update_ok[m]:
+                return InlinePlan(reason=f"map '{md.name}': map_update_elem other than a zero NOEXIST insert")
+            bits = 0
+            for word, op in ops.get(m, {}).items():
+                bits |= op << (2 * word)
+            plan.maps[m] = InlineMap(m, "hash", md.key_size, bits)
+        else:
+            return InlinePlan(reason=f"map '{md.name}': type {md.type}")
+    # one shadow access per run at most: the flush loses a refused key's events one per
+    # entry event, which is one per run only then (two entries of one run: lost twice)
+    sites = {pc for pc, calls in f.calls.items() for name, m, _, _ in calls
+             if m in plan.maps and name in ("map_lookup_elem", "hist_add")}
+    lookups = {pc for pc, calls in f.calls.items() for name, m, _, _ in calls
+               if m in plan.maps and name == "map_lookup_elem"}
+    most, where = _most_per_run(insns, f.graph, sites, lookups, targets)
+    if most > 1:
+        return InlinePlan(reason=f"insn {where}: {most} shadow map updates in one run (inline: at most one)")
+    return plan

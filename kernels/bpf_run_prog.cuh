@@ -26,6 +26,7 @@
 #ifndef DTMK_VM_FULL
 #define DTMK_VM_FULL 0xffffffffu
 #endif
+#define DTMK_PROG_F_SERIAL 4u      /* dtmk_prog.flags: run the warp's events one lane at a time */
 
 template <class Exec, class... A>
 __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eligible, const void *ctx, dtmk_u32 worker,
@@ -64,7 +65,20 @@ __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eli
         run = run && granted;
     }
     DTMK_PROF_BEGIN(prof_exec);    /* -DDTMK_OBS_PROF only (bpf_maps.cuh) */
-    int out = Exec::exec(P, run, ctx, worker, epoch, flags, r0, a...);
+    /* DTMK_PROG_F_SERIAL: a program that writes map values without atomics (e.g. max:
+     * load, compare, store) runs its lanes one at a time in lane order (= record order),
+     * as the reference does; in parallel two lanes of one key would lose an update.  One
+     * call site for both ways (the exec step is large: the VM is inlined here). */
+    const bool serial = (P.flags & DTMK_PROG_F_SERIAL) != 0;
+    unsigned todo = serial ? __ballot_sync(DTMK_VM_FULL, run) : 0u;
+    int out = DTMK_OUT_NONE;
+    do {
+        const int l = todo ? __ffs(todo) - 1 : -1;
+        const bool mine = !serial || (int)lane == l;
+        const int o = Exec::exec(P, run && mine, ctx, worker, epoch, flags, r0, a...);
+        if (mine) out = o;
+        todo &= todo - 1u;
+    } while (todo);
     DTMK_PROF_END(14, prof_exec);
     if (eligible && !run) out = DTMK_OUT_SAMPLED;
     const unsigned exec = __ballot_sync(DTMK_VM_FULL, out == DTMK_OUT_EXECUTED);

@@ -628,6 +628,12 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #endif
     if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
+#ifdef DTMK_COMPILED_TIER
+    /* the inline form: the shadow holds an earlier epoch -> flush it in this idle wait
+     * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
+     * into the global helpers within OBS_LAG steps) */
+    if (!rd && O.inl_mask && O.acc_min < step) return 2;
+#endif
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
@@ -640,11 +646,11 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #endif
 
 #ifdef DTMK_COMPILED_TIER
-/* cold, thread 0: record c through the hook's inline programs (kernels/bpf_inline.cuh):
+/* thread 0 (in the cold hk_store callers): record c through the hook's inline programs (kernels/bpf_inline.cuh):
  * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both
  * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
  * it before the task's release signal when the record comes after it). */
-__device__ __noinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+__device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
     struct dtmk_ctx loc;
 #pragma unroll
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];

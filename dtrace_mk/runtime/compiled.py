@@ -955,30 +955,14 @@ class _CompiledMixin:
                 self._cm_id[id(dp)] = self._cm_reserved.pop(id(dp))
         self._tier[aid] = "compiled"
 
-    def _publish(self, hid: int) -> None:
-        """DeviceRuntime._publish plus the compiled flag and cm_id of each slot."""
-        t = self.host_tables[hid]
-        base = hid * D.HOOK_TABLE_DTYPE.itemsize
-        t["gen"] = 2 * self._gen[hid] - 1
-        self.tables[base:base + 4].set(np.frombuffer(int(t["gen"]).to_bytes(4, "little"), np.uint8))
-        entries = self._by_hook[hid]
-        t["n_progs"] = len(entries)
-        for k in range(D.MAX_PROGS):
-            t["progs"][k] = np.zeros(1, D.PROG_DTYPE)[0]
-        for k, (att, dp) in enumerate(entries):
-            e = t["progs"][k]
-            e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
-            e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
-            e["sample_every"], e["prog_id"] = att.sample_every, att.id
-            e["max_per_epoch"] = D.NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
-            cm = self._cm_id.get(id(dp))
-            e["flags"] = 0 if cm is None else (PROG_F_COMPILED | (cm << 16))
-            if cm is not None and self.runs_inline(att, dp):
+    def _fill_slot(self, e, att, dp) -> None:
+        """DeviceRuntime's slot plus the compiled flag, cm_id and inline flag."""
+        super()._fill_slot(e, att, dp)
+        cm = self._cm_id.get(id(dp))
+        if cm is not None:
+            e["flags"] |= PROG_F_COMPILED | (cm << 16)
+            if self.runs_inline(att, dp):
                 e["flags"] |= PROG_F_INLINE
-        body = self.host_tables[hid:hid + 1].view(np.uint8)
-        self.tables[base + 4:base + D.HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
-        t["gen"] = 2 * self._gen[hid]
-        self.tables[base:base + 4].set(np.frombuffer(int(t["gen"]).to_bytes(4, "little"), np.uint8))
 
     def _hooks_of(self, aid: int) -> List[int]:
         return sorted({dp.program.hook.id for dp in self._atts[aid].progs})

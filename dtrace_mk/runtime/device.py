@@ -531,6 +531,19 @@ class _DevProg:
     retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
 
 
+PROG_F_SERIAL = 4     # kernels/bpf_run_prog.cuh DTMK_PROG_F_SERIAL
+
+
+def _serial(att: "_DevAttachment", dp: _DevProg) -> bool:
+    """dp writes map values without atomics: a warp runs its events one lane at a time
+    (dtrace_mk.runtime.inline.writes_values; kept on dp)."""
+    v = getattr(dp, "serial", None)
+    if v is None:
+        from .inline import writes_values
+        v = dp.serial = writes_values(dp.program, att.maps.defs)
+    return v
+
+
 @dataclass
 class _DevAttachment:
     id: int
@@ -685,6 +698,15 @@ class DeviceRuntime:
         from ..abi import context
         return self._gen[context.hook_id(hook)]
 
+    def _fill_slot(self, e, att: "_DevAttachment", dp: "_DevProg") -> None:
+        """One dtmk_prog of a hook table (kernels/bpf_maps.cuh)."""
+        e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
+        e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
+        e["sample_every"], e["prog_id"] = att.sample_every, att.id
+        e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
+        e["first_epoch"] = att.first_epoch
+        e["flags"] = PROG_F_SERIAL if _serial(att, dp) else 0
+
     def _publish(self, hid: int) -> None:
         """Write hook hid's table under its seqlock: gen odd, body, gen even."""
         t = self.host_tables[hid]
@@ -696,12 +718,7 @@ class DeviceRuntime:
         for k in range(MAX_PROGS):
             t["progs"][k] = np.zeros(1, PROG_DTYPE)[0]
         for k, (att, dp) in enumerate(entries):
-            e = t["progs"][k]
-            e["insns"], e["cov"] = dp.code.data.ptr, dp.cov.data.ptr
-            e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
-            e["sample_every"], e["prog_id"] = att.sample_every, att.id
-            e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
-            e["first_epoch"] = att.first_epoch
+            self._fill_slot(t["progs"][k], att, dp)
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
         t["gen"] = 2 * self._gen[hid]

@@ -10,9 +10,14 @@ register types, not from what the compiler that made it says):
   whose return value the program never reads (the shadow cannot know the map is full);
 * a hash map with keys <= 8 bytes and an 8- or 16-byte value whose words, reached only
   through `map_lookup_elem`, are each either only `xadddw`-ed (ADD) or only changed by
-  the "raise to" triple `ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw [rP+o], rV` (MAX), and
-  whose `map_update_elem` calls insert a zero value with BPF_NOEXIST (the insert path of a
-  lookup-or-insert: in the shadow it is what the flush's insert does).
+  the "raise to" triple `ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw [rP+o], rV` (MAX, rT
+  dead after it; an add never fetches), and whose `map_update_elem` calls insert a zero
+  value with BPF_NOEXIST (the insert path of a lookup-or-insert: in the shadow it is what
+  the flush's insert does).  Such an insert must exist, and every lookup is either the
+  first of a lookup-or-insert (its null edge leads straight to the insert and a second
+  lookup that rejoins it: the shadow never returns null) or that second lookup;
+* at most one shadow access (hist_add or first lookup) on any path of one run: the flush
+  loses a refused key's events once per entry, which is once per event only then.
 
 Array maps are used through the ordinary helpers (a few cached loads, no probing).
 Anything else -- ringbuf evidence, map_delete_elem, trace_printk, a value read for any
@@ -209,6 +214,42 @@ def _null_edge(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> Optiona
     return None
 
 
+def _insert_path(insns: Sequence[isa.Insn], pc: int, m: int, calls, targets: Set[int]) -> Optional[int]:
+    """The lookup-or-insert's second lookup, when the null edge of the lookup of map m at
+    pc leads, on a straight line, only to register ops, loads, stack stores, m's insert
+    and a second lookup of m whose non-null edge goes where pc's goes (so a shadow that
+    never returns null skips only what the insert would have done); else None."""
+    e = _null_edge(insns, pc, targets)
+    if e is None:
+        return None
+    nonnull = [s for s in _cfg.successors(insns, e[0]) if s != e[1]]
+    k, inserted = e[1], False
+    while k < len(insns):
+        if k != e[1] and k in targets:
+            return None                                  # entered from elsewhere too
+        ins = insns[k]
+        info = isa.OPCODES.get(ins.opcode)
+        if info is None:
+            return None
+        if info.kind == "call":
+            what = {(name, mm) for name, mm, _, _ in calls.get(k, ())}
+            if what == {("map_update_elem", m)} and not inserted:
+                inserted = True
+            elif what == {("map_lookup_elem", m)} and inserted:
+                e2 = _null_edge(insns, k, targets)
+                ok = e2 is not None and [s for s in _cfg.successors(insns, e2[0]) if s != e2[1]] == nonnull
+                return k if ok else None
+            else:
+                return None
+        elif info.kind in ("st", "stx"):
+            if ins.dst != 10:
+                return None                              # stores: the stack only
+        elif info.kind not in ("alu", "ldx", "ld_imm64"):
+            return None
+        k += 2 if info.kind == "ld_imm64" else 1
+    return None
+
+
 def _most_per_run(insns: Sequence[isa.Insn], graph, sites: Set[int], lookups: Set[int],
                   targets: Set[int]) -> Tuple[int, int]:
     """(most shadow accesses -- calls at `sites` -- one run can make, the site where a path
@@ -309,7 +350,30 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
              if m in plan.maps and name in ("map_lookup_elem", "hist_add")}
     lookups = {pc for pc, calls in f.calls.items() for name, m, _, _ in calls
                if m in plan.maps and name == "map_lookup_elem"}
+    # a shadow lookup never returns null: every one must be a lookup-or-insert's first
+    # lookup (its null edge only inserts the key) or its second
+    firsts: Dict[int, Optional[int]] = {}
+    for pc in sorted(lookups):
+        ms = {mm for name, mm, _, _ in f.calls[pc] if name == "map_lookup_elem"}
+        firsts[pc] = _insert_path(insns, pc, ms.pop(), f.calls, targets) if len(ms) == 1 else None
+    seconds = {k for k in firsts.values() if k is not None}
+    for pc in sorted(lookups):
+        if firsts[pc] is None and pc not in seconds:
+            return InlinePlan(reason=f"insn {pc}: a lookup whose null result does more than insert the key "
+                                     f"(the shadow never returns null)")
     most, where = _most_per_run(insns, f.graph, sites, lookups, targets)
     if most > 1:
         return InlinePlan(reason=f"insn {where}: {most} shadow map updates in one run (inline: at most one)")
     return plan
+
+
+def writes_values(prog: Program, maps: Sequence[MapDef]) -> bool:
+    """prog stores into a map value without an atomic (ldx/compare/stx "max", a plain
+    assignment): events of one warp must then run one at a time (DTMK_PROG_F_SERIAL),
+    as the reference runs them, or two lanes of one key lose an update."""
+    try:
+        f = _facts(prog, maps)
+    except Exception:                         # noqa: BLE001 - not verifiable: never attached
+        return False
+    return any(mode == "write" for accs in f.value_access.values() for _, _, _, mode in accs)
+

@@ -1,0 +1,652 @@
+"""The compiled tier's inline form without a GPU (dtrace_mk.runtime.inline,
+kernels/bpf_inline.cuh, compiled.translate(shadow=...)).
+
+* analyse(): the exact verdict for real queries of the language (the summary's three
+  programs with their InlineMaps, count / sum / max / avg / hist / lhist) and for what
+  must stay on the ring path, with the reason (evidence, map_delete_elem, a value read
+  or written outside an add / max, a max triple entered in its middle, a fetching add,
+  16-byte keys, a read hist_add result, an update other than a zero NOEXIST insert, a
+  lookup with no insert or with a side effect on its null path, two shadow updates in
+  one run).
+* Differential on the CPU: HostCompiledRuntime(W, inline=True) -- the hook site's
+  dtmk_inl_event per record, the shadow and coverage accumulators flushed at the end of
+  every fire() (the epoch end) -- against the reference VM on random aggregation queries
+  over four hooks: maps, map stats and coverage rows equal; the inline slots really ran
+  (table flag PROG_F_INLINE), a broken shadow update is caught; inline=False agrees too.
+  The hand-written programs too (the refused ones would differ inline: a lookup with no
+  insert, a side effect on the null path, a fetched or re-used value); tables
+  republished between epochs (attach / detach); first_epoch; sampling and rate limits
+  never inline.
+* A full map: losses counted as the helpers would (map stats.lost, coverage lost per
+  epoch = the events whose key never got in; a program with two shadow maps would lose
+  an event twice, so it stays on the ring path); a full shadow probe window falls back
+  to the ordinary helpers and stays exact.
+* NVRTC: the summary monitor with its inline forms compiles to LTO-IR for sm_90a; with
+  nvJitLink the megakernel's compiled-tier build links with it (slow: the kernel compile).
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import shutil
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from dtrace_mk.abi import context
+from dtrace_mk.abi import definition as abi
+from dtrace_mk.bpf import asm
+from dtrace_mk.bpf.program import BpfObject, MapDef, Program
+from dtrace_mk.lang.pipeline import compile_query
+from dtrace_mk.runtime import compiled as C
+from dtrace_mk.runtime import device as D
+from dtrace_mk.runtime.inline import ADD, MAX, InlineMap, analyse
+from dtrace_mk.runtime.live import SUMMARY_QUERY
+from dtrace_mk.runtime.reference import ReferenceRuntime
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "gpu"))
+
+import device_progs as G                      # noqa: E402
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host build needs g++")
+INLINE_H = (D.KERNEL_DIR / "bpf_inline.cuh").read_text()
+SH_N = int(re.search(r"#define DTMK_SH_N (\d+)u", INLINE_H).group(1))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "cm_inline_cache"))
+
+
+def test_constants_agree_with_the_kernel_header():
+    defs = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define (DTMK_\w+) (\d+)u", INLINE_H)}
+    assert (defs["DTMK_SH_ADD"], defs["DTMK_SH_MAX"], defs["DTMK_PROG_F_INLINE"]) == (ADD, MAX, C.PROG_F_INLINE)
+
+
+# ------------------------------------------------------------------ analyse(): the table
+
+def _plans(query):
+    obj = compile_query(query, None, name="<t>").obj
+    return {p.name: analyse(p, obj.maps) for p in obj.programs}
+
+
+def _hash(i, ops, key=8):
+    return InlineMap(i, "hash", key, ops)
+
+
+def _log2(i, key=8):
+    return InlineMap(i, "hist_log2", key, ADD, (0, 0, 0, 64))
+
+
+QUALIFY = [
+    ("task:end { @c[task.class] = count(); }", {"c0_task_end": {0: _hash(0, ADD)}}),
+    ("dep:release /task.class != 3/ { @s[worker] = sum(dep.wait_ns); }", {"c0_dep_release": {0: _hash(0, ADD)}}),
+    ("task:ready { @m[layer] = max(queue.depth); }", {"c0_task_ready": {0: _hash(0, MAX)}}),
+    ("task:end { @a[task.class] = avg(task.dur_ns); }", {"c0_task_end": {0: _hash(0, ADD | ADD << 2)}}),
+    ("task:begin { @h[task.class] = hist(task.wait_ns); }", {"c0_task_begin": {0: _log2(0)}}),
+    ("task:end { @h = hist(task.dur_ns); }", {"c0_task_end": {0: _log2(0, key=4)}}),
+    ("task:ready { @m = max(queue.depth); }", {"c0_task_ready": {0: _hash(0, MAX, key=4)}}),
+    ("task:end { @l[worker] = lhist(task.dur_ns, 0, 1000, 100); }",
+     {"c0_task_end": {0: InlineMap(0, "hist_linear", 8, ADD, (0, 1000, 100, 12))}}),
+    # no key: a per_worker_array, used through the ordinary helpers (nothing in the shadow)
+    ("task:end { @n = count(); }", {"c0_task_end": {}}),
+    ("task:end { exit(); }", {"c0_task_end": {}}),
+    # one shadow update per path: if / else, a second map that is an array
+    ("task:end { if (task.class == 1) { @a[worker] = sum(task.dur_ns); } else { @b[worker] = hist(task.dur_ns); } }",
+     {"c0_task_end": {0: _hash(0, ADD), 1: _log2(1)}}),
+    ("task:end { @a[task.class] = max(task.dur_ns); @n = count(); }", {"c0_task_end": {0: _hash(0, MAX)}}),
+    ("task:begin, task:end { @w[task.class] = sum(task.wait_ns); }",
+     {"c0_task_begin": {0: _hash(0, ADD)}, "c0_task_end": {0: _hash(0, ADD)}}),
+]
+
+
+def test_the_summary_monitor_qualifies_with_its_exact_plan():
+    plans = _plans(SUMMARY_QUERY)
+    assert {n: (p.reason, p.maps) for n, p in plans.items()} == {
+        "c0_task_end": (None, {0: _log2(0)}),                 # hist -> ADD 1 into the bucket
+        "c1_dep_release": (None, {1: _hash(1, ADD)}),         # sum -> ADD
+        "c2_task_ready": (None, {2: _hash(2, MAX)}),          # max -> MAX
+    }
+
+
+@pytest.mark.parametrize("query,expect", QUALIFY, ids=[q[:40] for q, _ in QUALIFY])
+def test_queries_that_qualify(query, expect):
+    plans = _plans(query)
+    assert {n: p.reason for n, p in plans.items()} == {n: None for n in expect}
+    assert {n: p.maps for n, p in plans.items()} == expect
+
+
+REFUSE_QUERIES = [
+    ("task:end { evidence(task.class); @n[worker] = count(); }",
+     r"insn \d+: ringbuf_output keeps the program on the ring path"),
+    ("task:end { @m[task.layer] = min(task.dur_ns); }", r"insn \d+: map 'm': value read outside an add or max"),
+    ("task:end { @m[task.layer] = stats(task.dur_ns); }", r"insn \d+: map 'm': value access at 16 size 8"),
+    ("task:end { @k[task.class, worker] = count(); }", r"map 'k': 16-byte keys \(inline: <= 8\)"),
+    # two shadow updates in one run: a refused key would lose the event twice
+    ("task:end { @a[task.class] = count(); @b[task.class] = sum(task.dur_ns); }",
+     r"insn \d+: 2 shadow map updates in one run \(inline: at most one\)"),
+    ("task:end { @a[task.class] = count(); @a[worker] = count(); }", r"insn \d+: 2 shadow map updates in one run .*"),
+]
+
+
+@pytest.mark.parametrize("query,reason", REFUSE_QUERIES, ids=[q[:40] for q, _ in REFUSE_QUERIES])
+def test_queries_that_stay_on_the_ring_path(query, reason):
+    (plan,) = _plans(query).values()
+    assert not plan.ok and plan.maps == {}
+    assert re.fullmatch(reason, plan.reason), plan.reason
+
+
+# hand-written programs on task:end: r6 = ctx, r7 = task.dur_ns, key task.class at fp-48 (16 bytes
+# written: a 16-byte key is allowed too), zero value at fp-24 (24 bytes)
+HOOK = abi.hook("task:end")
+PRO = """
+    mov r6, r1
+    ldxdw r7, [r6+96]
+    ldxw r1, [r6+28]
+    stxdw [r10-48], r1
+    stxdw [r10-40], r1
+"""
+LOOKUP_OR_INSERT = """
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    call map_lookup_elem
+    jne r0, 0, have
+    mov r1, {init}
+    stxdw [r10-24], r1
+    stxdw [r10-16], r1
+    stxdw [r10-8], r1
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    mov r3, r10
+    add r3, -24
+    mov r4, {flags}
+    call map_update_elem
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    call map_lookup_elem
+    jeq r0, 0, out
+have:
+"""
+EPI = """
+out:
+    mov r0, 0
+    exit
+"""
+XADD = "xadddw [r0+0], r7\n"
+RAISE = "ldxdw r1, [r0+8]\njge r1, r7, +1\nstxdw [r0+8], r7\n"
+
+
+def _prog(body, flags=1, key=8, value=16, init=0):
+    maps = [MapDef("h", "hash", key, value, 64)]
+    text = PRO + LOOKUP_OR_INSERT.format(flags=flags, init=init) + body + EPI
+    return Program("p", HOOK.section, HOOK, asm.assemble(text, [m.name for m in maps])), maps
+
+
+def _first_seen_prog():
+    """lookup-or-insert that also counts first sightings (into an array) on its null path:
+    inline, the shadow's lookup never returns null, so that count would stay 0."""
+    maps = [MapDef("h", "hash", 8, 16, 64), MapDef("firsts", "array", 4, 8, 1)]
+    count = """
+    mov r1, 0
+    stxw [r10-52], r1
+    lddw r1, map:firsts
+    mov r2, r10
+    add r2, -52
+    call map_lookup_elem
+    jeq r0, 0, out
+    mov r1, 1
+    xadddw [r0+0], r1
+    mov r1, 0
+    stxdw [r10-24], r1"""
+    text = PRO + LOOKUP_OR_INSERT.format(flags=1, init=0).replace("\n    mov r1, 0\n    stxdw [r10-24], r1", count, 1)
+    return Program("p", HOOK.section, HOOK, asm.assemble(text + XADD + EPI, [m.name for m in maps])), maps
+
+
+def _hist_prog(after):
+    maps = [MapDef("g", "hist_log2", 8, 512, 64)]
+    text = PRO + "lddw r1, map:g\nmov r2, r10\nadd r2, -48\nmov r3, r7\ncall hist_add\n" + after
+    return Program("p", HOOK.section, HOOK, asm.assemble(text, ["g"])), maps
+
+
+def test_a_hand_written_add_and_raise_value_qualifies():
+    """word 0 only added, word 1 only raised: ops = ADD | MAX << 2 (a jump to the triple's
+    first instruction is fine); the r0 of a hist_add written before it is read is fine."""
+    plan = analyse(*_prog(XADD + "jgt r7, 100, tri\n" + "tri:\n" + RAISE))
+    assert plan.ok and plan.maps == {0: InlineMap(0, "hash", 8, ADD | MAX << 2)}
+    plan = analyse(*_prog(XADD, key=4))
+    # (4-byte key: the stack key is the low half of the u64 above)
+    assert plan.ok and plan.maps[0].key_size == 4 and plan.maps[0].ops == ADD
+    plan = analyse(*_hist_prog("mov r0, 0\nexit\n"))
+    assert plan.ok and plan.maps == {0: _log2(0)}
+
+
+def _delete_prog():
+    maps = [MapDef("h", "hash", 8, 16, 64)]
+    text = PRO + "lddw r1, map:h\nmov r2, r10\nadd r2, -48\ncall map_delete_elem\nmov r0, 0\nexit\n"
+    return Program("p", HOOK.section, HOOK, asm.assemble(text, ["h"])), maps
+
+
+def _lookup_only_prog():
+    maps = [MapDef("h", "hash", 8, 16, 64)]
+    text = PRO + "lddw r1, map:h\nmov r2, r10\nadd r2, -48\ncall map_lookup_elem\njeq r0, 0, out\n" + XADD + EPI
+    return Program("p", HOOK.section, HOOK, asm.assemble(text, ["h"])), maps
+
+
+REFUSE_ASM = [
+    ("delete", _delete_prog, r"insn \d+: map_delete_elem keeps the program on the ring path"),
+    ("read into a predicate", lambda: _prog("ldxdw r1, [r0+0]\njgt r1, 5, out\n" + XADD),
+     r"insn \d+: map 'h': value read outside an add or max"),
+    ("plain store", lambda: _prog("stxdw [r0+0], r7\n"), r"insn \d+: map 'h': value write outside an add or max"),
+    ("fetching add", lambda: _prog("mov r8, r7\nxadddw_fetch [r0+0], r8\njgt r8, 3000000, out\nxadddw [r0+8], r7\n"),
+     r"insn \d+: map 'h': value atomic outside an add or max"),
+    ("max triple entered in its middle", lambda: _prog("jgt r7, 100, mid\n" + RAISE.replace("stxdw", "mid:\nstxdw")),
+     r"insn \d+: map 'h': value read outside an add or max"),
+    ("raised value used after", lambda: _prog(RAISE + "jgt r1, 900000, out\n" + XADD),
+     r"insn \d+: map 'h': value read outside an add or max"),
+    ("both added and raised", lambda: _prog(XADD + RAISE.replace("+8]", "+0]")),
+     r"map 'h': value word 0 both added and raised"),
+    ("value word past 16 bytes", lambda: _prog("xadddw [r0+16], r7\n", value=24),
+     r"insn \d+: map 'h': value access at 16 size 8"),
+    ("16-byte key", lambda: _prog(XADD, key=16), r"map 'h': 16-byte keys \(inline: <= 8\)"),
+    ("24-byte value", lambda: _prog(XADD, value=24), r"map 'h': 24-byte values \(inline: 8 or 16\)"),
+    ("update BPF_ANY", lambda: _prog(XADD, flags=0), r"map 'h': map_update_elem other than a zero NOEXIST insert"),
+    ("update BPF_EXIST", lambda: _prog(XADD, flags=2), r"map 'h': map_update_elem other than a zero NOEXIST insert"),
+    ("insert a non-zero value", lambda: _prog(XADD, init=1),
+     r"map 'h': map_update_elem other than a zero NOEXIST insert"),
+    ("lookup with no insert", _lookup_only_prog, r"map 'h': looked up without a zero NOEXIST insert"),
+    ("side effect on the null path", _first_seen_prog,
+     r"insn \d+: a lookup whose null result does more than insert the key \(the shadow never returns null\)"),
+    ("hist_add result kept", lambda: _hist_prog("mov r8, r0\nmov r0, 0\nexit\n"),
+     r"insn \d+: hist_add's return value is read"),
+    ("hist_add result returned", lambda: _hist_prog("exit\n"), r"insn \d+: hist_add's return value is read"),
+    ("hist value read", lambda: _hist_lookup_prog(), r"insn \d+: map 'g': a hist value read directly"),
+]
+
+
+def _hist_lookup_prog():
+    maps = [MapDef("g", "hist_log2", 8, 512, 64)]
+    text = PRO + "lddw r1, map:g\nmov r2, r10\nadd r2, -48\ncall map_lookup_elem\nmov r0, 0\nexit\n"
+    return Program("p", HOOK.section, HOOK, asm.assemble(text, ["g"])), maps
+
+
+@pytest.mark.parametrize("name,make,reason", REFUSE_ASM, ids=[n for n, _, _ in REFUSE_ASM])
+def test_hand_written_programs_that_stay_on_the_ring_path(name, make, reason):
+    prog, maps = make()
+    from dtrace_mk.bpf.verifier import verify
+    verify(prog, maps)                        # a real, verified program: refused by the analysis only
+    plan = analyse(prog, maps)
+    assert not plan.ok and plan.maps == {}, name
+    assert re.fullmatch(reason, plan.reason), plan.reason
+
+
+# ------------------------------------------------------------------ CPU differential
+
+W = 4
+HOOKS = ("task:end", "dep:release", "task:ready", "task:begin")
+# (probes of a clause, values valid at all of them)
+PROBES = [
+    ("task:end", ["task.dur_ns", "task.wait_ns", "task.dur_ns >> 3", "task.dur_ns + task.wait_ns"]),
+    ("dep:release", ["dep.wait_ns", "dep.wait_ns * 3"]),
+    ("task:ready", ["queue.depth", "queue.depth + task.layer"]),
+    ("task:begin", ["queue.depth", "task.wait_ns"]),
+    ("task:begin, task:end", ["task.wait_ns"]),
+    ("task:ready, task:begin", ["queue.depth"]),
+    ("task:end, dep:release, task:ready", ["task.layer"]),
+]
+KEYS = ["task.class", "worker", "layer", "", "task.class & 3", "task.class, worker"]
+PREDS = ["", "", "/task.class != 2/ ", "/worker == 1/ ", "/task.layer < 3/ "]
+AGGS = ["count()", "sum({v})", "max({v})", "hist({v})", "avg({v})", "min({v})",
+        "lhist({v}, 0, 1000, 100)", "lhist({v}, -500, 500, 50)", "lhist({v}, 0, 1048576, 65536)"]
+
+
+def random_query(rnd: random.Random, qi: int) -> str:
+    out = []
+    for ci in range(rnd.randint(1, 3)):
+        probes, vals = rnd.choice(PROBES)
+        key = rnd.choice(KEYS)
+        agg = rnd.choice(AGGS[:5] * 3 + AGGS[5:]).format(v=rnd.choice(vals))
+        out.append(f"{probes} {rnd.choice(PREDS)}{{ @q{qi}_{ci}{'[' + key + ']' if key else ''} = {agg}; }}")
+    return "\n".join(out)
+
+
+def _val(rnd: random.Random, bits: int) -> int:
+    r = rnd.random()
+    return rnd.randrange(100) if r < 0.3 else rnd.randrange(1 << 20) if r < 0.8 else rnd.getrandbits(bits)
+
+
+def hook_contexts(rnd: random.Random, n: int, epoch: int, classes: int = 12, hooks=HOOKS, index0: int = 0):
+    """n records of the given hooks in decode step `epoch`, fields valid at each hook."""
+    out = []
+    for i in range(n):
+        h = abi.hook(rnd.choice(hooks))
+        f = dict(worker=rnd.randrange(W), decode_step=epoch, task_class=rnd.randrange(classes), task_index=index0 + i,
+                 layer=rnd.randrange(6) if rnd.random() < 0.9 else 0xFFFFFFFF, ts_ns=1000 * (index0 + i))
+        for nm, bits in (("dur_ns", 64), ("wait_ns", 64), ("queue_depth", 32)):
+            if nm in h.valid_fields:
+                f[nm] = _val(rnd, bits)
+        out.append(context.pack(h, **f))
+    return out
+
+
+def _slot_flags(rt):
+    """{(hook id, program name): table flags} of every published slot."""
+    out = {}
+    for hid in C.HOOK_IDS:
+        t = rt.host_tables[hid]
+        for k, (att, dp) in enumerate(rt._by_hook[hid]):
+            out[(hid, att.id, dp.program.name)] = (int(t["progs"][k]["flags"]), dp, att)
+    return out
+
+
+def _run(objs, epochs, *, inline, opt="-O0", fires=True):
+    """Reference and host-compiled runtimes, the same objects, one fire() per epoch batch.
+    fires=False: per-event outcomes not compared (an inline event whose key the flush
+    refuses is EXECUTED at the site and lost at the epoch end: only coverage says so)."""
+    ref, host = ReferenceRuntime(num_workers=W), C.HostCompiledRuntime(W, inline=inline, opt=opt)
+    pairs = [(ref.attach(o), host.attach(o)) for o in objs]
+    probs = []
+    for batch in epochs:
+        rres = [ref.fire(c) for c in batch]
+        res = host.fire(batch)
+        if fires:
+            probs += G.compare_fires(rres, res)
+    for ra, ha in pairs:
+        probs += G.compare_maps(ref.maps(ra), host.maps(ha), ordered=True)
+        rc, hc = G.coverage_dict(ref.coverage(ra)), G.coverage_dict(host.coverage(ha))
+        if rc != hc:
+            probs.append(f"coverage of attachment {ra}: reference {rc} host {hc}")
+    return ref, host, pairs, probs
+
+
+def _groups(objs, limit=D.MAX_PROGS):
+    """Objects packed so that no hook gets more than `limit` programs (one build each)."""
+    group, per_hook = [], defaultdict(int)
+    for o in objs:
+        need = defaultdict(int)
+        for p in o.programs:
+            need[p.hook.id] += 1
+        if any(per_hook[h] + k > limit for h, k in need.items()):
+            yield group
+            group, per_hook = [], defaultdict(int)
+        group.append(o)
+        for h, k in need.items():
+            per_hook[h] += k
+    if group:
+        yield group
+
+
+N_QUERIES = 20
+# one map updated by an inline program and by one on the ring path (refused: two maps, evidence)
+MIXED = ["task:end { @mix[task.class] = count(); @other[worker] = sum(task.dur_ns); }\n"
+         "task:begin { @mix[task.class] = count(); }",
+         "task:ready { @mx[worker] = max(queue.depth); }\n"
+         "task:begin /queue.depth > 1000/ { @mx[worker] = max(queue.depth); evidence(worker, queue.depth); }"]
+
+
+@needs_gxx
+def test_random_aggregation_queries_inline_match_the_reference():
+    rnd = random.Random(20261201)
+    objs = [compile_query(random_query(rnd, qi), None, name=f"<q{qi}>").obj for qi in range(N_QUERIES)]
+    objs.append(compile_query(SUMMARY_QUERY, None, name="<summary>").obj)
+    objs.extend(compile_query(q, None, name="<mixed>").obj for q in MIXED)
+    ran_inline, ran_ring, executed, kinds = 0, 0, 0, set()
+    for gi, group in enumerate(_groups(objs)):
+        epochs = [hook_contexts(rnd, 240, ep, index0=1000 * ep) for ep in range(4)]
+        ref, host, pairs, probs = _run(group, epochs, inline=True)
+        assert not probs, f"group {gi}:\n" + "\n".join(probs[:20])
+        for (hid, aid, name), (flags, dp, att) in _slot_flags(host).items():
+            plan = analyse(dp.program, att.maps.defs)
+            ok = plan.ok
+            assert bool(flags & C.PROG_F_INLINE) == ok and flags & C.PROG_F_COMPILED, (aid, name)
+            kinds |= {(im.kind, im.ops) for im in plan.maps.values()}
+            ran_inline += ok
+            ran_ring += not ok
+        executed += sum(c.executed for ra, _ in pairs for c in ref.coverage(ra))
+        # the harness's path (inline=False): the same result, no slot flagged inline
+        ref2, host2, _, probs2 = _run(group, epochs, inline=False)
+        assert not probs2, f"group {gi}, inline=False:\n" + "\n".join(probs2[:20])
+        assert not any(f & C.PROG_F_INLINE for f, _, _ in _slot_flags(host2).values())
+    # not vacuous: most programs ran inline, some on the ring path, many events executed
+    assert ran_inline >= 20 and ran_ring >= 2 and executed > 3000, (ran_inline, ran_ring, executed)
+    assert {("hash", ADD), ("hash", MAX), ("hash", ADD | ADD << 2), ("hist_log2", ADD),
+            ("hist_linear", ADD)} <= kinds, kinds
+
+
+@needs_gxx
+def test_a_broken_shadow_update_is_caught(monkeypatch):
+    """hist through the shadow adding 2 per event: the differential test must see it."""
+    obj = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    rnd = random.Random(3)
+    epochs = [hook_contexts(rnd, 100, ep) for ep in range(2)]
+    assert not _run([obj], epochs, inline=True)[3]
+    orig = C._inline_call
+    monkeypatch.setattr(C, "_inline_call", lambda *a: orig(*a).replace("e_->val[0] += 1;", "e_->val[0] += 2;"))
+    probs = _run([obj], epochs, inline=True)[3]
+    assert any(p.startswith("map lat:") for p in probs), probs
+    assert not any(p.startswith(("map dep_wait", "map queue")) for p in probs), probs
+
+
+# ------------------------------------------------------------------ full maps, full shadow
+
+def _shrunk(query, entries):
+    obj = compile_query(query, None, name="<full>").obj
+    obj.maps[:] = [dataclasses.replace(m, max_entries=entries) if m.type != "per_worker_array" else m
+                   for m in obj.maps]
+    return obj
+
+
+FULL_QUERIES = ["task:end { @c[task.class] = count(); }",
+                "task:end { @s[task.class] = sum(task.dur_ns); }",
+                "task:end { @m[task.class] = max(task.dur_ns); }",
+                "task:end { @a[task.class] = avg(task.dur_ns); }",
+                "task:end { @h[task.class] = hist(task.dur_ns); }",
+                "task:end { @l[task.class] = lhist(task.dur_ns, 0, 1048576, 65536); }"]
+
+
+@needs_gxx
+def test_a_map_filled_in_an_earlier_epoch_loses_exactly_as_the_reference():
+    """3 entries taken in epoch 0; later epochs bring new keys, which the flush (inline)
+    and the insert path (reference) both refuse: maps, stats.lost and coverage rows equal.
+    A two-map program (on the ring path) too: its refused event is lost once, not twice."""
+    objs = [_shrunk(q, 3) for q in FULL_QUERIES] + [
+        _shrunk("task:end { @a[task.class] = count(); @b[task.class] = sum(task.dur_ns); }", 3)]
+    rnd = random.Random(11)
+    epochs = [hook_contexts(rnd, 60, 0, classes=3, hooks=("task:end",))]
+    epochs += [hook_contexts(rnd, 120, ep, classes=8, hooks=("task:end",), index0=1000 * ep) for ep in (1, 2, 3)]
+    ref, host, pairs, probs = _run(objs, epochs, inline=True, fires=False)
+    assert not probs, "\n".join(probs[:20])
+    flags = [f & C.PROG_F_INLINE for f, _, _ in _slot_flags(host).values()]
+    assert sum(map(bool, flags)) == len(FULL_QUERIES)          # the two-map program stays on the ring
+    for ra, _ in pairs:
+        assert sum(m.stats.lost for m in ref.maps(ra)) > 100
+        assert sum(c.lost for c in ref.coverage(ra)) > 100
+
+
+def _events_by_class(epochs):
+    """{epoch: {class: number of task:end events}}"""
+    out = defaultdict(lambda: defaultdict(int))
+    for batch in epochs:
+        for rec in batch:
+            f = context.unpack(rec)
+            out[f["decode_step"]][f["task_class"]] += 1
+    return out
+
+
+def _key_class(k: bytes) -> int:
+    return int.from_bytes(k, "little")
+
+
+@needs_gxx
+def test_new_keys_competing_for_the_last_entries():
+    """8 classes for 3 entries within one epoch: which keys get in may differ from the
+    reference's (the flush inserts in shadow order, as workers race on the device), but
+    each runtime keeps exactly 3 keys whose values are complete (the unshrunk map's), and
+    loses every event of the other keys: stats.lost and each epoch's coverage say so."""
+    rnd = random.Random(12)
+    epochs = [hook_contexts(rnd, 150, ep, classes=8, hooks=("task:end",), index0=1000 * ep) for ep in range(3)]
+    per_epoch = _events_by_class(epochs)
+    for q in FULL_QUERIES:
+        obj = _shrunk(q, 3)
+        ref, host, pairs, _ = _run([obj], epochs, inline=True, fires=False)
+        full = ReferenceRuntime(num_workers=W)
+        fa = full.attach(compile_query(q, None, name="<unshrunk>").obj)
+        for batch in epochs:
+            for c in batch:
+                full.fire(c)
+        (ra, ha), = pairs
+        name = obj.maps[0].name
+        complete = full.maps(fa)[name].snapshot()
+        for rt, aid in ((ref, ra), (host, ha)):
+            m = rt.maps(aid)[name]
+            snap = m.snapshot()
+            kept = {_key_class(k) for k in snap}
+            assert len(kept) == 3, (q, rt, kept)
+            assert all(snap[k] == complete[k] for k in snap), (q, rt)
+            lost = {ep: sum(n for cl, n in by.items() if cl not in kept) for ep, by in per_epoch.items()}
+            assert m.stats.lost == sum(lost.values()) > 0, (q, rt)
+            rows = {c.epoch: (c.eligible, c.executed, c.throttled, c.lost) for c in rt.coverage(aid)}
+            assert rows == {ep: (sum(by.values()), sum(by.values()) - lost[ep], 0, lost[ep])
+                            for ep, by in per_epoch.items()}, (q, rt)
+        assert _slot_flags(host)[(HOOK.id, ha, "c0_task_end")][0] & C.PROG_F_INLINE
+
+
+@needs_gxx
+def test_more_keys_than_the_shadow_holds_fall_back_to_the_helpers():
+    """~600 distinct keys per program in one fire() (two epochs interleaved): far more
+    than the DTMK_SH_N shadow entries and 16-probe windows; every map stays exact."""
+    queries = ["task:end { @c[task.index] = count(); }",
+               "task:end { @s[task.index & 511] = sum(task.dur_ns); }",
+               "task:end { @m[task.index % 300] = max(task.dur_ns); }",
+               "task:end { @h[task.index] = hist(task.dur_ns); }",
+               "task:end { @l[task.index & 255] = lhist(task.dur_ns, -500, 500, 50); }"]
+    objs = [compile_query(q, None, name=f"<many{i}>").obj for i, q in enumerate(queries)]
+    rnd = random.Random(13)
+    batch = hook_contexts(rnd, 600, 0, hooks=("task:end",)) + hook_contexts(rnd, 600, 1, hooks=("task:end",),
+                                                                             index0=600)
+    rnd.shuffle(batch)
+    ref, host, pairs, probs = _run(objs, [batch, hook_contexts(rnd, 50, 2, hooks=("task:end",))], inline=True)
+    assert not probs, "\n".join(probs[:20])
+    assert all(f & C.PROG_F_INLINE for f, _, _ in _slot_flags(host).values())
+    sizes = [len(host.maps(ha)[o.maps[0].name].snapshot()) for (_, ha), o in zip(pairs, objs)]
+    assert min(sizes) > SH_N, sizes
+
+
+HAND_QUALIFY = [
+    ("add and raise", lambda: _prog(XADD + "jgt r7, 100, tri\n" + "tri:\n" + RAISE)),
+    ("4-byte key", lambda: _prog(XADD, key=4)),
+    ("hist_add", lambda: _hist_prog("mov r0, 0\nexit\n")),
+]
+
+
+@needs_gxx
+def test_hand_written_programs_match_the_reference():
+    """Every hand-written program above, qualifying or not, gives the reference's maps and
+    coverage with inline=True (the refused ones on the ring path: a lookup with no insert,
+    a fetched or re-used value would differ inline)."""
+    objs = []
+    for name, make, *_ in REFUSE_ASM + HAND_QUALIFY:
+        prog, maps = make()
+        objs.append(BpfObject([dataclasses.replace(prog, name=re.sub(r"\W", "_", name))], maps, path=f"<{name}>"))
+    rnd = random.Random(14)
+    epochs = [hook_contexts(rnd, 150, ep, classes=6, hooks=("task:end",), index0=1000 * ep) for ep in range(4)]
+    n_inline = 0
+    for group in _groups(objs):
+        ref, host, pairs, probs = _run(group, epochs, inline=True)
+        assert not probs, "\n".join(probs[:20])
+        n_inline += sum(bool(f & C.PROG_F_INLINE) for f, _, _ in _slot_flags(host).values())
+    assert n_inline == len(HAND_QUALIFY)
+
+
+@needs_gxx
+def test_attach_detach_between_epochs_and_what_never_runs_inline():
+    """Tables republished between fire() calls (attach, detach: new program_gen rows) give
+    the reference's maps and coverage; sampled or rate-limited attachments stay on the
+    ring path (the warp's tickets); first_epoch is honoured inline as on the ring path."""
+    summary = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    extra = compile_query("task:end { @n[task.class] = count(); }\ntask:ready { @r = count(); }", None, name="<x>").obj
+    rnd = random.Random(15)
+    epochs = [hook_contexts(rnd, 120, ep, index0=1000 * ep) for ep in range(5)]
+    ref, host = ReferenceRuntime(num_workers=W), C.HostCompiledRuntime(W, inline=True, opt="-O0")
+    a = (ref.attach(summary), host.attach(summary))
+    probs = []
+    for ep, batch in enumerate(epochs):
+        if ep == 1:
+            b = (ref.attach(extra), host.attach(extra))
+        if ep == 3:
+            ref.detach(a[0])
+            host.detach(a[1])
+        rres = [ref.fire(c) for c in batch]
+        probs += G.compare_fires(rres, host.fire(batch))
+    for ra, ha in (a, b):
+        probs += G.compare_maps(ref.maps(ra), host.maps(ha), ordered=True)
+        rc, hc = G.coverage_dict(ref.coverage(ra)), G.coverage_dict(host.coverage(ha))
+        assert len({k[3] for k in rc}) >= 2                          # rows of several program_gens
+        if rc != hc:
+            probs.append(f"coverage {ra}: reference {rc} host {hc}")
+    assert not probs, "\n".join(probs[:20])
+    assert all(f & C.PROG_F_INLINE for f, _, _ in _slot_flags(host).values())
+
+    # sampling / rate limit: compiled, not inline; first_epoch: same rows inline or not
+    for kw in (dict(sample_every=3), dict(max_per_epoch=5)):
+        rt = C.HostCompiledRuntime(W, inline=True, opt="-O0")
+        rt.attach(summary, **kw)
+        assert {f & (C.PROG_F_INLINE | C.PROG_F_COMPILED) for f, _, _ in _slot_flags(rt).values()} == \
+            {C.PROG_F_COMPILED}, kw
+    # (first_epoch 2 = the reference fed from epoch 2 on; compiled.py's _publish once dropped it)
+    ref = ReferenceRuntime(num_workers=W)
+    ra = ref.attach(summary)
+    for batch in epochs[2:]:
+        for c in batch:
+            ref.fire(c)
+    want = (G.snapshot(ref.maps(ra)), G.coverage_dict(ref.coverage(ra)))
+    for inline in (True, False):
+        rt = C.HostCompiledRuntime(W, inline=inline, opt="-O0")
+        aid = rt.attach(summary, first_epoch=2)
+        for batch in epochs:
+            rt.fire(batch)
+        assert (G.snapshot(rt.maps(aid)), G.coverage_dict(rt.coverage(aid))) == want, inline
+        assert bool(_slot_flags(rt)[(HOOK.id, aid, "c0_task_end")][0] & C.PROG_F_INLINE) == inline
+
+
+# ------------------------------------------------------------------ NVRTC / nvJitLink
+
+def _summary_monitor_source():
+    """The summary's monitor as a runtime publishes it: programs and their inline forms."""
+    rt = C.HostCompiledRuntime(4, inline=True)
+    rt.attach(compile_query(SUMMARY_QUERY, None, name="<summary>").obj)
+    return rt.monitor()
+
+
+def test_the_summary_monitor_with_inline_forms_compiles_to_ltoir():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    src = _summary_monitor_source()
+    assert len(re.findall(r"int dtmk_cm_iprog_\d+\(", src)) == 3
+    assert src.count("dtmk_sh_get(S, ") == 5 and "dtmk_bucket_log2(r3)" in src
+    for h in ("task:end", "dep:release", "task:ready"):
+        hid = abi.hook(h).id
+        body = src[src.index(f"int dtmk_cm_inline_{hid}("):]
+        assert "return dtmk_cm_iprog_" in body[:body.index("\n}\n")], h
+    ir = C.ltoir(src, "summary_inline.cu")
+    assert len(ir) > 10000
+
+
+@pytest.mark.slow
+def test_the_megakernel_links_with_the_summary_inline_monitor():
+    """What a promotion links (stage 1): megakernel.cu -DDTMK_COMPILED_TIER + the summary
+    monitor with its inline forms; every inline entry point resolves."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    if not C.nvjitlink_available():
+        pytest.skip("nvJitLink is not installed (pip nvidia-nvjitlink)")
+    path, _ = C.build_linked(_summary_monitor_source(), C.megakernel_spec(), C.STAGE_FAST)
+    cubin = path.read_bytes()
+    kernel, _ = C.kernel_object(C.megakernel_spec(), C.STAGE_FAST)     # cached by build_linked
+    assert b"dtmk_cm_inline_4" in kernel                               # the hook sites call the inline form
+    assert cubin[:4] == b"\x7fELF" and b"dtmk_megakernel" in cubin
+    assert all(f"dtmk_cm_inline_{abi.hook(h).id}".encode() in cubin for h in ("task:end", "dep:release", "task:ready"))

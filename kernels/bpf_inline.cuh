@@ -62,6 +62,10 @@ static_assert(sizeof(struct dtmk_sh_ent) == 48, "dtmk_sh_ent size");
 
 struct dtmk_shadow {
     struct dtmk_sh_ent e[DTMK_SH_N];
+    /* scratch of the event being run: its context and the program's stack, here rather
+     * than in local memory (thread 0's local lines miss to L2 on a busy SM) */
+    struct dtmk_ctx ctx;
+    dtmk_u64 stk[DTMK_STACK_SIZE / 8];
 };
 
 /* the inline entry points of a compiled monitor (dtrace_mk/runtime/compiled.py

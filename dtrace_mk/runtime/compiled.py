@@ -734,6 +734,7 @@ static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(int v) { return __builtin_ffs(v); }
 static inline bool __isLocal(const void *) { return false; }
 static inline bool __isShared(const void *) { return false; }
+static inline void __syncwarp(unsigned = 0xffffffffu) {}
 static inline unsigned long long atomicMax(unsigned long long *a, unsigned long long v) { unsigned long long o = *a; if (v > o) *a = v; return o; }
 """
 

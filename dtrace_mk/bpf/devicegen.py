@@ -77,6 +77,12 @@ def _code(info: isa.OpInfo) -> int:
     raise AssertionError(name)
 
 
+#: stxdw_max: the store of a "raise to" triple (ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw
+#: [rP+o], rV) into a map value, done as an atomic max, so warps and workers that race on
+#: one key cannot lose the larger value (dtrace_mk.runtime.inline.max_stores decides)
+DEVICE_ONLY = {"stxdw_max": GROUPS.index("mem") << 4 | 14}
+
+
 def _build() -> Tuple[Dict[str, int], Dict[int, int]]:
     ops: Dict[str, int] = {n: i for i, n in enumerate(MISC_OPS)}
     of_opcode: Dict[int, int] = {}
@@ -87,6 +93,10 @@ def _build() -> Tuple[Dict[str, int], Dict[int, int]]:
         assert code not in ops.values() or ops.get(name) == code, (name, code)
         ops[name] = code
         of_opcode[opcode] = code
+    # device-only ops (no RFC opcode; encode_program makes them from recognised idioms)
+    for name, code in DEVICE_ONLY.items():
+        assert code not in ops.values(), name
+        ops[name] = code
     call = GROUPS.index("call") << 4
     assert len(abi.HELPERS) <= 16
     for i, h in enumerate(abi.HELPERS):
@@ -117,7 +127,8 @@ def header() -> str:
         out.append(f"#define DTMK_OPG_{g.upper()} {i}\n")
     out.append(f"#define DTMK_NUM_OPGS {len(GROUPS)}\n\n")
     out.append("/* Device ops, 0 = invalid.  ALU/JMP sub = RFC operation >> 4; mem sub: ldx 0-3,\n"
-               " * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13; call sub = helper index.\n"
+               " * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13, stxdw_max 14 (device only: a\n"
+               " * raise-to triple's store as an atomic max); call sub = helper index.\n"
                " * Comment: RFC 9669 opcode byte. */\n")
     for n in DEVICE_OPS:
         i = OP[n]

@@ -367,13 +367,32 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     return plan
 
 
+def max_stores(prog: Program, maps: Sequence[MapDef]) -> Set[int]:
+    """Slots of the stxdw that end a "raise to" triple on a map value (entered only at its
+    load, the loaded register dead after it): the device encodes them as an atomic max
+    (devicegen `stxdw_max`).  Serially (the reference) the triple IS a max; on the device,
+    lanes and workers racing on one key would otherwise keep an arbitrary one's value."""
+    try:
+        f = _facts(prog, maps)
+    except Exception:                         # noqa: BLE001 - not verifiable: never attached
+        return set()
+    insns, targets = prog.insns, _jump_targets(prog.insns)
+    out: Set[int] = set()
+    for pc, accs in f.value_access.items():
+        if (pc >= 2 and any(mode == "write" for _, _, _, mode in accs) and _max_triple(insns, pc - 2, targets)
+                and _reg_dead_after(insns, pc + 1, insns[pc - 2].dst)):
+            out.add(pc)
+    return out
+
+
 def writes_values(prog: Program, maps: Sequence[MapDef]) -> bool:
-    """prog stores into a map value without an atomic (ldx/compare/stx "max", a plain
-    assignment): events of one warp must then run one at a time (DTMK_PROG_F_SERIAL),
-    as the reference runs them, or two lanes of one key lose an update."""
+    """prog stores into a map value without an atomic other than a max store (a plain
+    assignment, a read-modify-write that is no raise-to triple): events of one warp must
+    then run one at a time (DTMK_PROG_F_SERIAL), as the reference runs them, or two lanes
+    of one key lose an update."""
     try:
         f = _facts(prog, maps)
     except Exception:                         # noqa: BLE001 - not verifiable: never attached
         return False
-    return any(mode == "write" for accs in f.value_access.values() for _, _, _, mode in accs)
-
+    ms = max_stores(prog, maps)
+    return any(mode == "write" and pc not in ms for pc, accs in f.value_access.items() for _, _, _, mode in accs)

@@ -73,6 +73,31 @@ def test_attached_before_launch_matches_reference_exactly(defines):
         live.detach(aid)
 
 
+def test_hot_summary_on_small_moe_is_exact():
+    """small-moe's routers emit a burst of task:ready records (queue depths 1..n) in one
+    drain batch of one worker: the summary's @queue[worker] = max(queue.depth) has every
+    lane of the batch on one key.  Its raise-to store runs as an atomic max on the device
+    (devicegen stxdw_max), so the maxima equal the reference's (a plain store kept an
+    arbitrary lane's depth: 4 instead of 12 on one worker, session 8)."""
+    live = session("small-moe")
+    mon = summary(live)
+    aid = live.attach(mon.obj)
+    try:
+        live.start(4, hooks="all")
+        res = live.wait()
+        assert res.hooks_dropped == 0
+        snap = live.snapshot(aid)
+        ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
+        assert int(snap.state["lost"].sum()) == 0
+        for name in ("lat", "dep_wait", "queue"):
+            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+        assert max(int.from_bytes(v, "little") for v in snap.maps["queue"].snapshot().values()) > 1
+        tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
+        assert tot(snap.coverage, "executed") == tot(ref_cov, "executed") > 0
+    finally:
+        live.detach(aid)
+
+
 @BUILDS
 def test_hot_attach_detach_while_running_and_outputs_unchanged(defines):
     from dtrace_mk.megakernel import gpu

@@ -650,3 +650,49 @@ def test_the_megakernel_links_with_the_summary_inline_monitor():
     assert b"dtmk_cm_inline_4" in kernel                               # the hook sites call the inline form
     assert cubin[:4] == b"\x7fELF" and b"dtmk_megakernel" in cubin
     assert all(f"dtmk_cm_inline_{abi.hook(h).id}".encode() in cubin for h in ("task:end", "dep:release", "task:ready"))
+
+
+# ------------------------------------------------------------------ device encoding of the ring form
+
+def test_raise_to_stores_become_atomic_max_on_the_device_and_decode_back():
+    """max_stores names exactly the stxdw of a well-formed raise-to triple; encode_program
+    turns it into the device-only `stxdw_max` (an atomic max: lanes and workers racing on
+    one key keep the largest value) and decode_program gives the stxdw back; the summary's
+    task:ready program therefore needs no serial warp (DTMK_PROG_F_SERIAL)."""
+    from dtrace_mk.bpf.devicegen import NAME_OF_OP, OP
+    from dtrace_mk.runtime.inline import max_stores, writes_values
+    prog, maps = _prog(XADD + RAISE)
+    ms = max_stores(prog, maps)
+    assert len(ms) == 1
+    (pc,) = ms
+    assert prog.insns[pc].opcode == 0x7b and prog.insns[pc - 2].opcode == 0x79   # stxdw after ldxdw
+    recs = D.encode_program(prog.insns, [0x1000], [0], "p", ms)
+    names = [NAME_OF_OP[int(r["op"])] for r in recs]
+    plain = D.encode_program(prog.insns, [0x1000], [0], "p")
+    assert names.count("stxdw_max") == 1
+    assert [n if n != "stxdw_max" else "stxdw" for n in names] == [NAME_OF_OP[int(r["op"])] for r in plain]
+    assert [i.opcode for i in D.decode_program(recs, [0x1000], [0])] == [i.opcode for i in prog.insns]
+    assert not writes_values(prog, maps)
+    assert OP["stxdw_max"] >> 4 == OP["stxdw"] >> 4           # the memory group of the VM's switch
+    # a plain store, a triple whose loaded value is used after, one entered in its middle: no
+    for text in ("stxdw [r0+0], r7\n", RAISE + "jgt r1, 900000, out\n" + XADD,
+                 "jgt r7, 100, mid\n" + RAISE.replace("stxdw", "mid:\nstxdw")):
+        p, m = _prog(text)
+        assert max_stores(p, m) == set() and writes_values(p, m), text
+    sm = compile_query(SUMMARY_QUERY, name="summary").obj
+    assert [len(max_stores(p, sm.maps)) for p in sm.programs] == [0, 0, 1]
+    assert not any(writes_values(p, sm.maps) for p in sm.programs)
+
+
+@needs_gxx
+def test_table_flags_serial_only_for_plain_value_writes():
+    """DTMK_PROG_F_SERIAL (4) is published for a program with a plain map-value store and
+    for no program of the summary; compiled slots carry it next to their own flags."""
+    rt = C.HostCompiledRuntime(2)
+    rt.attach(compile_query(SUMMARY_QUERY, name="summary").obj)
+    p, m = _prog("stxdw [r0+0], r7\n")
+    rt.attach(BpfObject(programs=[p], maps=m))
+    flags = [int(rt.host_tables[h]["progs"][k]["flags"]) for h in range(1, abi.MAX_HOOK_ID + 1)
+             for k in range(int(rt.host_tables[h]["n_progs"]))]
+    assert sum(bool(f & D.PROG_F_SERIAL) for f in flags) == 1
+    assert all(f & C.PROG_F_COMPILED for f in flags)

@@ -75,6 +75,7 @@ class _Facts(Checker):
         super().__init__(insns, maps, hook, ptype)
         self.value_access: Dict[int, Set[Tuple[int, Optional[int], int, str]]] = {}
         self.calls: Dict[int, Set[Tuple[str, Optional[int], Optional[int], bool]]] = {}
+        self.key_at: Dict[int, Set[Optional[int]]] = {}   # call pc -> r2's stack offset (None: not one)
 
     def check_MemAccess(self, a, st, pc):
         super().check_MemAccess(a, st, pc)
@@ -98,6 +99,9 @@ class _Facts(Checker):
                 zero = all(r is not None and r.kind == T.SCALAR and r.num is not None and r.num.const == 0
                            for r in slots)
         self.calls.setdefault(pc, set()).add((h.name, m, flags, zero))
+        r2 = st.regs[2]
+        koff = S.to_signed(r2.off.const) if r2.kind == T.STACK and r2.off.const is not None else None
+        self.key_at.setdefault(pc, set()).add(koff)
 
 
 def _facts(prog: Program, maps: Sequence[MapDef]) -> _Facts:
@@ -214,14 +218,23 @@ def _null_edge(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> Optiona
     return None
 
 
-def _insert_path(insns: Sequence[isa.Insn], pc: int, m: int, calls, targets: Set[int]) -> Optional[int]:
+def _insert_path(insns: Sequence[isa.Insn], pc: int, m: int, calls, targets: Set[int],
+                 key_at: Optional[Dict[int, Set[Optional[int]]]] = None, key_size: int = 8) -> Optional[int]:
     """The lookup-or-insert's second lookup, when the null edge of the lookup of map m at
-    pc leads, on a straight line, only to register ops, loads, stack stores, m's insert
-    and a second lookup of m whose non-null edge goes where pc's goes (so a shadow that
-    never returns null skips only what the insert would have done); else None."""
+    pc leads, on a straight line, only to register ops, loads, stack stores that leave the
+    key's bytes alone, m's insert and a second lookup of m -- both of the same stack key
+    (key_at: the verifier's r2 per call) -- whose non-null edge goes where pc's goes (so a
+    shadow that never returns null skips only what the insert would have done); else None."""
     e = _null_edge(insns, pc, targets)
     if e is None:
         return None
+    key = key_at.get(pc, {None}) if key_at is not None else {0}
+    if len(key) != 1 or None in key:
+        return None
+    (koff,) = key
+
+    def same_key(k: int) -> bool:
+        return key_at is None or key_at.get(k) == {koff}
     nonnull = [s for s in _cfg.successors(insns, e[0]) if s != e[1]]
     k, inserted = e[1], False
     while k < len(insns):
@@ -233,9 +246,9 @@ def _insert_path(insns: Sequence[isa.Insn], pc: int, m: int, calls, targets: Set
             return None
         if info.kind == "call":
             what = {(name, mm) for name, mm, _, _ in calls.get(k, ())}
-            if what == {("map_update_elem", m)} and not inserted:
+            if what == {("map_update_elem", m)} and not inserted and same_key(k):
                 inserted = True
-            elif what == {("map_lookup_elem", m)} and inserted:
+            elif what == {("map_lookup_elem", m)} and inserted and same_key(k):
                 e2 = _null_edge(insns, k, targets)
                 ok = e2 is not None and [s for s in _cfg.successors(insns, e2[0]) if s != e2[1]] == nonnull
                 return k if ok else None
@@ -244,6 +257,8 @@ def _insert_path(insns: Sequence[isa.Insn], pc: int, m: int, calls, targets: Set
         elif info.kind in ("st", "stx"):
             if ins.dst != 10:
                 return None                              # stores: the stack only
+            if ins.off < koff + key_size and koff < ins.off + info.size:
+                return None                              # ... and not over the key
         elif info.kind not in ("alu", "ldx", "ld_imm64"):
             return None
         k += 2 if info.kind == "ld_imm64" else 1
@@ -355,7 +370,9 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     firsts: Dict[int, Optional[int]] = {}
     for pc in sorted(lookups):
         ms = {mm for name, mm, _, _ in f.calls[pc] if name == "map_lookup_elem"}
-        firsts[pc] = _insert_path(insns, pc, ms.pop(), f.calls, targets) if len(ms) == 1 else None
+        mi = ms.pop() if len(ms) == 1 else None
+        firsts[pc] = (_insert_path(insns, pc, mi, f.calls, targets, f.key_at, maps[mi].key_size)
+                      if mi is not None else None)
     seconds = {k for k in firsts.values() if k is not None}
     for pc in sorted(lookups):
         if firsts[pc] is None and pc not in seconds:

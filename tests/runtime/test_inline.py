@@ -263,11 +263,30 @@ REFUSE_ASM = [
     ("lookup with no insert", _lookup_only_prog, r"map 'h': looked up without a zero NOEXIST insert"),
     ("side effect on the null path", _first_seen_prog,
      r"insn \d+: a lookup whose null result does more than insert the key \(the shadow never returns null\)"),
+    ("insert of another key", lambda: _other_key_prog(2),
+     r"insn \d+: a lookup whose null result does more than insert the key \(the shadow never returns null\)"),
+    ("key changed before the insert", lambda: _other_key_prog(1),
+     r"insn \d+: a lookup whose null result does more than insert the key \(the shadow never returns null\)"),
     ("hist_add result kept", lambda: _hist_prog("mov r8, r0\nmov r0, 0\nexit\n"),
      r"insn \d+: hist_add's return value is read"),
     ("hist_add result returned", lambda: _hist_prog("exit\n"), r"insn \d+: hist_add's return value is read"),
     ("hist value read", lambda: _hist_lookup_prog(), r"insn \d+: map 'g': a hist value read directly"),
 ]
+
+
+def _other_key_prog(which):
+    """A lookup-or-insert whose insert (and second lookup) use the key at fp-40 (which=2),
+    or whose null path rewrites the key's bytes first (which=1): the shadow would count
+    the first key where the reference inserts and counts another."""
+    text = LOOKUP_OR_INSERT.format(flags=1, init=0)
+    if which == 2:
+        head, tail = text.split("call map_lookup_elem", 1)
+        tail = tail.replace("add r2, -48", "add r2, -40")
+        text = head + "call map_lookup_elem" + tail
+    else:
+        text = text.replace("    stxdw [r10-8], r1\n", "    stxdw [r10-8], r1\n    stxdw [r10-48], r7\n", 1)
+    maps = [MapDef("h", "hash", 8, 16, 64)]
+    return Program("p", HOOK.section, HOOK, asm.assemble(PRO + text + XADD + EPI, ["h"])), maps
 
 
 def _hist_lookup_prog():

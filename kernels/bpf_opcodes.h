@@ -21,8 +21,9 @@
 #define DTMK_NUM_OPGS 11
 
 /* Device ops, 0 = invalid.  ALU/JMP sub = RFC operation >> 4; mem sub: ldx 0-3,
- * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13, stxdw_max 14 (device only: a
- * raise-to triple's store as an atomic max); call sub = helper index.
+ * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13, stxdw_max 14, stxdw_min 15
+ * (device only: a raise-to / lower-to triple's store as an atomic max / min);
+ * call sub = helper index.
  * Comment: RFC 9669 opcode byte. */
 #define DTMK_OP_INVALID 0x00
 #define DTMK_OP_LDDW 0x01 /* 0x18 */
@@ -142,6 +143,7 @@
 #define DTMK_OP_XADDW 0x9c /* 0xc3 */
 #define DTMK_OP_XADDDW 0x9d /* 0xdb */
 #define DTMK_OP_STXDW_MAX 0x9e
+#define DTMK_OP_STXDW_MIN 0x9f
 #define DTMK_OP_CALL_MAP_LOOKUP_ELEM 0xa0
 #define DTMK_OP_CALL_MAP_UPDATE_ELEM 0xa1
 #define DTMK_OP_CALL_MAP_DELETE_ELEM 0xa2
@@ -151,7 +153,7 @@
 #define DTMK_OP_CALL_RINGBUF_OUTPUT 0xa6
 #define DTMK_OP_CALL_HIST_ADD 0xa7
 #define DTMK_OP_CALL_SET_PRIORITY_HINT 0xa8
-#define DTMK_NUM_OPS 127
+#define DTMK_NUM_OPS 128
 
 /* One pre-decoded instruction (16 bytes).  lddw is folded into one record, so
  * indices count records, not RFC slots.

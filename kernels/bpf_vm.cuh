@@ -218,10 +218,10 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     else { atomicAdd((unsigned long long *)a, (unsigned long long)v); old = 0; }   /* a RED */
                     if (I.aux) REG(I.src) = old;
                     break; }
-                case 0xe: {   /* stxdw_max: a raise-to triple's store (never a stack slot) */
-                    dtmk_u64 *a = (dtmk_u64 *)ADDR(I.dst);
-                    atomicMax((unsigned long long *)a, (unsigned long long)REG(I.src));
-                    break; }
+                /* stxdw_max / stxdw_min: a raise-to / lower-to triple's store into a map
+                 * value (never a stack slot): atomic, so racing lanes keep the extreme */
+                case 0xe: atomicMax((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
+                case 0xf: atomicMin((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
                 default: fault = true; p = DTMK_VM_NOPC; break;
                 }
             }

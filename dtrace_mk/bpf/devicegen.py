@@ -77,10 +77,11 @@ def _code(info: isa.OpInfo) -> int:
     raise AssertionError(name)
 
 
-#: stxdw_max: the store of a "raise to" triple (ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw
-#: [rP+o], rV) into a map value, done as an atomic max, so warps and workers that race on
-#: one key cannot lose the larger value (dtrace_mk.runtime.inline.max_stores decides)
-DEVICE_ONLY = {"stxdw_max": GROUPS.index("mem") << 4 | 14}
+#: stxdw_max / stxdw_min: the store of a "raise to" / "lower to" triple (ldxdw rT, [rP+o];
+#: jge / jle rT, rV, +1; stxdw [rP+o], rV) into a map value, done as an atomic max / min,
+#: so warps and workers that race on one key cannot lose the extreme value
+#: (dtrace_mk.runtime.inline.extremum_stores decides)
+DEVICE_ONLY = {"stxdw_max": GROUPS.index("mem") << 4 | 14, "stxdw_min": GROUPS.index("mem") << 4 | 15}
 
 
 def _build() -> Tuple[Dict[str, int], Dict[int, int]]:
@@ -127,8 +128,9 @@ def header() -> str:
         out.append(f"#define DTMK_OPG_{g.upper()} {i}\n")
     out.append(f"#define DTMK_NUM_OPGS {len(GROUPS)}\n\n")
     out.append("/* Device ops, 0 = invalid.  ALU/JMP sub = RFC operation >> 4; mem sub: ldx 0-3,\n"
-               " * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13, stxdw_max 14 (device only: a\n"
-               " * raise-to triple's store as an atomic max); call sub = helper index.\n"
+               " * st 4-7, stx 8-11 (b h w dw), xaddw 12, xadddw 13, stxdw_max 14, stxdw_min 15\n"
+               " * (device only: a raise-to / lower-to triple's store as an atomic max / min);\n"
+               " * call sub = helper index.\n"
                " * Comment: RFC 9669 opcode byte. */\n")
     for n in DEVICE_OPS:
         i = OP[n]

@@ -204,10 +204,11 @@ def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int, shadow: boo
         own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"   # shadow values: one thread
         return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; {t} o_; "
                 f"if ({own}) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
-    if sub == 14:                        # stxdw_max: a raise-to triple's store (devicegen DEVICE_ONLY)
+    if sub in (14, 15):                  # stxdw_max / _min: a triple's store (devicegen DEVICE_ONLY)
         own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"
+        cmp, fn = ("<", "atomicMax") if sub == 14 else (">", "atomicMin")
         return (f"{{ dtmk_u64 *a_ = (dtmk_u64 *)({dst} + {o}); const dtmk_u64 v_ = {src}; "
-                f"if ({own}) {{ if (*a_ < v_) *a_ = v_; }} else atomicMax((unsigned long long *)a_, v_); }}")
+                f"if ({own}) {{ if (*a_ {cmp} v_) *a_ = v_; }} else {fn}((unsigned long long *)a_, v_); }}")
     return None
 
 
@@ -740,6 +741,7 @@ static inline bool __isLocal(const void *) { return false; }
 static inline bool __isShared(const void *) { return false; }
 static inline void __syncwarp(unsigned = 0xffffffffu) {}
 static inline unsigned long long atomicMax(unsigned long long *a, unsigned long long v) { unsigned long long o = *a; if (v > o) *a = v; return o; }
+static inline unsigned long long atomicMin(unsigned long long *a, unsigned long long v) { unsigned long long o = *a; if (v < o) *a = v; return o; }
 """
 
 HOST_DRIVER = r"""
@@ -884,7 +886,7 @@ def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int
     out = []
     for att, dp in entries:
         recs = D.encode_program(dp.program.insns, att.maps.desc_addrs, att.maps.value_addrs, dp.program.name,
-                                D.max_stores(dp.program, att.maps.defs))
+                                D.extremum_stores(dp.program, att.maps.defs))
         plan = inline_plan(att, dp)
         addrs = att.maps.desc_addrs
         shadow = {addrs[i]: im for i, im in plan.maps.items()} if plan.ok else None

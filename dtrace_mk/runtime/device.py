@@ -129,11 +129,13 @@ def _sext32(v: int) -> int:
 
 def encode_program(insns: Sequence[Insn], map_descs: Sequence[int] = (),
                    map_values: Sequence[int] = (), name: str = "prog",
-                   max_stores: Sequence[int] = ()) -> np.ndarray:
+                   extremum_stores: Optional[Dict[int, str]] = None) -> np.ndarray:
     """Slots -> dtmk_dinsn records.  map_descs[i]: device address of map i's descriptor;
     map_values[i]: device address of entry 0 of map i's values (array maps; 0 otherwise);
-    max_stores: slots of stxdw that end a raise-to triple on a map value
-    (dtrace_mk.runtime.inline.max_stores), encoded as the atomic `stxdw_max`."""
+    extremum_stores: slot -> "max" / "min" for the stxdw that end a raise-to / lower-to
+    triple on a map value (dtrace_mk.runtime.inline.extremum_stores), encoded as the
+    atomic `stxdw_max` / `stxdw_min`."""
+    extremum_stores = extremum_stores or {}
     n = len(insns)
     rec_of: Dict[int, int] = {}
     k = 0
@@ -196,10 +198,10 @@ def encode_program(insns: Sequence[Insn], map_descs: Sequence[int] = (),
                 aux = 1 if ins.imm & isa.ATOMIC_FETCH else 0
                 if ins.imm not in (isa.ATOMIC_ADD, isa.ATOMIC_ADD | isa.ATOMIC_FETCH):
                     raise EncodeError(f"{name}: insn {pc}: unsupported atomic operation {ins.imm}")
-        if pc in max_stores:
+        if pc in extremum_stores:
             if ins.opcode != isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW:
-                raise EncodeError(f"{name}: insn {pc}: a max store must be stxdw")
-            op = OP["stxdw_max"]
+                raise EncodeError(f"{name}: insn {pc}: a {extremum_stores[pc]} store must be stxdw")
+            op = OP["stxdw_" + extremum_stores[pc]]
         out[r] = (op, ins.dst, ins.src, aux, off, imm)
     return out
 
@@ -230,7 +232,7 @@ def decode_program(recs: np.ndarray, map_descs: Sequence[int] = (),
         if name.startswith("call"):
             out.append(Insn(isa.BPF_JMP | isa.BPF_CALL, 0, 0, 0, _sext32(imm)))
             continue
-        opcode = OPCODE_OF_OP[op] if name != "stxdw_max" else isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW
+        opcode = OPCODE_OF_OP[op] if name not in ("stxdw_max", "stxdw_min") else isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW
         info = OPCODES[opcode]
         if info.kind == "jmp":
             out.append(Insn(opcode, dst, src, slot_of[off] - slot_of[i] - 1, _sext32(imm)))
@@ -551,10 +553,10 @@ def _serial(att: "_DevAttachment", dp: _DevProg) -> bool:
     return v
 
 
-def max_stores(prog, defs):
-    """dtrace_mk.runtime.inline.max_stores (imported late: it loads the verifier)."""
-    from .inline import max_stores as ms
-    return ms(prog, defs)
+def extremum_stores(prog, defs) -> Dict[int, str]:
+    """dtrace_mk.runtime.inline.extremum_stores (imported late: it loads the verifier)."""
+    from .inline import extremum_stores as es
+    return es(prog, defs)
 
 
 @dataclass
@@ -680,7 +682,7 @@ class DeviceRuntime:
             maps.upload_hash([m.name for m in obj.maps].index(name), items)
         dprogs = []
         for p in progs:
-            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, max_stores(p, maps.defs))
+            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, extremum_stores(p, maps.defs))
             cov = np.zeros(1, COV_DTYPE)
             cov["rows"]["tag"] = COV_TAG_EMPTY
             cov["rl_tag"] = EPOCH_NONE

@@ -122,15 +122,25 @@ def _jump_targets(insns: Sequence[isa.Insn]) -> Set[int]:
     return out
 
 
-def _max_triple(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> bool:
-    """insns[pc:pc+3] is `ldxdw rT, [rP+o]; jge rT, rV, +1; stxdw [rP+o], rV`, entered only at pc."""
-    if pc + 2 >= len(insns) or pc + 1 in targets or pc + 2 in targets:
-        return False
+_TRIPLE_JUMPS = {isa.BPF_JMP | isa.BPF_X | isa.BPF_JGE: "max", isa.BPF_JMP | isa.BPF_X | 0xB0: "min"}
+
+
+def _triple(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> Optional[str]:
+    """"max" when insns[pc:pc+3] is the raise-to triple `ldxdw rT, [rP+o]; jge rT, rV, +1;
+    stxdw [rP+o], rV`, "min" for the lower-to triple (jle), entered only at pc; else None."""
+    if pc < 0 or pc + 2 >= len(insns) or pc + 1 in targets or pc + 2 in targets:
+        return None
     ld, j, stx = insns[pc], insns[pc + 1], insns[pc + 2]
-    return (ld.opcode == isa.BPF_LDX | isa.BPF_MEM | isa.BPF_DW
-            and j.opcode == isa.BPF_JMP | isa.BPF_X | isa.BPF_JGE and j.off == 1 and j.dst == ld.dst
-            and stx.opcode == isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW
-            and stx.dst == ld.src and stx.off == ld.off and stx.src == j.src and j.src != ld.dst)
+    kind = _TRIPLE_JUMPS.get(j.opcode)
+    ok = (kind is not None and ld.opcode == isa.BPF_LDX | isa.BPF_MEM | isa.BPF_DW
+          and j.off == 1 and j.dst == ld.dst
+          and stx.opcode == isa.BPF_STX | isa.BPF_MEM | isa.BPF_DW
+          and stx.dst == ld.src and stx.off == ld.off and stx.src == j.src and j.src != ld.dst)
+    return kind if ok else None
+
+
+def _max_triple(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> bool:
+    return _triple(insns, pc, targets) == "max"
 
 
 def _r0_dead_after(insns: Sequence[isa.Insn], pc: int) -> bool:
@@ -384,32 +394,35 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     return plan
 
 
-def max_stores(prog: Program, maps: Sequence[MapDef]) -> Set[int]:
-    """Slots of the stxdw that end a "raise to" triple on a map value (entered only at its
-    load, the loaded register dead after it): the device encodes them as an atomic max
-    (devicegen `stxdw_max`).  Serially (the reference) the triple IS a max; on the device,
-    lanes and workers racing on one key would otherwise keep an arbitrary one's value."""
+def extremum_stores(prog: Program, maps: Sequence[MapDef]) -> Dict[int, str]:
+    """Slot -> "max" / "min" for each stxdw that ends a raise-to / lower-to triple on a map
+    value (entered only at its load, the loaded register dead after it): the device
+    encodes them as an atomic max / min (devicegen `stxdw_max` / `stxdw_min`).  Serially
+    (the reference) the triple IS a max or min; on the device, lanes and workers racing
+    on one key would otherwise keep an arbitrary one's value."""
     try:
         f = _facts(prog, maps)
     except Exception:                         # noqa: BLE001 - not verifiable: never attached
-        return set()
+        return {}
     insns, targets = prog.insns, _jump_targets(prog.insns)
-    out: Set[int] = set()
+    out: Dict[int, str] = {}
     for pc, accs in f.value_access.items():
-        if (pc >= 2 and any(mode == "write" for _, _, _, mode in accs) and _max_triple(insns, pc - 2, targets)
-                and _reg_dead_after(insns, pc + 1, insns[pc - 2].dst)):
-            out.add(pc)
+        if pc < 2 or not any(mode == "write" for _, _, _, mode in accs):
+            continue
+        kind = _triple(insns, pc - 2, targets)
+        if kind and _reg_dead_after(insns, pc + 1, insns[pc - 2].dst):
+            out[pc] = kind
     return out
 
 
 def writes_values(prog: Program, maps: Sequence[MapDef]) -> bool:
-    """prog stores into a map value without an atomic other than a max store (a plain
-    assignment, a read-modify-write that is no raise-to triple): events of one warp must
+    """prog stores into a map value without an atomic, other than a max / min store (a
+    plain assignment, a read-modify-write that is no raise-to / lower-to triple): events of one warp must
     then run one at a time (DTMK_PROG_F_SERIAL), as the reference runs them, or two lanes
     of one key lose an update."""
     try:
         f = _facts(prog, maps)
     except Exception:                         # noqa: BLE001 - not verifiable: never attached
         return False
-    ms = max_stores(prog, maps)
+    ms = extremum_stores(prog, maps)
     return any(mode == "write" and pc not in ms for pc, accs in f.value_access.items() for _, _, _, mode in accs)

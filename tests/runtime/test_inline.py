@@ -673,34 +673,40 @@ def test_the_megakernel_links_with_the_summary_inline_monitor():
 
 # ------------------------------------------------------------------ device encoding of the ring form
 
-def test_raise_to_stores_become_atomic_max_on_the_device_and_decode_back():
-    """max_stores names exactly the stxdw of a well-formed raise-to triple; encode_program
-    turns it into the device-only `stxdw_max` (an atomic max: lanes and workers racing on
-    one key keep the largest value) and decode_program gives the stxdw back; the summary's
-    task:ready program therefore needs no serial warp (DTMK_PROG_F_SERIAL)."""
+def test_raise_and_lower_to_stores_become_atomics_on_the_device_and_decode_back():
+    """extremum_stores names exactly the stxdw of a well-formed raise-to (jge) / lower-to
+    (jle) triple; encode_program turns it into the device-only `stxdw_max` / `stxdw_min`
+    (atomic: lanes and workers racing on one key keep the extreme value) and
+    decode_program gives the stxdw back; the summary's task:ready program, min() and
+    stats() therefore need no serial warp (DTMK_PROG_F_SERIAL)."""
     from dtrace_mk.bpf.devicegen import NAME_OF_OP, OP
-    from dtrace_mk.runtime.inline import max_stores, writes_values
-    prog, maps = _prog(XADD + RAISE)
-    ms = max_stores(prog, maps)
-    assert len(ms) == 1
-    (pc,) = ms
-    assert prog.insns[pc].opcode == 0x7b and prog.insns[pc - 2].opcode == 0x79   # stxdw after ldxdw
-    recs = D.encode_program(prog.insns, [0x1000], [0], "p", ms)
-    names = [NAME_OF_OP[int(r["op"])] for r in recs]
-    plain = D.encode_program(prog.insns, [0x1000], [0], "p")
-    assert names.count("stxdw_max") == 1
-    assert [n if n != "stxdw_max" else "stxdw" for n in names] == [NAME_OF_OP[int(r["op"])] for r in plain]
-    assert [i.opcode for i in D.decode_program(recs, [0x1000], [0])] == [i.opcode for i in prog.insns]
-    assert not writes_values(prog, maps)
-    assert OP["stxdw_max"] >> 4 == OP["stxdw"] >> 4           # the memory group of the VM's switch
+    from dtrace_mk.runtime.inline import extremum_stores, writes_values
+    lower = RAISE.replace("jge", "jle")
+    for body, kind in ((XADD + RAISE, "max"), (XADD + lower, "min")):
+        prog, maps = _prog(body)
+        es = extremum_stores(prog, maps)
+        assert list(es.values()) == [kind]
+        (pc,) = es
+        assert prog.insns[pc].opcode == 0x7b and prog.insns[pc - 2].opcode == 0x79   # stxdw after ldxdw
+        recs = D.encode_program(prog.insns, [0x1000], [0], "p", es)
+        names = [NAME_OF_OP[int(r["op"])] for r in recs]
+        plain = D.encode_program(prog.insns, [0x1000], [0], "p")
+        assert names.count("stxdw_" + kind) == 1
+        assert [n if n != "stxdw_" + kind else "stxdw" for n in names] == [NAME_OF_OP[int(r["op"])] for r in plain]
+        assert [i.opcode for i in D.decode_program(recs, [0x1000], [0])] == [i.opcode for i in prog.insns]
+        assert not writes_values(prog, maps)
+        assert OP["stxdw_" + kind] >> 4 == OP["stxdw"] >> 4      # the memory group of the VM's switch
     # a plain store, a triple whose loaded value is used after, one entered in its middle: no
     for text in ("stxdw [r0+0], r7\n", RAISE + "jgt r1, 900000, out\n" + XADD,
                  "jgt r7, 100, mid\n" + RAISE.replace("stxdw", "mid:\nstxdw")):
         p, m = _prog(text)
-        assert max_stores(p, m) == set() and writes_values(p, m), text
+        assert extremum_stores(p, m) == {} and writes_values(p, m), text
     sm = compile_query(SUMMARY_QUERY, name="summary").obj
-    assert [len(max_stores(p, sm.maps)) for p in sm.programs] == [0, 0, 1]
+    assert [list(extremum_stores(p, sm.maps).values()) for p in sm.programs] == [[], [], ["max"]]
     assert not any(writes_values(p, sm.maps) for p in sm.programs)
+    q = compile_query("task:end { @lo[task.class] = min(task.dur_ns); @st[task.class] = stats(task.dur_ns); }").obj
+    (p,) = q.programs
+    assert sorted(extremum_stores(p, q.maps).values()) == ["max", "min", "min"] and not writes_values(p, q.maps)
 
 
 @needs_gxx

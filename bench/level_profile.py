@@ -11,7 +11,9 @@ trace's own cost alike.  Configurations:
   off         the default build, no hook enabled (the trace turns the observing path on)
   mask3       the summary's three hooks stored to the global ring (no program)
   summary     the summary monitor in the hot tier (device VM)
-  summary_cm  the summary monitor in the compiled tier (LTO-linked)
+  summary_cm  the summary monitor in the compiled tier (LTO-linked), its inline form
+              (kernels/bpf_inline.cuh: run at the hook sites)
+  summary_cmring  the same through the observer ring and warp drains
   <variant>   a --variants build (defines), nothing enabled
 
 A *level* is one (layer, task class) of the graph (e.g. L3 mlp_gate_up).  Per level and
@@ -112,7 +114,7 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
 
 
 #: number of dtmk_obs_prof counters (kernels/megakernel.cu PROF_N)
-PROF_N = 28
+PROF_N = 32
 #: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
 PROF_TABLES = (
     ("drains (one batch / whole ring), hook_post after the signal, late drains",
@@ -125,6 +127,8 @@ PROF_TABLES = (
      (("call", 20), ("mem", 22))),
     ("around the release signal: hook_hold (before it), one record of hook_flush (after it)",
      (("hold", 24), ("rec", 26))),
+    ("the compiled tier's inline form: one event at the site, the shadow's epoch flush",
+     (("inline", 28), ("shflush", 30))),
 )
 
 
@@ -167,7 +171,7 @@ def main() -> int:
 
     builds = {}
     configs = [c for c in a.configs.split(",") if c]
-    need_default = any(c in ("off", "mask3", "null3", "summary", "summary_cm") for c in configs)
+    need_default = any(c in ("off", "mask3", "null3", "summary") for c in configs)
     if "nohooks" in configs:
         builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
     if need_default:
@@ -178,29 +182,32 @@ def main() -> int:
         name, defs = spec.split("=", 1)
         builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in defs.split("+") if d))
         configs.append(name)
-    live = livec = None
-    if "summary" in configs or "summary_cm" in configs:
-        from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor
-        mon = summary_monitor(builds["default"].graph.schema)
-        if "summary" in configs:
-            live = LiveSession(builds["default"])
-            live.attach(mon.obj)
+    live = None
+    if "summary" in configs:
+        from dtrace_mk.runtime.live import LiveSession, summary_monitor
+        live = LiveSession(builds["default"])
+        live.attach(summary_monitor(builds["default"].graph.schema).obj)
     if "null3" in configs:   # a null program (r0 = 0, exit) on each of the summary's hooks
         from dtrace_mk.runtime.live import LiveSession, summary_monitor
         from hooks import null_object
         live_null = LiveSession(builds["default"])
         live_null.attach(null_object(summary_monitor(builds["default"].graph.schema).obj))
         builds["default"].set_observer(0, None)
-        if "summary_cm" in configs:
-            builds["cm"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in a.defines.split("+") if d))
-            livec = LiveSession(builds["cm"], runtime=linked_runtime(builds["cm"].num_workers))
-            livec.attach(mon.obj, tier="compiled")
-            livec.link_compiled()
+    linked = []          # the compiled tier linked into its own build: inline form / through the ring
+    for c, inline in (("summary_cm", True), ("summary_cmring", False)):
+        if c in configs:
+            from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor
+            defs = (("DTMK_OBS_PROF",) if a.prof else ()) + tuple(d for d in a.defines.split("+") if d)
+            builds[c] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs)
+            lc = LiveSession(builds[c], runtime=linked_runtime(builds[c].num_workers, inline=inline))
+            lc.attach(summary_monitor(builds[c].graph.schema).obj, tier="compiled")
+            lc.link_compiled()
+            linked.append(lc)
+    if need_default:
         builds["default"].set_observer(0, None)
 
     def run(c):
-        m = (builds["nohooks"] if c == "nohooks" else builds["cm"] if c == "summary_cm"
-             else builds.get(c) or builds["default"])
+        m = builds["nohooks"] if c == "nohooks" else builds.get(c) or builds["default"]
         if m is builds.get("default"):
             if c == "summary":
                 m.set_observer(int(live.rt.tables.data.ptr), live.state)

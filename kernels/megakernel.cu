@@ -82,8 +82,10 @@
  * accumulator flushes to the global coverage rows (epoch changes); inside the VM's exec step
  * (lane 0, warp-wide instructions): [20, 21] helper calls, [22, 23] memory instructions;
  * thread 0 around a task's release signal: [24, 25] hook_hold (before it: on the
- * consumers' path), [26, 27] one record built and stored in hook_flush (after it) */
-#define PROF_N 28
+ * consumers' path), [26, 27] one record built and stored in hook_flush (after it);
+ * the compiled tier's inline form: [28, 29] one event through a hook's inline programs
+ * (hk_inline, thread 0), [30, 31] the shadow's flush in obs_sync (lane 0) */
+#define PROF_N 32
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
@@ -508,8 +510,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #ifdef DTMK_COMPILED_TIER
         /* the inline form's map updates first (all epochs: moving the current one's early
          * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
+        DTMK_PROF_BEGIN(prof_sh);
         flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
         __syncwarp();
+        DTMK_PROF_END(30, prof_sh);
 #endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
@@ -651,9 +655,11 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
  * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
  * it before the task's release signal when the record comes after it). */
 __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_i);
 #pragma unroll
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.sh.ctx)[i] = c.v[i];
     dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+    DTMK_PROF_END1(28, prof_i);
     if (step < O.acc_min) O.acc_min = step;
     if (O.acc_min < O.pub) {
         O.pub = O.acc_min;

@@ -279,11 +279,14 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
     extra = ", struct dtmk_shadow *S, dtmk_u32 slot" if shadow is not None else ""
     w(f"static __device__ __forceinline__ int {fn}(const struct dtmk_ctx *ctx, dtmk_u32 worker, dtmk_u32 epoch,\n"
       f"        dtmk_u32 flags, dtmk_u64 *r0_out{extra}) {{\n")
-    if shadow is not None:                 # the inline form: the stack in the shadow's scratch (shared memory)
+    if shadow is not None:
+        # the inline form: the stack in the shadow's scratch (shared memory), not zeroed:
+        # only verified programs run inline, and the verifier lets none read a stack byte
+        # it has not written in this run (stack-uninit-read, helper-mem/uninit)
         w("    dtmk_u64 *stk = S->stk;\n")
     else:
         w("    dtmk_u64 stk[%d];\n" % (depth // 8))
-    w("    for (int i = 0; i < %d; i++) stk[i] = 0;\n" % (depth // 8))
+        w("    for (int i = 0; i < %d; i++) stk[i] = 0;\n" % (depth // 8))
     w("    dtmk_u64 r0 = 0, r1 = (dtmk_u64)ctx, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0, r8 = 0, r9 = 0;\n")
     w(f"    dtmk_u64 r10 = (dtmk_u64)(stk + {depth // 8});\n")
     w("    bool lost = false, thr = false;\n")

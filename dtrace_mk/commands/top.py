@@ -168,6 +168,14 @@ def launch_plan(steps: int, tier: str, launches: int = 0) -> List[int]:
     return [steps // n + (1 if i < steps % n else 0) for i in range(n)]
 
 
+def _inline_note(live, aid) -> str:
+    """ " (inline 3/3)": how many of a compiled attachment's programs run at the hook sites."""
+    if not hasattr(live.rt, "forms") or live.rt.tier(aid) != "compiled":
+        return ""
+    forms = live.rt.forms(aid)
+    return f" (inline {sum(f == 'inline' for f in forms.values())}/{len(forms)})"
+
+
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
                frames: int = 0, tier: str = "hot", launches: int = 0) -> Iterable[str]:
     """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
@@ -198,7 +206,7 @@ def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.
                     running = True
             snap = live.snapshot(aid)
             k += 1
-            tiers = "" if tier == "hot" else f"  tier {live.tier_status().get(aid, '?')}"
+            tiers = "" if tier == "hot" else f"  tier {live.tier_status().get(aid, '?')}{_inline_note(live, aid)}"
             hdr = (f"dtrace-mk top  model {model}  backend gpu{tiers}  t={time.perf_counter() - t0:.1f} s  "
                    f"steps {snap.steps_done - step_start}/{steps}  final epoch {snap.final_epoch}  frame {k}"
                    + ("" if running else "  [run finished]"))

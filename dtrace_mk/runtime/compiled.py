@@ -921,6 +921,21 @@ class _CompiledMixin:
         return (self.inline_tier and att.sample_every <= 1 and att.max_per_epoch is None
                 and inline_plan(att, dp).ok)
 
+    def forms(self, aid: int) -> Dict[str, str]:
+        """How each program of a compiled attachment runs: "inline", or "ring: <why>"
+        (the inline plan's reason, the runtime's choice, sampling or a rate limit)."""
+        att = self._atts[aid]
+        out = {}
+        for dp in att.progs:
+            if self.runs_inline(att, dp):
+                out[dp.program.name] = "inline"
+                continue
+            plan = inline_plan(att, dp)
+            why = (plan.reason if not plan.ok else "the runtime runs compiled programs through the ring"
+                   if not self.inline_tier else "sampling / a rate limit needs the warp's tickets")
+            out[dp.program.name] = f"ring: {why}"
+        return out
+
     def tier(self, aid: int) -> str:
         return self._tier.get(aid, "hot")
 

@@ -341,6 +341,8 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
                 op = MAX                      # (the value read must not be used past the triple)
             elif mode == "write" and pc >= 2 and _max_triple(insns, pc - 2, targets):
                 op = MAX
+            elif _triple(insns, pc if mode == "read" else pc - 2, targets) == "min":
+                return InlinePlan(reason=f"insn {pc}: map '{md.name}': a min (the shadow combines adds and maxima)")
             else:
                 return InlinePlan(reason=f"insn {pc}: map '{md.name}': value {mode} outside an add or max")
             prev = ops.setdefault(m, {}).setdefault(word, op)

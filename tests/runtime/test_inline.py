@@ -123,7 +123,7 @@ def test_queries_that_qualify(query, expect):
 REFUSE_QUERIES = [
     ("task:end { evidence(task.class); @n[worker] = count(); }",
      r"insn \d+: ringbuf_output keeps the program on the ring path"),
-    ("task:end { @m[task.layer] = min(task.dur_ns); }", r"insn \d+: map 'm': value read outside an add or max"),
+    ("task:end { @m[task.layer] = min(task.dur_ns); }", r"insn \d+: map 'm': a min \(the shadow combines adds and maxima\)"),
     ("task:end { @m[task.layer] = stats(task.dur_ns); }", r"insn \d+: map 'm': value access at 16 size 8"),
     ("task:end { @k[task.class, worker] = count(); }", r"map 'k': 16-byte keys \(inline: <= 8\)"),
     # two shadow updates in one run: a refused key would lose the event twice
@@ -721,3 +721,29 @@ def test_table_flags_serial_only_for_plain_value_writes():
              for k in range(int(rt.host_tables[h]["n_progs"]))]
     assert sum(bool(f & D.PROG_F_SERIAL) for f in flags) == 1
     assert all(f & C.PROG_F_COMPILED for f in flags)
+
+
+@needs_gxx
+def test_forms_say_which_programs_run_inline_and_why_not():
+    """runtime.forms(aid): "inline" per program, else "ring: <reason>" (the plan's refusal,
+    sampling, or a runtime that runs compiled programs through the ring); `dtrace-mk top`
+    shows the count in its header."""
+    from dtrace_mk.commands.top import _inline_note
+    summary = compile_query(SUMMARY_QUERY, name="summary").obj
+    rt = C.HostCompiledRuntime(2, inline=True)
+    a = rt.attach(summary)
+    assert set(rt.forms(a).values()) == {"inline"}
+    b = rt.attach(compile_query("task:end { @m[task.class] = min(task.dur_ns); }").obj)
+    (why,) = rt.forms(b).values()
+    assert re.fullmatch(r"ring: insn \d+: map 'm': a min \(the shadow combines adds and maxima\)", why), why
+    c = rt.attach(summary, sample_every=4)
+    assert all(f.startswith("ring: sampling") for f in rt.forms(c).values())
+    ring = C.HostCompiledRuntime(2)
+    d = ring.attach(summary)
+    assert set(ring.forms(d).values()) == {"ring: the runtime runs compiled programs through the ring"}
+
+    class Live:                                 # what top reads of a LiveSession
+        pass
+    live = Live()
+    live.rt = rt
+    assert _inline_note(live, a) == " (inline 3/3)" and _inline_note(live, b) == " (inline 0/1)"

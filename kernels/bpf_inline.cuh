@@ -81,8 +81,11 @@ DTMK_CM_INLINE_DECL(1) DTMK_CM_INLINE_DECL(2) DTMK_CM_INLINE_DECL(3) DTMK_CM_INL
 DTMK_CM_INLINE_DECL(5) DTMK_CM_INLINE_DECL(6) DTMK_CM_INLINE_DECL(7) DTMK_CM_INLINE_DECL(8)
 DTMK_CM_INLINE_DECL(9) DTMK_CM_INLINE_DECL(10)
 
-/* key bytes at p (the program's stack), n <= 8, as the shadow's u64 */
+/* key bytes at p (the program's stack), n <= 8, as the shadow's u64 (one load for the
+ * aligned 8- and 4-byte keys the language makes) */
 __device__ __forceinline__ dtmk_u64 dtmk_sh_key(dtmk_u64 p, dtmk_u32 n) {
+    if (n == 8 && (p & 7) == 0) return *(const dtmk_u64 *)p;
+    if (n == 4 && (p & 3) == 0) return *(const dtmk_u32 *)p;
     const dtmk_u8 *b = (const dtmk_u8 *)p;
     dtmk_u64 k = 0;
     for (dtmk_u32 i = 0; i < n; ++i) k |= (dtmk_u64)b[i] << (8 * i);

@@ -3,9 +3,11 @@
  * combined in a per-worker shadow table and moved into the device maps at epoch ends.
  *
  * Why: a record through the observer costs its 128-byte ring slot, a warp drain and a
- * global hash probe per map update; ~67 tasks per worker per decode step put that work
- * in some level's span (docs/dev/hook_cost_analysis.md, session 7).  Inline, a summary
- * program is a few ALU ops and a shared-memory update per event.
+ * global hash probe per map update, and a ring that fills counts records lost.  Inline,
+ * nothing is lost and the maps' updates combine per worker before any global atomic.
+ * Measured on the H200 (docs/results/hooks.md, session 8): as costly as the ring form
+ * while the site still builds the record it runs the program over; the cheaper site
+ * (the program over the captured scalars) is docs/dev/hook_cost_analysis.md's next step.
  *
  * Which programs (dtrace_mk/runtime/inline.py decides, from the verifier's types): every
  * map update is an aggregation that commutes, so applying an epoch's deltas later and in

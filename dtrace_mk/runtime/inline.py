@@ -307,7 +307,6 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     targets = _jump_targets(insns)
     used_maps: Set[int] = set()
     update_ok: Dict[int, bool] = {}
-    hist_via_helper: Set[int] = set()
     for pc, calls in sorted(f.calls.items()):
         for name, m, flags, zero in calls:
             if name in PURE_HELPERS:
@@ -319,7 +318,6 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
             used_maps.add(m)
             md = maps[m]
             if name == "hist_add":
-                hist_via_helper.add(m)
                 if not _r0_dead_after(insns, pc):
                     return InlinePlan(reason=f"insn {pc}: hist_add's return value is read")
             elif name == "map_update_elem":
@@ -330,7 +328,7 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     for pc, accs in sorted(f.value_access.items()):
         for m, off, size, mode in accs:
             md = maps[m]
-            if md.type not in ("hash",):
+            if md.type != "hash":
                 continue                      # arrays: ordinary helpers
             if off is None or size != 8 or off % 8 or off >= 16:
                 return InlinePlan(reason=f"insn {pc}: map '{md.name}': value access at {off} size {size}")

@@ -124,7 +124,8 @@ static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
 struct __align__(16) dtmk_hook_table {
     dtmk_u32 gen;
     dtmk_u32 n_progs;
-    dtmk_u32 pad[14];
+    dtmk_u32 ctx_reads;    /* bit i: a program of the hook reads context word i (bytes 4i..4i+3) */
+    dtmk_u32 pad[13];
     struct dtmk_prog progs[DTMK_MAX_PROGS];
 };
 static_assert(sizeof(struct dtmk_hook_table) == 64 + 64 * DTMK_MAX_PROGS, "dtmk_hook_table size");

@@ -300,6 +300,12 @@ struct __align__(16) Obs {
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
+#ifdef DTMK_HOLD_LAZY
+    /* -DDTMK_HOLD_LAZY (variant, not measured yet; docs/dev/hook_cost_analysis.md session 8):
+     * 1 when a loaded program reads request_gen (context word 13, the tables' ctx_reads) or
+     * comm:wait is observed: only then does hook_hold's pre-signal work run */
+    dtmk_u32 hold_full;
+#endif
 #ifdef DTMK_COMPILED_TIER
     /* the compiled tier's inline form (kernels/bpf_inline.cuh): hooks with a slot flagged
      * DTMK_PROG_F_INLINE run it at the site (hk_inline), its map updates held here until
@@ -588,6 +594,13 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
+#ifdef DTMK_HOLD_LAZY
+        {
+            dtmk_u32 reads = 0;
+            for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.tabs[h].n_progs) reads |= O.tabs[h].ctx_reads;
+            O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
+        }
+#endif
 #ifdef DTMK_COMPILED_TIER
         O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
 #endif
@@ -958,7 +971,13 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
             pend &= ~HK_BIT(COMM_WAIT);
         }
     }
-    W.pend_rg = (1ull << 32) | (slot >= 0 && pend ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
+#ifdef DTMK_HOLD_LAZY
+    /* no loaded program reads request_gen and no host ring takes records: not read */
+    const bool rg = O.ring_mask || O.hold_full;
+#else
+    const bool rg = true;
+#endif
+    W.pend_rg = (1ull << 32) | (rg && slot >= 0 && pend ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32);
     W.pend = pend;
     return pend;
 }
@@ -1072,8 +1091,35 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }
 }
+#ifdef DTMK_HOLD_LAZY
+/* thread 0, before the release signal, when nothing reads what hook_hold reads early
+ * (O.hold_full == 0, no host ring): task:end joins the captured records and OBS_PENDING
+ * holds `step` -- shared memory only, no call; hk_capture runs after the signal */
+__device__ __forceinline__ void hook_hold_light(const MkParams &P, Worker &W, int cls, int a14, dtmk_u32 step,
+                                                dtmk_u64 t_end) {
+    W.t_end = t_end;
+    W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));
+    dtmk_u32 later = W.pend;
+    if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
+    if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
+#ifdef DTMK_COMPILED_TIER
+    const dtmk_u32 vm = O.vm_mask | O.inl_mask;
+#else
+    const dtmk_u32 vm = O.vm_mask;
+#endif
+    if ((vm & later) && step < O.pub) {
+        O.pub = step;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
+    }
+}
+#define HOOK_HOLD(P, W, t, r, step, t_end) do { if (O.ring_mask | O.hold_full) hook_hold(P, W, t, step, t_end); \
+    else hook_hold_light(P, W, (r)[0], (r)[14], step, t_end); } while (0)
+#else
+#define HOOK_HOLD(P, W, t, r, step, t_end) hook_hold(P, W, t, step, t_end)
+#endif
 #else
 __device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32, dtmk_u64) {}
+#define HOOK_HOLD(P, W, t, r, step, t_end) hook_hold(P, W, t, step, t_end)
 #endif
 
 /* cold, thread 0, after a task's release signal: its captured records (hook_flush),
@@ -1255,7 +1301,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
-        if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); hook_hold(P, W, t, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
+        if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); HOOK_HOLD(P, W, t, r, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
@@ -1540,6 +1586,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
         if (!O.state) O.tables = 0;
         O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
+#ifdef DTMK_HOLD_LAZY
+        O.hold_full = 1;
+#endif
         obs_layout(0u);
         O.drained = O.drains = O.pubs = 0; O.first_seen = 0; O.pub = 0;
         if (O.state) {

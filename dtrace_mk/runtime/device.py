@@ -89,7 +89,7 @@ COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (R
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
     "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
     [("pad2", "<u8"), ("pad3", "<u8")])
-HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("pad", "<u4", (14,)),
+HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("ctx_reads", "<u4"), ("pad", "<u4", (13,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
 
 # C struct name -> (dtype, {C field: dtype field}) for the NVRTC layout test
@@ -553,6 +553,15 @@ def _serial(att: "_DevAttachment", dp: _DevProg) -> bool:
     return v
 
 
+def _ctx_reads(att: "_DevAttachment", dp: _DevProg) -> int:
+    """Bit i: dp reads context word i (dtrace_mk.runtime.inline.ctx_reads; kept on dp)."""
+    v = getattr(dp, "ctx_reads", None)
+    if v is None:
+        from .inline import ctx_reads
+        v = dp.ctx_reads = ctx_reads(dp.program, att.maps.defs)
+    return v
+
+
 def extremum_stores(prog, defs) -> Dict[int, str]:
     """dtrace_mk.runtime.inline.extremum_stores (imported late: it loads the verifier)."""
     from .inline import extremum_stores as es
@@ -732,8 +741,11 @@ class DeviceRuntime:
         t["n_progs"] = len(entries)
         for k in range(MAX_PROGS):
             t["progs"][k] = np.zeros(1, PROG_DTYPE)[0]
+        reads = 0
         for k, (att, dp) in enumerate(entries):
             self._fill_slot(t["progs"][k], att, dp)
+            reads |= _ctx_reads(att, dp)
+        t["ctx_reads"] = reads
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())
         t["gen"] = 2 * self._gen[hid]

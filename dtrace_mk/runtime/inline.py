@@ -76,10 +76,14 @@ class _Facts(Checker):
         self.value_access: Dict[int, Set[Tuple[int, Optional[int], int, str]]] = {}
         self.calls: Dict[int, Set[Tuple[str, Optional[int], Optional[int], bool]]] = {}
         self.key_at: Dict[int, Set[Optional[int]]] = {}   # call pc -> r2's stack offset (None: not one)
+        self.ctx_bytes: Set[int] = set()                     # context bytes the program reads
 
     def check_MemAccess(self, a, st, pc):
         super().check_MemAccess(a, st, pc)
         base = st.regs[a.base]
+        if base.kind == T.CTX:                # the verifier keeps context offsets constant
+            off = S.to_signed(base.off.const) + a.off
+            self.ctx_bytes.update(range(off, off + a.size))
         if base.kind == T.MAP_VALUE:
             c = base.off.const
             off = None if c is None else S.to_signed(c) + a.off
@@ -413,6 +417,21 @@ def extremum_stores(prog: Program, maps: Sequence[MapDef]) -> Dict[int, str]:
         if kind and _reg_dead_after(insns, pc + 1, insns[pc - 2].dst):
             out[pc] = kind
     return out
+
+
+def ctx_reads(prog: Program, maps: Sequence[MapDef]) -> int:
+    """Bit i set: the program reads context word i (bytes 4i..4i+3) on some path; all 32
+    bits when it cannot be verified (the device then assumes every field is read).
+    Published per hook table (dtmk_hook_table.ctx_reads): the megakernel's lazy hold
+    (-DDTMK_HOLD_LAZY) skips the pre-signal reads of fields no program reads."""
+    try:
+        f = _facts(prog, maps)
+    except Exception:                         # noqa: BLE001 - not verifiable: never attached
+        return 0xFFFFFFFF
+    bits = 0
+    for b in f.ctx_bytes:
+        bits |= 1 << (b // 4)
+    return bits
 
 
 def writes_values(prog: Program, maps: Sequence[MapDef]) -> bool:

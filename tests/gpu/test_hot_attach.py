@@ -18,10 +18,11 @@ from dtrace_mk.megakernel.presets import PRESETS
 BATCH = 2
 _S = {}
 #: megakernel builds proven exact: the default (DTMK_REC_FAST, docs/dev/hook_cost_analysis.md
-#: round 8: hook records read the task record from the shared copy s_rec) and
-#: -DDTMK_REC_GLOBAL, the old record path (the global task table)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",)],
-                                 ids=["default", "recglobal", "codesmem"])
+#: round 8: hook records read the task record from the shared copy s_rec),
+#: -DDTMK_REC_GLOBAL, the old record path (the global task table), and the session-8
+#: variant -DDTMK_HOLD_LAZY (no pre-signal hold work when no program reads request_gen)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_LAZY",)],
+                                 ids=["default", "recglobal", "codesmem", "holdlazy"])
 
 
 def session(name="tiny", defines=()):

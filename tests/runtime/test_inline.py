@@ -747,3 +747,21 @@ def test_forms_say_which_programs_run_inline_and_why_not():
     live = Live()
     live.rt = rt
     assert _inline_note(live, a) == " (inline 3/3)" and _inline_note(live, b) == " (inline 0/1)"
+
+
+@needs_gxx
+def test_tables_publish_the_context_words_their_programs_read():
+    """dtmk_hook_table.ctx_reads: bit i when a program of the hook reads context word i
+    (from the verifier's context offsets); the megakernel's -DDTMK_HOLD_LAZY keeps the
+    pre-signal request_gen read (word 13) only when some program's bit 13 is set."""
+    from dtrace_mk.runtime.inline import ctx_reads
+    sm = compile_query(SUMMARY_QUERY, name="summary").obj
+    words = {p.hook.name: [i for i in range(32) if ctx_reads(p, sm.maps) >> i & 1] for p in sm.programs}
+    assert words == {"task:end": [7, 24, 25], "dep:release": [7, 26, 27], "task:ready": [6, 23]}
+    rt = C.HostCompiledRuntime(2)
+    rt.attach(sm)
+    end = abi.hook("task:end").id
+    assert int(rt.host_tables[end]["ctx_reads"]) == 1 << 7 | 1 << 24 | 1 << 25
+    rt.attach(compile_query("task:end { @g[req.gen] = count(); }").obj)
+    assert int(rt.host_tables[end]["ctx_reads"]) >> 13 & 1                  # request_gen: word 13
+    assert int(rt.host_tables[abi.hook("task:ready").id]["ctx_reads"]) == 1 << 6 | 1 << 23

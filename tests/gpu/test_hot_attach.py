@@ -74,6 +74,31 @@ def test_attached_before_launch_matches_reference_exactly(defines):
         live.detach(aid)
 
 
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_LAZY",)], ids=["default", "holdlazy"])
+def test_summary_without_a_host_ring_counts_every_task(defines):
+    """Without the host ring (so -DDTMK_HOLD_LAZY takes its light pre-signal hold: the
+    summary reads no request_gen), the hot summary still sees every task once: per class,
+    the task:end histogram counts tasks x steps and coverage executes every event."""
+    from collections import Counter
+    live = session(defines=defines)
+    mon = summary(live)
+    aid = live.attach(mon.obj)
+    steps = 4
+    try:
+        live.start(steps)                     # no hooks= : the global ring stays off
+        res = live.wait()
+        snap = live.snapshot(aid)
+        assert not snap.partial and int(snap.state["lost"].sum()) == 0
+        want = Counter(t.cls for t in live.mk.graph.tasks)
+        got = {int.from_bytes(k[:4], "little"): sum(v) for k, v in snap.maps["lat"].snapshot().items()}
+        assert got == {c: n * steps for c, n in want.items()}
+        tot = lambda k: sum(getattr(r, k) for r in snap.coverage)  # noqa: E731
+        assert tot("executed") == tot("eligible") > 0 and tot("lost") == 0
+        assert res.tokens.size > 0
+    finally:
+        live.detach(aid)
+
+
 def test_hot_summary_on_small_moe_is_exact():
     """small-moe's routers emit a burst of task:ready records (queue depths 1..n) in one
     drain batch of one worker: the summary's @queue[worker] = max(queue.depth) has every

@@ -1095,8 +1095,8 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
 /* thread 0, before the release signal, when nothing reads what hook_hold reads early
  * (O.hold_full == 0, no host ring): task:end joins the captured records and OBS_PENDING
  * holds `step` -- shared memory only, no call; hk_capture runs after the signal */
-__device__ __forceinline__ void hook_hold_light(const MkParams &P, Worker &W, int cls, int a14, dtmk_u32 step,
-                                                dtmk_u64 t_end) {
+__device__ __forceinline__ void hold_light(const MkParams &P, Worker &W, int cls, int a14, dtmk_u32 step,
+                                           dtmk_u64 t_end) {
     W.t_end = t_end;
     W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));
     dtmk_u32 later = W.pend;
@@ -1112,14 +1112,15 @@ __device__ __forceinline__ void hook_hold_light(const MkParams &P, Worker &W, in
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }
 }
-#define HOOK_HOLD(P, W, t, r, step, t_end) do { if (O.ring_mask | O.hold_full) hook_hold(P, W, t, step, t_end); \
-    else hook_hold_light(P, W, (r)[0], (r)[14], step, t_end); } while (0)
+#define HOLD_FULL() (O.ring_mask | O.hold_full)   /* hook_hold's pre-signal work is needed */
 #else
-#define HOOK_HOLD(P, W, t, r, step, t_end) hook_hold(P, W, t, step, t_end)
+#define HOLD_FULL() true
+__device__ __forceinline__ void hold_light(const MkParams &, Worker &, int, int, dtmk_u32, dtmk_u64) {}
 #endif
 #else
 __device__ __forceinline__ void hook_hold(const MkParams &, Worker &, int, dtmk_u32, dtmk_u64) {}
-#define HOOK_HOLD(P, W, t, r, step, t_end) hook_hold(P, W, t, step, t_end)
+__device__ __forceinline__ void hold_light(const MkParams &, Worker &, int, int, dtmk_u32, dtmk_u64) {}
+#define HOLD_FULL() true
 #endif
 
 /* cold, thread 0, after a task's release signal: its captured records (hook_flush),
@@ -1301,7 +1302,12 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
-        if (HOOKS_ANY(W, ~0u)) { DTMK_PROF_BEGIN(prof_h); HOOK_HOLD(P, W, t, r, (dtmk_u32)step, t_end); DTMK_PROF_END1(24, prof_h); }
+        if (HOOKS_ANY(W, ~0u)) {
+            DTMK_PROF_BEGIN(prof_h);
+            if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
+            else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* -DDTMK_HOLD_LAZY only */
+            DTMK_PROF_END1(24, prof_h);
+        }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }

@@ -1072,12 +1072,10 @@ __device__ void pressure(const MkParams &P, Worker &W, int step, dtmk_u32 d0, dt
  * peer), OBS_PENDING holds `step` before it (a snapshot that sees the step counter move
  * must not call the epoch final) */
 #ifndef DTMK_NO_HOOKS
-__device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step, dtmk_u64 t_end) {
-    const int *r = hk_trec(P, t);
-    const int cls = r[0], slot = r[3], dep = r[6], a14 = r[14];   /* one batch of loads */
-    dtmk_u32 pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
-    W.t_end = t_end;
-    if (pend) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+/* thread 0, before the release signal: OBS_PENDING holds `step` when a program will get a
+ * record of this task after it (pend: the captured hooks) */
+__device__ __forceinline__ void hold_epoch(const MkParams &P, Worker &W, dtmk_u32 pend, int cls, int a14,
+                                           dtmk_u32 step) {
     dtmk_u32 later = pend;
     if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
     if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
@@ -1091,6 +1089,14 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }
 }
+__device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk_u32 step, dtmk_u64 t_end) {
+    const int *r = hk_trec(P, t);
+    const int cls = r[0], slot = r[3], dep = r[6], a14 = r[14];   /* one batch of loads */
+    dtmk_u32 pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
+    W.t_end = t_end;
+    if (pend) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
+    hold_epoch(P, W, pend, cls, a14, step);
+}
 #ifdef DTMK_HOLD_LAZY
 /* thread 0, before the release signal, when nothing reads what hook_hold reads early
  * (O.hold_full == 0, no host ring): task:end joins the captured records and OBS_PENDING
@@ -1099,18 +1105,7 @@ __device__ __forceinline__ void hold_light(const MkParams &P, Worker &W, int cls
                                            dtmk_u64 t_end) {
     W.t_end = t_end;
     W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));
-    dtmk_u32 later = W.pend;
-    if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
-    if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
-#ifdef DTMK_COMPILED_TIER
-    const dtmk_u32 vm = O.vm_mask | O.inl_mask;
-#else
-    const dtmk_u32 vm = O.vm_mask;
-#endif
-    if ((vm & later) && step < O.pub) {
-        O.pub = step;
-        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
-    }
+    hold_epoch(P, W, W.pend, cls, a14, step);
 }
 #define HOLD_FULL() (O.ring_mask | O.hold_full)   /* hook_hold's pre-signal work is needed */
 #else

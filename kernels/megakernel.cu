@@ -417,6 +417,16 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
 /* thread 0: W.observe after any change of hook_mask, trace_on or O.reload */
 __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
 
+/* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
+ * in the compiled tier, at the site (inl_mask) */
+__device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
+#ifdef DTMK_COMPILED_TIER
+    return O.vm_mask | O.inl_mask;
+#else
+    return O.vm_mask;
+#endif
+}
+
 
 /* warp 0: move ring record `lane` (valid) to index `dst`; every lane reads before any writes */
 __device__ __forceinline__ void obs_move(bool valid, dtmk_u32 src, dtmk_u32 dst) {
@@ -779,11 +789,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
-#ifdef DTMK_COMPILED_TIER
-    W.hook_mask = O.ring_mask | O.vm_mask | O.inl_mask;
-#else
-    W.hook_mask = O.ring_mask | O.vm_mask;
-#endif
+    W.hook_mask = O.ring_mask | obs_prog_hooks();
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
 #else
     W.hook_mask = 0;
@@ -1079,12 +1085,7 @@ __device__ __forceinline__ void hold_epoch(const MkParams &P, Worker &W, dtmk_u3
     dtmk_u32 later = pend;
     if (cls == 10) later |= HK_BIT(GEN_ADVANCE);
     if (cls == MK_CLS_ALLREDUCE && a14 != (int)P.rank) later |= HK_BIT(COMM_SIGNAL);
-#ifdef DTMK_COMPILED_TIER
-    const dtmk_u32 vm = O.vm_mask | O.inl_mask;
-#else
-    const dtmk_u32 vm = O.vm_mask;
-#endif
-    if ((vm & later) && step < O.pub) {
+    if ((obs_prog_hooks() & later) && step < O.pub) {
         O.pub = step;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step;
     }

@@ -65,8 +65,8 @@ from ..errors import UserError
 from ..kernels import build
 from . import device as D
 
-if TYPE_CHECKING:                      # runtime/inline.py imports the verifier: loaded when a plan is made
-    from .inline import InlineMap, InlinePlan
+if TYPE_CHECKING:                      # runtime/inline.py imports the verifier: loaded at attach
+    from .inline import InlineMap
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
 KERNEL_DIR = D.KERNEL_DIR
@@ -190,6 +190,7 @@ def _jmp(grp: str, sub: int, dst: str, src: str, imm: int, tgt: int, check: str)
 
 def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int, shadow: bool = False) -> Optional[str]:
     o = f"(dtmk_s64)({off})"
+    own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"   # one thread: no atomic (shadow: S)
     if sub <= 3:
         return f"{dst} = *(const {_MEM_T[sub]} *)({src} + {o});"
     if sub <= 7:
@@ -201,11 +202,9 @@ def _mem(sub: int, dst: str, src: str, aux: int, off: int, imm: int, shadow: boo
     if sub in (12, 13):
         t, at = ("dtmk_u32", "unsigned") if sub == 12 else ("dtmk_u64", "unsigned long long")
         fetch = f" {src} = o_;" if aux else ""
-        own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"   # shadow values: one thread
         return (f"{{ {t} *a_ = ({t} *)({dst} + {o}); const {t} v_ = ({t}){src}; {t} o_; "
                 f"if ({own}) {{ o_ = *a_; *a_ = o_ + v_; }} else o_ = atomicAdd(({at} *)a_, v_);{fetch} }}")
     if sub in (14, 15):                  # stxdw_max / _min: a triple's store (devicegen DEVICE_ONLY)
-        own = "__isLocal(a_) || __isShared(a_)" if shadow else "__isLocal(a_)"
         cmp, fn = ("<", "atomicMax") if sub == 14 else (">", "atomicMin")
         return (f"{{ dtmk_u64 *a_ = (dtmk_u64 *)({dst} + {o}); const dtmk_u64 v_ = {src}; "
                 f"if ({own}) {{ if (*a_ {cmp} v_) *a_ = v_; }} else {fn}((unsigned long long *)a_, v_); }}")
@@ -874,23 +873,14 @@ class HostDevice:
 # Runtimes
 # ---------------------------------------------------------------------------------
 
-def inline_plan(att, dp) -> "InlinePlan":
-    """The inline plan of attachment att's program dp (dtrace_mk.runtime.inline), kept on dp."""
-    plan = getattr(dp, "inline_plan", None)
-    if plan is None:
-        from .inline import analyse
-        plan = dp.inline_plan = analyse(dp.program, att.maps.defs)
-    return plan
-
-
 def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int, int]) -> List[MonitorProgram]:
     """MonitorProgram per (attachment, _DevProg), cm_id = cm_ids[id(_DevProg)]; programs
     the inline form can run get it too (the table flag decides which form runs)."""
     out = []
     for att, dp in entries:
         recs = D.encode_program(dp.program.insns, att.maps.desc_addrs, att.maps.value_addrs, dp.program.name,
-                                D.extremum_stores(dp.program, att.maps.defs))
-        plan = inline_plan(att, dp)
+                                dp.facts.extremum_stores)
+        plan = dp.facts.plan
         addrs = att.maps.desc_addrs
         shadow = {addrs[i]: im for i, im in plan.maps.items()} if plan.ok else None
         out.append(MonitorProgram(dp.program.hook.id, cm_ids[id(dp)], f"{att.id}:{dp.program.name}", recs,
@@ -919,7 +909,7 @@ class _CompiledMixin:
         runtime allows it (`inline_tier`), its plan qualifies and every event runs it
         (no sampling, no rate limit: those need the warp's tickets)."""
         return (self.inline_tier and att.sample_every <= 1 and att.max_per_epoch is None
-                and inline_plan(att, dp).ok)
+                and dp.facts.plan.ok)
 
     def forms(self, aid: int) -> Dict[str, str]:
         """How each program of a compiled attachment runs: "inline", or "ring: <why>"
@@ -930,7 +920,7 @@ class _CompiledMixin:
             if self.runs_inline(att, dp):
                 out[dp.program.name] = "inline"
                 continue
-            plan = inline_plan(att, dp)
+            plan = dp.facts.plan
             why = (plan.reason if not plan.ok else "the runtime runs compiled programs through the ring"
                    if not self.inline_tier else "sampling / a rate limit needs the warp's tickets")
             out[dp.program.name] = f"ring: {why}"

@@ -535,37 +535,13 @@ class _DevProg:
     max_insns: int
     stack_depth: int
     cov: object                  # cupy uint8 array of COV_DTYPE
+    facts: object = None         # inline.ProgramFacts: what it does with map values and the context
     #: coverage rows retired from the device table (DeviceRuntime.retire_epochs):
     #: (epoch, program_gen) -> [eligible, executed, throttled, lost, fault]
     retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
 
 
 PROG_F_SERIAL = 4     # kernels/bpf_run_prog.cuh DTMK_PROG_F_SERIAL
-
-
-def _serial(att: "_DevAttachment", dp: _DevProg) -> bool:
-    """dp writes map values without atomics: a warp runs its events one lane at a time
-    (dtrace_mk.runtime.inline.writes_values; kept on dp)."""
-    v = getattr(dp, "serial", None)
-    if v is None:
-        from .inline import writes_values
-        v = dp.serial = writes_values(dp.program, att.maps.defs)
-    return v
-
-
-def _ctx_reads(att: "_DevAttachment", dp: _DevProg) -> int:
-    """Bit i: dp reads context word i (dtrace_mk.runtime.inline.ctx_reads; kept on dp)."""
-    v = getattr(dp, "ctx_reads", None)
-    if v is None:
-        from .inline import ctx_reads
-        v = dp.ctx_reads = ctx_reads(dp.program, att.maps.defs)
-    return v
-
-
-def extremum_stores(prog, defs) -> Dict[int, str]:
-    """dtrace_mk.runtime.inline.extremum_stores (imported late: it loads the verifier)."""
-    from .inline import extremum_stores as es
-    return es(prog, defs)
 
 
 @dataclass
@@ -689,16 +665,18 @@ class DeviceRuntime:
         maps = DeviceMaps(self.cp, obj.maps, self.num_workers)
         for name, items in (init_hash or {}).items():
             maps.upload_hash([m.name for m in obj.maps].index(name), items)
+        from .inline import study                # (imports the verifier's checker)
         dprogs = []
         for p in progs:
-            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, extremum_stores(p, maps.defs))
+            facts = study(p, maps.defs)
+            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, facts.extremum_stores)
             cov = np.zeros(1, COV_DTYPE)
             cov["rows"]["tag"] = COV_TAG_EMPTY
             cov["rl_tag"] = EPOCH_NONE
             mi, sd = bounds[p.name]
             padded = np.concatenate([recs, np.zeros(1, DINSN_DTYPE)])   # the VM prefetches one past the end
             dprogs.append(_DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
-                                   self.cp.asarray(cov.view(np.uint8))))
+                                   self.cp.asarray(cov.view(np.uint8)), facts))
         aid = self._next
         self._next += 1
         att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch))
@@ -729,7 +707,7 @@ class DeviceRuntime:
         e["sample_every"], e["prog_id"] = att.sample_every, att.id
         e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
         e["first_epoch"] = att.first_epoch
-        e["flags"] = PROG_F_SERIAL if _serial(att, dp) else 0
+        e["flags"] = PROG_F_SERIAL if dp.facts.writes_values else 0
 
     def _publish(self, hid: int) -> None:
         """Write hook hid's table under its seqlock: gen odd, body, gen even."""
@@ -744,7 +722,7 @@ class DeviceRuntime:
         reads = 0
         for k, (att, dp) in enumerate(entries):
             self._fill_slot(t["progs"][k], att, dp)
-            reads |= _ctx_reads(att, dp)
+            reads |= dp.facts.ctx_reads
         t["ctx_reads"] = reads
         body = self.host_tables[hid:hid + 1].view(np.uint8)
         self.tables[base + 4:base + HOOK_TABLE_DTYPE.itemsize].set(body[4:].copy())

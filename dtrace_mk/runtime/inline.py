@@ -24,6 +24,7 @@ Anything else -- ringbuf evidence, map_delete_elem, trace_printk, a value read f
 other purpose -- keeps the program on the ring + drain path, with the reason recorded.
 
     plan = analyse(program, maps)      # InlinePlan: .ok, .reason, .maps {index: InlineMap}
+    facts = study(program, maps)       # ProgramFacts: the plan and what the device runtimes need
 """
 from __future__ import annotations
 
@@ -303,10 +304,10 @@ def _most_per_run(insns: Sequence[isa.Insn], graph, sites: Set[int], lookups: Se
 
 def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     """The inline plan of a verified program (see the module doc)."""
-    try:
-        f = _facts(prog, maps)
-    except Exception as e:                    # noqa: BLE001 - not verifiable: never inline
-        return InlinePlan(reason=f"not verified: {e}")
+    return study(prog, maps).plan
+
+
+def _plan(prog: Program, maps: Sequence[MapDef], f: _Facts) -> InlinePlan:
     insns = prog.insns
     targets = _jump_targets(insns)
     used_maps: Set[int] = set()
@@ -398,16 +399,7 @@ def analyse(prog: Program, maps: Sequence[MapDef]) -> InlinePlan:
     return plan
 
 
-def extremum_stores(prog: Program, maps: Sequence[MapDef]) -> Dict[int, str]:
-    """Slot -> "max" / "min" for each stxdw that ends a raise-to / lower-to triple on a map
-    value (entered only at its load, the loaded register dead after it): the device
-    encodes them as an atomic max / min (devicegen `stxdw_max` / `stxdw_min`).  Serially
-    (the reference) the triple IS a max or min; on the device, lanes and workers racing
-    on one key would otherwise keep an arbitrary one's value."""
-    try:
-        f = _facts(prog, maps)
-    except Exception:                         # noqa: BLE001 - not verifiable: never attached
-        return {}
+def _extremum_stores(prog: Program, f: _Facts) -> Dict[int, str]:
     insns, targets = prog.insns, _jump_targets(prog.insns)
     out: Dict[int, str] = {}
     for pc, accs in f.value_access.items():
@@ -419,29 +411,57 @@ def extremum_stores(prog: Program, maps: Sequence[MapDef]) -> Dict[int, str]:
     return out
 
 
-def ctx_reads(prog: Program, maps: Sequence[MapDef]) -> int:
-    """Bit i set: the program reads context word i (bytes 4i..4i+3) on some path; all 32
-    bits when it cannot be verified (the device then assumes every field is read).
-    Published per hook table (dtmk_hook_table.ctx_reads): the megakernel's lazy hold
-    (-DDTMK_HOLD_LAZY) skips the pre-signal reads of fields no program reads."""
+@dataclass
+class ProgramFacts:
+    """What a verified program does with map values and the context, from one walk of the
+    verifier (`study`); the runtimes keep it per attached program.
+
+    plan             the inline plan (`analyse`)
+    extremum_stores  slot -> "max" / "min": each stxdw that ends a raise-to / lower-to
+                     triple on a map value (entered only at its load, the loaded register
+                     dead after it).  The device encodes them as an atomic max / min
+                     (devicegen `stxdw_max` / `stxdw_min`): serially (the reference) the
+                     triple IS a max or min; on the device, lanes and workers racing on one
+                     key would otherwise keep an arbitrary one's value
+    writes_values    a store into a map value without an atomic, other than those (a plain
+                     assignment, a read-modify-write that is no triple): a warp must then run
+                     its events one at a time (DTMK_PROG_F_SERIAL), as the reference does,
+                     or two lanes of one key lose an update
+    ctx_reads        bit i: the program reads context word i (bytes 4i..4i+3) on some path;
+                     published per hook table (dtmk_hook_table.ctx_reads) for the
+                     megakernel's lazy hold (-DDTMK_HOLD_LAZY)
+    A program the verifier refuses gets a refused plan, no extremum stores, no value
+    writes and every context word (it is never attached anyway)."""
+    plan: InlinePlan
+    extremum_stores: Dict[int, str] = field(default_factory=dict)
+    writes_values: bool = False
+    ctx_reads: int = 0xFFFFFFFF
+
+
+def study(prog: Program, maps: Sequence[MapDef]) -> ProgramFacts:
+    """ProgramFacts of `prog` (one verifier walk)."""
     try:
         f = _facts(prog, maps)
-    except Exception:                         # noqa: BLE001 - not verifiable: never attached
-        return 0xFFFFFFFF
+    except Exception as e:                    # noqa: BLE001 - not verifiable: never inline / attached
+        return ProgramFacts(InlinePlan(reason=f"not verified: {e}"))
+    ext = _extremum_stores(prog, f)
     bits = 0
     for b in f.ctx_bytes:
         bits |= 1 << (b // 4)
-    return bits
+    writes = any(mode == "write" and pc not in ext for pc, accs in f.value_access.items() for _, _, _, mode in accs)
+    return ProgramFacts(_plan(prog, maps, f), ext, writes, bits)
+
+
+def extremum_stores(prog: Program, maps: Sequence[MapDef]) -> Dict[int, str]:
+    """ProgramFacts.extremum_stores of `prog`."""
+    return study(prog, maps).extremum_stores
+
+
+def ctx_reads(prog: Program, maps: Sequence[MapDef]) -> int:
+    """ProgramFacts.ctx_reads of `prog`."""
+    return study(prog, maps).ctx_reads
 
 
 def writes_values(prog: Program, maps: Sequence[MapDef]) -> bool:
-    """prog stores into a map value without an atomic, other than a max / min store (a
-    plain assignment, a read-modify-write that is no raise-to / lower-to triple): events of one warp must
-    then run one at a time (DTMK_PROG_F_SERIAL), as the reference runs them, or two lanes
-    of one key lose an update."""
-    try:
-        f = _facts(prog, maps)
-    except Exception:                         # noqa: BLE001 - not verifiable: never attached
-        return False
-    ms = extremum_stores(prog, maps)
-    return any(mode == "write" and pc not in ms for pc, accs in f.value_access.items() for _, _, _, mode in accs)
+    """ProgramFacts.writes_values of `prog`."""
+    return study(prog, maps).writes_values

@@ -650,10 +650,14 @@ HARNESS_SPEC = KernelSpec(HARNESS, HARNESS_SOURCES, (), None, "harness")
 MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG, "megakernel")
 #: build variants of the default 512-thread kernel that the compiled tier links as they are
 #: (-DDTMK_REC_GLOBAL: the record path before hook_cost_analysis.md round 8; DTMK_REC_FAST is
-#: the default since session 4, passing it changes nothing but the cache key)
+#: the default since session 4, passing it changes nothing but the cache key).  Every
+#: variant bench/hooks.py and bench/level_profile.py run with a compiled monitor must be
+#: here: a define left out is silently absent from the linked build (session 9 found
+#: DTMK_HOLD_LAZY and DTMK_OBS_PROF missing: "summary_cm_lazyhold" measured the default).
 MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
-                   "DTMK_ROPE_IN_ATTN")   # the graph's attn tasks rope (gpu.megakernel_defines): without it
+                   "DTMK_ROPE_IN_ATTN",   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
+                   "DTMK_HOLD_LAZY", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL")
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:

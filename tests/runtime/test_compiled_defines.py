@@ -14,3 +14,18 @@ def test_every_define_the_model_adds_reaches_the_linked_kernel():
         assert added <= set(spec.defines), (name, added, spec.defines)
     assert "DTMK_ROPE_IN_ATTN" in C.megakernel_spec(gpu.megakernel_defines(PRESETS["1b"], 1)).defines
     assert C.megakernel_spec(gpu.megakernel_defines(PRESETS["tiny"], 1)) is C.MEGAKERNEL_SPEC
+
+
+def test_every_bench_variant_and_the_profiler_reach_the_linked_kernel():
+    """bench/hooks.py runs summary_cm in each BUILD_VARIANTS build and bench/level_profile.py
+    links summary_cm with -DDTMK_OBS_PROF: a define the compiled tier drops would measure
+    (or profile) the default kernel under the variant's name (session 9: lazyhold, OBS_PROF)."""
+    import ast
+    import re
+    from dtrace_mk.kernels import KERNEL_DIR
+    src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
+    variants = ast.literal_eval(re.search(r"^BUILD_VARIANTS = (\{[^}]*\})", src, re.M).group(1))
+    for name, defs in list(variants.items()) + [("prof", ("DTMK_OBS_PROF",))]:
+        spec = C.megakernel_spec(defs)
+        assert set(defs) <= set(spec.defines), (name, defs, spec.defines)
+        assert spec.defines[:len(C.MK_DEFINES)] == C.MK_DEFINES

@@ -646,18 +646,19 @@ class DeviceRuntime:
         progs = [p for p in obj.programs if programs is None or p.name in programs]
         if not progs:
             raise UserError(f"{obj.path}: no programs to attach")
-        bounds = {}
+        from .inline import study, verified     # (imports the verifier's checker)
+        bounds, facts = {}, {}
         for p in progs:
             if verify:
-                from ..bpf.verifier import verify as _verify
                 try:
-                    res = _verify(p, obj.maps)
+                    res, facts[p.name] = verified(p, obj.maps)   # one walk: verdict and inline facts
                 except Rejected as e:
                     e.args = (f"{obj.path}: {p.section} {p.name}: {e}",)
                     raise
                 bounds[p.name] = (min(res.max_path_insns, self.max_insns), max(res.stack_depth, 0))
             else:
                 bounds[p.name] = (self.max_insns, abi.STACK_SIZE)
+                facts[p.name] = study(p, obj.maps)
         for hid in {p.hook.id for p in progs}:
             if len(self._by_hook[hid]) + sum(1 for p in progs if p.hook.id == hid) > MAX_PROGS:
                 raise UserError(f"{obj.path}: hook {abi.HOOKS_BY_ID[hid].name} already has "
@@ -665,18 +666,16 @@ class DeviceRuntime:
         maps = DeviceMaps(self.cp, obj.maps, self.num_workers)
         for name, items in (init_hash or {}).items():
             maps.upload_hash([m.name for m in obj.maps].index(name), items)
-        from .inline import study                # (imports the verifier's checker)
         dprogs = []
         for p in progs:
-            facts = study(p, maps.defs)
-            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, facts.extremum_stores)
+            recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, facts[p.name].extremum_stores)
             cov = np.zeros(1, COV_DTYPE)
             cov["rows"]["tag"] = COV_TAG_EMPTY
             cov["rl_tag"] = EPOCH_NONE
             mi, sd = bounds[p.name]
             padded = np.concatenate([recs, np.zeros(1, DINSN_DTYPE)])   # the VM prefetches one past the end
             dprogs.append(_DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
-                                   self.cp.asarray(cov.view(np.uint8)), facts))
+                                   self.cp.asarray(cov.view(np.uint8)), facts[p.name]))
         aid = self._next
         self._next += 1
         att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch))

@@ -39,6 +39,7 @@ from ..bpf.verifier import scalar as S
 from ..bpf.verifier import structure
 from ..bpf.verifier import types as T
 from ..bpf.verifier.checker import Checker
+from ..bpf.verifier import VerifyResult, verify
 
 ADD, MAX = 1, 2                               # kernels/bpf_inline.cuh DTMK_SH_ADD / DTMK_SH_MAX
 MAX_KEY = 8
@@ -444,6 +445,18 @@ def study(prog: Program, maps: Sequence[MapDef]) -> ProgramFacts:
         f = _facts(prog, maps)
     except Exception as e:                    # noqa: BLE001 - not verifiable: never inline / attached
         return ProgramFacts(InlinePlan(reason=f"not verified: {e}"))
+    return _program_facts(prog, maps, f)
+
+
+def verified(prog: Program, maps: Sequence[MapDef]) -> Tuple[VerifyResult, ProgramFacts]:
+    """verify(prog, maps) and study(prog, maps) from ONE verifier walk (the device
+    runtimes' attach: the walk is most of an attach's host time, hot attach <= 10 ms).
+    Raises what verify raises."""
+    res = verify(prog, maps, checker=_Facts)
+    return res, _program_facts(prog, maps, res.walk)
+
+
+def _program_facts(prog: Program, maps: Sequence[MapDef], f: "_Facts") -> ProgramFacts:
     ext = _extremum_stores(prog, f)
     bits = 0
     for b in f.ctx_bytes:

@@ -765,3 +765,29 @@ def test_tables_publish_the_context_words_their_programs_read():
     rt.attach(compile_query("task:end { @g[req.gen] = count(); }").obj)
     assert int(rt.host_tables[end]["ctx_reads"]) >> 13 & 1                  # request_gen: word 13
     assert int(rt.host_tables[abi.hook("task:ready").id]["ctx_reads"]) == 1 << 6 | 1 << 23
+
+
+# ------------------------------------------------------------------ one walk at attach
+
+def test_verified_gives_the_verdict_and_the_facts_of_one_walk(monkeypatch):
+    """The device runtimes' attach verifies and studies each program in ONE verifier walk
+    (inline.verified): the same VerifyResult as verify(), the same ProgramFacts as
+    study(), and a rejected program raises what verify() raises."""
+    from dtrace_mk.bpf.verifier import VerifierError, checker, verify
+    from dtrace_mk.runtime import inline
+    obj = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    runs = []
+    real_run = checker.Checker.run
+    monkeypatch.setattr(checker.Checker, "run", lambda self, order: (runs.append(1), real_run(self, order))[1])
+    for p in obj.programs:
+        runs.clear()
+        res, facts = inline.verified(p, obj.maps)
+        assert len(runs) == 1
+        assert res == verify(p, obj.maps) and facts == inline.study(p, obj.maps)
+        assert facts.plan.ok and facts.ctx_reads
+    bad = dataclasses.replace(obj.programs[0], insns=list(obj.programs[0].insns[:-1]))   # no exit
+    with pytest.raises(VerifierError) as want:
+        verify(bad, obj.maps)
+    with pytest.raises(VerifierError) as got:
+        inline.verified(bad, obj.maps)
+    assert str(got.value) == str(want.value)

@@ -20,7 +20,7 @@ The rule ids and their meanings are `messages.RULES`; docs/verifier.md lists the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Set
+from typing import Optional, Sequence, Set, Type
 
 from ...abi import definition as abi
 from ..program import MapDef, Program
@@ -42,20 +42,25 @@ class VerifyResult:
     helpers_used    helper ids called on feasible paths
     maps_used       map indices referenced on feasible paths
     stack_depth     bytes of stack below r10 the program touches (multiple of 8)
+    walk            the Checker that accepted it (its per-instruction facts, e.g. the
+                    runtime's inline analysis: verify(..., checker=inline._Facts))
     """
     insn_count: int
     max_path_insns: int
     helpers_used: Set[int] = field(default_factory=set)
     maps_used: Set[int] = field(default_factory=set)
     stack_depth: int = 0
+    walk: Optional[Checker] = field(default=None, compare=False, repr=False)
 
 
-def verify(prog: Program, maps: Sequence[MapDef], prog_type: Optional[str] = None) -> VerifyResult:
+def verify(prog: Program, maps: Sequence[MapDef], prog_type: Optional[str] = None, *,
+           checker: Type[Checker] = Checker) -> VerifyResult:
     """Verify `prog` against the object's `maps`; raise VerifierError on the first violation.
 
     prog_type overrides prog.prog_type; a "control" program is only accepted when the
     caller asks for prog_type="control" explicitly (control programs are not attachable
-    to ABI v1 hooks)."""
+    to ABI v1 hooks).  checker: a Checker subclass that notes more on the same walk (kept
+    as .walk, with the control-flow graph as .walk.graph)."""
     ptype = prog_type or prog.prog_type
     if ptype not in abi.PROGRAM_TYPES_BY_NAME:
         raise error(None, "prog-type-unknown", ptype=ptype,
@@ -69,9 +74,10 @@ def verify(prog: Program, maps: Sequence[MapDef], prog_type: Optional[str] = Non
         raise error(None, "program-too-large", name=prog.name, n=len(insns), limit=abi.MAX_INSNS)
     cont = structure.check(insns, maps)
     graph = _cfg.build(insns, cont)
-    checker = Checker(insns, list(maps), prog.hook, ptype)
-    checker.run(graph.order)
-    depth = checker.stack_depth
+    walk = checker(insns, list(maps), prog.hook, ptype)
+    walk.run(graph.order)
+    walk.graph = graph
+    depth = walk.stack_depth
     return VerifyResult(insn_count=len(insns), max_path_insns=graph.longest,
-                        helpers_used=checker.helpers_used, maps_used=checker.maps_used,
-                        stack_depth=(depth + 7) // 8 * 8)
+                        helpers_used=walk.helpers_used, maps_used=walk.maps_used,
+                        stack_depth=(depth + 7) // 8 * 8, walk=walk)

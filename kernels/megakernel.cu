@@ -677,11 +677,17 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
  * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both
  * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
  * it before the task's release signal when the record comes after it). */
+__device__ __noinline__ void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+}
+/* The record goes to the shadow's context scratch here; the programs run in ONE noinline
+ * function for every hook and site (session 9: inlined at each of hook_flush / hook_put's
+ * sites, the path was thousands of instructions of cold code, 1.16 us per event on 1b) */
 __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
     DTMK_PROF_BEGIN(prof_i);
 #pragma unroll
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.sh.ctx)[i] = c.v[i];
-    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+    hk_inline_run(W, hook, step);
     DTMK_PROF_END1(28, prof_i);
     if (step < O.acc_min) O.acc_min = step;
     if (O.acc_min < O.pub) {

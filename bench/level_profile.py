@@ -129,6 +129,8 @@ PROF_TABLES = (
      (("hold", 24), ("rec", 26))),
     ("the compiled tier's inline form: one event at the site, the shadow's epoch flush",
      (("inline", 28), ("shflush", 30))),
+    ("with --defines DTMK_INL_PROBE (summary_cm): the same event again at once, an empty noinline call",
+     (("again", 20), ("empty", 22))),
 )
 
 

@@ -36,8 +36,9 @@ step per worker that took records):
 
 Build variants (--variants recglobal; docs/dev/hook_cost_analysis.md round 8): the same
 weights in megakernel.cu built with the variant's defines (recglobal: -DDTMK_REC_GLOBAL,
-the record path before round 8; lazyhold: -DDTMK_HOLD_LAZY, session 8, no pre-signal hold
-work when no loaded program reads request_gen and no host ring is on)
+the record path before round 8; eagerhold: -DDTMK_HOLD_EAGER, the full pre-signal hold
+always -- the default since session 9 holds lazily: no pre-signal hold work when no
+loaded program reads request_gen and no host ring is on)
 run off, mask3, null3, summary (hot) and summary_cm (compiled tier linked with that
 build) as off_<v>, ...; printed side by side with the default build, each as % over the
 default build's off, plus <v>'s off over nohooks.  Their summary counts must equal the
@@ -152,9 +153,9 @@ def obs_counts(state, steps: int) -> dict:
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
                   "codesmem": ("DTMK_VM_CODE_SMEM",),
                   "extrasync": ("DTMK_EXTRA_SYNC",),   # session 7: the two per-task barriers back
-                  "lazyhold": ("DTMK_HOLD_LAZY",)}     # session 8: no pre-signal hold work nothing reads
+                  "eagerhold": ("DTMK_HOLD_EAGER",)}   # the full pre-signal hold always (the lazy one: default since session 9)
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
-HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_LAZY")
+HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

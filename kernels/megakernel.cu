@@ -300,10 +300,11 @@ struct __align__(16) Obs {
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
-#ifdef DTMK_HOLD_LAZY
-    /* -DDTMK_HOLD_LAZY (variant, not measured yet; docs/dev/hook_cost_analysis.md session 8):
-     * 1 when a loaded program reads request_gen (context word 13, the tables' ctx_reads) or
-     * comm:wait is observed: only then does hook_hold's pre-signal work run */
+#ifndef DTMK_HOLD_EAGER
+    /* the lazy hold (default since session 9; -DDTMK_HOLD_EAGER: always the full hook_hold;
+     * docs/dev/hook_cost_analysis.md sessions 8-9): 1 when a loaded program reads request_gen
+     * (context word 13, the tables' ctx_reads) or comm:wait is observed: only then does
+     * hook_hold's pre-signal work run */
     dtmk_u32 hold_full;
 #endif
 #ifdef DTMK_COMPILED_TIER
@@ -604,7 +605,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
-#ifdef DTMK_HOLD_LAZY
+#ifndef DTMK_HOLD_EAGER
         {
             dtmk_u32 reads = 0;
             for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.tabs[h].n_progs) reads |= O.tabs[h].ctx_reads;
@@ -992,7 +993,7 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
             pend &= ~HK_BIT(COMM_WAIT);
         }
     }
-#ifdef DTMK_HOLD_LAZY
+#ifndef DTMK_HOLD_EAGER
     /* no loaded program reads request_gen and no host ring takes records: not read */
     const bool rg = O.ring_mask || O.hold_full;
 #else
@@ -1113,7 +1114,7 @@ __device__ __noinline__ void hook_hold(const MkParams &P, Worker &W, int t, dtmk
     if (pend) pend = hk_capture(P, W, pend, cls, slot, dep, a14);
     hold_epoch(P, W, pend, cls, a14, step);
 }
-#ifdef DTMK_HOLD_LAZY
+#ifndef DTMK_HOLD_EAGER
 /* thread 0, before the release signal, when nothing reads what hook_hold reads early
  * (O.hold_full == 0, no host ring): task:end joins the captured records and OBS_PENDING
  * holds `step` -- shared memory only, no call; hk_capture runs after the signal */
@@ -1316,7 +1317,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (HOOKS_ANY(W, ~0u)) {
             DTMK_PROF_BEGIN(prof_h);
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
-            else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* -DDTMK_HOLD_LAZY only */
+            else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* not with -DDTMK_HOLD_EAGER */
             DTMK_PROF_END1(24, prof_h);
         }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
@@ -1603,7 +1604,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
         if (!O.state) O.tables = 0;
         O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
-#ifdef DTMK_HOLD_LAZY
+#ifndef DTMK_HOLD_EAGER
         O.hold_full = 1;
 #endif
         obs_layout(0u);

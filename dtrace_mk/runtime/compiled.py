@@ -654,10 +654,11 @@ MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG
 #: variant bench/hooks.py and bench/level_profile.py run with a compiled monitor must be
 #: here: a define left out is silently absent from the linked build (session 9 found
 #: DTMK_HOLD_LAZY and DTMK_OBS_PROF missing: "summary_cm_lazyhold" measured the default).
+#: DTMK_HOLD_EAGER: the always-full pre-signal hold (the lazy one is the default since session 9).
 MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_ROPE_IN_ATTN",   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
-                   "DTMK_HOLD_LAZY", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
+                   "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE")    # profiling: the inline event warm, an empty call (level_profile)
 
 

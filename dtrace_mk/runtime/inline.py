@@ -430,7 +430,7 @@ class ProgramFacts:
                      or two lanes of one key lose an update
     ctx_reads        bit i: the program reads context word i (bytes 4i..4i+3) on some path;
                      published per hook table (dtmk_hook_table.ctx_reads) for the
-                     megakernel's lazy hold (-DDTMK_HOLD_LAZY)
+                     megakernel's lazy pre-signal hold (its default since session 9)
     A program the verifier refuses gets a refused plan, no extremum stores, no value
     writes and every context word (it is never attached anyway)."""
     plan: InlinePlan

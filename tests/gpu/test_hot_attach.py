@@ -20,9 +20,10 @@ _S = {}
 #: megakernel builds proven exact: the default (DTMK_REC_FAST, docs/dev/hook_cost_analysis.md
 #: round 8: hook records read the task record from the shared copy s_rec),
 #: -DDTMK_REC_GLOBAL, the old record path (the global task table), and the session-8
-#: variant -DDTMK_HOLD_LAZY (no pre-signal hold work when no program reads request_gen)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_LAZY",)],
-                                 ids=["default", "recglobal", "codesmem", "holdlazy"])
+#: variant -DDTMK_HOLD_EAGER (the full pre-signal hold always; the default holds lazily: no
+#: pre-signal hold work when no program reads request_gen)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",)],
+                                 ids=["default", "recglobal", "codesmem", "holdeager"])
 
 
 def session(name="tiny", defines=()):
@@ -74,10 +75,10 @@ def test_attached_before_launch_matches_reference_exactly(defines):
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_LAZY",)], ids=["default", "holdlazy"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",)], ids=["default", "holdeager"])
 def test_summary_without_a_host_ring_counts_every_task(defines):
-    """Without the host ring (so -DDTMK_HOLD_LAZY takes its light pre-signal hold: the
-    summary reads no request_gen), the hot summary still sees every task once: per class,
+    """Without the host ring (so the default build takes its light pre-signal hold: the
+    summary reads no request_gen; -DDTMK_HOLD_EAGER the full one), the hot summary still sees every task once: per class,
     the task:end histogram counts tasks x steps and coverage executes every event."""
     from collections import Counter
     live = session(defines=defines)

@@ -118,7 +118,7 @@ def test_task_end_records_built_after_the_release_signal():
     assert i_hold < i_sig < i_post
     assert b.index("comm_post(") < i_post
     h = body("hook_hold")
-    assert "hold_epoch(" in h                       # the epoch hold, shared with -DDTMK_HOLD_LAZY's hold_light
+    assert "hold_epoch(" in h                       # the epoch hold, shared with the lazy hold_light
     e = body("hold_epoch")
     assert "OBS_PENDING" in e and "O.pub" in e
 

@@ -752,7 +752,7 @@ def test_forms_say_which_programs_run_inline_and_why_not():
 @needs_gxx
 def test_tables_publish_the_context_words_their_programs_read():
     """dtmk_hook_table.ctx_reads: bit i when a program of the hook reads context word i
-    (from the verifier's context offsets); the megakernel's -DDTMK_HOLD_LAZY keeps the
+    (from the verifier's context offsets); the megakernel's lazy hold (default) keeps the
     pre-signal request_gen read (word 13) only when some program's bit 13 is set."""
     from dtrace_mk.runtime.inline import ctx_reads
     sm = compile_query(SUMMARY_QUERY, name="summary").obj

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One batched GPU session on a lent machine (see docs/results/gpu_tests.md).
 # Usage (from the repo root on the device machine):  tools/gpu_session.sh STAGE...
+# STAGE: gputests | gpu:<pytest args> | suite:N/M (part N of M of tests/gpu, tools/gpu_suite.py)
+#        | hooks | any command line
 # Installs the package (no deps: the image has CuPy, mpi4py, NCCL) and the carried
 # OpenTelemetry wheels (.whl/, optional), then runs each STAGE; all logs come back as $OUT/logs.tgz.
 # A failing stage does not stop the later ones; the last lines are a table of stages.
@@ -22,6 +24,7 @@ for stage in "$@"; do
   case "$stage" in
     gputests)  cmd="python3 -m pytest -q -x -p no:cacheprovider tests/gpu" ;;
     gpu:*)     cmd="python3 -m pytest -q -p no:cacheprovider ${stage#gpu:}" ;;
+    suite:*)   cmd="python3 tools/gpu_suite.py ${stage#suite:}" ;;   # part N/M of tests/gpu
     hooks)     cmd="python3 bench/hooks.py --presets tiny,1b --reps 3" ;;
     *)         cmd="$stage" ;;
   esac

@@ -1,0 +1,51 @@
+"""Run part N of M of the GPU test suite (tests/gpu), so a suite that outgrew one device
+call (the 600 s limit; 382 tests took > 280 s in session 9) runs in M calls without
+hand-picking files.  Deterministic: the suite's node ids in collection order, cut into M
+contiguous parts of nearly equal size (a file may straddle two parts).
+
+    python3 tools/gpu_suite.py 1/2 [-k EXPR] [pytest args...]      (tools/gpu_session.sh: suite:1/2)
+
+-k defaults to the deselection every recorded full run used (docs/results/gpu_tests.md).
+Exit status: pytest's (5 = nothing collected, e.g. no GPU)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import List, Sequence
+
+DESELECT = "not (wstream8 or wstream9 or wstream_nopre or wsnext)"
+
+
+def part(ids: Sequence[str], n: int, m: int) -> List[str]:
+    """Part n (1-based) of m contiguous, nearly equal parts of ids."""
+    if not 1 <= n <= m:
+        raise ValueError(f"part {n}/{m}: need 1 <= N <= M")
+    lo, hi = (n - 1) * len(ids) // m, n * len(ids) // m
+    return list(ids[lo:hi])
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or "/" not in argv[0]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    n, m = (int(x) for x in argv[0].split("/"))
+    rest = list(argv[1:])
+    k = DESELECT
+    if "-k" in rest:
+        i = rest.index("-k")
+        k = rest[i + 1]
+        del rest[i:i + 2]
+    col = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "tests/gpu", "-k", k], capture_output=True, text=True)
+    ids = [ln.strip() for ln in col.stdout.splitlines() if "::" in ln]
+    if not ids:
+        print(col.stdout[-2000:] + col.stderr[-2000:], file=sys.stderr)
+        return col.returncode or 5
+    mine = part(ids, n, m)
+    print(f"gpu_suite: part {n}/{m}: tests {(n - 1) * len(ids) // m + 1}..{n * len(ids) // m} of {len(ids)}",
+          flush=True)
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *mine])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

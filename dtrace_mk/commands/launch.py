@@ -78,15 +78,15 @@ def _run(args, cmd, say, start_job) -> int:
         print(f"job {job.job.id}", flush=True)
         say(f"job {job.job.id}: {args.ranks} serving rank(s) + collector: "
             + " ".join(shlex.quote(a) for a in job.argv))
-        if job.wait_ready(time.monotonic() + args.ready_timeout):
-            say(f"job {job.job.id} is serving; from another terminal:\n"
-                f"  dtrace-mk attach --job {job.job.id} -e 'task:end {{ @n[task.class] = count(); }}'\n"
-                f"  dtrace-mk list --job {job.job.id}\n"
-                f"  Ctrl-C here stops the job at a step boundary")
-        elif job.running():
-            say(f"job {job.job.id}: no control socket after {args.ready_timeout:g} s (is COMMAND "
-                f"hosting dtrace_mk.launch.api.ServingHost?); waiting for it to end")
-        try:
+        try:      # Ctrl-C from here on (also while waiting for the control socket) stops gracefully
+            if job.wait_ready(time.monotonic() + args.ready_timeout):
+                say(f"job {job.job.id} is serving; from another terminal:\n"
+                    f"  dtrace-mk attach --job {job.job.id} -e 'task:end {{ @n[task.class] = count(); }}'\n"
+                    f"  dtrace-mk list --job {job.job.id}\n"
+                    f"  Ctrl-C here stops the job at a step boundary")
+            elif job.running():
+                say(f"job {job.job.id}: no control socket after {args.ready_timeout:g} s (is COMMAND "
+                    f"hosting dtrace_mk.launch.api.ServingHost?); waiting for it to end")
             rc = job.wait()
         except KeyboardInterrupt:
             say(f"stopping job {job.job.id} (Ctrl-C again kills it)")

@@ -153,9 +153,14 @@ def obs_counts(state, steps: int) -> dict:
 BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EVICT_NORMAL",),
                   "codesmem": ("DTMK_VM_CODE_SMEM",),
                   "extrasync": ("DTMK_EXTRA_SYNC",),   # session 7: the two per-task barriers back
-                  "eagerhold": ("DTMK_HOLD_EAGER",)}   # the full pre-signal hold always (the lazy one: default since session 9)
+                  "eagerhold": ("DTMK_HOLD_EAGER",),   # the full pre-signal hold always (the lazy one: default since session 9)
+                  # measurement only: mask3's sites do the summary's three updates in shared
+                  # memory instead of building records (the floor of a data-driven site)
+                  "idealsite": ("DTMK_IDEAL_SITE",)}
+#: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
+BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
-HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER")
+HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 
@@ -265,7 +270,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     bv = {}
     for bn in builds:                               # build variants (--variants)
         try:
-            bv[bn] = build_variant(cfg, w, BUILD_VARIANTS[bn], mon, attrib["null3"], compiled, log, name)
+            bv[bn] = build_variant(cfg, w, BUILD_VARIANTS[bn], mon, attrib["null3"],
+                                   compiled and "summary_cm" in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS), log, name)
         except Exception as e:  # noqa: BLE001 - keep the rest (e.g. a launch the SM cannot hold)
             log(f"{name}: build variant {bn} unavailable: {e!r}")
 
@@ -293,7 +299,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         variants.append("summary_cmring")
     variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     for bn, b in bv.items():
-        variants += [f"{r}_{bn}" for r in BUILD_RUNS if r != "summary_cm" or b["mkc"] is not None]
+        variants += [f"{r}_{bn}" for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS)
+                     if r != "summary_cm" or b["mkc"] is not None]
     run_default = run
 
     def run(variant):  # noqa: F811 - the build variants' runs, then the default build's

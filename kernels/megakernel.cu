@@ -674,19 +674,20 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #endif
 
 #ifdef DTMK_COMPILED_TIER
+#if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
+__device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
+#endif
+/* the hook's inline programs over the context in the shadow's scratch: ONE noinline copy
+ * for every hook and site (inlined at each of hook_flush / hook_put's sites it was ~3900
+ * SASS instructions; the event costs ~1 us on 1b either way, warm or cold: the path's
+ * length, docs/dev/hook_cost_analysis.md "Session 9") */
+__device__ __noinline__ void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+}
 /* thread 0 (in the cold hk_store callers): record c through the hook's inline programs (kernels/bpf_inline.cuh):
  * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both
  * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
  * it before the task's release signal when the record comes after it). */
-#if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
-__device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
-#endif
-__device__ __noinline__ void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
-    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
-}
-/* The record goes to the shadow's context scratch here; the programs run in ONE noinline
- * function for every hook and site (session 9: inlined at each of hook_flush / hook_put's
- * sites, the path was thousands of instructions of cold code, 1.16 us per event on 1b) */
 __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
     DTMK_PROF_BEGIN(prof_i);
 #pragma unroll
@@ -1034,6 +1035,27 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     if (dyn) { e = ((const int *)P.moe)[a14 * 8 + 4]; target = (dtmk_u64)(step + 1); }
     const dtmk_u32 flags = W.pend_flags, N = DTMK_NONE_U32;
     const dtmk_u64 t_ready = W.t_ready, t_begin = W.t_begin, t_end = W.t_end, dep_wait = W.dep_wait;
+#ifdef DTMK_IDEAL_SITE
+    /* MEASUREMENT ONLY (bench/hooks.py variant idealsite, run mask3; no record, no
+     * observer, nothing readable): the floor of a site that does the summary's three
+     * updates itself -- the data-driven site of docs/dev/hook_cost_analysis.md "Session 9"
+     * at its cheapest: a histogram bucket, a sum and a maximum in shared memory (the
+     * observer's ring, unused without an observer), volatile so nothing is optimized out */
+    {
+        volatile dtmk_u32 *hist = (volatile dtmk_u32 *)O.ring;          /* [16 classes][64 buckets] */
+        volatile dtmk_u64 *sum = (volatile dtmk_u64 *)(O.ring) + 16 * 64 / 2;
+        volatile dtmk_u32 *qmax = (volatile dtmk_u32 *)(sum + 16);
+        const dtmk_u32 c = (dtmk_u32)cls & 15u;
+        if (pend & HK_BIT(TASK_END)) {
+            const dtmk_u64 d = t_end - t_begin;
+            hist[c * 64 + (d ? min(64 - __clzll((long long)d), 63) : 0)] += 1;
+        }
+        if (pend & HK_BIT(DEP_RELEASE)) sum[c] += dep_wait;
+        if ((pend & HK_BIT(TASK_READY)) && W.pend_q > *qmax) *qmax = W.pend_q;
+        (void)flags; (void)t_ready; (void)e; (void)target; (void)rem; (void)k;
+        return;
+    }
+#endif
     for (dtmk_u32 o = HK_ORDER; o; o >>= 4) {
         const dtmk_u32 h = o & 15u;
         if (!(pend & (1u << h))) continue;

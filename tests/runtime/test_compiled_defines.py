@@ -25,7 +25,10 @@ def test_every_bench_variant_and_the_profiler_reach_the_linked_kernel():
     from dtrace_mk.kernels import KERNEL_DIR
     src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
     variants = ast.literal_eval(re.search(r"^BUILD_VARIANTS = (\{[^}]*\})", src, re.M).group(1))
-    for name, defs in list(variants.items()) + [("prof", ("DTMK_OBS_PROF",))]:
+    runs = ast.literal_eval(re.search(r"^BUILD_VARIANT_RUNS = (\{[^}]*\})", src, re.M).group(1))
+    linked = {n: d for n, d in variants.items() if "summary_cm" in runs.get(n, ("summary_cm",))}
+    assert "eagerhold" in linked and "idealsite" not in linked
+    for name, defs in list(linked.items()) + [("prof", ("DTMK_OBS_PROF",))]:
         spec = C.megakernel_spec(defs)
         assert set(defs) <= set(spec.defines), (name, defs, spec.defines)
         assert spec.defines[:len(C.MK_DEFINES)] == C.MK_DEFINES

@@ -8,24 +8,29 @@ few fixed-form updates straight from the captured scalars, the same in the hot t
 compile: descriptors are data) and the compiled one.  This module decides which programs
 reduce to such updates and what they are, from the verified bytecode alone:
 
-    plan = reduce(program, maps, facts)     # AggPlan: .aggs (tuple of Agg) or .reason
-    apply(plan.aggs, ctx, maps_model, worker)   # the updates, on the host map model
+    plan = reduce(program, maps, facts)     # AggPlan: .cases (guards -> aggs) or .reason
+    apply(plan, ctx, maps_model, worker)    # one run's updates, on the host map model
 
 An `Agg` is one map update of one run: HIST (hist_add: +1 in the value's bucket), ADD
 (a hash value word xadd-ed), MAX / MIN (a hash value word raised / lowered by the
 verifier-checked triple), with its key (the key bytes: context fields, constants and
 the worker id, in stack order) and value (a context field, a constant or the worker).
 
+A run's updates depend on guards: a branch comparing a context field (or the worker) with
+a constant forks the walk, and each path that reaches `exit` is a `Case` -- its guards
+(every comparison on the way, taken or not) and its updates.  The cases are disjoint and
+cover every input, so exactly one applies per run (the query's predicate `/a && b/` is one
+updating case and the cases that skip).
+
 A program reduces when its inline plan qualifies (runtime/inline.py: every update
-commutes, at most one shadow access per run, every lookup a lookup-or-insert) AND it is
-straight-line over context fields: followed along the path on which every lookup finds
-its key (the shadow never returns null; the insert path only inserts the zero value the
-flush inserts anyway), every register and stack slot holds a context load, a constant,
-the worker id, the stack or context pointer, a map pointer or a map value pointer; any
-arithmetic on them, any branch other than a lookup's null check and any other helper
-keeps the program as a program (the reason names the instruction).  Exactness: `apply`
-over any context equals the reference VM's run (tests/runtime/test_aggdesc.py, golden and
-random queries)."""
+commutes, at most one shadow access per run, every lookup a lookup-or-insert) AND every
+path is straight-line over context fields: followed where every lookup finds its key (the
+shadow never returns null; the insert path only inserts the zero value the flush inserts
+anyway), every register and stack slot holds a context load, a constant, the worker id,
+the stack or context pointer, a map pointer or a map value pointer; any arithmetic on
+them, a comparison of two fields and any other helper keep the program as a program (the
+reason names the instruction).  Exactness: `apply` over any context equals the reference
+VM's run (tests/runtime/test_aggdesc.py, golden and random queries)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,14 +76,38 @@ class Agg:
     word: int = 0
 
 
+@dataclass(frozen=True)
+class Guard:
+    """`value <op> const` (vm.JMP_COND's operators; jmp32: on the low 32 bits) is `taken`."""
+    value: Scalar
+    op: str
+    const: int
+    is64: bool
+    taken: bool
+
+
+@dataclass(frozen=True)
+class Case:
+    guards: Tuple[Guard, ...]
+    aggs: Tuple[Agg, ...]
+
+
+MAX_CASES = 16        # paths of one program (a predicate of k comparisons: k + 1)
+
+
 @dataclass
 class AggPlan:
-    aggs: Tuple[Agg, ...] = ()
+    cases: Tuple[Case, ...] = ()
     reason: Optional[str] = None
 
     @property
     def ok(self) -> bool:
         return self.reason is None
+
+    @property
+    def aggs(self) -> Tuple[Agg, ...]:
+        """The updates of a program without guards (one case), else ()."""
+        return self.cases[0].aggs if len(self.cases) == 1 and not self.cases[0].guards else ()
 
 
 # symbolic register values (besides the scalars)
@@ -113,19 +142,23 @@ def reduce(prog: Program, maps: Sequence[MapDef], facts) -> AggPlan:
     or the reason it stays a program."""
     if not facts.plan.ok:
         return AggPlan(reason=f"not inline: {facts.plan.reason}")
+    cases = []
     try:
-        return AggPlan(aggs=_walk(prog, maps, facts))
+        _walk(prog, maps, facts, 0, {isa.R1: _CtxPtr(), isa.R10: _Fp(0)}, {}, (), (), cases)
     except _Refuse as e:
         return AggPlan(reason=str(e))
+    return AggPlan(cases=tuple(c for c in cases if c.aggs))   # (a case without updates does nothing)
 
 
-def _walk(prog: Program, maps: Sequence[MapDef], facts) -> Tuple[Agg, ...]:
+def _walk(prog: Program, maps: Sequence[MapDef], facts, pc: int, regs: Dict[int, object],
+          stack: Dict[int, Tuple[object, int]], guards: Tuple[Guard, ...], done: Tuple[Agg, ...],
+          cases: list) -> None:
+    """Walk from pc with registers / stack (offset below r10 -> (term, bytes)); append a
+    Case per path that exits.  A guard forks a copy of the state."""
     insns = prog.insns
     names = {m.name: i for i, m in enumerate(maps)}
-    regs: Dict[int, object] = {isa.R1: _CtxPtr(), isa.R10: _Fp(0)}
-    stack: Dict[int, Tuple[object, int]] = {}          # offset below r10 -> (term, bytes)
-    out = []
-    pc, steps = 0, 0
+    out = list(done)
+    steps = 0
     while True:
         steps += 1
         if steps > len(insns) + 1:                     # (verified programs have no loops)
@@ -214,9 +247,24 @@ def _walk(prog: Program, maps: Sequence[MapDef], facts) -> Tuple[Agg, ...]:
                 # a lookup's null check: follow "found" (the shadow always finds or inserts)
                 pc = pc + 1 + ins.off if op == isa.BPF_JNE else pc + 1
                 continue
-            raise _Refuse(f"{where}: a branch on a value (a predicate: descriptors are unconditional)")
+            a = reg(ins.dst)
+            b = Const(ins.imm & MASK64) if info.src == isa.BPF_K else reg(ins.src)
+            if not isinstance(a, (Ctx, Const, Worker)) or not isinstance(b, Const):
+                raise _Refuse(f"{where}: a comparison that is not a field with a constant")
+            g = Guard(a, info.mnemonic.removesuffix("32"), b.value, info.is64, True)
+            if isinstance(a, Const):                   # both known: not a guard
+                pc = pc + 1 + ins.off if guard_holds(g, a.value) else pc + 1
+                continue
+            for taken in (True, False):
+                if len(cases) >= MAX_CASES:
+                    raise _Refuse(f"{where}: more than {MAX_CASES} paths")
+                gt = Guard(g.value, g.op, g.const, g.is64, taken)
+                _walk(prog, maps, facts, pc + 1 + ins.off if taken else pc + 1, dict(regs), dict(stack),
+                      guards + (gt,), tuple(out), cases)
+            return
         elif kind == "exit":
-            return tuple(out)
+            cases.append(Case(guards, tuple(out)))
+            return
         else:
             raise _Refuse(f"{where}: not an aggregation step")
         pc += 1
@@ -285,11 +333,28 @@ def key_bytes(key: Tuple[Tuple[Scalar, int], ...], ctx: bytes, worker: int) -> b
                     for s, n in key)
 
 
-def apply(aggs: Sequence[Agg], ctx: bytes, maps, worker: int = 0) -> None:
-    """Apply one run's updates to a host MapSet (dtrace_mk.bpf.maps) the way the program
-    does: a hist_add, or a lookup-or-insert of a zero value then the word's add / max /
-    min (64-bit, wrapping)."""
-    for a in aggs:
+_CONDS: Dict[Tuple[str, bool], object] = {}
+
+
+def guard_holds(g: Guard, v: int) -> bool:
+    """Whether the branch of guard g is taken for value v (the VM's own JMP_COND text:
+    one source of the comparison semantics)."""
+    from ..bpf.vm import JMP_COND
+    fn = _CONDS.get((g.op, g.is64))
+    if fn is None:
+        sb = 1 << 63 if g.is64 else 1 << 31
+        fn = _CONDS[(g.op, g.is64)] = eval("lambda a, b: bool(" + JMP_COND[g.op].format(a="a", b="b", sb=sb) + ")")
+    m = MASK64 if g.is64 else 0xFFFFFFFF
+    return fn(v & m, g.const & m)
+
+
+def apply(plan: AggPlan, ctx: bytes, maps, worker: int = 0) -> None:
+    """Apply one run to a host MapSet (dtrace_mk.bpf.maps) the way the program does: the
+    case whose guards hold, each update a hist_add, or a lookup-or-insert of a zero value
+    then the word's add / max / min (64-bit, wrapping)."""
+    case = next((c for c in plan.cases
+                 if all(guard_holds(g, scalar_value(g.value, ctx, worker)) == g.taken for g in c.guards)), None)
+    for a in case.aggs if case else ():
         m = maps[a.map]
         key = key_bytes(a.key, ctx, worker)
         v = scalar_value(a.value, ctx, worker)

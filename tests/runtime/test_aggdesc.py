@@ -14,7 +14,7 @@ from dtrace_mk.abi import definition as abi
 from dtrace_mk.bpf.maps import MapSet
 from dtrace_mk.lang.pipeline import compile_query
 from dtrace_mk.runtime import aggdesc as A
-from dtrace_mk.runtime.aggdesc import ADD, HIST, MAX, Agg, Const, Ctx, Worker
+from dtrace_mk.runtime.aggdesc import ADD, HIST, MAX, Agg, Case, Const, Ctx, Guard, Worker
 from dtrace_mk.runtime.inline import study
 from dtrace_mk.runtime.live import SUMMARY_QUERY
 from dtrace_mk.runtime.reference import ReferenceRuntime
@@ -67,9 +67,38 @@ def test_queries_that_reduce(query, aggs):
     assert plan.aggs == aggs
 
 
-REFUSE = [
+GUARDED = [
+    # /pred/ compiles to "skip when not pred": the case that updates carries the guards
     ("task:end /task.class != 2/ { @n[worker] = count(); }",
-     r"insn \d+: j\w+: a branch on a value \(a predicate: descriptors are unconditional\)"),
+     (Case((Guard(CLASS, "jeq", 2, True, False),), (Agg(ADD, 0, ((WORKER, 8),), Const(1)),)),)),
+    ("task:end /worker == 1 && task.layer < 3/ { @s[task.class] = sum(task.dur_ns); }",
+     (Case((Guard(WORKER, "jne", 1, True, False), Guard(LAYER, "jge", 3, True, False)),
+           (Agg(ADD, 0, ((CLASS, 8),), DUR),)),)),
+]
+
+
+@pytest.mark.parametrize("query,cases", GUARDED, ids=[q[:40] for q, _ in GUARDED])
+def test_predicates_become_guards(query, cases):
+    (plan,) = _plans(query).values()
+    assert plan.ok, plan.reason
+    assert plan.cases == cases and plan.aggs == ()
+
+
+def test_a_disjunction_is_two_updating_cases():
+    (plan,) = _plans("task:end /task.class == 2 || worker == 1/ { @n[task.layer] = count(); }").values()
+    assert plan.ok, plan.reason
+    assert len(plan.cases) == 2 and all(c.aggs == plan.cases[0].aggs for c in plan.cases)
+    # exactly one case holds for any input
+    for cls, wk in ((2, 0), (3, 1), (2, 1), (3, 0)):
+        rec = context.pack("task:end", worker=wk, task_class=cls)
+        holds = [all(A.guard_holds(g, A.scalar_value(g.value, rec, wk)) == g.taken for g in c.guards)
+                 for c in plan.cases]
+        assert sum(holds) == (cls == 2 or wk == 1)
+
+
+REFUSE = [
+    ("task:end /task.dur_ns > task.wait_ns/ { @n[worker] = count(); }",
+     r"insn \d+: j\w+: a comparison that is not a field with a constant"),
     ("task:end { @s[task.class] = sum(task.dur_ns >> 3); }",
      r"insn \d+: \w+: arithmetic on an operand \(descriptors take fields as they are\)"),
     ("task:end { @m[task.layer] = min(task.dur_ns); }", r"not inline: insn \d+: map 'm': a min .*"),
@@ -99,7 +128,7 @@ def _differential(obj, records):
         ref.fire(rec)
         f = context.unpack(rec)
         for plan in by_hook.get(context.hook_of(rec).id, ()):
-            A.apply(plan.aggs, rec, model, f["worker"])
+            A.apply(plan, rec, model, f["worker"])
     return ref.maps(aid).snapshot(), model.snapshot()
 
 
@@ -130,19 +159,20 @@ def reducible_query(rnd: random.Random, qi: int) -> str:
 
 def test_random_aggregation_queries_that_reduce_equal_the_reference():
     rnd = random.Random(20261202)
-    reduced = refused = 0
+    reduced = refused = guarded = 0
     for qi in range(120):
         q = random_query(rnd, qi) if qi % 3 == 0 else reducible_query(rnd, qi)
         obj = compile_query(q, None, name=f"<q{qi}>").obj
         plans = [A.reduce(p, obj.maps, study(p, obj.maps)) for p in obj.programs]
         reduced += sum(p.ok for p in plans)
+        guarded += sum(p.ok and any(c.guards for c in p.cases) for p in plans)
         refused += sum(not p.ok for p in plans)
         if not all(p.ok for p in plans):
             continue
         recs = [r for ep in range(2) for r in hook_contexts(rnd, 150, ep, index0=1000 * ep)]
         want, got = _differential(obj, recs)
         assert want == got, f"query {qi}"
-    assert reduced >= 60 and refused >= 10, (reduced, refused)      # not vacuous either way
+    assert reduced >= 80 and refused >= 5 and guarded >= 15, (reduced, refused, guarded)   # not vacuous
 
 
 def test_a_wrong_descriptor_is_caught():
@@ -154,8 +184,8 @@ def test_a_wrong_descriptor_is_caught():
 
     def wrong(prog, maps, facts):
         p = real(prog, maps, facts)
-        return A.AggPlan(tuple(Agg(a.op, a.map, a.key, WAIT if a.value == DUR else a.value, a.word)
-                               for a in p.aggs))
+        return A.AggPlan(tuple(Case(c.guards, tuple(Agg(a.op, a.map, a.key, WAIT if a.value == DUR else a.value,
+                                                         a.word) for a in c.aggs)) for c in p.cases))
     A.reduce = wrong
     try:
         want, got = _differential(obj, recs)

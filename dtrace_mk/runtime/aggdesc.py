@@ -214,7 +214,7 @@ def _walk(prog: Program, maps: Sequence[MapDef], facts, pc: int, regs: Dict[int,
             off = base.off + ins.off
             for o in [o for o, (_, n) in stack.items() if o < off + info.size and off < o + n]:
                 del stack[o]                          # overwritten (partly: gone)
-            stack[off] = (val, info.size)
+            stack[off] = (_truncate(val, info.size, where), info.size)
         elif kind == "atomic":
             base = reg(ins.dst)
             if not isinstance(base, _Val) or ins.imm != isa.ATOMIC_ADD or info.size != 8:
@@ -288,6 +288,17 @@ def _map_of(v, where: str, maps: Sequence[MapDef], plan_maps) -> int:
 def _scalar(v, where: str) -> Scalar:
     if not isinstance(v, (Ctx, Const, Worker)):
         raise _Refuse(f"{where}: the value is a pointer")
+    return v
+
+
+def _truncate(v: Scalar, size: int, where: str) -> Scalar:
+    """What a `size`-byte store keeps of v (little-endian: the low bytes), as a scalar."""
+    if isinstance(v, Const):
+        return Const(v.value & ((1 << 8 * size) - 1))
+    if isinstance(v, Ctx):
+        return Ctx(v.off, size) if size < v.size else v
+    if size < 4:                                       # the worker id is a u32
+        raise _Refuse(f"{where}: the worker id stored in {size} bytes")
     return v
 
 

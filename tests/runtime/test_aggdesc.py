@@ -192,3 +192,61 @@ def test_a_wrong_descriptor_is_caught():
     finally:
         A.reduce = real
     assert want != got
+
+
+
+NARROW = """
+    mov r6, r1
+    ldxdw r0, [r6+96]
+    stxw [r10-8], r0
+    ldxw r7, [r10-8]
+    stw [r10-16], -1
+    ldxw r8, [r10-16]
+    ldxw r0, [r6+28]
+    stxdw [r10-48], r0
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    call map_lookup_elem
+    jne r0, 0, have
+    mov r1, 0
+    stxdw [r10-24], r1
+    stxdw [r10-32], r1
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    mov r3, r10
+    add r3, -32
+    mov r4, 1
+    call map_update_elem
+    lddw r1, map:h
+    mov r2, r10
+    add r2, -48
+    call map_lookup_elem
+    jeq r0, 0, out
+have:
+    xadddw [r0+0], r7
+    xadddw [r0+8], r8
+out:
+    mov r0, 0
+    exit
+"""
+
+
+def test_a_narrow_store_keeps_the_low_bytes():
+    """A u64 field stored with stxw and loaded back is its low 32 bits (little-endian); a
+    constant stored in 4 bytes is truncated (stw -1 -> 0xffffffff): the descriptors say
+    so, and applying them equals the reference VM on records with high bits set."""
+    from dtrace_mk.bpf import asm
+    from dtrace_mk.bpf.program import BpfObject, MapDef, Program
+    hook = abi.hook("task:end")
+    maps = [MapDef("h", "hash", 8, 16, 64)]
+    prog = Program("p", hook.section, hook, asm.assemble(NARROW, ["h"]))
+    plan = A.reduce(prog, maps, study(prog, maps))
+    assert plan.aggs == (Agg(ADD, 0, ((CLASS, 8),), Ctx(DUR.off, 4), 0), Agg(ADD, 0, ((CLASS, 8),), Const(0xFFFFFFFF), 1))
+    obj = BpfObject(programs=[prog], maps=maps)
+    rnd = random.Random(5)
+    recs = [context.pack("task:end", worker=rnd.randrange(W), task_class=rnd.randrange(4),
+                         dur_ns=rnd.getrandbits(64)) for _ in range(50)]
+    want, got = _differential(obj, recs)
+    assert want == got and want["h"]

@@ -18,7 +18,7 @@ from dtrace_mk.runtime.aggdesc import ADD, HIST, MAX, Agg, Case, Const, Ctx, Gua
 from dtrace_mk.runtime.inline import study
 from dtrace_mk.runtime.live import SUMMARY_QUERY
 from dtrace_mk.runtime.reference import ReferenceRuntime
-from tests.runtime.test_inline import hook_contexts, random_query
+from tests.runtime.test_inline import EPI, LOOKUP_OR_INSERT, hook_contexts, random_query
 
 W = 4
 
@@ -195,6 +195,8 @@ def test_a_wrong_descriptor_is_caught():
 
 
 
+# r7 = the low 32 bits of dur_ns through a 4-byte stack slot, r8 = a 4-byte -1; then
+# test_inline's key (task.class at fp-48) and lookup-or-insert, and two adds
 NARROW = """
     mov r6, r1
     ldxdw r0, [r6+96]
@@ -202,35 +204,9 @@ NARROW = """
     ldxw r7, [r10-8]
     stw [r10-16], -1
     ldxw r8, [r10-16]
-    ldxw r0, [r6+28]
-    stxdw [r10-48], r0
-    lddw r1, map:h
-    mov r2, r10
-    add r2, -48
-    call map_lookup_elem
-    jne r0, 0, have
-    mov r1, 0
-    stxdw [r10-24], r1
-    stxdw [r10-32], r1
-    lddw r1, map:h
-    mov r2, r10
-    add r2, -48
-    mov r3, r10
-    add r3, -32
-    mov r4, 1
-    call map_update_elem
-    lddw r1, map:h
-    mov r2, r10
-    add r2, -48
-    call map_lookup_elem
-    jeq r0, 0, out
-have:
-    xadddw [r0+0], r7
-    xadddw [r0+8], r8
-out:
-    mov r0, 0
-    exit
-"""
+    ldxw r1, [r6+28]
+    stxdw [r10-48], r1
+""" + LOOKUP_OR_INSERT.format(flags=1, init=0) + "xadddw [r0+0], r7\nxadddw [r0+8], r8\n" + EPI
 
 
 def test_a_narrow_store_keeps_the_low_bytes():

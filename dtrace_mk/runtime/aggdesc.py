@@ -196,9 +196,9 @@ def _walk(prog: Program, maps: Sequence[MapDef], facts, pc: int, regs: Dict[int,
                 regs[ins.dst] = _stack_term(stack, base.off + ins.off, info.size, where)
             elif isinstance(base, _Val) and facts.extremum_stores.get(pc + 2) and info.size == 8:
                 # the raise-to / lower-to triple: ldxdw rT, [v]; jge|jle rT, rV; stxdw [v], rV
-                j, st = insns[pc + 1], insns[pc + 2]
+                j = insns[pc + 1]
                 op = MAX if facts.extremum_stores[pc + 2] == "max" else MIN
-                out.append(_value_agg(op, base, ins.off, reg(j.src), maps, where))
+                out.append(_value_agg(op, base, ins.off, reg(j.src), where))
                 regs.pop(ins.dst, None)               # (dead after the triple: inline.py checks)
                 pc += 3
                 continue
@@ -219,7 +219,7 @@ def _walk(prog: Program, maps: Sequence[MapDef], facts, pc: int, regs: Dict[int,
             base = reg(ins.dst)
             if not isinstance(base, _Val) or ins.imm != isa.ATOMIC_ADD or info.size != 8:
                 raise _Refuse(f"{where}: an atomic other than a 64-bit add into a map value")
-            out.append(_value_agg(ADD, base, ins.off, reg(ins.src), maps, where))
+            out.append(_value_agg(ADD, base, ins.off, reg(ins.src), where))
         elif kind == "call":
             helper = _helper_name(ins.imm)
             where = f"insn {pc}: call {helper}"
@@ -322,7 +322,7 @@ def _key(stack, ptr, key_size: int, where: str) -> Tuple[Tuple[Scalar, int], ...
     return tuple(parts)
 
 
-def _value_agg(op: str, base: "_Val", ins_off: int, val, maps: Sequence[MapDef], where: str) -> Agg:
+def _value_agg(op: str, base: "_Val", ins_off: int, val, where: str) -> Agg:
     off = base.off + ins_off
     if off % 8:
         raise _Refuse(f"{where}: value offset {off} is not a word")

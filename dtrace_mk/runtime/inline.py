@@ -36,7 +36,6 @@ from ..bpf import isa
 from ..bpf.program import MapDef, Program
 from ..bpf.verifier import cfg as _cfg
 from ..bpf.verifier import scalar as S
-from ..bpf.verifier import structure
 from ..bpf.verifier import types as T
 from ..bpf.verifier.checker import Checker
 from ..bpf.verifier import VerifyResult, verify
@@ -111,12 +110,8 @@ class _Facts(Checker):
 
 
 def _facts(prog: Program, maps: Sequence[MapDef]) -> _Facts:
-    cont = structure.check(prog.insns, maps)
-    graph = _cfg.build(prog.insns, cont)
-    f = _Facts(prog.insns, list(maps), prog.hook, prog.prog_type)
-    f.run(graph.order)
-    f.graph = graph
-    return f
+    """The verifier's walk with the inline notes (.graph: its control-flow graph)."""
+    return verify(prog, maps, checker=_Facts).walk
 
 
 def _jump_targets(insns: Sequence[isa.Insn]) -> Set[int]:

@@ -1146,7 +1146,13 @@ __device__ __forceinline__ void hold_light(const MkParams &P, Worker &W, int cls
     W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));
     hold_epoch(P, W, W.pend, cls, a14, step);
 }
+#ifndef DTMK_IDEAL_SITE
 #define HOLD_FULL() (O.ring_mask | O.hold_full)   /* hook_hold's pre-signal work is needed */
+#else
+/* measurement only: a descriptor site reads nothing before the signal (mask3's host ring
+ * would otherwise take the full hold, which the floor must not count) */
+#define HOLD_FULL() false
+#endif
 #else
 #define HOLD_FULL() true
 __device__ __forceinline__ void hold_light(const MkParams &, Worker &, int, int, dtmk_u32, dtmk_u64) {}

@@ -118,6 +118,139 @@ __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get(struct dtmk_shadow *S
     return 0;
 }
 
+/* ---- the descriptor form -------------------------------------------------------------
+ * A program that dtrace_mk/runtime/aggdesc.py reduced to aggregation descriptors runs from
+ * data at the site: no compile, no interpreter, no ring, in the hot tier as well
+ * (dtmk_prog.flags DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC; dtmk_prog.descs: its entries).
+ * Encoded by dtrace_mk/runtime/descform.py (the one source of this layout besides the
+ * struct, checked against it through NVRTC static_asserts).
+ *
+ * The entries are the program's cases, in order: a case's GUARDs, its AGGs, then END.  The
+ * first case whose guards all hold applies its AGGs and ends the run; none holds: no
+ * update (the cases are disjoint: aggdesc drops the ones that update nothing).  An AGG is
+ * one update into the shadow, keyed exactly like the compiled inline form's: a hist bucket
+ * +1, or a hash value word added to / raised to the value.  DTMK_D_SAME: the previous AGG's
+ * entry (a second word of the same lookup, e.g. avg's sum and count). */
+#define DTMK_PROG_F_DESC 8u        /* dtmk_prog.flags (with DTMK_PROG_F_INLINE) */
+#define DTMK_D_END 0u
+#define DTMK_D_GUARD 1u
+#define DTMK_D_AGG 2u
+#define DTMK_D_SAME 0x80u          /* kind bit of an AGG: the previous AGG's shadow entry */
+#define DTMK_D_SRC_WORKER 0xfeu    /* a source: a context byte offset (< DTMK_CTX_SIZE) or these */
+#define DTMK_D_SRC_CONST 0xffu     /* (the value: vconst) */
+#define DTMK_D_HIST_LOG2 4u        /* AGG op: DTMK_SH_ADD / DTMK_SH_MAX into hash value word */
+#define DTMK_D_HIST_LIN 5u         /* `word`, or +1 into the value's bucket of a hist map */
+#define DTMK_D_TAKEN 0x40u         /* GUARD op: the comparison (DTMK_D_JEQ..) | TAKEN | WIDE */
+#define DTMK_D_WIDE 0x80u          /* 64-bit compare (else the low 32 bits: jmp32) */
+enum { DTMK_D_JEQ, DTMK_D_JGT, DTMK_D_JGE, DTMK_D_JLT, DTMK_D_JLE, DTMK_D_JSET, DTMK_D_JNE, DTMK_D_JSGT,
+       DTMK_D_JSGE, DTMK_D_JSLT, DTMK_D_JSLE };
+
+struct __align__(16) dtmk_desc {   /* 80 bytes */
+    dtmk_u64 map;                  /* AGG: the dtmk_map (device address) */
+    dtmk_u64 kconst;               /* AGG: the key's constant bytes in place (0 elsewhere) */
+    dtmk_u64 vconst;               /* AGG: the value when vsrc is DTMK_D_SRC_CONST; GUARD: the constant */
+    dtmk_s64 lin_lo, lin_hi, lin_step;   /* HIST_LIN: the map's buckets */
+    dtmk_u8 kind, op, vsrc, vsize;       /* vsrc / vsize: the value (AGG) or the compared operand (GUARD) */
+    dtmk_u8 word, shops, nparts, pad0;   /* shops: the shadow ops of the map in this program */
+    dtmk_u8 ksrc[4], ksize[4], kpos[4];  /* key part i: source, bytes, byte position in the key */
+    dtmk_u32 nb;                         /* hist maps: buckets */
+    dtmk_u32 pad1[2];
+};
+static_assert(sizeof(struct dtmk_desc) == 80, "dtmk_desc size");
+
+/* a source's value: `size` bytes of the context at `src` (zero-extended), or worker / c */
+__device__ __forceinline__ dtmk_u64 dtmk_desc_src(const struct dtmk_ctx *ctx, dtmk_u32 src, dtmk_u32 size,
+                                                  dtmk_u32 worker, dtmk_u64 c) {
+    if (src == DTMK_D_SRC_CONST) return c;
+    if (src == DTMK_D_SRC_WORKER) return worker;
+    const dtmk_u8 *p = (const dtmk_u8 *)ctx + src;   /* aligned to its size (descform.py checks) */
+    return size == 8 ? *(const dtmk_u64 *)p : size == 4 ? *(const dtmk_u32 *)p
+         : size == 2 ? *(const dtmk_u16 *)p : *p;
+}
+
+__device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_u64 v) {
+    dtmk_u64 c = d.vconst;
+    if (!(d.op & DTMK_D_WIDE)) { v = (dtmk_u32)v; c = (dtmk_u32)c; }
+    const dtmk_u64 sb = (d.op & DTMK_D_WIDE) ? 1ull << 63 : 1ull << 31;   /* signed: flip the sign bit */
+    bool r;
+    switch (d.op & 15u) {
+    case DTMK_D_JEQ: r = v == c; break;
+    case DTMK_D_JGT: r = v > c; break;
+    case DTMK_D_JGE: r = v >= c; break;
+    case DTMK_D_JLT: r = v < c; break;
+    case DTMK_D_JLE: r = v <= c; break;
+    case DTMK_D_JSET: r = (v & c) != 0; break;
+    case DTMK_D_JNE: r = v != c; break;
+    case DTMK_D_JSGT: r = (v ^ sb) > (c ^ sb); break;
+    case DTMK_D_JSGE: r = (v ^ sb) >= (c ^ sb); break;
+    case DTMK_D_JSLT: r = (v ^ sb) < (c ^ sb); break;
+    default: r = (v ^ sb) <= (c ^ sb); break;
+    }
+    return r == ((d.op & DTMK_D_TAKEN) != 0);
+}
+
+#ifdef DTMK_BPF_MAPS_CUH
+/* one event through a program's descriptors D[0..n): its shadow updates (a full probe
+ * window: the global map directly, as the compiled form's ordinary helper would);
+ * DTMK_OUT_LOST when the map refused a new key (counted in its stats by the helper) */
+__device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32 n, const struct dtmk_ctx *ctx,
+                                             dtmk_u32 worker, dtmk_u32 epoch, struct dtmk_shadow *S, dtmk_u32 slot) {
+    dtmk_u32 i = 0;
+#pragma unroll 1
+    while (i < n) {                                    /* one case per round */
+        bool hold = true;
+#pragma unroll 1
+        for (; D[i].kind == DTMK_D_GUARD; ++i)
+            hold = hold && dtmk_desc_guard(D[i], dtmk_desc_src(ctx, D[i].vsrc, D[i].vsize, worker, D[i].vconst));
+        if (!hold) {
+            while (D[i].kind != DTMK_D_END) ++i;
+            ++i;
+            continue;
+        }
+        struct dtmk_sh_ent *e = 0;
+        int out = DTMK_OUT_EXECUTED;
+#pragma unroll 1
+        for (; D[i].kind != DTMK_D_END; ++i) {
+            const struct dtmk_desc &d = D[i];
+            const dtmk_u64 v = dtmk_desc_src(ctx, d.vsrc, d.vsize, worker, d.vconst);
+            const struct dtmk_map *m = (const struct dtmk_map *)d.map;
+            if (out != DTMK_OUT_EXECUTED) continue;   /* the lookup-or-insert failed: no further word */
+            dtmk_u64 key = d.kconst;
+            if (!(d.kind & DTMK_D_SAME) || !e) {
+                for (dtmk_u32 p = 0; p < d.nparts; ++p) {
+                    const dtmk_u64 kv = dtmk_desc_src(ctx, d.ksrc[p], d.ksize[p], worker, 0);
+                    key |= (d.ksize[p] == 8 ? kv : kv & ((1ull << (8 * d.ksize[p])) - 1)) << (8 * d.kpos[p]);
+                }
+            }
+            if (d.op >= DTMK_D_HIST_LOG2) {
+                const dtmk_u32 b = d.op == DTMK_D_HIST_LOG2 ? dtmk_bucket_log2(v)
+                                 : dtmk_bucket_linear(d.lin_lo, d.lin_hi, d.lin_step, d.nb, v);
+                e = dtmk_sh_get(S, d.map, key, b, 1u, epoch, slot);
+                if (e) { e->val[0] += 1; continue; }
+                bool lost = false;
+                dtmk_hist_add(m, &key, v, &lost);
+                if (lost) out = DTMK_OUT_LOST;
+                continue;
+            }
+            if (!(d.kind & DTMK_D_SAME) || !e) e = dtmk_sh_get(S, d.map, key, 0u, d.shops, epoch, slot);
+            if (e) {
+                if (d.op == DTMK_SH_ADD) e->val[d.word] += v;
+                else if (v > e->val[d.word]) e->val[d.word] = v;
+                continue;
+            }
+            bool created;                              /* the probe window is full: the map itself */
+            const int s = dtmk_hash_find(m, &key, true, 0, &created);
+            if (s < 0) { out = DTMK_OUT_LOST; continue; }
+            unsigned long long *w = (unsigned long long *)dtmk_hash_value(m, s) + d.word;
+            if (d.op == DTMK_SH_ADD) atomicAdd(w, (unsigned long long)v);
+            else atomicMax(w, (unsigned long long)v);
+        }
+        return out;
+    }
+    return DTMK_OUT_EXECUTED;
+}
+#endif
+
 #ifdef DTMK_BPF_MAPS_CUH   /* the kernel side: maps, coverage, program tables */
 
 /* One event of `hook` through the hook's inline programs (table T), on one thread:
@@ -135,6 +268,12 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
         dtmk_u64 r0 = 0;
         const dtmk_u32 cm = P.flags >> 16, slot = hook * DTMK_MAX_PROGS + k;
         int out;
+        if (P.flags & DTMK_PROG_F_DESC) {
+            out = dtmk_desc_run((const struct dtmk_desc *)P.descs, P.n_descs, ctx, worker, epoch, S, slot);
+        } else {
+#ifdef DTMK_INL_DESC_ONLY   /* a kernel without a linked monitor (the hot tier's build): descriptors only */
+            out = DTMK_OUT_FAULT;
+#else
         switch (hook) {
         case 1: out = dtmk_cm_inline_1(cm, ctx, worker, epoch, flags, &r0, S, slot); break;
         case 2: out = dtmk_cm_inline_2(cm, ctx, worker, epoch, flags, &r0, S, slot); break;
@@ -147,6 +286,8 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
         case 9: out = dtmk_cm_inline_9(cm, ctx, worker, epoch, flags, &r0, S, slot); break;
         case 10: out = dtmk_cm_inline_10(cm, ctx, worker, epoch, flags, &r0, S, slot); break;
         default: out = DTMK_OUT_FAULT; break;
+        }
+#endif
         }
         if (outs) { outs[k] = (dtmk_u8)out; r0s[k] = r0; }   /* the host driver's per-slot results */
         struct dtmk_cov_acc *a = accs + k;

@@ -114,7 +114,8 @@ struct __align__(16) dtmk_prog {
     dtmk_u32 first_epoch;  /* events of earlier epochs (decode steps) are not eligible: an attach
                             * into a running kernel counts from a step boundary no worker has
                             * started (launch/serve.py), 0 = every event */
-    dtmk_u64 pad2, pad3;
+    dtmk_u64 descs;        /* DTMK_PROG_F_DESC (bpf_inline.cuh): struct dtmk_desc[n_descs], run at the site */
+    dtmk_u32 n_descs, pad3;
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
 

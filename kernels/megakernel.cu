@@ -103,7 +103,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_RUN_RECORDS dtmk_cm_run_records
 #else
 #define DTMK_RUN_RECORDS dtmk_vm_run_records
+#define DTMK_INL_DESC_ONLY     /* the site form runs descriptors only: no compiled programs to call */
 #endif
+#include "bpf_inline.cuh"      /* the site form (shadow, descriptors); already in via bpf_compiled.cuh */
 #endif
 #ifndef DTMK_PROF_BEGIN   /* -DDTMK_NO_HOOKS (no bpf headers): the counters are empty here too */
 #define DTMK_PROF_BEGIN(name)
@@ -150,6 +152,7 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
 #define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
+#define DTMK_OBS_DESC 32   /* descriptor entries (kernels/bpf_inline.cuh) kept in shared memory (2.5 KB) */
 #ifndef DTMK_OBS_CODE
 #define DTMK_OBS_CODE 256  /* -DDTMK_VM_CODE_SMEM: instruction records of VM code kept in shared memory (4 KB) */
 #endif
@@ -307,14 +310,16 @@ struct __align__(16) Obs {
      * hook_hold's pre-signal work run */
     dtmk_u32 hold_full;
 #endif
-#ifdef DTMK_COMPILED_TIER
-    /* the compiled tier's inline form (kernels/bpf_inline.cuh): hooks with a slot flagged
-     * DTMK_PROG_F_INLINE run it at the site (hk_inline), its map updates held here until
-     * obs_sync's epoch flush (before the accumulators'); vm_mask then names only hooks
-     * with slots that take records */
+    /* the site form (kernels/bpf_inline.cuh): hooks with a slot flagged DTMK_PROG_F_INLINE
+     * (a compiled program of the compiled tier, or descriptors: DTMK_PROG_F_DESC, any build)
+     * run it at the site (hk_inline), its map updates held in the shadow until obs_sync's
+     * epoch flush (before the accumulators'); vm_mask then names only hooks with slots that
+     * take records.  desc: the loaded descriptor programs (copied at table load; one that
+     * does not fit runs from global memory) */
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;
-#endif
+    struct dtmk_desc desc[DTMK_OBS_DESC];
+    dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
@@ -421,11 +426,7 @@ __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask 
 /* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
  * in the compiled tier, at the site (inl_mask) */
 __device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
-#ifdef DTMK_COMPILED_TIER
     return O.vm_mask | O.inl_mask;
-#else
-    return O.vm_mask;
-#endif
 }
 
 
@@ -524,14 +525,12 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
-#ifdef DTMK_COMPILED_TIER
-        /* the inline form's map updates first (all epochs: moving the current one's early
+        /* the site form's map updates first (all epochs: moving the current one's early
          * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
         DTMK_PROF_BEGIN(prof_sh);
         flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
         __syncwarp();
         DTMK_PROF_END(30, prof_sh);
-#endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
             if (a->cov && a->eligible) {
@@ -570,6 +569,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
                 if (dtmk_vm_load_table(gt + h, &O.scratch)) {
                     O.tabs[h] = O.scratch;
+                    for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gdesc[h][k] = O.tabs[h].progs[k].descs;
 #ifdef DTMK_VM_CODE_SMEM
                     for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gcode[h][k] = O.tabs[h].progs[k].insns;
 #endif
@@ -577,14 +577,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                     ok = false;                       /* being written: keep the old copy, retry */
                 }
             }
-#ifdef DTMK_COMPILED_TIER
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
                 if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
                 else mask |= 1u << h;
             }
-#else
-            if (O.tabs[h].n_progs) mask |= 1u << h;
-#endif
         }
 #ifdef DTMK_VM_CODE_SMEM
         /* lay every program's code out again (the ring is empty: no drain reads it now);
@@ -603,6 +599,21 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             }
         }
 #endif
+        /* every descriptor program into shared memory again, from its global copy (the
+         * shadow is empty here); one that does not fit runs from global memory */
+        dtmk_u32 nd = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                struct dtmk_prog &pg = O.tabs[h].progs[k];
+                if (!(pg.flags & DTMK_PROG_F_DESC)) continue;
+                pg.descs = O.gdesc[h][k];
+                if (nd + pg.n_descs > DTMK_OBS_DESC) continue;
+                const struct dtmk_desc *src = (const struct dtmk_desc *)pg.descs;
+                for (dtmk_u32 i = 0; i < pg.n_descs; ++i) O.desc[nd + i] = src[i];
+                pg.descs = (dtmk_u64)(O.desc + nd);
+                nd += pg.n_descs;
+            }
+        }
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
 #ifndef DTMK_HOLD_EAGER
@@ -612,9 +623,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
         }
 #endif
-#ifdef DTMK_COMPILED_TIER
         O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
-#endif
         W.hook_mask = O.ring_mask | mask | inl;
         if (ok) {
             O.gen_seen = gen;
@@ -656,12 +665,10 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #endif
     if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
-#ifdef DTMK_COMPILED_TIER
-    /* the inline form: the shadow holds an earlier epoch -> flush it in this idle wait
+    /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
      * into the global helpers within OBS_LAG steps) */
     if (!rd && O.inl_mask && O.acc_min < step) return 2;
-#endif
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
@@ -673,7 +680,7 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-#ifdef DTMK_COMPILED_TIER
+#ifndef DTMK_NO_HOOKS
 #if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
 __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
 #endif
@@ -723,9 +730,7 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
-#ifdef DTMK_COMPILED_TIER
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
-#endif
     if (O.vm_mask & bit) {
         const dtmk_u32 cn = O.cnt[hook];
         if (cn < O.cap) {
@@ -1622,10 +1627,8 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
-#ifdef DTMK_COMPILED_TIER
     for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
-#endif
     if (threadIdx.x == 0) {
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);

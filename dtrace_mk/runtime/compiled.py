@@ -74,7 +74,7 @@ HARNESS = "bpf_compiled_harness.cu"
 HARNESS_SOURCES = tuple(sorted(set(build.include_closure(HARNESS, KERNEL_DIR)) | set(D.SOURCES)))
 HOOK_IDS = tuple(range(1, abi.MAX_HOOK_ID + 1))
 PROG_F_COMPILED = 1
-PROG_F_INLINE = 2                     # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE
+PROG_F_INLINE = D.PROG_F_INLINE       # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE
 ARCH = "sm_90a"
 
 
@@ -899,6 +899,9 @@ class _CompiledMixin:
     dtrace_mk.runtime.tiers (prepare_promotion / commit_promotion)."""
 
     inline_tier = True    # compiled programs that qualify run at the hook site (megakernel)
+    #: a compiled program that also has descriptors runs them (the host build's test of
+    #: the descriptor form); else its compiled code (the compiled tier as promised)
+    desc_over_compiled = False
 
     def _cm_init(self) -> None:
         self._cm_id: Dict[int, int] = {}          # id(_DevProg) -> cm_id (compiled, in the tables)
@@ -919,10 +922,15 @@ class _CompiledMixin:
 
     def forms(self, aid: int) -> Dict[str, str]:
         """How each program of a compiled attachment runs: "inline", or "ring: <why>"
-        (the inline plan's reason, the runtime's choice, sampling or a rate limit)."""
+        (the inline plan's reason, the runtime's choice, sampling or a rate limit); a hot
+        one (or descriptors over compiled code): DeviceRuntime.forms'."""
         att = self._atts[aid]
         out = {}
+        hot = super().forms(aid)                 # not compiled: DeviceRuntime's forms
         for dp in att.progs:
+            if id(dp) not in self._cm_id or (dp.descs is not None and self.desc_over_compiled):
+                out[dp.program.name] = hot[dp.program.name]
+                continue
             if self.runs_inline(att, dp):
                 out[dp.program.name] = "inline"
                 continue
@@ -986,6 +994,9 @@ class _CompiledMixin:
         cm = self._cm_id.get(id(dp))
         if cm is not None:
             e["flags"] |= PROG_F_COMPILED | (cm << 16)
+            if dp.descs is not None and not self.desc_over_compiled:   # compiled: the program's code
+                e["flags"] &= ~(PROG_F_INLINE | D.PROG_F_DESC)
+                e["descs"], e["n_descs"] = 0, 0
             if self.runs_inline(att, dp):
                 e["flags"] |= PROG_F_INLINE
 
@@ -1060,13 +1071,16 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     coverage(aid).  Maps, tables and coverage are the device layouts in host memory."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, clock_from_ctx: bool = True,
-                 opt: str = "-O1", inline: bool = False):
+                 opt: str = "-O1", inline: bool = False, descriptors: bool = False):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.opt = opt                          # g++ optimisation level of the host build
         # inline: qualifying programs run as the megakernel's hook site runs them (shadow
-        # flushed at the end of every fire(): the epoch end); else as the harness does
+        # flushed at the end of every fire(): the epoch end); else as the harness does.
+        # descriptors: programs that reduce run from their descriptors there instead (the
+        # descriptor form of kernels/bpf_inline.cuh, on the host)
         self.inline_tier = inline
+        self.descriptors = self.desc_over_compiled = descriptors
         self.cp = HostDevice
         self.num_workers = num_workers
         self.max_insns = max_insns

@@ -45,6 +45,8 @@ from ..errors import Rejected, UserError
 
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
+from .descform import DESC_DTYPE
+
 SOURCES = tuple(build.include_closure("bpf_vm_harness.cu", KERNEL_DIR))   # what the harness cache key hashes
 
 M64, M32 = (1 << 64) - 1, (1 << 32) - 1
@@ -88,7 +90,7 @@ COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (R
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
     "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
-    [("pad2", "<u8"), ("pad3", "<u8")])
+    [("descs", "<u8"), ("n_descs", "<u4"), ("pad3", "<u4")])
 HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("ctx_reads", "<u4"), ("pad", "<u4", (13,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
 
@@ -97,6 +99,7 @@ C_LAYOUTS: Dict[str, np.dtype] = {
     "dtmk_dinsn": DINSN_DTYPE, "dtmk_map": MAP_DTYPE, "dtmk_map_stats": MAP_STATS_DTYPE,
     "dtmk_rb_worker": RB_WORKER_DTYPE, "dtmk_rb_rec": RB_REC_DTYPE, "dtmk_cov_row": COV_ROW_DTYPE,
     "dtmk_cov": COV_DTYPE, "dtmk_prog": PROG_DTYPE, "dtmk_hook_table": HOOK_TABLE_DTYPE,
+    "dtmk_desc": DESC_DTYPE,
 }
 assert DINSN_DTYPE.itemsize == 16 and MAP_DTYPE.itemsize == 128 and PROG_DTYPE.itemsize == 64
 assert HOOK_TABLE_DTYPE.itemsize == 64 + 64 * MAX_PROGS
@@ -104,7 +107,7 @@ assert HOOK_TABLE_DTYPE.itemsize == 64 + 64 * MAX_PROGS
 
 def layout_asserts() -> str:
     """C static_asserts stating every dtype's field offsets and sizes."""
-    out = []
+    out = ['#include "bpf_inline.cuh"   /* struct dtmk_desc (the rest: bpf_maps.cuh / bpf_vm.cuh) */']
     for cname, dt in C_LAYOUTS.items():
         out.append(f'static_assert(sizeof(struct {cname}) == {dt.itemsize}, "{cname} size");')
         for name in dt.names:
@@ -536,12 +539,19 @@ class _DevProg:
     stack_depth: int
     cov: object                  # cupy uint8 array of COV_DTYPE
     facts: object = None         # inline.ProgramFacts: what it does with map values and the context
+    #: the descriptor form (runtime/descform.py): its records on the device, or None and
+    #: why the program runs as a program
+    descs: object = None
+    n_descs: int = 0
+    desc_why: str = ""
     #: coverage rows retired from the device table (DeviceRuntime.retire_epochs):
     #: (epoch, program_gen) -> [eligible, executed, throttled, lost, fault]
     retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
 
 
 PROG_F_SERIAL = 4     # kernels/bpf_run_prog.cuh DTMK_PROG_F_SERIAL
+PROG_F_INLINE = 2     # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE: run at the hook site
+PROG_F_DESC = 8       # kernels/bpf_inline.cuh DTMK_PROG_F_DESC: ... from descriptors (dtmk_prog.descs)
 
 
 @dataclass
@@ -584,11 +594,15 @@ class DeviceRuntime:
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
                  clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = (),
-                 harness: bool = True):
+                 harness: bool = True, descriptors: Optional[bool] = None):
         """harness=False: tables, maps and coverage only (the megakernel's hook sites run
-        the programs, dtrace_mk.runtime.live); fire()/launch() are then unavailable."""
+        the programs, dtrace_mk.runtime.live); fire()/launch() are then unavailable.
+        descriptors (default: without the harness): a program that reduces to aggregation
+        descriptors (runtime/aggdesc.py) runs from them at the megakernel's hook site
+        instead of through the ring and the VM (`forms(aid)` says which)."""
         import cupy as cp
         self.cp = cp
+        self.descriptors = (not harness) if descriptors is None else bool(descriptors)
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.num_workers = num_workers
@@ -674,8 +688,10 @@ class DeviceRuntime:
             cov["rl_tag"] = EPOCH_NONE
             mi, sd = bounds[p.name]
             padded = np.concatenate([recs, np.zeros(1, DINSN_DTYPE)])   # the VM prefetches one past the end
-            dprogs.append(_DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
-                                   self.cp.asarray(cov.view(np.uint8)), facts[p.name]))
+            dp = _DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
+                          self.cp.asarray(cov.view(np.uint8)), facts[p.name])
+            self._descriptor_form(dp, obj, maps, verify, sample_every, max_per_epoch)
+            dprogs.append(dp)
         aid = self._next
         self._next += 1
         att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch))
@@ -686,6 +702,33 @@ class DeviceRuntime:
             self._gen[hid] += 1
             self._publish(hid)
         return aid
+
+    descriptors = False       # (subclasses that skip __init__)
+
+    def _descriptor_form(self, dp: "_DevProg", obj: BpfObject, maps: "DeviceMaps", verified: bool,
+                         sample_every: int, max_per_epoch: Optional[int]) -> None:
+        """Reduce dp to descriptors when this runtime runs them and every event runs it."""
+        from . import aggdesc, descform
+        why = ("the runtime runs programs" if not self.descriptors else
+               "not verified" if not verified else
+               "sampling / a rate limit" if sample_every > 1 or max_per_epoch is not None else "")
+        if not why:
+            try:
+                recs = descform.encode(aggdesc.reduce(dp.program, obj.maps, dp.facts), obj.maps, maps.desc_addrs,
+                                       dp.program.name)
+            except descform.DescError as e:
+                why = str(e).split(": ", 1)[-1]
+            else:
+                dp.descs = self.cp.asarray(recs.view(np.uint8)) if len(recs) else self.cp.zeros(0, np.uint8)
+                dp.n_descs = len(recs)
+                return
+        dp.desc_why = why
+
+    def forms(self, aid: int) -> Dict[str, str]:
+        """How each program of an attachment runs at the megakernel's hook site:
+        "descriptors", or "program: <why>" (through the ring and the VM)."""
+        return {dp.program.name: "descriptors" if dp.descs is not None else f"program: {dp.desc_why}"
+                for dp in self._atts[aid].progs}
 
     def detach(self, aid: int) -> None:
         att = self._atts.pop(aid)
@@ -707,6 +750,9 @@ class DeviceRuntime:
         e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
         e["first_epoch"] = att.first_epoch
         e["flags"] = PROG_F_SERIAL if dp.facts.writes_values else 0
+        if dp.descs is not None:                 # run at the site from its descriptors
+            e["flags"] |= PROG_F_INLINE | PROG_F_DESC
+            e["descs"], e["n_descs"] = dp.descs.data.ptr, dp.n_descs
 
     def _publish(self, hid: int) -> None:
         """Write hook hid's table under its seqlock: gen odd, body, gen even."""

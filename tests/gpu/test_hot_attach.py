@@ -26,13 +26,22 @@ BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM
                                  ids=["default", "recglobal", "codesmem", "holdeager"])
 
 
-def session(name="tiny", defines=()):
+_MK = {}
+
+
+def session(name="tiny", defines=(), descriptors=True):
+    """descriptors=False: the hot tier through the ring and the VM (the default runs the
+    programs that reduce from aggregation descriptors at the sites, session 10)."""
     from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime.device import DeviceRuntime
     from dtrace_mk.runtime.live import LiveSession
-    if (name, defines) not in _S:
-        mk = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, defines=defines)
-        _S[name, defines] = LiveSession(mk)
-    live = _S[name, defines]
+    if (name, defines) not in _MK:
+        _MK[name, defines] = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, defines=defines)
+    if (name, defines, descriptors) not in _S:
+        mk = _MK[name, defines]
+        rt = DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False, descriptors=descriptors)
+        _S[name, defines, descriptors] = LiveSession(mk, runtime=rt)
+    live = _S[name, defines, descriptors]
     live.mk.reset()
     # a test may have run the kernel without its observer (set_observer(0, None)); every
     # user of the shared session gets it back (other test files reuse these sessions)
@@ -51,11 +60,17 @@ def reference_maps(obj, hooks, workers):
     return replay(obj, hooks, workers)
 
 
+FORMS = pytest.mark.parametrize("descriptors", [True, False], ids=["desc", "vm"])
+
+
 @BUILDS
-def test_attached_before_launch_matches_reference_exactly(defines):
-    live = session(defines=defines)
+@FORMS
+def test_attached_before_launch_matches_reference_exactly(defines, descriptors):
+    live = session(defines=defines, descriptors=descriptors)
     mon = summary(live)
     aid = live.attach(mon.obj)
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if descriptors else
+                                                {"program: the runtime runs programs"})
     try:
         live.start(3, hooks="all")            # the global ring records the same contexts
         res = live.wait()
@@ -100,13 +115,14 @@ def test_summary_without_a_host_ring_counts_every_task(defines):
         live.detach(aid)
 
 
-def test_hot_summary_on_small_moe_is_exact():
+@FORMS
+def test_hot_summary_on_small_moe_is_exact(descriptors):
     """small-moe's routers emit a burst of task:ready records (queue depths 1..n) in one
     drain batch of one worker: the summary's @queue[worker] = max(queue.depth) has every
     lane of the batch on one key.  Its raise-to store runs as an atomic max on the device
     (devicegen stxdw_max), so the maxima equal the reference's (a plain store kept an
     arbitrary lane's depth: 4 instead of 12 on one worker, session 8)."""
-    live = session("small-moe")
+    live = session("small-moe", descriptors=descriptors)
     mon = summary(live)
     aid = live.attach(mon.obj)
     try:
@@ -123,6 +139,51 @@ def test_hot_summary_on_small_moe_is_exact():
         assert tot(snap.coverage, "executed") == tot(ref_cov, "executed") > 0
     finally:
         live.detach(aid)
+
+
+def test_random_queries_in_the_descriptor_form_match_the_reference():
+    """Reducible random queries (guards, hist / lhist / sum / count / max / avg, keys of
+    class, worker, layer) attached together, more descriptor entries than a worker keeps
+    in shared memory (the rest run from global memory): every map equals the reference's
+    replay of the kernel's own records, coverage exact, nothing lost."""
+    import random
+    from dtrace_mk.lang.pipeline import compile_query
+    rnd = random.Random(20261210)
+    probes = [("task:end", ["task.dur_ns", "task.wait_ns"]), ("dep:release", ["dep.wait_ns"]),
+              ("task:ready", ["queue.depth"]), ("task:begin", ["queue.depth"])]
+    keys = ["[task.class]", "[worker]", "[task.layer]"]   # (two fields: 16 bytes; none: an array -> programs)
+    preds = ["", "/task.class != 2/ ", "/worker == 1/ ", "/task.layer < 1/ "]
+    aggs = ["count()", "sum({v})", "max({v})", "hist({v})", "avg({v})", "lhist({v}, 0, 100000, 5000)"]
+    live = session()
+    objs, aids = [], []
+    try:
+        for qi in range(20):
+            pr, vals = probes[qi % len(probes)]
+            q = (f"{pr} {rnd.choice(preds)}{{ @g{qi}{rnd.choice(keys)} = "
+                 f"{rnd.choice(aggs).format(v=rnd.choice(vals))}; }}")
+            obj = compile_query(q, None, name=f"<g{qi}>").obj
+            aid = live.attach(obj)
+            assert set(live.rt.forms(aid).values()) == {"descriptors"}, (q, live.rt.forms(aid))
+            objs.append(obj)
+            aids.append(aid)
+        n_desc = sum(dp.n_descs for a in aids for dp in live.rt._atts[a].progs)
+        assert n_desc > 32                                  # DTMK_OBS_DESC: some run from global memory
+        live.start(3, hooks="all")
+        res = live.wait()
+        assert res.hooks_dropped == 0
+        for obj, aid in zip(objs, aids):
+            snap = live.snapshot(aid)
+            assert not snap.partial and int(snap.state["lost"].sum()) == 0
+            want, ref_cov = reference_maps(obj, res.hooks, live.mk.num_workers)
+            for m in obj.maps:
+                assert snap.maps[m.name].snapshot() == want[m.name].snapshot(), (obj.path, m.name)
+            tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
+            for k in ("eligible", "executed", "lost"):
+                assert tot(snap.coverage, k) == tot(ref_cov, k), (obj.path, k)
+            assert tot(snap.coverage, "executed") > 0
+    finally:
+        for a in aids:
+            live.detach(a)
 
 
 @BUILDS

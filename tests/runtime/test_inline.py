@@ -364,11 +364,12 @@ def _slot_flags(rt):
     return out
 
 
-def _run(objs, epochs, *, inline, opt="-O0", fires=True):
+def _run(objs, epochs, *, inline, opt="-O0", fires=True, descriptors=False):
     """Reference and host-compiled runtimes, the same objects, one fire() per epoch batch.
     fires=False: per-event outcomes not compared (an inline event whose key the flush
     refuses is EXECUTED at the site and lost at the epoch end: only coverage says so)."""
-    ref, host = ReferenceRuntime(num_workers=W), C.HostCompiledRuntime(W, inline=inline, opt=opt)
+    ref = ReferenceRuntime(num_workers=W)
+    host = C.HostCompiledRuntime(W, inline=inline, opt=opt, descriptors=descriptors)
     pairs = [(ref.attach(o), host.attach(o)) for o in objs]
     probs = []
     for batch in epochs:

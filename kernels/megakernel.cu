@@ -688,7 +688,12 @@ __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
  * for every hook and site (inlined at each of hook_flush / hook_put's sites it was ~3900
  * SASS instructions; the event costs ~1 us on 1b either way, warm or cold: the path's
  * length, docs/dev/hook_cost_analysis.md "Session 9") */
-__device__ __noinline__ void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+#ifndef DTMK_INL_FORCEINLINE
+__device__ __noinline__
+#else   /* measurement (bench variant inlrun): no call at the site (its ABI saves and restores) */
+__device__ __forceinline__
+#endif
+void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
     dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
 }
 /* thread 0 (in the cold hk_store callers): record c through the hook's inline programs (kernels/bpf_inline.cuh):

@@ -659,7 +659,8 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_ROPE_IN_ATTN",   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
-                   "DTMK_INL_PROBE")    # profiling: the inline event warm, an empty call (level_profile)
+                   "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
+                   "DTMK_INL_FORCEINLINE")   # measurement: the site form without its noinline call
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:
@@ -995,7 +996,7 @@ class _CompiledMixin:
         if cm is not None:
             e["flags"] |= PROG_F_COMPILED | (cm << 16)
             if dp.descs is not None and not self.desc_over_compiled:   # compiled: the program's code
-                e["flags"] &= ~(PROG_F_INLINE | D.PROG_F_DESC)
+                e["flags"] = int(e["flags"]) & ~(PROG_F_INLINE | D.PROG_F_DESC)
                 e["descs"], e["n_descs"] = 0, 0
             if self.runs_inline(att, dp):
                 e["flags"] |= PROG_F_INLINE

@@ -215,3 +215,19 @@ def test_without_descriptors_the_runtime_says_why_each_program_is_a_program():
     flags = [int(t["progs"][k]["flags"]) for t in rt2.host_tables for k in range(int(t["n_progs"]))]
     assert sum(bool(f & F.PROG_F_DESC) for f in flags) == 3 and all(f & D.PROG_F_INLINE for f in flags[:1])
     assert np.all(rt.host_tables["progs"]["n_descs"] == 0)
+
+
+def test_a_compiled_slot_runs_its_code_not_its_descriptors():
+    """The megakernel's linked runtime makes descriptors (no harness) and compiles on
+    promotion: a compiled slot then drops the descriptor flag and pointer (its code runs)."""
+    obj = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    rt = C.HostCompiledRuntime(2, inline=True, descriptors=True)
+    rt.desc_over_compiled = False                           # as live.linked_runtime's
+    aid = rt.attach(obj)
+    assert set(rt.forms(aid).values()) == {"inline"}
+    slots = [rt.host_tables[h]["progs"][0] for h in range(len(rt.host_tables)) if rt.host_tables[h]["n_progs"]]
+    assert len(slots) == 3
+    for e in slots:
+        f = int(e["flags"])
+        assert f & C.PROG_F_COMPILED and f & C.PROG_F_INLINE and not f & F.PROG_F_DESC, hex(f)
+        assert int(e["descs"]) == 0 and int(e["n_descs"]) == 0

@@ -161,14 +161,14 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # measurement only: mask3's sites do the summary's three updates in shared
                   # memory instead of building records (the floor of a data-driven site)
                   "idealsite": ("DTMK_IDEAL_SITE",),
-                  # measurement only: the site form (descriptors, compiled inline) without the
-                  # noinline hk_inline_run call (session 10: its path spills to local memory)
-                  "inlrun": ("DTMK_INL_FORCEINLINE",)}
+                  # the site form (descriptors, compiled inline) through session 9's noinline
+                  # hk_inline_run call (inlined by default since session 10)
+                  "inlcall": ("DTMK_INL_NOINLINE",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
-                     "DTMK_INL_FORCEINLINE")
+                     "DTMK_INL_NOINLINE")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -260,7 +260,8 @@ __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32
 __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, dtmk_u32 hook,
                                                const struct dtmk_ctx *ctx, dtmk_u32 worker, dtmk_u32 epoch,
                                                dtmk_u32 flags, struct dtmk_shadow *S, struct dtmk_cov_acc *accs,
-                                               dtmk_u64 *r0s = 0, dtmk_u8 *outs = 0) {
+                                               dtmk_u64 *r0s = 0, dtmk_u8 *outs = 0,
+                                               const struct dtmk_desc *loaded = 0) {
     const dtmk_u32 gen = T.gen >> 1;
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
@@ -269,7 +270,11 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
         const dtmk_u32 cm = P.flags >> 16, slot = hook * DTMK_MAX_PROGS + k;
         int out;
         if (P.flags & DTMK_PROG_F_DESC) {
-            out = dtmk_desc_run((const struct dtmk_desc *)P.descs, P.n_descs, ctx, worker, epoch, S, slot);
+            /* loaded: the kernel's shared copy (P.desc_at = index + 1; 0: not loaded, never
+             * while the host keeps the sum of entries within DTMK_OBS_DESC); else P.descs */
+            if (!loaded) out = dtmk_desc_run((const struct dtmk_desc *)P.descs, P.n_descs, ctx, worker, epoch, S, slot);
+            else if (P.desc_at) out = dtmk_desc_run(loaded + (P.desc_at - 1), P.n_descs, ctx, worker, epoch, S, slot);
+            else out = DTMK_OUT_FAULT;
         } else {
 #ifdef DTMK_INL_DESC_ONLY   /* a kernel without a linked monitor (the hot tier's build): descriptors only */
             out = DTMK_OUT_FAULT;

@@ -115,7 +115,8 @@ struct __align__(16) dtmk_prog {
                             * into a running kernel counts from a step boundary no worker has
                             * started (launch/serve.py), 0 = every event */
     dtmk_u64 descs;        /* DTMK_PROG_F_DESC (bpf_inline.cuh): struct dtmk_desc[n_descs], run at the site */
-    dtmk_u32 n_descs, pad3;
+    dtmk_u32 n_descs;
+    dtmk_u32 desc_at;      /* the kernel's table copy: index + 1 of its shared copy (0: none; host writes 0) */
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
 

@@ -600,17 +600,18 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         }
 #endif
         /* every descriptor program into shared memory again, from its global copy (the
-         * shadow is empty here); one that does not fit runs from global memory */
+         * shadow is empty here): the site reads descriptors only from here (desc_at).  The
+         * host keeps the sum of all entries within DTMK_OBS_DESC (runtime/descform.py
+         * DESC_CAP); one that did not fit would count its events lost, never read garbage */
         dtmk_u32 nd = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
                 struct dtmk_prog &pg = O.tabs[h].progs[k];
-                if (!(pg.flags & DTMK_PROG_F_DESC)) continue;
-                pg.descs = O.gdesc[h][k];
-                if (nd + pg.n_descs > DTMK_OBS_DESC) continue;
-                const struct dtmk_desc *src = (const struct dtmk_desc *)pg.descs;
+                pg.desc_at = 0;
+                if (!(pg.flags & DTMK_PROG_F_DESC) || nd + pg.n_descs > DTMK_OBS_DESC) continue;
+                const struct dtmk_desc *src = (const struct dtmk_desc *)O.gdesc[h][k];
                 for (dtmk_u32 i = 0; i < pg.n_descs; ++i) O.desc[nd + i] = src[i];
-                pg.descs = (dtmk_u64)(O.desc + nd);
+                pg.desc_at = nd + 1;
                 nd += pg.n_descs;
             }
         }
@@ -684,17 +685,21 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
 __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
 #endif
-/* the hook's inline programs over the context in the shadow's scratch: ONE noinline copy
- * for every hook and site (inlined at each of hook_flush / hook_put's sites it was ~3900
- * SASS instructions; the event costs ~1 us on 1b either way, warm or cold: the path's
- * length, docs/dev/hook_cost_analysis.md "Session 9") */
-#ifndef DTMK_INL_FORCEINLINE
+/* the hook's site-form programs (descriptors; compiled inline) over the context in the
+ * shadow's scratch, inlined into the site.  Session 9 made it one noinline copy for code
+ * size (1.16 -> 1.08 us per event); session 10 measured the call itself on 1b
+ * (-DDTMK_INL_FORCEINLINE, same run): hot summary +43.2 -> +36.2%, compiled +37.4 ->
+ * +29.3%, a null program +25.7 -> +20.8% over off -- the call's ABI saves / restores go
+ * to local memory, whose lines miss L1 on the busy SM (docs/dev/hook_cost_analysis.md
+ * "Session 10").  -DDTMK_INL_NOINLINE (bench variant inlcall): the call again */
+#ifdef DTMK_INL_NOINLINE   /* (bench variant inlcall: session 9's one noinline copy) */
 __device__ __noinline__
-#else   /* measurement (bench variant inlrun): no call at the site (its ABI saves and restores) */
+#else
 __device__ __forceinline__
 #endif
 void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
-    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS);
+    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS, 0, 0,
+                   O.desc);
 }
 /* thread 0 (in the cold hk_store callers): record c through the hook's inline programs (kernels/bpf_inline.cuh):
  * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both

@@ -39,6 +39,9 @@ MAX_PARTS = 4
 MAX_KEY = 8                           # the shadow's key (dtmk_sh_ent.key)
 MAX_WORDS = 2                         # the shadow's value words (dtmk_sh_ent.val)
 PROG_F_DESC = 8                       # dtmk_prog.flags (with PROG_F_INLINE)
+#: entries of all attached descriptor programs together: each worker copies them into
+#: shared memory at table load (kernels/megakernel.cu DTMK_OBS_DESC); attach keeps the sum
+DESC_CAP = 32
 MASK64 = (1 << 64) - 1
 
 DESC_DTYPE = np.dtype([

@@ -90,7 +90,7 @@ COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (R
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
     "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
-    [("descs", "<u8"), ("n_descs", "<u4"), ("pad3", "<u4")])
+    [("descs", "<u8"), ("n_descs", "<u4"), ("desc_at", "<u4")])
 HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("ctx_reads", "<u4"), ("pad", "<u4", (13,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
 
@@ -681,6 +681,7 @@ class DeviceRuntime:
         for name, items in (init_hash or {}).items():
             maps.upload_hash([m.name for m in obj.maps].index(name), items)
         dprogs = []
+        desc_used = sum(d.n_descs for a in self._atts.values() for d in a.progs if d.descs is not None)
         for p in progs:
             recs = encode_program(p.insns, maps.desc_addrs, maps.value_addrs, p.name, facts[p.name].extremum_stores)
             cov = np.zeros(1, COV_DTYPE)
@@ -690,7 +691,7 @@ class DeviceRuntime:
             padded = np.concatenate([recs, np.zeros(1, DINSN_DTYPE)])   # the VM prefetches one past the end
             dp = _DevProg(p, self.cp.asarray(padded.view(np.uint8)), len(recs), mi, sd,
                           self.cp.asarray(cov.view(np.uint8)), facts[p.name])
-            self._descriptor_form(dp, obj, maps, verify, sample_every, max_per_epoch)
+            desc_used += self._descriptor_form(dp, obj, maps, verify, sample_every, max_per_epoch, desc_used)
             dprogs.append(dp)
         aid = self._next
         self._next += 1
@@ -706,8 +707,10 @@ class DeviceRuntime:
     descriptors = False       # (subclasses that skip __init__)
 
     def _descriptor_form(self, dp: "_DevProg", obj: BpfObject, maps: "DeviceMaps", verified: bool,
-                         sample_every: int, max_per_epoch: Optional[int]) -> None:
-        """Reduce dp to descriptors when this runtime runs them and every event runs it."""
+                         sample_every: int, max_per_epoch: Optional[int], used: int) -> int:
+        """Reduce dp to descriptors when this runtime runs them, every event runs it and
+        the site's shared copy has room (`used` of descform.DESC_CAP entries taken);
+        returns the entries it takes."""
         from . import aggdesc, descform
         why = ("the runtime runs programs" if not self.descriptors else
                "not verified" if not verified else
@@ -719,10 +722,15 @@ class DeviceRuntime:
             except descform.DescError as e:
                 why = str(e).split(": ", 1)[-1]
             else:
-                dp.descs = self.cp.asarray(recs.view(np.uint8)) if len(recs) else self.cp.zeros(0, np.uint8)
-                dp.n_descs = len(recs)
-                return
+                if used + len(recs) > descform.DESC_CAP:
+                    why = (f"the hook sites hold {descform.DESC_CAP} descriptor entries ({used} in use, "
+                           f"this program needs {len(recs)})")
+                else:
+                    dp.descs = self.cp.asarray(recs.view(np.uint8)) if len(recs) else self.cp.zeros(0, np.uint8)
+                    dp.n_descs = len(recs)
+                    return len(recs)
         dp.desc_why = why
+        return 0
 
     def forms(self, aid: int) -> Dict[str, str]:
         """How each program of an attachment runs at the megakernel's hook site:

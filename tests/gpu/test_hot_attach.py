@@ -143,9 +143,10 @@ def test_hot_summary_on_small_moe_is_exact(descriptors):
 
 def test_random_queries_in_the_descriptor_form_match_the_reference():
     """Reducible random queries (guards, hist / lhist / sum / count / max / avg, keys of
-    class, worker, layer) attached together, more descriptor entries than a worker keeps
-    in shared memory (the rest run from global memory): every map equals the reference's
-    replay of the kernel's own records, coverage exact, nothing lost."""
+    class, worker, layer) attached together, more descriptor entries than the sites' shared
+    copy holds (the later ones run as programs, through the ring and the VM, beside them):
+    every map equals the reference's replay of the kernel's own records, coverage exact,
+    nothing lost."""
     import random
     from dtrace_mk.lang.pipeline import compile_query
     rnd = random.Random(20261210)
@@ -163,11 +164,13 @@ def test_random_queries_in_the_descriptor_form_match_the_reference():
                  f"{rnd.choice(aggs).format(v=rnd.choice(vals))}; }}")
             obj = compile_query(q, None, name=f"<g{qi}>").obj
             aid = live.attach(obj)
-            assert set(live.rt.forms(aid).values()) == {"descriptors"}, (q, live.rt.forms(aid))
             objs.append(obj)
             aids.append(aid)
+        forms = [f for a in aids for f in live.rt.forms(a).values()]
         n_desc = sum(dp.n_descs for a in aids for dp in live.rt._atts[a].progs)
-        assert n_desc > 32                                  # DTMK_OBS_DESC: some run from global memory
+        assert 20 < n_desc <= 32 and forms.count("descriptors") >= 8, forms
+        assert all(f == "descriptors" or "descriptor entries" in f for f in forms) and \
+            any("descriptor entries" in f for f in forms), forms
         live.start(3, hooks="all")
         res = live.wait()
         assert res.hooks_dropped == 0

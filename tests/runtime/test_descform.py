@@ -40,6 +40,8 @@ def test_constants_agree_with_the_kernel_header():
         (F.HIST_LOG2, F.HIST_LIN, F.SH_ADD, F.SH_MAX)
     assert (defs["DTMK_D_TAKEN"], defs["DTMK_D_WIDE"], defs["DTMK_PROG_F_DESC"]) == (F.TAKEN, F.WIDE, F.PROG_F_DESC)
     assert defs["DTMK_PROG_F_DESC"] == D.PROG_F_DESC and defs["DTMK_PROG_F_INLINE"] == D.PROG_F_INLINE
+    mk = (D.KERNEL_DIR / "megakernel.cu").read_text()
+    assert int(re.search(r"#define DTMK_OBS_DESC (\d+)", mk).group(1)) == F.DESC_CAP
     enum = re.search(r"enum \{ (DTMK_D_JEQ[^}]*)\}", INLINE_H).group(1)
     assert [n.strip().removeprefix("DTMK_D_").lower() for n in enum.split(",") if n.strip()] == list(F.GUARD_OPS)
     # and the comparisons are the VM's: every operator of its table
@@ -231,3 +233,27 @@ def test_a_compiled_slot_runs_its_code_not_its_descriptors():
         f = int(e["flags"])
         assert f & C.PROG_F_COMPILED and f & C.PROG_F_INLINE and not f & F.PROG_F_DESC, hex(f)
         assert int(e["descs"]) == 0 and int(e["n_descs"]) == 0
+
+
+def test_attach_keeps_the_descriptor_entries_within_the_sites_copy():
+    """Every worker copies all descriptor programs into DESC_CAP shared entries: once
+    they are taken, a further reducible program runs as a program (and says why); a
+    detach frees its entries for later attaches."""
+    probes = [("task:end", "task.dur_ns"), ("task:begin", "queue.depth"), ("dep:release", "dep.wait_ns")]
+    q = "{p} /task.class != {c}/ {{ @h{c}[task.class] = hist({v}); }}"   # 3 entries: guard, agg, end
+    rt = C.HostCompiledRuntime(2, inline=True, descriptors=True)
+    aids, forms = [], []
+    for c in range(F.DESC_CAP // 3 + 2):
+        p, v = probes[c % 3]
+        aids.append(rt.attach(compile_query(q.format(p=p, c=c, v=v), None, name=f"<h{c}>").obj))
+        (form,) = D.DeviceRuntime.forms(rt, aids[-1]).values()   # (rt.forms: compiled -> "inline")
+        forms.append(form)
+    per = 3
+    fit = F.DESC_CAP // per
+    assert forms[:fit] == ["descriptors"] * fit
+    assert forms[fit] == (f"program: the hook sites hold {F.DESC_CAP} descriptor entries ({fit * per} in use, "
+                          f"this program needs {per})")
+    assert sum(int(t["progs"][k]["n_descs"]) for t in rt.host_tables for k in range(int(t["n_progs"]))) == fit * per
+    rt.detach(aids[0])
+    again = rt.attach(compile_query(q.format(p="task:end", c=99, v="task.dur_ns"), None, name="<again>").obj)
+    assert list(rt.forms(again).values()) == ["descriptors"]

@@ -163,12 +163,15 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "idealsite": ("DTMK_IDEAL_SITE",),
                   # the site form (descriptors, compiled inline) through session 9's noinline
                   # hk_inline_run call (inlined by default since session 10)
-                  "inlcall": ("DTMK_INL_NOINLINE",)}
+                  "inlcall": ("DTMK_INL_NOINLINE",),
+                  # measurement only: the hook build before session 10 (no site form, no
+                  # shadow; descriptor slots run through the ring and the VM)
+                  "nosite": ("DTMK_NO_SITE_FORM",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
-BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3")}
+BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "nosite": ("off", "mask3", "null3", "summary")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
-                     "DTMK_INL_NOINLINE")
+                     "DTMK_INL_NOINLINE", "DTMK_NO_SITE_FORM")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -106,6 +106,13 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_INL_DESC_ONLY     /* the site form runs descriptors only: no compiled programs to call */
 #endif
 #include "bpf_inline.cuh"      /* the site form (shadow, descriptors); already in via bpf_compiled.cuh */
+#if !defined(DTMK_NO_HOOKS) && (!defined(DTMK_NO_SITE_FORM) || defined(DTMK_COMPILED_TIER))
+/* hook slots flagged DTMK_PROG_F_INLINE run at the site (descriptors; compiled inline);
+ * -DDTMK_NO_SITE_FORM (measurement, bench variant nosite): the hook build before session
+ * 10 -- every slot takes records through the ring and the VM (descriptor slots keep their
+ * code) and none of the site form's code or shared memory is built */
+#define DTMK_SITE_FORM
+#endif
 #endif
 #ifndef DTMK_PROF_BEGIN   /* -DDTMK_NO_HOOKS (no bpf headers): the counters are empty here too */
 #define DTMK_PROF_BEGIN(name)
@@ -316,10 +323,12 @@ struct __align__(16) Obs {
      * epoch flush (before the accumulators'); vm_mask then names only hooks with slots that
      * take records.  desc: the loaded descriptor programs (copied at table load; one that
      * does not fit runs from global memory) */
+#ifdef DTMK_SITE_FORM
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;
     struct dtmk_desc desc[DTMK_OBS_DESC];
     dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
+#endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
@@ -426,7 +435,11 @@ __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask 
 /* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
  * in the compiled tier, at the site (inl_mask) */
 __device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
+#ifdef DTMK_SITE_FORM
     return O.vm_mask | O.inl_mask;
+#else
+    return O.vm_mask;
+#endif
 }
 
 
@@ -525,12 +538,14 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
+#ifdef DTMK_SITE_FORM
         /* the site form's map updates first (all epochs: moving the current one's early
          * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
         DTMK_PROF_BEGIN(prof_sh);
         flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
         __syncwarp();
         DTMK_PROF_END(30, prof_sh);
+#endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
             if (a->cov && a->eligible) {
@@ -569,7 +584,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
                 if (dtmk_vm_load_table(gt + h, &O.scratch)) {
                     O.tabs[h] = O.scratch;
+#ifdef DTMK_SITE_FORM
                     for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gdesc[h][k] = O.tabs[h].progs[k].descs;
+#endif
 #ifdef DTMK_VM_CODE_SMEM
                     for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gcode[h][k] = O.tabs[h].progs[k].insns;
 #endif
@@ -577,10 +594,14 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                     ok = false;                       /* being written: keep the old copy, retry */
                 }
             }
+#ifdef DTMK_SITE_FORM
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
                 if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
                 else mask |= 1u << h;
             }
+#else
+            if (O.tabs[h].n_progs) mask |= 1u << h;
+#endif
         }
 #ifdef DTMK_VM_CODE_SMEM
         /* lay every program's code out again (the ring is empty: no drain reads it now);
@@ -603,6 +624,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
          * shadow is empty here): the site reads descriptors only from here (desc_at).  The
          * host keeps the sum of all entries within DTMK_OBS_DESC (runtime/descform.py
          * DESC_CAP); one that did not fit would count its events lost, never read garbage */
+#ifdef DTMK_SITE_FORM
         dtmk_u32 nd = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
@@ -615,6 +637,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                 nd += pg.n_descs;
             }
         }
+#endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
 #ifndef DTMK_HOLD_EAGER
@@ -624,7 +647,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
         }
 #endif
+#ifdef DTMK_SITE_FORM
         O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
+#endif
         W.hook_mask = O.ring_mask | mask | inl;
         if (ok) {
             O.gen_seen = gen;
@@ -669,7 +694,9 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
      * into the global helpers within OBS_LAG steps) */
+#ifdef DTMK_SITE_FORM
     if (!rd && O.inl_mask && O.acc_min < step) return 2;
+#endif
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
@@ -681,7 +708,7 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_SITE_FORM
 #if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
 __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
 #endif
@@ -740,7 +767,9 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
+#ifdef DTMK_SITE_FORM
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
+#endif
     if (O.vm_mask & bit) {
         const dtmk_u32 cn = O.cnt[hook];
         if (cn < O.cap) {
@@ -1637,8 +1666,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+#ifdef DTMK_SITE_FORM
     for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
+#endif
     if (threadIdx.x == 0) {
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);

@@ -11,10 +11,9 @@ taken round-robin over the variants so drift hits all alike):
   live_idle   observer tables wired in (LiveSession), nothing attached
   summary     the summary monitor (dtrace_mk.runtime.live.SUMMARY_QUERY: per-class
               latency histogram, dependency-wait sum, queue depth max) attached in the
-              hot tier, always on: since session 10 its three programs run at the hook
-              sites from aggregation descriptors (runtime/descform.py; printed: forms)
-  summary_vm  the same through the observer's ring and the device VM (descriptors off:
-              the hot tier before session 10; its counts must equal summary's)
+              hot tier (device VM at the hook sites), always on; in a build with the site
+              form (variant siteform) its three programs run from aggregation descriptors
+              (runtime/descform.py; printed: forms)
   trace       the MPK-style full task trace (32-byte record per task), nothing else
   ring_all    every hook writing its 128-byte context to the global ring
 
@@ -23,8 +22,9 @@ printed as % over off in the "attribution" table, with drains and epoch publishe
 step per worker that took records):
 
   null3       a null program (mov r0, 0; exit) on each of the summary's three hooks
-              (task:end, dep:release, task:ready); it reduces to zero descriptors, so
-              since session 10 it is the site's fixed cost (record, coverage) with no update
+              (task:end, dep:release, task:ready): records built in the observer's
+              ring and drained through the VM, which does almost nothing (siteform: zero
+              descriptors, i.e. the site's fixed cost)
   s_end       the summary's task:end program alone (hist of dur)
   s_dep       the summary's dep:release program alone (sum of wait)
   s_ready     the summary's task:ready program alone (max queue depth)
@@ -77,7 +77,6 @@ sys.path.insert(0, str(REPO))
 from dtrace_mk.megakernel import gpu  # noqa: E402
 from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
 from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
-from dtrace_mk.runtime.device import DeviceRuntime  # noqa: E402
 from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 64, "1b": 16}
@@ -164,14 +163,15 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # the site form (descriptors, compiled inline) through session 9's noinline
                   # hk_inline_run call (inlined by default since session 10)
                   "inlcall": ("DTMK_INL_NOINLINE",),
-                  # measurement only: the hook build before session 10 (no site form, no
-                  # shadow; descriptor slots run through the ring and the VM)
-                  "nosite": ("DTMK_NO_SITE_FORM",)}
+                  # the site form in the hot build (session 10: aggregation descriptors at the
+                  # hook sites; summary runs from them): not the default, it costs the off path
+                  "siteform": ("DTMK_SITE_FORM",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
-BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "nosite": ("off", "mask3", "null3", "summary")}
+BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
+                      "inlcall": ("off", "summary_cm")}   # (the default hot build has no site form)
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
-                     "DTMK_INL_NOINLINE", "DTMK_NO_SITE_FORM")
+                     "DTMK_INL_NOINLINE", "DTMK_SITE_FORM")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 
@@ -229,13 +229,6 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             sess[v] = sv
         except Exception as e:  # noqa: BLE001 - keep the rest
             log(f"{name}: attribution variant {v} unavailable: {e!r}")
-    try:                    # the hot summary through the ring and the VM (before session 10's descriptors)
-        sv = LiveSession(mk, runtime=DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False,
-                                                   descriptors=False))
-        sess_aid["summary_vm"] = sv.attach(mon.obj)
-        sess["summary_vm"] = sv
-    except Exception as e:  # noqa: BLE001 - keep the rest
-        log(f"{name}: summary_vm unavailable: {e!r}")
     mk.set_observer(0, None)
     mkc = None
     try:
@@ -315,7 +308,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         variants.append("summary_cm")
     if mkr is not None:
         variants.append("summary_cmring")
-    variants += [v for v in list(attrib) + ["summary_vm"] if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
+    variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     for bn, b in bv.items():
         variants += [f"{r}_{bn}" for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS)
                      if r != "summary_cm" or b["mkc"] is not None]
@@ -338,9 +331,6 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             extra.setdefault("obs_counts", {})[v] = obs_counts((sess[v] if v in sess else live).state, steps)
         if v in sess:
             sn = sess[v].snapshot(sess_aid[v])
-            if v == "summary_vm":
-                extra["summary_vm_counts_equal_hot"] = \
-                    {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
             extra.setdefault("attrib_coverage", {})[v] = {
                 k: sum(getattr(c, k) for c in sn.coverage) for k in ("eligible", "executed", "throttled", "lost")}
         if v == "mask3":
@@ -406,7 +396,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
            "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
            "summary_vs_off": med["summary"] / med["off"] - 1.0,
            "summary_cm_vs_off": (med["summary_cm"] / med["off"] - 1.0) if "summary_cm" in med else None,
-           "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_vm", "summary_cm",
+           "attrib_vs_off": {v: med[v] / med["off"] - 1.0 for v in ("summary", "summary_cm",
                                                                    "summary_cmring", "null3",
                                                                    "s_end", "s_dep",
                                                                    "s_ready", "mask3", "trace") if v in med},
@@ -621,7 +611,7 @@ def main(argv=None) -> int:
     for r in res["presets"]:                          # session 8: the compiled tier's two forms are exact
         if "summary_forms" in r:
             print(f"{r['preset']:<6} summary (hot)   forms {r['summary_forms']}")
-        for v in ("summary_vm", "summary_cm", "summary_cmring"):
+        for v in ("summary_cm", "summary_cmring"):
             if f"{v}_counts_equal_hot" in r:
                 print(f"{r['preset']:<6} {v:<15} lat counts == hot: {r[f'{v}_counts_equal_hot']}  "
                       f"coverage {r.get(f'{v}_coverage')}  queue workers {r.get(f'{v}_queue_workers')}")
@@ -633,8 +623,7 @@ def main(argv=None) -> int:
         rel = lambda a, b: f"{100 * (u[a] / u[b] - 1):+.2f}%" if a in u and b in u else "-"  # noqa: E731
         print(f"{r['preset']:<6} {rel('off', 'nohooks'):>11} {rel('nohooks_pad', 'nohooks'):>11} "
               f"{rel('off', 'nohooks_pad'):>9}")
-    cols = ("summary", "summary_vm", "summary_cm", "summary_cmring", "null3", "s_end", "s_dep", "s_ready", "mask3",
-            "trace")
+    cols = ("summary", "summary_cm", "summary_cmring", "null3", "s_end", "s_dep", "s_ready", "mask3", "trace")
     print(f"\n{'preset':<6} " + " ".join(f"{c:>10}" for c in cols) + "   drains/st/w publishes/st/w records/st")
     for r in res["presets"]:
         a = r.get("attrib_vs_off", {})

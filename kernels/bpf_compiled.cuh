@@ -47,7 +47,7 @@
 #define DTMK_VM_FULL 0xffffffffu
 #endif
 
-#define DTMK_PROG_F_COMPILED 1u
+#include "bpf_prog_flags.h"   /* DTMK_PROG_F_COMPILED, ... */
 #define DTMK_PROG_CM_ID(flags) ((flags) >> 16)
 
 #define DTMK_CM_HOOK_DECL(id)                                                                   \

@@ -43,7 +43,7 @@
 #include "dtrace_mk_abi.h"
 #include "bpf_buckets.cuh"
 
-#define DTMK_PROG_F_INLINE 2u      /* dtmk_prog.flags: run at the hook site (with DTMK_PROG_F_COMPILED) */
+#include "bpf_prog_flags.h"   /* DTMK_PROG_F_INLINE, DTMK_PROG_F_DESC */
 #define DTMK_SH_N 128u             /* shadow entries per worker (power of two) */
 #define DTMK_SH_PROBE 16u
 #define DTMK_SH_ADD 1u             /* 2 bits per value word in dtmk_sh_ent.ops */
@@ -131,7 +131,6 @@ __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get(struct dtmk_shadow *S
  * one update into the shadow, keyed exactly like the compiled inline form's: a hist bucket
  * +1, or a hash value word added to / raised to the value.  DTMK_D_SAME: the previous AGG's
  * entry (a second word of the same lookup, e.g. avg's sum and count). */
-#define DTMK_PROG_F_DESC 8u        /* dtmk_prog.flags (with DTMK_PROG_F_INLINE) */
 #define DTMK_D_END 0u
 #define DTMK_D_GUARD 1u
 #define DTMK_D_AGG 2u

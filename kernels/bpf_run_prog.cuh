@@ -26,7 +26,7 @@
 #ifndef DTMK_VM_FULL
 #define DTMK_VM_FULL 0xffffffffu
 #endif
-#define DTMK_PROG_F_SERIAL 4u      /* dtmk_prog.flags: run the warp's events one lane at a time */
+#include "bpf_prog_flags.h"   /* DTMK_PROG_F_SERIAL */
 
 template <class Exec, class... A>
 __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eligible, const void *ctx, dtmk_u32 worker,

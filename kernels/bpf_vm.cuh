@@ -53,6 +53,7 @@
 #include "dtrace_mk_abi.h"
 #include "bpf_opcodes.h"
 #include "bpf_maps.cuh"
+#include "bpf_prog_flags.h"
 
 #define DTMK_VM_NOPC 0xffffffffu
 #define DTMK_VM_FULL 0xffffffffu
@@ -375,6 +376,7 @@ __device__ __noinline__ void dtmk_vm_run_records(const struct dtmk_hook_table *t
         const struct dtmk_hook_table &T = tables[h];
         for (dtmk_u32 k = 0; k < T.n_progs; k++) {
             dtmk_u64 r0 = 0;
+            if (T.progs[k].flags & DTMK_PROG_F_INLINE) continue;   /* ran at the site (bpf_inline.cuh) */
             dtmk_vm_run_prog(T.progs[k], (const struct dtmk_dinsn *)T.progs[k].insns, R, mine, c, worker, epoch,
                              T.gen >> 1, flags, &r0, accs + k);
         }

@@ -106,12 +106,15 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_INL_DESC_ONLY     /* the site form runs descriptors only: no compiled programs to call */
 #endif
 #include "bpf_inline.cuh"      /* the site form (shadow, descriptors); already in via bpf_compiled.cuh */
-#if !defined(DTMK_NO_HOOKS) && (!defined(DTMK_NO_SITE_FORM) || defined(DTMK_COMPILED_TIER))
-/* hook slots flagged DTMK_PROG_F_INLINE run at the site (descriptors; compiled inline);
- * -DDTMK_NO_SITE_FORM (measurement, bench variant nosite): the hook build before session
- * 10 -- every slot takes records through the ring and the VM (descriptor slots keep their
- * code) and none of the site form's code or shared memory is built */
-#define DTMK_SITE_FORM
+#if !defined(DTMK_NO_HOOKS) && (defined(DTMK_SITE_FORM) || defined(DTMK_COMPILED_TIER))
+/* The site form: hook slots flagged DTMK_PROG_F_INLINE run at the site (aggregation
+ * descriptors; compiled inline programs) with their updates in the shadow.  In the
+ * compiled tier's linked kernels, and with -DDTMK_SITE_FORM (bench variant siteform).
+ * Not in the default hook build: measured on 1b (docs/results/hooks.md "Session 10") it
+ * cost the off path ~3.5 points (+6.1% vs +2.4% over no hooks, same run) while the hot
+ * summary from descriptors (+36.9%) was no faster in us per step than the VM summary of
+ * the build without it; without it every slot takes records through the ring and the VM */
+#define HK_SITE_FORM
 #endif
 #endif
 #ifndef DTMK_PROF_BEGIN   /* -DDTMK_NO_HOOKS (no bpf headers): the counters are empty here too */
@@ -323,7 +326,7 @@ struct __align__(16) Obs {
      * epoch flush (before the accumulators'); vm_mask then names only hooks with slots that
      * take records.  desc: the loaded descriptor programs (copied at table load; one that
      * does not fit runs from global memory) */
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;
     struct dtmk_desc desc[DTMK_OBS_DESC];
@@ -435,7 +438,7 @@ __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask 
 /* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
  * in the compiled tier, at the site (inl_mask) */
 __device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
     return O.vm_mask | O.inl_mask;
 #else
     return O.vm_mask;
@@ -538,7 +541,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
         /* the site form's map updates first (all epochs: moving the current one's early
          * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
         DTMK_PROF_BEGIN(prof_sh);
@@ -584,7 +587,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
                 if (dtmk_vm_load_table(gt + h, &O.scratch)) {
                     O.tabs[h] = O.scratch;
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
                     for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gdesc[h][k] = O.tabs[h].progs[k].descs;
 #endif
 #ifdef DTMK_VM_CODE_SMEM
@@ -594,12 +597,14 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                     ok = false;                       /* being written: keep the old copy, retry */
                 }
             }
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
                 if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
                 else mask |= 1u << h;
             }
-#else
+#else       /* no site form: every slot takes records; one the host flagged for the site runs its code in the VM */
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k)
+                O.tabs[h].progs[k].flags &= ~(DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC);
             if (O.tabs[h].n_progs) mask |= 1u << h;
 #endif
         }
@@ -624,7 +629,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
          * shadow is empty here): the site reads descriptors only from here (desc_at).  The
          * host keeps the sum of all entries within DTMK_OBS_DESC (runtime/descform.py
          * DESC_CAP); one that did not fit would count its events lost, never read garbage */
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
         dtmk_u32 nd = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
@@ -647,7 +652,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
         }
 #endif
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
         O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
 #endif
         W.hook_mask = O.ring_mask | mask | inl;
@@ -694,7 +699,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
      * into the global helpers within OBS_LAG steps) */
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
     if (!rd && O.inl_mask && O.acc_min < step) return 2;
 #endif
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
@@ -708,7 +713,7 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
 
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
 #if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
 __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
 #endif
@@ -767,7 +772,7 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
 #endif
     if (O.vm_mask & bit) {
@@ -1666,7 +1671,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
-#ifdef DTMK_SITE_FORM
+#ifdef HK_SITE_FORM
     for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
 #endif

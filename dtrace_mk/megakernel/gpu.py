@@ -40,7 +40,15 @@ MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
 SMEM_LIMIT = 200 * 1024        # dynamic shared memory per worker CTA (H200: up to 227 KB)
 TRACE_BYTES = 32
-WS_SMEM_MAX = 190 * 1024       # dynamic smem with the weight-stream ring: 227 KB less ~37 KB static (hook build)
+WS_SMEM_MAX = 190 * 1024       # dynamic smem with the weight-stream ring: 227 KB less ~37 KB static (site-form build)
+
+
+def site_form(defines) -> bool:
+    """Whether a megakernel build runs site-form slots (aggregation descriptors) at its
+    hook sites: -DDTMK_SITE_FORM (kernels/megakernel.cu HK_SITE_FORM; the compiled tier's
+    linked kernels have it too)."""
+    return "DTMK_SITE_FORM" in tuple(defines)
+
 
 # Field order of struct MkParams (kernels/mk_ops.cuh); tests check they agree.
 PARAM_FIELDS: Tuple[str, ...] = (

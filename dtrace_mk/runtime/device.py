@@ -594,15 +594,19 @@ class DeviceRuntime:
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
                  clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = (),
-                 harness: bool = True, descriptors: Optional[bool] = None):
+                 harness: bool = True, descriptors: bool = False):
         """harness=False: tables, maps and coverage only (the megakernel's hook sites run
         the programs, dtrace_mk.runtime.live); fire()/launch() are then unavailable.
-        descriptors (default: without the harness): a program that reduces to aggregation
-        descriptors (runtime/aggdesc.py) runs from them at the megakernel's hook site
-        instead of through the ring and the VM (`forms(aid)` says which)."""
+        descriptors (for a megakernel built with the site form: gpu.site_form; the
+        compiled tier's linked kernels): a program that reduces to aggregation descriptors
+        (runtime/aggdesc.py) runs from them at the hook site instead of through the ring
+        and the VM (`forms(aid)` says which; a kernel without the site form runs every
+        slot through the VM whatever the flags say)."""
+        if descriptors and harness:
+            raise UserError("descriptors run at a megakernel's hook sites: DeviceRuntime(harness=False)")
         import cupy as cp
         self.cp = cp
-        self.descriptors = (not harness) if descriptors is None else bool(descriptors)
+        self.descriptors = bool(descriptors)
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.num_workers = num_workers

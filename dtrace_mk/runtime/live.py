@@ -94,6 +94,7 @@ def linked_runtime(num_workers: int, mk=None, inline: bool = True, **kw):
 
     class LinkedRuntime(_CompiledMixin, DeviceRuntime):
         def __init__(self):
+            kw.setdefault("descriptors", True)           # linked kernels have the site form
             DeviceRuntime.__init__(self, num_workers, harness=False, clock_from_ctx=False, **kw)
             self._cm_init()
             self.inline_tier = inline
@@ -176,7 +177,8 @@ class LiveSession:
         self.tier = tier
         if runtime is None and tier != "hot":
             runtime = linked_runtime(mk.num_workers, mk=mk)
-        self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False)
+        self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False,
+                                           descriptors=gpu.site_form(mk.defines))
         self.tiers = None
         if tier != "hot":
             from concurrent.futures import ThreadPoolExecutor

@@ -26,22 +26,19 @@ BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM
                                  ids=["default", "recglobal", "codesmem", "holdeager"])
 
 
-_MK = {}
+SITE = ("DTMK_SITE_FORM",)
 
 
-def session(name="tiny", defines=(), descriptors=True):
-    """descriptors=False: the hot tier through the ring and the VM (the default runs the
-    programs that reduce from aggregation descriptors at the sites, session 10)."""
+def session(name="tiny", defines=()):
+    """The hot tier as LiveSession runs it: programs that reduce run from aggregation
+    descriptors at the sites when the build has the site form (-DDTMK_SITE_FORM, session
+    10), else every program through the ring and the VM."""
     from dtrace_mk.megakernel import gpu
-    from dtrace_mk.runtime.device import DeviceRuntime
     from dtrace_mk.runtime.live import LiveSession
-    if (name, defines) not in _MK:
-        _MK[name, defines] = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, defines=defines)
-    if (name, defines, descriptors) not in _S:
-        mk = _MK[name, defines]
-        rt = DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False, descriptors=descriptors)
-        _S[name, defines, descriptors] = LiveSession(mk, runtime=rt)
-    live = _S[name, defines, descriptors]
+    if (name, defines) not in _S:
+        mk = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, defines=defines)
+        _S[name, defines] = LiveSession(mk)
+    live = _S[name, defines]
     live.mk.reset()
     # a test may have run the kernel without its observer (set_observer(0, None)); every
     # user of the shared session gets it back (other test files reuse these sessions)
@@ -60,16 +57,17 @@ def reference_maps(obj, hooks, workers):
     return replay(obj, hooks, workers)
 
 
-FORMS = pytest.mark.parametrize("descriptors", [True, False], ids=["desc", "vm"])
+#: the hot summary from descriptors (a -DDTMK_SITE_FORM build) and through the VM (default)
+FORMS = pytest.mark.parametrize("defines", [SITE, ()], ids=["desc", "vm"])
 
 
-@BUILDS
-@FORMS
-def test_attached_before_launch_matches_reference_exactly(defines, descriptors):
-    live = session(defines=defines, descriptors=descriptors)
+@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE],
+                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform"])
+def test_attached_before_launch_matches_reference_exactly(defines):
+    live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if descriptors else
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines == SITE else
                                                 {"program: the runtime runs programs"})
     try:
         live.start(3, hooks="all")            # the global ring records the same contexts
@@ -116,13 +114,13 @@ def test_summary_without_a_host_ring_counts_every_task(defines):
 
 
 @FORMS
-def test_hot_summary_on_small_moe_is_exact(descriptors):
+def test_hot_summary_on_small_moe_is_exact(defines):
     """small-moe's routers emit a burst of task:ready records (queue depths 1..n) in one
     drain batch of one worker: the summary's @queue[worker] = max(queue.depth) has every
     lane of the batch on one key.  Its raise-to store runs as an atomic max on the device
     (devicegen stxdw_max), so the maxima equal the reference's (a plain store kept an
     arbitrary lane's depth: 4 instead of 12 on one worker, session 8)."""
-    live = session("small-moe", descriptors=descriptors)
+    live = session("small-moe", defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
     try:
@@ -155,7 +153,7 @@ def test_random_queries_in_the_descriptor_form_match_the_reference():
     keys = ["[task.class]", "[worker]", "[task.layer]"]   # (two fields: 16 bytes; none: an array -> programs)
     preds = ["", "/task.class != 2/ ", "/worker == 1/ ", "/task.layer < 1/ "]
     aggs = ["count()", "sum({v})", "max({v})", "hist({v})", "avg({v})", "lhist({v}, 0, 100000, 5000)"]
-    live = session()
+    live = session(defines=SITE)
     objs, aids = [], []
     try:
         for qi in range(20):

@@ -1,14 +1,17 @@
-"""CI (no GPU): the site form (descriptors, compiled inline; kernels/bpf_inline.cuh) is
-part of every hook build since session 10; -DDTMK_NO_SITE_FORM (bench variant nosite,
-measurement only) builds the hook kernel as it was before: no shadow, no descriptor copy,
-every slot through the ring and the VM."""
+"""CI (no GPU): the site form (aggregation descriptors, compiled inline programs at the
+hook sites; kernels/bpf_inline.cuh) is built with -DDTMK_SITE_FORM (bench variant
+siteform) and in the compiled tier's linked kernels, not in the default hook build
+(session 10: it cost the off path ~3.5 points on 1b, docs/results/hooks.md)."""
 import re
 
 import pytest
 
+from dtrace_mk.errors import UserError
 from dtrace_mk.kernels.build import nvrtc_compile
+from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.gpu import KERNEL_DIR
 from dtrace_mk.runtime import descform
+from dtrace_mk.runtime import device as D
 
 
 def _obs_bytes(defines):
@@ -18,15 +21,21 @@ def _obs_bytes(defines):
 
 
 def test_the_site_form_s_shared_memory_is_only_in_builds_that_have_it():
-    site, nosite = _obs_bytes(()), _obs_bytes(("DTMK_NO_SITE_FORM",))
+    plain, site = _obs_bytes(()), _obs_bytes(("DTMK_SITE_FORM",))
     shadow = 128 * 48 + 128 + 512                                      # entries, ctx, stack
     descs = descform.DESC_CAP * descform.DESC_DTYPE.itemsize
-    assert shadow + descs <= site - nosite <= shadow + descs + 1024, (site, nosite)
+    assert shadow + descs <= site - plain <= shadow + descs + 1024, (site, plain)
 
 
-@pytest.mark.parametrize("variant", ["nosite", "inlcall"])
+def test_live_sessions_use_descriptors_only_on_kernels_with_the_site_form():
+    assert gpu.site_form(("DTMK_SITE_FORM", "DTMK_ROPE_IN_ATTN")) and not gpu.site_form(("DTMK_ROPE_IN_ATTN",))
+    with pytest.raises(UserError, match="hook sites"):
+        D.DeviceRuntime(descriptors=True)                              # the harness has no hook site
+
+
+@pytest.mark.parametrize("variant", ["siteform", "inlcall"])
 def test_the_bench_variants_name_their_defines(variant):
     import ast
     src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
     variants = ast.literal_eval(re.search(r"^BUILD_VARIANTS = (\{.*?\})\n", src, re.M | re.S).group(1))
-    assert variants[variant] == {"nosite": ("DTMK_NO_SITE_FORM",), "inlcall": ("DTMK_INL_NOINLINE",)}[variant]
+    assert variants[variant] == {"siteform": ("DTMK_SITE_FORM",), "inlcall": ("DTMK_INL_NOINLINE",)}[variant]

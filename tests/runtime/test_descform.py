@@ -32,7 +32,9 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def test_constants_agree_with_the_kernel_header():
-    defs = {m.group(1): int(m.group(2), 0) for m in re.finditer(r"#define (DTMK_\w+) (0x[0-9a-f]+|\d+)u", INLINE_H)}
+    flags_h = (D.KERNEL_DIR / "bpf_prog_flags.h").read_text()
+    defs = {m.group(1): int(m.group(2), 0)
+            for m in re.finditer(r"#define (DTMK_\w+) (0x[0-9a-f]+|\d+)u", INLINE_H + flags_h)}
     assert (defs["DTMK_D_END"], defs["DTMK_D_GUARD"], defs["DTMK_D_AGG"], defs["DTMK_D_SAME"]) == \
         (F.D_END, F.D_GUARD, F.D_AGG, F.D_SAME)
     assert (defs["DTMK_D_SRC_WORKER"], defs["DTMK_D_SRC_CONST"]) == (F.SRC_WORKER, F.SRC_CONST)
@@ -40,6 +42,7 @@ def test_constants_agree_with_the_kernel_header():
         (F.HIST_LOG2, F.HIST_LIN, F.SH_ADD, F.SH_MAX)
     assert (defs["DTMK_D_TAKEN"], defs["DTMK_D_WIDE"], defs["DTMK_PROG_F_DESC"]) == (F.TAKEN, F.WIDE, F.PROG_F_DESC)
     assert defs["DTMK_PROG_F_DESC"] == D.PROG_F_DESC and defs["DTMK_PROG_F_INLINE"] == D.PROG_F_INLINE
+    assert (defs["DTMK_PROG_F_SERIAL"], defs["DTMK_PROG_F_COMPILED"]) == (D.PROG_F_SERIAL, C.PROG_F_COMPILED)
     mk = (D.KERNEL_DIR / "megakernel.cu").read_text()
     assert int(re.search(r"#define DTMK_OBS_DESC (\d+)", mk).group(1)) == F.DESC_CAP
     enum = re.search(r"enum \{ (DTMK_D_JEQ[^}]*)\}", INLINE_H).group(1)

@@ -63,7 +63,8 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def test_constants_agree_with_the_kernel_header():
-    defs = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define (DTMK_\w+) (\d+)u", INLINE_H)}
+    flags_h = (D.KERNEL_DIR / "bpf_prog_flags.h").read_text()
+    defs = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define (DTMK_\w+) (\d+)u", INLINE_H + flags_h)}
     assert (defs["DTMK_SH_ADD"], defs["DTMK_SH_MAX"], defs["DTMK_PROG_F_INLINE"]) == (ADD, MAX, C.PROG_F_INLINE)
 
 

@@ -320,12 +320,12 @@ struct __align__(16) Obs {
      * hook_hold's pre-signal work run */
     dtmk_u32 hold_full;
 #endif
-    /* the site form (kernels/bpf_inline.cuh): hooks with a slot flagged DTMK_PROG_F_INLINE
-     * (a compiled program of the compiled tier, or descriptors: DTMK_PROG_F_DESC, any build)
-     * run it at the site (hk_inline), its map updates held in the shadow until obs_sync's
-     * epoch flush (before the accumulators'); vm_mask then names only hooks with slots that
-     * take records.  desc: the loaded descriptor programs (copied at table load; one that
-     * does not fit runs from global memory) */
+    /* the site form (HK_SITE_FORM, kernels/bpf_inline.cuh): hooks with a slot flagged
+     * DTMK_PROG_F_INLINE (a compiled program of the compiled tier, or descriptors:
+     * DTMK_PROG_F_DESC) run it at the site (hk_inline), its map updates held in the shadow
+     * until obs_sync's epoch flush (before the accumulators'); vm_mask then names only
+     * hooks with slots that take records.  desc: every loaded descriptor program, copied
+     * at table load (the site reads only these); gdesc: where each came from */
 #ifdef HK_SITE_FORM
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;

@@ -1,12 +1,9 @@
 """Aggregation descriptors: a verified program that only aggregates context fields,
-reduced to data (the first pass of the planned data-driven hook site;
-docs/dev/hook_cost_analysis.md "Session 9").
-
-An inline event of the compiled tier costs ~1 us on one thread (session 9, warm or
-cold): the site path, not the program, is what costs.  The plan is a site that applies a
-few fixed-form updates straight from the captured scalars, the same in the hot tier (no
-compile: descriptors are data) and the compiled one.  This module decides which programs
-reduce to such updates and what they are, from the verified bytecode alone:
+reduced to data -- the data-driven hook site (docs/dev/hook_cost_analysis.md sessions 9
+and 10; runtime/descform.py encodes a plan for the device, kernels/bpf_inline.cuh
+`dtmk_desc_run` runs it at the hook sites of a site-form kernel, in the hot tier too: no
+compile, descriptors are data).  This module decides which programs reduce to such
+updates and what they are, from the verified bytecode alone:
 
     plan = reduce(program, maps, facts)     # AggPlan: .cases (guards -> aggs) or .reason
     apply(plan, ctx, maps_model, worker)    # one run's updates, on the host map model

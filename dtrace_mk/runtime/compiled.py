@@ -73,8 +73,8 @@ KERNEL_DIR = D.KERNEL_DIR
 HARNESS = "bpf_compiled_harness.cu"
 HARNESS_SOURCES = tuple(sorted(set(build.include_closure(HARNESS, KERNEL_DIR)) | set(D.SOURCES)))
 HOOK_IDS = tuple(range(1, abi.MAX_HOOK_ID + 1))
-PROG_F_COMPILED = 1
-PROG_F_INLINE = D.PROG_F_INLINE       # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE
+PROG_F_COMPILED = 1                   # kernels/bpf_prog_flags.h DTMK_PROG_F_COMPILED
+PROG_F_INLINE = D.PROG_F_INLINE
 ARCH = "sm_90a"
 
 

@@ -549,9 +549,10 @@ class _DevProg:
     retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
 
 
-PROG_F_SERIAL = 4     # kernels/bpf_run_prog.cuh DTMK_PROG_F_SERIAL
-PROG_F_INLINE = 2     # kernels/bpf_inline.cuh DTMK_PROG_F_INLINE: run at the hook site
-PROG_F_DESC = 8       # kernels/bpf_inline.cuh DTMK_PROG_F_DESC: ... from descriptors (dtmk_prog.descs)
+# dtmk_prog.flags bits: kernels/bpf_prog_flags.h (tests/runtime/test_descform.py reads them back)
+PROG_F_SERIAL = 4     # run the warp's events one lane at a time
+PROG_F_INLINE = 2     # run at the hook site (the site form)
+PROG_F_DESC = 8       # ... from aggregation descriptors (dtmk_prog.descs)
 
 
 @dataclass

@@ -436,7 +436,7 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
 __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
 
 /* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
- * in the compiled tier, at the site (inl_mask) */
+ * in a site-form build, at the site (inl_mask) */
 __device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
 #ifdef HK_SITE_FORM
     return O.vm_mask | O.inl_mask;
@@ -720,7 +720,7 @@ __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
 /* the hook's site-form programs (descriptors; compiled inline) over the context in the
  * shadow's scratch, inlined into the site.  Session 9 made it one noinline copy for code
  * size (1.16 -> 1.08 us per event); session 10 measured the call itself on 1b
- * (-DDTMK_INL_FORCEINLINE, same run): hot summary +43.2 -> +36.2%, compiled +37.4 ->
+ * (the inlined form, then a variant, same run): hot summary +43.2 -> +36.2%, compiled +37.4 ->
  * +29.3%, a null program +25.7 -> +20.8% over off -- the call's ABI saves / restores go
  * to local memory, whose lines miss L1 on the busy SM (docs/dev/hook_cost_analysis.md
  * "Session 10").  -DDTMK_INL_NOINLINE (bench variant inlcall): the call again */

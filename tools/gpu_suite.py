@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 DESELECT = "not (wstream8 or wstream9 or wstream_nopre or wsnext)"
 
 
-def part(ids: Sequence[str], n: int, m: int) -> List[str]:
-    """Part n (1-based) of m contiguous, nearly equal parts of ids."""
+def bounds(total: int, n: int, m: int) -> Tuple[int, int]:
+    """[lo, hi) of part n (1-based) of m contiguous, nearly equal parts of `total` items."""
     if not 1 <= n <= m:
         raise ValueError(f"part {n}/{m}: need 1 <= N <= M")
-    lo, hi = (n - 1) * len(ids) // m, n * len(ids) // m
+    return (n - 1) * total // m, n * total // m
+
+
+def part(ids: Sequence[str], n: int, m: int) -> List[str]:
+    """Part n (1-based) of m contiguous, nearly equal parts of ids."""
+    lo, hi = bounds(len(ids), n, m)
     return list(ids[lo:hi])
 
 
@@ -41,10 +46,9 @@ def main(argv: Sequence[str]) -> int:
     if not ids:
         print(col.stdout[-2000:] + col.stderr[-2000:], file=sys.stderr)
         return col.returncode or 5
-    mine = part(ids, n, m)
-    print(f"gpu_suite: part {n}/{m}: tests {(n - 1) * len(ids) // m + 1}..{n * len(ids) // m} of {len(ids)}",
-          flush=True)
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *mine])
+    lo, hi = bounds(len(ids), n, m)
+    print(f"gpu_suite: part {n}/{m}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *ids[lo:hi]])
 
 
 if __name__ == "__main__":

@@ -109,11 +109,6 @@ class _Facts(Checker):
         self.key_at.setdefault(pc, set()).add(koff)
 
 
-def _facts(prog: Program, maps: Sequence[MapDef]) -> _Facts:
-    """The verifier's walk with the inline notes (.graph: its control-flow graph)."""
-    return verify(prog, maps, checker=_Facts).walk
-
-
 def _jump_targets(insns: Sequence[isa.Insn]) -> Set[int]:
     out: Set[int] = set()
     for pc, ins in enumerate(insns):
@@ -437,10 +432,10 @@ class ProgramFacts:
 def study(prog: Program, maps: Sequence[MapDef]) -> ProgramFacts:
     """ProgramFacts of `prog` (one verifier walk)."""
     try:
-        f = _facts(prog, maps)
+        walk = verify(prog, maps, checker=_Facts).walk   # the verifier's walk with the inline notes
     except Exception as e:                    # noqa: BLE001 - not verifiable: never inline / attached
         return ProgramFacts(InlinePlan(reason=f"not verified: {e}"))
-    return _program_facts(prog, maps, f)
+    return _program_facts(prog, maps, walk)
 
 
 def verified(prog: Program, maps: Sequence[MapDef]) -> Tuple[VerifyResult, ProgramFacts]:

@@ -34,7 +34,5 @@ def test_the_ideal_site_updates_shared_memory_and_stores_no_record(ptxs):
 
 
 def test_the_bench_runs_it_only_without_an_observer():
-    import ast
-    src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
-    runs = ast.literal_eval(re.search(r"^BUILD_VARIANT_RUNS = (\{[^}]*\})", src, re.M).group(1))
-    assert runs["idealsite"] == ("off", "mask3")
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANT_RUNS")["idealsite"] == ("off", "mask3")

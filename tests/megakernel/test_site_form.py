@@ -35,10 +35,8 @@ def test_live_sessions_use_descriptors_only_on_kernels_with_the_site_form():
 
 @pytest.mark.parametrize("variant", ["siteform", "inlcall"])
 def test_the_bench_variants_name_their_defines(variant):
-    import ast
-    src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
-    variants = ast.literal_eval(re.search(r"^BUILD_VARIANTS = (\{.*?\})\n", src, re.M | re.S).group(1))
-    assert variants[variant] == {"siteform": ("DTMK_SITE_FORM",), "inlcall": ("DTMK_INL_NOINLINE",)}[variant]
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANTS")[variant] == {"siteform": ("DTMK_SITE_FORM",), "inlcall": ("DTMK_INL_NOINLINE",)}[variant]
 
 
 #: spill bytes (stores, loads) ptxas reports for the per-task functions of the default 1b

@@ -20,12 +20,8 @@ def test_every_bench_variant_and_the_profiler_reach_the_linked_kernel():
     """bench/hooks.py runs summary_cm in each BUILD_VARIANTS build and bench/level_profile.py
     links summary_cm with -DDTMK_OBS_PROF: a define the compiled tier drops would measure
     (or profile) the default kernel under the variant's name (session 9: lazyhold, OBS_PROF)."""
-    import ast
-    import re
-    from dtrace_mk.kernels import KERNEL_DIR
-    src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
-    variants = ast.literal_eval(re.search(r"^BUILD_VARIANTS = (\{[^}]*\})", src, re.M).group(1))
-    runs = ast.literal_eval(re.search(r"^BUILD_VARIANT_RUNS = (\{[^}]*\})", src, re.M).group(1))
+    from tests.bench_tables import hooks_table
+    variants, runs = hooks_table("BUILD_VARIANTS"), hooks_table("BUILD_VARIANT_RUNS")
     linked = {n: d for n, d in variants.items() if "summary_cm" in runs.get(n, ("summary_cm",))}
     assert "eagerhold" in linked and "idealsite" not in linked
     for name, defs in list(linked.items()) + [("prof", ("DTMK_OBS_PROF",))]:

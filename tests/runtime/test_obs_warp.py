@@ -29,8 +29,9 @@ def test_python_side_has_one_block_size_and_no_variant():
     # an unknown define is not a variant of the compiled tier's build
     assert C.megakernel_spec(("DTMK_OBS_WARP",)) is C.MEGAKERNEL_SPEC
     src = (KERNEL_DIR.parents[0] / "bench" / "hooks.py").read_text()
-    variants = re.search(r"^BUILD_VARIANTS = \{([^}]*)\}", src, re.M)
-    assert variants and "obswarp" not in variants.group(1) and "offcopy" not in variants.group(1)
+    from tests.bench_tables import hooks_table
+    variants = hooks_table("BUILD_VARIANTS")
+    assert "obswarp" not in variants and "offcopy" not in variants
     assert "DTMK_OBS_WARP" not in src and "DTMK_OFF_COPY" not in src
 
 

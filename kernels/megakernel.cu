@@ -140,7 +140,39 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * writes grant | stop in ONE store, so all workers end at the same step. */
 #define GATE_STEPS 0x7fffffffu
 #define GATE_STOP 0x80000000u
+#define CTL_HANDOFF 16     /* grid handoff (-DDTMK_HANDOFF, "grid handoff" below): h != 0 asks every
+                            * worker of a leaving grid to leave once it has done >= h - 1 tasks */
 #define CTL_WORDS 32
+
+/* ---- grid handoff -------------------------------------------------------------------
+ * The off path of a hook build costs the persistent loop a few percent through code that
+ * never runs (register allocation across calls: docs/dev/hook_cost_analysis.md, sessions
+ * 6-10).  With -DDTMK_HANDOFF the job runs a build WITHOUT hook code (-DDTMK_NO_HOOKS:
+ * the "lean" grid) while nothing is attached; the first attach launches the hook build as
+ * a second grid and sets CTL_HANDOFF.  Each lean worker leaves at its next task boundary
+ * (the next wait of a static task after a control refresh: no stream, no pending record),
+ * saves where it was in P.handoff_out and pushes its worker index; each CTA of the hook
+ * grid, placed on an SM a lean worker freed, claims the next pushed index and resumes
+ * that worker's plan from the saved step and plan position.  Event counters, queues and
+ * request slots are in global memory, so nothing else moves.  Leave and resume are
+ * separate halves: HO_LEAVE in the lean build, HO_RESUME in the hook build.
+ *
+ * Block (u64, zeroed by the host before the leaving grid starts):
+ *   [0] workers pushed, [1] workers claimed, [2, 2 + W) the push queue (worker + 1, 0 =
+ *   not yet), then per worker HO_WORDS: [0] step to resume (~0: finished, nothing to
+ *   resume), [1] plan index of its next task, [2] tasks done, [3] phantoms, [4, 8)
+ *   deferred signals' events, [8, 12) their due times. */
+#define HO_WORDS 16
+#define HO_FIRST_LEAVE 8   /* W.first bit: the wait is a leave (the task is not run here) */
+#if defined(DTMK_HANDOFF) && defined(DTMK_NO_HOOKS)
+#define HO_LEAVE 1
+#endif
+#if defined(DTMK_HANDOFF) && !defined(DTMK_NO_HOOKS)
+#define HO_RESUME 1
+#endif
+#if defined(DTMK_HANDOFF) && defined(DTMK_WS_NEXT)
+#error "-DDTMK_HANDOFF: a leave must not find a stream or record started for the next task"
+#endif
 
 /* observer state per worker (u64 words, global memory, read by the host while running) */
 #define OBS_PENDING 0      /* lowest decode step of a record not yet run + flushed; ~0 = none */
@@ -221,6 +253,13 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
      * faults): kept here instead of run_task arguments so the hot call carries none */
     dtmk_u64 t_disp, t_ready, t_begin, dep_wait;
     dtmk_u64 pend_rg;                        /* bit 32 set: the deferred records' request_gen (hook_hold) */
+#ifdef HO_LEAVE
+    dtmk_u32 leave;                          /* handoff asked (refresh_control): leave at the next wait */
+#endif
+#ifdef HO_RESUME
+    int rs_step, rs_i;                       /* where the predecessor left (rs_i -1: a fresh start,
+                                              * -2: it finished; this CTA only ends the launch) */
+#endif
 #ifndef DTMK_NO_HOOKS
     /* Deferred records of the running task (thread 0).  dep:release, task:ready,
      * queue:pressure, comm:wait, task:dispatch, task:begin and task:end are captured on
@@ -863,6 +902,10 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.trace_on = ld_volatile_u32(ctl + CTL_TRACE);
     W.refresh = max(1u, ld_volatile_u32(ctl + CTL_REFRESH));
     W.wd_us = ld_volatile_u32(ctl + CTL_WD_US);
+#ifdef HO_LEAVE
+    const dtmk_u32 h = ld_volatile_u32(ctl + CTL_HANDOFF);
+    W.leave = P.handoff_out && h && W.done + 1 >= (dtmk_u64)h;
+#endif
 #ifndef DTMK_NO_HOOKS
     obs_update(W);
 #else
@@ -1462,6 +1505,12 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
+#ifdef HO_LEAVE
+      /* handoff: a static task's wait is where this worker leaves (after the barrier
+       * below every thread sees it; nothing of t is started or looked at) */
+      if (t >= 0 && W.leave) W.first = 1 | HO_FIRST_LEAVE; else
+#endif
+      {
 #ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
             const int4 *src = (const int4 *)trec(P, t);
@@ -1487,13 +1536,18 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
+      }
     }
     MK_SYNC();
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
     /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
      * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
      * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
+#ifdef HO_LEAVE
+    if (t >= 0 && (threadIdx.x >> 5) == 1 && !(W.first & HO_FIRST_LEAVE)) ws_prestart(P, t);
+#else
     if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
+#endif
 #endif
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
@@ -1648,6 +1702,51 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
     return 1;
 }
 
+#ifdef HO_LEAVE
+__device__ __forceinline__ dtmk_u64 *ho_rec(const MkParams &P, const Worker &W) {
+    return (dtmk_u64 *)P.handoff_out + 2 + P.n_workers + (dtmk_u64)W.worker * HO_WORDS;
+}
+/* thread 0, leaving at plan index i of `step`: where the successor resumes */
+__device__ __noinline__ void ho_save(const MkParams &P, Worker &W, int step, int i) {
+    dtmk_u64 *rec = ho_rec(P, W);
+    rec[0] = (dtmk_u64)step; rec[1] = (dtmk_u64)i;
+    W.leave = 2;                 /* (thread 0's own mark for ho_push) */
+}
+/* thread 0, the last thing a lean worker does: the rest of its state (a finished worker:
+ * step ~0, nothing to resume; its deferred signals were posted) and push it for a successor */
+__device__ __noinline__ void ho_push(const MkParams &P, const Worker &W) {
+    dtmk_u64 *b = (dtmk_u64 *)P.handoff_out, *rec = ho_rec(P, W);
+    if (W.leave != 2) rec[0] = ~0ull;
+    rec[2] = W.done; rec[3] = W.phantoms;
+    for (int k = 0; k < MK_PENDING; ++k) { rec[4 + k] = (dtmk_u64)(dtmk_s64)W.pend_event[k]; rec[8 + k] = W.pend_due[k]; }
+    __threadfence();             /* the record (and hook / trace heads) before the push */
+    const dtmk_u64 slot = atomicAdd((unsigned long long *)b, 1ull);
+    atomicExch((unsigned long long *)(b + 2 + slot), (unsigned long long)W.worker + 1ull);
+}
+#endif
+#ifdef HO_RESUME
+/* thread 0 of a successor CTA: the next pushed worker (this CTA runs on an SM a leaving
+ * worker freed, so one has been pushed or is about to be), then its saved place */
+__device__ __noinline__ void ho_claim(const MkParams &P, Worker &W) {
+    dtmk_u64 *b = (dtmk_u64 *)P.handoff_in;
+    const dtmk_u64 k = atomicAdd((unsigned long long *)b + 1, 1ull);
+    dtmk_u64 v;
+    while ((v = ld_acquire(b + 2 + k)) == 0) __nanosleep(256);
+    W.worker = (dtmk_u32)(v - 1);
+    const dtmk_u64 *rec = b + 2 + P.n_workers + (v - 1) * HO_WORDS;
+    const bool finished = rec[0] == ~0ull;
+    W.rs_step = finished ? (int)(P.step0 + P.n_steps) : (int)rec[0];
+    W.rs_i = finished ? -2 : (int)rec[1];
+    W.done = rec[2]; W.phantoms = (dtmk_u32)rec[3];
+    for (int j = 0; j < MK_PENDING; ++j) { W.pend_event[j] = (int)(dtmk_s64)rec[4 + j]; W.pend_due[j] = rec[8 + j]; }
+}
+#define MK_WID W.worker          /* the claimed worker, not the block */
+#define HO_FINISHED (W.rs_i == -2)
+#else
+#define MK_WID blockIdx.x
+#define HO_FINISHED false
+#endif
+
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
@@ -1658,6 +1757,9 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
+#ifdef HO_LEAVE
+        W.leave = 0;
+#endif
         comm_init();
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) s_prof[i] = 0;
@@ -1676,6 +1778,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (threadIdx.x == 0) O.inl_mask = 0;
 #endif
     if (threadIdx.x == 0) {
+#ifdef HO_RESUME
+        W.rs_step = (int)P.step0; W.rs_i = -1;
+        if (P.handoff_in) ho_claim(P, W);    /* before anything indexed by the worker */
+#endif
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
         O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
@@ -1702,11 +1808,11 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     if (threadIdx.x == 0) ws_init(P, smem);      /* the weight ring after xs (P complete) */
 #endif
     if (threadIdx.x == 0) {
-        W.hook_n = ((const dtmk_u64 *)P.hook_head)[blockIdx.x];
+        W.hook_n = ((const dtmk_u64 *)P.hook_head)[MK_WID];
         W.hook_slot = P.hook_cap ? W.hook_n % P.hook_cap : 0;
-        W.trace_n = ((const dtmk_u64 *)P.trace_head)[blockIdx.x];
-        W.hook_tail = P.hook_tail ? *((const volatile dtmk_u64 *)P.hook_tail + blockIdx.x) : 0;
-        W.hook_drop = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[blockIdx.x] : 0;
+        W.trace_n = ((const dtmk_u64 *)P.trace_head)[MK_WID];
+        W.hook_tail = P.hook_tail ? *((const volatile dtmk_u64 *)P.hook_tail + MK_WID) : 0;
+        W.hook_drop = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[MK_WID] : 0;
         W.gate = 0;
         refresh_control(P, W, true);
     }
@@ -1716,10 +1822,16 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
     MK_SYNC();
 #endif
     const int *plan = (const int *)P.plan_tasks;
-    int p0 = ((const int *)P.plan_off)[blockIdx.x], p1 = ((const int *)P.plan_off)[blockIdx.x + 1];
+    int p0 = ((const int *)P.plan_off)[MK_WID], p1 = ((const int *)P.plan_off)[MK_WID + 1];
     int last = (int)(P.step0 + P.n_steps);
-    for (int step = (int)P.step0; step < last && !W.aborted; ++step) {
-        if (P.resident) {
+    int step = (int)P.step0, i_first = -1;     /* i_first >= 0: resume mid-plan (grid handoff) */
+#ifdef HO_RESUME
+    step = W.rs_step; i_first = W.rs_i;
+#endif
+    bool left = false;                         /* grid handoff: this worker left (uniform) */
+    for (; step < last && !W.aborted; ++step) {
+        /* a resumed step's gate and step-start phantoms were its predecessor's */
+        if (P.resident && i_first < 0) {
             /* the step gate: publish (steps < min(step, completed steps) are whole for
              * this worker: a dynamic task of a completed step can no longer be taken),
              * then run, park or stop.  Hooks of this step are stamped after it opened.
@@ -1773,8 +1885,8 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             if (threadIdx.x == 0)       /* the host's tail only grows: a stale one is conservative */
                 W.hook_tail = *((const volatile dtmk_u64 *)P.hook_tail + W.worker);
         }
-        if (threadIdx.x == 0 && P.n_faults) add_phantoms(P, W, step, -1);
-        for (int i = p0; i < p1 && !W.aborted; ++i) {
+        if (threadIdx.x == 0 && P.n_faults && i_first < 0) add_phantoms(P, W, step, -1);
+        for (int i = i_first >= 0 ? i_first : p0; i < p1 && !W.aborted; ++i) {
             int t = plan[i];
             const int *r = trec(P, t);
             /* no barrier here: t_disp is thread 0's (trace only), W.aborted was last
@@ -1795,11 +1907,20 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #endif
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
+#ifdef HO_LEAVE
+            if (W.first & HO_FIRST_LEAVE) {             /* uniform: read after the wait's barrier */
+                if (threadIdx.x == 0) ho_save(P, W, step, i);
+                left = true;
+                break;
+            }
+#endif
             run_task(P, W, t, step, true, smem);
         }
+        i_first = -1;
+        if (left) break;
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
-    if (!W.aborted) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (!W.aborted && !(left || HO_FINISHED)) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
@@ -1822,13 +1943,18 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
 #endif
-        post_pending(P, W, true);
-        ((dtmk_u64 *)P.hook_head)[blockIdx.x] = W.hook_n;
-        ((dtmk_u64 *)P.trace_head)[blockIdx.x] = W.trace_n;
-        if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[blockIdx.x] = W.hook_drop;
-        if (P.resident && !W.aborted) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
+        if (!left) post_pending(P, W, true);    /* a leaving worker hands them on */
+        ((dtmk_u64 *)P.hook_head)[MK_WID] = W.hook_n;
+        ((dtmk_u64 *)P.trace_head)[MK_WID] = W.trace_n;
+        if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[MK_WID] = W.hook_drop;
+        /* (a leaving worker's step is not whole; a finished one's successor has nothing to add) */
+        const bool ends_here = !W.aborted && !(left || HO_FINISHED);
+        if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
         dtmk_u64 *ws = wstate(P, W.worker);
-        if (!W.aborted) ws[WS_STATE] = 3;
+        if (ends_here) ws[WS_STATE] = 3;
+#ifdef HO_LEAVE
+        if (P.handoff_out) ho_push(P, W);
+#endif
     }
 }
 

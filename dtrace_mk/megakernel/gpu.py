@@ -68,12 +68,15 @@ PARAM_FIELDS: Tuple[str, ...] = (
     "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns", "prefetch",
     "ranks", "tp_peers", "tp_part", "tp_recv", "ev_comm_op",
     "resident", "hook_tail", "hook_drop", "steps_done",
+    "handoff_in", "handoff_out",
 )
 
 # control words (megakernel.cu CTL_*)
 CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
 CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
 CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP: end at the grant
+CTL_HANDOFF = 16               # grid handoff: h != 0 asks lean workers to leave once they did h - 1 tasks
+HO_WORDS = 16                  # grid handoff: saved words per worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
 OBS_NAMES = ("pending", "drained", "lost", "gen", "loaded_ts", "first_ts", "done", "drains")
@@ -406,9 +409,14 @@ class Megakernel:
                  weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
                  graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
                  queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None,
-                 prefetch: bool = False, defines: Sequence[str] = (), tp=None):
+                 prefetch: bool = False, defines: Sequence[str] = (), tp=None, handoff: bool = False):
         """defines: compile-time variants of megakernel.cu, e.g. ("DTMK_NO_HOOKS",) (no
         hook code at all: the baseline of bench/hooks.py).
+
+        handoff: also load the LEAN build (the same defines + DTMK_NO_HOOKS, no hook code)
+        and build both with -DDTMK_HANDOFF: start(lean=True) runs the lean grid, and
+        handoff() swaps the hook build in while it runs, each worker at its next task
+        boundary (megakernel.cu "grid handoff"; LiveSession does it at the first attach).
 
         tp: a tp.TPGroup with ranks > 1 makes this rank's share of a tensor-parallel
         megakernel (collective: every rank of the group constructs it): the graph is
@@ -431,9 +439,21 @@ class Megakernel:
             raise UserError(f"model {cfg.name!r}: comm_tile {cfg.comm_tile} must be a multiple of 4 on the GPU")
         self.lcfg = tp_local_config(cfg, rank, ranks)     # the shapes this rank computes
         self.arch = arch or device_arch()
+        self.handoff_ok = bool(handoff)
+        if handoff:
+            if ranks > 1:
+                raise UserError("Megakernel(handoff=True): one rank only (a tensor-parallel worker's "
+                                "deferred comm signals are not handed over)")
+            if "DTMK_NO_HOOKS" in defines:
+                raise UserError("Megakernel(handoff=True): the hook build is the one handed to; "
+                                "leave DTMK_NO_HOOKS out of `defines` (the lean build adds it)")
+            defines = tuple(defines) + ("DTMK_HANDOFF",)
         self.defines = megakernel_defines(cfg, ranks, defines)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
+        self.lean_defines = megakernel_defines(cfg, ranks, tuple(defines) + ("DTMK_NO_HOOKS",)) if handoff else None
+        self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
+                            if handoff else None)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
         self.kernel = self.module.get_function("dtmk_megakernel")
@@ -495,6 +515,9 @@ class Megakernel:
         self.prefetch = prefetch      # L2 prefetch of a task's weights while its worker waits
         self.xs_off, self.xs_cap, self.smem = smem_layout(c, B, ranks, self.defines)
         set_smem(self.kernel, self.smem)
+        if handoff:     # one params block serves both grids: the same dynamic layout
+            assert smem_layout(c, B, ranks, self.lean_defines) == (self.xs_off, self.xs_cap, self.smem)
+            set_smem(self.lean_kernel, self.smem)
         self.step = 0
         self._res = None              # the resident launch (start_resident), None when none
         self.reset()
@@ -525,7 +548,8 @@ class Megakernel:
         self.n_faults = len(a)
         self.buf["faults"] = self.cp.asarray(a if len(a) else np.zeros((1, 8), np.int64))
 
-    def _params(self, steps: int, n_out: int, out_row: int = 0, resident: bool = False) -> Any:
+    def _params(self, steps: int, n_out: int, out_row: int = 0, resident: bool = False,
+                handoff_in: int = 0, handoff_out: int = 0) -> Any:
         cp, c, g = self.cp, self.lcfg, self.graph
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         f32bits = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]  # noqa: E731
@@ -554,6 +578,7 @@ class Megakernel:
             "ranks": g.ranks, "tp_peers": 0, "tp_part": 0, "tp_recv": 0, "ev_comm_op": 0,
             "resident": int(resident), "hook_tail": ptr(b["hook_tail"]) if resident else 0,
             "hook_drop": ptr(b["hook_drop"]), "steps_done": ptr(b["steps_done"]),
+            "handoff_in": handoff_in, "handoff_out": handoff_out,
         }
         if self.tp:
             v.update(tp_peers=ptr(t["tp_peers"]), tp_part=ptr(b["tp_part"]), tp_recv=ptr(b["tp_recv"]),
@@ -583,11 +608,62 @@ class Megakernel:
                                     cp.cuda.runtime.memcpyHostToDevice, s.ptr)
         s.synchronize()
 
-    def launch(self, steps: int, n_out: int, stream=None) -> None:
-        params = self._params(steps, n_out)
+    def launch(self, steps: int, n_out: int, stream=None, handoff_out: int = 0) -> None:
+        """One launch of `steps` steps; handoff_out != 0: the LEAN grid, leaving into that
+        block when asked (its successor's params are then self._succ_params)."""
+        params = self._params(steps, n_out, handoff_out=handoff_out)
         self._last_params = params   # keep alive until the launch completes
-        self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
+        if handoff_out:
+            self._succ_params = self._params(steps, n_out, handoff_in=handoff_out)
+            self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
+        else:
+            self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
+
+    def handoff(self, handle: Dict[str, Any]) -> bool:
+        """Swap the hook build in for start(lean=True)'s running lean grid: launch it as a
+        second grid (its CTAs take the SMs the lean workers free), then ask every lean
+        worker to leave at its next task boundary (after its next control refresh).
+        Returns False when there is nothing to do (not lean, already handed off).  No
+        kernel but the successor is launched and nothing waits for the lean grid."""
+        ho = handle.get("handoff")
+        if ho is None or ho["end"] is not None:
+            return False
+        self._launch_successor(handle)
+        cp = self.cp
+        ho["word"][0] = 1                        # leave now (after >= 0 tasks)
+        cp.cuda.runtime.memcpyAsync(int(self.buf["control"].data.ptr) + 4 * CTL_HANDOFF, ho["word"].ctypes.data,
+                                    4, cp.cuda.runtime.memcpyHostToDevice, ho["side"].ptr)
+        ho["side"].synchronize()
+        return True
+
+    def _launch_successor(self, handle: Dict[str, Any]) -> None:
+        ho, cp = handle["handoff"], self.cp
+        ho["stream"] = cp.cuda.Stream(non_blocking=True)
+        ho["end"] = cp.cuda.Event()
+        self.kernel((self.num_workers,), (self.block,), (ho["params"],), shared_mem=self.smem, stream=ho["stream"])
+        ho["end"].record(ho["stream"])
+
+    def handoff_state(self, handle: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """After finish(): where each lean worker left ({"pushed", "claimed", "left":
+        [(worker, step, plan index)], "finished": [workers], "done_at_leave": {worker:
+        tasks}, "signals_handed_on": deferred late signals the successors posted}), None
+        for a launch without a lean grid."""
+        ho = handle.get("handoff")
+        if ho is None:
+            return None
+        b = ho["block"].get()
+        W = self.num_workers
+        rec = b[2 + W:].reshape(W, HO_WORDS)
+        pushed = [int(x) - 1 for x in b[2:2 + int(b[0])]]
+        finished = np.uint64(0xFFFFFFFFFFFFFFFF)        # the step word of a worker that finished
+        left = [w for w in pushed if rec[w, 0] != finished]
+        return {"pushed": int(b[0]), "claimed": int(b[1]),
+                "left": [(w, int(rec[w, 0]), int(rec[w, 1])) for w in left],
+                "finished": [w for w in pushed if rec[w, 0] == finished],
+                "done_at_leave": {w: int(rec[w, 2]) for w in pushed},
+                "signals_handed_on": int(sum((rec[w, 4:8].view(np.int64) >= 0).sum() for w in left)),
+                "handed_off": ho["end"] is not None}
 
     def run(self, steps: int, per_step_launch: bool = False, hooks=None, trace: bool = False,
             faults=None, watchdog_ms: int = 2000, refresh: int = 16, poison: bool = True,
@@ -696,11 +772,25 @@ class Megakernel:
             self.buf[k].fill(0)
 
     def start(self, steps: int, hooks=None, trace: bool = False, faults=None, watchdog_ms: int = 2000,
-              refresh: int = 16, poison: bool = True) -> Dict[str, Any]:
+              refresh: int = 16, poison: bool = True, lean: bool = False,
+              handoff_after: Optional[int] = None) -> Dict[str, Any]:
         """Launch `steps` decode steps in ONE launch on a non-blocking stream and return at
-        once; finish(handle) waits and collects (the asynchronous half of run())."""
+        once; finish(handle) waits and collects (the asynchronous half of run()).
+
+        lean (Megakernel(handoff=True) only): run the build without hook code; handoff()
+        swaps the hook build in while it runs.  handoff_after=n: the swap is asked before
+        the launch and each worker leaves once it has done >= n tasks (deterministic: tests)."""
         cp = self.cp
+        if (lean or handoff_after is not None) and not self.handoff_ok:
+            raise UserError("Megakernel.start(lean=True): built without handoff (Megakernel(..., handoff=True))")
+        if lean and hooks:
+            raise UserError("Megakernel.start: lean=True runs no hook code; hooks= needs the hook build")
+        lean = lean or handoff_after is not None
         self._prepare(hooks, trace, faults, watchdog_ms, refresh)
+        if handoff_after is not None:
+            if handoff_after < 0:
+                raise UserError(f"Megakernel.start: handoff_after must be >= 0 tasks, got {handoff_after}")
+            self.buf["control"][CTL_HANDOFF] = handoff_after + 1
         if poison:
             self.poison()
         self.out_tokens = cp.full((steps, self.B), -1, cp.int32)
@@ -708,15 +798,27 @@ class Megakernel:
         stream = cp.cuda.Stream(non_blocking=True)
         cp.cuda.runtime.deviceSynchronize()
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        ho = None
+        if lean:        # zeroed before the launch: nothing but kernels' own work while it runs
+            ho = {"block": cp.zeros(2 + self.num_workers * (1 + HO_WORDS), cp.uint64), "end": None,
+                  "side": cp.cuda.Stream(non_blocking=True),
+                  "word": np.frombuffer(cp.cuda.alloc_pinned_memory(4), np.uint32, 1)}
+        cp.cuda.runtime.deviceSynchronize()
         self._barrier()
         start.record(stream)
-        self.launch(steps, steps, stream)
+        self.launch(steps, steps, stream, handoff_out=int(ho["block"].data.ptr) if ho else 0)
         end.record(stream)
-        return {"stream": stream, "start": start, "end": end, "steps": steps, "step0": step0,
-                "watchdog_ms": watchdog_ms, "t0": time.perf_counter()}
+        handle = {"stream": stream, "start": start, "end": end, "steps": steps, "step0": step0,
+                  "watchdog_ms": watchdog_ms, "t0": time.perf_counter(), "handoff": ho}
+        if ho is not None:
+            ho["params"] = self._succ_params
+            if handoff_after is not None:
+                self._launch_successor(handle)
+        return handle
 
     def done(self, handle: Dict[str, Any]) -> bool:
-        return bool(handle["end"].done)
+        ho = handle.get("handoff")
+        return bool(handle["end"].done) and (ho is None or ho["end"] is None or bool(ho["end"].done))
 
     def finish(self, handle: Optional[Dict[str, Any]] = None, host_timeout_s: float = 60.0,
                raise_on_watchdog: bool = True) -> RunResult:
@@ -725,13 +827,20 @@ class Megakernel:
         if handle is None:
             return self.finish_resident(host_timeout_s, raise_on_watchdog)
         cp = self.cp
-        while not handle["end"].done:
+        while not self.done(handle):
             if time.perf_counter() - handle["t0"] > host_timeout_s:
                 self.abort()
                 break
             time.sleep(0.0005)
         handle["stream"].synchronize()
-        elapsed = cp.cuda.get_elapsed_time(handle["start"], handle["end"])
+        ho = handle.get("handoff")
+        end = handle["end"]
+        if ho is not None and ho["end"] is not None:
+            ho["stream"].synchronize()
+            end = ho["end"]      # the successor ends after every lean worker left or finished
+        if ho is not None:
+            self.buf["control"][CTL_HANDOFF] = 0
+        elapsed = cp.cuda.get_elapsed_time(handle["start"], end)
         res = self._collect(handle["steps"], handle["step0"], elapsed, None, handle["watchdog_ms"])
         self._barrier()
         if res.watchdog is not None and raise_on_watchdog:

@@ -237,6 +237,11 @@ class LiveSession:
         self.boundary()
         kw.setdefault("refresh", self.refresh)
         kw.setdefault("watchdog_ms", self.watchdog_ms)
+        # nothing attached: run the build without hook code; the first attach hands the
+        # running job over to the hook build (Megakernel(handoff=True), megakernel.cu)
+        if (getattr(self.mk, "handoff_ok", False) and self.tiers is None and not self.rt._atts
+                and not kw.get("hooks")):
+            kw.setdefault("lean", True)
         self.handle = self.mk.start(steps, **kw)
 
     def running(self) -> bool:
@@ -284,6 +289,8 @@ class LiveSession:
         if self.tiers is not None and want == "compiled":
             self.tiers.request(aid)
         self._bump(t_cmd)
+        if self.handle is not None and getattr(self.mk, "handoff_ok", False):
+            self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over
         return aid
 
     def detach(self, aid: int) -> None:

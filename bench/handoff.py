@@ -1,0 +1,170 @@
+"""The off path with grid handoff, as ratios measured in one run (issue 5's first target).
+
+    python bench/handoff.py [--presets tiny,1b] [--reps 5] [--out DIR]
+
+Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
+taken round-robin so drift hits all alike; tokens of every row checked against nohooks):
+
+  nohooks   megakernel.cu with -DDTMK_NO_HOOKS: no hook code at all (the baseline)
+  off       the default hook build, nothing enabled (the off path without handoff)
+  lean      Megakernel(handoff=True).start(lean=True): the lean grid (-DDTMK_NO_HOOKS
+            -DDTMK_HANDOFF) as LiveSession runs a job with nothing attached; it would hand
+            over to the hook build at the first attach (the off path WITH handoff)
+  lean2     the same again (lean2 / lean: the noise floor of this run)
+  swap      lean, handed to the hook build by every worker after its 8th task (the cost of
+            a run that swaps: one extra grid launch, each worker's leave and resume)
+  hook      the handoff hook build (-DDTMK_HANDOFF) alone, nothing attached
+  summary   the summary monitor attached in the hot tier before the launch (the hook build
+            runs; what a user pays while monitoring, printed against lean)
+
+then the hot attach latency INTO A LEAN JOB: LiveSession starts the lean grid, the summary
+is attached mid-run (the hook grid is launched and every worker moves over), from the
+host's generation write and from the attach command to the first counted event (device
+clock); one attach per launch, --reps launches.
+
+Writes DIR/handoff.json; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dtrace_mk.megakernel import gpu  # noqa: E402
+from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
+from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
+from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
+
+STEPS = {"tiny": 64, "1b": 16}
+LONG = {"tiny": 4000, "1b": 600}
+ROWS = ("nohooks", "off", "lean", "lean2", "swap", "hook", "summary")
+
+
+def bench_preset(name: str, reps: int, log) -> dict:
+    cfg = PRESETS[name]
+    w = make_weights(cfg, 0)
+    steps = STEPS.get(name, 16)
+    mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+    mkd = gpu.Megakernel(cfg, batch=1, weights=w)
+    mkh = gpu.Megakernel(cfg, batch=1, weights=w, handoff=True)
+    live = LiveSession(mkh)                       # the summary's tables (attached for "summary" only)
+    mon = summary_monitor(mkh.graph.schema)
+
+    def timed(m, **kw):
+        m.reset()
+        h = m.start(steps, poison=False, **kw)
+        r = m.finish(h)
+        return r, m.handoff_state(h)
+
+    def run(v):
+        mkh.set_observer(0, None)
+        if v == "nohooks":
+            return timed(mk0)
+        if v == "off":
+            return timed(mkd)
+        if v in ("lean", "lean2"):
+            return timed(mkh, lean=True)
+        if v == "swap":
+            return timed(mkh, handoff_after=8)
+        if v == "summary":
+            mkh.set_observer(int(live.rt.tables.data.ptr), live.state)
+        try:
+            return timed(mkh)
+        finally:
+            mkh.set_observer(0, None)
+
+    aid = live.attach(mon.obj)                   # in the tables; only "summary" wires them
+    times = {v: [] for v in ROWS}
+    toks, swaps = {}, {}
+    for rep in range(reps + 1):                  # rep 0: warm-up (not timed)
+        for v in ROWS:
+            r, st = run(v)
+            toks[v] = r.tokens
+            if v == "swap":
+                swaps = {"left": len(st["left"]), "claimed": st["claimed"]}
+            if rep:
+                times[v].append(r.elapsed_ms * 1e3 / steps)
+    live.detach(aid)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med, "all_us_per_step": times,
+           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
+           "swap": swaps, "tasks": len(mkh.graph.tasks),
+           "smem": {k: m.shared_memory() for k, m in (("nohooks", mk0), ("off", mkd), ("hook", mkh))}}
+    log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal", "swap")}))
+    # hot attach into a lean job: one handoff per launch
+    lat = []
+    for rep in range(reps):
+        live.mk.reset()
+        mkh.set_observer(int(live.rt.tables.data.ptr), live.state)     # where the hook grid finds them
+        live.start(LONG.get(name, 600))
+        assert live.handle["handoff"] is not None
+        t0 = time.perf_counter()
+        while live.snapshot_steps() < 3 and time.perf_counter() - t0 < 20:
+            time.sleep(0.001)
+        a = live.attach(mon.obj)
+        got = None
+        while got is None and time.perf_counter() - t0 < 30 and live.running():
+            got = live.attach_latency(live.gen)
+        live.mk.abort()
+        live.wait(raise_on_watchdog=False)
+        st = live.mk.handoff_state(live.handle)
+        if got is not None:
+            got["claimed"] = st["claimed"]
+            lat.append(got)
+        live.detach(a)
+    out["attach"] = lat
+    if lat:
+        out["attach_write_to_first_event_ms_median"] = statistics.median(x["write_to_first_event_ms"] for x in lat)
+        out["attach_cmd_to_first_event_ms_median"] = statistics.median(x["cmd_to_first_event_ms"] for x in lat)
+    log(json.dumps({"preset": name, "attach": lat}))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="tiny,1b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    import cupy as cp
+    outdir = Path(a.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    logf = open(outdir / "handoff.log", "w")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    res = {"card": props["name"].decode(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
+    for p in a.presets.split(","):
+        try:
+            res["presets"].append(bench_preset(p, a.reps, log))
+        except Exception as e:  # noqa: BLE001 - keep the other preset's numbers
+            import traceback
+            log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+    (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"\n{res['card']}  {res['date']}  (median us/step; % of the row named)")
+    print(f"{'preset':<6} {'nohooks us':>10} {'lean/nohk':>9} {'lean2/lean':>10} {'off/nohk':>9} {'swap/lean':>9} "
+          f"{'hook/off':>8} {'sum/lean':>8} {'sum/off':>8} {'attach ms':>9} {'left':>5} tok")
+    for r in res["presets"]:
+        u = r["us_per_step"]
+        rel = lambda a_, b: f"{100 * (u[a_] / u[b] - 1):+.2f}%"  # noqa: E731
+        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
+              f"{rel('off', 'nohooks'):>9} {rel('swap', 'lean'):>9} {rel('hook', 'off'):>8} {rel('summary', 'lean'):>8} "
+              f"{rel('summary', 'off'):>8} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
+              f"{r['swap'].get('left', 0):>5} {all(r['tokens_equal'].values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -161,7 +161,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
  *   [0] workers pushed, [1] workers claimed, [2, 2 + W) the push queue (worker + 1, 0 =
  *   not yet), then per worker HO_WORDS: [0] step to resume (~0: finished, nothing to
  *   resume), [1] plan index of its next task, [2] tasks done, [3] phantoms, [4, 8)
- *   deferred signals' events, [8, 12) their due times. */
+ *   deferred signals' events, [8, 12) their due times, [12] %globaltimer at the push,
+ *   [13] at the successor's claim, [14] the successor's SM. */
 #define HO_WORDS 16
 #define HO_FIRST_LEAVE 8   /* W.first bit: the wait is a leave (the task is not run here) */
 #if defined(DTMK_HANDOFF) && defined(DTMK_NO_HOOKS)
@@ -1719,6 +1720,7 @@ __device__ __noinline__ void ho_push(const MkParams &P, const Worker &W) {
     if (W.leave != 2) rec[0] = ~0ull;
     rec[2] = W.done; rec[3] = W.phantoms;
     for (int k = 0; k < MK_PENDING; ++k) { rec[4 + k] = (dtmk_u64)(dtmk_s64)W.pend_event[k]; rec[8 + k] = W.pend_due[k]; }
+    rec[12] = mk_now();
     __threadfence();             /* the record (and hook / trace heads) before the push */
     const dtmk_u64 slot = atomicAdd((unsigned long long *)b, 1ull);
     atomicExch((unsigned long long *)(b + 2 + slot), (unsigned long long)W.worker + 1ull);
@@ -1733,7 +1735,8 @@ __device__ __noinline__ void ho_claim(const MkParams &P, Worker &W) {
     dtmk_u64 v;
     while ((v = ld_acquire(b + 2 + k)) == 0) __nanosleep(256);
     W.worker = (dtmk_u32)(v - 1);
-    const dtmk_u64 *rec = b + 2 + P.n_workers + (v - 1) * HO_WORDS;
+    dtmk_u64 *rec = b + 2 + P.n_workers + (v - 1) * HO_WORDS;
+    rec[13] = mk_now(); rec[14] = W.sm;
     const bool finished = rec[0] == ~0ull;
     W.rs_step = finished ? (int)(P.step0 + P.n_steps) : (int)rec[0];
     W.rs_i = finished ? -2 : (int)rec[1];

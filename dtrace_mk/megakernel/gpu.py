@@ -663,6 +663,8 @@ class Megakernel:
                 "finished": [w for w in pushed if rec[w, 0] == finished],
                 "done_at_leave": {w: int(rec[w, 2]) for w in pushed},
                 "signals_handed_on": int(sum((rec[w, 4:8].view(np.int64) >= 0).sum() for w in left)),
+                # device clock (ns): each worker's push and its successor's claim (0 = none)
+                "push_ns": rec[:, 12].astype(np.int64), "claim_ns": rec[:, 13].astype(np.int64),
                 "handed_off": ho["end"] is not None}
 
     def run(self, steps: int, per_step_launch: bool = False, hooks=None, trace: bool = False,

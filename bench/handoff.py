@@ -43,7 +43,7 @@ from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
 from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
 from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
 
-STEPS = {"tiny": 64, "1b": 16}
+STEPS = {"tiny": 128, "1b": 48}      # per launch: long enough that launch jitter stays below 0.5%
 LONG = {"tiny": 4000, "1b": 600}
 ROWS = ("nohooks", "off", "lean", "lean2", "swap", "hook", "summary")
 
@@ -85,7 +85,7 @@ def bench_preset(name: str, reps: int, log) -> dict:
     times = {v: [] for v in ROWS}
     toks, swaps = {}, {}
     for rep in range(reps + 1):                  # rep 0: warm-up (not timed)
-        for v in ROWS:
+        for v in (ROWS if rep % 2 else ROWS[::-1]):   # both orders: no row always follows another
             r, st = run(v)
             toks[v] = r.tokens
             if v == "swap":

@@ -521,6 +521,8 @@ class Megakernel:
         self.step = 0
         self._res = None              # the resident launch (start_resident), None when none
         self.reset()
+        if handoff:
+            self._preload(self.kernel)
         if self.tp:                   # collective: map every rank's counters and slots
             peers = self.tp.exchange([self._ev_all.data.ptr, self.buf["tp_recv"].data.ptr])
             self.tables["tp_peers"] = cp.asarray(np.asarray(peers, dtype=np.uint64).reshape(ranks, 2))
@@ -619,6 +621,18 @@ class Megakernel:
         else:
             self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
+
+    def _preload(self, kernel) -> None:
+        """Launch `kernel` once for zero steps (no task runs; it returns at once).  CUDA
+        loads a module's code at its first launch (lazy loading), and that load waits for
+        every running kernel: a successor grid launched for the first time while the lean
+        grid runs would start only after the lean grid ended, a deadlock when lean workers
+        wait on work of workers that already left (measured: tiny, handoff at once;
+        tools/handoff_probe.py).  Loaded here, it is placed on the first SM a lean worker
+        frees (~3 us after the push, 1b and tiny)."""
+        params = self._params(0, 0)
+        kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem)
+        self.cp.cuda.runtime.deviceSynchronize()
 
     def handoff(self, handle: Dict[str, Any]) -> bool:
         """Swap the hook build in for start(lean=True)'s running lean grid: launch it as a
@@ -736,6 +750,8 @@ class Megakernel:
         self.module = cp.RawModule(path=str(path))
         self.kernel = self.module.get_function("dtmk_megakernel")
         set_smem(self.kernel, self.smem)
+        if self.handoff_ok:
+            self._preload(self.kernel)
 
     # -- observer (device VM at the hook sites) ----------------------------------------
     def set_observer(self, tables_ptr: int, state) -> None:

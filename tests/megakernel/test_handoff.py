@@ -135,11 +135,12 @@ from test_tp_launcher_cpu import fake_cupy  # noqa: E402,F401  (the NumPy stand-
 
 
 @pytest.fixture()
-def mkh(fake_cupy):
+def mkh(fake_cupy, monkeypatch):
     import ctypes
     import types
     rt = fake_cupy.cuda
-    writes = []
+    writes, preloads = [], []
+    monkeypatch.setattr(gpu.Megakernel, "_preload", lambda self, k: preloads.append(k))
 
     def memcpy(dst, src, n, kind, s):
         writes.append((dst, n))
@@ -150,7 +151,7 @@ def mkh(fake_cupy):
     rt.Stream, rt.Event = _Stream, _Event
     rt.get_elapsed_time = lambda a, b: 1.5
     m = gpu.Megakernel(PRESETS["tiny"], batch=2, num_workers=4, handoff=True)
-    m.launches, m.writes = [], writes
+    m.launches, m.writes, m.preloads = [], writes, preloads
 
     def kern(tag):
         return lambda grid, block, args, shared_mem=0, stream=None: m.launches.append(
@@ -162,6 +163,12 @@ def mkh(fake_cupy):
 def test_the_two_builds_differ_only_in_hook_code(mkh):
     assert "DTMK_HANDOFF" in mkh.defines and "DTMK_NO_HOOKS" not in mkh.defines
     assert set(mkh.lean_defines) - set(mkh.defines) == {"DTMK_NO_HOOKS"}
+
+
+def test_the_hook_build_is_loaded_before_any_lean_launch(mkh):
+    """CUDA loads a module at its first launch and that load waits for running kernels:
+    the successor's first launch must not be the one during a lean run (tiny deadlocked)."""
+    assert len(mkh.preloads) == 1 and mkh.launches == []
 
 
 def test_a_lean_start_then_a_handoff_ties_both_grids_to_one_block(mkh):

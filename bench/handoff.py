@@ -6,6 +6,10 @@ Per preset (batch 1, one launch of K decode steps, device events, median of --re
 taken round-robin so drift hits all alike; tokens of every row checked against nohooks):
 
   nohooks   megakernel.cu with -DDTMK_NO_HOOKS: no hook code at all (the baseline)
+  nohooks_b the same build in a second Megakernel (its own weights and buffers): the spread
+            between instances (allocation placement), the floor under every other ratio
+  leanplain the lean build's code (-DDTMK_NO_HOOKS -DDTMK_HANDOFF) in its own Megakernel,
+            launched plainly (no handoff block): the handoff code's own cost
   off       the default hook build, nothing enabled (the off path without handoff)
   lean      Megakernel(handoff=True).start(lean=True): the lean grid (-DDTMK_NO_HOOKS
             -DDTMK_HANDOFF) as LiveSession runs a job with nothing attached; it would hand
@@ -45,7 +49,7 @@ from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 128, "1b": 48}      # per launch: long enough that launch jitter stays below 0.5%
 LONG = {"tiny": 4000, "1b": 600}
-ROWS = ("nohooks", "off", "lean", "lean2", "swap", "hook", "summary")
+ROWS = ("nohooks", "nohooks_b", "leanplain", "off", "lean", "lean2", "swap", "hook", "summary")
 
 
 def bench_preset(name: str, reps: int, log) -> dict:
@@ -53,6 +57,8 @@ def bench_preset(name: str, reps: int, log) -> dict:
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
     mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+    mk0b = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+    mkl = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_HANDOFF", "DTMK_NO_HOOKS"))
     mkd = gpu.Megakernel(cfg, batch=1, weights=w)
     mkh = gpu.Megakernel(cfg, batch=1, weights=w, handoff=True)
     live = LiveSession(mkh)                       # the summary's tables (attached for "summary" only)
@@ -68,6 +74,10 @@ def bench_preset(name: str, reps: int, log) -> dict:
         mkh.set_observer(0, None)
         if v == "nohooks":
             return timed(mk0)
+        if v == "nohooks_b":
+            return timed(mk0b)
+        if v == "leanplain":
+            return timed(mkl)
         if v == "off":
             return timed(mkd)
         if v in ("lean", "lean2"):
@@ -154,12 +164,13 @@ def main(argv=None) -> int:
             log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}  (median us/step; % of the row named)")
-    print(f"{'preset':<6} {'nohooks us':>10} {'lean/nohk':>9} {'lean2/lean':>10} {'off/nohk':>9} {'swap/lean':>9} "
-          f"{'hook/off':>8} {'sum/lean':>8} {'sum/off':>8} {'attach ms':>9} {'left':>5} tok")
+    print(f"{'preset':<6} {'nohooks us':>10} {'nohk_b/nohk':>11} {'lplain/nohk':>11} {'lean/nohk':>9} {'lean2/lean':>10} "
+          f"{'off/nohk':>9} {'swap/lean':>9} {'hook/off':>8} {'sum/lean':>8} {'sum/off':>8} {'attach ms':>9} {'left':>5} tok")
     for r in res["presets"]:
         u = r["us_per_step"]
         rel = lambda a_, b: f"{100 * (u[a_] / u[b] - 1):+.2f}%"  # noqa: E731
-        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
+        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {rel('nohooks_b', 'nohooks'):>11} {rel('leanplain', 'nohooks'):>11} "
+              f"{rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
               f"{rel('off', 'nohooks'):>9} {rel('swap', 'lean'):>9} {rel('hook', 'off'):>8} {rel('summary', 'lean'):>8} "
               f"{rel('summary', 'off'):>8} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
               f"{r['swap'].get('left', 0):>5} {all(r['tokens_equal'].values())}")

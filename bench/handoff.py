@@ -1,16 +1,17 @@
 """The off path with grid handoff, as ratios measured in one run (issue 5's first target).
 
-    python bench/handoff.py [--presets tiny,1b] [--reps 5] [--out DIR]
+    python bench/handoff.py [--presets tiny,1b] [--reps 5] [--instances 3] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin so drift hits all alike; tokens of every row checked against nohooks):
 
   nohooks   megakernel.cu with -DDTMK_NO_HOOKS: no hook code at all (the baseline)
-  nohooks_b the same build in a second Megakernel (its own weights and buffers): the spread
-            between instances (allocation placement), the floor under every other ratio
-  leanplain the lean build's code (-DDTMK_NO_HOOKS -DDTMK_HANDOFF) in its own Megakernel,
-            launched plainly (no handoff block): the handoff code's own cost
-  off       the default hook build, nothing enabled (the off path without handoff)
+  leanplain the lean build's code (-DDTMK_NO_HOOKS -DDTMK_HANDOFF) launched plainly (no
+            handoff block): the handoff code's own cost
+  default   the default hook build, nothing enabled (the off path without handoff)
+  (each of these three in --instances Megakernels with their own weights and buffers:
+  the same code runs up to ~2% apart in two instances (1b, measured 2026-12-01), so a
+  build's figure is the MEAN over its instances, printed with their range)
   lean      Megakernel(handoff=True).start(lean=True): the lean grid (-DDTMK_NO_HOOKS
             -DDTMK_HANDOFF) as LiveSession runs a job with nothing attached; it would hand
             over to the hook build at the first attach (the off path WITH handoff)
@@ -49,18 +50,18 @@ from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 128, "1b": 48}      # per launch: long enough that launch jitter stays below 0.5%
 LONG = {"tiny": 4000, "1b": 600}
-ROWS = ("nohooks", "nohooks_b", "leanplain", "off", "lean", "lean2", "swap", "hook", "summary")
+BUILDS = {"nohooks": ("DTMK_NO_HOOKS",), "leanplain": ("DTMK_HANDOFF", "DTMK_NO_HOOKS"), "default": ()}
+SINGLE = ("lean", "lean2", "swap", "hook", "summary")
 
 
-def bench_preset(name: str, reps: int, log) -> dict:
+def bench_preset(name: str, reps: int, log, instances: int = 3) -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
-    mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
-    mk0b = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
-    mkl = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_HANDOFF", "DTMK_NO_HOOKS"))
-    mkd = gpu.Megakernel(cfg, batch=1, weights=w)
     mkh = gpu.Megakernel(cfg, batch=1, weights=w, handoff=True)
+    inst = {f"{b}.{k}": gpu.Megakernel(cfg, batch=1, weights=w, defines=d)
+            for k in range(instances) for b, d in BUILDS.items()}
+    rows = tuple(inst) + SINGLE
     live = LiveSession(mkh)                       # the summary's tables (attached for "summary" only)
     mon = summary_monitor(mkh.graph.schema)
 
@@ -72,14 +73,8 @@ def bench_preset(name: str, reps: int, log) -> dict:
 
     def run(v):
         mkh.set_observer(0, None)
-        if v == "nohooks":
-            return timed(mk0)
-        if v == "nohooks_b":
-            return timed(mk0b)
-        if v == "leanplain":
-            return timed(mkl)
-        if v == "off":
-            return timed(mkd)
+        if v in inst:
+            return timed(inst[v])
         if v in ("lean", "lean2"):
             return timed(mkh, lean=True)
         if v == "swap":
@@ -92,10 +87,10 @@ def bench_preset(name: str, reps: int, log) -> dict:
             mkh.set_observer(0, None)
 
     aid = live.attach(mon.obj)                   # in the tables; only "summary" wires them
-    times = {v: [] for v in ROWS}
+    times = {v: [] for v in rows}
     toks, swaps = {}, {}
     for rep in range(reps + 1):                  # rep 0: warm-up (not timed)
-        for v in (ROWS if rep % 2 else ROWS[::-1]):   # both orders: no row always follows another
+        for v in (rows if rep % 2 else rows[::-1]):   # both orders: no row always follows another
             r, st = run(v)
             toks[v] = r.tokens
             if v == "swap":
@@ -104,10 +99,15 @@ def bench_preset(name: str, reps: int, log) -> dict:
                 times[v].append(r.elapsed_ms * 1e3 / steps)
     live.detach(aid)
     med = {v: statistics.median(t) for v, t in times.items()}
-    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med, "all_us_per_step": times,
-           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
+    for b in BUILDS:                              # a build's figure: the mean over its instances
+        ks = [med[f"{b}.{k}"] for k in range(instances)]
+        med[b] = statistics.fmean(ks)
+        med[b + "_range"] = (min(ks), max(ks))
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "instances": instances,
+           "us_per_step": med, "all_us_per_step": times,
+           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks.0"])) for v, t in toks.items()},
            "swap": swaps, "tasks": len(mkh.graph.tasks),
-           "smem": {k: m.shared_memory() for k, m in (("nohooks", mk0), ("off", mkd), ("hook", mkh))}}
+           "smem": {b: inst[f"{b}.0"].shared_memory() for b in BUILDS} | {"hook": mkh.shared_memory()}}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal", "swap")}))
     # hot attach into a lean job: one handoff per launch
     lat = []
@@ -142,6 +142,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="tiny,1b")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--instances", type=int, default=3, help="Megakernels per build for nohooks / leanplain / default")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     import cupy as cp
@@ -158,22 +159,28 @@ def main(argv=None) -> int:
     res = {"card": props["name"].decode(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
     for p in a.presets.split(","):
         try:
-            res["presets"].append(bench_preset(p, a.reps, log))
+            res["presets"].append(bench_preset(p, a.reps, log, a.instances))
         except Exception as e:  # noqa: BLE001 - keep the other preset's numbers
             import traceback
             log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}  (median us/step; % of the row named)")
-    print(f"{'preset':<6} {'nohooks us':>10} {'nohk_b/nohk':>11} {'lplain/nohk':>11} {'lean/nohk':>9} {'lean2/lean':>10} "
-          f"{'off/nohk':>9} {'swap/lean':>9} {'hook/off':>8} {'sum/lean':>8} {'sum/off':>8} {'attach ms':>9} {'left':>5} tok")
+    print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'dflt/nohk':>9} {'lean/nohk':>9} "
+          f"{'lean2/lean':>10} {'swap/lean':>9} {'hook/dflt':>9} {'sum/lean':>8} {'attach ms':>9} {'left':>5} tok")
     for r in res["presets"]:
         u = r["us_per_step"]
         rel = lambda a_, b: f"{100 * (u[a_] / u[b] - 1):+.2f}%"  # noqa: E731
-        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {rel('nohooks_b', 'nohooks'):>11} {rel('leanplain', 'nohooks'):>11} "
-              f"{rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
-              f"{rel('off', 'nohooks'):>9} {rel('swap', 'lean'):>9} {rel('hook', 'off'):>8} {rel('summary', 'lean'):>8} "
-              f"{rel('summary', 'off'):>8} {r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
+        lo, hi = u["nohooks_range"]
+        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {100 * (hi / lo - 1):>10.2f}% {rel('leanplain', 'nohooks'):>11} "
+              f"{rel('default', 'nohooks'):>9} {rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
+              f"{rel('swap', 'lean'):>9} {rel('hook', 'default'):>9} {rel('summary', 'lean'):>8} "
+              f"{r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
               f"{r['swap'].get('left', 0):>5} {all(r['tokens_equal'].values())}")
+    print("(nohooks / leanplain / dflt: means over each build's instances; per instance:)")
+    for r in res["presets"]:
+        u = r["us_per_step"]
+        print(r["preset"], "  ".join(f"{b}: " + " ".join(f"{u[f'{b}.{k}']:.1f}" for k in range(r["instances"]))
+                                     for b in BUILDS))
     return 0
 
 

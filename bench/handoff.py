@@ -146,17 +146,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     import cupy as cp
+    from benchio import card, logger
     outdir = Path(a.out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    logf = open(outdir / "handoff.log", "w")
-
-    def log(s):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
-
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    res = {"card": props["name"].decode(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
+    log = logger(outdir, "handoff.log")
+    res = {**card(cp), "presets": []}
     for p in a.presets.split(","):
         try:
             res["presets"].append(bench_preset(p, a.reps, log, a.instances))
@@ -164,7 +157,7 @@ def main(argv=None) -> int:
             import traceback
             log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
-    print(f"\n{res['card']}  {res['date']}  (median us/step; % of the row named)")
+    print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step; % of the row named)")
     print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'dflt/nohk':>9} {'lean/nohk':>9} "
           f"{'lean2/lean':>10} {'swap/lean':>9} {'hook/dflt':>9} {'sum/lean':>8} {'attach ms':>9} {'left':>5} tok")
     for r in res["presets"]:

@@ -554,18 +554,10 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     import cupy as cp
+    from benchio import card, logger
     outdir = Path(a.out)
-    outdir.mkdir(parents=True, exist_ok=True)
-    logf = open(outdir / "hooks.log", "w")
-
-    def log(s):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
-
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    res = {"card": props["name"].decode(), "sms": props["multiProcessorCount"],
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "presets": []}
+    log = logger(outdir, "hooks.log")
+    res = {**card(cp), "presets": []}
     if a.offpath:                                    # round 7: the off path only, per build
         for p in a.presets.split(","):
             try:

@@ -473,24 +473,13 @@ def main(argv=None):
         print(f"wrote {a.write_cost_table}")
         return
     import cupy as cp
+    from benchio import card, logger
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    logf = open(out / "bench.log", "a")
-
-    def log(msg):
-        print(msg, flush=True)
-        logf.write(msg + "\n")
-        logf.flush()
-
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    card = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    info = {"card": card, "sms": dev.attributes["MultiProcessorCount"],
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": os.environ.get("DTMK_COMMIT", "unknown"), "cupy": cp.__version__}
+    log = logger(out, "bench.log", "a")
+    info = {**card(cp), "cupy": cp.__version__}
     bw = copy_bandwidth(cp)
     info["copy_bw_bytes_per_s"] = bw
-    log(f"{card}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
+    log(f"{info['card']}, {info['sms']} SMs; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     if variants:
         precompile_variants(variants, log, [preset(p) for p in a.variant_presets.split(",") if p])
     results = []

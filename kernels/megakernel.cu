@@ -1896,7 +1896,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
              * written before wait_event's / run_task's final barrier */
             if (threadIdx.x == 0) {
                 if (W.observe) W.t_disp = mk_now();
+#ifdef HO_RESUME
+                /* (a resumed task's layer phantoms came with the predecessor's state) */
+                if (P.n_faults && (r[15] & 1) && i != i_first) add_phantoms(P, W, step, r[1]);
+#else
                 if (P.n_faults && (r[15] & 1)) add_phantoms(P, W, step, r[1]);
+#endif
                 if (P.prefetch) prefetch_task_weights(P, t);
             }
             int e = r[6];

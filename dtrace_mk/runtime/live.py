@@ -289,7 +289,7 @@ class LiveSession:
         if self.tiers is not None and want == "compiled":
             self.tiers.request(aid)
         self._bump(t_cmd)
-        if self.handle is not None and getattr(self.mk, "handoff_ok", False):
+        if getattr(self.mk, "handoff_ok", False) and self.running():
             self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over
         return aid
 

@@ -30,3 +30,16 @@ def card(cp) -> dict:
     return {"card": name, "sms": dev.attributes["MultiProcessorCount"],
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "commit": os.environ.get("DTMK_COMMIT", "unknown")}
+
+
+def each_preset(names, fn, log) -> list:
+    """[fn(name) for each preset name], a failing preset logged with its traceback and
+    left out: one preset's failure keeps the others' figures."""
+    import traceback
+    out = []
+    for name in names:
+        try:
+            out.append(fn(name))
+        except Exception as e:  # noqa: BLE001 - keep the other presets' numbers
+            log(f"{name}: FAILED {e!r}\n{traceback.format_exc()}")
+    return out

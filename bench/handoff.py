@@ -146,16 +146,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     import cupy as cp
-    from benchio import card, logger
+    from benchio import card, each_preset, logger
     outdir = Path(a.out)
     log = logger(outdir, "handoff.log")
-    res = {**card(cp), "presets": []}
-    for p in a.presets.split(","):
-        try:
-            res["presets"].append(bench_preset(p, a.reps, log, a.instances))
-        except Exception as e:  # noqa: BLE001 - keep the other preset's numbers
-            import traceback
-            log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+    res = {**card(cp), "presets": each_preset(a.presets.split(","),
+                                              lambda p: bench_preset(p, a.reps, log, a.instances), log)}
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step; % of the row named)")
     print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'dflt/nohk':>9} {'lean/nohk':>9} "

@@ -554,27 +554,18 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     import cupy as cp
-    from benchio import card, logger
+    from benchio import card, each_preset, logger
     outdir = Path(a.out)
     log = logger(outdir, "hooks.log")
-    res = {**card(cp), "presets": []}
+    builds = tuple(v for v in a.variants.split(",") if v)
+    presets = a.presets.split(",")
     if a.offpath:                                    # round 7: the off path only, per build
-        for p in a.presets.split(","):
-            try:
-                res["presets"].append(bench_offpath(p, a.reps, log, tuple(v for v in a.variants.split(",") if v)))
-            except Exception as e:  # keep the other preset's numbers
-                import traceback
-                log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+        res = {**card(cp), "presets": each_preset(presets, lambda p: bench_offpath(p, a.reps, log, builds), log)}
         (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
         print_offpath(res)
         return 0
-    for p in a.presets.split(","):
-        try:
-            res["presets"].append(bench_preset(p, a.reps, log, p in a.compiled_presets.split(","),
-                                               tuple(v for v in a.variants.split(",") if v)))
-        except Exception as e:  # keep the other preset's numbers
-            import traceback
-            log(f"{p}: FAILED {e!r}\n{traceback.format_exc()}")
+    res = {**card(cp), "presets": each_preset(
+        presets, lambda p: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds), log)}
     (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}")
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "

@@ -661,7 +661,7 @@ class Megakernel:
     def handoff_state(self, handle: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """After finish(): where each lean worker left ({"pushed", "claimed", "left":
         [(worker, step, plan index)], "finished": [workers], "done_at_leave": {worker:
-        tasks}, "signals_handed_on": deferred late signals the successors posted}), None
+        tasks}, "signals_handed_on": deferred late signals saved for the successors}), None
         for a launch without a lean grid."""
         ho = handle.get("handoff")
         if ho is None:

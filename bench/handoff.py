@@ -8,8 +8,10 @@ taken round-robin so drift hits all alike; tokens of every row checked against n
   nohooks   megakernel.cu with -DDTMK_NO_HOOKS: no hook code at all (the baseline)
   leanplain the lean build's code (-DDTMK_NO_HOOKS -DDTMK_HANDOFF) launched plainly (no
             handoff block): the handoff code's own cost
+  leanafter the same with -DDTMK_HO_AFTER_SYNC (the leave test behind the wait's first
+            barrier: thread 0's wait prologue is the no-hook build's PTX)
   default   the default hook build, nothing enabled (the off path without handoff)
-  (each of these three in --instances Megakernels with their own weights and buffers:
+  (each of these four in --instances Megakernels with their own weights and buffers:
   the same code runs up to ~2% apart in two instances (1b, measured 2026-12-01), so a
   build's figure is the MEAN over its instances, printed with their range)
   lean      Megakernel(handoff=True).start(lean=True): the lean grid (-DDTMK_NO_HOOKS
@@ -50,7 +52,8 @@ from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 128, "1b": 48}      # per launch: long enough that launch jitter stays below 0.5%
 LONG = {"tiny": 4000, "1b": 600}
-BUILDS = {"nohooks": ("DTMK_NO_HOOKS",), "leanplain": ("DTMK_HANDOFF", "DTMK_NO_HOOKS"), "default": ()}
+BUILDS = {"nohooks": ("DTMK_NO_HOOKS",), "leanplain": ("DTMK_HANDOFF", "DTMK_NO_HOOKS"),
+          "leanafter": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC"), "default": ()}
 SINGLE = ("lean", "lean2", "swap", "hook", "summary")
 
 
@@ -153,18 +156,20 @@ def main(argv=None) -> int:
                                               lambda p: bench_preset(p, a.reps, log, a.instances), log)}
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step; % of the row named)")
-    print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'dflt/nohk':>9} {'lean/nohk':>9} "
+    print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'lafter/nohk':>11} "
+          f"{'dflt/nohk':>9} {'lean/nohk':>9} "
           f"{'lean2/lean':>10} {'swap/lean':>9} {'hook/dflt':>9} {'sum/lean':>8} {'attach ms':>9} {'left':>5} tok")
     for r in res["presets"]:
         u = r["us_per_step"]
         rel = lambda a_, b: f"{100 * (u[a_] / u[b] - 1):+.2f}%"  # noqa: E731
         lo, hi = u["nohooks_range"]
         print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {100 * (hi / lo - 1):>10.2f}% {rel('leanplain', 'nohooks'):>11} "
+              f"{rel('leanafter', 'nohooks'):>11} "
               f"{rel('default', 'nohooks'):>9} {rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
               f"{rel('swap', 'lean'):>9} {rel('hook', 'default'):>9} {rel('summary', 'lean'):>8} "
               f"{r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
               f"{r['swap'].get('left', 0):>5} {all(r['tokens_equal'].values())}")
-    print("(nohooks / leanplain / dflt: means over each build's instances; per instance:)")
+    print("(nohooks / leanplain / leanafter / dflt: means over each build's instances; per instance:)")
     for r in res["presets"]:
         u = r["us_per_step"]
         print(r["preset"], "  ".join(f"{b}: " + " ".join(f"{u[f'{b}.{k}']:.1f}" for k in range(r["instances"]))

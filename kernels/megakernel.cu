@@ -167,6 +167,17 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define HO_FIRST_LEAVE 8   /* W.first bit: the wait is a leave (the task is not run here) */
 #if defined(DTMK_HANDOFF) && defined(DTMK_NO_HOOKS)
 #define HO_LEAVE 1
+/* Where the lean worker tests for a leave.  Default: in thread 0's wait prologue, before
+ * the first look (nothing of the task is looked at).  -DDTMK_HO_AFTER_SYNC (prepared,
+ * session 11; not measured): every thread tests W.leave right after the wait's first
+ * barrier, so thread 0's path up to it is the no-hook build's (tests/megakernel/
+ * test_handoff.py compares the PTX); the first look is then wasted on a leave, and a
+ * leave asked during the wait (a dynamic task's refresh) is taken when the wait ends. */
+#ifdef DTMK_HO_AFTER_SYNC
+#define HO_LEAVING (W.leave != 0)
+#else
+#define HO_LEAVING (W.first & HO_FIRST_LEAVE)
+#endif
 #endif
 #if defined(DTMK_HANDOFF) && !defined(DTMK_NO_HOOKS)
 #define HO_RESUME 1
@@ -1506,7 +1517,7 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
-#ifdef HO_LEAVE
+#if defined(HO_LEAVE) && !defined(DTMK_HO_AFTER_SYNC)
       /* handoff: a static task's wait is where this worker leaves (after the barrier
        * below every thread sees it; nothing of t is started or looked at) */
       if (t >= 0 && W.leave) W.first = 1 | HO_FIRST_LEAVE; else
@@ -1540,11 +1551,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
       }
     }
     MK_SYNC();
+#if defined(HO_LEAVE) && defined(DTMK_HO_AFTER_SYNC)
+    if (t >= 0 && W.leave) return;       /* W.leave: written before the barrier above */
+#endif
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
     /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
      * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
      * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
-#ifdef HO_LEAVE
+#if defined(HO_LEAVE) && !defined(DTMK_HO_AFTER_SYNC)
     if (t >= 0 && (threadIdx.x >> 5) == 1 && !(W.first & HO_FIRST_LEAVE)) ws_prestart(P, t);
 #else
     if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
@@ -1916,7 +1930,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
 #ifdef HO_LEAVE
-            if (W.first & HO_FIRST_LEAVE) {             /* uniform: read after the wait's barrier */
+            if (HO_LEAVING) {                           /* uniform: read after the wait's barrier */
                 if (threadIdx.x == 0) ho_save(P, W, step, i);
                 left = true;
                 break;

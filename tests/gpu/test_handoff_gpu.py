@@ -15,11 +15,11 @@ BATCH = 2
 _MK = {}
 
 
-def megakernel(name):
+def megakernel(name, defines=()):
     from dtrace_mk.megakernel import gpu
-    if name not in _MK:
-        _MK[name] = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, handoff=True)
-    m = _MK[name]
+    if (name, defines) not in _MK:
+        _MK[name, defines] = gpu.Megakernel(PRESETS[name], batch=BATCH, seed=0, handoff=True, defines=defines)
+    m = _MK[name, defines]
     m.reset()
     m.set_observer(0, None)
     return m
@@ -46,12 +46,16 @@ def assert_same_run(base, res):
     assert got == task_steps(base)[0], "tasks lost (or extra) across the handoff"
 
 
-@pytest.mark.parametrize("name, frac", [("tiny", 0.0), ("tiny", 0.5), ("small-moe", 0.2), ("small-moe", 0.6),
-                                         ("1b", 0.3)])
-def test_a_handoff_mid_run_changes_no_bit_and_loses_no_task(name, frac):
+AFTER_SYNC = ("DTMK_HO_AFTER_SYNC",)     # the leave test behind the wait's first barrier (session 11)
+
+
+@pytest.mark.parametrize("name, frac, defines", [("tiny", 0.0, ()), ("tiny", 0.5, ()), ("small-moe", 0.2, ()),
+                                                  ("small-moe", 0.6, ()), ("1b", 0.3, ()),
+                                                  ("small-moe", 0.2, AFTER_SYNC), ("1b", 0.3, AFTER_SYNC)])
+def test_a_handoff_mid_run_changes_no_bit_and_loses_no_task(name, frac, defines):
     """Every worker leaves once it has done `after` tasks: frac of a typical worker's
     static tasks in the run (0: at its first task)."""
-    m = megakernel(name)
+    m = megakernel(name, defines)
     steps = 4
     plan = np.diff(m.tables["plan_off"].get())
     after = int(frac * steps * np.median(plan[plan > 0]))

@@ -100,7 +100,9 @@ def test_the_naive_successor_rule_deadlocks_in_the_model():
 def ptx():
     src = (KERNEL_DIR / "megakernel.cu").read_text()
     out = {}
-    for name, defs in {"default": (), "lean": ("DTMK_NO_HOOKS", "DTMK_HANDOFF"), "hook": ("DTMK_HANDOFF",)}.items():
+    for name, defs in {"default": (), "lean": ("DTMK_NO_HOOKS", "DTMK_HANDOFF"), "hook": ("DTMK_HANDOFF",),
+                       "nohooks": ("DTMK_NO_HOOKS",),
+                       "lean_after": ("DTMK_NO_HOOKS", "DTMK_HANDOFF", "DTMK_HO_AFTER_SYNC")}.items():
         out[name] = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defs).decode()
     return out
 
@@ -112,7 +114,29 @@ def _funcs(ptx_text):
 
 def test_each_build_has_its_half_of_the_handoff(ptx):
     has = {k: {f for f in ("ho_save", "ho_push", "ho_claim") if any(f in g for g in _funcs(v))} for k, v in ptx.items()}
-    assert has == {"default": set(), "lean": {"ho_save", "ho_push"}, "hook": {"ho_claim"}}
+    assert has == {"default": set(), "lean": {"ho_save", "ho_push"}, "hook": {"ho_claim"}, "nohooks": set(),
+                   "lean_after": {"ho_save", "ho_push"}}
+
+
+def _until_first_barrier(ptx_text, func):
+    """The PTX of `func` up to its first CTA barrier, registers and labels renamed away:
+    thread 0's path to the wait's first look and the barrier behind it."""
+    m = re.search(r"^\.func[^\n]*" + func + r"[^\n]*\n(.*?)^}", ptx_text, re.M | re.S)
+    assert m, func
+    body = m.group(1)
+    body = body[:body.index("bar.sync")]
+    body = "\n".join(ln for ln in body.splitlines() if not ln.strip().startswith(".reg"))   # counts only
+    body = re.sub(r"%[a-z]+\d+", "%R", body)
+    return re.sub(r"\$L__BB\d+_\d+", "L", body)
+
+
+def test_the_after_sync_leave_keeps_thread_0s_wait_prologue_the_no_hook_builds(ptx):
+    """-DDTMK_HO_AFTER_SYNC (prepared in session 11): the lean worker's leave test moves
+    behind the wait's first barrier, so the path every dependency handoff waits on is
+    the no-hook build's, instruction for instruction; the default lean build tests there."""
+    base = _until_first_barrier(ptx["nohooks"], "wait_event")
+    assert _until_first_barrier(ptx["lean_after"], "wait_event") == base
+    assert _until_first_barrier(ptx["lean"], "wait_event") != base
 
 
 def test_handoff_constants_agree_between_kernel_and_host():

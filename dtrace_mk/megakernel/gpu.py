@@ -644,11 +644,8 @@ class Megakernel:
         if ho is None or ho["end"] is not None:
             return False
         self._launch_successor(handle)
-        cp = self.cp
         ho["word"][0] = 1                        # leave now (after >= 0 tasks)
-        cp.cuda.runtime.memcpyAsync(int(self.buf["control"].data.ptr) + 4 * CTL_HANDOFF, ho["word"].ctypes.data,
-                                    4, cp.cuda.runtime.memcpyHostToDevice, ho["side"].ptr)
-        ho["side"].synchronize()
+        self._h2d(int(self.buf["control"].data.ptr) + 4 * CTL_HANDOFF, ho["word"], 4, ho["side"])
         return True
 
     def _launch_successor(self, handle: Dict[str, Any]) -> None:
@@ -856,8 +853,6 @@ class Megakernel:
         if ho is not None and ho["end"] is not None:
             ho["stream"].synchronize()
             end = ho["end"]      # the successor ends after every lean worker left or finished
-        if ho is not None:
-            self.buf["control"][CTL_HANDOFF] = 0
         elapsed = cp.cuda.get_elapsed_time(handle["start"], end)
         res = self._collect(handle["steps"], handle["step0"], elapsed, None, handle["watchdog_ms"])
         self._barrier()
@@ -920,11 +915,13 @@ class Megakernel:
     def resident(self) -> bool:
         return self._res is not None
 
-    def _h2d(self, dst: int, src: np.ndarray, nbytes: int) -> None:
-        r = self._res
+    def _h2d(self, dst: int, src: np.ndarray, nbytes: int, side=None) -> None:
+        """Copy pinned `src` into device memory a running kernel reads, on a side stream
+        (the resident launch's by default): no kernel launch, done when it returns."""
+        side = side if side is not None else self._res["side"]
         self.cp.cuda.runtime.memcpyAsync(dst, src.ctypes.data, nbytes, self.cp.cuda.runtime.memcpyHostToDevice,
-                                         r["side"].ptr)
-        r["side"].synchronize()
+                                         side.ptr)
+        side.synchronize()
 
     def _write_gate(self, value: int) -> None:
         r = self._res

@@ -48,7 +48,7 @@ def main(argv: Sequence[str]) -> int:
         return col.returncode or 5
     lo, hi = bounds(len(ids), n, m)
     print(f"gpu_suite: part {n}/{m}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *ids[lo:hi]])
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *part(ids, n, m)])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,48 @@
+"""CI (no GPU): bench/paired.py's arithmetic (a ratio taken on the same instance cancels
+what the instance adds) and that its codes are pairable (one dynamic shared-memory layout
+for 1b and tiny, so they run on one Megakernel's params)."""
+
+import pytest
+
+from dtrace_mk.megakernel import gpu
+from dtrace_mk.megakernel.presets import PRESETS
+
+
+@pytest.fixture(scope="module")
+def paired(load_bench):
+    return load_bench("paired")
+
+
+def test_paired_ratio_cancels_the_instance(paired):
+    # instance "1" is 2% slower in every code; the code "x" costs 0.4% everywhere
+    med = {i: {"nohooks": 1000.0 * f, "x": 1004.0 * f} for i, f in (("0", 1.0), ("1", 1.02), ("w0", 1.0))}
+    s = paired.summarize(med)
+    assert s["x"]["mean_pct"] == pytest.approx(0.4)
+    assert s["x"]["min_pct"] == pytest.approx(0.4) and s["x"]["max_pct"] == pytest.approx(0.4)
+    assert s["nohooks"]["mean_pct"] == 0.0
+    # what an unpaired comparison would carry: the instances' 2%
+    assert s["x"]["spread_pct"] == pytest.approx(2.0)
+    assert s["x"]["us_mean"] == pytest.approx(1004.0 * 3.02 / 3)
+
+
+def test_paired_ratio_per_instance(paired):
+    med = {"0": {"nohooks": 100.0, "x": 101.0}, "1": {"nohooks": 200.0, "x": 199.0}}
+    s = paired.summarize(med)["x"]
+    assert s["paired_pct"] == {"0": pytest.approx(1.0), "1": pytest.approx(-0.5)}
+    assert s["mean_pct"] == pytest.approx(0.25)
+
+
+def test_rounds_alternate_order(paired):
+    pairs = [("0", "a"), ("0", "b"), ("1", "a")]
+    r = paired.rounds(pairs, 3)
+    assert len(r) == 4                        # warm-up + 3
+    assert r[0] == pairs and r[1] == pairs[::-1] and r[2] == pairs
+    assert all(sorted(x) == sorted(pairs) for x in r)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "1b"])
+def test_codes_share_one_layout(paired, preset):
+    cfg = PRESETS[preset]
+    lay = {c: gpu.smem_layout(cfg, 1, 1, gpu.megakernel_defines(cfg, 1, d)) for c, d in paired.CODES.items()}
+    assert len(set(lay.values())) == 1, lay
+    assert paired.BASE in paired.CODES and paired.CODES[paired.BASE] == ("DTMK_NO_HOOKS",)

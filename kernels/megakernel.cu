@@ -142,6 +142,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define GATE_STOP 0x80000000u
 #define CTL_HANDOFF 16     /* grid handoff (-DDTMK_HANDOFF, "grid handoff" below): h != 0 asks every
                             * worker of a leaving grid to leave once it has done >= h - 1 tasks */
+#define CTL_SM_MAP 18     /* u64 (words 18, 19), -DDTMK_SM_WORKER: device address of int32 map[smid] ->
+                            * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
+                            * across launches ("worker placement" below) */
 #define CTL_WORDS 32
 
 /* ---- grid handoff -------------------------------------------------------------------
@@ -181,6 +184,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #endif
 #if defined(DTMK_HANDOFF) && !defined(DTMK_NO_HOOKS)
 #define HO_RESUME 1
+#endif
+#if defined(DTMK_SM_WORKER) && defined(HO_RESUME)
+#error "-DDTMK_SM_WORKER: a successor grid's CTA resumes the worker it claims, not its SM's"
 #endif
 #if defined(DTMK_HANDOFF) && defined(DTMK_WS_NEXT)
 #error "-DDTMK_HANDOFF: a leave must not find a stream or record started for the next task"
@@ -1760,8 +1766,31 @@ __device__ __noinline__ void ho_claim(const MkParams &P, Worker &W) {
 #define MK_WID W.worker          /* the claimed worker, not the block */
 #define HO_FINISHED (W.rs_i == -2)
 #else
+#ifdef DTMK_SM_WORKER
+#define MK_WID W.worker          /* the worker of this block's SM */
+#else
 #define MK_WID blockIdx.x
+#endif
 #define HO_FINISHED false
+#endif
+
+#ifdef DTMK_SM_WORKER
+/* ---- worker placement (-DDTMK_SM_WORKER; measuring, session 12) ----------------------
+ * The hardware places block b on some SM, differently in each launch, and a worker's
+ * static plan follows its block: the same build ran 1b's steps in discrete levels ~1.5%
+ * apart from launch to launch (bench/paired.py, 2026-12-01).  With a map in
+ * control[CTL_SM_MAP] the worker is the one mapped to the block's SM instead, so each
+ * plan runs on the same SM in every launch.  One block per SM (shared memory) and every
+ * block resident (persistent) make the map a permutation when it covers the SMs the grid
+ * gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] = 3). */
+__device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    const dtmk_u64 map = (dtmk_u64)ctl[CTL_SM_MAP] | ((dtmk_u64)ctl[CTL_SM_MAP + 1] << 32);
+    if (!map) return;
+    const int w = ((const int *)map)[W.sm];
+    if (w < 0 || w >= (int)P.n_workers) { W.aborted = 3; atomicExch((unsigned int *)ctl + CTL_ABORT, 3u); return; }
+    W.worker = (dtmk_u32)w;
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
@@ -1786,6 +1815,10 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         ((volatile char *)dtmk_smem_pad)[0] = 0;     /* keep the padding allocated */
 #endif
     }
+#ifdef DTMK_SM_WORKER
+    MK_SYNC();                     /* P is complete */
+    if (threadIdx.x == 0) sm_worker(P, W);
+#endif
 #ifndef DTMK_NO_HOOKS
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;

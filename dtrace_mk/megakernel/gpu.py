@@ -76,6 +76,7 @@ CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = 
 CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
 CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP: end at the grant
 CTL_HANDOFF = 16               # grid handoff: h != 0 asks lean workers to leave once they did h - 1 tasks
+CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
 HO_WORDS = 16                  # grid handoff: saved words per worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -267,6 +268,30 @@ def device_arch() -> str:
     return f"sm_{cc}a" if cc == "90" else f"sm_{cc}"
 
 
+_SMID_PROBE = r"""
+extern "C" __global__ void dtmk_smid_probe(int *out) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (threadIdx.x == 0) out[blockIdx.x] = (int)sm;
+}"""
+
+
+def probe_smids(blocks: int, smem_bytes: int) -> List[int]:
+    """The %smid of each of `blocks` blocks launched together with smem_bytes of dynamic
+    shared memory each (the megakernel's: one block per SM).  Raises UserError when two
+    blocks shared an SM (then the grid is not one block per SM)."""
+    import cupy as cp
+    k = cp.RawKernel(_SMID_PROBE, "dtmk_smid_probe")
+    set_smem(k, smem_bytes)
+    out = cp.full(blocks, -1, cp.int32)
+    k((blocks,), (32,), (out,), shared_mem=smem_bytes)
+    ids = [int(x) for x in out.get()]
+    if len(set(ids)) != blocks or min(ids) < 0:
+        raise UserError(f"probe_smids: {blocks} blocks of {smem_bytes} B shared memory did not get one SM "
+                        f"each (SM ids {sorted(ids)})")
+    return ids
+
+
 # ---------------------------------------------------------------------------------
 # Tables
 # ---------------------------------------------------------------------------------
@@ -454,6 +479,7 @@ class Megakernel:
         self.lean_defines = megakernel_defines(cfg, ranks, tuple(defines) + ("DTMK_NO_HOOKS",)) if handoff else None
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)
+        self.sm_map = None           # -DDTMK_SM_WORKER: cupy int32 map[smid] -> worker (place_workers)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
         self.kernel = self.module.get_function("dtmk_megakernel")
@@ -757,6 +783,25 @@ class Megakernel:
         self.obs_tables = int(tables_ptr)
         self.obs_state = state
 
+    def place_workers(self, order: Optional[Sequence[int]] = None) -> List[int]:
+        """-DDTMK_SM_WORKER builds: run worker k's plan on SM order[k] in every launch
+        (megakernel.cu "worker placement"); order=None: the SMs in id order.  [] turns it
+        off (the block order, different per launch).  Returns the order in force."""
+        if "DTMK_SM_WORKER" not in self.defines:
+            raise UserError("Megakernel.place_workers: the build lacks -DDTMK_SM_WORKER")
+        if order is not None and not len(order):
+            self.sm_map = None
+            return []
+        ids = probe_smids(self.num_workers, self.smem)
+        order = sorted(ids) if order is None else [int(x) for x in order]
+        if sorted(order) != sorted(ids):
+            raise UserError(f"Megakernel.place_workers: order must be a permutation of the SMs the grid "
+                            f"gets ({len(ids)} ids, {min(ids)}..{max(ids)})")
+        m = np.full(max(ids) + 1, -1, np.int32)
+        m[order] = np.arange(len(order), dtype=np.int32)
+        self.sm_map = self.cp.asarray(m)
+        return order
+
     def _barrier(self) -> None:
         if self.tp:
             self.tp.barrier()
@@ -782,6 +827,9 @@ class Megakernel:
             old = self.buf["control"].get()
             ctl[CTL_GEN] = old[CTL_GEN]
             ctl[CTL_STAMP:CTL_STAMP + 2] = old[CTL_STAMP:CTL_STAMP + 2]
+        if self.sm_map is not None:
+            mp = int(self.sm_map.data.ptr)
+            ctl[CTL_SM_MAP], ctl[CTL_SM_MAP + 1] = mp & 0xFFFFFFFF, mp >> 32
         self.buf["control"].set(ctl)
         for k in ("hook_head", "trace_head", "hook_drop", "hook_tail", "steps_done"):
             self.buf[k].fill(0)
@@ -1111,7 +1159,9 @@ class Megakernel:
             if d["state"] in ("waiting", "watchdog", "stopped") and 0 <= e < len(ev):
                 d["value"] = int(ev[e])
             workers.append(d)
-        return {"rank": g.rank, "reason": {1: "host abort", 2: "watchdog"}.get(reason, f"abort {reason}"),
+        return {"rank": g.rank, "reason": {1: "host abort", 2: "watchdog",
+                                                3: "worker placement: a block ran on an SM the map leaves out"
+                                                }.get(reason, f"abort {reason}"),
                 "worker": worker if worker != 0xFFFFFFFF else None, "timeout_ms": timeout_ms,
                 "workers": workers, "events": {g.events[i].name: int(v) for i, v in enumerate(ev)}}
 

@@ -1,0 +1,136 @@
+"""Worker placement: does the SM a plan runs on set the decode step's speed?
+
+    python bench/placement.py [--presets 1b,tiny] [--reps 8] [--out DIR]
+
+bench/paired.py (2026-12-01) found one build's launches running 1b's step in discrete
+levels ~1.5% apart (1121 / 1139 / 1157 us), on the same memory and code: the hardware puts
+block b (worker b's static plan) on a different SM in each launch.  Builds with
+-DDTMK_SM_WORKER take the worker from a map smid -> worker (Megakernel.place_workers), so
+a plan runs on the same SM in every launch.  One Megakernel, its kernel switched between
+codes (same memory; bench/paired.py):
+
+  maps (code nohooks_sm = -DDTMK_NO_HOOKS -DDTMK_SM_WORKER):
+    block    no map: block order, as every build before (placement differs per launch)
+    sorted   worker k on the k-th SM id          rev      reversed
+    rot      sorted, rotated by W/3              shuf1 / shuf2  random permutations
+  codes under the maps sorted and shuf1 (the off path with placement fixed):
+    leanplain_sm  -DDTMK_HANDOFF -DDTMK_NO_HOOKS -DDTMK_SM_WORKER
+    leanafter_sm  + -DDTMK_HO_AFTER_SYNC
+    default_sm    the hook build (-DDTMK_SM_WORKER), nothing enabled
+
+Per (map, code): every launch's us/step (one launch of K steps, device events), rounds
+with the order reversed every other one, the first a warm-up; tokens checked equal.
+Reading: if a fixed map's launches agree within a few tenths of a percent while "block"
+spreads, placement is the launch-to-launch spread; the maps' medians then say how much
+placement alone is worth.  Writes DIR/placement.json; a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STEPS = {"tiny": 128, "1b": 48}
+SMW = "DTMK_SM_WORKER"
+CODES = {"nohooks_sm": ("DTMK_NO_HOOKS", SMW), "leanplain_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", SMW),
+         "leanafter_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC", SMW), "default_sm": (SMW,)}
+MAPS = ("block", "sorted", "rev", "rot", "shuf1", "shuf2")
+CODE_MAPS = ("sorted", "shuf1")      # where every code runs (paired with nohooks_sm there)
+
+
+def orders(smids, maps=MAPS):
+    """map name -> worker order (list of SM ids; None = no map)."""
+    s = sorted(smids)
+    n = len(s)
+    out = {"block": None, "sorted": s, "rev": s[::-1], "rot": s[n // 3:] + s[:n // 3]}
+    for k in (1, 2):
+        out[f"shuf{k}"] = [s[i] for i in np.random.default_rng(k).permutation(n)]
+    return {m: out[m] for m in maps}
+
+
+def pairs():
+    return [(m, "nohooks_sm") for m in MAPS] + [(m, c) for m in CODE_MAPS for c in CODES if c != "nohooks_sm"]
+
+
+def stats(t):
+    return {"median": statistics.median(t), "min": min(t), "max": max(t),
+            "spread_pct": 100.0 * (max(t) / min(t) - 1.0)}
+
+
+def bench_preset(name: str, reps: int, log) -> dict:
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    from paired import rounds
+    cfg = PRESETS[name]
+    steps = STEPS.get(name, 16)
+    m = gpu.Megakernel(cfg, batch=1, defines=CODES["nohooks_sm"])
+    kern = {}
+    for c, d in CODES.items():
+        defs = gpu.megakernel_defines(cfg, 1, d)
+        assert gpu.smem_layout(m.lcfg, 1, 1, defs) == (m.xs_off, m.xs_cap, m.smem), c
+        kern[c] = gpu.load_module(m.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
+        gpu.set_smem(kern[c], m.smem)
+    smids = gpu.probe_smids(m.num_workers, m.smem)
+    ords = orders(smids)
+    log(json.dumps({"preset": name, "workers": m.num_workers, "smids": sorted(smids)}))
+
+    def timed(mp, c):
+        if ords[mp] is None:
+            m.place_workers([])
+        else:
+            m.place_workers(ords[mp])
+        m.kernel = kern[c]
+        m.reset()
+        return m.finish(m.start(steps, poison=False))
+
+    ps = pairs()
+    times = {p: [] for p in ps}
+    toks = {}
+    for r, order in enumerate(rounds(ps, reps)):
+        for p in order:
+            res = timed(*p)
+            toks[p] = res.tokens
+            if r:
+                times[p].append(res.elapsed_ms * 1e3 / steps)
+    ref = toks[ps[0]]
+    st = {f"{mp}/{c}": stats(t) for (mp, c), t in times.items()}
+    paired = {f"{mp}/{c}": 100.0 * (st[f"{mp}/{c}"]["median"] / st[f"{mp}/nohooks_sm"]["median"] - 1.0)
+              for mp in CODE_MAPS for c in CODES}
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "stats": st, "paired_pct": paired,
+           "all_us_per_step": {f"{mp}/{c}": t for (mp, c), t in times.items()},
+           "tokens_equal": all(np.array_equal(t, ref) for t in toks.values())}
+    log(json.dumps({k: out[k] for k in ("preset", "stats", "paired_pct", "tokens_equal")}))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="1b,tiny")
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    import cupy as cp
+    from benchio import card, each_preset, logger
+    log = logger(Path(a.out), "placement.log")
+    res = {**card(cp), "presets": each_preset(a.presets.split(","), lambda p: bench_preset(p, a.reps, log), log)}
+    (Path(a.out) / "placement.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"\n{res['card']}  {res['date']}  {res['commit']}  (us/step over --reps launches; paired % vs nohooks_sm, same map)")
+    for r in res["presets"]:
+        print(f"{r['preset']}  tokens equal: {r['tokens_equal']}")
+        print(f"{'map/code':<20} {'median':>8} {'min':>8} {'max':>8} {'spread':>7} {'paired':>8}")
+        for k, s in r["stats"].items():
+            pp = r["paired_pct"].get(k)
+            print(f"{k:<20} {s['median']:>8.1f} {s['min']:>8.1f} {s['max']:>8.1f} {s['spread_pct']:>6.2f}% "
+                  + (f"{pp:>+7.2f}%" if pp is not None else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""CI (no GPU): worker placement (-DDTMK_SM_WORKER, megakernel.cu "worker placement"):
+the control word shared by kernel and host, the hook build that resumes claimed workers
+refusing it, Megakernel.place_workers' map (host side, NumPy stand-in for CuPy) and
+bench/placement.py's worker orders."""
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from dtrace_mk.errors import UserError
+from dtrace_mk.kernels import KERNEL_DIR
+from dtrace_mk.kernels.build import nvrtc_compile
+from dtrace_mk.megakernel import gpu
+from dtrace_mk.megakernel.presets import PRESETS
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from test_tp_launcher_cpu import fake_cupy  # noqa: E402,F401  (the NumPy stand-in)
+
+
+def test_sm_map_word_agrees_between_kernel_and_host():
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    assert int(re.search(r"#define CTL_SM_MAP (\d+)", src).group(1)) == gpu.CTL_SM_MAP
+    used = {gpu.CTL_GATE, gpu.CTL_HANDOFF, gpu.CTL_STAMP, gpu.CTL_STAMP + 1, gpu.CTL_OBS, gpu.CTL_OBS + 1}
+    assert gpu.CTL_SM_MAP + 1 < gpu.CTL_WORDS and not {gpu.CTL_SM_MAP, gpu.CTL_SM_MAP + 1} & used
+
+
+def test_a_resuming_hook_build_refuses_sm_placement():
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    with pytest.raises(Exception, match="DTMK_SM_WORKER"):
+        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_HANDOFF", "DTMK_SM_WORKER"))
+
+
+@pytest.fixture()
+def mk(fake_cupy, monkeypatch):
+    monkeypatch.setattr(gpu, "probe_smids", lambda blocks, smem: [7, 0, 3, 5][:blocks])
+    return gpu.Megakernel(PRESETS["tiny"], batch=1, num_workers=4, defines=("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
+
+
+def _ctl_map(m):
+    m._prepare(None, False, None, 2000, 16)
+    c = np.asarray(m.buf["control"]).astype(np.uint64)
+    return int(c[gpu.CTL_SM_MAP]) | (int(c[gpu.CTL_SM_MAP + 1]) << 32)
+
+
+def test_place_workers_maps_each_sm_to_its_worker(mk):
+    assert _ctl_map(mk) == 0                           # no map: block order
+    assert mk.place_workers() == [0, 3, 5, 7]          # default: SMs in id order
+    assert list(mk.sm_map) == [0, -1, -1, 1, -1, 2, -1, 3]
+    assert _ctl_map(mk) == int(mk.sm_map.data.ptr)
+    mk.place_workers([5, 7, 0, 3])                      # worker 0 on SM 5, ...
+    assert list(mk.sm_map) == [2, -1, -1, 3, -1, 0, -1, 1]
+    assert mk.place_workers([]) == [] and mk.sm_map is None and _ctl_map(mk) == 0
+
+
+def test_place_workers_refuses_what_is_not_a_permutation_of_the_sms(mk):
+    with pytest.raises(UserError, match="permutation of the SMs"):
+        mk.place_workers([0, 3, 5, 6])
+    with pytest.raises(UserError, match="permutation of the SMs"):
+        mk.place_workers([0, 3, 5, 5])
+
+
+def test_place_workers_needs_the_build(fake_cupy):
+    m = gpu.Megakernel(PRESETS["tiny"], batch=1, num_workers=4, defines=("DTMK_NO_HOOKS",))
+    with pytest.raises(UserError, match="lacks -DDTMK_SM_WORKER"):
+        m.place_workers()
+
+
+def test_bench_orders_are_permutations(load_bench):
+    pl = load_bench("placement")
+    sm = [9, 2, 4, 1, 0, 6]
+    o = pl.orders(sm)
+    assert o["block"] is None
+    for name, order in o.items():
+        if order is not None:
+            assert sorted(order) == sorted(sm), name
+    assert o["sorted"] == [0, 1, 2, 4, 6, 9] and o["rev"] == o["sorted"][::-1]
+    assert o["rot"] == [2, 4, 6, 9, 0, 1] and o["shuf1"] != o["shuf2"]
+    assert len(pl.pairs()) == len(set(pl.pairs()))

@@ -9,11 +9,14 @@ block b (worker b's static plan) on a different SM in each launch.  Builds with
 a plan runs on the same SM in every launch.  One Megakernel, its kernel switched between
 codes (same memory; bench/paired.py):
 
+  search: --search launches in block order, each recording where the hardware put every
+    worker (Megakernel.record_placement); their fastest, median and slowest placements
+    become the maps hw_best, hw_median, hw_worst
   maps (code nohooks_sm = -DDTMK_NO_HOOKS -DDTMK_SM_WORKER):
     block    no map: block order, as every build before (placement differs per launch)
     sorted   worker k on the k-th SM id          rev      reversed
-    rot      sorted, rotated by W/3              shuf1 / shuf2  random permutations
-  codes under the maps sorted and shuf1 (the off path with placement fixed):
+    shuf1    a random permutation                hw_*     found by the search
+  codes under the maps hw_best and sorted (the off path with placement fixed):
     leanplain_sm  -DDTMK_HANDOFF -DDTMK_NO_HOOKS -DDTMK_SM_WORKER
     leanafter_sm  + -DDTMK_HO_AFTER_SYNC
     default_sm    the hook build (-DDTMK_SM_WORKER), nothing enabled
@@ -41,18 +44,22 @@ STEPS = {"tiny": 128, "1b": 48}
 SMW = "DTMK_SM_WORKER"
 CODES = {"nohooks_sm": ("DTMK_NO_HOOKS", SMW), "leanplain_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", SMW),
          "leanafter_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC", SMW), "default_sm": (SMW,)}
-MAPS = ("block", "sorted", "rev", "rot", "shuf1", "shuf2")
-CODE_MAPS = ("sorted", "shuf1")      # where every code runs (paired with nohooks_sm there)
+MAPS = ("block", "sorted", "rev", "shuf1", "hw_best", "hw_median", "hw_worst")
+CODE_MAPS = ("hw_best", "sorted")    # where every code runs (paired with nohooks_sm there)
 
 
-def orders(smids, maps=MAPS):
-    """map name -> worker order (list of SM ids; None = no map)."""
+def orders(smids, found=None):
+    """map name -> worker order (list of SM ids; None = no map).  found: [(us, order)] of
+    the search's block-order launches -> hw_best / hw_median / hw_worst."""
     s = sorted(smids)
     n = len(s)
     out = {"block": None, "sorted": s, "rev": s[::-1], "rot": s[n // 3:] + s[:n // 3]}
     for k in (1, 2):
         out[f"shuf{k}"] = [s[i] for i in np.random.default_rng(k).permutation(n)]
-    return {m: out[m] for m in maps}
+    if found:
+        by = sorted(found, key=lambda x: x[0])
+        out.update(hw_best=by[0][1], hw_median=by[len(by) // 2][1], hw_worst=by[-1][1])
+    return {m: out[m] for m in MAPS if m in out}
 
 
 def pairs():
@@ -64,7 +71,7 @@ def stats(t):
             "spread_pct": 100.0 * (max(t) / min(t) - 1.0)}
 
 
-def bench_preset(name: str, reps: int, log) -> dict:
+def bench_preset(name: str, reps: int, log, search: int = 24) -> dict:
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from paired import rounds
@@ -78,8 +85,19 @@ def bench_preset(name: str, reps: int, log) -> dict:
         kern[c] = gpu.load_module(m.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
         gpu.set_smem(kern[c], m.smem)
     smids = gpu.probe_smids(m.num_workers, m.smem)
-    ords = orders(smids)
     log(json.dumps({"preset": name, "workers": m.num_workers, "smids": sorted(smids)}))
+    m.kernel = kern["nohooks_sm"]
+    m.record_placement()
+    found = []
+    for k in range(search + 1):              # launch 0: warm-up
+        m.reset()
+        res = m.finish(m.start(steps, poison=False))
+        pl = m.placement()
+        if k and sorted(pl) == sorted(smids):
+            found.append((res.elapsed_ms * 1e3 / steps, pl))
+    m.place_workers([])
+    ords = orders(smids, found)
+    log(json.dumps({"preset": name, "search_us_per_step": sorted(round(u, 1) for u, _ in found)}))
 
     def timed(mp, c):
         if ords[mp] is None:
@@ -104,6 +122,7 @@ def bench_preset(name: str, reps: int, log) -> dict:
     paired = {f"{mp}/{c}": 100.0 * (st[f"{mp}/{c}"]["median"] / st[f"{mp}/nohooks_sm"]["median"] - 1.0)
               for mp in CODE_MAPS for c in CODES}
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "stats": st, "paired_pct": paired,
+           "search_us_per_step": [u for u, _ in found], "orders": ords,
            "all_us_per_step": {f"{mp}/{c}": t for (mp, c), t in times.items()},
            "tokens_equal": all(np.array_equal(t, ref) for t in toks.values())}
     log(json.dumps({k: out[k] for k in ("preset", "stats", "paired_pct", "tokens_equal")}))
@@ -114,12 +133,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="1b,tiny")
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--search", type=int, default=24, help="block-order launches whose placements are recorded")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     import cupy as cp
     from benchio import card, each_preset, logger
     log = logger(Path(a.out), "placement.log")
-    res = {**card(cp), "presets": each_preset(a.presets.split(","), lambda p: bench_preset(p, a.reps, log), log)}
+    res = {**card(cp), "presets": each_preset(a.presets.split(","), lambda p: bench_preset(p, a.reps, log, a.search), log)}
     (Path(a.out) / "placement.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (us/step over --reps launches; paired % vs nohooks_sm, same map)")
     for r in res["presets"]:

@@ -144,7 +144,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * worker of a leaving grid to leave once it has done >= h - 1 tasks */
 #define CTL_SM_MAP 18     /* u64 (words 18, 19), -DDTMK_SM_WORKER: device address of int32 map[smid] ->
                             * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
-                            * across launches ("worker placement" below) */
+                            * across launches; bit 0 set: int32 out[block] <- its SM ("worker
+                            * placement" below) */
 #define CTL_WORDS 32
 
 /* ---- grid handoff -------------------------------------------------------------------
@@ -1780,13 +1781,15 @@ __device__ __noinline__ void ho_claim(const MkParams &P, Worker &W) {
  * static plan follows its block: the same build ran 1b's steps in discrete levels ~1.5%
  * apart from launch to launch (bench/paired.py, 2026-12-01).  With a map in
  * control[CTL_SM_MAP] the worker is the one mapped to the block's SM instead, so each
- * plan runs on the same SM in every launch.  One block per SM (shared memory) and every
+ * plan runs on the same SM in every launch (an address with bit 0 set instead records
+ * each block's SM there: the hardware's placement, to find a fast one).  One block per SM (shared memory) and every
  * block resident (persistent) make the map a permutation when it covers the SMs the grid
  * gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] = 3). */
 __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     const dtmk_u64 map = (dtmk_u64)ctl[CTL_SM_MAP] | ((dtmk_u64)ctl[CTL_SM_MAP + 1] << 32);
     if (!map) return;
+    if (map & 1) { ((int *)(map - 1))[blockIdx.x] = (int)W.sm; return; }   /* record the block order's placement */
     const int w = ((const int *)map)[W.sm];
     if (w < 0 || w >= (int)P.n_workers) { W.aborted = 3; atomicExch((unsigned int *)ctl + CTL_ABORT, 3u); return; }
     W.worker = (dtmk_u32)w;

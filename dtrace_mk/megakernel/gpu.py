@@ -480,6 +480,7 @@ class Megakernel:
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)
         self.sm_map = None           # -DDTMK_SM_WORKER: cupy int32 map[smid] -> worker (place_workers)
+        self._sm_rec = None          # -DDTMK_SM_WORKER: cupy int32 [W], each worker's SM (record_placement)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
         self.kernel = self.module.get_function("dtmk_megakernel")
@@ -789,6 +790,7 @@ class Megakernel:
         off (the block order, different per launch).  Returns the order in force."""
         if "DTMK_SM_WORKER" not in self.defines:
             raise UserError("Megakernel.place_workers: the build lacks -DDTMK_SM_WORKER")
+        self._sm_rec = None
         if order is not None and not len(order):
             self.sm_map = None
             return []
@@ -801,6 +803,21 @@ class Megakernel:
         m[order] = np.arange(len(order), dtype=np.int32)
         self.sm_map = self.cp.asarray(m)
         return order
+
+    def record_placement(self) -> None:
+        """-DDTMK_SM_WORKER builds: from the next launch on, run in the block order (no
+        map) and record the SM each worker ran on; placement() reads the last launch's."""
+        if "DTMK_SM_WORKER" not in self.defines:
+            raise UserError("Megakernel.record_placement: the build lacks -DDTMK_SM_WORKER")
+        self.sm_map = None
+        self._sm_rec = self.cp.full(self.num_workers, -1, self.cp.int32)
+
+    def placement(self) -> List[int]:
+        """The SM of each worker in the last launch since record_placement() (an order for
+        place_workers); -1 for a worker whose block did not start."""
+        if self._sm_rec is None:
+            raise UserError("Megakernel.placement: call record_placement() before the launch")
+        return [int(x) for x in self.cp.asnumpy(self._sm_rec)]
 
     def _barrier(self) -> None:
         if self.tp:
@@ -827,9 +844,9 @@ class Megakernel:
             old = self.buf["control"].get()
             ctl[CTL_GEN] = old[CTL_GEN]
             ctl[CTL_STAMP:CTL_STAMP + 2] = old[CTL_STAMP:CTL_STAMP + 2]
-        if self.sm_map is not None:
-            mp = int(self.sm_map.data.ptr)
-            ctl[CTL_SM_MAP], ctl[CTL_SM_MAP + 1] = mp & 0xFFFFFFFF, mp >> 32
+        mp = (int(self.sm_map.data.ptr) if self.sm_map is not None
+              else int(self._sm_rec.data.ptr) | 1 if self._sm_rec is not None else 0)
+        ctl[CTL_SM_MAP], ctl[CTL_SM_MAP + 1] = mp & 0xFFFFFFFF, mp >> 32
         self.buf["control"].set(ctl)
         for k in ("hook_head", "trace_head", "hook_drop", "hook_tail", "steps_done"):
             self.buf[k].fill(0)

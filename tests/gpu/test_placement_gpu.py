@@ -49,3 +49,20 @@ def test_a_map_without_an_sm_of_the_grid_stops_the_launch(mks):
     assert int(m.buf["control"][gpu.CTL_ABORT]) == 3
     assert res.watchdog is not None and res.watchdog["reason"].startswith("worker placement")
     m.place_workers([])
+
+
+def test_a_recorded_placement_is_where_each_worker_ran_and_pins_as_it_ran(mks):
+    m, _ = mks
+    sms = sorted(m.place_workers())
+    m.record_placement()
+    m.reset()
+    res = m.run(3, trace=True)
+    pl = m.placement()
+    assert sorted(pl) == sms                                   # one worker per SM of the grid
+    assert np.array_equal(res.trace["sm"], np.asarray(pl)[res.trace["worker"]])
+    m.place_workers(pl)
+    for _ in range(2):
+        m.reset()
+        res = m.run(3, trace=True)
+        assert np.array_equal(res.trace["sm"], np.asarray(pl)[res.trace["worker"]])
+    m.place_workers([])

@@ -75,5 +75,22 @@ def test_bench_orders_are_permutations(load_bench):
         if order is not None:
             assert sorted(order) == sorted(sm), name
     assert o["sorted"] == [0, 1, 2, 4, 6, 9] and o["rev"] == o["sorted"][::-1]
-    assert o["rot"] == [2, 4, 6, 9, 0, 1] and o["shuf1"] != o["shuf2"]
-    assert len(pl.pairs()) == len(set(pl.pairs()))
+    assert "hw_best" not in o
+    found = [(3.0, [1, 2, 4, 9, 0, 6]), (1.0, [0, 1, 2, 4, 6, 9]), (2.0, [9, 6, 4, 2, 1, 0])]
+    o = pl.orders(sm, found)
+    assert (o["hw_best"], o["hw_median"], o["hw_worst"]) == (found[1][1], found[2][1], found[0][1])
+    assert len(pl.pairs()) == len(set(pl.pairs())) and set(pl.CODE_MAPS) <= set(pl.MAPS)
+
+
+def test_record_placement_asks_the_kernel_to_record(mk, monkeypatch):
+    with pytest.raises(UserError, match="record_placement"):
+        mk.placement()
+    mk.place_workers()
+    mk.record_placement()
+    assert mk.sm_map is None
+    assert _ctl_map(mk) == int(mk._sm_rec.data.ptr) | 1       # bit 0: record, keep the block order
+    monkeypatch.setattr(mk.cp, "asnumpy", np.asarray, raising=False)
+    mk._sm_rec[:] = [5, 0, 7, 3]
+    assert mk.placement() == [5, 0, 7, 3]
+    mk.place_workers(mk.placement())                           # a recorded placement pins as it ran
+    assert list(mk.sm_map) == [1, -1, -1, 3, -1, 0, -1, 2] and mk._sm_rec is None

@@ -1,28 +1,30 @@
-"""The off path with grid handoff, as ratios measured in one run (issue 5's first target).
+"""The off path with grid handoff, as PAIRED ratios measured in one run (issue 5's first target).
 
-    python bench/handoff.py [--presets tiny,1b] [--reps 5] [--instances 3] [--out DIR]
+    python bench/handoff.py [--presets tiny,1b] [--reps 7] [--instances 3] [--placement sorted|search]
+                            [--out DIR]
 
-Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
-taken round-robin so drift hits all alike; tokens of every row checked against nohooks):
+Each instance is one Megakernel(handoff=True) (its own weights and buffers); every row of
+an instance runs on that instance's memory (kernels switched, as bench/paired.py: two
+instances of one build differed by up to 1.6%, and one build's launches by 1.5% with the
+hardware's block placement, bench/placement.py), and a row's figure is the mean over
+instances of its ratio on the same instance.  Batch 1, one launch of K decode steps,
+device events, median of --reps runs, rounds in alternating order; tokens checked.
 
-  nohooks   megakernel.cu with -DDTMK_NO_HOOKS: no hook code at all (the baseline)
-  leanplain the lean build's code (-DDTMK_NO_HOOKS -DDTMK_HANDOFF) launched plainly (no
-            handoff block): the handoff code's own cost
-  leanafter the same with -DDTMK_HO_AFTER_SYNC (the leave test behind the wait's first
-            barrier: thread 0's wait prologue is the no-hook build's PTX)
-  default   the default hook build, nothing enabled (the off path without handoff)
-  (each of these four in --instances Megakernels with their own weights and buffers:
-  the same code runs up to ~2% apart in two instances (1b, measured 2026-12-01), so a
-  build's figure is the MEAN over its instances, printed with their range)
-  lean      Megakernel(handoff=True).start(lean=True): the lean grid (-DDTMK_NO_HOOKS
-            -DDTMK_HANDOFF) as LiveSession runs a job with nothing attached; it would hand
-            over to the hook build at the first attach (the off path WITH handoff)
+  nohooks   -DDTMK_NO_HOOKS, launched plainly: no hook code, the hardware's placement
+  lean      start(lean=True): the lean grid as LiveSession runs a job with nothing
+            attached (the no-hook build with placement; the first attach hands over)
   lean2     the same again (lean2 / lean: the noise floor of this run)
-  swap      lean, handed to the hook build by every worker after its 8th task (the cost of
-            a run that swaps: one extra grid launch, each worker's leave and resume)
-  hook      the handoff hook build (-DDTMK_HANDOFF) alone, nothing attached
+  leancode  the lean grid's kernel launched plainly (no successor preloaded, no handoff)
+  default   the default hook build, nothing enabled, hardware placement (the off path
+            WITHOUT handoff)
+  hook      the handoff hook build (-DDTMK_HANDOFF -DDTMK_SM_WORKER) alone, nothing
+            attached, workers placed as the lean grid's: hook / lean is the hook build's
+            off cost at equal placement
+  swap      lean, handed to the hook build once a worker has done 8 tasks
   summary   the summary monitor attached in the hot tier before the launch (the hook build
             runs; what a user pays while monitoring, printed against lean)
+--placement: sorted (the SMs in id order) or search (the fastest of 16 block-order
+launches of the lean code, recorded: Megakernel.record_placement).
 
 then the hot attach latency INTO A LEAN JOB: LiveSession starts the lean grid, the summary
 is attached mid-run (the hook grid is launched and every worker moves over), from the
@@ -52,66 +54,100 @@ from dtrace_mk.runtime.live import LiveSession, summary_monitor  # noqa: E402
 
 STEPS = {"tiny": 128, "1b": 48}      # per launch: long enough that launch jitter stays below 0.5%
 LONG = {"tiny": 4000, "1b": 600}
-BUILDS = {"nohooks": ("DTMK_NO_HOOKS",), "leanplain": ("DTMK_HANDOFF", "DTMK_NO_HOOKS"),
-          "leanafter": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC"), "default": ()}
-SINGLE = ("lean", "lean2", "swap", "hook", "summary")
+CODES = {"nohooks": ("DTMK_NO_HOOKS",), "default": ()}       # launched plainly on the instance's memory
+ROWS = ("nohooks", "lean", "lean2", "leancode", "default", "hook", "swap", "summary")
+RATIOS = (("lean", "nohooks"), ("lean2", "lean"), ("leancode", "lean"), ("default", "nohooks"), ("hook", "lean"),
+          ("swap", "lean"), ("summary", "lean"))
 
 
-def bench_preset(name: str, reps: int, log, instances: int = 3) -> dict:
+def paired_ratios(med: dict) -> dict:
+    """med[instance][row] -> {"a/b": {"mean_pct", "min_pct", "max_pct"}} over RATIOS, each
+    taken on one instance, then averaged over instances."""
+    out = {}
+    for a_, b_ in RATIOS:
+        per = [100.0 * (m[a_] / m[b_] - 1.0) for m in med.values()]
+        out[f"{a_}/{b_}"] = {"mean_pct": statistics.fmean(per), "min_pct": min(per), "max_pct": max(per)}
+    return out
+
+
+def search_order(cfg, steps: int, w, n: int = 16):
+    """The fastest of n block-order launches of the lean code, as a worker order."""
+    m = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
+    m.record_placement()
+    best = None
+    for k in range(n + 1):                 # launch 0: warm-up
+        m.reset()
+        r = m.finish(m.start(steps, poison=False))
+        pl = m.placement()
+        us = r.elapsed_ms * 1e3 / steps
+        if k and min(pl) >= 0 and (best is None or us < best[0]):
+            best = (us, pl)
+    return best[1]
+
+
+def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str = "sorted") -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
-    mkh = gpu.Megakernel(cfg, batch=1, weights=w, handoff=True)
-    inst = {f"{b}.{k}": gpu.Megakernel(cfg, batch=1, weights=w, defines=d)
-            for k in range(instances) for b, d in BUILDS.items()}
-    rows = tuple(inst) + SINGLE
-    live = LiveSession(mkh)                       # the summary's tables (attached for "summary" only)
-    mon = summary_monitor(mkh.graph.schema)
+    inst = [gpu.Megakernel(cfg, batch=1, weights=w, handoff=True) for _ in range(instances)]
+    m0 = inst[0]
+    order = search_order(cfg, steps, w) if placement == "search" else None
+    used = [m.place_workers(order) for m in inst][0]
+    kern = {}
+    for c, d in CODES.items():
+        defs = gpu.megakernel_defines(cfg, 1, d)
+        assert gpu.smem_layout(m0.lcfg, 1, 1, defs) == (m0.xs_off, m0.xs_cap, m0.smem), c
+        kern[c] = gpu.load_module(m0.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
+        gpu.set_smem(kern[c], m0.smem)
+    lives = [LiveSession(m) for m in inst]        # the summary's tables (attached for "summary" only)
+    mon = summary_monitor(m0.graph.schema)
 
-    def timed(m, **kw):
-        m.reset()
-        h = m.start(steps, poison=False, **kw)
-        r = m.finish(h)
-        return r, m.handoff_state(h)
-
-    def run(v):
-        mkh.set_observer(0, None)
-        if v in inst:
-            return timed(inst[v])
-        if v in ("lean", "lean2"):
-            return timed(mkh, lean=True)
-        if v == "swap":
-            return timed(mkh, handoff_after=8)
-        if v == "summary":
-            mkh.set_observer(int(live.rt.tables.data.ptr), live.state)
+    def run(k, v):
+        m, live = inst[k], lives[k]
+        hook = m.kernel
+        m.set_observer(0, None)
+        kw = {}
+        if v in kern:
+            m.kernel = kern[v]
+        elif v == "leancode":
+            m.kernel = m.lean_kernel
+        elif v in ("lean", "lean2"):
+            kw = {"lean": True}
+        elif v == "swap":
+            kw = {"handoff_after": 8}
+        elif v == "summary":
+            m.set_observer(int(live.rt.tables.data.ptr), live.state)
         try:
-            return timed(mkh)
+            m.reset()
+            h = m.start(steps, poison=False, **kw)
+            return m.finish(h), m.handoff_state(h)
         finally:
-            mkh.set_observer(0, None)
+            m.kernel = hook
+            m.set_observer(0, None)
 
-    aid = live.attach(mon.obj)                   # in the tables; only "summary" wires them
-    times = {v: [] for v in rows}
+    aids = [live.attach(mon.obj) for live in lives]   # in the tables; only "summary" wires them
+    pairs = [(k, v) for k in range(instances) for v in ROWS]
+    times = {p: [] for p in pairs}
     toks, swaps = {}, {}
     for rep in range(reps + 1):                  # rep 0: warm-up (not timed)
-        for v in (rows if rep % 2 else rows[::-1]):   # both orders: no row always follows another
-            r, st = run(v)
-            toks[v] = r.tokens
-            if v == "swap":
-                swaps = {"left": len(st["left"]), "claimed": st["claimed"]}
+        for p in (pairs if rep % 2 else pairs[::-1]):
+            r, st = run(*p)
+            toks[p] = r.tokens
+            if p[1] == "swap":
+                swaps = {"left": len(st["left"]), "resumed": st["resumed"]}
             if rep:
-                times[v].append(r.elapsed_ms * 1e3 / steps)
-    live.detach(aid)
-    med = {v: statistics.median(t) for v, t in times.items()}
-    for b in BUILDS:                              # a build's figure: the mean over its instances
-        ks = [med[f"{b}.{k}"] for k in range(instances)]
-        med[b] = statistics.fmean(ks)
-        med[b + "_range"] = (min(ks), max(ks))
+                times[p].append(r.elapsed_ms * 1e3 / steps)
+    for live, aid in zip(lives, aids):
+        live.detach(aid)
+    med = {str(k): {v: statistics.median(times[(k, v)]) for v in ROWS} for k in range(instances)}
+    live, mkh = lives[0], m0
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "instances": instances,
-           "us_per_step": med, "all_us_per_step": times,
-           "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks.0"])) for v, t in toks.items()},
-           "swap": swaps, "tasks": len(mkh.graph.tasks),
-           "smem": {b: inst[f"{b}.0"].shared_memory() for b in BUILDS} | {"hook": mkh.shared_memory()}}
-    log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal", "swap")}))
+           "placement": placement, "order": used,
+           "us_per_step": med, "ratios": paired_ratios(med),
+           "all_us_per_step": {f"{k}/{v}": t for (k, v), t in times.items()},
+           "tokens_equal": all(np.array_equal(t, toks[pairs[0]]) for t in toks.values()),
+           "swap": swaps, "tasks": len(m0.graph.tasks), "smem": {"hook": m0.shared_memory()}}
+    log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratios", "tokens_equal", "swap")}))
     # hot attach into a lean job: one handoff per launch
     lat = []
     for rep in range(reps):
@@ -130,7 +166,7 @@ def bench_preset(name: str, reps: int, log, instances: int = 3) -> dict:
         live.wait(raise_on_watchdog=False)
         st = live.mk.handoff_state(live.handle)
         if got is not None:
-            got["claimed"] = st["claimed"]
+            got["resumed"] = st["resumed"]
             lat.append(got)
         live.detach(a)
     out["attach"] = lat
@@ -144,36 +180,29 @@ def bench_preset(name: str, reps: int, log, instances: int = 3) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="tiny,1b")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--instances", type=int, default=3, help="Megakernels per build for nohooks / leanplain / default")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--instances", type=int, default=3, help="Megakernel(handoff=True) instances (paired rows)")
+    ap.add_argument("--placement", choices=("sorted", "search"), default="sorted")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     import cupy as cp
     from benchio import card, each_preset, logger
     outdir = Path(a.out)
     log = logger(outdir, "handoff.log")
-    res = {**card(cp), "presets": each_preset(a.presets.split(","),
-                                              lambda p: bench_preset(p, a.reps, log, a.instances), log)}
+    res = {**card(cp), "presets": each_preset(
+        a.presets.split(","), lambda p: bench_preset(p, a.reps, log, a.instances, a.placement), log)}
     (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
-    print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step; % of the row named)")
-    print(f"{'preset':<6} {'nohooks us':>10} {'nohk spread':>11} {'lplain/nohk':>11} {'lafter/nohk':>11} "
-          f"{'dflt/nohk':>9} {'lean/nohk':>9} "
-          f"{'lean2/lean':>10} {'swap/lean':>9} {'hook/dflt':>9} {'sum/lean':>8} {'attach ms':>9} {'left':>5} tok")
+    print(f"\n{res['card']}  {res['date']}  {res['commit']}  (paired: mean over instances of a/b on one "
+          f"instance; median us/step per instance)")
     for r in res["presets"]:
-        u = r["us_per_step"]
-        rel = lambda a_, b: f"{100 * (u[a_] / u[b] - 1):+.2f}%"  # noqa: E731
-        lo, hi = u["nohooks_range"]
-        print(f"{r['preset']:<6} {u['nohooks']:>10.1f} {100 * (hi / lo - 1):>10.2f}% {rel('leanplain', 'nohooks'):>11} "
-              f"{rel('leanafter', 'nohooks'):>11} "
-              f"{rel('default', 'nohooks'):>9} {rel('lean', 'nohooks'):>9} {rel('lean2', 'lean'):>10} "
-              f"{rel('swap', 'lean'):>9} {rel('hook', 'default'):>9} {rel('summary', 'lean'):>8} "
-              f"{r.get('attach_write_to_first_event_ms_median', float('nan')):>9.3f} "
-              f"{r['swap'].get('left', 0):>5} {all(r['tokens_equal'].values())}")
-    print("(nohooks / leanplain / leanafter / dflt: means over each build's instances; per instance:)")
-    for r in res["presets"]:
-        u = r["us_per_step"]
-        print(r["preset"], "  ".join(f"{b}: " + " ".join(f"{u[f'{b}.{k}']:.1f}" for k in range(r["instances"]))
-                                     for b in BUILDS))
+        print(f"{r['preset']}  placement {r['placement']}  tokens equal: {r['tokens_equal']}  swap {r['swap']}  "
+              f"attach write->first event {r.get('attach_write_to_first_event_ms_median', float('nan')):.3f} ms, "
+              f"cmd->first event {r.get('attach_cmd_to_first_event_ms_median', float('nan')):.3f} ms")
+        print(f"  {'row':<9} " + " ".join(f"{k:>9}" for k in r["us_per_step"]))
+        for v in ROWS:
+            print(f"  {v:<9} " + " ".join(f"{m[v]:>9.1f}" for m in r["us_per_step"].values()))
+        print("  " + "  ".join(f"{k} {x['mean_pct']:+.2f}% ({x['min_pct']:+.2f}..{x['max_pct']:+.2f})"
+                               for k, x in r["ratios"].items()))
     return 0
 
 

@@ -11,13 +11,14 @@ the baseline ON THE SAME instance.
 
 Codes (kernels of megakernel.cu, loaded as modules):
   nohooks    -DDTMK_NO_HOOKS (the baseline)          nohooks'  a second load of the same cubin
-  leanplain  -DDTMK_NO_HOOKS -DDTMK_HANDOFF          leanafter  + -DDTMK_HO_AFTER_SYNC
   default    the hook build, nothing enabled
+  (session 11's lean builds, -DDTMK_NO_HOOKS -DDTMK_HANDOFF [-DDTMK_HO_AFTER_SYNC], ran here
+  on 2026-12-01 at adc5f50: +2.58% / +2.20% on 1b; they are gone: bench/handoff.py)
 and the handoff launches of the instance (each instance is a Megakernel(handoff=True)):
   lean       start(lean=True): the lean grid as LiveSession runs a job with nothing
-             attached (the off path WITH handoff: its handoff block, the hook build preloaded)
+             attached (the off path WITH handoff, workers placed)
   swap       lean, handed to the hook build by every worker after its 8th task
-  hook       the handoff hook build (-DDTMK_HANDOFF) alone, nothing attached
+  hook       the handoff hook build (-DDTMK_HANDOFF -DDTMK_SM_WORKER) alone, nothing attached
 Instances: `--instances` Megakernels with their own weights and buffers, and one more
 ("w0") with its own buffers but instance 0's weight arrays.  Read together:
   nohooks' vs nohooks on one instance   -> code placement (a second module load)
@@ -43,9 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 STEPS = {"tiny": 128, "1b": 48}
-CODES = {"nohooks": ("DTMK_NO_HOOKS",), "nohooks'": ("DTMK_NO_HOOKS",),
-         "leanplain": ("DTMK_HANDOFF", "DTMK_NO_HOOKS"),
-         "leanafter": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC"), "default": ()}
+CODES = {"nohooks": ("DTMK_NO_HOOKS",), "nohooks'": ("DTMK_NO_HOOKS",), "default": ()}
 MODES = {"lean": {"lean": True}, "swap": {"handoff_after": 8}, "hook": {}}
 BASE = "nohooks"
 

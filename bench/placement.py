@@ -17,9 +17,11 @@ codes (same memory; bench/paired.py):
     sorted   worker k on the k-th SM id          rev      reversed
     shuf1    a random permutation                hw_*     found by the search
   codes under the maps hw_best and sorted (the off path with placement fixed):
-    leanplain_sm  -DDTMK_HANDOFF -DDTMK_NO_HOOKS -DDTMK_SM_WORKER
-    leanafter_sm  + -DDTMK_HO_AFTER_SYNC
     default_sm    the hook build (-DDTMK_SM_WORKER), nothing enabled
+    hook_sm       the grid handoff's hook build (-DDTMK_HANDOFF -DDTMK_SM_WORKER), launched
+                  plainly: its off cost against the lean grid's code (nohooks_sm)
+  (session 11's lean builds with a leave test, leanplain_sm / leanafter_sm, ran here on
+  2026-12-01 at 1c6cb41: +1.44 / +2.42% under hw_best on 1b; they are gone)
 
 Per (map, code): every launch's us/step (one launch of K steps, device events), rounds
 with the order reversed every other one, the first a warm-up; tokens checked equal.
@@ -42,8 +44,7 @@ sys.path.insert(0, str(REPO))
 
 STEPS = {"tiny": 128, "1b": 48}
 SMW = "DTMK_SM_WORKER"
-CODES = {"nohooks_sm": ("DTMK_NO_HOOKS", SMW), "leanplain_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", SMW),
-         "leanafter_sm": ("DTMK_HANDOFF", "DTMK_NO_HOOKS", "DTMK_HO_AFTER_SYNC", SMW), "default_sm": (SMW,)}
+CODES = {"nohooks_sm": ("DTMK_NO_HOOKS", SMW), "default_sm": (SMW,), "hook_sm": ("DTMK_HANDOFF", SMW)}
 MAPS = ("block", "sorted", "rev", "shuf1", "hw_best", "hw_median", "hw_worst")
 CODE_MAPS = ("hw_best", "sorted")    # where every code runs (paired with nohooks_sm there)
 

@@ -140,8 +140,6 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * writes grant | stop in ONE store, so all workers end at the same step. */
 #define GATE_STEPS 0x7fffffffu
 #define GATE_STOP 0x80000000u
-#define CTL_HANDOFF 16     /* grid handoff (-DDTMK_HANDOFF, "grid handoff" below): h != 0 asks every
-                            * worker of a leaving grid to leave once it has done >= h - 1 tasks */
 #define CTL_SM_MAP 18     /* u64 (words 18, 19), -DDTMK_SM_WORKER: device address of int32 map[smid] ->
                             * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
                             * across launches; bit 0 set: int32 out[block] <- its SM ("worker
@@ -151,43 +149,40 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 /* ---- grid handoff -------------------------------------------------------------------
  * The off path of a hook build costs the persistent loop a few percent through code that
  * never runs (register allocation across calls: docs/dev/hook_cost_analysis.md, sessions
- * 6-10).  With -DDTMK_HANDOFF the job runs a build WITHOUT hook code (-DDTMK_NO_HOOKS:
- * the "lean" grid) while nothing is attached; the first attach launches the hook build as
- * a second grid and sets CTL_HANDOFF.  Each lean worker leaves at its next task boundary
- * (the next wait of a static task after a control refresh: no stream, no pending record),
- * saves where it was in P.handoff_out and pushes its worker index; each CTA of the hook
- * grid, placed on an SM a lean worker freed, claims the next pushed index and resumes
- * that worker's plan from the saved step and plan position.  Event counters, queues and
- * request slots are in global memory, so nothing else moves.  Leave and resume are
- * separate halves: HO_LEAVE in the lean build, HO_RESUME in the hook build.
+ * 6-12).  So a job with nothing attached runs the no-hook build itself, with worker
+ * placement (-DDTMK_NO_HOOKS -DDTMK_SM_WORKER: the "lean" grid, not one instruction of
+ * handoff code), and the first attach launches the hook build (-DDTMK_HANDOFF
+ * -DDTMK_SM_WORKER) as a second grid, then asks the lean grid to stop with control[
+ * CTL_ABORT] = ABORT_LEAVE.  A lean worker stops where any abort stops it: in a
+ * dependency wait's poll, before the awaited task runs; its worker_state row then holds
+ * that wait (WS_EVENT, WS_TARGET), its tasks done, and at its exit, behind a fence,
+ * WS_STATE = WS_LEFT (3 when it had finished).  Its deferred late signals are posted as
+ * it exits (up to a late_notification's delay early).  A CTA of the hook grid can only
+ * be placed on an SM a lean CTA has left (one CTA per SM: each takes the whole register
+ * file, checked by the host), and it resumes the worker the placement map gives its SM,
+ * the one that ran there: no queue, no claim order, nothing to wait for but the row's
+ * final state (Session 11's claim-by-push protocol and the lean build's leave test are
+ * gone: they cost the lean loop 1.2-1.4% on 1b, bench/placement.py 2026-12-01).  Event
+ * counters, queues and request slots are in global memory, so nothing else moves.
  *
- * Block (u64, zeroed by the host before the leaving grid starts):
- *   [0] workers pushed, [1] workers claimed, [2, 2 + W) the push queue (worker + 1, 0 =
- *   not yet), then per worker HO_WORDS: [0] step to resume (~0: finished, nothing to
- *   resume), [1] plan index of its next task, [2] tasks done, [3] phantoms, [4, 8)
- *   deferred signals' events, [8, 12) their due times, [12] %globaltimer at the push,
- *   [13] at the successor's claim, [14] the successor's SM. */
+ * P.handoff_in (the successor grid's; 0 otherwise): u64 [0] workers resumed mid-run,
+ * [1] workers resumed, then per worker HO_WORDS: [0] step resumed (~0: it had finished),
+ * [1] plan index resumed, [2] tasks done at the leave, [3] 1 if its phantoms were re-added,
+ * [12] %globaltimer at the leave, [13] at the resume, [14] the SM. */
 #define HO_WORDS 16
-#define HO_FIRST_LEAVE 8   /* W.first bit: the wait is a leave (the task is not run here) */
+#define ABORT_LEAVE 6u     /* control[CTL_ABORT]: lean grid, stop for a handoff (the hook grid runs on) */
+#define WS_LEFT 6          /* worker_state WS_STATE: stopped for a handoff, exited (the row is final) */
 #if defined(DTMK_HANDOFF) && defined(DTMK_NO_HOOKS)
-#define HO_LEAVE 1
-/* Where the lean worker tests for a leave.  Default: in thread 0's wait prologue, before
- * the first look (nothing of the task is looked at).  -DDTMK_HO_AFTER_SYNC (prepared,
- * session 11; not measured): every thread tests W.leave right after the wait's first
- * barrier, so thread 0's path up to it is the no-hook build's (tests/megakernel/
- * test_handoff.py compares the PTX); the first look is then wasted on a leave, and a
- * leave asked during the wait (a dynamic task's refresh) is taken when the wait ends. */
-#ifdef DTMK_HO_AFTER_SYNC
-#define HO_LEAVING (W.leave != 0)
-#else
-#define HO_LEAVING (W.first & HO_FIRST_LEAVE)
-#endif
+#error "-DDTMK_HANDOFF is the hook build's (it resumes); the lean grid is -DDTMK_NO_HOOKS -DDTMK_SM_WORKER"
 #endif
 #if defined(DTMK_HANDOFF) && !defined(DTMK_NO_HOOKS)
 #define HO_RESUME 1
+#ifndef DTMK_SM_WORKER
+#error "-DDTMK_HANDOFF: a successor CTA resumes the worker of its SM (-DDTMK_SM_WORKER)"
 #endif
-#if defined(DTMK_SM_WORKER) && defined(HO_RESUME)
-#error "-DDTMK_SM_WORKER: a successor grid's CTA resumes the worker it claims, not its SM's"
+#define ABORT_ASKED(a) ((a) != 0u && (a) != ABORT_LEAVE)    /* the lean grid's leave is not ours */
+#else
+#define ABORT_ASKED(a) ((a) != 0u)
 #endif
 #if defined(DTMK_HANDOFF) && defined(DTMK_WS_NEXT)
 #error "-DDTMK_HANDOFF: a leave must not find a stream or record started for the next task"
@@ -272,12 +267,11 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
      * faults): kept here instead of run_task arguments so the hot call carries none */
     dtmk_u64 t_disp, t_ready, t_begin, dep_wait;
     dtmk_u64 pend_rg;                        /* bit 32 set: the deferred records' request_gen (hook_hold) */
-#ifdef HO_LEAVE
-    dtmk_u32 leave;                          /* handoff asked (refresh_control): leave at the next wait */
-#endif
 #ifdef HO_RESUME
-    int rs_step, rs_i;                       /* where the predecessor left (rs_i -1: a fresh start,
-                                              * -2: it finished; this CTA only ends the launch) */
+    int rs_step, rs_i, rs_phant;             /* where the predecessor left (rs_i -1: a fresh start,
+                                              * -2: it finished, this CTA only ends the launch;
+                                              * -3: only the end-of-run drain is left); rs_phant:
+                                              * its phantoms were unspent (re-added) */
 #endif
 #ifndef DTMK_NO_HOOKS
     /* Deferred records of the running task (thread 0).  dep:release, task:ready,
@@ -921,10 +915,6 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.trace_on = ld_volatile_u32(ctl + CTL_TRACE);
     W.refresh = max(1u, ld_volatile_u32(ctl + CTL_REFRESH));
     W.wd_us = ld_volatile_u32(ctl + CTL_WD_US);
-#ifdef HO_LEAVE
-    const dtmk_u32 h = ld_volatile_u32(ctl + CTL_HANDOFF);
-    W.leave = P.handoff_out && h && W.done + 1 >= (dtmk_u64)h;
-#endif
 #ifndef DTMK_NO_HOOKS
     obs_update(W);
 #else
@@ -1524,11 +1514,6 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
-#if defined(HO_LEAVE) && !defined(DTMK_HO_AFTER_SYNC)
-      /* handoff: a static task's wait is where this worker leaves (after the barrier
-       * below every thread sees it; nothing of t is started or looked at) */
-      if (t >= 0 && W.leave) W.first = 1 | HO_FIRST_LEAVE; else
-#endif
       {
 #ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
@@ -1558,18 +1543,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
       }
     }
     MK_SYNC();
-#if defined(HO_LEAVE) && defined(DTMK_HO_AFTER_SYNC)
-    if (t >= 0 && W.leave) return;       /* W.leave: written before the barrier above */
-#endif
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
     /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
      * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
      * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
-#if defined(HO_LEAVE) && !defined(DTMK_HO_AFTER_SYNC)
-    if (t >= 0 && (threadIdx.x >> 5) == 1 && !(W.first & HO_FIRST_LEAVE)) ws_prestart(P, t);
-#else
     if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
-#endif
 #endif
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
@@ -1626,7 +1604,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
                 if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
-                if (abort_req) W.aborted = 5;
+                if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
 #endif
@@ -1720,80 +1698,87 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
     const dtmk_u32 g = ld_volatile_u32(ctl + CTL_GATE);
     if ((dtmk_u32)step < (g & GATE_STEPS)) return 0;
     if (g & GATE_STOP) return 2;
-    if (ld_volatile_u32(ctl + CTL_ABORT)) { W.aborted = 5; return 2; }
+    if (ABORT_ASKED(ld_volatile_u32(ctl + CTL_ABORT))) { W.aborted = 5; return 2; }
     return 1;
 }
 
-#ifdef HO_LEAVE
-__device__ __forceinline__ dtmk_u64 *ho_rec(const MkParams &P, const Worker &W) {
-    return (dtmk_u64 *)P.handoff_out + 2 + P.n_workers + (dtmk_u64)W.worker * HO_WORDS;
-}
-/* thread 0, leaving at plan index i of `step`: where the successor resumes */
-__device__ __noinline__ void ho_save(const MkParams &P, Worker &W, int step, int i) {
-    dtmk_u64 *rec = ho_rec(P, W);
-    rec[0] = (dtmk_u64)step; rec[1] = (dtmk_u64)i;
-    W.leave = 2;                 /* (thread 0's own mark for ho_push) */
-}
-/* thread 0, the last thing a lean worker does: the rest of its state (a finished worker:
- * step ~0, nothing to resume; its deferred signals were posted) and push it for a successor */
-__device__ __noinline__ void ho_push(const MkParams &P, const Worker &W) {
-    dtmk_u64 *b = (dtmk_u64 *)P.handoff_out, *rec = ho_rec(P, W);
-    if (W.leave != 2) rec[0] = ~0ull;
-    rec[2] = W.done; rec[3] = W.phantoms;
-    for (int k = 0; k < MK_PENDING; ++k) { rec[4 + k] = (dtmk_u64)(dtmk_s64)W.pend_event[k]; rec[8 + k] = W.pend_due[k]; }
-    rec[12] = mk_now();
-    __threadfence();             /* the record (and hook / trace heads) before the push */
-    const dtmk_u64 slot = atomicAdd((unsigned long long *)b, 1ull);
-    atomicExch((unsigned long long *)(b + 2 + slot), (unsigned long long)W.worker + 1ull);
-}
-#endif
-#ifdef HO_RESUME
-/* thread 0 of a successor CTA: the next pushed worker (this CTA runs on an SM a leaving
- * worker freed, so one has been pushed or is about to be), then its saved place */
-__device__ __noinline__ void ho_claim(const MkParams &P, Worker &W) {
-    dtmk_u64 *b = (dtmk_u64 *)P.handoff_in;
-    const dtmk_u64 k = atomicAdd((unsigned long long *)b + 1, 1ull);
-    dtmk_u64 v;
-    while ((v = ld_acquire(b + 2 + k)) == 0) __nanosleep(256);
-    W.worker = (dtmk_u32)(v - 1);
-    dtmk_u64 *rec = b + 2 + P.n_workers + (v - 1) * HO_WORDS;
-    rec[13] = mk_now(); rec[14] = W.sm;
-    const bool finished = rec[0] == ~0ull;
-    W.rs_step = finished ? (int)(P.step0 + P.n_steps) : (int)rec[0];
-    W.rs_i = finished ? -2 : (int)rec[1];
-    W.done = rec[2]; W.phantoms = (dtmk_u32)rec[3];
-    for (int j = 0; j < MK_PENDING; ++j) { W.pend_event[j] = (int)(dtmk_s64)rec[4 + j]; W.pend_due[j] = rec[8 + j]; }
-}
-#define MK_WID W.worker          /* the claimed worker, not the block */
-#define HO_FINISHED (W.rs_i == -2)
-#else
 #ifdef DTMK_SM_WORKER
-#define MK_WID W.worker          /* the worker of this block's SM */
-#else
-#define MK_WID blockIdx.x
-#endif
-#define HO_FINISHED false
-#endif
-
-#ifdef DTMK_SM_WORKER
-/* ---- worker placement (-DDTMK_SM_WORKER; measuring, session 12) ----------------------
+/* ---- worker placement (-DDTMK_SM_WORKER) ---------------------------------------------
  * The hardware places block b on some SM, differently in each launch, and a worker's
  * static plan follows its block: the same build ran 1b's steps in discrete levels ~1.5%
- * apart from launch to launch (bench/paired.py, 2026-12-01).  With a map in
- * control[CTL_SM_MAP] the worker is the one mapped to the block's SM instead, so each
- * plan runs on the same SM in every launch (an address with bit 0 set instead records
- * each block's SM there: the hardware's placement, to find a fast one).  One block per SM (shared memory) and every
- * block resident (persistent) make the map a permutation when it covers the SMs the grid
- * gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] = 3). */
+ * apart from launch to launch (bench/paired.py, bench/placement.py, 2026-12-01).  With a
+ * map in control[CTL_SM_MAP] the worker is the one mapped to the block's SM instead, so
+ * each plan runs on the same SM in every launch (an address with bit 0 set instead
+ * records each block's SM there: the hardware's placement, to find a fast one), and a
+ * grid handoff's successor CTA knows whose plan ran on its SM.  One block per SM and
+ * every block resident (persistent) make the map a permutation when it covers the SMs
+ * the grid gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] =
+ * 3), as does a successor grid without a map. */
 __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     const dtmk_u64 map = (dtmk_u64)ctl[CTL_SM_MAP] | ((dtmk_u64)ctl[CTL_SM_MAP + 1] << 32);
-    if (!map) return;
+    if (!map) {
+#ifdef HO_RESUME
+        if (P.handoff_in) { W.aborted = 3; atomicExch((unsigned int *)ctl + CTL_ABORT, 3u); }
+#endif
+        return;
+    }
     if (map & 1) { ((int *)(map - 1))[blockIdx.x] = (int)W.sm; return; }   /* record the block order's placement */
     const int w = ((const int *)map)[W.sm];
     if (w < 0 || w >= (int)P.n_workers) { W.aborted = 3; atomicExch((unsigned int *)ctl + CTL_ABORT, 3u); return; }
     W.worker = (dtmk_u32)w;
 }
+#define MK_WID W.worker          /* the worker of this block's SM */
+#else
+#define MK_WID blockIdx.x
+#endif
+
+#ifdef HO_RESUME
+/* thread 0 of a successor CTA, its worker set by the placement map (sm_worker): wait for
+ * the row of the lean worker that ran on this SM to be final (its CTA has left the SM, so
+ * it is being or has been written), then resume where it stopped.  The stop was in a
+ * dependency wait's poll for (WS_EVENT, WS_TARGET): the task it waited for is the first
+ * of its plan, in (step, index) order, that waits for that event and target (a later one
+ * with the same pair was satisfied with it, an earlier one was); the end-of-run drain
+ * waits for (step_event, last) and no task does.  WS_TASK / WS_STEP still name that task
+ * unless a dynamic task ran during the wait, which also spent the worker's phantoms. */
+__device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    dtmk_u64 *ws = wstate(P, W.worker);
+    dtmk_u64 st;
+    while ((st = ld_acquire(ws + WS_STATE)) != 3 && st != WS_LEFT) {
+        if (ABORT_ASKED(ld_volatile_u32(ctl + CTL_ABORT))) { W.aborted = 5; return; }
+        __nanosleep(256);
+    }
+    const int last = (int)(P.step0 + P.n_steps);
+    const int e = (int)ws[WS_EVENT];
+    const dtmk_u64 target = ws[WS_TARGET];
+    W.done = ws[WS_DONE];
+    W.rs_step = last; W.rs_i = st == 3 ? -2 : -3;          /* finished / only the drain left */
+    W.rs_phant = 0;
+    if (st == WS_LEFT && !(e == (int)P.step_event && target == (dtmk_u64)last)) {
+        const int *plan = (const int *)P.plan_tasks;
+        const int p0 = ((const int *)P.plan_off)[W.worker], p1 = ((const int *)P.plan_off)[W.worker + 1];
+        for (int i = p0; i < p1; ++i) {
+            const int *r = trec(P, plan[i]);
+            long long cs = -1;                                 /* the step at which it waits for (e, target) */
+            if (r[6] >= 0) { if (r[6] == e && r[7] > 0 && target % (dtmk_u64)r[7] == 0) cs = (long long)(target / (dtmk_u64)r[7]) - 1; }
+            else if (e == (int)P.step_event) cs = (long long)target;
+            if (cs >= (long long)P.step0 && cs < last && (cs < W.rs_step || (cs == W.rs_step && i < W.rs_i))) {
+                W.rs_step = (int)cs; W.rs_i = i;
+            }
+        }
+        W.rs_phant = W.rs_i >= 0 && ws[WS_TASK] == (dtmk_u64)plan[W.rs_i] && ws[WS_STEP] == (dtmk_u64)W.rs_step;
+    }
+    dtmk_u64 *b = (dtmk_u64 *)P.handoff_in, *rec = b + 2 + (dtmk_u64)W.worker * HO_WORDS;
+    rec[0] = W.rs_i == -2 ? ~0ull : (dtmk_u64)W.rs_step; rec[1] = (dtmk_u64)(dtmk_s64)W.rs_i;
+    rec[2] = W.done; rec[3] = W.rs_phant; rec[12] = ws[WS_TS]; rec[13] = mk_now(); rec[14] = W.sm;
+    if (W.rs_i >= 0) atomicAdd((unsigned long long *)b, 1ull);
+    atomicAdd((unsigned long long *)b + 1, 1ull);
+}
+#define HO_FINISHED (W.rs_i == -2)
+#else
+#define HO_FINISHED false
 #endif
 
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
@@ -1806,9 +1791,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
-#ifdef HO_LEAVE
-        W.leave = 0;
-#endif
         comm_init();
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) s_prof[i] = 0;
@@ -1832,8 +1814,8 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #endif
     if (threadIdx.x == 0) {
 #ifdef HO_RESUME
-        W.rs_step = (int)P.step0; W.rs_i = -1;
-        if (P.handoff_in) ho_claim(P, W);    /* before anything indexed by the worker */
+        W.rs_step = (int)P.step0; W.rs_i = -1; W.rs_phant = 0;
+        if (P.handoff_in && !W.aborted) ho_resume(P, W);   /* before anything indexed by the worker */
 #endif
         const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
         O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
@@ -1881,7 +1863,6 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #ifdef HO_RESUME
     step = W.rs_step; i_first = W.rs_i;
 #endif
-    bool left = false;                         /* grid handoff: this worker left (uniform) */
     for (; step < last && !W.aborted; ++step) {
         /* a resumed step's gate and step-start phantoms were its predecessor's */
         if (P.resident && i_first < 0) {
@@ -1938,7 +1919,13 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             if (threadIdx.x == 0)       /* the host's tail only grows: a stale one is conservative */
                 W.hook_tail = *((const volatile dtmk_u64 *)P.hook_tail + W.worker);
         }
+        /* a resumed step's step-start phantoms: re-added if its worker left them unspent
+         * (it left at the step's first task, with no dynamic task run while waiting) */
+#ifdef HO_RESUME
+        if (threadIdx.x == 0 && P.n_faults && (i_first < 0 || (i_first == p0 && W.rs_phant))) add_phantoms(P, W, step, -1);
+#else
         if (threadIdx.x == 0 && P.n_faults && i_first < 0) add_phantoms(P, W, step, -1);
+#endif
         for (int i = i_first >= 0 ? i_first : p0; i < p1 && !W.aborted; ++i) {
             int t = plan[i];
             const int *r = trec(P, t);
@@ -1947,8 +1934,8 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
             if (threadIdx.x == 0) {
                 if (W.observe) W.t_disp = mk_now();
 #ifdef HO_RESUME
-                /* (a resumed task's layer phantoms came with the predecessor's state) */
-                if (P.n_faults && (r[15] & 1) && i != i_first) add_phantoms(P, W, step, r[1]);
+                /* a resumed task's layer phantoms: re-added unless a dynamic task spent them */
+                if (P.n_faults && (r[15] & 1) && (i != i_first || W.rs_phant)) add_phantoms(P, W, step, r[1]);
 #else
                 if (P.n_faults && (r[15] & 1)) add_phantoms(P, W, step, r[1]);
 #endif
@@ -1965,20 +1952,12 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #endif
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
-#ifdef HO_LEAVE
-            if (HO_LEAVING) {                           /* uniform: read after the wait's barrier */
-                if (threadIdx.x == 0) ho_save(P, W, step, i);
-                left = true;
-                break;
-            }
-#endif
             run_task(P, W, t, step, true, smem);
         }
         i_first = -1;
-        if (left) break;
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
-    if (!W.aborted && !(left || HO_FINISHED)) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
@@ -2001,18 +1980,22 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(cons
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
 #endif
-        if (!left) post_pending(P, W, true);    /* a leaving worker hands them on */
+        post_pending(P, W, true);     /* (a worker leaving for a handoff: up to a late signal's delay early) */
         ((dtmk_u64 *)P.hook_head)[MK_WID] = W.hook_n;
         ((dtmk_u64 *)P.trace_head)[MK_WID] = W.trace_n;
         if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[MK_WID] = W.hook_drop;
         /* (a leaving worker's step is not whole; a finished one's successor has nothing to add) */
-        const bool ends_here = !W.aborted && !(left || HO_FINISHED);
+        const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
         dtmk_u64 *ws = wstate(P, W.worker);
-        if (ends_here) ws[WS_STATE] = 3;
-#ifdef HO_LEAVE
-        if (P.handoff_out) ho_push(P, W);
+#ifdef DTMK_SM_WORKER
+        /* the row's last word, behind a fence (the heads above included): a grid handoff's
+         * successor on this SM resumes from the row once it reads 3 or WS_LEFT */
+        const bool leaving = W.aborted == 5 && ld_volatile_u32((const dtmk_u32 *)P.control + CTL_ABORT) == ABORT_LEAVE;
+        if (ends_here || leaving) __threadfence();
+        if (leaving) ws[WS_STATE] = WS_LEFT;
 #endif
+        if (ends_here) ws[WS_STATE] = 3;
     }
 }
 

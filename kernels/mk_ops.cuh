@@ -47,9 +47,9 @@ struct MkParams {
     /* resident launches (megakernel.cu CTL_GATE; 0 / null otherwise): the streaming hook
      * ring's host tail u64[W], drops u64[W], steps finished u64[W] (published per step) */
     dtmk_u64 resident, hook_tail, hook_drop, steps_done;
-    /* grid handoff (megakernel.cu "grid handoff", -DDTMK_HANDOFF; 0 otherwise): the block
-     * this grid's workers resume from (its predecessor's out) and the one they leave into */
-    dtmk_u64 handoff_in, handoff_out;
+    /* grid handoff (megakernel.cu "grid handoff", -DDTMK_HANDOFF; 0 otherwise): this grid
+     * is a successor; where each worker resumed is recorded there */
+    dtmk_u64 handoff_in;
 };
 
 /* ---- matvec rows ---------------------------------------------------------------- */

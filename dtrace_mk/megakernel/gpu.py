@@ -68,23 +68,25 @@ PARAM_FIELDS: Tuple[str, ...] = (
     "worker_state", "faults", "n_faults", "rank", "queue_threshold", "filler_ns", "prefetch",
     "ranks", "tp_peers", "tp_part", "tp_recv", "ev_comm_op",
     "resident", "hook_tail", "hook_drop", "steps_done",
-    "handoff_in", "handoff_out",
+    "handoff_in",
 )
 
 # control words (megakernel.cu CTL_*)
 CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
 CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
 CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP: end at the grant
-CTL_HANDOFF = 16               # grid handoff: h != 0 asks lean workers to leave once they did h - 1 tasks
+ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a grid handoff (the hook grid runs on)
+WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
-HO_WORDS = 16                  # grid handoff: saved words per worker (megakernel.cu "grid handoff")
+HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
 OBS_NAMES = ("pending", "drained", "lost", "gen", "loaded_ts", "first_ts", "done", "drains")
 OBS_WORDS = len(OBS_NAMES)
 OBS_NONE = (1 << 64) - 1
 WS_NAMES = ("task", "step", "event", "value", "target", "state", "ts", "done")
-WS_STATES = {0: "idle", 1: "running", 2: "waiting", 3: "done", 4: "watchdog", 5: "stopped"}
+WS_STATES = {0: "idle", 1: "running", 2: "waiting", 3: "done", 4: "watchdog", 5: "stopped",
+             WS_LEFT: "left (grid handoff)"}
 
 TRACE_DTYPE = np.dtype([("t_dispatch", "<u8"), ("wait_ns", "<u4"), ("dur_ns", "<u4"),
                         ("task_index", "<u4"), ("step", "<u4"), ("sm", "<u2"), ("worker", "<u2"),
@@ -240,6 +242,19 @@ def carveout_kb(smem_bytes: int) -> int:
         if need <= c * 1024:
             return c
     raise UserError(f"{smem_bytes} bytes of shared memory per block exceed sm_90's 227 KB")
+
+
+#: sm_90: registers and shared memory per SM (a CTA takes what it needs of each)
+SM90_REGS, SM90_SMEM = 65536, 228 * 1024
+
+
+def one_cta_per_sm(fn, threads: int, dyn_smem: int) -> bool:
+    """Can no second CTA of this size share an SM with a CTA of `fn`?  (Its registers
+    or its shared memory take more than half of the SM's.)  A grid handoff's successor
+    resumes the worker of its SM only because it cannot start beside the lean CTA."""
+    regs = int(fn.num_regs) * threads
+    smem = int(fn.shared_size_bytes) + dyn_smem + 1024
+    return 2 * regs > SM90_REGS or 2 * smem > SM90_SMEM
 
 
 def set_smem(fn, nbytes: int) -> None:
@@ -438,10 +453,12 @@ class Megakernel:
         """defines: compile-time variants of megakernel.cu, e.g. ("DTMK_NO_HOOKS",) (no
         hook code at all: the baseline of bench/hooks.py).
 
-        handoff: also load the LEAN build (the same defines + DTMK_NO_HOOKS, no hook code)
-        and build both with -DDTMK_HANDOFF: start(lean=True) runs the lean grid, and
-        handoff() swaps the hook build in while it runs, each worker at its next task
-        boundary (megakernel.cu "grid handoff"; LiveSession does it at the first attach).
+        handoff: also load the LEAN build (the same defines + DTMK_NO_HOOKS DTMK_SM_WORKER:
+        the no-hook build itself) and pin the workers to SMs (place_workers, both builds
+        have -DDTMK_SM_WORKER; the hook build -DDTMK_HANDOFF too): start(lean=True) runs the
+        lean grid, and handoff() swaps the hook build in while it runs, each worker at its
+        next dependency wait (megakernel.cu "grid handoff"; LiveSession does it at the
+        first attach).
 
         tp: a tp.TPGroup with ranks > 1 makes this rank's share of a tensor-parallel
         megakernel (collective: every rank of the group constructs it): the graph is
@@ -472,11 +489,13 @@ class Megakernel:
             if "DTMK_NO_HOOKS" in defines:
                 raise UserError("Megakernel(handoff=True): the hook build is the one handed to; "
                                 "leave DTMK_NO_HOOKS out of `defines` (the lean build adds it)")
-            defines = tuple(defines) + ("DTMK_HANDOFF",)
+            base = tuple(d for d in defines if d != "DTMK_SM_WORKER")
+            defines = base + ("DTMK_HANDOFF", "DTMK_SM_WORKER")
         self.defines = megakernel_defines(cfg, ranks, defines)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
-        self.lean_defines = megakernel_defines(cfg, ranks, tuple(defines) + ("DTMK_NO_HOOKS",)) if handoff else None
+        self.lean_defines = (megakernel_defines(cfg, ranks, base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
+                             if handoff else None)
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)
         self.sm_map = None           # -DDTMK_SM_WORKER: cupy int32 map[smid] -> worker (place_workers)
@@ -545,10 +564,16 @@ class Megakernel:
         if handoff:     # one params block serves both grids: the same dynamic layout
             assert smem_layout(c, B, ranks, self.lean_defines) == (self.xs_off, self.xs_cap, self.smem)
             set_smem(self.lean_kernel, self.smem)
+            for k, what in ((self.kernel, "hook"), (self.lean_kernel, "lean")):
+                if not one_cta_per_sm(k, self.block, self.smem):
+                    raise UserError(f"Megakernel(handoff=True): a CTA of the {what} build does not fill an SM "
+                                    f"({k.num_regs} registers x {self.block} threads, {self.smem} B dynamic "
+                                    f"shared memory): a successor CTA could share an SM with a lean one")
         self.step = 0
         self._res = None              # the resident launch (start_resident), None when none
         self.reset()
         if handoff:
+            self.place_workers()      # a successor CTA resumes the worker of its SM
             self._preload(self.kernel)
         if self.tp:                   # collective: map every rank's counters and slots
             peers = self.tp.exchange([self._ev_all.data.ptr, self.buf["tp_recv"].data.ptr])
@@ -578,7 +603,7 @@ class Megakernel:
         self.buf["faults"] = self.cp.asarray(a if len(a) else np.zeros((1, 8), np.int64))
 
     def _params(self, steps: int, n_out: int, out_row: int = 0, resident: bool = False,
-                handoff_in: int = 0, handoff_out: int = 0) -> Any:
+                handoff_in: int = 0) -> Any:
         cp, c, g = self.cp, self.lcfg, self.graph
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         f32bits = lambda x: struct.unpack("<I", struct.pack("<f", x))[0]  # noqa: E731
@@ -607,7 +632,7 @@ class Megakernel:
             "ranks": g.ranks, "tp_peers": 0, "tp_part": 0, "tp_recv": 0, "ev_comm_op": 0,
             "resident": int(resident), "hook_tail": ptr(b["hook_tail"]) if resident else 0,
             "hook_drop": ptr(b["hook_drop"]), "steps_done": ptr(b["steps_done"]),
-            "handoff_in": handoff_in, "handoff_out": handoff_out,
+            "handoff_in": handoff_in,
         }
         if self.tp:
             v.update(tp_peers=ptr(t["tp_peers"]), tp_part=ptr(b["tp_part"]), tp_recv=ptr(b["tp_recv"]),
@@ -637,13 +662,13 @@ class Megakernel:
                                     cp.cuda.runtime.memcpyHostToDevice, s.ptr)
         s.synchronize()
 
-    def launch(self, steps: int, n_out: int, stream=None, handoff_out: int = 0) -> None:
-        """One launch of `steps` steps; handoff_out != 0: the LEAN grid, leaving into that
-        block when asked (its successor's params are then self._succ_params)."""
-        params = self._params(steps, n_out, handoff_out=handoff_out)
+    def launch(self, steps: int, n_out: int, stream=None, handoff_block: int = 0) -> None:
+        """One launch of `steps` steps; handoff_block != 0: the LEAN grid, whose successor
+        (params self._succ_params) records where it resumed each worker in that block."""
+        params = self._params(steps, n_out)
         self._last_params = params   # keep alive until the launch completes
-        if handoff_out:
-            self._succ_params = self._params(steps, n_out, handoff_in=handoff_out)
+        if handoff_block:
+            self._succ_params = self._params(steps, n_out, handoff_in=handoff_block)
             self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
             self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
@@ -656,7 +681,7 @@ class Megakernel:
         grid runs would start only after the lean grid ended, a deadlock when lean workers
         wait on work of workers that already left (measured: tiny, handoff at once;
         tools/handoff_probe.py).  Loaded here, it is placed on the first SM a lean worker
-        frees (~3 us after the push, 1b and tiny)."""
+        frees (~3 us after it left, 1b and tiny, session 11)."""
         params = self._params(0, 0)
         kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem)
         self.cp.cuda.runtime.deviceSynchronize()
@@ -664,45 +689,66 @@ class Megakernel:
     def handoff(self, handle: Dict[str, Any]) -> bool:
         """Swap the hook build in for start(lean=True)'s running lean grid: launch it as a
         second grid (its CTAs take the SMs the lean workers free), then ask every lean
-        worker to leave at its next task boundary (after its next control refresh).
-        Returns False when there is nothing to do (not lean, already handed off).  No
-        kernel but the successor is launched and nothing waits for the lean grid."""
+        worker to stop at its next dependency wait (control[CTL_ABORT] = ABORT_LEAVE, which
+        the hook grid ignores).  Returns False when there is nothing to do (not lean,
+        already handed off).  No kernel but the successor is launched and nothing waits
+        for the lean grid."""
         ho = handle.get("handoff")
         if ho is None or ho["end"] is not None:
             return False
         self._launch_successor(handle)
-        ho["word"][0] = 1                        # leave now (after >= 0 tasks)
-        self._h2d(int(self.buf["control"].data.ptr) + 4 * CTL_HANDOFF, ho["word"], 4, ho["side"])
+        ho["word"][0] = ABORT_LEAVE
+        self._h2d(int(self.buf["control"].data.ptr) + 4 * CTL_ABORT, ho["word"], 4, ho["side"])
         return True
 
+    def _read_worker_state(self, side) -> np.ndarray:
+        """worker_state, read on the side stream while a grid runs."""
+        cp, ws = self.cp, self.buf["worker_state"]
+        if getattr(self, "_ws_host", None) is None:
+            self._ws_host = np.frombuffer(cp.cuda.alloc_pinned_memory(ws.nbytes), np.uint64,
+                                          ws.size).reshape(ws.shape)
+        cp.cuda.runtime.memcpyAsync(self._ws_host.ctypes.data, int(ws.data.ptr), ws.nbytes,
+                                    cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
+        side.synchronize()
+        return self._ws_host
+
     def _launch_successor(self, handle: Dict[str, Any]) -> None:
+        """Launch the hook grid once every lean CTA has started (each has written its
+        worker_state row, zeroed before the launch): a successor CTA then finds only SMs
+        lean CTAs have left, never one a lean CTA is still to be placed on (it would wait
+        for that worker, and the lean CTA would run another SM's worker a second time)."""
         ho, cp = handle["handoff"], self.cp
+        col = WS_NAMES.index("state")
+        while not handle["end"].done and not self._read_worker_state(ho["side"])[:, col].all():
+            pass
         ho["stream"] = cp.cuda.Stream(non_blocking=True)
         ho["end"] = cp.cuda.Event()
         self.kernel((self.num_workers,), (self.block,), (ho["params"],), shared_mem=self.smem, stream=ho["stream"])
         ho["end"].record(ho["stream"])
 
     def handoff_state(self, handle: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """After finish(): where each lean worker left ({"pushed", "claimed", "left":
-        [(worker, step, plan index)], "finished": [workers], "done_at_leave": {worker:
-        tasks}, "signals_handed_on": deferred late signals saved for the successors}), None
-        for a launch without a lean grid."""
+        """After finish(): where the hook grid resumed each lean worker ({"resumed": workers
+        resumed, "left": [(worker, step, plan index)] stopped mid-plan, "drain": [workers]
+        stopped in the end-of-run drain, "finished": [workers] done before the handoff,
+        "done_at_leave": {worker: tasks}, "phantoms_readded": workers whose unspent
+        queue_saturation phantoms the successor re-added, "leave_ns" / "resume_ns": device
+        clock per worker (0 = none), "handed_off"}), None for a launch without a lean grid."""
         ho = handle.get("handoff")
         if ho is None:
             return None
         b = ho["block"].get()
         W = self.num_workers
-        rec = b[2 + W:].reshape(W, HO_WORDS)
-        pushed = [int(x) - 1 for x in b[2:2 + int(b[0])]]
-        finished = np.uint64(0xFFFFFFFFFFFFFFFF)        # the step word of a worker that finished
-        left = [w for w in pushed if rec[w, 0] != finished]
-        return {"pushed": int(b[0]), "claimed": int(b[1]),
-                "left": [(w, int(rec[w, 0]), int(rec[w, 1])) for w in left],
-                "finished": [w for w in pushed if rec[w, 0] == finished],
-                "done_at_leave": {w: int(rec[w, 2]) for w in pushed},
-                "signals_handed_on": int(sum((rec[w, 4:8].view(np.int64) >= 0).sum() for w in left)),
-                # device clock (ns): each worker's push and its successor's claim (0 = none)
-                "push_ns": rec[:, 12].astype(np.int64), "claim_ns": rec[:, 13].astype(np.int64),
+        rec = b[2:2 + W * HO_WORDS].reshape(W, HO_WORDS)
+        resumed = [w for w in range(W) if rec[w, 13]]
+        idx = rec[:, 1].view(np.int64)
+        finished = np.uint64(0xFFFFFFFFFFFFFFFF)        # the step word of a worker that had finished
+        return {"resumed": int(b[1]),
+                "left": [(w, int(rec[w, 0]), int(idx[w])) for w in resumed if idx[w] >= 0],
+                "drain": [w for w in resumed if idx[w] == -3],
+                "finished": [w for w in resumed if rec[w, 0] == finished],
+                "done_at_leave": {w: int(rec[w, 2]) for w in resumed},
+                "phantoms_readded": int(rec[:, 3].sum()),
+                "leave_ns": rec[:, 12].astype(np.int64), "resume_ns": rec[:, 13].astype(np.int64),
                 "handed_off": ho["end"] is not None}
 
     def run(self, steps: int, per_step_launch: bool = False, hooks=None, trace: bool = False,
@@ -790,8 +836,10 @@ class Megakernel:
         off (the block order, different per launch).  Returns the order in force."""
         if "DTMK_SM_WORKER" not in self.defines:
             raise UserError("Megakernel.place_workers: the build lacks -DDTMK_SM_WORKER")
-        self._sm_rec = None
         if order is not None and not len(order):
+            if self.handoff_ok:
+                raise UserError("Megakernel.place_workers([]): a grid handoff needs the workers placed")
+            self._sm_rec = None
             self.sm_map = None
             return []
         ids = probe_smids(self.num_workers, self.smem)
@@ -801,6 +849,7 @@ class Megakernel:
                             f"gets ({len(ids)} ids, {min(ids)}..{max(ids)})")
         m = np.full(max(ids) + 1, -1, np.int32)
         m[order] = np.arange(len(order), dtype=np.int32)
+        self._sm_rec = None
         self.sm_map = self.cp.asarray(m)
         return order
 
@@ -809,6 +858,8 @@ class Megakernel:
         map) and record the SM each worker ran on; placement() reads the last launch's."""
         if "DTMK_SM_WORKER" not in self.defines:
             raise UserError("Megakernel.record_placement: the build lacks -DDTMK_SM_WORKER")
+        if self.handoff_ok:
+            raise UserError("Megakernel.record_placement: a grid handoff needs the workers placed")
         self.sm_map = None
         self._sm_rec = self.cp.full(self.num_workers, -1, self.cp.int32)
 
@@ -858,19 +909,22 @@ class Megakernel:
         once; finish(handle) waits and collects (the asynchronous half of run()).
 
         lean (Megakernel(handoff=True) only): run the build without hook code; handoff()
-        swaps the hook build in while it runs.  handoff_after=n: the swap is asked before
-        the launch and each worker leaves once it has done >= n tasks (deterministic: tests)."""
+        swaps the hook build in while it runs.  handoff_after=n (tests, benches): 0 asks
+        the swap before the launch (every worker leaves at its first dependency wait), n > 0
+        once some worker has done n tasks (the host polls; returns after asking)."""
         cp = self.cp
         if (lean or handoff_after is not None) and not self.handoff_ok:
             raise UserError("Megakernel.start(lean=True): built without handoff (Megakernel(..., handoff=True))")
         if lean and hooks:
             raise UserError("Megakernel.start: lean=True runs no hook code; hooks= needs the hook build")
         lean = lean or handoff_after is not None
+        if handoff_after is not None and handoff_after < 0:
+            raise UserError(f"Megakernel.start: handoff_after must be >= 0 tasks, got {handoff_after}")
         self._prepare(hooks, trace, faults, watchdog_ms, refresh)
-        if handoff_after is not None:
-            if handoff_after < 0:
-                raise UserError(f"Megakernel.start: handoff_after must be >= 0 tasks, got {handoff_after}")
-            self.buf["control"][CTL_HANDOFF] = handoff_after + 1
+        if handoff_after == 0:
+            self.buf["control"][CTL_ABORT] = ABORT_LEAVE
+        if lean:      # a successor waits for its worker's row to read done / left: none may be stale
+            self.buf["worker_state"][:, WS_NAMES.index("state")] = 0
         if poison:
             self.poison()
         self.out_tokens = cp.full((steps, self.B), -1, cp.int32)
@@ -880,21 +934,32 @@ class Megakernel:
         start, end = cp.cuda.Event(), cp.cuda.Event()
         ho = None
         if lean:        # zeroed before the launch: nothing but kernels' own work while it runs
-            ho = {"block": cp.zeros(2 + self.num_workers * (1 + HO_WORDS), cp.uint64), "end": None,
+            ho = {"block": cp.zeros(2 + self.num_workers * HO_WORDS, cp.uint64), "end": None,
                   "side": cp.cuda.Stream(non_blocking=True),
                   "word": np.frombuffer(cp.cuda.alloc_pinned_memory(4), np.uint32, 1)}
         cp.cuda.runtime.deviceSynchronize()
         self._barrier()
         start.record(stream)
-        self.launch(steps, steps, stream, handoff_out=int(ho["block"].data.ptr) if ho else 0)
+        self.launch(steps, steps, stream, handoff_block=int(ho["block"].data.ptr) if ho else 0)
         end.record(stream)
         handle = {"stream": stream, "start": start, "end": end, "steps": steps, "step0": step0,
                   "watchdog_ms": watchdog_ms, "t0": time.perf_counter(), "handoff": ho}
         if ho is not None:
             ho["params"] = self._succ_params
-            if handoff_after is not None:
+            if handoff_after == 0:
                 self._launch_successor(handle)
+            elif handoff_after is not None:
+                self._handoff_when_done(handle, handoff_after)
         return handle
+
+    def _handoff_when_done(self, handle: Dict[str, Any], n: int) -> None:
+        """handoff() once some lean worker has done n tasks (its WS_DONE, read on the side
+        stream while the grid runs), or at once when the lean grid has ended."""
+        col = WS_NAMES.index("done")
+        while not handle["end"].done:
+            if int(self._read_worker_state(handle["handoff"]["side"])[:, col].max()) >= n:
+                break
+        self.handoff(handle)
 
     def done(self, handle: Dict[str, Any]) -> bool:
         ho = handle.get("handoff")
@@ -1129,7 +1194,7 @@ class Megakernel:
         trace, td = self.read_trace()
         ctl = cp.asnumpy(self.buf["control"])
         wd = None
-        if ctl[CTL_ABORT]:
+        if ctl[CTL_ABORT] and ctl[CTL_ABORT] != ABORT_LEAVE:     # (a handoff's stop is not one)
             wd = self.watchdog_report(int(ctl[CTL_ABORT]), int(ctl[CTL_ABORT_WORKER]), watchdog_ms)
         return RunResult(toks, cp.asnumpy(self.buf["logits"]), step_logits, hooks, hd, trace, td, wd,
                          elapsed, steps, step0)

@@ -46,3 +46,14 @@ def test_codes_share_one_layout(paired, preset):
     lay = {c: gpu.smem_layout(cfg, 1, 1, gpu.megakernel_defines(cfg, 1, d)) for c, d in paired.CODES.items()}
     assert len(set(lay.values())) == 1, lay
     assert paired.BASE in paired.CODES and paired.CODES[paired.BASE] == ("DTMK_NO_HOOKS",)
+
+
+def test_handoff_bench_ratios_are_taken_per_instance(load_bench):
+    hb = load_bench("handoff")
+    row = {v: 100.0 for v in hb.ROWS}
+    med = {"0": dict(row, lean=101.0), "1": {v: 2 * x for v, x in dict(row, lean=103.0).items()}}
+    r = hb.paired_ratios(med)
+    assert r["lean/nohooks"]["mean_pct"] == pytest.approx(2.0)
+    assert (r["lean/nohooks"]["min_pct"], r["lean/nohooks"]["max_pct"]) == (pytest.approx(1.0), pytest.approx(3.0))
+    assert r["hook/lean"]["mean_pct"] == pytest.approx(100 * ((100 / 101 + 100 / 103) / 2 - 1))
+    assert {a for a, _ in hb.RATIOS} | {b for _, b in hb.RATIOS} <= set(hb.ROWS)

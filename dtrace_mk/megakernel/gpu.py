@@ -662,13 +662,12 @@ class Megakernel:
                                     cp.cuda.runtime.memcpyHostToDevice, s.ptr)
         s.synchronize()
 
-    def launch(self, steps: int, n_out: int, stream=None, handoff_block: int = 0) -> None:
-        """One launch of `steps` steps; handoff_block != 0: the LEAN grid, whose successor
-        (params self._succ_params) records where it resumed each worker in that block."""
+    def launch(self, steps: int, n_out: int, stream=None, lean: bool = False) -> None:
+        """One launch of `steps` steps; lean: the LEAN grid (its successor's params were
+        built before, start())."""
         params = self._params(steps, n_out)
         self._last_params = params   # keep alive until the launch completes
-        if handoff_block:
-            self._succ_params = self._params(steps, n_out, handoff_in=handoff_block)
+        if lean:
             self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
             self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
@@ -937,15 +936,16 @@ class Megakernel:
             ho = {"block": cp.zeros(2 + self.num_workers * HO_WORDS, cp.uint64), "end": None,
                   "side": cp.cuda.Stream(non_blocking=True),
                   "word": np.frombuffer(cp.cuda.alloc_pinned_memory(4), np.uint32, 1)}
+        if ho is not None:       # (built before the start event: the timed window holds one launch)
+            ho["params"] = self._params(steps, steps, handoff_in=int(ho["block"].data.ptr))
         cp.cuda.runtime.deviceSynchronize()
         self._barrier()
         start.record(stream)
-        self.launch(steps, steps, stream, handoff_block=int(ho["block"].data.ptr) if ho else 0)
+        self.launch(steps, steps, stream, lean=ho is not None)
         end.record(stream)
         handle = {"stream": stream, "start": start, "end": end, "steps": steps, "step0": step0,
                   "watchdog_ms": watchdog_ms, "t0": time.perf_counter(), "handoff": ho}
         if ho is not None:
-            ho["params"] = self._succ_params
             if handoff_after == 0:
                 self._launch_successor(handle)
             elif handoff_after is not None:

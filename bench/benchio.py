@@ -43,3 +43,37 @@ def each_preset(names, fn, log) -> list:
         except Exception as e:  # noqa: BLE001 - keep the other presets' numbers
             log(f"{name}: FAILED {e!r}\n{traceback.format_exc()}")
     return out
+
+
+def run_presets(out, name: str, presets: str, fn) -> dict:
+    """The common main of a GPU bench: {card..., "presets": [fn(p, log) per preset]},
+    written to out/<name>.json, logged to out/<name>.log."""
+    import json
+    import cupy as cp
+    log = logger(Path(out), f"{name}.log")
+    res = {**card(cp), "presets": each_preset(presets.split(","), lambda p: fn(p, log), log)}
+    (Path(out) / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
+
+
+def kernels_on(m, codes: dict) -> dict:
+    """{code: kernel function} of megakernel.cu built with each code's defines (the
+    model's own added), to run on Megakernel m's memory by setting m.kernel: every code
+    must lay out dynamic shared memory as m does (they share its params).  A name ending
+    in "'" loads a second module of the same cubin (its own code addresses)."""
+    from dtrace_mk.megakernel import gpu
+    import cupy as cp
+    out = {}
+    for c, d in codes.items():
+        defs = gpu.megakernel_defines(m.cfg, 1, d)
+        if gpu.smem_layout(m.lcfg, m.B, 1, defs) != (m.xs_off, m.xs_cap, m.smem):
+            raise RuntimeError(f"{c}: another dynamic shared-memory layout; not runnable on this Megakernel")
+        if c.endswith("'"):
+            path = gpu.cache_dir() / f"{gpu.source_hash(m.arch, 'cubin', defs)}_paired_copy.cubin"
+            path.write_bytes(gpu.compile_source(m.arch, "cubin", defs))
+            fn = cp.RawModule(path=str(path)).get_function("dtmk_megakernel")
+        else:
+            fn = gpu.load_module(m.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
+        gpu.set_smem(fn, m.smem)
+        out[c] = fn
+    return out

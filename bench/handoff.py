@@ -86,6 +86,7 @@ def search_order(cfg, steps: int, w, n: int = 16):
 
 
 def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str = "sorted") -> dict:
+    from benchio import kernels_on
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
@@ -93,12 +94,7 @@ def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str =
     m0 = inst[0]
     order = search_order(cfg, steps, w) if placement == "search" else None
     used = [m.place_workers(order) for m in inst][0]
-    kern = {}
-    for c, d in CODES.items():
-        defs = gpu.megakernel_defines(cfg, 1, d)
-        assert gpu.smem_layout(m0.lcfg, 1, 1, defs) == (m0.xs_off, m0.xs_cap, m0.smem), c
-        kern[c] = gpu.load_module(m0.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
-        gpu.set_smem(kern[c], m0.smem)
+    kern = kernels_on(m0, CODES)
     lives = [LiveSession(m) for m in inst]        # the summary's tables (attached for "summary" only)
     mon = summary_monitor(m0.graph.schema)
 
@@ -185,13 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", choices=("sorted", "search"), default="sorted")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
-    import cupy as cp
-    from benchio import card, each_preset, logger
-    outdir = Path(a.out)
-    log = logger(outdir, "handoff.log")
-    res = {**card(cp), "presets": each_preset(
-        a.presets.split(","), lambda p: bench_preset(p, a.reps, log, a.instances, a.placement), log)}
-    (outdir / "handoff.json").write_text(json.dumps(res, indent=1, default=str))
+    from benchio import run_presets
+    res = run_presets(a.out, "handoff", a.presets, lambda p, log: bench_preset(p, a.reps, log, a.instances, a.placement))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (paired: mean over instances of a/b on one "
           f"instance; median us/step per instance)")
     for r in res["presets"]:

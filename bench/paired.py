@@ -73,7 +73,7 @@ def rounds(pairs: Sequence[tuple], reps: int) -> List[List[tuple]]:
 
 
 def bench_preset(name: str, reps: int, instances: int, log) -> dict:
-    import cupy as cp
+    from benchio import kernels_on
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.megakernel.reference import make_weights
@@ -85,20 +85,7 @@ def bench_preset(name: str, reps: int, instances: int, log) -> dict:
     hook_kernel = {i: m.kernel for i, m in inst.items()}     # the successor of lean / swap
     assert inst["w0"].weights["qkv"].data.ptr == inst["0"].weights["qkv"].data.ptr
     m0 = inst["0"]
-    kern = {}
-    for c, d in CODES.items():
-        defs = gpu.megakernel_defines(cfg, 1, d)
-        if gpu.smem_layout(m0.lcfg, 1, 1, defs) != (m0.xs_off, m0.xs_cap, m0.smem):
-            raise RuntimeError(f"{c}: another dynamic shared-memory layout; not pairable")
-        if c.endswith("'"):         # a second module of the same cubin: its own code addresses
-            cubin = gpu.compile_source(m0.arch, "cubin", defs)
-            path = gpu.cache_dir() / f"{gpu.source_hash(m0.arch, 'cubin', defs)}_paired_copy.cubin"
-            path.write_bytes(cubin)
-            fn = cp.RawModule(path=str(path)).get_function("dtmk_megakernel")
-        else:
-            fn = gpu.load_module(m0.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
-        gpu.set_smem(fn, m0.smem)
-        kern[c] = fn
+    kern = kernels_on(m0, CODES)
 
     def timed(i: str, c: str):
         m = inst[i]
@@ -137,12 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--instances", type=int, default=3, help="Megakernels with their own weights (plus w0)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
-    import cupy as cp
-    from benchio import card, each_preset, logger
-    log = logger(Path(a.out), "paired.log")
-    res = {**card(cp), "presets": each_preset(a.presets.split(","),
-                                              lambda p: bench_preset(p, a.reps, a.instances, log), log)}
-    (Path(a.out) / "paired.json").write_text(json.dumps(res, indent=1, default=str))
+    from benchio import run_presets
+    res = run_presets(a.out, "paired", a.presets, lambda p, log: bench_preset(p, a.reps, a.instances, log))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step per instance; "
           f"% = code / nohooks on the SAME instance)")
     for r in res["presets"]:

@@ -75,16 +75,12 @@ def stats(t):
 def bench_preset(name: str, reps: int, log, search: int = 24) -> dict:
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
+    from benchio import kernels_on
     from paired import rounds
     cfg = PRESETS[name]
     steps = STEPS.get(name, 16)
     m = gpu.Megakernel(cfg, batch=1, defines=CODES["nohooks_sm"])
-    kern = {}
-    for c, d in CODES.items():
-        defs = gpu.megakernel_defines(cfg, 1, d)
-        assert gpu.smem_layout(m.lcfg, 1, 1, defs) == (m.xs_off, m.xs_cap, m.smem), c
-        kern[c] = gpu.load_module(m.arch, "megakernel.cu", defs).get_function("dtmk_megakernel")
-        gpu.set_smem(kern[c], m.smem)
+    kern = kernels_on(m, CODES)
     smids = gpu.probe_smids(m.num_workers, m.smem)
     log(json.dumps({"preset": name, "workers": m.num_workers, "smids": sorted(smids)}))
     m.kernel = kern["nohooks_sm"]
@@ -137,11 +133,8 @@ def main(argv=None) -> int:
     ap.add_argument("--search", type=int, default=24, help="block-order launches whose placements are recorded")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
-    import cupy as cp
-    from benchio import card, each_preset, logger
-    log = logger(Path(a.out), "placement.log")
-    res = {**card(cp), "presets": each_preset(a.presets.split(","), lambda p: bench_preset(p, a.reps, log, a.search), log)}
-    (Path(a.out) / "placement.json").write_text(json.dumps(res, indent=1, default=str))
+    from benchio import run_presets
+    res = run_presets(a.out, "placement", a.presets, lambda p, log: bench_preset(p, a.reps, log, a.search))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (us/step over --reps launches; paired % vs nohooks_sm, same map)")
     for r in res["presets"]:
         print(f"{r['preset']}  tokens equal: {r['tokens_equal']}")

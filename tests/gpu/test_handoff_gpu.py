@@ -99,7 +99,6 @@ def test_faults_in_flight_at_the_handoff_neither_hang_nor_change_a_bit():
         {"kind": "slow_task_class", "task_class": "attn", "extra_us": 20},
     ])
     base, _ = run(m, 4, lean=True, faults=ft)
-    readded = 0
     for after in (0, 2, 5, 9, 14):
         m.reset()
         res, st = run(m, 4, handoff_after=after, faults=ft, watchdog_ms=3000)

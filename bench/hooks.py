@@ -53,7 +53,9 @@ variant of hook code only, e.g. recglobal, reuses the default's), plus off2; pri
 off/nohooks, summary/off, off over the default's nohooks, tokens.
 e.g. `--offpath --presets tiny,1b --reps 3 --variants recglobal` (~2-3 min).
 
-plus bytes per step (trace / ring) against the summary's map bytes per snapshot, and
+plus bytes per step (trace / ring) against the summary's map bytes per snapshot -- raw
+(the ring's records; the map entries' keys and values as stored, histograms dense) and on
+the wire (dtrace_mk.runtime.wire: msgpack of both, histograms sparse) -- and
 the hot attach latency into a running launch (attach/detach cycles, from the host's
 generation write and from the attach command to the first counted event, device clock).
 Tokens of every variant must equal the nohooks tokens (checked, printed).
@@ -78,6 +80,7 @@ from dtrace_mk.megakernel import gpu  # noqa: E402
 from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
 from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
 from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor  # noqa: E402
+from dtrace_mk.runtime.wire import snapshot_wire, trace_wire  # noqa: E402
 
 STEPS = {"tiny": 64, "1b": 16}
 LONG = {"tiny": 4000, "1b": 600}
@@ -338,6 +341,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             extra["mask3_dropped"] = r.hooks_dropped
         if v == "trace":
             extra["trace_bytes_per_step"] = len(r.trace) * gpu.TRACE_BYTES / steps
+            extra["trace_wire_bytes_per_step"] = len(trace_wire(r.trace)) / steps
             extra["trace_dropped"] = r.trace_dropped
         if v == "ring_all":
             extra["ring_bytes_per_step"] = len(r.hooks) * 128 / steps
@@ -345,6 +349,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         if v == "summary":
             snap = live.snapshot(aid)
             extra["summary_map_bytes"] = map_bytes(snap)
+            extra["summary_wire_bytes"] = len(snapshot_wire(snap.maps))
             extra["summary_coverage"] = {k: sum(getattr(c, k) for c in snap.coverage)
                                          for k in ("eligible", "executed", "throttled", "lost")}
             extra["summary_obs"] = {k: int((v_ & np.uint64(0xFFFFFFFF)).sum()) if k == "drains" else int(v_.sum())
@@ -591,6 +596,12 @@ def main(argv=None) -> int:
               f"{r.get('trace_bytes_per_step', 0):>10.0f} "
               f"{r.get('ring_bytes_per_step', 0):>10.0f} {r.get('summary_map_bytes', 0):>9} "
               f"{r.get('summary_obs', {}).get('drains', '-'):>7} {all(r['tokens_equal'].values())}")
+    for r in res["presets"]:     # bytes, like for like: the trace per step vs one summary snapshot
+        tw, sw = r.get("trace_wire_bytes_per_step"), r.get("summary_wire_bytes")
+        if tw and sw:
+            print(f"{r['preset']:<6} bytes: trace {r['trace_bytes_per_step']:.0f} B/step raw, {tw:.0f} wire; summary "
+                  f"{r['summary_map_bytes']} B map entries, {sw} wire per snapshot: {tw / sw:.0f}x fewer on the wire "
+                  f"({r['trace_bytes_per_step'] / r['summary_map_bytes']:.0f}x raw)")
     for r in res["presets"]:                          # session 8: the compiled tier's two forms are exact
         if "summary_forms" in r:
             print(f"{r['preset']:<6} summary (hot)   forms {r['summary_forms']}")

@@ -1514,7 +1514,6 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
-      {
 #ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
             const int4 *src = (const int4 *)trec(P, t);
@@ -1540,7 +1539,6 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
-      }
     }
     MK_SYNC();
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)

@@ -500,6 +500,7 @@ class Megakernel:
                             if handoff else None)
         self.sm_map = None           # -DDTMK_SM_WORKER: cupy int32 map[smid] -> worker (place_workers)
         self._sm_rec = None          # -DDTMK_SM_WORKER: cupy int32 [W], each worker's SM (record_placement)
+        self._ws_host = None         # pinned copy of worker_state, read while a grid runs (handoff)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
         self.obs_state = None        # cupy uint64 [W, OBS_WORDS]
         self.kernel = self.module.get_function("dtmk_megakernel")
@@ -703,7 +704,7 @@ class Megakernel:
     def _read_worker_state(self, side) -> np.ndarray:
         """worker_state, read on the side stream while a grid runs."""
         cp, ws = self.cp, self.buf["worker_state"]
-        if getattr(self, "_ws_host", None) is None:
+        if self._ws_host is None:
             self._ws_host = np.frombuffer(cp.cuda.alloc_pinned_memory(ws.nbytes), np.uint64,
                                           ws.size).reshape(ws.shape)
         cp.cuda.runtime.memcpyAsync(self._ws_host.ctypes.data, int(ws.data.ptr), ws.nbytes,
@@ -936,7 +937,7 @@ class Megakernel:
             ho = {"block": cp.zeros(2 + self.num_workers * HO_WORDS, cp.uint64), "end": None,
                   "side": cp.cuda.Stream(non_blocking=True),
                   "word": np.frombuffer(cp.cuda.alloc_pinned_memory(4), np.uint32, 1)}
-        if ho is not None:       # (built before the start event: the timed window holds one launch)
+            # the successor's params, built before the start event: the timed window holds one launch
             ho["params"] = self._params(steps, steps, handoff_in=int(ho["block"].data.ptr))
         cp.cuda.runtime.deviceSynchronize()
         self._barrier()

@@ -32,16 +32,12 @@ def _value(v: Any) -> Any:
     return _num(v)
 
 
-def _nonzero(v: Any) -> bool:
-    return any(v) if isinstance(v, (list, tuple, bytes, bytearray)) else bool(v)
-
-
 def snapshot_wire(maps: Iterable[Any]) -> bytes:
     """msgpack of [[map name, [[key, value], ...]], ...] for maps with .name and
     .snapshot() -> {key bytes: value bytes | histogram bucket list}."""
     body = []
     for m in maps:
-        ents = [[_num(k), _value(v)] for k, v in sorted(m.snapshot().items()) if _nonzero(v)]
+        ents = [[_num(k), _value(v)] for k, v in sorted(m.snapshot(skip_zero=True).items())]
         body.append([m.name, ents])
     return msgpack.packb(body, use_bin_type=True)
 

@@ -77,3 +77,39 @@ def kernels_on(m, codes: dict) -> dict:
         gpu.set_smem(fn, m.smem)
         out[c] = fn
     return out
+
+
+def rounds(pairs, reps: int) -> list:
+    """The run order: a warm-up round, then `reps` rounds, every other one reversed (no
+    pair always follows the same one)."""
+    return [list(pairs) if r % 2 == 0 else list(pairs)[::-1] for r in range(reps + 1)]
+
+
+def timed_rounds(pairs, reps: int, steps: int, launch):
+    """Run launch(pair) -> RunResult for every pair in each of rounds(pairs, reps); returns
+    ({pair: us/step of each timed round}, {pair: its last RunResult})."""
+    times = {p: [] for p in pairs}
+    last = {}
+    for r, order in enumerate(rounds(pairs, reps)):
+        for p in order:
+            res = launch(p)
+            last[p] = res
+            if r:                      # round 0: the warm-up
+                times[p].append(res.elapsed_ms * 1e3 / steps)
+    return times, last
+
+
+def record_placements(m, steps: int, n: int) -> list:
+    """[(us/step, placement)] of n block-order launches of Megakernel m (a -DDTMK_SM_WORKER
+    build), after one warm-up launch; launches whose workers did not each get their own SM
+    are left out.  m runs in block order afterwards (no map)."""
+    m.record_placement()
+    found = []
+    for k in range(n + 1):
+        m.reset()
+        res = m.finish(m.start(steps, poison=False))
+        pl = m.placement()
+        if k and min(pl) >= 0 and len(set(pl)) == len(pl):
+            found.append((res.elapsed_ms * 1e3 / steps, pl))
+    m.place_workers([])
+    return found

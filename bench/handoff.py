@@ -72,21 +72,13 @@ def paired_ratios(med: dict) -> dict:
 
 def search_order(cfg, steps: int, w, n: int = 16):
     """The fastest of n block-order launches of the lean code, as a worker order."""
+    from benchio import record_placements
     m = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
-    m.record_placement()
-    best = None
-    for k in range(n + 1):                 # launch 0: warm-up
-        m.reset()
-        r = m.finish(m.start(steps, poison=False))
-        pl = m.placement()
-        us = r.elapsed_ms * 1e3 / steps
-        if k and min(pl) >= 0 and (best is None or us < best[0]):
-            best = (us, pl)
-    return best[1]
+    return min(record_placements(m, steps, n), key=lambda x: x[0])[1]
 
 
 def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str = "sorted") -> dict:
-    from benchio import kernels_on
+    from benchio import kernels_on, timed_rounds
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
@@ -97,6 +89,7 @@ def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str =
     kern = kernels_on(m0, CODES)
     lives = [LiveSession(m) for m in inst]        # the summary's tables (attached for "summary" only)
     mon = summary_monitor(m0.graph.schema)
+    swaps = {}                                    # what the last "swap" run handed over
 
     def run(k, v):
         m, live = inst[k], lives[k]
@@ -116,39 +109,34 @@ def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str =
         try:
             m.reset()
             h = m.start(steps, poison=False, **kw)
-            return m.finish(h), m.handoff_state(h)
+            res = m.finish(h)
+            if v == "swap":
+                st = m.handoff_state(h)
+                swaps.update(left=len(st["left"]), resumed=st["resumed"])
+            return res
         finally:
             m.kernel = hook
             m.set_observer(0, None)
 
     aids = [live.attach(mon.obj) for live in lives]   # in the tables; only "summary" wires them
     pairs = [(k, v) for k in range(instances) for v in ROWS]
-    times = {p: [] for p in pairs}
-    toks, swaps = {}, {}
-    for rep in range(reps + 1):                  # rep 0: warm-up (not timed)
-        for p in (pairs if rep % 2 else pairs[::-1]):
-            r, st = run(*p)
-            toks[p] = r.tokens
-            if p[1] == "swap":
-                swaps = {"left": len(st["left"]), "resumed": st["resumed"]}
-            if rep:
-                times[p].append(r.elapsed_ms * 1e3 / steps)
+    times, last = timed_rounds(pairs, reps, steps, lambda p: run(*p))
     for live, aid in zip(lives, aids):
         live.detach(aid)
     med = {str(k): {v: statistics.median(times[(k, v)]) for v in ROWS} for k in range(instances)}
-    live, mkh = lives[0], m0
+    live = lives[0]
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "instances": instances,
            "placement": placement, "order": used,
            "us_per_step": med, "ratios": paired_ratios(med),
            "all_us_per_step": {f"{k}/{v}": t for (k, v), t in times.items()},
-           "tokens_equal": all(np.array_equal(t, toks[pairs[0]]) for t in toks.values()),
+           "tokens_equal": all(np.array_equal(r.tokens, last[pairs[0]].tokens) for r in last.values()),
            "swap": swaps, "tasks": len(m0.graph.tasks), "smem": {"hook": m0.shared_memory()}}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratios", "tokens_equal", "swap")}))
     # hot attach into a lean job: one handoff per launch
     lat = []
     for rep in range(reps):
-        live.mk.reset()
-        mkh.set_observer(int(live.rt.tables.data.ptr), live.state)     # where the hook grid finds them
+        m0.reset()
+        m0.set_observer(int(live.rt.tables.data.ptr), live.state)      # where the hook grid finds them
         live.start(LONG.get(name, 600))
         assert live.handle["handoff"] is not None
         t0 = time.perf_counter()
@@ -158,9 +146,9 @@ def bench_preset(name: str, reps: int, log, instances: int = 3, placement: str =
         got = None
         while got is None and time.perf_counter() - t0 < 30 and live.running():
             got = live.attach_latency(live.gen)
-        live.mk.abort()
+        m0.abort()
         live.wait(raise_on_watchdog=False)
-        st = live.mk.handoff_state(live.handle)
+        st = m0.handoff_state(live.handle)
         if got is not None:
             got["resumed"] = st["resumed"]
             lat.append(got)

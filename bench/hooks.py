@@ -558,20 +558,14 @@ def main(argv=None) -> int:
     bad = [v for v in a.variants.split(",") if v and v not in BUILD_VARIANTS]
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
-    import cupy as cp
-    from benchio import card, each_preset, logger
-    outdir = Path(a.out)
-    log = logger(outdir, "hooks.log")
+    from benchio import run_presets
     builds = tuple(v for v in a.variants.split(",") if v)
-    presets = a.presets.split(",")
     if a.offpath:                                    # round 7: the off path only, per build
-        res = {**card(cp), "presets": each_preset(presets, lambda p: bench_offpath(p, a.reps, log, builds), log)}
-        (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
+        res = run_presets(a.out, "hooks", a.presets, lambda p, log: bench_offpath(p, a.reps, log, builds))
         print_offpath(res)
         return 0
-    res = {**card(cp), "presets": each_preset(
-        presets, lambda p: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds), log)}
-    (outdir / "hooks.json").write_text(json.dumps(res, indent=1, default=str))
+    res = run_presets(a.out, "hooks", a.presets,
+                      lambda p, log: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds))
     print(f"\n{res['card']}  {res['date']}")
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
           f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok exact")

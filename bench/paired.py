@@ -36,7 +36,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict
 
 import numpy as np
 
@@ -66,14 +66,8 @@ def summarize(med: Dict[str, Dict[str, float]], base: str = BASE) -> Dict[str, d
     return out
 
 
-def rounds(pairs: Sequence[tuple], reps: int) -> List[List[tuple]]:
-    """The run order: a warm-up round, then `reps` rounds, every other one reversed (no
-    pair always follows the same one)."""
-    return [list(pairs) if r % 2 == 0 else list(pairs)[::-1] for r in range(reps + 1)]
-
-
 def bench_preset(name: str, reps: int, instances: int, log) -> dict:
-    from benchio import kernels_on
+    from benchio import kernels_on, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.megakernel.reference import make_weights
@@ -99,19 +93,12 @@ def bench_preset(name: str, reps: int, instances: int, log) -> dict:
 
     rows = tuple(CODES) + tuple(MODES)
     pairs = [(i, c) for i in inst for c in rows]
-    times = {p: [] for p in pairs}
-    toks = {}
-    for r, order in enumerate(rounds(pairs, reps)):
-        for p in order:
-            res = timed(*p)
-            toks[p] = res.tokens
-            if r:
-                times[p].append(res.elapsed_ms * 1e3 / steps)
+    times, last = timed_rounds(pairs, reps, steps, lambda p: timed(*p))
     med = {i: {c: statistics.median(times[(i, c)]) for c in rows} for i in inst}
-    ref = toks[(next(iter(inst)), BASE)]
+    ref = last[(next(iter(inst)), BASE)].tokens
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
            "all_us_per_step": {f"{i}/{c}": t for (i, c), t in times.items()},
-           "tokens_equal": all(np.array_equal(t, ref) for t in toks.values()),
+           "tokens_equal": all(np.array_equal(r.tokens, ref) for r in last.values()),
            "codes": summarize(med)}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal")}))
     return out

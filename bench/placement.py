@@ -75,8 +75,7 @@ def stats(t):
 def bench_preset(name: str, reps: int, log, search: int = 24) -> dict:
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
-    from benchio import kernels_on
-    from paired import rounds
+    from benchio import kernels_on, record_placements, timed_rounds
     cfg = PRESETS[name]
     steps = STEPS.get(name, 16)
     m = gpu.Megakernel(cfg, batch=1, defines=CODES["nohooks_sm"])
@@ -84,15 +83,7 @@ def bench_preset(name: str, reps: int, log, search: int = 24) -> dict:
     smids = gpu.probe_smids(m.num_workers, m.smem)
     log(json.dumps({"preset": name, "workers": m.num_workers, "smids": sorted(smids)}))
     m.kernel = kern["nohooks_sm"]
-    m.record_placement()
-    found = []
-    for k in range(search + 1):              # launch 0: warm-up
-        m.reset()
-        res = m.finish(m.start(steps, poison=False))
-        pl = m.placement()
-        if k and sorted(pl) == sorted(smids):
-            found.append((res.elapsed_ms * 1e3 / steps, pl))
-    m.place_workers([])
+    found = record_placements(m, steps, search)
     ords = orders(smids, found)
     log(json.dumps({"preset": name, "search_us_per_step": sorted(round(u, 1) for u, _ in found)}))
 
@@ -106,22 +97,15 @@ def bench_preset(name: str, reps: int, log, search: int = 24) -> dict:
         return m.finish(m.start(steps, poison=False))
 
     ps = pairs()
-    times = {p: [] for p in ps}
-    toks = {}
-    for r, order in enumerate(rounds(ps, reps)):
-        for p in order:
-            res = timed(*p)
-            toks[p] = res.tokens
-            if r:
-                times[p].append(res.elapsed_ms * 1e3 / steps)
-    ref = toks[ps[0]]
+    times, last = timed_rounds(ps, reps, steps, lambda p: timed(*p))
+    ref = last[ps[0]].tokens
     st = {f"{mp}/{c}": stats(t) for (mp, c), t in times.items()}
     paired = {f"{mp}/{c}": 100.0 * (st[f"{mp}/{c}"]["median"] / st[f"{mp}/nohooks_sm"]["median"] - 1.0)
               for mp in CODE_MAPS for c in CODES}
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "stats": st, "paired_pct": paired,
            "search_us_per_step": [u for u, _ in found], "orders": ords,
            "all_us_per_step": {f"{mp}/{c}": t for (mp, c), t in times.items()},
-           "tokens_equal": all(np.array_equal(t, ref) for t in toks.values())}
+           "tokens_equal": all(np.array_equal(r.tokens, ref) for r in last.values())}
     log(json.dumps({k: out[k] for k in ("preset", "stats", "paired_pct", "tokens_equal")}))
     return out
 

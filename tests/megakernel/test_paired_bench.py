@@ -32,9 +32,9 @@ def test_paired_ratio_per_instance(paired):
     assert s["mean_pct"] == pytest.approx(0.25)
 
 
-def test_rounds_alternate_order(paired):
+def test_rounds_alternate_order(load_bench):
     pairs = [("0", "a"), ("0", "b"), ("1", "a")]
-    r = paired.rounds(pairs, 3)
+    r = load_bench("benchio").rounds(pairs, 3)
     assert len(r) == 4                        # warm-up + 3
     assert r[0] == pairs and r[1] == pairs[::-1] and r[2] == pairs
     assert all(sorted(x) == sorted(pairs) for x in r)

@@ -66,7 +66,18 @@ def summarize(med: Dict[str, Dict[str, float]], base: str = BASE) -> Dict[str, d
     return out
 
 
-def bench_preset(name: str, reps: int, instances: int, log) -> dict:
+def parse_codes(spec: str) -> Dict[str, tuple]:
+    """--codes "name=DEF1+DEF2,name2=DEF3" -> {name: (DEF1, DEF2), ...} (extra builds)"""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, defs = item.partition("=")
+        if not sep or not name or name in CODES or name in MODES:
+            raise SystemExit(f"--codes: {item!r}: want NAME=DEFINE[+DEFINE...] with a new name")
+        out[name] = tuple(filter(None, defs.split("+")))
+    return out
+
+
+def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tuple] = {}) -> dict:
     from benchio import kernels_on, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -79,7 +90,8 @@ def bench_preset(name: str, reps: int, instances: int, log) -> dict:
     hook_kernel = {i: m.kernel for i, m in inst.items()}     # the successor of lean / swap
     assert inst["w0"].weights["qkv"].data.ptr == inst["0"].weights["qkv"].data.ptr
     m0 = inst["0"]
-    kern = kernels_on(m0, CODES)
+    codes = {**CODES, **extra}
+    kern = kernels_on(m0, codes)
 
     def timed(i: str, c: str):
         m = inst[i]
@@ -91,7 +103,7 @@ def bench_preset(name: str, reps: int, instances: int, log) -> dict:
         finally:
             m.kernel = hook_kernel[i]
 
-    rows = tuple(CODES) + tuple(MODES)
+    rows = tuple(codes) + tuple(MODES)
     pairs = [(i, c) for i in inst for c in rows]
     times, last = timed_rounds(pairs, reps, steps, lambda p: timed(*p))
     med = {i: {c: statistics.median(times[(i, c)]) for c in rows} for i in inst}
@@ -110,9 +122,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--instances", type=int, default=3, help="Megakernels with their own weights (plus w0)")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--codes", default="", help="extra builds NAME=DEFINE[+DEFINE...], comma separated "
+                    "(e.g. r120=DTMK_NO_HOOKS+DTMK_MAXNREG=120)")
     a = ap.parse_args(argv)
+    extra = parse_codes(a.codes)
     from benchio import run_presets
-    res = run_presets(a.out, "paired", a.presets, lambda p, log: bench_preset(p, a.reps, a.instances, log))
+    res = run_presets(a.out, "paired", a.presets, lambda p, log: bench_preset(p, a.reps, a.instances, log, extra))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step per instance; "
           f"% = code / nohooks on the SAME instance)")
     for r in res["presets"]:

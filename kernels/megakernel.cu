@@ -1779,7 +1779,7 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 #define HO_FINISHED false
 #endif
 
-extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) dtmk_megakernel(const dtmk_u64 *params) {
+extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
     extern __shared__ float smem[];

@@ -20,6 +20,13 @@
 #endif
 
 #define MK_THREADS 512                      /* compute threads of a CTA (the task bodies) */
+/* the kernel's register bound: one 512-thread CTA per SM (128 registers).  -DDTMK_MAXNREG=N
+ * (measurement): __maxnreg__(N) instead, e.g. 120, what a 17th (observer) warp leaves */
+#ifdef DTMK_MAXNREG
+#define MK_KERNEL_BOUNDS __maxnreg__(DTMK_MAXNREG)
+#else
+#define MK_KERNEL_BOUNDS __launch_bounds__(MK_THREADS, 1)
+#endif
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_SYNC() __syncthreads()          /* every CTA barrier (one name for grep) */
 #define MK_FULL 0xffffffffu

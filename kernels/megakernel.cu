@@ -188,6 +188,23 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #error "-DDTMK_HANDOFF: a leave must not find a stream or record started for the next task"
 #endif
 
+#if defined(DTMK_OBS_WARP) && defined(DTMK_NO_HOOKS)
+#error "-DDTMK_OBS_WARP: the observer warp runs hook records; a no-hook build has none"
+#endif
+#ifdef DTMK_OBS_WARP
+#define OW_Q 32                   /* thread 0 -> observer queue: entries of 128 bytes (4 KB) */
+#define OW_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (Worker's pend fields) */
+#define OW_TAG_MARK 0xfffffffeu   /* entry word 0: new tables (thread 0 saw CTL_GEN move) */
+                                  /* (else a built record: word 0 is its ABI version) */
+#ifdef DTMK_OBS_PROF
+#error "-DDTMK_OBS_PROF counts warp 0's drains; the observer warp's are not profiled"
+#endif
+__device__ __forceinline__ dtmk_u32 ow_ld(const dtmk_u32 *p) { return *(const volatile dtmk_u32 *)p; }
+__device__ __forceinline__ void ow_st(dtmk_u32 *p, dtmk_u32 v) { *(volatile dtmk_u32 *)p = v; }
+__device__ __forceinline__ dtmk_u32 lo32(dtmk_u64 v) { return (dtmk_u32)v; }
+__device__ __forceinline__ dtmk_u32 hi32(dtmk_u64 v) { return (dtmk_u32)(v >> 32); }
+#endif
+
 /* observer state per worker (u64 words, global memory, read by the host while running) */
 #define OBS_PENDING 0      /* lowest decode step of a record not yet run + flushed; ~0 = none */
 #define OBS_DRAINED 1      /* records run through the VM */
@@ -288,6 +305,10 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
 #endif
 };
 
+#ifdef DTMK_OBS_WARP
+__shared__ Worker Wo;      /* the observer warp's Worker: its pend fields, host-ring cursor, ids */
+#endif
+
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
 /* ---- faults ----------------------------------------------------------------------- */
@@ -385,6 +406,18 @@ struct __align__(16) Obs {
     dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
 #endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
+#ifdef DTMK_OBS_WARP
+    /* the observer warp (see "observer warp" below).  Thread 0 pushes entries and owns
+     * q_head, t0_step and pub (it is the only writer of OBS_PENDING); the observer owns
+     * the rest of Obs and q_tail, ow_low, ow_seq, ow_done */
+    uint4 q[OW_Q][DTMK_CTX_SIZE / 16];
+    dtmk_u32 q_head, q_tail;                /* entries pushed / consumed */
+    dtmk_u32 t0_step;                       /* thread 0's step: every entry of a lower step is pushed */
+    dtmk_u32 ow_low;                        /* lowest epoch the observer holds after q_tail entries */
+    dtmk_u32 ring_lo;                       /* lowest step of a record in the ring (~0: empty) */
+    dtmk_u32 ow_seq, ow_stop, ow_done;      /* table reloads done; end asked; observer finished */
+    dtmk_u32 ow_live;                       /* thread 0: the observer runs (reloads go through it) */
+#endif
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
 #ifdef DTMK_REC_FAST
@@ -612,16 +645,28 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         /* fence + publish only when coverage was flushed or OBS_PENDING moves (an epoch
          * end): between epoch ends the lowest held epoch is the one already published, so
          * nothing becomes final and the map / coverage writes need no fence yet */
-        if (__any_sync(0xffffffffu, flushed) || keep != O.pub) {
+#ifdef DTMK_OBS_WARP
+#define OBS_PUBLISHED O.ow_low                 /* thread 0 copies it into OBS_PENDING (ow_raise) */
+#else
+#define OBS_PUBLISHED O.pub
+#endif
+        if (__any_sync(0xffffffffu, flushed) || keep != OBS_PUBLISHED) {
             __threadfence();                           /* this lane's coverage before OBS_PENDING */
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
-                O.pub = keep;
                 O.pubs += 1;
+#ifdef DTMK_OBS_WARP
+                *(volatile dtmk_u32 *)&O.ow_low = keep;
+#else
+                O.pub = keep;
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
+#endif
             }
         }
+#ifdef DTMK_OBS_WARP
+        if (lane == 0) O.ring_lo = ~0u;            /* the ring is empty */
+#endif
         if (lane == 0) {
             O.acc_min = keep;
             g[OBS_DRAINED] = O.drained;
@@ -728,13 +773,31 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
 }
+#ifdef DTMK_OBS_WARP
+#define OBS_SYNC_IF(cond, chunk, step) do { } while (0)      /* the observer warp drains */
+#else
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+#endif
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
+#ifdef DTMK_OBS_WARP
+__device__ __noinline__ void ow_raise(Worker &W);
+#endif
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
+#ifdef DTMK_OBS_WARP
+    /* every entry of a lower step is pushed (the previous task's went after its signal):
+     * the observer may flush those epochs; OBS_PENDING up if it has caught up */
+#ifdef DTMK_REC_FAST
+    O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
+#endif
+    if (rd) W.long_wait = 0;
+    if (step != O.t0_step) { __threadfence_block(); ow_st(&O.t0_step, step); }
+    ow_raise(W);
+    return 0;
+#endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
     if (rd) W.long_wait = 0;
@@ -757,7 +820,11 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
-__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+__device__ __noinline__ bool obs_spin_drain(Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+#ifdef DTMK_OBS_WARP
+    ow_raise(W);
+    return false;
+#endif
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
@@ -802,10 +869,14 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
     { DTMK_PROF_BEGIN(prof_i3); hk_probe_empty(); DTMK_PROF_END1(22, prof_i3); }
 #endif
     if (step < O.acc_min) O.acc_min = step;
+#ifdef DTMK_OBS_WARP
+    if (step < O.ow_low) O.ow_low = step;     /* (thread 0 held OBS_PENDING at the push) */
+#else
     if (O.acc_min < O.pub) {
         O.pub = O.acc_min;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
     }
+#endif
     if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = O.sh.ctx.ts_ns; O.first_seen = 1; }
 }
 #endif
@@ -836,11 +907,16 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
             /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
              * its task's release signal had it held by hook_hold before the signal;
              * obs_sync moves it up once the ring is empty */
+#ifdef DTMK_OBS_WARP
+            if (step < O.ring_lo) O.ring_lo = step;
+            if (step < O.ow_low) O.ow_low = step;   /* (thread 0 held OBS_PENDING at the push) */
+#else
             const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
                 O.pub = lo;
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
             }
+#endif
             O.cnt[hook] = cn + 1; O.n += 1;
             if (cn >= O.maxc) O.maxc = cn + 1;
         } else {
@@ -865,6 +941,96 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
     }
 }
 
+#ifdef DTMK_OBS_WARP
+/* ---- observer warp (-DDTMK_OBS_WARP): thread 0's side ---------------------------------
+ * Thread 0 no longer builds records or runs the VM between tasks: it captures as before
+ * (stamps and scalars in W's pend fields; hook_hold / hold_light before the release
+ * signal) and, after the signal, pushes ONE 80-byte entry (ow_push_pend) into a
+ * shared-memory queue; a record built on thread 0 (hook_event: dep:wait, comm, router
+ * task:ready; gen:advance) is pushed whole (hk_emit).  The 17th warp (ow_main) pops
+ * entries in order, builds the records (hook_flush) into the observer's ring / the host
+ * ring, and runs the VM (obs_sync) in 32-record batches, concurrently with the bodies.
+ *
+ * Epochs: thread 0 stays the only writer of OBS_PENDING.  A push of epoch s holds it
+ * <= s before the entry is visible (and hold_epoch before the release signal, as
+ * without the observer warp); ow_raise moves it up to the observer's ow_low only once
+ * every pushed entry is consumed (q_tail == q_head), and ow_low moves up only after the
+ * observer fenced its map and coverage flushes.  New tables: thread 0 pushes a MARK and
+ * waits until the observer has run every earlier entry under the old tables and loaded
+ * the new ones (ow_reload): the generation boundary is exact, as before. */
+
+/* thread 0: the next free queue slot (waits while the observer is OW_Q entries behind) */
+__device__ __forceinline__ uint4 *ow_slot() {
+    const dtmk_u32 h = O.q_head;
+    while (h - ow_ld(&O.q_tail) >= OW_Q) __nanosleep(64);
+    return O.q[h % OW_Q];
+}
+/* thread 0: publish the slot written (records of epoch `step`; ~0u none): OBS_PENDING
+ * held <= step first, then the entry made visible to the observer */
+__device__ __forceinline__ void ow_commit(Worker &W, dtmk_u32 step) {
+    if (step < O.pub) { O.pub = step; *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step; }
+    __threadfence_block();
+    ow_st(&O.q_head, O.q_head + 1);
+}
+/* thread 0, after a task's release signal: its captured hooks as one entry */
+__device__ __noinline__ void ow_push_pend(Worker &W) {
+    uint4 *d = ow_slot();
+    d[0] = make_uint4(OW_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
+    d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
+    d[2] = make_uint4(lo32(W.pend_rg), hi32(W.pend_rg), lo32(W.t_ready), hi32(W.t_ready));
+    d[3] = make_uint4(lo32(W.t_begin), hi32(W.t_begin), lo32(W.t_end), hi32(W.t_end));
+    d[4] = make_uint4(lo32(W.dep_wait), hi32(W.dep_wait), lo32(W.ts_rel), hi32(W.ts_rel));
+    W.pend = 0; W.pend_rg = 0;
+    ow_commit(W, (dtmk_u32)W.pend_step);
+}
+/* the observer (lane 0): an OW_TAG_PEND entry back into its Worker's pend fields */
+__device__ __forceinline__ void ow_unpack(Worker &V, const uint4 *d) {
+    V.pend = d[0].y; V.pend_q = d[0].z; V.pend_flags = d[0].w;
+    V.cw_peer = d[1].x; V.phantoms = d[1].y; V.pend_t = (int)d[1].z; V.pend_step = (int)d[1].w;
+    V.pend_rg = ((dtmk_u64)d[2].y << 32) | d[2].x; V.t_ready = ((dtmk_u64)d[2].w << 32) | d[2].z;
+    V.t_begin = ((dtmk_u64)d[3].y << 32) | d[3].x; V.t_end = ((dtmk_u64)d[3].w << 32) | d[3].z;
+    V.dep_wait = ((dtmk_u64)d[4].y << 32) | d[4].x; V.ts_rel = ((dtmk_u64)d[4].w << 32) | d[4].z;
+}
+/* thread 0: OBS_PENDING up to the observer's ow_low once it has consumed every entry */
+__device__ __noinline__ void ow_raise(Worker &W) {
+    if (!O.state || ow_ld(&O.q_tail) != O.q_head) return;
+    const dtmk_u32 lo = ow_ld(&O.ow_low);
+    if (lo == O.pub) return;
+    __threadfence();                   /* the observer's flushes (fenced before ow_low) first */
+    O.pub = lo;
+    *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
+}
+/* thread 0, CTL_GEN moved: the observer runs every earlier entry under the old tables,
+ * then loads the new ones; thread 0 waits for it (an attach / detach, not per task) */
+__device__ __noinline__ void ow_reload(Worker &W) {
+    const dtmk_u32 seq = ow_ld(&O.ow_seq);
+    uint4 *d = ow_slot();
+    d[0] = make_uint4(OW_TAG_MARK, 0u, 0u, 0u);
+    ow_commit(W, ~0u);
+    while (ow_ld(&O.ow_seq) == seq) __nanosleep(64);
+    ow_raise(W);
+}
+/* thread 0: the observer has consumed every entry (its host-ring records are out, fenced):
+ * take its host-ring cursor (a step gate's hook_head; the kernel's end) */
+__device__ __noinline__ void ow_catch_up(Worker &W) {
+    while (ow_ld(&O.q_tail) != O.q_head) __nanosleep(64);
+    W.hook_n = Wo.hook_n; W.hook_drop = Wo.hook_drop;
+}
+#endif
+
+/* thread 0, a record built: into the observer's ring / the host ring, or with the
+ * observer warp into its queue */
+__device__ __forceinline__ void hk_emit(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+#ifdef DTMK_OBS_WARP
+    uint4 *d = ow_slot();
+#pragma unroll
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
+    ow_commit(W, step);
+#else
+    hk_store(P, W, c, hook, step);
+#endif
+}
+
 /* cold, thread 0: build and publish one record (ts given: no clock read here); t >= 0:
  * the task fields of t (request_gen: rg, see hk_task) and FLAG_REMOTE (mk_comm.cuh) */
 __device__ __forceinline__ void hk_put_rec(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
@@ -876,7 +1042,7 @@ __device__ __forceinline__ void hk_put_rec(const MkParams &P, Worker &W, dtmk_u3
     HkRec c;
     hk_rec(c, P, W, hook, ts, k, (dtmk_u32)step, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
            peer_rank, flags);
-    hk_store(P, W, c, hook, (dtmk_u32)step);
+    hk_emit(P, W, c, hook, (dtmk_u32)step);
 }
 __device__ __noinline__ void hook_put(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
                                       dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
@@ -907,8 +1073,14 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+#ifdef DTMK_OBS_WARP
+    /* (before the observer starts, the setup's first load takes the tables) */
+    if (O.tables && O.ow_live && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) ow_reload(W);   /* waits for them */
+    W.hook_mask = O.ring_mask | obs_prog_hooks();
+#else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
+#endif
 #else
     W.hook_mask = 0;
 #endif
@@ -1117,7 +1289,11 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
  * when captured.  The task's fields are loaded once; one emit site for all records. */
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     const int t = W.pend_t, step = W.pend_step;
+#ifdef DTMK_OBS_WARP
+    const int *r = trec(P, t);           /* the observer: thread 0 rewrites the shared copy */
+#else
     const int *r = hk_trec(P, t);
+#endif
     const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];
     HkTask k;
     k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
@@ -1187,6 +1363,12 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
 }
 #endif
 
+#ifdef DTMK_OBS_WARP
+#define HK_FLUSH_PEND(P, W) ow_push_pend(W)   /* the observer warp builds them */
+#else
+#define HK_FLUSH_PEND(P, W) hook_flush(P, W)
+#endif
+
 __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
                                         dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns, dtmk_u64 dur_ns = 0,
                                         dtmk_u32 queue_depth = 0, dtmk_u64 ts_ns = 0,
@@ -1196,7 +1378,7 @@ __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, 
      * collector's causal check compares the peer's release with */
     const dtmk_u64 ts = ts_ns ? ts_ns : mk_now();
 #ifndef DTMK_NO_HOOKS
-    if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
+    if (W.pend) HK_FLUSH_PEND(P, W);   /* records captured before this one go first (ring order = time order) */
 #endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
     hook_put(P, W, (dtmk_u32)hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns,
@@ -1268,7 +1450,7 @@ __device__ __forceinline__ void hold_light(const MkParams &, Worker &, int, int,
  * gen:advance and the trace record */
 __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end) {
 #ifndef DTMK_NO_HOOKS
-    if (W.pend) hook_flush(P, W);
+    if (W.pend) HK_FLUSH_PEND(P, W);
     W.pend_rg = 0;                       /* the next task captures afresh */
 #endif
     if (hk_trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
@@ -1281,7 +1463,7 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
             HkRec c;
             hk_rec(c, P, W, DTMK_HOOK_GEN_ADVANCE, t_end, k, (dtmk_u32)step, DTMK_NONE_U32, 0, 0, 0, 0, DTMK_NONE_U32, 0,
                    DTMK_NONE_U32, 0);
-            hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
+            hk_emit(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
         }
     }
     if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
@@ -1601,7 +1783,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 /* both control words loaded before either is tested (one L2 round trip) */
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
+#ifdef DTMK_OBS_WARP
+                if (gen != O.gen_seen) { ow_reload(W); W.hook_mask = O.ring_mask | obs_prog_hooks(); obs_update(W); }
+#else
                 if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
+#endif
                 if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
@@ -1683,6 +1869,9 @@ __device__ void add_phantoms(const MkParams &P, Worker &W, int step, int layer) 
  * hook_drop (records refused by a full ring) and steps_done (all of this worker's records
  * of steps < fin are stored). */
 __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64 fin) {
+#ifdef DTMK_OBS_WARP
+    ow_catch_up(W);
+#endif
     __threadfence_system();
     ((volatile dtmk_u64 *)P.hook_head)[W.worker] = W.hook_n;
     ((volatile dtmk_u64 *)P.hook_drop)[W.worker] = W.hook_drop;
@@ -1779,11 +1968,80 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 #define HO_FINISHED false
 #endif
 
+#ifdef DTMK_OBS_WARP
+/* ---- observer warp: the 17th warp's loop -------------------------------------------------
+ * Pops thread 0's entries in order: a task's captured hooks -> hook_flush (records into
+ * the observer's ring and / or the host ring), a built record -> hk_store, a MARK -> run
+ * everything under the old tables and load the new ones (obs_sync with O.reload).  Runs
+ * the VM (obs_sync) when a sub-ring holds a full 32-record batch (or is full), and when
+ * idle over records or accumulators of epochs below thread 0's step (so epochs finalise
+ * about once per step).  It is in none of the compute threads' barriers (they use named
+ * barrier 1), so its drains overlap the task bodies; thread 0 waits for it only when the
+ * queue is full, at a table reload, a resident step gate and the end. */
+__device__ __noinline__ void ow_main(const MkParams &P) {
+    const unsigned lane = threadIdx.x & 31;
+    dtmk_u32 tail = 0;
+    for (;;) {
+        const dtmk_u32 cur = ow_ld(&O.t0_step);    /* read before q_head: its entries are all pushed */
+        const dtmk_u32 stop = ow_ld(&O.ow_stop);
+        const dtmk_u32 head = ow_ld(&O.q_head);
+        if (tail != head) {
+            const uint4 *d = O.q[tail % OW_Q];
+            const dtmk_u32 tag = d[0].x;
+            const dtmk_u64 hn = Wo.hook_n;
+            if (tag == OW_TAG_MARK) {
+                if (lane == 0) O.reload = 1;
+                __syncwarp();
+                obs_sync(P, Wo, false, ~0u);          /* (clears O.reload once the tables are in) */
+            } else if (lane == 0) {
+                if (tag == OW_TAG_PEND) { ow_unpack(Wo, d); hook_flush(P, Wo); }
+                else hk_store(P, Wo, *(const HkRec *)d, d[0].y, d[3].z);   /* hook, decode_step */
+            }
+            __syncwarp();
+            ++tail;
+            if (lane == 0) {
+                if (Wo.hook_n != hn) __threadfence();   /* host-ring records before thread 0 publishes a head */
+                __threadfence_block();
+                ow_st(&O.q_tail, tail);
+                if (tag == OW_TAG_MARK) ow_st(&O.ow_seq, O.ow_seq + 1);
+            }
+            __syncwarp();
+            if (O.n && O.maxc >= min(32u, O.cap)) obs_sync(P, Wo, false, cur);
+            continue;
+        }
+        if (O.tables && ((O.n && (O.ring_lo < cur || stop)) || (!O.n && O.acc_min < cur))) {
+            obs_sync(P, Wo, false, stop ? ~0u : cur);
+            continue;
+        }
+        if (stop) break;
+        __nanosleep(256);
+    }
+    if (O.tables) obs_sync(P, Wo, false, ~0u);       /* the last drain: every epoch flushed */
+    __syncwarp();
+    if (lane == 0) { __threadfence(); ow_st(&O.ow_done, 1); }
+}
+/* thread 0, the kernel's end: the observer drains everything; OBS_PENDING follows */
+__device__ __noinline__ void ow_finish(Worker &W) {
+    __threadfence_block();
+    ow_st(&O.ow_stop, 1);
+    while (!ow_ld(&O.ow_done)) __nanosleep(128);
+    ow_catch_up(W);
+    ow_raise(W);
+}
+#endif
+
 extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
     extern __shared__ float smem[];
-    for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];
+#ifdef DTMK_OBS_WARP
+    if (threadIdx.x >= MK_THREADS) {           /* the observer warp: after the setup below */
+        asm volatile("bar.sync 2, %0;" :: "n"(MK_BLOCK) : "memory");
+        ow_main(P);
+        return;
+    }
+#endif
+    for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += MK_THREADS) ((dtmk_u64 *)&P)[i] = params[i];
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -1804,10 +2062,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #endif
 #ifndef DTMK_NO_HOOKS
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
-    for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
-    for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+    for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += MK_THREADS) ((dtmk_u32 *)O.tabs)[i] = 0;
+    for (int i = threadIdx.x; i < OBS_NACC; i += MK_THREADS) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
 #ifdef HK_SITE_FORM
-    for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
+    for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += MK_THREADS) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
 #endif
     if (threadIdx.x == 0) {
@@ -1833,6 +2091,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
+#ifdef DTMK_OBS_WARP
+        O.ow_live = 0;
+#endif
         W.pend = 0;
     }
 #endif
@@ -1851,8 +2112,24 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     MK_SYNC();
 #ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_WARP
+    if (O.reload) obs_sync_cta(P, W, false, 0u);   /* the first tables: warp 0, before any task */
+    MK_SYNC();
+    if (threadIdx.x == 0) {
+        Wo = W;
+        O.q_head = O.q_tail = 0; O.ow_seq = O.ow_stop = O.ow_done = 0;
+        O.ow_low = ~0u; O.ring_lo = ~0u; O.ow_live = 1;
+#ifdef HO_RESUME
+        O.t0_step = (dtmk_u32)W.rs_step;
+#else
+        O.t0_step = (dtmk_u32)P.step0;
+#endif
+    }
+    asm volatile("bar.sync 2, %0;" :: "n"(MK_BLOCK) : "memory");   /* the observer starts */
+#else
     OBS_SYNC_IF(O.reload, false, 0u);
     MK_SYNC();
+#endif
 #endif
     const int *plan = (const int *)P.plan_tasks;
     int p0 = ((const int *)P.plan_off)[MK_WID], p1 = ((const int *)P.plan_off)[MK_WID + 1];
@@ -1916,6 +2193,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if (W.gate == 2 || W.aborted) { last = step; break; }
             if (threadIdx.x == 0)       /* the host's tail only grows: a stale one is conservative */
                 W.hook_tail = *((const volatile dtmk_u64 *)P.hook_tail + W.worker);
+#ifdef DTMK_OBS_WARP
+            if (threadIdx.x == 0) Wo.hook_tail = W.hook_tail;   /* (monotone: a stale one is conservative) */
+#endif
         }
         /* a resumed step's step-start phantoms: re-added if its worker left them unspent
          * (it left at the step's first task, with no dynamic task run while waiting) */
@@ -1956,6 +2236,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+#ifdef DTMK_OBS_WARP
+    if (threadIdx.x == 0) ow_finish(W);
+#endif
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */

@@ -22,8 +22,9 @@ _S = {}
 #: -DDTMK_REC_GLOBAL, the old record path (the global task table), and the session-8
 #: variant -DDTMK_HOLD_EAGER (the full pre-signal hold always; the default holds lazily: no
 #: pre-signal hold work when no program reads request_gen)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",)],
-                                 ids=["default", "recglobal", "codesmem", "holdeager"])
+OBSW = ("DTMK_OBS_WARP",)    # session 13: a 17th warp runs the records beside the bodies
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSW],
+                                 ids=["default", "recglobal", "codesmem", "holdeager", "obswarp"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -58,16 +59,17 @@ def reference_maps(obj, hooks, workers):
 
 
 #: the hot summary from descriptors (a -DDTMK_SITE_FORM build) and through the VM (default)
-FORMS = pytest.mark.parametrize("defines", [SITE, ()], ids=["desc", "vm"])
+FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_WARP",)], ids=["desc", "vm", "obswarp"])
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE],
-                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSW,
+                                     SITE + OBSW],
+                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obswarp", "site+obswarp"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines == SITE else
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if "DTMK_SITE_FORM" in defines else
                                                 {"program: the runtime runs programs"})
     try:
         live.start(3, hooks="all")            # the global ring records the same contexts
@@ -88,7 +90,7 @@ def test_attached_before_launch_matches_reference_exactly(defines):
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",)], ids=["default", "holdeager"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSW], ids=["default", "holdeager", "obswarp"])
 def test_summary_without_a_host_ring_counts_every_task(defines):
     """Without the host ring (so the default build takes its light pre-signal hold: the
     summary reads no request_gen; -DDTMK_HOLD_EAGER the full one), the hot summary still sees every task once: per class,
@@ -276,3 +278,39 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
         live.detach(aid)
     live.mk.reset()
     assert (live.mk.run(2).tokens >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["tiny", "1b"])
+def test_observer_warp_epochs_are_final_only_when_complete(name):
+    """-DDTMK_OBS_WARP: the observer warp drains behind thread 0, which alone writes
+    OBS_PENDING (held at each push, raised to the observer's ow_low once it consumed every
+    entry).  Every snapshot taken while the kernel runs has each final epoch complete:
+    its task:end coverage row counts every task of the step (never a partial one), and
+    final epochs advance while the kernel runs (the raise works)."""
+    from collections import Counter
+    live = session(name, defines=OBSW)
+    mon = summary(live)
+    aid = live.attach(mon.obj)
+    steps = 40 if name == "1b" else 300
+    per_step = len(live.mk.graph.tasks)
+    seen_final = []
+    try:
+        live.start(steps)
+        while live.running():
+            snap = live.snapshot(aid)
+            if snap.final_epoch >= 0:
+                seen_final.append(snap.final_epoch)
+            ends = Counter()
+            for r in snap.coverage:
+                assert r.epoch <= snap.final_epoch
+                assert r.eligible == r.executed + r.throttled + r.lost and r.lost == 0
+                if r.hook == "task:end":
+                    ends[r.epoch] += r.eligible
+            assert all(ends[e] == per_step for e in range(snap.final_epoch + 1)), (snap.final_epoch, ends)
+        live.wait()
+        end = live.snapshot(aid)
+        assert end.final_epoch == steps - 1 and not end.partial
+        assert seen_final and seen_final == sorted(seen_final)          # monotone
+        assert max(seen_final) >= steps // 4, seen_final[-5:]           # raised while running
+    finally:
+        live.detach(aid)

@@ -169,7 +169,8 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # the site form in the hot build (session 10: aggregation descriptors at the
                   # hook sites; summary runs from them): not the default, it costs the off path
                   "siteform": ("DTMK_SITE_FORM",),
-                  # session 13: a 17th warp runs the records through the VM beside the bodies
+                  # session 13: thread 0 pushes one entry per task; warp 15 builds the records and
+                  # runs the VM while thread 0 polls a dependency wait (megakernel.cu "observer warp")
                   "obswarp": ("DTMK_OBS_WARP",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),

@@ -192,7 +192,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #error "-DDTMK_OBS_WARP: the observer warp runs hook records; a no-hook build has none"
 #endif
 #ifdef DTMK_OBS_WARP
+#define OW_WARP 15                /* the observer: the warp that runs entries while thread 0 polls */
 #define OW_Q 32                   /* thread 0 -> observer queue: entries of 128 bytes (4 KB) */
+#define OW_ROOM 12                /* a wait's first look serves the queue at once when fewer slots are free */
 #define OW_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (Worker's pend fields) */
 #define OW_TAG_MARK 0xfffffffeu   /* entry word 0: new tables (thread 0 saw CTL_GEN move) */
                                   /* (else a built record: word 0 is its ABI version) */
@@ -408,15 +410,17 @@ struct __align__(16) Obs {
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
 #ifdef DTMK_OBS_WARP
     /* the observer warp (see "observer warp" below).  Thread 0 pushes entries and owns
-     * q_head, t0_step and pub (it is the only writer of OBS_PENDING); the observer owns
-     * the rest of Obs and q_tail, ow_low, ow_seq, ow_done */
+     * q_head, t0_step, ow_yield, ow_mark* and pub (it is the only writer of OBS_PENDING);
+     * the observer owns the rest of Obs and q_tail, ow_low, ow_seq */
     uint4 q[OW_Q][DTMK_CTX_SIZE / 16];
     dtmk_u32 q_head, q_tail;                /* entries pushed / consumed */
     dtmk_u32 t0_step;                       /* thread 0's step: every entry of a lower step is pushed */
     dtmk_u32 ow_low;                        /* lowest epoch the observer holds after q_tail entries */
     dtmk_u32 ring_lo;                       /* lowest step of a record in the ring (~0: empty) */
-    dtmk_u32 ow_seq, ow_stop, ow_done;      /* table reloads done; end asked; observer finished */
-    dtmk_u32 ow_live;                       /* thread 0: the observer runs (reloads go through it) */
+    dtmk_u32 ow_seq;                        /* MARKs (table reloads) done */
+    dtmk_u32 ow_yield;                      /* thread 0 -> observer: the wait is over, stop serving */
+    dtmk_u32 ow_mark, ow_mark_seq;          /* thread 0: a MARK pushed at ow_seq == ow_mark_seq, mask not yet taken */
+    dtmk_u32 ow_live;                       /* thread 0: the setup's table load is done (reloads go through MARKs) */
 #endif
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
@@ -434,6 +438,13 @@ struct __align__(16) Obs {
 #endif
 };
 __shared__ Obs O;
+#ifdef DTMK_OBS_WARP
+/* the observer warp (defined with the hook sites and before the kernel) */
+__device__ __noinline__ void ow_raise(Worker &W);
+__device__ __noinline__ void ow_pickup(Worker &W);
+__device__ __noinline__ void ow_serve(const MkParams &P, bool all);
+__device__ __noinline__ void ow_serve_all(const MkParams &P, Worker &W, dtmk_u32 step);
+#endif
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 #define HOOKS_ANY(W, m) ((W).hook_mask & (m))
 #else
@@ -775,17 +786,17 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 }
 #ifdef DTMK_OBS_WARP
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)      /* the observer warp drains */
+/* entries left after a detach's MARK, or OBS_PENDING behind: first looks go on serving */
+#define OW_BUSY() (O.q_head != O.q_tail || O.pub != O.ow_low)
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+#define OW_BUSY() false
 #endif
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
-#ifdef DTMK_OBS_WARP
-__device__ __noinline__ void ow_raise(Worker &W);
-#endif
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef DTMK_OBS_WARP
     /* every entry of a lower step is pushed (the previous task's went after its signal):
@@ -795,8 +806,10 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #endif
     if (rd) W.long_wait = 0;
     if (step != O.t0_step) { __threadfence_block(); ow_st(&O.t0_step, step); }
+    ow_st(&O.ow_yield, 0);                       /* (the observer serves only after the barrier) */
+    ow_pickup(W);
     ow_raise(W);
-    return 0;
+    return (O.q_head - ow_ld(&O.q_tail) > OW_Q - OW_ROOM || O.ow_mark) ? 2 : 0;
 #endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
@@ -822,6 +835,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
 __device__ __noinline__ bool obs_spin_drain(Worker &W, dtmk_u64 waited, dtmk_u32 step) {
 #ifdef DTMK_OBS_WARP
+    ow_pickup(W);
     ow_raise(W);
     return false;
 #endif
@@ -943,27 +957,33 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 
 #ifdef DTMK_OBS_WARP
 /* ---- observer warp (-DDTMK_OBS_WARP): thread 0's side ---------------------------------
- * Thread 0 no longer builds records or runs the VM between tasks: it captures as before
- * (stamps and scalars in W's pend fields; hook_hold / hold_light before the release
- * signal) and, after the signal, pushes ONE 80-byte entry (ow_push_pend) into a
+ * Thread 0 no longer builds records or runs the VM between tasks.  It captures as
+ * before (stamps and scalars in W's pend fields; hook_hold / hold_light before the
+ * release signal) and after the signal pushes ONE 80-byte entry (ow_push_pend) into a
  * shared-memory queue; a record built on thread 0 (hook_event: dep:wait, comm, router
- * task:ready; gen:advance) is pushed whole (hk_emit).  The 17th warp (ow_main) pops
- * entries in order, builds the records (hook_flush) into the observer's ring / the host
- * ring, and runs the VM (obs_sync) in 32-record batches, concurrently with the bodies.
+ * task:ready; gen:advance) is pushed whole (hk_emit).  Warp OW_WARP pops the entries in
+ * order while thread 0 polls a dependency wait (ow_serve): it builds the records
+ * (hook_flush) into the observer's ring / the host ring and runs the VM (obs_sync) one
+ * 32-record batch at a time, checking between units whether thread 0 has seen the
+ * event (ow_yield): readiness is seen at once and the CTA waits at most for the unit in
+ * hand.  (A 17th warp cannot be had: see mk_common.cuh MK_KERNEL_BOUNDS.)  A wait's
+ * first look makes the whole CTA serve the queue first when fewer than OW_ROOM slots are
+ * free or new tables wait (ow_serve_all); so do step gates and the kernel's end.
  *
- * Epochs: thread 0 stays the only writer of OBS_PENDING.  A push of epoch s holds it
- * <= s before the entry is visible (and hold_epoch before the release signal, as
- * without the observer warp); ow_raise moves it up to the observer's ow_low only once
- * every pushed entry is consumed (q_tail == q_head), and ow_low moves up only after the
- * observer fenced its map and coverage flushes.  New tables: thread 0 pushes a MARK and
- * waits until the observer has run every earlier entry under the old tables and loaded
- * the new ones (ow_reload): the generation boundary is exact, as before. */
+ * Epochs: thread 0 is the only writer of OBS_PENDING.  A push of epoch s holds it <= s
+ * before the entry is visible (and hold_epoch before the release signal, as without the
+ * observer warp); ow_raise moves it up to the observer's ow_low only once every pushed
+ * entry is consumed (q_tail == q_head), and ow_low moves up only after the observer
+ * fenced its map and coverage flushes.  New tables: thread 0 pushes a MARK; the observer
+ * runs every earlier entry under the old tables, then loads the new ones; thread 0 takes
+ * the new hook mask once the MARK is done (ow_pickup).  Entries captured before the
+ * pickup run under the new tables: the boundary is the MARK, as obs_sync's reload was. */
 
-/* thread 0: the next free queue slot (waits while the observer is OW_Q entries behind) */
+/* thread 0: the next free queue slot, 0 when full (only between two first looks of
+ * more than OW_ROOM entries: then counted lost, see ow_lost) */
 __device__ __forceinline__ uint4 *ow_slot() {
     const dtmk_u32 h = O.q_head;
-    while (h - ow_ld(&O.q_tail) >= OW_Q) __nanosleep(64);
-    return O.q[h % OW_Q];
+    return h - ow_ld(&O.q_tail) >= OW_Q ? (uint4 *)0 : O.q[h % OW_Q];
 }
 /* thread 0: publish the slot written (records of epoch `step`; ~0u none): OBS_PENDING
  * held <= step first, then the entry made visible to the observer */
@@ -972,16 +992,25 @@ __device__ __forceinline__ void ow_commit(Worker &W, dtmk_u32 step) {
     __threadfence_block();
     ow_st(&O.q_head, O.q_head + 1);
 }
+/* thread 0, a full queue: records of `hooks` (epoch step) counted lost for their programs */
+__device__ __noinline__ void ow_lost(Worker &W, dtmk_u32 hooks, dtmk_u32 step) {
+    hooks &= obs_prog_hooks();
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (hooks & (1u << h)) obs_lost(W, (dtmk_u32)h, step);
+}
 /* thread 0, after a task's release signal: its captured hooks as one entry */
 __device__ __noinline__ void ow_push_pend(Worker &W) {
     uint4 *d = ow_slot();
-    d[0] = make_uint4(OW_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
-    d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
-    d[2] = make_uint4(lo32(W.pend_rg), hi32(W.pend_rg), lo32(W.t_ready), hi32(W.t_ready));
-    d[3] = make_uint4(lo32(W.t_begin), hi32(W.t_begin), lo32(W.t_end), hi32(W.t_end));
-    d[4] = make_uint4(lo32(W.dep_wait), hi32(W.dep_wait), lo32(W.ts_rel), hi32(W.ts_rel));
+    if (d) {
+        d[0] = make_uint4(OW_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
+        d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
+        d[2] = make_uint4(lo32(W.pend_rg), hi32(W.pend_rg), lo32(W.t_ready), hi32(W.t_ready));
+        d[3] = make_uint4(lo32(W.t_begin), hi32(W.t_begin), lo32(W.t_end), hi32(W.t_end));
+        d[4] = make_uint4(lo32(W.dep_wait), hi32(W.dep_wait), lo32(W.ts_rel), hi32(W.ts_rel));
+        ow_commit(W, (dtmk_u32)W.pend_step);
+    } else {
+        ow_lost(W, W.pend, (dtmk_u32)W.pend_step);
+    }
     W.pend = 0; W.pend_rg = 0;
-    ow_commit(W, (dtmk_u32)W.pend_step);
 }
 /* the observer (lane 0): an OW_TAG_PEND entry back into its Worker's pend fields */
 __device__ __forceinline__ void ow_unpack(Worker &V, const uint4 *d) {
@@ -1000,21 +1029,22 @@ __device__ __noinline__ void ow_raise(Worker &W) {
     O.pub = lo;
     *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
 }
-/* thread 0, CTL_GEN moved: the observer runs every earlier entry under the old tables,
- * then loads the new ones; thread 0 waits for it (an attach / detach, not per task) */
-__device__ __noinline__ void ow_reload(Worker &W) {
-    const dtmk_u32 seq = ow_ld(&O.ow_seq);
+/* thread 0, CTL_GEN moved: a MARK (once; a full queue: asked again at the next look) */
+__device__ __noinline__ void ow_ask_reload(Worker &W) {
+    if (O.ow_mark) return;
     uint4 *d = ow_slot();
+    if (!d) return;
     d[0] = make_uint4(OW_TAG_MARK, 0u, 0u, 0u);
+    O.ow_mark = 1; O.ow_mark_seq = ow_ld(&O.ow_seq);
     ow_commit(W, ~0u);
-    while (ow_ld(&O.ow_seq) == seq) __nanosleep(64);
-    ow_raise(W);
 }
-/* thread 0: the observer has consumed every entry (its host-ring records are out, fenced):
- * take its host-ring cursor (a step gate's hook_head; the kernel's end) */
-__device__ __noinline__ void ow_catch_up(Worker &W) {
-    while (ow_ld(&O.q_tail) != O.q_head) __nanosleep(64);
-    W.hook_n = Wo.hook_n; W.hook_drop = Wo.hook_drop;
+/* thread 0: the MARK is done -> the new tables' hook mask (what refresh_control sets) */
+__device__ __noinline__ void ow_pickup(Worker &W) {
+    if (!O.ow_mark || ow_ld(&O.ow_seq) == O.ow_mark_seq) return;
+    O.ow_mark = 0;
+    W.hook_mask = O.ring_mask | obs_prog_hooks();
+    obs_update(W);
+    ow_raise(W);
 }
 #endif
 
@@ -1023,6 +1053,7 @@ __device__ __noinline__ void ow_catch_up(Worker &W) {
 __device__ __forceinline__ void hk_emit(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
 #ifdef DTMK_OBS_WARP
     uint4 *d = ow_slot();
+    if (!d) { ow_lost(W, 1u << hook, step); return; }
 #pragma unroll
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
     ow_commit(W, step);
@@ -1074,8 +1105,8 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
 #ifdef DTMK_OBS_WARP
-    /* (before the observer starts, the setup's first load takes the tables) */
-    if (O.tables && O.ow_live && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) ow_reload(W);   /* waits for them */
+    /* a MARK; the next wait's first look serves it (before it, the setup's first load) */
+    if (O.tables && O.ow_live && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) ow_ask_reload(W);
     W.hook_mask = O.ring_mask | obs_prog_hooks();
 #else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
@@ -1711,7 +1742,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (W.observe || OW_BUSY()) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
@@ -1732,7 +1763,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_WARP
+    if (first & 2) ow_serve_all(P, W, (dtmk_u32)step);   /* the queue nearly full, or new tables */
+#elif !defined(DTMK_NO_HOOKS)
     OBS_SYNC_IF((first & 6), !(first & 2), (dtmk_u32)step);
 #endif
     if (first & 1) return;
@@ -1784,7 +1817,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
 #ifdef DTMK_OBS_WARP
-                if (gen != O.gen_seen) { ow_reload(W); W.hook_mask = O.ring_mask | obs_prog_hooks(); obs_update(W); }
+                if (gen != O.gen_seen) ow_ask_reload(W);   /* served now; taken up at a 16th poll */
 #else
                 if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
 #endif
@@ -1804,13 +1837,24 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                     break;
                 }
             }
+#ifdef DTMK_OBS_WARP
+            ow_st(&O.ow_yield, 1);        /* the observer finishes its unit and joins the barrier */
+#endif
         }
+#ifdef DTMK_OBS_WARP
+        /* the observer runs the queue while thread 0 polls (W.observe: thread 0 wrote it
+         * before the barrier above; ow_yield was cleared before it) */
+        else if ((threadIdx.x >> 5) == OW_WARP && (W.observe || O.q_head != O.q_tail)) ow_serve(P, false);
+#endif
         MK_SYNC();
         int ready = W.ready, aborted = W.aborted, dt = W.dyn_task, ds = W.dyn_step;
         dtmk_u64 pushed_at = s_t0;
 #ifndef DTMK_EXTRA_SYNC
         /* leaving: thread 0 writes none of these before run_task's first barrier */
         if (ready || aborted) break;
+#ifdef DTMK_OBS_WARP
+        if (threadIdx.x == 0) ow_st(&O.ow_yield, 0);   /* the observer is out of ow_serve (barrier above) */
+#endif
         MK_SYNC();                 /* everyone read W before thread 0 writes it again */
 #else                              /* (the variant keeps session 6's barrier on the way out) */
         MK_SYNC();
@@ -1869,9 +1913,6 @@ __device__ void add_phantoms(const MkParams &P, Worker &W, int step, int layer) 
  * hook_drop (records refused by a full ring) and steps_done (all of this worker's records
  * of steps < fin are stored). */
 __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64 fin) {
-#ifdef DTMK_OBS_WARP
-    ow_catch_up(W);
-#endif
     __threadfence_system();
     ((volatile dtmk_u64 *)P.hook_head)[W.worker] = W.hook_n;
     ((volatile dtmk_u64 *)P.hook_drop)[W.worker] = W.hook_drop;
@@ -1969,64 +2010,61 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 #endif
 
 #ifdef DTMK_OBS_WARP
-/* ---- observer warp: the 17th warp's loop -------------------------------------------------
- * Pops thread 0's entries in order: a task's captured hooks -> hook_flush (records into
- * the observer's ring and / or the host ring), a built record -> hk_store, a MARK -> run
- * everything under the old tables and load the new ones (obs_sync with O.reload).  Runs
- * the VM (obs_sync) when a sub-ring holds a full 32-record batch (or is full), and when
- * idle over records or accumulators of epochs below thread 0's step (so epochs finalise
- * about once per step).  It is in none of the compute threads' barriers (they use named
- * barrier 1), so its drains overlap the task bodies; thread 0 waits for it only when the
- * queue is full, at a table reload, a resident step gate and the end. */
-__device__ __noinline__ void ow_main(const MkParams &P) {
+/* ---- observer warp: warp OW_WARP's side ------------------------------------------------ */
+/* warp OW_WARP: run queue entry `tail` (a task's captured hooks -> hook_flush: records into
+ * the observer's ring and / or the host ring; a built record -> hk_store; a MARK -> every
+ * record under the old tables, then the new ones: obs_sync with O.reload), then consume it */
+__device__ __forceinline__ void ow_entry(const MkParams &P, dtmk_u32 tail) {
     const unsigned lane = threadIdx.x & 31;
-    dtmk_u32 tail = 0;
-    for (;;) {
-        const dtmk_u32 cur = ow_ld(&O.t0_step);    /* read before q_head: its entries are all pushed */
-        const dtmk_u32 stop = ow_ld(&O.ow_stop);
-        const dtmk_u32 head = ow_ld(&O.q_head);
-        if (tail != head) {
-            const uint4 *d = O.q[tail % OW_Q];
-            const dtmk_u32 tag = d[0].x;
-            const dtmk_u64 hn = Wo.hook_n;
-            if (tag == OW_TAG_MARK) {
-                if (lane == 0) O.reload = 1;
-                __syncwarp();
-                obs_sync(P, Wo, false, ~0u);          /* (clears O.reload once the tables are in) */
-            } else if (lane == 0) {
-                if (tag == OW_TAG_PEND) { ow_unpack(Wo, d); hook_flush(P, Wo); }
-                else hk_store(P, Wo, *(const HkRec *)d, d[0].y, d[3].z);   /* hook, decode_step */
-            }
-            __syncwarp();
-            ++tail;
-            if (lane == 0) {
-                if (Wo.hook_n != hn) __threadfence();   /* host-ring records before thread 0 publishes a head */
-                __threadfence_block();
-                ow_st(&O.q_tail, tail);
-                if (tag == OW_TAG_MARK) ow_st(&O.ow_seq, O.ow_seq + 1);
-            }
-            __syncwarp();
-            if (O.n && O.maxc >= min(32u, O.cap)) obs_sync(P, Wo, false, cur);
-            continue;
-        }
-        if (O.tables && ((O.n && (O.ring_lo < cur || stop)) || (!O.n && O.acc_min < cur))) {
-            obs_sync(P, Wo, false, stop ? ~0u : cur);
-            continue;
-        }
-        if (stop) break;
-        __nanosleep(256);
+    const uint4 *d = O.q[tail % OW_Q];
+    const dtmk_u32 tag = d[0].x;
+    const dtmk_u64 hn = Wo.hook_n;
+    if (tag == OW_TAG_MARK) {
+        if (lane == 0) O.reload = 1;
+        __syncwarp();
+        obs_sync(P, Wo, false, ~0u);              /* (clears O.reload once the tables are in) */
+    } else if (lane == 0) {
+        if (tag == OW_TAG_PEND) { ow_unpack(Wo, d); hook_flush(P, Wo); }
+        else hk_store(P, Wo, *(const HkRec *)d, d[0].y, d[3].z);   /* hook, decode_step */
     }
-    if (O.tables) obs_sync(P, Wo, false, ~0u);       /* the last drain: every epoch flushed */
     __syncwarp();
-    if (lane == 0) { __threadfence(); ow_st(&O.ow_done, 1); }
+    if (lane == 0) {
+        if (Wo.hook_n != hn) __threadfence();       /* host-ring records before a head is published */
+        __threadfence_block();
+        ow_st(&O.q_tail, tail + 1);
+        if (tag == OW_TAG_MARK) ow_st(&O.ow_seq, O.ow_seq + 1);
+    }
+    __syncwarp();
 }
-/* thread 0, the kernel's end: the observer drains everything; OBS_PENDING follows */
-__device__ __noinline__ void ow_finish(Worker &W) {
-    __threadfence_block();
-    ow_st(&O.ow_stop, 1);
-    while (!ow_ld(&O.ow_done)) __nanosleep(128);
-    ow_catch_up(W);
-    ow_raise(W);
+/* warp OW_WARP: serve the queue, one unit at a time (an entry; one 32-record VM batch
+ * when a sub-ring holds a batch or is full; the records and coverage of epochs below
+ * thread 0's step).  all = false: while thread 0 polls, until it sets ow_yield (idle:
+ * nanosleep).  all = true (the whole CTA waits): until nothing is left, batches of every
+ * sub-ring at once. */
+__device__ __noinline__ void ow_serve(const MkParams &P, bool all) {
+    for (;;) {
+        if (!all && ow_ld(&O.ow_yield)) break;
+        const dtmk_u32 cur = ow_ld(&O.t0_step);     /* read before q_head: its entries are all pushed */
+        const dtmk_u32 head = ow_ld(&O.q_head);
+        if (O.n && O.maxc >= min(32u, O.cap)) { obs_sync(P, Wo, !all, cur); continue; }
+        if (O.q_tail != head) { ow_entry(P, O.q_tail); continue; }
+        if (O.tables && ((O.n && O.ring_lo < cur) || (!O.n && O.acc_min < cur))) { obs_sync(P, Wo, !all, cur); continue; }
+        if (all) break;
+        __nanosleep(128);
+    }
+}
+/* whole CTA (uniform): serve everything now, epochs below `step` flushed (~0u: all);
+ * thread 0 then takes a done MARK's mask, the observer's host-ring cursor, OBS_PENDING */
+__device__ __noinline__ void ow_serve_all(const MkParams &P, Worker &W, dtmk_u32 step) {
+    if (threadIdx.x == 0) { __threadfence_block(); ow_st(&O.t0_step, step); }
+    MK_SYNC();
+    if ((threadIdx.x >> 5) == OW_WARP) ow_serve(P, true);
+    MK_SYNC();
+    if (threadIdx.x == 0) {
+        W.hook_n = Wo.hook_n; W.hook_drop = Wo.hook_drop;
+        ow_pickup(W);
+        ow_raise(W);
+    }
 }
 #endif
 
@@ -2034,13 +2072,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     __shared__ MkParams P;
     __shared__ Worker W;
     extern __shared__ float smem[];
-#ifdef DTMK_OBS_WARP
-    if (threadIdx.x >= MK_THREADS) {           /* the observer warp: after the setup below */
-        asm volatile("bar.sync 2, %0;" :: "n"(MK_BLOCK) : "memory");
-        ow_main(P);
-        return;
-    }
-#endif
     for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += MK_THREADS) ((dtmk_u64 *)&P)[i] = params[i];
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
@@ -2117,7 +2148,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     MK_SYNC();
     if (threadIdx.x == 0) {
         Wo = W;
-        O.q_head = O.q_tail = 0; O.ow_seq = O.ow_stop = O.ow_done = 0;
+        O.q_head = O.q_tail = 0; O.ow_seq = O.ow_yield = O.ow_mark = O.ow_mark_seq = 0;
         O.ow_low = ~0u; O.ring_lo = ~0u; O.ow_live = 1;
 #ifdef HO_RESUME
         O.t0_step = (dtmk_u32)W.rs_step;
@@ -2125,7 +2156,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         O.t0_step = (dtmk_u32)P.step0;
 #endif
     }
-    asm volatile("bar.sync 2, %0;" :: "n"(MK_BLOCK) : "memory");   /* the observer starts */
+    MK_SYNC();
 #else
     OBS_SYNC_IF(O.reload, false, 0u);
     MK_SYNC();
@@ -2146,6 +2177,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
              * then run, park or stop.  Hooks of this step are stamped after it opened.
              * The first barrier: every thread is done reading W.gate / W.aborted of the
              * previous step (a worker with an empty plan has no barrier in between). */
+#ifdef DTMK_OBS_WARP
+            ow_serve_all(P, W, (dtmk_u32)step);   /* the host ring's records of the steps before, out */
+#endif
             MK_SYNC();
             if (threadIdx.x == 0) {
                 const dtmk_u64 v = ev_ld_acquire(P, counter(P, (int)P.step_event));
@@ -2158,7 +2192,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                 if (W.gate == 0) refresh_control(P, W, true);
             }
             MK_SYNC();
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_WARP
+            if (W.gate == 0 && O.ow_mark) ow_serve_all(P, W, (dtmk_u32)step);   /* the MARK: new tables now */
+#elif !defined(DTMK_NO_HOOKS)
             if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
                 OBS_SYNC_IF(true, false, (dtmk_u32)step);
                 MK_SYNC();
@@ -2168,7 +2204,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                 /* not granted yet: first finish the previous step everywhere (its dynamic
                  * tasks: a parked worker takes none), so that all of it is published */
                 wait_event(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_WARP
+                ow_serve_all(P, W, (dtmk_u32)step);   /* device VM: epochs < step flushed */
+#elif !defined(DTMK_NO_HOOKS)
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
                 if (threadIdx.x == 0) {
@@ -2185,7 +2223,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                     }
                 }
                 MK_SYNC();
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_WARP
+                if (W.gate == 0 && O.ow_mark) ow_serve_all(P, W, (dtmk_u32)step);
+#elif !defined(DTMK_NO_HOOKS)
                 OBS_SYNC_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step);
                 MK_SYNC();
 #endif
@@ -2237,7 +2277,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifdef DTMK_OBS_WARP
-    if (threadIdx.x == 0) ow_finish(W);
+    ow_serve_all(P, W, ~0u);            /* every entry run, every epoch flushed */
 #endif
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {

@@ -21,26 +21,12 @@
 
 #define MK_THREADS 512                      /* compute threads of a CTA (the task bodies) */
 #define MK_WARPS (MK_THREADS / 32)
-/* -DDTMK_OBS_WARP (hook builds): a 17th warp, the OBSERVER, runs the hook records through
- * the device VM beside the task bodies (megakernel.cu "observer warp").  The 512 compute
- * threads then synchronize on named barrier 1 (the observer is in none of their barriers)
- * and the register bound falls to 120 (17 x 32 x 120 <= 65536; session 13: the no-hook
- * code at 120 registers ran +2.5% (1b) / +3.3% (tiny) over 128). */
-#ifdef DTMK_OBS_WARP
-#define MK_BLOCK (MK_THREADS + 32)
-#define MK_KERNEL_BOUNDS __maxnreg__(120)
-#define MK_SYNC() asm volatile("bar.sync 1, %0;" :: "n"(MK_THREADS) : "memory")
-__device__ __forceinline__ int mk_sync_or(int p) {
-    int r;
-    asm volatile("{\n\t.reg .pred a, b;\n\tsetp.ne.s32 a, %1, 0;\n\tbar.red.or.pred b, 1, %2, a;\n\t"
-                 "selp.s32 %0, 1, 0, b;\n\t}" : "=r"(r) : "r"(p), "n"(MK_THREADS) : "memory");
-    return r;
-}
-#define MK_SYNC_OR(p) mk_sync_or(p)
-#else
-#define MK_BLOCK MK_THREADS                 /* threads of a CTA */
 /* the kernel's register bound: one 512-thread CTA per SM (128 registers).  -DDTMK_MAXNREG=N
- * (measurement): __maxnreg__(N) instead (DTMK_OBS_WARP's 120: what a 17th warp leaves) */
+ * (measurement): __maxnreg__(N) instead.  (Session 13: a 17th warp does not fit beside
+ * 128-register warps; the driver allows 544 threads only at <= 96 registers (warps are
+ * given registers in groups of 4), and the no-hook code at 120 registers already ran
+ * +2.5% (1b) / +3.3% (tiny).  So the observer works inside the 16 warps: megakernel.cu
+ * "observer warp".) */
 #ifdef DTMK_MAXNREG
 #define MK_KERNEL_BOUNDS __maxnreg__(DTMK_MAXNREG)
 #else
@@ -48,7 +34,6 @@ __device__ __forceinline__ int mk_sync_or(int p) {
 #endif
 #define MK_SYNC() __syncthreads()          /* every CTA barrier (one name for grep) */
 #define MK_SYNC_OR(p) __syncthreads_or(p)
-#endif
 #define MK_FULL 0xffffffffu
 
 /* ---- numbers ------------------------------------------------------------------ */

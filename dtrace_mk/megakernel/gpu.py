@@ -34,7 +34,7 @@ from .reference import Requests, dense_index, make_weights, moe_index, shard_wei
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 
-MK_THREADS = 512               # compute threads of a worker CTA, every build (kernels/mk_common.cuh)
+MK_THREADS = 512               # threads of a worker CTA, every build (kernels/mk_common.cuh)
 MK_MAXB = 4                    # batch rows per matvec register block (kernels/mk_ops.cuh)
 MK_WARPS = MK_THREADS // 32
 TREC_WORDS = 16
@@ -189,12 +189,6 @@ def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
     if ranks > 1 or batch > MK_MAXB or not (cfg.fuse_norm or cfg.split_k > 1):
         return 0
     return ws_ring_bytes(defines)
-
-
-def block_threads(defines: Sequence[str]) -> int:
-    """Threads of a worker CTA: MK_THREADS, plus the observer warp with -DDTMK_OBS_WARP
-    (kernels/mk_common.cuh MK_BLOCK)."""
-    return MK_THREADS + 32 if "DTMK_OBS_WARP" in defines else MK_THREADS
 
 
 def megakernel_defines(cfg, ranks: int, defines: Sequence[str] = ()) -> Tuple[str, ...]:
@@ -499,7 +493,7 @@ class Megakernel:
             lean_base = tuple(d for d in base if d != "DTMK_OBS_WARP")     # (a hook-build option)
             defines = base + ("DTMK_HANDOFF", "DTMK_SM_WORKER")
         self.defines = megakernel_defines(cfg, ranks, defines)
-        self.block = block_threads(self.defines)     # the launch's block size (one place)
+        self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
         self.lean_defines = (megakernel_defines(cfg, ranks, lean_base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
                              if handoff else None)
@@ -676,7 +670,7 @@ class Megakernel:
         params = self._params(steps, n_out)
         self._last_params = params   # keep alive until the launch completes
         if lean:
-            self.lean_kernel((self.num_workers,), (MK_THREADS,), (params,), shared_mem=self.smem, stream=stream)
+            self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
             self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps

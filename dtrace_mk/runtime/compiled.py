@@ -661,8 +661,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
-                   "DTMK_OBS_WARP")       # the observer warp (544 threads, 120 registers: OBS_WARP_MAXRREG)
-OBS_WARP_MAXRREG = 120                # kernels/mk_common.cuh: 17 warps x 32 x 120 <= 65536
+                   "DTMK_OBS_WARP")       # warp 15 runs the records in dependency waits (megakernel.cu)
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:
@@ -671,8 +670,7 @@ def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:
     names = {d.split("=")[0]: d for d in defines}
     passed = tuple(names[k] for k in MK_PASS_DEFINES if k in names)
     if passed:
-        rreg = OBS_WARP_MAXRREG if "DTMK_OBS_WARP" in names else MK_MAXRREG
-        return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + passed, rreg, "megakernel_v")
+        return KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES + passed, MK_MAXRREG, "megakernel_v")
     return MEGAKERNEL_SPEC
 
 

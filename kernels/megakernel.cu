@@ -193,8 +193,20 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #endif
 #ifdef DTMK_OBS_WARP
 #define OW_WARP 15                /* the observer: the warp that runs entries while thread 0 polls */
+#ifndef OW_Q
 #define OW_Q 32                   /* thread 0 -> observer queue: entries of 128 bytes (4 KB) */
+#endif
+#ifndef OW_ROOM
 #define OW_ROOM 12                /* a wait's first look serves the queue at once when fewer slots are free */
+#endif
+/* -DDTMK_OW_STATS (tools/obs_warp_probe.py): where the observer's time goes, summed over
+ * workers into dtmk_ow_stats[OW_NSTATS] at the kernel's end */
+#define OW_NSTATS 8
+#ifdef DTMK_OW_STATS
+#define OW_STAT(k, v) (O.ow_stats[k] += (v))
+#else
+#define OW_STAT(k, v) ((void)0)
+#endif
 #define OW_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (Worker's pend fields) */
 #define OW_TAG_MARK 0xfffffffeu   /* entry word 0: new tables (thread 0 saw CTL_GEN move) */
                                   /* (else a built record: word 0 is its ABI version) */
@@ -421,6 +433,14 @@ struct __align__(16) Obs {
     dtmk_u32 ow_yield;                      /* thread 0 -> observer: the wait is over, stop serving */
     dtmk_u32 ow_mark, ow_mark_seq;          /* thread 0: a MARK pushed at ow_seq == ow_mark_seq, mask not yet taken */
     dtmk_u32 ow_live;                       /* thread 0: the setup's table load is done (reloads go through MARKs) */
+#ifdef DTMK_OW_STATS
+    /* [0] forced serves at a first look  [1] entries run in polls  [2] entries run in
+     * forced serves  [3] VM units in polls  [4] VM units in forced serves  [5] ns from
+     * thread 0's yield to the observer's exit (summed)  [6] poll rounds served  [7] the
+     * longest such exit, ns */
+    dtmk_u64 ow_stats[OW_NSTATS];
+    dtmk_u64 ow_yield_ts;
+#endif
 #endif
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
@@ -438,6 +458,10 @@ struct __align__(16) Obs {
 #endif
 };
 __shared__ Obs O;
+#ifdef DTMK_OW_STATS
+extern "C" __device__ unsigned long long dtmk_ow_stats[OW_NSTATS];
+__device__ unsigned long long dtmk_ow_stats[OW_NSTATS];
+#endif
 #ifdef DTMK_OBS_WARP
 /* the observer warp (defined with the hook sites and before the kernel) */
 __device__ __noinline__ void ow_raise(Worker &W);
@@ -809,7 +833,9 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     ow_st(&O.ow_yield, 0);                       /* (the observer serves only after the barrier) */
     ow_pickup(W);
     ow_raise(W);
-    return (O.q_head - ow_ld(&O.q_tail) > OW_Q - OW_ROOM || O.ow_mark) ? 2 : 0;
+    const int forced = (O.q_head - ow_ld(&O.q_tail) > OW_Q - OW_ROOM || O.ow_mark) ? 2 : 0;
+    if (forced) OW_STAT(0, 1);
+    return forced;
 #endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
@@ -1838,6 +1864,10 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 }
             }
 #ifdef DTMK_OBS_WARP
+#ifdef DTMK_OW_STATS
+            *(volatile dtmk_u64 *)&O.ow_yield_ts = mk_now();
+            __threadfence_block();
+#endif
             ow_st(&O.ow_yield, 1);        /* the observer finishes its unit and joins the barrier */
 #endif
         }
@@ -2042,16 +2072,31 @@ __device__ __forceinline__ void ow_entry(const MkParams &P, dtmk_u32 tail) {
  * nanosleep).  all = true (the whole CTA waits): until nothing is left, batches of every
  * sub-ring at once. */
 __device__ __noinline__ void ow_serve(const MkParams &P, bool all) {
+#ifdef DTMK_OW_STATS
+    const bool l0 = (threadIdx.x & 31) == 0;
+    if (l0 && !all) OW_STAT(6, 1);
+#define OW_UNIT(k) do { if (l0) OW_STAT((k) + (all ? 1 : 0), 1); } while (0)
+#else
+#define OW_UNIT(k) do { } while (0)
+#endif
     for (;;) {
         if (!all && ow_ld(&O.ow_yield)) break;
         const dtmk_u32 cur = ow_ld(&O.t0_step);     /* read before q_head: its entries are all pushed */
         const dtmk_u32 head = ow_ld(&O.q_head);
-        if (O.n && O.maxc >= min(32u, O.cap)) { obs_sync(P, Wo, !all, cur); continue; }
-        if (O.q_tail != head) { ow_entry(P, O.q_tail); continue; }
-        if (O.tables && ((O.n && O.ring_lo < cur) || (!O.n && O.acc_min < cur))) { obs_sync(P, Wo, !all, cur); continue; }
+        if (O.n && O.maxc >= min(32u, O.cap)) { OW_UNIT(3); obs_sync(P, Wo, !all, cur); continue; }
+        if (O.q_tail != head) { OW_UNIT(1); ow_entry(P, O.q_tail); continue; }
+        if (O.tables && ((O.n && O.ring_lo < cur) || (!O.n && O.acc_min < cur))) { OW_UNIT(3); obs_sync(P, Wo, !all, cur); continue; }
         if (all) break;
         __nanosleep(128);
     }
+#ifdef DTMK_OW_STATS
+    if (l0 && !all) {
+        const dtmk_u64 late = mk_now() - *(volatile dtmk_u64 *)&O.ow_yield_ts;
+        OW_STAT(5, late);
+        if (late > O.ow_stats[7]) O.ow_stats[7] = late;
+    }
+#endif
+#undef OW_UNIT
 }
 /* whole CTA (uniform): serve everything now, epochs below `step` flushed (~0u: all);
  * thread 0 then takes a done MARK's mask, the observer's host-ring cursor, OBS_PENDING */
@@ -2150,6 +2195,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         Wo = W;
         O.q_head = O.q_tail = 0; O.ow_seq = O.ow_yield = O.ow_mark = O.ow_mark_seq = 0;
         O.ow_low = ~0u; O.ring_lo = ~0u; O.ow_live = 1;
+#ifdef DTMK_OW_STATS
+        for (int k = 0; k < OW_NSTATS; ++k) O.ow_stats[k] = 0;
+        O.ow_yield_ts = mk_now();
+#endif
 #ifdef HO_RESUME
         O.t0_step = (dtmk_u32)W.rs_step;
 #else
@@ -2278,6 +2327,11 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #ifdef DTMK_OBS_WARP
     ow_serve_all(P, W, ~0u);            /* every entry run, every epoch flushed */
+#ifdef DTMK_OW_STATS
+    if (threadIdx.x == 0)
+        for (int k = 0; k < OW_NSTATS; ++k)
+            if (k == 7) atomicMax(&dtmk_ow_stats[k], O.ow_stats[k]); else atomicAdd(&dtmk_ow_stats[k], O.ow_stats[k]);
+#endif
 #endif
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {

@@ -291,7 +291,7 @@ def test_observer_warp_epochs_are_final_only_when_complete(name):
     live = session(name, defines=OBSW)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    steps = 40 if name == "1b" else 300
+    steps = 300 if name == "1b" else 3000        # ~0.35 s: many snapshots while it runs
     per_step = len(live.mk.graph.tasks)
     seen_final = []
     try:
@@ -310,7 +310,7 @@ def test_observer_warp_epochs_are_final_only_when_complete(name):
         live.wait()
         end = live.snapshot(aid)
         assert end.final_epoch == steps - 1 and not end.partial
-        assert seen_final and seen_final == sorted(seen_final)          # monotone
+        assert len(seen_final) >= 3 and seen_final == sorted(seen_final)   # monotone
         assert max(seen_final) >= steps // 4, seen_final[-5:]           # raised while running
     finally:
         live.detach(aid)

@@ -66,18 +66,26 @@ def summarize(med: Dict[str, Dict[str, float]], base: str = BASE) -> Dict[str, d
     return out
 
 
-def parse_codes(spec: str) -> Dict[str, tuple]:
-    """--codes "name=DEF1+DEF2,name2=DEF3" -> {name: (DEF1, DEF2), ...} (extra builds)"""
-    out = {}
+#: launch options a --codes entry may add after "@" (NAME=DEFS@trace: the built-in trace on)
+CODE_OPTS = {"trace": {"trace": True}}
+
+
+def parse_codes(spec: str):
+    """--codes "name=DEF1+DEF2,name2=DEF3@trace" -> ({name: (DEF1, DEF2), ...} extra builds,
+    {name: launch kwargs})"""
+    out, kw = {}, {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, defs = item.partition("=")
-        if not sep or not name or name in CODES or name in MODES:
-            raise SystemExit(f"--codes: {item!r}: want NAME=DEFINE[+DEFINE...] with a new name")
+        name, sep, rest = item.partition("=")
+        defs, _, opt = rest.partition("@")
+        if not sep or not name or name in CODES or name in MODES or (opt and opt not in CODE_OPTS):
+            raise SystemExit(f"--codes: {item!r}: want NAME=DEFINE[+DEFINE...][@{'|'.join(CODE_OPTS)}] with a new name")
         out[name] = tuple(filter(None, defs.split("+")))
-    return out
+        kw[name] = CODE_OPTS[opt] if opt else {}
+    return out, kw
 
 
-def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tuple] = {}) -> dict:
+def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tuple] = {},
+                 extra_kw: Dict[str, dict] = {}) -> dict:
     from benchio import kernels_on, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -98,7 +106,7 @@ def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tup
         m.kernel = kern[c] if c in kern else hook_kernel[i]
         try:
             m.reset()
-            h = m.start(steps, poison=False, **MODES.get(c, {}))
+            h = m.start(steps, poison=False, **MODES.get(c, {}), **extra_kw.get(c, {}))
             return m.finish(h)
         finally:
             m.kernel = hook_kernel[i]
@@ -123,11 +131,11 @@ def main(argv=None) -> int:
     ap.add_argument("--instances", type=int, default=3, help="Megakernels with their own weights (plus w0)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--codes", default="", help="extra builds NAME=DEFINE[+DEFINE...], comma separated "
-                    "(e.g. r120=DTMK_NO_HOOKS+DTMK_MAXNREG=120)")
+                    "(e.g. r120=DTMK_NO_HOOKS+DTMK_MAXNREG=120); NAME=DEFS@trace: launched with the built-in trace on")
     a = ap.parse_args(argv)
-    extra = parse_codes(a.codes)
+    extra, extra_kw = parse_codes(a.codes)
     from benchio import run_presets
-    res = run_presets(a.out, "paired", a.presets, lambda p, log: bench_preset(p, a.reps, a.instances, log, extra))
+    res = run_presets(a.out, "paired", a.presets, lambda p, log: bench_preset(p, a.reps, a.instances, log, extra, extra_kw))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median us/step per instance; "
           f"% = code / nohooks on the SAME instance)")
     for r in res["presets"]:

@@ -14,8 +14,10 @@
  *           ring; a hook with device-VM programs attached (dtrace_mk/runtime/live.py)
  *           appends it to a shared-memory ring that warp 0 runs through the VM
  *           (the "observer" section below; -DDTMK_COMPILED_TIER: through
- *           dtmk_cm_run_records, linked with a compiled monitor); -DDTMK_NO_HOOKS
- *           builds the kernel with no hook code at all (the benchmark's baseline);
+ *           dtmk_cm_run_records, linked with a compiled monitor; -DDTMK_OBS_WARP:
+ *           warp 15 builds and runs them while thread 0 polls, "observer warp");
+ *           -DDTMK_NO_HOOKS builds the kernel with no hook code at all (the
+ *           benchmark's baseline);
  *   trace   MPK-style full task trace, 32-byte records with 64-bit stamps, task
  *           identity, a stamp before the dependency wait, and a per-worker drop count;
  *   control the hook mask and trace switch live in shared memory, refreshed from

@@ -692,11 +692,12 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
-                O.pubs += 1;
 #ifdef DTMK_OBS_WARP
+                O.pubs += 1;
                 *(volatile dtmk_u32 *)&O.ow_low = keep;
 #else
                 O.pub = keep;
+                O.pubs += 1;
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
 #endif
             }
@@ -861,7 +862,11 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
-__device__ __noinline__ bool obs_spin_drain(Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+#ifdef DTMK_OBS_WARP
+__device__ __noinline__ bool obs_spin_drain(Worker &W, dtmk_u64 waited, dtmk_u32 step) {   /* (ow_raise writes W) */
+#else
+__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+#endif
 #ifdef DTMK_OBS_WARP
     ow_pickup(W);
     ow_raise(W);
@@ -2119,7 +2124,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     __shared__ MkParams P;
     __shared__ Worker W;
     extern __shared__ float smem[];
-    for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += MK_THREADS) ((dtmk_u64 *)&P)[i] = params[i];
+    for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];
     if (threadIdx.x == 0) {
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -2140,10 +2145,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #endif
 #ifndef DTMK_NO_HOOKS
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
-    for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += MK_THREADS) ((dtmk_u32 *)O.tabs)[i] = 0;
-    for (int i = threadIdx.x; i < OBS_NACC; i += MK_THREADS) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+    for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
+    for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
 #ifdef HK_SITE_FORM
-    for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += MK_THREADS) O.sh.e[i].map = 0;
+    for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
 #endif
     if (threadIdx.x == 0) {

@@ -863,10 +863,11 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
 #ifdef DTMK_OBS_WARP
-__device__ __noinline__ bool obs_spin_drain(Worker &W, dtmk_u64 waited, dtmk_u32 step) {   /* (ow_raise writes W) */
+#define OBS_SPIN_WORKER Worker          /* (ow_raise / ow_pickup write W) */
 #else
-__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+#define OBS_SPIN_WORKER const Worker
 #endif
+__device__ __noinline__ bool obs_spin_drain(OBS_SPIN_WORKER &W, dtmk_u64 waited, dtmk_u32 step) {
 #ifdef DTMK_OBS_WARP
     ow_pickup(W);
     ow_raise(W);

@@ -61,7 +61,8 @@ def test_only_thread_0_writes_obs_pending_in_the_observer_warp_build():
     hk_inline lower ow_low; the OBS_PENDING stores they make without the observer warp are
     compiled out."""
     s = body("obs_sync")
-    pub = _between(s, "#ifdef DTMK_OBS_WARP\n                *(volatile dtmk_u32 *)&O.ow_low = keep;", "#else")
+    pub = _between(s, "#ifdef DTMK_OBS_WARP\n                O.pubs += 1;\n                *(volatile dtmk_u32 *)&O.ow_low = keep;",
+                   "#else")
     assert "+ OBS_PENDING)" not in pub
     assert s.index("__threadfence();") < s.index("*(volatile dtmk_u32 *)&O.ow_low = keep;")
     for fn in ("hk_store", "hk_inline"):

@@ -14,10 +14,8 @@
  *           ring; a hook with device-VM programs attached (dtrace_mk/runtime/live.py)
  *           appends it to a shared-memory ring that warp 0 runs through the VM
  *           (the "observer" section below; -DDTMK_COMPILED_TIER: through
- *           dtmk_cm_run_records, linked with a compiled monitor; -DDTMK_OBS_WARP:
- *           warp 15 builds and runs them while thread 0 polls, "observer warp");
- *           -DDTMK_NO_HOOKS builds the kernel with no hook code at all (the
- *           benchmark's baseline);
+ *           dtmk_cm_run_records, linked with a compiled monitor); -DDTMK_NO_HOOKS
+ *           builds the kernel with no hook code at all (the benchmark's baseline);
  *   trace   MPK-style full task trace, 32-byte records with 64-bit stamps, task
  *           identity, a stamp before the dependency wait, and a per-worker drop count;
  *   control the hook mask and trace switch live in shared memory, refreshed from
@@ -190,37 +188,6 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #error "-DDTMK_HANDOFF: a leave must not find a stream or record started for the next task"
 #endif
 
-#if defined(DTMK_OBS_WARP) && defined(DTMK_NO_HOOKS)
-#error "-DDTMK_OBS_WARP: the observer warp runs hook records; a no-hook build has none"
-#endif
-#ifdef DTMK_OBS_WARP
-#define OW_WARP 15                /* the observer: the warp that runs entries while thread 0 polls */
-#ifndef OW_Q
-#define OW_Q 32                   /* thread 0 -> observer queue: entries of 128 bytes (4 KB) */
-#endif
-#ifndef OW_ROOM
-#define OW_ROOM 12                /* a wait's first look serves the queue at once when fewer slots are free */
-#endif
-/* -DDTMK_OW_STATS (tools/obs_warp_probe.py): where the observer's time goes, summed over
- * workers into dtmk_ow_stats[OW_NSTATS] at the kernel's end */
-#define OW_NSTATS 8
-#ifdef DTMK_OW_STATS
-#define OW_STAT(k, v) (O.ow_stats[k] += (v))
-#else
-#define OW_STAT(k, v) ((void)0)
-#endif
-#define OW_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (Worker's pend fields) */
-#define OW_TAG_MARK 0xfffffffeu   /* entry word 0: new tables (thread 0 saw CTL_GEN move) */
-                                  /* (else a built record: word 0 is its ABI version) */
-#ifdef DTMK_OBS_PROF
-#error "-DDTMK_OBS_PROF counts warp 0's drains; the observer warp's are not profiled"
-#endif
-__device__ __forceinline__ dtmk_u32 ow_ld(const dtmk_u32 *p) { return *(const volatile dtmk_u32 *)p; }
-__device__ __forceinline__ void ow_st(dtmk_u32 *p, dtmk_u32 v) { *(volatile dtmk_u32 *)p = v; }
-__device__ __forceinline__ dtmk_u32 lo32(dtmk_u64 v) { return (dtmk_u32)v; }
-__device__ __forceinline__ dtmk_u32 hi32(dtmk_u64 v) { return (dtmk_u32)(v >> 32); }
-#endif
-
 /* observer state per worker (u64 words, global memory, read by the host while running) */
 #define OBS_PENDING 0      /* lowest decode step of a record not yet run + flushed; ~0 = none */
 #define OBS_DRAINED 1      /* records run through the VM */
@@ -321,10 +288,6 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
 #endif
 };
 
-#ifdef DTMK_OBS_WARP
-__shared__ Worker Wo;      /* the observer warp's Worker: its pend fields, host-ring cursor, ids */
-#endif
-
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
 /* ---- faults ----------------------------------------------------------------------- */
@@ -422,28 +385,6 @@ struct __align__(16) Obs {
     dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
 #endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
-#ifdef DTMK_OBS_WARP
-    /* the observer warp (see "observer warp" below).  Thread 0 pushes entries and owns
-     * q_head, t0_step, ow_yield, ow_mark* and pub (it is the only writer of OBS_PENDING);
-     * the observer owns the rest of Obs and q_tail, ow_low, ow_seq */
-    uint4 q[OW_Q][DTMK_CTX_SIZE / 16];
-    dtmk_u32 q_head, q_tail;                /* entries pushed / consumed */
-    dtmk_u32 t0_step;                       /* thread 0's step: every entry of a lower step is pushed */
-    dtmk_u32 ow_low;                        /* lowest epoch the observer holds after q_tail entries */
-    dtmk_u32 ring_lo;                       /* lowest step of a record in the ring (~0: empty) */
-    dtmk_u32 ow_seq;                        /* MARKs (table reloads) done */
-    dtmk_u32 ow_yield;                      /* thread 0 -> observer: the wait is over, stop serving */
-    dtmk_u32 ow_mark, ow_mark_seq;          /* thread 0: a MARK pushed at ow_seq == ow_mark_seq, mask not yet taken */
-    dtmk_u32 ow_live;                       /* thread 0: the setup's table load is done (reloads go through MARKs) */
-#ifdef DTMK_OW_STATS
-    /* [0] forced serves at a first look  [1] entries run in polls  [2] entries run in
-     * forced serves  [3] VM units in polls  [4] VM units in forced serves  [5] ns from
-     * thread 0's yield to the observer's exit (summed)  [6] poll rounds served  [7] the
-     * longest such exit, ns */
-    dtmk_u64 ow_stats[OW_NSTATS];
-    dtmk_u64 ow_yield_ts;
-#endif
-#endif
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
     dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
 #ifdef DTMK_REC_FAST
@@ -460,17 +401,6 @@ struct __align__(16) Obs {
 #endif
 };
 __shared__ Obs O;
-#ifdef DTMK_OW_STATS
-extern "C" __device__ unsigned long long dtmk_ow_stats[OW_NSTATS];
-__device__ unsigned long long dtmk_ow_stats[OW_NSTATS];
-#endif
-#ifdef DTMK_OBS_WARP
-/* the observer warp (defined with the hook sites and before the kernel) */
-__device__ __noinline__ void ow_raise(Worker &W);
-__device__ __noinline__ void ow_pickup(Worker &W);
-__device__ __noinline__ void ow_serve(const MkParams &P, bool all);
-__device__ __noinline__ void ow_serve_all(const MkParams &P, Worker &W, dtmk_u32 step);
-#endif
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 #define HOOKS_ANY(W, m) ((W).hook_mask & (m))
 #else
@@ -682,29 +612,16 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         /* fence + publish only when coverage was flushed or OBS_PENDING moves (an epoch
          * end): between epoch ends the lowest held epoch is the one already published, so
          * nothing becomes final and the map / coverage writes need no fence yet */
-#ifdef DTMK_OBS_WARP
-#define OBS_PUBLISHED O.ow_low                 /* thread 0 copies it into OBS_PENDING (ow_raise) */
-#else
-#define OBS_PUBLISHED O.pub
-#endif
-        if (__any_sync(0xffffffffu, flushed) || keep != OBS_PUBLISHED) {
+        if (__any_sync(0xffffffffu, flushed) || keep != O.pub) {
             __threadfence();                           /* this lane's coverage before OBS_PENDING */
             __syncwarp();
             if (lane == 0) {
                 __threadfence();
-#ifdef DTMK_OBS_WARP
-                O.pubs += 1;
-                *(volatile dtmk_u32 *)&O.ow_low = keep;
-#else
                 O.pub = keep;
                 O.pubs += 1;
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
-#endif
             }
         }
-#ifdef DTMK_OBS_WARP
-        if (lane == 0) O.ring_lo = ~0u;            /* the ring is empty */
-#endif
         if (lane == 0) {
             O.acc_min = keep;
             g[OBS_DRAINED] = O.drained;
@@ -811,35 +728,13 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
 }
-#ifdef DTMK_OBS_WARP
-#define OBS_SYNC_IF(cond, chunk, step) do { } while (0)      /* the observer warp drains */
-/* entries left after a detach's MARK, or OBS_PENDING behind: first looks go on serving */
-#define OW_BUSY() (O.q_head != O.q_tail || O.pub != O.ow_low)
-#else
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
-#define OW_BUSY() false
-#endif
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
-#ifdef DTMK_OBS_WARP
-    /* every entry of a lower step is pushed (the previous task's went after its signal):
-     * the observer may flush those epochs; OBS_PENDING up if it has caught up */
-#ifdef DTMK_REC_FAST
-    O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
-#endif
-    if (rd) W.long_wait = 0;
-    if (step != O.t0_step) { __threadfence_block(); ow_st(&O.t0_step, step); }
-    ow_st(&O.ow_yield, 0);                       /* (the observer serves only after the barrier) */
-    ow_pickup(W);
-    ow_raise(W);
-    const int forced = (O.q_head - ow_ld(&O.q_tail) > OW_Q - OW_ROOM || O.ow_mark) ? 2 : 0;
-    if (forced) OW_STAT(0, 1);
-    return forced;
-#endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
     if (rd) W.long_wait = 0;
@@ -862,17 +757,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
-#ifdef DTMK_OBS_WARP
-#define OBS_SPIN_WORKER Worker          /* (ow_raise / ow_pickup write W) */
-#else
-#define OBS_SPIN_WORKER const Worker
-#endif
-__device__ __noinline__ bool obs_spin_drain(OBS_SPIN_WORKER &W, dtmk_u64 waited, dtmk_u32 step) {
-#ifdef DTMK_OBS_WARP
-    ow_pickup(W);
-    ow_raise(W);
-    return false;
-#endif
+__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
@@ -917,14 +802,10 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
     { DTMK_PROF_BEGIN(prof_i3); hk_probe_empty(); DTMK_PROF_END1(22, prof_i3); }
 #endif
     if (step < O.acc_min) O.acc_min = step;
-#ifdef DTMK_OBS_WARP
-    if (step < O.ow_low) O.ow_low = step;     /* (thread 0 held OBS_PENDING at the push) */
-#else
     if (O.acc_min < O.pub) {
         O.pub = O.acc_min;
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
     }
-#endif
     if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = O.sh.ctx.ts_ns; O.first_seen = 1; }
 }
 #endif
@@ -955,16 +836,11 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
             /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
              * its task's release signal had it held by hook_hold before the signal;
              * obs_sync moves it up once the ring is empty */
-#ifdef DTMK_OBS_WARP
-            if (step < O.ring_lo) O.ring_lo = step;
-            if (step < O.ow_low) O.ow_low = step;   /* (thread 0 held OBS_PENDING at the push) */
-#else
             const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
                 O.pub = lo;
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
             }
-#endif
             O.cnt[hook] = cn + 1; O.n += 1;
             if (cn >= O.maxc) O.maxc = cn + 1;
         } else {
@@ -989,113 +865,6 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
     }
 }
 
-#ifdef DTMK_OBS_WARP
-/* ---- observer warp (-DDTMK_OBS_WARP): thread 0's side ---------------------------------
- * Thread 0 no longer builds records or runs the VM between tasks.  It captures as
- * before (stamps and scalars in W's pend fields; hook_hold / hold_light before the
- * release signal) and after the signal pushes ONE 80-byte entry (ow_push_pend) into a
- * shared-memory queue; a record built on thread 0 (hook_event: dep:wait, comm, router
- * task:ready; gen:advance) is pushed whole (hk_emit).  Warp OW_WARP pops the entries in
- * order while thread 0 polls a dependency wait (ow_serve): it builds the records
- * (hook_flush) into the observer's ring / the host ring and runs the VM (obs_sync) one
- * 32-record batch at a time, checking between units whether thread 0 has seen the
- * event (ow_yield): readiness is seen at once and the CTA waits at most for the unit in
- * hand.  (A 17th warp cannot be had: see mk_common.cuh MK_KERNEL_BOUNDS.)  A wait's
- * first look makes the whole CTA serve the queue first when fewer than OW_ROOM slots are
- * free or new tables wait (ow_serve_all); so do step gates and the kernel's end.
- *
- * Epochs: thread 0 is the only writer of OBS_PENDING.  A push of epoch s holds it <= s
- * before the entry is visible (and hold_epoch before the release signal, as without the
- * observer warp); ow_raise moves it up to the observer's ow_low only once every pushed
- * entry is consumed (q_tail == q_head), and ow_low moves up only after the observer
- * fenced its map and coverage flushes.  New tables: thread 0 pushes a MARK; the observer
- * runs every earlier entry under the old tables, then loads the new ones; thread 0 takes
- * the new hook mask once the MARK is done (ow_pickup).  Entries captured before the
- * pickup run under the new tables: the boundary is the MARK, as obs_sync's reload was. */
-
-/* thread 0: the next free queue slot, 0 when full (only between two first looks of
- * more than OW_ROOM entries: then counted lost, see ow_lost) */
-__device__ __forceinline__ uint4 *ow_slot() {
-    const dtmk_u32 h = O.q_head;
-    return h - ow_ld(&O.q_tail) >= OW_Q ? (uint4 *)0 : O.q[h % OW_Q];
-}
-/* thread 0: publish the slot written (records of epoch `step`; ~0u none): OBS_PENDING
- * held <= step first, then the entry made visible to the observer */
-__device__ __forceinline__ void ow_commit(Worker &W, dtmk_u32 step) {
-    if (step < O.pub) { O.pub = step; *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = step; }
-    __threadfence_block();
-    ow_st(&O.q_head, O.q_head + 1);
-}
-/* thread 0, a full queue: records of `hooks` (epoch step) counted lost for their programs */
-__device__ __noinline__ void ow_lost(Worker &W, dtmk_u32 hooks, dtmk_u32 step) {
-    hooks &= obs_prog_hooks();
-    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (hooks & (1u << h)) obs_lost(W, (dtmk_u32)h, step);
-}
-/* thread 0, after a task's release signal: its captured hooks as one entry */
-__device__ __noinline__ void ow_push_pend(Worker &W) {
-    uint4 *d = ow_slot();
-    if (d) {
-        d[0] = make_uint4(OW_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
-        d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
-        d[2] = make_uint4(lo32(W.pend_rg), hi32(W.pend_rg), lo32(W.t_ready), hi32(W.t_ready));
-        d[3] = make_uint4(lo32(W.t_begin), hi32(W.t_begin), lo32(W.t_end), hi32(W.t_end));
-        d[4] = make_uint4(lo32(W.dep_wait), hi32(W.dep_wait), lo32(W.ts_rel), hi32(W.ts_rel));
-        ow_commit(W, (dtmk_u32)W.pend_step);
-    } else {
-        ow_lost(W, W.pend, (dtmk_u32)W.pend_step);
-    }
-    W.pend = 0; W.pend_rg = 0;
-}
-/* the observer (lane 0): an OW_TAG_PEND entry back into its Worker's pend fields */
-__device__ __forceinline__ void ow_unpack(Worker &V, const uint4 *d) {
-    V.pend = d[0].y; V.pend_q = d[0].z; V.pend_flags = d[0].w;
-    V.cw_peer = d[1].x; V.phantoms = d[1].y; V.pend_t = (int)d[1].z; V.pend_step = (int)d[1].w;
-    V.pend_rg = ((dtmk_u64)d[2].y << 32) | d[2].x; V.t_ready = ((dtmk_u64)d[2].w << 32) | d[2].z;
-    V.t_begin = ((dtmk_u64)d[3].y << 32) | d[3].x; V.t_end = ((dtmk_u64)d[3].w << 32) | d[3].z;
-    V.dep_wait = ((dtmk_u64)d[4].y << 32) | d[4].x; V.ts_rel = ((dtmk_u64)d[4].w << 32) | d[4].z;
-}
-/* thread 0: OBS_PENDING up to the observer's ow_low once it has consumed every entry */
-__device__ __noinline__ void ow_raise(Worker &W) {
-    if (!O.state || ow_ld(&O.q_tail) != O.q_head) return;
-    const dtmk_u32 lo = ow_ld(&O.ow_low);
-    if (lo == O.pub) return;
-    __threadfence();                   /* the observer's flushes (fenced before ow_low) first */
-    O.pub = lo;
-    *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
-}
-/* thread 0, CTL_GEN moved: a MARK (once; a full queue: asked again at the next look) */
-__device__ __noinline__ void ow_ask_reload(Worker &W) {
-    if (O.ow_mark) return;
-    uint4 *d = ow_slot();
-    if (!d) return;
-    d[0] = make_uint4(OW_TAG_MARK, 0u, 0u, 0u);
-    O.ow_mark = 1; O.ow_mark_seq = ow_ld(&O.ow_seq);
-    ow_commit(W, ~0u);
-}
-/* thread 0: the MARK is done -> the new tables' hook mask (what refresh_control sets) */
-__device__ __noinline__ void ow_pickup(Worker &W) {
-    if (!O.ow_mark || ow_ld(&O.ow_seq) == O.ow_mark_seq) return;
-    O.ow_mark = 0;
-    W.hook_mask = O.ring_mask | obs_prog_hooks();
-    obs_update(W);
-    ow_raise(W);
-}
-#endif
-
-/* thread 0, a record built: into the observer's ring / the host ring, or with the
- * observer warp into its queue */
-__device__ __forceinline__ void hk_emit(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
-#ifdef DTMK_OBS_WARP
-    uint4 *d = ow_slot();
-    if (!d) { ow_lost(W, 1u << hook, step); return; }
-#pragma unroll
-    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
-    ow_commit(W, step);
-#else
-    hk_store(P, W, c, hook, step);
-#endif
-}
-
 /* cold, thread 0: build and publish one record (ts given: no clock read here); t >= 0:
  * the task fields of t (request_gen: rg, see hk_task) and FLAG_REMOTE (mk_comm.cuh) */
 __device__ __forceinline__ void hk_put_rec(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
@@ -1107,7 +876,7 @@ __device__ __forceinline__ void hk_put_rec(const MkParams &P, Worker &W, dtmk_u3
     HkRec c;
     hk_rec(c, P, W, hook, ts, k, (dtmk_u32)step, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
            peer_rank, flags);
-    hk_emit(P, W, c, hook, (dtmk_u32)step);
+    hk_store(P, W, c, hook, (dtmk_u32)step);
 }
 __device__ __noinline__ void hook_put(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
                                       dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
@@ -1138,14 +907,8 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
-#ifdef DTMK_OBS_WARP
-    /* a MARK; the next wait's first look serves it (before it, the setup's first load) */
-    if (O.tables && O.ow_live && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) ow_ask_reload(W);
-    W.hook_mask = O.ring_mask | obs_prog_hooks();
-#else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
-#endif
 #else
     W.hook_mask = 0;
 #endif
@@ -1354,11 +1117,7 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
  * when captured.  The task's fields are loaded once; one emit site for all records. */
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
     const int t = W.pend_t, step = W.pend_step;
-#ifdef DTMK_OBS_WARP
-    const int *r = trec(P, t);           /* the observer: thread 0 rewrites the shared copy */
-#else
     const int *r = hk_trec(P, t);
-#endif
     const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];
     HkTask k;
     k.cls = (dtmk_u32)cls; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
@@ -1428,12 +1187,6 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
 }
 #endif
 
-#ifdef DTMK_OBS_WARP
-#define HK_FLUSH_PEND(P, W) ow_push_pend(W)   /* the observer warp builds them */
-#else
-#define HK_FLUSH_PEND(P, W) hook_flush(P, W)
-#endif
-
 __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, int t, int step, dtmk_u32 flags,
                                         dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns, dtmk_u64 dur_ns = 0,
                                         dtmk_u32 queue_depth = 0, dtmk_u64 ts_ns = 0,
@@ -1443,7 +1196,7 @@ __device__ __noinline__ void hook_event(const MkParams &P, Worker &W, int hook, 
      * collector's causal check compares the peer's release with */
     const dtmk_u64 ts = ts_ns ? ts_ns : mk_now();
 #ifndef DTMK_NO_HOOKS
-    if (W.pend) HK_FLUSH_PEND(P, W);   /* records captured before this one go first (ring order = time order) */
+    if (W.pend) hook_flush(P, W);   /* records captured before this one go first (ring order = time order) */
 #endif
     if (flags & HK_FAULTS) flags = (flags & ~HK_FAULTS) | (t >= 0 ? task_faults(P, t, step).flags : 0u);
     hook_put(P, W, (dtmk_u32)hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns,
@@ -1515,7 +1268,7 @@ __device__ __forceinline__ void hold_light(const MkParams &, Worker &, int, int,
  * gen:advance and the trace record */
 __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int step, dtmk_u32 flags, dtmk_u64 t_end) {
 #ifndef DTMK_NO_HOOKS
-    if (W.pend) HK_FLUSH_PEND(P, W);
+    if (W.pend) hook_flush(P, W);
     W.pend_rg = 0;                       /* the next task captures afresh */
 #endif
     if (hk_trec(P, t)[0] == 10 && HOOK_ON(W, DTMK_HOOK_GEN_ADVANCE)) {
@@ -1528,7 +1281,7 @@ __device__ __noinline__ void hook_post(const MkParams &P, Worker &W, int t, int 
             HkRec c;
             hk_rec(c, P, W, DTMK_HOOK_GEN_ADVANCE, t_end, k, (dtmk_u32)step, DTMK_NONE_U32, 0, 0, 0, 0, DTMK_NONE_U32, 0,
                    DTMK_NONE_U32, 0);
-            hk_emit(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
+            hk_store(P, W, c, DTMK_HOOK_GEN_ADVANCE, (dtmk_u32)step);
         }
     }
     if (W.trace_on) trace_rec(P, W, t, step, W.t_disp, W.t_begin, t_end, flags);
@@ -1776,7 +1529,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
-        if (W.observe || OW_BUSY()) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
         if (!(rd & 1)) {
@@ -1797,9 +1550,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
-#ifdef DTMK_OBS_WARP
-    if (first & 2) ow_serve_all(P, W, (dtmk_u32)step);   /* the queue nearly full, or new tables */
-#elif !defined(DTMK_NO_HOOKS)
+#ifndef DTMK_NO_HOOKS
     OBS_SYNC_IF((first & 6), !(first & 2), (dtmk_u32)step);
 #endif
     if (first & 1) return;
@@ -1850,11 +1601,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 /* both control words loaded before either is tested (one L2 round trip) */
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
-#ifdef DTMK_OBS_WARP
-                if (gen != O.gen_seen) ow_ask_reload(W);   /* served now; taken up at a 16th poll */
-#else
                 if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
-#endif
                 if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
@@ -1871,28 +1618,13 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                     break;
                 }
             }
-#ifdef DTMK_OBS_WARP
-#ifdef DTMK_OW_STATS
-            *(volatile dtmk_u64 *)&O.ow_yield_ts = mk_now();
-            __threadfence_block();
-#endif
-            ow_st(&O.ow_yield, 1);        /* the observer finishes its unit and joins the barrier */
-#endif
         }
-#ifdef DTMK_OBS_WARP
-        /* the observer runs the queue while thread 0 polls (W.observe: thread 0 wrote it
-         * before the barrier above; ow_yield was cleared before it) */
-        else if ((threadIdx.x >> 5) == OW_WARP && (W.observe || O.q_head != O.q_tail)) ow_serve(P, false);
-#endif
         MK_SYNC();
         int ready = W.ready, aborted = W.aborted, dt = W.dyn_task, ds = W.dyn_step;
         dtmk_u64 pushed_at = s_t0;
 #ifndef DTMK_EXTRA_SYNC
         /* leaving: thread 0 writes none of these before run_task's first barrier */
         if (ready || aborted) break;
-#ifdef DTMK_OBS_WARP
-        if (threadIdx.x == 0) ow_st(&O.ow_yield, 0);   /* the observer is out of ow_serve (barrier above) */
-#endif
         MK_SYNC();                 /* everyone read W before thread 0 writes it again */
 #else                              /* (the variant keeps session 6's barrier on the way out) */
         MK_SYNC();
@@ -2047,80 +1779,6 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 #define HO_FINISHED false
 #endif
 
-#ifdef DTMK_OBS_WARP
-/* ---- observer warp: warp OW_WARP's side ------------------------------------------------ */
-/* warp OW_WARP: run queue entry `tail` (a task's captured hooks -> hook_flush: records into
- * the observer's ring and / or the host ring; a built record -> hk_store; a MARK -> every
- * record under the old tables, then the new ones: obs_sync with O.reload), then consume it */
-__device__ __forceinline__ void ow_entry(const MkParams &P, dtmk_u32 tail) {
-    const unsigned lane = threadIdx.x & 31;
-    const uint4 *d = O.q[tail % OW_Q];
-    const dtmk_u32 tag = d[0].x;
-    const dtmk_u64 hn = Wo.hook_n;
-    if (tag == OW_TAG_MARK) {
-        if (lane == 0) O.reload = 1;
-        __syncwarp();
-        obs_sync(P, Wo, false, ~0u);              /* (clears O.reload once the tables are in) */
-    } else if (lane == 0) {
-        if (tag == OW_TAG_PEND) { ow_unpack(Wo, d); hook_flush(P, Wo); }
-        else hk_store(P, Wo, *(const HkRec *)d, d[0].y, d[3].z);   /* hook, decode_step */
-    }
-    __syncwarp();
-    if (lane == 0) {
-        if (Wo.hook_n != hn) __threadfence();       /* host-ring records before a head is published */
-        __threadfence_block();
-        ow_st(&O.q_tail, tail + 1);
-        if (tag == OW_TAG_MARK) ow_st(&O.ow_seq, O.ow_seq + 1);
-    }
-    __syncwarp();
-}
-/* warp OW_WARP: serve the queue, one unit at a time (an entry; one 32-record VM batch
- * when a sub-ring holds a batch or is full; the records and coverage of epochs below
- * thread 0's step).  all = false: while thread 0 polls, until it sets ow_yield (idle:
- * nanosleep).  all = true (the whole CTA waits): until nothing is left, batches of every
- * sub-ring at once. */
-__device__ __noinline__ void ow_serve(const MkParams &P, bool all) {
-#ifdef DTMK_OW_STATS
-    const bool l0 = (threadIdx.x & 31) == 0;
-    if (l0 && !all) OW_STAT(6, 1);
-#define OW_UNIT(k) do { if (l0) OW_STAT((k) + (all ? 1 : 0), 1); } while (0)
-#else
-#define OW_UNIT(k) do { } while (0)
-#endif
-    for (;;) {
-        if (!all && ow_ld(&O.ow_yield)) break;
-        const dtmk_u32 cur = ow_ld(&O.t0_step);     /* read before q_head: its entries are all pushed */
-        const dtmk_u32 head = ow_ld(&O.q_head);
-        if (O.n && O.maxc >= min(32u, O.cap)) { OW_UNIT(3); obs_sync(P, Wo, !all, cur); continue; }
-        if (O.q_tail != head) { OW_UNIT(1); ow_entry(P, O.q_tail); continue; }
-        if (O.tables && ((O.n && O.ring_lo < cur) || (!O.n && O.acc_min < cur))) { OW_UNIT(3); obs_sync(P, Wo, !all, cur); continue; }
-        if (all) break;
-        __nanosleep(128);
-    }
-#ifdef DTMK_OW_STATS
-    if (l0 && !all) {
-        const dtmk_u64 late = mk_now() - *(volatile dtmk_u64 *)&O.ow_yield_ts;
-        OW_STAT(5, late);
-        if (late > O.ow_stats[7]) O.ow_stats[7] = late;
-    }
-#endif
-#undef OW_UNIT
-}
-/* whole CTA (uniform): serve everything now, epochs below `step` flushed (~0u: all);
- * thread 0 then takes a done MARK's mask, the observer's host-ring cursor, OBS_PENDING */
-__device__ __noinline__ void ow_serve_all(const MkParams &P, Worker &W, dtmk_u32 step) {
-    if (threadIdx.x == 0) { __threadfence_block(); ow_st(&O.t0_step, step); }
-    MK_SYNC();
-    if ((threadIdx.x >> 5) == OW_WARP) ow_serve(P, true);
-    MK_SYNC();
-    if (threadIdx.x == 0) {
-        W.hook_n = Wo.hook_n; W.hook_drop = Wo.hook_drop;
-        ow_pickup(W);
-        ow_raise(W);
-    }
-}
-#endif
-
 extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
     __shared__ Worker W;
@@ -2175,9 +1833,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
-#ifdef DTMK_OBS_WARP
-        O.ow_live = 0;
-#endif
         W.pend = 0;
     }
 #endif
@@ -2196,28 +1851,8 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     MK_SYNC();
 #ifndef DTMK_NO_HOOKS
-#ifdef DTMK_OBS_WARP
-    if (O.reload) obs_sync_cta(P, W, false, 0u);   /* the first tables: warp 0, before any task */
-    MK_SYNC();
-    if (threadIdx.x == 0) {
-        Wo = W;
-        O.q_head = O.q_tail = 0; O.ow_seq = O.ow_yield = O.ow_mark = O.ow_mark_seq = 0;
-        O.ow_low = ~0u; O.ring_lo = ~0u; O.ow_live = 1;
-#ifdef DTMK_OW_STATS
-        for (int k = 0; k < OW_NSTATS; ++k) O.ow_stats[k] = 0;
-        O.ow_yield_ts = mk_now();
-#endif
-#ifdef HO_RESUME
-        O.t0_step = (dtmk_u32)W.rs_step;
-#else
-        O.t0_step = (dtmk_u32)P.step0;
-#endif
-    }
-    MK_SYNC();
-#else
     OBS_SYNC_IF(O.reload, false, 0u);
     MK_SYNC();
-#endif
 #endif
     const int *plan = (const int *)P.plan_tasks;
     int p0 = ((const int *)P.plan_off)[MK_WID], p1 = ((const int *)P.plan_off)[MK_WID + 1];
@@ -2234,9 +1869,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
              * then run, park or stop.  Hooks of this step are stamped after it opened.
              * The first barrier: every thread is done reading W.gate / W.aborted of the
              * previous step (a worker with an empty plan has no barrier in between). */
-#ifdef DTMK_OBS_WARP
-            ow_serve_all(P, W, (dtmk_u32)step);   /* the host ring's records of the steps before, out */
-#endif
             MK_SYNC();
             if (threadIdx.x == 0) {
                 const dtmk_u64 v = ev_ld_acquire(P, counter(P, (int)P.step_event));
@@ -2249,9 +1881,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                 if (W.gate == 0) refresh_control(P, W, true);
             }
             MK_SYNC();
-#ifdef DTMK_OBS_WARP
-            if (W.gate == 0 && O.ow_mark) ow_serve_all(P, W, (dtmk_u32)step);   /* the MARK: new tables now */
-#elif !defined(DTMK_NO_HOOKS)
+#ifndef DTMK_NO_HOOKS
             if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
                 OBS_SYNC_IF(true, false, (dtmk_u32)step);
                 MK_SYNC();
@@ -2261,9 +1891,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                 /* not granted yet: first finish the previous step everywhere (its dynamic
                  * tasks: a parked worker takes none), so that all of it is published */
                 wait_event(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
-#ifdef DTMK_OBS_WARP
-                ow_serve_all(P, W, (dtmk_u32)step);   /* device VM: epochs < step flushed */
-#elif !defined(DTMK_NO_HOOKS)
+#ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
                 if (threadIdx.x == 0) {
@@ -2280,9 +1908,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                     }
                 }
                 MK_SYNC();
-#ifdef DTMK_OBS_WARP
-                if (W.gate == 0 && O.ow_mark) ow_serve_all(P, W, (dtmk_u32)step);
-#elif !defined(DTMK_NO_HOOKS)
+#ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step);
                 MK_SYNC();
 #endif
@@ -2290,9 +1916,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if (W.gate == 2 || W.aborted) { last = step; break; }
             if (threadIdx.x == 0)       /* the host's tail only grows: a stale one is conservative */
                 W.hook_tail = *((const volatile dtmk_u64 *)P.hook_tail + W.worker);
-#ifdef DTMK_OBS_WARP
-            if (threadIdx.x == 0) Wo.hook_tail = W.hook_tail;   /* (monotone: a stale one is conservative) */
-#endif
         }
         /* a resumed step's step-start phantoms: re-added if its worker left them unspent
          * (it left at the step's first task, with no dynamic task run while waiting) */
@@ -2333,14 +1956,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
-#ifdef DTMK_OBS_WARP
-    ow_serve_all(P, W, ~0u);            /* every entry run, every epoch flushed */
-#ifdef DTMK_OW_STATS
-    if (threadIdx.x == 0)
-        for (int k = 0; k < OW_NSTATS; ++k)
-            if (k == 7) atomicMax(&dtmk_ow_stats[k], O.ow_stats[k]); else atomicAdd(&dtmk_ow_stats[k], O.ow_stats[k]);
-#endif
-#endif
 #ifndef DTMK_NO_HOOKS
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */

@@ -19,21 +19,19 @@
 #undef static_assert
 #endif
 
-#define MK_THREADS 512                      /* compute threads of a CTA (the task bodies) */
-#define MK_WARPS (MK_THREADS / 32)
+#define MK_THREADS 512                      /* threads of a CTA (the task bodies) */
 /* the kernel's register bound: one 512-thread CTA per SM (128 registers).  -DDTMK_MAXNREG=N
- * (measurement): __maxnreg__(N) instead.  (Session 13: a 17th warp does not fit beside
- * 128-register warps; the driver allows 544 threads only at <= 96 registers (warps are
- * given registers in groups of 4), and the no-hook code at 120 registers already ran
- * +2.5% (1b) / +3.3% (tiny).  So the observer works inside the 16 warps: megakernel.cu
- * "observer warp".) */
+ * (measurement, bench/paired.py --codes): __maxnreg__(N) instead.  Session 13: the no-hook
+ * code at 120 registers ran +2.5% (1b) / +3.3% (tiny); and a 17th warp cannot be launched
+ * beside 120-register warps anyway (warps get registers in groups of 4: the driver allows
+ * 512 threads), docs/dev/hook_cost_analysis.md rounds 6 and "Session 13". */
 #ifdef DTMK_MAXNREG
 #define MK_KERNEL_BOUNDS __maxnreg__(DTMK_MAXNREG)
 #else
 #define MK_KERNEL_BOUNDS __launch_bounds__(MK_THREADS, 1)
 #endif
+#define MK_WARPS (MK_THREADS / 32)
 #define MK_SYNC() __syncthreads()          /* every CTA barrier (one name for grep) */
-#define MK_SYNC_OR(p) __syncthreads_or(p)
 #define MK_FULL 0xffffffffu
 
 /* ---- numbers ------------------------------------------------------------------ */

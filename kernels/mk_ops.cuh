@@ -949,7 +949,7 @@ __device__ void ws_start_next() {
 #ifndef DTMK_WS_NEXT
 __device__ __forceinline__ void ws_begin(const WsDesc &d) {
     const bool miss = !ws_s.live || !ws_same(ws_s.d, d);
-    if (MK_SYNC_OR(miss)) {          /* everyone read ws_s before warp 0 rewrites it */
+    if (__syncthreads_or(miss)) {          /* everyone read ws_s before warp 0 rewrites it */
         if ((threadIdx.x >> 5) == 0) {
             ws_drop();
             ws_start(d);
@@ -963,7 +963,7 @@ __device__ __forceinline__ void ws_begin(const WsDesc &d) {
 __device__ __forceinline__ void ws_begin(const WsDesc &d) {
     const bool hit = ws_s.live && ws_same(ws_s.d, d);
     const int full = min(DTMK_WS_NST, d.nst + (ws_s.nvalid ? ws_s.nd.nst : 0));
-    if (MK_SYNC_OR(!hit || (int)(ws_s.top - ws_s.seq) < full)) {   /* all read ws_s first */
+    if (__syncthreads_or(!hit || (int)(ws_s.top - ws_s.seq) < full)) {   /* all read ws_s first */
         if ((threadIdx.x >> 5) == 0) {
             if (!hit) {
                 ws_drop();

@@ -490,12 +490,11 @@ class Megakernel:
                 raise UserError("Megakernel(handoff=True): the hook build is the one handed to; "
                                 "leave DTMK_NO_HOOKS out of `defines` (the lean build adds it)")
             base = tuple(d for d in defines if d != "DTMK_SM_WORKER")
-            lean_base = tuple(d for d in base if d != "DTMK_OBS_WARP")     # (a hook-build option)
             defines = base + ("DTMK_HANDOFF", "DTMK_SM_WORKER")
         self.defines = megakernel_defines(cfg, ranks, defines)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
-        self.lean_defines = (megakernel_defines(cfg, ranks, lean_base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
+        self.lean_defines = (megakernel_defines(cfg, ranks, base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
                              if handoff else None)
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)

@@ -1,8 +1,10 @@
 """Rounds 6 and 7 of docs/dev/hook_cost_analysis.md were measured on the H200 and removed
 (last in commit 1e256b7): the observer warp (-DDTMK_OBS_WARP, a 17th warp per CTA) and the
-off copy (-DDTMK_OFF_COPY, run_task / wait_event compiled twice).  Nothing of either is
-left: one block size (MK_THREADS), one barrier macro (MK_SYNC = __syncthreads), one copy
-of the task loop."""
+off copy (-DDTMK_OFF_COPY, run_task / wait_event compiled twice).  Session 13 tried the
+observer warp again as warp 15 serving a shared-memory queue inside dependency waits
+(exact on the GPU, slower: 1b hot summary +43.7% vs +40.0%; code last in commit b27d8dc;
+"Session 13" of the same file).  Nothing of either is left: one block size (MK_THREADS),
+one barrier macro (MK_SYNC = __syncthreads), one copy of the task loop."""
 from __future__ import annotations
 
 import re

@@ -10,7 +10,7 @@
     live.detach(aid)
     res = live.wait()                        # gpu.RunResult; snapshots are exact now
 
-How it works (kernels/megakernel.cu "observer"):
+How it works (kernels/mk_observer.cuh, the observer part of megakernel.cu):
 
 * `DeviceRuntime(harness=False)` owns the hook tables (`dtmk_hook_table[11]`, a seqlock
   generation each), maps and coverage in device memory.  The megakernel gets the tables'

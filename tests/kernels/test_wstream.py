@@ -17,6 +17,7 @@ import pytest
 from dtrace_mk.kernels import build
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.presets import PRESETS
+from dtrace_mk.kernels import megakernel_text
 
 WS = ("DTMK_WSTREAM",)
 OLD = ("DTMK_NO_WSTREAM",)      # the matvec path before session 4 (the default streams since)
@@ -29,7 +30,7 @@ SMEM_MAX = 227 * 1024          # sm_90: static + dynamic shared memory per block
 def _compile_v(defines):
     """NVRTC cubin of megakernel.cu with `ptxas -v`: (cubin, ptxas log)."""
     nvrtc = build.nvrtc_module()
-    src = (build.KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"megakernel.cu", 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
     try:
@@ -70,7 +71,7 @@ def builds():
 
 
 def _ptx(defines):
-    return build.nvrtc_compile((build.KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu",
+    return build.nvrtc_compile(megakernel_text(), "megakernel.cu",
                                "sm_90a", "ptx", defines).decode()
 
 

@@ -26,8 +26,8 @@ from dtrace_mk.errors import UserError
 from dtrace_mk.kernels.build import nvrtc_compile
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.graph import build_graph
-from dtrace_mk.megakernel.gpu import KERNEL_DIR
 from dtrace_mk.megakernel.presets import PRESETS
+from dtrace_mk.kernels import megakernel_text
 
 ONE_CTA_PER_SM = gpu.one_cta_per_sm      # (the host tests below stand it in)
 
@@ -103,7 +103,7 @@ def test_a_waits_event_and_target_name_its_step(preset):
 # ---- the kernel sources ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     out = {}
     for name, defs in {"default": (), "hook": ("DTMK_HANDOFF", "DTMK_SM_WORKER"), "nohooks": ("DTMK_NO_HOOKS",),
                        "lean": ("DTMK_NO_HOOKS", "DTMK_SM_WORKER")}.items():
@@ -141,13 +141,13 @@ def test_the_lean_loop_is_the_no_hook_builds(ptx):
                                        (("DTMK_HANDOFF",), "DTMK_SM_WORKER"),
                                        (("DTMK_HANDOFF", "DTMK_SM_WORKER", "DTMK_WS_NEXT"), "DTMK_HANDOFF")])
 def test_builds_that_cannot_hand_off_are_refused(defs, msg):
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     with pytest.raises(Exception, match=msg):
         nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defs)
 
 
 def test_handoff_constants_agree_between_kernel_and_host():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     assert int(re.search(r"#define ABORT_LEAVE (\d+)u", src).group(1)) == gpu.ABORT_LEAVE
     assert int(re.search(r"#define WS_LEFT (\d+)", src).group(1)) == gpu.WS_LEFT
     assert int(re.search(r"#define HO_WORDS (\d+)", src).group(1)) == gpu.HO_WORDS

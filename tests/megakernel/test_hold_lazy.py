@@ -11,12 +11,12 @@ import re
 import pytest
 
 from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
-from dtrace_mk.megakernel.gpu import KERNEL_DIR
+from dtrace_mk.kernels import megakernel_text
 
 
 @pytest.fixture(scope="module")
 def ptxs():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     return {d: nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=d).decode()
             for d in ((), ("DTMK_HOLD_EAGER",), ("DTMK_COMPILED_TIER",))}
 
@@ -42,6 +42,6 @@ def test_the_lazy_hold_adds_one_word_and_keeps_the_full_hold(ptxs):
 
 
 def test_the_eager_variant_compiles_to_cubin_and_without_hooks():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     for d in (("DTMK_HOLD_EAGER",), ("DTMK_HOLD_EAGER", "DTMK_NO_HOOKS")):
         assert nvrtc_compile(src, "megakernel.cu", "sm_90a", "cubin", defines=d)[:4] == b"\x7fELF"

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from dtrace_mk.megakernel import gpu
+from dtrace_mk.kernels import megakernel_text
 
-SRC = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+SRC = megakernel_text()
 COLD = ("hook_event", "hook_put", "hook_flush", "hook_hold", "hook_post")
 
 

@@ -8,12 +8,12 @@ import re
 import pytest
 
 from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
-from dtrace_mk.megakernel.gpu import KERNEL_DIR
+from dtrace_mk.kernels import megakernel_text
 
 
 @pytest.fixture(scope="module")
 def ptxs():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     return {d: nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=d).decode()
             for d in ((), ("DTMK_IDEAL_SITE",))}
 

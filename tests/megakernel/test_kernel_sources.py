@@ -9,6 +9,7 @@ import pytest
 from dtrace_mk.abi import definition as D
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.kernels.build import include_closure as build_include_closure
+from dtrace_mk.kernels import megakernel_text
 
 
 @pytest.fixture()
@@ -41,7 +42,7 @@ def test_compile_error_names_file_and_line(fresh_cache, monkeypatch, tmp_path):
     bad.mkdir()
     for n in build_include_closure("megakernel.cu"):
         (bad / n).write_bytes((gpu.KERNEL_DIR / n).read_bytes())
-    (bad / "megakernel.cu").write_text((gpu.KERNEL_DIR / "megakernel.cu").read_text() + "\nint broken = no_such_symbol;\n")
+    (bad / "megakernel.cu").write_text(megakernel_text() + "\nint broken = no_such_symbol;\n")
     monkeypatch.setattr(gpu, "KERNEL_DIR", bad)
     with pytest.raises(gpu.CompileError, match=r"megakernel\.cu\(\d+\)"):
         gpu.compile_source("sm_90a", "cubin", use_cache=False)
@@ -63,7 +64,7 @@ def test_record_layouts():
     for f in D.CONTEXT_FIELDS:
         assert gpu.CTX_DTYPE.fields[f.name][1] == f.offset
     assert gpu.TRACE_DTYPE.itemsize == 32
-    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     assert "#define TRACE_BYTES 32" in src and "#define TREC_WORDS 16" in src
 
 
@@ -96,7 +97,7 @@ def test_pack_tables_layout():
         w15 = int(tasks[task.index, 15])
         assert w15 & 1 == (task.index in firsts)
         assert w15 >> 1 == g.events[task.signal_event].triggers
-    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     assert "(r[15] & 1)" in src and "P.event_triggers)[sig]" not in src
 
 
@@ -118,7 +119,7 @@ def test_no_barrier_between_a_finished_wait_and_the_next_task():
     barrier that publishes the outcome (thread 0 writes none of W.ready / aborted /
     dyn_task / dyn_step / s_t0 before run_task's first barrier), and run_task ends without
     a barrier (the CTA next meets at wait_event's).  -DDTMK_EXTRA_SYNC restores both."""
-    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     we = src[src.index("__device__ __noinline__ void wait_event("):]
     spin = we[we.index("int ready = W.ready, aborted = W.aborted"):]
     default = spin[:spin.index("#else")]

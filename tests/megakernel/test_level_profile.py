@@ -8,6 +8,7 @@ import pytest
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.graph import build_graph
 from dtrace_mk.megakernel.presets import PRESETS
+from dtrace_mk.kernels import megakernel_text
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,7 @@ def test_obs_prof_build_exports_its_counters(lp):
     """The profiled build compiles and has the counter array level_profile reads (its
     size = the kernel's PROF_N = what print_prof indexes); the default build has none."""
     from dtrace_mk.kernels.build import nvrtc_compile
-    from dtrace_mk.megakernel.gpu import KERNEL_DIR
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_PROF",)).decode()
     assert f".global .align 8 .b8 dtmk_obs_prof[{8 * lp.PROF_N}];" in ptx      # PROF_N u64 counters
     top = max(k for _, cols in lp.PROF_TABLES for _, k in cols)

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from dtrace_mk.errors import UserError
-from dtrace_mk.kernels import KERNEL_DIR
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.presets import PRESETS
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from test_tp_launcher_cpu import fake_cupy  # noqa: E402,F401  (the NumPy stand-in)
+from dtrace_mk.kernels import megakernel_text
 
 
 def test_sm_map_word_agrees_between_kernel_and_host():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     assert int(re.search(r"#define CTL_SM_MAP (\d+)", src).group(1)) == gpu.CTL_SM_MAP
     used = {gpu.CTL_GATE, gpu.CTL_STAMP, gpu.CTL_STAMP + 1, gpu.CTL_OBS, gpu.CTL_OBS + 1, gpu.CTL_TABLES,
             gpu.CTL_TABLES + 1, gpu.CTL_GEN}

@@ -9,13 +9,13 @@ import pytest
 from dtrace_mk.errors import UserError
 from dtrace_mk.kernels.build import nvrtc_compile
 from dtrace_mk.megakernel import gpu
-from dtrace_mk.megakernel.gpu import KERNEL_DIR
 from dtrace_mk.runtime import descform
 from dtrace_mk.runtime import device as D
+from dtrace_mk.kernels import megakernel_text
 
 
 def _obs_bytes(defines):
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defines).decode()
     return int(re.search(r"^\.shared \.align 16 \.b8 O\[(\d+)\];", ptx, re.M).group(1))
 

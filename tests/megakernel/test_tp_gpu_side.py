@@ -12,6 +12,7 @@ from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel import reference as R
 from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, tp_shard
 from dtrace_mk.megakernel.presets import PRESETS
+from dtrace_mk.kernels import megakernel_text
 
 SPLITS = [("tiny", 2), ("tiny", 4), ("small-moe", 2), ("small-moe", 4)]
 
@@ -132,14 +133,14 @@ def test_late_comm_verdict_on_sim_streams():
 def test_kernel_ptx_has_system_scope_comm():
     """Receive events are signalled with system-scope release adds through the peer
     mapping and awaited with system-scope acquire (kernels/mk_comm.cuh)."""
-    from dtrace_mk.kernels import KERNEL_DIR, build
-    ptx = build.nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+    from dtrace_mk.kernels import build
+    ptx = build.nvrtc_compile(megakernel_text(), "megakernel.cu", "sm_90a", "ptx",
                               ("DTMK_NO_HOOKS",)).decode(errors="replace")
     for ins in ("red.release.sys.global.add.u64", "ld.acquire.sys.global.u64", "st.relaxed.sys.global.u64"):
         assert ins in ptx, ins
     # the poll is an acquire load (no fence after it); -DDTMK_POLL_FENCE keeps the old
     # relaxed poll + fence so bench/megakernel.py can compare both in one run
-    old = build.nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+    old = build.nvrtc_compile(megakernel_text(), "megakernel.cu", "sm_90a", "ptx",
                               ("DTMK_NO_HOOKS", "DTMK_POLL_FENCE")).decode(errors="replace")
     assert "ld.relaxed.sys.global.u64" in old and "fence.acq_rel.sys" in old
     assert re.search(r"membar\.sys|fence\.sc\.sys", ptx)      # __threadfence_system after the copy

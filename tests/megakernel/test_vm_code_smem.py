@@ -9,8 +9,8 @@ import re
 import pytest
 
 from dtrace_mk.kernels.build import nvrtc_compile
-from dtrace_mk.megakernel.gpu import KERNEL_DIR
 from dtrace_mk.runtime.device import MAX_PROGS, NUM_HOOKS
+from dtrace_mk.kernels import megakernel_text
 
 
 def _obs_bytes(ptx: str) -> int:
@@ -21,7 +21,7 @@ def _obs_bytes(ptx: str) -> int:
 
 @pytest.fixture(scope="module")
 def ptxs():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     return {d: nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=d).decode()
             for d in ((), ("DTMK_VM_CODE_SMEM",), ("DTMK_VM_CODE_SMEM", "DTMK_OBS_CODE=64"))}
 
@@ -34,5 +34,5 @@ def test_code_buffer_size(ptxs):
 
 
 def test_variant_compiles_to_cubin():
-    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     assert nvrtc_compile(src, "megakernel.cu", "sm_90a", "cubin", defines=("DTMK_VM_CODE_SMEM",))[:4] == b"\x7fELF"

@@ -22,6 +22,7 @@ from dtrace_mk.runtime.inline import study
 from dtrace_mk.runtime.live import SUMMARY_QUERY
 from tests.runtime.test_aggdesc import reducible_query
 from tests.runtime.test_inline import W, _groups, _run, _slot_flags, hook_contexts, needs_gxx, random_query
+from dtrace_mk.kernels import megakernel_text
 
 INLINE_H = (D.KERNEL_DIR / "bpf_inline.cuh").read_text()
 
@@ -43,7 +44,7 @@ def test_constants_agree_with_the_kernel_header():
     assert (defs["DTMK_D_TAKEN"], defs["DTMK_D_WIDE"], defs["DTMK_PROG_F_DESC"]) == (F.TAKEN, F.WIDE, F.PROG_F_DESC)
     assert defs["DTMK_PROG_F_DESC"] == D.PROG_F_DESC and defs["DTMK_PROG_F_INLINE"] == D.PROG_F_INLINE
     assert (defs["DTMK_PROG_F_SERIAL"], defs["DTMK_PROG_F_COMPILED"]) == (D.PROG_F_SERIAL, C.PROG_F_COMPILED)
-    mk = (D.KERNEL_DIR / "megakernel.cu").read_text()
+    mk = megakernel_text()
     assert int(re.search(r"#define DTMK_OBS_DESC (\d+)", mk).group(1)) == F.DESC_CAP
     enum = re.search(r"enum \{ (DTMK_D_JEQ[^}]*)\}", INLINE_H).group(1)
     assert [n.strip().removeprefix("DTMK_D_").lower() for n in enum.split(",") if n.strip()] == list(F.GUARD_OPS)

@@ -10,6 +10,7 @@ from dtrace_mk.commands import top
 from dtrace_mk.megakernel.graph import build_graph
 from dtrace_mk.megakernel.presets import get_preset
 from dtrace_mk.runtime.live import SUMMARY_QUERY, summary_monitor
+from dtrace_mk.kernels import megakernel_text
 
 
 def test_summary_monitor_verifies_and_hooks():
@@ -81,7 +82,7 @@ def nvrtc():
 
 
 def test_megakernel_observer_sources(nvrtc):
-    src = (nvrtc.KERNEL_DIR / "megakernel.cu").read_text()
+    src = megakernel_text()
     for needle in ("DTMK_RUN_RECORDS(O.tabs, O.ring", "dtmk_vm_load_table", "dtmk_cov_acc_flush",
                    "CTL_GEN", "OBS_PENDING"):
         assert needle in src, needle

@@ -12,6 +12,7 @@ import re
 from dtrace_mk.kernels import KERNEL_DIR
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
+from dtrace_mk.kernels import megakernel_text
 
 GONE = ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG", "DTMK_OFF_COPY", "MK_OBS_FN", "MK_OBS_ON", "MK_BLOCK_THREADS",
         "MK_SYNC_ALL", "MK_OBS_WARP_ID", "OBS_REFUSED", "ObsJob", "bar.sync 1")
@@ -44,4 +45,4 @@ def test_compute_sources_use_mk_sync_and_mk_threads():
         src = (KERNEL_DIR / f).read_text()
         assert "blockDim" not in src, f
         assert not re.search(r"__syncthreads\(\)\s*;", src.replace("#define MK_SYNC() __syncthreads()", "")), f
-    assert "__syncthreads()" not in (KERNEL_DIR / "megakernel.cu").read_text()
+    assert "__syncthreads()" not in megakernel_text()

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from dtrace_mk.kernels import KERNEL_DIR, build
+from dtrace_mk.kernels import build
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
+from dtrace_mk.kernels import megakernel_text
 
 FAST = ("DTMK_REC_FAST",)
 GLOBAL = ("DTMK_REC_GLOBAL",)
@@ -23,7 +24,7 @@ def _cache(tmp_path_factory, monkeypatch):
 def _ptx(defines):
     pytest.importorskip("cuda.bindings.nvrtc")
     from dtrace_mk.kernels import build
-    return build.nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+    return build.nvrtc_compile(megakernel_text(), "megakernel.cu", "sm_90a", "ptx",
                                tuple(defines)).decode(errors="replace")
 
 

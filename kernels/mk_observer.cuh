@@ -1,0 +1,572 @@
+/* mk_observer.cuh: part of megakernel.cu (included once, at its place in it; not a
+ * standalone header): hook records (the 128-byte dtmk_ctx built in registers) and the
+ * observer -- the per-CTA shared-memory ring of records, the device VM / compiled-tier
+ * drains (obs_sync), table reloads, coverage accumulators and the OBS_PENDING epoch
+ * publication; the site form's inline programs; the host streaming ring; the trace. */
+/* ---- observer: the device VM at the hook sites ---------------------------------------- *
+ * Per CTA in shared memory: copies of the hook tables (refreshed when the host bumps
+ * control[CTL_GEN], checked with the other control words every `refresh` tasks and
+ * every 16 polls of a dependency wait), a ring of OBS_RING contexts that thread 0
+ * appends to at the hook sites (split evenly into one sub-ring per hook with VM
+ * programs, obs_layout), the VM's register file and coverage accumulators.
+ * Warp 0 drains through DTMK_RUN_RECORDS, one sub-ring at a time in 32-record VM calls
+ * back to back (round 4: drains rare and large).  When: a wait that is not ready at its
+ * first look, or its 16-poll spin check, finds a sub-ring O.full_at (<= 3/4) full: one
+ * batch of the fullest sub-ring per 16 polls; a long wait (this one or the worker's
+ * previous one lasted OBS_LONG_WAIT_NS): everything, one batch per 16 polls, starting
+ * after OBS_EARLY_POLLS polls; the lowest held epoch OBS_LAG steps behind (not ready):
+ * everything at once, so epochs finalise with a bounded lag; a first look (ready or
+ * not) that finds a sub-ring O.must_at full (room for one task's records): everything;
+ * before any table reload (records are run under the tables they were taken with) and
+ * at kernel end.  Never before the first poll of a wait, never after a task.
+ * Coverage is counted in one accumulator per (hook, slot); an emptied ring flushes those of epochs before the
+ * worker's current step (a reload or the last drain: all) and publishes OBS_PENDING =
+ * the lowest epoch still held (a record or an accumulator), so the host knows which
+ * epochs are final.  A hook with no program keeps its enable bit clear. */
+#ifndef DTMK_NO_HOOKS
+struct __align__(16) Obs {
+    struct dtmk_hook_table tabs[DTMK_NUM_HOOKS];
+    struct dtmk_hook_table scratch;
+    struct dtmk_ctx ring[OBS_RING];
+    dtmk_u32 cnt[DTMK_NUM_HOOKS], base[DTMK_NUM_HOOKS];   /* per hook: records held, first ring index */
+    dtmk_u32 cap, full_at, must_at, maxc;   /* sub-ring size; drain thresholds; max(cnt) */
+    dtmk_u64 regs[DTMK_VM_NREGS * 32];
+    struct dtmk_cov_acc accs[OBS_NACC];     /* per (hook, slot): a drain never flushes mid-way */
+    dtmk_u64 tables, state;
+    dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
+    dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
+    dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
+#ifndef DTMK_HOLD_EAGER
+    /* the lazy hold (default since session 9; -DDTMK_HOLD_EAGER: always the full hook_hold;
+     * docs/dev/hook_cost_analysis.md sessions 8-9): 1 when a loaded program reads request_gen
+     * (context word 13, the tables' ctx_reads) or comm:wait is observed: only then does
+     * hook_hold's pre-signal work run */
+    dtmk_u32 hold_full;
+#endif
+    /* the site form (HK_SITE_FORM, kernels/bpf_inline.cuh): hooks with a slot flagged
+     * DTMK_PROG_F_INLINE (a compiled program of the compiled tier, or descriptors:
+     * DTMK_PROG_F_DESC) run it at the site (hk_inline), its map updates held in the shadow
+     * until obs_sync's epoch flush (before the accumulators'); vm_mask then names only
+     * hooks with slots that take records.  desc: every loaded descriptor program, copied
+     * at table load (the site reads only these); gdesc: where each came from */
+#ifdef HK_SITE_FORM
+    dtmk_u32 inl_mask;
+    struct dtmk_shadow sh;
+    struct dtmk_desc desc[DTMK_OBS_DESC];
+    dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
+#endif
+    dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
+    dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
+    dtmk_u32 first_seen;                    /* OBS_FIRST_TS already set under this generation */
+#ifdef DTMK_REC_FAST
+    int rec_t;                              /* s_rec_t at the last observing first look (a static task or -1) */
+#endif
+#ifdef DTMK_VM_CODE_SMEM
+    /* -DDTMK_VM_CODE_SMEM (variant, not measured yet; docs/dev/hook_cost_analysis.md
+     * "Session 5"): the VM programs' code (+ the padding record the VM prefetches) copied
+     * here at table load while it fits, so a drain fetches no instruction from global
+     * memory (a null program measured 1.9 us per run, mostly such dependent trips).
+     * gcode: each slot's code in global memory (the tables' insns then point here) */
+    struct dtmk_dinsn code[DTMK_OBS_CODE];
+    dtmk_u64 gcode[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
+#endif
+};
+__shared__ Obs O;
+#define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
+#define HOOKS_ANY(W, m) ((W).hook_mask & (m))
+#else
+#define HOOK_ON(W, h) 0
+#define HOOKS_ANY(W, m) 0
+#endif
+#ifdef DTMK_SMEM_PAD   /* bench/hooks.py "nohooks_pad": the no-hooks code with the default build's static
+                        * shared memory, to split the off cost into smem vs code; in any build, to move
+                        * it into a larger shared-memory carveout (less L1) and measure what that costs */
+__shared__ __align__(16) char dtmk_smem_pad[DTMK_SMEM_PAD];
+#endif
+
+/* ---- hooks ------------------------------------------------------------------------- */
+#ifdef DTMK_LINKED_MONITOR
+extern "C" __device__ void dtmk_monitor(const struct dtmk_ctx *ctx);  /* linked LTO-IR tier */
+#endif
+
+/* A record in registers: the 128-byte dtmk_ctx as 8 x 16 bytes (the field offsets are
+ * pinned by dtrace_mk_abi.h's static_asserts).  hk_store writes it with 16-byte stores
+ * straight into the observer's shared ring and / or the global ring: no local struct. */
+struct HkRec { uint4 v[DTMK_CTX_SIZE / 16]; };
+
+#if defined(DTMK_REC_FAST) && !defined(DTMK_NO_HOOKS)
+__device__ __forceinline__ int hk_srec_t();           /* s_rec_t / s_rec (declared with run_task; */
+__device__ __forceinline__ const int *hk_srec();      /* defined at the end of this file) */
+/* hook_hold / hook_flush / hook_post only (t: the task running or just ended): task t's
+ * record.  The shared copy when the last observing first look was t's wait (O.rec_t holds
+ * only static tasks: a dynamic t never matches) and no wait_event has copied another record
+ * since (run_task cleared s_rec_t to -1 after its body; a later wait_event sets it >= 0);
+ * else the global table */
+__device__ __forceinline__ const int *hk_trec(const MkParams &P, int t) {
+    return O.rec_t == t && hk_srec_t() < 0 ? hk_srec() : trec(P, t);
+}
+#else
+#define hk_trec trec
+#endif
+
+/* the task fields of a record (ctx_task of ABI v1): t >= 0 task t, else none */
+struct HkTask { dtmk_u32 cls, index, tile_lo, tile_hi, slot, rg, layer, expert; };
+
+/* thread 0, cold: task t's fields; rg bit 32 set: its request_gen (captured before the
+ * release signal), else read now */
+__device__ __forceinline__ HkTask hk_task(const MkParams &P, int t, dtmk_u64 rg) {
+    HkTask k;
+    if (t < 0) {
+        k.cls = k.index = k.slot = k.rg = k.layer = k.expert = DTMK_NONE_U32; k.tile_lo = k.tile_hi = 0;
+        return k;
+    }
+    const int *r = trec(P, t);
+    const int slot = r[3];
+    k.cls = (dtmk_u32)r[0]; k.index = (dtmk_u32)t; k.tile_lo = (dtmk_u32)r[10]; k.tile_hi = (dtmk_u32)r[11];
+    k.slot = (dtmk_u32)slot;
+    k.rg = (rg >> 32) ? (dtmk_u32)rg : slot >= 0 ? (dtmk_u32)__ldcg((const int *)P.req_gen + slot) : DTMK_NONE_U32;
+    k.layer = (dtmk_u32)r[1]; k.expert = (dtmk_u32)r[2];
+    return k;
+}
+
+__device__ __forceinline__ void hk_rec(HkRec &c, const MkParams &P, const Worker &W, dtmk_u32 hook, dtmk_u64 ts,
+                                       const HkTask &k, dtmk_u32 step, dtmk_u32 event, dtmk_u64 event_gen,
+                                       dtmk_u64 wait_ns, dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op,
+                                       dtmk_u32 comm_gen, dtmk_u32 peer_rank, dtmk_u32 flags) {
+    c.v[0] = make_uint4(DTMK_ABI_VERSION, hook, (dtmk_u32)ts, (dtmk_u32)(ts >> 32));            /* +0 */
+    c.v[1] = make_uint4((dtmk_u32)P.rank, W.sm, W.worker, k.cls);                               /* +16 */
+    c.v[2] = make_uint4(k.index, step, k.tile_lo, k.tile_hi);                                   /* +32 task_gen */
+    c.v[3] = make_uint4(k.slot, k.rg, step, k.layer);                                           /* +48 decode_step */
+    c.v[4] = make_uint4(k.expert, event, (dtmk_u32)event_gen, (dtmk_u32)(event_gen >> 32));    /* +64 */
+    c.v[5] = make_uint4(comm_op, comm_gen, peer_rank, queue_depth);                             /* +80 */
+    c.v[6] = make_uint4((dtmk_u32)dur_ns, (dtmk_u32)(dur_ns >> 32), (dtmk_u32)wait_ns, (dtmk_u32)(wait_ns >> 32));
+    c.v[7] = make_uint4(flags, 0u, 0u, 0u);                                                     /* +112 */
+}
+
+/* The hook site: thread 0, after the caller checked the mask bit. */
+#ifndef DTMK_NO_HOOKS
+__device__ __forceinline__ dtmk_u64 *obs_state(const Worker &W) { return (dtmk_u64 *)O.state + W.worker * OBS_WORDS; }
+
+/* thread 0: a record the full ring cannot take is counted lost for every program of its hook */
+__device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+    const struct dtmk_hook_table &T = O.tabs[hook];
+    for (dtmk_u32 k = 0; k < T.n_progs; ++k)
+        dtmk_cov_row_add((struct dtmk_cov *)T.progs[k].cov, step, T.gen >> 1, 1, 0, 0, 1, 0);
+    obs_state(W)[OBS_LOST] += 1;
+}
+
+/* thread 0: W.observe after any change of hook_mask, trace_on or O.reload */
+__device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
+
+/* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
+ * in a site-form build, at the site (inl_mask) */
+__device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
+#ifdef HK_SITE_FORM
+    return O.vm_mask | O.inl_mask;
+#else
+    return O.vm_mask;
+#endif
+}
+
+
+/* warp 0: move ring record `lane` (valid) to index `dst`; every lane reads before any writes */
+__device__ __forceinline__ void obs_move(bool valid, dtmk_u32 src, dtmk_u32 dst) {
+    uint4 v[DTMK_CTX_SIZE / 16];
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) v[i] = ((const uint4 *)&O.ring[src])[i];
+    }
+    __syncwarp();
+    if (valid) {
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.ring[dst])[i] = v[i];
+    }
+    __syncwarp();
+}
+
+/* one thread, ring empty: split the ring evenly between the hooks of `mask` (VM programs) */
+__device__ __forceinline__ void obs_layout(dtmk_u32 mask) {
+    const dtmk_u32 k = __popc(mask);
+    const dtmk_u32 cap = k ? OBS_RING / k : 0;
+    dtmk_u32 b = 0;
+    for (int h = 0; h < DTMK_NUM_HOOKS; ++h) {
+        O.cnt[h] = 0; O.base[h] = b;
+        if (mask & (1u << h)) b += cap;
+    }
+    O.cap = cap; O.maxc = 0;
+#ifdef DTMK_REC_FAST
+    O.rec_t = -1;                                             /* (start / reload) the global table */
+#endif
+    O.must_at = cap > OBS_ROOM ? cap - OBS_ROOM : 1u;          /* room for one task's records */
+    O.full_at = min(cap - cap / 4, cap > 2 * OBS_ROOM ? cap - 2 * OBS_ROOM : 1u);   /* <= 3/4 full */
+    if (!O.full_at) O.full_at = 1;
+}
+
+/* warp 0 (all 32 lanes, converged): run the ring through the VM, each hook's sub-ring in
+ * 32-record VM calls back to back (within a hook in time order); `chunk`: one 32-record
+ * batch of the fullest sub-ring only (a spin loop calls it again after re-polling).  Once the ring is empty: flush the coverage accumulators of
+ * epochs < `step` (all on a reload or with step ~0), publish OBS_PENDING, then reload the
+ * hook tables if the host published new ones. */
+__device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+    const unsigned lane = threadIdx.x & 31;
+    dtmk_u32 n = O.n;
+    dtmk_u64 *g = obs_state(W);
+    const bool reload = O.reload;
+    if (reload) { chunk = false; step = ~0u; }
+    bool ran = false;
+    if (n && lane == 0 && !O.first_seen) {            /* attach latency: first counted event */
+        dtmk_u64 first = ~0ull;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            if (!O.tabs[h].n_progs) continue;
+            for (dtmk_u32 i = 0; i < O.cnt[h]; ++i)
+                if (O.ring[O.base[h] + i].ts_ns < first) first = O.ring[O.base[h] + i].ts_ns;
+        }
+        if (first != ~0ull) { g[OBS_FIRST_TS] = first; O.first_seen = 1; }
+    }
+    __syncwarp();
+    /* one hook's sub-ring per round, in batches of 32 records (one VM call each) back to
+     * back; `chunk`: one batch, then the rest of that sub-ring moves to its front */
+    int hsel = 0;                                   /* chunk: the fullest sub-ring */
+    if (chunk) {
+        dtmk_u32 mx = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.cnt[h] > mx) { mx = O.cnt[h]; hsel = h; }
+    }
+    for (int h = 1; n && h < DTMK_NUM_HOOKS; ++h) {
+        const dtmk_u32 c = O.cnt[h];
+        if (!c || (chunk && h != hsel)) continue;
+        const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
+        for (dtmk_u32 w = 0; w < todo; w += 32) {
+            DTMK_PROF_BEGIN(prof_c0);
+            DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
+                             W.worker, 0);
+            __syncwarp();
+            if (lane == 0) DTMK_PROF_END1(8, prof_c0);
+        }
+        const dtmk_u32 rem = c - todo;
+        DTMK_PROF_BEGIN(prof_c0);
+        for (dtmk_u32 w = 0; w < rem; w += 32)          /* ascending: a batch is read before it is overwritten */
+            obs_move(w + lane < rem, b + todo + w + lane, b + w + lane);
+        if (lane == 0) DTMK_PROF_END1(12, prof_c0);
+        n -= todo;
+        if (lane == 0) {
+            O.cnt[h] = rem; O.n = n; O.drained += todo; O.drains += (todo + 31) / 32;
+            dtmk_u32 mx = 0;
+            for (int k = 1; k < DTMK_NUM_HOOKS; ++k) mx = max(mx, O.cnt[k]);
+            O.maxc = mx;
+        }
+        __syncwarp();
+        ran = true;
+        if (chunk) break;
+    }
+    /* "|| false": the observer warp's removed refusal flag; kept so the PTX stays that of 1e256b7 (without it
+     * NVVM orders this cold branch differently; same behaviour) */
+    if (n == 0 && (ran || O.acc_min < step || false)) {
+        DTMK_PROF_BEGIN(prof_c0);
+        dtmk_u32 keep = ~0u;
+        bool flushed = false;
+#ifdef HK_SITE_FORM
+        /* the site form's map updates first (all epochs: moving the current one's early
+         * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
+        DTMK_PROF_BEGIN(prof_sh);
+        flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
+        __syncwarp();
+        DTMK_PROF_END(30, prof_sh);
+#endif
+        for (int i = lane; i < OBS_NACC; i += 32) {
+            struct dtmk_cov_acc *a = &O.accs[i];
+            if (a->cov && a->eligible) {
+                if (a->epoch < step) { dtmk_cov_acc_flush(a); flushed = true; }
+                else keep = min(keep, a->epoch);
+            }
+        }
+        keep = __reduce_min_sync(0xffffffffu, keep);
+        /* fence + publish only when coverage was flushed or OBS_PENDING moves (an epoch
+         * end): between epoch ends the lowest held epoch is the one already published, so
+         * nothing becomes final and the map / coverage writes need no fence yet */
+        if (__any_sync(0xffffffffu, flushed) || keep != O.pub) {
+            __threadfence();                           /* this lane's coverage before OBS_PENDING */
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                O.pub = keep;
+                O.pubs += 1;
+                *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
+            }
+        }
+        if (lane == 0) {
+            O.acc_min = keep;
+            g[OBS_DRAINED] = O.drained;
+            g[OBS_DRAINS] = (O.drains & 0xffffffffull) | (O.pubs << 32);
+        }
+        __syncwarp();
+        if (lane == 0) DTMK_PROF_END1(10, prof_c0);
+    }
+    if (lane == 0 && reload && n == 0) {
+        const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
+        const struct dtmk_hook_table *gt = (const struct dtmk_hook_table *)O.tables;
+        bool ok = true;
+        dtmk_u32 mask = 0, inl = 0;            /* hooks whose slots take records / run inline */
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
+                if (dtmk_vm_load_table(gt + h, &O.scratch)) {
+                    O.tabs[h] = O.scratch;
+#ifdef HK_SITE_FORM
+                    for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gdesc[h][k] = O.tabs[h].progs[k].descs;
+#endif
+#ifdef DTMK_VM_CODE_SMEM
+                    for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gcode[h][k] = O.tabs[h].progs[k].insns;
+#endif
+                } else {
+                    ok = false;                       /* being written: keep the old copy, retry */
+                }
+            }
+#ifdef HK_SITE_FORM
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
+                else mask |= 1u << h;
+            }
+#else       /* no site form: every slot takes records; one the host flagged for the site runs its code in the VM */
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k)
+                O.tabs[h].progs[k].flags &= ~(DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC);
+            if (O.tabs[h].n_progs) mask |= 1u << h;
+#endif
+        }
+#ifdef DTMK_VM_CODE_SMEM
+        /* lay every program's code out again (the ring is empty: no drain reads it now);
+         * a program that does not fit keeps running from global memory */
+        dtmk_u32 used = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                struct dtmk_prog &pg = O.tabs[h].progs[k];
+                const dtmk_u32 n = pg.n_insns + 1;
+                pg.insns = O.gcode[h][k];
+                if (used + n > DTMK_OBS_CODE) continue;
+                const struct dtmk_dinsn *src = (const struct dtmk_dinsn *)O.gcode[h][k];
+                for (dtmk_u32 i = 0; i < n; ++i) O.code[used + i] = src[i];
+                pg.insns = (dtmk_u64)(O.code + used);
+                used += n;
+            }
+        }
+#endif
+        /* every descriptor program into shared memory again, from its global copy (the
+         * shadow is empty here): the site reads descriptors only from here (desc_at).  The
+         * host keeps the sum of all entries within DTMK_OBS_DESC (runtime/descform.py
+         * DESC_CAP); one that did not fit would count its events lost, never read garbage */
+#ifdef HK_SITE_FORM
+        dtmk_u32 nd = 0;
+        for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                struct dtmk_prog &pg = O.tabs[h].progs[k];
+                pg.desc_at = 0;
+                if (!(pg.flags & DTMK_PROG_F_DESC) || nd + pg.n_descs > DTMK_OBS_DESC) continue;
+                const struct dtmk_desc *src = (const struct dtmk_desc *)O.gdesc[h][k];
+                for (dtmk_u32 i = 0; i < pg.n_descs; ++i) O.desc[nd + i] = src[i];
+                pg.desc_at = nd + 1;
+                nd += pg.n_descs;
+            }
+        }
+#endif
+        O.vm_mask = mask;
+        obs_layout(mask);                             /* the ring is empty here */
+#ifndef DTMK_HOLD_EAGER
+        {
+            dtmk_u32 reads = 0;
+            for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.tabs[h].n_progs) reads |= O.tabs[h].ctx_reads;
+            O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
+        }
+#endif
+#ifdef HK_SITE_FORM
+        O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
+#endif
+        W.hook_mask = O.ring_mask | mask | inl;
+        if (ok) {
+            O.gen_seen = gen;
+            O.reload = 0;
+            O.first_seen = 0;
+            g[OBS_FIRST_TS] = 0;
+            g[OBS_LOADED_TS] = mk_now();
+            *(volatile dtmk_u64 *)(g + OBS_GEN) = gen;
+        }
+        obs_update(W);
+    }
+    __syncwarp();
+}
+/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
+__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_c0);
+    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+#ifdef DTMK_OBS_PROF
+    if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
+#endif
+}
+#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+/* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
+#define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
+/* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
+ * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
+ * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
+__device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
+#ifdef DTMK_REC_FAST
+    O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
+    if (rd) W.long_wait = 0;
+    /* no device observer (hooks to the global ring only, e.g. bench mask3): nothing to drain
+     * or reload.  The default build returns 2 here at every non-ready first look of steps
+     * >= OBS_LAG: O.pub stays 0 without observer state, so OBS_LAGGING is always true and
+     * warp 0 calls an empty obs_sync before the spin */
+    if (!O.tables) return 0;
+#else
+    if (rd) W.long_wait = 0;
+#endif
+    if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
+    if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
+    /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
+     * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
+     * into the global helpers within OBS_LAG steps) */
+#ifdef HK_SITE_FORM
+    if (!rd && O.inl_mask && O.acc_min < step) return 2;
+#endif
+    return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
+}
+/* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
+__device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+    return O.maxc >= O.full_at ||
+           ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
+}
+#else
+#define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
+#endif
+
+#ifdef HK_SITE_FORM
+#if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
+__device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
+#endif
+/* the hook's site-form programs (descriptors; compiled inline) over the context in the
+ * shadow's scratch, inlined into the site.  Session 9 made it one noinline copy for code
+ * size (1.16 -> 1.08 us per event); session 10 measured the call itself on 1b
+ * (the inlined form, then a variant, same run): hot summary +43.2 -> +36.2%, compiled +37.4 ->
+ * +29.3%, a null program +25.7 -> +20.8% over off -- the call's ABI saves / restores go
+ * to local memory, whose lines miss L1 on the busy SM (docs/dev/hook_cost_analysis.md
+ * "Session 10").  -DDTMK_INL_NOINLINE (bench variant inlcall): the call again */
+#ifdef DTMK_INL_NOINLINE   /* (bench variant inlcall: session 9's one noinline copy) */
+__device__ __noinline__
+#else
+__device__ __forceinline__
+#endif
+void hk_inline_run(Worker &W, dtmk_u32 hook, dtmk_u32 step) {
+    dtmk_inl_event(O.tabs[hook], hook, &O.sh.ctx, W.worker, step, 0u, &O.sh, O.accs + hook * DTMK_MAX_PROGS, 0, 0,
+                   O.desc);
+}
+/* thread 0 (in the cold hk_store callers): record c through the hook's inline programs (kernels/bpf_inline.cuh):
+ * no ring slot, no drain; map updates into the shadow, coverage into O.accs, both
+ * flushed by obs_sync.  Holds OBS_PENDING <= step as a ring record does (hook_hold held
+ * it before the task's release signal when the record comes after it). */
+__device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_i);
+#pragma unroll
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.sh.ctx)[i] = c.v[i];
+    hk_inline_run(W, hook, step);
+    DTMK_PROF_END1(28, prof_i);
+#if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
+    /* profiling only (maps count each event twice): the same event again at once (code
+     * and data now warm) -> [20, 21]; an empty noinline call -> [22, 23] */
+    { DTMK_PROF_BEGIN(prof_i2); hk_inline_run(W, hook, step); DTMK_PROF_END1(20, prof_i2); }
+    { DTMK_PROF_BEGIN(prof_i3); hk_probe_empty(); DTMK_PROF_END1(22, prof_i3); }
+#endif
+    if (step < O.acc_min) O.acc_min = step;
+    if (O.acc_min < O.pub) {
+        O.pub = O.acc_min;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
+    }
+    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = O.sh.ctx.ts_ns; O.first_seen = 1; }
+}
+#endif
+
+/* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, the
+ * observer's shared ring when a VM program of the hook wants it (counted lost when the
+ * ring is full), the global ring when the hook is enabled there (else no copy) */
+__device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+#ifdef DTMK_LINKED_MONITOR
+    {
+        struct dtmk_ctx loc;
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&loc)[i] = c.v[i];
+        dtmk_monitor(&loc);
+    }
+#endif
+#ifndef DTMK_NO_HOOKS
+    const dtmk_u32 bit = 1u << hook;
+#ifdef HK_SITE_FORM
+    if (O.inl_mask & bit) hk_inline(W, c, hook, step);
+#endif
+    if (O.vm_mask & bit) {
+        const dtmk_u32 cn = O.cnt[hook];
+        if (cn < O.cap) {
+            uint4 *d = (uint4 *)&O.ring[O.base[hook] + cn];
+#pragma unroll
+            for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
+            /* OBS_PENDING (lowest epoch held) only moves down here; a record built after
+             * its task's release signal had it held by hook_hold before the signal;
+             * obs_sync moves it up once the ring is empty */
+            const dtmk_u32 lo = min(step, O.acc_min);
+            if (lo < O.pub) {
+                O.pub = lo;
+                *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
+            }
+            O.cnt[hook] = cn + 1; O.n += 1;
+            if (cn >= O.maxc) O.maxc = cn + 1;
+        } else {
+            obs_lost(W, hook, step);
+        }
+    }
+    if (!(O.ring_mask & bit)) return;
+#endif
+    /* streaming ring: hook_head = records stored; slot n % cap (W.hook_slot: no 64-bit
+     * modulo per record) while the host's tail (consumed, 0 outside resident launches)
+     * leaves room, else counted in hook_drop */
+    const dtmk_u64 n = W.hook_n;
+    if (n - W.hook_tail < P.hook_cap) {
+        const dtmk_u64 slot = W.hook_slot;
+        uint4 *dst = (uint4 *)((char *)P.hook_ring + ((dtmk_u64)W.worker * P.hook_cap + slot) * DTMK_CTX_SIZE);
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) dst[i] = c.v[i];
+        W.hook_slot = slot + 1 == P.hook_cap ? 0 : slot + 1;
+        W.hook_n = n + 1;
+    } else {
+        W.hook_drop += 1;
+    }
+}
+
+/* cold, thread 0: build and publish one record (ts given: no clock read here); t >= 0:
+ * the task fields of t (request_gen: rg, see hk_task) and FLAG_REMOTE (mk_comm.cuh) */
+__device__ __forceinline__ void hk_put_rec(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
+                                           dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
+                                           dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op, dtmk_u32 comm_gen,
+                                           dtmk_u32 peer_rank, dtmk_u64 rg) {
+    const HkTask k = hk_task(P, t, rg);
+    if (t >= 0) flags |= tp_flags(P, trec(P, t), (int)hook);
+    HkRec c;
+    hk_rec(c, P, W, hook, ts, k, (dtmk_u32)step, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
+           peer_rank, flags);
+    hk_store(P, W, c, hook, (dtmk_u32)step);
+}
+__device__ __noinline__ void hook_put(const MkParams &P, Worker &W, dtmk_u32 hook, dtmk_u64 ts, int t, int step,
+                                      dtmk_u32 flags, dtmk_u32 event, dtmk_u64 event_gen, dtmk_u64 wait_ns,
+                                      dtmk_u64 dur_ns, dtmk_u32 queue_depth, dtmk_u32 comm_op, dtmk_u32 comm_gen,
+                                      dtmk_u32 peer_rank, dtmk_u64 rg) {
+    hk_put_rec(P, W, hook, ts, t, step, flags, event, event_gen, wait_ns, dur_ns, queue_depth, comm_op, comm_gen,
+               peer_rank, rg);
+}
+
+__device__ void trace_rec(const MkParams &P, Worker &W, int t, int step, dtmk_u64 t0, dtmk_u64 t1, dtmk_u64 t2,
+                          dtmk_u32 flags) {
+    dtmk_u64 n = W.trace_n++;
+    if (n < P.trace_cap) {
+        TraceRec r;
+        r.t_dispatch = t0; r.wait_ns = (dtmk_u32)min(t1 - t0, 0xffffffffull);
+        r.dur_ns = (dtmk_u32)min(t2 - t1, 0xffffffffull); r.task_index = t; r.step = step;
+        r.sm = (dtmk_u16)W.sm; r.worker = (dtmk_u16)W.worker; r.flags = (dtmk_u16)flags;
+        r.cls = (dtmk_u16)trec(P, t)[0];
+        uint4 *dst = (uint4 *)((char *)P.trace_ring + ((dtmk_u64)W.worker * P.trace_cap + n) * TRACE_BYTES);
+        dst[0] = ((uint4 *)&r)[0]; dst[1] = ((uint4 *)&r)[1];
+    }
+}

@@ -36,7 +36,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -84,8 +84,8 @@ def parse_codes(spec: str):
     return out, kw
 
 
-def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tuple] = {},
-                 extra_kw: Dict[str, dict] = {}) -> dict:
+def bench_preset(name: str, reps: int, instances: int, log, extra: Optional[Dict[str, tuple]] = None,
+                 extra_kw: Optional[Dict[str, dict]] = None) -> dict:
     from benchio import kernels_on, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -98,7 +98,7 @@ def bench_preset(name: str, reps: int, instances: int, log, extra: Dict[str, tup
     hook_kernel = {i: m.kernel for i, m in inst.items()}     # the successor of lean / swap
     assert inst["w0"].weights["qkv"].data.ptr == inst["0"].weights["qkv"].data.ptr
     m0 = inst["0"]
-    codes = {**CODES, **extra}
+    codes, extra_kw = {**CODES, **(extra or {})}, extra_kw or {}
     kern = kernels_on(m0, codes)
 
     def timed(i: str, c: str):

@@ -2,6 +2,7 @@
 what the instance adds) and that its codes are pairable (one dynamic shared-memory layout
 for 1b and tiny, so they run on one Megakernel's params)."""
 
+import numpy as np
 import pytest
 
 from dtrace_mk.megakernel import gpu
@@ -57,3 +58,27 @@ def test_handoff_bench_ratios_are_taken_per_instance(load_bench):
     assert (r["lean/nohooks"]["min_pct"], r["lean/nohooks"]["max_pct"]) == (pytest.approx(1.0), pytest.approx(3.0))
     assert r["hook/lean"]["mean_pct"] == pytest.approx(100 * ((100 / 101 + 100 / 103) / 2 - 1))
     assert {a for a, _ in hb.RATIOS} | {b for _, b in hb.RATIOS} <= set(hb.ROWS)
+
+
+def test_extra_codes_parse_with_their_launch_options(paired):
+    codes, kw = paired.parse_codes("r120=DTMK_NO_HOOKS+DTMK_MAXNREG=120, nhtrace=DTMK_NO_HOOKS@trace")
+    assert codes == {"r120": ("DTMK_NO_HOOKS", "DTMK_MAXNREG=120"), "nhtrace": ("DTMK_NO_HOOKS",)}
+    assert kw == {"r120": {}, "nhtrace": {"trace": True}}
+    for bad in ("nohooks=DTMK_NO_HOOKS", "x", "lean=DTMK_NO_HOOKS", "y=DTMK_NO_HOOKS@fast"):
+        with pytest.raises(SystemExit, match="--codes"):
+            paired.parse_codes(bad)
+
+
+def test_spare_sm_bench_compares_one_worker_fewer(load_bench):
+    """bench/spare_sm.py: the same no-hook build planned for N and N-1 workers; the graph
+    of N-1 workers has the same tasks (a task computes the same on any worker)."""
+    from dtrace_mk.megakernel.graph import build_graph
+    load_bench("spare_sm")
+    for name in ("tiny", "1b"):
+        a, b = build_graph(PRESETS[name], 1, 132), build_graph(PRESETS[name], 1, 131)
+        assert len(a.tasks) == len(b.tasks) and (a.num_workers, b.num_workers) == (132, 131)
+        ta, tb = a.device_tables(), b.device_tables()
+        for k in ta:          # every task and event table equal; only the plans differ
+            if k.startswith(("task_", "event_", "moe_", "layer_")):
+                assert np.array_equal(ta[k], tb[k]), (name, k)
+        assert (len(ta["plan_offsets"]), len(tb["plan_offsets"])) == (133, 132)   # one plan per worker

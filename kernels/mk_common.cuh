@@ -24,7 +24,7 @@
  * (measurement, bench/paired.py --codes): __maxnreg__(N) instead.  Session 13: the no-hook
  * code at 120 registers ran +2.5% (1b) / +3.3% (tiny); and a 17th warp cannot be launched
  * beside 120-register warps anyway (warps get registers in groups of 4: the driver allows
- * 512 threads), docs/dev/hook_cost_analysis.md rounds 6 and "Session 13". */
+ * 512 threads), docs/dev/hook_cost_analysis.md round 6 and "Session 13". */
 #ifdef DTMK_MAXNREG
 #define MK_KERNEL_BOUNDS __maxnreg__(DTMK_MAXNREG)
 #else

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import re
 
-from dtrace_mk.kernels import KERNEL_DIR
+from dtrace_mk.kernels import KERNEL_DIR, megakernel_text
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
-from dtrace_mk.kernels import megakernel_text
 
 GONE = ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG", "DTMK_OFF_COPY", "MK_OBS_FN", "MK_OBS_ON", "MK_BLOCK_THREADS",
         "MK_SYNC_ALL", "MK_OBS_WARP_ID", "OBS_REFUSED", "ObsJob", "bar.sync 1")

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from dtrace_mk.kernels import build
+from dtrace_mk.kernels import build, megakernel_text
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
-from dtrace_mk.kernels import megakernel_text
 
 FAST = ("DTMK_REC_FAST",)
 GLOBAL = ("DTMK_REC_GLOBAL",)

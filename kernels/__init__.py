@@ -5,7 +5,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 
 
 #: parts of megakernel.cu kept in files of their own, each #included once at its place
-MEGAKERNEL_PARTS = ("mk_observer.cuh", "mk_hooks.cuh")
+MEGAKERNEL_PARTS = ("mk_observer.cuh", "mk_hooks.cuh", "mk_obs_sm.cuh")
 
 
 def megakernel_text() -> str:

@@ -56,6 +56,7 @@
 #include "bpf_prog_flags.h"
 
 #define DTMK_VM_NOPC 0xffffffffu
+#define DTMK_WORKER_OF_CTX 0xffffffffu   /* run_records' worker: each record's own (-DDTMK_OBS_SM) */
 #define DTMK_VM_FULL 0xffffffffu
 #define DTMK_VM_NREGS 11
 #define DTMK_VM_REG_BYTES_PER_WARP (DTMK_VM_NREGS * 32 * 8)
@@ -367,6 +368,9 @@ __device__ __noinline__ void dtmk_vm_run_records(const struct dtmk_hook_table *t
     dtmk_u32 hook = valid ? c->hook : 0u;
     if (hook >= DTMK_NUM_HOOKS) hook = 0;
     const dtmk_u32 epoch = valid ? c->decode_step : 0u;
+#ifdef DTMK_OBS_SM
+    if (worker == DTMK_WORKER_OF_CTX) worker = valid ? c->worker : 0u;   /* a batch of several workers */
+#endif
     dtmk_u64 *R = regs + lane;
     unsigned pending = __ballot_sync(DTMK_VM_FULL, valid && hook != 0 && tables[hook].n_progs != 0);
     while (pending) {

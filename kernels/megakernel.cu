@@ -144,7 +144,39 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
                             * across launches; bit 0 set: int32 out[block] <- its SM ("worker
                             * placement" below) */
+#define CTL_OBSQ 20       /* u64 (words 20, 21), -DDTMK_OBS_SM: device address of the observer queues
+                            * ("observer SM" below; 0 = none) */
 #define CTL_WORDS 32
+
+/* ---- observer SM (-DDTMK_OBS_SM; DRAFT, session 13, not run on a GPU yet) -------------
+ * One CTA more than workers: block P.n_workers is the OBSERVER, on its own SM (one SM
+ * costs nothing measurable: docs/results/hooks.md "Session 13").  Worker thread 0 writes
+ * each task's captured hooks as one 128-byte entry into its queue in global memory
+ * BEFORE the task's release signal and bumps the queue's head right AFTER it (the
+ * signal's MEMBAR orders the entry before the head: no fence of its own); records
+ * built elsewhere (hook_event, gen:advance) are pushed with a fence.  The observer
+ * (warp 0 of its CTA in this draft) pops every worker's entries in order, builds the
+ * records (hook_flush: observer ring, host ring) and runs the VM over batches that mix
+ * workers (each lane takes its record's worker).  Workers load no tables: the observer
+ * does and publishes the hook mask (Osq.mask) and the generation it holds; a launch's
+ * workers wait for it at their start.  OBS_PENDING: each worker holds its row before its
+ * signals (hold_epoch) and raises it to Osq.low (the observer's lowest held epoch) once
+ * the observer's tail of its queue reached its head.  Queue memory (gpu.py OSQ_*): a
+ * 64-byte header, then per worker 64 bytes of words (OSQ_W_*) and OSQ_N entries. */
+#define OSQ_N 64
+#define OSQ_HDR_BYTES 64
+#define OSQ_W_BYTES (64 + OSQ_N * 128)
+#define OSQ_W_HEAD 0       /* u64 words of a worker's area: entries pushed (worker thread 0) */
+#define OSQ_W_TAIL 1       /* entries consumed (observer) */
+#define OSQ_W_DONE 2       /* worker: 1 after its last push */
+#define OSQ_W_HOOK_N 3     /* the host ring's cursor of this worker (observer): hook_n, slot, drop */
+#define OSQ_W_HOOK_SLOT 4
+#define OSQ_W_HOOK_DROP 5
+struct Osq { dtmk_u32 mask, gen_ready, low, live; dtmk_u32 pad[12]; };   /* the header */
+#if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_HANDOFF) || defined(DTMK_SITE_FORM) || \
+                             defined(DTMK_COMPILED_TIER) || defined(DTMK_OBS_PROF))
+#error "-DDTMK_OBS_SM (draft): a plain hook build only (no handoff, site form, compiled tier, profiling)"
+#endif
 
 /* ---- grid handoff -------------------------------------------------------------------
  * The off path of a hook build costs the persistent loop a few percent through code that
@@ -285,6 +317,10 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
     dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
+#ifdef DTMK_OBS_SM
+    dtmk_u64 osq_head, osq_tail;             /* worker thread 0: entries pushed; the observer's tail last read */
+    dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it */
+#endif
 #endif
 };
 
@@ -341,8 +377,13 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     W.since_refresh = 0;
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
+#ifdef DTMK_OBS_SM
+    if (O.tables) O.vm_mask = osq_ld32(&osq_hdr(P)->mask);   /* the hooks the observer SM has programs for */
+    W.hook_mask = O.ring_mask | obs_prog_hooks();
+#else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
     if (O.tables && ld_volatile_u32(ctl + CTL_GEN) != O.gen_seen) O.reload = 1;
+#endif
 #else
     W.hook_mask = 0;
 #endif
@@ -474,6 +515,7 @@ __device__ void prefetch_task_weights(const MkParams &P, int t) {
 __device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return (dtmk_u64 *)P.events + e; }
 
 #include "mk_hooks.cuh"      /* the hook sites' cold code (capture, hold, hook_flush) */
+#include "mk_obs_sm.cuh"     /* -DDTMK_OBS_SM (draft): the observer SM's loop */
 
 
 /* thread 0: post deferred (late_notification) signals that are due (all: force) */
@@ -635,10 +677,18 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             DTMK_PROF_BEGIN(prof_h);
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
             else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* not with -DDTMK_HOLD_EAGER */
+#ifdef DTMK_OBS_SM
+            /* the entry's stores before the signal's MEMBAR, its head after the signal */
+            if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+#endif
             DTMK_PROF_END1(24, prof_h);
         }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
+#ifdef DTMK_OBS_SM
+        /* a deferred (late) or comm signal had no MEMBAR here: fence */
+        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+#endif
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
@@ -777,7 +827,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
-                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+                if (W.observe && OBS_SPIN_DRAIN(W, now - t0, (dtmk_u32)step)) break;
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;
@@ -789,7 +839,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 /* both control words loaded before either is tested (one L2 round trip) */
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
+#ifndef DTMK_OBS_SM                   /* (workers of the observer SM take tables from its mask) */
                 if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
+#endif
                 if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
                 if (ld_volatile_u32(ctl + CTL_ABORT)) W.aborted = 5;
@@ -976,6 +1028,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
+#ifdef DTMK_OBS_SM
+        if (osq_is_observer()) W.worker = 0;   /* (its observer-state row: 0's) */
+        W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
+#endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
 #ifdef DTMK_OBS_PROF
@@ -1021,10 +1077,19 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
         }
         O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
+#ifdef DTMK_OBS_SM
+        if (!osq_is_observer()) O.reload = 0;   /* workers load no tables */
+#endif
         W.pend = 0;
     }
 #endif
     MK_SYNC();
+#ifdef DTMK_OBS_SM
+    if (osq_is_observer()) {           /* the observer SM: its loop instead of a plan */
+        if (threadIdx.x < 32) osq_observer(P, W);
+        return;
+    }
+#endif
 #ifdef DTMK_WSTREAM
     if (threadIdx.x == 0) ws_init(P, smem);      /* the weight ring after xs (P complete) */
 #endif
@@ -1035,6 +1100,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.hook_tail = P.hook_tail ? *((const volatile dtmk_u64 *)P.hook_tail + MK_WID) : 0;
         W.hook_drop = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[MK_WID] : 0;
         W.gate = 0;
+#ifdef DTMK_OBS_SM
+        /* the observer's first tables in (their hook mask), or the first tasks go uncaptured */
+        if (O.tables) while (!osq_ld32(&osq_hdr(P)->live)) __nanosleep(256);
+#endif
         refresh_control(P, W, true);
     }
     MK_SYNC();
@@ -1144,7 +1213,12 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
-#ifndef DTMK_NO_HOOKS
+#ifdef DTMK_OBS_SM
+    if (threadIdx.x == 0) {            /* no more entries: the observer may end */
+        __threadfence();
+        *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_DONE) = 1;
+    }
+#elif !defined(DTMK_NO_HOOKS)
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
@@ -1167,9 +1241,13 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
 #endif
         post_pending(P, W, true);     /* (a worker leaving for a handoff: up to a late signal's delay early) */
+#ifndef DTMK_OBS_SM                   /* (the observer writes the host rings' heads) */
         ((dtmk_u64 *)P.hook_head)[MK_WID] = W.hook_n;
+#endif
         ((dtmk_u64 *)P.trace_head)[MK_WID] = W.trace_n;
+#ifndef DTMK_OBS_SM
         if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[MK_WID] = W.hook_drop;
+#endif
         /* (a leaving worker's step is not whole; a finished one's successor has nothing to add) */
         const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */

@@ -78,6 +78,13 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
  * release signal, in hook order, each with its captured stamp; every field as it was
  * when captured.  The task's fields are loaded once; one emit site for all records. */
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
+#ifdef DTMK_OBS_SM
+    if (!osq_is_observer()) {          /* a worker: the captured hooks go to the observer SM */
+        osq_write_pend(P, W);
+        osq_publish(P, W, true);
+        return;
+    }
+#endif
     const int t = W.pend_t, step = W.pend_step;
     const int *r = hk_trec(P, t);
     const int cls = r[0], slot = r[3], dep = r[6], dep_n = r[7], sig = r[8], dyn = r[9], a14 = r[14], r15 = r[15];

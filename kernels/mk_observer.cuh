@@ -155,6 +155,58 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
     obs_state(W)[OBS_LOST] += 1;
 }
 
+#ifdef DTMK_OBS_SM
+/* ---- observer SM (megakernel.cu "observer SM"): the queues in global memory ---- */
+__device__ __forceinline__ bool osq_is_observer() { return blockIdx.x == gridDim.x - 1; }
+__device__ __forceinline__ struct Osq *osq_hdr(const MkParams &P) {
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    return (struct Osq *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
+}
+__device__ __forceinline__ dtmk_u64 *osq_w(const MkParams &P, dtmk_u32 w) {   /* worker w's words */
+    return (dtmk_u64 *)((char *)osq_hdr(P) + OSQ_HDR_BYTES + (dtmk_u64)w * OSQ_W_BYTES);
+}
+__device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i) {
+    return (uint4 *)((char *)osq_w(P, w) + 64 + (i % OSQ_N) * 128);
+}
+__device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const volatile dtmk_u64 *)p; }
+__device__ __forceinline__ dtmk_u32 osq_ld32(const dtmk_u32 *p) { return *(const volatile dtmk_u32 *)p; }
+/* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
+__device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
+    while (W.osq_head - W.osq_tail >= OSQ_N) {
+        W.osq_tail = osq_ld(osq_w(P, W.worker) + OSQ_W_TAIL);
+        if (W.osq_head - W.osq_tail >= OSQ_N) __nanosleep(256);
+    }
+    return osq_entry(P, W.worker, W.osq_head);
+}
+/* worker thread 0: the slot written becomes visible (fence: whether a MEMBAR since the
+ * entry's stores ordered them already -- the release signal's -- is the caller's call) */
+__device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool fence) {
+    if (fence) __threadfence();
+    W.osq_head += 1;
+    *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_HEAD) = W.osq_head;
+}
+/* worker thread 0: task W.pend_t's captured hooks as one entry (OW_TAG_PEND layout) */
+__device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
+    uint4 *d = osq_slot(P, W);
+    d[0] = make_uint4(0xffffffffu, W.pend, W.pend_q, W.pend_flags);
+    d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
+    d[2] = make_uint4((dtmk_u32)W.pend_rg, (dtmk_u32)(W.pend_rg >> 32), (dtmk_u32)W.t_ready, (dtmk_u32)(W.t_ready >> 32));
+    d[3] = make_uint4((dtmk_u32)W.t_begin, (dtmk_u32)(W.t_begin >> 32), (dtmk_u32)W.t_end, (dtmk_u32)(W.t_end >> 32));
+    d[4] = make_uint4((dtmk_u32)W.dep_wait, (dtmk_u32)(W.dep_wait >> 32), (dtmk_u32)W.ts_rel, (dtmk_u32)(W.ts_rel >> 32));
+    d[5] = make_uint4(W.worker, W.sm, 0u, 0u);
+    W.pend = 0; W.pend_rg = 0;
+}
+/* worker thread 0: OBS_PENDING up to the observer's low once it consumed this queue */
+__device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
+    if (!O.state || osq_ld(osq_w(P, W.worker) + OSQ_W_TAIL) != W.osq_head) return;
+    const dtmk_u32 lo = osq_ld32(&osq_hdr(P)->low);
+    if (lo == O.pub) return;
+    __threadfence();                   /* the observer's flushes (fenced before low) first */
+    O.pub = lo;
+    *(volatile dtmk_u64 *)((dtmk_u64 *)O.state + W.worker * OBS_WORDS + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
+}
+#endif
+
 /* thread 0: W.observe after any change of hook_mask, trace_on or O.reload */
 __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask | W.trace_on | O.reload; }
 
@@ -202,6 +254,11 @@ __device__ __forceinline__ void obs_layout(dtmk_u32 mask) {
     if (!O.full_at) O.full_at = 1;
 }
 
+#ifdef DTMK_OBS_SM
+#define OBS_RUN_WORKER(W) DTMK_WORKER_OF_CTX   /* the observer's batches mix workers */
+#else
+#define OBS_RUN_WORKER(W) (W).worker
+#endif
 /* warp 0 (all 32 lanes, converged): run the ring through the VM, each hook's sub-ring in
  * 32-record VM calls back to back (within a hook in time order); `chunk`: one 32-record
  * batch of the fullest sub-ring only (a spin loop calls it again after re-polling).  Once the ring is empty: flush the coverage accumulators of
@@ -238,7 +295,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         for (dtmk_u32 w = 0; w < todo; w += 32) {
             DTMK_PROF_BEGIN(prof_c0);
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
-                             W.worker, 0);
+                             OBS_RUN_WORKER(W), 0);
             __syncwarp();
             if (lane == 0) DTMK_PROF_END1(8, prof_c0);
         }
@@ -290,7 +347,11 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                 __threadfence();
                 O.pub = keep;
                 O.pubs += 1;
+#ifdef DTMK_OBS_SM
+                *(volatile dtmk_u32 *)&osq_hdr(P)->low = keep;   /* every worker raises its own row from it */
+#else
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
+#endif
             }
         }
         if (lane == 0) {
@@ -406,6 +467,10 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
  * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
+#ifdef DTMK_OBS_SM
+    if (rd) W.long_wait = 0;
+    return 0;                          /* workers drain nothing: the observer SM does */
+#endif
 #ifdef DTMK_REC_FAST
     O.rec_t = hk_srec_t();                                  /* s_rec holds this static task's record */
     if (rd) W.long_wait = 0;
@@ -428,10 +493,19 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
+#ifdef DTMK_OBS_SM
+#define OBS_SPIN_DRAIN(W, waited, step) obs_spin_drain(P, W, waited, step)
+__device__ __noinline__ bool obs_spin_drain(const MkParams &P, Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+    osq_raise(P, W);                   /* workers drain nothing: the observer SM does */
+    return false;
+}
+#else
+#define OBS_SPIN_DRAIN(W, waited, step) obs_spin_drain(W, waited, step)
 __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));
 }
+#endif
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
 #endif
@@ -485,6 +559,15 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
  * observer's shared ring when a VM program of the hook wants it (counted lost when the
  * ring is full), the global ring when the hook is enabled there (else no copy) */
 __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+#ifdef DTMK_OBS_SM
+    if (!osq_is_observer()) {          /* a worker: the record goes to the observer, whole */
+        uint4 *d = osq_slot(P, W);
+#pragma unroll
+        for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
+        osq_publish(P, W, true);
+        return;
+    }
+#endif
 #ifdef DTMK_LINKED_MONITOR
     {
         struct dtmk_ctx loc;
@@ -510,7 +593,11 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
             const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
                 O.pub = lo;
+#ifdef DTMK_OBS_SM
+                *(volatile dtmk_u32 *)&osq_hdr(P)->low = lo;   /* (the worker held its row before its signal) */
+#else
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
+#endif
             }
             O.cnt[hook] = cn + 1; O.n += 1;
             if (cn >= O.maxc) O.maxc = cn + 1;

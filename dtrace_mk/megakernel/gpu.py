@@ -78,6 +78,11 @@ CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP
 ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a grid handoff (the hook grid runs on)
 WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
+CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queues (megakernel.cu "observer SM")
+#: -DDTMK_OBS_SM (DRAFT, session 13, not run on a GPU): the observer queues' layout -- a
+#: header, then per worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
+OSQ_N, OSQ_HDR_BYTES = 64, 64
+OSQ_W_BYTES = 64 + OSQ_N * 128
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -470,7 +475,12 @@ class Megakernel:
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
         dev = cp.cuda.Device()
-        self.num_workers = num_workers or dev.attributes["MultiProcessorCount"]
+        # -DDTMK_OBS_SM (draft): one SM is the observer's; the graph is planned for the rest
+        self.obs_sm = "DTMK_OBS_SM" in defines
+        if self.obs_sm and (handoff or (tp is not None and tp.ranks > 1) or "DTMK_SM_WORKER" in defines):
+            raise UserError("DTMK_OBS_SM (a draft): one rank, no grid handoff, no worker placement yet")
+        self.num_workers = num_workers or dev.attributes["MultiProcessorCount"] - (1 if self.obs_sm else 0)
+        self.grid = self.num_workers + (1 if self.obs_sm else 0)   # CTAs of a launch (+ the observer)
         self.tp = tp if tp is not None and tp.ranks > 1 else None
         rank, ranks = (tp.rank, tp.ranks) if self.tp else (0, 1)
         self.graph = graph or build_graph(cfg, batch, self.num_workers, rank=rank, ranks=ranks)
@@ -546,6 +556,7 @@ class Megakernel:
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
             "trace_head": cp.zeros(W, cp.uint64),
             "worker_state": cp.zeros((W, 8), cp.uint64),
+            "obsq": cp.zeros(OSQ_HDR_BYTES + W * OSQ_W_BYTES if self.obs_sm else 8, cp.uint8),
             "faults": cp.zeros((1, 8), cp.int64),
         }
         if self.tp:
@@ -671,7 +682,10 @@ class Megakernel:
         if lean:
             self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
-            self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
+            if self.obs_sm:                  # (the queues count from 0 in every launch; on its stream)
+                with (stream if stream is not None else self.cp.cuda.get_current_stream()):
+                    self.buf["obsq"].fill(0)
+            self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
 
     def _preload(self, kernel) -> None:
@@ -683,7 +697,7 @@ class Megakernel:
         tools/handoff_probe.py).  Loaded here, it is placed on the first SM a lean worker
         frees (~3 us after it left, 1b and tiny, session 11)."""
         params = self._params(0, 0)
-        kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem)
+        kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
         self.cp.cuda.runtime.deviceSynchronize()
 
     def handoff(self, handle: Dict[str, Any]) -> bool:
@@ -783,7 +797,9 @@ class Megakernel:
                 for k in range(steps):
                     params = self._params(1, 1, out_row=k)
                     keep.append(params)
-                    self.kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem)
+                    if self.obs_sm:
+                        self.buf["obsq"].fill(0)
+                    self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
                     self.step += 1
                     if keep_logits:
                         logits_hist.append(cp.asnumpy(self.buf["logits"]))
@@ -898,6 +914,9 @@ class Megakernel:
         mp = (int(self.sm_map.data.ptr) if self.sm_map is not None
               else int(self._sm_rec.data.ptr) | 1 if self._sm_rec is not None else 0)
         ctl[CTL_SM_MAP], ctl[CTL_SM_MAP + 1] = mp & 0xFFFFFFFF, mp >> 32
+        if self.obs_sm:
+            qp = int(self.buf["obsq"].data.ptr)
+            ctl[CTL_OBSQ], ctl[CTL_OBSQ + 1] = qp & 0xFFFFFFFF, qp >> 32
         self.buf["control"].set(ctl)
         for k in ("hook_head", "trace_head", "hook_drop", "hook_tail", "steps_done"):
             self.buf[k].fill(0)
@@ -1007,6 +1026,8 @@ class Megakernel:
         step k land in row (k - s0) % out_rows and are read by poll() (grant refuses to
         run out_rows steps ahead of the last poll).  Collective with tensor parallelism.
         trace: not in resident launches (its ring does not stream)."""
+        if self.obs_sm:
+            raise UserError("start_resident: DTMK_OBS_SM (a draft) runs start() / run() launches only")
         cp = self.cp
         if trace:
             raise UserError("Megakernel.start_resident: the built-in task trace does not stream; "

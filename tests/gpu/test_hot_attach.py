@@ -22,8 +22,11 @@ _S = {}
 #: -DDTMK_REC_GLOBAL, the old record path (the global task table), and the session-8
 #: variant -DDTMK_HOLD_EAGER (the full pre-signal hold always; the default holds lazily: no
 #: pre-signal hold work when no program reads request_gen)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",)],
-                                 ids=["default", "recglobal", "codesmem", "holdeager"])
+#: -DDTMK_OBS_SM: the observer SM (a draft of session 13: one SM runs the VM over every
+#: worker's records; kernels/megakernel.cu "observer SM")
+OBSSM = ("DTMK_OBS_SM",)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM],
+                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -58,11 +61,11 @@ def reference_maps(obj, hooks, workers):
 
 
 #: the hot summary from descriptors (a -DDTMK_SITE_FORM build) and through the VM (default)
-FORMS = pytest.mark.parametrize("defines", [SITE, ()], ids=["desc", "vm"])
+FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["desc", "vm", "obssm"])
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE],
-                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM],
+                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -88,7 +91,7 @@ def test_attached_before_launch_matches_reference_exactly(defines):
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",)], ids=["default", "holdeager"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSSM], ids=["default", "holdeager", "obssm"])
 def test_summary_without_a_host_ring_counts_every_task(defines):
     """Without the host ring (so the default build takes its light pre-signal hold: the
     summary reads no request_gen; -DDTMK_HOLD_EAGER the full one), the hot summary still sees every task once: per class,
@@ -278,8 +281,9 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
     assert (live.mk.run(2).tokens >= 0).all()
 
 
+@pytest.mark.parametrize("defines", [(), OBSSM], ids=["default", "obssm"])
 @pytest.mark.parametrize("name", ["tiny", "1b"])
-def test_final_epochs_are_complete_while_the_kernel_runs(name):
+def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --
     its task:end coverage row counts every task of the step, never a partial one -- and
@@ -287,7 +291,7 @@ def test_final_epochs_are_complete_while_the_kernel_runs(name):
     whose raise went through thread 0; kept for the default build.)"""
     from collections import Counter
     from dtrace_mk.runtime.device import COV_ROWS
-    live = session(name)
+    live = session(name, defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
     steps = 300 if name == "1b" else 3000        # ~0.35 s: many snapshots while it runs

@@ -41,17 +41,19 @@ __device__ __noinline__ dtmk_u32 osq_run_worker(const MkParams &P, Worker &W, dt
                                                 dtmk_u32 seen) {
     const unsigned lane = threadIdx.x & 31;
     dtmk_u64 *a = osq_w(P, w);
-    dtmk_u64 tail = a[OSQ_W_TAIL];
+    dtmk_u64 tail = osq_ld(a + OSQ_W_TAIL);
     for (; tail < head; ++tail) {
         if (O.n && O.maxc >= O.must_at) { W.worker = 0; obs_sync(P, W, false, seen); }
+        /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
+         * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
         const uint4 *d = osq_entry(P, w, tail);
         if (lane == 0) {
-            const uint4 d0 = d[0];
+            const uint4 d0 = __ldcg(d);
             if (d0.x == 0xffffffffu) {            /* a task's captured hooks */
-                const uint4 d5 = d[5];
+                const uint4 d5 = __ldcg(d + 5);
                 osq_cursor_in(P, W, d5.x, d5.y);
                 W.pend = d0.y; W.pend_q = d0.z; W.pend_flags = d0.w;
-                const uint4 d1 = d[1], d2 = d[2], d3 = d[3], d4 = d[4];
+                const uint4 d1 = __ldcg(d + 1), d2 = __ldcg(d + 2), d3 = __ldcg(d + 3), d4 = __ldcg(d + 4);
                 W.cw_peer = d1.x; W.phantoms = d1.y; W.pend_t = (int)d1.z; W.pend_step = (int)d1.w;
                 W.pend_rg = ((dtmk_u64)d2.y << 32) | d2.x; W.t_ready = ((dtmk_u64)d2.w << 32) | d2.z;
                 W.t_begin = ((dtmk_u64)d3.y << 32) | d3.x; W.t_end = ((dtmk_u64)d3.w << 32) | d3.z;
@@ -61,7 +63,7 @@ __device__ __noinline__ dtmk_u32 osq_run_worker(const MkParams &P, Worker &W, dt
             } else {                              /* a record built by the worker */
                 HkRec c;
 #pragma unroll
-                for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) c.v[i] = d[i];
+                for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) c.v[i] = __ldcg(d + i);
                 osq_cursor_in(P, W, c.v[1].z, c.v[1].y);
                 hk_store(P, W, c, c.v[0].y, c.v[3].z);
                 seen = max(seen, c.v[3].z);
@@ -115,9 +117,11 @@ __device__ __noinline__ void osq_observer(const MkParams &P, Worker &W) {
             dtmk_u64 head = 0, tail = 0, done = 1;
             if (w < nw) {
                 const dtmk_u64 *a = osq_w(P, w);
-                done = osq_ld(a + OSQ_W_DONE);        /* before head: a done worker's head is final */
-                head = osq_ld(a + OSQ_W_HEAD);
-                tail = a[OSQ_W_TAIL];
+                /* acquire, done before head: a done worker's head is final; the head's
+                 * entries are complete (the worker's MEMBAR or fence precedes the head) */
+                done = ld_acquire(a + OSQ_W_DONE);
+                head = ld_acquire(a + OSQ_W_HEAD);
+                tail = osq_ld(a + OSQ_W_TAIL);
             }
             all_done = all_done && __all_sync(0xffffffffu, done != 0 && head == tail);
             unsigned todo = __ballot_sync(0xffffffffu, head != tail);

@@ -198,7 +198,8 @@ __device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
 }
 /* worker thread 0: OBS_PENDING up to the observer's low once it consumed this queue */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
-    if (!O.state || osq_ld(osq_w(P, W.worker) + OSQ_W_TAIL) != W.osq_head) return;
+    /* acquire: the observer fenced what it did with the entries (Osq.low) before the tail */
+    if (!O.state || ld_acquire(osq_w(P, W.worker) + OSQ_W_TAIL) != W.osq_head) return;
     const dtmk_u32 lo = osq_ld32(&osq_hdr(P)->low);
     if (lo == O.pub) return;
     __threadfence();                   /* the observer's flushes (fenced before low) first */

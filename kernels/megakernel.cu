@@ -148,7 +148,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * ("observer SM" below; 0 = none) */
 #define CTL_WORDS 32
 
-/* ---- observer SM (-DDTMK_OBS_SM; DRAFT, session 13, not run on a GPU yet) -------------
+/* ---- observer SM (-DDTMK_OBS_SM; DRAFT of session 13: exact on the H200, not yet fast --
+ * its one warp is the bottleneck, docs/results/hooks.md "Session 13") ----------------------
  * One CTA more than workers: block P.n_workers is the OBSERVER, on its own SM (one SM
  * costs nothing measurable: docs/results/hooks.md "Session 13").  Worker thread 0 writes
  * each task's captured hooks as one 128-byte entry into its queue in global memory

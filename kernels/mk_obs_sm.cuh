@@ -1,6 +1,6 @@
 /* mk_obs_sm.cuh: part of megakernel.cu (included once, at its place in it; not a
- * standalone header): the observer SM's loop (-DDTMK_OBS_SM; DRAFT, session 13, not run
- * on a GPU yet) -- megakernel.cu "observer SM". */
+ * standalone header): the observer SM's loop (-DDTMK_OBS_SM; DRAFT of session 13: exact on
+ * the H200, not yet fast) -- megakernel.cu "observer SM". */
 #ifdef DTMK_OBS_SM
 /* observer, lane 0: worker w's host-ring cursor into W (the observer's own Worker) / back */
 __device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm) {

@@ -79,7 +79,7 @@ ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a g
 WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
 CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queues (megakernel.cu "observer SM")
-#: -DDTMK_OBS_SM (DRAFT, session 13, not run on a GPU): the observer queues' layout -- a
+#: -DDTMK_OBS_SM (DRAFT of session 13: exact on the H200, slow): the observer queues' layout -- a
 #: header, then per worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
 OSQ_N, OSQ_HDR_BYTES = 64, 64
 OSQ_W_BYTES = 64 + OSQ_N * 128

@@ -1,5 +1,6 @@
-"""CI (no GPU): the observer SM (-DDTMK_OBS_SM; a DRAFT of session 13, not run on a GPU
-yet -- kernels/megakernel.cu "observer SM", docs/dev/hook_cost_analysis.md "Session 13").
+"""CI (no GPU): the observer SM (-DDTMK_OBS_SM; a DRAFT of session 13, exact on the H200
+(tests/gpu/test_hot_attach.py *obssm*) but slow -- kernels/megakernel.cu "observer SM",
+docs/dev/hook_cost_analysis.md "Session 13").
 The build compiles, refuses what it does not support, leaves every other build's code
 alone, lays out its queues as the host does, and keeps the epoch protocol's order."""
 import re

@@ -828,7 +828,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * batch: when a sub-ring is O.full_at full, or the wait is long (this one or
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
-                if (W.observe && OBS_SPIN_DRAIN(W, now - t0, (dtmk_u32)step)) break;
+#ifdef DTMK_OBS_SM
+                if (W.observe) osq_spin_check(P, W);   /* workers drain nothing: OBS_PENDING up */
+#else
+                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+#endif
 #endif
                 if (P.n_moe) {
                     dtmk_u64 ts;

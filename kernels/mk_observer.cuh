@@ -495,13 +495,10 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
 #ifdef DTMK_OBS_SM
-#define OBS_SPIN_DRAIN(W, waited, step) obs_spin_drain(P, W, waited, step)
-__device__ __noinline__ bool obs_spin_drain(const MkParams &P, Worker &W, dtmk_u64 waited, dtmk_u32 step) {
+__device__ __noinline__ void osq_spin_check(const MkParams &P, Worker &W) {
     osq_raise(P, W);                   /* workers drain nothing: the observer SM does */
-    return false;
 }
 #else
-#define OBS_SPIN_DRAIN(W, waited, step) obs_spin_drain(W, waited, step)
 __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));

@@ -168,13 +168,17 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "inlcall": ("DTMK_INL_NOINLINE",),
                   # the site form in the hot build (session 10: aggregation descriptors at the
                   # hook sites; summary runs from them): not the default, it costs the off path
-                  "siteform": ("DTMK_SITE_FORM",)}
+                  "siteform": ("DTMK_SITE_FORM",),
+                  # session 13's DRAFT observer SM: one SM runs every worker's records (SMs - 1
+                  # workers); exact, not yet fast (docs/results/hooks.md "Session 13")
+                  "obssm": ("DTMK_OBS_SM",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
-                      "inlcall": ("off", "summary_cm")}   # (the default hot build has no site form)
+                      "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
+                      "obssm": ("off", "mask3", "null3", "summary")}   # (no compiled tier in the draft)
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
-                     "DTMK_INL_NOINLINE", "DTMK_SITE_FORM")
+                     "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -101,3 +101,12 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
         gpu.Megakernel(PRESETS["tiny"], batch=1, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"))
     with pytest.raises(UserError, match="DTMK_OBS_SM"):
         mk.start_resident()
+
+
+def test_bench_hooks_runs_the_draft_as_a_build_variant():
+    """bench/hooks.py --variants obssm: its hot runs side by side with the default build
+    (no compiled tier in the draft: the kernel #errors with DTMK_COMPILED_TIER)."""
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANTS")["obssm"] == ("DTMK_OBS_SM",)
+    assert "summary_cm" not in hooks_table("BUILD_VARIANT_RUNS")["obssm"]
+    assert "DTMK_OBS_SM" in hooks_table("HOOK_ONLY_DEFINES")

@@ -173,7 +173,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_HOOK_N 3     /* the host ring's cursor of this worker (observer): hook_n, slot, drop */
 #define OSQ_W_HOOK_SLOT 4
 #define OSQ_W_HOOK_DROP 5
-struct Osq { dtmk_u32 mask, gen_ready, low, live; dtmk_u32 pad[12]; };   /* the header */
+struct Osq { dtmk_u32 mask, low, live; dtmk_u32 pad[13]; };   /* the header (64 bytes) */
+#define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_HANDOFF) || defined(DTMK_SITE_FORM) || \
                              defined(DTMK_COMPILED_TIER) || defined(DTMK_OBS_PROF))
 #error "-DDTMK_OBS_SM (draft): a plain hook build only (no handoff, site form, compiled tier, profiling)"
@@ -379,7 +380,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
 #ifdef DTMK_OBS_SM
-    if (O.tables) O.vm_mask = osq_ld32(&osq_hdr(P)->mask);   /* the hooks the observer SM has programs for */
+    if (O.tables) O.vm_mask = ld_volatile_u32(&osq_hdr(P)->mask);   /* the hooks the observer SM has programs for */
     W.hook_mask = O.ring_mask | obs_prog_hooks();
 #else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
@@ -829,7 +830,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
 #ifdef DTMK_OBS_SM
-                if (W.observe) osq_spin_check(P, W);   /* workers drain nothing: OBS_PENDING up */
+                if (W.observe) osq_raise(P, W);   /* workers drain nothing: OBS_PENDING up */
 #else
                 if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
@@ -1107,7 +1108,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.gate = 0;
 #ifdef DTMK_OBS_SM
         /* the observer's first tables in (their hook mask), or the first tasks go uncaptured */
-        if (O.tables) while (!osq_ld32(&osq_hdr(P)->live)) __nanosleep(256);
+        if (O.tables) while (!ld_volatile_u32(&osq_hdr(P)->live)) __nanosleep(256);
 #endif
         refresh_control(P, W, true);
     }

@@ -14,14 +14,14 @@ __device__ __forceinline__ void osq_cursor_out(const MkParams &P, const Worker &
     a[OSQ_W_HOOK_N] = W.hook_n; a[OSQ_W_HOOK_SLOT] = W.hook_slot; a[OSQ_W_HOOK_DROP] = W.hook_drop;
 }
 /* observer, warp 0: the tables it loaded (obs_sync, O.reload) -> the workers: the hook mask,
- * the generation, every worker's OBS_GEN / OBS_LOADED_TS (obs_sync wrote row 0's) */
+ * every worker's OBS_GEN / OBS_LOADED_TS (obs_sync wrote row 0's) */
 __device__ __noinline__ void osq_publish_tables(const MkParams &P, Worker &W) {
     const unsigned lane = threadIdx.x & 31;
     struct Osq *q = osq_hdr(P);
     if (O.state) {
         const dtmk_u64 *g0 = (const dtmk_u64 *)O.state;
         for (dtmk_u32 w = lane + 1; w < (dtmk_u32)P.n_workers; w += 32) {
-            dtmk_u64 *g = (dtmk_u64 *)O.state + w * OBS_WORDS;
+            dtmk_u64 *g = obs_row(w);
             g[OBS_LOADED_TS] = g0[OBS_LOADED_TS]; g[OBS_FIRST_TS] = 0;
             *(volatile dtmk_u64 *)(g + OBS_GEN) = g0[OBS_GEN];
         }
@@ -29,7 +29,6 @@ __device__ __noinline__ void osq_publish_tables(const MkParams &P, Worker &W) {
     __syncwarp();
     if (lane == 0) {
         *(volatile dtmk_u32 *)&q->mask = O.vm_mask;
-        *(volatile dtmk_u32 *)&q->gen_ready = O.gen_seen;
         __threadfence();
         *(volatile dtmk_u32 *)&q->live = 1u;
     }
@@ -49,7 +48,7 @@ __device__ __noinline__ dtmk_u32 osq_run_worker(const MkParams &P, Worker &W, dt
         const uint4 *d = osq_entry(P, w, tail);
         if (lane == 0) {
             const uint4 d0 = __ldcg(d);
-            if (d0.x == 0xffffffffu) {            /* a task's captured hooks */
+            if (d0.x == OSQ_TAG_PEND) {           /* a task's captured hooks */
                 const uint4 d5 = __ldcg(d + 5);
                 osq_cursor_in(P, W, d5.x, d5.y);
                 W.pend = d0.y; W.pend_q = d0.z; W.pend_flags = d0.w;
@@ -165,7 +164,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P, Worker &W) {
         ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
         if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];
         if (O.state) {
-            dtmk_u64 *g = (dtmk_u64 *)O.state + w * OBS_WORDS;
+            dtmk_u64 *g = obs_row(w);
             *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
             *(volatile dtmk_u64 *)(g + OBS_DONE) = 1;
         }

@@ -158,6 +158,9 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
 #ifdef DTMK_OBS_SM
 /* ---- observer SM (megakernel.cu "observer SM"): the queues in global memory ---- */
 __device__ __forceinline__ bool osq_is_observer() { return blockIdx.x == gridDim.x - 1; }
+/* worker w's observer-state row (obs_state(W) for the observer, which serves every worker;
+ * obs_state itself stays as it is: its code is the GPU-tested default build's) */
+__device__ __forceinline__ dtmk_u64 *obs_row(dtmk_u32 w) { return (dtmk_u64 *)O.state + w * OBS_WORDS; }
 __device__ __forceinline__ struct Osq *osq_hdr(const MkParams &P) {
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     return (struct Osq *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
@@ -169,7 +172,6 @@ __device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_
     return (uint4 *)((char *)osq_w(P, w) + 64 + (i % OSQ_N) * 128);
 }
 __device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const volatile dtmk_u64 *)p; }
-__device__ __forceinline__ dtmk_u32 osq_ld32(const dtmk_u32 *p) { return *(const volatile dtmk_u32 *)p; }
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
     while (W.osq_head - W.osq_tail >= OSQ_N) {
@@ -188,7 +190,7 @@ __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool f
 /* worker thread 0: task W.pend_t's captured hooks as one entry (OW_TAG_PEND layout) */
 __device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
     uint4 *d = osq_slot(P, W);
-    d[0] = make_uint4(0xffffffffu, W.pend, W.pend_q, W.pend_flags);
+    d[0] = make_uint4(OSQ_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
     d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
     d[2] = make_uint4((dtmk_u32)W.pend_rg, (dtmk_u32)(W.pend_rg >> 32), (dtmk_u32)W.t_ready, (dtmk_u32)(W.t_ready >> 32));
     d[3] = make_uint4((dtmk_u32)W.t_begin, (dtmk_u32)(W.t_begin >> 32), (dtmk_u32)W.t_end, (dtmk_u32)(W.t_end >> 32));
@@ -200,11 +202,11 @@ __device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
     /* acquire: the observer fenced what it did with the entries (Osq.low) before the tail */
     if (!O.state || ld_acquire(osq_w(P, W.worker) + OSQ_W_TAIL) != W.osq_head) return;
-    const dtmk_u32 lo = osq_ld32(&osq_hdr(P)->low);
+    const dtmk_u32 lo = ld_volatile_u32(&osq_hdr(P)->low);
     if (lo == O.pub) return;
     __threadfence();                   /* the observer's flushes (fenced before low) first */
     O.pub = lo;
-    *(volatile dtmk_u64 *)((dtmk_u64 *)O.state + W.worker * OBS_WORDS + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
+    *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo == ~0u ? ~0ull : (dtmk_u64)lo;
 }
 #endif
 
@@ -494,11 +496,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
-#ifdef DTMK_OBS_SM
-__device__ __noinline__ void osq_spin_check(const MkParams &P, Worker &W) {
-    osq_raise(P, W);                   /* workers drain nothing: the observer SM does */
-}
-#else
+#ifndef DTMK_OBS_SM                   /* (its workers drain nothing: osq_raise in the spin) */
 __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dtmk_u32 step) {
     return O.maxc >= O.full_at ||
            ((O.n || O.acc_min < step) && (W.long_wait || waited >= OBS_LONG_WAIT_NS || OBS_LAGGING(step)));

@@ -682,11 +682,16 @@ class Megakernel:
         if lean:
             self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
-            if self.obs_sm:                  # (the queues count from 0 in every launch; on its stream)
-                with (stream if stream is not None else self.cp.cuda.get_current_stream()):
-                    self.buf["obsq"].fill(0)
+            self._clear_obsq(stream)
             self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
+
+    def _clear_obsq(self, stream) -> None:
+        """-DDTMK_OBS_SM: the observer queues count from 0 in every launch (cleared on the
+        launch's stream)."""
+        if self.obs_sm:
+            with (stream if stream is not None else self.cp.cuda.get_current_stream()):
+                self.buf["obsq"].fill(0)
 
     def _preload(self, kernel) -> None:
         """Launch `kernel` once for zero steps (no task runs; it returns at once).  CUDA
@@ -797,8 +802,7 @@ class Megakernel:
                 for k in range(steps):
                     params = self._params(1, 1, out_row=k)
                     keep.append(params)
-                    if self.obs_sm:
-                        self.buf["obsq"].fill(0)
+                    self._clear_obsq(stream)
                     self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
                     self.step += 1
                     if keep_logits:

@@ -72,7 +72,7 @@ def test_workers_build_no_record_and_load_no_tables():
     s = body("hk_store")
     assert s.index("if (!osq_is_observer())") < s.index("osq_publish(P, W, true)") < s.index("O.vm_mask & bit")
     assert "if (!osq_is_observer()) O.reload = 0;" in SRC
-    assert "O.vm_mask = osq_ld32(&osq_hdr(P)->mask)" in body("refresh_control")
+    assert "O.vm_mask = ld_volatile_u32(&osq_hdr(P)->mask)" in body("refresh_control")
 
 
 def test_the_observer_ends_every_workers_rows():

@@ -530,14 +530,21 @@ __device__ __forceinline__ void dtmk_cov_add(struct dtmk_cov *c, dtmk_u32 gen, d
             if (!acc) {
                 dtmk_cov_row_add(c, e, gen, ne, nx, nt, nl, nf);
             } else {
-                if (acc->cov != (dtmk_u64)c || acc->epoch != e || acc->gen != gen) {
+#ifdef DTMK_COV_ACC_WAYS
+                /* several epochs per slot (the observer SM: its batches mix workers at
+                 * different steps): way e mod WAYS, the ways DTMK_COV_ACC_STRIDE apart */
+                struct dtmk_cov_acc *a = acc + (e & (DTMK_COV_ACC_WAYS - 1u)) * DTMK_COV_ACC_STRIDE;
+#else
+                struct dtmk_cov_acc *a = acc;
+#endif
+                if (a->cov != (dtmk_u64)c || a->epoch != e || a->gen != gen) {
                     DTMK_PROF_BEGIN(prof_flush);
-                    dtmk_cov_acc_flush(acc);
+                    dtmk_cov_acc_flush(a);
                     DTMK_PROF_END1(18, prof_flush);
-                    acc->cov = (dtmk_u64)c; acc->epoch = e; acc->gen = gen;
+                    a->cov = (dtmk_u64)c; a->epoch = e; a->gen = gen;
                 }
-                acc->eligible += ne; acc->executed += nx; acc->throttled += nt;
-                acc->lost += nl; acc->fault += nf;
+                a->eligible += ne; a->executed += nx; a->throttled += nt;
+                a->lost += nl; a->fault += nf;
             }
         }
     }

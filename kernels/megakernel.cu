@@ -97,6 +97,12 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
     s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } } while (0)
 #define DTMK_PROF_END1(k, name) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } while (0)
 #endif
+#ifdef DTMK_OBS_SM
+/* the observer's batches mix workers at different decode steps: two coverage accumulators
+ * per (hook, slot), by epoch parity, so adjacent steps do not flush each other */
+#define DTMK_COV_ACC_WAYS 2u
+#define DTMK_COV_ACC_STRIDE (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)
+#endif
 #include "bpf_vm.cuh"
 #ifdef DTMK_COMPILED_TIER      /* LTO build linked with a compiled monitor (bpf_compiled.cuh) */
 #include "bpf_compiled.cuh"
@@ -148,22 +154,26 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * ("observer SM" below; 0 = none) */
 #define CTL_WORDS 32
 
-/* ---- observer SM (-DDTMK_OBS_SM; DRAFT of session 13: exact on the H200, not yet fast --
- * its one warp is the bottleneck, docs/results/hooks.md "Session 13") ----------------------
+/* ---- observer SM (-DDTMK_OBS_SM; opt-in: exact on the H200, its cost is being measured:
+ * docs/results/hooks.md "Session 14") -------------------------------------------------------
  * One CTA more than workers: block P.n_workers is the OBSERVER, on its own SM (one SM
  * costs nothing measurable: docs/results/hooks.md "Session 13").  Worker thread 0 writes
  * each task's captured hooks as one 128-byte entry into its queue in global memory
  * BEFORE the task's release signal and bumps the queue's head right AFTER it (the
  * signal's MEMBAR orders the entry before the head: no fence of its own); records
- * built elsewhere (hook_event, gen:advance) are pushed with a fence.  The observer
- * (warp 0 of its CTA in this draft) pops every worker's entries in order, builds the
- * records (hook_flush: observer ring, host ring) and runs the VM over batches that mix
- * workers (each lane takes its record's worker).  Workers load no tables: the observer
- * does and publishes the hook mask (Osq.mask) and the generation it holds; a launch's
- * workers wait for it at their start.  OBS_PENDING: each worker holds its row before its
- * signals (hold_epoch) and raises it to Osq.low (the observer's lowest held epoch) once
- * the observer's tail of its queue reached its head.  Queue memory (gpu.py OSQ_*): a
- * 64-byte header, then per worker 64 bytes of words (OSQ_W_*) and OSQ_N entries. */
+ * built elsewhere (hook_event, gen:advance) are pushed with a fence.  The observer runs
+ * K warps (mk_obs_sm.cuh: as many as the launch's dynamic shared memory holds an Obs
+ * for, DTMK_OBS_WARPS at most), warp k serving workers k, k + K, ...: each lane pops one
+ * worker's next entry and builds its records (hook_flush: the warp's ring, the host
+ * ring), so a round builds up to 32 tasks' records at once; the VM runs batches that mix
+ * workers (each lane takes its record's worker); coverage accumulates per epoch parity.
+ * Workers load no tables: each observer warp loads its own copy and publishes the hook
+ * mask with a live bit in its workers' OSQ_W_MASK (a launch's workers wait for it) and
+ * the generation in their observer-state rows.  OBS_PENDING: each worker holds its row
+ * before its signals (hold_epoch) and raises it to OSQ_W_LOW (its observer warp's lowest
+ * held epoch, lowered before the tails) once the observer's tail of its queue reached its
+ * head.  Queue memory (gpu.py OSQ_*): a 64-byte header (unused), then per worker 64
+ * bytes of words (OSQ_W_*) and OSQ_N entries. */
 #define OSQ_N 64
 #define OSQ_HDR_BYTES 64
 #define OSQ_W_BYTES (64 + OSQ_N * 128)
@@ -173,11 +183,12 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_HOOK_N 3     /* the host ring's cursor of this worker (observer): hook_n, slot, drop */
 #define OSQ_W_HOOK_SLOT 4
 #define OSQ_W_HOOK_DROP 5
-struct Osq { dtmk_u32 mask, low, live; dtmk_u32 pad[13]; };   /* the header (64 bytes) */
+#define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); low bits: the hook mask */
+#define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_HANDOFF) || defined(DTMK_SITE_FORM) || \
                              defined(DTMK_COMPILED_TIER) || defined(DTMK_OBS_PROF))
-#error "-DDTMK_OBS_SM (draft): a plain hook build only (no handoff, site form, compiled tier, profiling)"
+#error "-DDTMK_OBS_SM: a plain hook build only (no handoff, site form, compiled tier, profiling yet)"
 #endif
 
 /* ---- grid handoff -------------------------------------------------------------------
@@ -241,7 +252,11 @@ struct Osq { dtmk_u32 mask, low, live; dtmk_u32 pad[13]; };   /* the header (64 
                             * is long (this one or the worker's previous one lasted OBS_LONG_WAIT_NS), ... */
 #define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
 #define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
+#ifdef DTMK_COV_ACC_WAYS
+#define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS * DTMK_COV_ACC_WAYS)   /* per (way, hook, slot) */
+#else
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS)   /* coverage accumulators: one per (hook, slot) */
+#endif
 #define DTMK_OBS_DESC 32   /* descriptor entries (kernels/bpf_inline.cuh) kept in shared memory (2.5 KB) */
 #ifndef DTMK_OBS_CODE
 #define DTMK_OBS_CODE 256  /* -DDTMK_VM_CODE_SMEM: instruction records of VM code kept in shared memory (4 KB) */
@@ -322,6 +337,7 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
 #ifdef DTMK_OBS_SM
     dtmk_u64 osq_head, osq_tail;             /* worker thread 0: entries pushed; the observer's tail last read */
     dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it */
+    dtmk_u32 osq_lo;                         /* (an observer lane) lowest epoch it put in the ring this round */
 #endif
 #endif
 };
@@ -380,7 +396,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
 #ifdef DTMK_OBS_SM
-    if (O.tables) O.vm_mask = ld_volatile_u32(&osq_hdr(P)->mask);   /* the hooks the observer SM has programs for */
+    if (O.tables) O.vm_mask = (dtmk_u32)osq_ld(osq_w(P, W.worker) + OSQ_W_MASK);   /* hooks its observer runs programs for */
     W.hook_mask = O.ring_mask | obs_prog_hooks();
 #else
     W.hook_mask = O.ring_mask | obs_prog_hooks();
@@ -517,7 +533,7 @@ __device__ void prefetch_task_weights(const MkParams &P, int t) {
 __device__ __forceinline__ dtmk_u64 *counter(const MkParams &P, int e) { return (dtmk_u64 *)P.events + e; }
 
 #include "mk_hooks.cuh"      /* the hook sites' cold code (capture, hold, hook_flush) */
-#include "mk_obs_sm.cuh"     /* -DDTMK_OBS_SM (draft): the observer SM's loop */
+#include "mk_obs_sm.cuh"     /* -DDTMK_OBS_SM: the observer SM's warps */
 
 
 /* thread 0: post deferred (late_notification) signals that are due (all: force) */
@@ -1054,8 +1070,14 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #endif
 #ifndef DTMK_NO_HOOKS
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */
+#ifdef DTMK_OBS_SM
+    if (!osq_is_observer()) {          /* (each observer warp clears its own Obs: osq_observer) */
+#endif
     for (int i = threadIdx.x; i < (int)(sizeof(O.tabs) / 4); i += blockDim.x) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = threadIdx.x; i < OBS_NACC; i += blockDim.x) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+#ifdef DTMK_OBS_SM
+    }
+#endif
 #ifdef HK_SITE_FORM
     for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
@@ -1065,24 +1087,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.rs_step = (int)P.step0; W.rs_i = -1; W.rs_phant = 0;
         if (P.handoff_in && !W.aborted) ho_resume(P, W);   /* before anything indexed by the worker */
 #endif
-        const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
-        O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
-        O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
-        if (!O.state) O.tables = 0;
-        O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
-#ifndef DTMK_HOLD_EAGER
-        O.hold_full = 1;
-#endif
-        obs_layout(0u);
-        O.drained = O.drains = O.pubs = 0; O.first_seen = 0; O.pub = 0;
-        if (O.state) {
-            const dtmk_u64 *g = obs_state(W);
-            const dtmk_u64 d = g[OBS_DRAINS], pend = g[OBS_PENDING];
-            O.drained = g[OBS_DRAINED]; O.drains = d & 0xffffffffull; O.pubs = d >> 32;
-            O.first_seen = g[OBS_FIRST_TS] != 0;
-            O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
-        }
-        O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
+        obs_init(P, W);
 #ifdef DTMK_OBS_SM
         if (!osq_is_observer()) O.reload = 0;   /* workers load no tables */
 #endif
@@ -1092,7 +1097,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     MK_SYNC();
 #ifdef DTMK_OBS_SM
     if (osq_is_observer()) {           /* the observer SM: its loop instead of a plan */
-        if (threadIdx.x < 32) osq_observer(P, W);
+        osq_observer(P);
         return;
     }
 #endif
@@ -1108,7 +1113,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.gate = 0;
 #ifdef DTMK_OBS_SM
         /* the observer's first tables in (their hook mask), or the first tasks go uncaptured */
-        if (O.tables) while (!ld_volatile_u32(&osq_hdr(P)->live)) __nanosleep(256);
+        if (O.tables) while (!(osq_ld(osq_w(P, W.worker) + OSQ_W_MASK) >> 32)) __nanosleep(256);
 #endif
         refresh_control(P, W, true);
     }

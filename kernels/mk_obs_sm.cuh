@@ -1,8 +1,20 @@
 /* mk_obs_sm.cuh: part of megakernel.cu (included once, at its place in it; not a
- * standalone header): the observer SM's loop (-DDTMK_OBS_SM; DRAFT of session 13: exact on
- * the H200, not yet fast) -- megakernel.cu "observer SM". */
+ * standalone header): the observer SM's loop (-DDTMK_OBS_SM; megakernel.cu "observer SM").
+ * Several observer warps, each with its own Obs (mk_observer.cuh obs_self) serving a slice
+ * of the workers (w = k, k + K, ...); each lane runs one worker's next entry at a time, so
+ * a warp builds up to 32 tasks' records at once and the VM runs them as full batches. */
 #ifdef DTMK_OBS_SM
-/* observer, lane 0: worker w's host-ring cursor into W (the observer's own Worker) / back */
+#ifndef DTMK_OBS_WARPS
+#define DTMK_OBS_WARPS 8   /* observer warps at most (1b: ~26 K records per step need several) */
+#endif
+/* the observer warps of this launch: as many as have an Obs (warp 0 the static one, the
+ * others in the dynamic shared memory the launch gives every CTA), DTMK_OBS_WARPS at most */
+__device__ __forceinline__ dtmk_u32 osq_nwarps() {
+    dtmk_u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    return min(min((dtmk_u32)DTMK_OBS_WARPS, blockDim.x / 32u), 1u + dyn / (dtmk_u32)sizeof(Obs));
+}
+/* an observer lane: worker w's host-ring cursor into W (the lane's Worker) / back */
 __device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm) {
     const dtmk_u64 *a = osq_w(P, w);
     W.worker = w; W.sm = sm;
@@ -13,106 +25,100 @@ __device__ __forceinline__ void osq_cursor_out(const MkParams &P, const Worker &
     dtmk_u64 *a = osq_w(P, W.worker);
     a[OSQ_W_HOOK_N] = W.hook_n; a[OSQ_W_HOOK_SLOT] = W.hook_slot; a[OSQ_W_HOOK_DROP] = W.hook_drop;
 }
-/* observer, warp 0: the tables it loaded (obs_sync, O.reload) -> the workers: the hook mask,
- * every worker's OBS_GEN / OBS_LOADED_TS (obs_sync wrote row 0's) */
-__device__ __noinline__ void osq_publish_tables(const MkParams &P, Worker &W) {
+/* observer warp (all lanes): the tables it loaded (obs_sync, O.reload) -> its workers:
+ * OBS_GEN / OBS_LOADED_TS copied from its own row (obs_sync wrote row k), then the hook
+ * mask with the live bit (a launch's workers wait for it) */
+__device__ __noinline__ void osq_publish_tables(const MkParams &P) {
     const unsigned lane = threadIdx.x & 31;
-    struct Osq *q = osq_hdr(P);
+    const dtmk_u32 k = O.osq_k, K = O.osq_nw, nw = (dtmk_u32)P.n_workers;
     if (O.state) {
-        const dtmk_u64 *g0 = (const dtmk_u64 *)O.state;
-        for (dtmk_u32 w = lane + 1; w < (dtmk_u32)P.n_workers; w += 32) {
+        const dtmk_u64 *gk = obs_row(k);
+        for (dtmk_u32 w = k + (lane + 1) * K; w < nw; w += 32 * K) {
             dtmk_u64 *g = obs_row(w);
-            g[OBS_LOADED_TS] = g0[OBS_LOADED_TS]; g[OBS_FIRST_TS] = 0;
-            *(volatile dtmk_u64 *)(g + OBS_GEN) = g0[OBS_GEN];
+            g[OBS_LOADED_TS] = gk[OBS_LOADED_TS]; g[OBS_FIRST_TS] = 0;
+            *(volatile dtmk_u64 *)(g + OBS_GEN) = gk[OBS_GEN];
         }
     }
-    __syncwarp();
-    if (lane == 0) {
-        *(volatile dtmk_u32 *)&q->mask = O.vm_mask;
-        __threadfence();
-        *(volatile dtmk_u32 *)&q->live = 1u;
-    }
+    __threadfence();
+    const dtmk_u64 m = (1ull << 32) | O.vm_mask;
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = m;
     __syncwarp();
 }
-/* observer, warp 0: run worker w's entries [tail, head): lane 0 builds the records (the
- * observer ring and the host ring), the warp drains the ring before it could overflow */
-__device__ __noinline__ dtmk_u32 osq_run_worker(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 head,
-                                                dtmk_u32 seen) {
-    const unsigned lane = threadIdx.x & 31;
-    dtmk_u64 *a = osq_w(P, w);
-    dtmk_u64 tail = osq_ld(a + OSQ_W_TAIL);
-    for (; tail < head; ++tail) {
-        if (O.n && O.maxc >= O.must_at) { W.worker = 0; obs_sync(P, W, false, seen); }
-        /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
-         * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
-        const uint4 *d = osq_entry(P, w, tail);
-        if (lane == 0) {
-            const uint4 d0 = __ldcg(d);
-            if (d0.x == OSQ_TAG_PEND) {           /* a task's captured hooks */
-                const uint4 d5 = __ldcg(d + 5);
-                osq_cursor_in(P, W, d5.x, d5.y);
-                W.pend = d0.y; W.pend_q = d0.z; W.pend_flags = d0.w;
-                const uint4 d1 = __ldcg(d + 1), d2 = __ldcg(d + 2), d3 = __ldcg(d + 3), d4 = __ldcg(d + 4);
-                W.cw_peer = d1.x; W.phantoms = d1.y; W.pend_t = (int)d1.z; W.pend_step = (int)d1.w;
-                W.pend_rg = ((dtmk_u64)d2.y << 32) | d2.x; W.t_ready = ((dtmk_u64)d2.w << 32) | d2.z;
-                W.t_begin = ((dtmk_u64)d3.y << 32) | d3.x; W.t_end = ((dtmk_u64)d3.w << 32) | d3.z;
-                W.dep_wait = ((dtmk_u64)d4.y << 32) | d4.x; W.ts_rel = ((dtmk_u64)d4.w << 32) | d4.z;
-                seen = max(seen, d1.w);
-                hook_flush(P, W);
-            } else {                              /* a record built by the worker */
-                HkRec c;
+/* an observer lane: worker w's entry i -> its records (the warp's ring, the host ring);
+ * returns the entry's decode step */
+__device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i) {
+    /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
+     * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
+    const uint4 *d = osq_entry(P, w, i);
+    HkRec c;
 #pragma unroll
-                for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) c.v[i] = __ldcg(d + i);
-                osq_cursor_in(P, W, c.v[1].z, c.v[1].y);
-                hk_store(P, W, c, c.v[0].y, c.v[3].z);
-                seen = max(seen, c.v[3].z);
-            }
-            osq_cursor_out(P, W);
-        }
-        seen = __shfl_sync(0xffffffffu, seen, 0);
-        __syncwarp();
+    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
+    dtmk_u32 step;
+    if (c.v[0].x == OSQ_TAG_PEND) {    /* a task's captured hooks (osq_write_pend) */
+        const uint4 d0 = c.v[0], d1 = c.v[1], d2 = c.v[2], d3 = c.v[3], d4 = c.v[4];
+        osq_cursor_in(P, W, w, c.v[5].y);
+        W.pend = d0.y; W.pend_q = d0.z; W.pend_flags = d0.w;
+        W.cw_peer = d1.x; W.phantoms = d1.y; W.pend_t = (int)d1.z; W.pend_step = (int)d1.w;
+        W.pend_rg = ((dtmk_u64)d2.y << 32) | d2.x; W.t_ready = ((dtmk_u64)d2.w << 32) | d2.z;
+        W.t_begin = ((dtmk_u64)d3.y << 32) | d3.x; W.t_end = ((dtmk_u64)d3.w << 32) | d3.z;
+        W.dep_wait = ((dtmk_u64)d4.y << 32) | d4.x; W.ts_rel = ((dtmk_u64)d4.w << 32) | d4.z;
+        step = d1.w;
+        hook_flush(P, W);
+    } else {                           /* a record built by the worker */
+        osq_cursor_in(P, W, w, c.v[1].y);
+        step = c.v[3].z;
+        hk_store(P, W, c, c.v[0].y, step);
     }
+    osq_cursor_out(P, W);
+    return step;
+}
+/* observer warp k of K (megakernel.cu "observer SM"): load the tables, then until every
+ * worker of its slice is done and its queue empty, rounds: each lane takes the next entry
+ * of one worker (up to 32 at once; the ring drained first when it lacks room for one
+ * record per hook and entry), OSQ_W_LOW lowered to the records' epochs, then the tails.
+ * New generation: reload.  Idle: drain and flush epochs below the highest step seen.  At
+ * the end the last drain, the slice's host-ring heads, OBS_PENDING ~0 and OBS_DONE. */
+__device__ __noinline__ void osq_observer(const MkParams &P) {
+    const unsigned lane = threadIdx.x & 31;
+    const dtmk_u32 k = threadIdx.x >> 5, K = osq_nwarps(), nw = (dtmk_u32)P.n_workers;
+    if (k >= K) return;
+    Worker Wk, Wl;                     /* the warp's (row k: obs_sync) and the lane's (its entry's worker) */
+    {
+        dtmk_u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        Wk.worker = k; Wk.sm = Wl.sm = sm; Wk.hook_mask = 0; Wk.trace_on = 0; Wk.observe = 0;
+        Wl.pend = 0; Wl.pend_rg = 0; Wl.hook_tail = 0; Wl.osq_lo = ~0u;
+    }
+    for (int i = lane; i < (int)(sizeof(O.tabs) / 4); i += 32) ((dtmk_u32 *)O.tabs)[i] = 0;
+    for (int i = lane; i < OBS_NACC; i += 32) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+    __syncwarp();
     if (lane == 0) {
-        /* the records' effects (host-ring records, Osq.low lowered by hk_store) before the
-         * tail: a worker that reads tail == head then reads a low that holds its epochs */
-        __threadfence();
-        *(volatile dtmk_u64 *)(a + OSQ_W_TAIL) = tail;
+        obs_init(P, Wk);
+        O.osq_k = k; O.osq_nw = K; O.pub = ~0u;
+        O.ring_mask = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_HOOK_MASK);   /* the host ring's hooks */
     }
     __syncwarp();
-    return seen;
-}
-/* the observer CTA's warp 0 (megakernel.cu "observer SM"): load the tables, then until
- * every worker is done and every queue empty: run the workers' new entries, reload on a
- * new generation, drain and flush epochs below the highest step seen when idle; at the
- * end the last drain, every worker's host-ring head, OBS_PENDING ~0 and OBS_DONE. */
-__device__ __noinline__ void osq_observer(const MkParams &P, Worker &W) {
-    const unsigned lane = threadIdx.x & 31;
-    const dtmk_u32 nw = (dtmk_u32)P.n_workers;
-    struct Osq *q = osq_hdr(P);
-    for (dtmk_u32 w = lane; w < nw; w += 32) {   /* the host rings' cursors */
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {   /* the host rings' cursors; nothing held */
         dtmk_u64 *a = osq_w(P, w);
         const dtmk_u64 n = ((const dtmk_u64 *)P.hook_head)[w];
         a[OSQ_W_HOOK_N] = n; a[OSQ_W_HOOK_SLOT] = P.hook_cap ? n % P.hook_cap : 0;
         a[OSQ_W_HOOK_DROP] = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[w] : 0;
-    }
-    if (lane == 0) {
-        W.worker = 0; O.pub = ~0u;
-        *(volatile dtmk_u32 *)&q->low = ~0u;
-        O.ring_mask = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_HOOK_MASK);   /* the host ring's hooks */
+        *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
     }
     __syncwarp();
     if (O.tables) {
-        while (O.reload) obs_sync(P, W, false, ~0u);  /* (retries while the host writes a table) */
-        osq_publish_tables(P, W);
-    } else if (lane == 0) {
-        *(volatile dtmk_u32 *)&q->live = 1u;
+        while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
+        osq_publish_tables(P);
+    } else {
+        __threadfence();
+        for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = 1ull << 32;
     }
     __syncwarp();
     dtmk_u32 seen = (dtmk_u32)P.step0;
     for (;;) {
         bool any = false, all_done = true;
-        for (dtmk_u32 base = 0; base < nw; base += 32) {
-            const dtmk_u32 w = base + lane;
+        for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
+            const dtmk_u32 w = k + (g0 + lane) * K;
             dtmk_u64 head = 0, tail = 0, done = 1;
             if (w < nw) {
                 const dtmk_u64 *a = osq_w(P, w);
@@ -122,14 +128,30 @@ __device__ __noinline__ void osq_observer(const MkParams &P, Worker &W) {
                 head = ld_acquire(a + OSQ_W_HEAD);
                 tail = osq_ld(a + OSQ_W_TAIL);
             }
-            all_done = all_done && __all_sync(0xffffffffu, done != 0 && head == tail);
+            all_done = __all_sync(0xffffffffu, done != 0 && head == tail) && all_done;
             unsigned todo = __ballot_sync(0xffffffffu, head != tail);
-            any = any || todo;
-            while (todo) {
-                const int l = __ffs(todo) - 1;
-                todo &= todo - 1;
-                seen = osq_run_worker(P, W, base + l, __shfl_sync(0xffffffffu, head, l), seen);
+            if (!todo) continue;
+            any = true;
+            if (O.cap) {                       /* room for one record per hook and entry */
+                while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
+                if (O.n && O.maxc + (dtmk_u32)__popc(todo) > O.cap) obs_sync(P, Wk, false, seen);
             }
+            Wl.osq_lo = ~0u;
+            dtmk_u32 st = 0;
+            if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, w, tail);
+            __syncwarp();
+            seen = max(seen, __reduce_max_sync(0xffffffffu, st));
+            /* the ring's epochs held (OSQ_W_LOW) before the tails: a worker that reads its
+             * tail == head then raises OBS_PENDING only to a low that holds them */
+            const dtmk_u32 lo = min(__reduce_min_sync(0xffffffffu, Wl.osq_lo), O.acc_min);
+            if (lo < O.pub) {
+                osq_set_low(P, lo);
+                __syncwarp();
+                if (lane == 0) O.pub = lo;
+            }
+            __threadfence();                   /* (every lane: its records and the low before its tail) */
+            if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;
+            __syncwarp();
         }
         if (all_done) break;
         if (O.tables) {
@@ -140,26 +162,23 @@ __device__ __noinline__ void osq_observer(const MkParams &P, Worker &W) {
             }
             gen = __shfl_sync(0xffffffffu, gen, 0);
             if (gen != O.gen_seen) {                  /* new tables: the records held first */
-                if (lane == 0) { O.reload = 1; W.worker = 0; }
+                if (lane == 0) O.reload = 1;
                 __syncwarp();
-                obs_sync(P, W, false, ~0u);
-                if (!O.reload) osq_publish_tables(P, W);
+                obs_sync(P, Wk, false, ~0u);
+                if (!O.reload) osq_publish_tables(P);
                 continue;
             }
             if (!any && (O.n || O.acc_min < seen)) {
-                if (lane == 0) W.worker = 0;
-                __syncwarp();
-                obs_sync(P, W, false, seen);          /* drain, flush epochs < the highest step seen */
+                obs_sync(P, Wk, false, seen);         /* drain, flush epochs < the highest step seen */
                 continue;
             }
         }
         if (!any) __nanosleep(500);
     }
-    if (lane == 0) W.worker = 0;
     __syncwarp();
-    if (O.tables) obs_sync(P, W, false, ~0u);        /* the last drain: every record, every epoch */
+    if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */
     __threadfence();
-    for (dtmk_u32 w = lane; w < nw; w += 32) {
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
         const dtmk_u64 *a = osq_w(P, w);
         ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
         if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];

@@ -61,6 +61,9 @@ struct __align__(16) Obs {
 #ifdef DTMK_REC_FAST
     int rec_t;                              /* s_rec_t at the last observing first look (a static task or -1) */
 #endif
+#ifdef DTMK_OBS_SM
+    dtmk_u32 osq_k, osq_nw;                 /* this observer warp's index, the observer warps */
+#endif
 #ifdef DTMK_VM_CODE_SMEM
     /* -DDTMK_VM_CODE_SMEM (variant, not measured yet; docs/dev/hook_cost_analysis.md
      * "Session 5"): the VM programs' code (+ the padding record the VM prefetches) copied
@@ -71,7 +74,21 @@ struct __align__(16) Obs {
     dtmk_u64 gcode[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
 #endif
 };
+#ifdef DTMK_OBS_SM
+/* the observer SM runs several observer warps, each with its own Obs: warp 0 this static
+ * one (a worker CTA's only one), warp k > 0 the (k-1)th in the launch's dynamic shared
+ * memory (mk_obs_sm.cuh osq_nwarps: as many as fit) */
+__shared__ Obs O_w0;
+__device__ __forceinline__ bool osq_is_observer() { return blockIdx.x == gridDim.x - 1; }
+__device__ __forceinline__ Obs &obs_self() {
+    extern __shared__ float smem[];
+    const unsigned k = threadIdx.x >> 5;
+    return k == 0 || !osq_is_observer() ? O_w0 : ((Obs *)smem)[k - 1];
+}
+#define O (obs_self())
+#else
 __shared__ Obs O;
+#endif
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 #define HOOKS_ANY(W, m) ((W).hook_mask & (m))
 #else
@@ -157,21 +174,23 @@ __device__ __noinline__ void obs_lost(const Worker &W, dtmk_u32 hook, dtmk_u32 s
 
 #ifdef DTMK_OBS_SM
 /* ---- observer SM (megakernel.cu "observer SM"): the queues in global memory ---- */
-__device__ __forceinline__ bool osq_is_observer() { return blockIdx.x == gridDim.x - 1; }
 /* worker w's observer-state row (obs_state(W) for the observer, which serves every worker;
  * obs_state itself stays as it is: its code is the GPU-tested default build's) */
 __device__ __forceinline__ dtmk_u64 *obs_row(dtmk_u32 w) { return (dtmk_u64 *)O.state + w * OBS_WORDS; }
-__device__ __forceinline__ struct Osq *osq_hdr(const MkParams &P) {
-    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
-    return (struct Osq *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
-}
 __device__ __forceinline__ dtmk_u64 *osq_w(const MkParams &P, dtmk_u32 w) {   /* worker w's words */
-    return (dtmk_u64 *)((char *)osq_hdr(P) + OSQ_HDR_BYTES + (dtmk_u64)w * OSQ_W_BYTES);
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    char *q = (char *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
+    return (dtmk_u64 *)(q + OSQ_HDR_BYTES + (dtmk_u64)w * OSQ_W_BYTES);
 }
 __device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i) {
     return (uint4 *)((char *)osq_w(P, w) + 64 + (i % OSQ_N) * 128);
 }
 __device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const volatile dtmk_u64 *)p; }
+/* observer warp (all lanes): OSQ_W_LOW of every worker of its slice (w = k, k + K, ...) */
+__device__ __forceinline__ void osq_set_low(const MkParams &P, dtmk_u32 lo) {
+    for (dtmk_u32 w = O.osq_k + (threadIdx.x & 31) * O.osq_nw; w < (dtmk_u32)P.n_workers; w += 32 * O.osq_nw)
+        *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_LOW) = lo;
+}
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
     while (W.osq_head - W.osq_tail >= OSQ_N) {
@@ -198,11 +217,12 @@ __device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
     d[5] = make_uint4(W.worker, W.sm, 0u, 0u);
     W.pend = 0; W.pend_rg = 0;
 }
-/* worker thread 0: OBS_PENDING up to the observer's low once it consumed this queue */
+/* worker thread 0: OBS_PENDING up to its observer warp's low once it consumed this queue */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
-    /* acquire: the observer fenced what it did with the entries (Osq.low) before the tail */
-    if (!O.state || ld_acquire(osq_w(P, W.worker) + OSQ_W_TAIL) != W.osq_head) return;
-    const dtmk_u32 lo = ld_volatile_u32(&osq_hdr(P)->low);
+    /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
+    const dtmk_u64 *a = osq_w(P, W.worker);
+    if (!O.state || ld_acquire(a + OSQ_W_TAIL) != W.osq_head) return;
+    const dtmk_u32 lo = (dtmk_u32)osq_ld(a + OSQ_W_LOW);
     if (lo == O.pub) return;
     __threadfence();                   /* the observer's flushes (fenced before low) first */
     O.pub = lo;
@@ -255,6 +275,29 @@ __device__ __forceinline__ void obs_layout(dtmk_u32 mask) {
     O.must_at = cap > OBS_ROOM ? cap - OBS_ROOM : 1u;          /* room for one task's records */
     O.full_at = min(cap - cap / 4, cap > 2 * OBS_ROOM ? cap - 2 * OBS_ROOM : 1u);   /* <= 3/4 full */
     if (!O.full_at) O.full_at = 1;
+}
+
+/* thread 0 at a launch's start (the observer SM: lane 0 of each observer warp, its own
+ * Obs and row W.worker): the observer's state; tables load at the first drain (O.reload) */
+__device__ __forceinline__ void obs_init(const MkParams &P, Worker &W) {
+    const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
+    O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
+    O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
+    if (!O.state) O.tables = 0;
+    O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
+#ifndef DTMK_HOLD_EAGER
+    O.hold_full = 1;
+#endif
+    obs_layout(0u);
+    O.drained = O.drains = O.pubs = 0; O.first_seen = 0; O.pub = 0;
+    if (O.state) {
+        const dtmk_u64 *g = obs_state(W);
+        const dtmk_u64 d = g[OBS_DRAINS], pend = g[OBS_PENDING];
+        O.drained = g[OBS_DRAINED]; O.drains = d & 0xffffffffull; O.pubs = d >> 32;
+        O.first_seen = g[OBS_FIRST_TS] != 0;
+        O.pub = pend >= 0xffffffffull ? ~0u : (dtmk_u32)pend;   /* what the host sees now */
+    }
+    O.gen_seen = 0xffffffffu; O.reload = O.tables ? 1u : 0u;
 }
 
 #ifdef DTMK_OBS_SM
@@ -346,16 +389,19 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         if (__any_sync(0xffffffffu, flushed) || keep != O.pub) {
             __threadfence();                           /* this lane's coverage before OBS_PENDING */
             __syncwarp();
+#ifdef DTMK_OBS_SM
+            __threadfence();                           /* (every lane: the flushes before its stores) */
+            osq_set_low(P, keep);                      /* every worker of the slice raises its own row from it */
+            __syncwarp();
+            if (lane == 0) { O.pub = keep; O.pubs += 1; }
+#else
             if (lane == 0) {
                 __threadfence();
                 O.pub = keep;
                 O.pubs += 1;
-#ifdef DTMK_OBS_SM
-                *(volatile dtmk_u32 *)&osq_hdr(P)->low = keep;   /* every worker raises its own row from it */
-#else
                 *(volatile dtmk_u64 *)(g + OBS_PENDING) = keep == ~0u ? ~0ull : (dtmk_u64)keep;
-#endif
             }
+#endif
         }
         if (lane == 0) {
             O.acc_min = keep;
@@ -577,6 +623,22 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #ifdef HK_SITE_FORM
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
 #endif
+#ifdef DTMK_OBS_SM
+    if (O.vm_mask & bit) {             /* an observer lane; its round checked the room (osq_round) */
+        const dtmk_u32 cn = atomicAdd(&O.cnt[hook], 1u);
+        if (cn < O.cap) {
+            uint4 *d = (uint4 *)&O.ring[O.base[hook] + cn];
+#pragma unroll
+            for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];
+            atomicAdd(&O.n, 1u);
+            atomicMax(&O.maxc, cn + 1);
+            W.osq_lo = min(W.osq_lo, step);    /* the round lowers OSQ_W_LOW before the tails */
+        } else {
+            atomicSub(&O.cnt[hook], 1u);
+            obs_lost(W, hook, step);
+        }
+    }
+#else
     if (O.vm_mask & bit) {
         const dtmk_u32 cn = O.cnt[hook];
         if (cn < O.cap) {
@@ -589,11 +651,7 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
             const dtmk_u32 lo = min(step, O.acc_min);
             if (lo < O.pub) {
                 O.pub = lo;
-#ifdef DTMK_OBS_SM
-                *(volatile dtmk_u32 *)&osq_hdr(P)->low = lo;   /* (the worker held its row before its signal) */
-#else
                 *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = lo;
-#endif
             }
             O.cnt[hook] = cn + 1; O.n += 1;
             if (cn >= O.maxc) O.maxc = cn + 1;
@@ -601,6 +659,7 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
             obs_lost(W, hook, step);
         }
     }
+#endif
     if (!(O.ring_mask & bit)) return;
 #endif
     /* streaming ring: hook_head = records stored; slot n % cap (W.hook_slot: no 64-bit

@@ -22,9 +22,9 @@ _S = {}
 #: -DDTMK_REC_GLOBAL, the old record path (the global task table), and the session-8
 #: variant -DDTMK_HOLD_EAGER (the full pre-signal hold always; the default holds lazily: no
 #: pre-signal hold work when no program reads request_gen)
-#: -DDTMK_OBS_SM: the observer SM (a DRAFT of session 13: one SM runs the VM over every
-#: worker's records; kernels/megakernel.cu "observer SM").  Exact on the H200 (these
-#: tests), but slow: its single warp lags (docs/results/hooks.md "Session 13")
+#: -DDTMK_OBS_SM: the observer SM (one SM's warps run the VM over every worker's records;
+#: kernels/megakernel.cu "observer SM"; session 13's one-warp draft, several warps with
+#: lane-parallel record building since session 14)
 OBSSM = ("DTMK_OBS_SM",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm"])
@@ -88,6 +88,35 @@ def test_attached_before_launch_matches_reference_exactly(defines):
             assert tot(snap.coverage, k) == tot(ref_cov, k), k
         assert tot(snap.coverage, "eligible") > 0
         assert int(snap.state["lost"].sum()) == 0
+    finally:
+        live.detach(aid)
+
+
+def test_observer_sm_warps_on_1b_match_reference_exactly():
+    """1b gives the observer SM several warps (each its own Obs in the launch's dynamic
+    shared memory: mk_obs_sm.cuh osq_nwarps), each serving a slice of the workers with one
+    entry per lane at a time: the maps and coverage still equal the reference replay of
+    the host ring the observer wrote, and more than one warp did the work (each warp
+    counts its drains in its own row k)."""
+    from dtrace_mk.megakernel import gpu
+    live = session("1b", OBSSM)
+    mon = summary(live)
+    aid = live.attach(mon.obj)
+    try:
+        live.start(3, hooks="all")
+        res = live.wait()
+        assert res.hooks_dropped == 0
+        snap = live.snapshot(aid)
+        assert snap.final_epoch == 2 and not snap.partial
+        ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
+        for name in ("lat", "dep_wait", "queue"):
+            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+        tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
+        for k in ("eligible", "executed", "throttled", "lost"):
+            assert tot(snap.coverage, k) == tot(ref_cov, k), k
+        assert tot(snap.coverage, "eligible") > 0 and int(snap.state["lost"].sum()) == 0
+        drained = live.read_state()[:, gpu.OBS_NAMES.index("drained")]
+        assert int((drained > 0).sum()) > 1, drained[:8]
     finally:
         live.detach(aid)
 
@@ -282,17 +311,18 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
     assert (live.mk.run(2).tokens >= 0).all()
 
 
-@pytest.mark.parametrize("name", ["tiny", "1b"])
-def test_final_epochs_are_complete_while_the_kernel_runs(name):
+@pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm"])
+def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --
     its task:end coverage row counts every task of the step, never a partial one -- and
     final epochs advance while the kernel runs.  (Written for session 13's observer warp,
-    whose raise went through thread 0; kept for the default build.  The observer SM draft
-    fails it: its observer lags, so no queue is ever empty when its worker looks.)"""
+    whose raise went through thread 0.  Session 13's one-warp observer SM failed it: it
+    lagged, so no queue was ever empty when its worker looked.)"""
     from collections import Counter
     from dtrace_mk.runtime.device import COV_ROWS
-    live = session(name)
+    live = session(name, defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
     steps = 300 if name == "1b" else 3000        # ~0.35 s: many snapshots while it runs

@@ -108,6 +108,7 @@ __device__ __noinline__ void dtmk_cm_run_records(const struct dtmk_hook_table *t
     const unsigned lane = threadIdx.x & 31;
     const bool valid = lane < n;
     const struct dtmk_ctx *c = recs + (valid ? lane : 0);
+    if (worker == DTMK_WORKER_OF_CTX) worker = valid ? c->worker : 0u;   /* a batch of several workers */
     dtmk_u32 hook = valid ? c->hook : 0u;
     if (hook >= DTMK_NUM_HOOKS) hook = 0;
     const dtmk_u32 epoch = valid ? c->decode_step : 0u;

@@ -112,14 +112,16 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_INL_DESC_ONLY     /* the site form runs descriptors only: no compiled programs to call */
 #endif
 #include "bpf_inline.cuh"      /* the site form (shadow, descriptors); already in via bpf_compiled.cuh */
-#if !defined(DTMK_NO_HOOKS) && (defined(DTMK_SITE_FORM) || defined(DTMK_COMPILED_TIER))
+#if !defined(DTMK_NO_HOOKS) && (defined(DTMK_SITE_FORM) || defined(DTMK_COMPILED_TIER)) && !defined(DTMK_OBS_SM)
 /* The site form: hook slots flagged DTMK_PROG_F_INLINE run at the site (aggregation
  * descriptors; compiled inline programs) with their updates in the shadow.  In the
  * compiled tier's linked kernels, and with -DDTMK_SITE_FORM (bench variant siteform).
  * Not in the default hook build: measured on 1b (docs/results/hooks.md "Session 10") it
  * cost the off path ~3.5 points (+6.1% vs +2.4% over no hooks, same run) while the hot
  * summary from descriptors (+36.9%) was no faster in us per step than the VM summary of
- * the build without it; without it every slot takes records through the ring and the VM */
+ * the build without it; without it every slot takes records through the ring and the VM.
+ * Not with the observer SM: its compiled tier runs the linked programs over the records
+ * (dtmk_cm_run_records), off the workers' path like the VM */
 #define HK_SITE_FORM
 #endif
 #endif
@@ -163,7 +165,7 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
  * signal's MEMBAR orders the entry before the head: no fence of its own); records
  * built elsewhere (hook_event, gen:advance) are pushed with a fence.  The observer runs
  * K warps (mk_obs_sm.cuh: as many as the launch's dynamic shared memory holds an Obs
- * for, DTMK_OBS_WARPS at most), warp k serving workers k, k + K, ...: each lane pops one
+ * for, DTMK_OBS_SM_WARPS at most), warp k serving workers k, k + K, ...: each lane pops one
  * worker's next entry and builds its records (hook_flush: the warp's ring, the host
  * ring), so a round builds up to 32 tasks' records at once; the VM runs batches that mix
  * workers (each lane takes its record's worker); coverage accumulates per epoch parity.
@@ -187,8 +189,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_HANDOFF) || defined(DTMK_SITE_FORM) || \
-                             defined(DTMK_COMPILED_TIER) || defined(DTMK_OBS_PROF))
-#error "-DDTMK_OBS_SM: a plain hook build only (no handoff, site form, compiled tier, profiling yet)"
+                             defined(DTMK_OBS_PROF))
+#error "-DDTMK_OBS_SM: a hook build or its compiled tier (no handoff, site form, profiling yet)"
 #endif
 
 /* ---- grid handoff -------------------------------------------------------------------

@@ -4,15 +4,15 @@
  * of the workers (w = k, k + K, ...); each lane runs one worker's next entry at a time, so
  * a warp builds up to 32 tasks' records at once and the VM runs them as full batches. */
 #ifdef DTMK_OBS_SM
-#ifndef DTMK_OBS_WARPS
-#define DTMK_OBS_WARPS 8   /* observer warps at most (1b: ~26 K records per step need several) */
+#ifndef DTMK_OBS_SM_WARPS
+#define DTMK_OBS_SM_WARPS 8   /* observer warps at most (1b: ~26 K records per step need several) */
 #endif
 /* the observer warps of this launch: as many as have an Obs (warp 0 the static one, the
- * others in the dynamic shared memory the launch gives every CTA), DTMK_OBS_WARPS at most */
+ * others in the dynamic shared memory the launch gives every CTA), DTMK_OBS_SM_WARPS at most */
 __device__ __forceinline__ dtmk_u32 osq_nwarps() {
     dtmk_u32 dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    return min(min((dtmk_u32)DTMK_OBS_WARPS, blockDim.x / 32u), 1u + dyn / (dtmk_u32)sizeof(Obs));
+    return min(min((dtmk_u32)DTMK_OBS_SM_WARPS, blockDim.x / 32u), 1u + dyn / (dtmk_u32)sizeof(Obs));
 }
 /* an observer lane: worker w's host-ring cursor into W (the lane's Worker) / back */
 __device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm) {
@@ -134,7 +134,9 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             any = true;
             if (O.cap) {                       /* room for one record per hook and entry */
                 while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
-                if (O.n && O.maxc + (dtmk_u32)__popc(todo) > O.cap) obs_sync(P, Wk, false, seen);
+                /* (flushing only epochs 2 behind the newest: the two accumulator ways hold
+                 * the newest and the one before, which stragglers still add to) */
+                if (O.n && O.maxc + (dtmk_u32)__popc(todo) > O.cap) obs_sync(P, Wk, false, seen ? seen - 1 : 0u);
             }
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;

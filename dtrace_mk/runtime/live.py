@@ -91,13 +91,16 @@ def linked_runtime(num_workers: int, mk=None, inline: bool = True, **kw):
     from .compiled import _CompiledMixin, build_linked, megakernel_spec
     from .device import DeviceRuntime
     spec = megakernel_spec(getattr(mk, "defines", ()))   # e.g. the -DDTMK_REC_GLOBAL build
+    # the observer SM's kernels have no site form: its warps run every program, compiled
+    # or not, over the records (megakernel.cu "observer SM")
+    site_form = not getattr(mk, "obs_sm", False)
 
     class LinkedRuntime(_CompiledMixin, DeviceRuntime):
         def __init__(self):
-            kw.setdefault("descriptors", True)           # linked kernels have the site form
+            kw.setdefault("descriptors", site_form)      # linked kernels have the site form
             DeviceRuntime.__init__(self, num_workers, harness=False, clock_from_ctx=False, **kw)
             self._cm_init()
-            self.inline_tier = inline
+            self.inline_tier = inline and site_form
             self.mk = mk
             self._module_src: Optional[str] = None
             self.last_build = None

@@ -87,6 +87,27 @@ def test_megakernel_stage1_link_with_the_summary_monitor():
     assert all(f"dtmk_cm_hook_{h}".encode() in cubin for h in hooks)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_observer_sm_compiled_tier_links(stage):
+    """The compiled tier of an observer-SM build (-DDTMK_OBS_SM: no site form; the
+    observer's warps run the linked programs over the records through
+    dtmk_cm_run_records): the define reaches the link, both stages link, and at stage 2
+    the monitor is inlined into the observer's drain (no hook entry point left)."""
+    from dtrace_mk.runtime.live import link_megakernel, summary_monitor
+    defines = ("DTMK_OBS_SM",)
+    assert "DTMK_OBS_SM" in C.megakernel_spec(defines).defines
+    mon = summary_monitor()
+    rt = C.HostCompiledRuntime(4)
+    rt.attach(mon.obj)
+    cubin, _ = link_megakernel(rt.monitor(), "sm_90a", stage=stage, defines=defines)
+    assert cubin[:4] == b"\x7fELF" and b"dtmk_megakernel" in cubin
+    hooks = {p.hook.id for p in mon.obj.programs}
+    entry = [f"dtmk_cm_hook_{h}".encode() in cubin for h in hooks]
+    assert all(entry) if stage == 1 else not any(entry)
+    if stage == 1:                                         # not the default kernel (its cubin is cached)
+        assert cubin != link_megakernel(rt.monitor(), "sm_90a", stage=1)[0]
+
+
 def test_kernel_cache_key_covers_every_include(tmp_path, monkeypatch):
     """The stage-1 kernel cubin is cached by the hash of the kernel's include closure: an
     edit to any included file (here a copy of kernels/ with mk_ops.cuh touched) changes it."""

@@ -7,6 +7,24 @@
 #ifndef DTMK_OBS_SM_WARPS
 #define DTMK_OBS_SM_WARPS 8   /* observer warps at most (1b: ~26 K records per step need several) */
 #endif
+/* -DDTMK_OSQ_STATS (tools/obs_sm_probe.py; measurement only): per observer warp k, u64
+ * dtmk_osq_stats[k][i]: [0] rounds that ran entries, [1] entries, [2] idle scans, [3]
+ * drains for room inside a round, [4..7] SM cycles scanning heads / building records /
+ * in obs_sync (room drains, idle drains, reloads) / lowering OSQ_W_LOW + fence + tails,
+ * [8] the largest head - tail seen, [9] idle drains; and per launch
+ * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited */
+#define OSQ_STATS_N 10
+#ifdef DTMK_OSQ_STATS
+extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
+__device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
+#define OSQ_T0(name) const long long name = clock64()
+#define OSQ_ADD(i, v) do { if ((threadIdx.x & 31) == 0) dtmk_osq_stats[k * OSQ_STATS_N + (i)] += (v); } while (0)
+#define OSQ_CYC(i, name) OSQ_ADD(i, (unsigned long long)(clock64() - (name)))
+#else
+#define OSQ_T0(name)
+#define OSQ_ADD(i, v) do { } while (0)
+#define OSQ_CYC(i, name) do { } while (0)
+#endif
 /* the observer warps of this launch: as many as have an Obs (warp 0 the static one, the
  * others in the dynamic shared memory the launch gives every CTA), DTMK_OBS_SM_WARPS at most */
 __device__ __forceinline__ dtmk_u32 osq_nwarps() {
@@ -118,6 +136,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
     for (;;) {
         bool any = false, all_done = true;
         for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
+            OSQ_T0(c_scan);
             const dtmk_u32 w = k + (g0 + lane) * K;
             dtmk_u64 head = 0, tail = 0, done = 1;
             if (w < nw) {
@@ -130,18 +149,35 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             }
             all_done = __all_sync(0xffffffffu, done != 0 && head == tail) && all_done;
             unsigned todo = __ballot_sync(0xffffffffu, head != tail);
+#ifdef DTMK_OSQ_STATS
+            {
+                const unsigned long long lag = __reduce_max_sync(0xffffffffu, (dtmk_u32)(head - tail));
+                if (lane == 0 && lag > dtmk_osq_stats[k * OSQ_STATS_N + 8]) dtmk_osq_stats[k * OSQ_STATS_N + 8] = lag;
+            }
+#endif
+            OSQ_CYC(4, c_scan);
             if (!todo) continue;
             any = true;
             if (O.cap) {                       /* room for one record per hook and entry */
                 while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
                 /* (flushing only epochs 2 behind the newest: the two accumulator ways hold
                  * the newest and the one before, which stragglers still add to) */
-                if (O.n && O.maxc + (dtmk_u32)__popc(todo) > O.cap) obs_sync(P, Wk, false, seen ? seen - 1 : 0u);
+                if (O.n && O.maxc + (dtmk_u32)__popc(todo) > O.cap) {
+                    OSQ_T0(c_sync);
+                    obs_sync(P, Wk, false, seen ? seen - 1 : 0u);
+                    OSQ_CYC(6, c_sync);
+                    OSQ_ADD(3, 1);
+                }
             }
+            OSQ_T0(c_build);
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;
             if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, w, tail);
             __syncwarp();
+            OSQ_CYC(5, c_build);
+            OSQ_ADD(0, 1);
+            OSQ_ADD(1, __popc(todo));
+            OSQ_T0(c_tail);
             seen = max(seen, __reduce_max_sync(0xffffffffu, st));
             /* the ring's epochs held (OSQ_W_LOW) before the tails: a worker that reads its
              * tail == head then raises OBS_PENDING only to a low that holds them */
@@ -154,6 +190,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             __threadfence();                   /* (every lane: its records and the low before its tail) */
             if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;
             __syncwarp();
+            OSQ_CYC(7, c_tail);
         }
         if (all_done) break;
         if (O.tables) {
@@ -166,16 +203,21 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             if (gen != O.gen_seen) {                  /* new tables: the records held first */
                 if (lane == 0) O.reload = 1;
                 __syncwarp();
+                OSQ_T0(c_sync);
                 obs_sync(P, Wk, false, ~0u);
+                OSQ_CYC(6, c_sync);
                 if (!O.reload) osq_publish_tables(P);
                 continue;
             }
             if (!any && (O.n || O.acc_min < seen)) {
+                OSQ_T0(c_sync);
                 obs_sync(P, Wk, false, seen);         /* drain, flush epochs < the highest step seen */
+                OSQ_CYC(6, c_sync);
+                OSQ_ADD(9, 1);
                 continue;
             }
         }
-        if (!any) __nanosleep(500);
+        if (!any) { OSQ_ADD(2, 1); __nanosleep(500); }
     }
     __syncwarp();
     if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */

@@ -191,12 +191,31 @@ __device__ __forceinline__ void osq_set_low(const MkParams &P, dtmk_u32 lo) {
     for (dtmk_u32 w = O.osq_k + (threadIdx.x & 31) * O.osq_nw; w < (dtmk_u32)P.n_workers; w += 32 * O.osq_nw)
         *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_LOW) = lo;
 }
+#ifdef DTMK_OSQ_STATS
+extern "C" __device__ unsigned long long dtmk_osq_wstats[2];   /* (mk_obs_sm.cuh DTMK_OSQ_STATS) */
+__device__ unsigned long long dtmk_osq_wstats[2];
+#endif
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
+#ifdef DTMK_OSQ_STATS
+    const long long c0 = clock64();
+    bool waited = false;
+#endif
     while (W.osq_head - W.osq_tail >= OSQ_N) {
         W.osq_tail = osq_ld(osq_w(P, W.worker) + OSQ_W_TAIL);
-        if (W.osq_head - W.osq_tail >= OSQ_N) __nanosleep(256);
+        if (W.osq_head - W.osq_tail >= OSQ_N) {
+            __nanosleep(256);
+#ifdef DTMK_OSQ_STATS
+            waited = true;
+#endif
+        }
     }
+#ifdef DTMK_OSQ_STATS
+    if (waited) {
+        atomicAdd(&dtmk_osq_wstats[0], 1ull);
+        atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
+    }
+#endif
     return osq_entry(P, W.worker, W.osq_head);
 }
 /* worker thread 0: the slot written becomes visible (fence: whether a MEMBAR since the

@@ -79,10 +79,13 @@ ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a g
 WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
 CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queues (megakernel.cu "observer SM")
-#: -DDTMK_OBS_SM (DRAFT of session 13: exact on the H200, slow): the observer queues' layout -- a
+#: -DDTMK_OBS_SM (opt-in; megakernel.cu "observer SM"): the observer queues' layout -- a
 #: header, then per worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
 OSQ_N, OSQ_HDR_BYTES = 64, 64
 OSQ_W_BYTES = 64 + OSQ_N * 128
+#: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
+#: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
+OBS_SM_WARPS_MAX = 8
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -475,10 +478,10 @@ class Megakernel:
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
         dev = cp.cuda.Device()
-        # -DDTMK_OBS_SM (draft): one SM is the observer's; the graph is planned for the rest
+        # -DDTMK_OBS_SM: one SM is the observer's; the graph is planned for the rest
         self.obs_sm = "DTMK_OBS_SM" in defines
         if self.obs_sm and (handoff or (tp is not None and tp.ranks > 1) or "DTMK_SM_WORKER" in defines):
-            raise UserError("DTMK_OBS_SM (a draft): one rank, no grid handoff, no worker placement yet")
+            raise UserError("DTMK_OBS_SM: one rank, no grid handoff, no worker placement yet")
         self.num_workers = num_workers or dev.attributes["MultiProcessorCount"] - (1 if self.obs_sm else 0)
         self.grid = self.num_workers + (1 if self.obs_sm else 0)   # CTAs of a launch (+ the observer)
         self.tp = tp if tp is not None and tp.ranks > 1 else None
@@ -1031,7 +1034,7 @@ class Megakernel:
         run out_rows steps ahead of the last poll).  Collective with tensor parallelism.
         trace: not in resident launches (its ring does not stream)."""
         if self.obs_sm:
-            raise UserError("start_resident: DTMK_OBS_SM (a draft) runs start() / run() launches only")
+            raise UserError("start_resident: DTMK_OBS_SM runs start() / run() launches only (not resident yet)")
         cp = self.cp
         if trace:
             raise UserError("Megakernel.start_resident: the built-in task trace does not stream; "

@@ -1,6 +1,6 @@
-"""CI (no GPU): the observer SM (-DDTMK_OBS_SM; a DRAFT of session 13, exact on the H200
-(tests/gpu/test_hot_attach.py *obssm*) but slow -- kernels/megakernel.cu "observer SM",
-docs/dev/hook_cost_analysis.md "Session 13").
+"""CI (no GPU): the observer SM (-DDTMK_OBS_SM, opt-in -- kernels/megakernel.cu "observer
+SM", kernels/mk_obs_sm.cuh; session 13's one-warp draft was exact on the H200 but slow,
+session 14 gave it K warps with lane-parallel record building and its compiled tier).
 The build compiles, refuses what it does not support, leaves every other build's code
 alone, lays out its queues as the host does, and keeps the epoch protocol's order."""
 import re
@@ -24,14 +24,18 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("defines", [("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN")], ids=["tiny", "1b"])
+@pytest.mark.parametrize("defines", [("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN"),
+                                     ("DTMK_OBS_SM", "DTMK_OSQ_STATS")], ids=["tiny", "1b", "stats"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
     assert ".entry dtmk_megakernel" in ptx and "osq_observer" in ptx
+    assert ("dtmk_osq_stats" in ptx) == ("DTMK_OSQ_STATS" in defines)
+    # the Obs of the observer build: the size the 1b / tiny warp counts above assume
+    assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 
 
-@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_HANDOFF", "DTMK_SITE_FORM", "DTMK_COMPILED_TIER"])
+@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_HANDOFF", "DTMK_SITE_FORM", "DTMK_OBS_PROF"])
 def test_unsupported_combinations_are_refused_at_compile_time(other):
     with pytest.raises(Exception, match="DTMK_OBS_SM"):
         nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
@@ -44,6 +48,42 @@ def test_queue_layout_is_the_hosts():
     assert val("OSQ_W_BYTES") == "(64 + OSQ_N * 128)" and gpu.OSQ_W_BYTES == 64 + gpu.OSQ_N * 128
     assert int(val("CTL_OBSQ")) == gpu.CTL_OBSQ and gpu.CTL_OBSQ + 1 < gpu.CTL_WORDS
     assert gpu.CTL_OBSQ not in (gpu.CTL_SM_MAP, gpu.CTL_SM_MAP + 1)
+    words = [int(val(w)) for w in ("OSQ_W_HEAD", "OSQ_W_TAIL", "OSQ_W_DONE", "OSQ_W_HOOK_N", "OSQ_W_HOOK_SLOT",
+                                   "OSQ_W_HOOK_DROP", "OSQ_W_MASK", "OSQ_W_LOW")]
+    assert sorted(words) == list(range(8))                  # the 64 bytes of a worker's words, each once
+    assert int(val("DTMK_OBS_SM_WARPS")) == gpu.OBS_SM_WARPS_MAX
+
+
+def test_each_observer_warp_has_its_own_obs_within_the_dynamic_shared_memory():
+    """Warp 0 keeps the static Obs (a worker CTA's only one); observer warp k > 0 the
+    (k-1)th in the dynamic shared memory, and a launch runs only as many warps as that
+    memory holds (1b: 6; tiny: 1).  The observer CTA clears its Obs per warp: the kernel's
+    CTA-wide clearing loops skip it (warps past the last Obs would write out of bounds)."""
+    f = body("obs_self")
+    assert "k == 0 || !osq_is_observer() ? O_w0 : ((Obs *)smem)[k - 1]" in f
+    n = body("osq_nwarps")
+    assert "%%dynamic_smem_size" in n and "1u + dyn / (dtmk_u32)sizeof(Obs)" in n and "DTMK_OBS_SM_WARPS" in n
+    k = body("dtmk_megakernel")
+    guard = k.index("if (!osq_is_observer()) {          /* (each observer warp clears its own Obs")
+    assert guard < k.index("((dtmk_u32 *)O.tabs)[i] = 0") < k.index("O.accs[i].cov = 0")
+    o = body("osq_observer")
+    assert o.index("if (k >= K) return;") < o.index("((dtmk_u32 *)O.tabs)[i] = 0") < o.index("obs_init(P, Wk)")
+    for nb, ptx_warps in ((4928, 1), (149952, 6)):            # tiny / 1b's dynamic bytes at batch 1
+        assert min(gpu.OBS_SM_WARPS_MAX, 1 + nb // 29264) == ptx_warps   # sizeof(Obs) of the OBS_SM build
+
+
+def test_a_round_takes_one_entry_per_lane_with_room_for_its_records():
+    """Each lane builds one worker's next entry; ring slots come from shared-memory
+    atomics, and the round first drains a ring without room for one record per hook and
+    entry (an entry makes at most one record per hook), so no record is lost to a race."""
+    o = body("osq_observer")
+    room = o.index("O.maxc + (dtmk_u32)__popc(todo) > O.cap")
+    assert o.index("while ((dtmk_u32)__popc(todo) > O.cap)") < room < o.index("osq_run_entry(P, Wl, w, tail)")
+    s = body("hk_store")
+    obs = s[s.index("#ifdef DTMK_OBS_SM\n    if (O.vm_mask & bit)"):]
+    assert "atomicAdd(&O.cnt[hook], 1u)" in obs and "atomicSub(&O.cnt[hook], 1u)" in obs
+    assert "W.osq_lo = min(W.osq_lo, step)" in obs
+    assert re.search(r"HK_ORDER \(\(DTMK_HOOK_DEP_RELEASE\)", SRC)        # each hook once per task
 
 
 def test_the_entry_goes_before_the_release_signal_and_its_head_after():
@@ -59,11 +99,18 @@ def test_the_entry_goes_before_the_release_signal_and_its_head_after():
 
 
 def test_obs_pending_rises_only_after_the_observer_consumed_the_queue():
+    """A worker raises its row to OSQ_W_LOW only once its tail reached its head; the
+    observer lowers OSQ_W_LOW to the round's record epochs and fences before the tails;
+    an epoch publish (obs_sync) fences the coverage flushes before the new low."""
     r = body("osq_raise")
-    assert r.index("OSQ_W_TAIL) != W.osq_head") < r.index("->low") < r.index("__threadfence()") \
+    assert r.index("OSQ_W_TAIL) != W.osq_head") < r.index("a + OSQ_W_LOW") < r.index("__threadfence()") \
         < r.index("OBS_PENDING")
-    run = body("osq_run_worker")
-    assert run.index("hook_flush(P, W)") < run.index("__threadfence();") < run.index("OSQ_W_TAIL) = tail")
+    o = body("osq_observer")
+    assert o.index("osq_run_entry(P, Wl, w, tail)") < o.index("osq_set_low(P, lo)") \
+        < o.index("__threadfence();                   /* (every lane: its records") < o.index("OSQ_W_TAIL) = tail + 1")
+    s = body("obs_sync")
+    pub = s[s.index("#ifdef DTMK_OBS_SM\n            __threadfence();"):]
+    assert pub.index("__threadfence()") < pub.index("osq_set_low(P, keep)")
 
 
 def test_workers_build_no_record_and_load_no_tables():
@@ -72,12 +119,12 @@ def test_workers_build_no_record_and_load_no_tables():
     s = body("hk_store")
     assert s.index("if (!osq_is_observer())") < s.index("osq_publish(P, W, true)") < s.index("O.vm_mask & bit")
     assert "if (!osq_is_observer()) O.reload = 0;" in SRC
-    assert "O.vm_mask = ld_volatile_u32(&osq_hdr(P)->mask)" in body("refresh_control")
+    assert "O.vm_mask = (dtmk_u32)osq_ld(osq_w(P, W.worker) + OSQ_W_MASK)" in body("refresh_control")
 
 
 def test_the_observer_ends_every_workers_rows():
     o = body("osq_observer")
-    end = o[o.rindex("obs_sync(P, W, false, ~0u)"):]
+    end = o[o.rindex("obs_sync(P, Wk, false, ~0u)"):]
     assert "OBS_PENDING) = ~0ull" in end and "OBS_DONE) = 1" in end and "P.hook_head)[w]" in end
 
 
@@ -103,10 +150,23 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
         mk.start_resident()
 
 
-def test_bench_hooks_runs_the_draft_as_a_build_variant():
-    """bench/hooks.py --variants obssm: its hot runs side by side with the default build
-    (no compiled tier in the draft: the kernel #errors with DTMK_COMPILED_TIER)."""
+def test_bench_hooks_runs_the_observer_sm_as_build_variants():
+    """bench/hooks.py --variants obssm,obssm1: the hot runs and the compiled tier (the
+    observer runs the linked programs) side by side with the default build; obssm1 pins
+    one observer warp (session 13's draft had one)."""
     from tests.bench_tables import hooks_table
-    assert hooks_table("BUILD_VARIANTS")["obssm"] == ("DTMK_OBS_SM",)
-    assert "summary_cm" not in hooks_table("BUILD_VARIANT_RUNS")["obssm"]
-    assert "DTMK_OBS_SM" in hooks_table("HOOK_ONLY_DEFINES")
+    v, runs = hooks_table("BUILD_VARIANTS"), hooks_table("BUILD_VARIANT_RUNS")
+    assert v["obssm"] == ("DTMK_OBS_SM",) and v["obssm1"] == ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS=1")
+    assert "summary_cm" in runs["obssm"] and "summary" in runs["obssm1"]
+    assert {"DTMK_OBS_SM", "DTMK_OBS_SM_WARPS"} <= set(hooks_table("HOOK_ONLY_DEFINES"))
+
+
+def test_the_probe_reads_the_kernels_counters():
+    """tools/obs_sm_probe.py names the counters of -DDTMK_OSQ_STATS in the kernel's order."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("probe", KERNEL_DIR.parent / "tools" / "obs_sm_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert int(re.search(r"#define OSQ_STATS_N (\d+)", OBS_SM_SRC).group(1)) == len(probe.STAT_NAMES)
+    for i, name in ((0, "rounds"), (1, "entries"), (3, "room_drains"), (5, "cyc_build"), (8, "max_lag")):
+        assert probe.STAT_NAMES[i] == name

@@ -1,0 +1,108 @@
+"""Where the observer SM's time goes (GPU; measurement only): the hot summary monitor in
+the default hook build and in the observer-SM build (-DDTMK_OBS_SM -DDTMK_OSQ_STATS), side
+by side on the same weights, then the observer warps' counters of one more launch.
+
+    python tools/obs_sm_probe.py [--presets tiny,1b] [--reps 5] [--steps N] [--out DIR]
+
+Per preset: us/step (median over alternating launches, round 0 a warm-up) of `default`
+(summary attached), `obssm` (summary attached) and `obssm_plain` (nothing attached);
+tokens checked equal.  Then per observer warp (kernels/mk_obs_sm.cuh DTMK_OSQ_STATS):
+rounds, entries per round, idle scans, room drains, the largest queue lag, and the SM
+cycles in scanning / building / obs_sync / tails per step; and how often (and how long) a
+worker found its queue full -- the backpressure that turns observer lag into step time."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+STEPS = {"tiny": 64, "1b": 16}
+STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc_build", "cyc_sync", "cyc_tail",
+              "max_lag", "idle_drains")
+OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
+
+
+def probe_preset(name: str, reps: int, steps: int, log) -> dict:
+    import cupy as cp
+    from benchio import timed_rounds
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.megakernel.reference import make_weights
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    cfg = PRESETS[name]
+    w = make_weights(cfg, 0)
+    mks = {"default": gpu.Megakernel(cfg, batch=1, weights=w),
+           "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES)}
+    lives = {k: LiveSession(m) for k, m in mks.items()}
+    for live in lives.values():
+        live.attach(summary_monitor(live.mk.graph.schema).obj)
+
+    def launch(key):
+        m = mks["obssm" if key.startswith("obssm") else key]
+        m.reset()
+        if key == "obssm_plain":
+            m.set_observer(0, None)
+            res = m.run(steps, poison=False)
+            m.set_observer(int(lives["obssm"].rt.tables.data.ptr), lives["obssm"].state)
+            return res
+        live = lives[key]
+        live.start(steps)
+        return live.wait()
+
+    keys = ["default", "obssm", "obssm_plain"]
+    times, last = timed_rounds(keys, reps, steps, launch)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    m = mks["obssm"]
+    stats = cp.ndarray((gpu.OBS_SM_WARPS_MAX * len(STAT_NAMES),), cp.uint64,
+                       memptr=m.module.get_global("dtmk_osq_stats"))
+    wstats = cp.ndarray((2,), cp.uint64, memptr=m.module.get_global("dtmk_osq_wstats"))
+    stats.fill(0)
+    wstats.fill(0)
+    launch("obssm")
+    st = stats.get().reshape(gpu.OBS_SM_WARPS_MAX, len(STAT_NAMES))
+    warps = [dict(zip(STAT_NAMES, (int(x) for x in row))) for row in st if row[0] or row[2]]
+    ws = wstats.get()
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+           "summary_obssm_vs_default_pct": 100.0 * (med["obssm"] / med["default"] - 1.0),
+           "summary_obssm_vs_plain_pct": 100.0 * (med["obssm"] / med["obssm_plain"] - 1.0),
+           "tokens_equal": bool(np.array_equal(last["default"].tokens, last["obssm"].tokens)
+                                and np.array_equal(last["obssm"].tokens, last["obssm_plain"].tokens)),
+           "observer_warps": warps, "full_queue_pushes": int(ws[0]), "full_queue_cycles": int(ws[1])}
+    log(str(out))
+    log(f"{name}: us/step default {med['default']:.1f}  obssm {med['obssm']:.1f}  obssm_plain "
+        f"{med['obssm_plain']:.1f}  (obssm summary vs plain {out['summary_obssm_vs_plain_pct']:+.1f}%)")
+    log(f"{'warp':>4} {'rounds':>7} {'ent/rnd':>7} {'idle':>7} {'drains':>6} {'lag':>4} "
+        f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9}   (cycles per step)")
+    for k, r in enumerate(warps):
+        per = lambda c: r[c] / steps  # noqa: E731
+        log(f"{k:>4} {r['rounds']:>7} {r['entries'] / max(r['rounds'], 1):>7.1f} {r['idle_scans']:>7} "
+            f"{r['room_drains']:>6} {r['max_lag']:>4} {per('cyc_scan'):>9.0f} {per('cyc_build'):>9.0f} "
+            f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f}")
+    log(f"workers found their queue full {out['full_queue_pushes']} times, {out['full_queue_cycles']} cycles")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="tiny,1b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=0, help="decode steps per launch (0: tiny 64, 1b 16)")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    if a.reps < 2:
+        ap.error("--reps must be >= 2 (round 0 is a warm-up)")
+    from benchio import run_presets
+    run_presets(a.out, "obs_sm_probe", a.presets,
+                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

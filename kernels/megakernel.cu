@@ -188,10 +188,16 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); low bits: the hook mask */
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
-#if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_HANDOFF) || defined(DTMK_SITE_FORM) || \
-                             defined(DTMK_OBS_PROF))
-#error "-DDTMK_OBS_SM: a hook build or its compiled tier (no handoff, site form, profiling yet)"
+#if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM) || defined(DTMK_OBS_PROF))
+#error "-DDTMK_OBS_SM: a hook build, its compiled tier or its handoff build (no site form, profiling yet)"
 #endif
+#ifdef DTMK_OBS_SM
+__shared__ dtmk_u32 s_osq_obs;     /* 1: this CTA is the observer (the last block, or the map's SM n_workers) */
+#define HO_OBSERVER s_osq_obs      /* (the observer resumes no worker) */
+#else
+#define HO_OBSERVER 0
+#endif
+#define MK_IDLE 7                  /* W.aborted: the observer's SM in a build without an observer (sm_worker) */
 
 /* ---- grid handoff -------------------------------------------------------------------
  * The off path of a hook build costs the persistent loop a few percent through code that
@@ -975,7 +981,9 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
  * grid handoff's successor CTA knows whose plan ran on its SM.  One block per SM and
  * every block resident (persistent) make the map a permutation when it covers the SMs
  * the grid gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] =
- * 3), as does a successor grid without a map. */
+ * 3), as does a successor grid without a map.  An observer-SM job's map names one SM
+ * n_workers: its CTA is the observer (-DDTMK_OBS_SM) or, in the lean grid, leaves at once
+ * (MK_IDLE) so that the hook grid's observer CTA finds the SM free. */
 __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     const dtmk_u64 map = (dtmk_u64)ctl[CTL_SM_MAP] | ((dtmk_u64)ctl[CTL_SM_MAP + 1] << 32);
@@ -987,8 +995,20 @@ __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     }
     if (map & 1) { ((int *)(map - 1))[blockIdx.x] = (int)W.sm; return; }   /* record the block order's placement */
     const int w = ((const int *)map)[W.sm];
+    if (w == (int)P.n_workers) {       /* the observer's SM (an observer-SM job's map has it) */
+        W.worker = 0;
+#ifdef DTMK_OBS_SM
+        s_osq_obs = 1;                 /* this CTA observes */
+#else
+        W.aborted = MK_IDLE;           /* any other build (the lean grid): leave the SM free at once */
+#endif
+        return;
+    }
     if (w < 0 || w >= (int)P.n_workers) { W.aborted = 3; atomicExch((unsigned int *)ctl + CTL_ABORT, 3u); return; }
     W.worker = (dtmk_u32)w;
+#ifdef DTMK_OBS_SM
+    s_osq_obs = 0;
+#endif
 }
 #define MK_WID W.worker          /* the worker of this block's SM */
 #else
@@ -1053,7 +1073,8 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
 #ifdef DTMK_OBS_SM
-        if (osq_is_observer()) W.worker = 0;   /* (its observer-state row: 0's) */
+        s_osq_obs = blockIdx.x == gridDim.x - 1;   /* (-DDTMK_SM_WORKER: the map's say, sm_worker) */
+        if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */
         W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
 #endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
@@ -1087,7 +1108,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     if (threadIdx.x == 0) {
 #ifdef HO_RESUME
         W.rs_step = (int)P.step0; W.rs_i = -1; W.rs_phant = 0;
-        if (P.handoff_in && !W.aborted) ho_resume(P, W);   /* before anything indexed by the worker */
+        if (P.handoff_in && !W.aborted && !HO_OBSERVER) ho_resume(P, W);   /* before anything indexed by the worker */
 #endif
         obs_init(P, W);
 #ifdef DTMK_OBS_SM
@@ -1097,6 +1118,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
 #endif
     MK_SYNC();
+#ifdef DTMK_SM_WORKER
+    if (W.aborted == MK_IDLE) return;  /* the observer's SM in a build without an observer */
+#endif
 #ifdef DTMK_OBS_SM
     if (osq_is_observer()) {           /* the observer SM: its loop instead of a plan */
         osq_observer(P);

@@ -79,7 +79,7 @@ struct __align__(16) Obs {
  * one (a worker CTA's only one), warp k > 0 the (k-1)th in the launch's dynamic shared
  * memory (mk_obs_sm.cuh osq_nwarps: as many as fit) */
 __shared__ Obs O_w0;
-__device__ __forceinline__ bool osq_is_observer() { return blockIdx.x == gridDim.x - 1; }
+__device__ __forceinline__ bool osq_is_observer() { return s_osq_obs != 0; }   /* (set at the kernel's start) */
 __device__ __forceinline__ Obs &obs_self() {
     extern __shared__ float smem[];
     const unsigned k = threadIdx.x >> 5;

@@ -86,6 +86,8 @@ OSQ_W_BYTES = 64 + OSQ_N * 128
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
+#: the defines of the observer SM (hook code: a handoff job's lean build leaves them out)
+OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS")
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -478,10 +480,11 @@ class Megakernel:
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
         dev = cp.cuda.Device()
-        # -DDTMK_OBS_SM: one SM is the observer's; the graph is planned for the rest
+        # -DDTMK_OBS_SM: one SM is the observer's; the graph is planned for the rest (the
+        # lean grid of a handoff job too: it leaves that SM free, megakernel.cu sm_worker)
         self.obs_sm = "DTMK_OBS_SM" in defines
-        if self.obs_sm and (handoff or (tp is not None and tp.ranks > 1) or "DTMK_SM_WORKER" in defines):
-            raise UserError("DTMK_OBS_SM: one rank, no grid handoff, no worker placement yet")
+        if self.obs_sm and tp is not None and tp.ranks > 1:
+            raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         self.num_workers = num_workers or dev.attributes["MultiProcessorCount"] - (1 if self.obs_sm else 0)
         self.grid = self.num_workers + (1 if self.obs_sm else 0)   # CTAs of a launch (+ the observer)
         self.tp = tp if tp is not None and tp.ranks > 1 else None
@@ -507,7 +510,9 @@ class Megakernel:
         self.defines = megakernel_defines(cfg, ranks, defines)
         self.block = MK_THREADS     # the launch's block size (one place)
         self.module = load_module(self.arch, "megakernel.cu", self.defines)
-        self.lean_defines = (megakernel_defines(cfg, ranks, base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
+        # (the observer SM's defines are the hook build's; its lean grid leaves that SM free)
+        lean_base = tuple(d for d in base if d.split("=")[0] not in OBS_SM_DEFINES) if handoff else ()
+        self.lean_defines = (megakernel_defines(cfg, ranks, lean_base + ("DTMK_NO_HOOKS", "DTMK_SM_WORKER"))
                              if handoff else None)
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)
@@ -682,8 +687,8 @@ class Megakernel:
         built before, start())."""
         params = self._params(steps, n_out)
         self._last_params = params   # keep alive until the launch completes
-        if lean:
-            self.lean_kernel((self.num_workers,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
+        if lean:      # (an observer-SM job: the lean CTA on the observer's SM leaves at once)
+            self.lean_kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         else:
             self._clear_obsq(stream)
             self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
@@ -705,6 +710,7 @@ class Megakernel:
         tools/handoff_probe.py).  Loaded here, it is placed on the first SM a lean worker
         frees (~3 us after it left, 1b and tiny, session 11)."""
         params = self._params(0, 0)
+        self._clear_obsq(None)
         kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
         self.cp.cuda.runtime.deviceSynchronize()
 
@@ -745,7 +751,8 @@ class Megakernel:
             pass
         ho["stream"] = cp.cuda.Stream(non_blocking=True)
         ho["end"] = cp.cuda.Event()
-        self.kernel((self.num_workers,), (self.block,), (ho["params"],), shared_mem=self.smem, stream=ho["stream"])
+        self._clear_obsq(ho["stream"])
+        self.kernel((self.grid,), (self.block,), (ho["params"],), shared_mem=self.smem, stream=ho["stream"])
         ho["end"].record(ho["stream"])
 
     def handoff_state(self, handle: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -865,7 +872,7 @@ class Megakernel:
             self._sm_rec = None
             self.sm_map = None
             return []
-        ids = probe_smids(self.num_workers, self.smem)
+        ids = probe_smids(self.grid, self.smem)      # (an observer-SM build: the observer's SM last)
         order = sorted(ids) if order is None else [int(x) for x in order]
         if sorted(order) != sorted(ids):
             raise UserError(f"Megakernel.place_workers: order must be a permutation of the SMs the grid "
@@ -884,7 +891,7 @@ class Megakernel:
         if self.handoff_ok:
             raise UserError("Megakernel.record_placement: a grid handoff needs the workers placed")
         self.sm_map = None
-        self._sm_rec = self.cp.full(self.num_workers, -1, self.cp.int32)
+        self._sm_rec = self.cp.full(self.grid, -1, self.cp.int32)   # (the observer's block last)
 
     def placement(self) -> List[int]:
         """The SM of each worker in the last launch since record_placement() (an order for

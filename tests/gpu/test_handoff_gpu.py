@@ -51,15 +51,21 @@ def assert_same_run(base, res):
 STEPS = {"tiny": 48, "small-moe": 24, "1b": 4}      # a few ms of lean grid
 
 
-@pytest.mark.parametrize("name, frac", [("tiny", 0.0), ("tiny", 0.5), ("small-moe", 0.0), ("small-moe", 0.2),
-                                        ("small-moe", 0.6), ("1b", 0.0), ("1b", 0.3)])
-def test_a_handoff_mid_run_changes_no_bit_and_loses_no_task(name, frac):
+#: the observer SM's job (-DDTMK_OBS_SM): both grids planned for SMs - 1 workers; the lean
+#: CTA on the observer's SM leaves at once, the hook grid's observer takes it (sm_worker)
+OBSSM = ("DTMK_OBS_SM",)
+
+
+@pytest.mark.parametrize("name, frac, defines", [("tiny", 0.0, ()), ("tiny", 0.5, ()), ("small-moe", 0.0, ()),
+                                                 ("small-moe", 0.2, ()), ("small-moe", 0.6, ()), ("1b", 0.0, ()),
+                                                 ("1b", 0.3, ()), ("tiny", 0.5, OBSSM), ("1b", 0.3, OBSSM)])
+def test_a_handoff_mid_run_changes_no_bit_and_loses_no_task(name, frac, defines):
     """The stop is asked before the launch (frac 0: every worker leaves at its first
     dependency wait) or, by the host, once some worker has done `after` tasks: frac of a
     typical worker's static tasks in the run (runs of a few ms, so the host's ask lands
     mid-run)."""
     from dtrace_mk.megakernel import gpu
-    m = megakernel(name)
+    m = megakernel(name, defines)
     steps = STEPS[name]
     plan = np.diff(m.tables["plan_off"].get())
     after = int(frac * steps * np.median(plan[plan > 0]))
@@ -126,13 +132,14 @@ def test_unspent_phantoms_are_re_added_by_the_successor():
     assert readded > 0, "no successor re-added phantoms: the test did not exercise them"
 
 
-@pytest.mark.parametrize("name", ["tiny", "1b"])
-def test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran(name):
+@pytest.mark.parametrize("name, defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm"])
+def test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran(name, defines):
     import time
     from dtrace_mk.lang.pipeline import compile_query
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.runtime.live import LiveSession
-    m = megakernel(name)
+    m = megakernel(name, defines)
     live = LiveSession(m)
     steps = 400 if name == "tiny" else 60
     base = m.run(steps)

@@ -25,7 +25,9 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("defines", [("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN"),
-                                     ("DTMK_OBS_SM", "DTMK_OSQ_STATS")], ids=["tiny", "1b", "stats"])
+                                     ("DTMK_OBS_SM", "DTMK_OSQ_STATS"),
+                                     ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER")],
+                         ids=["tiny", "1b", "stats", "handoff"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -35,7 +37,7 @@ def test_the_observer_sm_build_compiles(defines):
     assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 
 
-@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_HANDOFF", "DTMK_SITE_FORM", "DTMK_OBS_PROF"])
+@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM", "DTMK_OBS_PROF"])
 def test_unsupported_combinations_are_refused_at_compile_time(other):
     with pytest.raises(Exception, match="DTMK_OBS_SM"):
         nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
@@ -145,9 +147,59 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
     mk.launch(2, 2)
     assert launches == [(16,)]
     with pytest.raises(UserError, match="DTMK_OBS_SM"):
-        gpu.Megakernel(PRESETS["tiny"], batch=1, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"))
-    with pytest.raises(UserError, match="DTMK_OBS_SM"):
         mk.start_resident()
+
+
+def test_a_handoff_job_leaves_the_observer_its_sm_in_both_grids(fake_cupy, monkeypatch):
+    """Megakernel(handoff=True, defines=(DTMK_OBS_SM,)): both grids are planned for SMs - 1
+    workers and launch one CTA per SM; the placement map gives the last SM the id
+    n_workers -- the hook grid's observer, and a lean CTA that leaves at once -- the lean
+    build carries none of the observer's defines, and the queues are cleared for the hook
+    grid (launched while the lean one runs)."""
+    import contextlib
+    import ctypes
+    import types
+    from test_resident_host_cpu import _Event, _Stream
+    rt = fake_cupy.cuda
+    monkeypatch.setattr(gpu.Megakernel, "_preload", lambda self, k: None)
+    monkeypatch.setattr(gpu, "probe_smids", lambda blocks, smem: list(range(blocks))[::-1])
+    monkeypatch.setattr(gpu, "one_cta_per_sm", lambda fn, threads, smem: True)
+    rt.runtime = types.SimpleNamespace(memcpyAsync=lambda d, s_, n, k, st: ctypes.memmove(d, s_, n),
+                                       memcpyHostToDevice=1, memcpyDeviceToHost=2, deviceSynchronize=lambda: None)
+    rt.alloc_pinned_memory = lambda n: bytearray(n)
+    rt.Stream, rt.Event = _Stream, _Event
+    rt.get_current_stream = contextlib.nullcontext
+    m = gpu.Megakernel(PRESETS["tiny"], batch=2, handoff=True, defines=("DTMK_OBS_SM", "DTMK_OSQ_STATS"))
+    assert (m.num_workers, m.grid) == (15, 16)
+    assert {"DTMK_OBS_SM", "DTMK_OSQ_STATS", "DTMK_HANDOFF", "DTMK_SM_WORKER"} <= set(m.defines)
+    assert set(m.lean_defines) == {"DTMK_NO_HOOKS", "DTMK_SM_WORKER"}
+    assert list(m.sm_map) == list(range(16))        # SM 15 -> 15 == n_workers: the observer's SM
+    grids = []
+
+    def kern(tag):
+        def launch(grid, block, args, shared_mem=0, stream=None):
+            if tag == "lean":
+                m.buf["worker_state"][:, 5] = 2          # every lean CTA started
+            grids.append((tag, grid, bool(np.asarray(m.buf["obsq"]).any())))
+        return launch
+    m.kernel, m.lean_kernel = kern("hook"), kern("lean")
+    m.buf["obsq"].fill(7)                                # a previous launch's queues
+    h = m.start(3, lean=True)
+    assert m.handoff(h) is True
+    assert grids == [("lean", (16,), True), ("hook", (16,), False)]
+
+
+def test_the_map_names_the_observers_sm_and_the_lean_grid_leaves_it():
+    """sm_worker: map value n_workers is the observer's SM -- the observer-SM build's CTA
+    there observes (and resumes no worker), any other build's leaves at once (MK_IDLE)."""
+    f = body("sm_worker")
+    obs = f[f.index("if (w == (int)P.n_workers)"):f.index("if (w < 0 || w >= (int)P.n_workers)")]
+    assert "s_osq_obs = 1;" in obs and "W.aborted = MK_IDLE;" in obs and "W.worker = 0;" in obs
+    k = body("dtmk_megakernel")
+    assert "if (P.handoff_in && !W.aborted && !HO_OBSERVER) ho_resume(P, W);" in k
+    assert k.index("ho_resume(P, W)") < k.index("if (W.aborted == MK_IDLE) return;") < k.index("osq_observer(P)")
+    assert "s_osq_obs = blockIdx.x == gridDim.x - 1;" in k
+    assert body("osq_is_observer").count("s_osq_obs") == 1
 
 
 def test_bench_hooks_runs_the_observer_sm_as_build_variants():

@@ -1,0 +1,174 @@
+"""The observer SM's epoch protocol (kernels/megakernel.cu "observer SM", mk_obs_sm.cuh),
+model-checked: every interleaving of two workers, the observer warp(s) and a host
+snapshot, for a few decode steps, keeps the promise the host relies on -- an epoch the
+host calls final (min(steps finished, min OBS_PENDING) - 1, runtime/live.py) has all its
+records counted in the coverage it reads afterwards.
+
+The model is the protocol as the kernel implements it, one atomic action per ordered
+group of memory operations (each group is fenced or ordered by the kernel's MEMBARs):
+
+  worker, per task of step s:  hold OBS_PENDING <= s (hold_epoch) ; entry (osq_write_pend)
+      ; release signal ; head += 1 (osq_publish).  In a wait (before a task, and once all
+      are done): osq_raise -- if tail == head, OBS_PENDING := OSQ_W_LOW.
+  observer warp, a round (osq_observer): run the entries (records into the ring), lower
+      OSQ_W_LOW of its slice to min(their epochs, acc_min) when below what it published,
+      then the tails.  A drain (obs_sync): the ring into the accumulators (two ways by
+      epoch parity: a record of epoch e flushes way e % 2's other epoch); with the ring
+      empty, flush epochs < `upto` and publish the lowest epoch still held as OSQ_W_LOW.
+  host: read steps finished, then each worker's OBS_PENDING, then the coverage.
+
+Mutants (each one a known way to break the protocol) must be caught, so the checker is
+shown to look: tails before the low, a raise without the tail test, no hold before the
+signal, a publish while records are still in the ring."""
+from __future__ import annotations
+
+import pytest
+
+INF = 1 << 30
+
+
+def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None):
+    """Explore every interleaving; return None or the first violation's description.
+    `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous)."""
+    NW, S = n_workers, steps
+    slice_of = [w % warps for w in range(NW)]
+
+    # state: (wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host)
+    #  wpc[w]   worker's program point: 3 * task + k (k: 0 hold, 1 entry+signal, 2 head), 3*S = done
+    #  ring[k]  sorted tuple of epochs in warp k's ring; rphase[k]: None or (lanes, lo) mid-round
+    #  accs[k]  ((epoch, count) or None) per parity way; cov[e]: records of epoch e counted
+    #  host     None, or (phase, F, rows-so-far)
+    def steps_finished(sig):
+        f = 0
+        while f < S and sig[f] == NW:
+            f += 1
+        return f
+
+    start = (tuple([0] * NW), tuple([INF] * NW), tuple([INF] * NW), tuple([0] * NW), tuple([0] * S),
+             tuple([0] * NW), tuple([INF] * NW), tuple(() for _ in range(warps)),
+             tuple(((None, None), (None, None)) for _ in range(warps)), tuple([0] * S), tuple([INF] * warps),
+             tuple([0] * warps), tuple([None] * warps), None)
+
+    def rep(t, i, v):
+        return t[:i] + (v,) + t[i + 1:]
+
+    def succ(st):
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host = st
+        out = []
+        for w in range(NW):                                 # ---- workers
+            pc = wpc[w]
+            if pc < 3 * S:
+                s, k = divmod(pc, 3)
+                if k == 0:
+                    if mutant == "no_hold" or s >= pub[w]:
+                        out.append(rep(st, 0, rep(wpc, w, pc + 1)))
+                    else:
+                        out.append((rep(wpc, w, pc + 1), rep(pub, w, s), rep(row, w, s)) + st[3:])
+                elif k == 1:                                # entry, then the release signal
+                    out.append((rep(wpc, w, pc + 1),) + st[1:4] + (rep(sig, s, sig[s] + 1),) + st[5:])
+                else:
+                    out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
+            if pc % 3 == 0 and (mutant == "raise_any" or tail[w] == head[w]) and low[w] != pub[w]:
+                out.append((wpc, rep(pub, w, low[w]), rep(row, w, low[w])) + st[3:])   # osq_raise in a wait
+        for k in range(warps):                              # ---- observer warps
+            mine = [w for w in range(NW) if slice_of[w] == k]
+            if rphase[k] is None:
+                lanes = tuple(w for w in mine if tail[w] < head[w])
+                if lanes:                                   # run one entry per lane
+                    eps = tuple(tail[w] for w in lanes)     # entry i of a worker is its step i
+                    r2 = tuple(sorted(ring[k] + eps))
+                    sn = max(seen[k], max(eps))
+                    out.append(st[:7] + (rep(ring, k, r2),) + st[8:11] + (rep(seen, k, sn),
+                               rep(rphase, k, (lanes, min(eps), "low")), host))
+                for upto in {seen[k], max(seen[k] - 1, 0), INF}:
+                    out.append(drain(st, k, upto, mine))
+                if mutant == "publish_early" and ring[k]:      # the low from the ways alone, records still in the ring
+                    out.append(publish(st, k, min((e for e, _ in accs[k] if e is not None), default=INF), mine))
+            else:
+                lanes, lo, ph = rphase[k]
+                if ph == "low" and mutant != "tail_first" or ph == "low2":
+                    a_min = min((e for e, _ in accs[k] if e is not None), default=INF)
+                    lo2 = min(lo, a_min)
+                    l2 = low
+                    if lo2 < opub[k]:
+                        for w in mine:
+                            l2 = rep(l2, w, lo2)
+                    nxt = "tail" if ph == "low" else None
+                    opk = min(opub[k], lo2)
+                    out.append(st[:6] + (l2,) + st[7:10] + (rep(opub, k, opk),) + (seen,
+                               rep(rphase, k, (lanes, lo, nxt) if nxt else None), host))
+                if ph == "tail" or (ph == "low" and mutant == "tail_first"):
+                    t2 = tail
+                    for w in lanes:
+                        t2 = rep(t2, w, t2[w] + 1)
+                    nxt = None if ph == "tail" else (lanes, lo, "low2")
+                    out.append(st[:5] + (t2,) + st[6:12] + (rep(rphase, k, nxt), host))
+        if host is None:                                    # ---- host snapshot
+            out.append(st[:13] + (("rows", steps_finished(sig), ()),))
+        elif host[0] == "rows":
+            _, F, rows = host
+            if len(rows) < NW:
+                out.append(st[:13] + (("rows", F, rows + (row[len(rows)],)),))
+            else:
+                final = min(F, min(rows)) - 1
+                if finals is not None:
+                    finals.add(min(final, S - 1))
+                for e in range(0, min(final, S - 1) + 1):
+                    if cov[e] != NW:
+                        return None, f"epoch {e} final (F={F}, rows={rows}) with {cov[e]} of {NW} records counted"
+        return out, None
+
+    def drain(st, k, upto, mine):
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host = st
+        ways, c = list(accs[k]), list(cov)
+        for e in ring[k]:                                   # the VM run: coverage into the ways
+            way = ways[e % 2]
+            if way[0] is not None and way[0] != e:          # dtmk_cov_add: a new key flushes the old
+                c[way[0]] += way[1]
+                way = (None, None)
+            ways[e % 2] = (e, (way[1] or 0) + 1)
+        keep = INF
+        for i, (e, n) in enumerate(ways):                   # the ring is empty: flush epochs < upto
+            if e is not None and e < upto:
+                c[e] += n
+                ways[i] = (None, None)
+            elif e is not None:
+                keep = min(keep, e)
+        return publish((wpc, pub, row, head, sig, tail, low, rep(ring, k, ()), rep(accs, k, tuple(ways)), tuple(c),
+                        opub, seen, rphase, host), k, keep, mine)
+
+    def publish(st, k, keep, mine):
+        """OSQ_W_LOW of warp k's workers := keep (after the flushes it covers)."""
+        if keep == st[10][k]:
+            return st
+        low = st[6]
+        for w in mine:
+            low = rep(low, w, keep)
+        return st[:6] + (low,) + st[7:10] + (rep(st[10], k, keep),) + st[11:]
+
+    seen_states = {start}
+    todo = [start]
+    while todo:
+        st = todo.pop()
+        nxt, bad = succ(st)
+        if bad:
+            return bad
+        for n in nxt:
+            if n not in seen_states:
+                seen_states.add(n)
+                todo.append(n)
+                if len(seen_states) > limit:
+                    raise RuntimeError(f"more than {limit} states")
+    return None
+
+
+@pytest.mark.parametrize("n_workers, steps, warps", [(2, 2, 1), (2, 2, 2), (1, 3, 1)])
+def test_every_final_epoch_is_complete(n_workers, steps, warps):
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals) is None
+    assert finals == set(range(-1, steps)), finals        # snapshots saw every epoch become final
+
+
+@pytest.mark.parametrize("mutant", ["tail_first", "raise_any", "no_hold", "publish_early"])
+def test_the_checker_catches_a_broken_protocol(mutant):
+    assert check(2, 2, 1, mutant=mutant) is not None

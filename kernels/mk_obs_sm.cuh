@@ -32,14 +32,17 @@ __device__ __forceinline__ dtmk_u32 osq_nwarps() {
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     return min(min((dtmk_u32)DTMK_OBS_SM_WARPS, blockDim.x / 32u), 1u + dyn / (dtmk_u32)sizeof(Obs));
 }
-/* an observer lane: worker w's host-ring cursor into W (the lane's Worker) / back */
+/* an observer lane: worker w's host-ring cursor into W (the lane's Worker) / back; only
+ * while the host ring takes records (O.ring_mask; hk_store writes no other hook there) */
 __device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm) {
-    const dtmk_u64 *a = osq_w(P, w);
     W.worker = w; W.sm = sm;
+    if (!O.ring_mask) return;
+    const dtmk_u64 *a = osq_w(P, w);
     W.hook_n = a[OSQ_W_HOOK_N]; W.hook_slot = a[OSQ_W_HOOK_SLOT]; W.hook_drop = a[OSQ_W_HOOK_DROP];
     W.hook_tail = 0;                   /* (non-resident launches: the host reads the ring at the end) */
 }
 __device__ __forceinline__ void osq_cursor_out(const MkParams &P, const Worker &W) {
+    if (!O.ring_mask) return;
     dtmk_u64 *a = osq_w(P, W.worker);
     a[OSQ_W_HOOK_N] = W.hook_n; a[OSQ_W_HOOK_SLOT] = W.hook_slot; a[OSQ_W_HOOK_DROP] = W.hook_drop;
 }

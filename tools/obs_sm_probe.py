@@ -4,9 +4,9 @@ by side on the same weights, then the observer warps' counters of one more launc
 
     python tools/obs_sm_probe.py [--presets tiny,1b] [--reps 5] [--steps N] [--out DIR]
 
-Per preset: us/step (median over alternating launches, round 0 a warm-up) of `default`
-(summary attached), `obssm` (summary attached) and `obssm_plain` (nothing attached);
-tokens checked equal.  Then per observer warp (kernels/mk_obs_sm.cuh DTMK_OSQ_STATS):
+Per preset: us/step (median over alternating launches, round 0 a warm-up) of `nohooks`
+(no hook code, all SMs working), `default` (summary attached), `obssm` (summary attached)
+and `obssm_plain` (nothing attached); tokens checked equal.  Then per observer warp (kernels/mk_obs_sm.cuh DTMK_OSQ_STATS):
 rounds, entries per round, idle scans, room drains, the largest queue lag, and the SM
 cycles in scanning / building / obs_sync / tails per step; and how often (and how long) a
 worker found its queue full -- the backpressure that turns observer lag into step time."""
@@ -39,14 +39,17 @@ def probe_preset(name: str, reps: int, steps: int, log) -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     mks = {"default": gpu.Megakernel(cfg, batch=1, weights=w),
-           "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES)}
-    lives = {k: LiveSession(m) for k, m in mks.items()}
+           "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES),
+           "nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
+    lives = {k: LiveSession(mks[k]) for k in ("default", "obssm")}
     for live in lives.values():
         live.attach(summary_monitor(live.mk.graph.schema).obj)
 
     def launch(key):
         m = mks["obssm" if key.startswith("obssm") else key]
         m.reset()
+        if key == "nohooks":
+            return m.run(steps, poison=False)
         if key == "obssm_plain":
             m.set_observer(0, None)
             res = m.run(steps, poison=False)
@@ -56,7 +59,7 @@ def probe_preset(name: str, reps: int, steps: int, log) -> dict:
         live.start(steps)
         return live.wait()
 
-    keys = ["default", "obssm", "obssm_plain"]
+    keys = ["nohooks", "default", "obssm", "obssm_plain"]
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
     m = mks["obssm"]
@@ -72,12 +75,16 @@ def probe_preset(name: str, reps: int, steps: int, log) -> dict:
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
            "summary_obssm_vs_default_pct": 100.0 * (med["obssm"] / med["default"] - 1.0),
            "summary_obssm_vs_plain_pct": 100.0 * (med["obssm"] / med["obssm_plain"] - 1.0),
-           "tokens_equal": bool(np.array_equal(last["default"].tokens, last["obssm"].tokens)
-                                and np.array_equal(last["obssm"].tokens, last["obssm_plain"].tokens)),
+           "summary_obssm_vs_nohooks_pct": 100.0 * (med["obssm"] / med["nohooks"] - 1.0),
+           "summary_default_vs_nohooks_pct": 100.0 * (med["default"] / med["nohooks"] - 1.0),
+           "tokens_equal": all(np.array_equal(last["nohooks"].tokens, last[k].tokens) for k in keys),
            "observer_warps": warps, "full_queue_pushes": int(ws[0]), "full_queue_cycles": int(ws[1])}
     log(str(out))
-    log(f"{name}: us/step default {med['default']:.1f}  obssm {med['obssm']:.1f}  obssm_plain "
-        f"{med['obssm_plain']:.1f}  (obssm summary vs plain {out['summary_obssm_vs_plain_pct']:+.1f}%)")
+    log(f"{name}: us/step nohooks {med['nohooks']:.1f}  default+summary {med['default']:.1f}  obssm+summary "
+        f"{med['obssm']:.1f}  obssm plain {med['obssm_plain']:.1f}")
+    log(f"{name}: hot summary over no hook code: default {out['summary_default_vs_nohooks_pct']:+.2f}%  "
+        f"observer SM {out['summary_obssm_vs_nohooks_pct']:+.2f}%  (obssm summary vs its plain run "
+        f"{out['summary_obssm_vs_plain_pct']:+.2f}%); tokens equal: {out['tokens_equal']}")
     log(f"{'warp':>4} {'rounds':>7} {'ent/rnd':>7} {'idle':>7} {'drains':>6} {'lag':>4} "
         f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9}   (cycles per step)")
     for k, r in enumerate(warps):

@@ -61,6 +61,24 @@ def reference_maps(obj, hooks, workers):
     return replay(obj, hooks, workers)
 
 
+def run_equals_reference(live, mon, aid, steps):
+    """`steps` decode steps with the host ring on (the same contexts the device programs
+    saw): the summary's maps and coverage totals equal the reference runtime's replay of
+    those records, nothing lost.  Returns the snapshot."""
+    live.start(steps, hooks="all")
+    res = live.wait()
+    assert res.hooks_dropped == 0
+    snap = live.snapshot(aid)
+    ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
+    for name in ("lat", "dep_wait", "queue"):
+        assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+    tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
+    for k in ("eligible", "executed", "throttled", "lost"):
+        assert tot(snap.coverage, k) == tot(ref_cov, k), k
+    assert tot(snap.coverage, "eligible") > 0 and int(snap.state["lost"].sum()) == 0
+    return snap
+
+
 #: the hot summary from descriptors (a -DDTMK_SITE_FORM build) and through the VM (default)
 FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["desc", "vm", "obssm"])
 
@@ -74,20 +92,8 @@ def test_attached_before_launch_matches_reference_exactly(defines):
     assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines == SITE else
                                                 {"program: the runtime runs programs"})
     try:
-        live.start(3, hooks="all")            # the global ring records the same contexts
-        res = live.wait()
-        assert res.hooks_dropped == 0
-        snap = live.snapshot(aid)
+        snap = run_equals_reference(live, mon, aid, 3)
         assert snap.final_epoch == 2 and not snap.partial
-        ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
-        for name in ("lat", "dep_wait"):
-            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
-        assert snap.maps["queue"].snapshot() == ref_maps["queue"].snapshot()
-        tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
-        for k in ("eligible", "executed", "throttled", "lost"):
-            assert tot(snap.coverage, k) == tot(ref_cov, k), k
-        assert tot(snap.coverage, "eligible") > 0
-        assert int(snap.state["lost"].sum()) == 0
     finally:
         live.detach(aid)
 
@@ -103,18 +109,8 @@ def test_observer_sm_warps_on_1b_match_reference_exactly():
     mon = summary(live)
     aid = live.attach(mon.obj)
     try:
-        live.start(3, hooks="all")
-        res = live.wait()
-        assert res.hooks_dropped == 0
-        snap = live.snapshot(aid)
+        snap = run_equals_reference(live, mon, aid, 3)
         assert snap.final_epoch == 2 and not snap.partial
-        ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
-        for name in ("lat", "dep_wait", "queue"):
-            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
-        tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
-        for k in ("eligible", "executed", "throttled", "lost"):
-            assert tot(snap.coverage, k) == tot(ref_cov, k), k
-        assert tot(snap.coverage, "eligible") > 0 and int(snap.state["lost"].sum()) == 0
         drained = live.read_state()[:, gpu.OBS_NAMES.index("drained")]
         assert int((drained > 0).sum()) > 1, drained[:8]
     finally:
@@ -157,17 +153,8 @@ def test_hot_summary_on_small_moe_is_exact(defines):
     mon = summary(live)
     aid = live.attach(mon.obj)
     try:
-        live.start(4, hooks="all")
-        res = live.wait()
-        assert res.hooks_dropped == 0
-        snap = live.snapshot(aid)
-        ref_maps, ref_cov = reference_maps(mon.obj, res.hooks, live.mk.num_workers)
-        assert int(snap.state["lost"].sum()) == 0
-        for name in ("lat", "dep_wait", "queue"):
-            assert snap.maps[name].snapshot() == ref_maps[name].snapshot(), name
+        snap = run_equals_reference(live, mon, aid, 4)
         assert max(int.from_bytes(v, "little") for v in snap.maps["queue"].snapshot().values()) > 1
-        tot = lambda rows, k: sum(getattr(r, k) for r in rows)  # noqa: E731
-        assert tot(snap.coverage, "executed") == tot(ref_cov, "executed") > 0
     finally:
         live.detach(aid)
 

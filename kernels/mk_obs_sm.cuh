@@ -141,17 +141,22 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
         for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
             OSQ_T0(c_scan);
             const dtmk_u32 w = k + (g0 + lane) * K;
-            dtmk_u64 head = 0, tail = 0, done = 1;
+            const dtmk_u64 *a = osq_w(P, w < nw ? w : 0u);
+            dtmk_u64 head = 0, tail = 0;
             if (w < nw) {
-                const dtmk_u64 *a = osq_w(P, w);
-                /* acquire, done before head: a done worker's head is final; the head's
-                 * entries are complete (the worker's MEMBAR or fence precedes the head) */
-                done = ld_acquire(a + OSQ_W_DONE);
+                /* acquire: the head's entries are complete (the worker's MEMBAR or fence
+                 * precedes the head) */
                 head = ld_acquire(a + OSQ_W_HEAD);
                 tail = osq_ld(a + OSQ_W_TAIL);
             }
-            all_done = __all_sync(0xffffffffu, done != 0 && head == tail) && all_done;
             unsigned todo = __ballot_sync(0xffffffffu, head != tail);
+            if (!todo) {                       /* the slice's end?  DONE, then the head again: */
+                bool fin = true;               /* a worker sets DONE after its last head */
+                if (w < nw) fin = ld_acquire(a + OSQ_W_DONE) != 0 && ld_acquire(a + OSQ_W_HEAD) == tail;
+                all_done = __all_sync(0xffffffffu, fin) && all_done;
+            } else {
+                all_done = false;
+            }
 #ifdef DTMK_OSQ_STATS
             {
                 const unsigned long long lag = __reduce_max_sync(0xffffffffu, (dtmk_u32)(head - tail));

@@ -172,15 +172,19 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # the observer SM: one SM runs every worker's records (SMs - 1 workers) on
                   # as many warps as the launch's dynamic shared memory holds Obs for (1b: 6,
                   # tiny: 1); obssm1: one warp (session 13's draft had one, lane 0 building)
-                  "obssm": ("DTMK_OBS_SM",), "obssm1": ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS=1")}
+                  "obssm": ("DTMK_OBS_SM",), "obssm1": ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS=1"),
+                  # the observer SM with the workers' entry stores inlined into run_task (no
+                  # call before the release signal; the register split may cost elsewhere)
+                  "obssmin": ("DTMK_OBS_SM", "DTMK_OSQ_PUSH_INLINE")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
                       "obssm": ("off", "mask3", "null3", "summary", "summary_cm"),
-                      "obssm1": ("off", "summary")}
+                      "obssm1": ("off", "summary"), "obssmin": ("off", "summary")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
-                     "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS")
+                     "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
+                     "DTMK_OSQ_PUSH_INLINE")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 

@@ -715,7 +715,14 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         /* a deferred (late) or comm signal had no MEMBAR here: fence */
         if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
 #endif
+#ifdef DTMK_OBS_SM
+        /* the captured records went to the observer: no call per task, only for gen:advance
+         * (the argmax task, class 10) and the trace; the next task captures afresh */
+        W.pend_rg = 0;
+        if (W.observe && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
+#else
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
+#endif
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);

@@ -225,9 +225,17 @@ __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool f
     W.osq_head += 1;
     *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_HEAD) = W.osq_head;
 }
-/* worker thread 0: task W.pend_t's captured hooks as one entry (OW_TAG_PEND layout) */
-__device__ __noinline__ void osq_write_pend(const MkParams &P, Worker &W) {
-    uint4 *d = osq_slot(P, W);
+/* worker thread 0, before the release signal: task W.pend_t's captured hooks as one entry
+ * (OSQ_TAG_PEND layout; mk_obs_sm.cuh osq_run_entry reads it).  A call per task on the
+ * critical path; -DDTMK_OSQ_PUSH_INLINE (bench variant obssmin) inlines it into run_task */
+#ifdef DTMK_OSQ_PUSH_INLINE
+__device__ __forceinline__
+#else
+__device__ __noinline__
+#endif
+void osq_write_pend(const MkParams &P, Worker &W) {
+    /* (the observer's tail is read again only when the queue looks full: osq_slot) */
+    uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry(P, W.worker, W.osq_head) : osq_slot(P, W);
     d[0] = make_uint4(OSQ_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
     d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
     d[2] = make_uint4((dtmk_u32)W.pend_rg, (dtmk_u32)(W.pend_rg >> 32), (dtmk_u32)W.t_ready, (dtmk_u32)(W.t_ready >> 32));

@@ -87,7 +87,7 @@ OSQ_W_BYTES = 64 + OSQ_N * 128
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
 #: the defines of the observer SM (hook code: a handoff job's lean build leaves them out)
-OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS")
+OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OSQ_PUSH_INLINE")
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)

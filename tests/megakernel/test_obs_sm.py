@@ -210,7 +210,22 @@ def test_bench_hooks_runs_the_observer_sm_as_build_variants():
     v, runs = hooks_table("BUILD_VARIANTS"), hooks_table("BUILD_VARIANT_RUNS")
     assert v["obssm"] == ("DTMK_OBS_SM",) and v["obssm1"] == ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS=1")
     assert "summary_cm" in runs["obssm"] and "summary" in runs["obssm1"]
-    assert {"DTMK_OBS_SM", "DTMK_OBS_SM_WARPS"} <= set(hooks_table("HOOK_ONLY_DEFINES"))
+    assert v["obssmin"] == ("DTMK_OBS_SM", "DTMK_OSQ_PUSH_INLINE")
+    assert {"DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_PUSH_INLINE"} <= set(hooks_table("HOOK_ONLY_DEFINES"))
+    from dtrace_mk.runtime.compiled import MK_PASS_DEFINES     # the compiled tier links them too
+    assert set(gpu.OBS_SM_DEFINES) - {"DTMK_OSQ_STATS"} <= set(MK_PASS_DEFINES)
+
+
+def test_workers_call_nothing_after_the_signal_unless_gen_advance_or_the_trace():
+    """In the observer-SM build a worker's records go to the observer: after the release
+    signal it calls hook_post only for the argmax task's gen:advance records or the
+    trace, and resets the request_gen capture itself."""
+    rt = body("run_task")
+    obs = rt[rt.index("#ifdef DTMK_OBS_SM\n        /* the captured records went to the observer"):]
+    obs = obs[:obs.index("#else")]
+    assert "W.pend_rg = 0;" in obs and "if (W.observe && (W.trace_on || r[0] == 10)) hook_post(" in obs
+    w = body("osq_write_pend")
+    assert "W.osq_head - W.osq_tail < OSQ_N ? osq_entry(P, W.worker, W.osq_head) : osq_slot(P, W)" in w
 
 
 def test_the_probe_reads_the_kernels_counters():

@@ -37,6 +37,8 @@ from ..errors import UserError
 
 NAME = "top"
 ORDER = 34
+#: --observer: the megakernel build each choice runs (kernels/megakernel.cu "observer SM")
+OBSERVERS = {"workers": (), "sm": ("DTMK_OBS_SM",)}
 HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -55,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "auto = hot, promoted at a launch boundary when hot (default hot; sim ignores it)")
     p.add_argument("--launches", type=int, default=0, metavar="N",
                    help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
+    p.add_argument("--observer", choices=OBSERVERS, default="workers",
+                   help="gpu: where hook records are built and monitors run -- workers = each worker's "
+                        "thread 0 (default); sm = one SM of their own, the workers only capture "
+                        "(-DDTMK_OBS_SM; experimental: its cost is not yet measured)")
 
 
 # ------------------------------------------------------------------------ rendering
@@ -177,13 +183,16 @@ def _inline_note(live, aid) -> str:
 
 
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
-               frames: int = 0, tier: str = "hot", launches: int = 0) -> Iterable[str]:
+               frames: int = 0, tier: str = "hot", launches: int = 0, observer: str = "workers") -> Iterable[str]:
     """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
-    promoted to the compiled tier at launch boundaries (--tier)."""
+    promoted to the compiled tier at launch boundaries (--tier); records built and
+    monitors run by the workers or by an observer SM (--observer)."""
     from ..megakernel import gpu
     from ..megakernel.presets import get_preset
     from ..runtime.live import LiveSession, summary_monitor
-    mk = gpu.Megakernel(get_preset(model), batch=batch)
+    if observer not in OBSERVERS:
+        raise UserError(f"--observer: expected one of {', '.join(OBSERVERS)}, got {observer!r}")
+    mk = gpu.Megakernel(get_preset(model), batch=batch, defines=OBSERVERS[observer])
     live = LiveSession(mk, tier=tier)
     mon = summary_monitor(mk.graph.schema)
     plan = launch_plan(steps, tier, launches)
@@ -237,10 +246,14 @@ def run(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend == "auto":
         backend = "gpu" if _gpu_available() else "sim"
+    observer = getattr(args, "observer", "workers")
     if backend == "gpu":
         it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames,
-                        getattr(args, "tier", "hot"), getattr(args, "launches", 0))
+                        getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer)
     else:
+        if observer != "workers":
+            raise UserError(f"--observer {observer}: a placement of the GPU kernel's observer; the sim "
+                            f"backend has none (use --backend gpu)")
         it = sim_frames(args.model, args.steps, args.interval_ms, args.batch, args.workers, args.frames)
     for frame in it:
         if not args.no_clear and sys.stdout.isatty():

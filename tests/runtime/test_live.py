@@ -74,6 +74,29 @@ def test_top_rejects_bad_interval(capsys):
     assert "--interval-ms" in capsys.readouterr().err
 
 
+def test_top_observer_choice(capsys, monkeypatch):
+    """--observer sm runs the observer-SM build on the GPU; the sim has no such placement
+    and says so (instead of ignoring the flag)."""
+    from dtrace_mk.cli import main
+    assert main(["top", "--backend", "sim", "--observer", "sm", "--steps", "2"]) != 0
+    assert "--observer sm" in capsys.readouterr().err
+    assert top.OBSERVERS == {"workers": (), "sm": ("DTMK_OBS_SM",)}
+    from dtrace_mk.megakernel import gpu
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(cfg, batch=1, defines=()):
+        built.append(defines)
+        raise Stop
+    monkeypatch.setattr(gpu, "Megakernel", fake)
+    for choice in ("workers", "sm"):
+        with pytest.raises(Stop):
+            next(top.gpu_frames("tiny", steps=2, observer=choice))
+    assert built == [(), ("DTMK_OBS_SM",)]
+
+
 @pytest.fixture(scope="module")
 def nvrtc():
     pytest.importorskip("cuda.bindings.nvrtc")

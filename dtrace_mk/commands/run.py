@@ -321,8 +321,11 @@ def _run_gpu(graph, args, faults, sink):
         from ..megakernel import gpu
     except ImportError as e:
         raise UserError(f"--backend gpu: the GPU launcher cannot be imported: {e}") from None
+    # no --events-out: the build without hook code (hooks compiled in but off still cost the
+    # persistent loop a few percent: docs/results/hooks.md); the built-in trace is in both
     mk = gpu.Megakernel(graph.cfg, batch=graph.batch, num_workers=graph.num_workers, seed=args.seed,
-                        graph=graph, queue_threshold=args.queue_threshold)
+                        graph=graph, queue_threshold=args.queue_threshold,
+                        defines=() if sink is not None else ("DTMK_NO_HOOKS",))
     res = mk.run(args.steps, hooks="all" if sink is not None else None, trace=bool(args.trace),
                  faults=faults if len(faults) else None)
     total_ns = int(res.elapsed_ms * 1e6)

@@ -113,3 +113,30 @@ def test_trace_native_perfetto_when_suffix_says_so(tmp_path, capsys):
             if fields(ev).get(9) == [1]:              # TrackEvent.type == SLICE_BEGIN
                 begins += 1
     assert begins >= tasks > 0
+
+
+def test_gpu_run_builds_hook_code_only_when_hook_records_are_asked_for(monkeypatch):
+    """`run --backend gpu` without --events-out runs the build without hook code (hooks
+    compiled in but off cost the loop a few percent); with it, the hook build, hooks on."""
+    import types
+    import numpy as np
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.graph import build_graph
+    from dtrace_mk.megakernel.presets import get_preset
+    seen = []
+
+    class FakeMk:
+        def __init__(self, cfg, **kw):
+            seen.append(kw["defines"])
+
+        def run(self, steps, hooks=None, trace=False, faults=None):
+            seen.append(hooks)
+            return types.SimpleNamespace(elapsed_ms=1.0, tokens=np.zeros((steps, 1), np.int32),
+                                         hooks=np.zeros(0, np.uint8), trace=None, trace_dropped=0,
+                                         hooks_dropped=0)
+    monkeypatch.setattr(gpu, "Megakernel", FakeMk)
+    graph = build_graph(get_preset("tiny"), 1, 8)
+    args = types.SimpleNamespace(seed=0, queue_threshold=0, steps=2, trace=None)
+    for sink in (None, lambda rec: None):
+        run_cmd._run_gpu(graph, args, [], sink)
+    assert seen[:2] == [("DTMK_NO_HOOKS",), None] and seen[2:4] == [(), "all"]

@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +52,6 @@ sys.path.insert(0, str(REPO))
 
 from dtrace_mk.megakernel import gpu  # noqa: E402
 from dtrace_mk.megakernel.baseline import Baseline  # noqa: E402
-from dtrace_mk.megakernel.graph import CLASS_NAMES  # noqa: E402
 from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
 from dtrace_mk.megakernel.reference import Requests, make_weights, weight_shapes  # noqa: E402
 
@@ -138,6 +136,9 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
     t0 = time.time()
     w = weights if weights is not None else make_weights(cfg, 0, xp=xp)
     mk = gpu.Megakernel(cfg, batch=batch, weights=w)
+    # the build without hook code: what `dtrace-mk run` executes (and a handoff job while
+    # nothing is attached); same weights (cp.asarray keeps device arrays)
+    mk_nh = gpu.Megakernel(cfg, batch=batch, weights=w, defines=("DTMK_NO_HOOKS",))
     bl = Baseline(mk)
     log(f"{name}: setup {time.time() - t0:.1f} s, {len(mk.graph.tasks)} tasks, {mk.num_workers} workers, "
         f"lowering fuse_norm={cfg.fuse_norm} split_k={cfg.split_k}")
@@ -146,12 +147,17 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
     mk.reset(); t_ps = mk.run(steps, per_step_launch=True).tokens
     mk.reset(); t_e = bl.run(steps)["tokens"]
     mk.reset(); t_g = bl.run(steps, graph=True)["tokens"]
-    same = bool((t_mk == t_ps).all() and (t_mk == t_e).all() and (t_mk == t_g).all())
-    log(f"{name}: tokens equal across megakernel/per-step/eager/graph: {same}")
+    mk_nh.reset(); t_nh = mk_nh.run(steps).tokens
+    same = bool((t_mk == t_ps).all() and (t_mk == t_e).all() and (t_mk == t_g).all() and (t_mk == t_nh).all())
+    log(f"{name}: tokens equal across megakernel/per-step/eager/graph/no-hook build: {same}")
 
     def mk_one():
         mk.reset()
         return mk.run(steps, poison=False).elapsed_ms / steps
+
+    def mk_nohooks():
+        mk_nh.reset()
+        return mk_nh.run(steps, poison=False).elapsed_ms / steps
 
     def mk_step():
         mk.reset()
@@ -165,11 +171,11 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
         mk.reset()
         return bl.run(steps, graph=True, poison=False)["elapsed_ms"] / steps
 
-    for f in (mk_one, eager, graph):
+    for f in (mk_one, mk_nohooks, eager, graph):
         f()  # warm
     r = {}
-    for key, f in (("megakernel", mk_one), ("megakernel_per_step_launch", mk_step), ("eager", eager),
-                   ("cuda_graph", graph)):
+    for key, f in (("megakernel", mk_one), ("megakernel_nohooks", mk_nohooks),
+                   ("megakernel_per_step_launch", mk_step), ("eager", eager), ("cuda_graph", graph)):
         med, allv = timed(f, reps)
         r[key] = {"step_ms": med, "runs": allv}
         log(f"{name}: {key}: {med * 1e3:.1f} us/step ({', '.join(f'{v * 1e3:.1f}' for v in allv)})")
@@ -180,7 +186,7 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
         out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
                "tokens": t_mk.tolist(), "tasks": len(mk.graph.tasks), "workers": mk.num_workers,
                "weight_bytes_per_step": wb, "fuse_norm": cfg.fuse_norm, "split_k": cfg.split_k, **r}
-        del bl, mk
+        del bl, mk, mk_nh
         cp.get_default_memory_pool().free_all_blocks()
         return out
     try:
@@ -214,7 +220,7 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
     out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
            "tokens": t_mk.tolist(), "tasks": len(mk.graph.tasks), "workers": mk.num_workers,
            "weight_bytes_per_step": wb, "fuse_norm": cfg.fuse_norm, "split_k": cfg.split_k, **r}
-    del bl, mk, w
+    del bl, mk, mk_nh, w
     cp.get_default_memory_pool().free_all_blocks()
     return out
 
@@ -546,17 +552,22 @@ def main(argv=None):
                                                 "old_vs_new": compare, "variants": var_results}, indent=1))
     # short table last
     print()
-    print(f"{'preset':12} {'lowering':10} {'tasks':>6} {'B':>2} {'mk us':>8} {'mk/step':>8} {'eager':>8} {'graph':>8} "
-          f"{'eager/mk':>8} {'graph/mk':>8} {'wt GB/s':>8} {'% copy':>6} {'tok=':>4}")
+    # mk: the hook build (hooks off); nh: the build without hook code (`dtrace-mk run`)
+    print(f"{'preset':12} {'lowering':10} {'tasks':>6} {'B':>2} {'mk us':>8} {'nh us':>8} {'mk/step':>8} "
+          f"{'eager':>8} {'graph':>8} {'eager/mk':>8} {'eager/nh':>8} {'graph/mk':>8} {'wt GB/s':>8} "
+          f"{'% copy':>6} {'nh %':>6} {'tok=':>4}")
     for r in results:
         mk_ms = r["megakernel"]["step_ms"]
+        nh_ms = r["megakernel_nohooks"]["step_ms"]
         gbs = r["weight_bytes_per_step"] / (mk_ms / 1e3) / 1e9
+        nh_gbs = r["weight_bytes_per_step"] / (nh_ms / 1e3) / 1e9
         low = "standard" if not r.get("fuse_norm") else ("fuse" if r.get("split_k", 1) <= 1 else f"fuse+s{r['split_k']}")
-        print(f"{r['preset']:12} {low:10} {r['tasks']:>6} {r['batch']:>2} {mk_ms * 1e3:8.1f} "
+        print(f"{r['preset']:12} {low:10} {r['tasks']:>6} {r['batch']:>2} {mk_ms * 1e3:8.1f} {nh_ms * 1e3:8.1f} "
               f"{r['megakernel_per_step_launch']['step_ms'] * 1e3:8.1f} "
               f"{r['eager']['step_ms'] * 1e3:8.1f} {r['cuda_graph']['step_ms'] * 1e3:8.1f} "
-              f"{r['eager']['step_ms'] / mk_ms:8.2f} {r['cuda_graph']['step_ms'] / mk_ms:8.2f} {gbs:8.0f} "
-              f"{100 * gbs * 1e9 / bw:6.1f} {str(r['tokens_equal'])[0]:>4}")
+              f"{r['eager']['step_ms'] / mk_ms:8.2f} {r['eager']['step_ms'] / nh_ms:8.2f} "
+              f"{r['cuda_graph']['step_ms'] / mk_ms:8.2f} {gbs:8.0f} "
+              f"{100 * gbs * 1e9 / bw:6.1f} {100 * nh_gbs * 1e9 / bw:6.1f} {str(r['tokens_equal'])[0]:>4}")
 
     for c in compare:
         rd = c["last_logits_rel_diff"]

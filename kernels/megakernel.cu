@@ -188,6 +188,7 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); low bits: the hook mask */
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
+#define OSQ_TAG_STEP 0xfffffffeu   /* entry word 0: a resident launch's step gate (words 1-2: steps finished) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM) || defined(DTMK_OBS_PROF))
 #error "-DDTMK_OBS_SM: a hook build, its compiled tier or its handoff build (no site form, profiling yet)"
 #endif
@@ -960,10 +961,18 @@ __device__ void add_phantoms(const MkParams &P, Worker &W, int step, int layer) 
  * hook_drop (records refused by a full ring) and steps_done (all of this worker's records
  * of steps < fin are stored). */
 __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64 fin) {
+#ifdef DTMK_OBS_SM
+    /* the observer writes this worker's records: it publishes the head, the drops and the
+     * steps finished once it has run every entry before this one (osq_run_entry) */
+    uint4 *d = osq_slot(P, W);
+    d[0] = make_uint4(OSQ_TAG_STEP, (dtmk_u32)fin, (dtmk_u32)(fin >> 32), 0u);
+    osq_publish(P, W, true);
+#else
     __threadfence_system();
     ((volatile dtmk_u64 *)P.hook_head)[W.worker] = W.hook_n;
     ((volatile dtmk_u64 *)P.hook_drop)[W.worker] = W.hook_drop;
     ((volatile dtmk_u64 *)P.steps_done)[W.worker] = fin;
+#endif
 }
 /* thread 0: may `step` run?  0 granted, 1 not yet, 2 stop here (stop bit with the grant
  * at or below `step`, or a host abort).  Parking at the gate is not a dependency wait:
@@ -1200,7 +1209,13 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                         gate_publish(P, W, (dtmk_u64)step);
                         /* deferred (late) signals still fall due while parked: a peer rank
                          * may need one to finish the step this rank has finished */
-                        while ((W.gate = gate_look(P, W, step)) == 1) { post_pending(P, W, false); __nanosleep(2000); }
+                        while ((W.gate = gate_look(P, W, step)) == 1) {
+                            post_pending(P, W, false);
+#ifdef DTMK_OBS_SM
+                            if (W.observe) osq_raise(P, W);   /* parked: epochs still become final */
+#endif
+                            __nanosleep(2000);
+                        }
                         /* what the host wrote while the kernel was parked (hook mask, device-VM
                          * tables: a query attached at this step boundary) holds from this step */
                         if (W.gate == 0) refresh_control(P, W, true);
@@ -1257,12 +1272,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
     if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
-#ifdef DTMK_OBS_SM
-    if (threadIdx.x == 0) {            /* no more entries: the observer may end */
-        __threadfence();
-        *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_DONE) = 1;
-    }
-#elif !defined(DTMK_NO_HOOKS)
+#if !defined(DTMK_OBS_SM) && !defined(DTMK_NO_HOOKS)
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */
         if (threadIdx.x == 0) { __threadfence(); *(volatile dtmk_u64 *)(obs_state(W) + OBS_DONE) = 1; }
@@ -1295,6 +1305,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         /* (a leaving worker's step is not whole; a finished one's successor has nothing to add) */
         const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
+#ifdef DTMK_OBS_SM
+        __threadfence();                /* no more entries (the last gate's too): the observer may end */
+        *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_DONE) = 1;
+#endif
         dtmk_u64 *ws = wstate(P, W.worker);
 #ifdef DTMK_SM_WORKER
         /* the row's last word, behind a fence (the heads above included): a grid handoff's

@@ -34,12 +34,13 @@ __device__ __forceinline__ dtmk_u32 osq_nwarps() {
 }
 /* an observer lane: worker w's host-ring cursor into W (the lane's Worker) / back; only
  * while the host ring takes records (O.ring_mask; hk_store writes no other hook there) */
-__device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm) {
+__device__ __forceinline__ void osq_cursor_in(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u32 sm, bool any = false) {
     W.worker = w; W.sm = sm;
-    if (!O.ring_mask) return;
+    if (!O.ring_mask && !any) return;
     const dtmk_u64 *a = osq_w(P, w);
     W.hook_n = a[OSQ_W_HOOK_N]; W.hook_slot = a[OSQ_W_HOOK_SLOT]; W.hook_drop = a[OSQ_W_HOOK_DROP];
-    W.hook_tail = 0;                   /* (non-resident launches: the host reads the ring at the end) */
+    /* what the host consumed (a resident launch's poll; otherwise it reads at the end) */
+    W.hook_tail = P.resident ? *((const volatile dtmk_u64 *)P.hook_tail + w) : 0;
 }
 __device__ __forceinline__ void osq_cursor_out(const MkParams &P, const Worker &W) {
     if (!O.ring_mask) return;
@@ -85,6 +86,13 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         W.dep_wait = ((dtmk_u64)d4.y << 32) | d4.x; W.ts_rel = ((dtmk_u64)d4.w << 32) | d4.z;
         step = d1.w;
         hook_flush(P, W);
+    } else if (c.v[0].x == OSQ_TAG_STEP) {   /* a resident launch's step gate (gate_publish) */
+        osq_cursor_in(P, W, w, W.sm, true);
+        __threadfence_system();        /* this worker's records (earlier entries) before its head */
+        ((volatile dtmk_u64 *)P.hook_head)[w] = W.hook_n;
+        ((volatile dtmk_u64 *)P.hook_drop)[w] = W.hook_drop;
+        ((volatile dtmk_u64 *)P.steps_done)[w] = ((dtmk_u64)c.v[0].z << 32) | c.v[0].y;
+        return 0u;
     } else {                           /* a record built by the worker */
         osq_cursor_in(P, W, w, c.v[1].y);
         step = c.v[3].z;

@@ -1040,8 +1040,6 @@ class Megakernel:
         step k land in row (k - s0) % out_rows and are read by poll() (grant refuses to
         run out_rows steps ahead of the last poll).  Collective with tensor parallelism.
         trace: not in resident launches (its ring does not stream)."""
-        if self.obs_sm:
-            raise UserError("start_resident: DTMK_OBS_SM runs start() / run() launches only (not resident yet)")
         cp = self.cp
         if trace:
             raise UserError("Megakernel.start_resident: the built-in task trace does not stream; "
@@ -1071,8 +1069,9 @@ class Megakernel:
         cp.cuda.runtime.deviceSynchronize()
         self._barrier()
         r["start"], r["end"] = cp.cuda.Event(), cp.cuda.Event()
+        self._clear_obsq(r["stream"])      # (an observer-SM build: its queues, and one CTA more)
         r["start"].record(r["stream"])
-        self.kernel((W,), (self.block,), (params,), shared_mem=self.smem, stream=r["stream"])
+        self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=r["stream"])
         r["end"].record(r["stream"])
         r["t0"] = time.perf_counter()
         self._res = r

@@ -51,8 +51,14 @@ def poll_until(mk, step, got, timeout_s=60.0):
         assert time.monotonic() - t0 < timeout_s, f"resident kernel: steps finished {done} < {step}"
 
 
-def test_resident_in_pieces_equals_one_launch():
-    mk = _mk()
+#: the observer SM (kernels/megakernel.cu "observer SM"): its observer publishes each
+#: worker's head and steps done at the worker's gates (OSQ_TAG_STEP)
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",)], ids=["default", "obssm"])
+
+
+@BUILDS
+def test_resident_in_pieces_equals_one_launch(defines):
+    mk = _mk(defines=defines)
     ref = mk.run(N, hooks="all")
     assert ref.hooks_dropped == 0
     mk.reset()
@@ -74,8 +80,9 @@ def test_resident_in_pieces_equals_one_launch():
     assert sorted(set(recs["decode_step"].tolist())) == list(range(N))
 
 
-def test_records_stream_while_the_kernel_runs():
-    mk = _mk()
+@BUILDS
+def test_records_stream_while_the_kernel_runs(defines):
+    mk = _mk(defines=defines)
     ref = mk.run(2, hooks=list(DET))
     mk.reset()
     got = []
@@ -92,13 +99,14 @@ def test_records_stream_while_the_kernel_runs():
     assert res.steps == 4 and len(res.hooks) == 0 and res.watchdog is None
 
 
-def test_tiny_ring_drops_are_counted_exactly_and_a_polled_ring_wraps_without_loss():
+@BUILDS
+def test_tiny_ring_drops_are_counted_exactly_and_a_polled_ring_wraps_without_loss(defines):
     steps = 16
-    full = _mk()
+    full = _mk(defines=defines)
     ref = full.run(steps, hooks=list(DET))
     assert ref.hooks_dropped == 0
     total = len(ref.hooks)
-    mk = _mk(hook_cap=16)
+    mk = _mk(hook_cap=16, defines=defines)
     one = mk.run(steps, hooks=list(DET))               # ordinary launch: the ring does not wrap
     assert one.hooks_dropped > 0 and len(one.hooks) + one.hooks_dropped == total
     mk.reset()

@@ -146,8 +146,29 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
     assert (int(ctl[gpu.CTL_OBSQ]) | int(ctl[gpu.CTL_OBSQ + 1]) << 32) == int(mk.buf["obsq"].data.ptr)
     mk.launch(2, 2)
     assert launches == [(16,)]
-    with pytest.raises(UserError, match="DTMK_OBS_SM"):
-        mk.start_resident()
+
+
+def test_a_resident_launch_runs_the_observer_and_it_publishes_each_gate():
+    """Resident (serving) launches: the host streams the host ring by each worker's
+    hook_head, published before steps_done.  With the observer SM a worker's gate pushes a
+    STEP entry instead; the observer, having run every earlier entry of that worker,
+    writes head, drops and steps done behind a system fence.  The worker's DONE follows
+    its last gate's entry; parked workers still raise OBS_PENDING; the observer reads the
+    host's tail (the ring wraps while polled)."""
+    g = body("gate_publish")
+    obs = g[:g.index("#else")]
+    assert "OSQ_TAG_STEP" in obs and "osq_publish(P, W, true)" in obs and "steps_done" not in obs
+    e = body("osq_run_entry")
+    step = e[e.index("c.v[0].x == OSQ_TAG_STEP"):]
+    assert step.index("__threadfence_system()") < step.index("P.hook_head)[w]") < step.index("P.steps_done)[w]")
+    assert "P.resident ? *((const volatile dtmk_u64 *)P.hook_tail + w) : 0" in body("osq_cursor_in")
+    k = body("dtmk_megakernel")
+    end = k[k.rindex("if (P.resident && ends_here) gate_publish"):]
+    assert end.index("gate_publish") < end.index("OSQ_W_DONE) = 1")
+    assert "OSQ_W_DONE" not in k[:k.rindex("if (P.resident && ends_here) gate_publish")]
+    park = k[k.index("while ((W.gate = gate_look(P, W, step)) == 1) {"):]
+    assert park.index("osq_raise(P, W)") < park.index("__nanosleep(2000)")
+    assert int(re.search(r"#define OSQ_TAG_STEP (0x[0-9a-f]+)u", SRC).group(1), 16) != 0xffffffff
 
 
 def test_a_handoff_job_leaves_the_observer_its_sm_in_both_grids(fake_cupy, monkeypatch):

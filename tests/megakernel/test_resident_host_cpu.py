@@ -166,3 +166,21 @@ def test_ordinary_launches_keep_their_ring_and_drop_counts(mk):
     mk.buf["hook_drop"][:] = [5, 0, 0, 1]
     recs, dropped = mk.read_hooks()
     assert len(recs) == CAP + 2 and dropped == 6
+
+
+def test_an_observer_sm_build_launches_one_cta_more_with_its_queues_cleared(fake_cupy):
+    """-DDTMK_OBS_SM resident: the observer's CTA beside the workers', the queues zeroed
+    before the launch (the observer SM publishes heads and steps done for the workers:
+    kernels/mk_obs_sm.cuh osq_run_entry, OSQ_TAG_STEP)."""
+    rt = fake_cupy.cuda
+    rt.runtime = types.SimpleNamespace(memcpyAsync=lambda dst, src, n, kind, s: ctypes.memmove(dst, src, n),
+                                       memcpyHostToDevice=1, memcpyDeviceToHost=2, deviceSynchronize=lambda: None)
+    rt.alloc_pinned_memory = lambda n: bytearray(n)
+    rt.Stream, rt.Event = _Stream, _Event
+    m = gpu.Megakernel(PRESETS["tiny"], batch=B, num_workers=W, hook_cap=CAP, defines=("DTMK_OBS_SM",))
+    grids = []
+    m.kernel = lambda grid, block, args, shared_mem=0, stream=None: grids.append(
+        (grid, bool(np.asarray(m.buf["obsq"]).any())))
+    m.buf["obsq"].fill(5)
+    m.start_resident(hooks="all", window=2)
+    assert grids == [((W + 1,), False)] and m.grid == W + 1

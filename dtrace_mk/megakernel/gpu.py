@@ -485,8 +485,12 @@ class Megakernel:
         self.obs_sm = "DTMK_OBS_SM" in defines
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
-        self.num_workers = num_workers or dev.attributes["MultiProcessorCount"] - (1 if self.obs_sm else 0)
+        n_sm = int(dev.attributes["MultiProcessorCount"])
+        self.num_workers = num_workers or n_sm - (1 if self.obs_sm else 0)
         self.grid = self.num_workers + (1 if self.obs_sm else 0)   # CTAs of a launch (+ the observer)
+        if self.obs_sm and self.grid > n_sm:
+            raise UserError(f"DTMK_OBS_SM: {self.num_workers} workers and the observer need {self.grid} SMs "
+                            f"(one CTA each, all resident); this GPU has {n_sm}: num_workers <= {n_sm - 1}")
         self.tp = tp if tp is not None and tp.ranks > 1 else None
         rank, ranks = (tp.rank, tp.ranks) if self.tp else (0, 1)
         self.graph = graph or build_graph(cfg, batch, self.num_workers, rank=rank, ranks=ranks)

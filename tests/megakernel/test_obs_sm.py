@@ -146,6 +146,8 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
     assert (int(ctl[gpu.CTL_OBSQ]) | int(ctl[gpu.CTL_OBSQ + 1]) << 32) == int(mk.buf["obsq"].data.ptr)
     mk.launch(2, 2)
     assert launches == [(16,)]
+    with pytest.raises(UserError, match="need 17 SMs"):
+        gpu.Megakernel(PRESETS["tiny"], batch=1, num_workers=16, defines=("DTMK_OBS_SM",))
 
 
 def test_a_resident_launch_runs_the_observer_and_it_publishes_each_gate():

@@ -260,3 +260,17 @@ def test_the_probe_reads_the_kernels_counters():
     assert int(re.search(r"#define OSQ_STATS_N (\d+)", OBS_SM_SRC).group(1)) == len(probe.STAT_NAMES)
     for i, name in ((0, "rounds"), (1, "entries"), (3, "room_drains"), (5, "cyc_build"), (8, "max_lag")):
         assert probe.STAT_NAMES[i] == name
+
+
+def test_the_gpu_plan_names_existing_tests_builds_and_variants():
+    """tools/obs_sm_gpu_plan.sh (the next lent GPU's three calls): every file it runs
+    exists, its -k selections match tests there, and the bench variants it asks for exist."""
+    from tests.bench_tables import hooks_table
+    root = KERNEL_DIR.parent
+    plan = (root / "tools" / "obs_sm_gpu_plan.sh").read_text()
+    for f in re.findall(r"(tests/gpu/\w+\.py|tools/\w+\.py|bench/\w+\.py)", plan):
+        assert (root / f).exists(), f
+    for f, k in re.findall(r"(tests/gpu/\w+\.py) -k (\w+)", plan):
+        assert k in (root / f).read_text(), (f, k)
+    variants = re.search(r"--variants ([\w,]+)", plan).group(1).split(",")
+    assert set(variants) <= set(hooks_table("BUILD_VARIANTS")), variants

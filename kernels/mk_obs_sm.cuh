@@ -91,6 +91,7 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         __threadfence_system();        /* this worker's records (earlier entries) before its head */
         ((volatile dtmk_u64 *)P.hook_head)[w] = W.hook_n;
         ((volatile dtmk_u64 *)P.hook_drop)[w] = W.hook_drop;
+        __threadfence_system();        /* (a poll reads steps_done first: the head is in by then) */
         ((volatile dtmk_u64 *)P.steps_done)[w] = ((dtmk_u64)c.v[0].z << 32) | c.v[0].y;
         return 0u;
     } else {                           /* a record built by the worker */

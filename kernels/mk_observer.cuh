@@ -651,7 +651,7 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
 #endif
 #ifdef DTMK_OBS_SM
-    if (O.vm_mask & bit) {             /* an observer lane; its round checked the room (osq_round) */
+    if (O.vm_mask & bit) {             /* an observer lane; its round (osq_observer) checked the room */
         const dtmk_u32 cn = atomicAdd(&O.cnt[hook], 1u);
         if (cn < O.cap) {
             uint4 *d = (uint4 *)&O.ring[O.base[hook] + cn];

@@ -714,7 +714,11 @@ class Megakernel:
         tools/handoff_probe.py).  Loaded here, it is placed on the first SM a lean worker
         frees (~3 us after it left, 1b and tiny, session 11)."""
         params = self._params(0, 0)
-        self._clear_obsq(None)
+        if self.obs_sm:       # (its observer reads the queues' address from control before any _prepare)
+            self._clear_obsq(None)
+            qp = int(self.buf["obsq"].data.ptr)
+            self.buf["control"][CTL_OBSQ:CTL_OBSQ + 2] = self.cp.asarray(
+                np.array([qp & 0xFFFFFFFF, qp >> 32], np.uint32))
         kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
         self.cp.cuda.runtime.deviceSynchronize()
 

@@ -184,6 +184,7 @@ def test_a_handoff_job_leaves_the_observer_its_sm_in_both_grids(fake_cupy, monke
     import types
     from test_resident_host_cpu import _Event, _Stream
     rt = fake_cupy.cuda
+    real_preload = gpu.Megakernel._preload
     monkeypatch.setattr(gpu.Megakernel, "_preload", lambda self, k: None)
     monkeypatch.setattr(gpu, "probe_smids", lambda blocks, smem: list(range(blocks))[::-1])
     monkeypatch.setattr(gpu, "one_cta_per_sm", lambda fn, threads, smem: True)
@@ -210,6 +211,15 @@ def test_a_handoff_job_leaves_the_observer_its_sm_in_both_grids(fake_cupy, monke
     h = m.start(3, lean=True)
     assert m.handoff(h) is True
     assert grids == [("lean", (16,), True), ("hook", (16,), False)]
+    # the preload (the hook build's first launch, before any _prepare): its observer
+    # finds the queues' address in control and the queues zeroed
+    m.buf["control"].fill(0)
+    m.buf["obsq"].fill(7)
+    seen = []
+    real_preload(m, lambda grid, block, args, shared_mem=0: seen.append(
+        (grid, int(m.buf["control"][gpu.CTL_OBSQ]) | int(m.buf["control"][gpu.CTL_OBSQ + 1]) << 32,
+         bool(np.asarray(m.buf["obsq"]).any()))))
+    assert seen == [((16,), int(m.buf["obsq"].data.ptr), False)]
 
 
 def test_the_map_names_the_observers_sm_and_the_lean_grid_leaves_it():

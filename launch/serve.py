@@ -253,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu backend: where live queries run: hot (device VM, default; "
                         "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
                         "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
+    p.add_argument("--observer", choices=("workers", "sm"), default="workers",
+                   help="gpu backend, one rank: where the hook records the agents read are built -- "
+                        "workers (each worker's thread 0, default) or sm (an SM of their own, the "
+                        "workers only capture: -DDTMK_OBS_SM; experimental, its cost not yet measured)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -324,6 +328,9 @@ def serve(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     if backend == "gpu":
         return serve_gpu(args)
+    if getattr(args, "observer", "workers") != "workers":
+        raise UserError(f"--observer {args.observer}: a placement of the GPU kernel's observer; the sim "
+                        f"backend has none (use --backend gpu)")
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
@@ -492,6 +499,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
         if ranks > n_gpus:
             raise UserError(f"serve --backend gpu: {ranks} ranks but {n_gpus} GPU(s) visible "
                             f"(one GPU per rank)")
+        if ranks > 1 and getattr(args, "observer", "workers") != "workers":
+            raise UserError(f"--observer {args.observer}: one rank only (tensor-parallel ranks build their "
+                            f"records on the workers)")
         if ranks > 1:
             try:
                 from ..megakernel.tp import TPGroup
@@ -500,6 +510,11 @@ def serve_gpu(args: argparse.Namespace) -> int:
                                 f"(dtrace_mk.megakernel.tp: {e})") from None
             held["tp"] = TPGroup(comm)            # collective; selects device rank % GPUs
             held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed, num_workers=workers())
+        elif getattr(args, "observer", "workers") == "sm":
+            # the observer takes one more SM (the clock pairs keep theirs): workers() - 1 workers
+            cp.cuda.Device(0).use()
+            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=max(1, workers() - 1),
+                                        defines=("DTMK_OBS_SM",))
         else:
             cp.cuda.Device(0).use()
             held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers())

@@ -160,9 +160,11 @@ def test_trace_is_refused_in_a_resident_launch():
     assert not mk.resident
 
 
-def test_serve_on_one_gpu_is_one_resident_launch(tmp_path):
+@pytest.mark.parametrize("observer", ["workers", "sm"])
+def test_serve_on_one_gpu_is_one_resident_launch(tmp_path, observer):
     """`python -m dtrace_mk.launch.serve --backend gpu` (no launcher, one rank): every
-    step served by ONE resident launch, no record dropped, the diagnosis of a clean run."""
+    step served by ONE resident launch, no record dropped, the diagnosis of a clean run --
+    the records built by the workers or by an observer SM (--observer sm)."""
     import json
     import os
     import subprocess
@@ -171,7 +173,8 @@ def test_serve_on_one_gpu_is_one_resident_launch(tmp_path):
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     env.pop("DTRACE_MK_JOB_DIR", None)
     p = subprocess.run([sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--steps", "40",
-                        "--batch", str(BATCH), "--result", str(out)], capture_output=True, text=True,
+                        "--batch", str(BATCH), "--result", str(out), "--observer", observer],
+                       capture_output=True, text=True,
                        env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resident kernel" in p.stderr

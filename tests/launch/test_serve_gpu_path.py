@@ -280,3 +280,28 @@ def test_a_pending_tier_swap_ends_the_resident_launch_and_starts_the_next(monkey
     assert (a, b) == (0, W + STEPS) and g == g2 and W < g < W + STEPS and g >= 3
     assert dq.swapped == 1 and dq.boundaries == [0, 1]     # the swap at the boundary between them
     assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}   # no step lost or fed twice
+
+
+def test_observer_sm_serving_builds_the_observer_sm_kernel_with_one_worker_fewer(monkeypatch, capsys):
+    """--observer sm (one rank): the megakernel is the observer-SM build, planned for one
+    worker fewer than the default serving kernel (one SM stays free for the clock pairs,
+    one runs the observer); the sim backend refuses the flag."""
+    from dtrace_mk.launch import serve
+    from dtrace_mk.megakernel import gpu
+    monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    built = []
+
+    class Built(Exception):
+        pass
+
+    def fake(cfg, batch, seed=0, tp=None, num_workers=None, defines=()):
+        built.append((num_workers, defines))
+        raise Built
+    monkeypatch.setattr(gpu, "Megakernel", fake)
+    with pytest.raises(Built):
+        serve.main(["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet", "--observer", "sm"])
+    assert built == [(WORKERS - 2, ("DTMK_OBS_SM",))]
+    capsys.readouterr()
+    assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--observer", "sm"]) != 0
+    assert "--observer sm" in capsys.readouterr().err

@@ -185,7 +185,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_HOOK_N 3     /* the host ring's cursor of this worker (observer): hook_n, slot, drop */
 #define OSQ_W_HOOK_SLOT 4
 #define OSQ_W_HOOK_DROP 5
-#define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); low bits: the hook mask */
+#define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); bit 33: the full pre-signal
+                            * hold (O.hold_full); low bits: the hook mask */
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #define OSQ_TAG_STEP 0xfffffffeu   /* entry word 0: a resident launch's step gate (words 1-2: steps finished) */
@@ -405,7 +406,13 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
 #ifndef DTMK_NO_HOOKS
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
 #ifdef DTMK_OBS_SM
-    if (O.tables) O.vm_mask = (dtmk_u32)osq_ld(osq_w(P, W.worker) + OSQ_W_MASK);   /* hooks its observer runs programs for */
+    if (O.tables) {                    /* hooks its observer runs programs for; the hold they need */
+        const dtmk_u64 m = osq_ld(osq_w(P, W.worker) + OSQ_W_MASK);
+        O.vm_mask = (dtmk_u32)m;
+#ifndef DTMK_HOLD_EAGER
+        O.hold_full = (dtmk_u32)(m >> 33) & 1u;
+#endif
+    }
     W.hook_mask = O.ring_mask | obs_prog_hooks();
 #else
     W.hook_mask = O.ring_mask | obs_prog_hooks();

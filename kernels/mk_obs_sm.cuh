@@ -62,7 +62,13 @@ __device__ __noinline__ void osq_publish_tables(const MkParams &P) {
         }
     }
     __threadfence();
+#ifndef DTMK_HOLD_EAGER
+    /* bit 33: a loaded program reads request_gen (or comm:wait is observed): the workers'
+     * full pre-signal hold; else the light one (the default build decides this at load) */
+    const dtmk_u64 m = (1ull << 32) | ((dtmk_u64)(O.hold_full != 0) << 33) | O.vm_mask;
+#else
     const dtmk_u64 m = (1ull << 32) | O.vm_mask;
+#endif
     for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = m;
     __syncwarp();
 }

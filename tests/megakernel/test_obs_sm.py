@@ -121,7 +121,11 @@ def test_workers_build_no_record_and_load_no_tables():
     s = body("hk_store")
     assert s.index("if (!osq_is_observer())") < s.index("osq_publish(P, W, true)") < s.index("O.vm_mask & bit")
     assert "if (!osq_is_observer()) O.reload = 0;" in SRC
-    assert "O.vm_mask = (dtmk_u32)osq_ld(osq_w(P, W.worker) + OSQ_W_MASK)" in body("refresh_control")
+    rc = body("refresh_control")
+    assert "osq_ld(osq_w(P, W.worker) + OSQ_W_MASK)" in rc and "O.vm_mask = (dtmk_u32)m;" in rc
+    # the hold the observer's programs need (request_gen read before the signal or not)
+    assert "O.hold_full = (dtmk_u32)(m >> 33) & 1u;" in rc
+    assert "((dtmk_u64)(O.hold_full != 0) << 33)" in body("osq_publish_tables")
 
 
 def test_the_observer_ends_every_workers_rows():

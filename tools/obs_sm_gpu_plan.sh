@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The observer SM's first GPU runs (docs/dev/hook_cost_analysis.md "Session 14"), as three
-# device calls of under 10 minutes each, in order (run from the repo root on the device
-# machine, through tools/gpu_session.sh: logs come back in $OUT/logs.tgz):
-#   tools/obs_sm_gpu_plan.sh 1   builds, then exactness (hot, compiled, 1b's warps), the probe
-#   tools/obs_sm_gpu_plan.sh 2   the builds whose code changed for it: handoff, placement,
-#                                resident, top (default and obssm cases)
-#   tools/obs_sm_gpu_plan.sh 3   bench/hooks.py: obssm / obssm1 / obssmin beside the default
+# The observer SM's first GPU runs (docs/dev/hook_cost_analysis.md "Session 14"), as device
+# calls of under 10 minutes each (run from the repo root on the device machine, through
+# tools/gpu_session.sh: logs come back in $OUT/logs.tgz).  Priority order 1, 2, 4, 3:
+#   tools/obs_sm_gpu_plan.sh 1   every build, then exactness (hot: tiny, small-moe, 1b's six
+#                                warps, attach/detach bits, the epoch test) and the probe
+#   tools/obs_sm_gpu_plan.sh 2   the builds whose default code changed (lean / handoff:
+#                                test_handoff_gpu.py, test_placement_gpu.py whole) and the
+#                                compiled tier on the observer
+#   tools/obs_sm_gpu_plan.sh 3   resident + serve, top and the run CLI (default and obssm)
+#   tools/obs_sm_gpu_plan.sh 4   bench/hooks.py: obssm / obssm1 / obssmin beside the default
+# (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
+# machine stays warm; a fresh machine compiles again)
 set -u
 R=DTMK_ROPE_IN_ATTN
 OBS="DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OSQ_STATS DTMK_OBS_SM+DTMK_OSQ_STATS+$R"
@@ -17,13 +22,14 @@ HO="$HO DTMK_NO_HOOKS+DTMK_SM_WORKER+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER"
 HO="$HO DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R"
 case "${1:-}" in
   1) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $OBS1 $HO" \
-       "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" \
+       "timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm" \
        "timeout 200 python3 tools/obs_sm_probe.py --presets tiny,1b --reps 5 --out ${OUT:-/tmp/out}" ;;
   2) exec tools/gpu_session.sh \
-       "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py" \
-       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py" ;;
+       "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py" \
+       "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" ;;
   3) exec tools/gpu_session.sh \
+       "timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py" ;;
+  4) exec tools/gpu_session.sh \
        "timeout 560 python3 bench/hooks.py --presets tiny,1b --reps 2 --variants obssm,obssm1,obssmin --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1|2|3  (see the header)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1|2|3|4  (see the header)" >&2; exit 2 ;;
 esac

@@ -156,8 +156,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * ("observer SM" below; 0 = none) */
 #define CTL_WORDS 32
 
-/* ---- observer SM (-DDTMK_OBS_SM; opt-in: exact on the H200, its cost is being measured:
- * docs/results/hooks.md "Session 14") -------------------------------------------------------
+/* ---- observer SM (-DDTMK_OBS_SM; opt-in.  Session 13's one-warp draft was exact on the
+ * H200 and slow; this version awaits its first GPU run: docs/dev/hook_cost_analysis.md
+ * "Session 14") ------------------------------------------------------------------------------
  * One CTA more than workers: block P.n_workers is the OBSERVER, on its own SM (one SM
  * costs nothing measurable: docs/results/hooks.md "Session 13").  Worker thread 0 writes
  * each task's captured hooks as one 128-byte entry into its queue in global memory

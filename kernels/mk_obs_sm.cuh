@@ -17,7 +17,7 @@
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
 __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
-#define OSQ_T0(name) const long long name = clock64()
+#define OSQ_T0(name) const long long name = clock64()   /* (OSQ_ADD / OSQ_CYC: k is the observer warp in scope) */
 #define OSQ_ADD(i, v) do { if ((threadIdx.x & 31) == 0) dtmk_osq_stats[k * OSQ_STATS_N + (i)] += (v); } while (0)
 #define OSQ_CYC(i, name) OSQ_ADD(i, (unsigned long long)(clock64() - (name)))
 #else

@@ -175,10 +175,9 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
  * the generation in their observer-state rows.  OBS_PENDING: each worker holds its row
  * before its signals (hold_epoch) and raises it to OSQ_W_LOW (its observer warp's lowest
  * held epoch, lowered before the tails) once the observer's tail of its queue reached its
- * head.  Queue memory (gpu.py OSQ_*): a 64-byte header (unused), then per worker 64
- * bytes of words (OSQ_W_*) and OSQ_N entries. */
+ * head.  Queue memory (gpu.py OSQ_*): per worker 64 bytes of words (OSQ_W_*) and OSQ_N
+ * entries. */
 #define OSQ_N 64
-#define OSQ_HDR_BYTES 64
 #define OSQ_W_BYTES (64 + OSQ_N * 128)
 #define OSQ_W_HEAD 0       /* u64 words of a worker's area: entries pushed (worker thread 0) */
 #define OSQ_W_TAIL 1       /* entries consumed (observer) */

@@ -142,14 +142,9 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
         *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
     }
     __syncwarp();
-    if (O.tables) {
+    if (O.tables)
         while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
-        osq_publish_tables(P);
-    } else {
-        __threadfence();
-        for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = 1ull << 32;
-    }
-    __syncwarp();
+    osq_publish_tables(P);                          /* (no tables: no hooks, the live bit alone) */
     dtmk_u32 seen = (dtmk_u32)P.step0;
     for (;;) {
         bool any = false, all_done = true;
@@ -205,11 +200,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             /* the ring's epochs held (OSQ_W_LOW) before the tails: a worker that reads its
              * tail == head then raises OBS_PENDING only to a low that holds them */
             const dtmk_u32 lo = min(__reduce_min_sync(0xffffffffu, Wl.osq_lo), O.acc_min);
-            if (lo < O.pub) {
-                osq_set_low(P, lo);
-                __syncwarp();
-                if (lane == 0) O.pub = lo;
-            }
+            if (lo < O.pub) osq_publish_low(P, lo);
             __threadfence();                   /* (every lane: its records and the low before its tail) */
             if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;
             __syncwarp();

@@ -180,16 +180,19 @@ __device__ __forceinline__ dtmk_u64 *obs_row(dtmk_u32 w) { return (dtmk_u64 *)O.
 __device__ __forceinline__ dtmk_u64 *osq_w(const MkParams &P, dtmk_u32 w) {   /* worker w's words */
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     char *q = (char *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
-    return (dtmk_u64 *)(q + OSQ_HDR_BYTES + (dtmk_u64)w * OSQ_W_BYTES);
+    return (dtmk_u64 *)(q + (dtmk_u64)w * OSQ_W_BYTES);
 }
 __device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i) {
     return (uint4 *)((char *)osq_w(P, w) + 64 + (i % OSQ_N) * 128);
 }
 __device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const volatile dtmk_u64 *)p; }
-/* observer warp (all lanes): OSQ_W_LOW of every worker of its slice (w = k, k + K, ...) */
-__device__ __forceinline__ void osq_set_low(const MkParams &P, dtmk_u32 lo) {
+/* observer warp (all lanes, converged): OSQ_W_LOW of every worker of its slice (w = k,
+ * k + K, ...) := lo, and O.pub (the value last published) with it */
+__device__ __forceinline__ void osq_publish_low(const MkParams &P, dtmk_u32 lo) {
     for (dtmk_u32 w = O.osq_k + (threadIdx.x & 31) * O.osq_nw; w < (dtmk_u32)P.n_workers; w += 32 * O.osq_nw)
         *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_LOW) = lo;
+    __syncwarp();                      /* (every lane compared with O.pub before it moves) */
+    if ((threadIdx.x & 31) == 0) O.pub = lo;
 }
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_wstats[2];   /* (mk_obs_sm.cuh DTMK_OSQ_STATS) */
@@ -418,9 +421,8 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             __syncwarp();
 #ifdef DTMK_OBS_SM
             __threadfence();                           /* (every lane: the flushes before its stores) */
-            osq_set_low(P, keep);                      /* every worker of the slice raises its own row from it */
-            __syncwarp();
-            if (lane == 0) { O.pub = keep; O.pubs += 1; }
+            osq_publish_low(P, keep);                  /* every worker of the slice raises its own row from it */
+            if (lane == 0) O.pubs += 1;
 #else
             if (lane == 0) {
                 __threadfence();

@@ -79,9 +79,9 @@ ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a g
 WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
 CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queues (megakernel.cu "observer SM")
-#: -DDTMK_OBS_SM (opt-in; megakernel.cu "observer SM"): the observer queues' layout -- a
-#: header, then per worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
-OSQ_N, OSQ_HDR_BYTES = 64, 64
+#: -DDTMK_OBS_SM (opt-in; megakernel.cu "observer SM"): the observer queues' layout -- per
+#: worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
+OSQ_N = 64
 OSQ_W_BYTES = 64 + OSQ_N * 128
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
@@ -568,7 +568,7 @@ class Megakernel:
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
             "trace_head": cp.zeros(W, cp.uint64),
             "worker_state": cp.zeros((W, 8), cp.uint64),
-            "obsq": cp.zeros(OSQ_HDR_BYTES + W * OSQ_W_BYTES if self.obs_sm else 8, cp.uint8),
+            "obsq": cp.zeros(W * OSQ_W_BYTES if self.obs_sm else 8, cp.uint8),
             "faults": cp.zeros((1, 8), cp.int64),
         }
         if self.tp:
@@ -698,6 +698,12 @@ class Megakernel:
             self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
 
+    def _ctl_obsq(self, ctl: np.ndarray) -> None:
+        """-DDTMK_OBS_SM: the observer queues' address into control words CTL_OBSQ, +1."""
+        if self.obs_sm:
+            qp = int(self.buf["obsq"].data.ptr)
+            ctl[CTL_OBSQ], ctl[CTL_OBSQ + 1] = qp & 0xFFFFFFFF, qp >> 32
+
     def _clear_obsq(self, stream) -> None:
         """-DDTMK_OBS_SM: the observer queues count from 0 in every launch (cleared on the
         launch's stream)."""
@@ -716,9 +722,9 @@ class Megakernel:
         params = self._params(0, 0)
         if self.obs_sm:       # (its observer reads the queues' address from control before any _prepare)
             self._clear_obsq(None)
-            qp = int(self.buf["obsq"].data.ptr)
-            self.buf["control"][CTL_OBSQ:CTL_OBSQ + 2] = self.cp.asarray(
-                np.array([qp & 0xFFFFFFFF, qp >> 32], np.uint32))
+            ctl = np.zeros(CTL_WORDS, np.uint32)
+            self._ctl_obsq(ctl)
+            self.buf["control"][CTL_OBSQ:CTL_OBSQ + 2] = self.cp.asarray(ctl[CTL_OBSQ:CTL_OBSQ + 2])
         kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem)
         self.cp.cuda.runtime.deviceSynchronize()
 
@@ -936,9 +942,7 @@ class Megakernel:
         mp = (int(self.sm_map.data.ptr) if self.sm_map is not None
               else int(self._sm_rec.data.ptr) | 1 if self._sm_rec is not None else 0)
         ctl[CTL_SM_MAP], ctl[CTL_SM_MAP + 1] = mp & 0xFFFFFFFF, mp >> 32
-        if self.obs_sm:
-            qp = int(self.buf["obsq"].data.ptr)
-            ctl[CTL_OBSQ], ctl[CTL_OBSQ + 1] = qp & 0xFFFFFFFF, qp >> 32
+        self._ctl_obsq(ctl)
         self.buf["control"].set(ctl)
         for k in ("hook_head", "trace_head", "hook_drop", "hook_tail", "steps_done"):
             self.buf[k].fill(0)

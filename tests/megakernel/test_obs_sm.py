@@ -46,7 +46,7 @@ def test_unsupported_combinations_are_refused_at_compile_time(other):
 
 def test_queue_layout_is_the_hosts():
     val = lambda name: re.search(r"#define " + name + r" ([^\n/]+)", SRC).group(1).strip()  # noqa: E731
-    assert int(val("OSQ_N")) == gpu.OSQ_N and int(val("OSQ_HDR_BYTES")) == gpu.OSQ_HDR_BYTES
+    assert int(val("OSQ_N")) == gpu.OSQ_N and "OSQ_HDR_BYTES" not in SRC   # (the draft's header: gone)
     assert val("OSQ_W_BYTES") == "(64 + OSQ_N * 128)" and gpu.OSQ_W_BYTES == 64 + gpu.OSQ_N * 128
     assert int(val("CTL_OBSQ")) == gpu.CTL_OBSQ and gpu.CTL_OBSQ + 1 < gpu.CTL_WORDS
     assert gpu.CTL_OBSQ not in (gpu.CTL_SM_MAP, gpu.CTL_SM_MAP + 1)
@@ -108,11 +108,11 @@ def test_obs_pending_rises_only_after_the_observer_consumed_the_queue():
     assert r.index("OSQ_W_TAIL) != W.osq_head") < r.index("a + OSQ_W_LOW") < r.index("__threadfence()") \
         < r.index("OBS_PENDING")
     o = body("osq_observer")
-    assert o.index("osq_run_entry(P, Wl, w, tail)") < o.index("osq_set_low(P, lo)") \
+    assert o.index("osq_run_entry(P, Wl, w, tail)") < o.index("osq_publish_low(P, lo)") \
         < o.index("__threadfence();                   /* (every lane: its records") < o.index("OSQ_W_TAIL) = tail + 1")
     s = body("obs_sync")
     pub = s[s.index("#ifdef DTMK_OBS_SM\n            __threadfence();"):]
-    assert pub.index("__threadfence()") < pub.index("osq_set_low(P, keep)")
+    assert pub.index("__threadfence()") < pub.index("osq_publish_low(P, keep)")
 
 
 def test_workers_build_no_record_and_load_no_tables():
@@ -140,7 +140,7 @@ def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkey
     fake_cupy.cuda.get_current_stream = contextlib.nullcontext
     mk = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=("DTMK_OBS_SM",))
     assert (mk.num_workers, mk.grid) == (15, 16) and mk.graph.num_workers == 15
-    assert mk.buf["obsq"].size == gpu.OSQ_HDR_BYTES + 15 * gpu.OSQ_W_BYTES
+    assert mk.buf["obsq"].size == 15 * gpu.OSQ_W_BYTES
     plain = gpu.Megakernel(PRESETS["tiny"], batch=1)
     assert (plain.num_workers, plain.grid) == (16, 16) and plain.buf["obsq"].size == 8
     mk.kernel = lambda grid, block, args, shared_mem=0, stream=None: launches.append(grid)

@@ -95,7 +95,12 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define DTMK_PROF_BEGIN(name) const long long name = clock64()
 #define DTMK_PROF_END(k, name) do { if ((threadIdx.x & 31) == 0 && threadIdx.x < 32) { s_prof[k] += 1; \
     s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } } while (0)
+#ifndef DTMK_OBS_SM
 #define DTMK_PROF_END1(k, name) do { s_prof[k] += 1; s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } while (0)
+#else   /* (with the observer SM: observer warp 0 alone, tools/obs_sm_probe.py --prof; the others' lane 0 would race) */
+#define DTMK_PROF_END1(k, name) do { if (threadIdx.x < 32) { s_prof[k] += 1; \
+    s_prof[(k) + 1] += (unsigned long long)(clock64() - (name)); } } while (0)
+#endif
 #endif
 #ifdef DTMK_OBS_SM
 /* the observer's batches mix workers at different decode steps: two coverage accumulators
@@ -190,8 +195,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #define OSQ_TAG_STEP 0xfffffffeu   /* entry word 0: a resident launch's step gate (words 1-2: steps finished) */
-#if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM) || defined(DTMK_OBS_PROF))
-#error "-DDTMK_OBS_SM: a hook build, its compiled tier or its handoff build (no site form, profiling yet)"
+#if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM))
+#error "-DDTMK_OBS_SM: a hook build, its compiled tier or its handoff build (no site form)"
 #endif
 #ifdef DTMK_OBS_SM
 __shared__ dtmk_u32 s_osq_obs;     /* 1: this CTA is the observer (the last block, or the map's SM n_workers) */
@@ -1147,6 +1152,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifdef DTMK_OBS_SM
     if (osq_is_observer()) {           /* the observer SM: its loop instead of a plan */
         osq_observer(P);
+#ifdef DTMK_OBS_PROF
+        if (threadIdx.x == 0) for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);   /* (warp 0's) */
+#endif
         return;
     }
 #endif

@@ -3,13 +3,18 @@ the default hook build and in the observer-SM build (-DDTMK_OBS_SM -DDTMK_OSQ_ST
 by side on the same weights, then the observer warps' counters of one more launch.
 
     python tools/obs_sm_probe.py [--presets tiny,1b] [--reps 5] [--steps N] [--out DIR]
+                                 [--defines DEF+DEF] [--prof]
 
 Per preset: us/step (median over alternating launches, round 0 a warm-up) of `nohooks`
 (no hook code, all SMs working), `default` (summary attached), `obssm` (summary attached)
 and `obssm_plain` (nothing attached); tokens checked equal.  Then per observer warp (kernels/mk_obs_sm.cuh DTMK_OSQ_STATS):
 rounds, entries per round, idle scans, room drains, the largest queue lag, and the SM
 cycles in scanning / building / obs_sync / tails per step; and how often (and how long) a
-worker found its queue full -- the backpressure that turns observer lag into step time."""
+worker found its queue full -- the backpressure that turns observer lag into step time.
+--defines: extra defines of the observer-SM build (a variant, e.g. DTMK_VM_CODE_SMEM);
+--prof: one more launch of that build with -DDTMK_OBS_PROF, printing where observer warp
+0's obs_sync time goes (VM calls, flushes, moves; inside them the exec step, coverage,
+helper calls, memory instructions: bench/level_profile.py's tables, per step)."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +34,7 @@ STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc
 OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
 
 
-def probe_preset(name: str, reps: int, steps: int, log) -> dict:
+def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False) -> dict:
     import cupy as cp
     from benchio import timed_rounds
     from dtrace_mk.megakernel import gpu
@@ -39,7 +44,7 @@ def probe_preset(name: str, reps: int, steps: int, log) -> dict:
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     mks = {"default": gpu.Megakernel(cfg, batch=1, weights=w),
-           "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES),
+           "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES + tuple(extra)),
            "nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
     lives = {k: LiveSession(mks[k]) for k in ("default", "obssm")}
     for live in lives.values():
@@ -93,7 +98,31 @@ def probe_preset(name: str, reps: int, steps: int, log) -> dict:
             f"{r['room_drains']:>6} {r['max_lag']:>4} {per('cyc_scan'):>9.0f} {per('cyc_build'):>9.0f} "
             f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f}")
     log(f"workers found their queue full {out['full_queue_pushes']} times, {out['full_queue_cycles']} cycles")
+    if prof:
+        out["prof"] = observer_prof(cfg, w, steps, tuple(extra), log)
     return out
+
+
+def observer_prof(cfg, w, steps: int, extra, log) -> list:
+    """One launch of the observer-SM build with -DDTMK_OBS_PROF and the summary attached:
+    observer warp 0's dtmk_obs_prof counters (count, cycles) per step."""
+    import cupy as cp
+    from level_profile import PROF_N, print_prof
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    m = gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES + tuple(extra) + ("DTMK_OBS_PROF",))
+    live = LiveSession(m)
+    live.attach(summary_monitor(m.graph.schema).obj)
+    prof = cp.ndarray((PROF_N,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
+    for _ in range(2):                 # (the first launch warms up; the second is counted)
+        prof.fill(0)
+        m.reset()
+        live.start(steps)
+        live.wait()
+    v = [int(x) for x in prof.get()]
+    log("observer warp 0 (DTMK_OBS_PROF; per step):")
+    print_prof({"obssm w0": v}, steps, 1)
+    return v
 
 
 def main(argv=None) -> int:
@@ -102,12 +131,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=0, help="decode steps per launch (0: tiny 64, 1b 16)")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--defines", default="", help="DEF+DEF: extra defines of the observer-SM build")
+    ap.add_argument("--prof", action="store_true", help="also profile observer warp 0 (-DDTMK_OBS_PROF)")
     a = ap.parse_args(argv)
     if a.reps < 2:
         ap.error("--reps must be >= 2 (round 0 is a warm-up)")
     from benchio import run_presets
-    run_presets(a.out, "obs_sm_probe", a.presets,
-                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log))
+    extra = tuple(d for d in a.defines.split("+") if d)
+    tag = "".join("_" + d.lower().replace("dtmk_", "") for d in extra)
+    run_presets(a.out, "obs_sm_probe" + tag, a.presets,
+                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof))
     return 0
 
 

@@ -173,27 +173,16 @@ __device__ __forceinline__ void dtmk_zero(void *dst, dtmk_u32 n) {
     }
 }
 
-/* The key helpers index w[] only with unrolled, compile-time indices (words past nw are
- * predicated off), so the key stays in registers: with a dynamic index w[] lived in local
- * memory, and dtmk_hash_find's chain of local loads and stores cost ~3 us per helper call
- * on the observer SM, whose L1 is mostly carved out as shared memory (session 15 profile,
- * docs/dev/hook_cost_analysis.md).  (#pragma unroll: ignored by the host's g++ build.) */
 /* a key (key_size bytes at a generic address) as zero-padded little-endian words */
 __device__ __forceinline__ dtmk_u32 dtmk_load_key(const void *key, dtmk_u32 key_size, dtmk_u32 *w) {
-    const dtmk_u32 nw = (key_size + 3) >> 2;
-    const dtmk_u64 a = (dtmk_u64)key;
+    dtmk_u32 nw = (key_size + 3) >> 2;
+    dtmk_u64 a = (dtmk_u64)key;
     if (((a | key_size) & 3) == 0) {
-#pragma unroll
-        for (dtmk_u32 i = 0; i < DTMK_MAX_KEY_WORDS; i++) w[i] = i < nw ? *(const dtmk_u32 *)(a + 4 * i) : 0u;
+        for (dtmk_u32 i = 0; i < nw; i++) w[i] = *(const dtmk_u32 *)(a + 4 * i);
     } else {
-#pragma unroll
-        for (dtmk_u32 i = 0; i < DTMK_MAX_KEY_WORDS; i++) {
-            dtmk_u32 v = 0;
-#pragma unroll
-            for (dtmk_u32 b = 0; b < 4; b++)
-                if (4 * i + b < key_size) v |= (dtmk_u32)(*(const dtmk_u8 *)(a + 4 * i + b)) << (8 * b);
-            w[i] = v;
-        }
+        for (dtmk_u32 i = 0; i < nw; i++) w[i] = 0;
+        for (dtmk_u32 i = 0; i < key_size; i++)
+            w[i >> 2] |= (dtmk_u32)(*(const dtmk_u8 *)(a + i)) << (8 * (i & 3));
     }
     return nw;
 }
@@ -201,9 +190,7 @@ __device__ __forceinline__ dtmk_u32 dtmk_load_key(const void *key, dtmk_u32 key_
 /* FNV-1a over the key words, then a murmur finalizer (dtrace_mk.runtime.device.key_hash) */
 __device__ __forceinline__ dtmk_u32 dtmk_key_hash(const dtmk_u32 *w, dtmk_u32 nw) {
     dtmk_u32 h = 2166136261u;
-#pragma unroll
-    for (dtmk_u32 i = 0; i < DTMK_MAX_KEY_WORDS; i++)
-        if (i < nw) h = (h ^ w[i]) * 16777619u;
+    for (dtmk_u32 i = 0; i < nw; i++) h = (h ^ w[i]) * 16777619u;
     h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
     return h;
 }
@@ -247,9 +234,7 @@ __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void 
             if (st == DTMK_SLOT_FULL) {
                 const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
                 bool eq = true;
-#pragma unroll
-                for (dtmk_u32 j = 0; j < DTMK_MAX_KEY_WORDS; j++)
-                    if (j < nw) eq &= (k[j] == w[j]);
+                for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
                 if (eq) return (int)i;
             } else if (st == DTMK_SLOT_TOMB) {
                 if (free_slot < 0) free_slot = (int)i;
@@ -279,9 +264,7 @@ __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void 
             return DTMK_HASH_FULL;
         }
         dtmk_u32 *k = (dtmk_u32 *)(m->keys + (dtmk_u64)fs * kstride);
-#pragma unroll
-        for (dtmk_u32 j = 0; j < DTMK_MAX_KEY_WORDS; j++)
-            if (j < nw) k[j] = w[j];
+        for (dtmk_u32 j = 0; j < nw; j++) k[j] = w[j];
         void *v = (void *)(m->values + (dtmk_u64)fs * m->value_stride);
         if (init) dtmk_copy(v, init, m->value_size);
         else dtmk_zero(v, m->value_stride);

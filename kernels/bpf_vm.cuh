@@ -59,18 +59,7 @@
 #define DTMK_WORKER_OF_CTX 0xffffffffu   /* run_records' worker: each record's own (-DDTMK_OBS_SM) */
 #define DTMK_VM_FULL 0xffffffffu
 #define DTMK_VM_NREGS 11
-#ifndef DTMK_VM_STACK_SMEM
 #define DTMK_VM_REG_BYTES_PER_WARP (DTMK_VM_NREGS * 32 * 8)
-#else
-/* -DDTMK_VM_STACK_SMEM (the observer SM, whose L1 is mostly carved out as shared memory: a
- * local-memory stack there costs L2 trips): a program whose stack_depth is at most
- * DTMK_VM_SSTACK bytes keeps its stack in the warp's register area, after the registers,
- * lane l's DTMK_VM_SSTACK_STRIDE words from l's (one spare word: lanes' equal offsets fall
- * in different banks); a deeper one uses the local array */
-#define DTMK_VM_SSTACK 128
-#define DTMK_VM_SSTACK_STRIDE (DTMK_VM_SSTACK / 8 + 1)
-#define DTMK_VM_REG_BYTES_PER_WARP ((DTMK_VM_NREGS * 32 + 32 * DTMK_VM_SSTACK_STRIDE) * 8)
-#endif
 
 /* outcome of one (event, program) */
 #define DTMK_OUT_NONE 0        /* not eligible */
@@ -107,20 +96,15 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
 #define REG(i) R[(dtmk_u32)(i) << 5]
 #endif
     dtmk_u64 stack[DTMK_STACK_SIZE / 8];
-    dtmk_u64 *top = stack + DTMK_STACK_SIZE / 8;
-#ifdef DTMK_VM_STACK_SMEM
-    /* a stack of at most DTMK_VM_SSTACK bytes in the shared memory after the warp's registers */
-    if (stack_depth <= DTMK_VM_SSTACK) top = R - (threadIdx.x & 31) + DTMK_VM_NREGS * 32 + ((threadIdx.x & 31) + 1) * DTMK_VM_SSTACK_STRIDE;
-#endif
     bool lost = false, thr = false, fault = false, done_ok = false;
     dtmk_u32 p = active ? 0u : DTMK_VM_NOPC;
     dtmk_u32 cnt = 0;
     if (active) {
-        for (dtmk_u32 k = 0; k < stack_depth / 8; k++) top[-1 - (int)k] = 0;
+        for (dtmk_u32 k = 0; k < stack_depth / 8; k++) stack[DTMK_STACK_SIZE / 8 - 1 - k] = 0;
 #pragma unroll
         for (int i = 0; i < DTMK_VM_NREGS; i++) REG(i) = 0;
         REG(1) = (dtmk_u64)ctx;
-        REG(10) = (dtmk_u64)top;
+        REG(10) = (dtmk_u64)(stack + DTMK_STACK_SIZE / 8);
     }
     dtmk_u32 upc = __reduce_min_sync(DTMK_VM_FULL, p);
     if (upc == DTMK_VM_NOPC) return DTMK_OUT_NONE;

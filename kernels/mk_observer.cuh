@@ -30,7 +30,7 @@ struct __align__(16) Obs {
     struct dtmk_ctx ring[OBS_RING];
     dtmk_u32 cnt[DTMK_NUM_HOOKS], base[DTMK_NUM_HOOKS];   /* per hook: records held, first ring index */
     dtmk_u32 cap, full_at, must_at, maxc;   /* sub-ring size; drain thresholds; max(cnt) */
-    dtmk_u64 regs[DTMK_VM_REG_BYTES_PER_WARP / 8];   /* the VM's registers (-DDTMK_VM_STACK_SMEM: and stacks) */
+    dtmk_u64 regs[DTMK_VM_NREGS * 32];
     struct dtmk_cov_acc accs[OBS_NACC];     /* per (hook, slot): a drain never flushes mid-way */
     dtmk_u64 tables, state;
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */

@@ -247,12 +247,21 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     d[5] = make_uint4(W.worker, W.sm, 0u, 0u);
     W.pend = 0; W.pend_rg = 0;
 }
-/* worker thread 0: OBS_PENDING up to its observer warp's low once it consumed this queue */
+/* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the
+ * oldest entry the observer has not taken yet (a worker's entries are in step order), so
+ * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
     /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
     const dtmk_u64 *a = osq_w(P, W.worker);
-    if (!O.state || ld_acquire(a + OSQ_W_TAIL) != W.osq_head) return;
-    const dtmk_u32 lo = (dtmk_u32)osq_ld(a + OSQ_W_LOW);
+    if (!O.state) return;
+    const dtmk_u64 tail = ld_acquire(a + OSQ_W_TAIL);
+    dtmk_u32 lo = (dtmk_u32)osq_ld(a + OSQ_W_LOW);
+    if (tail != W.osq_head) {          /* entry `tail` is intact: only this thread writes its slot, after it is taken */
+        const uint4 *d = osq_entry(P, W.worker, tail);
+        const dtmk_u32 tag = d[0].x;
+        if (tag == OSQ_TAG_STEP) return;   /* (a gate's entry holds no records: wait for the next look) */
+        lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);   /* (osq_run_entry's step of either kind) */
+    }
     if (lo == O.pub) return;
     __threadfence();                   /* the observer's flushes (fenced before low) first */
     O.pub = lo;

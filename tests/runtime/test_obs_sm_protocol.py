@@ -9,7 +9,9 @@ group of memory operations (each group is fenced or ordered by the kernel's MEMB
 
   worker, per task of step s:  hold OBS_PENDING <= s (hold_epoch) ; entry (osq_write_pend)
       ; release signal ; head += 1 (osq_publish).  In a wait (before a task, and once all
-      are done): osq_raise -- if tail == head, OBS_PENDING := OSQ_W_LOW.
+      are done): osq_raise -- OBS_PENDING := OSQ_W_LOW, or min(OSQ_W_LOW, the step of the
+      oldest entry not yet taken) while tail < head (so epochs become final while the
+      observer lags: session 15 found 1b's never did until the end).
   observer warp, a round (osq_observer): run the entries (records into the ring), lower
       OSQ_W_LOW of its slice to min(their epochs, acc_min) when below what it published,
       then the tails.  A drain (obs_sync): the ring into the accumulators (two ways by
@@ -18,8 +20,9 @@ group of memory operations (each group is fenced or ordered by the kernel's MEMB
   host: read steps finished, then each worker's OBS_PENDING, then the coverage.
 
 Mutants (each one a known way to break the protocol) must be caught, so the checker is
-shown to look: tails before the low, a raise without the tail test, no hold before the
-signal, a publish while records are still in the ring."""
+shown to look: tails before the low, a raise that ignores the entries not yet taken, one
+that bounds them one step too high, no hold before the signal, a publish while records
+are still in the ring."""
 from __future__ import annotations
 
 import pytest
@@ -68,8 +71,12 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                     out.append((rep(wpc, w, pc + 1),) + st[1:4] + (rep(sig, s, sig[s] + 1),) + st[5:])
                 else:
                     out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
-            if pc % 3 == 0 and (mutant == "raise_any" or tail[w] == head[w]) and low[w] != pub[w]:
-                out.append((wpc, rep(pub, w, low[w]), rep(row, w, low[w])) + st[3:])   # osq_raise in a wait
+            if pc % 3 == 0:                                 # osq_raise in a wait: the low, bounded
+                target = low[w]                             # by the oldest entry not yet taken (entry i
+                if tail[w] < head[w] and mutant != "raise_any":   # is step i; raise_any: unbounded)
+                    target = min(target, tail[w] + (1 if mutant == "raise_past_oldest" else 0))
+                if target != pub[w]:
+                    out.append((wpc, rep(pub, w, target), rep(row, w, target)) + st[3:])
         for k in range(warps):                              # ---- observer warps
             mine = [w for w in range(NW) if slice_of[w] == k]
             if rphase[k] is None:
@@ -169,6 +176,6 @@ def test_every_final_epoch_is_complete(n_workers, steps, warps):
     assert finals == set(range(-1, steps)), finals        # snapshots saw every epoch become final
 
 
-@pytest.mark.parametrize("mutant", ["tail_first", "raise_any", "no_hold", "publish_early"])
+@pytest.mark.parametrize("mutant", ["tail_first", "raise_any", "raise_past_oldest", "no_hold", "publish_early"])
 def test_the_checker_catches_a_broken_protocol(mutant):
     assert check(2, 2, 1, mutant=mutant) is not None

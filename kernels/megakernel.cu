@@ -161,17 +161,18 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
                             * ("observer SM" below; 0 = none) */
 #define CTL_WORDS 32
 
-/* ---- observer SM (-DDTMK_OBS_SM; opt-in.  Session 13's one-warp draft was exact on the
- * H200 and slow; this version awaits its first GPU run: docs/dev/hook_cost_analysis.md
- * "Session 14") ------------------------------------------------------------------------------
- * One CTA more than workers: block P.n_workers is the OBSERVER, on its own SM (one SM
- * costs nothing measurable: docs/results/hooks.md "Session 13").  Worker thread 0 writes
+/* ---- observer SM (-DDTMK_OBS_SM; opt-in.  Exact on the H200 but one SM cannot keep up
+ * with 1b: docs/dev/hook_cost_analysis.md "Session 15") -----------------------------------
+ * DTMK_OBS_SMS (default 1) CTAs more than workers: blocks P.n_workers + m are the
+ * OBSERVERS, each on its own SM (one SM costs nothing measurable: docs/results/hooks.md
+ * "Session 13"; 1b's ops have 128 tiles, so up to 4 SMs of 132 are spare).  Worker thread 0 writes
  * each task's captured hooks as one 128-byte entry into its queue in global memory
  * BEFORE the task's release signal and bumps the queue's head right AFTER it (the
  * signal's MEMBAR orders the entry before the head: no fence of its own); records
  * built elsewhere (hook_event, gen:advance) are pushed with a fence.  The observer runs
- * K warps (mk_obs_sm.cuh: as many as the launch's dynamic shared memory holds an Obs
- * for, DTMK_OBS_SM_WARPS at most), warp k serving workers k, k + K, ...: each lane pops one
+ * Kl warps each (mk_obs_sm.cuh: as many as the launch's dynamic shared memory holds an Obs
+ * for, DTMK_OBS_SM_WARPS at most), K = DTMK_OBS_SMS x Kl in all, warp k (observer m's
+ * warp kl: k = m Kl + kl) serving workers k, k + K, ...: each lane pops one
  * worker's next entry and builds its records (hook_flush: the warp's ring, the host
  * ring), so a round builds up to 32 tasks' records at once; the VM runs batches that mix
  * workers (each lane takes its record's worker); coverage accumulates per epoch parity.
@@ -179,8 +180,8 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
  * mask with a live bit in its workers' OSQ_W_MASK (a launch's workers wait for it) and
  * the generation in their observer-state rows.  OBS_PENDING: each worker holds its row
  * before its signals (hold_epoch) and raises it to OSQ_W_LOW (its observer warp's lowest
- * held epoch, lowered before the tails) once the observer's tail of its queue reached its
- * head.  Queue memory (gpu.py OSQ_*): per worker 64 bytes of words (OSQ_W_*) and OSQ_N
+ * held epoch, lowered before the tails), bounded by the step of its oldest entry the
+ * observer has not taken.  Queue memory (gpu.py OSQ_*): per worker 64 bytes of words (OSQ_W_*) and OSQ_N
  * entries. */
 #define OSQ_N 64
 #define OSQ_W_BYTES (64 + OSQ_N * 128)
@@ -198,8 +199,12 @@ __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM))
 #error "-DDTMK_OBS_SM: a hook build, its compiled tier or its handoff build (no site form)"
 #endif
+#ifndef DTMK_OBS_SMS
+#define DTMK_OBS_SMS 1             /* observer SMs of an observer-SM job (its lean grid leaves them free too) */
+#endif
 #ifdef DTMK_OBS_SM
-__shared__ dtmk_u32 s_osq_obs;     /* 1: this CTA is the observer (the last block, or the map's SM n_workers) */
+__shared__ dtmk_u32 s_osq_obs;     /* m + 1: this CTA is observer m (the last DTMK_OBS_SMS blocks, or the map's
+                                    * SMs n_workers + m); 0: a worker */
 #define HO_OBSERVER s_osq_obs      /* (the observer resumes no worker) */
 #else
 #define HO_OBSERVER 0
@@ -1009,9 +1014,9 @@ __device__ __noinline__ int gate_look(const MkParams &P, Worker &W, int step) {
  * grid handoff's successor CTA knows whose plan ran on its SM.  One block per SM and
  * every block resident (persistent) make the map a permutation when it covers the SMs
  * the grid gets; a block on an SM outside it (-1) stops the launch (control[CTL_ABORT] =
- * 3), as does a successor grid without a map.  An observer-SM job's map names one SM
- * n_workers: its CTA is the observer (-DDTMK_OBS_SM) or, in the lean grid, leaves at once
- * (MK_IDLE) so that the hook grid's observer CTA finds the SM free. */
+ * 3), as does a successor grid without a map.  An observer-SM job's map names DTMK_OBS_SMS
+ * SMs n_workers + m: their CTAs are the observers (-DDTMK_OBS_SM) or, in the lean grid,
+ * leave at once (MK_IDLE) so that the hook grid's observer CTAs find the SMs free. */
 __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     const dtmk_u32 *ctl = (const dtmk_u32 *)P.control;
     const dtmk_u64 map = (dtmk_u64)ctl[CTL_SM_MAP] | ((dtmk_u64)ctl[CTL_SM_MAP + 1] << 32);
@@ -1023,10 +1028,15 @@ __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     }
     if (map & 1) { ((int *)(map - 1))[blockIdx.x] = (int)W.sm; return; }   /* record the block order's placement */
     const int w = ((const int *)map)[W.sm];
-    if (w == (int)P.n_workers) {       /* the observer's SM (an observer-SM job's map has it) */
+#if DTMK_OBS_SMS == 1                   /* (one observer: the GPU-tested code of session 15, same PTX) */
+    const bool observers_sm = w == (int)P.n_workers;
+#else
+    const bool observers_sm = w >= (int)P.n_workers && w < (int)P.n_workers + DTMK_OBS_SMS;
+#endif
+    if (observers_sm) {                /* an observer's SM (an observer-SM job's map) */
         W.worker = 0;
 #ifdef DTMK_OBS_SM
-        s_osq_obs = 1;                 /* this CTA observes */
+        s_osq_obs = (dtmk_u32)(w - (int)P.n_workers) + 1u;   /* this CTA is observer w - n_workers */
 #else
         W.aborted = MK_IDLE;           /* any other build (the lean grid): leave the SM free at once */
 #endif
@@ -1101,7 +1111,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
 #ifdef DTMK_OBS_SM
-        s_osq_obs = blockIdx.x == gridDim.x - 1;   /* (-DDTMK_SM_WORKER: the map's say, sm_worker) */
+        s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */
         W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
 #endif

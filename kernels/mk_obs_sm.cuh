@@ -8,15 +8,15 @@
 #define DTMK_OBS_SM_WARPS 8   /* observer warps at most (1b: ~26 K records per step need several) */
 #endif
 /* -DDTMK_OSQ_STATS (tools/obs_sm_probe.py; measurement only): per observer warp k, u64
- * dtmk_osq_stats[k][i]: [0] rounds that ran entries, [1] entries, [2] idle scans, [3]
+ * dtmk_osq_stats[k][i] (k: the warp among all observer SMs'): [0] rounds that ran entries, [1] entries, [2] idle scans, [3]
  * drains for room inside a round, [4..7] SM cycles scanning heads / building records /
  * in obs_sync (room drains, idle drains, reloads) / lowering OSQ_W_LOW + fence + tails,
  * [8] the largest head - tail seen, [9] idle drains; and per launch
  * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited */
 #define OSQ_STATS_N 10
 #ifdef DTMK_OSQ_STATS
-extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
-__device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SM_WARPS * OSQ_STATS_N];
+extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
+__device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
 #define OSQ_T0(name) const long long name = clock64()   /* (OSQ_ADD / OSQ_CYC: k is the observer warp in scope) */
 #define OSQ_ADD(i, v) do { if ((threadIdx.x & 31) == 0) dtmk_osq_stats[k * OSQ_STATS_N + (i)] += (v); } while (0)
 #define OSQ_CYC(i, name) OSQ_ADD(i, (unsigned long long)(clock64() - (name)))
@@ -116,8 +116,11 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
  * the end the last drain, the slice's host-ring heads, OBS_PENDING ~0 and OBS_DONE. */
 __device__ __noinline__ void osq_observer(const MkParams &P) {
     const unsigned lane = threadIdx.x & 31;
-    const dtmk_u32 k = threadIdx.x >> 5, K = osq_nwarps(), nw = (dtmk_u32)P.n_workers;
-    if (k >= K) return;
+    const dtmk_u32 kl = threadIdx.x >> 5, Kl = osq_nwarps(), nw = (dtmk_u32)P.n_workers;
+    /* k of K: this warp among every observer SM's (-DDTMK_OBS_SMS; each runs Kl warps);
+     * a warp past the workers has no slice (and no observer-state row of its own) */
+    const dtmk_u32 k = (s_osq_obs - 1u) * Kl + kl, K = DTMK_OBS_SMS * Kl;
+    if (kl >= Kl || k >= nw) return;
     Worker Wk, Wl;                     /* the warp's (row k: obs_sync) and the lane's (its entry's worker) */
     {
         dtmk_u32 sm;

@@ -68,13 +68,14 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False) ->
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
     m = mks["obssm"]
-    stats = cp.ndarray((gpu.OBS_SM_WARPS_MAX * len(STAT_NAMES),), cp.uint64,
+    rows = m.obs_sms * gpu.OBS_SM_WARPS_MAX            # (warp k = observer m's warp kl: m * Kl + kl)
+    stats = cp.ndarray((rows * len(STAT_NAMES),), cp.uint64,
                        memptr=m.module.get_global("dtmk_osq_stats"))
     wstats = cp.ndarray((2,), cp.uint64, memptr=m.module.get_global("dtmk_osq_wstats"))
     stats.fill(0)
     wstats.fill(0)
     launch("obssm")
-    st = stats.get().reshape(gpu.OBS_SM_WARPS_MAX, len(STAT_NAMES))
+    st = stats.get().reshape(rows, len(STAT_NAMES))
     warps = [dict(zip(STAT_NAMES, (int(x) for x in row))) for row in st if row[0] or row[2]]
     ws = wstats.get()
     out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,

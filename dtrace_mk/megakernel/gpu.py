@@ -88,6 +88,19 @@ OSQ_W_BYTES = 64 + OSQ_N * 128
 OBS_SM_WARPS_MAX = 8
 #: the defines of the observer SM (hook code: a handoff job's lean build leaves them out)
 OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OSQ_PUSH_INLINE")
+#: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
+OBS_SMS_MAX = 8
+
+
+def obs_sms_of(defines: Sequence[str]) -> int:
+    """The observer SMs an observer-SM build runs (-DDTMK_OBS_SMS=M; 1 without it)."""
+    for d in defines:
+        name, _, val = d.partition("=")
+        if name == "DTMK_OBS_SMS":
+            if not val.isdigit() or not 1 <= int(val) <= OBS_SMS_MAX:
+                raise UserError(f"DTMK_OBS_SMS={val}: want an integer 1..{OBS_SMS_MAX}")
+            return int(val)
+    return 1
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -480,17 +493,19 @@ class Megakernel:
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
         dev = cp.cuda.Device()
-        # -DDTMK_OBS_SM: one SM is the observer's; the graph is planned for the rest (the
-        # lean grid of a handoff job too: it leaves that SM free, megakernel.cu sm_worker)
+        # -DDTMK_OBS_SM: DTMK_OBS_SMS SMs (default 1) are the observers'; the graph is planned
+        # for the rest (the lean grid of a handoff job too: it leaves them free, sm_worker)
         self.obs_sm = "DTMK_OBS_SM" in defines
+        self.obs_sms = obs_sms_of(defines) if self.obs_sm else 0
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         n_sm = int(dev.attributes["MultiProcessorCount"])
-        self.num_workers = num_workers or n_sm - (1 if self.obs_sm else 0)
-        self.grid = self.num_workers + (1 if self.obs_sm else 0)   # CTAs of a launch (+ the observer)
+        self.num_workers = num_workers or n_sm - self.obs_sms
+        self.grid = self.num_workers + self.obs_sms   # CTAs of a launch (+ the observers)
         if self.obs_sm and self.grid > n_sm:
-            raise UserError(f"DTMK_OBS_SM: {self.num_workers} workers and the observer need {self.grid} SMs "
-                            f"(one CTA each, all resident); this GPU has {n_sm}: num_workers <= {n_sm - 1}")
+            raise UserError(f"DTMK_OBS_SM: {self.num_workers} workers and {self.obs_sms} observer(s) need "
+                            f"{self.grid} SMs (one CTA each, all resident); this GPU has {n_sm}: "
+                            f"num_workers <= {n_sm - self.obs_sms}")
         self.tp = tp if tp is not None and tp.ranks > 1 else None
         rank, ranks = (tp.rank, tp.ranks) if self.tp else (0, 1)
         self.graph = graph or build_graph(cfg, batch, self.num_workers, rank=rank, ranks=ranks)

@@ -26,8 +26,9 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
 @pytest.mark.slow
 @pytest.mark.parametrize("defines", [("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN"),
                                      ("DTMK_OBS_SM", "DTMK_OSQ_STATS"),
-                                     ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER")],
-                         ids=["tiny", "1b", "stats", "handoff"])
+                                     ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER"),
+                                     ("DTMK_OBS_SM", "DTMK_OBS_PROF")],   # (the probe's --prof: warp 0 counted)
+                         ids=["tiny", "1b", "stats", "handoff", "prof"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -37,7 +38,7 @@ def test_the_observer_sm_build_compiles(defines):
     assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 
 
-@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM", "DTMK_OBS_PROF"])
+@pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM"])
 def test_unsupported_combinations_are_refused_at_compile_time(other):
     with pytest.raises(Exception, match="DTMK_OBS_SM"):
         nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
@@ -69,7 +70,7 @@ def test_each_observer_warp_has_its_own_obs_within_the_dynamic_shared_memory():
     guard = k.index("if (!osq_is_observer()) {          /* (each observer warp clears its own Obs")
     assert guard < k.index("((dtmk_u32 *)O.tabs)[i] = 0") < k.index("O.accs[i].cov = 0")
     o = body("osq_observer")
-    assert o.index("if (k >= K) return;") < o.index("((dtmk_u32 *)O.tabs)[i] = 0") < o.index("obs_init(P, Wk)")
+    assert o.index("if (kl >= Kl || k >= nw) return;") < o.index("((dtmk_u32 *)O.tabs)[i] = 0") < o.index("obs_init(P, Wk)")
     for nb, ptx_warps in ((4928, 1), (149952, 6)):            # tiny / 1b's dynamic bytes at batch 1
         assert min(gpu.OBS_SM_WARPS_MAX, 1 + nb // 29264) == ptx_warps   # sizeof(Obs) of the OBS_SM build
 
@@ -100,13 +101,21 @@ def test_the_entry_goes_before_the_release_signal_and_its_head_after():
     assert pub.index("if (fence) __threadfence();") < pub.index("OSQ_W_HEAD")
 
 
-def test_obs_pending_rises_only_after_the_observer_consumed_the_queue():
-    """A worker raises its row to OSQ_W_LOW only once its tail reached its head; the
+def test_obs_pending_rises_to_the_low_bounded_by_the_oldest_entry_not_taken():
+    """A worker raises its row to OSQ_W_LOW, bounded while its queue is not empty by the
+    step of the entry at its tail (session 15: else no epoch became final while the
+    observer lagged; tests/runtime/test_obs_sm_protocol.py checks the rule); the
     observer lowers OSQ_W_LOW to the round's record epochs and fences before the tails;
     an epoch publish (obs_sync) fences the coverage flushes before the new low."""
     r = body("osq_raise")
-    assert r.index("OSQ_W_TAIL) != W.osq_head") < r.index("a + OSQ_W_LOW") < r.index("__threadfence()") \
-        < r.index("OBS_PENDING")
+    assert r.index("ld_acquire(a + OSQ_W_TAIL)") < r.index("a + OSQ_W_LOW") < r.index("if (tail != W.osq_head)") \
+        < r.index("__threadfence()") < r.index("OBS_PENDING")
+    bound = r[r.index("if (tail != W.osq_head)"):r.index("__threadfence()")]
+    # the entry's step where osq_run_entry reads it; a gate's STEP entry defers the raise
+    assert "osq_entry(P, W.worker, tail)" in bound and "if (tag == OSQ_TAG_STEP) return;" in bound
+    assert "lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);" in bound
+    e = body("osq_run_entry")
+    assert "step = d1.w;" in e and "step = c.v[3].z;" in e
     o = body("osq_observer")
     assert o.index("osq_run_entry(P, Wl, w, tail)") < o.index("osq_publish_low(P, lo)") \
         < o.index("__threadfence();                   /* (every lane: its records") < o.index("OSQ_W_TAIL) = tail + 1")
@@ -230,12 +239,15 @@ def test_the_map_names_the_observers_sm_and_the_lean_grid_leaves_it():
     """sm_worker: map value n_workers is the observer's SM -- the observer-SM build's CTA
     there observes (and resumes no worker), any other build's leaves at once (MK_IDLE)."""
     f = body("sm_worker")
-    obs = f[f.index("if (w == (int)P.n_workers)"):f.index("if (w < 0 || w >= (int)P.n_workers)")]
-    assert "s_osq_obs = 1;" in obs and "W.aborted = MK_IDLE;" in obs and "W.worker = 0;" in obs
+    obs = f[f.index("const bool observers_sm = w == (int)P.n_workers;"):f.index("if (w < 0 || w >= (int)P.n_workers)")]
+    assert "s_osq_obs = (dtmk_u32)(w - (int)P.n_workers) + 1u;" in obs and "W.aborted = MK_IDLE;" in obs \
+        and "W.worker = 0;" in obs
+    # several observers (-DDTMK_OBS_SMS=M): map values n_workers .. n_workers + M - 1
+    assert "const bool observers_sm = w >= (int)P.n_workers && w < (int)P.n_workers + DTMK_OBS_SMS;" in obs
     k = body("dtmk_megakernel")
     assert "if (P.handoff_in && !W.aborted && !HO_OBSERVER) ho_resume(P, W);" in k
     assert k.index("ho_resume(P, W)") < k.index("if (W.aborted == MK_IDLE) return;") < k.index("osq_observer(P)")
-    assert "s_osq_obs = blockIdx.x == gridDim.x - 1;" in k
+    assert "s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;" in k
     assert body("osq_is_observer").count("s_osq_obs") == 1
 
 
@@ -288,3 +300,44 @@ def test_the_gpu_plan_names_existing_tests_builds_and_variants():
         assert k in (root / f).read_text(), (f, k)
     variants = re.search(r"--variants ([\w,]+)", plan).group(1).split(",")
     assert set(variants) <= set(hooks_table("BUILD_VARIANTS")), variants
+
+
+def test_several_observer_sms_split_the_workers_between_all_their_warps():
+    """-DDTMK_OBS_SMS=M: observer m's warp kl is warp k = m Kl + kl of K = M Kl, serving
+    workers k, k + K, ... (every slice loop, row and counter uses k / K); a warp past the
+    workers leaves (it would have no slice and no row of its own)."""
+    o = body("osq_observer")
+    assert "const dtmk_u32 k = (s_osq_obs - 1u) * Kl + kl, K = DTMK_OBS_SMS * Kl;" in o
+    assert "if (kl >= Kl || k >= nw) return;" in o
+    assert "O.osq_k = k; O.osq_nw = K;" in o and "Wk.worker = k;" in o
+    assert "dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N]" in OBS_SM_SRC
+    assert "O.osq_k + (threadIdx.x & 31) * O.osq_nw" in body("osq_publish_low")
+
+
+@pytest.mark.slow
+def test_three_observer_sms_compile_with_the_lean_grid_leaving_them_free():
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
+                        defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=3", "DTMK_OSQ_STATS")).decode()
+    assert re.search(r"dtmk_osq_stats\[1920\]", ptx)       # bytes: 3 SMs x 8 warps x 10 u64 counters
+    lean = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
+                         defines=("DTMK_NO_HOOKS", "DTMK_SM_WORKER", "DTMK_OBS_SMS=3")).decode()
+    assert "osq_observer" not in lean and "sm_worker" in lean
+
+
+def test_host_plans_m_workers_fewer_for_m_observer_sms(fake_cupy):
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=3"))
+    assert (mk.obs_sms, mk.num_workers, mk.grid) == (3, 13, 16) and mk.graph.num_workers == 13
+    assert gpu.obs_sms_of(("DTMK_OBS_SM",)) == 1 and gpu.obs_sms_of(("DTMK_OBS_SMS=4",)) == 4
+    for bad in ("DTMK_OBS_SMS=0", "DTMK_OBS_SMS=x", f"DTMK_OBS_SMS={gpu.OBS_SMS_MAX + 1}"):
+        with pytest.raises(UserError, match="DTMK_OBS_SMS"):
+            gpu.obs_sms_of((bad,))
+    with pytest.raises(UserError, match="14 workers and 3 observer"):
+        gpu.Megakernel(PRESETS["tiny"], batch=1, num_workers=14, defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=3"))
+    # a handoff job's lean grid keeps DTMK_OBS_SMS (it leaves the observers' SMs free)
+    assert "DTMK_OBS_SMS" not in gpu.OBS_SM_DEFINES
+    from tests.bench_tables import hooks_table
+    v = hooks_table("BUILD_VARIANTS")
+    assert all(v[f"obssm{m}"] == ("DTMK_OBS_SM", f"DTMK_OBS_SMS={m}") for m in (2, 3, 4))
+    from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
+    assert "DTMK_OBS_SMS" in MK_PASS_DEFINES

@@ -9,6 +9,12 @@
 #                                compiled tier on the observer
 #   tools/obs_sm_gpu_plan.sh 3   resident + serve, top and the run CLI (default and obssm)
 #   tools/obs_sm_gpu_plan.sh 4   bench/hooks.py: obssm / obssm1 / obssmin beside the default
+# Session 15 ran 1-4 (one observer SM is exact and cannot keep up with 1b); next, several
+# observer SMs (-DDTMK_OBS_SMS=M), priority order 5, 6, 7:
+#   tools/obs_sm_gpu_plan.sh 5   the M = 3 / 4 builds, exactness (test_hot_attach -k obssm3) and
+#                                the probe with 3 and 4 observer SMs (does it keep up now?)
+#   tools/obs_sm_gpu_plan.sh 6   bench/hooks.py: obssm3 / obssm4 beside the default (hot, compiled)
+#   tools/obs_sm_gpu_plan.sh 7   handoff, serving and the compiled tier with three observer SMs
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -31,5 +37,16 @@ case "${1:-}" in
        "timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py" ;;
   4) exec tools/gpu_session.sh \
        "timeout 560 python3 bench/hooks.py --presets tiny,1b --reps 2 --variants obssm,obssm1,obssmin --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1|2|3|4  (see the header)" >&2; exit 2 ;;
+  5) M3="DTMK_OBS_SM+DTMK_OBS_SMS=3"; M4="DTMK_OBS_SM+DTMK_OBS_SMS=4"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py $BASE $M3 $M3+$R $M3+DTMK_OSQ_STATS $M3+DTMK_OSQ_STATS+$R $M4+DTMK_OSQ_STATS $M4+DTMK_OSQ_STATS+$R" \
+       "timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm3" \
+       "timeout 120 python3 tools/obs_sm_probe.py --presets 1b,tiny --reps 3 --defines DTMK_OBS_SMS=3 --out ${OUT:-/tmp/out}" \
+       "timeout 120 python3 tools/obs_sm_probe.py --presets 1b --reps 3 --defines DTMK_OBS_SMS=4 --out ${OUT:-/tmp/out}" ;;
+  6) exec tools/gpu_session.sh \
+       "timeout 560 python3 bench/hooks.py --presets 1b,tiny --reps 2 --variants obssm3,obssm4 --out ${OUT:-/tmp/out}" ;;
+  7) exec tools/gpu_session.sh \
+       "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_resident_gpu.py -k obssm3" \
+       "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..7  (see the header)" >&2; exit 2 ;;
 esac

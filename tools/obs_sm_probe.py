@@ -11,13 +11,14 @@ and `obssm_plain` (nothing attached); tokens checked equal.  Then per observer w
 rounds, entries per round, idle scans, room drains, the largest queue lag, and the SM
 cycles in scanning / building / obs_sync / tails per step; and how often (and how long) a
 worker found its queue full -- the backpressure that turns observer lag into step time.
---defines: extra defines of the observer-SM build (a variant, e.g. DTMK_VM_CODE_SMEM);
+--defines: extra defines of the observer-SM build (a variant, e.g. DTMK_OBS_SMS=3);
 --prof: one more launch of that build with -DDTMK_OBS_PROF, printing where observer warp
 0's obs_sync time goes (VM calls, flushes, moves; inside them the exec step, coverage,
 helper calls, memory instructions: bench/level_profile.py's tables, per step)."""
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
         ap.error("--reps must be >= 2 (round 0 is a warm-up)")
     from benchio import run_presets
     extra = tuple(d for d in a.defines.split("+") if d)
-    tag = "".join("_" + d.lower().replace("dtmk_", "") for d in extra)
+    tag = "".join("_" + re.sub(r"\W", "", d.lower().replace("dtmk_", "")) for d in extra)   # (file names)
     run_presets(a.out, "obs_sm_probe" + tag, a.presets,
                 lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof))
     return 0

@@ -132,8 +132,9 @@ def test_unspent_phantoms_are_re_added_by_the_successor():
     assert readded > 0, "no successor re-added phantoms: the test did not exercise them"
 
 
-@pytest.mark.parametrize("name, defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM)],
-                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm"])
+@pytest.mark.parametrize("name, defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM),
+                                            ("1b", OBSSM + ("DTMK_OBS_SMS=3",))],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3"])
 def test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran(name, defines):
     import time
     from dtrace_mk.lang.pipeline import compile_query

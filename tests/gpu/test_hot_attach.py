@@ -26,8 +26,11 @@ _S = {}
 #: kernels/megakernel.cu "observer SM"; session 13's one-warp draft, several warps with
 #: lane-parallel record building since session 14)
 OBSSM = ("DTMK_OBS_SM",)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM],
-                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm"])
+#: three observer SMs (-DDTMK_OBS_SMS=3, session 15: one SM cannot keep up with 1b)
+OBSSM3 = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
+                                             OBSSM3],
+                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -298,8 +301,8 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
     assert (live.mk.run(2).tokens >= 0).all()
 
 
-@pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM)],
-                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm"])
+@pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

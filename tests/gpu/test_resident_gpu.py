@@ -53,7 +53,8 @@ def poll_until(mk, step, got, timeout_s=60.0):
 
 #: the observer SM (kernels/megakernel.cu "observer SM"): its observer publishes each
 #: worker's head and steps done at the worker's gates (OSQ_TAG_STEP)
-BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",)], ids=["default", "obssm"])
+BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")],
+                                 ids=["default", "obssm", "obssm3"])
 
 
 @BUILDS

@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--observer", choices=("workers", "sm"), default="workers",
                    help="gpu backend, one rank: where the hook records the agents read are built -- "
                         "workers (each worker's thread 0, default) or sm (an SM of their own, the "
-                        "workers only capture: -DDTMK_OBS_SM; experimental, its cost not yet measured)")
+                        "workers only capture: -DDTMK_OBS_SM; experimental: exact, but slower than workers "
+                        "on 1b -- docs/results/hooks.md session 15)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help="gpu: where hook records are built and monitors run -- workers = each worker's "
                         "thread 0 (default); sm = one SM of their own, the workers only capture "
-                        "(-DDTMK_OBS_SM; experimental: its cost is not yet measured)")
+                        "(-DDTMK_OBS_SM; experimental: exact, but slower than workers on 1b -- "
+                        "docs/results/hooks.md session 15)")
 
 
 # ------------------------------------------------------------------------ rendering

@@ -108,6 +108,19 @@ def test_observer_sm_compiled_tier_links(stage):
         assert cubin != link_megakernel(rt.monitor(), "sm_90a", stage=1)[0]
 
 
+def test_several_observer_sms_reach_the_compiled_tiers_link():
+    """-DDTMK_OBS_SMS=3 (three observer SMs) is one of the defines the compiled tier's
+    kernel is built with (else the linked kernel would run one observer's slices on a grid
+    planned for three) and that kernel links."""
+    from dtrace_mk.runtime.live import link_megakernel, summary_monitor
+    defines = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
+    assert set(defines) <= set(C.megakernel_spec(defines).defines)
+    rt = C.HostCompiledRuntime(4)
+    rt.attach(summary_monitor().obj)
+    cubin, _ = link_megakernel(rt.monitor(), "sm_90a", stage=1, defines=defines)
+    assert cubin[:4] == b"\x7fELF" and b"osq_observer" in cubin
+
+
 def test_kernel_cache_key_covers_every_include(tmp_path, monkeypatch):
     """The stage-1 kernel cubin is cached by the hash of the kernel's include closure: an
     edit to any included file (here a copy of kernels/ with mk_ops.cuh touched) changes it."""

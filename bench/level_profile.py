@@ -134,19 +134,20 @@ PROF_TABLES = (
 )
 
 
-def print_prof(profs: dict, steps: int, workers: int, ghz: float = 1.98) -> None:
+def print_prof(profs: dict, steps: int, workers: int, ghz: float = 1.98, emit=print) -> None:
     """The DTMK_OBS_PROF counters per step per worker: count, us, us each (cycles at
-    `ghz`, the H200's SM clock under load; bench/timer_cost.py prints the attribute)."""
+    `ghz`, the H200's SM clock under load; bench/timer_cost.py prints the attribute);
+    `emit`: where the lines go (a bench's log)."""
     us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
     for title, cols in PROF_TABLES:
-        print(f"--- DTMK_OBS_PROF {title} (per step per worker)")
-        print(f"  {'config':<12}" + "".join(f"{n + ' n':>9}{'us':>8}{'us/each':>9}" for n, _ in cols))
+        emit(f"--- DTMK_OBS_PROF {title} (per step per worker)")
+        emit(f"  {'config':<12}" + "".join(f"{n + ' n':>9}{'us':>8}{'us/each':>9}" for n, _ in cols))
         for c, v in profs.items():
             row = ""
             for _, k in cols:
                 each = us(v[k + 1] / v[k]) if v[k] else 0.0
                 row += f"{v[k] / steps / workers:>9.2f}{us(v[k + 1] / steps / workers):>8.2f}{each:>9.2f}"
-            print(f"  {c:<12}" + row)
+            emit(f"  {c:<12}" + row)
 
 
 def main() -> int:

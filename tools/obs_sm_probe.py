@@ -123,7 +123,7 @@ def observer_prof(cfg, w, steps: int, extra, log) -> list:
         live.wait()
     v = [int(x) for x in prof.get()]
     log("observer warp 0 (DTMK_OBS_PROF; per step):")
-    print_prof({"obssm w0": v}, steps, 1)
+    print_prof({"obssm w0": v}, steps, 1, emit=log)   # (into the probe's log, beside its other tables)
     return v
 
 

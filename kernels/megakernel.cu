@@ -722,16 +722,26 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
             else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* not with -DDTMK_HOLD_EAGER */
 #ifdef DTMK_OBS_SM
+#if defined(DTMK_OSQ_NOPUSH)
+            /* measurement only (tools/obs_sm_probe.py): the capture without its entry */
+            W.pend = 0; W.pend_rg = 0;
+#elif !defined(DTMK_OSQ_PEND_LATE)
             /* the entry's stores before the signal's MEMBAR, its head after the signal */
             if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+#endif
 #endif
             DTMK_PROF_END1(24, prof_h);
         }
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
+#ifndef DTMK_OSQ_PEND_LATE
         /* a deferred (late) or comm signal had no MEMBAR here: fence */
         if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+#else
+        /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
+        if (W.pend) { osq_write_pend(P, W); osq_publish(P, W, true); }
+#endif
 #endif
 #ifdef DTMK_OBS_SM
         /* the captured records went to the observer: no call per task, only for gen:advance

@@ -12,7 +12,10 @@
  * drains for room inside a round, [4..7] SM cycles scanning heads / building records /
  * in obs_sync (room drains, idle drains, reloads) / lowering OSQ_W_LOW + fence + tails,
  * [8] the largest head - tail seen, [9] idle drains; and per launch
- * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited */
+ * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited.
+ * Also measurement only, to split the hot summary's cost: -DDTMK_OSQ_DISCARD (the observer
+ * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
+ * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced) */
 #define OSQ_STATS_N 10
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
@@ -91,7 +94,11 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         W.t_begin = ((dtmk_u64)d3.y << 32) | d3.x; W.t_end = ((dtmk_u64)d3.w << 32) | d3.z;
         W.dep_wait = ((dtmk_u64)d4.y << 32) | d4.x; W.ts_rel = ((dtmk_u64)d4.w << 32) | d4.z;
         step = d1.w;
+#ifndef DTMK_OSQ_DISCARD
         hook_flush(P, W);
+#else
+        W.pend = 0;                    /* measurement only: the entry taken, not run */
+#endif
     } else if (c.v[0].x == OSQ_TAG_STEP) {   /* a resident launch's step gate (gate_publish) */
         osq_cursor_in(P, W, w, W.sm, true);
         __threadfence_system();        /* this worker's records (earlier entries) before its head */
@@ -103,7 +110,9 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
     } else {                           /* a record built by the worker */
         osq_cursor_in(P, W, w, c.v[1].y);
         step = c.v[3].z;
+#ifndef DTMK_OSQ_DISCARD
         hk_store(P, W, c, c.v[0].y, step);
+#endif
     }
     osq_cursor_out(P, W);
     return step;

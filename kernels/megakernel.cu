@@ -889,7 +889,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * the worker's previous one), or the lowest held epoch lags OBS_LAG steps
                  * (then all at once).  Short waits of a busy worker are left alone. */
 #ifdef DTMK_OBS_SM
+#ifndef DTMK_OSQ_NORAISE                /* (measurement only: epochs final at the launch's end alone) */
                 if (W.observe) osq_raise(P, W);   /* workers drain nothing: OBS_PENDING up */
+#endif
 #else
                 if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif

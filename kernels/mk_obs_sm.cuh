@@ -15,7 +15,8 @@
  * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited.
  * Also measurement only, to split the hot summary's cost: -DDTMK_OSQ_DISCARD (the observer
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
- * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced) */
+ * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),
+ * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end) */
 #define OSQ_STATS_N 10
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];

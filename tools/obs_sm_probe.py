@@ -18,6 +18,7 @@ helper calls, memory instructions: bench/level_profile.py's tables, per step).""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import statistics
 import sys
@@ -35,7 +36,7 @@ STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc
 OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
 
 
-def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False) -> dict:
+def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, query=None) -> dict:
     import cupy as cp
     from benchio import timed_rounds
     from dtrace_mk.megakernel import gpu
@@ -49,7 +50,11 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False) ->
            "nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
     lives = {k: LiveSession(mks[k]) for k in ("default", "obssm")}
     for live in lives.values():
-        live.attach(summary_monitor(live.mk.graph.schema).obj)
+        if query is None:
+            live.attach(summary_monitor(live.mk.graph.schema).obj)
+        else:
+            from dtrace_mk.lang.pipeline import compile_query
+            live.attach(compile_query(query, live.mk.graph.schema, name="<probe query>").obj)
 
     def launch(key):
         m = mks["obssm" if key.startswith("obssm") else key]
@@ -135,14 +140,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--defines", default="", help="DEF+DEF: extra defines of the observer-SM build")
     ap.add_argument("--prof", action="store_true", help="also profile observer warp 0 (-DDTMK_OBS_PROF)")
+    ap.add_argument("--query", default=None,
+                    help="a query (text, or @FILE) attached instead of the summary monitor (live.SUMMARY_QUERY)")
     a = ap.parse_args(argv)
     if a.reps < 2:
         ap.error("--reps must be >= 2 (round 0 is a warm-up)")
     from benchio import run_presets
     extra = tuple(d for d in a.defines.split("+") if d)
     tag = "".join("_" + re.sub(r"\W", "", d.lower().replace("dtmk_", "")) for d in extra)   # (file names)
+    query = a.query
+    if query is not None:
+        if query.startswith("@"):
+            query = Path(query[1:]).read_text()
+        tag += "_q" + hashlib.sha1(query.encode()).hexdigest()[:6]
     run_presets(a.out, "obs_sm_probe" + tag, a.presets,
-                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof))
+                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof, query))
     return 0
 
 

@@ -16,7 +16,8 @@
  * Also measurement only, to split the hot summary's cost: -DDTMK_OSQ_DISCARD (the observer
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
  * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),
- * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end) */
+ * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
+ * -DDTMK_OSQ_BURN=C (with DISCARD: C cycles spent per entry taken, touching no memory) */
 #define OSQ_STATS_N 10
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
@@ -99,6 +100,9 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         hook_flush(P, W);
 #else
         W.pend = 0;                    /* measurement only: the entry taken, not run */
+#ifdef DTMK_OSQ_BURN                   /* ... and DTMK_OSQ_BURN cycles spent on it (a busy observer, no memory) */
+        { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
+#endif
 #endif
     } else if (c.v[0].x == OSQ_TAG_STEP) {   /* a resident launch's step gate (gate_publish) */
         osq_cursor_in(P, W, w, W.sm, true);

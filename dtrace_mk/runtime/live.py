@@ -38,6 +38,7 @@ How it works (kernels/mk_observer.cuh, the observer part of megakernel.cu):
 """
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -193,8 +194,8 @@ class LiveSession:
         self.side = cp.cuda.Stream(non_blocking=True)
         # what DeviceRuntime.attach imports lazily, imported now: the first hot attach of a
         # session otherwise paid ~10 ms of imports (H200, session 16: 21 ms vs 6 ms)
-        from . import aggdesc, descform, inline  # noqa: F401
-        from ..abi import context  # noqa: F401
+        for mod in (".aggdesc", ".descform", ".inline", "..abi.context"):
+            importlib.import_module(mod, __package__)
         self.gen = 0
         self.stamps: Dict[int, Dict[str, int]] = {}     # gen -> host/device stamps
         self.handle = None

@@ -36,7 +36,7 @@ STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc
 OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
 
 
-def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, query=None) -> dict:
+def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, query=None, obs_smids=None) -> dict:
     import cupy as cp
     from benchio import timed_rounds
     from dtrace_mk.megakernel import gpu
@@ -48,6 +48,13 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, qu
     mks = {"default": gpu.Megakernel(cfg, batch=1, weights=w),
            "obssm": gpu.Megakernel(cfg, batch=1, weights=w, defines=OBS_DEFINES + tuple(extra)),
            "nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
+    if obs_smids:                      # -DDTMK_SM_WORKER: the observers on these SMs, workers on the rest in id order
+        mo = mks["obssm"]
+        ids = sorted(gpu.probe_smids(mo.grid, mo.smem))
+        if len(obs_smids) != mo.obs_sms or not set(obs_smids) <= set(ids):
+            raise SystemExit(f"--observer-smids: want {mo.obs_sms} of the grid's SMs {ids[0]}..{ids[-1]}")
+        mo.place_workers([i for i in ids if i not in obs_smids] + list(obs_smids))
+        log(f"{name}: observers on SMs {list(obs_smids)}")
     lives = {k: LiveSession(mks[k]) for k in ("default", "obssm")}
     for live in lives.values():
         if query is None:
@@ -140,6 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--defines", default="", help="DEF+DEF: extra defines of the observer-SM build")
     ap.add_argument("--prof", action="store_true", help="also profile observer warp 0 (-DDTMK_OBS_PROF)")
+    ap.add_argument("--observer-smids", default="",
+                    help="comma list: the observer SMs (needs DTMK_SM_WORKER in --defines; workers on the rest)")
     ap.add_argument("--query", default=None,
                     help="a query (text, or @FILE) attached instead of the summary monitor (live.SUMMARY_QUERY)")
     a = ap.parse_args(argv)
@@ -153,8 +162,11 @@ def main(argv=None) -> int:
         if query.startswith("@"):
             query = Path(query[1:]).read_text()
         tag += "_q" + hashlib.sha1(query.encode()).hexdigest()[:6]
+    obs_smids = [int(x) for x in a.observer_smids.split(",") if x]
+    if obs_smids:
+        tag += "_sm" + "-".join(map(str, obs_smids))
     run_presets(a.out, "obs_sm_probe" + tag, a.presets,
-                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof, query))
+                lambda p, log: probe_preset(p, a.reps, a.steps or STEPS.get(p, 16), log, extra, a.prof, query, obs_smids))
     return 0
 
 

@@ -356,7 +356,8 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
 #ifdef DTMK_OBS_SM
     dtmk_u64 osq_head, osq_tail;             /* worker thread 0: entries pushed; the observer's tail last read */
-    dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it */
+    dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it
+                                              * (-DDTMK_OSQ_LAZY_PUB: written after it, due after the next) */
     dtmk_u32 osq_lo;                         /* (an observer lane) lowest epoch it put in the ring this round */
 #endif
 #endif
@@ -725,7 +726,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #if defined(DTMK_OSQ_NOPUSH)
             /* measurement only (tools/obs_sm_probe.py): the capture without its entry */
             W.pend = 0; W.pend_rg = 0;
-#elif !defined(DTMK_OSQ_PEND_LATE)
+#elif !defined(DTMK_OSQ_PEND_LATE) && !defined(DTMK_OSQ_LAZY_PUB)
             /* the entry's stores before the signal's MEMBAR, its head after the signal */
             if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
 #endif
@@ -735,7 +736,14 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
-#ifndef DTMK_OSQ_PEND_LATE
+#if defined(DTMK_OSQ_LAZY_PUB)
+        /* the PREVIOUS task's entry (written after its signal): this signal's MEMBAR ordered
+         * its stores -- long done, so the MEMBAR waited for none; a late or comm signal had
+         * no MEMBAR here: fence.  Then this task's entry, published by the next signal (or
+         * the next wait's osq_raise, another push, the worker's end: mk_observer.cuh) */
+        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+        if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+#elif !defined(DTMK_OSQ_PEND_LATE)
         /* a deferred (late) or comm signal had no MEMBAR here: fence */
         if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
 #else
@@ -993,6 +1001,7 @@ __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64
 #ifdef DTMK_OBS_SM
     /* the observer writes this worker's records: it publishes the head, the drops and the
      * steps finished once it has run every entry before this one (osq_run_entry) */
+    osq_settle(W);
     uint4 *d = osq_slot(P, W);
     d[0] = make_uint4(OSQ_TAG_STEP, (dtmk_u32)fin, (dtmk_u32)(fin >> 32), 0u);
     osq_publish(P, W, true);
@@ -1343,6 +1352,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
 #ifdef DTMK_OBS_SM
+        osq_flush_unpub(P, W);          /* (-DDTMK_OSQ_LAZY_PUB: the last task's entry) */
         __threadfence();                /* no more entries (the last gate's too): the observer may end */
         *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_DONE) = 1;
 #endif

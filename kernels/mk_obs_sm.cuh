@@ -17,8 +17,13 @@
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
  * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),
  * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
- * -DDTMK_OSQ_BURN=C (with DISCARD: C cycles spent per entry taken, touching no memory) */
+ * -DDTMK_OSQ_BURN=C (with DISCARD: C cycles spent per entry taken, touching no memory; session 16:
+ * no cost), and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
+ * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers */
 #define OSQ_STATS_N 10
+#if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
+__device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
+#endif
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
 __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
@@ -102,6 +107,19 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         W.pend = 0;                    /* measurement only: the entry taken, not run */
 #ifdef DTMK_OSQ_BURN                   /* ... and DTMK_OSQ_BURN cycles spent on it (a busy observer, no memory) */
         { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
+#endif
+#ifdef DTMK_OSQ_FENCES                 /* ... or N fences (do the observer's fences cost the workers?) */
+        for (int j = 0; j < (DTMK_OSQ_FENCES); ++j) __threadfence();
+#endif
+#ifdef DTMK_OSQ_ATOMS                  /* ... or N atomic adds to one global word (its atomics?) */
+        for (int j = 0; j < (DTMK_OSQ_ATOMS); ++j) atomicAdd(&dtmk_osq_sink[0], 1ull);
+#endif
+#ifdef DTMK_OSQ_LOADS                  /* ... or N dependent L2 loads (its memory latency chain?) */
+        {
+            dtmk_u64 x = 0;
+            for (int j = 0; j < (DTMK_OSQ_LOADS); ++j) x = __ldcg(&dtmk_osq_sink[1 + ((x + j) & 255)]);
+            if (x == 12345) dtmk_osq_sink[0] = x;   /* (keeps the chain) */
+        }
 #endif
 #endif
     } else if (c.v[0].x == OSQ_TAG_STEP) {   /* a resident launch's step gate (gate_publish) */

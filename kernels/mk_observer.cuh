@@ -228,6 +228,23 @@ __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool f
     W.osq_head += 1;
     *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_HEAD) = W.osq_head;
 }
+/* -DDTMK_OSQ_LAZY_PUB (opt-in, session 16; not yet run on a GPU): a task's entry is stored
+ * AFTER its release signal and its head published after the NEXT signal, whose MEMBAR then
+ * finds the entry's stores long done (session 16: the workers' pushes cost 1b ~4.5% of step
+ * time, the stores waited for by the signal's MEMBAR a suspect); or, fenced, by the next
+ * wait's osq_raise, another push (osq_settle) or the worker's end.  W.osq_unpub: the entry
+ * at W.osq_head is stored, its head not yet published (tests/runtime/test_obs_sm_protocol.py,
+ * lazy: osq_raise publishes before it raises) */
+__device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the caller's next fenced publish */
+#ifdef DTMK_OSQ_LAZY_PUB
+    if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
+#endif
+}
+__device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {
+#ifdef DTMK_OSQ_LAZY_PUB
+    if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, true); }
+#endif
+}
 /* worker thread 0, before the release signal: task W.pend_t's captured hooks as one entry
  * (OSQ_TAG_PEND layout; mk_obs_sm.cuh osq_run_entry reads it).  A call per task on the
  * critical path; -DDTMK_OSQ_PUSH_INLINE (bench variant obssmin) inlines it into run_task */
@@ -251,6 +268,7 @@ void osq_write_pend(const MkParams &P, Worker &W) {
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
  * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
+    osq_flush_unpub(P, W);             /* (-DDTMK_OSQ_LAZY_PUB: every entry published before a raise) */
     /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
     const dtmk_u64 *a = osq_w(P, W.worker);
     if (!O.state) return;
@@ -641,6 +659,7 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
 __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
 #ifdef DTMK_OBS_SM
     if (!osq_is_observer()) {          /* a worker: the record goes to the observer, whole */
+        osq_settle(W);
         uint4 *d = osq_slot(P, W);
 #pragma unroll
         for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];

@@ -255,9 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
     p.add_argument("--observer", choices=("workers", "sm"), default="workers",
                    help="gpu backend, one rank: where the hook records the agents read are built -- "
-                        "workers (each worker's thread 0, default) or sm (an SM of their own, the "
-                        "workers only capture: -DDTMK_OBS_SM; experimental: exact, but slower than workers "
-                        "on 1b -- docs/results/hooks.md session 15)")
+                        "workers (each worker's thread 0, default) or sm (SMs of their own, "
+                        "--observer-sms; the workers only capture: -DDTMK_OBS_SM; experimental: exact; H200 "
+                        "1b hot summary with 4 SMs +15.6%% over its nothing-attached run, workers +45%% over "
+                        "no hooks; tiny with 3 SMs slower than workers -- docs/results/hooks.md session 16)")
+    p.add_argument("--observer-sms", type=int, default=None, metavar="M",
+                   help="gpu backend, --observer sm: observer SMs (1..8, default 4; taken from the workers)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -327,6 +330,8 @@ def serve(args: argparse.Namespace) -> int:
     from .api import ServingHost
 
     backend = resolve_backend(args.backend)
+    if getattr(args, "observer", "workers") == "workers" and getattr(args, "observer_sms", None) is not None:
+        raise UserError("--observer-sms: only with --observer sm")
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":
@@ -512,10 +517,11 @@ def serve_gpu(args: argparse.Namespace) -> int:
             held["tp"] = TPGroup(comm)            # collective; selects device rank % GPUs
             held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed, num_workers=workers())
         elif getattr(args, "observer", "workers") == "sm":
-            # the observer takes one more SM (the clock pairs keep theirs): workers() - 1 workers
+            # the observers take M more SMs (the clock pairs keep theirs): workers() - M workers
+            defines = gpu.observer_defines("sm", getattr(args, "observer_sms", None))
             cp.cuda.Device(0).use()
-            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=max(1, workers() - 1),
-                                        defines=("DTMK_OBS_SM",))
+            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed,
+                                        num_workers=max(1, workers() - gpu.obs_sms_of(defines)), defines=defines)
         else:
             cp.cuda.Device(0).use()
             held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers())

@@ -37,8 +37,9 @@ from ..errors import UserError
 
 NAME = "top"
 ORDER = 34
-#: --observer: the megakernel build each choice runs (kernels/megakernel.cu "observer SM")
-OBSERVERS = {"workers": (), "sm": ("DTMK_OBS_SM",)}
+#: --observer: where records are built (kernels/megakernel.cu "observer SM"); the build each
+#: choice runs: gpu.observer_defines
+OBSERVERS = ("workers", "sm")
 HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -59,9 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help="gpu: where hook records are built and monitors run -- workers = each worker's "
-                        "thread 0 (default); sm = one SM of their own, the workers only capture "
-                        "(-DDTMK_OBS_SM; experimental: exact, but slower than workers on 1b -- "
-                        "docs/results/hooks.md session 15)")
+                        "thread 0 (default); sm = SMs of their own (--observer-sms), the workers only "
+                        "capture (-DDTMK_OBS_SM; experimental: exact; H200 1b hot summary with 4 SMs "
+                        "+15.6%% over its nothing-attached run, workers +45%% over no hooks; tiny with "
+                        "3 SMs slower than workers -- docs/results/hooks.md session 16)")
+    p.add_argument("--observer-sms", type=int, default=None, metavar="M",
+                   help="gpu, --observer sm: observer SMs (1..8, default 4; the workers get the other SMs)")
 
 
 # ------------------------------------------------------------------------ rendering
@@ -184,7 +188,8 @@ def _inline_note(live, aid) -> str:
 
 
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
-               frames: int = 0, tier: str = "hot", launches: int = 0, observer: str = "workers") -> Iterable[str]:
+               frames: int = 0, tier: str = "hot", launches: int = 0, observer: str = "workers",
+               observer_sms: Optional[int] = None) -> Iterable[str]:
     """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
     promoted to the compiled tier at launch boundaries (--tier); records built and
     monitors run by the workers or by an observer SM (--observer)."""
@@ -193,7 +198,7 @@ def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.
     from ..runtime.live import LiveSession, summary_monitor
     if observer not in OBSERVERS:
         raise UserError(f"--observer: expected one of {', '.join(OBSERVERS)}, got {observer!r}")
-    mk = gpu.Megakernel(get_preset(model), batch=batch, defines=OBSERVERS[observer])
+    mk = gpu.Megakernel(get_preset(model), batch=batch, defines=gpu.observer_defines(observer, observer_sms))
     live = LiveSession(mk, tier=tier)
     mon = summary_monitor(mk.graph.schema)
     plan = launch_plan(steps, tier, launches)
@@ -248,9 +253,12 @@ def run(args: argparse.Namespace) -> int:
     if backend == "auto":
         backend = "gpu" if _gpu_available() else "sim"
     observer = getattr(args, "observer", "workers")
+    observer_sms = getattr(args, "observer_sms", None)
+    if observer == "workers" and observer_sms is not None:
+        raise UserError("--observer-sms: only with --observer sm")
     if backend == "gpu":
         it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames,
-                        getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer)
+                        getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer, observer_sms)
     else:
         if observer != "workers":
             raise UserError(f"--observer {observer}: a placement of the GPU kernel's observer; the sim "

@@ -89,9 +89,30 @@ OBS_SM_WARPS_MAX = 8
 #: the defines of the observer SM (hook code: a handoff job's lean build leaves them out)
 OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OSQ_DISCARD",
                   "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE",
-                  "DTMK_OSQ_BURN")
+                  "DTMK_OSQ_BURN", "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_LAZY_PUB")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
+
+
+#: the observer SMs of `--observer sm` (serve, top) when --observer-sms is not given.  H200,
+#: 1b, hot summary (session 16, tools/obs_sm_probe.py): three SMs' 18 warps still found a
+#: worker's queue full 209 times per 16-step launch, four SMs' 24 warps never did.
+OBS_SMS_DEFAULT = 4
+
+
+def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...]:
+    """The megakernel defines of a CLI --observer choice: "workers" -> none; "sm" -> the
+    observer-SM build with `sms` observer SMs (--observer-sms; default OBS_SMS_DEFAULT)."""
+    if observer == "workers":
+        if sms is not None:
+            raise UserError("--observer-sms: only with --observer sm")
+        return ()
+    if observer != "sm":
+        raise UserError(f"--observer: expected workers or sm, got {observer!r}")
+    m = OBS_SMS_DEFAULT if sms is None else int(sms)
+    if not 1 <= m <= OBS_SMS_MAX:
+        raise UserError(f"--observer-sms: want 1..{OBS_SMS_MAX} observer SMs, got {m}")
+    return ("DTMK_OBS_SM",) if m == 1 else ("DTMK_OBS_SM", f"DTMK_OBS_SMS={m}")
 
 
 def obs_sms_of(defines: Sequence[str]) -> int:

@@ -661,7 +661,11 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
-                   "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS")   # the observer SM (it runs the linked programs)
+                   "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS",   # the observer SM (it runs
+                   "DTMK_OSQ_LAZY_PUB",                                                       # the linked programs)
+                   # measurement only (tools/obs_sm_probe.py: the hot summary's cost split)
+                   "DTMK_OSQ_DISCARD", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE", "DTMK_OSQ_BURN",
+                   "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS")
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:

@@ -28,9 +28,11 @@ _S = {}
 OBSSM = ("DTMK_OBS_SM",)
 #: three observer SMs (-DDTMK_OBS_SMS=3, session 15: one SM cannot keep up with 1b)
 OBSSM3 = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
+#: four observer SMs, the workers' entries published lazily (session 16, opt-in; not yet run)
+OBSSM4LAZY = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
-                                             OBSSM3],
-                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3"])
+                                             OBSSM3, OBSSM4LAZY],
+                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -86,8 +88,9 @@ def run_equals_reference(live, mon, aid, steps):
 FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["desc", "vm", "obssm"])
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM],
-                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
+                                     OBSSM4LAZY],
+                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -305,8 +308,9 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
     assert (live.mk.run(2).tokens >= 0).all()
 
 
-@pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3)],
-                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3"])
+@pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
+                                          ("1b", OBSSM4LAZY)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

@@ -282,10 +282,11 @@ def test_a_pending_tier_swap_ends_the_resident_launch_and_starts_the_next(monkey
     assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}   # no step lost or fed twice
 
 
-def test_observer_sm_serving_builds_the_observer_sm_kernel_with_one_worker_fewer(monkeypatch, capsys):
-    """--observer sm (one rank): the megakernel is the observer-SM build, planned for one
-    worker fewer than the default serving kernel (one SM stays free for the clock pairs,
-    one runs the observer); the sim backend refuses the flag."""
+def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(monkeypatch, capsys):
+    """--observer sm (one rank): the megakernel is the observer-SM build, planned for M
+    workers fewer than the default serving kernel (one SM stays free for the clock pairs, M
+    run the observers: --observer-sms, default 4); the sim backend refuses the flag, and
+    --observer-sms outside 1..8 or without --observer sm is refused."""
     from dtrace_mk.launch import serve
     from dtrace_mk.megakernel import gpu
     monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)
@@ -299,9 +300,20 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_one_worker_fewer
         built.append((num_workers, defines))
         raise Built
     monkeypatch.setattr(gpu, "Megakernel", fake)
+    args = ["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet", "--observer", "sm"]
     with pytest.raises(Built):
-        serve.main(["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet", "--observer", "sm"])
-    assert built == [(WORKERS - 2, ("DTMK_OBS_SM",))]
+        serve.main(args)
+    with pytest.raises(Built):
+        serve.main(args + ["--observer-sms", "1"])
+    with pytest.raises(Built):
+        serve.main(args + ["--observer-sms", "3"])
+    assert built == [(WORKERS - 1 - gpu.OBS_SMS_DEFAULT, ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}")),
+                     (WORKERS - 2, ("DTMK_OBS_SM",)), (WORKERS - 4, ("DTMK_OBS_SM", "DTMK_OBS_SMS=3"))]
     capsys.readouterr()
+    assert serve.main(args + ["--observer-sms", "9"]) != 0
+    assert "--observer-sms: want 1..8 observer SMs, got 9" in capsys.readouterr().err
+    assert serve.main(["--backend", "gpu", "--steps", "2", "--quiet", "--observer-sms", "2"]) != 0
+    assert "--observer-sms: only with --observer sm" in capsys.readouterr().err
+    assert len(built) == 3                                  # (neither refusal built a kernel)
     assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--observer", "sm"]) != 0
     assert "--observer sm" in capsys.readouterr().err

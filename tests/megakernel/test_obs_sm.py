@@ -341,3 +341,27 @@ def test_host_plans_m_workers_fewer_for_m_observer_sms(fake_cupy):
     assert all(v[f"obssm{m}"] == ("DTMK_OBS_SM", f"DTMK_OBS_SMS={m}") for m in (2, 3, 4))
     from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
     assert "DTMK_OBS_SMS" in MK_PASS_DEFINES
+
+
+@pytest.mark.slow
+def test_the_lazy_publish_build_compiles_and_publishes_before_every_raise_and_push():
+    """-DDTMK_OSQ_LAZY_PUB (session 16, opt-in): a task's entry stored after its signal and
+    published after the next one; a raise, another push and the worker's end publish it
+    first (tests/runtime/test_obs_sm_protocol.py lazy is the protocol's model check)."""
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    lazy = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
+                         defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")).decode()
+    assert ".entry dtmk_megakernel" in lazy and "osq_observer" in lazy
+    r = body("osq_raise")
+    assert r[r.index("{") + 1:].lstrip().startswith("osq_flush_unpub(P, W);")
+    for fn in ("hk_store", "hook_flush", "gate_publish"):
+        b = body(fn)
+        assert b.index("osq_settle(W);") < b.index("osq_slot(P, W)" if fn != "hook_flush" else "osq_write_pend(P, W)"), fn
+    rt = body("run_task")
+    lz = rt[rt.index("#if defined(DTMK_OSQ_LAZY_PUB)"):]
+    assert lz.index("osq_publish(P, W, f.late != 0") < lz.index("osq_write_pend(P, W); W.osq_unpub = 1;")
+    assert rt.index("post_signal(P, W, sig, f.late);") < rt.index("#if defined(DTMK_OSQ_LAZY_PUB)")
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANTS")["obssm4lazy"] == ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
+    from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
+    assert "DTMK_OSQ_LAZY_PUB" in MK_PASS_DEFINES and "DTMK_OSQ_LAZY_PUB" in gpu.OBS_SM_DEFINES

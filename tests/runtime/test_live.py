@@ -7,6 +7,7 @@ import re
 import pytest
 
 from dtrace_mk.commands import top
+from dtrace_mk.errors import UserError
 from dtrace_mk.megakernel.graph import build_graph
 from dtrace_mk.megakernel.presets import get_preset
 from dtrace_mk.runtime.live import SUMMARY_QUERY, summary_monitor
@@ -80,7 +81,9 @@ def test_top_observer_choice(capsys, monkeypatch):
     from dtrace_mk.cli import main
     assert main(["top", "--backend", "sim", "--observer", "sm", "--steps", "2"]) != 0
     assert "--observer sm" in capsys.readouterr().err
-    assert top.OBSERVERS == {"workers": (), "sm": ("DTMK_OBS_SM",)}
+    assert main(["top", "--backend", "sim", "--observer-sms", "2", "--steps", "2"]) != 0
+    assert "--observer-sms: only with --observer sm" in capsys.readouterr().err
+    assert top.OBSERVERS == ("workers", "sm")
     from dtrace_mk.megakernel import gpu
     built = []
 
@@ -91,10 +94,13 @@ def test_top_observer_choice(capsys, monkeypatch):
         built.append(defines)
         raise Stop
     monkeypatch.setattr(gpu, "Megakernel", fake)
-    for choice in ("workers", "sm"):
+    for choice, m in (("workers", None), ("sm", None), ("sm", 1), ("sm", 2)):
         with pytest.raises(Stop):
-            next(top.gpu_frames("tiny", steps=2, observer=choice))
-    assert built == [(), ("DTMK_OBS_SM",)]
+            next(top.gpu_frames("tiny", steps=2, observer=choice, observer_sms=m))
+    assert built == [(), ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}"), ("DTMK_OBS_SM",),
+                     ("DTMK_OBS_SM", "DTMK_OBS_SMS=2")]
+    with pytest.raises(UserError, match="want 1..8 observer SMs, got 0"):
+        next(top.gpu_frames("tiny", steps=2, observer="sm", observer_sms=0))
 
 
 @pytest.fixture(scope="module")

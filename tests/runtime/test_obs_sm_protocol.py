@@ -30,14 +30,21 @@ import pytest
 INF = 1 << 30
 
 
-def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None):
+def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False):
     """Explore every interleaving; return None or the first violation's description.
-    `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous)."""
+    `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
+    lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
+    previous task's entry if still unpublished (ordered by this signal's MEMBAR) ; the
+    entry, unpublished.  In a wait, osq_raise first publishes an unpublished entry (fenced),
+    then raises."""
     NW, S = n_workers, steps
+    NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
 
     # state: (wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host)
-    #  wpc[w]   worker's program point: 3 * task + k (k: 0 hold, 1 entry+signal, 2 head), 3*S = done
+    #  wpc[w]   worker's program point: NP * task + k (k: 0 hold, 1 entry+signal, 2 head; lazy: 1
+    #           signal, 2 the previous entry's head, 3 the entry), NP*S = done; lazy: entries
+    #           written = wpc // NP, unpublished while head < that
     #  ring[k]  sorted tuple of epochs in warp k's ring; rphase[k]: None or (lanes, lo) mid-round
     #  accs[k]  ((epoch, count) or None) per parity way; cov[e]: records of epoch e counted
     #  host     None, or (phase, F, rows-so-far)
@@ -60,18 +67,26 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
         out = []
         for w in range(NW):                                 # ---- workers
             pc = wpc[w]
-            if pc < 3 * S:
-                s, k = divmod(pc, 3)
+            if pc < NP * S:
+                s, k = divmod(pc, NP)
                 if k == 0:
                     if mutant == "no_hold" or s >= pub[w]:
                         out.append(rep(st, 0, rep(wpc, w, pc + 1)))
                     else:
                         out.append((rep(wpc, w, pc + 1), rep(pub, w, s), rep(row, w, s)) + st[3:])
-                elif k == 1:                                # entry, then the release signal
+                elif k == 1:                                # (lazy: no entry yet) the release signal
                     out.append((rep(wpc, w, pc + 1),) + st[1:4] + (rep(sig, s, sig[s] + 1),) + st[5:])
-                else:
+                elif k == 2 and lazy and head[w] < s:       # the previous entry's head, after the MEMBAR
                     out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
-            if pc % 3 == 0:                                 # osq_raise in a wait: the low, bounded
+                elif k == 2 and not lazy:
+                    out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
+                else:                                       # lazy: nothing to publish / the entry, unpublished
+                    out.append(rep(st, 0, rep(wpc, w, pc + 1)))
+            if pc % NP == 0 and lazy and head[w] < pc // NP:   # a wait: osq_raise publishes it first
+                out.append((wpc,) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
+                if mutant != "lazy_raise_unpublished":
+                    continue
+            if pc % NP == 0:                                # osq_raise in a wait: the low, bounded
                 target = low[w]                             # by the oldest entry not yet taken (entry i
                 if tail[w] < head[w] and mutant != "raise_any":   # is step i; raise_any: unbounded)
                     target = min(target, tail[w] + (1 if mutant == "raise_past_oldest" else 0))
@@ -179,3 +194,17 @@ def test_every_final_epoch_is_complete(n_workers, steps, warps):
 @pytest.mark.parametrize("mutant", ["tail_first", "raise_any", "raise_past_oldest", "no_hold", "publish_early"])
 def test_the_checker_catches_a_broken_protocol(mutant):
     assert check(2, 2, 1, mutant=mutant) is not None
+
+
+@pytest.mark.parametrize("n_workers, steps, warps", [(2, 2, 1), (2, 2, 2), (1, 3, 1)])
+def test_lazy_publish_keeps_every_final_epoch_complete(n_workers, steps, warps):
+    """-DDTMK_OSQ_LAZY_PUB: a task's entry written after its signal, its head after the next
+    one's (or in the next wait, fenced): no store waits on the signal's MEMBAR."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, lazy=True) is None
+    assert finals == set(range(-1, steps)), finals
+
+
+@pytest.mark.parametrize("mutant", ["lazy_raise_unpublished", "no_hold", "raise_past_oldest"])
+def test_the_checker_catches_a_broken_lazy_protocol(mutant):
+    assert check(2, 2, 1, mutant=mutant, lazy=True) is not None

@@ -253,14 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu backend: where live queries run: hot (device VM, default; "
                         "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
                         "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
-    p.add_argument("--observer", choices=("workers", "sm"), default="workers",
-                   help="gpu backend, one rank: where the hook records the agents read are built -- "
-                        "workers (each worker's thread 0, default) or sm (SMs of their own, "
-                        "--observer-sms; the workers only capture: -DDTMK_OBS_SM; experimental: exact; H200 "
-                        "1b hot summary with 4 SMs +15.6%% over its nothing-attached run, workers +45%% over "
-                        "no hooks; tiny with 3 SMs slower than workers -- docs/results/hooks.md session 16)")
-    p.add_argument("--observer-sms", type=int, default=None, metavar="M",
-                   help="gpu backend, --observer sm: observer SMs (1..8, default 4; taken from the workers)")
+    from ..commands.top import add_observer_arguments
+    add_observer_arguments(p, "gpu backend, one rank")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

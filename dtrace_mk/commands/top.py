@@ -58,14 +58,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "auto = hot, promoted at a launch boundary when hot (default hot; sim ignores it)")
     p.add_argument("--launches", type=int, default=0, metavar="N",
                    help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
+    add_observer_arguments(p, "gpu")
+
+
+def add_observer_arguments(p: argparse.ArgumentParser, scope: str) -> None:
+    """--observer / --observer-sms (top, serve): where hook records are built and monitors
+    run; the build each choice runs is gpu.observer_defines."""
+    from ..megakernel.gpu import OBS_SMS_DEFAULT, OBS_SMS_MAX
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
-                   help="gpu: where hook records are built and monitors run -- workers = each worker's "
-                        "thread 0 (default); sm = SMs of their own (--observer-sms), the workers only "
-                        "capture (-DDTMK_OBS_SM; experimental: exact; H200 1b hot summary with 4 SMs "
+                   help=f"{scope}: where hook records are built and monitors run -- workers = each "
+                        "worker's thread 0 (default); sm = SMs of their own (--observer-sms), the workers "
+                        "only capture (-DDTMK_OBS_SM; experimental: exact; H200 1b hot summary with 4 SMs "
                         "+15.6%% over its nothing-attached run, workers +45%% over no hooks; tiny with "
                         "3 SMs slower than workers -- docs/results/hooks.md session 16)")
     p.add_argument("--observer-sms", type=int, default=None, metavar="M",
-                   help="gpu, --observer sm: observer SMs (1..8, default 4; the workers get the other SMs)")
+                   help=f"{scope}, --observer sm: observer SMs (1..{OBS_SMS_MAX}, default {OBS_SMS_DEFAULT}; the "
+                        "workers get the other SMs)")
 
 
 # ------------------------------------------------------------------------ rendering

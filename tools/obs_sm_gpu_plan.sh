@@ -19,8 +19,9 @@
 # (+15.6% over its plain run: capture ~2%, the workers' pushes ~4.5%, the observers' VM work
 # ~9% -- hook_cost_analysis.md "Session 16").  Next, priority order 8, 9:
 #   tools/obs_sm_gpu_plan.sh 8   the lazy-publish build (-DDTMK_OSQ_LAZY_PUB): exactness (hot
-#                                attach, epochs, serving) and its probe; then which kind of the
-#                                observers' work costs the workers (DISCARD + fences / atomics / loads)
+#                                attach, epochs, serving); bench/obs_split.py: the split side by
+#                                side in one process (nopush / discard / lazy, and which kind of
+#                                the observers' work costs the workers: discard + fences / atomics / loads)
 #   tools/obs_sm_gpu_plan.sh 9   bench/hooks.py: obssm4 / obssm4lazy beside the default
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
@@ -55,13 +56,11 @@ case "${1:-}" in
   7) exec tools/gpu_session.sh \
        "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_resident_gpu.py -k obssm3" \
        "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" ;;
-  8) M4="DTMK_OBS_SM+DTMK_OBS_SMS=4"; S4="$M4+DTMK_OSQ_STATS"; D="$S4+DTMK_OSQ_DISCARD"
-     P="timeout 100 python3 tools/obs_sm_probe.py --presets 1b --reps 3 --out ${OUT:-/tmp/out} --defines DTMK_OBS_SMS=4"
+  8) M4="DTMK_OBS_SM+DTMK_OBS_SMS=4"
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py $BASE $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R $S4+$R $S4+DTMK_OSQ_LAZY_PUB+$R $D+$R $D+DTMK_OSQ_FENCES=4+$R $D+DTMK_OSQ_ATOMS=8+$R $D+DTMK_OSQ_LOADS=16+$R" \
+       "python3 tools/precompile.py $BASE $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R" \
        "timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
-       "$P" "$P+DTMK_OSQ_LAZY_PUB" "$P+DTMK_OSQ_DISCARD" "$P+DTMK_OSQ_DISCARD+DTMK_OSQ_FENCES=4" \
-       "$P+DTMK_OSQ_DISCARD+DTMK_OSQ_ATOMS=8" "$P+DTMK_OSQ_DISCARD+DTMK_OSQ_LOADS=16" ;;
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --out ${OUT:-/tmp/out}" ;;
   9) exec tools/gpu_session.sh \
        "timeout 560 python3 bench/hooks.py --presets 1b,tiny --reps 2 --variants obssm4,obssm4lazy --out ${OUT:-/tmp/out}" ;;
   *) echo "usage: tools/obs_sm_gpu_plan.sh 1..9  (see the header)" >&2; exit 2 ;;

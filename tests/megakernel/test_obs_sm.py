@@ -365,3 +365,22 @@ def test_the_lazy_publish_build_compiles_and_publishes_before_every_raise_and_pu
     assert hooks_table("BUILD_VARIANTS")["obssm4lazy"] == ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
     from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
     assert "DTMK_OSQ_LAZY_PUB" in MK_PASS_DEFINES and "DTMK_OSQ_LAZY_PUB" in gpu.OBS_SM_DEFINES
+
+
+def test_obs_split_variants_name_defines_the_kernel_has_and_the_compiled_tier_passes():
+    """bench/obs_split.py (plan 8): each variant's defines exist in the kernel sources and
+    reach the compiled tier's link; the defaults name known variants, base first."""
+    import importlib.util
+    root = KERNEL_DIR.parent
+    spec = importlib.util.spec_from_file_location("obs_split", root / "bench" / "obs_split.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = "".join(p.read_text() for p in KERNEL_DIR.glob("*.cu*"))
+    from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
+    for v, defs in mod.VARIANTS.items():
+        for d in defs:
+            name = d.split("=")[0]
+            assert re.search(rf"\b{name}\b", src), (v, name)
+            assert name in MK_PASS_DEFINES, (v, name)
+    dv = mod.DEFAULT_VARIANTS.split(",")
+    assert dv[0] == "base" and set(dv) <= set(mod.VARIANTS)

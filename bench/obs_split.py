@@ -1,0 +1,113 @@
+"""Where the observer SM's hot summary costs the workers (GPU; session 16): the observer-SM
+build (-DDTMK_OBS_SM -DDTMK_OBS_SMS=M) with the summary monitor attached, beside its own
+nothing-attached run and measurement-only variants of it, all in ONE process on the same
+weights, launches alternating (side-by-side ratios: session 16's separate probe runs drifted
++-2% between runs, the size of the parts being split).
+
+    python bench/obs_split.py [--presets 1b] [--reps 5] [--sms 4] [--variants base,nopush,...]
+
+Rows (each % over `plain`, the base build with nothing attached, and over `nohooks`):
+  base      the summary as it runs
+  nopush    workers capture, push no entry (-DDTMK_OSQ_NOPUSH): the capture's share
+  discard   entries pushed, the observers take them without running them (-DDTMK_OSQ_DISCARD)
+  lazy      entries stored after the signal, published after the next (-DDTMK_OSQ_LAZY_PUB)
+  fences4 / atoms8 / loads16   discard + per entry 4 fences / 8 atomics on one word / 16
+            dependent L2 loads: which kind of the observers' work costs the workers
+  codesmem  the programs' code in shared memory (-DDTMK_VM_CODE_SMEM)
+Tokens of every run must equal the no-hook build's."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+STEPS = {"tiny": 64, "1b": 16}
+#: variant -> defines added to the observer-SM build (kernels/mk_obs_sm.cuh, megakernel.cu)
+VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DISCARD",),
+            "lazy": ("DTMK_OSQ_LAZY_PUB",),
+            "fences4": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_FENCES=4"), "atoms8": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8"),
+            "loads16": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16"), "codesmem": ("DTMK_VM_CODE_SMEM",)}
+DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16"
+
+
+def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
+    from benchio import timed_rounds
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.megakernel.reference import make_weights
+    from dtrace_mk.runtime.live import LiveSession, summary_monitor
+    cfg, steps = PRESETS[name], STEPS.get(name, 16)
+    w = make_weights(cfg, 0)
+    obs = gpu.observer_defines("sm", sms)
+    todo = {gpu.megakernel_defines(cfg, 1, d) for d in [("DTMK_NO_HOOKS",)] + [obs + VARIANTS[v] for v in variants]}
+    for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
+        if err is not None:
+            raise err
+    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
+    lives = {}
+    for v in variants:
+        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v])
+        lives[v] = LiveSession(mks[v])
+        lives[v].attach(summary_monitor(mks[v].graph.schema).obj)
+
+    def launch(key):
+        if key == "nohooks":
+            mks[key].reset()
+            return mks[key].run(steps, poison=False)
+        if key == "plain":                 # the base build, nothing attached, no observer state
+            m, live = mks[variants[0]], lives[variants[0]]
+            m.reset()
+            m.set_observer(0, None)
+            res = m.run(steps, poison=False)
+            m.set_observer(int(live.rt.tables.data.ptr), live.state)
+            return res
+        mks[key].reset()
+        lives[key].start(steps)
+        return lives[key].wait()
+
+    keys = ["nohooks", "plain"] + list(variants)
+    times, last = timed_rounds(keys, reps, steps, launch)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {"preset": name, "observer_sms": sms, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+           "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
+           "pct_over_nohooks": {k: 100.0 * (med[k] / med["nohooks"] - 1.0) for k in keys[1:]},
+           "tokens_equal": all(np.array_equal(last["nohooks"].tokens, last[k].tokens) for k in keys)}
+    log(str(out))
+    log(f"{name}, {sms} observer SMs: nohooks {med['nohooks']:.1f} us/step, plain {med['plain']:.1f} "
+        f"({out['pct_over_nohooks']['plain']:+.2f}%); tokens equal: {out['tokens_equal']}")
+    log(f"{'variant':>9} {'us/step':>8} {'/ plain':>8} {'/ nohooks':>9}")
+    for v in variants:
+        log(f"{v:>9} {med[v]:>8.1f} {out['pct_over_plain'][v]:>+7.2f}% {out['pct_over_nohooks'][v]:>+8.2f}%")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="1b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sms", type=int, default=4, help="observer SMs (-DDTMK_OBS_SMS)")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of: {', '.join(VARIANTS)}")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    if a.reps < 2:
+        ap.error("--reps must be >= 2 (round 0 is a warm-up)")
+    variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        ap.error(f"--variants: unknown {bad} (known: {', '.join(VARIANTS)})" if bad else "--variants: none given")
+    variants = ["base"] + [v for v in variants if v != "base"]     # (plain is the base build's)
+    from benchio import run_presets
+    run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

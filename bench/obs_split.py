@@ -14,6 +14,10 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
   fences4 / atoms8 / loads16   discard + per entry 4 fences / 8 atomics on one word / 16
             dependent L2 loads: which kind of the observers' work costs the workers
   codesmem  the programs' code in shared memory (-DDTMK_VM_CODE_SMEM)
+  warps3    three observer warps per SM instead of six (-DDTMK_OBS_SM_WARPS=3: as much work,
+            half as many warps at it)
+  count3 / count1   the base build running counts on the summary's three hooks / one count on
+            task:end only, instead of the summary (is it the map work, or the VM calls?)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -33,14 +37,20 @@ STEPS = {"tiny": 64, "1b": 16}
 VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DISCARD",),
             "lazy": ("DTMK_OSQ_LAZY_PUB",),
             "fences4": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_FENCES=4"), "atoms8": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8"),
-            "loads16": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16"), "codesmem": ("DTMK_VM_CODE_SMEM",)}
-DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16"
+            "loads16": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16"), "codesmem": ("DTMK_VM_CODE_SMEM",),
+            "warps3": ("DTMK_OBS_SM_WARPS=3",), "count3": (), "count1": ()}
+#: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
+QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
+                     "task:ready { @k[worker] = count(); }\n",
+           "count1": "task:end { @n[worker] = count(); }\n"}
+DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 
 def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
     from benchio import timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.lang.pipeline import compile_query
     from dtrace_mk.megakernel.reference import make_weights
     from dtrace_mk.runtime.live import LiveSession, summary_monitor
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
@@ -55,7 +65,10 @@ def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
     for v in variants:
         mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v])
         lives[v] = LiveSession(mks[v])
-        lives[v].attach(summary_monitor(mks[v].graph.schema).obj)
+        schema = mks[v].graph.schema
+        mon = (compile_query(QUERIES[v], schema, name=f"<obs_split {v}>") if v in QUERIES
+               else summary_monitor(schema))
+        lives[v].attach(mon.obj)
 
     def launch(key):
         if key == "nohooks":

@@ -59,8 +59,8 @@ case "${1:-}" in
   8) M4="DTMK_OBS_SM+DTMK_OBS_SMS=4"
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py $BASE $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R" \
-       "timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
-       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --out ${OUT:-/tmp/out}" ;;
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
+       "timeout 330 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --out ${OUT:-/tmp/out}" ;;
   9) exec tools/gpu_session.sh \
        "timeout 560 python3 bench/hooks.py --presets 1b,tiny --reps 2 --variants obssm4,obssm4lazy --out ${OUT:-/tmp/out}" ;;
   *) echo "usage: tools/obs_sm_gpu_plan.sh 1..9  (see the header)" >&2; exit 2 ;;

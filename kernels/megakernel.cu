@@ -736,16 +736,17 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
-#if defined(DTMK_OSQ_LAZY_PUB)
-        /* the PREVIOUS task's entry (written after its signal): this signal's MEMBAR ordered
-         * its stores -- long done, so the MEMBAR waited for none; a late or comm signal had
-         * no MEMBAR here: fence.  Then this task's entry, published by the next signal (or
-         * the next wait's osq_raise, another push, the worker's end: mk_observer.cuh) */
+#ifndef DTMK_OSQ_PEND_LATE
+        /* the unpublished entry -- this task's, stored before the signal, or with
+         * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
+         * this signal's MEMBAR waited for none of it); a deferred (late) or comm signal had
+         * no MEMBAR here: fence */
         if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+#ifdef DTMK_OSQ_LAZY_PUB
+        /* this task's entry, published by the next signal (or the next wait's osq_raise,
+         * another push, the worker's end: mk_observer.cuh) */
         if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
-#elif !defined(DTMK_OSQ_PEND_LATE)
-        /* a deferred (late) or comm signal had no MEMBAR here: fence */
-        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+#endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
         if (W.pend) { osq_write_pend(P, W); osq_publish(P, W, true); }
@@ -1001,7 +1002,6 @@ __device__ __noinline__ void gate_publish(const MkParams &P, Worker &W, dtmk_u64
 #ifdef DTMK_OBS_SM
     /* the observer writes this worker's records: it publishes the head, the drops and the
      * steps finished once it has run every entry before this one (osq_run_entry) */
-    osq_settle(W);
     uint4 *d = osq_slot(P, W);
     d[0] = make_uint4(OSQ_TAG_STEP, (dtmk_u32)fin, (dtmk_u32)(fin >> 32), 0u);
     osq_publish(P, W, true);

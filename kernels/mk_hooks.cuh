@@ -80,7 +80,6 @@ __device__ __forceinline__ dtmk_u32 hk_capture(const MkParams &P, Worker &W, dtm
 __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
 #ifdef DTMK_OBS_SM
     if (!osq_is_observer()) {          /* a worker: the captured hooks go to the observer SM */
-        osq_settle(W);
         osq_write_pend(P, W);
         osq_publish(P, W, true);
         return;

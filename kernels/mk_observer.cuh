@@ -198,8 +198,22 @@ __device__ __forceinline__ void osq_publish_low(const MkParams &P, dtmk_u32 lo) 
 extern "C" __device__ unsigned long long dtmk_osq_wstats[2];   /* (mk_obs_sm.cuh DTMK_OSQ_STATS) */
 __device__ unsigned long long dtmk_osq_wstats[2];
 #endif
+/* -DDTMK_OSQ_LAZY_PUB (opt-in, session 16; not yet run on a GPU): a task's entry is stored
+ * AFTER its release signal and its head published after the NEXT signal, whose MEMBAR then
+ * finds the entry's stores long done (session 16: the workers' pushes cost 1b ~4.5% of step
+ * time, the stores waited for by the signal's MEMBAR a suspect); or, fenced, by the next
+ * wait's osq_raise, another push (osq_slot and osq_write_pend settle it first: it joins
+ * that push's fenced publish) or the worker's end.  W.osq_unpub: the entry at W.osq_head
+ * is stored, its head not yet published (tests/runtime/test_obs_sm_protocol.py, lazy:
+ * osq_raise publishes before it raises) */
+__device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the caller's next fenced publish */
+#ifdef DTMK_OSQ_LAZY_PUB
+    if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
+#endif
+}
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
+    osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
 #ifdef DTMK_OSQ_STATS
     const long long c0 = clock64();
     bool waited = false;
@@ -228,18 +242,7 @@ __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool f
     W.osq_head += 1;
     *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_HEAD) = W.osq_head;
 }
-/* -DDTMK_OSQ_LAZY_PUB (opt-in, session 16; not yet run on a GPU): a task's entry is stored
- * AFTER its release signal and its head published after the NEXT signal, whose MEMBAR then
- * finds the entry's stores long done (session 16: the workers' pushes cost 1b ~4.5% of step
- * time, the stores waited for by the signal's MEMBAR a suspect); or, fenced, by the next
- * wait's osq_raise, another push (osq_settle) or the worker's end.  W.osq_unpub: the entry
- * at W.osq_head is stored, its head not yet published (tests/runtime/test_obs_sm_protocol.py,
- * lazy: osq_raise publishes before it raises) */
-__device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the caller's next fenced publish */
-#ifdef DTMK_OSQ_LAZY_PUB
-    if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
-#endif
-}
+/* worker thread 0 (-DDTMK_OSQ_LAZY_PUB): the unpublished entry published now, fenced */
 __device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {
 #ifdef DTMK_OSQ_LAZY_PUB
     if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, true); }
@@ -254,6 +257,7 @@ __device__ __forceinline__
 __device__ __noinline__
 #endif
 void osq_write_pend(const MkParams &P, Worker &W) {
+    osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry(P, W.worker, W.osq_head) : osq_slot(P, W);
     d[0] = make_uint4(OSQ_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
@@ -659,7 +663,6 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
 __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
 #ifdef DTMK_OBS_SM
     if (!osq_is_observer()) {          /* a worker: the record goes to the observer, whole */
-        osq_settle(W);
         uint4 *d = osq_slot(P, W);
 #pragma unroll
         for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) d[i] = c.v[i];

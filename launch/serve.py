@@ -324,8 +324,8 @@ def serve(args: argparse.Namespace) -> int:
     from .api import ServingHost
 
     backend = resolve_backend(args.backend)
-    if getattr(args, "observer", "workers") == "workers" and getattr(args, "observer_sms", None) is not None:
-        raise UserError("--observer-sms: only with --observer sm")
+    from ..megakernel.gpu import observer_defines
+    observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":

@@ -262,8 +262,8 @@ def run(args: argparse.Namespace) -> int:
         backend = "gpu" if _gpu_available() else "sim"
     observer = getattr(args, "observer", "workers")
     observer_sms = getattr(args, "observer_sms", None)
-    if observer == "workers" and observer_sms is not None:
-        raise UserError("--observer-sms: only with --observer sm")
+    from ..megakernel.gpu import observer_defines
+    observer_defines(observer, observer_sms)        # (checks the pair before either backend)
     if backend == "gpu":
         it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames,
                         getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer, observer_sms)

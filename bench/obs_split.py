@@ -18,6 +18,11 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             half as many warps at it)
   count3 / count1   the base build running counts on the summary's three hooks / one count on
             task:end only, instead of the summary (is it the map work, or the VM calls?)
+  novm      the observers build each entry's records into their rings and drain them without
+            running the VM (-DDTMK_OSQ_NOVM): the record building's share
+  nolow     the observers never store OSQ_W_LOW (-DDTMK_OSQ_NOLOW): what the workers' raises
+            pay for the epochs the observers hold (coverage snapshots wrong: measurement only)
+  novmnolow / lazynolow / lazydiscard / lazycount1   those combined (session 17)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -38,11 +43,15 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazy": ("DTMK_OSQ_LAZY_PUB",),
             "fences4": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_FENCES=4"), "atoms8": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8"),
             "loads16": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16"), "codesmem": ("DTMK_VM_CODE_SMEM",),
-            "warps3": ("DTMK_OBS_SM_WARPS=3",), "count3": (), "count1": ()}
+            "warps3": ("DTMK_OBS_SM_WARPS=3",), "count3": (), "count1": (),
+            "novm": ("DTMK_OSQ_NOVM",), "nolow": ("DTMK_OSQ_NOLOW",), "novmnolow": ("DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW"),
+            "lazynolow": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOLOW"), "lazydiscard": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DISCARD"),
+            "lazycount1": ("DTMK_OSQ_LAZY_PUB",)}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",
            "count1": "task:end { @n[worker] = count(); }\n"}
+QUERIES["lazycount1"] = QUERIES["count1"]
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 

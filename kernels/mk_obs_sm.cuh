@@ -19,7 +19,10 @@
  * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
  * -DDTMK_OSQ_BURN=C (with DISCARD: C cycles spent per entry taken, touching no memory; session 16:
  * no cost), and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
- * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers */
+ * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers;
+ * -DDTMK_OSQ_NOVM (records built into the warp's ring, drained without running the VM) and
+ * -DDTMK_OSQ_NOLOW (OSQ_W_LOW never stored: the workers' raises see no epoch held; epochs
+ * final early -- coverage snapshots are then wrong) split the rest (session 17) */
 #define OSQ_STATS_N 10
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */

@@ -189,8 +189,10 @@ __device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const v
 /* observer warp (all lanes, converged): OSQ_W_LOW of every worker of its slice (w = k,
  * k + K, ...) := lo, and O.pub (the value last published) with it */
 __device__ __forceinline__ void osq_publish_low(const MkParams &P, dtmk_u32 lo) {
+#ifndef DTMK_OSQ_NOLOW                 /* (measurement only: the workers never see a low) */
     for (dtmk_u32 w = O.osq_k + (threadIdx.x & 31) * O.osq_nw; w < (dtmk_u32)P.n_workers; w += 32 * O.osq_nw)
         *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_LOW) = lo;
+#endif
     __syncwarp();                      /* (every lane compared with O.pub before it moves) */
     if ((threadIdx.x & 31) == 0) O.pub = lo;
 }
@@ -401,8 +403,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
         for (dtmk_u32 w = 0; w < todo; w += 32) {
             DTMK_PROF_BEGIN(prof_c0);
+#ifndef DTMK_OSQ_NOVM                  /* (measurement only, observer SM: records built, never run) */
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
                              OBS_RUN_WORKER(W), 0);
+#endif
             __syncwarp();
             if (lane == 0) DTMK_PROF_END1(8, prof_c0);
         }

@@ -23,6 +23,10 @@
 #                                side in one process (nopush / discard / lazy, and which kind of
 #                                the observers' work costs the workers: discard + fences / atomics / loads)
 #   tools/obs_sm_gpu_plan.sh 9   bench/hooks.py: obssm4 / obssm4lazy beside the default
+# Session 17 ran 8 (lazy exact; lazy +9.5% over plain vs base +13.6%; fences / atomics / loads
+# reproduce none of the observers' share).  Then:
+#   tools/obs_sm_gpu_plan.sh 10  bench/obs_split.py: record building (novm) vs the VM vs the
+#                                epochs' lows (nolow), with lazy; top's GPU test (M = 4)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -63,5 +67,8 @@ case "${1:-}" in
        "timeout 330 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --out ${OUT:-/tmp/out}" ;;
   9) exec tools/gpu_session.sh \
        "timeout 560 python3 bench/hooks.py --presets 1b,tiny --reps 2 --variants obssm4,obssm4lazy --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..9  (see the header)" >&2; exit 2 ;;
+  10) exec tools/gpu_session.sh \
+       "timeout 400 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,discard,novm,nolow,novmnolow,lazynolow,lazydiscard,lazycount1,count1 --out ${OUT:-/tmp/out}" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..10  (see the header)" >&2; exit 2 ;;
 esac

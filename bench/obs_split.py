@@ -23,6 +23,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
   nolow     the observers never store OSQ_W_LOW (-DDTMK_OSQ_NOLOW): what the workers' raises
             pay for the epochs the observers hold (coverage snapshots wrong: measurement only)
   novmnolow / lazynolow / lazydiscard / lazycount1   those combined (session 17)
+  atoms8s / loads16s   atoms8 / loads16 at a word per lane and entry (-DDTMK_OSQ_SCATTER):
+            the plain ones' lanes share one word, so a warp's requests coalesce into one
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "warps3": ("DTMK_OBS_SM_WARPS=3",), "count3": (), "count1": (),
             "novm": ("DTMK_OSQ_NOVM",), "nolow": ("DTMK_OSQ_NOLOW",), "novmnolow": ("DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW"),
             "lazynolow": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOLOW"), "lazydiscard": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DISCARD"),
-            "lazycount1": ("DTMK_OSQ_LAZY_PUB",)}
+            "lazycount1": ("DTMK_OSQ_LAZY_PUB",),
+            "atoms8s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8", "DTMK_OSQ_SCATTER"),
+            "loads16s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",
@@ -64,7 +68,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
     from dtrace_mk.runtime.live import LiveSession, summary_monitor
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
     w = make_weights(cfg, 0)
-    obs = gpu.observer_defines("sm", sms)
+    obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")     # (the eager publish: `lazy` rows add it)
     todo = {gpu.megakernel_defines(cfg, 1, d) for d in [("DTMK_NO_HOOKS",)] + [obs + VARIANTS[v] for v in variants]}
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
         if err is not None:

@@ -27,6 +27,9 @@
 # reproduce none of the observers' share).  Then:
 #   tools/obs_sm_gpu_plan.sh 10  bench/obs_split.py: record building (novm) vs the VM vs the
 #                                epochs' lows (nolow), with lazy; top's GPU test (M = 4)
+#   tools/obs_sm_gpu_plan.sh 11  the CLI's observer SM now lazy (top, serve GPU tests); scattered
+#                                synthetic atomics / loads (atoms8s, loads16s); level_profile of the
+#                                lazy observer-SM build (durations or handoffs?)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -70,5 +73,11 @@ case "${1:-}" in
   10) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,discard,novm,nolow,novmnolow,lazynolow,lazydiscard,lazycount1,count1 --out ${OUT:-/tmp/out}" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..10  (see the header)" >&2; exit 2 ;;
+  11) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh \
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py -k serve_on_one_gpu" \
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,discard,atoms8s,loads16s,novm,count1 --out ${OUT:-/tmp/out}" \
+       "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --configs nohooks,off,summary --defines $L4 --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..11  (see the header)" >&2; exit 2 ;;
 esac

@@ -291,6 +291,7 @@ def test_the_probe_reads_the_kernels_counters():
 def test_the_gpu_plan_names_existing_tests_builds_and_variants():
     """tools/obs_sm_gpu_plan.sh (the next lent GPU's three calls): every file it runs
     exists, its -k selections match tests there, and the bench variants it asks for exist."""
+    import importlib.util
     from tests.bench_tables import hooks_table
     root = KERNEL_DIR.parent
     plan = (root / "tools" / "obs_sm_gpu_plan.sh").read_text()
@@ -298,8 +299,14 @@ def test_the_gpu_plan_names_existing_tests_builds_and_variants():
         assert (root / f).exists(), f
     for f, k in re.findall(r"(tests/gpu/\w+\.py) -k (\w+)", plan):
         assert k in (root / f).read_text(), (f, k)
-    variants = [v for vs in re.findall(r"--variants ([\w,]+)", plan) for v in vs.split(",")]
-    assert {"obssm", "obssm3", "obssm4"} <= set(variants) <= set(hooks_table("BUILD_VARIANTS")), variants
+    variants = {"hooks": set(), "obs_split": set()}
+    for script, vs in re.findall(r"bench/(hooks|obs_split)\.py[^\n\"]*--variants ([\w,]+)", plan):
+        variants[script].update(vs.split(","))
+    assert {"obssm", "obssm3", "obssm4"} <= variants["hooks"] <= set(hooks_table("BUILD_VARIANTS")), variants
+    spec = importlib.util.spec_from_file_location("obs_split", root / "bench" / "obs_split.py")
+    obs_split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(obs_split)
+    assert {"novm", "nolow"} <= variants["obs_split"] <= set(obs_split.VARIANTS), variants
 
 
 def test_several_observer_sms_split_the_workers_between_all_their_warps():

@@ -359,6 +359,8 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it
                                               * (-DDTMK_OSQ_LAZY_PUB: written after it, due after the next) */
     dtmk_u32 osq_lo;                         /* (an observer lane) lowest epoch it put in the ring this round */
+    dtmk_u64 *osq_area;                      /* worker thread 0: its queue words (osq_mine), set once its
+                                              * worker index is known */
 #endif
 #endif
 };
@@ -418,7 +420,7 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     O.ring_mask = ld_volatile_u32(ctl + CTL_HOOK_MASK);
 #ifdef DTMK_OBS_SM
     if (O.tables) {                    /* hooks its observer runs programs for; the hold they need */
-        const dtmk_u64 m = osq_ld(osq_w(P, W.worker) + OSQ_W_MASK);
+        const dtmk_u64 m = osq_ld(osq_mine(P, W) + OSQ_W_MASK);
         O.vm_mask = (dtmk_u32)m;
 #ifndef DTMK_HOLD_EAGER
         O.hold_full = (dtmk_u32)(m >> 33) & 1u;
@@ -1200,8 +1202,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.hook_drop = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[MK_WID] : 0;
         W.gate = 0;
 #ifdef DTMK_OBS_SM
+        W.osq_area = osq_w(P, W.worker);   /* (after sm_worker's placement: the worker index is final) */
         /* the observer's first tables in (their hook mask), or the first tasks go uncaptured */
-        if (O.tables) while (!(osq_ld(osq_w(P, W.worker) + OSQ_W_MASK) >> 32)) __nanosleep(256);
+        if (O.tables) while (!(osq_ld(osq_mine(P, W) + OSQ_W_MASK) >> 32)) __nanosleep(256);
 #endif
         refresh_control(P, W, true);
     }
@@ -1354,7 +1357,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifdef DTMK_OBS_SM
         osq_flush_unpub(P, W);          /* (-DDTMK_OSQ_LAZY_PUB: the last task's entry) */
         __threadfence();                /* no more entries (the last gate's too): the observer may end */
-        *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_DONE) = 1;
+        *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_DONE) = 1;
 #endif
         dtmk_u64 *ws = wstate(P, W.worker);
 #ifdef DTMK_SM_WORKER

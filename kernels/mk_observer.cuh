@@ -182,8 +182,21 @@ __device__ __forceinline__ dtmk_u64 *osq_w(const MkParams &P, dtmk_u32 w) {   /*
     char *q = (char *)((dtmk_u64)ctl[CTL_OBSQ] | ((dtmk_u64)ctl[CTL_OBSQ + 1] << 32));
     return (dtmk_u64 *)(q + (dtmk_u64)w * OSQ_W_BYTES);
 }
+__device__ __forceinline__ uint4 *osq_entry_at(dtmk_u64 *a, dtmk_u64 i) {   /* entry i of the area at a */
+    return (uint4 *)((char *)a + 64 + (i % OSQ_N) * 128);
+}
 __device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i) {
-    return (uint4 *)((char *)osq_w(P, w) + 64 + (i % OSQ_N) * 128);
+    return osq_entry_at(osq_w(P, w), i);
+}
+/* worker thread 0: its own words -- kept in W (session 17: osq_w's load of the control words
+ * missed L1 after every wait's acquire, ~0.5 us of thread 0 per push on 1b's critical path);
+ * -DDTMK_OSQ_AREA_CTL (measurement only) reads them from the control words at each use */
+__device__ __forceinline__ dtmk_u64 *osq_mine(const MkParams &P, const Worker &W) {
+#ifndef DTMK_OSQ_AREA_CTL
+    return W.osq_area;
+#else
+    return osq_w(P, W.worker);
+#endif
 }
 __device__ __forceinline__ dtmk_u64 osq_ld(const dtmk_u64 *p) { return *(const volatile dtmk_u64 *)p; }
 /* observer warp (all lanes, converged): OSQ_W_LOW of every worker of its slice (w = k,
@@ -221,7 +234,7 @@ __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
     bool waited = false;
 #endif
     while (W.osq_head - W.osq_tail >= OSQ_N) {
-        W.osq_tail = osq_ld(osq_w(P, W.worker) + OSQ_W_TAIL);
+        W.osq_tail = osq_ld(osq_mine(P, W) + OSQ_W_TAIL);
         if (W.osq_head - W.osq_tail >= OSQ_N) {
             __nanosleep(256);
 #ifdef DTMK_OSQ_STATS
@@ -235,14 +248,14 @@ __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
         atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
     }
 #endif
-    return osq_entry(P, W.worker, W.osq_head);
+    return osq_entry_at(osq_mine(P, W), W.osq_head);
 }
 /* worker thread 0: the slot written becomes visible (fence: whether a MEMBAR since the
  * entry's stores ordered them already -- the release signal's -- is the caller's call) */
 __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool fence) {
     if (fence) __threadfence();
     W.osq_head += 1;
-    *(volatile dtmk_u64 *)(osq_w(P, W.worker) + OSQ_W_HEAD) = W.osq_head;
+    *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
 }
 /* worker thread 0 (-DDTMK_OSQ_LAZY_PUB): the unpublished entry published now, fenced */
 __device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {
@@ -261,7 +274,7 @@ __device__ __noinline__
 void osq_write_pend(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
-    uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry(P, W.worker, W.osq_head) : osq_slot(P, W);
+    uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
     d[0] = make_uint4(OSQ_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
     d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
     d[2] = make_uint4((dtmk_u32)W.pend_rg, (dtmk_u32)(W.pend_rg >> 32), (dtmk_u32)W.t_ready, (dtmk_u32)(W.t_ready >> 32));
@@ -276,12 +289,12 @@ void osq_write_pend(const MkParams &P, Worker &W) {
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
     osq_flush_unpub(P, W);             /* (-DDTMK_OSQ_LAZY_PUB: every entry published before a raise) */
     /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
-    const dtmk_u64 *a = osq_w(P, W.worker);
+    const dtmk_u64 *a = osq_mine(P, W);
     if (!O.state) return;
     const dtmk_u64 tail = ld_acquire(a + OSQ_W_TAIL);
     dtmk_u32 lo = (dtmk_u32)osq_ld(a + OSQ_W_LOW);
     if (tail != W.osq_head) {          /* entry `tail` is intact: only this thread writes its slot, after it is taken */
-        const uint4 *d = osq_entry(P, W.worker, tail);
+        const uint4 *d = osq_entry_at((dtmk_u64 *)a, tail);
         const dtmk_u32 tag = d[0].x;
         if (tag == OSQ_TAG_STEP) return;   /* (a gate's entry holds no records: wait for the next look) */
         lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);   /* (osq_run_entry's step of either kind) */

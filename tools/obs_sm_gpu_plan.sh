@@ -30,6 +30,8 @@
 #   tools/obs_sm_gpu_plan.sh 11  the CLI's observer SM now lazy (top, serve GPU tests); scattered
 #                                synthetic atomics / loads (atoms8s, loads16s); level_profile of the
 #                                lazy observer-SM build (durations or handoffs?)
+#   tools/obs_sm_gpu_plan.sh 12  the worker's queue words kept in W (osq_mine): exact (lazy
+#                                build's tests), and its gain beside -DDTMK_OSQ_AREA_CTL
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -79,5 +81,10 @@ case "${1:-}" in
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,discard,atoms8s,loads16s,novm,count1 --out ${OUT:-/tmp/out}" \
        "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --configs nohooks,off,summary --defines $L4 --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..11  (see the header)" >&2; exit 2 ;;
+  12) M4="DTMK_OBS_SM+DTMK_OBS_SMS=4"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py DTMK_NO_HOOKS $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R $M4 $M4+DTMK_OSQ_AREA_CTL $M4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_AREA_CTL" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
+       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,areactl,lazy,lazyareactl --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..12  (see the header)" >&2; exit 2 ;;
 esac

@@ -666,7 +666,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    # measurement only (tools/obs_sm_probe.py: the hot summary's cost split)
                    "DTMK_OSQ_DISCARD", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE", "DTMK_OSQ_BURN",
                    "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW",
-                   "DTMK_OSQ_SCATTER")
+                   "DTMK_OSQ_SCATTER", "DTMK_OSQ_AREA_CTL")
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:

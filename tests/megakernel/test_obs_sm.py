@@ -112,7 +112,7 @@ def test_obs_pending_rises_to_the_low_bounded_by_the_oldest_entry_not_taken():
         < r.index("__threadfence()") < r.index("OBS_PENDING")
     bound = r[r.index("if (tail != W.osq_head)"):r.index("__threadfence()")]
     # the entry's step where osq_run_entry reads it; a gate's STEP entry defers the raise
-    assert "osq_entry(P, W.worker, tail)" in bound and "if (tag == OSQ_TAG_STEP) return;" in bound
+    assert "osq_entry_at((dtmk_u64 *)a, tail)" in bound and "if (tag == OSQ_TAG_STEP) return;" in bound
     assert "lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);" in bound
     e = body("osq_run_entry")
     assert "step = d1.w;" in e and "step = c.v[3].z;" in e
@@ -131,7 +131,7 @@ def test_workers_build_no_record_and_load_no_tables():
     assert s.index("if (!osq_is_observer())") < s.index("osq_publish(P, W, true)") < s.index("O.vm_mask & bit")
     assert "if (!osq_is_observer()) O.reload = 0;" in SRC
     rc = body("refresh_control")
-    assert "osq_ld(osq_w(P, W.worker) + OSQ_W_MASK)" in rc and "O.vm_mask = (dtmk_u32)m;" in rc
+    assert "osq_ld(osq_mine(P, W) + OSQ_W_MASK)" in rc and "O.vm_mask = (dtmk_u32)m;" in rc
     # the hold the observer's programs need (request_gen read before the signal or not)
     assert "O.hold_full = (dtmk_u32)(m >> 33) & 1u;" in rc
     assert "((dtmk_u64)(O.hold_full != 0) << 33)" in body("osq_publish_tables")
@@ -274,7 +274,7 @@ def test_workers_call_nothing_after_the_signal_unless_gen_advance_or_the_trace()
     obs = obs[:obs.index("#else")]
     assert "W.pend_rg = 0;" in obs and "if (W.observe && (W.trace_on || r[0] == 10)) hook_post(" in obs
     w = body("osq_write_pend")
-    assert "W.osq_head - W.osq_tail < OSQ_N ? osq_entry(P, W.worker, W.osq_head) : osq_slot(P, W)" in w
+    assert "W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W)" in w
 
 
 def test_the_probe_reads_the_kernels_counters():
@@ -396,3 +396,20 @@ def test_obs_split_variants_name_defines_the_kernel_has_and_the_compiled_tier_pa
             assert name in MK_PASS_DEFINES, (v, name)
     dv = mod.DEFAULT_VARIANTS.split(",")
     assert dv[0] == "base" and set(dv) <= set(mod.VARIANTS)
+
+
+def test_a_worker_finds_its_queue_words_in_its_worker_state():
+    """Session 17: a worker's pushes, raises and mask reads take its queue area from W
+    (osq_mine; set once sm_worker's placement fixed the worker index), not from the
+    control words at every use -- that load missed L1 after every wait's acquire.  Only
+    the measurement-only -DDTMK_OSQ_AREA_CTL goes back to it."""
+    obs = (KERNEL_DIR / "mk_observer.cuh").read_text()
+    mine = obs[obs.index("osq_mine(const MkParams"):]
+    mine = mine[:mine.index("\n}") + 2]
+    assert "return W.osq_area;" in mine and "#ifndef DTMK_OSQ_AREA_CTL" in mine
+    worker_side = [body(f) for f in ("osq_slot", "osq_write_pend", "osq_raise")]
+    for b in worker_side:
+        assert "osq_w(P" not in b and "osq_entry(P" not in b and "osq_mine(P, W)" in b, b[:80]
+    mk = (KERNEL_DIR / "megakernel.cu").read_text()
+    assert mk.index("sm_worker(P, W);") < mk.index("W.osq_area = osq_w(P, W.worker);")
+    assert "osq_w(P, W.worker)" not in mk.replace("W.osq_area = osq_w(P, W.worker);", "")

@@ -28,6 +28,11 @@
 #define OSQ_STATS_N 10
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
+#ifndef DTMK_OSQ_SCATTER               /* (one word for every lane: the warp's atomics and loads coalesce) */
+#define OSQ_SINK_LANE 0u
+#else                                  /* (a word per lane and entry, as the VM's map work; w, i: osq_run_entry's) */
+#define OSQ_SINK_LANE ((dtmk_u32)(w * 37u + i * 11u))
+#endif
 #endif
 #ifdef DTMK_OSQ_STATS
 extern "C" __device__ unsigned long long dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * OSQ_STATS_N];
@@ -115,11 +120,6 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
 #endif
 #ifdef DTMK_OSQ_FENCES                 /* ... or N fences (do the observer's fences cost the workers?) */
         for (int j = 0; j < (DTMK_OSQ_FENCES); ++j) __threadfence();
-#endif
-#ifndef DTMK_OSQ_SCATTER               /* (one word for every lane: the warp's atomics and loads coalesce) */
-#define OSQ_SINK_LANE 0u
-#else                                  /* (session 17: a word per lane and entry, as the VM's map work) */
-#define OSQ_SINK_LANE ((dtmk_u32)(w * 37u + i * 11u))
 #endif
 #ifdef DTMK_OSQ_ATOMS                  /* ... or N atomic adds to one global word (its atomics?) */
         for (int j = 0; j < (DTMK_OSQ_ATOMS); ++j) atomicAdd(&dtmk_osq_sink[1 + ((OSQ_SINK_LANE + j * 3u) & 255)], 1ull);

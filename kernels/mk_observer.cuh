@@ -188,9 +188,10 @@ __device__ __forceinline__ uint4 *osq_entry_at(dtmk_u64 *a, dtmk_u64 i) {   /* e
 __device__ __forceinline__ uint4 *osq_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i) {
     return osq_entry_at(osq_w(P, w), i);
 }
-/* worker thread 0: its own words -- kept in W (session 17: osq_w's load of the control words
- * missed L1 after every wait's acquire, ~0.5 us of thread 0 per push on 1b's critical path);
- * -DDTMK_OSQ_AREA_CTL (measurement only) reads them from the control words at each use */
+/* worker thread 0: its own words -- kept in W (session 17: osq_w loads the control words,
+ * a load on thread 0's path between tasks that misses L1 after each wait's acquire; keeping
+ * the address saved ~1% of 1b's step); -DDTMK_OSQ_AREA_CTL (measurement only: bench/obs_split.py
+ * areactl) finds it through the control words at each use, as before */
 __device__ __forceinline__ dtmk_u64 *osq_mine(const MkParams &P, const Worker &W) {
 #ifndef DTMK_OSQ_AREA_CTL
     return W.osq_area;

@@ -32,6 +32,10 @@
 #                                lazy observer-SM build (durations or handoffs?)
 #   tools/obs_sm_gpu_plan.sh 12  the worker's queue words kept in W (osq_mine): exact (lazy
 #                                build's tests), and its gain beside -DDTMK_OSQ_AREA_CTL
+# Session 17 ran 8-12 (hooks.md / hook_cost_analysis.md "Session 17").  Next:
+#   tools/obs_sm_gpu_plan.sh 13  d96b6e1's untested observer-SM cases (M = 1 / 3: epochs, handoff,
+#                                serving, the compiled tier); level_profile of the lazy build with
+#                                DISCARD / NOVM (does a worker's post-task time grow without the VM?)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -86,5 +90,12 @@ case "${1:-}" in
        "python3 tools/precompile.py DTMK_NO_HOOKS $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R $M4 $M4+DTMK_OSQ_AREA_CTL $M4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_AREA_CTL" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,areactl,lazy,lazyareactl --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..12  (see the header)" >&2; exit 2 ;;
+  13) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3 DTMK_OBS_SM+DTMK_OBS_SMS=3+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L4+$R $L4+DTMK_OSQ_DISCARD+$R $L4+DTMK_OSQ_NOVM+$R" \
+       "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_handoff_gpu.py tests/gpu/test_resident_gpu.py -k 'obssm and not lazy'" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --defines $L4+DTMK_OSQ_DISCARD --out ${OUT:-/tmp/out}/discard" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs nohooks,off,summary --defines $L4+DTMK_OSQ_NOVM --out ${OUT:-/tmp/out}/novm" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..13  (see the header)" >&2; exit 2 ;;
 esac

@@ -27,6 +27,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             the plain ones' lanes share one word, so a warp's requests coalesce into one
   areactl / lazyareactl   the worker's queue words found through the control words at each
             use, as before session 17 (-DDTMK_OSQ_AREA_CTL; now kept in its Worker)
+  lazyinline / lazynovm   the lazy build with the push inlined into run_task
+            (-DDTMK_OSQ_PUSH_INLINE) / with NOVM
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazycount1": ("DTMK_OSQ_LAZY_PUB",),
             "atoms8s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8", "DTMK_OSQ_SCATTER"),
             "loads16s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
-            "areactl": ("DTMK_OSQ_AREA_CTL",), "lazyareactl": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_AREA_CTL")}
+            "areactl": ("DTMK_OSQ_AREA_CTL",), "lazyareactl": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_AREA_CTL"),
+            "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",

@@ -36,6 +36,8 @@
 #   tools/obs_sm_gpu_plan.sh 13  d96b6e1's untested observer-SM cases (M = 1 / 3: epochs, handoff,
 #                                serving, the compiled tier); level_profile of the lazy build with
 #                                DISCARD / NOVM (does a worker's post-task time grow without the VM?)
+#   tools/obs_sm_gpu_plan.sh 14  obs_split, the lazy build's parts side by side (reps 7): the push
+#                                inlined, discarded, built without the VM
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -97,5 +99,7 @@ case "${1:-}" in
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --defines $L4+DTMK_OSQ_DISCARD --out ${OUT:-/tmp/out}/discard" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs nohooks,off,summary --defines $L4+DTMK_OSQ_NOVM --out ${OUT:-/tmp/out}/novm" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..13  (see the header)" >&2; exit 2 ;;
+  14) exec tools/gpu_session.sh \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazyinline,lazydiscard,lazynovm,nopush --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..14  (see the header)" >&2; exit 2 ;;
 esac

@@ -22,7 +22,7 @@
  * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers;
  * -DDTMK_OSQ_NOVM (records built into the warp's ring, drained without running the VM) and
  * -DDTMK_OSQ_SCATTER (those atomics / loads at a word per lane and entry; without it the
- * lanes' share one word and the warp's requests coalesce -- session 16's runs),
+ * lanes share one word and the warp's requests coalesce -- session 16's runs),
  * -DDTMK_OSQ_NOLOW (OSQ_W_LOW never stored: the workers' raises see no epoch held; epochs
  * final early -- coverage snapshots are then wrong) split the rest (session 17) */
 #define OSQ_STATS_N 10
@@ -121,7 +121,7 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
 #ifdef DTMK_OSQ_FENCES                 /* ... or N fences (do the observer's fences cost the workers?) */
         for (int j = 0; j < (DTMK_OSQ_FENCES); ++j) __threadfence();
 #endif
-#ifdef DTMK_OSQ_ATOMS                  /* ... or N atomic adds to one global word (its atomics?) */
+#ifdef DTMK_OSQ_ATOMS                  /* ... or N global atomic adds (its atomics?  OSQ_SINK_LANE: where) */
         for (int j = 0; j < (DTMK_OSQ_ATOMS); ++j) atomicAdd(&dtmk_osq_sink[1 + ((OSQ_SINK_LANE + j * 3u) & 255)], 1ull);
 #endif
 #ifdef DTMK_OSQ_LOADS                  /* ... or N dependent L2 loads (its memory latency chain?) */

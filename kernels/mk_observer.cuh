@@ -214,7 +214,8 @@ __device__ __forceinline__ void osq_publish_low(const MkParams &P, dtmk_u32 lo) 
 extern "C" __device__ unsigned long long dtmk_osq_wstats[2];   /* (mk_obs_sm.cuh DTMK_OSQ_STATS) */
 __device__ unsigned long long dtmk_osq_wstats[2];
 #endif
-/* -DDTMK_OSQ_LAZY_PUB (opt-in, session 16; not yet run on a GPU): a task's entry is stored
+/* -DDTMK_OSQ_LAZY_PUB (session 16; exact on the H200 and the CLI's --observer sm build since
+ * session 17, gpu.observer_defines): a task's entry is stored
  * AFTER its release signal and its head published after the NEXT signal, whose MEMBAR then
  * finds the entry's stores long done (session 16: the workers' pushes cost 1b ~4.5% of step
  * time, the stores waited for by the signal's MEMBAR a suspect); or, fenced, by the next

@@ -68,9 +68,9 @@ def add_observer_arguments(p: argparse.ArgumentParser, scope: str) -> None:
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help=f"{scope}: where hook records are built and monitors run -- workers = each "
                         "worker's thread 0 (default); sm = SMs of their own (--observer-sms), the workers "
-                        "only capture (-DDTMK_OBS_SM; experimental: exact; H200 1b hot summary with 4 SMs "
-                        "+15.6%% over its nothing-attached run, workers +45%% over no hooks; tiny with "
-                        "3 SMs slower than workers -- docs/results/hooks.md session 16)")
+                        "only capture (-DDTMK_OBS_SM, entries published lazily; experimental: exact; H200 "
+                        "hot summary with 4 SMs over no hooks: 1b +15%%, tiny +15%%; workers +45%% / "
+                        "+15.5%% -- docs/results/hooks.md session 17)")
     p.add_argument("--observer-sms", type=int, default=None, metavar="M",
                    help=f"{scope}, --observer sm: observer SMs (1..{OBS_SMS_MAX}, default {OBS_SMS_DEFAULT}; the "
                         "workers get the other SMs)")

@@ -86,7 +86,8 @@ OSQ_W_BYTES = 64 + OSQ_N * 128
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
-#: the defines of the observer SM (hook code: a handoff job's lean build leaves them out)
+#: the defines of the observer SM (hook code: a handoff job's lean build leaves them out; the
+#: compiled tier's linked build passes them on: runtime/compiled.py MK_PASS_DEFINES)
 OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OSQ_DISCARD",
                   "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE",
                   "DTMK_OSQ_BURN", "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_LAZY_PUB",

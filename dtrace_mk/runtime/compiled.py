@@ -63,6 +63,7 @@ from ..abi import definition as abi
 from ..bpf.devicegen import NAME_OF_OP
 from ..errors import UserError
 from ..kernels import build
+from ..megakernel.gpu import OBS_SM_DEFINES
 from . import device as D
 
 if TYPE_CHECKING:                      # runtime/inline.py imports the verifier: loaded at attach
@@ -661,12 +662,9 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
-                   "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS",   # the observer SM (it runs
-                   "DTMK_OSQ_LAZY_PUB",                                                       # the linked programs)
-                   # measurement only (tools/obs_sm_probe.py: the hot summary's cost split)
-                   "DTMK_OSQ_DISCARD", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE", "DTMK_OSQ_BURN",
-                   "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW",
-                   "DTMK_OSQ_SCATTER", "DTMK_OSQ_AREA_CTL")
+                   # the observer SM (it runs the linked programs): its count and its defines, from
+                   # their one list (gpu.OBS_SM_DEFINES) but the probe's counters
+                   "DTMK_OBS_SMS") + tuple(d for d in OBS_SM_DEFINES if d != "DTMK_OSQ_STATS")
 
 
 def megakernel_spec(defines: Sequence[str] = ()) -> KernelSpec:

@@ -113,3 +113,70 @@ def record_placements(m, steps: int, n: int) -> list:
             found.append((res.elapsed_ms * 1e3 / steps, pl))
     m.place_workers([])
     return found
+
+
+SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active"
+
+
+def sample_clocks(keys, launch, seconds: float, log=print) -> dict:
+    """{key: {"sm_mhz", "sm_mhz_min", "mem_mhz", "power_w", "reasons", "samples"}}: each
+    key's launch(key) repeated for `seconds` while `nvidia-smi -lms 50` samples the card;
+    a sample belongs to the key whose run window holds its own timestamp (so output
+    buffering cannot misattribute it).  A busy SM path that draws more power can lower the
+    clock every worker runs at: same-run medians per key show it.  {} if nvidia-smi is
+    missing or refuses the query (logged)."""
+    import datetime
+    import shutil
+    import subprocess
+    import threading
+    if shutil.which("nvidia-smi") is None:
+        log("sample_clocks: no nvidia-smi")
+        return {}
+    for fields in (SMI_FIELDS, SMI_FIELDS.rsplit(",", 1)[0]):   # (older drivers: no event reasons)
+        p = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+                              "-lms", "50"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = p.stdout.readline()
+        if first.count(",") == fields.count(","):
+            break
+        log(f"sample_clocks: nvidia-smi --query-gpu={fields}: {first.strip()!r}")
+        p.kill()
+        p.wait()
+    else:
+        return {}
+    lines: list = [first]
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+    reader.start()
+    windows = {}
+    try:
+        for k in keys:
+            launch(k)                                   # (out of the window: a first launch's ramp)
+            t0 = time.time()
+            while time.time() - t0 < seconds:
+                launch(k)
+            windows[k] = (t0, time.time())
+    finally:
+        p.terminate()
+        p.wait()
+        reader.join(timeout=5)
+    got = {k: [] for k in keys}
+    for ln in lines:
+        f = [x.strip() for x in ln.split(",")]
+        try:
+            ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            sm, mem, pw = float(f[1]), float(f[2]), float(f[3])
+        except (ValueError, IndexError):
+            continue                                    # (a header or an error line)
+        for k, (a, b) in windows.items():
+            if a <= ts <= b:
+                got[k].append((sm, mem, pw, f[4] if len(f) > 4 else ""))
+    if not any(got.values()):
+        log(f"sample_clocks: no sample matched a window; nvidia-smi said: {lines[:3]}")
+        return {}
+    import statistics as st
+    out = {}
+    for k, s in got.items():
+        if s:
+            out[k] = {"sm_mhz": st.median(x[0] for x in s), "sm_mhz_min": min(x[0] for x in s),
+                      "mem_mhz": st.median(x[1] for x in s), "power_w": st.median(x[2] for x in s),
+                      "reasons": sorted({x[3] for x in s}), "samples": len(s)}
+    return out

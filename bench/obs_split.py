@@ -65,8 +65,8 @@ QUERIES["lazycount1"] = QUERIES["count1"]
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 
-def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
-    from benchio import timed_rounds
+def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0) -> dict:
+    from benchio import sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.lang.pipeline import compile_query
@@ -117,6 +117,12 @@ def split_preset(name: str, reps: int, sms: int, variants, log) -> dict:
     log(f"{'variant':>9} {'us/step':>8} {'/ plain':>8} {'/ nohooks':>9}")
     for v in variants:
         log(f"{v:>9} {med[v]:>8.1f} {out['pct_over_plain'][v]:>+7.2f}% {out['pct_over_nohooks'][v]:>+8.2f}%")
+    if clocks > 0:                     # (session 18: does a busier build run at a lower clock?)
+        out["clocks"] = ck = sample_clocks(keys, launch, clocks, log)
+        log(f"{'key':>11} {'SM MHz':>7} {'min':>6} {'mem MHz':>8} {'W':>6} {'n':>4}  reasons")
+        for k, c in ck.items():
+            log(f"{k:>11} {c['sm_mhz']:>7.0f} {c['sm_mhz_min']:>6.0f} {c['mem_mhz']:>8.0f} {c['power_w']:>6.1f} "
+                f"{c['samples']:>4}  {' '.join(c['reasons'])}")
     return out
 
 
@@ -126,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sms", type=int, default=4, help="observer SMs (-DDTMK_OBS_SMS)")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of: {', '.join(VARIANTS)}")
+    ap.add_argument("--clocks", type=float, default=0.0, metavar="S",
+                    help="then run each build S seconds more while nvidia-smi samples its SM clock and power")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     if a.reps < 2:
@@ -137,7 +145,7 @@ def main(argv=None) -> int:
     variants = ["base"] + [v for v in variants if v != "base"]     # (plain is the base build's)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
-                lambda p, log: split_preset(p, a.reps, a.sms, variants, log))
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks))
     return 0
 
 

@@ -38,6 +38,9 @@
 #                                DISCARD / NOVM (does a worker's post-task time grow without the VM?)
 #   tools/obs_sm_gpu_plan.sh 14  obs_split, the lazy build's parts side by side (reps 7): the push
 #                                inlined, discarded, built without the VM
+# Session 18 ran 13-14 (the post-task time grows half as much without the VM).  Then:
+#   tools/obs_sm_gpu_plan.sh 15  do the builds run at different SM clocks?  obs_split's parts
+#                                with nvidia-smi sampling each build's sustained run (--clocks)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -101,5 +104,8 @@ case "${1:-}" in
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs nohooks,off,summary --defines $L4+DTMK_OSQ_NOVM --out ${OUT:-/tmp/out}/novm" ;;
   14) exec tools/gpu_session.sh \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazyinline,lazydiscard,lazynovm,nopush --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..14  (see the header)" >&2; exit 2 ;;
+  15) exec tools/gpu_session.sh \
+       "nvidia-smi -q -d POWER,CLOCK,PERFORMANCE" \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 3 --sms 4 --variants base,lazy,lazydiscard,lazynovm,nopush --clocks 2.5 --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..15  (see the header)" >&2; exit 2 ;;
 esac

@@ -29,6 +29,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             use, as before session 17 (-DDTMK_OSQ_AREA_CTL; now kept in its Worker)
   lazyinline / lazynovm   the lazy build with the push inlined into run_task
             (-DDTMK_OSQ_PUSH_INLINE) / with NOVM
+  lazynomaps   the lazy build whose VM runs every program but no map helper touches memory
+            (-DDTMK_OSQ_NOMAPS: lookups return NULL): the map work's share of the VM's (session 18)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "atoms8s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ATOMS=8", "DTMK_OSQ_SCATTER"),
             "loads16s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
             "areactl": ("DTMK_OSQ_AREA_CTL",), "lazyareactl": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_AREA_CTL"),
-            "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM")}
+            "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM"),
+            "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",

@@ -232,6 +232,9 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
         case DTMK_OPG_CALL: {
             DTMK_PROF_BEGIN(prof_call);
             if (CALL_GUARD) {
+#ifdef DTMK_OSQ_NOMAPS   /* measurement only (bench/obs_split.py lazynomaps): the VM runs, no map helper touches memory */
+                if (I.op != DTMK_OP_CALL_KTIME_GET_NS && I.op != DTMK_OP_CALL_GET_WORKER_ID) REG(0) = 0; else
+#endif
                 switch (I.op) {
                 case DTMK_OP_CALL_MAP_LOOKUP_ELEM:
                     REG(0) = dtmk_map_lookup((const struct dtmk_map *)REG(1), (const void *)REG(2), worker, &lost);

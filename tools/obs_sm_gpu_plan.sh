@@ -41,6 +41,7 @@
 # Session 18 ran 13-14 (the post-task time grows half as much without the VM).  Then:
 #   tools/obs_sm_gpu_plan.sh 15  do the builds run at different SM clocks?  obs_split's parts
 #                                with nvidia-smi sampling each build's sustained run (--clocks)
+#   tools/obs_sm_gpu_plan.sh 16  the VM run without map memory (lazynomaps) beside lazy / novm
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -107,5 +108,7 @@ case "${1:-}" in
   15) exec tools/gpu_session.sh \
        "nvidia-smi -q -d POWER,CLOCK,PERFORMANCE" \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 3 --sms 4 --variants base,lazy,lazydiscard,lazynovm,nopush --clocks 2.5 --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..15  (see the header)" >&2; exit 2 ;;
+  16) exec tools/gpu_session.sh \
+       "timeout 400 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazynovm,lazynomaps,lazydiscard --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..16  (see the header)" >&2; exit 2 ;;
 esac

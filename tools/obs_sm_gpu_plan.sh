@@ -42,6 +42,8 @@
 #   tools/obs_sm_gpu_plan.sh 15  do the builds run at different SM clocks?  obs_split's parts
 #                                with nvidia-smi sampling each build's sustained run (--clocks)
 #   tools/obs_sm_gpu_plan.sh 16  the VM run without map memory (lazynomaps) beside lazy / novm
+#   tools/obs_sm_gpu_plan.sh 17  lanes of a VM batch share a key's probe and RED (bpf_maps.cuh
+#                                dtmk_hash_find / dtmk_red_u64): split, then exactness
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -110,5 +112,10 @@ case "${1:-}" in
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 3 --sms 4 --variants base,lazy,lazydiscard,lazynovm,nopush --clocks 2.5 --out ${OUT:-/tmp/out}" ;;
   16) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazynovm,lazynomaps,lazydiscard --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..16  (see the header)" >&2; exit 2 ;;
+  17) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh \
+       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,lazynomaps --out ${OUT:-/tmp/out}" \
+       "timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4lazy" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..17  (see the header)" >&2; exit 2 ;;
 esac

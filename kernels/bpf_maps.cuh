@@ -214,8 +214,11 @@ __device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_m
  * key race correctly (both aim at the same first free slot; the CAS loser re-examines
  * it); an insert racing a delete of ANOTHER key on its probe path may duplicate the key
  * (never in serial use; documented in docs/results/device_vm.md). */
-__device__ __noinline__ int dtmk_hash_probe(const struct dtmk_map *m, const dtmk_u32 *w, dtmk_u32 nw, dtmk_u32 h0,
-                                            bool create, const void *init, bool *created) {
+__device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void *key, bool create,
+                                           const void *init, bool *created) {
+    dtmk_u32 w[DTMK_MAX_KEY_WORDS];
+    dtmk_u32 nw = dtmk_load_key(key, m->key_size, w);
+    const dtmk_u32 h0 = dtmk_key_hash(w, nw) & m->cap_mask;
     dtmk_u32 *states = (dtmk_u32 *)m->slots;
     const dtmk_u32 kstride = m->key_stride;
     *created = false;
@@ -275,57 +278,6 @@ __device__ __noinline__ int dtmk_hash_probe(const struct dtmk_map *m, const dtmk
 __device__ __forceinline__ dtmk_u64 dtmk_hash_value(const struct dtmk_map *m, int slot) {
     return m->values + (dtmk_u64)(dtmk_u32)slot * m->value_stride;
 }
-
-/* a lane's RED on a global u64 (op 0 add, 1 max, 2 min; the result unused): lanes of the
- * warp on the same address and op together send one, of their sum / extreme (the VM's
- * batches update one class key's value from many lanes at once: dtmk_hash_find) */
-__device__ __noinline__ void dtmk_red_u64(dtmk_u32 op, dtmk_u64 *a, dtmk_u64 v) {
-    const unsigned act = __activemask();
-    const unsigned grp = __match_any_sync(act, (dtmk_u64)a) & __match_any_sync(act, op);
-    dtmk_u64 acc = v;
-    for (unsigned r = grp & (grp - 1); r; r &= r - 1) {    /* the members after the lowest */
-        const dtmk_u64 x = __shfl_sync(grp, v, __ffs(r) - 1);
-        acc = op == 0 ? acc + x : op == 1 ? (x > acc ? x : acc) : (x < acc ? x : acc);
-    }
-    if ((int)(threadIdx.x & 31) != __ffs(grp) - 1) return;
-    if (op == 0) atomicAdd((unsigned long long *)a, (unsigned long long)acc);
-    else if (op == 1) atomicMax((unsigned long long *)a, (unsigned long long)acc);
-    else atomicMin((unsigned long long *)a, (unsigned long long)acc);
-}
-
-/* dtmk_hash_probe for key (key_size bytes at a generic address).  Lanes of a warp that
- * look up the same key of the same map together share ONE probe (session 18: the observer
- * SM's VM runs 32 records per call and a level's tasks share a class key, so every lane
- * probed the same few L2 lines; the VM's map traffic cost the workers ~6% of 1b's step,
- * bench/obs_split.py lazynomaps): the group's lowest lane finds or inserts the key, the
- * others take its slot.  Exact: a slot keeps its key until it is deleted, and each member
- * alone would have found that slot (after the leader's insert, as the existing key).  Keys
- * are compared word by word, so a hash collision only means a lane probes by itself. */
-__device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void *key, bool create,
-                                           const void *init, bool *created) {
-    dtmk_u32 w[DTMK_MAX_KEY_WORDS];
-    const dtmk_u32 nw = dtmk_load_key(key, m->key_size, w);
-    const dtmk_u32 h = dtmk_key_hash(w, nw);
-    const unsigned act = __activemask();
-    if ((act & (act - 1)) == 0) return dtmk_hash_probe(m, w, nw, h & m->cap_mask, create, init, created);
-    const unsigned grp = __match_any_sync(act, (dtmk_u64)m ^ ((dtmk_u64)create << 63)) &
-                         __match_any_sync(act, ((dtmk_u64)nw << 32) | h);
-    const int lead = __ffs(grp) - 1;
-    const dtmk_u32 nmax = __reduce_max_sync(act, nw);
-    bool same = true;
-    for (dtmk_u32 j = 0; j < nmax; ++j) {
-        const dtmk_u32 lw = __shfl_sync(act, j < nw ? w[j] : 0u, lead);
-        same &= j >= nw || lw == w[j];
-    }
-    const bool alone = (int)(threadIdx.x & 31) == lead || !same;
-    int s = DTMK_HASH_ABSENT;
-    bool cr = false;
-    if (alone) s = dtmk_hash_probe(m, w, nw, h & m->cap_mask, create, init, &cr);
-    const int ls = __shfl_sync(act, s, lead);
-    *created = alone && cr;
-    return alone ? s : ls;
-}
-
 
 /* ---------------------------------------------------------------------------------- */
 /* helpers' map operations: return value as the program sees it; *lost / *throttled    */
@@ -423,10 +375,7 @@ __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const v
     int s = dtmk_hash_find(m, key, true, 0, &created);
     if (s < 0) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
     dtmk_u32 b = t == DTMK_MAP_TYPE_HIST_LOG2 ? dtmk_log2_bucket(v) : dtmk_linear_bucket(m, v);
-    const dtmk_u64 a = dtmk_hash_value(m, s) + 8ull * b;
-    /* lanes adding to the same bucket together: one atomic of their count (dtmk_hash_find) */
-    const unsigned grp = __match_any_sync(__activemask(), a);
-    if ((int)(threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd((unsigned long long *)a, (unsigned long long)__popc(grp));
+    atomicAdd((unsigned long long *)(dtmk_hash_value(m, s) + 8ull * b), 1ull);
     return 0;
 }
 

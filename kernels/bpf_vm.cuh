@@ -217,13 +217,13 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
                     dtmk_u64 old;
                     if (__isLocal(a)) { old = *a; *a = old + v; }
                     else if (I.aux) old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
-                    else { dtmk_red_u64(0, a, v); old = 0; }   /* a RED, one per address among the lanes */
+                    else { atomicAdd((unsigned long long *)a, (unsigned long long)v); old = 0; }   /* a RED */
                     if (I.aux) REG(I.src) = old;
                     break; }
                 /* stxdw_max / stxdw_min: a raise-to / lower-to triple's store into a map
                  * value (never a stack slot): atomic, so racing lanes keep the extreme */
-                case 0xe: dtmk_red_u64(1, (dtmk_u64 *)ADDR(I.dst), REG(I.src)); break;
-                case 0xf: dtmk_red_u64(2, (dtmk_u64 *)ADDR(I.dst), REG(I.src)); break;
+                case 0xe: atomicMax((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
+                case 0xf: atomicMin((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
                 default: fault = true; p = DTMK_VM_NOPC; break;
                 }
             }

@@ -42,8 +42,8 @@
 #   tools/obs_sm_gpu_plan.sh 15  do the builds run at different SM clocks?  obs_split's parts
 #                                with nvidia-smi sampling each build's sustained run (--clocks)
 #   tools/obs_sm_gpu_plan.sh 16  the VM run without map memory (lazynomaps) beside lazy / novm
-#   tools/obs_sm_gpu_plan.sh 17  lanes of a VM batch share a key's probe and RED (bpf_maps.cuh
-#                                dtmk_hash_find / dtmk_red_u64): split, then exactness
+#   tools/obs_sm_gpu_plan.sh 17  lanes of a VM batch share a key's probe and RED (5612b17's
+#                                dtmk_hash_find / dtmk_red_u64; exact, no gain: reverted)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -31,6 +31,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             (-DDTMK_OSQ_PUSH_INLINE) / with NOVM
   lazynomaps   the lazy build whose VM runs every program but no map helper touches memory
             (-DDTMK_OSQ_NOMAPS: lookups return NULL): the map work's share of the VM's (session 18)
+  lazydesc  the lazy build whose observers run descriptor programs (the summary's three) into
+            a shared-memory shadow per warp, flushed at epoch ends (-DDTMK_OSQ_DESC)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "loads16s": ("DTMK_OSQ_DISCARD", "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
             "areactl": ("DTMK_OSQ_AREA_CTL",), "lazyareactl": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_AREA_CTL"),
             "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM"),
-            "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS")}
+            "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
+            "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",

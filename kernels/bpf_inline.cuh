@@ -118,6 +118,41 @@ __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get(struct dtmk_shadow *S
     return 0;
 }
 
+/* dtmk_sh_get for a shadow that several lanes of a warp update at once (-DDTMK_OSQ_DESC:
+ * an observer warp's lanes each run one record's descriptors).  A free entry is claimed
+ * by CAS to DTMK_SH_BUSY, filled, then its map published; a lane that meets a claim in
+ * progress waits for it (independent thread scheduling lets the claimer finish).  The
+ * values are then updated with shared-memory atomics (dtmk_desc_run<true>). */
+#define DTMK_SH_BUSY 1ull          /* (no dtmk_map is at address 1) */
+__device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get_mt(struct dtmk_shadow *S, dtmk_u64 map, dtmk_u64 key,
+                                                             dtmk_u32 word, dtmk_u32 ops, dtmk_u32 epoch, dtmk_u32 slot) {
+    const dtmk_u64 x = (map >> 4) ^ (key * 0x9E3779B97F4A7C15ull) ^ ((dtmk_u64)word << 40) ^ ((dtmk_u64)slot << 52);
+    const dtmk_u32 h = (dtmk_u32)(x >> 32) ^ (dtmk_u32)x ^ epoch;
+#pragma unroll 1
+    for (dtmk_u32 i = 0; i < DTMK_SH_PROBE; ++i) {
+        struct dtmk_sh_ent *e = &S->e[(h + i) & (DTMK_SH_N - 1)];
+        volatile struct dtmk_sh_ent *ve = e;
+        dtmk_u64 m = ve->map;
+        if (m == 0) {
+            m = atomicCAS((unsigned long long *)&e->map, 0ull, DTMK_SH_BUSY);
+            if (m == 0) {                  /* claimed: fill, then publish the map */
+                ve->key = key; ve->val[0] = 0; ve->val[1] = 0; ve->epoch = epoch; ve->n_ev = 1;
+                ve->word = (dtmk_u16)word; ve->slot = (dtmk_u8)slot; ve->ops = (dtmk_u8)ops;
+                __threadfence_block();
+                ve->map = map;
+                return e;
+            }
+        }
+        while (m == DTMK_SH_BUSY) m = ve->map;
+        __threadfence_block();             /* (the claimer's fields before its map) */
+        if (m == map && ve->key == key && ve->word == word && ve->epoch == epoch && ve->slot == slot) {
+            atomicAdd((unsigned *)&e->n_ev, 1u);
+            return e;
+        }
+    }
+    return 0;
+}
+
 /* ---- the descriptor form -------------------------------------------------------------
  * A program that dtrace_mk/runtime/aggdesc.py reduced to aggregation descriptors runs from
  * data at the site: no compile, no interpreter, no ring, in the hot tier as well
@@ -192,6 +227,7 @@ __device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_
 /* one event through a program's descriptors D[0..n): its shadow updates (a full probe
  * window: the global map directly, as the compiled form's ordinary helper would);
  * DTMK_OUT_LOST when the map refused a new key (counted in its stats by the helper) */
+template <bool MT = false>   /* MT: lanes share S (dtmk_sh_get_mt, atomic value updates) */
 __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32 n, const struct dtmk_ctx *ctx,
                                              dtmk_u32 worker, dtmk_u32 epoch, struct dtmk_shadow *S, dtmk_u32 slot) {
     dtmk_u32 i = 0;
@@ -224,16 +260,24 @@ __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32
             if (d.op >= DTMK_D_HIST_LOG2) {
                 const dtmk_u32 b = d.op == DTMK_D_HIST_LOG2 ? dtmk_bucket_log2(v)
                                  : dtmk_bucket_linear(d.lin_lo, d.lin_hi, d.lin_step, d.nb, v);
-                e = dtmk_sh_get(S, d.map, key, b, 1u, epoch, slot);
-                if (e) { e->val[0] += 1; continue; }
+                e = MT ? dtmk_sh_get_mt(S, d.map, key, b, 1u, epoch, slot) : dtmk_sh_get(S, d.map, key, b, 1u, epoch, slot);
+                if (e) {
+                    if (MT) atomicAdd((unsigned long long *)&e->val[0], 1ull);
+                    else e->val[0] += 1;
+                    continue;
+                }
                 bool lost = false;
                 dtmk_hist_add(m, &key, v, &lost);
                 if (lost) out = DTMK_OUT_LOST;
                 continue;
             }
-            if (!(d.kind & DTMK_D_SAME) || !e) e = dtmk_sh_get(S, d.map, key, 0u, d.shops, epoch, slot);
+            if (!(d.kind & DTMK_D_SAME) || !e)
+                e = MT ? dtmk_sh_get_mt(S, d.map, key, 0u, d.shops, epoch, slot) : dtmk_sh_get(S, d.map, key, 0u, d.shops, epoch, slot);
             if (e) {
-                if (d.op == DTMK_SH_ADD) e->val[d.word] += v;
+                if (MT) {
+                    if (d.op == DTMK_SH_ADD) atomicAdd((unsigned long long *)&e->val[d.word], (unsigned long long)v);
+                    else atomicMax((unsigned long long *)&e->val[d.word], (unsigned long long)v);
+                } else if (d.op == DTMK_SH_ADD) e->val[d.word] += v;
                 else if (v > e->val[d.word]) e->val[d.word] = v;
                 continue;
             }

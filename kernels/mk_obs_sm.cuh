@@ -172,6 +172,10 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
     }
     for (int i = lane; i < (int)(sizeof(O.tabs) / 4); i += 32) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = lane; i < OBS_NACC; i += 32) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+#ifdef DTMK_OSQ_DESC
+    for (int i = lane; i < (int)DTMK_SH_N; i += 32) O.sh.e[i].map = 0;
+    if (lane == 0) O.sh_lo = ~0u;
+#endif
     __syncwarp();
     if (lane == 0) {
         obs_init(P, Wk);

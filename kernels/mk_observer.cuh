@@ -49,6 +49,14 @@ struct __align__(16) Obs {
      * until obs_sync's epoch flush (before the accumulators'); vm_mask then names only
      * hooks with slots that take records.  desc: every loaded descriptor program, copied
      * at table load (the site reads only these); gdesc: where each came from */
+#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
+    /* -DDTMK_OSQ_DESC (observer SM): descriptor programs run from the warp's ring records
+     * into this shadow (lanes at once: dtmk_sh_get_mt), flushed into the maps only when an
+     * epoch below sh_lo's may end (obs_sync): the observers' map traffic cost the workers
+     * ~6% of 1b's step (session 18, bench/obs_split.py lazynomaps) */
+    struct dtmk_shadow sh;
+    dtmk_u32 sh_lo;                         /* no shadow entry is of an earlier epoch (~0: empty) */
+#endif
 #ifdef HK_SITE_FORM
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;
@@ -383,6 +391,45 @@ __device__ __forceinline__ void obs_init(const MkParams &P, Worker &W) {
 #else
 #define OBS_RUN_WORKER(W) (W).worker
 #endif
+#if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)
+/* dtmk_run_prog's exec step for a descriptor program (a = the warp's shadow, the slot) */
+struct osq_desc_exec_step {
+    static __device__ __forceinline__ int exec(const struct dtmk_prog &P, bool run, const void *ctx, dtmk_u32 worker,
+                                               dtmk_u32 epoch, dtmk_u32, dtmk_u64 *, struct dtmk_shadow *S, dtmk_u32 slot) {
+        if (!run) return DTMK_OUT_NONE;
+        return dtmk_desc_run<true>((const struct dtmk_desc *)P.descs, P.n_descs, (const struct dtmk_ctx *)ctx,
+                                   worker, epoch, S, slot);
+    }
+};
+/* observer warp (all lanes): hook h's descriptor programs over up to 32 of its ring
+ * records (lane l: recs[l]), their updates into the warp's shadow, coverage as the VM's
+ * (dtmk_run_prog: sampling, rate limit, the same accumulators) */
+__device__ __noinline__ void osq_desc_records(const struct dtmk_hook_table *tables, const struct dtmk_ctx *recs,
+                                              dtmk_u32 n, struct dtmk_cov_acc *accs, dtmk_u32 h) {
+    const unsigned lane = threadIdx.x & 31;
+    const struct dtmk_hook_table &T = tables[h];
+    const bool mine = lane < n;
+    const struct dtmk_ctx *c = recs + (mine ? lane : 0);
+    const dtmk_u32 epoch = mine ? c->decode_step : ~0u, worker = mine ? c->worker : 0u;
+    bool any = false;
+    for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
+        if (!(T.progs[k].flags & DTMK_PROG_F_DESC)) continue;
+        dtmk_u64 r0 = 0;
+        dtmk_run_prog<osq_desc_exec_step>(T.progs[k], mine, c, worker, epoch, T.gen >> 1, 0u, &r0, accs + k,
+                                          &O.sh, h * DTMK_MAX_PROGS + k);
+        any = true;
+    }
+    if (!any) return;
+    const dtmk_u32 lo = __reduce_min_sync(0xffffffffu, epoch);   /* (an upper bound of none: conservative) */
+    if (lane == 0 && lo < O.sh_lo) O.sh_lo = lo;
+    __syncwarp();
+}
+#define OSQ_DESC_RECORDS osq_desc_records
+#define OSQ_SH_LO O.sh_lo
+#else
+#define OSQ_SH_LO (~0u)                 /* (no shadow: the condition below folds to false) */
+#endif
+
 /* warp 0 (all 32 lanes, converged): run the ring through the VM, each hook's sub-ring in
  * 32-record VM calls back to back (within a hook in time order); `chunk`: one 32-record
  * batch of the fullest sub-ring only (a spin loop calls it again after re-polling).  Once the ring is empty: flush the coverage accumulators of
@@ -418,6 +465,9 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
         for (dtmk_u32 w = 0; w < todo; w += 32) {
             DTMK_PROF_BEGIN(prof_c0);
+#ifdef OSQ_DESC_RECORDS               /* (-DDTMK_OSQ_DESC: the descriptor programs first; the VM skips them) */
+            OSQ_DESC_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.accs + h * DTMK_MAX_PROGS, h);
+#endif
 #ifndef DTMK_OSQ_NOVM                  /* (measurement only, observer SM: records built, never run) */
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
                              OBS_RUN_WORKER(W), 0);
@@ -441,12 +491,24 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         ran = true;
         if (chunk) break;
     }
-    /* "|| false": the observer warp's removed refusal flag; kept so the PTX stays that of 1e256b7 (without it
-     * NVVM orders this cold branch differently; same behaviour) */
-    if (n == 0 && (ran || O.acc_min < step || false)) {
+    /* "|| OSQ_SH_LO < step": the observer SM's descriptor shadow (-DDTMK_OSQ_DESC); constant false
+     * elsewhere, where it stands for the observer warp's removed refusal flag (kept so the PTX stays
+     * that of 1e256b7: without it NVVM orders this cold branch differently; same behaviour) */
+    if (n == 0 && (ran || O.acc_min < step || OSQ_SH_LO < step)) {
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
+#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
+        /* the shadow's values into the maps (all of it) when an epoch it holds may end
+         * here; otherwise its oldest epoch stays held (keep) */
+        if (O.sh_lo < step) {
+            flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
+            __syncwarp();
+            if (lane == 0) O.sh_lo = ~0u;
+            __syncwarp();
+        }
+        keep = O.sh_lo;
+#endif
 #ifdef HK_SITE_FORM
         /* the site form's map updates first (all epochs: moving the current one's early
          * is harmless), so an epoch's values are in before its coverage and OBS_PENDING */
@@ -516,6 +578,12 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             }
 #else       /* no site form: every slot takes records; one the host flagged for the site runs its code in the VM */
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k)
+#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
+                /* descriptor programs keep both flags (the VM skips them, OSQ_DESC_RECORDS runs
+                 * them) and run their lanes at once: the shadow's updates are atomic */
+                if (O.tabs[h].progs[k].flags & DTMK_PROG_F_DESC) O.tabs[h].progs[k].flags &= ~DTMK_PROG_F_SERIAL;
+                else
+#endif
                 O.tabs[h].progs[k].flags &= ~(DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC);
             if (O.tabs[h].n_progs) mask |= 1u << h;
 #endif

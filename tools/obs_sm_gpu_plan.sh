@@ -44,6 +44,8 @@
 #   tools/obs_sm_gpu_plan.sh 16  the VM run without map memory (lazynomaps) beside lazy / novm
 #   tools/obs_sm_gpu_plan.sh 17  lanes of a VM batch share a key's probe and RED (5612b17's
 #                                dtmk_hash_find / dtmk_red_u64; exact, no gain: reverted)
+#   tools/obs_sm_gpu_plan.sh 18  the observers run descriptor programs into a shared-memory shadow
+#                                (-DDTMK_OSQ_DESC, lazydesc / obssm4desc): its cost, then exactness
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -117,5 +119,10 @@ case "${1:-}" in
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,lazynomaps --out ${OUT:-/tmp/out}" \
        "timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4lazy" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..17  (see the header)" >&2; exit 2 ;;
+  18) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_DESC+$R $L4+DTMK_OSQ_DESC" \
+       "timeout 110 python3 bench/obs_split.py --presets 1b --reps 4 --sms 4 --variants base,lazy,lazydesc --out ${OUT:-/tmp/out}" \
+       "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4desc" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..18  (see the header)" >&2; exit 2 ;;
 esac

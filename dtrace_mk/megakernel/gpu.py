@@ -50,6 +50,14 @@ def site_form(defines) -> bool:
     return "DTMK_SITE_FORM" in tuple(defines)
 
 
+def runs_descriptors(defines) -> bool:
+    """Whether a build runs descriptor programs (runtime/aggdesc.py) anywhere: at its hook
+    sites (site_form) or, -DDTMK_OBS_SM -DDTMK_OSQ_DESC, on its observer SMs from the
+    records, into each observer warp's shadow (kernels/mk_observer.cuh osq_desc_records)."""
+    d = tuple(defines)
+    return site_form(d) or ("DTMK_OBS_SM" in d and "DTMK_OSQ_DESC" in d)
+
+
 # Field order of struct MkParams (kernels/mk_ops.cuh); tests check they agree.
 PARAM_FIELDS: Tuple[str, ...] = (
     "hidden", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab", "max_seq",
@@ -92,7 +100,7 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE",
                   "DTMK_OSQ_BURN", "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_LAZY_PUB",
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
-                  "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS")
+                  "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 

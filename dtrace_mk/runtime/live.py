@@ -182,7 +182,7 @@ class LiveSession:
         if runtime is None and tier != "hot":
             runtime = linked_runtime(mk.num_workers, mk=mk)
         self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False,
-                                           descriptors=gpu.site_form(mk.defines))
+                                           descriptors=gpu.runs_descriptors(mk.defines))
         self.tiers = None
         if tier != "hot":
             from concurrent.futures import ThreadPoolExecutor

@@ -30,9 +30,12 @@ OBSSM = ("DTMK_OBS_SM",)
 OBSSM3 = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
 #: four observer SMs, the workers' entries published lazily (session 16, opt-in; not yet run)
 OBSSM4LAZY = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
+#: ... whose observers run descriptor programs into a shadow per warp (session 18, opt-in)
+OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
-                                             OBSSM3, OBSSM4LAZY],
-                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy"])
+                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC],
+                                 ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
+                                      "obssm4desc"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -89,13 +92,14 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
-                                     OBSSM4LAZY],
-                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy"])
+                                     OBSSM4LAZY, OBSSM4DESC],
+                         ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
+                              "obssm4desc"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines == SITE else
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines in (SITE, OBSSM4DESC) else
                                                 {"program: the runtime runs programs"})
     try:
         snap = run_equals_reference(live, mon, aid, 3)
@@ -309,8 +313,8 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 
 
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
-                                          ("1b", OBSSM4LAZY)],
-                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy"])
+                                          ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

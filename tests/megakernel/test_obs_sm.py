@@ -413,3 +413,43 @@ def test_a_worker_finds_its_queue_words_in_its_worker_state():
     mk = (KERNEL_DIR / "megakernel.cu").read_text()
     assert mk.index("sm_worker(P, W);") < mk.index("W.osq_area = osq_w(P, W.worker);")
     assert "osq_w(P, W.worker)" not in mk.replace("W.osq_area = osq_w(P, W.worker);", "")
+
+
+OBSSM4DESC = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC")
+
+
+@pytest.mark.slow
+def test_the_descriptor_shadow_build_compiles_with_five_observer_warps_on_1b():
+    """-DDTMK_OSQ_DESC (session 18, opt-in): each observer warp's Obs carries a shadow (6.8 KB
+    more), so 1b's dynamic shared memory holds one Obs fewer: 5 observer warps per SM."""
+    ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+                        defines=OBSSM4DESC + ("DTMK_ROPE_IN_ATTN",)).decode()
+    assert "osq_desc_records" in ptx and "osq_observer" in ptx
+    size = int(re.search(r"\.shared \.align 16 \.b8 O_w0\[(\d+)\]", ptx).group(1))
+    assert size == 36048
+    assert min(gpu.OBS_SM_WARPS_MAX, 1 + 149952 // size) == 5
+
+
+def test_observers_run_descriptors_into_the_shadow_and_flush_it_before_an_epoch_ends():
+    """The descriptor programs run over each ring batch before the VM (which skips them:
+    they keep DTMK_PROG_F_INLINE); the shadow moves into the maps before the coverage
+    accumulators and the low are published, and while it holds an epoch that epoch stays
+    held (keep starts at sh_lo): a snapshot never sees an epoch final without its values."""
+    sync = body("obs_sync")
+    assert sync.index("OSQ_DESC_RECORDS(") < sync.index("DTMK_RUN_RECORDS(")
+    assert "OSQ_SH_LO < step" in sync
+    flush = sync.index("if (O.sh_lo < step) {")
+    assert flush < sync.index("keep = O.sh_lo;") < sync.index("dtmk_cov_acc_flush(a)") < sync.index("osq_publish_low(P, keep)")
+    assert "dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32)" in sync[flush:flush + 200]
+    assert "if (O.tabs[h].progs[k].flags & DTMK_PROG_F_DESC) O.tabs[h].progs[k].flags &= ~DTMK_PROG_F_SERIAL;" in sync
+    run = body("osq_desc_records")
+    assert "dtmk_run_prog<osq_desc_exec_step>" in run and "&O.sh, h * DTMK_MAX_PROGS + k" in run
+    assert "if (lane == 0 && lo < O.sh_lo) O.sh_lo = lo;" in run
+    inl = (KERNEL_DIR / "bpf_inline.cuh").read_text()
+    mt = inl[inl.index("dtmk_sh_get_mt("):]
+    assert "atomicCAS((unsigned long long *)&e->map, 0ull, DTMK_SH_BUSY)" in mt[:1500]
+    assert gpu.runs_descriptors(OBSSM4DESC) and gpu.runs_descriptors(("DTMK_SITE_FORM",))
+    assert not gpu.runs_descriptors(OBSSM4DESC[:3]) and not gpu.runs_descriptors(("DTMK_OSQ_DESC",))
+    assert "DTMK_OSQ_DESC" in gpu.OBS_SM_DEFINES
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANTS")["obssm4desc"] == OBSSM4DESC

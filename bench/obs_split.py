@@ -33,6 +33,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             (-DDTMK_OSQ_NOMAPS: lookups return NULL): the map work's share of the VM's (session 18)
   lazydesc  the lazy build whose observers run descriptor programs (the summary's three) into
             a shared-memory shadow per warp, flushed at epoch ends (-DDTMK_OSQ_DESC)
+  lazydescnoflush   lazydesc whose shadow is dropped instead of flushed (-DDTMK_OSQ_NOFLUSH):
+            the observers write no map at all (maps stay empty: measurement only)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "areactl": ("DTMK_OSQ_AREA_CTL",), "lazyareactl": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_AREA_CTL"),
             "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM"),
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC")}
+            "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
+            "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)
 QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worker] = count(); }\n"
                      "task:ready { @k[worker] = count(); }\n",

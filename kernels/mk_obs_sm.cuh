@@ -24,7 +24,11 @@
  * -DDTMK_OSQ_SCATTER (those atomics / loads at a word per lane and entry; without it the
  * lanes share one word and the warp's requests coalesce -- session 16's runs),
  * -DDTMK_OSQ_NOLOW (OSQ_W_LOW never stored: the workers' raises see no epoch held; epochs
- * final early -- coverage snapshots are then wrong) split the rest (session 17) */
+ * final early -- coverage snapshots are then wrong) split the rest (session 17);
+ * -DDTMK_OSQ_NOMAPS (bpf_vm.cuh: the VM's map helpers return without touching memory) and,
+ * with the opt-in -DDTMK_OSQ_DESC (descriptor programs into a shadow per observer warp:
+ * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
+ * split the VM's map share (session 18) */
 #define OSQ_STATS_N 10
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */

@@ -502,7 +502,11 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         /* the shadow's values into the maps (all of it) when an epoch it holds may end
          * here; otherwise its oldest epoch stays held (keep) */
         if (O.sh_lo < step) {
+#ifndef DTMK_OSQ_NOFLUSH
             flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);
+#else       /* measurement only (obs_split lazydescnoflush): the values dropped, no map is written */
+            for (unsigned i = lane; i < DTMK_SH_N; i += 32) O.sh.e[i].map = 0;
+#endif
             __syncwarp();
             if (lane == 0) O.sh_lo = ~0u;
             __syncwarp();

@@ -46,6 +46,10 @@
 #                                dtmk_hash_find / dtmk_red_u64; exact, no gain: reverted)
 #   tools/obs_sm_gpu_plan.sh 18  the observers run descriptor programs into a shared-memory shadow
 #                                (-DDTMK_OSQ_DESC, lazydesc / obssm4desc): its cost, then exactness
+# Session 18 ran 13-18 (hooks.md "Session 18": the map helpers' share, ~5%, is neither the VM
+# nor the volume of map requests; lazydesc costs what lazy does).  Next:
+#   tools/obs_sm_gpu_plan.sh 19  lazydesc vs lazydescnoflush (no map written at all) vs lazynomaps,
+#                                reps 7: do the epoch-end flushes' writes carry the cost?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -124,5 +128,7 @@ case "${1:-}" in
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_DESC+$R $L4+DTMK_OSQ_DESC" \
        "timeout 110 python3 bench/obs_split.py --presets 1b --reps 4 --sms 4 --variants base,lazy,lazydesc --out ${OUT:-/tmp/out}" \
        "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4desc" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..18  (see the header)" >&2; exit 2 ;;
+  19) exec tools/gpu_session.sh \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazydesc,lazydescnoflush,lazynomaps,lazynovm --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..19  (see the header)" >&2; exit 2 ;;
 esac

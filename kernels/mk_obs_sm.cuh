@@ -11,7 +11,8 @@
  * dtmk_osq_stats[k][i] (k: the warp among all observer SMs'): [0] rounds that ran entries, [1] entries, [2] idle scans, [3]
  * drains for room inside a round, [4..7] SM cycles scanning heads / building records /
  * in obs_sync (room drains, idle drains, reloads) / lowering OSQ_W_LOW + fence + tails,
- * [8] the largest head - tail seen, [9] idle drains; and per launch
+ * [8] the largest head - tail seen, [9] idle drains, [10] records run through descriptors
+ * (-DDTMK_OSQ_DESC); and per launch
  * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited.
  * Also measurement only, to split the hot summary's cost: -DDTMK_OSQ_DISCARD (the observer
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
@@ -29,7 +30,7 @@
  * with the opt-in -DDTMK_OSQ_DESC (descriptor programs into a shadow per observer warp:
  * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
  * split the VM's map share (session 18) */
-#define OSQ_STATS_N 10
+#define OSQ_STATS_N 11
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
 #ifndef DTMK_OSQ_SCATTER               /* (one word for every lane: the warp's atomics and loads coalesce) */
@@ -179,6 +180,9 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
 #ifdef DTMK_OSQ_DESC
     for (int i = lane; i < (int)DTMK_SH_N; i += 32) O.sh.e[i].map = 0;
     if (lane == 0) O.sh_lo = ~0u;
+#ifdef DTMK_OSQ_STATS
+    if (lane == 0) O.desc_n = 0;
+#endif
 #endif
     __syncwarp();
     if (lane == 0) {
@@ -288,6 +292,9 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
     }
     __syncwarp();
     if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */
+#if defined(DTMK_OSQ_DESC) && defined(DTMK_OSQ_STATS)
+    OSQ_ADD(10, O.desc_n);
+#endif
     __threadfence();
     for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
         const dtmk_u64 *a = osq_w(P, w);

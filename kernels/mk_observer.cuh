@@ -56,6 +56,9 @@ struct __align__(16) Obs {
      * ~6% of 1b's step (session 18, bench/obs_split.py lazynomaps) */
     struct dtmk_shadow sh;
     dtmk_u32 sh_lo;                         /* no shadow entry is of an earlier epoch (~0: empty) */
+#ifdef DTMK_OSQ_STATS
+    dtmk_u64 desc_n;                        /* records run through descriptors (dtmk_osq_stats [10]) */
+#endif
 #endif
 #ifdef HK_SITE_FORM
     dtmk_u32 inl_mask;
@@ -422,6 +425,9 @@ __device__ __noinline__ void osq_desc_records(const struct dtmk_hook_table *tabl
     if (!any) return;
     const dtmk_u32 lo = __reduce_min_sync(0xffffffffu, epoch);   /* (an upper bound of none: conservative) */
     if (lane == 0 && lo < O.sh_lo) O.sh_lo = lo;
+#ifdef DTMK_OSQ_STATS
+    if (lane == 0) O.desc_n += n;
+#endif
     __syncwarp();
 }
 #define OSQ_DESC_RECORDS osq_desc_records

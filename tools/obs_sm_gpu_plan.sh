@@ -49,7 +49,8 @@
 # Session 18 ran 13-18 (hooks.md "Session 18": the map helpers' share, ~5%, is neither the VM
 # nor the volume of map requests; lazydesc costs what lazy does).  Next:
 #   tools/obs_sm_gpu_plan.sh 19  lazydesc vs lazydescnoflush (no map written at all) vs lazynomaps,
-#                                reps 7: do the epoch-end flushes' writes carry the cost?
+#                                reps 7: do the epoch-end flushes' writes carry the cost?  First the
+#                                probe: its desc column must be > 0 (the descriptor path ran)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -129,6 +130,7 @@ case "${1:-}" in
        "timeout 110 python3 bench/obs_split.py --presets 1b --reps 4 --sms 4 --variants base,lazy,lazydesc --out ${OUT:-/tmp/out}" \
        "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4desc" ;;
   19) exec tools/gpu_session.sh \
+       "timeout 150 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DESC --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazydesc,lazydescnoflush,lazynomaps,lazynovm --out ${OUT:-/tmp/out}" ;;
   *) echo "usage: tools/obs_sm_gpu_plan.sh 1..19  (see the header)" >&2; exit 2 ;;
 esac

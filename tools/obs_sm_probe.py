@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 STEPS = {"tiny": 64, "1b": 16}
 STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc_build", "cyc_sync", "cyc_tail",
-              "max_lag", "idle_drains")
+              "max_lag", "idle_drains", "desc_records")
 OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
 
 
@@ -105,12 +105,13 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, qu
         f"observer SM {out['summary_obssm_vs_nohooks_pct']:+.2f}%  (obssm summary vs its plain run "
         f"{out['summary_obssm_vs_plain_pct']:+.2f}%); tokens equal: {out['tokens_equal']}")
     log(f"{'warp':>4} {'rounds':>7} {'ent/rnd':>7} {'idle':>7} {'drains':>6} {'lag':>4} "
-        f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9}   (cycles per step)")
+        f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9} {'desc':>7}   (cycles per step; desc: "
+        f"records run through descriptors, -DDTMK_OSQ_DESC)")
     for k, r in enumerate(warps):
         per = lambda c: r[c] / steps  # noqa: E731
         log(f"{k:>4} {r['rounds']:>7} {r['entries'] / max(r['rounds'], 1):>7.1f} {r['idle_scans']:>7} "
             f"{r['room_drains']:>6} {r['max_lag']:>4} {per('cyc_scan'):>9.0f} {per('cyc_build'):>9.0f} "
-            f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f}")
+            f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f} {r['desc_records']:>7}")
     log(f"workers found their queue full {out['full_queue_pushes']} times, {out['full_queue_cycles']} cycles")
     if prof:
         out["prof"] = observer_prof(cfg, w, steps, tuple(extra), log)

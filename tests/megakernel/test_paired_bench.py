@@ -82,3 +82,45 @@ def test_spare_sm_bench_compares_one_worker_fewer(load_bench):
             if k.startswith(("task_", "event_", "moe_", "layer_")):
                 assert np.array_equal(ta[k], tb[k]), (name, k)
         assert (len(ta["plan_offsets"]), len(tb["plan_offsets"])) == (133, 132)   # one plan per worker
+
+
+def _fake_smi(tmp_path, lines_py: str):
+    """An nvidia-smi on PATH that prints lines_py's samples (a Python expression of the
+    time t) every 20 ms, stamped like the real one."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env python3\nimport datetime, time\n"
+                   "while True:\n"
+                   "    t = time.time()\n"
+                   "    ts = datetime.datetime.fromtimestamp(t).strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]\n"
+                   f"    print(ts + ', ' + ({lines_py}), flush=True)\n"
+                   "    time.sleep(0.02)\n")
+    smi.chmod(0o755)
+    return smi
+
+
+def test_sample_clocks_attributes_samples_to_the_key_that_ran(load_bench, tmp_path, monkeypatch):
+    """bench/obs_split.py --clocks: a sample belongs to the key whose run window holds its
+    own timestamp -- here the fake card's clock depends on which key runs."""
+    import time
+    bio = load_bench("benchio")
+    flag = tmp_path / "running"
+    _fake_smi(tmp_path, f"('1755, 3201, 300.0, 0x4' if open({str(flag)!r}).read() == 'b' "
+                        f"else '1980, 3201, 160.5, 0x0')")
+    flag.write_text("a")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+
+    def launch(k):
+        flag.write_text(k)
+        time.sleep(0.01)
+    out = bio.sample_clocks(["a", "b"], launch, 0.4, log=lambda s: None)
+    assert out["a"]["sm_mhz"] == 1980 and out["a"]["power_w"] == 160.5 and out["a"]["reasons"] == ["0x0"]
+    # (the fake reads the flag when it prints: b's first samples may still carry a's value)
+    assert out["b"]["sm_mhz_min"] == 1755 and out["b"]["reasons"][-1] == "0x4"
+    assert out["a"]["samples"] >= 5 and out["b"]["samples"] >= 5
+
+
+def test_sample_clocks_without_nvidia_smi_returns_nothing(load_bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))          # (no nvidia-smi there)
+    said = []
+    assert load_bench("benchio").sample_clocks(["a"], lambda k: None, 0.05, log=said.append) == {}
+    assert said == ["sample_clocks: no nvidia-smi"]

@@ -506,7 +506,10 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         bool flushed = false;
 #if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
         /* the shadow's values into the maps (all of it) when an epoch it holds may end
-         * here; otherwise its oldest epoch stays held (keep) */
+         * here; otherwise its oldest epoch stays held (keep: with this flush condition and
+         * two coverage ways per slot the model check finds no interleaving that needs the
+         * hold; it is what would keep a later flush -- e.g. once the NEWEST entry is < step --
+         * exact: tests/runtime/test_obs_sm_protocol.py desc) */
         if (O.sh_lo < step) {
 #ifndef DTMK_OSQ_NOFLUSH
             flushed = dtmk_sh_flush(&O.sh, O.tabs, O.accs, lane, 32);

@@ -30,13 +30,17 @@ import pytest
 INF = 1 << 30
 
 
-def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False):
+def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False):
     """Explore every interleaving; return None or the first violation's description.
     `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
     lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
     previous task's entry if still unpublished (ordered by this signal's MEMBAR) ; the
     entry, unpublished.  In a wait, osq_raise first publishes an unpublished entry (fenced),
-    then raises."""
+    then raises.
+    desc: -DDTMK_OSQ_DESC's observers -- a drain also puts each record's map update into the
+    warp's shadow (sh[k], its epochs); the shadow moves into the maps (vals) only when it
+    holds an epoch < upto, and until then its lowest epoch stays held (keep, and the rounds'
+    lows, start from it).  The host then also needs every final epoch's map values in."""
     NW, S = n_workers, steps
     NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
@@ -48,6 +52,8 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     #  ring[k]  sorted tuple of epochs in warp k's ring; rphase[k]: None or (lanes, lo) mid-round
     #  accs[k]  ((epoch, count) or None) per parity way; cov[e]: records of epoch e counted
     #  host     None, or (phase, F, rows-so-far)
+    #  sh[k]    sorted tuple of epochs of warp k's shadow entries (desc); vals[e]: map updates of
+    #           epoch e in the maps
     def steps_finished(sig):
         f = 0
         while f < S and sig[f] == NW:
@@ -57,13 +63,13 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     start = (tuple([0] * NW), tuple([INF] * NW), tuple([INF] * NW), tuple([0] * NW), tuple([0] * S),
              tuple([0] * NW), tuple([INF] * NW), tuple(() for _ in range(warps)),
              tuple(((None, None), (None, None)) for _ in range(warps)), tuple([0] * S), tuple([INF] * warps),
-             tuple([0] * warps), tuple([None] * warps), None)
+             tuple([0] * warps), tuple([None] * warps), None, tuple(() for _ in range(warps)), tuple([0] * S))
 
     def rep(t, i, v):
         return t[:i] + (v,) + t[i + 1:]
 
     def succ(st):
-        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host = st
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals = st
         out = []
         for w in range(NW):                                 # ---- workers
             pc = wpc[w]
@@ -101,7 +107,7 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                     r2 = tuple(sorted(ring[k] + eps))
                     sn = max(seen[k], max(eps))
                     out.append(st[:7] + (rep(ring, k, r2),) + st[8:11] + (rep(seen, k, sn),
-                               rep(rphase, k, (lanes, min(eps), "low")), host))
+                               rep(rphase, k, (lanes, min(eps), "low")), host) + st[14:])
                 for upto in {seen[k], max(seen[k] - 1, 0), INF}:
                     out.append(drain(st, k, upto, mine))
                 if mutant == "publish_early" and ring[k]:      # the low from the ways alone, records still in the ring
@@ -110,6 +116,8 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                 lanes, lo, ph = rphase[k]
                 if ph == "low" and mutant != "tail_first" or ph == "low2":
                     a_min = min((e for e, _ in accs[k] if e is not None), default=INF)
+                    if desc and mutant not in ("shadow_no_hold", "flush_by_newest_no_hold"):
+                        a_min = min(a_min, min(sh[k], default=INF))   # (O.acc_min = keep includes sh_lo)
                     lo2 = min(lo, a_min)
                     l2 = low
                     if lo2 < opub[k]:
@@ -118,19 +126,19 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                     nxt = "tail" if ph == "low" else None
                     opk = min(opub[k], lo2)
                     out.append(st[:6] + (l2,) + st[7:10] + (rep(opub, k, opk),) + (seen,
-                               rep(rphase, k, (lanes, lo, nxt) if nxt else None), host))
+                               rep(rphase, k, (lanes, lo, nxt) if nxt else None), host) + st[14:])
                 if ph == "tail" or (ph == "low" and mutant == "tail_first"):
                     t2 = tail
                     for w in lanes:
                         t2 = rep(t2, w, t2[w] + 1)
                     nxt = None if ph == "tail" else (lanes, lo, "low2")
-                    out.append(st[:5] + (t2,) + st[6:12] + (rep(rphase, k, nxt), host))
+                    out.append(st[:5] + (t2,) + st[6:12] + (rep(rphase, k, nxt), host) + st[14:])
         if host is None:                                    # ---- host snapshot
-            out.append(st[:13] + (("rows", steps_finished(sig), ()),))
+            out.append(st[:13] + (("rows", steps_finished(sig), ()),) + st[14:])
         elif host[0] == "rows":
             _, F, rows = host
             if len(rows) < NW:
-                out.append(st[:13] + (("rows", F, rows + (row[len(rows)],)),))
+                out.append(st[:13] + (("rows", F, rows + (row[len(rows)],)),) + st[14:])
             else:
                 final = min(F, min(rows)) - 1
                 if finals is not None:
@@ -138,11 +146,14 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                 for e in range(0, min(final, S - 1) + 1):
                     if cov[e] != NW:
                         return None, f"epoch {e} final (F={F}, rows={rows}) with {cov[e]} of {NW} records counted"
+                    if desc and vals[e] != NW:
+                        return None, f"epoch {e} final (F={F}, rows={rows}) with {vals[e]} of {NW} map updates in"
         return out, None
 
     def drain(st, k, upto, mine):
-        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host = st
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals = st
         ways, c = list(accs[k]), list(cov)
+        shk, v = (tuple(sorted(sh[k] + ring[k])) if desc else ()), list(vals)
         for e in ring[k]:                                   # the VM run: coverage into the ways
             way = ways[e % 2]
             if way[0] is not None and way[0] != e:          # dtmk_cov_add: a new key flushes the old
@@ -150,6 +161,12 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                 way = (None, None)
             ways[e % 2] = (e, (way[1] or 0) + 1)
         keep = INF
+        if shk and (max(shk) if mutant in ("flush_by_newest", "flush_by_newest_no_hold") else min(shk)) < upto:   # the shadow into the maps, all of it
+            for e in shk:
+                v[e] += 1
+            shk = ()
+        if shk and mutant not in ("shadow_no_hold", "flush_by_newest_no_hold"):
+            keep = min(shk)                                 # its lowest epoch stays held
         for i, (e, n) in enumerate(ways):                   # the ring is empty: flush epochs < upto
             if e is not None and e < upto:
                 c[e] += n
@@ -157,7 +174,7 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
             elif e is not None:
                 keep = min(keep, e)
         return publish((wpc, pub, row, head, sig, tail, low, rep(ring, k, ()), rep(accs, k, tuple(ways)), tuple(c),
-                        opub, seen, rphase, host), k, keep, mine)
+                        opub, seen, rphase, host, rep(sh, k, shk), tuple(v)), k, keep, mine)
 
     def publish(st, k, keep, mine):
         """OSQ_W_LOW of warp k's workers := keep (after the flushes it covers)."""
@@ -208,3 +225,26 @@ def test_lazy_publish_keeps_every_final_epoch_complete(n_workers, steps, warps):
 @pytest.mark.parametrize("mutant", ["lazy_raise_unpublished", "no_hold", "raise_past_oldest"])
 def test_the_checker_catches_a_broken_lazy_protocol(mutant):
     assert check(2, 2, 1, mutant=mutant, lazy=True) is not None
+
+
+@pytest.mark.parametrize("n_workers, steps, warps", [(2, 2, 1), (2, 2, 2), (1, 3, 1)])
+def test_descriptor_shadow_keeps_every_final_epoch_complete(n_workers, steps, warps):
+    """-DDTMK_OSQ_DESC (session 18) with the lazy publish: the observers' map updates wait in
+    a shadow per warp and move into the maps only when it holds an epoch < upto; its lowest
+    epoch stays held meanwhile, so a final epoch has its map values as well as its coverage."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, lazy=True, desc=True) is None
+    assert finals == set(range(-1, steps)), finals
+
+
+def test_the_shadow_s_hold_is_what_lets_it_flush_late():
+    """The hold (keep and the rounds' lows start from the shadow's lowest epoch): with the
+    kernel's flush condition (the LOWEST shadow epoch < upto) the model finds no interleaving
+    that needs it -- a coverage way is flushed early only by a record two epochs newer, and
+    then upto is past the shadow's epoch too (1 worker x 3 steps; 2 x 2).  It is what keeps a
+    lazier flush exact: flushing only once the NEWEST entry is < upto is caught without the
+    hold and passes with it."""
+    assert check(1, 3, 1, mutant="shadow_no_hold", lazy=True, desc=True) is None
+    assert check(2, 2, 1, mutant="shadow_no_hold", lazy=True, desc=True) is None
+    assert check(2, 2, 1, mutant="flush_by_newest_no_hold", lazy=True, desc=True) is not None
+    assert check(2, 2, 1, mutant="flush_by_newest", lazy=True, desc=True) is None

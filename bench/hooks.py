@@ -183,7 +183,7 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # push cost ~4.5% of 1b's step; kernels/mk_observer.cuh osq_settle)
                   "obssm4lazy": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB"),
                   # ... and the observers running descriptor programs into a shared-memory
-                  # shadow per warp (session 18: their map traffic cost the workers ~6%)
+                  # shadow per warp (session 18: exact; no cheaper than obssm4lazy in obs_split)
                   "obssm4desc": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),

@@ -50,10 +50,11 @@ struct __align__(16) Obs {
      * hooks with slots that take records.  desc: every loaded descriptor program, copied
      * at table load (the site reads only these); gdesc: where each came from */
 #if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
-    /* -DDTMK_OSQ_DESC (observer SM): descriptor programs run from the warp's ring records
-     * into this shadow (lanes at once: dtmk_sh_get_mt), flushed into the maps only when an
-     * epoch below sh_lo's may end (obs_sync): the observers' map traffic cost the workers
-     * ~6% of 1b's step (session 18, bench/obs_split.py lazynomaps) */
+    /* -DDTMK_OSQ_DESC (observer SM, opt-in): descriptor programs run from the warp's ring
+     * records into this shadow (lanes at once: dtmk_sh_get_mt), flushed into the maps only
+     * when an epoch it holds may end (obs_sync).  Written because the VM's map helpers
+     * cost the workers ~5% of 1b's step (session 18, bench/obs_split.py lazynomaps); exact,
+     * but measured no cheaper than the VM (lazydesc +10.45% vs lazy +10.11%) */
     struct dtmk_shadow sh;
     dtmk_u32 sh_lo;                         /* no shadow entry is of an earlier epoch (~0: empty) */
 #ifdef DTMK_OSQ_STATS

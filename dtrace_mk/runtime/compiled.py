@@ -744,6 +744,7 @@ static inline unsigned atomicAdd(unsigned *a, unsigned v) { unsigned o = *a; *a 
 static inline unsigned atomicCAS(unsigned *a, unsigned c, unsigned v) { unsigned o = *a; if (o == c) *a = v; return o; }
 static inline unsigned long long atomicCAS(unsigned long long *a, unsigned long long c, unsigned long long v) { unsigned long long o = *a; if (o == c) *a = v; return o; }
 static inline void __threadfence() {}
+static inline void __threadfence_block() {}
 static inline void __nanosleep(unsigned) {}
 static inline int __clzll(long long v) { return v ? __builtin_clzll((unsigned long long)v) : 64; }
 static inline unsigned __ballot_sync(unsigned, int p) { return p ? 1u : 0u; }

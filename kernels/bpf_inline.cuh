@@ -94,12 +94,18 @@ __device__ __forceinline__ dtmk_u64 dtmk_sh_key(dtmk_u64 p, dtmk_u32 n) {
     return k;
 }
 
+/* where the probe for (map, key, word, epoch, slot) starts */
+__device__ __forceinline__ dtmk_u32 dtmk_sh_hash(dtmk_u64 map, dtmk_u64 key, dtmk_u32 word, dtmk_u32 epoch,
+                                                 dtmk_u32 slot) {
+    const dtmk_u64 x = (map >> 4) ^ (key * 0x9E3779B97F4A7C15ull) ^ ((dtmk_u64)word << 40) ^ ((dtmk_u64)slot << 52);
+    return (dtmk_u32)(x >> 32) ^ (dtmk_u32)x ^ epoch;
+}
+
 /* the entry of (map, key, word, epoch, slot), claimed when absent; 0 when its probe
  * window is full (the caller uses the ordinary helper).  Counts the event on it. */
 __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get(struct dtmk_shadow *S, dtmk_u64 map, dtmk_u64 key,
                                                           dtmk_u32 word, dtmk_u32 ops, dtmk_u32 epoch, dtmk_u32 slot) {
-    const dtmk_u64 x = (map >> 4) ^ (key * 0x9E3779B97F4A7C15ull) ^ ((dtmk_u64)word << 40) ^ ((dtmk_u64)slot << 52);
-    const dtmk_u32 h = (dtmk_u32)(x >> 32) ^ (dtmk_u32)x ^ epoch;
+    const dtmk_u32 h = dtmk_sh_hash(map, key, word, epoch, slot);
     /* not unrolled: the first probe nearly always decides, and 16 unrolled copies per
      * lookup site made the inline path ~3900 SASS instructions of cold code per hook site */
 #pragma unroll 1
@@ -126,8 +132,7 @@ __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get(struct dtmk_shadow *S
 #define DTMK_SH_BUSY 1ull          /* (no dtmk_map is at address 1) */
 __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get_mt(struct dtmk_shadow *S, dtmk_u64 map, dtmk_u64 key,
                                                              dtmk_u32 word, dtmk_u32 ops, dtmk_u32 epoch, dtmk_u32 slot) {
-    const dtmk_u64 x = (map >> 4) ^ (key * 0x9E3779B97F4A7C15ull) ^ ((dtmk_u64)word << 40) ^ ((dtmk_u64)slot << 52);
-    const dtmk_u32 h = (dtmk_u32)(x >> 32) ^ (dtmk_u32)x ^ epoch;
+    const dtmk_u32 h = dtmk_sh_hash(map, key, word, epoch, slot);
 #pragma unroll 1
     for (dtmk_u32 i = 0; i < DTMK_SH_PROBE; ++i) {
         struct dtmk_sh_ent *e = &S->e[(h + i) & (DTMK_SH_N - 1)];

@@ -49,7 +49,7 @@ struct __align__(16) Obs {
      * until obs_sync's epoch flush (before the accumulators'); vm_mask then names only
      * hooks with slots that take records.  desc: every loaded descriptor program, copied
      * at table load (the site reads only these); gdesc: where each came from */
-#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
+#if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)
     /* -DDTMK_OSQ_DESC (observer SM, opt-in): descriptor programs run from the warp's ring
      * records into this shadow (lanes at once: dtmk_sh_get_mt), flushed into the maps only
      * when an epoch it holds may end (obs_sync).  Written because the VM's map helpers
@@ -431,7 +431,6 @@ __device__ __noinline__ void osq_desc_records(const struct dtmk_hook_table *tabl
 #endif
     __syncwarp();
 }
-#define OSQ_DESC_RECORDS osq_desc_records
 #define OSQ_SH_LO O.sh_lo
 #else
 #define OSQ_SH_LO (~0u)                 /* (no shadow: the condition below folds to false) */
@@ -472,8 +471,8 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         const dtmk_u32 b = O.base[h], todo = chunk ? min(c, 32u) : c;
         for (dtmk_u32 w = 0; w < todo; w += 32) {
             DTMK_PROF_BEGIN(prof_c0);
-#ifdef OSQ_DESC_RECORDS               /* (-DDTMK_OSQ_DESC: the descriptor programs first; the VM skips them) */
-            OSQ_DESC_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.accs + h * DTMK_MAX_PROGS, h);
+#if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)   /* (the descriptor programs first; the VM skips them) */
+            osq_desc_records(O.tabs, O.ring + b + w, min(todo - w, 32u), O.accs + h * DTMK_MAX_PROGS, h);
 #endif
 #ifndef DTMK_OSQ_NOVM                  /* (measurement only, observer SM: records built, never run) */
             DTMK_RUN_RECORDS(O.tabs, O.ring + b + w, min(todo - w, 32u), O.regs, O.accs + h * DTMK_MAX_PROGS,
@@ -505,7 +504,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         DTMK_PROF_BEGIN(prof_c0);
         dtmk_u32 keep = ~0u;
         bool flushed = false;
-#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
+#if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)
         /* the shadow's values into the maps (all of it) when an epoch it holds may end
          * here; otherwise its oldest epoch stays held (keep: with this flush condition and
          * two coverage ways per slot the model check finds no interleaving that needs the
@@ -592,8 +591,8 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             }
 #else       /* no site form: every slot takes records; one the host flagged for the site runs its code in the VM */
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k)
-#if defined(DTMK_OSQ_DESC) && defined(DTMK_OBS_SM)
-                /* descriptor programs keep both flags (the VM skips them, OSQ_DESC_RECORDS runs
+#if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)
+                /* descriptor programs keep both flags (the VM skips them, osq_desc_records runs
                  * them) and run their lanes at once: the shadow's updates are atomic */
                 if (O.tabs[h].progs[k].flags & DTMK_PROG_F_DESC) O.tabs[h].progs[k].flags &= ~DTMK_PROG_F_SERIAL;
                 else

@@ -436,7 +436,7 @@ def test_observers_run_descriptors_into_the_shadow_and_flush_it_before_an_epoch_
     accumulators and the low are published, and while it holds an epoch that epoch stays
     held (keep starts at sh_lo): a snapshot never sees an epoch final without its values."""
     sync = body("obs_sync")
-    assert sync.index("OSQ_DESC_RECORDS(") < sync.index("DTMK_RUN_RECORDS(")
+    assert sync.index("osq_desc_records(O.tabs, O.ring + b + w") < sync.index("DTMK_RUN_RECORDS(")
     assert "OSQ_SH_LO < step" in sync
     flush = sync.index("if (O.sh_lo < step) {")
     assert flush < sync.index("keep = O.sh_lo;") < sync.index("dtmk_cov_acc_flush(a)") < sync.index("osq_publish_low(P, keep)")

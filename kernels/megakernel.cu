@@ -84,12 +84,17 @@
  * thread 0 around a task's release signal: [24, 25] hook_hold (before it: on the
  * consumers' path), [26, 27] one record built and stored in hook_flush (after it);
  * the compiled tier's inline form: [28, 29] one event through a hook's inline programs
- * (hk_inline, thread 0), [30, 31] the shadow's flush in obs_sync (lane 0) */
-#define PROF_N 32
+ * (hk_inline, thread 0), [30, 31] the shadow's flush in obs_sync (lane 0); an observer-SM
+ * build's worker thread 0: [32, 33] a task's post path (its end stamp -> refresh_control
+ * done: signal, push, bookkeeping), [34, 35] the release signal alone (post_signal or
+ * comm_post), [36, 37] osq_raise calls in the wait, [38, 39] of those the ones after which
+ * the next poll found the event met (the raise delayed its detection) */
+#define PROF_N 40
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
 __shared__ long long s_prof_drain;      /* cycles of the drain just done (thread 0), 0 = none */
+__shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (worker thread 0), 0 = none */
 /* a counter pair: DTMK_PROF_BEGIN(t) ... DTMK_PROF_END1(k, t) (the calling thread) or
  * DTMK_PROF_END(k, t) (lane 0 of warp 0 only); empty without DTMK_OBS_PROF (bpf_maps.cuh) */
 #define DTMK_PROF_BEGIN(name) const long long name = clock64()
@@ -715,6 +720,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (f.slow) mk_spin_ns(f.slow);
         if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
+        DTMK_PROF_BEGIN(prof_post);
         int sig = r[8];
         /* the task's hook records (captured ones, task:end, gen:advance) and the trace
          * record are built AFTER the release signal (off the successor's critical path;
@@ -735,9 +741,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #endif
             DTMK_PROF_END1(24, prof_h);
         }
+        DTMK_PROF_BEGIN(prof_sig);
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
+        DTMK_PROF_END1(34, prof_sig);
 #ifndef DTMK_OSQ_PEND_LATE
         /* the unpublished entry -- this task's, stored before the signal, or with
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
@@ -766,6 +774,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
         refresh_control(P, W, false);
+#ifdef DTMK_OBS_SM
+        DTMK_PROF_END1(32, prof_post);
+#endif
     }
 #ifdef DTMK_EXTRA_SYNC
     MK_SYNC();
@@ -885,6 +896,12 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                     s_prof_drain = 0;
                 }
 #endif
+#if defined(DTMK_OBS_PROF) && defined(DTMK_OBS_SM)
+                if (s_prof_raise) {        /* the raise just done delayed this poll */
+                    if (v >= target) { s_prof[38] += 1; s_prof[39] += (unsigned long long)s_prof_raise; }
+                    s_prof_raise = 0;
+                }
+#endif
                 if (v >= target) { W.ready = 1; break; }
 #else           /* the session-2 poll: relaxed loads, one fence.acq_rel once satisfied */
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
@@ -901,7 +918,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * (then all at once).  Short waits of a busy worker are left alone. */
 #ifdef DTMK_OBS_SM
 #ifndef DTMK_OSQ_NORAISE                /* (measurement only: epochs final at the launch's end alone) */
-                if (W.observe) osq_raise(P, W);   /* workers drain nothing: OBS_PENDING up */
+                if (W.observe) {              /* workers drain nothing: OBS_PENDING up */
+                    DTMK_PROF_BEGIN(prof_raise);
+                    osq_raise(P, W);
+                    DTMK_PROF_END1(36, prof_raise);
+#ifdef DTMK_OBS_PROF
+                    s_prof_raise = clock64() - prof_raise;
+#endif
+                }
 #endif
 #else
                 if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
@@ -1142,7 +1166,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         comm_init();
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) s_prof[i] = 0;
-        s_prof_drain = 0;
+        s_prof_drain = 0; s_prof_raise = 0;
 #endif
 #ifdef DTMK_SMEM_PAD
         ((volatile char *)dtmk_smem_pad)[0] = 0;     /* keep the padding allocated */

@@ -51,6 +51,12 @@
 #   tools/obs_sm_gpu_plan.sh 19  lazydesc vs lazydescnoflush (no map written at all) vs lazynomaps,
 #                                reps 7: do the epoch-end flushes' writes carry the cost?  First the
 #                                probe: its desc column must be > 0 (the descriptor path ran)
+# Session 19 ran 19 (desc ran; lazydescnoflush +8.3% beside lazydesc +7.5%, nomaps +5.5%: the
+# epoch-end writes carry nothing).  Next:
+#   tools/obs_sm_gpu_plan.sh 20  where the workers' extra post-task time goes: level_profile --prof
+#                                (new worker counters: post path, signal, osq_raise, raises that
+#                                delayed a met poll) of lazy / lazy+nomaps / lazydescnoflush, and
+#                                obs_split lazy vs lazynoraise (-DDTMK_OSQ_NORAISE) vs nomaps, reps 9
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -132,5 +138,13 @@ case "${1:-}" in
   19) exec tools/gpu_session.sh \
        "timeout 150 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DESC --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazydesc,lazydescnoflush,lazynomaps,lazynovm --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..19  (see the header)" >&2; exit 2 ;;
+  20) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF
+     D="$L4+DTMK_OSQ_DESC+DTMK_OSQ_NOFLUSH"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py $P+$L4+$R $P+$L4+DTMK_OSQ_NOMAPS+$R $P+$D+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_NORAISE+$R $L4+DTMK_OSQ_NOMAPS+$R $D+$R $L4+DTMK_OSQ_DESC+$R" \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazynoraise,lazynomaps,lazydescnoflush,lazydesc --out ${OUT:-/tmp/out}" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_OSQ_NOMAPS --out ${OUT:-/tmp/out}/nomaps" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $D --out ${OUT:-/tmp/out}/descnoflush" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..20  (see the header)" >&2; exit 2 ;;
 esac

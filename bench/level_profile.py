@@ -114,7 +114,7 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
 
 
 #: number of dtmk_obs_prof counters (kernels/megakernel.cu PROF_N)
-PROF_N = 40
+PROF_N = 48
 #: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
 PROF_TABLES = (
     ("drains (one batch / whole ring), hook_post after the signal, late drains",
@@ -133,6 +133,8 @@ PROF_TABLES = (
      (("again", 20), ("empty", 22))),
     ("observer-SM workers: post path (end -> refresh done), release signal, osq_raise, raises that delayed a met poll",
      (("post", 32), ("signal", 34), ("raise", 36), ("rlate", 38))),
+    ("after the signal: the observer-SM push, worker-state stores + post_pending, refresh_control; wait_event's first look",
+     (("push", 40), ("tail", 42), ("refresh", 44), ("look", 46))),
 )
 
 

@@ -88,8 +88,10 @@
  * build's worker thread 0: [32, 33] a task's post path (its end stamp -> refresh_control
  * done: signal, push, bookkeeping), [34, 35] the release signal alone (post_signal or
  * comm_post), [36, 37] osq_raise calls in the wait, [38, 39] of those the ones after which
- * the next poll found the event met (the raise delayed its detection) */
-#define PROF_N 40
+ * the next poll found the event met (the raise delayed its detection), [40, 41] the push after
+ * the signal (publish, entry stores), [42, 43] worker-state stores + post_pending, [44, 45]
+ * refresh_control, [46, 47] wait_event's first look (record copy, post_pending, first acquire) */
+#define PROF_N 48
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
@@ -746,6 +748,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(34, prof_sig);
+        DTMK_PROF_BEGIN(prof_push);
 #ifndef DTMK_OSQ_PEND_LATE
         /* the unpublished entry -- this task's, stored before the signal, or with
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
@@ -761,6 +764,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
         if (W.pend) { osq_write_pend(P, W); osq_publish(P, W, true); }
 #endif
+        DTMK_PROF_END1(40, prof_push);
 #endif
 #ifdef DTMK_OBS_SM
         /* the captured records went to the observer: no call per task, only for gen:advance
@@ -770,10 +774,14 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #else
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
 #endif
+        DTMK_PROF_BEGIN(prof_tail);
         dtmk_u64 *ws = wstate(P, W.worker);
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
+        DTMK_PROF_END1(42, prof_tail);
+        DTMK_PROF_BEGIN(prof_refr);
         refresh_control(P, W, false);
+        DTMK_PROF_END1(44, prof_refr);
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(32, prof_post);
 #endif
@@ -835,6 +843,7 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
+        DTMK_PROF_BEGIN(prof_look);
 #ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
             const int4 *src = (const int4 *)trec(P, t);
@@ -847,6 +856,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.dep_wait = 0;
         int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
         W.ready = rd;
+        DTMK_PROF_END1(46, prof_look);
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */

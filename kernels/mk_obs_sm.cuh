@@ -18,8 +18,8 @@
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
  * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),
  * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
- * -DDTMK_OSQ_BURN=C (with DISCARD: C cycles spent per entry taken, touching no memory; session 16:
- * no cost), and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
+ * -DDTMK_OSQ_BURN=C (C cycles spent per entry taken, touching no memory: with DISCARD instead of
+ * running it -- session 16: no cost -- else after running it), and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
  * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers;
  * -DDTMK_OSQ_NOVM (records built into the warp's ring, drained without running the VM) and
  * -DDTMK_OSQ_SCATTER (those atomics / loads at a word per lane and entry; without it the
@@ -118,6 +118,9 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         step = d1.w;
 #ifndef DTMK_OSQ_DISCARD
         hook_flush(P, W);
+#ifdef DTMK_OSQ_BURN                   /* measurement only: the entry run, then DTMK_OSQ_BURN cycles more (no memory) */
+        { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
+#endif
 #else
         W.pend = 0;                    /* measurement only: the entry taken, not run */
 #ifdef DTMK_OSQ_BURN                   /* ... and DTMK_OSQ_BURN cycles spent on it (a busy observer, no memory) */

@@ -57,6 +57,10 @@
 #                                (new worker counters: post path, signal, osq_raise, raises that
 #                                delayed a met poll) of lazy / lazy+nomaps / lazydescnoflush, and
 #                                obs_split lazy vs lazynoraise (-DDTMK_OSQ_NORAISE) vs nomaps, reps 9
+# Session 19 ran 20 (the summary lengthens the workers' post path +0.8 us per task in lazy, nomaps
+# and descnoflush alike; osq_raise and NORAISE change nothing).  Next:
+#   tools/obs_sm_gpu_plan.sh 21  the post path split finer (push, worker-state stores, refresh, the
+#                                next wait's first look) and nomaps + BURN (busy observers, no memory)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -146,5 +150,12 @@ case "${1:-}" in
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_OSQ_NOMAPS --out ${OUT:-/tmp/out}/nomaps" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $D --out ${OUT:-/tmp/out}/descnoflush" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..20  (see the header)" >&2; exit 2 ;;
+  21) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF; N="$L4+DTMK_OSQ_NOMAPS"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py $P+$L4+$R $P+$N+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $N+$R $N+DTMK_OSQ_BURN=2000+$R $N+DTMK_OSQ_BURN=6000+$R $P+$R" \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazynomaps,nomapsburn2k,nomapsburn6k --out ${OUT:-/tmp/out}" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $N --out ${OUT:-/tmp/out}/nomaps" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --out ${OUT:-/tmp/out}/default" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..21  (see the header)" >&2; exit 2 ;;
 esac

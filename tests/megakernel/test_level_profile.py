@@ -62,7 +62,7 @@ def test_obs_prof_build_exports_its_counters(lp):
     ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_PROF",)).decode()
     assert f".global .align 8 .b8 dtmk_obs_prof[{8 * lp.PROF_N}];" in ptx      # PROF_N u64 counters
     top = max(k for _, cols in lp.PROF_TABLES for _, k in cols)
-    assert top + 2 == lp.PROF_N == 40
+    assert top + 2 == lp.PROF_N == 48
     dflt = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx").decode()
     assert "dtmk_obs_prof" not in dflt
     # the compiled tier's build counts its inline events and shadow flushes too (28..31)

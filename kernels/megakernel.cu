@@ -371,6 +371,18 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
 #endif
 #endif
 };
+#if defined(DTMK_OSQ_PUSH_LDS) || defined(DTMK_W_LDS)
+/* measurement (bench/obs_split.py lazylds, wlds): the worker's W at file scope, so that a
+ * function naming it reads it with shared-memory loads (LDS); through the `Worker &` every
+ * __noinline__ function takes, its fields are generic loads (LD.E).  -DDTMK_OSQ_PUSH_LDS:
+ * osq_write_pend; -DDTMK_W_LDS: also run_task and wait_event (only ever given the CTA's W) */
+__shared__ Worker s_worker;
+#endif
+#ifdef DTMK_W_LDS
+#define W_SELF(Wref) Worker &W = s_worker; (void)(Wref)
+#else
+#define W_SELF(Wref) Worker &W = (Wref)
+#endif
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
@@ -680,7 +692,8 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
     return trec(P, t);
 #endif
 }
-__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
+__device__ __noinline__ void run_task(const MkParams &P, Worker &Wref, int t, int step, bool plan, float *smem) {
+    W_SELF(Wref);
     const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
@@ -840,7 +853,8 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
-__device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+__device__ __noinline__ void wait_event(const MkParams &P, Worker &Wref, int t, int step, int e, dtmk_u64 target, float *smem) {
+    W_SELF(Wref);
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
         DTMK_PROF_BEGIN(prof_look);
@@ -1160,7 +1174,11 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 
 extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
+#if !defined(DTMK_OSQ_PUSH_LDS) && !defined(DTMK_W_LDS)
     __shared__ Worker W;
+#else
+    Worker &W = s_worker;
+#endif
     extern __shared__ float smem[];
     for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];
     if (threadIdx.x == 0) {

@@ -61,6 +61,11 @@
 # and descnoflush alike; osq_raise and NORAISE change nothing).  Next:
 #   tools/obs_sm_gpu_plan.sh 21  the post path split finer (push, worker-state stores, refresh, the
 #                                next wait's first look) and nomaps + BURN (busy observers, no memory)
+# Session 19 ran 21 (BURN 6000 cycles per entry after the run: free; the push after the signal is
+# +0.5 us per task: 0.57 vs 0.08 us).  Next:
+#   tools/obs_sm_gpu_plan.sh 22  the worker's W read with LDS instead of generic loads: the push
+#                                (-DDTMK_OSQ_PUSH_LDS) or run_task / wait_event too (-DDTMK_W_LDS), in
+#                                obs_split, level_profile --prof, and bench/megakernel.py (no-hook build)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -157,5 +162,11 @@ case "${1:-}" in
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $N --out ${OUT:-/tmp/out}/nomaps" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --out ${OUT:-/tmp/out}/default" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..21  (see the header)" >&2; exit 2 ;;
+  22) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py $P+$L4+DTMK_W_LDS+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_PUSH_LDS+$R $L4+DTMK_W_LDS+$R DTMK_NO_HOOKS+DTMK_W_LDS+$R DTMK_W_LDS+$R $R" \
+       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazylds,lazywlds --out ${OUT:-/tmp/out}" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_W_LDS --out ${OUT:-/tmp/out}/wlds" \
+       "timeout 400 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=DTMK_NO_HOOKS,nhwlds=DTMK_NO_HOOKS+DTMK_W_LDS,wlds=DTMK_W_LDS --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..22  (see the header)" >&2; exit 2 ;;
 esac

@@ -35,6 +35,15 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             a shared-memory shadow per warp, flushed at epoch ends (-DDTMK_OSQ_DESC)
   lazydescnoflush   lazydesc whose shadow is dropped instead of flushed (-DDTMK_OSQ_NOFLUSH):
             the observers write no map at all (maps stay empty: measurement only)
+  lazynoraise   the lazy build whose waiting workers never raise OBS_PENDING (session 19)
+  nomapsburn2k / nomapsburn6k   lazynomaps whose observers spin 2000 / 6000 cycles more per
+            entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
+  lazylds / lazywlds   the lazy build whose push reads the worker's W with shared-memory loads
+            (-DDTMK_OSQ_PUSH_LDS) / whose run_task and wait_event do too (-DDTMK_W_LDS)
+  lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
+            spread between instances of one build in one run
+--place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
+the last ones) in every launch, so that no row differs from another by where its plans ran.
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -66,6 +75,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazylds": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_LDS"),
+            "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazywlds": ("DTMK_OSQ_LAZY_PUB", "DTMK_W_LDS"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),
             "nomapsburn6k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=6000"),
@@ -79,7 +89,7 @@ QUERIES["lazycount1"] = QUERIES["count1"]
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 
-def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0) -> dict:
+def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False) -> dict:
     from benchio import sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -89,19 +99,25 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
     w = make_weights(cfg, 0)
     obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")     # (the eager publish: `lazy` rows add it)
-    todo = {gpu.megakernel_defines(cfg, 1, d) for d in [("DTMK_NO_HOOKS",)] + [obs + VARIANTS[v] for v in variants]}
+    pin = ("DTMK_SM_WORKER",) if place else ()
+    nohooks = ("DTMK_NO_HOOKS",) + pin
+    todo = {gpu.megakernel_defines(cfg, 1, d) for d in [nohooks] + [obs + VARIANTS[v] + pin for v in variants]}
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
         if err is not None:
             raise err
-    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))}
+    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=nohooks)}
     lives = {}
     for v in variants:
-        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v])
+        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v] + pin)
         lives[v] = LiveSession(mks[v])
         schema = mks[v].graph.schema
         mon = (compile_query(QUERIES[v], schema, name=f"<obs_split {v}>") if v in QUERIES
                else summary_monitor(schema))
         lives[v].attach(mon.obj)
+    if place:                          # worker k on the k-th SM in id order (the observers' SMs last)
+        for m in mks.values():
+            m.place_workers()
+        log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in id order")
 
     def launch(key):
         if key == "nohooks":
@@ -121,7 +137,8 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     keys = ["nohooks", "plain"] + list(variants)
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"preset": name, "observer_sms": sms, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+    out = {"preset": name, "observer_sms": sms, "placed": place, "steps_per_launch": steps, "reps": reps,
+           "us_per_step": med,
            "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
            "pct_over_nohooks": {k: 100.0 * (med[k] / med["nohooks"] - 1.0) for k in keys[1:]},
            "tokens_equal": all(np.array_equal(last["nohooks"].tokens, last[k].tokens) for k in keys)}
@@ -148,6 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of: {', '.join(VARIANTS)}")
     ap.add_argument("--clocks", type=float, default=0.0, metavar="S",
                     help="then run each build S seconds more while nvidia-smi samples its SM clock and power")
+    ap.add_argument("--place", action="store_true",
+                    help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     if a.reps < 2:
@@ -159,7 +178,7 @@ def main(argv=None) -> int:
     variants = ["base"] + [v for v in variants if v != "base"]     # (plain is the base build's)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
-                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks))
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place))
     return 0
 
 

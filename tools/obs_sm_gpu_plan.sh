@@ -66,6 +66,10 @@
 #   tools/obs_sm_gpu_plan.sh 22  the worker's W read with LDS instead of generic loads: the push
 #                                (-DDTMK_OSQ_PUSH_LDS) or run_task / wait_event too (-DDTMK_W_LDS), in
 #                                obs_split, level_profile --prof, and bench/megakernel.py (no-hook build)
+# Session 19 ran 22 (push 0.57 -> 0.47 us with LDS; lazylds +8.5% beside lazy +11.2%, no-hook
+# W_LDS no faster).  Next:
+#   tools/obs_sm_gpu_plan.sh 23  the spread itself: two instances of lazy and of nomaps in one run,
+#                                unplaced and with every build's workers placed (obs_split --place)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -168,5 +172,10 @@ case "${1:-}" in
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazylds,lazywlds --out ${OUT:-/tmp/out}" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_W_LDS --out ${OUT:-/tmp/out}/wlds" \
        "timeout 400 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=DTMK_NO_HOOKS,nhwlds=DTMK_NO_HOOKS+DTMK_W_LDS,wlds=DTMK_W_LDS --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..22  (see the header)" >&2; exit 2 ;;
+  23) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; S=DTMK_SM_WORKER
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_PUSH_LDS+$R DTMK_NO_HOOKS+$S+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$S+$R $L4+$S+$R $L4+DTMK_OSQ_NOMAPS+$S+$R $L4+DTMK_OSQ_PUSH_LDS+$S+$R" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/free" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --place --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/placed" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..23  (see the header)" >&2; exit 2 ;;
 esac

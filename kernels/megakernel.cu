@@ -683,6 +683,17 @@ __device__ __noinline__ void router_publish(const MkParams &P, Worker &W, int t,
  * run_task never runs before the first wait_event). */
 __shared__ __align__(16) int s_rec[TREC_WORDS];
 __shared__ int s_rec_t;
+#ifdef DTMK_PLAN_SMEM
+/* -DDTMK_PLAN_SMEM=N (measurement, bench/megakernel.py variant plansmem): the worker's static
+ * plan -- task ids and their records -- copied into shared memory at the launch's start (when
+ * it has at most N tasks), so that the plan loop's head (plan[i], then r[6], r[7]) and
+ * wait_event's record copy read shared memory instead of two dependent L2 round trips (every
+ * acquire poll empties L1) on the path from a task's end to its successor's start */
+__shared__ int s_plan_n;                /* tasks held (0: the plan is longer than N: global reads) */
+__shared__ int s_plan_t[DTMK_PLAN_SMEM];
+__shared__ __align__(16) int s_plan_rec[DTMK_PLAN_SMEM * TREC_WORDS];
+__shared__ const int *s_plan_src;       /* thread 0: the record wait_event copies (0: trec) */
+#endif
 #endif
 /* static task t's record: wait_event's shared copy when it holds t, else the global table */
 __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
@@ -860,7 +871,12 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &Wref, int t, 
         DTMK_PROF_BEGIN(prof_look);
 #ifndef DTMK_REC_LATE
         if (t >= 0) {                   /* before the acquire below (see s_rec) */
+#ifndef DTMK_PLAN_SMEM
             const int4 *src = (const int4 *)trec(P, t);
+#else
+            const int4 *src = (const int4 *)(s_plan_src ? s_plan_src : trec(P, t));
+            s_plan_src = 0;
+#endif
 #pragma unroll
             for (int k = 0; k < TREC_WORDS / 4; ++k) ((int4 *)s_rec)[k] = src[k];
         }
@@ -1269,6 +1285,16 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     int p0 = ((const int *)P.plan_off)[MK_WID], p1 = ((const int *)P.plan_off)[MK_WID + 1];
     int last = (int)(P.step0 + P.n_steps);
     int step = (int)P.step0, i_first = -1;     /* i_first >= 0: resume mid-plan (grid handoff) */
+#ifdef DTMK_PLAN_SMEM
+    {
+        const int n = p1 - p0 <= DTMK_PLAN_SMEM ? p1 - p0 : 0;
+        for (int k = threadIdx.x; k < n; k += blockDim.x) s_plan_t[k] = plan[p0 + k];
+        for (int k = threadIdx.x; k < n * TREC_WORDS; k += blockDim.x)
+            s_plan_rec[k] = trec(P, plan[p0 + k / TREC_WORDS])[k % TREC_WORDS];
+        if (threadIdx.x == 0) { s_plan_n = n; s_plan_src = 0; }
+        MK_SYNC();
+    }
+#endif
 #ifdef HO_RESUME
     step = W.rs_step; i_first = W.rs_i;
 #endif
@@ -1342,8 +1368,15 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         if (threadIdx.x == 0 && P.n_faults && i_first < 0) add_phantoms(P, W, step, -1);
 #endif
         for (int i = i_first >= 0 ? i_first : p0; i < p1 && !W.aborted; ++i) {
+#ifndef DTMK_PLAN_SMEM
             int t = plan[i];
             const int *r = trec(P, t);
+#else
+            const bool in_sm = s_plan_n > 0;   /* (uniform) */
+            int t = in_sm ? s_plan_t[i - p0] : plan[i];
+            const int *r = in_sm ? s_plan_rec + (i - p0) * TREC_WORDS : trec(P, t);
+            if (threadIdx.x == 0) s_plan_src = in_sm ? r : 0;
+#endif
             /* no barrier here: t_disp is thread 0's (trace only), W.aborted was last
              * written before wait_event's / run_task's final barrier */
             if (threadIdx.x == 0) {

@@ -70,6 +70,10 @@
 # W_LDS no faster).  Next:
 #   tools/obs_sm_gpu_plan.sh 23  the spread itself: two instances of lazy and of nomaps in one run,
 #                                unplaced and with every build's workers placed (obs_split --place)
+# Session 19 ran 23 (two instances of one build differ by 0.2-1.0 points; placed in id order every
+# build is ~1-2% slower, the gaps the same).  Next (issue 4):
+#   tools/obs_sm_gpu_plan.sh 24  -DDTMK_PLAN_SMEM=96: the plan loop's head and the first look from
+#                                shared memory -- bits equal (variants test), then bench/megakernel.py
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -177,5 +181,10 @@ case "${1:-}" in
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_PUSH_LDS+$R DTMK_NO_HOOKS+$S+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$S+$R $L4+$S+$R $L4+DTMK_OSQ_NOMAPS+$S+$R $L4+DTMK_OSQ_PUSH_LDS+$S+$R" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/free" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --place --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/placed" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..23  (see the header)" >&2; exit 2 ;;
+  24) PS=DTMK_PLAN_SMEM=96; NH=DTMK_NO_HOOKS
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R DTMK_PLAN_SMEM=1 DTMK_PLAN_SMEM=1+$R $NH+$R" \
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k plansmem -rfE" \
+       "timeout 250 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..24  (see the header)" >&2; exit 2 ;;
 esac

@@ -42,6 +42,11 @@ VARIANTS = {
     "wsnext_notail": (("DTMK_WS_NEXT", "DTMK_WS_NEXT_NOTAIL"), False),
     # session 5: the weight stream's copies are L2 evict-first by default; the old copies
     "evictnormal": (("DTMK_WS_EVICT_NORMAL",), False),
+    # session 19: the worker's plan and its records in shared memory (the loop head and the
+    # first look read no global table); _short: a plan longer than 1 task keeps the global reads
+    "plansmem": (("DTMK_PLAN_SMEM=96",), False),
+    "plansmem_nh": (("DTMK_PLAN_SMEM=96", "DTMK_NO_HOOKS"), False),
+    "plansmem_short": (("DTMK_PLAN_SMEM=1",), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

@@ -38,8 +38,6 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
   lazynoraise   the lazy build whose waiting workers never raise OBS_PENDING (session 19)
   nomapsburn2k / nomapsburn6k   lazynomaps whose observers spin 2000 / 6000 cycles more per
             entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
-  lazylds / lazywlds   the lazy build whose push reads the worker's W with shared-memory loads
-            (-DDTMK_OSQ_PUSH_LDS) / whose run_task and wait_event do too (-DDTMK_W_LDS)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -74,9 +72,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazyinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_INLINE"), "lazynovm": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOVM"),
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
-            "lazylds": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_LDS"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "lazywlds": ("DTMK_OSQ_LAZY_PUB", "DTMK_W_LDS"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),
             "nomapsburn6k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=6000"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),

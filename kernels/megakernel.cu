@@ -371,17 +371,13 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
 #endif
 #endif
 };
-#if defined(DTMK_OSQ_PUSH_LDS) || defined(DTMK_W_LDS)
-/* measurement (bench/obs_split.py lazylds, wlds): the worker's W at file scope, so that a
- * function naming it reads it with shared-memory loads (LDS); through the `Worker &` every
- * __noinline__ function takes, its fields are generic loads (LD.E).  -DDTMK_OSQ_PUSH_LDS:
- * osq_write_pend; -DDTMK_W_LDS: also run_task and wait_event (only ever given the CTA's W) */
+#ifdef DTMK_OBS_SM
+/* the CTA's W at file scope in the observer-SM build, so that osq_write_pend, naming it, reads
+ * the entry's fields with shared-memory loads: through the `Worker &` every __noinline__
+ * function takes they are generic loads (LD.E), a dependent chain in front of each store of
+ * the push (H200, 1b: the push 0.57 -> 0.47 us per task, the hot summary ~1 point cheaper:
+ * docs/results/hooks.md "Session 19"; the same for run_task / wait_event gained nothing) */
 __shared__ Worker s_worker;
-#endif
-#ifdef DTMK_W_LDS
-#define W_SELF(Wref) Worker &W = s_worker; (void)(Wref)
-#else
-#define W_SELF(Wref) Worker &W = (Wref)
 #endif
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
@@ -703,8 +699,7 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
     return trec(P, t);
 #endif
 }
-__device__ __noinline__ void run_task(const MkParams &P, Worker &Wref, int t, int step, bool plan, float *smem) {
-    W_SELF(Wref);
+__device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
@@ -864,8 +859,7 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
-__device__ __noinline__ void wait_event(const MkParams &P, Worker &Wref, int t, int step, int e, dtmk_u64 target, float *smem) {
-    W_SELF(Wref);
+__device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
         DTMK_PROF_BEGIN(prof_look);
@@ -1190,10 +1184,10 @@ __device__ __noinline__ void ho_resume(const MkParams &P, Worker &W) {
 
 extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *params) {
     __shared__ MkParams P;
-#if !defined(DTMK_OSQ_PUSH_LDS) && !defined(DTMK_W_LDS)
+#ifndef DTMK_OBS_SM
     __shared__ Worker W;
 #else
-    Worker &W = s_worker;
+    Worker &W = s_worker;              /* (file scope: osq_write_pend reads it as shared memory) */
 #endif
     extern __shared__ float smem[];
     for (int i = threadIdx.x; i < (int)(sizeof(MkParams) / 8); i += blockDim.x) ((dtmk_u64 *)&P)[i] = params[i];

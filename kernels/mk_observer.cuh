@@ -289,15 +289,8 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
-#if !defined(DTMK_OSQ_PUSH_LDS) && !defined(DTMK_W_LDS)
-    d[0] = make_uint4(OSQ_TAG_PEND, W.pend, W.pend_q, W.pend_flags);
-    d[1] = make_uint4(W.cw_peer, W.phantoms, (dtmk_u32)W.pend_t, (dtmk_u32)W.pend_step);
-    d[2] = make_uint4((dtmk_u32)W.pend_rg, (dtmk_u32)(W.pend_rg >> 32), (dtmk_u32)W.t_ready, (dtmk_u32)(W.t_ready >> 32));
-    d[3] = make_uint4((dtmk_u32)W.t_begin, (dtmk_u32)(W.t_begin >> 32), (dtmk_u32)W.t_end, (dtmk_u32)(W.t_end >> 32));
-    d[4] = make_uint4((dtmk_u32)W.dep_wait, (dtmk_u32)(W.dep_wait >> 32), (dtmk_u32)W.ts_rel, (dtmk_u32)(W.ts_rel >> 32));
-    d[5] = make_uint4(W.worker, W.sm, 0u, 0u);
-#else   /* measurement: the same Worker named (LDS, not LD.E: W is a generic reference), every field
-         * read first, then global stores (st.global: no alias with W to order against) */
+    /* every field read first (from the CTA's W named: shared-memory loads), then the global
+     * stores (st.global: nothing to order against W) */
     const Worker &S = s_worker;
     const uint4 e0 = make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
     const uint4 e1 = make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
@@ -306,7 +299,6 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     const uint4 e4 = make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
     const uint4 e5 = make_uint4(S.worker, S.sm, 0u, 0u);
     __stcg(d, e0); __stcg(d + 1, e1); __stcg(d + 2, e2); __stcg(d + 3, e3); __stcg(d + 4, e4); __stcg(d + 5, e5);
-#endif
     W.pend = 0; W.pend_rg = 0;
 }
 /* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the

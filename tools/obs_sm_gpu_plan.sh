@@ -74,6 +74,10 @@
 # build is ~1-2% slower, the gaps the same).  Next (issue 4):
 #   tools/obs_sm_gpu_plan.sh 24  -DDTMK_PLAN_SMEM=96: the plan loop's head and the first look from
 #                                shared memory -- bits equal (variants test), then bench/megakernel.py
+# Session 19 ran 24 (bits equal; no-hook build -1.2%, hook build +0.3%: not adopted) and then
+# made the push's LDS form the observer-SM build's own.  Next:
+#   tools/obs_sm_gpu_plan.sh 25  the observer-SM GPU tests on that build (hot attach, resident,
+#                                handoff, compiled tier) and obs_split lazy vs plain, reps 7
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -170,21 +174,18 @@ case "${1:-}" in
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $N --out ${OUT:-/tmp/out}/nomaps" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --out ${OUT:-/tmp/out}/default" ;;
-  22) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py $P+$L4+DTMK_W_LDS+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_PUSH_LDS+$R $L4+DTMK_W_LDS+$R DTMK_NO_HOOKS+DTMK_W_LDS+$R DTMK_W_LDS+$R $R" \
-       "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazylds,lazywlds --out ${OUT:-/tmp/out}" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_W_LDS --out ${OUT:-/tmp/out}/wlds" \
-       "timeout 400 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=DTMK_NO_HOOKS,nhwlds=DTMK_NO_HOOKS+DTMK_W_LDS,wlds=DTMK_W_LDS --out ${OUT:-/tmp/out}" ;;
-  23) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; S=DTMK_SM_WORKER
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_PUSH_LDS+$R DTMK_NO_HOOKS+$S+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$S+$R $L4+$S+$R $L4+DTMK_OSQ_NOMAPS+$S+$R $L4+DTMK_OSQ_PUSH_LDS+$S+$R" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/free" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --place --variants lazy,lazyB,lazynomaps,nomapsB,lazylds --out ${OUT:-/tmp/out}/placed" ;;
+  22|23) echo "plans 22-23 measured -DDTMK_OSQ_PUSH_LDS / -DDTMK_W_LDS (97dc22e, 5d19994): the push's LDS form is the" \
+       "observer-SM build's own since session 19, the defines are gone; see docs/results/hooks.md" >&2; exit 2 ;;
   24) PS=DTMK_PLAN_SMEM=96; NH=DTMK_NO_HOOKS
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R DTMK_PLAN_SMEM=1 DTMK_PLAN_SMEM=1+$R $NH+$R" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k plansmem -rfE" \
        "timeout 250 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..24  (see the header)" >&2; exit 2 ;;
+  25) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3+$R $L4 $L4+$R $L4+DTMK_OSQ_DESC+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
+       "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py tests/gpu/test_handoff_gpu.py -k 'obssm and not obssm3' -rfE" \
+       "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..25  (see the header)" >&2; exit 2 ;;
 esac

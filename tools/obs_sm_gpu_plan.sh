@@ -78,6 +78,13 @@
 # made the push's LDS form the observer-SM build's own.  Next:
 #   tools/obs_sm_gpu_plan.sh 25  the observer-SM GPU tests on that build (hot attach, resident,
 #                                handoff, compiled tier) and obs_split lazy vs plain, reps 7
+# Session 19 ran 25 (23 + 2 passed; lazy +11.4% / +11.6% over plain, two instances).  Next (prepared,
+# not run; the prof's post-path split suggests each global store thread 0 issues between a task's
+# end and its successor's start costs ~75 ns):
+#   tools/obs_sm_gpu_plan.sh 26  -DDTMK_WS_VEC (the worker-state words as 16-byte pairs: 6 stores per
+#                                task instead of 10) and -DDTMK_OSQ_PUSH_WARP (the lazy push staged in
+#                                shared memory, stored by warp 0's lanes 0-5): bits / exactness
+#                                tests, bench/megakernel.py, obs_split, level_profile --prof
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -187,5 +194,13 @@ case "${1:-}" in
        "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py tests/gpu/test_handoff_gpu.py -k 'obssm and not obssm3' -rfE" \
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..25  (see the header)" >&2; exit 2 ;;
+  26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k wsvec -rfE" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4warp -rfE" \
+       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhwsvec=$NH+$V,wsvec=$V --out ${OUT:-/tmp/out}" \
+       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazywarp --out ${OUT:-/tmp/out}" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$WP --out ${OUT:-/tmp/out}/warp" ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh 1..26  (see the header)" >&2; exit 2 ;;
 esac

@@ -32,10 +32,12 @@ OBSSM3 = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
 OBSSM4LAZY = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
 #: ... whose observers run descriptor programs into a shadow per warp (session 18, opt-in)
 OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
+#: ... whose workers' lazy push is stored by warp 0's lanes from a shared-memory stage (session 19, opt-in)
+OBSSM4WARP = OBSSM4LAZY + ("DTMK_OSQ_PUSH_WARP",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
-                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC],
+                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4WARP],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
-                                      "obssm4desc"])
+                                      "obssm4desc", "obssm4warp"])
 
 
 SITE = ("DTMK_SITE_FORM",)

@@ -18,8 +18,9 @@
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
  * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),
  * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
- * -DDTMK_OSQ_BURN=C (C cycles spent per entry taken, touching no memory: with DISCARD instead of
- * running it -- session 16: no cost -- else after running it), and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
+ * -DDTMK_OSQ_BURN=C (C cycles spent per entry taken, touching no memory: with DISCARD instead
+ * of running it -- session 16: no cost -- else after running it -- session 19: no cost either),
+ * and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
  * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers;
  * -DDTMK_OSQ_NOVM (records built into the warp's ring, drained without running the VM) and
  * -DDTMK_OSQ_SCATTER (those atomics / loads at a word per lane and entry; without it the

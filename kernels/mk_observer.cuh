@@ -291,6 +291,18 @@ __device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {
     if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, true); }
 #endif
 }
+/* worker thread 0: task W.pend_t's captured hooks as an entry's six words (OSQ_TAG_PEND layout;
+ * mk_obs_sm.cuh osq_run_entry reads it), from the CTA's W by its file-scope name: shared-memory
+ * loads (through a `Worker &` they are generic loads, a dependent chain before each store) */
+__device__ __forceinline__ void osq_pend_entry(uint4 (&e)[6]) {
+    const Worker &S = s_worker;
+    e[0] = make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
+    e[1] = make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
+    e[2] = make_uint4((dtmk_u32)S.pend_rg, (dtmk_u32)(S.pend_rg >> 32), (dtmk_u32)S.t_ready, (dtmk_u32)(S.t_ready >> 32));
+    e[3] = make_uint4((dtmk_u32)S.t_begin, (dtmk_u32)(S.t_begin >> 32), (dtmk_u32)S.t_end, (dtmk_u32)(S.t_end >> 32));
+    e[4] = make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
+    e[5] = make_uint4(S.worker, S.sm, 0u, 0u);
+}
 /* worker thread 0, before the release signal: task W.pend_t's captured hooks as one entry
  * (OSQ_TAG_PEND layout; mk_obs_sm.cuh osq_run_entry reads it).  A call per task on the
  * critical path; -DDTMK_OSQ_PUSH_INLINE (bench variant obssmin) inlines it into run_task */
@@ -303,16 +315,11 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
-    /* every field read first (from the CTA's W named: shared-memory loads), then the global
-     * stores (st.global: nothing to order against W) */
-    const Worker &S = s_worker;
-    const uint4 e0 = make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
-    const uint4 e1 = make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
-    const uint4 e2 = make_uint4((dtmk_u32)S.pend_rg, (dtmk_u32)(S.pend_rg >> 32), (dtmk_u32)S.t_ready, (dtmk_u32)(S.t_ready >> 32));
-    const uint4 e3 = make_uint4((dtmk_u32)S.t_begin, (dtmk_u32)(S.t_begin >> 32), (dtmk_u32)S.t_end, (dtmk_u32)(S.t_end >> 32));
-    const uint4 e4 = make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
-    const uint4 e5 = make_uint4(S.worker, S.sm, 0u, 0u);
-    __stcg(d, e0); __stcg(d + 1, e1); __stcg(d + 2, e2); __stcg(d + 3, e3); __stcg(d + 4, e4); __stcg(d + 5, e5);
+    /* every field read first, then the global stores (st.global: nothing to order against W) */
+    uint4 e[6];
+    osq_pend_entry(e);
+#pragma unroll
+    for (int k = 0; k < 6; ++k) __stcg(d + k, e[k]);
     W.pend = 0; W.pend_rg = 0;
 }
 #ifdef DTMK_OSQ_PUSH_WARP
@@ -330,13 +337,7 @@ void osq_write_pend(const MkParams &P, Worker &W) {
 __device__ __noinline__ void osq_stage_pend(const MkParams &P, Worker &W) {
     osq_settle(W);
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
-    const Worker &S = s_worker;
-    s_osq_stage[0] = make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
-    s_osq_stage[1] = make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
-    s_osq_stage[2] = make_uint4((dtmk_u32)S.pend_rg, (dtmk_u32)(S.pend_rg >> 32), (dtmk_u32)S.t_ready, (dtmk_u32)(S.t_ready >> 32));
-    s_osq_stage[3] = make_uint4((dtmk_u32)S.t_begin, (dtmk_u32)(S.t_begin >> 32), (dtmk_u32)S.t_end, (dtmk_u32)(S.t_end >> 32));
-    s_osq_stage[4] = make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
-    s_osq_stage[5] = make_uint4(S.worker, S.sm, 0u, 0u);
+    osq_pend_entry(s_osq_stage);
     s_osq_stage_dst = d;
     W.pend = 0; W.pend_rg = 0;
 }

@@ -42,6 +42,8 @@ Rows (each % over `plain`, the base build with nothing attached, and over `nohoo
             spread between instances of one build in one run
   lazywarp  the lazy build whose push is staged in shared memory by thread 0 and stored by
             warp 0's lanes 0-5, one 16-byte store each (-DDTMK_OSQ_PUSH_WARP)
+  lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
+            (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
 the last ones) in every launch, so that no row differs from another by where its plans ran.
 Tokens of every run must equal the no-hook build's."""
@@ -76,6 +78,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazywarp": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_WARP"),
+            "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
+            "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),
             "nomapsburn6k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=6000"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),

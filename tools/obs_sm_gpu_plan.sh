@@ -84,7 +84,8 @@
 #   tools/obs_sm_gpu_plan.sh 26  -DDTMK_WS_VEC (the worker-state words as 16-byte pairs: 6 stores per
 #                                task instead of 10) and -DDTMK_OSQ_PUSH_WARP (the lazy push staged in
 #                                shared memory, stored by warp 0's lanes 0-5): bits / exactness
-#                                tests, bench/megakernel.py, obs_split, level_profile --prof
+#                                tests, bench/megakernel.py, obs_split (also five observer warps per
+#                                SM: lazydesc had five, lazy six), level_profile --prof
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -196,11 +197,11 @@ case "${1:-}" in
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \
        "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k wsvec -rfE" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4warp -rfE" \
        "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhwsvec=$NH+$V,wsvec=$V --out ${OUT:-/tmp/out}" \
-       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazywarp --out ${OUT:-/tmp/out}" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazywarp,lazynomaps,lazywarps5,nomapswarps5 --out ${OUT:-/tmp/out}" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$WP --out ${OUT:-/tmp/out}/warp" ;;
   *) echo "usage: tools/obs_sm_gpu_plan.sh 1..26  (see the header)" >&2; exit 2 ;;
 esac

@@ -68,3 +68,22 @@ def test_obs_prof_build_exports_its_counters(lp):
     # the compiled tier's build counts its inline events and shadow flushes too (28..31)
     cm = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_PROF", "DTMK_COMPILED_TIER"))
     assert f".global .align 8 .b8 dtmk_obs_prof[{8 * lp.PROF_N}];" in cm.decode()
+
+
+def test_print_prof_reads_each_counter_pair_per_step_per_worker(lp):
+    """print_prof's rows: count / steps / workers, cycles -> us at the given clock, and us per
+    event; the observer-SM worker counters (post path, signal, push, ...) sit at 32..47."""
+    steps, workers, ghz = 4, 8, 2.0
+    v = [0] * lp.PROF_N
+    v[32], v[33] = 2 * steps * workers, 2 * steps * workers * 5000   # post path: 2 per step per worker, 2.5 us each
+    v[40], v[41] = steps * workers, steps * workers * 1000           # push: 1 per step per worker, 0.5 us each
+    lines = []
+    lp.print_prof({"summary": v}, steps, workers, ghz=ghz, emit=lines.append)
+    titles = [i for i, ln in enumerate(lines) if ln.startswith("--- DTMK_OBS_PROF observer-SM workers")]
+    assert len(titles) == 1
+    row = lines[titles[0] + 2].split()
+    assert row[0] == "summary"
+    assert [float(x) for x in row[1:4]] == [2.0, 5.0, 2.5]          # post: n, us, us/each
+    assert [float(x) for x in row[4:]] == [0.0] * 9                  # signal, raise, rlate: none
+    push = lines[[i for i, ln in enumerate(lines) if "the observer-SM push" in ln][0] + 2].split()
+    assert [float(x) for x in push[1:4]] == [1.0, 0.5, 0.5]

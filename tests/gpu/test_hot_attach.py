@@ -94,9 +94,9 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
-                                     OBSSM4LAZY, OBSSM4DESC],
+                                     OBSSM4LAZY, OBSSM4DESC, OBSSM4WARP],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
-                              "obssm4desc"])
+                              "obssm4desc", "obssm4warp"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -315,8 +315,9 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 
 
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
-                                          ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC)],
-                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc"])
+                                          ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4WARP)],
+                         ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
+                              "1b-obssm4warp"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

@@ -133,7 +133,8 @@ PROF_TABLES = (
      (("again", 20), ("empty", 22))),
     ("observer-SM workers: post path (end -> refresh done), release signal, osq_raise, raises that delayed a met poll",
      (("post", 32), ("signal", 34), ("raise", 36), ("rlate", 38))),
-    ("after the signal: the observer-SM push, worker-state stores + post_pending, refresh_control; wait_event's first look",
+    ("after the signal: the push (observer-SM builds), worker-state stores + post_pending, refresh_control; "
+     "wait_event's first look",
      (("push", 40), ("tail", 42), ("refresh", 44), ("look", 46))),
 )
 

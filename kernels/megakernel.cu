@@ -89,8 +89,9 @@
  * done: signal, push, bookkeeping), [34, 35] the release signal alone (post_signal or
  * comm_post), [36, 37] osq_raise calls in the wait, [38, 39] of those the ones after which
  * the next poll found the event met (the raise delayed its detection), [40, 41] the push after
- * the signal (publish, entry stores), [42, 43] worker-state stores + post_pending, [44, 45]
- * refresh_control, [46, 47] wait_event's first look (record copy, post_pending, first acquire) */
+ * the signal (publish, entry stores); any build's worker thread 0: [42, 43] worker-state
+ * stores + post_pending after the signal, [44, 45] refresh_control, [46, 47] wait_event's
+ * first look (record copy, post_pending, first acquire) */
 #define PROF_N 48
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
@@ -754,7 +755,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (f.slow) mk_spin_ns(f.slow);
         if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
-        DTMK_PROF_BEGIN(prof_post);
+#ifdef DTMK_OBS_SM
+        DTMK_PROF_BEGIN(prof_post);    /* (counter 32: the observer-SM build's) */
+#endif
         int sig = r[8];
         /* the task's hook records (captured ones, task:end, gen:advance) and the trace
          * record are built AFTER the release signal (off the successor's critical path;

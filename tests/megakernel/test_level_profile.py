@@ -85,5 +85,5 @@ def test_print_prof_reads_each_counter_pair_per_step_per_worker(lp):
     assert row[0] == "summary"
     assert [float(x) for x in row[1:4]] == [2.0, 5.0, 2.5]          # post: n, us, us/each
     assert [float(x) for x in row[4:]] == [0.0] * 9                  # signal, raise, rlate: none
-    push = lines[[i for i, ln in enumerate(lines) if "the observer-SM push" in ln][0] + 2].split()
+    push = lines[[i for i, ln in enumerate(lines) if "the push (observer-SM builds)" in ln][0] + 2].split()
     assert [float(x) for x in push[1:4]] == [1.0, 0.5, 0.5]

@@ -86,6 +86,12 @@
 #                                shared memory, stored by warp 0's lanes 0-5): bits / exactness
 #                                tests, bench/megakernel.py, obs_split (also five observer warps per
 #                                SM: lazydesc had five, lazy six), level_profile --prof
+# Session 20 ran 26 (WS_VEC no gain in either build; the push with PUSH_WARP still 0.44 us: the
+# stores were not the cost -- the SASS shows thread 0 reloading the record pointer and the faults
+# from the call's local save area after run_body, LDL -> dependent generic load).  Next:
+#   tools/obs_sm_gpu_plan.sh 27  -DDTMK_POST_SMEM (those operands in shared memory): bits / exactness
+#                                tests, bench/megakernel.py (default, no-hook), obs_split lazy /
+#                                lazypost / lazywarp (second run) / nomaps, level_profile --prof
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -195,6 +201,14 @@ case "${1:-}" in
        "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py tests/gpu/test_handoff_gpu.py -k 'obssm and not obssm3' -rfE" \
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
+  27) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PS=DTMK_POST_SMEM; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R $NH+$R $L4+$R $L4+$PS $L4+$PS+$R $L4+$WP+$R $L4+$WP+$PS+$R DTMK_OBS_PROF+$L4+$PS+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_NOMAPS+$PS+$R" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k postsmem -rfE" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4post -rfE" \
+       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhpost=$NH+$PS,post=$PS --out ${OUT:-/tmp/out}" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazypost,lazywarp,lazywarppost,lazyB,lazynomaps,nomapspost --out ${OUT:-/tmp/out}" \
+       "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$PS --out ${OUT:-/tmp/out}/post" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \

@@ -6,7 +6,8 @@ weights, launches alternating (side-by-side ratios: session 16's separate probe 
 
     python bench/obs_split.py [--presets 1b] [--reps 5] [--sms 4] [--variants base,nopush,...]
 
-Rows (each % over `plain`, the base build with nothing attached, and over `nohooks`):
+Rows (each % over `plain`, the base build -- or the --base variant's -- with nothing attached,
+and over `nohooks`):
   base      the summary as it runs
   nopush    workers capture, push no entry (-DDTMK_OSQ_NOPUSH): the capture's share
   discard   entries pushed, the observers take them without running them (-DDTMK_OSQ_DISCARD)
@@ -132,7 +133,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
         if key == "nohooks":
             mks[key].reset()
             return mks[key].run(steps, poison=False)
-        if key == "plain":                 # the base build, nothing attached, no observer state
+        if key == "plain":                 # the first (--base) build, nothing attached, no observer state
             m, live = mks[variants[0]], lives[variants[0]]
             m.reset()
             m.set_observer(0, None)
@@ -174,6 +175,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of: {', '.join(VARIANTS)}")
     ap.add_argument("--clocks", type=float, default=0.0, metavar="S",
                     help="then run each build S seconds more while nvidia-smi samples its SM clock and power")
+    ap.add_argument("--base", default="base", metavar="VARIANT",
+                    help="the variant whose build, nothing attached, is the plain row (and runs first); "
+                         "e.g. lazypost to compare -DDTMK_POST_SMEM builds with their own plain")
     ap.add_argument("--place", action="store_true",
                     help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
     ap.add_argument("--out", default=".")
@@ -184,7 +188,9 @@ def main(argv=None) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         ap.error(f"--variants: unknown {bad} (known: {', '.join(VARIANTS)})" if bad else "--variants: none given")
-    variants = ["base"] + [v for v in variants if v != "base"]     # (plain is the base build's)
+    if a.base not in VARIANTS:
+        ap.error(f"--base: unknown variant {a.base!r} (known: {', '.join(VARIANTS)})")
+    variants = [a.base] + [v for v in variants if v != a.base]     # (plain is the first one's build)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
                 lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place))

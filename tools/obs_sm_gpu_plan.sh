@@ -92,6 +92,8 @@
 #   tools/obs_sm_gpu_plan.sh 27  -DDTMK_POST_SMEM (those operands in shared memory): bits / exactness
 #                                tests, bench/megakernel.py (default, no-hook), obs_split lazy /
 #                                lazypost / lazywarp (second run) / nomaps, level_profile --prof
+#   tools/obs_sm_gpu_plan.sh 28  its second run: bench/megakernel.py, obs_split with lazypost's
+#                                own plain (--base lazypost)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -209,6 +211,11 @@ case "${1:-}" in
        "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhpost=$NH+$PS,post=$PS --out ${OUT:-/tmp/out}" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazypost,lazywarp,lazywarppost,lazyB,lazynomaps,nomapspost --out ${OUT:-/tmp/out}" \
        "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$PS --out ${OUT:-/tmp/out}/post" ;;
+  28) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PS=DTMK_POST_SMEM; NH=DTMK_NO_HOOKS
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R $NH+$R $L4+$R $L4+$PS $L4+$PS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_NOMAPS+$PS+$R" \
+       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhpost=$NH+$PS,post=$PS --out ${OUT:-/tmp/out}" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazypost --variants lazy,lazyB,lazynomaps,nomapspost --out ${OUT:-/tmp/out}" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \

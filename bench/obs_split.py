@@ -45,9 +45,6 @@ and over `nohooks`):
             warp 0's lanes 0-5, one 16-byte store each (-DDTMK_OSQ_PUSH_WARP)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
-  lazypost / lazywarppost / nomapspost   lazy / lazywarp / lazynomaps whose worker thread 0 keeps
-            its post-body operands in shared memory, not the call's local save area
-            (-DDTMK_POST_SMEM, session 20)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
 the last ones) in every launch, so that no row differs from another by where its plans ran.
 Tokens of every run must equal the no-hook build's."""
@@ -82,9 +79,6 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazywarp": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_WARP"),
-            "lazypost": ("DTMK_OSQ_LAZY_PUB", "DTMK_POST_SMEM"),
-            "lazywarppost": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_WARP", "DTMK_POST_SMEM"),
-            "nomapspost": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_POST_SMEM"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),
@@ -177,7 +171,7 @@ def main(argv=None) -> int:
                     help="then run each build S seconds more while nvidia-smi samples its SM clock and power")
     ap.add_argument("--base", default="base", metavar="VARIANT",
                     help="the variant whose build, nothing attached, is the plain row (and runs first); "
-                         "e.g. lazypost to compare -DDTMK_POST_SMEM builds with their own plain")
+                         "e.g. lazy to compare the lazy builds with their own plain")
     ap.add_argument("--place", action="store_true",
                     help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
     ap.add_argument("--out", default=".")

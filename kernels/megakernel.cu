@@ -713,26 +713,23 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
     return trec(P, t);
 #endif
 }
-#ifdef DTMK_POST_SMEM
-/* -DDTMK_POST_SMEM (measurement, bench/megakernel.py variant postsmem): thread 0's operands of
- * the post-body path (the record pointer, the faults, t, step) kept in shared memory across
- * the body instead of the call's local-memory save area.  The SASS of the default build reloads
- * them with LDL after run_body (the record pointer before each r[...] read: r[0], r[8], r[14]),
- * and 512 threads' spills in the body can evict thread 0's save area from L1: then each reload
- * is an L2 round trip on the release signal's path (and on the lazy push's, which reads
- * f.late and r[0] -- the summary's push window) */
+/* thread 0's operands of the post-body path (the record pointer, the faults, t, step), kept in
+ * shared memory across the body: held in registers, they went to the call's local-memory save
+ * area and came back with LDL after run_body, the record pointer before each r[...] read (r[8]:
+ * the release signal's event) -- and 512 threads' spills in the body evict that area from L1,
+ * so a reload can be an L2 round trip on the signal's path.  H200, 1b batch 1 (session 20, as
+ * -DDTMK_POST_SMEM, two runs): hook build 1194.8 -> 1166.6 and 1189.2 -> 1159.3 us/step, no-hook
+ * build -0.2 / -0.6%, observer-SM plain 1199.5 -> 1173.6; bits equal (docs/results/megakernel.md
+ * "Session 20") */
 struct PostOps { const int *r; TaskFaults f; int t, step; };
 __shared__ PostOps s_post;
-#endif
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
         const dtmk_u32 obs = W.observe;   /* the task's one "observing?" load */
         f = task_faults(P, t, step, r);
-#ifdef DTMK_POST_SMEM
         s_post.r = r; s_post.f = f; s_post.t = t; s_post.step = step;
-#endif
 #ifndef DTMK_NO_HOOKS
         dtmk_u32 pend = 0;
 #endif
@@ -766,9 +763,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifndef DTMK_REC_LATE
         s_rec_t = -1;                   /* every thread read s_rec before the barrier above */
 #endif
-#ifdef DTMK_POST_SMEM
         r = s_post.r; f = s_post.f; t = s_post.t; step = s_post.step;   /* (shared loads: the barrier) */
-#endif
         if (f.slow) mk_spin_ns(f.slow);
         if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();

@@ -94,6 +94,11 @@
 #                                lazypost / lazywarp (second run) / nomaps, level_profile --prof
 #   tools/obs_sm_gpu_plan.sh 28  its second run: bench/megakernel.py, obs_split with lazypost's
 #                                own plain (--base lazypost)
+# Session 20 ran 27 and 28 (hook build -2.4 / -2.5%, observer-SM plain -2.2%, lazy -3.4 / -1.3%,
+# bits equal, exact): adopted in every build.  Then:
+#   tools/obs_sm_gpu_plan.sh 29  the whole GPU suite on it (two parts, tools/gpu_suite.py)
+#   tools/obs_sm_gpu_plan.sh 30  bench/megakernel.py --quick (issue 4's table) and bench/hooks.py 1b
+#                                with obssm4lazy (issue 5's table)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -203,19 +208,14 @@ case "${1:-}" in
        "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py tests/gpu/test_handoff_gpu.py -k 'obssm and not obssm3' -rfE" \
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
-  27) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PS=DTMK_POST_SMEM; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R $NH+$R $L4+$R $L4+$PS $L4+$PS+$R $L4+$WP+$R $L4+$WP+$PS+$R DTMK_OBS_PROF+$L4+$PS+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_NOMAPS+$PS+$R" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k postsmem -rfE" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4post -rfE" \
-       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhpost=$NH+$PS,post=$PS --out ${OUT:-/tmp/out}" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazypost,lazywarp,lazywarppost,lazyB,lazynomaps,nomapspost --out ${OUT:-/tmp/out}" \
-       "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$PS --out ${OUT:-/tmp/out}/post" ;;
-  28) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PS=DTMK_POST_SMEM; NH=DTMK_NO_HOOKS
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R $NH+$R $L4+$R $L4+$PS $L4+$PS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OSQ_NOMAPS+$PS+$R" \
-       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhpost=$NH+$PS,post=$PS --out ${OUT:-/tmp/out}" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazypost --variants lazy,lazyB,lazynomaps,nomapspost --out ${OUT:-/tmp/out}" ;;
+  27|28) echo "plans 27-28 measured -DDTMK_POST_SMEM (553c7e5, 38461ff): thread 0's post-body operands in shared" \
+       "memory are every build's since session 20, the define is gone; see docs/results/megakernel.md" >&2; exit 2 ;;
+  29) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+     exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO $L4 $L4+$R" \
+       "timeout 270 python3 tools/gpu_suite.py 1/2 -x" "timeout 270 python3 tools/gpu_suite.py 2/2 -x" ;;
+  30) exec tools/gpu_session.sh \
+       "timeout 150 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
+       "timeout 330 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \

@@ -662,7 +662,6 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
-                   "DTMK_POST_SMEM",      # thread 0's post-body operands in shared memory (obs_split lazypost)
                    # the observer SM (it runs the linked programs): its count and its defines, from
                    # their one list (gpu.OBS_SM_DEFINES) but the probe's counters
                    "DTMK_OBS_SMS") + tuple(d for d in OBS_SM_DEFINES if d != "DTMK_OSQ_STATS")

@@ -50,9 +50,6 @@ VARIANTS = {
     # ... and the worker-state words stored two at a time (16-byte stores)
     "wsvec": (("DTMK_WS_VEC",), False),
     "wsvec_nh": (("DTMK_WS_VEC", "DTMK_NO_HOOKS"), False),
-    # session 20: thread 0's post-body operands (record pointer, faults, t, step) in shared memory
-    "postsmem": (("DTMK_POST_SMEM",), False),
-    "postsmem_nh": (("DTMK_POST_SMEM", "DTMK_NO_HOOKS"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

@@ -99,6 +99,16 @@
 #   tools/obs_sm_gpu_plan.sh 29  the whole GPU suite on it (two parts, tools/gpu_suite.py)
 #   tools/obs_sm_gpu_plan.sh 30  bench/megakernel.py --quick (issue 4's table) and bench/hooks.py 1b
 #                                with obssm4lazy (issue 5's table)
+# Session 20 ran 29 (the suite has outgrown two 270 s parts: 228 of 459 ran, 0 failed) and 30
+# (hooks.md session 20; megakernel.py ran out of 100 s in the old lowering's rows).  Next:
+#   tools/obs_sm_gpu_plan.sh 31  -DDTMK_OSQ_HEAD_GPU (the queue head st.relaxed.gpu, not volatile
+#                                .sys: the one global store left in the push window that stays
+#                                0.44 us): exactness, obs_split lazy / lazyB / lazyheadgpu,
+#                                level_profile --prof (is the push column < 0.44 us?)
+#   tools/obs_sm_gpu_plan.sh 32 [N...]  parts N (default 2 3) of tests/gpu cut in four
+#                                (tools/gpu_suite.py N/4); then `32 4` -- with session 20's run
+#                                (tests 1-207 and 230-250 of 459, i.e. part 1/4) the whole suite
+#                                at de9fafa's kernels
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -216,6 +226,15 @@ case "${1:-}" in
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
+  31) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HG=DTMK_OSQ_HEAD_GPU
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py '' $R DTMK_NO_HOOKS+$R $L4 $L4+$R $L4+$HG $L4+$HG+$R DTMK_OBS_PROF+$L4+$HG+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4headgpu -rfE" \
+       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadgpu --out ${OUT:-/tmp/out}" \
+       "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HG --out ${OUT:-/tmp/out}/headgpu" ;;
+  32) stages=(); for n in "${@:2}"; do stages+=("timeout 260 python3 tools/gpu_suite.py $n/4 -x"); done
+     [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
+     exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO" "${stages[@]}" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \

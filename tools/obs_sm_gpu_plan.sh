@@ -104,7 +104,9 @@
 #   tools/obs_sm_gpu_plan.sh 31  -DDTMK_OSQ_HEAD_GPU (the queue head st.relaxed.gpu, not volatile
 #                                .sys: the one global store left in the push window that stays
 #                                0.44 us): exactness, obs_split lazy / lazyB / lazyheadgpu,
-#                                level_profile --prof (is the push column < 0.44 us?)
+#                                level_profile --prof (is the push column < 0.44 us?); and
+#                                -DDTMK_PLAN_SMEM=96 again beside the default (session 19's +0.3%
+#                                was measured while the post-body reloads dominated thread 0's path)
 #   tools/obs_sm_gpu_plan.sh 32 [N...]  parts N (default 2 3) of tests/gpu cut in four
 #                                (tools/gpu_suite.py N/4); then `32 4` -- with session 20's run
 #                                (tests 1-207 and 230-250 of 459, i.e. part 1/4) the whole suite
@@ -226,9 +228,10 @@ case "${1:-}" in
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
-  31) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HG=DTMK_OSQ_HEAD_GPU
+  31) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HG=DTMK_OSQ_HEAD_GPU; PS=DTMK_PLAN_SMEM=96; NH=DTMK_NO_HOOKS
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R DTMK_NO_HOOKS+$R $L4 $L4+$R $L4+$HG $L4+$HG+$R DTMK_OBS_PROF+$L4+$HG+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "python3 tools/precompile.py '' $R $NH $NH+$R $PS $PS+$R $PS+$NH $PS+$NH+$R $L4 $L4+$R $L4+$HG $L4+$HG+$R DTMK_OBS_PROF+$L4+$HG+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
+       "timeout 120 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4headgpu -rfE" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadgpu --out ${OUT:-/tmp/out}" \
        "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HG --out ${OUT:-/tmp/out}/headgpu" ;;

@@ -108,7 +108,8 @@
 #                                -DDTMK_PLAN_SMEM=96 again beside the default (session 19's +0.3%
 #                                was measured while the post-body reloads dominated thread 0's path)
 #   tools/obs_sm_gpu_plan.sh 32 [N...]  parts N (default 2 3) of tests/gpu cut in four
-#                                (tools/gpu_suite.py N/4); then `32 4` -- with session 20's run
+#                                (tools/gpu_suite.py N/4; the variants test's 40 builds precompiled in
+#                                parallel first: precompile.py --variants); then `32 4` -- with session 20's run
 #                                (tests 1-207 and 230-250 of 459, i.e. part 1/4) the whole suite
 #                                at de9fafa's kernels
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -237,7 +238,7 @@ case "${1:-}" in
        "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HG --out ${OUT:-/tmp/out}/headgpu" ;;
   32) stages=(); for n in "${@:2}"; do stages+=("timeout 260 python3 tools/gpu_suite.py $n/4 -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
-     exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO" "${stages[@]}" ;;
+     exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \

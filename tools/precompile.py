@@ -2,20 +2,46 @@
 cache before a GPU session's tests and benches, which then load them; gpu.precompile).
 
     python tools/precompile.py "" DTMK_NO_HOOKS DTMK_WS_NEXT+DTMK_NO_HOOKS ...
+    python tools/precompile.py --variants [more sets ...]
 
 Each argument is one build: defines joined by '+', in the order the caller passes them
-(the cache key hashes the tuple); "" is the default build.  Exit status 1 if any failed."""
+(the cache key hashes the tuple); "" is the default build.  --variants adds every build
+tests/gpu/test_megakernel_variants_gpu.py loads (each variant on each of its configurations,
+with the defines the Megakernel adds for that model): compiled one after another inside the
+suite they took most of a 270 s part (session 20).  Exit status 1 if any failed."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
-def main() -> int:
+def variant_test_sets() -> list:
+    """The define tuples test_megakernel_variants_gpu.py's Megakernels are built with (the
+    cache keys), the default build's included."""
     from dtrace_mk.megakernel import gpu
-    sets = [tuple(d for d in spec.split("+") if d) for spec in (sys.argv[1:] or [""])]
+    spec = importlib.util.spec_from_file_location("_variants_gpu", ROOT / "tests" / "gpu" / "test_megakernel_variants_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sets = []
+    for cfg, _batch, _steps in mod.CFGS.values():
+        for defines in [()] + [d for d, _prefetch in mod.VARIANTS.values()]:
+            sets.append(gpu.megakernel_defines(cfg, 1, defines))
+    return sorted(set(sets))
+
+
+def main(argv=None) -> int:
+    from dtrace_mk.megakernel import gpu
+    args = list(sys.argv[1:] if argv is None else argv)
+    sets = [tuple(d for d in spec.split("+") if d) for spec in args if spec != "--variants"]
+    if "--variants" in args:
+        sets += variant_test_sets()
+    elif not sets:
+        sets = [()]
+    sets = sorted(set(sets))
     failed = 0
     for defs, (secs, err) in gpu.precompile(sets, workers=min(len(sets), 16)).items():
         name = "+".join(defs) or "(default)"

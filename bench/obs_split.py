@@ -41,8 +41,6 @@ and over `nohooks`):
             entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
-  lazywarp  the lazy build whose push is staged in shared memory by thread 0 and stored by
-            warp 0's lanes 0-5, one 16-byte store each (-DDTMK_OSQ_PUSH_WARP)
   lazyheadgpu  the lazy build whose queue head is stored st.relaxed.gpu, not volatile (.sys)
             (-DDTMK_OSQ_HEAD_GPU, session 20: the one global store left in the push window)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
@@ -80,7 +78,6 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "lazywarp": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_WARP"),
             "lazyheadgpu": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_HEAD_GPU"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),

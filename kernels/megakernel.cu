@@ -299,19 +299,6 @@ __shared__ dtmk_u32 s_osq_obs;     /* m + 1: this CTA is observer m (the last DT
 #define WS_STATE 5         /* 1 running, 2 waiting, 3 done, 4 aborted by watchdog, 5 stopped */
 #define WS_TS 6
 #define WS_DONE 7
-/* thread 0's worker-state words, two at a time where they sit side by side (WS_TASK/WS_STEP,
- * WS_TARGET/WS_STATE, WS_TS/WS_DONE) with -DDTMK_WS_VEC (measurement, bench/megakernel.py
- * variant wsvec): one 16-byte store instead of two 8-byte ones on the path between a
- * task's end and its successor's start (session 19's prof: each store thread 0 issues there
- * seemed to cost ~75 ns; the row's readers -- the host's watchdog report, a grid handoff's
- * successor -- read it after the launch or as a snapshot that was never atomic) */
-__device__ __forceinline__ void ws_put2(dtmk_u64 *ws, int k, dtmk_u64 a, dtmk_u64 b) {
-#ifdef DTMK_WS_VEC
-    asm volatile("st.global.v2.u64 [%0], {%1, %2};" :: "l"(ws + k), "l"(a), "l"(b) : "memory");
-#else
-    ws[k] = a; ws[k + 1] = b;
-#endif
-}
 
 /* fault kinds (faults.py) */
 #define F_SLOW 1
@@ -746,7 +733,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         }
         if (f.starve) { dtmk_u64 due = W.t_ready + f.starve; while (mk_now() < due) __nanosleep(100); }
         dtmk_u64 *ws = wstate(P, W.worker);
-        ws_put2(ws, WS_TASK, t, step); ws[WS_STATE] = 1;
+        ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_STATE] = 1;
         if (obs) {
             W.t_begin = mk_now();
 #ifndef DTMK_NO_HOOKS
@@ -805,11 +792,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */
-#ifndef DTMK_OSQ_PUSH_WARP
         if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
-#else
-        if (W.pend) { osq_stage_pend(P, W); W.osq_unpub = 1; }   /* warp 0 stores it below */
-#endif
 #endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
@@ -827,11 +810,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #endif
         DTMK_PROF_BEGIN(prof_tail);
         dtmk_u64 *ws = wstate(P, W.worker);
-#ifndef DTMK_WS_VEC
         ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
-#else
-        ws_put2(ws, WS_TS, t_end, ++W.done);
-#endif
         post_pending(P, W, false);
         DTMK_PROF_END1(42, prof_tail);
         DTMK_PROF_BEGIN(prof_refr);
@@ -841,9 +820,6 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         DTMK_PROF_END1(32, prof_post);
 #endif
     }
-#ifdef DTMK_OSQ_PUSH_WARP
-    if (threadIdx.x < 32) osq_store_staged();
-#endif
 #ifdef DTMK_EXTRA_SYNC
     MK_SYNC();
 #endif
@@ -928,7 +904,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.first = rd;
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
-            ws_put2(ws, WS_TASK, t, step); ws[WS_EVENT] = e; ws_put2(ws, WS_TARGET, target, 2);
+            ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
             if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
@@ -1238,9 +1214,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */
         W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
-#ifdef DTMK_OSQ_PUSH_WARP
-        s_osq_stage_dst = 0;
-#endif
 #endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();

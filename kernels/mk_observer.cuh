@@ -235,23 +235,9 @@ __device__ unsigned long long dtmk_osq_wstats[2];
  * that push's fenced publish) or the worker's end.  W.osq_unpub: the entry at W.osq_head
  * is stored, its head not yet published (tests/runtime/test_obs_sm_protocol.py, lazy:
  * osq_raise publishes before it raises) */
-#ifdef DTMK_OSQ_PUSH_WARP               /* (the lazy push staged for warp 0: osq_stage_pend below) */
-__shared__ __align__(16) uint4 s_osq_stage[6];
-__shared__ uint4 *s_osq_stage_dst;     /* the slot the staged entry goes to (0: none staged) */
-#endif
 __device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the caller's next fenced publish */
 #ifdef DTMK_OSQ_LAZY_PUB
-    if (W.osq_unpub) {
-#ifdef DTMK_OSQ_PUSH_WARP
-        /* still staged (a push of thread 0's own before run_task's end: gen:advance, a gate):
-         * thread 0 stores it now, as the publish that follows covers it; warp 0 then has none */
-        if (uint4 *d = s_osq_stage_dst) {
-            for (int k = 0; k < 6; ++k) __stcg(d + k, s_osq_stage[k]);
-            s_osq_stage_dst = 0;
-        }
-#endif
-        W.osq_unpub = 0; W.osq_head += 1;
-    }
+    if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
 #endif
 }
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
@@ -332,35 +318,6 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     for (int k = 0; k < 6; ++k) __stcg(d + k, e[k]);
     W.pend = 0; W.pend_rg = 0;
 }
-#ifdef DTMK_OSQ_PUSH_WARP
-/* -DDTMK_OSQ_PUSH_WARP (with -DDTMK_OSQ_LAZY_PUB; measurement, bench/obs_split.py lazywarp): the
- * lazy push after the signal as shared-memory stores by thread 0 (osq_stage_pend) and ONE
- * 16-byte global store by each of warp 0's lanes 0-5 at the end of run_task (osq_store_staged),
- * instead of six global stores issued by thread 0 alone (session 19: ~75 ns each on its path).
- * The entry is in memory before thread 0 goes on (the warp's __syncwarp orders lanes 1-5's
- * stores before lane 0's later operations, so its next release signal or fenced publish
- * covers them, as it covers its own): every publish of it comes later. */
-#ifndef DTMK_OSQ_LAZY_PUB
-#error "-DDTMK_OSQ_PUSH_WARP needs -DDTMK_OSQ_LAZY_PUB (the entry published after the next signal)"
-#endif
-/* worker thread 0, after the signal: task W.pend_t's entry into the stage (osq_write_pend's layout) */
-__device__ __noinline__ void osq_stage_pend(const MkParams &P, Worker &W) {
-    osq_settle(W);
-    uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
-    osq_pend_entry(s_osq_stage);
-    s_osq_stage_dst = d;
-    W.pend = 0; W.pend_rg = 0;
-}
-/* warp 0 (all lanes, after thread 0's post-task work): the staged entry into its slot */
-__device__ __forceinline__ void osq_store_staged() {
-    const unsigned lane = threadIdx.x & 31;
-    __syncwarp();                      /* thread 0's stage and slot are in */
-    uint4 *d = s_osq_stage_dst;
-    if (d && lane < 6) __stcg(d + lane, s_osq_stage[lane]);
-    __syncwarp();                      /* the stores before lane 0's next publish; the stage free */
-    if (lane == 0) s_osq_stage_dst = 0;
-}
-#endif
 /* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
  * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */

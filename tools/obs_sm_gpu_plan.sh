@@ -239,13 +239,7 @@ case "${1:-}" in
   32) stages=(); for n in "${@:2}"; do stages+=("timeout 260 python3 tools/gpu_suite.py $n/4 -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
-  26) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; V=DTMK_WS_VEC; NH=DTMK_NO_HOOKS; WP=DTMK_OSQ_PUSH_WARP
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $V $V+$R $V+$NH $V+$NH+$R $NH+$R $L4+$R $L4+$WP $L4+$WP+$R DTMK_OBS_PROF+$L4+$WP+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+DTMK_OSQ_NOMAPS+$R $L4+DTMK_OBS_SM_WARPS=5+$R $L4+DTMK_OSQ_NOMAPS+DTMK_OBS_SM_WARPS=5+$R" \
-       "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k wsvec -rfE" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4warp -rfE" \
-       "timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhwsvec=$NH+$V,wsvec=$V --out ${OUT:-/tmp/out}" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --variants lazy,lazyB,lazywarp,lazynomaps,lazywarps5,nomapswarps5 --out ${OUT:-/tmp/out}" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$WP --out ${OUT:-/tmp/out}/warp" ;;
+  26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
+       "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
   *) echo "usage: tools/obs_sm_gpu_plan.sh 1..26  (see the header)" >&2; exit 2 ;;
 esac

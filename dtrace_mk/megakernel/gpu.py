@@ -97,7 +97,7 @@ OBS_SM_WARPS_MAX = 8
 #: the defines of the observer SM (hook code: a handoff job's lean build leaves them out; the
 #: compiled tier's linked build passes them on: runtime/compiled.py MK_PASS_DEFINES)
 OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OSQ_PUSH_INLINE", "DTMK_OSQ_DISCARD",
-                  "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE", "DTMK_OSQ_PUSH_WARP",
+                  "DTMK_OSQ_NOPUSH", "DTMK_OSQ_PEND_LATE", "DTMK_OSQ_NORAISE",
                   "DTMK_OSQ_BURN", "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_LAZY_PUB",
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",

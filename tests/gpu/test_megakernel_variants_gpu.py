@@ -47,9 +47,6 @@ VARIANTS = {
     "plansmem": (("DTMK_PLAN_SMEM=96",), False),
     "plansmem_nh": (("DTMK_PLAN_SMEM=96", "DTMK_NO_HOOKS"), False),
     "plansmem_short": (("DTMK_PLAN_SMEM=1",), False),
-    # ... and the worker-state words stored two at a time (16-byte stores)
-    "wsvec": (("DTMK_WS_VEC",), False),
-    "wsvec_nh": (("DTMK_WS_VEC", "DTMK_NO_HOOKS"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

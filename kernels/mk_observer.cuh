@@ -269,17 +269,7 @@ __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
 __device__ __forceinline__ void osq_publish(const MkParams &P, Worker &W, bool fence) {
     if (fence) __threadfence();
     W.osq_head += 1;
-#ifndef DTMK_OSQ_HEAD_GPU
     *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
-#else
-    /* -DDTMK_OSQ_HEAD_GPU (measurement, bench/obs_split.py lazyheadgpu): the head stored
-     * st.relaxed.gpu instead of volatile (= relaxed.sys, SASS ST.E.64.STRONG.SYS) -- session 20:
-     * the lazy push window after the signal stays 0.44 us whatever its entry stores do, and its
-     * one other global operation is this store right behind the signal's red.release.  Still a
-     * strong store after the fence (the signal's MEMBAR or __threadfence): the release pattern
-     * the observers' ld.acquire.gpu pairs with, all on one GPU */
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(osq_mine(P, W) + OSQ_W_HEAD), "l"(W.osq_head) : "memory");
-#endif
 }
 /* worker thread 0 (-DDTMK_OSQ_LAZY_PUB): the unpublished entry published now, fenced */
 __device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {

@@ -4,6 +4,8 @@ hand-picking files.  Deterministic: the suite's node ids in collection order, cu
 contiguous parts of nearly equal size (a file may straddle two parts).
 
     python3 tools/gpu_suite.py 1/2 [-k EXPR] [pytest args...]      (tools/gpu_session.sh: suite:1/2)
+    python3 tools/gpu_suite.py 218..340 [...]    tests 218 to 340 (1-based, inclusive), to finish
+                                                 a part that ran out of time where it stopped
 
 -k defaults to the deselection every recorded full run used (docs/results/gpu_tests.md).
 Exit status: pytest's (5 = nothing collected, e.g. no GPU)."""
@@ -29,11 +31,20 @@ def part(ids: Sequence[str], n: int, m: int) -> List[str]:
     return list(ids[lo:hi])
 
 
+def span(total: int, spec: str) -> Tuple[int, int]:
+    """[lo, hi) of "A..B" (tests A to B, 1-based, inclusive; B past the end means the end)."""
+    a, b = (int(x) for x in spec.split(".."))
+    if not 1 <= a <= b:
+        raise ValueError(f"range {spec}: need 1 <= A <= B")
+    if a > total:
+        raise ValueError(f"range {spec}: the suite has {total} tests")
+    return a - 1, min(b, total)
+
+
 def main(argv: Sequence[str]) -> int:
-    if not argv or "/" not in argv[0]:
+    if not argv or ("/" not in argv[0] and ".." not in argv[0]):
         print(__doc__, file=sys.stderr)
         return 2
-    n, m = (int(x) for x in argv[0].split("/"))
     rest = list(argv[1:])
     k = DESELECT
     if "-k" in rest:
@@ -46,9 +57,15 @@ def main(argv: Sequence[str]) -> int:
     if not ids:
         print(col.stdout[-2000:] + col.stderr[-2000:], file=sys.stderr)
         return col.returncode or 5
-    lo, hi = bounds(len(ids), n, m)
-    print(f"gpu_suite: part {n}/{m}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *part(ids, n, m)])
+    if ".." in argv[0]:
+        lo, hi = span(len(ids), argv[0])
+        what = "range"
+    else:
+        n, m = (int(x) for x in argv[0].split("/"))
+        lo, hi = bounds(len(ids), n, m)
+        what = f"part {n}/{m}"
+    print(f"gpu_suite: {what}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *ids[lo:hi]])
 
 
 if __name__ == "__main__":

@@ -101,17 +101,19 @@
 #                                with obssm4lazy (issue 5's table)
 # Session 20 ran 29 (the suite has outgrown two 270 s parts: 228 of 459 ran, 0 failed) and 30
 # (hooks.md session 20; megakernel.py ran out of 100 s in the old lowering's rows).  Next:
-#   tools/obs_sm_gpu_plan.sh 31  -DDTMK_OSQ_HEAD_GPU (the queue head st.relaxed.gpu, not volatile
-#                                .sys: the one global store left in the push window that stays
-#                                0.44 us): exactness, obs_split lazy / lazyB / lazyheadgpu,
-#                                level_profile --prof (is the push column < 0.44 us?); and
-#                                -DDTMK_PLAN_SMEM=96 again beside the default (session 19's +0.3%
-#                                was measured while the post-body reloads dominated thread 0's path)
 #   tools/obs_sm_gpu_plan.sh 32 [N...]  parts N (default 2 3) of tests/gpu cut in four
 #                                (tools/gpu_suite.py N/4; the variants test's 40 builds precompiled in
 #                                parallel first: precompile.py --variants); then `32 4` -- with session 20's run
 #                                (tests 1-207 and 230-250 of 459, i.e. part 1/4) the whole suite
 #                                at de9fafa's kernels
+# Session 21 ran 31 (HEAD_GPU: push window 0.53 us as before -- removed; PLAN_SMEM=96 -1.6% no-hook,
+# +0.3% hook build) and 32 2 (tests 114-217 of 453 in 260 s, 0 failed).  The push window's cost was
+# thread 0's local-memory reload of the record pointer (LDL) and r[0] after the signal: the post
+# path now reads its operands from s_post by name.  Next:
+#   tools/obs_sm_gpu_plan.sh 33  that change (every build) beside -DDTMK_POST_REGS (the operands in
+#                                registers, as before): bits equal (variants test postregs),
+#                                exact (hot attach obssm4lazy), bench/megakernel.py, obs_split
+#                                lazy vs lazypostregs, level_profile --prof of both (push column)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -229,13 +231,14 @@ case "${1:-}" in
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
-  31) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HG=DTMK_OSQ_HEAD_GPU; PS=DTMK_PLAN_SMEM=96; NH=DTMK_NO_HOOKS
+  33) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PR=DTMK_POST_REGS; NH=DTMK_NO_HOOKS
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $NH $NH+$R $PS $PS+$R $PS+$NH $PS+$NH+$R $L4 $L4+$R $L4+$HG $L4+$HG+$R DTMK_OBS_PROF+$L4+$HG+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
-       "timeout 120 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4headgpu -rfE" \
-       "timeout 250 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadgpu --out ${OUT:-/tmp/out}" \
-       "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HG --out ${OUT:-/tmp/out}/headgpu" ;;
+       "python3 tools/precompile.py '' $R $PR $PR+$R $NH $NH+$R $NH+$PR $NH+$PR+$R $L4 $L4+$R $L4+$PR $L4+$PR+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_PROF+$L4+$PR+$R" \
+       "timeout 120 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants postregs=$PR,nohooks=$NH,nhpostregs=$NH+$PR --out ${OUT:-/tmp/out}" \
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py tests/gpu/test_hot_attach.py -k 'postregs or obssm4lazy' -rfE" \
+       "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazypostregs --out ${OUT:-/tmp/out}" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/post" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$PR --out ${OUT:-/tmp/out}/postregs" ;;
   32) stages=(); for n in "${@:2}"; do stages+=("timeout 260 python3 tools/gpu_suite.py $n/4 -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;

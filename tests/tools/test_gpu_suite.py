@@ -22,6 +22,14 @@ def test_parts_cover_every_test_once_in_order(n_ids, m):
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+def test_a_range_names_tests_one_based_and_inclusive():
+    assert gpu_suite.span(453, "218..226") == (217, 226)
+    assert gpu_suite.span(453, "400..999") == (399, 453)     # past the end: to the end
+    for bad, msg in [("0..5", "need 1 <= A <= B"), ("9..3", "need 1 <= A <= B"), ("500..600", "has 453 tests")]:
+        with pytest.raises(ValueError, match=msg):
+            gpu_suite.span(453, bad)
+
+
 def test_a_bad_part_is_refused():
     with pytest.raises(ValueError, match="need 1 <= N <= M"):
         gpu_suite.part(["a"], 3, 2)

@@ -114,6 +114,9 @@
 #                                registers, as before): bits equal (variants test postregs),
 #                                exact (hot attach obssm4lazy), bench/megakernel.py, obs_split
 #                                lazy vs lazypostregs, level_profile --prof of both (push column)
+#   tools/obs_sm_gpu_plan.sh 34 [A..B [S]]  33's bench/megakernel.py and obs_split again (variants in
+#                                another order), then tests A..B of the suite (default 218..330) in S s
+#   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -239,7 +242,13 @@ case "${1:-}" in
        "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazypostregs --out ${OUT:-/tmp/out}" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/post" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$PR --out ${OUT:-/tmp/out}/postregs" ;;
-  32) stages=(); for n in "${@:2}"; do stages+=("timeout 260 python3 tools/gpu_suite.py $n/4 -x"); done
+  34) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; PR=DTMK_POST_REGS; NH=DTMK_NO_HOOKS
+     exec tools/gpu_session.sh \
+       "python3 tools/precompile.py --variants $BASE $OBS $HO $PR $PR+$R $NH+$PR $NH+$PR+$R $L4 $L4+$R $L4+$PR $L4+$PR+$R" \
+       "timeout 120 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nhpostregs=$NH+$PR,nohooks=$NH,postregs=$PR --out ${OUT:-/tmp/out}" \
+       "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazypostregs --out ${OUT:-/tmp/out}" \
+       "timeout ${3:-250} python3 tools/gpu_suite.py ${2:-218..330} -x" ;;
+  32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout 260 python3 tools/gpu_suite.py $n -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \

@@ -707,12 +707,10 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
  * so a reload can be an L2 round trip on the signal's path.  H200, 1b batch 1 (session 20, as
  * -DDTMK_POST_SMEM, two runs): hook build 1194.8 -> 1166.6 and 1189.2 -> 1159.3 us/step, no-hook
  * build -0.2 / -0.6%, observer-SM plain 1199.5 -> 1173.6; bits equal (docs/results/megakernel.md
- * "Session 20").  After the release signal (whose asm clobbers memory) the post path reads
- * its operands -- the class, t, step, the flags, t_end -- from s_post again, by name (LDS): held
- * across the signal and hook_hold in registers, they too went to local memory, and the observer
- * build's push reloaded the record pointer with LDL, then r[0] (session 21: the push window
- * 0.09 -> 0.53 us per task with a summary attached; -DDTMK_OSQ_HEAD_GPU moved nothing) */
-struct PostOps { const int *r; TaskFaults f; int t, step, cls, sig, peer; dtmk_u64 t_end; };
+ * "Session 20").  Reading them (and r[0], r[8], r[14], t_end) from s_post by name after the body
+ * as well -- no LDL left on the path -- was slower: hook build +1.3 / +1.4% in two side-by-side
+ * runs, push window 0.51 vs 0.52 us (session 21: those reloads hit L1) */
+struct PostOps { const int *r; TaskFaults f; int t, step; };
 __shared__ PostOps s_post;
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);
@@ -754,28 +752,22 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifndef DTMK_REC_LATE
         s_rec_t = -1;                   /* every thread read s_rec before the barrier above */
 #endif
-#ifndef DTMK_POST_REGS
-        PostOps &S = s_post;           /* (read by name at each use: shared loads, never local) */
-#else
-        PostOps S = s_post;            /* measurement only (bench variant postregs): held in registers, as before session 21 */
-#endif
-        r = S.r;
-        if (S.f.slow) mk_spin_ns(S.f.slow);
-        S.cls = r[0]; S.sig = r[8]; S.peer = r[14];
-        if (S.cls == 7) router_publish(P, W, S.t, S.step);
+        r = s_post.r; f = s_post.f; t = s_post.t; step = s_post.step;   /* (shared loads: the barrier) */
+        if (f.slow) mk_spin_ns(f.slow);
+        if (r[0] == 7) router_publish(P, W, t, step);
         dtmk_u64 t_end = mk_now();
-        S.t_end = t_end;
 #ifdef DTMK_OBS_SM
         DTMK_PROF_BEGIN(prof_post);    /* (counter 32: the observer-SM build's) */
 #endif
+        int sig = r[8];
         /* the task's hook records (captured ones, task:end, gen:advance) and the trace
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
         if (HOOKS_ANY(W, ~0u)) {
             DTMK_PROF_BEGIN(prof_h);
-            if (HOLD_FULL()) hook_hold(P, W, S.t, (dtmk_u32)S.step, t_end);
-            else hold_light(P, W, S.cls, S.peer, (dtmk_u32)S.step, t_end);   /* not with -DDTMK_HOLD_EAGER */
+            if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
+            else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* not with -DDTMK_HOLD_EAGER */
 #ifdef DTMK_OBS_SM
 #if defined(DTMK_OSQ_NOPUSH)
             /* measurement only (tools/obs_sm_probe.py): the capture without its entry */
@@ -788,8 +780,8 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             DTMK_PROF_END1(24, prof_h);
         }
         DTMK_PROF_BEGIN(prof_sig);
-        if (S.cls == MK_CLS_ALLREDUCE) comm_post(P, W, S.t, S.step, S.f.late, S.f.flags);   /* to rank r[14] */
-        else post_signal(P, W, S.sig, S.f.late);
+        if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
+        else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(34, prof_sig);
         DTMK_PROF_BEGIN(prof_push);
@@ -798,7 +790,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
          * this signal's MEMBAR waited for none of it); a deferred (late) or comm signal had
          * no MEMBAR here: fence */
-        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, S.f.late != 0 || S.cls == MK_CLS_ALLREDUCE); }
+        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */
@@ -814,13 +806,13 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         /* the captured records went to the observer: no call per task, only for gen:advance
          * (the argmax task, class 10) and the trace; the next task captures afresh */
         W.pend_rg = 0;
-        if (W.observe && (W.trace_on || S.cls == 10)) hook_post(P, W, S.t, S.step, S.f.flags, S.t_end);
+        if (W.observe && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
 #else
-        if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, S.t, S.step, S.f.flags, S.t_end); DTMK_PROF_END1(4, prof_c0); }
+        if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
 #endif
         DTMK_PROF_BEGIN(prof_tail);
         dtmk_u64 *ws = wstate(P, W.worker);
-        ws[WS_DONE] = ++W.done; ws[WS_TS] = S.t_end;
+        ws[WS_DONE] = ++W.done; ws[WS_TS] = t_end;
         post_pending(P, W, false);
         DTMK_PROF_END1(42, prof_tail);
         DTMK_PROF_BEGIN(prof_refr);

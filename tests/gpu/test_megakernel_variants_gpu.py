@@ -47,9 +47,6 @@ VARIANTS = {
     "plansmem": (("DTMK_PLAN_SMEM=96",), False),
     "plansmem_nh": (("DTMK_PLAN_SMEM=96", "DTMK_NO_HOOKS"), False),
     "plansmem_short": (("DTMK_PLAN_SMEM=1",), False),
-    # session 21: the post path's operands held in registers across the release signal (reloaded
-    # from local memory), as before -- the default reads them from shared memory by name
-    "postregs": (("DTMK_POST_REGS",), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

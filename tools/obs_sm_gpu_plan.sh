@@ -112,7 +112,8 @@
 # +1.3 / +1.4% slower, push window 0.51 vs 0.52 us, obs_split within its noise -- reverted, both
 # plans retired).  Next:
 #   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; -rA names
-#                                each test's result in the log): session 21 left 247..453 not run
+#                                each test's result in the log): session 21 ran 114-217 and 247-382
+#                                at main's kernels; next `32 218..246 383..449` (of 449 tests)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -114,7 +114,7 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
 
 
 #: number of dtmk_obs_prof counters (kernels/megakernel.cu PROF_N)
-PROF_N = 48
+PROF_N = 50
 #: dtmk_obs_prof counter pairs (count, cycles) by index (kernels/megakernel.cu DTMK_OBS_PROF)
 PROF_TABLES = (
     ("drains (one batch / whole ring), hook_post after the signal, late drains",
@@ -136,6 +136,8 @@ PROF_TABLES = (
     ("after the signal: the push (observer-SM builds), worker-state stores + post_pending, refresh_control; "
      "wait_event's first look",
      (("push", 40), ("tail", 42), ("refresh", 44), ("look", 46))),
+    ("of the push: the queue head's publish alone (observer-SM builds)",
+     (("head", 48),)),
 )
 
 

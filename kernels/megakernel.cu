@@ -91,8 +91,9 @@
  * the next poll found the event met (the raise delayed its detection), [40, 41] the push after
  * the signal (publish, entry stores); any build's worker thread 0: [42, 43] worker-state
  * stores + post_pending after the signal, [44, 45] refresh_control, [46, 47] wait_event's
- * first look (record copy, post_pending, first acquire) */
-#define PROF_N 48
+ * first look (record copy, post_pending, first acquire); an observer-SM build's worker thread 0:
+ * [48, 49] of the push, the queue head's publish alone */
+#define PROF_N 50
 extern "C" __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __device__ unsigned long long dtmk_obs_prof[PROF_N];
 __shared__ unsigned long long s_prof[PROF_N];
@@ -700,6 +701,23 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
     return trec(P, t);
 #endif
 }
+#ifdef DTMK_OSQ_HEAD_IN_SIGNAL
+#ifndef DTMK_OSQ_LAZY_PUB
+#error "DTMK_OSQ_HEAD_IN_SIGNAL publishes the lazy build's previous entry (needs DTMK_OSQ_LAZY_PUB)"
+#endif
+/* worker thread 0 (-DDTMK_OSQ_HEAD_IN_SIGNAL, measurement): task t's release signal carrying the
+ * head of the previous task's entry -- stored after ITS signal, so this fence orders the entry
+ * before the head, and the RED after the same fence is still a release (PTX: a strong write
+ * after a release fence).  Session 21: the push window after the signal is 0.44 us longer with a
+ * summary attached whatever its first global store is; if the head's store waited for the
+ * release to complete, here it waits inside the fence that the signal pays anyway */
+__device__ __forceinline__ void osq_signal_with_head(const MkParams &P, Worker &W, int e) {
+    W.osq_head += 1;
+    asm volatile("fence.release.gpu;" ::: "memory");   /* (acq_rel would add CCTL.IVALL: an L1 flush) */
+    *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" :: "l"(counter(P, e)), "l"(1ull) : "memory");
+}
+#endif
 /* thread 0's operands of the post-body path (the record pointer, the faults, t, step), kept in
  * shared memory across the body: held in registers, they went to the call's local-memory save
  * area and came back with LDL after run_body, the record pointer before each r[...] read (r[8]:
@@ -780,6 +798,12 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             DTMK_PROF_END1(24, prof_h);
         }
         DTMK_PROF_BEGIN(prof_sig);
+#ifdef DTMK_OSQ_HEAD_IN_SIGNAL
+        /* measurement (bench/obs_split.py lazyheadsig): the previous entry's head published
+         * between this signal's fence and its RED, not after the RED (osq_signal_with_head) */
+        if (W.osq_unpub && !f.late && r[0] != MK_CLS_ALLREDUCE) { W.osq_unpub = 0; osq_signal_with_head(P, W, sig); }
+        else
+#endif
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
@@ -790,7 +814,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
          * this signal's MEMBAR waited for none of it); a deferred (late) or comm signal had
          * no MEMBAR here: fence */
-        if (W.osq_unpub) { W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE); }
+        if (W.osq_unpub) {
+            DTMK_PROF_BEGIN(prof_head);
+            W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE);
+            DTMK_PROF_END1(48, prof_head);
+        }
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */

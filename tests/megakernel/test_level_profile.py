@@ -62,7 +62,7 @@ def test_obs_prof_build_exports_its_counters(lp):
     ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_PROF",)).decode()
     assert f".global .align 8 .b8 dtmk_obs_prof[{8 * lp.PROF_N}];" in ptx      # PROF_N u64 counters
     top = max(k for _, cols in lp.PROF_TABLES for _, k in cols)
-    assert top + 2 == lp.PROF_N == 48
+    assert top + 2 == lp.PROF_N == 50
     dflt = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx").decode()
     assert "dtmk_obs_prof" not in dflt
     # the compiled tier's build counts its inline events and shadow flushes too (28..31)
@@ -72,11 +72,12 @@ def test_obs_prof_build_exports_its_counters(lp):
 
 def test_print_prof_reads_each_counter_pair_per_step_per_worker(lp):
     """print_prof's rows: count / steps / workers, cycles -> us at the given clock, and us per
-    event; the observer-SM worker counters (post path, signal, push, ...) sit at 32..47."""
+    event; the observer-SM worker counters (post path, signal, push, ...) sit at 32..49."""
     steps, workers, ghz = 4, 8, 2.0
     v = [0] * lp.PROF_N
     v[32], v[33] = 2 * steps * workers, 2 * steps * workers * 5000   # post path: 2 per step per worker, 2.5 us each
     v[40], v[41] = steps * workers, steps * workers * 1000           # push: 1 per step per worker, 0.5 us each
+    v[48], v[49] = steps * workers, steps * workers * 400            # of which the head: 0.2 us each
     lines = []
     lp.print_prof({"summary": v}, steps, workers, ghz=ghz, emit=lines.append)
     titles = [i for i, ln in enumerate(lines) if ln.startswith("--- DTMK_OBS_PROF observer-SM workers")]
@@ -87,3 +88,5 @@ def test_print_prof_reads_each_counter_pair_per_step_per_worker(lp):
     assert [float(x) for x in row[4:]] == [0.0] * 9                  # signal, raise, rlate: none
     push = lines[[i for i, ln in enumerate(lines) if "the push (observer-SM builds)" in ln][0] + 2].split()
     assert [float(x) for x in push[1:4]] == [1.0, 0.5, 0.5]
+    head = lines[[i for i, ln in enumerate(lines) if "the queue head's publish alone" in ln][0] + 2].split()
+    assert head[0] == "summary" and [float(x) for x in head[1:4]] == [1.0, 0.2, 0.2]

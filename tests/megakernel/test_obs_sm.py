@@ -453,3 +453,21 @@ def test_observers_run_descriptors_into_the_shadow_and_flush_it_before_an_epoch_
     assert "DTMK_OSQ_DESC" in gpu.OBS_SM_DEFINES
     from tests.bench_tables import hooks_table
     assert hooks_table("BUILD_VARIANTS")["obssm4desc"] == OBSSM4DESC
+
+
+@pytest.mark.slow
+def test_the_head_in_signal_build_stores_the_head_between_the_fence_and_the_red():
+    """-DDTMK_OSQ_HEAD_IN_SIGNAL (session 21, measurement): the previous entry's head is stored
+    after a release fence (not acq_rel: no L1 invalidation) and before the relaxed RED that
+    signals the event -- one fence orders the entry (stored after the previous signal) before
+    the head, and the task's outputs before the RED; without the lazy publish it is refused."""
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
+                        defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB",
+                                 "DTMK_OSQ_HEAD_IN_SIGNAL")).decode()
+    i = ptx.index("fence.release.gpu;")
+    j = ptx.index("st.volatile.u64", i)                               # (generic: the worker's queue words)
+    k = ptx.index("red.relaxed.gpu.global.add.u64", j)
+    assert "fence." not in ptx[i + len("fence.release.gpu;"):k]      # nothing else fenced between
+    with pytest.raises(Exception, match="needs DTMK_OSQ_LAZY_PUB"):
+        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_HEAD_IN_SIGNAL"))

@@ -65,7 +65,8 @@ def main(argv: Sequence[str]) -> int:
         lo, hi = bounds(len(ids), n, m)
         what = f"part {n}/{m}"
     print(f"gpu_suite: {what}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest, *ids[lo:hi]])
+    # -v: a line per test as it ends, so a part killed by its time limit still names what ran
+    return subprocess.call([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *rest, *ids[lo:hi]])
 
 
 if __name__ == "__main__":

@@ -116,8 +116,8 @@
 #                                (hot attach -k obssm4headsig), obs_split lazy / lazyB / lazyheadsig,
 #                                level_profile --prof of lazy and lazy + HEADSIG (push and head columns:
 #                                does the push window fall to ~0.1 us, and the signal's not grow by as much?)
-#   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; -rA names
-#                                each test's result in the log): session 21 ran 114-217 and 247-382 of
+#   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; its -v names
+#                                each test's result in the log as it ends): session 21 ran 114-217 and 247-382 of
 #                                449 at main's kernels; next `32 215..250 380..452` (452 tests with
 #                                the 3 headsig cases; the ranges keep a margin for the shift)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -244,7 +244,7 @@ case "${1:-}" in
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadsig --out ${OUT:-/tmp/out}" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HS --out ${OUT:-/tmp/out}/headsig" ;;
-  32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout ${SUITE_S:-260} python3 tools/gpu_suite.py $n -x -rA"); done
+  32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout ${SUITE_S:-260} python3 tools/gpu_suite.py $n -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 DESELECT = "not (wstream8 or wstream9 or wstream_nopre or wsnext)"
 
@@ -23,12 +23,6 @@ def bounds(total: int, n: int, m: int) -> Tuple[int, int]:
     if not 1 <= n <= m:
         raise ValueError(f"part {n}/{m}: need 1 <= N <= M")
     return (n - 1) * total // m, n * total // m
-
-
-def part(ids: Sequence[str], n: int, m: int) -> List[str]:
-    """Part n (1-based) of m contiguous, nearly equal parts of ids."""
-    lo, hi = bounds(len(ids), n, m)
-    return list(ids[lo:hi])
 
 
 def span(total: int, spec: str) -> Tuple[int, int]:

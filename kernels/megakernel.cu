@@ -712,9 +712,8 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
  * summary attached whatever its first global store is; if the head's store waited for the
  * release to complete, here it waits inside the fence that the signal pays anyway */
 __device__ __forceinline__ void osq_signal_with_head(const MkParams &P, Worker &W, int e) {
-    W.osq_head += 1;
     asm volatile("fence.release.gpu;" ::: "memory");   /* (acq_rel would add CCTL.IVALL: an L1 flush) */
-    *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
+    osq_publish(P, W, false);                           /* (fenced just above) */
     asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" :: "l"(counter(P, e)), "l"(1ull) : "memory");
 }
 #endif

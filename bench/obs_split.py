@@ -41,9 +41,8 @@ and over `nohooks`):
             entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
-  lazyheadsig  the lazy build whose previous entry's head is stored inside the release signal
-            (between its fence and its RED: -DDTMK_OSQ_HEAD_IN_SIGNAL, session 21's prepared test
-            of "the first global store after the signal waits for the release")
+  lazyw2   the lazy build whose entries warp 2 stores while thread 0 goes on (thread 0 picks
+            the slot and hands over: -DDTMK_OSQ_PUSH_W2, session 22)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -79,7 +78,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "lazyheadsig": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_HEAD_IN_SIGNAL"),
+            "lazyw2": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_W2"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),

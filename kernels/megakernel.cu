@@ -701,22 +701,6 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
     return trec(P, t);
 #endif
 }
-#ifdef DTMK_OSQ_HEAD_IN_SIGNAL
-#ifndef DTMK_OSQ_LAZY_PUB
-#error "DTMK_OSQ_HEAD_IN_SIGNAL publishes the lazy build's previous entry (needs DTMK_OSQ_LAZY_PUB)"
-#endif
-/* worker thread 0 (-DDTMK_OSQ_HEAD_IN_SIGNAL, measurement): task t's release signal carrying the
- * head of the previous task's entry -- stored after ITS signal, so this fence orders the entry
- * before the head, and the RED after the same fence is still a release (PTX: a strong write
- * after a release fence).  Session 21: the push window after the signal is 0.44 us longer with a
- * summary attached whatever its first global store is; if the head's store waited for the
- * release to complete, here it waits inside the fence that the signal pays anyway */
-__device__ __forceinline__ void osq_signal_with_head(const MkParams &P, Worker &W, int e) {
-    asm volatile("fence.release.gpu;" ::: "memory");   /* (acq_rel would add CCTL.IVALL: an L1 flush) */
-    osq_publish(P, W, false);                           /* (fenced just above) */
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" :: "l"(counter(P, e)), "l"(1ull) : "memory");
-}
-#endif
 /* thread 0's operands of the post-body path (the record pointer, the faults, t, step), kept in
  * shared memory across the body: held in registers, they went to the call's local-memory save
  * area and came back with LDL after run_body, the record pointer before each r[...] read (r[8]:
@@ -797,17 +781,12 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             DTMK_PROF_END1(24, prof_h);
         }
         DTMK_PROF_BEGIN(prof_sig);
-#ifdef DTMK_OSQ_HEAD_IN_SIGNAL
-        /* measurement (bench/obs_split.py lazyheadsig): the previous entry's head published
-         * between this signal's fence and its RED, not after the RED (osq_signal_with_head) */
-        if (W.osq_unpub && !f.late && r[0] != MK_CLS_ALLREDUCE) { W.osq_unpub = 0; osq_signal_with_head(P, W, sig); }
-        else
-#endif
         if (r[0] == MK_CLS_ALLREDUCE) comm_post(P, W, t, step, f.late, f.flags);   /* to rank r[14] */
         else post_signal(P, W, sig, f.late);
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(34, prof_sig);
         DTMK_PROF_BEGIN(prof_push);
+        bool w2 = false;                 /* -DDTMK_OSQ_PUSH_W2: this task's entry handed to warp 2 */
 #ifndef DTMK_OSQ_PEND_LATE
         /* the unpublished entry -- this task's, stored before the signal, or with
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
@@ -821,7 +800,15 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */
+#ifndef DTMK_OSQ_PUSH_W2
         if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+#else
+        /* measurement: stored by warp 2 (osq_w2_store) unless hook_post follows (it reads
+         * the captured fields): then here, as before */
+        w2 = W.pend && !(W.observe && (W.trace_on || r[0] == 10));
+        if (W.pend && !w2) { osq_write_pend(P, W); W.osq_unpub = 1; }
+        osq_w2_hand(P, W, w2);
+#endif
 #endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
@@ -832,7 +819,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OBS_SM
         /* the captured records went to the observer: no call per task, only for gen:advance
          * (the argmax task, class 10) and the trace; the next task captures afresh */
-        W.pend_rg = 0;
+        if (!w2) W.pend_rg = 0;           /* (else warp 2 clears it once it has read it) */
         if (W.observe && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
 #else
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
@@ -845,10 +832,16 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         DTMK_PROF_BEGIN(prof_refr);
         refresh_control(P, W, false);
         DTMK_PROF_END1(44, prof_refr);
+#ifdef DTMK_OSQ_PUSH_W2
+        if (w2) osq_w2_wait();           /* (before the captured fields change: the next task) */
+#endif
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(32, prof_post);
 #endif
     }
+#ifdef DTMK_OSQ_PUSH_W2
+    else if ((threadIdx.x >> 5) == 2) osq_w2_store();
+#endif
 #ifdef DTMK_EXTRA_SYNC
     MK_SYNC();
 #endif
@@ -1239,6 +1232,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
+#ifdef DTMK_OSQ_PUSH_W2
+        s_w2_post = 0; s_w2_seen = 0;
+#endif
 #ifdef DTMK_OBS_SM
         s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */

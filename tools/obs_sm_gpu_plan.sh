@@ -111,15 +111,16 @@
 # reading its operands from s_post by name, beside -DDTMK_POST_REGS = the code before: hook build
 # +1.3 / +1.4% slower, push window 0.51 vs 0.52 us, obs_split within its noise -- reverted, both
 # plans retired).  Next:
-#   tools/obs_sm_gpu_plan.sh 35  -DDTMK_OSQ_HEAD_IN_SIGNAL (the lazy build's previous head stored
-#                                inside the release signal, between its fence and its RED): exact
-#                                (hot attach -k obssm4headsig), obs_split lazy / lazyB / lazyheadsig,
-#                                level_profile --prof of lazy and lazy + HEADSIG (push and head columns:
-#                                does the push window fall to ~0.1 us, and the signal's not grow by as much?)
+# Session 22 ran 35 (HEAD_IN_SIGNAL exact, no gain: push 0.57 -> 0.48 us, the head alone 0.11;
+# obs_split lazyheadsig +11.32% beside lazy +11.86 / +11.08% -- removed, plan retired) and 32
+# 215..250 380..452 (suite tests 215-250 and 380-452 passed: every test has now run at main's
+# kernels).  Next:
+#   tools/obs_sm_gpu_plan.sh 36  -DDTMK_OSQ_PUSH_W2 (warp 2 stores the lazy build's entry while
+#                                thread 0 goes on): exact (hot attach -k 'obssm4w2 or obssm4lazy'),
+#                                obs_split lazy / lazyB / lazyw2 twice, level_profile --prof of both
+#                                (does the push window fall to ~0.1 us, the post path by as much?)
 #   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; its -v names
-#                                each test's result in the log as it ends): session 21 ran 114-217 and 247-382 of
-#                                449 at main's kernels; next `32 215..250 380..452` (452 tests with
-#                                the 3 headsig cases; the ranges keep a margin for the shift)
+#                                each test's result in the log as it ends)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -237,17 +238,20 @@ case "${1:-}" in
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
-  35) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HS=DTMK_OSQ_HEAD_IN_SIGNAL
+  35) echo "plan 35 measured -DDTMK_OSQ_HEAD_IN_SIGNAL (e5cb896): exact, no gain; the define is gone," \
+       "see docs/results/hooks.md session 22" >&2; exit 2 ;;
+  36) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; W2=DTMK_OSQ_PUSH_W2
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $L4 $L4+$R $L4+$HS $L4+$HS+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_PROF+$L4+$HS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4headsig -rA" \
-       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadsig --out ${OUT:-/tmp/out}" \
+       "python3 tools/precompile.py '' $R $L4 $L4+$R $L4+$W2 $L4+$W2+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_PROF+$L4+$W2+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'obssm4w2 or obssm4lazy' -rA" \
+       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyw2 --out ${OUT:-/tmp/out}/s1" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HS --out ${OUT:-/tmp/out}/headsig" ;;
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$W2 --out ${OUT:-/tmp/out}/w2" \
+       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyw2,lazyB --out ${OUT:-/tmp/out}/s2" ;;
   32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout ${SUITE_S:-260} python3 tools/gpu_suite.py $n -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 35)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 36)" >&2; exit 2 ;;
 esac

@@ -456,18 +456,24 @@ def test_observers_run_descriptors_into_the_shadow_and_flush_it_before_an_epoch_
 
 
 @pytest.mark.slow
-def test_the_head_in_signal_build_stores_the_head_between_the_fence_and_the_red():
-    """-DDTMK_OSQ_HEAD_IN_SIGNAL (session 21, measurement): the previous entry's head is stored
-    after a release fence (not acq_rel: no L1 invalidation) and before the relaxed RED that
-    signals the event -- one fence orders the entry (stored after the previous signal) before
-    the head, and the task's outputs before the RED; without the lazy publish it is refused."""
+def test_the_push_w2_build_hands_the_entry_to_warp_2():
+    """-DDTMK_OSQ_PUSH_W2 (session 22, measurement): thread 0 picks the slot and hands over
+    (the slot, then a CTA fence, then the hand-over count); warp 2 waits for that count, fences,
+    stores one 16-byte word per lane and only then says it is done (fence, then s_w2_seen);
+    thread 0 waits for it at the end of its post path.  Without the lazy publish it is refused."""
+    from dtrace_mk.kernels.build import ptx_function
     src = (KERNEL_DIR / "megakernel.cu").read_text()
     ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
-                        defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB",
-                                 "DTMK_OSQ_HEAD_IN_SIGNAL")).decode()
-    i = ptx.index("fence.release.gpu;")
-    j = ptx.index("st.volatile.u64", i)                               # (generic: the worker's queue words)
-    k = ptx.index("red.relaxed.gpu.global.add.u64", j)
-    assert "fence." not in ptx[i + len("fence.release.gpu;"):k]      # nothing else fenced between
+                        defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_W2")).decode()
+    store = ptx_function(ptx, "osq_w2_store")
+    assert store is not None and store.count("st.global.cg.v4.u32") == 1     # one word per lane
+    wait = store.index("s_w2_post")
+    fence = store.index("membar.cta", wait)
+    st = store.index("st.global.cg.v4.u32", fence)
+    assert store.index("membar.cta", st) < store.rindex("s_w2_seen")         # stored, fenced, then done
+    run = ptx_function(ptx, "run_task")
+    assert "osq_w2_store" in run
+    hand = run.index("s_w2_dst")
+    assert hand < run.index("membar.cta", hand) < run.index("s_w2_post", hand)
     with pytest.raises(Exception, match="needs DTMK_OSQ_LAZY_PUB"):
-        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_HEAD_IN_SIGNAL"))
+        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_PUSH_W2"))

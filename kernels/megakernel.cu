@@ -786,13 +786,19 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(34, prof_sig);
         DTMK_PROF_BEGIN(prof_push);
-        bool w2 = false;                 /* -DDTMK_OSQ_PUSH_W2: this task's entry handed to warp 2 */
 #ifndef DTMK_OSQ_PEND_LATE
         /* the unpublished entry -- this task's, stored before the signal, or with
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
          * this signal's MEMBAR waited for none of it); a deferred (late) or comm signal had
          * no MEMBAR here: fence */
-        if (W.osq_unpub) {
+#ifdef DTMK_OSQ_HEAD_LAST
+        /* measurement (session 22): this task's entry stored first, the previous one's head
+         * after it (a signal with a MEMBAR only: the head needs no fence of its own) */
+        const bool head_last = W.pend && !f.late && r[0] != MK_CLS_ALLREDUCE;
+#else
+        const bool head_last = false;
+#endif
+        if (W.osq_unpub && !head_last) {
             DTMK_PROF_BEGIN(prof_head);
             W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE);
             DTMK_PROF_END1(48, prof_head);
@@ -800,15 +806,14 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */
-#ifndef DTMK_OSQ_PUSH_W2
-        if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
-#else
-        /* measurement: stored by warp 2 (osq_w2_store) unless hook_post follows (it reads
-         * the captured fields): then here, as before */
-        w2 = W.pend && !(W.observe && (W.trace_on || r[0] == 10));
-        if (W.pend && !w2) { osq_write_pend(P, W); W.osq_unpub = 1; }
-        osq_w2_hand(P, W, w2);
-#endif
+        if (head_last) {
+            const bool prev = W.osq_unpub;   /* (osq_write_pend settles it: head past it, unpublished) */
+            osq_write_pend(P, W);
+            DTMK_PROF_BEGIN(prof_head);
+            if (prev) *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
+            DTMK_PROF_END1(48, prof_head);
+            W.osq_unpub = 1;
+        } else if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
 #endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
@@ -819,7 +824,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OBS_SM
         /* the captured records went to the observer: no call per task, only for gen:advance
          * (the argmax task, class 10) and the trace; the next task captures afresh */
-        if (!w2) W.pend_rg = 0;           /* (else warp 2 clears it once it has read it) */
+        W.pend_rg = 0;
         if (W.observe && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
 #else
         if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
@@ -832,16 +837,10 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         DTMK_PROF_BEGIN(prof_refr);
         refresh_control(P, W, false);
         DTMK_PROF_END1(44, prof_refr);
-#ifdef DTMK_OSQ_PUSH_W2
-        if (w2) osq_w2_wait();           /* (before the captured fields change: the next task) */
-#endif
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(32, prof_post);
 #endif
     }
-#ifdef DTMK_OSQ_PUSH_W2
-    else if ((threadIdx.x >> 5) == 2) osq_w2_store();
-#endif
 #ifdef DTMK_EXTRA_SYNC
     MK_SYNC();
 #endif
@@ -1232,9 +1231,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
-#ifdef DTMK_OSQ_PUSH_W2
-        s_w2_post = 0; s_w2_seen = 0;
-#endif
 #ifdef DTMK_OBS_SM
         s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */

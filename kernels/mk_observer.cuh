@@ -303,7 +303,14 @@ __device__ __forceinline__
 #else
 __device__ __noinline__
 #endif
-void osq_write_pend(const MkParams &P, Worker &W) {
+void osq_write_pend(const MkParams &P, Worker &W_arg) {
+#ifdef DTMK_OSQ_PUSH_SHW
+    /* measurement (session 22): the queue words by the CTA's name (LDS / STS), not through
+     * the reference (generic loads / stores, the first ones after the release signal) */
+    Worker &W = s_worker;
+#else
+    Worker &W = W_arg;
+#endif
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
@@ -314,55 +321,6 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     for (int k = 0; k < 6; ++k) __stcg(d + k, e[k]);
     W.pend = 0; W.pend_rg = 0;
 }
-#ifdef DTMK_OSQ_PUSH_W2
-#ifndef DTMK_OSQ_LAZY_PUB
-#error "DTMK_OSQ_PUSH_W2 hands the lazy build's entry to warp 2 (needs DTMK_OSQ_LAZY_PUB)"
-#endif
-/* -DDTMK_OSQ_PUSH_W2 (session 22, measurement): warp 2 stores a task's entry while thread 0
- * goes on.  Sessions 19-22 found the push window after the release signal 0.4-0.5 us longer
- * with a summary attached, whatever its stores' form (PUSH_WARP), its head's scope (HEAD_GPU)
- * or place (HEAD_IN_SIGNAL: the head alone is 0.11 us of it): one lane's straight-line path
- * (the slot, ~20 field loads, six 16-byte stores) on every level's critical path.  Here
- * thread 0 only picks the slot and hands over; warp 2 (its own SM sub-partition; after the
- * body it would only wait at wait_event's barrier) reads the fields and stores the entry,
- * one 16-byte word per lane.  Every run_task hands over (s_w2_dst 0: nothing to store), so
- * warp 2 always knows which hand-over is its; thread 0 waits for it (s_w2_seen) at the end
- * of its post path, before any captured field changes or any head covers the entry. */
-__shared__ uint4 *volatile s_w2_dst;            /* the hand-over's slot (0: no entry) */
-__shared__ volatile dtmk_u32 s_w2_post, s_w2_seen;   /* hand-overs made (thread 0) / taken (warp 2) */
-/* worker thread 0: task W.pend_t's captured hooks to warp 2 (push) or nothing (!push) */
-__device__ __forceinline__ void osq_w2_hand(const MkParams &P, Worker &W, bool push) {
-    uint4 *d = 0;
-    if (push) {
-        osq_settle(W);
-        d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
-        W.osq_unpub = 1;                 /* (published by the next signal, as osq_write_pend's) */
-    }
-    s_w2_dst = d;
-    __threadfence_block();               /* the captured fields and the slot before the hand-over */
-    s_w2_post = s_w2_post + 1;
-}
-/* worker thread 0: warp 2 is done with the last hand-over (its fields read, its entry stored) */
-__device__ __forceinline__ void osq_w2_wait() {
-    while (s_w2_seen != s_w2_post) { }
-    __threadfence_block();
-}
-/* warp 2 (all lanes), after run_task's body: this task's hand-over */
-__device__ __noinline__ void osq_w2_store() {
-    const dtmk_u32 lane = threadIdx.x & 31, n = s_w2_seen + 1;
-    while (s_w2_post != n) { }
-    __threadfence_block();
-    uint4 *d = s_w2_dst;
-    if (d) {
-        if (lane < 6) __stcg(d + lane, osq_pend_word((int)lane));
-        __syncwarp();
-        if (lane == 0) { s_worker.pend = 0; s_worker.pend_rg = 0; }   /* (the next task captures afresh) */
-    }
-    __syncwarp();
-    if (lane == 0) { __threadfence_block(); s_w2_seen = n; }
-    __syncwarp();
-}
-#endif
 /* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
  * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */

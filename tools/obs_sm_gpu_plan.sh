@@ -115,10 +115,11 @@
 # obs_split lazyheadsig +11.32% beside lazy +11.86 / +11.08% -- removed, plan retired) and 32
 # 215..250 380..452 (suite tests 215-250 and 380-452 passed: every test has now run at main's
 # kernels).  Next:
-#   tools/obs_sm_gpu_plan.sh 36  -DDTMK_OSQ_PUSH_W2 (warp 2 stores the lazy build's entry while
-#                                thread 0 goes on): exact (hot attach -k 'obssm4w2 or obssm4lazy'),
-#                                obs_split lazy / lazyB / lazyw2 twice, level_profile --prof of both
-#                                (does the push window fall to ~0.1 us, the post path by as much?)
+#   tools/obs_sm_gpu_plan.sh 36  the lazy push's order and instruction forms: -DDTMK_OSQ_HEAD_LAST (this
+#                                task's entry before the previous head) and -DDTMK_OSQ_PUSH_SHW (the queue
+#                                words by the CTA's name, no generic loads after the signal): exact (hot
+#                                attach), obs_split lazy / lazyB / lazyheadlast / lazyshw twice,
+#                                level_profile --prof of both (does the push window fall?)
 #   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; its -v names
 #                                each test's result in the log as it ends)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -240,14 +241,14 @@ case "${1:-}" in
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
   35) echo "plan 35 measured -DDTMK_OSQ_HEAD_IN_SIGNAL (e5cb896): exact, no gain; the define is gone," \
        "see docs/results/hooks.md session 22" >&2; exit 2 ;;
-  36) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; W2=DTMK_OSQ_PUSH_W2
+  36) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HL=DTMK_OSQ_HEAD_LAST; SH=DTMK_OSQ_PUSH_SHW
      exec tools/gpu_session.sh \
-       "python3 tools/precompile.py '' $R $L4 $L4+$R $L4+$W2 $L4+$W2+$R DTMK_OBS_PROF+$L4+$R DTMK_OBS_PROF+$L4+$W2+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'obssm4w2 or obssm4lazy' -rA" \
-       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyw2 --out ${OUT:-/tmp/out}/s1" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$W2 --out ${OUT:-/tmp/out}/w2" \
-       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyw2,lazyB --out ${OUT:-/tmp/out}/s2" ;;
+       "python3 tools/precompile.py $L4 $L4+$R $L4+$HL $L4+$HL+$R $L4+$SH $L4+$SH+$R DTMK_OBS_PROF+$L4+$HL+$R DTMK_OBS_PROF+$L4+$SH+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'obssm4headlast or obssm4shw or final_epochs and obssm4lazy' -rA" \
+       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadlast,lazyshw --out ${OUT:-/tmp/out}/s1" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HL --out ${OUT:-/tmp/out}/headlast" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$SH --out ${OUT:-/tmp/out}/shw" \
+       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyshw,lazyheadlast,lazyB --out ${OUT:-/tmp/out}/s2" ;;
   32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout ${SUITE_S:-260} python3 tools/gpu_suite.py $n -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;

@@ -41,10 +41,6 @@ and over `nohooks`):
             entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
-  lazyheadlast  the lazy build storing this task's entry before the previous one's head
-            (-DDTMK_OSQ_HEAD_LAST, session 22)
-  lazyshw   the lazy build whose push reads and writes the queue words by the CTA's name
-            (shared-memory instructions, not generic ones: -DDTMK_OSQ_PUSH_SHW, session 22)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -80,8 +76,6 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazynomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazynoraise": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NORAISE"),
             "lazyB": ("DTMK_OSQ_LAZY_PUB",), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "lazyheadlast": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_HEAD_LAST"),
-            "lazyshw": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_PUSH_SHW"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),

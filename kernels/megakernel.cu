@@ -791,14 +791,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * -DDTMK_OSQ_LAZY_PUB the previous task's, stored after its own signal (long done:
          * this signal's MEMBAR waited for none of it); a deferred (late) or comm signal had
          * no MEMBAR here: fence */
-#ifdef DTMK_OSQ_HEAD_LAST
-        /* measurement (session 22): this task's entry stored first, the previous one's head
-         * after it (a signal with a MEMBAR only: the head needs no fence of its own) */
-        const bool head_last = W.pend && !f.late && r[0] != MK_CLS_ALLREDUCE;
-#else
-        const bool head_last = false;
-#endif
-        if (W.osq_unpub && !head_last) {
+        if (W.osq_unpub) {
             DTMK_PROF_BEGIN(prof_head);
             W.osq_unpub = 0; osq_publish(P, W, f.late != 0 || r[0] == MK_CLS_ALLREDUCE);
             DTMK_PROF_END1(48, prof_head);
@@ -806,14 +799,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
          * another push, the worker's end: mk_observer.cuh) */
-        if (head_last) {
-            const bool prev = W.osq_unpub;   /* (osq_write_pend settles it: head past it, unpublished) */
-            osq_write_pend(P, W);
-            DTMK_PROF_BEGIN(prof_head);
-            if (prev) *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_HEAD) = W.osq_head;
-            DTMK_PROF_END1(48, prof_head);
-            W.osq_unpub = 1;
-        } else if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+        if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
 #endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */

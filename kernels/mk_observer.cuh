@@ -280,20 +280,14 @@ __device__ __forceinline__ void osq_flush_unpub(const MkParams &P, Worker &W) {
 /* worker thread 0: task W.pend_t's captured hooks as an entry's six words (OSQ_TAG_PEND layout;
  * mk_obs_sm.cuh osq_run_entry reads it), from the CTA's W by its file-scope name: shared-memory
  * loads (through a `Worker &` they are generic loads, a dependent chain before each store) */
-__device__ __forceinline__ uint4 osq_pend_word(int k) {
-    const Worker &S = s_worker;
-    switch (k) {
-    case 0: return make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
-    case 1: return make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
-    case 2: return make_uint4((dtmk_u32)S.pend_rg, (dtmk_u32)(S.pend_rg >> 32), (dtmk_u32)S.t_ready, (dtmk_u32)(S.t_ready >> 32));
-    case 3: return make_uint4((dtmk_u32)S.t_begin, (dtmk_u32)(S.t_begin >> 32), (dtmk_u32)S.t_end, (dtmk_u32)(S.t_end >> 32));
-    case 4: return make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
-    default: return make_uint4(S.worker, S.sm, 0u, 0u);
-    }
-}
 __device__ __forceinline__ void osq_pend_entry(uint4 (&e)[6]) {
-#pragma unroll
-    for (int k = 0; k < 6; ++k) e[k] = osq_pend_word(k);
+    const Worker &S = s_worker;
+    e[0] = make_uint4(OSQ_TAG_PEND, S.pend, S.pend_q, S.pend_flags);
+    e[1] = make_uint4(S.cw_peer, S.phantoms, (dtmk_u32)S.pend_t, (dtmk_u32)S.pend_step);
+    e[2] = make_uint4((dtmk_u32)S.pend_rg, (dtmk_u32)(S.pend_rg >> 32), (dtmk_u32)S.t_ready, (dtmk_u32)(S.t_ready >> 32));
+    e[3] = make_uint4((dtmk_u32)S.t_begin, (dtmk_u32)(S.t_begin >> 32), (dtmk_u32)S.t_end, (dtmk_u32)(S.t_end >> 32));
+    e[4] = make_uint4((dtmk_u32)S.dep_wait, (dtmk_u32)(S.dep_wait >> 32), (dtmk_u32)S.ts_rel, (dtmk_u32)(S.ts_rel >> 32));
+    e[5] = make_uint4(S.worker, S.sm, 0u, 0u);
 }
 /* worker thread 0, before the release signal: task W.pend_t's captured hooks as one entry
  * (OSQ_TAG_PEND layout; mk_obs_sm.cuh osq_run_entry reads it).  A call per task on the
@@ -303,14 +297,7 @@ __device__ __forceinline__
 #else
 __device__ __noinline__
 #endif
-void osq_write_pend(const MkParams &P, Worker &W_arg) {
-#ifdef DTMK_OSQ_PUSH_SHW
-    /* measurement (session 22): the queue words by the CTA's name (LDS / STS), not through
-     * the reference (generic loads / stores, the first ones after the release signal) */
-    Worker &W = s_worker;
-#else
-    Worker &W = W_arg;
-#endif
+void osq_write_pend(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);

@@ -112,14 +112,12 @@
 # +1.3 / +1.4% slower, push window 0.51 vs 0.52 us, obs_split within its noise -- reverted, both
 # plans retired).  Next:
 # Session 22 ran 35 (HEAD_IN_SIGNAL exact, no gain: push 0.57 -> 0.48 us, the head alone 0.11;
-# obs_split lazyheadsig +11.32% beside lazy +11.86 / +11.08% -- removed, plan retired) and 32
-# 215..250 380..452 (suite tests 215-250 and 380-452 passed: every test has now run at main's
-# kernels).  Next:
-#   tools/obs_sm_gpu_plan.sh 36  the lazy push's order and instruction forms: -DDTMK_OSQ_HEAD_LAST (this
-#                                task's entry before the previous head) and -DDTMK_OSQ_PUSH_SHW (the queue
-#                                words by the CTA's name, no generic loads after the signal): exact (hot
-#                                attach), obs_split lazy / lazyB / lazyheadlast / lazyshw twice,
-#                                level_profile --prof of both (does the push window fall?)
+# obs_split lazyheadsig +11.32% beside lazy +11.86 / +11.08%), 32 215..250 380..452 (every test
+# has now run at main's kernels) and 36 in two forms (ea642bb: -DDTMK_OSQ_PUSH_W2, warp 2 stores
+# the entry after a CTA-fenced hand-over: push window 0.68 vs 0.55 us, obs_split +12.3 / +12.0%
+# vs lazy +9.6 / +9.6%; f2bcb61: -DDTMK_OSQ_HEAD_LAST, entry before the previous head, push 0.58,
+# and -DDTMK_OSQ_PUSH_SHW, the queue words by the CTA's name, push 0.50: both within obs_split's
+# spread).  All four defines are gone; plans 35 and 36 retired.  Next:
 #   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; its -v names
 #                                each test's result in the log as it ends)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -239,20 +237,12 @@ case "${1:-}" in
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
-  35) echo "plan 35 measured -DDTMK_OSQ_HEAD_IN_SIGNAL (e5cb896): exact, no gain; the define is gone," \
-       "see docs/results/hooks.md session 22" >&2; exit 2 ;;
-  36) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; HL=DTMK_OSQ_HEAD_LAST; SH=DTMK_OSQ_PUSH_SHW
-     exec tools/gpu_session.sh \
-       "python3 tools/precompile.py $L4 $L4+$R $L4+$HL $L4+$HL+$R $L4+$SH $L4+$SH+$R DTMK_OBS_PROF+$L4+$HL+$R DTMK_OBS_PROF+$L4+$SH+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'obssm4headlast or obssm4shw or final_epochs and obssm4lazy' -rA" \
-       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazyheadlast,lazyshw --out ${OUT:-/tmp/out}/s1" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$HL --out ${OUT:-/tmp/out}/headlast" \
-       "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$SH --out ${OUT:-/tmp/out}/shw" \
-       "timeout 120 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyshw,lazyheadlast,lazyB --out ${OUT:-/tmp/out}/s2" ;;
+  35|36) echo "plans 35-36 measured the lazy push's forms (-DDTMK_OSQ_HEAD_IN_SIGNAL, _PUSH_W2, _HEAD_LAST," \
+       "_PUSH_SHW): exact, no gain; the defines are gone, see docs/results/hooks.md session 22" >&2; exit 2 ;;
   32) stages=(); for n in "${@:2}"; do [[ $n == *..* ]] || n=$n/4; stages+=("timeout ${SUITE_S:-260} python3 tools/gpu_suite.py $n -x"); done
      [ ${#stages[@]} -gt 0 ] || stages=("timeout 260 python3 tools/gpu_suite.py 2/4 -x" "timeout 260 python3 tools/gpu_suite.py 3/4 -x")
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 36)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32)" >&2; exit 2 ;;
 esac

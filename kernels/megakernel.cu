@@ -798,7 +798,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         }
 #ifdef DTMK_OSQ_LAZY_PUB
         /* this task's entry, published by the next signal (or the next wait's osq_raise,
-         * another push, the worker's end: mk_observer.cuh) */
+         * another push, the worker's end: mk_observer.cuh).  This window costs ~0.4 us per
+         * task with an entry, whatever its form: the head's scope or place (in the signal,
+         * after the entry), W by name instead of generic loads, the stores by other lanes or
+         * by warp 2 after a CTA-fenced hand-over (slower) -- sessions 20-22,
+         * docs/dev/hook_cost_analysis.md */
         if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
 #endif
 #else

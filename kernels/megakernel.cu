@@ -964,8 +964,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
     /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
      * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
-     * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
+     * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start);
+     * -DDTMK_WS_NOPRE_CLS=c (measurement, docs/dev/megakernel_speed.md "Session 23"): only
+     * class c's tasks leave it to the body (attn_o's prestart streams during attention) */
+#ifndef DTMK_WS_NOPRE_CLS
     if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
+#else
+    if (t >= 0 && (threadIdx.x >> 5) == 1 && task_rec(P, t)[0] != DTMK_WS_NOPRE_CLS) ws_prestart(P, t);
+#endif
 #endif
 #ifdef DTMK_L2_AHEAD
     if (t >= 0 && threadIdx.x == 64) l2_ahead(P, t);

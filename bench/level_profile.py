@@ -141,6 +141,36 @@ PROF_TABLES = (
 )
 
 
+#: DTMK_PHASE_PROF (kernels/mk_ops.cuh): ops, counters per op
+PH_OPS_NAMES = ("qkv", "lm_head", "mlp_gate_up", "attn_o", "mlp_down")
+PH_OPS, PH_N = len(PH_OPS_NAMES), 8
+
+
+def phase_rows(v, steps: int, ghz: float = 1.98) -> dict:
+    """dtmk_phase_prof counters -> per op: tiles per step and per tile (thread 0, us at
+    `ghz`): staging (commit / norm fold / x copy), the matvec through the ring, the spins in
+    it waiting for stages not yet landed, the first stage's share of them, spins per tile"""
+    us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
+    out = {}
+    for i, name in enumerate(PH_OPS_NAMES):
+        c = v[i * PH_N:(i + 1) * PH_N]
+        if not c[0]:
+            continue
+        out[name] = {"tiles_per_step": c[0] / steps, "staged_us": us(c[1] / c[0]), "stream_us": us(c[2] / c[0]),
+                     "spin_us": us(c[3] / c[0]), "first_spin_us": us(c[6] / c[0]),
+                     "waits_per_tile": c[4] / c[0], "spinning_waits_per_tile": c[5] / c[0]}
+    return out
+
+
+def print_phases(config: str, v, steps: int, emit=print) -> None:
+    emit(f"--- DTMK_PHASE_PROF {config}: a streamed tile's body, thread 0, us per tile "
+         f"(spins: waits for stages not landed; first: the tile's first stage)")
+    emit(f"  {'op':<13}{'tiles/step':>11}{'staged':>9}{'stream':>9}{'spins':>9}{'first':>9}{'waits':>8}{'spun':>8}")
+    for name, r in phase_rows(v, steps).items():
+        emit(f"  {name:<13}{r['tiles_per_step']:>11.1f}{r['staged_us']:>9.2f}{r['stream_us']:>9.2f}"
+             f"{r['spin_us']:>9.2f}{r['first_spin_us']:>9.2f}{r['waits_per_tile']:>8.1f}{r['spinning_waits_per_tile']:>8.1f}")
+
+
 def print_prof(profs: dict, steps: int, workers: int, ghz: float = 1.98, emit=print) -> None:
     """The DTMK_OBS_PROF counters per step per worker: count, us, us each (cycles at
     `ghz`, the H200's SM clock under load; bench/timer_cost.py prints the attribute);
@@ -232,13 +262,20 @@ def main() -> int:
             import cupy as cp
             prof = cp.ndarray((PROF_N,), cp.uint64, memptr=m.module.get_global("dtmk_obs_prof"))
             prof[:] = 0
+        phase = None
+        if "DTMK_PHASE_PROF" in m.defines:
+            import cupy as cp
+            phase = cp.ndarray((PH_OPS * PH_N,), cp.uint64, memptr=m.module.get_global("dtmk_phase_prof"))
+            phase[:] = 0
         t0 = time.perf_counter()
         r = m.run(a.steps, poison=False, trace=True, **kw)
         if prof is not None:
             profs[c] = [int(v) for v in prof.get()]
+        if phase is not None:
+            phases[c] = [int(v) for v in phase.get()]
         return r, m, time.perf_counter() - t0
 
-    results, toks, profs = {}, {}, {}
+    results, toks, profs, phases = {}, {}, {}, {}
     for rep in range(a.reps):
         for c in configs:
             r, m, _ = run(c)
@@ -252,7 +289,8 @@ def main() -> int:
     ref = next(iter(toks.values()))
     same = {c: bool(np.array_equal(t, ref)) for c, t in toks.items()}
     (out / "level_profile.json").write_text(json.dumps({"preset": a.preset, "steps": a.steps, "results": results,
-                                                        "tokens_equal": same, "obs_prof": profs}, indent=1))
+                                                        "tokens_equal": same, "obs_prof": profs,
+                                                        "phase_prof": phases}, indent=1))
     classes = [k for k in next(iter(results.values())) if not k.startswith("_")]
     cols = list(results)
     print(f"\n{a.preset} batch 1, {a.steps} steps, trace on in every row (first step dropped); tokens equal: {same}")
@@ -268,6 +306,8 @@ def main() -> int:
                                          for c in cols))
     if profs:
         print_prof(profs, a.steps, builds["default"].num_workers)
+    for c, v in phases.items():
+        print_phases(c, v, a.steps)
     return 0
 
 

@@ -50,6 +50,9 @@
 #if defined(DTMK_NO_WSTREAM) && defined(DTMK_WSTREAM)
 #error "DTMK_NO_WSTREAM and DTMK_WSTREAM exclude each other"
 #endif
+#if defined(DTMK_PHASE_PROF) && defined(DTMK_NO_WSTREAM)
+#error "DTMK_PHASE_PROF profiles the weight stream's tiles (drop DTMK_NO_WSTREAM)"
+#endif
 #if defined(DTMK_L2_AHEAD) && defined(DTMK_NO_WSTREAM)
 #error "DTMK_L2_AHEAD prefetches past the weight stream's ring (drop DTMK_NO_WSTREAM)"
 #endif
@@ -1280,6 +1283,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         for (int i = 0; i < PROF_N; ++i) s_prof[i] = 0;
         s_prof_drain = 0; s_prof_raise = 0;
 #endif
+#ifdef DTMK_PHASE_PROF
+        for (int i = 0; i < PH_OPS * PH_N; ++i) s_ph[i] = 0;
+        s_ph_op = -1;
+#endif
 #ifdef DTMK_SMEM_PAD
         ((volatile char *)dtmk_smem_pad)[0] = 0;     /* keep the padding allocated */
 #endif
@@ -1501,6 +1508,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
     if (threadIdx.x == 0) {
 #ifdef DTMK_OBS_PROF
         for (int i = 0; i < PROF_N; ++i) atomicAdd(&dtmk_obs_prof[i], s_prof[i]);
+#endif
+#ifdef DTMK_PHASE_PROF
+        for (int i = 0; i < PH_OPS * PH_N; ++i) atomicAdd(&dtmk_phase_prof[i], s_ph[i]);
 #endif
         post_pending(P, W, true);     /* (a worker leaving for a handoff: up to a late signal's delay early) */
 #ifndef DTMK_OBS_SM                   /* (the observer writes the host rings' heads) */

@@ -792,6 +792,44 @@ extern "C" __device__ unsigned long long dtmk_ws_next_stats[2];
 __device__ unsigned long long dtmk_ws_next_stats[2];
 #endif
 
+#ifdef DTMK_PHASE_PROF
+/* -DDTMK_PHASE_PROF (measurement: bench/level_profile.py reads it for builds that have it;
+ * docs/dev/megakernel_speed.md "Session 23"): where a streamed tile's body goes, as thread 0
+ * sees it, in SM cycles summed over workers at the kernel end into dtmk_phase_prof[op][PH_N],
+ * op = PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN: [0] tiles, [1] body entry -> activations staged
+ * (down's commit, the norm fold or x's copy, the barrier after it), [2] staged -> the tile's
+ * stream consumed (ws_end), [3] of [1] + [2], cycles in ws_wait spins (a stage not landed at
+ * the first look), [4] ws_wait calls, [5] of them spinning, [6] the spins of the tile's
+ * first stage.  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
+enum { PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN, PH_OPS };
+#define PH_N 8
+extern "C" __device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
+__device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
+__shared__ unsigned long long s_ph[PH_OPS * PH_N];
+__shared__ int s_ph_op;              /* the op of the tile in progress (thread 0's), -1: none */
+__shared__ long long s_ph_t;         /* thread 0: the tile's entry, then its staged stamp */
+__device__ __forceinline__ void ph_begin(int op) {
+    if (threadIdx.x == 0) { s_ph_op = op; s_ph_t = clock64(); }
+}
+__device__ __forceinline__ void ph_staged() {
+    if (threadIdx.x == 0 && s_ph_op >= 0) {
+        const long long t = clock64();
+        s_ph[s_ph_op * PH_N + 1] += (unsigned long long)(t - s_ph_t);
+        s_ph_t = t;
+    }
+}
+__device__ __forceinline__ void ph_end() {
+    if (threadIdx.x == 0 && s_ph_op >= 0) {
+        s_ph[s_ph_op * PH_N] += 1;
+        s_ph[s_ph_op * PH_N + 2] += (unsigned long long)(clock64() - s_ph_t);
+        s_ph_op = -1;
+    }
+}
+#else
+#define ph_begin(op) ((void)0)
+#define ph_staged() ((void)0)
+#define ph_end() ((void)0)
+#endif
 __device__ __forceinline__ unsigned ws_bar(unsigned g) {
     return (unsigned)__cvta_generic_to_shared(&ws_s.full[g % DTMK_WS_NST]);
 }
@@ -800,7 +838,14 @@ __device__ __forceinline__ unsigned ws_bar(unsigned g) {
 __device__ __forceinline__ void ws_wait(unsigned g) {
     const unsigned bar = ws_bar(g), par = (g / DTMK_WS_NST) & 1u;
     dtmk_u64 t0 = 0;
+#ifdef DTMK_PHASE_PROF
+    const int ph = threadIdx.x == 0 ? s_ph_op : -1;
+    const long long pc = ph >= 0 ? clock64() : 0;
+    unsigned it = 1;
+    for (;; ++it) {
+#else
     for (unsigned it = 1;; ++it) {
+#endif
         unsigned ok;
         asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
@@ -810,6 +855,16 @@ __device__ __forceinline__ void ws_wait(unsigned g) {
             else if (mk_now() - t0 > 2000000000ull) __trap();
         }
     }
+#ifdef DTMK_PHASE_PROF
+    if (ph >= 0) {
+        s_ph[ph * PH_N + 4] += 1;
+        if (it > 1) {
+            const unsigned long long c = (unsigned long long)(clock64() - pc);
+            s_ph[ph * PH_N + 3] += c; s_ph[ph * PH_N + 5] += 1;
+            if (g == ws_s.seq) s_ph[ph * PH_N + 6] += c;
+        }
+    }
+#endif
 }
 
 /* thread 0, kernel prologue: the ring after xs when the launch gave the shared memory
@@ -1289,9 +1344,12 @@ __device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float 
 #ifdef DTMK_WSTREAM
     WsDesc d;    /* same test and pointers as ws_task_desc (cls 1 / 9) */
     if (C >= B && ws_desc(P, d, W + (long)lo * H, 0, H, H, hi - lo)) {
+        ph_begin(kind == 0 ? PH_QKV : PH_LM);
         ws_begin(d);
         stage_norm(P, xs, smem, kind, layer, S, 0, B);
+        ph_staged();
         ws_proj(xs, H, B, y, ystride, lo);
+        ph_end();
         return;
     }
 #endif
@@ -1310,9 +1368,12 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
 #ifdef DTMK_WSTREAM
     WsDesc d;    /* same test and pointers as ws_task_desc (cls 5) */
     if (C >= B && ws_desc(P, d, Wg + (long)lo * H, Wu + (long)lo * H, H, H, hi - lo)) {
+        ph_begin(PH_GU);
         ws_begin(d);
         stage_norm(P, xs, smem, 1, layer, S, 0, B);
+        ph_staged();
         ws_gate_up(xs, H, B, act, F, lo);
+        ph_end();
         return;
     }
 #endif
@@ -1331,6 +1392,9 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
 __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
+#ifdef DTMK_PHASE_PROF
+    if (ws_s.on) ph_begin(Kfull == (int)P.ffn ? PH_DOWN : PH_ATTNO);   /* (ph_end below: ws path only) */
+#endif
     if (commit) {
         int pm; bool pa;
         mk_pending(P, 1, layer, S, pm, pa);
@@ -1350,9 +1414,14 @@ __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kf
             for (int i = threadIdx.x * 4; i < Ks; i += MK_THREADS * 4)
                 *(float4 *)(xs + (long)b * Ks + i) = __ldcg((const float4 *)(x + (long)s * Ks + (long)b * Kfull + i));
         MK_SYNC();
+        ph_staged();
         ws_proj(xs, Ks, B, y, H, lo);
+        ph_end();
         return;
     }
+#endif
+#ifdef DTMK_PHASE_PROF
+    if (threadIdx.x == 0) s_ph_op = -1;     /* the old path: not a streamed tile */
 #endif
     op_proj(W + (long)s * Ks, Ks, x + (long)s * Ks, y, H, B, lo, hi, false, smem + P.xs_off, (int)P.xs_cap,
             Kfull, Kfull);

@@ -148,8 +148,8 @@ PH_OPS, PH_N = len(PH_OPS_NAMES), 8
 
 def phase_rows(v, steps: int, ghz: float = 1.98) -> dict:
     """dtmk_phase_prof counters -> per op: tiles per step and per tile (thread 0, us at
-    `ghz`): staging (commit / norm fold / x copy), the matvec through the ring, the spins in
-    it waiting for stages not yet landed, the first stage's share of them, spins per tile"""
+    `ghz`): staging (commit / norm fold / x copy), the matvec through the ring, the time in it
+    waiting for stages (ws_wait calls), the first stage's wait, waits per tile, of them long"""
     us = lambda cyc: cyc / ghz / 1e3       # noqa: E731
     out = {}
     for i, name in enumerate(PH_OPS_NAMES):
@@ -164,8 +164,8 @@ def phase_rows(v, steps: int, ghz: float = 1.98) -> dict:
 
 def print_phases(config: str, v, steps: int, emit=print) -> None:
     emit(f"--- DTMK_PHASE_PROF {config}: a streamed tile's body, thread 0, us per tile "
-         f"(spins: waits for stages not landed; first: the tile's first stage)")
-    emit(f"  {'op':<13}{'tiles/step':>11}{'staged':>9}{'stream':>9}{'spins':>9}{'first':>9}{'waits':>8}{'spun':>8}")
+         f"(wait: in ws_wait for stages; first: the tile's first stage's; long: waits > 400 cycles)")
+    emit(f"  {'op':<13}{'tiles/step':>11}{'staged':>9}{'stream':>9}{'wait':>9}{'first':>9}{'waits':>8}{'long':>8}")
     for name, r in phase_rows(v, steps).items():
         emit(f"  {name:<13}{r['tiles_per_step']:>11.1f}{r['staged_us']:>9.2f}{r['stream_us']:>9.2f}"
              f"{r['spin_us']:>9.2f}{r['first_spin_us']:>9.2f}{r['waits_per_tile']:>8.1f}{r['spinning_waits_per_tile']:>8.1f}")

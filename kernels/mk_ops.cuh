@@ -798,9 +798,9 @@ __device__ unsigned long long dtmk_ws_next_stats[2];
  * sees it, in SM cycles summed over workers at the kernel end into dtmk_phase_prof[op][PH_N],
  * op = PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN: [0] tiles, [1] body entry -> activations staged
  * (down's commit, the norm fold or x's copy, the barrier after it), [2] staged -> the tile's
- * stream consumed (ws_end), [3] of [1] + [2], cycles in ws_wait spins (a stage not landed at
- * the first look), [4] ws_wait calls, [5] of them spinning, [6] the spins of the tile's
- * first stage.  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
+ * stream consumed (ws_end), [3] of [1] + [2], cycles in ws_wait (mbarrier.try_wait suspends the
+ * thread until the stage lands or a time limit: the call is the wait), [4] ws_wait calls,
+ * [5] of them longer than 400 cycles (the stage had not landed), [6] the tile's first stage's.  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
 enum { PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN, PH_OPS };
 #define PH_N 8
 extern "C" __device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
@@ -841,11 +841,8 @@ __device__ __forceinline__ void ws_wait(unsigned g) {
 #ifdef DTMK_PHASE_PROF
     const int ph = threadIdx.x == 0 ? s_ph_op : -1;
     const long long pc = ph >= 0 ? clock64() : 0;
-    unsigned it = 1;
-    for (;; ++it) {
-#else
-    for (unsigned it = 1;; ++it) {
 #endif
+    for (unsigned it = 1;; ++it) {
         unsigned ok;
         asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
                      "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
@@ -856,13 +853,11 @@ __device__ __forceinline__ void ws_wait(unsigned g) {
         }
     }
 #ifdef DTMK_PHASE_PROF
-    if (ph >= 0) {
-        s_ph[ph * PH_N + 4] += 1;
-        if (it > 1) {
-            const unsigned long long c = (unsigned long long)(clock64() - pc);
-            s_ph[ph * PH_N + 3] += c; s_ph[ph * PH_N + 5] += 1;
-            if (g == ws_s.seq) s_ph[ph * PH_N + 6] += c;
-        }
+    if (ph >= 0) {       /* (try_wait suspends the thread a while: time the call, not the tries) */
+        const unsigned long long c = (unsigned long long)(clock64() - pc);
+        s_ph[ph * PH_N + 3] += c; s_ph[ph * PH_N + 4] += 1;
+        if (c > 400) s_ph[ph * PH_N + 5] += 1;
+        if (g == ws_s.seq) s_ph[ph * PH_N + 6] += c;
     }
 #endif
 }

@@ -143,7 +143,7 @@ PROF_TABLES = (
 
 #: DTMK_PHASE_PROF (kernels/mk_ops.cuh): ops, counters per op
 PH_OPS_NAMES = ("qkv", "lm_head", "mlp_gate_up", "attn_o", "mlp_down")
-PH_OPS, PH_N = len(PH_OPS_NAMES), 8
+PH_OPS, PH_N = len(PH_OPS_NAMES), 10
 
 
 def phase_rows(v, steps: int, ghz: float = 1.98) -> dict:
@@ -158,17 +158,19 @@ def phase_rows(v, steps: int, ghz: float = 1.98) -> dict:
             continue
         out[name] = {"tiles_per_step": c[0] / steps, "staged_us": us(c[1] / c[0]), "stream_us": us(c[2] / c[0]),
                      "spin_us": us(c[3] / c[0]), "first_spin_us": us(c[6] / c[0]),
-                     "waits_per_tile": c[4] / c[0], "spinning_waits_per_tile": c[5] / c[0]}
+                     "waits_per_tile": c[4] / c[0], "spinning_waits_per_tile": c[5] / c[0],
+                     "rows_us": us(c[7] / c[0]), "release_us": us(c[8] / c[0]), "end_bar_us": us(c[9] / c[0])}
     return out
 
 
 def print_phases(config: str, v, steps: int, emit=print) -> None:
     emit(f"--- DTMK_PHASE_PROF {config}: a streamed tile's body, thread 0, us per tile "
          f"(wait: in ws_wait for stages; first: the tile's first stage's; long: waits > 400 cycles)")
-    emit(f"  {'op':<13}{'tiles/step':>11}{'staged':>9}{'stream':>9}{'wait':>9}{'first':>9}{'waits':>8}{'long':>8}")
+    emit(f"  {'op':<13}{'tiles/step':>11}{'staged':>9}{'stream':>9}{'wait':>9}{'first':>9}{'waits':>8}{'long':>8}{'rows':>8}{'release':>8}{'endbar':>8}")
     for name, r in phase_rows(v, steps).items():
         emit(f"  {name:<13}{r['tiles_per_step']:>11.1f}{r['staged_us']:>9.2f}{r['stream_us']:>9.2f}"
-             f"{r['spin_us']:>9.2f}{r['first_spin_us']:>9.2f}{r['waits_per_tile']:>8.1f}{r['spinning_waits_per_tile']:>8.1f}")
+             f"{r['spin_us']:>9.2f}{r['first_spin_us']:>9.2f}{r['waits_per_tile']:>8.1f}{r['spinning_waits_per_tile']:>8.1f}"
+             f"{r['rows_us']:>8.2f}{r['release_us']:>8.2f}{r['end_bar_us']:>8.2f}")
 
 
 def print_prof(profs: dict, steps: int, workers: int, ghz: float = 1.98, emit=print) -> None:

@@ -800,9 +800,12 @@ __device__ unsigned long long dtmk_ws_next_stats[2];
  * (down's commit, the norm fold or x's copy, the barrier after it), [2] staged -> the tile's
  * stream consumed (ws_end), [3] of [1] + [2], cycles in ws_wait (mbarrier.try_wait suspends the
  * thread until the stage lands or a time limit: the call is the wait), [4] ws_wait calls,
- * [5] of them longer than 400 cycles (the stage had not landed), [6] the tile's first stage's.  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
+ * [5] of them longer than 400 cycles (the stage had not landed), [6] the tile's first stage's;
+ * batch-1 tiles (ws_tile_xr): [7] warp 0's own rows (dot products, sums, output stores),
+ * [8] its ws_release calls (fence, count, the refill's issue when last), [9] ws_end's barrier
+ * (waiting for the warps with the last stage's rows).  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
 enum { PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN, PH_OPS };
-#define PH_N 8
+#define PH_N 10
 extern "C" __device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
 __device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
 __shared__ unsigned long long s_ph[PH_OPS * PH_N];
@@ -825,7 +828,12 @@ __device__ __forceinline__ void ph_end() {
         s_ph_op = -1;
     }
 }
+/* thread 0: cycles since t0 into counter k of the tile in progress */
+#define PH_T() const long long ph_c = threadIdx.x == 0 ? clock64() : 0
+#define PH_ADD(k) do { if (threadIdx.x == 0 && s_ph_op >= 0) s_ph[s_ph_op * PH_N + (k)] += (unsigned long long)(clock64() - ph_c); } while (0)
 #else
+#define PH_T() ((void)0)
+#define PH_ADD(k) ((void)0)
 #define ph_begin(op) ((void)0)
 #define ph_staged() ((void)0)
 #define ph_end() ((void)0)
@@ -1030,7 +1038,11 @@ __device__ __forceinline__ void ws_begin(const WsDesc &d) {
 /* whole CTA after the tile's rows: every stage landed and was read; the next stream
  * starts after them */
 __device__ __forceinline__ void ws_end(const WsDesc &d) {
-    MK_SYNC();
+    {
+        PH_T();
+        MK_SYNC();
+        PH_ADD(9);
+    }
 #ifndef DTMK_WS_NEXT
     if (threadIdx.x == 0) { ws_s.seq += (unsigned)d.nst; ws_s.live = 0; }
 #else
@@ -1183,6 +1195,9 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
         ws_wait(g);                       /* every stage, in order: see ws_tile */
         const int first = r0 + ((warp - r0) & (MK_WARPS - 1));
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE) + lane;
+#ifdef DTMK_PHASE_PROF
+        PH_T();
+#endif
         for (int r = first; r < r0 + n; r += MK_WARPS) {
             const uint4 *w = base + (r - r0) * rq, *w2 = base + (d.rps + r - r0) * rq;
             float acc = 0.0f, accB = 0.0f;
@@ -1201,7 +1216,16 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
                 y[lo + r] = v;
             }
         }
+#ifdef DTMK_PHASE_PROF
+        PH_ADD(7);
+        {
+            PH_T();
+            ws_release(d, g, j);
+            PH_ADD(8);
+        }
+#else
         ws_release(d, g, j);
+#endif
     }
     ws_end(d);
 #ifdef DTMK_WS_YDEFER

@@ -1081,9 +1081,20 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
+#ifndef DTMK_WS_REL_AR
         __threadfence_block();             /* this warp's reads of the slot before the count */
         last = atomicAdd(c, 1) == MK_WARPS - 1;
         if (last) { *c = 0; __threadfence_block(); }
+#else
+        /* -DDTMK_WS_REL_AR (measurement, docs/dev/megakernel_speed.md "Session 23"): the count as
+         * a CTA-scope acq_rel atomic (release: this warp's reads of the slot before it; acquire:
+         * the last one sees every warp's) instead of membar.cta (= fence.sc.cta) around it */
+        asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
+                     : "=r"(last) : "r"((unsigned)__cvta_generic_to_shared(c)) : "memory");
+        last = last == MK_WARPS - 1;
+        if (last) { asm volatile("st.relaxed.cta.shared::cta.u32 [%0], 0;" :: "r"((unsigned)__cvta_generic_to_shared(c)) : "memory");
+                    asm volatile("fence.acq_rel.cta;" ::: "memory"); }
+#endif
     }
     last = __shfl_sync(MK_FULL, last, 0);
 #ifndef DTMK_WS_NEXT

@@ -53,9 +53,6 @@
 #if defined(DTMK_PHASE_PROF) && defined(DTMK_NO_WSTREAM)
 #error "DTMK_PHASE_PROF profiles the weight stream's tiles (drop DTMK_NO_WSTREAM)"
 #endif
-#if defined(DTMK_L2_AHEAD) && defined(DTMK_NO_WSTREAM)
-#error "DTMK_L2_AHEAD prefetches past the weight stream's ring (drop DTMK_NO_WSTREAM)"
-#endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 /* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,
@@ -872,42 +869,6 @@ __device__ __noinline__ void ws_prestart(const MkParams &P, int t) {
     if ((threadIdx.x & 31) == 0) ++ws_s.npre;
 #endif
 }
-#ifdef DTMK_L2_AHEAD
-/* -DDTMK_L2_AHEAD=P (measurement, docs/dev/megakernel_speed.md "Session 23"): a wait for a task
- * whose stream fits the ring (attn_o: its wait spans the attention level, when HBM is mostly
- * idle) has one thread (lane 0 of warp 2) pull into L2 up to P bytes per matrix of the NEXT
- * static task's tile beyond what that task's own ring start loads (gate/up: rows NST * rps.. of
- * W_gate and W_up), so the HBM-bound level streams part of its tile from L2.
- * -DDTMK_L2_AHEAD2=P2: also P2 bytes of the task after that (mlp_down's second half).  A
- * prefetch moves no data into the kernel's view: bits cannot change. */
-#ifndef DTMK_L2_AHEAD2
-#define DTMK_L2_AHEAD2 0
-#endif
-__shared__ int s_l2_next[2];        /* thread 64: the worker's next two static tasks (-1: none) */
-/* rows [NST * rps, NST * rps + bytes / row_bytes) of d's matrices into L2 (one thread) */
-__device__ __forceinline__ void l2_ahead_tile(const WsDesc &d, unsigned bytes) {
-    const int r0 = DTMK_WS_NST * d.rps, r1 = min(d.rows, r0 + (int)(bytes / d.row_bytes));
-    if (r1 <= r0) return;
-    if (d.ld_bytes == d.row_bytes) {        /* contiguous rows: one range per matrix */
-        prefetch_l2(d.a + (long)r0 * d.ld_bytes, (dtmk_u64)(r1 - r0) * d.row_bytes);
-        if (d.b) prefetch_l2(d.b + (long)r0 * d.ld_bytes, (dtmk_u64)(r1 - r0) * d.row_bytes);
-    } else {
-        for (int r = r0; r < r1; ++r) {
-            prefetch_l2(d.a + (long)r * d.ld_bytes, d.row_bytes);
-            if (d.b) prefetch_l2(d.b + (long)r * d.ld_bytes, d.row_bytes);
-        }
-    }
-}
-__device__ __noinline__ void l2_ahead(const MkParams &P, int t) {
-    WsDesc d;
-    const int tn = s_l2_next[0], tnn = s_l2_next[1];
-    /* t's own stream outlasting the ring means HBM is busy with this level: nothing ahead */
-    if (tn < 0 || (ws_task_desc(P, task_rec(P, t), d) && d.nst > DTMK_WS_NST)) return;
-    if (!ws_task_desc(P, trec(P, tn), d) || d.nst <= DTMK_WS_NST) return;
-    l2_ahead_tile(d, DTMK_L2_AHEAD);
-    if (DTMK_L2_AHEAD2 > 0 && tnn >= 0 && ws_task_desc(P, trec(P, tnn), d)) l2_ahead_tile(d, DTMK_L2_AHEAD2);
-}
-#endif
 #ifdef DTMK_WS_NEXT
 /* warp 1 in the plan loop, before static task t's wait (the ring quiescent: the previous body
  * ended with a barrier, the next starts after wait_event's): tn is the worker's next static
@@ -967,17 +928,8 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #if defined(DTMK_WSTREAM) && !defined(DTMK_WS_NOPRE)
     /* warp 1 starts the waiting task's weight stream (its first stages into shared memory)
      * while thread 0 polls: weights do not depend on the awaited event (mk_ops.cuh);
-     * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start);
-     * -DDTMK_WS_NOPRE_CLS=c (measurement, docs/dev/megakernel_speed.md "Session 23"): only
-     * class c's tasks leave it to the body (attn_o's prestart streams during attention) */
-#ifndef DTMK_WS_NOPRE_CLS
+     * -DDTMK_WS_NOPRE: the body starts it (measures the ring without the early start) */
     if (t >= 0 && (threadIdx.x >> 5) == 1) ws_prestart(P, t);
-#else
-    if (t >= 0 && (threadIdx.x >> 5) == 1 && task_rec(P, t)[0] != DTMK_WS_NOPRE_CLS) ws_prestart(P, t);
-#endif
-#endif
-#ifdef DTMK_L2_AHEAD
-    if (t >= 0 && threadIdx.x == 64) l2_ahead(P, t);
 #endif
     /* W.first is written only here: the next write is behind run_task's barriers, so
      * one barrier suffices (W.ready is the spin loop's) */
@@ -1472,12 +1424,6 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
              * across a resident step gate) streams after t: mk_ops.cuh "DTMK_WS_NEXT" */
             if ((threadIdx.x >> 5) == 1)
                 ws_next(P, i + 1 < p1 ? plan[i + 1] : (!P.resident && step + 1 < last ? plan[p0] : -1));
-#endif
-#ifdef DTMK_L2_AHEAD
-            if (threadIdx.x == 64) {    /* (the plan's line of plan[i], read by every thread above) */
-                s_l2_next[0] = i + 1 < p1 ? plan[i + 1] : -1;
-                s_l2_next[1] = i + 2 < p1 ? plan[i + 2] : -1;
-            }
 #endif
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;

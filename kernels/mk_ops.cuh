@@ -1065,15 +1065,6 @@ __device__ __forceinline__ void ws_end(const WsDesc &d) {
     }
 #endif
 }
-#ifdef DTMK_WS_YDEFER
-/* -DDTMK_WS_YDEFER (measurement, docs/dev/megakernel_speed.md "Session 23"): a tile's outputs
- * go to shared memory as its rows are computed and to global memory after the tile's last
- * stage: ws_release's CTA fence (MEMBAR.SC.CTA) after a lane's global store of its row waits
- * for that store's acknowledgement, with HBM saturated by the level's streams, and the slot's
- * refill waits for the fence.  Same values, same bits. */
-#define MK_WS_YROWS 64
-__shared__ float s_wsy[MK_MAXB * MK_WS_YROWS];
-#endif
 /* whole warp, done with stage j (global g; its rows computed, if any): the last of the
  * 16 warps refills the slot with stage j + NST */
 __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
@@ -1145,10 +1136,6 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
     const int warp = threadIdx.x >> 5, k8n = K >> 3, rq = (int)(d.row_bytes >> 4);
     const unsigned g0 = ws_s.seq;
     float acc[MK_MAXB], accB[MK_MAXB];
-#ifdef DTMK_WS_YDEFER
-    const int rows = d.rows;
-    const bool defer = rows <= MK_WS_YROWS;
-#endif
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
@@ -1163,23 +1150,13 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
             ws_row<NB, GU>(base + (r - r0) * rq, base + (d.rps + r - r0) * rq, k8n, xs, K, acc, accB);
             if ((threadIdx.x & 31) == 0) {
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    const float v = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
-#ifdef DTMK_WS_YDEFER
-                    if (defer) { s_wsy[b * MK_WS_YROWS + r] = v; continue; }
-#endif
-                    y[(long)b * ystride + lo + r] = v;
-                }
+                for (int b = 0; b < NB; ++b)
+                    y[(long)b * ystride + lo + r] = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
             }
         }
         ws_release(d, g, j);
     }
     ws_end(d);
-#ifdef DTMK_WS_YDEFER
-    if (defer)              /* (ws_end's barrier: every lane 0's value is in s_wsy) */
-        for (int i = threadIdx.x; i < NB * rows; i += MK_THREADS)
-            y[(long)(i / rows) * ystride + lo + i % rows] = s_wsy[(i / rows) * MK_WS_YROWS + i % rows];
-#endif
 }
 /* ws_tile for one slot and K = 256 * KCH (1b batch 1: K 2048 and split attn_o's 512): a
  * lane's x chunks (the same for every row) live in registers, so shared memory serves
@@ -1190,10 +1167,6 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
     const WsDesc &d = ws_s.d;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rq = 32 * KCH;
     float4 xa[KCH], xb[KCH];
-#ifdef DTMK_WS_YDEFER
-    const int rows = d.rows;
-    const bool defer = rows <= MK_WS_YROWS;
-#endif
 #pragma unroll
     for (int m = 0; m < KCH; ++m) {
         const float *p = xs + ((lane + 32 * m) << 3);
@@ -1219,13 +1192,7 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
             }
             acc = warp_sum(acc);
             if (GU) accB = warp_sum(accB);
-            if (lane == 0) {
-                const float v = GU ? acc / (1.0f + __expf(-acc)) * accB : acc;
-#ifdef DTMK_WS_YDEFER
-                if (defer) s_wsy[r] = v; else
-#endif
-                y[lo + r] = v;
-            }
+            if (lane == 0) y[lo + r] = GU ? acc / (1.0f + __expf(-acc)) * accB : acc;
         }
 #ifdef DTMK_PHASE_PROF
         PH_ADD(7);
@@ -1239,10 +1206,6 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
 #endif
     }
     ws_end(d);
-#ifdef DTMK_WS_YDEFER
-    if (defer)              /* (ws_end's barrier: every lane 0's value is in s_wsy) */
-        for (int r = threadIdx.x; r < rows; r += MK_THREADS) y[lo + r] = s_wsy[r];
-#endif
 }
 /* the tile of the live stream (ws_begin made it ws_s.d) */
 __device__ __noinline__ void ws_proj(const float *xs, int K, int nb, float *y, int ystride, int lo) {

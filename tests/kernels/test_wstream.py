@@ -624,3 +624,49 @@ def test_next_model_catches_unsound_orderings():
         assert any(b is not None for b in bad), unsound
         ok = [_run_next(4, tasks, 2, seed)[0] for seed in range(10)]
         assert all(b is None for b in ok), (unsound, ok)
+
+
+# ---- session 23: -DDTMK_PHASE_PROF, where a streamed tile's body goes (bench/level_profile.py) ----
+PHASE = ("DTMK_PHASE_PROF",)
+
+
+def test_phase_prof_is_measurement_only(ptxs):
+    """the profile's counters exist only in its build (hooks on and off); the body's ops and
+    ws_wait / ws_tile_xr / ws_end read clock64 there; a build without the stream is refused"""
+    for name in ("default", "ws", "old", "next"):
+        assert "dtmk_phase_prof" not in ptxs[name], name
+    for defs in (PHASE, PHASE + ("DTMK_NO_HOOKS",)):
+        ptx = _ptx(defs)
+        assert ".global .align 8 .b8 dtmk_phase_prof[400];" in ptx, defs      # 5 ops x PH_N u64
+        assert "%clock64" in _func(ptx, "ws_gate_up") and "%clock64" in _func(ptx, "ws_proj")
+        assert "dtmk_phase_prof" in _entry(ptx)           # the kernel end's flush
+    with pytest.raises(build.CompileError, match="DTMK_PHASE_PROF profiles the weight stream's tiles"):
+        _ptx(PHASE + OLD)
+
+
+def test_phase_prof_layout_is_the_benchs():
+    """bench/level_profile.py names the kernel's ops in the kernel's enum order and reads
+    PH_N counters per op (one layout, two readers: checked against the source)"""
+    import importlib.util
+    from pathlib import Path
+    src = (build.KERNEL_DIR / "mk_ops.cuh").read_text()
+    ops = re.search(r"enum \{ (PH_[A-Z_, ]+) \};", src).group(1).replace(" ", "").split(",")
+    n = int(re.search(r"#define PH_N (\d+)", src).group(1))
+    spec = importlib.util.spec_from_file_location(
+        "_lp", Path(build.KERNEL_DIR).parent / "bench" / "level_profile.py")
+    lp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lp)
+    assert ops[-1] == "PH_OPS" and len(ops) - 1 == lp.PH_OPS == len(lp.PH_OPS_NAMES)
+    assert [o[3:].lower() for o in ops[:-1]] == ["qkv", "lm", "gu", "attno", "down"]
+    assert lp.PH_OPS_NAMES == ("qkv", "lm_head", "mlp_gate_up", "attn_o", "mlp_down")
+    assert lp.PH_N == n
+    # counters -> us per tile at 1.98 GHz: 2 gate/up tiles, 19800 cycles of stream = 5 us each
+    v = [0] * (lp.PH_OPS * n)
+    g = 2 * n
+    v[g + 0], v[g + 2], v[g + 3], v[g + 4], v[g + 5], v[g + 7], v[g + 8] = 2, 19800, 3960, 32, 4, 7920, 1980
+    rows = lp.phase_rows(v, steps=1)
+    assert list(rows) == ["mlp_gate_up"]
+    r = rows["mlp_gate_up"]
+    assert r["tiles_per_step"] == 2 and r["stream_us"] == pytest.approx(5.0) and r["spin_us"] == pytest.approx(1.0)
+    assert r["waits_per_tile"] == 16 and r["spinning_waits_per_tile"] == 2
+    assert r["rows_us"] == pytest.approx(2.0) and r["release_us"] == pytest.approx(0.5) and r["end_bar_us"] == 0

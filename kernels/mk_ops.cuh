@@ -923,9 +923,18 @@ __device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                      :: "r"(bar), "r"((unsigned)n * d.row_bytes * (d.b ? 2u : 1u)) : "memory");
     __syncwarp();
-    if (lane < nc) {
-        const bool isb = contig ? lane == 1 : lane >= n;
-        const int r = contig ? 0 : (isb ? lane - n : lane);
+#ifndef DTMK_WS_ISSUE_HI
+    const int c = lane;
+#else
+    /* -DDTMK_WS_ISSUE_HI (measurement, docs/dev/megakernel_speed.md "Session 23"): copy c is
+     * issued by lane 31 - c, so lane 0 -- which fences in ws_release and, as thread 0, before
+     * the release signal -- issues one only when all 32 lanes do: does a thread's fence wait
+     * for the bulk copies it issued to land? */
+    const int c = 31 - lane;
+#endif
+    if (c < nc) {
+        const bool isb = contig ? c == 1 : c >= n;
+        const int r = contig ? 0 : (isb ? c - n : c);
         const unsigned bytes = contig ? (unsigned)n * d.row_bytes : d.row_bytes;
         const char *src = (isb ? d.b : d.a) + (long)(r0 + r) * d.ld_bytes;
         const unsigned to = dst + (isb ? (unsigned)d.rps * d.row_bytes : 0u) + (unsigned)r * d.row_bytes;

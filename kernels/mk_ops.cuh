@@ -803,7 +803,8 @@ __device__ unsigned long long dtmk_ws_next_stats[2];
  * [5] of them longer than 400 cycles (the stage had not landed), [6] the tile's first stage's;
  * batch-1 tiles (ws_tile_xr): [7] warp 0's own rows (dot products, sums, output stores),
  * [8] its ws_release calls (fence, count, the refill's issue when last), [9] ws_end's barrier
- * (waiting for the warps with the last stage's rows).  Thread 0 is warp 0: it computes every 16th row but waits for every stage. */
+ * (waiting for the warps with the last stage's rows).  Thread 0 is warp 0: it computes every
+ * 16th row but waits for every stage. */
 enum { PH_QKV, PH_LM, PH_GU, PH_ATTNO, PH_DOWN, PH_OPS };
 #define PH_N 10
 extern "C" __device__ unsigned long long dtmk_phase_prof[PH_OPS * PH_N];
@@ -828,7 +829,7 @@ __device__ __forceinline__ void ph_end() {
         s_ph_op = -1;
     }
 }
-/* thread 0: cycles since t0 into counter k of the tile in progress */
+/* thread 0: the cycles since PH_T() (same scope) into counter k of the tile in progress */
 #define PH_T() const long long ph_c = threadIdx.x == 0 ? clock64() : 0
 #define PH_ADD(k) do { if (threadIdx.x == 0 && s_ph_op >= 0) s_ph[s_ph_op * PH_N + (k)] += (unsigned long long)(clock64() - ph_c); } while (0)
 #else

@@ -16,6 +16,11 @@ trace's own cost alike.  Configurations:
   summary_cmring  the same through the observer ring and warp drains
   <variant>   a --variants build (defines), nothing enabled
 
+A build with -DDTMK_PHASE_PROF (e.g. --configs '' --variants phase=DTMK_PHASE_PROF) also
+prints where its streamed tiles' bodies go (kernels/mk_ops.cuh "DTMK_PHASE_PROF"): staging,
+the matvec through the weight ring, thread 0's waits for stages, and in batch-1 tiles warp
+0's rows, releases and the tile's closing barrier, us per tile per op.
+
 A *level* is one (layer, task class) of the graph (e.g. L3 mlp_gate_up).  Per level and
 step: span = last end - first begin of its tasks; handoff = its first begin - the last
 end of the tasks that signal the event it waits on (notification + the waiter's own

@@ -1082,7 +1082,12 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
-#ifndef DTMK_WS_REL_AR
+#if defined(DTMK_WS_REL_NOFENCE)
+        /* -DDTMK_WS_REL_NOFENCE (measurement only, NOT a sound protocol: docs/dev/megakernel_speed.md
+         * "Session 23"): the count without the fences -- is the membar.cta the release's cost? */
+        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        if (last) *c = 0;
+#elif !defined(DTMK_WS_REL_AR)
         __threadfence_block();             /* this warp's reads of the slot before the count */
         last = atomicAdd(c, 1) == MK_WARPS - 1;
         if (last) { *c = 0; __threadfence_block(); }

@@ -924,18 +924,9 @@ __device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                      :: "r"(bar), "r"((unsigned)n * d.row_bytes * (d.b ? 2u : 1u)) : "memory");
     __syncwarp();
-#ifndef DTMK_WS_ISSUE_HI
-    const int c = lane;
-#else
-    /* -DDTMK_WS_ISSUE_HI (measurement, docs/dev/megakernel_speed.md "Session 23"): copy c is
-     * issued by lane 31 - c, so lane 0 -- which fences in ws_release and, as thread 0, before
-     * the release signal -- issues one only when all 32 lanes do: does a thread's fence wait
-     * for the bulk copies it issued to land? */
-    const int c = 31 - lane;
-#endif
-    if (c < nc) {
-        const bool isb = contig ? c == 1 : c >= n;
-        const int r = contig ? 0 : (isb ? c - n : c);
+    if (lane < nc) {
+        const bool isb = contig ? lane == 1 : lane >= n;
+        const int r = contig ? 0 : (isb ? lane - n : lane);
         const unsigned bytes = contig ? (unsigned)n * d.row_bytes : d.row_bytes;
         const char *src = (isb ? d.b : d.a) + (long)(r0 + r) * d.ld_bytes;
         const unsigned to = dst + (isb ? (unsigned)d.rps * d.row_bytes : 0u) + (unsigned)r * d.row_bytes;
@@ -1082,24 +1073,19 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
-#if defined(DTMK_WS_REL_NOFENCE)
-        /* -DDTMK_WS_REL_NOFENCE (measurement only, NOT a sound protocol: docs/dev/megakernel_speed.md
-         * "Session 23"): the count without the fences -- is the membar.cta the release's cost? */
-        last = atomicAdd(c, 1) == MK_WARPS - 1;
-        if (last) *c = 0;
-#elif !defined(DTMK_WS_REL_AR)
+#ifndef DTMK_WS_REL_NOFENCE
         __threadfence_block();             /* this warp's reads of the slot before the count */
         last = atomicAdd(c, 1) == MK_WARPS - 1;
         if (last) { *c = 0; __threadfence_block(); }
 #else
-        /* -DDTMK_WS_REL_AR (measurement, docs/dev/megakernel_speed.md "Session 23"): the count as
-         * a CTA-scope acq_rel atomic (release: this warp's reads of the slot before it; acquire:
-         * the last one sees every warp's) instead of membar.cta (= fence.sc.cta) around it */
-        asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
-                     : "=r"(last) : "r"((unsigned)__cvta_generic_to_shared(c)) : "memory");
-        last = last == MK_WARPS - 1;
-        if (last) { asm volatile("st.relaxed.cta.shared::cta.u32 [%0], 0;" :: "r"((unsigned)__cvta_generic_to_shared(c)) : "memory");
-                    asm volatile("fence.acq_rel.cta;" ::: "memory"); }
+        /* -DDTMK_WS_REL_NOFENCE (measurement only, NOT a sound protocol: docs/dev/megakernel_speed.md
+         * "Session 23"): the count without the fences.  The tile phase profile puts ~0.3-0.8 us
+         * per stage around this release in warp 0 (16 stages of a gate/up tile); a CTA-scope
+         * acq_rel atomic instead of membar.cta (= fence.sc.cta) and copies issued off lane 0 did
+         * not change it.  If this build is much faster, the fence is the cost and a sound form
+         * without one (per-slot "empty" mbarriers, as in CUTLASS's TMA pipelines) is the lever. */
+        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        if (last) *c = 0;
 #endif
     }
     last = __shfl_sync(MK_FULL, last, 0);

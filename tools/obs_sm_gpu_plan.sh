@@ -120,6 +120,13 @@
 # spread).  All four defines are gone; plans 35 and 36 retired.  Next:
 #   tools/obs_sm_gpu_plan.sh 32 A..B   tests A..B of tests/gpu (tools/gpu_suite.py ranges; its -v names
 #                                each test's result in the log as it ends)
+# Session 23 (issue 4, docs/dev/megakernel_speed.md "Session 23") measured L2 lookahead (slower),
+# ring-start variants (noise), the tile phase profile (-DDTMK_PHASE_PROF: a gate/up tile's 15 us
+# through the ring wait only ~1-2 us for stages; warp 0's releases and what follows them carry
+# ~12 us) and two release forms (acq_rel atomic, copies off lane 0: no change).  Next:
+#   tools/obs_sm_gpu_plan.sh 37  -DDTMK_WS_REL_NOFENCE (the release's count without membar.cta; a
+#                                probe, not a sound protocol) beside the default in bench/megakernel.py,
+#                                then the phase profile of both: is the fence the tile's cost?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -234,6 +241,10 @@ case "${1:-}" in
   29) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
      exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO $L4 $L4+$R" \
        "timeout 270 python3 tools/gpu_suite.py 1/2 -x" "timeout 270 python3 tools/gpu_suite.py 2/2 -x" ;;
+  37) NF=DTMK_WS_REL_NOFENCE; PP=DTMK_PHASE_PROF
+     exec tools/gpu_session.sh "python3 tools/precompile.py $R $NF+$R $PP+$R $NF+$PP+$R" \
+       "timeout 150 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out} --variants nofence=$NF" \
+       "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --configs '' --variants phase=$PP,phasenf=$NF+$PP --out ${OUT:-/tmp/out}/lp" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -244,5 +255,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 37)" >&2; exit 2 ;;
 esac

@@ -670,3 +670,15 @@ def test_phase_prof_layout_is_the_benchs():
     assert r["tiles_per_step"] == 2 and r["stream_us"] == pytest.approx(5.0) and r["spin_us"] == pytest.approx(1.0)
     assert r["waits_per_tile"] == 16 and r["spinning_waits_per_tile"] == 2
     assert r["rows_us"] == pytest.approx(2.0) and r["release_us"] == pytest.approx(0.5) and r["end_bar_us"] == 0
+
+
+def test_release_without_fence_is_a_probe_of_its_own(ptxs):
+    """-DDTMK_WS_REL_NOFENCE (tools/obs_sm_gpu_plan.sh 37) drops only ws_release's membar.cta:
+    the default's tile functions fence before every count, the probe's do not, and everything
+    else in them is the same instruction stream"""
+    probe = _ptx(("DTMK_WS_REL_NOFENCE",))
+    for f in ("ws_gate_up", "ws_proj"):
+        d, p = _func(ptxs["default"], f), _func(probe, f)
+        assert "membar.cta" in d and "membar.cta" not in p, f
+        strip = lambda s: [l for l in s.splitlines() if "membar.cta" not in l and l.strip()]   # noqa: E731
+        assert len(strip(d)) == len(strip(p)), f

@@ -764,6 +764,9 @@ struct WsDesc {             /* the weight stream of one tile */
 };
 struct WsState {
     unsigned long long full[DTMK_WS_NST];   /* mbarrier per slot: the stage's bytes landed */
+#ifdef DTMK_WS_REL_MBAR
+    unsigned long long empty[DTMK_WS_NST];  /* mbarrier per slot: the 16 warps are done with its stage */
+#endif
     int cnt[DTMK_WS_NST];   /* warps done with the slot's stage so far */
     unsigned seq;           /* global index of the stream's first stage (all stages before it landed) */
     int live;               /* 1: d started (its first min(NST, nst) stages issued), not yet consumed */
@@ -888,6 +891,10 @@ __device__ void ws_init(const MkParams &P, float *smem) {
     for (int k = 0; k < DTMK_WS_NST; ++k) {
         ws_s.cnt[k] = 0;
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(ws_bar(k)) : "memory");
+#ifdef DTMK_WS_REL_MBAR
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                     :: "r"((unsigned)__cvta_generic_to_shared(&ws_s.empty[k])), "r"(MK_WARPS) : "memory");
+#endif
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -1066,6 +1073,9 @@ __device__ __forceinline__ void ws_end(const WsDesc &d) {
     }
 #endif
 }
+#if defined(DTMK_WS_REL_MBAR) && defined(DTMK_WS_REL_NOFENCE)
+#error "DTMK_WS_REL_MBAR and DTMK_WS_REL_NOFENCE are two forms of one release: pick one"
+#endif
 /* whole warp, done with stage j (global g; its rows computed, if any): the last of the
  * 16 warps refills the slot with stage j + NST */
 __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
@@ -1073,10 +1083,30 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
-#ifndef DTMK_WS_REL_NOFENCE
+#if !defined(DTMK_WS_REL_NOFENCE) && !defined(DTMK_WS_REL_MBAR)
         __threadfence_block();             /* this warp's reads of the slot before the count */
         last = atomicAdd(c, 1) == MK_WARPS - 1;
         if (last) { *c = 0; __threadfence_block(); }
+#elif defined(DTMK_WS_REL_MBAR)
+        /* -DDTMK_WS_REL_MBAR (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): the
+         * release without a MEMBAR -- the sound form of DTMK_WS_REL_NOFENCE.  Each warp arrives on
+         * the slot's "empty" mbarrier (an arrive is a CTA-scope release in hardware, as in
+         * CUTLASS's TMA pipelines' consumer_release); the relaxed count only names the warp that
+         * refills, which first waits for the phase of its own arrive to complete (acquire: every
+         * warp's reads of the slot before its copies).  Phases stay in step with stages: a slot's
+         * next stage is issued only after all 16 arrived on this one, and dropped streams
+         * (ws_drop) arrive on nothing. */
+        const unsigned eb = (unsigned)__cvta_generic_to_shared(&ws_s.empty[g % DTMK_WS_NST]);
+        unsigned long long st;
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 %0, [%1];" : "=l"(st) : "r"(eb) : "memory");
+        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        if (last) {
+            *c = 0;    /* (before the refill's expect_tx arrive, a release the next round acquires) */
+            unsigned ok = 0;
+            while (!ok)
+                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(eb), "l"(st) : "memory");
+        }
 #else
         /* -DDTMK_WS_REL_NOFENCE (measurement only, NOT a sound protocol: docs/dev/megakernel_speed.md
          * "Session 23"): the count without the fences.  The tile phase profile puts ~0.3-0.8 us

@@ -682,3 +682,21 @@ def test_release_without_fence_is_a_probe_of_its_own(ptxs):
         assert "membar.cta" in d and "membar.cta" not in p, f
         strip = lambda s: [l for l in s.splitlines() if "membar.cta" not in l and l.strip()]   # noqa: E731
         assert len(strip(d)) == len(strip(p)), f
+
+
+def test_release_on_empty_mbarriers_has_no_membar(ptxs):
+    """-DDTMK_WS_REL_MBAR (plan 37, the sound form of the probe): every warp arrives on the
+    slot's "empty" mbarrier with release semantics and the refilling warp waits, with acquire,
+    for the phase of its own arrive -- no membar.cta left in the tile functions; the two release
+    forms exclude each other"""
+    ptx = _ptx(("DTMK_WS_REL_MBAR",))
+    for f in ("ws_gate_up", "ws_proj"):
+        body = _func(ptx, f)
+        assert "membar.cta" not in body, f
+        assert "mbarrier.arrive.release.cta.shared::cta.b64" in body, f
+        assert "mbarrier.try_wait.acquire.cta.shared::cta.b64" in body, f
+    n = "mbarrier.init.shared::cta.b64"       # the ring's init: an empty barrier beside each full one
+    assert ptx.count(n) == 2 * ptxs["default"].count(n) > 0
+    with pytest.raises(build.CompileError, match="two forms of one release"):
+        _ptx(("DTMK_WS_REL_MBAR", "DTMK_WS_REL_NOFENCE"))
+

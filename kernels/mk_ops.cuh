@@ -1076,16 +1076,20 @@ __device__ __forceinline__ void ws_end(const WsDesc &d) {
 #if defined(DTMK_WS_REL_MBAR) && defined(DTMK_WS_REL_NOFENCE)
 #error "DTMK_WS_REL_MBAR and DTMK_WS_REL_NOFENCE are two forms of one release: pick one"
 #endif
+#if defined(DTMK_WS_SKIP) && defined(DTMK_WS_NEXT)
+#error "DTMK_WS_SKIP is modelled for one stream per tile (drop DTMK_WS_NEXT)"
+#endif
 /* whole warp, done with stage j (global g; its rows computed, if any): the last of the
- * 16 warps refills the slot with stage j + NST */
-__device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
+ * `need` warps that consume it (all 16, or under DTMK_WS_SKIP the stage's row owners)
+ * refills the slot with stage j + NST */
+__device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j, int need = MK_WARPS) {
     __syncwarp();
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
 #if !defined(DTMK_WS_REL_NOFENCE) && !defined(DTMK_WS_REL_MBAR)
         __threadfence_block();             /* this warp's reads of the slot before the count */
-        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        last = atomicAdd(c, 1) == need - 1;
         if (last) { *c = 0; __threadfence_block(); }
 #elif defined(DTMK_WS_REL_MBAR)
         /* -DDTMK_WS_REL_MBAR (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): the
@@ -1098,8 +1102,10 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
          * (ws_drop) arrive on nothing. */
         const unsigned eb = (unsigned)__cvta_generic_to_shared(&ws_s.empty[g % DTMK_WS_NST]);
         unsigned long long st;
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 %0, [%1];" : "=l"(st) : "r"(eb) : "memory");
-        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        last = atomicAdd(c, 1) == need - 1;
+        /* the phase wants 16 arrivals: the last of `need` consumers brings the missing ones */
+        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 %0, [%1], %2;"
+                     : "=l"(st) : "r"(eb), "r"(last ? MK_WARPS - need + 1 : 1) : "memory");
         if (last) {
             *c = 0;    /* (before the refill's expect_tx arrive, a release the next round acquires) */
             unsigned ok = 0;
@@ -1114,7 +1120,7 @@ __device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
          * acq_rel atomic instead of membar.cta (= fence.sc.cta) and copies issued off lane 0 did
          * not change it.  If this build is much faster, the fence is the cost and a sound form
          * without one (per-slot "empty" mbarriers, as in CUTLASS's TMA pipelines) is the lever. */
-        last = atomicAdd(c, 1) == MK_WARPS - 1;
+        last = atomicAdd(c, 1) == need - 1;
         if (last) *c = 0;
 #endif
     }
@@ -1158,6 +1164,18 @@ __device__ __forceinline__ void ws_row(const uint4 *w, const uint4 *w2, int k8n,
 #pragma unroll
     for (int b = 0; b < NB; ++b) { acc[b] = warp_sum(acc[b]); if (TWO) accB[b] = warp_sum(accB[b]); }
 }
+#ifdef DTMK_WS_SKIP
+/* -DDTMK_WS_SKIP (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): a warp waits
+ * for and releases only the stages holding rows of its own, where that is sound -- when its
+ * previous own stage in the same slot is always the slot's previous stage: rows r % 16 and rps
+ * rows per stage put a warp's stages 16 / rps apart, so 16 % rps == 0 and NST a multiple of
+ * 16 / rps (gate/up: rps 4, a warp's stages all in one slot; down / lm_head / qkv: rps 8, two
+ * slots; tests/kernels/test_wstream.py's ring model checks every pair).  The refill then counts
+ * the stage's row owners.  A gate/up warp waits 4 times per tile instead of 16. */
+__device__ __forceinline__ bool ws_skips(const WsDesc &d) {
+    return MK_WARPS % d.rps == 0 && DTMK_WS_NST % (MK_WARPS / d.rps) == 0;
+}
+#endif
 /* whole CTA, from the stream d (ws_begin before the activations were staged; xs: [NB][K]
  * in shared memory): GU false: y[b, lo + r] = A[r] . xs[b] (op_proj's store);
  * GU true: act[b, lo + r] = silu(A[r] . xs[b]) * (B[r] . xs[b]) (op_gate_up's expression) */
@@ -1167,13 +1185,19 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
     const int warp = threadIdx.x >> 5, k8n = K >> 3, rq = (int)(d.row_bytes >> 4);
     const unsigned g0 = ws_s.seq;
     float acc[MK_MAXB], accB[MK_MAXB];
+#ifdef DTMK_WS_SKIP
+    const bool skip = ws_skips(d);
+#endif
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
         /* every warp waits for every stage in order and releases it, even one without its
          * rows: a parity wait is sound only while the slot's previous phase is complete and
          * its next one cannot complete (a warp that skipped stage j could take stage j + 2 NST's
-         * parity for j's completed phase, or be lapped) */
+         * parity for j's completed phase, or be lapped) -- except where ws_skips holds */
+#ifdef DTMK_WS_SKIP
+        if (skip && r0 + ((warp - r0) & (MK_WARPS - 1)) >= r0 + n) continue;
+#endif
         ws_wait(g);
         const int first = r0 + ((warp - r0) & (MK_WARPS - 1));       /* its rows: r % 16 == warp */
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE);
@@ -1185,6 +1209,9 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
                     y[(long)b * ystride + lo + r] = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
             }
         }
+#ifdef DTMK_WS_SKIP
+        if (skip) { ws_release(d, g, j, min(n, MK_WARPS)); continue; }
+#endif
         ws_release(d, g, j);
     }
     ws_end(d);
@@ -1204,10 +1231,16 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
         xa[m] = *(const float4 *)p; xb[m] = *(const float4 *)(p + 4);
     }
     const unsigned g0 = ws_s.seq;
+#ifdef DTMK_WS_SKIP
+    const bool skip = ws_skips(d);
+#endif
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
-        ws_wait(g);                       /* every stage, in order: see ws_tile */
+#ifdef DTMK_WS_SKIP
+        if (skip && r0 + ((warp - r0) & (MK_WARPS - 1)) >= r0 + n) continue;
+#endif
+        ws_wait(g);                       /* every stage, in order (ws_skips aside): see ws_tile */
         const int first = r0 + ((warp - r0) & (MK_WARPS - 1));
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE) + lane;
 #ifdef DTMK_PHASE_PROF
@@ -1225,15 +1258,20 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
             if (GU) accB = warp_sum(accB);
             if (lane == 0) y[lo + r] = GU ? acc / (1.0f + __expf(-acc)) * accB : acc;
         }
+#ifdef DTMK_WS_SKIP
+        const int need = skip ? min(n, MK_WARPS) : MK_WARPS;
+#else
+        const int need = MK_WARPS;
+#endif
 #ifdef DTMK_PHASE_PROF
         PH_ADD(7);
         {
             PH_T();
-            ws_release(d, g, j);
+            ws_release(d, g, j, need);
             PH_ADD(8);
         }
 #else
-        ws_release(d, g, j);
+        ws_release(d, g, j, need);
 #endif
     }
     ws_end(d);

@@ -51,6 +51,10 @@ VARIANTS = {
     # (mk_ops.cuh ws_release; tools/obs_sm_gpu_plan.sh 37)
     "relmbar": (("DTMK_WS_REL_MBAR",), False),
     "relmbar_nh": (("DTMK_WS_REL_MBAR", "DTMK_NO_HOOKS"), False),
+    # ... and warps that wait for / release only their own stages where sound (mk_ops.cuh ws_skips)
+    "skip": (("DTMK_WS_SKIP",), False),
+    "skipmbar": (("DTMK_WS_SKIP", "DTMK_WS_REL_MBAR"), False),
+    "skipmbar_nh": (("DTMK_WS_SKIP", "DTMK_WS_REL_MBAR", "DTMK_NO_HOOKS"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

@@ -1164,6 +1164,9 @@ __device__ __forceinline__ void ws_row(const uint4 *w, const uint4 *w2, int k8n,
 #pragma unroll
     for (int b = 0; b < NB; ++b) { acc[b] = warp_sum(acc[b]); if (TWO) accB[b] = warp_sum(accB[b]); }
 }
+/* the warp's first row in the stage starting at row r0 (rows r % 16 == warp); past the
+ * stage's n rows when it has none */
+__device__ __forceinline__ int ws_first_row(int warp, int r0) { return r0 + ((warp - r0) & (MK_WARPS - 1)); }
 #ifdef DTMK_WS_SKIP
 /* -DDTMK_WS_SKIP (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): a warp waits
  * for and releases only the stages holding rows of its own, where that is sound -- when its
@@ -1175,6 +1178,15 @@ __device__ __forceinline__ void ws_row(const uint4 *w, const uint4 *w2, int k8n,
 __device__ __forceinline__ bool ws_skips(const WsDesc &d) {
     return MK_WARPS % d.rps == 0 && DTMK_WS_NST % (MK_WARPS / d.rps) == 0;
 }
+#define WS_SKIP_DECL(d) const bool skip = ws_skips(d)
+/* a skipping warp passes over stage [r0, r0 + n) without a row of its own */
+#define WS_SKIP_STAGE(warp, r0, n) if (skip && ws_first_row(warp, r0) >= (r0) + (n)) continue
+/* the warps that release a stage of n rows: its row owners when skipping, else all 16 */
+#define WS_NEED(n) (skip ? min((n), MK_WARPS) : MK_WARPS)
+#else
+#define WS_SKIP_DECL(d) ((void)0)
+#define WS_SKIP_STAGE(warp, r0, n) ((void)0)
+#define WS_NEED(n) MK_WARPS
 #endif
 /* whole CTA, from the stream d (ws_begin before the activations were staged; xs: [NB][K]
  * in shared memory): GU false: y[b, lo + r] = A[r] . xs[b] (op_proj's store);
@@ -1185,9 +1197,7 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
     const int warp = threadIdx.x >> 5, k8n = K >> 3, rq = (int)(d.row_bytes >> 4);
     const unsigned g0 = ws_s.seq;
     float acc[MK_MAXB], accB[MK_MAXB];
-#ifdef DTMK_WS_SKIP
-    const bool skip = ws_skips(d);
-#endif
+    WS_SKIP_DECL(d);
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
@@ -1195,11 +1205,9 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
          * rows: a parity wait is sound only while the slot's previous phase is complete and
          * its next one cannot complete (a warp that skipped stage j could take stage j + 2 NST's
          * parity for j's completed phase, or be lapped) -- except where ws_skips holds */
-#ifdef DTMK_WS_SKIP
-        if (skip && r0 + ((warp - r0) & (MK_WARPS - 1)) >= r0 + n) continue;
-#endif
+        WS_SKIP_STAGE(warp, r0, n);
         ws_wait(g);
-        const int first = r0 + ((warp - r0) & (MK_WARPS - 1));       /* its rows: r % 16 == warp */
+        const int first = ws_first_row(warp, r0);
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE);
         for (int r = first; r < r0 + n; r += MK_WARPS) {
             ws_row<NB, GU>(base + (r - r0) * rq, base + (d.rps + r - r0) * rq, k8n, xs, K, acc, accB);
@@ -1209,10 +1217,7 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
                     y[(long)b * ystride + lo + r] = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
             }
         }
-#ifdef DTMK_WS_SKIP
-        if (skip) { ws_release(d, g, j, min(n, MK_WARPS)); continue; }
-#endif
-        ws_release(d, g, j);
+        ws_release(d, g, j, WS_NEED(n));
     }
     ws_end(d);
 }
@@ -1231,21 +1236,15 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
         xa[m] = *(const float4 *)p; xb[m] = *(const float4 *)(p + 4);
     }
     const unsigned g0 = ws_s.seq;
-#ifdef DTMK_WS_SKIP
-    const bool skip = ws_skips(d);
-#endif
+    WS_SKIP_DECL(d);
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
-#ifdef DTMK_WS_SKIP
-        if (skip && r0 + ((warp - r0) & (MK_WARPS - 1)) >= r0 + n) continue;
-#endif
+        WS_SKIP_STAGE(warp, r0, n);
         ws_wait(g);                       /* every stage, in order (ws_skips aside): see ws_tile */
-        const int first = r0 + ((warp - r0) & (MK_WARPS - 1));
+        const int first = ws_first_row(warp, r0);
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE) + lane;
-#ifdef DTMK_PHASE_PROF
         PH_T();
-#endif
         for (int r = first; r < r0 + n; r += MK_WARPS) {
             const uint4 *w = base + (r - r0) * rq, *w2 = base + (d.rps + r - r0) * rq;
             float acc = 0.0f, accB = 0.0f;
@@ -1258,21 +1257,12 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
             if (GU) accB = warp_sum(accB);
             if (lane == 0) y[lo + r] = GU ? acc / (1.0f + __expf(-acc)) * accB : acc;
         }
-#ifdef DTMK_WS_SKIP
-        const int need = skip ? min(n, MK_WARPS) : MK_WARPS;
-#else
-        const int need = MK_WARPS;
-#endif
-#ifdef DTMK_PHASE_PROF
         PH_ADD(7);
         {
             PH_T();
-            ws_release(d, g, j, need);
+            ws_release(d, g, j, WS_NEED(n));
             PH_ADD(8);
         }
-#else
-        ws_release(d, g, j, need);
-#endif
     }
     ws_end(d);
 }

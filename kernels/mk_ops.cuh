@@ -764,9 +764,6 @@ struct WsDesc {             /* the weight stream of one tile */
 };
 struct WsState {
     unsigned long long full[DTMK_WS_NST];   /* mbarrier per slot: the stage's bytes landed */
-#ifdef DTMK_WS_REL_MBAR
-    unsigned long long empty[DTMK_WS_NST];  /* mbarrier per slot: the 16 warps are done with its stage */
-#endif
     int cnt[DTMK_WS_NST];   /* warps done with the slot's stage so far */
     unsigned seq;           /* global index of the stream's first stage (all stages before it landed) */
     int live;               /* 1: d started (its first min(NST, nst) stages issued), not yet consumed */
@@ -891,10 +888,6 @@ __device__ void ws_init(const MkParams &P, float *smem) {
     for (int k = 0; k < DTMK_WS_NST; ++k) {
         ws_s.cnt[k] = 0;
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(ws_bar(k)) : "memory");
-#ifdef DTMK_WS_REL_MBAR
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                     :: "r"((unsigned)__cvta_generic_to_shared(&ws_s.empty[k])), "r"(MK_WARPS) : "memory");
-#endif
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -1073,56 +1066,18 @@ __device__ __forceinline__ void ws_end(const WsDesc &d) {
     }
 #endif
 }
-#if defined(DTMK_WS_REL_MBAR) && defined(DTMK_WS_REL_NOFENCE)
-#error "DTMK_WS_REL_MBAR and DTMK_WS_REL_NOFENCE are two forms of one release: pick one"
-#endif
-#if defined(DTMK_WS_SKIP) && defined(DTMK_WS_NEXT)
-#error "DTMK_WS_SKIP is modelled for one stream per tile (drop DTMK_WS_NEXT)"
-#endif
-/* whole warp, done with stage j (global g; its rows computed, if any): the last of the
- * `need` warps that consume it (all 16, or under DTMK_WS_SKIP the stage's row owners)
- * refills the slot with stage j + NST */
-__device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j, int need = MK_WARPS) {
+/* whole warp, done with stage j (global g; its rows computed, if any): the 16th warp done
+ * refills the slot with stage j + NST.  (Session 24, plan 37: the count's fences, a release on
+ * per-slot "empty" mbarriers and warps skipping stages without rows did not move the step --
+ * docs/dev/megakernel_speed.md "Session 24") */
+__device__ __forceinline__ void ws_release(const WsDesc &d, unsigned g, int j) {
     __syncwarp();
     int last = 0;
     if ((threadIdx.x & 31) == 0) {
         int *c = &ws_s.cnt[g % DTMK_WS_NST];
-#if !defined(DTMK_WS_REL_NOFENCE) && !defined(DTMK_WS_REL_MBAR)
         __threadfence_block();             /* this warp's reads of the slot before the count */
-        last = atomicAdd(c, 1) == need - 1;
+        last = atomicAdd(c, 1) == MK_WARPS - 1;
         if (last) { *c = 0; __threadfence_block(); }
-#elif defined(DTMK_WS_REL_MBAR)
-        /* -DDTMK_WS_REL_MBAR (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): the
-         * release without a MEMBAR -- the sound form of DTMK_WS_REL_NOFENCE.  Each warp arrives on
-         * the slot's "empty" mbarrier (an arrive is a CTA-scope release in hardware, as in
-         * CUTLASS's TMA pipelines' consumer_release); the relaxed count only names the warp that
-         * refills, which first waits for the phase of its own arrive to complete (acquire: every
-         * warp's reads of the slot before its copies).  Phases stay in step with stages: a slot's
-         * next stage is issued only after all 16 arrived on this one, and dropped streams
-         * (ws_drop) arrive on nothing. */
-        const unsigned eb = (unsigned)__cvta_generic_to_shared(&ws_s.empty[g % DTMK_WS_NST]);
-        unsigned long long st;
-        last = atomicAdd(c, 1) == need - 1;
-        /* the phase wants 16 arrivals: the last of `need` consumers brings the missing ones */
-        asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 %0, [%1], %2;"
-                     : "=l"(st) : "r"(eb), "r"(last ? MK_WARPS - need + 1 : 1) : "memory");
-        if (last) {
-            *c = 0;    /* (before the refill's expect_tx arrive, a release the next round acquires) */
-            unsigned ok = 0;
-            while (!ok)
-                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.acquire.cta.shared::cta.b64 p, [%1], %2;\n\t"
-                             "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(eb), "l"(st) : "memory");
-        }
-#else
-        /* -DDTMK_WS_REL_NOFENCE (measurement only, NOT a sound protocol: docs/dev/megakernel_speed.md
-         * "Session 23"): the count without the fences.  The tile phase profile puts ~0.3-0.8 us
-         * per stage around this release in warp 0 (16 stages of a gate/up tile); a CTA-scope
-         * acq_rel atomic instead of membar.cta (= fence.sc.cta) and copies issued off lane 0 did
-         * not change it.  If this build is much faster, the fence is the cost and a sound form
-         * without one (per-slot "empty" mbarriers, as in CUTLASS's TMA pipelines) is the lever. */
-        last = atomicAdd(c, 1) == need - 1;
-        if (last) *c = 0;
-#endif
     }
     last = __shfl_sync(MK_FULL, last, 0);
 #ifndef DTMK_WS_NEXT
@@ -1167,27 +1122,6 @@ __device__ __forceinline__ void ws_row(const uint4 *w, const uint4 *w2, int k8n,
 /* the warp's first row in the stage starting at row r0 (rows r % 16 == warp); past the
  * stage's n rows when it has none */
 __device__ __forceinline__ int ws_first_row(int warp, int r0) { return r0 + ((warp - r0) & (MK_WARPS - 1)); }
-#ifdef DTMK_WS_SKIP
-/* -DDTMK_WS_SKIP (measurement, docs/dev/megakernel_speed.md "Session 23"; plan 37): a warp waits
- * for and releases only the stages holding rows of its own, where that is sound -- when its
- * previous own stage in the same slot is always the slot's previous stage: rows r % 16 and rps
- * rows per stage put a warp's stages 16 / rps apart, so 16 % rps == 0 and NST a multiple of
- * 16 / rps (gate/up: rps 4, a warp's stages all in one slot; down / lm_head / qkv: rps 8, two
- * slots; tests/kernels/test_wstream.py's ring model checks every pair).  The refill then counts
- * the stage's row owners.  A gate/up warp waits 4 times per tile instead of 16. */
-__device__ __forceinline__ bool ws_skips(const WsDesc &d) {
-    return MK_WARPS % d.rps == 0 && DTMK_WS_NST % (MK_WARPS / d.rps) == 0;
-}
-#define WS_SKIP_DECL(d) const bool skip = ws_skips(d)
-/* a skipping warp passes over stage [r0, r0 + n) without a row of its own */
-#define WS_SKIP_STAGE(warp, r0, n) if (skip && ws_first_row(warp, r0) >= (r0) + (n)) continue
-/* the warps that release a stage of n rows: its row owners when skipping, else all 16 */
-#define WS_NEED(n) (skip ? min((n), MK_WARPS) : MK_WARPS)
-#else
-#define WS_SKIP_DECL(d) ((void)0)
-#define WS_SKIP_STAGE(warp, r0, n) ((void)0)
-#define WS_NEED(n) MK_WARPS
-#endif
 /* whole CTA, from the stream d (ws_begin before the activations were staged; xs: [NB][K]
  * in shared memory): GU false: y[b, lo + r] = A[r] . xs[b] (op_proj's store);
  * GU true: act[b, lo + r] = silu(A[r] . xs[b]) * (B[r] . xs[b]) (op_gate_up's expression) */
@@ -1197,15 +1131,13 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
     const int warp = threadIdx.x >> 5, k8n = K >> 3, rq = (int)(d.row_bytes >> 4);
     const unsigned g0 = ws_s.seq;
     float acc[MK_MAXB], accB[MK_MAXB];
-    WS_SKIP_DECL(d);
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
         /* every warp waits for every stage in order and releases it, even one without its
          * rows: a parity wait is sound only while the slot's previous phase is complete and
          * its next one cannot complete (a warp that skipped stage j could take stage j + 2 NST's
-         * parity for j's completed phase, or be lapped) -- except where ws_skips holds */
-        WS_SKIP_STAGE(warp, r0, n);
+         * parity for j's completed phase, or be lapped) */
         ws_wait(g);
         const int first = ws_first_row(warp, r0);
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE);
@@ -1217,7 +1149,7 @@ __device__ __forceinline__ void ws_tile(const float *xs, int K, float *y, int ys
                     y[(long)b * ystride + lo + r] = GU ? acc[b] / (1.0f + __expf(-acc[b])) * accB[b] : acc[b];
             }
         }
-        ws_release(d, g, j, WS_NEED(n));
+        ws_release(d, g, j);
     }
     ws_end(d);
 }
@@ -1236,12 +1168,10 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
         xa[m] = *(const float4 *)p; xb[m] = *(const float4 *)(p + 4);
     }
     const unsigned g0 = ws_s.seq;
-    WS_SKIP_DECL(d);
     for (int j = 0; j < d.nst; ++j) {
         const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
         const unsigned g = g0 + (unsigned)j;
-        WS_SKIP_STAGE(warp, r0, n);
-        ws_wait(g);                       /* every stage, in order (ws_skips aside): see ws_tile */
+        ws_wait(g);                       /* every stage, in order: see ws_tile */
         const int first = ws_first_row(warp, r0);
         const uint4 *base = (const uint4 *)(ws_s.ringp + (g % DTMK_WS_NST) * DTMK_WS_STAGE) + lane;
         PH_T();
@@ -1260,7 +1190,7 @@ __device__ __forceinline__ void ws_tile_xr(const float *xs, float *y, int lo) {
         PH_ADD(7);
         {
             PH_T();
-            ws_release(d, g, j, WS_NEED(n));
+            ws_release(d, g, j);
             PH_ADD(8);
         }
     }

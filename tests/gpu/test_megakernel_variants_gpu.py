@@ -47,14 +47,6 @@ VARIANTS = {
     "plansmem": (("DTMK_PLAN_SMEM=96",), False),
     "plansmem_nh": (("DTMK_PLAN_SMEM=96", "DTMK_NO_HOOKS"), False),
     "plansmem_short": (("DTMK_PLAN_SMEM=1",), False),
-    # session 23: the weight ring's release on per-slot "empty" mbarriers, no membar.cta
-    # (mk_ops.cuh ws_release; tools/obs_sm_gpu_plan.sh 37)
-    "relmbar": (("DTMK_WS_REL_MBAR",), False),
-    "relmbar_nh": (("DTMK_WS_REL_MBAR", "DTMK_NO_HOOKS"), False),
-    # ... and warps that wait for / release only their own stages where sound (mk_ops.cuh ws_skips)
-    "skip": (("DTMK_WS_SKIP",), False),
-    "skipmbar": (("DTMK_WS_SKIP", "DTMK_WS_REL_MBAR"), False),
-    "skipmbar_nh": (("DTMK_WS_SKIP", "DTMK_WS_REL_MBAR", "DTMK_NO_HOOKS"), False),
 }
 CFGS = {"tiny": (PRESETS["tiny"], 4, 6),
         "tiny_s4": (replace(PRESETS["tiny"], fuse_norm=True, split_k=4), 4, 6),

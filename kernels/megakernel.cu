@@ -806,7 +806,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * after the entry), W by name instead of generic loads, the stores by other lanes or
          * by warp 2 after a CTA-fenced hand-over (slower) -- sessions 20-22,
          * docs/dev/hook_cost_analysis.md */
+#ifndef DTMK_OSQ_DEFER
         if (W.pend) { osq_write_pend(P, W); W.osq_unpub = 1; }
+#else
+        if (W.pend) osq_defer_stage(P, W);   /* (stored by the next wait whose first poll fails) */
+#endif
 #endif
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
@@ -969,6 +973,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #else           /* the session-2 poll: relaxed loads, one fence.acq_rel once satisfied */
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
                 if (v >= target) { ev_fence_acquire(sys); W.ready = 1; break; }
+#endif
+#ifdef DTMK_OSQ_DEFER
+                /* the poll failed: thread 0 waits anyway -- the staged entries to the queue
+                 * now, then poll again at once */
+                if (s_osq_nst) { osq_defer_flush(P, W); continue; }
 #endif
                 if (it & 15) continue;
                 post_pending(P, W, false);
@@ -1228,6 +1237,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */
         W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
+#ifdef DTMK_OSQ_DEFER
+        s_osq_nst = 0;
+#endif
 #endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();
@@ -1470,6 +1482,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
 #ifdef DTMK_OBS_SM
+        OSQ_DEFER_FLUSH(P, W);          /* (-DDTMK_OSQ_DEFER: the staged entries) */
         osq_flush_unpub(P, W);          /* (-DDTMK_OSQ_LAZY_PUB: the last task's entry) */
         __threadfence();                /* no more entries (the last gate's too): the observer may end */
         *(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_DONE) = 1;

@@ -240,8 +240,46 @@ __device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the calle
     if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
 #endif
 }
+#ifdef DTMK_OSQ_DEFER
+/* -DDTMK_OSQ_DEFER=N (session 24; with -DDTMK_OSQ_LAZY_PUB): a task's entry is staged in shared
+ * memory after its release signal -- a few shared stores where the global push costs ~0.4 us
+ * per task whatever its form (sessions 20-22; on the critical path of every level, whose last
+ * producer is also a worker of the next) -- and stored to the queue, up to N at once behind one
+ * fence and one head publish, by thread 0 when a poll of its next wait fails (it waits there
+ * anyway), or at once when N are staged.  Queue order stays task order: every other push
+ * (osq_slot, osq_write_pend), a raise (its epoch bound reads the queue) and the worker's end
+ * flush the staged entries first. */
+#if !defined(DTMK_OSQ_LAZY_PUB) || (DTMK_OSQ_DEFER) < 1 || (DTMK_OSQ_DEFER) > 16
+#error "DTMK_OSQ_DEFER=N (1..16) stages the entries of the lazy publish: add DTMK_OSQ_LAZY_PUB"
+#endif
+__shared__ uint4 s_osq_stage[DTMK_OSQ_DEFER][6];
+__shared__ dtmk_u32 s_osq_nst;             /* entries staged (worker thread 0) */
+__device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
+    const dtmk_u32 n = s_osq_nst;
+    if (!n) return;
+    s_osq_nst = 0;
+    osq_settle(W);                     /* (an unpublished entry is older: it joins this publish) */
+    dtmk_u64 *a = osq_mine(P, W);
+    for (dtmk_u32 i = 0; i < n; ++i) {
+        while (W.osq_head + i - W.osq_tail >= OSQ_N) {   /* (osq_slot's wait for room) */
+            W.osq_tail = osq_ld(a + OSQ_W_TAIL);
+            if (W.osq_head + i - W.osq_tail >= OSQ_N) __nanosleep(256);
+        }
+        uint4 *d = osq_entry_at(a, W.osq_head + i);
+#pragma unroll
+        for (int k = 0; k < 6; ++k) __stcg(d + k, s_osq_stage[i][k]);
+    }
+    __threadfence();                   /* the entries before their head */
+    W.osq_head += n;
+    *(volatile dtmk_u64 *)(a + OSQ_W_HEAD) = W.osq_head;
+}
+#define OSQ_DEFER_FLUSH(P, W) osq_defer_flush(P, W)
+#else
+#define OSQ_DEFER_FLUSH(P, W) ((void)0)
+#endif
 /* worker thread 0: the next entry slot (waits while the observer is OSQ_N entries behind) */
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
+    OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: the staged entries are older) */
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
 #ifdef DTMK_OSQ_STATS
     const long long c0 = clock64();
@@ -298,6 +336,7 @@ __device__ __forceinline__
 __device__ __noinline__
 #endif
 void osq_write_pend(const MkParams &P, Worker &W) {
+    OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: the staged entries are older) */
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
     /* (the observer's tail is read again only when the queue looks full: osq_slot) */
     uint4 *d = W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W);
@@ -308,10 +347,24 @@ void osq_write_pend(const MkParams &P, Worker &W) {
     for (int k = 0; k < 6; ++k) __stcg(d + k, e[k]);
     W.pend = 0; W.pend_rg = 0;
 }
+#ifdef DTMK_OSQ_DEFER
+/* worker thread 0, after the release signal: task W.pend_t's entry staged (osq_defer_flush) */
+__device__ __forceinline__ void osq_defer_stage(const MkParams &P, Worker &W) {
+    uint4 e[6];
+    osq_pend_entry(e);
+    const dtmk_u32 n = s_osq_nst;
+#pragma unroll
+    for (int k = 0; k < 6; ++k) s_osq_stage[n][k] = e[k];
+    s_osq_nst = n + 1;
+    W.pend = 0; W.pend_rg = 0;
+    if (n + 1 == (dtmk_u32)(DTMK_OSQ_DEFER)) osq_defer_flush(P, W);
+}
+#endif
 /* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
  * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
+    OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: every staged entry in the queue first) */
     osq_flush_unpub(P, W);             /* (-DDTMK_OSQ_LAZY_PUB: every entry published before a raise) */
     /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
     const dtmk_u64 *a = osq_mine(P, W);

@@ -127,6 +127,11 @@
 #   plan 37 (session 24) ran them: -DDTMK_WS_REL_MBAR, -DDTMK_WS_SKIP, both and -DDTMK_WS_REL_NOFENCE
 #   bit-equal and 0.99-1.01x of the default; with SKIP a gate/up tile waits ~6 us for its stages
 #   (the SM's share of HBM is its bound); the defines are gone, plan 37 retired.
+# Session 24 (issue 5): -DDTMK_OSQ_DEFER=N (kernels/mk_observer.cuh osq_defer_flush: the task's entry
+# staged in shared memory after the signal, stored by the next wait's first failed poll):
+#   tools/obs_sm_gpu_plan.sh 38  exactness (hot attach + resident -k obssm4defer), obs_split lazy / lazyB /
+#                                lazydefer / lazydefer1 twice (order swapped), level_profile --prof of
+#                                lazydefer (does the push window leave the post path?)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -243,6 +248,12 @@ case "${1:-}" in
        "timeout 270 python3 tools/gpu_suite.py 1/2 -x" "timeout 270 python3 tools/gpu_suite.py 2/2 -x" ;;
   37) echo "plan 37 measured -DDTMK_WS_REL_MBAR / _SKIP / _REL_NOFENCE (567bf41): bit-equal, no gain (0.99-1.01x);" \
        "the defines are gone, see docs/dev/megakernel_speed.md \"Session 24\"" >&2; exit 2 ;;
+  38) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; DF=DTMK_OSQ_DEFER=4; D1=DTMK_OSQ_DEFER=1
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L4 $L4+$R $L4+$DF $L4+$DF+$R $L4+$D1+$R DTMK_OBS_PROF+$L4+$DF+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
+       "timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA" \
+       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazydefer,lazydefer1 --out ${OUT:-/tmp/out}/s1" \
+       "timeout 70 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$DF --out ${OUT:-/tmp/out}/defer" \
+       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazydefer,lazydefer1,lazyB --out ${OUT:-/tmp/out}/s2" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -253,5 +264,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38)" >&2; exit 2 ;;
 esac

@@ -359,12 +359,14 @@ def test_the_lazy_publish_build_compiles_and_publishes_before_every_raise_and_pu
     lazy = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx",
                          defines=("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")).decode()
     assert ".entry dtmk_megakernel" in lazy and "osq_observer" in lazy
-    r = body("osq_raise")
-    assert r[r.index("{") + 1:].lstrip().startswith("osq_flush_unpub(P, W);")
+    def first_calls(fn, n):
+        b = body(fn)
+        return [ln.split("/*")[0].strip() for ln in b[b.index("{") + 1:].strip().splitlines()[:n]]
+    # (OSQ_DEFER_FLUSH: nothing unless -DDTMK_OSQ_DEFER; then the staged entries go first)
+    assert first_calls("osq_raise", 2) == ["OSQ_DEFER_FLUSH(P, W);", "osq_flush_unpub(P, W);"]
     # every push takes its slot through osq_slot or osq_write_pend, which settle first
     for fn in ("osq_slot", "osq_write_pend"):
-        b = body(fn)
-        assert b[b.index("{") + 1:].lstrip().startswith("osq_settle(W);"), fn
+        assert first_calls(fn, 2) == ["OSQ_DEFER_FLUSH(P, W);", "osq_settle(W);"], fn
     for fn, getter in (("hk_store", "osq_slot(P, W)"), ("hook_flush", "osq_write_pend(P, W)"),
                        ("gate_publish", "osq_slot(P, W)")):
         assert getter in body(fn), fn
@@ -377,6 +379,43 @@ def test_the_lazy_publish_build_compiles_and_publishes_before_every_raise_and_pu
     assert hooks_table("BUILD_VARIANTS")["obssm4lazy"] == ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
     from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
     assert "DTMK_OSQ_LAZY_PUB" in MK_PASS_DEFINES and "DTMK_OSQ_LAZY_PUB" in gpu.OBS_SM_DEFINES
+
+
+@pytest.mark.slow
+def test_the_deferred_entry_build_stages_after_the_signal_and_stores_in_the_wait():
+    """-DDTMK_OSQ_DEFER=N (session 24, opt-in, with the lazy publish): after the release signal
+    the task's entry goes to shared memory (osq_defer_stage; the N-th staged flushes at once);
+    a failed poll of the next wait stores them (osq_defer_flush), as do every other push, a
+    raise (first_calls above) and the worker's end; without the lazy publish it is refused
+    (tests/runtime/test_obs_sm_protocol.py defer is the protocol's model check)."""
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    lazy = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
+    ptx = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=lazy + ("DTMK_OSQ_DEFER=4",)).decode()
+    assert re.search(r"\.shared \.align 16 \.b8 s_osq_stage\[384\]", ptx)      # 4 entries x 96 B
+    assert "osq_defer_flush" in ptx
+    assert "osq_defer_flush" not in nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=lazy).decode()
+    from dtrace_mk.kernels.build import CompileError
+    with pytest.raises(CompileError, match="add DTMK_OSQ_LAZY_PUB"):
+        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_DEFER=4"))
+    rt = body("run_task")
+    after = rt[rt.index("post_signal(P, W, sig, f.late);"):]
+    lz = after[after.index("#ifdef DTMK_OSQ_LAZY_PUB"):]
+    lz = lz[:lz.index("#else\n        /* measurement only")]
+    assert "if (W.pend) osq_defer_stage(P, W);" in lz
+    st = body("osq_defer_stage")
+    assert "__stcg" not in st and "if (n + 1 == (dtmk_u32)(DTMK_OSQ_DEFER)) osq_defer_flush(P, W);" in st
+    fl = body("osq_defer_flush")
+    assert fl.index("osq_settle(W);") < fl.index("__stcg") < fl.index("__threadfence();") < fl.index("OSQ_W_HEAD")
+    we = body("wait_event")
+    poll = we[we.index("if (v >= target) { W.ready = 1; break; }"):]
+    assert poll.index("if (s_osq_nst) { osq_defer_flush(P, W); continue; }") < poll.index("if (it & 15) continue;")
+    end = (KERNEL_DIR / "megakernel.cu").read_text()
+    assert end.index("OSQ_DEFER_FLUSH(P, W);          /* (-DDTMK_OSQ_DEFER") < end.index(
+        "*(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_DONE) = 1;")
+    from tests.bench_tables import hooks_table
+    assert hooks_table("BUILD_VARIANTS")["obssm4defer"] == lazy + ("DTMK_OSQ_DEFER=4",)
+    from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
+    assert "DTMK_OSQ_DEFER" in MK_PASS_DEFINES and "DTMK_OSQ_DEFER" in gpu.OBS_SM_DEFINES
 
 
 def test_obs_split_variants_name_defines_the_kernel_has_and_the_compiled_tier_passes():

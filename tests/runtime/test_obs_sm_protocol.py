@@ -30,7 +30,8 @@ import pytest
 INF = 1 << 30
 
 
-def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False):
+def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False,
+          defer=0):
     """Explore every interleaving; return None or the first violation's description.
     `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
     lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
@@ -40,7 +41,10 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     desc: -DDTMK_OSQ_DESC's observers -- a drain also puts each record's map update into the
     warp's shadow (sh[k], its epochs); the shadow moves into the maps (vals) only when it
     holds an epoch < upto, and until then its lowest epoch stays held (keep, and the rounds'
-    lows, start from it).  The host then also needs every final epoch's map values in."""
+    lows, start from it).  The host then also needs every final epoch's map values in.
+    defer (N > 0, with lazy): -DDTMK_OSQ_DEFER=N's worker -- the entry staged after the signal
+    (no head bump at the next signal); in a wait all staged entries are stored and published
+    at once (fenced) before any raise; staging the N-th flushes them at once."""
     NW, S = n_workers, steps
     NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
@@ -82,14 +86,16 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                         out.append((rep(wpc, w, pc + 1), rep(pub, w, s), rep(row, w, s)) + st[3:])
                 elif k == 1:                                # (lazy: no entry yet) the release signal
                     out.append((rep(wpc, w, pc + 1),) + st[1:4] + (rep(sig, s, sig[s] + 1),) + st[5:])
-                elif k == 2 and lazy and head[w] < s:       # the previous entry's head, after the MEMBAR
+                elif k == 3 and defer and s + 1 - head[w] >= defer:   # the N-th staged: all stored now
+                    out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, s + 1),) + st[4:])
+                elif k == 2 and lazy and not defer and head[w] < s:   # the previous entry's head, after the MEMBAR
                     out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
                 elif k == 2 and not lazy:
                     out.append((rep(wpc, w, pc + 1),) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
                 else:                                       # lazy: nothing to publish / the entry, unpublished
                     out.append(rep(st, 0, rep(wpc, w, pc + 1)))
             if pc % NP == 0 and lazy and head[w] < pc // NP:   # a wait: osq_raise publishes it first
-                out.append((wpc,) + st[1:3] + (rep(head, w, head[w] + 1),) + st[4:])
+                out.append((wpc,) + st[1:3] + (rep(head, w, pc // NP),) + st[4:])   # (defer: every staged one)
                 if mutant != "lazy_raise_unpublished":
                     continue
             if pc % NP == 0:                                # osq_raise in a wait: the low, bounded
@@ -248,3 +254,19 @@ def test_the_shadow_s_hold_is_what_lets_it_flush_late():
     assert check(2, 2, 1, mutant="shadow_no_hold", lazy=True, desc=True) is None
     assert check(2, 2, 1, mutant="flush_by_newest_no_hold", lazy=True, desc=True) is not None
     assert check(2, 2, 1, mutant="flush_by_newest", lazy=True, desc=True) is None
+
+
+@pytest.mark.parametrize("n_workers, steps, warps, cap", [(2, 2, 1, 4), (2, 2, 2, 4), (1, 3, 1, 4), (1, 3, 1, 2),
+                                                          (2, 2, 1, 1)])
+def test_deferred_entries_keep_every_final_epoch_complete(n_workers, steps, warps, cap):
+    """-DDTMK_OSQ_DEFER=N (session 24): entries staged in shared memory after the signal and
+    stored by a later wait (or at once when N are staged) -- the host never calls an epoch
+    final while one of its entries is staged, because a raise stores them first."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, lazy=True, defer=cap) is None
+    assert finals == set(range(-1, steps)), finals
+
+
+def test_a_raise_past_staged_entries_is_caught():
+    assert check(2, 2, 1, mutant="lazy_raise_unpublished", lazy=True, defer=4) is not None
+    assert check(1, 3, 1, mutant="lazy_raise_unpublished", lazy=True, defer=4) is not None

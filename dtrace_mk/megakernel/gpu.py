@@ -110,13 +110,19 @@ OBS_SMS_MAX = 8
 #: 1b, hot summary (session 16, tools/obs_sm_probe.py): three SMs' 18 warps still found a
 #: worker's queue full 209 times per 16-step launch, four SMs' 24 warps never did.
 OBS_SMS_DEFAULT = 4
+#: entries a worker of `--observer sm` stages before storing them at once (-DDTMK_OSQ_DEFER;
+#: kernels/mk_observer.cuh osq_defer_flush: it stores them at its next failed poll anyway)
+OSQ_DEFER_DEFAULT = 4
 
 
 def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...]:
     """The megakernel defines of a CLI --observer choice: "workers" -> none; "sm" -> the
     observer-SM build with `sms` observer SMs (--observer-sms; default OBS_SMS_DEFAULT) and
     the lazy entry publish (-DDTMK_OSQ_LAZY_PUB; H200, session 17, bench/hooks.py hot
-    summary over no hooks: tiny +14.7% vs +25.0% without it, 1b +15.0% vs +16.5%)."""
+    summary over no hooks: tiny +14.7% vs +25.0% without it, 1b +15.0% vs +16.5%), its
+    entries staged in shared memory and stored by the next failed poll (-DDTMK_OSQ_DEFER=
+    OSQ_DEFER_DEFAULT; session 24, bench/obs_split.py 1b hot summary over plain: +9.5 / +9.5%
+    vs lazy's +12.0..12.8% in two runs)."""
     if observer == "workers":
         if sms is not None:
             raise UserError("--observer-sms: only with --observer sm")
@@ -126,7 +132,8 @@ def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...
     m = OBS_SMS_DEFAULT if sms is None else int(sms)
     if not 1 <= m <= OBS_SMS_MAX:
         raise UserError(f"--observer-sms: want 1..{OBS_SMS_MAX} observer SMs, got {m}")
-    return ("DTMK_OBS_SM",) + ((f"DTMK_OBS_SMS={m}",) if m > 1 else ()) + ("DTMK_OSQ_LAZY_PUB",)
+    return (("DTMK_OBS_SM",) + ((f"DTMK_OBS_SMS={m}",) if m > 1 else ())
+            + ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={OSQ_DEFER_DEFAULT}"))
 
 
 def obs_sms_of(defines: Sequence[str]) -> int:

@@ -307,9 +307,10 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
         serve.main(args + ["--observer-sms", "1"])
     with pytest.raises(Built):
         serve.main(args + ["--observer-sms", "3"])
-    lazy = "DTMK_OSQ_LAZY_PUB"         # (the CLI's observer SM publishes entries lazily: gpu.observer_defines)
-    assert built == [(WORKERS - 1 - gpu.OBS_SMS_DEFAULT, ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}", lazy)),
-                     (WORKERS - 2, ("DTMK_OBS_SM", lazy)), (WORKERS - 4, ("DTMK_OBS_SM", "DTMK_OBS_SMS=3", lazy))]
+    # (the CLI's observer SM publishes entries lazily, staged: gpu.observer_defines)
+    lazy = ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={gpu.OSQ_DEFER_DEFAULT}")
+    assert built == [(WORKERS - 1 - gpu.OBS_SMS_DEFAULT, ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy),
+                     (WORKERS - 2, ("DTMK_OBS_SM",) + lazy), (WORKERS - 4, ("DTMK_OBS_SM", "DTMK_OBS_SMS=3") + lazy)]
     capsys.readouterr()
     assert serve.main(args + ["--observer-sms", "9"]) != 0
     assert "--observer-sms: want 1..8 observer SMs, got 9" in capsys.readouterr().err

@@ -97,9 +97,9 @@ def test_top_observer_choice(capsys, monkeypatch):
     for choice, m in (("workers", None), ("sm", None), ("sm", 1), ("sm", 2)):
         with pytest.raises(Stop):
             next(top.gpu_frames("tiny", steps=2, observer=choice, observer_sms=m))
-    lazy = "DTMK_OSQ_LAZY_PUB"
-    assert built == [(), ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}", lazy), ("DTMK_OBS_SM", lazy),
-                     ("DTMK_OBS_SM", "DTMK_OBS_SMS=2", lazy)]
+    lazy = ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={gpu.OSQ_DEFER_DEFAULT}")
+    assert built == [(), ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy, ("DTMK_OBS_SM",) + lazy,
+                     ("DTMK_OBS_SM", "DTMK_OBS_SMS=2") + lazy]
     with pytest.raises(UserError, match="want 1..8 observer SMs, got 0"):
         next(top.gpu_frames("tiny", steps=2, observer="sm", observer_sms=0))
 

@@ -15,8 +15,7 @@ and over `nohooks`):
   lazydefer / lazydefer1 / lazydefer16   lazy with the entries staged in shared memory after the
             signal and stored by the next wait's first failed poll, up to 4 / 1 / 16 at once
             (-DDTMK_OSQ_DEFER=N); deferB a second instance of lazydefer; defernomaps: with
-            -DDTMK_OSQ_NOMAPS; deferscan: the observers pause 2 us after each round with entries
-            (-DDTMK_OSQ_SCAN_NS=2000: their memory traffic per entry down)
+            -DDTMK_OSQ_NOMAPS
   fences4 / atoms8 / loads16   discard + per entry 4 fences / 8 atomics on one word / 16
             dependent L2 loads: which kind of the observers' work costs the workers
   codesmem  the programs' code in shared memory (-DDTMK_VM_CODE_SMEM)
@@ -85,7 +84,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazydefer16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
             "deferB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4"),
             "defernomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4", "DTMK_OSQ_NOMAPS"),
-            "deferscan": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4", "DTMK_OSQ_SCAN_NS=2000"), "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
+            "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),

@@ -30,8 +30,7 @@
  * -DDTMK_OSQ_NOMAPS (bpf_vm.cuh: the VM's map helpers return without touching memory) and,
  * with the opt-in -DDTMK_OSQ_DESC (descriptor programs into a shadow per observer warp:
  * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
- * split the VM's map share (session 18); -DDTMK_OSQ_SCAN_NS=N: a pause of N ns after each round
- * that ran entries (session 24) */
+ * split the VM's map share (session 18) */
 #define OSQ_STATS_N 11
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
@@ -294,12 +293,6 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             }
         }
         if (!any) { OSQ_ADD(2, 1); __nanosleep(500); }
-#ifdef DTMK_OSQ_SCAN_NS
-        /* measurement only (session 24, bench/obs_split.py lazydeferscan): a pause after each
-         * round that ran entries -- fewer rounds, so fewer head scans, tail stores and fences
-         * per entry: does the observers' memory traffic slow the workers near them? */
-        else __nanosleep(DTMK_OSQ_SCAN_NS);
-#endif
     }
     __syncwarp();
     if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */

@@ -137,6 +137,11 @@
 #   tools/obs_sm_gpu_plan.sh 40  what is left of DEFER's hot summary: obs_split --base lazydefer with deferB,
 #                                lazydefer16, defernomaps (the map work's share), deferscan (observers pause
 #                                2 us after each round: their memory traffic per entry), twice
+# Session 25 ran 40 (DEFER=16 below 4 twice; nomaps -3 points; the observers' pause nothing: SCAN_NS
+# is gone).  The CLI's observer build now stages 16 (gpu.OSQ_DEFER_DEFAULT):
+#   tools/obs_sm_gpu_plan.sh 41  obssm4defer (DEFER=16) exact: hot attach, resident, top and serve on the
+#                                GPU; obs_split lazydefer / lazydefer16 / deferB, reps 9
+#   tools/obs_sm_gpu_plan.sh 42  the issue-5 table: bench/hooks.py 1b with obssm4defer (DEFER=16)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -263,11 +268,15 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py $L4+$DF $L4+$DF+$R $L4+$R '' $R DTMK_NO_HOOKS+$R" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA" \
        "timeout 360 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy,obssm4defer --out ${OUT:-/tmp/out}" ;;
-  40) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER"
-     exec tools/gpu_session.sh "python3 tools/precompile.py $L4=16+$R $L4=4+DTMK_OSQ_NOMAPS+$R $L4=4+DTMK_OSQ_SCAN_NS=2000+$R $L4=4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'final_epochs and obssm4defer' -rA" \
-       "timeout 170 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazydefer --variants deferB,lazydefer16,defernomaps,deferscan --out ${OUT:-/tmp/out}/s1" \
-       "timeout 170 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazydefer --variants deferscan,defernomaps,lazydefer16,deferB --out ${OUT:-/tmp/out}/s2" ;;
+  40) echo "plan 40 measured -DDTMK_OSQ_SCAN_NS (observers pause after each round): no gain; the define is" \
+       "gone, see docs/results/hooks.md session 25" >&2; exit 2 ;;
+  41) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; D16=DTMK_OSQ_DEFER=16; D4=DTMK_OSQ_DEFER=4
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L4+$D16 $L4+$D16+$R $L4+$D4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
+       "timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA" \
+       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazydefer --variants lazydefer16,deferB --out ${OUT:-/tmp/out}/s1" ;;
+  42) exec tools/gpu_session.sh \
+       "timeout 420 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -278,5 +287,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 40)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42)" >&2; exit 2 ;;
 esac

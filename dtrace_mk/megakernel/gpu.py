@@ -101,7 +101,7 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_BURN", "DTMK_OSQ_FENCES", "DTMK_OSQ_ATOMS", "DTMK_OSQ_LOADS", "DTMK_OSQ_LAZY_PUB",
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
-                  "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER", "DTMK_OSQ_SCAN_NS")
+                  "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 
@@ -111,8 +111,11 @@ OBS_SMS_MAX = 8
 #: worker's queue full 209 times per 16-step launch, four SMs' 24 warps never did.
 OBS_SMS_DEFAULT = 4
 #: entries a worker of `--observer sm` stages before storing them at once (-DDTMK_OSQ_DEFER;
-#: kernels/mk_observer.cuh osq_defer_flush: it stores them at its next failed poll anyway)
-OSQ_DEFER_DEFAULT = 4
+#: kernels/mk_observer.cuh osq_defer_flush: it stores them at its next failed poll anyway, so
+#: 16 -- the most a level's tasks on one worker stage -- leaves the push to the level's wait;
+#: H200 1b hot summary over plain, bench/obs_split.py session 25: 16 +5.2 / +6.9% beside
+#: 4's +6.9 / +7.2%; session 24: 1 +13.3 / +12.9% beside 4's +9.5 / +9.5%)
+OSQ_DEFER_DEFAULT = 16
 
 
 def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...]:
@@ -121,8 +124,8 @@ def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...
     the lazy entry publish (-DDTMK_OSQ_LAZY_PUB; H200, session 17, bench/hooks.py hot
     summary over no hooks: tiny +14.7% vs +25.0% without it, 1b +15.0% vs +16.5%), its
     entries staged in shared memory and stored by the next failed poll (-DDTMK_OSQ_DEFER=
-    OSQ_DEFER_DEFAULT; session 24, bench/obs_split.py 1b hot summary over plain: +9.5 / +9.5%
-    vs lazy's +12.0..12.8% in two runs)."""
+    OSQ_DEFER_DEFAULT; sessions 24-25, bench/obs_split.py 1b hot summary over plain: DEFER=4
+    +9.5 / +9.5% vs lazy's +12.0..12.8% in two runs; DEFER=16 below DEFER=4 in two more)."""
     if observer == "workers":
         if sms is not None:
             raise UserError("--observer-sms: only with --observer sm")

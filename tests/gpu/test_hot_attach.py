@@ -33,7 +33,7 @@ OBSSM4LAZY = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
 #: ... whose observers run descriptor programs into a shadow per warp (session 18, opt-in)
 OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
 #: ... whose workers stage their entries in shared memory, stored by the next failed poll (session 24)
-OBSSM4DEFER = OBSSM4LAZY + ("DTMK_OSQ_DEFER=4",)
+OBSSM4DEFER = OBSSM4LAZY + ("DTMK_OSQ_DEFER=16",)   # (gpu.OSQ_DEFER_DEFAULT: the CLI's build)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",

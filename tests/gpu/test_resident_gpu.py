@@ -55,7 +55,7 @@ def poll_until(mk, step, got, timeout_s=60.0):
 #: worker's head and steps done at the worker's gates (OSQ_TAG_STEP)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=3"),
                                              ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB"),
-                                             ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4")],
+                                             ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16")],
                                  ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer"])
 
 

@@ -413,7 +413,8 @@ def test_the_deferred_entry_build_stages_after_the_signal_and_stores_in_the_wait
     assert end.index("OSQ_DEFER_FLUSH(P, W);          /* (-DDTMK_OSQ_DEFER") < end.index(
         "*(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_DONE) = 1;")
     from tests.bench_tables import hooks_table
-    assert hooks_table("BUILD_VARIANTS")["obssm4defer"] == lazy + ("DTMK_OSQ_DEFER=4",)
+    # obssm4defer is the CLI's --observer sm build (gpu.observer_defines)
+    assert hooks_table("BUILD_VARIANTS")["obssm4defer"] == lazy + (f"DTMK_OSQ_DEFER={gpu.OSQ_DEFER_DEFAULT}",)
     from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
     assert "DTMK_OSQ_DEFER" in MK_PASS_DEFINES and "DTMK_OSQ_DEFER" in gpu.OBS_SM_DEFINES
 

@@ -257,7 +257,7 @@ def test_the_shadow_s_hold_is_what_lets_it_flush_late():
 
 
 @pytest.mark.parametrize("n_workers, steps, warps, cap", [(2, 2, 1, 4), (2, 2, 2, 4), (1, 3, 1, 4), (1, 3, 1, 2),
-                                                          (2, 2, 1, 1)])
+                                                          (2, 2, 1, 1), (2, 2, 1, 16), (1, 3, 1, 16)])
 def test_deferred_entries_keep_every_final_epoch_complete(n_workers, steps, warps, cap):
     """-DDTMK_OSQ_DEFER=N (session 24): entries staged in shared memory after the signal and
     stored by a later wait (or at once when N are staged) -- the host never calls an epoch

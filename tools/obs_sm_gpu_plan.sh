@@ -142,6 +142,7 @@
 #   tools/obs_sm_gpu_plan.sh 41  obssm4defer (DEFER=16) exact: hot attach, resident, top and serve on the
 #                                GPU; obs_split lazydefer / lazydefer16 / deferB, reps 9
 #   tools/obs_sm_gpu_plan.sh 42  the issue-5 table: bench/hooks.py 1b with obssm4defer (DEFER=16)
+#   tools/obs_sm_gpu_plan.sh 43  bench/hooks.py 1b with obssm4defer (16) and obssm4defer4 side by side
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -277,6 +278,8 @@ case "${1:-}" in
        "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazydefer --variants lazydefer16,deferB --out ${OUT:-/tmp/out}/s1" ;;
   42) exec tools/gpu_session.sh \
        "timeout 420 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
+  43) exec tools/gpu_session.sh \
+       "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4defer4,obssm4defer --out ${OUT:-/tmp/out}" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -287,5 +290,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43)" >&2; exit 2 ;;
 esac

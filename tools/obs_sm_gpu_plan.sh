@@ -154,6 +154,12 @@ BASE="'' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R"
 HO="DTMK_HANDOFF+DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_SM_WORKER DTMK_HANDOFF+DTMK_SM_WORKER+$R"
 HO="$HO DTMK_NO_HOOKS+DTMK_SM_WORKER+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER"
 HO="$HO DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R"
+L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"   # four observer SMs, the lazy publish
+PYT="timeout 170 python3 -m pytest -q -p no:cacheprovider"
+DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
+CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
+split1b() { echo "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
+hooks1b() { echo "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants $1 --out ${OUT:-/tmp/out}"; }
 case "${1:-}" in
   1) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $OBS1 $HO" \
        "timeout 250 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm" \
@@ -186,7 +192,7 @@ case "${1:-}" in
   10) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,discard,novm,nolow,novmnolow,lazynolow,lazydiscard,lazycount1,count1 --out ${OUT:-/tmp/out}" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" ;;
-  11) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  11)
      exec tools/gpu_session.sh \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py -k serve_on_one_gpu" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" \
@@ -197,7 +203,7 @@ case "${1:-}" in
        "python3 tools/precompile.py DTMK_NO_HOOKS $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R $M4 $M4+DTMK_OSQ_AREA_CTL $M4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_AREA_CTL" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,areactl,lazy,lazyareactl --out ${OUT:-/tmp/out}" ;;
-  13) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  13)
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3 DTMK_OBS_SM+DTMK_OBS_SMS=3+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L4+$R $L4+DTMK_OSQ_DISCARD+$R $L4+DTMK_OSQ_NOVM+$R" \
        "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_handoff_gpu.py tests/gpu/test_resident_gpu.py -k 'obssm and not lazy'" \
@@ -211,12 +217,12 @@ case "${1:-}" in
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 3 --sms 4 --variants base,lazy,lazydiscard,lazynovm,nopush --clocks 2.5 --out ${OUT:-/tmp/out}" ;;
   16) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazynovm,lazynomaps,lazydiscard --out ${OUT:-/tmp/out}" ;;
-  17) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  17)
      exec tools/gpu_session.sh \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,lazynomaps --out ${OUT:-/tmp/out}" \
        "timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4lazy" ;;
-  18) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  18)
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_DESC+$R $L4+DTMK_OSQ_DESC" \
        "timeout 110 python3 bench/obs_split.py --presets 1b --reps 4 --sms 4 --variants base,lazy,lazydesc --out ${OUT:-/tmp/out}" \
@@ -224,7 +230,7 @@ case "${1:-}" in
   19) exec tools/gpu_session.sh \
        "timeout 150 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DESC --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazydesc,lazydescnoflush,lazynomaps,lazynovm --out ${OUT:-/tmp/out}" ;;
-  20) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF
+  20) P=DTMK_OBS_PROF
      D="$L4+DTMK_OSQ_DESC+DTMK_OSQ_NOFLUSH"
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py $P+$L4+$R $P+$L4+DTMK_OSQ_NOMAPS+$R $P+$D+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_NORAISE+$R $L4+DTMK_OSQ_NOMAPS+$R $D+$R $L4+DTMK_OSQ_DESC+$R" \
@@ -232,7 +238,7 @@ case "${1:-}" in
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4 --out ${OUT:-/tmp/out}/lazy" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+DTMK_OSQ_NOMAPS --out ${OUT:-/tmp/out}/nomaps" \
        "timeout 100 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $D --out ${OUT:-/tmp/out}/descnoflush" ;;
-  21) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; P=DTMK_OBS_PROF; N="$L4+DTMK_OSQ_NOMAPS"
+  21) P=DTMK_OBS_PROF; N="$L4+DTMK_OSQ_NOMAPS"
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py $P+$L4+$R $P+$N+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $N+$R $N+DTMK_OSQ_BURN=2000+$R $N+DTMK_OSQ_BURN=6000+$R $P+$R" \
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazynomaps,nomapsburn2k,nomapsburn6k --out ${OUT:-/tmp/out}" \
@@ -246,7 +252,7 @@ case "${1:-}" in
        "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R DTMK_PLAN_SMEM=1 DTMK_PLAN_SMEM=1+$R $NH+$R" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k plansmem -rfE" \
        "timeout 250 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" ;;
-  25) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  25)
      exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3+$R $L4 $L4+$R $L4+DTMK_OSQ_DESC+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
        "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
@@ -254,32 +260,24 @@ case "${1:-}" in
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
   27|28) echo "plans 27-28 measured -DDTMK_POST_SMEM (553c7e5, 38461ff): thread 0's post-body operands in shared" \
        "memory are every build's since session 20, the define is gone; see docs/results/megakernel.md" >&2; exit 2 ;;
-  29) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"
+  29)
      exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO $L4 $L4+$R" \
        "timeout 270 python3 tools/gpu_suite.py 1/2 -x" "timeout 270 python3 tools/gpu_suite.py 2/2 -x" ;;
   37) echo "plan 37 measured -DDTMK_WS_REL_MBAR / _SKIP / _REL_NOFENCE (567bf41): bit-equal, no gain (0.99-1.01x);" \
        "the defines are gone, see docs/dev/megakernel_speed.md \"Session 24\"" >&2; exit 2 ;;
-  38) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; DF=DTMK_OSQ_DEFER=4; D1=DTMK_OSQ_DEFER=1
+  38) DF=DTMK_OSQ_DEFER=4; D1=DTMK_OSQ_DEFER=1
      exec tools/gpu_session.sh "python3 tools/precompile.py $L4 $L4+$R $L4+$DF $L4+$DF+$R $L4+$D1+$R DTMK_OBS_PROF+$L4+$DF+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA" \
-       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazyB,lazydefer,lazydefer1 --out ${OUT:-/tmp/out}/s1" \
+       "$DEFER_EXACT" "$(split1b lazy lazyB,lazydefer,lazydefer1 s1)" \
        "timeout 70 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $L4+$DF --out ${OUT:-/tmp/out}/defer" \
-       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazy --variants lazydefer,lazydefer1,lazyB --out ${OUT:-/tmp/out}/s2" ;;
-  39) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; DF=DTMK_OSQ_DEFER=4
-     exec tools/gpu_session.sh "python3 tools/precompile.py $L4+$DF $L4+$DF+$R $L4+$R '' $R DTMK_NO_HOOKS+$R" \
-       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA" \
-       "timeout 360 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy,obssm4defer --out ${OUT:-/tmp/out}" ;;
+       "$(split1b lazy lazydefer,lazydefer1,lazyB s2)" ;;
+  39) exec tools/gpu_session.sh "python3 tools/precompile.py $L4+DTMK_OSQ_DEFER=16 $L4+DTMK_OSQ_DEFER=16+$R $L4+$R '' $R DTMK_NO_HOOKS+$R" \
+       "$CLI_SM_EXACT" "$(hooks1b obssm4lazy,obssm4defer)" ;;
   40) echo "plan 40 measured -DDTMK_OSQ_SCAN_NS (observers pause after each round): no gain; the define is" \
        "gone, see docs/results/hooks.md session 25" >&2; exit 2 ;;
-  41) L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"; D16=DTMK_OSQ_DEFER=16; D4=DTMK_OSQ_DEFER=4
-     exec tools/gpu_session.sh "python3 tools/precompile.py $L4+$D16 $L4+$D16+$R $L4+$D4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
-       "timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA" \
-       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA" \
-       "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base lazydefer --variants lazydefer16,deferB --out ${OUT:-/tmp/out}/s1" ;;
-  42) exec tools/gpu_session.sh \
-       "timeout 420 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
-  43) exec tools/gpu_session.sh \
-       "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4defer4,obssm4defer --out ${OUT:-/tmp/out}" ;;
+  41) exec tools/gpu_session.sh "python3 tools/precompile.py $L4+DTMK_OSQ_DEFER=16 $L4+DTMK_OSQ_DEFER=16+$R $L4+DTMK_OSQ_DEFER=4+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R DTMK_NO_HOOKS+$R" \
+       "$DEFER_EXACT" "$CLI_SM_EXACT" "$(split1b lazydefer lazydefer16,deferB s1)" ;;
+  42) exec tools/gpu_session.sh "$(hooks1b obssm4defer)" ;;
+  43) exec tools/gpu_session.sh "$(hooks1b obssm4defer4,obssm4defer)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;

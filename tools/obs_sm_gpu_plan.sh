@@ -143,6 +143,8 @@
 #                                GPU; obs_split lazydefer / lazydefer16 / deferB, reps 9
 #   tools/obs_sm_gpu_plan.sh 42  the issue-5 table: bench/hooks.py 1b with obssm4defer (DEFER=16)
 #   tools/obs_sm_gpu_plan.sh 43  bench/hooks.py 1b with obssm4defer (16) and obssm4defer4 side by side
+#   tools/obs_sm_gpu_plan.sh 44  where the maps' ~3 points land on the workers: level_profile --prof of
+#                                DEFER=16 with and without -DDTMK_OSQ_NOMAPS (post path? handoffs? levels?)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -278,6 +280,10 @@ case "${1:-}" in
        "$DEFER_EXACT" "$CLI_SM_EXACT" "$(split1b lazydefer lazydefer16,deferB s1)" ;;
   42) exec tools/gpu_session.sh "$(hooks1b obssm4defer)" ;;
   43) exec tools/gpu_session.sh "$(hooks1b obssm4defer4,obssm4defer)" ;;
+  44) D=$L4+DTMK_OSQ_DEFER=16; N=$D+DTMK_OSQ_NOMAPS
+     prof() { echo "timeout 90 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $1 --out ${OUT:-/tmp/out}/$2"; }
+     exec tools/gpu_session.sh "python3 tools/precompile.py DTMK_OBS_PROF+$D+$R DTMK_OBS_PROF+$N+$R" \
+       "$(prof $D defer16)" "$(prof $N nomaps)" "$(prof $D defer16b)" "$(prof $N nomapsb)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -288,5 +294,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44)" >&2; exit 2 ;;
 esac

@@ -15,7 +15,8 @@ and over `nohooks`):
   lazydefer / lazydefer1 / lazydefer16   lazy with the entries staged in shared memory after the
             signal and stored by the next wait's first failed poll, up to 4 / 1 / 16 at once
             (-DDTMK_OSQ_DEFER=N); deferB a second instance of lazydefer; defernomaps: with
-            -DDTMK_OSQ_NOMAPS
+            -DDTMK_OSQ_NOMAPS; lazydefer16 with the summary keyed by (class, worker) instead of class:
+            spread16 (defer16B: lazydefer16 again, the spread)
   fences4 / atoms8 / loads16   discard + per entry 4 fences / 8 atomics on one word / 16
             dependent L2 loads: which kind of the observers' work costs the workers
   codesmem  the programs' code in shared memory (-DDTMK_VM_CODE_SMEM)
@@ -84,6 +85,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lazydefer16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
             "deferB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4"),
             "defernomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=4", "DTMK_OSQ_NOMAPS"),
+            "defer16B": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
+            "spread16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
             "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
@@ -96,6 +99,11 @@ QUERIES = {"count3": "task:end { @n[worker] = count(); }\ndep:release { @m[worke
                      "task:ready { @k[worker] = count(); }\n",
            "count1": "task:end { @n[worker] = count(); }\n"}
 QUERIES["lazycount1"] = QUERIES["count1"]
+# the summary with the worker in its per-class keys: the same map work, but no two observer
+# warps update one entry at once (session 25: is it the 24 warps' contention on one key per class?)
+QUERIES["spread16"] = ("task:end { @lat[task.class, worker] = hist(task.dur_ns); }\n"
+                       "dep:release { @dep_wait[task.class, worker] = sum(dep.wait_ns); }\n"
+                       "task:ready { @queue[worker] = max(queue.depth); }\n")
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 

@@ -145,6 +145,8 @@
 #   tools/obs_sm_gpu_plan.sh 43  bench/hooks.py 1b with obssm4defer (16) and obssm4defer4 side by side
 #   tools/obs_sm_gpu_plan.sh 44  where the maps' ~3 points land on the workers: level_profile --prof of
 #                                DEFER=16 with and without -DDTMK_OSQ_NOMAPS (post path? handoffs? levels?)
+#   tools/obs_sm_gpu_plan.sh 45  is it the observer warps' contention on one key per class?  obs_split of
+#                                lazydefer16 with the summary keyed by (class, worker): spread16, twice
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -284,6 +286,7 @@ case "${1:-}" in
      prof() { echo "timeout 90 python3 bench/level_profile.py --preset 1b --steps 16 --configs off,summary --prof --defines $1 --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "python3 tools/precompile.py DTMK_OBS_PROF+$D+$R DTMK_OBS_PROF+$N+$R" \
        "$(prof $D defer16)" "$(prof $N nomaps)" "$(prof $D defer16b)" "$(prof $N nomapsb)" ;;
+  45) exec tools/gpu_session.sh "$(split1b lazydefer16 spread16,defer16B s1)" "$(split1b lazydefer16 defer16B,spread16 s2)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -294,5 +297,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45)" >&2; exit 2 ;;
 esac

@@ -112,9 +112,10 @@ OBS_SMS_MAX = 8
 OBS_SMS_DEFAULT = 4
 #: entries a worker of `--observer sm` stages before storing them at once (-DDTMK_OSQ_DEFER;
 #: kernels/mk_observer.cuh osq_defer_flush: it stores them at its next failed poll anyway, so
-#: 16 -- the most a level's tasks on one worker stage -- leaves the push to the level's wait;
-#: H200 1b hot summary over plain, bench/obs_split.py session 25: 16 +5.2 / +6.9% beside
-#: 4's +6.9 / +7.2%; session 24: 1 +13.3 / +12.9% beside 4's +9.5 / +9.5%)
+#: 16 -- more than a level's tasks on one worker -- leaves every push to the level's wait;
+#: H200 1b hot summary over plain, bench/obs_split.py session 25: 16 +5.2 / +6.9 / +7.6%
+#: beside 4's +6.9 / +7.2 / +7.7%, within the spread; session 24: 1 +13.3 / +12.9% beside
+#: 4's +9.5 / +9.5%)
 OSQ_DEFER_DEFAULT = 16
 
 
@@ -125,7 +126,7 @@ def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...
     summary over no hooks: tiny +14.7% vs +25.0% without it, 1b +15.0% vs +16.5%), its
     entries staged in shared memory and stored by the next failed poll (-DDTMK_OSQ_DEFER=
     OSQ_DEFER_DEFAULT; sessions 24-25, bench/obs_split.py 1b hot summary over plain: DEFER=4
-    +9.5 / +9.5% vs lazy's +12.0..12.8% in two runs; DEFER=16 below DEFER=4 in two more)."""
+    +9.5 / +9.5% vs lazy's +12.0..12.8% in two runs; DEFER=16 and 4 within the spread)."""
     if observer == "workers":
         if sms is not None:
             raise UserError("--observer-sms: only with --observer sm")

@@ -196,8 +196,7 @@ case "${1:-}" in
   10) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,discard,novm,nolow,novmnolow,lazynolow,lazydiscard,lazycount1,count1 --out ${OUT:-/tmp/out}" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" ;;
-  11)
-     exec tools/gpu_session.sh \
+  11) exec tools/gpu_session.sh \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_resident_gpu.py -k serve_on_one_gpu" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_top_gpu.py" \
        "timeout 250 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,discard,atoms8s,loads16s,novm,count1 --out ${OUT:-/tmp/out}" \
@@ -207,8 +206,7 @@ case "${1:-}" in
        "python3 tools/precompile.py DTMK_NO_HOOKS $M4+DTMK_OSQ_LAZY_PUB $M4+DTMK_OSQ_LAZY_PUB+$R $M4 $M4+DTMK_OSQ_AREA_CTL $M4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_AREA_CTL" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4lazy" \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,areactl,lazy,lazyareactl --out ${OUT:-/tmp/out}" ;;
-  13)
-     exec tools/gpu_session.sh \
+  13) exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3 DTMK_OBS_SM+DTMK_OBS_SMS=3+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L4+$R $L4+DTMK_OSQ_DISCARD+$R $L4+DTMK_OSQ_NOVM+$R" \
        "timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_handoff_gpu.py tests/gpu/test_resident_gpu.py -k 'obssm and not lazy'" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm" \
@@ -221,13 +219,11 @@ case "${1:-}" in
        "timeout 300 python3 bench/obs_split.py --presets 1b --reps 3 --sms 4 --variants base,lazy,lazydiscard,lazynovm,nopush --clocks 2.5 --out ${OUT:-/tmp/out}" ;;
   16) exec tools/gpu_session.sh \
        "timeout 400 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants base,lazy,lazynovm,lazynomaps,lazydiscard --out ${OUT:-/tmp/out}" ;;
-  17)
-     exec tools/gpu_session.sh \
+  17) exec tools/gpu_session.sh \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 5 --sms 4 --variants base,lazy,lazynomaps --out ${OUT:-/tmp/out}" \
        "timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py" \
        "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4lazy" ;;
-  18)
-     exec tools/gpu_session.sh \
+  18) exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R $L4+$R $L4+DTMK_OSQ_DESC+$R $L4+DTMK_OSQ_DESC" \
        "timeout 110 python3 bench/obs_split.py --presets 1b --reps 4 --sms 4 --variants base,lazy,lazydesc --out ${OUT:-/tmp/out}" \
        "timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k obssm4desc" ;;
@@ -256,16 +252,14 @@ case "${1:-}" in
        "python3 tools/precompile.py '' $R $PS $PS+$R $PS+$NH $PS+$NH+$R DTMK_PLAN_SMEM=1 DTMK_PLAN_SMEM=1+$R $NH+$R" \
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megakernel_variants_gpu.py -k plansmem -rfE" \
        "timeout 250 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --no-old --variants nohooks=$NH,nhplan=$NH+$PS,plan=$PS --out ${OUT:-/tmp/out}" ;;
-  25)
-     exec tools/gpu_session.sh \
+  25) exec tools/gpu_session.sh \
        "python3 tools/precompile.py DTMK_OBS_SM DTMK_OBS_SM+$R DTMK_OBS_SM+DTMK_OBS_SMS=3+$R $L4 $L4+$R $L4+DTMK_OSQ_DESC+$R DTMK_NO_HOOKS+$R DTMK_OBS_SM+DTMK_OBS_SMS=4+$R" \
        "timeout 120 python3 bench/obs_split.py --presets 1b --reps 7 --sms 4 --variants lazy,lazyB --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py tests/gpu/test_handoff_gpu.py -k 'obssm and not obssm3' -rfE" \
        "timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_compiled_tier.py -k observer_sm -rfE" ;;
   27|28) echo "plans 27-28 measured -DDTMK_POST_SMEM (553c7e5, 38461ff): thread 0's post-body operands in shared" \
        "memory are every build's since session 20, the define is gone; see docs/results/megakernel.md" >&2; exit 2 ;;
-  29)
-     exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO $L4 $L4+$R" \
+  29) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $HO $L4 $L4+$R" \
        "timeout 270 python3 tools/gpu_suite.py 1/2 -x" "timeout 270 python3 tools/gpu_suite.py 2/2 -x" ;;
   37) echo "plan 37 measured -DDTMK_WS_REL_MBAR / _SKIP / _REL_NOFENCE (567bf41): bit-equal, no gain (0.99-1.01x);" \
        "the defines are gone, see docs/dev/megakernel_speed.md \"Session 24\"" >&2; exit 2 ;;

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.gpu
 from dtrace_mk.abi import definition as D
 from dtrace_mk.bpf import isa
 from dtrace_mk.megakernel.graph import CLASS_IDS
+from dtrace_mk.megakernel.gpu import observer_defines
 from dtrace_mk.megakernel.presets import PRESETS
 
 BATCH = 2
@@ -32,8 +33,9 @@ OBSSM3 = ("DTMK_OBS_SM", "DTMK_OBS_SMS=3")
 OBSSM4LAZY = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB")
 #: ... whose observers run descriptor programs into a shadow per warp (session 18, opt-in)
 OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
-#: ... whose workers stage their entries in shared memory, stored by the next failed poll (session 24)
-OBSSM4DEFER = OBSSM4LAZY + ("DTMK_OSQ_DEFER=16",)   # (gpu.OSQ_DEFER_DEFAULT: the CLI's build)
+#: ... whose workers stage their entries in shared memory, stored by the next failed poll (session 24):
+#: the CLI's --observer sm build, OBSSM4LAZY + DTMK_OSQ_DEFER=gpu.OSQ_DEFER_DEFAULT
+OBSSM4DEFER = observer_defines("sm")
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",

@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 from dtrace_mk.abi import definition as D
+from dtrace_mk.megakernel.gpu import observer_defines
 from dtrace_mk.megakernel.presets import PRESETS
 
 BATCH = 4
@@ -55,7 +56,7 @@ def poll_until(mk, step, got, timeout_s=60.0):
 #: worker's head and steps done at the worker's gates (OSQ_TAG_STEP)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=3"),
                                              ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB"),
-                                             ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16")],
+                                             observer_defines("sm")],   # (the CLI's: + DTMK_OSQ_DEFER)
                                  ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer"])
 
 

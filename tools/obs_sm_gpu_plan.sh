@@ -147,6 +147,10 @@
 #                                DEFER=16 with and without -DDTMK_OSQ_NOMAPS (post path? handoffs? levels?)
 #   tools/obs_sm_gpu_plan.sh 45  is it the observer warps' contention on one key per class?  obs_split of
 #                                lazydefer16 with the summary keyed by (class, worker): spread16, twice
+# Session 25 ran 40-45 (spread16 = the per-class summary: not one key's contention).  Session 26:
+#   tools/obs_sm_gpu_plan.sh 46  the maps' ~3 points: the hash probes' state loaded relaxed (relax16,
+#                                -DDTMK_MAP_PROBE_RELAXED) and NOMAPS observers made as late as full
+#                                ones (nomaps16burn30k) beside nomaps16, obs_split twice
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -162,7 +166,7 @@ L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"   # four observer SMs, the laz
 PYT="timeout 170 python3 -m pytest -q -p no:cacheprovider"
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
-split1b() { echo "timeout 130 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
+split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
 hooks1b() { echo "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants $1 --out ${OUT:-/tmp/out}"; }
 case "${1:-}" in
   1) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $OBS1 $HO" \
@@ -281,6 +285,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py DTMK_OBS_PROF+$D+$R DTMK_OBS_PROF+$N+$R" \
        "$(prof $D defer16)" "$(prof $N nomaps)" "$(prof $D defer16b)" "$(prof $N nomapsb)" ;;
   45) exec tools/gpu_session.sh "$(split1b lazydefer16 spread16,defer16B s1)" "$(split1b lazydefer16 defer16B,spread16 s2)" ;;
+  46) D=$L4+DTMK_OSQ_DEFER=16
+     exec tools/gpu_session.sh "python3 tools/precompile.py $D+$R $D+DTMK_MAP_PROBE_RELAXED+$R $D+DTMK_OSQ_NOMAPS+$R $D+DTMK_OSQ_NOMAPS+DTMK_OSQ_BURN=30000+$R DTMK_NO_HOOKS+$R" \
+       "$(split1b lazydefer16 relax16,nomaps16,nomaps16burn30k s1 200)" "$(split1b lazydefer16 nomaps16burn30k,nomaps16,relax16 s2 200)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -291,5 +298,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46)" >&2; exit 2 ;;
 esac

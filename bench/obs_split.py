@@ -54,7 +54,8 @@ and over `nohooks`):
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
-the last ones) in every launch, so that no row differs from another by where its plans ran.
+the last ones) in every launch, so that no row differs from another by where its plans ran;
+--observer-smids 1,3,5,7: the observers on those SMs instead (each beside a worker in its TPC?).
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ QUERIES["spread16"] = ("task:end { @lat[task.class, worker] = hist(task.dur_ns);
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 
-def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False) -> dict:
+def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
+                 obs_smids=None) -> dict:
     from benchio import sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -141,9 +143,17 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
                else summary_monitor(schema))
         lives[v].attach(mon.obj)
     if place:                          # worker k on the k-th SM in id order (the observers' SMs last)
-        for m in mks.values():
-            m.place_workers()
-        log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in id order")
+        for k, m in mks.items():
+            if obs_smids and k != "nohooks":   # the observers on these SMs, the workers on the rest in id order
+                ids = sorted(gpu.probe_smids(m.grid, m.smem))
+                if len(obs_smids) != m.obs_sms or not set(obs_smids) <= set(ids):
+                    raise SystemExit(f"--observer-smids: want {m.obs_sms} distinct SMs of the grid's "
+                                     f"{ids[0]}..{ids[-1]}, got {list(obs_smids)}")
+                m.place_workers([i for i in ids if i not in obs_smids] + list(obs_smids))
+            else:
+                m.place_workers()
+        log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in id order"
+            + (f", observers on SMs {list(obs_smids)}" if obs_smids else ""))
 
     def launch(key):
         if key == "nohooks":
@@ -163,7 +173,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     keys = ["nohooks", "plain"] + list(variants)
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"preset": name, "observer_sms": sms, "placed": place, "steps_per_launch": steps, "reps": reps,
+    out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()), "steps_per_launch": steps, "reps": reps,
            "us_per_step": med,
            "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
            "pct_over_nohooks": {k: 100.0 * (med[k] / med["nohooks"] - 1.0) for k in keys[1:]},
@@ -196,8 +206,17 @@ def main(argv=None) -> int:
                          "e.g. lazy to compare the lazy builds with their own plain")
     ap.add_argument("--place", action="store_true",
                     help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
+    ap.add_argument("--observer-smids", default="", metavar="ID,ID,...",
+                    help="with --place: the observer SMs on these SM ids (as many as --sms), the workers on the "
+                         "rest in id order (session 26: observers sharing a TPC with a worker or not)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
+    try:
+        obs_smids = [int(x) for x in a.observer_smids.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--observer-smids: not a comma list of SM ids: {a.observer_smids!r}")
+    if obs_smids and (not a.place or len(set(obs_smids)) != a.sms):
+        ap.error(f"--observer-smids needs --place and {a.sms} distinct ids (--sms), got {a.observer_smids!r}")
     if a.reps < 2:
         ap.error("--reps must be >= 2 (round 0 is a warm-up)")
     variants = [v for v in a.variants.split(",") if v]
@@ -209,7 +228,7 @@ def main(argv=None) -> int:
     variants = [a.base] + [v for v in variants if v != a.base]     # (plain is the first one's build)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
-                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place))
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids))
     return 0
 
 

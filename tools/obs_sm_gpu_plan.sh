@@ -151,6 +151,9 @@
 #   tools/obs_sm_gpu_plan.sh 46  the maps' ~3 points: the hash probes' state loaded relaxed (relax16,
 #                                -DDTMK_MAP_PROBE_RELAXED) and NOMAPS observers made as late as full
 #                                ones (nomaps16burn30k) beside nomaps16, obs_split twice
+#   tools/obs_sm_gpu_plan.sh 47  does the maps' share reach the workers through the TPC an observer
+#                                shares with a worker?  obs_split --place with the observers on the
+#                                last four SMs, on SMs 1,3,5,7 (each beside a worker) and on SMs 0-3
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -288,6 +291,9 @@ case "${1:-}" in
   46) D=$L4+DTMK_OSQ_DEFER=16
      exec tools/gpu_session.sh "python3 tools/precompile.py $D+$R $D+DTMK_MAP_PROBE_RELAXED+$R $D+DTMK_OSQ_NOMAPS+$R $D+DTMK_OSQ_NOMAPS+DTMK_OSQ_BURN=30000+$R DTMK_NO_HOOKS+$R" \
        "$(split1b lazydefer16 relax16,nomaps16,nomaps16burn30k s1 200)" "$(split1b lazydefer16 nomaps16burn30k,nomaps16,relax16 s2 200)" ;;
+  47) placed() { echo "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --place $2 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/$1"; }
+     exec tools/gpu_session.sh "$(placed last '')" "$(placed odd '--observer-smids 1,3,5,7')" "$(placed first '--observer-smids 0,1,2,3')" \
+       "$(placed odd2 '--observer-smids 1,3,5,7')" "$(placed last2 '')" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -298,5 +304,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47)" >&2; exit 2 ;;
 esac

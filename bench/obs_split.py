@@ -55,7 +55,8 @@ and over `nohooks`):
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
 the last ones) in every launch, so that no row differs from another by where its plans ran;
---observer-smids 1,3,5,7: the observers on those SMs instead (each beside a worker in its TPC?).
+--observer-smids 1,3,5,7: the observers on those SMs instead (each beside a worker in its TPC?);
+--worker-order natural: the workers in the block order an unplaced launch gives (probed), not by id.
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count
 
 
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
-                 obs_smids=None) -> dict:
+                 obs_smids=None, worker_order: str = "id") -> dict:
     from benchio import sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -144,15 +145,17 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
         lives[v].attach(mon.obj)
     if place:                          # worker k on the k-th SM in id order (the observers' SMs last)
         for k, m in mks.items():
-            if obs_smids and k != "nohooks":   # the observers on these SMs, the workers on the rest in id order
-                ids = sorted(gpu.probe_smids(m.grid, m.smem))
+            ids = gpu.probe_smids(m.grid, m.smem)          # (block order: where an unplaced launch runs them)
+            base = sorted(ids) if worker_order == "id" else ids
+            if obs_smids and k != "nohooks":   # the observers on these SMs, the workers on the rest in that order
                 if len(obs_smids) != m.obs_sms or not set(obs_smids) <= set(ids):
                     raise SystemExit(f"--observer-smids: want {m.obs_sms} distinct SMs of the grid's "
-                                     f"{ids[0]}..{ids[-1]}, got {list(obs_smids)}")
-                m.place_workers([i for i in ids if i not in obs_smids] + list(obs_smids))
-            else:
-                m.place_workers()
-        log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in id order"
+                                     f"{min(ids)}..{max(ids)}, got {list(obs_smids)}")
+                base = [i for i in base if i not in obs_smids] + list(obs_smids)
+            m.place_workers(base)
+            if k in ("nohooks", variants[0]):
+                log(f"{name}: {k} SMs by worker: {base}")
+        log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in {worker_order} order"
             + (f", observers on SMs {list(obs_smids)}" if obs_smids else ""))
 
     def launch(key):
@@ -173,7 +176,8 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     keys = ["nohooks", "plain"] + list(variants)
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()), "steps_per_launch": steps, "reps": reps,
+    out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()),
+           "worker_order": worker_order if place else None, "steps_per_launch": steps, "reps": reps,
            "us_per_step": med,
            "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
            "pct_over_nohooks": {k: 100.0 * (med[k] / med["nohooks"] - 1.0) for k in keys[1:]},
@@ -209,6 +213,9 @@ def main(argv=None) -> int:
     ap.add_argument("--observer-smids", default="", metavar="ID,ID,...",
                     help="with --place: the observer SMs on these SM ids (as many as --sms), the workers on the "
                          "rest in id order (session 26: observers sharing a TPC with a worker or not)")
+    ap.add_argument("--worker-order", choices=("id", "natural"), default="id",
+                    help="with --place: the workers on the SMs in id order, or in the block order an unplaced "
+                         "launch gives them (probed), the observers' SMs moved to the end")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     try:
@@ -228,7 +235,7 @@ def main(argv=None) -> int:
     variants = [a.base] + [v for v in variants if v != a.base]     # (plain is the first one's build)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
-                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids))
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids, a.worker_order))
     return 0
 
 

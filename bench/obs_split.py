@@ -49,6 +49,9 @@ and over `nohooks`):
   nomaps16 / nomaps16burn30k   lazydefer16 with NOMAPS / and 30000 cycles (~16 us) more per
             entry: is the maps' share the observers' lateness (a full entry's map calls take
             ~10-20 us) rather than their memory?  (session 26)
+  nomaps16pages4 / nomaps16icode / nomaps16icodeL   nomaps16 whose observers then load from 4
+            pages of 2 MB per entry (-DDTMK_OSQ_PAGES=4: TLB reach) / run ~3 K / ~12 K instructions
+            of straight-line code (-DDTMK_OSQ_ICODE=256 / 1024: instruction caches) (session 26)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
@@ -97,6 +100,9 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
             "relax16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_MAP_PROBE_RELAXED"),
             "nomaps16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS"),
+            "nomaps16pages4": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_PAGES=4"),
+            "nomaps16icode": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_ICODE=256"),
+            "nomaps16icodeL": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_ICODE=1024"),
             "nomaps16burn30k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=30000"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),

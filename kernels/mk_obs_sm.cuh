@@ -30,7 +30,9 @@
  * -DDTMK_OSQ_NOMAPS (bpf_vm.cuh: the VM's map helpers return without touching memory) and,
  * with the opt-in -DDTMK_OSQ_DESC (descriptor programs into a shadow per observer warp:
  * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
- * split the VM's map share (session 18) */
+ * split the VM's map share (session 18); after the entry's run, -DDTMK_OSQ_PAGES=N dependent loads
+ * on N pages of 2 MB (the TLBs' reach?) and -DDTMK_OSQ_ICODE=N unrolled code (an instruction
+ * cache shared with the workers?) test how the maps' share reaches the workers (session 26) */
 #define OSQ_STATS_N 11
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
@@ -100,6 +102,25 @@ __device__ __noinline__ void osq_publish_tables(const MkParams &P) {
 }
 /* an observer lane: worker w's entry i -> its records (the warp's ring, the host ring);
  * returns the entry's decode step */
+#if defined(DTMK_OSQ_PAGES) || defined(DTMK_OSQ_ICODE)
+__device__ unsigned long long dtmk_osq_sink2;   /* (measurement only: keeps PAGES' / ICODE's results) */
+#endif
+#ifdef DTMK_OSQ_ICODE
+/* (session 26: does the observers' code footprint reach the workers -- an instruction cache
+ * above the SM?)  Four independent xorshift-multiply chains, unrolled: straight-line code,
+ * no memory, about 12 instructions per iteration */
+__device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
+    dtmk_u32 b = a ^ 0x9e3779b9u, c = a + 0x7f4a7c15u, d = a * 3u + 1u;
+#pragma unroll
+    for (int j = 0; j < (DTMK_OSQ_ICODE); ++j) {
+        a = (a ^ (a >> 7)) * 0x2545f491u + (dtmk_u32)j;
+        b = (b ^ (b >> 9)) * 0x9e3779b1u + (dtmk_u32)(j * 3);
+        c = (c ^ (c >> 5)) * 0x85ebca6bu + (dtmk_u32)(j * 5);
+        d = (d ^ (d >> 11)) * 0xc2b2ae35u + (dtmk_u32)(j * 7);
+    }
+    return a ^ b ^ c ^ d;
+}
+#endif
 __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i) {
     /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
      * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
@@ -121,6 +142,20 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
         hook_flush(P, W);
 #ifdef DTMK_OSQ_BURN                   /* measurement only: the entry run, then DTMK_OSQ_BURN cycles more (no memory) */
         { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
+#endif
+#ifdef DTMK_OSQ_PAGES                  /* measurement only: then N dependent loads, each on another 2 MB page of the gate weights */
+        {
+            const dtmk_u64 pages = (P.n_layers * P.ffn * P.hidden * 2ull) >> 21;
+            dtmk_u64 x = (dtmk_u64)w * 131u + i * 7u;
+            for (int j = 0; pages && j < (DTMK_OSQ_PAGES); ++j) {
+                const dtmk_u64 pg = (x * 2654435761ull + (dtmk_u64)j * 40503u) % pages;
+                x += __ldcg((const unsigned *)(P.w_gate + (pg << 21) + ((x & 1023u) << 6))) | 1u;
+            }
+            if (x == 12345) dtmk_osq_sink2 = x;   /* (keeps the chain) */
+        }
+#endif
+#ifdef DTMK_OSQ_ICODE                  /* measurement only: then ~DTMK_OSQ_ICODE * 12 instructions of straight-line code */
+        if (osq_icode((dtmk_u32)(w * 131u + i)) == 0x12345678u) dtmk_osq_sink2 = 1;
 #endif
 #else
         W.pend = 0;                    /* measurement only: the entry taken, not run */

@@ -157,6 +157,10 @@
 #   tools/obs_sm_gpu_plan.sh 48  plan 47 placed the workers by SM id (plain +7% over no hooks vs +4.5%
 #                                unplaced): the same with the workers in the unplaced block order, the
 #                                observers on that order's last four SMs, or on SMs 0-3
+#   tools/obs_sm_gpu_plan.sh 49  plans 47-48: the maps' share depends on which SMs observe beside which
+#                                workers (+6.4..+12.3% over plain).  What reaches the neighbours?  nomaps16
+#                                with 4 loads on 2 MB pages per entry (TLB) or ~3 K / ~11 K instructions of
+#                                straight-line code (instruction caches), obs_split twice
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -300,6 +304,8 @@ case "${1:-}" in
   48) placed() { echo "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --place --worker-order natural $2 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/$1"; }
      exec tools/gpu_session.sh "$(split1b lazydefer16 nomaps16,defer16B free)" "$(placed nat '')" "$(placed natfirst '--observer-smids 0,1,2,3')" \
        "$(placed nat2 '')" "$(placed natfirst2 '--observer-smids 0,1,2,3')" ;;
+  49) exec tools/gpu_session.sh "$(split1b lazydefer16 nomaps16,nomaps16pages4,nomaps16icode,nomaps16icodeL s1 240)" \
+       "$(split1b lazydefer16 nomaps16icodeL,nomaps16icode,nomaps16pages4,nomaps16 s2 240)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -310,5 +316,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49)" >&2; exit 2 ;;
 esac

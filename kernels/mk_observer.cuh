@@ -261,10 +261,25 @@ __device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (an unpublished entry is older: it joins this publish) */
     dtmk_u64 *a = osq_mine(P, W);
     for (dtmk_u32 i = 0; i < n; ++i) {
+#ifdef DTMK_OSQ_STATS
+        const long long c0 = clock64();
+        bool waited = false;
+#endif
         while (W.osq_head + i - W.osq_tail >= OSQ_N) {   /* (osq_slot's wait for room) */
             W.osq_tail = osq_ld(a + OSQ_W_TAIL);
-            if (W.osq_head + i - W.osq_tail >= OSQ_N) __nanosleep(256);
+            if (W.osq_head + i - W.osq_tail >= OSQ_N) {
+                __nanosleep(256);
+#ifdef DTMK_OSQ_STATS
+                waited = true;
+#endif
+            }
         }
+#ifdef DTMK_OSQ_STATS
+        if (waited) {                  /* (counted as osq_slot's waits) */
+            atomicAdd(&dtmk_osq_wstats[0], 1ull);
+            atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
+        }
+#endif
         uint4 *d = osq_entry_at(a, W.osq_head + i);
 #pragma unroll
         for (int k = 0; k < 6; ++k) __stcg(d + k, s_osq_stage[i][k]);

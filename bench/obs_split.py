@@ -44,8 +44,6 @@ and over `nohooks`):
   lazynoraise   the lazy build whose waiting workers never raise OBS_PENDING (session 19)
   nomapsburn2k / nomapsburn6k   lazynomaps whose observers spin 2000 / 6000 cycles more per
             entry after running it (-DDTMK_OSQ_BURN): busy observers, no memory (session 19)
-  relax16   lazydefer16 whose hash probes load the slot state relaxed, not acquire
-            (-DDTMK_MAP_PROBE_RELAXED: no L1 invalidation per probe; session 26)
   nomaps16 / nomaps16burn30k   lazydefer16 with NOMAPS / and 30000 cycles (~16 us) more per
             entry: is the maps' share the observers' lateness (a full entry's map calls take
             ~10-20 us) rather than their memory?  (session 26)
@@ -98,7 +96,6 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "defer16B": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
             "spread16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
             "nomapsB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS"),
-            "relax16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_MAP_PROBE_RELAXED"),
             "nomaps16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS"),
             "nomaps16pages4": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_PAGES=4"),
             "nomaps16icode": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_ICODE=256"),

@@ -141,28 +141,6 @@ __device__ __forceinline__ dtmk_u32 dtmk_ld_acquire_u32(const dtmk_u32 *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-/* a hash probe's slot-state load.  -DDTMK_MAP_PROBE_RELAXED (measurement, bench/obs_split.py
- * relax16): ld.relaxed.gpu -- no L1 invalidation (CCTL.IVALL) per probe, so the map header
- * and the program's other lines stay in L1; a FULL slot's key words are then read from L2
- * (dtmk_ld_key_u32) after the state, whose value the branch depends on */
-__device__ __forceinline__ dtmk_u32 dtmk_ld_probe_u32(const dtmk_u32 *p) {
-#ifdef DTMK_MAP_PROBE_RELAXED
-    dtmk_u32 v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    return dtmk_ld_acquire_u32(p);
-#endif
-}
-__device__ __forceinline__ dtmk_u32 dtmk_ld_key_u32(const dtmk_u32 *p) {
-#ifdef DTMK_MAP_PROBE_RELAXED
-    dtmk_u32 v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    return *p;                  /* (after the state's acquire) */
-#endif
-}
 __device__ __forceinline__ void dtmk_st_release_u32(dtmk_u32 *p, dtmk_u32 v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
@@ -248,15 +226,15 @@ __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void 
         int free_slot = -1;
         dtmk_u32 i = h0, probe = 0;
         for (; probe < m->capacity; probe++, i = (i + 1) & m->cap_mask) {
-            dtmk_u32 st = dtmk_ld_probe_u32(states + i);
+            dtmk_u32 st = dtmk_ld_acquire_u32(states + i);
             while (st == DTMK_SLOT_BUSY) {
                 __nanosleep(20);
-                st = dtmk_ld_probe_u32(states + i);
+                st = dtmk_ld_acquire_u32(states + i);
             }
             if (st == DTMK_SLOT_FULL) {
                 const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
                 bool eq = true;
-                for (dtmk_u32 j = 0; j < nw; j++) eq &= (dtmk_ld_key_u32(k + j) == w[j]);
+                for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
                 if (eq) return (int)i;
             } else if (st == DTMK_SLOT_TOMB) {
                 if (free_slot < 0) free_slot = (int)i;

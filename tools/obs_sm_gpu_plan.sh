@@ -164,6 +164,8 @@
 #   tools/obs_sm_gpu_plan.sh 50  plan 49: 4 page loads per entry cost nothing, ~3 K instructions of new code per
 #                                entry +28%.  Slow observers (backpressure) or neighbours?  obs_sm_probe (queue-full
 #                                waits, now also the DEFER flush's; observer cycles) of N 16, + NOMAPS, + ICODE=256
+#   tools/obs_sm_gpu_plan.sh 51  plan 50: the observers are busy ~all of the step either way (full: 35 full-queue
+#                                waits, NOMAPS none): throughput.  Six observer SMs instead of four, obs_split
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -311,6 +313,7 @@ case "${1:-}" in
   50) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16
      probe() { echo "timeout 170 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines $1 --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "$(probe $D d16)" "$(probe $D+DTMK_OSQ_NOMAPS nomaps)" "$(probe $D+DTMK_OSQ_NOMAPS+DTMK_OSQ_ICODE=256 icode)" ;;
+  51) exec tools/gpu_session.sh "timeout 150 python3 bench/obs_split.py --presets 1b --reps 7 --sms 6 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/sms6" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -321,5 +324,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51)" >&2; exit 2 ;;
 esac

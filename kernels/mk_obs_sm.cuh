@@ -32,7 +32,9 @@
  * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
  * split the VM's map share (session 18); after the entry's run, -DDTMK_OSQ_PAGES=N dependent loads
  * on N pages of 2 MB (the TLBs' reach?) and -DDTMK_OSQ_ICODE=N unrolled code (an instruction
- * cache shared with the workers?) test how the maps' share reaches the workers (session 26) */
+ * cache shared with the workers?) test how the maps' share reaches the workers (session 26).
+ * Opt-in, not measurement: -DDTMK_OSQ_MULTI=D (a worker's backlog runs on up to D lanes of a
+ * round: osq_observer) */
 #define OSQ_STATS_N 11
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
 __device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
@@ -272,6 +274,31 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             OSQ_CYC(4, c_scan);
             if (!todo) continue;
             any = true;
+            dtmk_u32 rw = w;                   /* the lane's entry: worker rw's entry rt */
+            dtmk_u64 rt = tail;
+#ifdef DTMK_OSQ_MULTI
+            /* -DDTMK_OSQ_MULTI=D: a worker's backlog takes up to D lanes of the round (its
+             * entry tail + d on lane i + d * ng; lanes i < ng are the slice's workers, as
+             * without it).  1b's warps watch 5-6 workers each, so 26 of 32 lanes sat idle
+             * while the busiest workers' queues filled (session 26, plan 50).  Only task
+             * entries (OSQ_TAG_PEND) join at d > 0, only while no host ring takes records
+             * (its cursor is per worker and entry order), and only as a prefix of the backlog. */
+            const dtmk_u32 ng = (dtmk_u32)__popc(__ballot_sync(0xffffffffu, w < nw));
+            const dtmk_u32 D = min((dtmk_u32)(DTMK_OSQ_MULTI), 32u / ng);
+            if (D > 1 && !O.ring_mask) {
+                const dtmk_u32 i = lane % ng, d = lane / ng;
+                const dtmk_u32 wi = __shfl_sync(0xffffffffu, w, i);
+                const dtmk_u64 hi = __shfl_sync(0xffffffffu, head, i), ti = __shfl_sync(0xffffffffu, tail, i);
+                bool want = d < D && ti + d < hi;
+                /* (lane i read the head with acquire; the shuffles sync the warp; entries are
+                 * read from L2, as osq_run_entry reads them) */
+                if (want && d > 0) want = __ldcg(&osq_entry(P, wi, ti + d)->x) == OSQ_TAG_PEND;
+                const unsigned wm = __ballot_sync(0xffffffffu, want);
+                for (dtmk_u32 e = 0; e < d; ++e) want = want && ((wm >> (i + e * ng)) & 1u);
+                todo = __ballot_sync(0xffffffffu, want);
+                rw = wi; rt = ti + d;
+            }
+#endif
             if (O.cap) {                       /* room for one record per hook and entry */
                 while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
                 /* (flushing only epochs 2 behind the newest: the two accumulator ways hold
@@ -286,7 +313,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             OSQ_T0(c_build);
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;
-            if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, w, tail);
+            if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, rw, rt);
             __syncwarp();
             OSQ_CYC(5, c_build);
             OSQ_ADD(0, 1);
@@ -298,7 +325,15 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             const dtmk_u32 lo = min(__reduce_min_sync(0xffffffffu, Wl.osq_lo), O.acc_min);
             if (lo < O.pub) osq_publish_low(P, lo);
             __threadfence();                   /* (every lane: its records and the low before its tail) */
+#ifdef DTMK_OSQ_MULTI
+            {   /* lane i: its worker's entries this round (a prefix: the room cut drops the highest lanes) */
+                dtmk_u32 taken = 0;
+                for (dtmk_u32 e = lane; e < 32u; e += ng) taken += (todo >> e) & 1u;
+                if (lane < ng && taken) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + taken;
+            }
+#else
             if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;
+#endif
             __syncwarp();
             OSQ_CYC(7, c_tail);
         }

@@ -102,7 +102,7 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
                   "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER",
-                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE")
+                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 

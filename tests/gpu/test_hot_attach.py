@@ -36,10 +36,12 @@ OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
 #: ... whose workers stage their entries in shared memory, stored by the next failed poll (session 24):
 #: the CLI's --observer sm build, OBSSM4LAZY + DTMK_OSQ_DEFER=gpu.OSQ_DEFER_DEFAULT
 OBSSM4DEFER = observer_defines("sm")
+#: ... whose observer warps run up to four entries of one worker per round (session 26, opt-in)
+OBSSM4MULTI = OBSSM4DEFER + ("DTMK_OSQ_MULTI=4",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
-                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER],
+                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
-                                      "obssm4desc", "obssm4defer"])
+                                      "obssm4desc", "obssm4defer", "obssm4multi"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -96,9 +98,9 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
-                                     OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER],
+                                     OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
-                              "obssm4desc", "obssm4defer"])
+                              "obssm4desc", "obssm4defer", "obssm4multi"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -317,9 +319,10 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 
 
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
-                                          ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER)],
+                                          ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER),
+                                          ("1b", OBSSM4MULTI)],
                          ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
-                              "1b-obssm4defer"])
+                              "1b-obssm4defer", "1b-obssm4multi"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

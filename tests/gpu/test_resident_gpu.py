@@ -56,8 +56,9 @@ def poll_until(mk, step, got, timeout_s=60.0):
 #: worker's head and steps done at the worker's gates (OSQ_TAG_STEP)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=3"),
                                              ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB"),
-                                             observer_defines("sm")],   # (the CLI's: + DTMK_OSQ_DEFER)
-                                 ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer"])
+                                             observer_defines("sm"),    # (the CLI's: + DTMK_OSQ_DEFER)
+                                             observer_defines("sm") + ("DTMK_OSQ_MULTI=4",)],   # (session 26, opt-in)
+                                 ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer", "obssm4multi"])
 
 
 @BUILDS

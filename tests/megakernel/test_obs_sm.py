@@ -27,8 +27,9 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
 @pytest.mark.parametrize("defines", [("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN"),
                                      ("DTMK_OBS_SM", "DTMK_OSQ_STATS"),
                                      ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER"),
-                                     ("DTMK_OBS_SM", "DTMK_OBS_PROF")],   # (the probe's --prof: warp 0 counted)
-                         ids=["tiny", "1b", "stats", "handoff", "prof"])
+                                     ("DTMK_OBS_SM", "DTMK_OBS_PROF"),    # (the probe's --prof: warp 0 counted)
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_MULTI=4", "DTMK_OSQ_STATS")],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -493,3 +494,23 @@ def test_observers_run_descriptors_into_the_shadow_and_flush_it_before_an_epoch_
     assert "DTMK_OSQ_DESC" in gpu.OBS_SM_DEFINES
     from tests.bench_tables import hooks_table
     assert hooks_table("BUILD_VARIANTS")["obssm4desc"] == OBSSM4DESC
+
+
+def test_several_entries_per_round_only_for_task_entries_without_a_host_ring():
+    """-DDTMK_OSQ_MULTI=D (session 26, opt-in): a worker's backlog runs on up to D lanes of a
+    round.  A lane at d > 0 takes only a task entry (OSQ_TAG_PEND: a step gate or a worker-built
+    record stays a round of its own) and only while no host ring takes records (its cursor is per
+    worker, in entry order); a lane runs only if every lane before it in its worker's backlog
+    does (a prefix), and lane i stores its worker's tail once, by the count taken.  The
+    protocol itself: tests/runtime/test_obs_sm_protocol.py (multi)."""
+    src = OBS_SM_SRC[OBS_SM_SRC.index("#ifdef DTMK_OSQ_MULTI\n            /* -DDTMK_OSQ_MULTI=D"):]
+    src = src[:src.index("#endif")]
+    assert "if (D > 1 && !O.ring_mask)" in src
+    assert "if (want && d > 0) want = __ldcg(&osq_entry(P, wi, ti + d)->x) == OSQ_TAG_PEND;" in src
+    assert "for (dtmk_u32 e = 0; e < d; ++e) want = want && ((wm >> (i + e * ng)) & 1u);" in src
+    tail = OBS_SM_SRC[OBS_SM_SRC.index("lane i: its worker's entries this round"):]
+    tail = tail[:tail.index("#else")]
+    assert "if (lane < ng && taken) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + taken;" in tail
+    # without the define the round is the one it was: one entry per lane, its own tail + 1
+    assert "if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;" in OBS_SM_SRC
+    assert "DTMK_OSQ_MULTI" in gpu.OBS_SM_DEFINES       # (the compiled tier's linked build passes it on)

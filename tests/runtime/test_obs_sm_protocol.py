@@ -25,13 +25,15 @@ that bounds them one step too high, no hold before the signal, a publish while r
 are still in the ring."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 INF = 1 << 30
 
 
 def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False,
-          defer=0):
+          defer=0, multi=1):
     """Explore every interleaving; return None or the first violation's description.
     `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
     lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
@@ -44,7 +46,9 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     lows, start from it).  The host then also needs every final epoch's map values in.
     defer (N > 0, with lazy): -DDTMK_OSQ_DEFER=N's worker -- the entry staged after the signal
     (no head bump at the next signal); in a wait all staged entries are stored and published
-    at once (fenced) before any raise; staging the N-th flushes them at once."""
+    at once (fenced) before any raise; staging the N-th flushes them at once.
+    multi (D > 1): -DDTMK_OSQ_MULTI=D's observer -- a round runs up to D entries of each worker
+    (the oldest ones: a prefix of its backlog) and advances its tail by as many."""
     NW, S = n_workers, steps
     NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
@@ -107,9 +111,14 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
         for k in range(warps):                              # ---- observer warps
             mine = [w for w in range(NW) if slice_of[w] == k]
             if rphase[k] is None:
-                lanes = tuple(w for w in mine if tail[w] < head[w])
-                if lanes:                                   # run one entry per lane
-                    eps = tuple(tail[w] for w in lanes)     # entry i of a worker is its step i
+                busy = tuple(w for w in mine if tail[w] < head[w])
+                # run one entry per lane; multi: any prefix of up to D of each worker's backlog
+                # (the room cut may drop the highest lanes)
+                for counts in itertools.product(*(range(1, min(head[w] - tail[w], multi) + 1) for w in busy)):
+                    if not busy:
+                        break
+                    lanes = tuple(zip(busy, counts))
+                    eps = tuple(tail[w] + d for w, n in lanes for d in range(n))   # entry i of a worker is its step i
                     r2 = tuple(sorted(ring[k] + eps))
                     sn = max(seen[k], max(eps))
                     out.append(st[:7] + (rep(ring, k, r2),) + st[8:11] + (rep(seen, k, sn),
@@ -135,8 +144,8 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                                rep(rphase, k, (lanes, lo, nxt) if nxt else None), host) + st[14:])
                 if ph == "tail" or (ph == "low" and mutant == "tail_first"):
                     t2 = tail
-                    for w in lanes:
-                        t2 = rep(t2, w, t2[w] + 1)
+                    for w, n in lanes:
+                        t2 = rep(t2, w, t2[w] + n)
                     nxt = None if ph == "tail" else (lanes, lo, "low2")
                     out.append(st[:5] + (t2,) + st[6:12] + (rep(rphase, k, nxt), host) + st[14:])
         if host is None:                                    # ---- host snapshot
@@ -265,6 +274,21 @@ def test_deferred_entries_keep_every_final_epoch_complete(n_workers, steps, warp
     finals = set()
     assert check(n_workers, steps, warps, finals=finals, lazy=True, defer=cap) is None
     assert finals == set(range(-1, steps)), finals
+
+
+@pytest.mark.parametrize("n_workers, steps, warps, multi", [(2, 3, 1, 2), (1, 3, 1, 3), (2, 2, 2, 2)])
+def test_several_entries_of_a_worker_per_round_keep_every_final_epoch_complete(n_workers, steps, warps, multi):
+    """-DDTMK_OSQ_MULTI (session 26): a round takes up to D entries of one worker; the lows
+    still cover them before the tail passes them (with the deferred, lazy worker too)."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, multi=multi) is None
+    assert check(n_workers, steps, warps, lazy=True, defer=2, multi=multi) is None
+    assert finals >= {-1, 0, steps - 1}, finals
+
+
+@pytest.mark.parametrize("mutant", ["tail_first", "raise_past_oldest"])
+def test_the_checker_catches_a_broken_protocol_with_several_entries_per_round(mutant):
+    assert check(2, 3, 1, mutant=mutant, multi=2) is not None
 
 
 def test_a_raise_past_staged_entries_is_caught():

@@ -123,13 +123,8 @@ __device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
     return a ^ b ^ c ^ d;
 }
 #endif
-__device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i) {
-    /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
-     * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
-    const uint4 *d = osq_entry(P, w, i);
-    HkRec c;
-#pragma unroll
-    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
+/* observer lane: worker w's entry i (its words in c) run -> the entry's step */
+__device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, HkRec &c) {
     dtmk_u32 step;
     if (c.v[0].x == OSQ_TAG_PEND) {    /* a task's captured hooks (osq_write_pend) */
         const uint4 d0 = c.v[0], d1 = c.v[1], d2 = c.v[2], d3 = c.v[3], d4 = c.v[4];
@@ -196,6 +191,23 @@ __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtm
     osq_cursor_out(P, W);
     return step;
 }
+/* observer lane: worker w's entry i loaded and run */
+__device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i) {
+    /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
+     * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
+    const uint4 *d = osq_entry(P, w, i);
+    HkRec c;
+#pragma unroll
+    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
+    return osq_run_rec(P, W, w, i, c);
+}
+#ifdef DTMK_OSQ_MULTI
+/* observer lane: an entry the round loaded already (to see its tag) run */
+__device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, const HkRec &pre) {
+    HkRec c = pre;
+    return osq_run_rec(P, W, w, i, c);
+}
+#endif
 /* observer warp k of K (megakernel.cu "observer SM"): load the tables, then until every
  * worker of its slice is done and its queue empty, rounds: each lane takes the next entry
  * of one worker (up to 32 at once; the ring drained first when it lacks room for one
@@ -277,6 +289,10 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             dtmk_u32 rw = w;                   /* the lane's entry: worker rw's entry rt */
             dtmk_u64 rt = tail;
 #ifdef DTMK_OSQ_MULTI
+            HkRec mc;                          /* (the entry's words, when the round loaded them) */
+            bool loaded = false;
+#endif
+#ifdef DTMK_OSQ_MULTI
             /* -DDTMK_OSQ_MULTI=D: a worker's backlog takes up to D lanes of the round (its
              * entry tail + d on lane i + d * ng; lanes i < ng are the slice's workers, as
              * without it).  1b's warps watch 5-6 workers each, so 26 of 32 lanes sat idle
@@ -290,9 +306,15 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
                 const dtmk_u32 wi = __shfl_sync(0xffffffffu, w, i);
                 const dtmk_u64 hi = __shfl_sync(0xffffffffu, head, i), ti = __shfl_sync(0xffffffffu, tail, i);
                 bool want = d < D && ti + d < hi;
-                /* (lane i read the head with acquire; the shuffles sync the warp; entries are
-                 * read from L2, as osq_run_entry reads them) */
-                if (want && d > 0) want = __ldcg(&osq_entry(P, wi, ti + d)->x) == OSQ_TAG_PEND;
+                if (want) {                    /* the entry's words now (its tag decides; the run reuses them) --
+                                                * lane i read the head with acquire, the shuffles sync the warp,
+                                                * and the words come from L2, as osq_run_entry reads them */
+                    const uint4 *e = osq_entry(P, wi, ti + d);
+#pragma unroll
+                    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) mc.v[j] = __ldcg(e + j);
+                    loaded = true;
+                }
+                if (want && d > 0) want = mc.v[0].x == OSQ_TAG_PEND;
                 const unsigned wm = __ballot_sync(0xffffffffu, want);
                 for (dtmk_u32 e = 0; e < d; ++e) want = want && ((wm >> (i + e * ng)) & 1u);
                 todo = __ballot_sync(0xffffffffu, want);
@@ -313,7 +335,11 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
             OSQ_T0(c_build);
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;
+#ifdef DTMK_OSQ_MULTI
+            if ((todo >> lane) & 1u) st = loaded ? osq_run_loaded(P, Wl, rw, rt, mc) : osq_run_entry(P, Wl, rw, rt);
+#else
             if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, rw, rt);
+#endif
             __syncwarp();
             OSQ_CYC(5, c_build);
             OSQ_ADD(0, 1);

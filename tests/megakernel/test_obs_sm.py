@@ -82,7 +82,7 @@ def test_a_round_takes_one_entry_per_lane_with_room_for_its_records():
     entry (an entry makes at most one record per hook), so no record is lost to a race."""
     o = body("osq_observer")
     room = o.index("O.maxc + (dtmk_u32)__popc(todo) > O.cap")
-    assert o.index("while ((dtmk_u32)__popc(todo) > O.cap)") < room < o.index("osq_run_entry(P, Wl, w, tail)")
+    assert o.index("while ((dtmk_u32)__popc(todo) > O.cap)") < room < o.index("osq_run_entry(P, Wl, rw, rt)")
     s = body("hk_store")
     obs = s[s.index("#ifdef DTMK_OBS_SM\n    if (O.vm_mask & bit)"):]
     assert "atomicAdd(&O.cnt[hook], 1u)" in obs and "atomicSub(&O.cnt[hook], 1u)" in obs
@@ -115,10 +115,10 @@ def test_obs_pending_rises_to_the_low_bounded_by_the_oldest_entry_not_taken():
     # the entry's step where osq_run_entry reads it; a gate's STEP entry defers the raise
     assert "osq_entry_at((dtmk_u64 *)a, tail)" in bound and "if (tag == OSQ_TAG_STEP) return;" in bound
     assert "lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);" in bound
-    e = body("osq_run_entry")
+    e = body("osq_run_rec")             # (osq_run_entry loads the entry, osq_run_rec runs it)
     assert "step = d1.w;" in e and "step = c.v[3].z;" in e
     o = body("osq_observer")
-    assert o.index("osq_run_entry(P, Wl, w, tail)") < o.index("osq_publish_low(P, lo)") \
+    assert o.index("osq_run_entry(P, Wl, rw, rt)") < o.index("osq_publish_low(P, lo)") \
         < o.index("__threadfence();                   /* (every lane: its records") < o.index("OSQ_W_TAIL) = tail + 1")
     s = body("obs_sync")
     pub = s[s.index("#ifdef DTMK_OBS_SM\n            __threadfence();"):]
@@ -174,7 +174,7 @@ def test_a_resident_launch_runs_the_observer_and_it_publishes_each_gate():
     g = body("gate_publish")
     obs = g[:g.index("#else")]
     assert "OSQ_TAG_STEP" in obs and "osq_publish(P, W, true)" in obs and "steps_done" not in obs
-    e = body("osq_run_entry")
+    e = body("osq_run_rec")
     step = e[e.index("c.v[0].x == OSQ_TAG_STEP"):]
     assert step.index("__threadfence_system()") < step.index("P.hook_head)[w]") < step.index("P.steps_done)[w]")
     assert "P.resident ? *((const volatile dtmk_u64 *)P.hook_tail + w) : 0" in body("osq_cursor_in")
@@ -506,7 +506,7 @@ def test_several_entries_per_round_only_for_task_entries_without_a_host_ring():
     src = OBS_SM_SRC[OBS_SM_SRC.index("#ifdef DTMK_OSQ_MULTI\n            /* -DDTMK_OSQ_MULTI=D"):]
     src = src[:src.index("#endif")]
     assert "if (D > 1 && !O.ring_mask)" in src
-    assert "if (want && d > 0) want = __ldcg(&osq_entry(P, wi, ti + d)->x) == OSQ_TAG_PEND;" in src
+    assert "if (want && d > 0) want = mc.v[0].x == OSQ_TAG_PEND;" in src
     assert "for (dtmk_u32 e = 0; e < d; ++e) want = want && ((wm >> (i + e * ng)) & 1u);" in src
     tail = OBS_SM_SRC[OBS_SM_SRC.index("lane i: its worker's entries this round"):]
     tail = tail[:tail.index("#else")]

@@ -50,8 +50,9 @@ and over `nohooks`):
   nomaps16pages4 / nomaps16icode / nomaps16icodeL   nomaps16 whose observers then load from 4
             pages of 2 MB per entry (-DDTMK_OSQ_PAGES=4: TLB reach) / run ~3 K / ~12 K instructions
             of straight-line code (-DDTMK_OSQ_ICODE=256 / 1024: instruction caches) (session 26)
-  multi2 / multi4 / multi4nomaps   lazydefer16 whose observer warps run up to 2 / 4 entries of one
-            worker per round (-DDTMK_OSQ_MULTI=D; / with NOMAPS): session 26's observer throughput
+  multi2 / multi4 / multi8 / multi4nomaps   lazydefer16 whose observer warps run up to 2 / 4 / 8
+            entries of one worker per round (-DDTMK_OSQ_MULTI=D, at most 32 / the warp's workers: 5-6
+            on 1b; / with NOMAPS): session 26's observer throughput
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
@@ -104,6 +105,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nomaps16icodeL": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_ICODE=1024"),
             "multi2": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=2"),
             "multi4": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=4"),
+            "multi8": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=8"),
             "multi4nomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=4", "DTMK_OSQ_NOMAPS"),
             "nomaps16burn30k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=30000"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),

@@ -168,7 +168,7 @@
 #                                waits, NOMAPS none): throughput.  Six observer SMs instead of four, obs_split
 #   tools/obs_sm_gpu_plan.sh 52  the observer warps run up to D entries of one worker per round (-DDTMK_OSQ_MULTI,
 #                                session 26): exact (hot attach, resident, final epochs: obssm4multi), then
-#                                obs_split multi2 / multi4 / multi4nomaps beside lazydefer16 / nomaps16
+#                                obs_split multi2 / multi4 / multi8 / multi4nomaps beside lazydefer16 / nomaps16
 #   tools/obs_sm_gpu_plan.sh 53  the issue-5 table with obssm4multi beside obssm4defer (bench/hooks.py)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
@@ -319,9 +319,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$(probe $D d16)" "$(probe $D+DTMK_OSQ_NOMAPS nomaps)" "$(probe $D+DTMK_OSQ_NOMAPS+DTMK_OSQ_ICODE=256 icode)" ;;
   51) exec tools/gpu_session.sh "timeout 150 python3 bench/obs_split.py --presets 1b --reps 7 --sms 6 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/sms6" ;;
   52) D=$L4+DTMK_OSQ_DEFER=16
-     exec tools/gpu_session.sh "python3 tools/precompile.py $D+DTMK_OSQ_MULTI=4 $D+DTMK_OSQ_MULTI=4+$R $D+DTMK_OSQ_MULTI=2+$R $D+DTMK_OSQ_MULTI=4+DTMK_OSQ_NOMAPS+$R $D+$R $D+DTMK_OSQ_NOMAPS+$R DTMK_NO_HOOKS+$R" \
+     exec tools/gpu_session.sh "python3 tools/precompile.py $D+DTMK_OSQ_MULTI=4 $D+DTMK_OSQ_MULTI=4+$R $D+DTMK_OSQ_MULTI=2+$R $D+DTMK_OSQ_MULTI=8+$R $D+DTMK_OSQ_MULTI=4+DTMK_OSQ_NOMAPS+$R $D+$R $D+DTMK_OSQ_NOMAPS+$R DTMK_NO_HOOKS+$R" \
        "$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4multi -rA" \
-       "$(split1b lazydefer16 multi2,multi4,nomaps16,multi4nomaps s1 200)" "$(split1b lazydefer16 multi4nomaps,nomaps16,multi4,multi2 s2 200)" ;;
+       "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 220)" ;;
   53) exec tools/gpu_session.sh "$(hooks1b obssm4defer,obssm4multi)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \

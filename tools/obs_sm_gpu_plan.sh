@@ -170,6 +170,7 @@
 #                                session 26): exact (hot attach, resident, final epochs: obssm4multi), then
 #                                obs_split multi2 / multi4 / multi8 / multi4nomaps beside lazydefer16 / nomaps16
 #   tools/obs_sm_gpu_plan.sh 53  the issue-5 table with obssm4multi beside obssm4defer (bench/hooks.py)
+#   tools/obs_sm_gpu_plan.sh 54  plan 52's obs_split again, the order swapped
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -321,8 +322,9 @@ case "${1:-}" in
   52) D=$L4+DTMK_OSQ_DEFER=16
      exec tools/gpu_session.sh "python3 tools/precompile.py $D+DTMK_OSQ_MULTI=4 $D+DTMK_OSQ_MULTI=4+$R $D+DTMK_OSQ_MULTI=2+$R $D+DTMK_OSQ_MULTI=8+$R $D+DTMK_OSQ_MULTI=4+DTMK_OSQ_NOMAPS+$R $D+$R $D+DTMK_OSQ_NOMAPS+$R DTMK_NO_HOOKS+$R" \
        "$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4multi -rA" \
-       "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 220)" ;;
+       "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" ;;
   53) exec tools/gpu_session.sh "$(hooks1b obssm4defer,obssm4multi)" ;;
+  54) exec tools/gpu_session.sh "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 220)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;
@@ -333,5 +335,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54)" >&2; exit 2 ;;
 esac

@@ -102,8 +102,6 @@ __device__ __noinline__ void osq_publish_tables(const MkParams &P) {
     for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = m;
     __syncwarp();
 }
-/* an observer lane: worker w's entry i -> its records (the warp's ring, the host ring);
- * returns the entry's decode step */
 #if defined(DTMK_OSQ_PAGES) || defined(DTMK_OSQ_ICODE)
 __device__ unsigned long long dtmk_osq_sink2;   /* (measurement only: keeps PAGES' / ICODE's results) */
 #endif
@@ -123,7 +121,8 @@ __device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
     return a ^ b ^ c ^ d;
 }
 #endif
-/* observer lane: worker w's entry i (its words in c) run -> the entry's step */
+/* an observer lane: worker w's entry i (its words in c) -> its records (the warp's ring, the
+ * host ring); returns the entry's decode step */
 __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, HkRec &c) {
     dtmk_u32 step;
     if (c.v[0].x == OSQ_TAG_PEND) {    /* a task's captured hooks (osq_write_pend) */
@@ -291,8 +290,6 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
 #ifdef DTMK_OSQ_MULTI
             HkRec mc;                          /* (the entry's words, when the round loaded them) */
             bool loaded = false;
-#endif
-#ifdef DTMK_OSQ_MULTI
             /* -DDTMK_OSQ_MULTI=D: a worker's backlog takes up to D lanes of the round (its
              * entry tail + d on lane i + d * ng; lanes i < ng are the slice's workers, as
              * without it).  1b's warps watch 5-6 workers each, so 26 of 32 lanes sat idle

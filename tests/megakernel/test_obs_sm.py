@@ -503,7 +503,7 @@ def test_several_entries_per_round_only_for_task_entries_without_a_host_ring():
     worker, in entry order); a lane runs only if every lane before it in its worker's backlog
     does (a prefix), and lane i stores its worker's tail once, by the count taken.  The
     protocol itself: tests/runtime/test_obs_sm_protocol.py (multi)."""
-    src = OBS_SM_SRC[OBS_SM_SRC.index("#ifdef DTMK_OSQ_MULTI\n            /* -DDTMK_OSQ_MULTI=D"):]
+    src = OBS_SM_SRC[OBS_SM_SRC.index("/* -DDTMK_OSQ_MULTI=D: a worker's backlog"):]
     src = src[:src.index("#endif")]
     assert "if (D > 1 && !O.ring_mask)" in src
     assert "if (want && d > 0) want = mc.v[0].x == OSQ_TAG_PEND;" in src

@@ -514,3 +514,48 @@ def test_several_entries_per_round_only_for_task_entries_without_a_host_ring():
     # without the define the round is the one it was: one entry per lane, its own tail + 1
     assert "if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = tail + 1;" in OBS_SM_SRC
     assert "DTMK_OSQ_MULTI" in gpu.OBS_SM_DEFINES       # (the compiled tier's linked build passes it on)
+
+
+def _multi_round(ng, multi, backlog, pend, cap):
+    """A transcription of osq_observer's -DDTMK_OSQ_MULTI lane choice for one round (the lines
+    test_several_entries_per_round_only_for_task_entries_without_a_host_ring pins): ng workers,
+    worker i with backlog[i] entries whose kinds pend[i][d] (True: OSQ_TAG_PEND), the ring's
+    room cut to `cap` lanes.  Returns (the lanes' (worker, d), each worker's tail advance)."""
+    D = min(multi, 32 // ng)
+    want = [False] * 32
+    for lane in range(32):
+        i, d = lane % ng, lane // ng
+        want[lane] = d < D and d < backlog[i] and (d == 0 or pend[i][d])
+    wm = want[:]
+    todo = []
+    for lane in range(32):
+        i, d = lane % ng, lane // ng
+        w = want[lane] and all(wm[i + e * ng] for e in range(d))
+        todo.append(w)
+    while sum(todo) > cap:                      # the room cut: the highest lane first
+        todo[max(lane for lane in range(32) if todo[lane])] = False
+    lanes = [(lane % ng, lane // ng) for lane in range(32) if todo[lane]]
+    taken = [sum(todo[e] for e in range(i, 32, ng)) for i in range(ng)]
+    return lanes, taken
+
+
+def test_a_multi_round_runs_a_prefix_of_each_backlog_and_advances_each_tail_by_it():
+    import itertools
+    for ng in (1, 2, 5, 6, 16, 17):
+        for multi in (2, 4, 8):
+            for cap in (32, 7, 3):
+                for pattern in itertools.product((0, 1, 3, 6), repeat=min(ng, 3)):
+                    backlog = [pattern[i % len(pattern)] for i in range(ng)]
+                    # worker i's entry d is a gate / worker-built record (not PEND) when d == i % 4 + 1
+                    pend = [[d != i % 4 + 1 for d in range(8)] for i in range(ng)]
+                    lanes, taken = _multi_round(ng, multi, backlog, pend, cap)
+                    assert len(lanes) <= cap and len(set(lanes)) == len(lanes)
+                    for i in range(ng):
+                        ds = sorted(d for w, d in lanes if w == i)
+                        assert ds == list(range(len(ds))) and taken[i] == len(ds)   # a prefix, counted once
+                        assert len(ds) <= min(backlog[i], multi, 32 // ng)
+                        assert all(pend[i][d] for d in ds if d > 0)               # only task entries join
+                        if cap == 32 and backlog[i]:
+                            assert ds, "a worker with a backlog gets its oldest entry"
+                            stop = next((d for d in range(1, backlog[i]) if not pend[i][d]), backlog[i])
+                            assert len(ds) == min(stop, multi, 32 // ng)          # as many as allowed

@@ -34,6 +34,7 @@ STEPS = {"tiny": 64, "1b": 16}
 STAT_NAMES = ("rounds", "entries", "idle_scans", "room_drains", "cyc_scan", "cyc_build", "cyc_sync", "cyc_tail",
               "max_lag", "idle_drains", "desc_records")
 OBS_DEFINES = ("DTMK_OBS_SM", "DTMK_OSQ_STATS")
+SM_HZ = 1980e6                         # the H200's SM clock under the megakernel (hooks.md session 18: every build)
 
 
 def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, query=None, obs_smids=None) -> dict:
@@ -104,18 +105,34 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, qu
     log(f"{name}: hot summary over no hook code: default {out['summary_default_vs_nohooks_pct']:+.2f}%  "
         f"observer SM {out['summary_obssm_vs_nohooks_pct']:+.2f}%  (obssm summary vs its plain run "
         f"{out['summary_obssm_vs_plain_pct']:+.2f}%); tokens equal: {out['tokens_equal']}")
-    log(f"{'warp':>4} {'rounds':>7} {'ent/rnd':>7} {'idle':>7} {'drains':>6} {'lag':>4} "
-        f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9} {'desc':>7}   (cycles per step; desc: "
-        f"records run through descriptors, -DDTMK_OSQ_DESC)")
-    for k, r in enumerate(warps):
-        per = lambda c: r[c] / steps  # noqa: E731
-        log(f"{k:>4} {r['rounds']:>7} {r['entries'] / max(r['rounds'], 1):>7.1f} {r['idle_scans']:>7} "
-            f"{r['room_drains']:>6} {r['max_lag']:>4} {per('cyc_scan'):>9.0f} {per('cyc_build'):>9.0f} "
-            f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f} {r['desc_records']:>7}")
+    for line in warp_table(warps, steps, med["obssm"]):
+        log(line)
     log(f"workers found their queue full {out['full_queue_pushes']} times, {out['full_queue_cycles']} cycles")
     if prof:
         out["prof"] = observer_prof(cfg, w, steps, tuple(extra), log)
     return out
+
+
+def warp_busy(r: dict, steps: int, us_per_step: float) -> float:
+    """An observer warp's share of the step spent scanning, building, draining and storing
+    tails (the rest: idle rounds' sleeps).  Session 26: ~85% on 1b, the busiest warps ~100%."""
+    cyc = sum(r[c] for c in ("cyc_scan", "cyc_build", "cyc_sync", "cyc_tail")) / steps
+    return cyc / (us_per_step * 1e-6 * SM_HZ)
+
+
+def warp_table(warps, steps: int, us_per_step: float) -> list:
+    """The per-warp lines of the probe's report (cycles per step; busy: warp_busy)."""
+    lines = [f"{'warp':>4} {'rounds':>7} {'ent/rnd':>7} {'idle':>7} {'drains':>6} {'lag':>4} "
+             f"{'scan/st':>9} {'build/st':>9} {'sync/st':>9} {'tail/st':>9} {'desc':>7} {'busy':>5}   (cycles per "
+             f"step; desc: records run through descriptors, -DDTMK_OSQ_DESC; busy: of the step at "
+             f"{SM_HZ / 1e6:.0f} MHz)"]
+    for k, r in enumerate(warps):
+        per = lambda c: r[c] / steps  # noqa: E731
+        lines.append(f"{k:>4} {r['rounds']:>7} {r['entries'] / max(r['rounds'], 1):>7.1f} {r['idle_scans']:>7} "
+                     f"{r['room_drains']:>6} {r['max_lag']:>4} {per('cyc_scan'):>9.0f} {per('cyc_build'):>9.0f} "
+                     f"{per('cyc_sync'):>9.0f} {per('cyc_tail'):>9.0f} {r['desc_records']:>7} "
+                     f"{100 * warp_busy(r, steps, us_per_step):>4.0f}%")
+    return lines
 
 
 def observer_prof(cfg, w, steps: int, extra, log) -> list:

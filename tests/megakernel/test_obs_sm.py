@@ -287,6 +287,12 @@ def test_the_probe_reads_the_kernels_counters():
     assert int(re.search(r"#define OSQ_STATS_N (\d+)", OBS_SM_SRC).group(1)) == len(probe.STAT_NAMES)
     for i, name in ((0, "rounds"), (1, "entries"), (3, "room_drains"), (5, "cyc_build"), (8, "max_lag")):
         assert probe.STAT_NAMES[i] == name
+    # busy: a warp's four phases over the step at the SM clock (plan 50's warp 0 of the N 16 build)
+    w0 = {"rounds": 1419, "entries": 6811, "idle_scans": 20, "room_drains": 207, "max_lag": 17, "desc_records": 0,
+          "cyc_scan": 214542 * 16, "cyc_build": 619170 * 16, "cyc_sync": 956169 * 16, "cyc_tail": 409517 * 16}
+    assert probe.warp_busy(w0, 16, 1337.9) == pytest.approx(2199398 / (1337.9e-6 * 1980e6))   # 0.83
+    rows = probe.warp_table([w0, dict(w0, cyc_sync=0)], 16, 1337.9)
+    assert rows[1].endswith(" 83%") and rows[2].endswith(" 47%") and "busy" in rows[0]
 
 
 def test_the_gpu_plan_names_existing_tests_builds_and_variants():

@@ -123,7 +123,15 @@ __device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
 #endif
 /* an observer lane: worker w's entry i (its words in c) -> its records (the warp's ring, the
  * host ring); returns the entry's decode step */
-__device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, HkRec &c) {
+/* observer lane: worker w's entry i into c.  L2 loads: this SM's L1 may hold the slot's previous
+ * lap (the head was read with acquire: the entry's stores, ordered before it by the worker's
+ * MEMBAR, are seen) */
+__device__ __forceinline__ void osq_load_entry(const MkParams &P, dtmk_u32 w, dtmk_u64 i, HkRec &c) {
+    const uint4 *d = osq_entry(P, w, i);
+#pragma unroll
+    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
+}
+__device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, const HkRec &c) {
     dtmk_u32 step;
     if (c.v[0].x == OSQ_TAG_PEND) {    /* a task's captured hooks (osq_write_pend) */
         const uint4 d0 = c.v[0], d1 = c.v[1], d2 = c.v[2], d3 = c.v[3], d4 = c.v[4];
@@ -192,18 +200,13 @@ __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dt
 }
 /* observer lane: worker w's entry i loaded and run */
 __device__ __noinline__ dtmk_u32 osq_run_entry(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i) {
-    /* L2 loads: this SM's L1 may hold the slot's previous lap (the head was read with
-     * acquire: the entry's stores, ordered before it by the worker's MEMBAR, are seen) */
-    const uint4 *d = osq_entry(P, w, i);
     HkRec c;
-#pragma unroll
-    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
+    osq_load_entry(P, w, i, c);
     return osq_run_rec(P, W, w, i, c);
 }
 #ifdef DTMK_OSQ_MULTI
 /* observer lane: an entry the round loaded already (to see its tag) run */
-__device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, const HkRec &pre) {
-    HkRec c = pre;
+__device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, const HkRec &c) {
     return osq_run_rec(P, W, w, i, c);
 }
 #endif
@@ -304,11 +307,8 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
                 const dtmk_u64 hi = __shfl_sync(0xffffffffu, head, i), ti = __shfl_sync(0xffffffffu, tail, i);
                 bool want = d < D && ti + d < hi;
                 if (want) {                    /* the entry's words now (its tag decides; the run reuses them) --
-                                                * lane i read the head with acquire, the shuffles sync the warp,
-                                                * and the words come from L2, as osq_run_entry reads them */
-                    const uint4 *e = osq_entry(P, wi, ti + d);
-#pragma unroll
-                    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) mc.v[j] = __ldcg(e + j);
+                                                * lane i read the head with acquire, the shuffles sync the warp */
+                    osq_load_entry(P, wi, ti + d, mc);
                     loaded = true;
                 }
                 if (want && d > 0) want = mc.v[0].x == OSQ_TAG_PEND;

@@ -121,8 +121,6 @@ __device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
     return a ^ b ^ c ^ d;
 }
 #endif
-/* an observer lane: worker w's entry i (its words in c) -> its records (the warp's ring, the
- * host ring); returns the entry's decode step */
 /* observer lane: worker w's entry i into c.  L2 loads: this SM's L1 may hold the slot's previous
  * lap (the head was read with acquire: the entry's stores, ordered before it by the worker's
  * MEMBAR, are seen) */
@@ -131,6 +129,8 @@ __device__ __forceinline__ void osq_load_entry(const MkParams &P, dtmk_u32 w, dt
 #pragma unroll
     for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) c.v[j] = __ldcg(d + j);
 }
+/* an observer lane: worker w's entry i (its words in c) -> its records (the warp's ring, the
+ * host ring); returns the entry's decode step */
 __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dtmk_u32 w, dtmk_u64 i, const HkRec &c) {
     dtmk_u32 step;
     if (c.v[0].x == OSQ_TAG_PEND) {    /* a task's captured hooks (osq_write_pend) */

@@ -53,6 +53,9 @@ and over `nohooks`):
   multi2 / multi4 / multi8 / multi4nomaps   lazydefer16 whose observer warps run up to 2 / 4 / 8
             entries of one worker per round (-DDTMK_OSQ_MULTI=D, at most 32 / the warp's workers: 5-6
             on 1b; / with NOMAPS): session 26's observer throughput
+  deep16 / deep16x / deep16nomaps   lazydefer16 with 256 / 1024 entries per worker queue instead
+            of 64 (-DDTMK_OSQ_N=K; / 256 with NOMAPS): do the workers pay for the queues' backpressure?
+            (session 27)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
@@ -107,6 +110,9 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "multi4": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=4"),
             "multi8": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=8"),
             "multi4nomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_MULTI=4", "DTMK_OSQ_NOMAPS"),
+            "deep16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=256"),
+            "deep16x": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=1024"),
+            "deep16nomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=256", "DTMK_OSQ_NOMAPS"),
             "nomaps16burn30k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=30000"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),

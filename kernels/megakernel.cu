@@ -195,7 +195,14 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
  * held epoch, lowered before the tails), bounded by the step of its oldest entry the
  * observer has not taken.  Queue memory (gpu.py OSQ_*): per worker 64 bytes of words (OSQ_W_*) and OSQ_N
  * entries. */
+#ifndef DTMK_OSQ_N
 #define OSQ_N 64
+#else                   /* -DDTMK_OSQ_N=K: K entries per worker (gpu.osq_depth_of allocates them) */
+#if (DTMK_OSQ_N) < 16 || (DTMK_OSQ_N) > 1024 || ((DTMK_OSQ_N) & ((DTMK_OSQ_N) - 1))
+#error "DTMK_OSQ_N=K: want a power of two 16..1024 (the queue's entries per worker)"
+#endif
+#define OSQ_N (DTMK_OSQ_N)
+#endif
 #define OSQ_W_BYTES (64 + OSQ_N * 128)
 #define OSQ_W_HEAD 0       /* u64 words of a worker's area: entries pushed (worker thread 0) */
 #define OSQ_W_TAIL 1       /* entries consumed (observer) */

@@ -171,9 +171,9 @@
 #                                obs_split multi2 / multi4 / multi8 / multi4nomaps beside lazydefer16 / nomaps16
 #   tools/obs_sm_gpu_plan.sh 53  the issue-5 table with obssm4multi beside obssm4defer (bench/hooks.py)
 #   tools/obs_sm_gpu_plan.sh 54  plan 52's obs_split again, the order swapped
-#   tools/obs_sm_gpu_plan.sh 55  plan 52: MULTI exact but no cheaper (multi4 +9.8%, multi8 +6.7% vs +7.3%).  Did
-#                                it remove the full-queue waits?  obs_sm_probe N 16, + MULTI=4, + MULTI=8; plan 54;
-#                                plan 51 (six observer SMs)
+#   tools/obs_sm_gpu_plan.sh 55  plan 52: MULTI exact but no cheaper (multi4 +9.8%, multi8 +6.7% vs +7.3%).  Do the
+#                                workers pay for full queues?  Deeper queues (-DDTMK_OSQ_N=256; 16: room waits
+#                                often) exact, obs_sm_probe N 16 vs 256, obs_split deep16 / deep16x / deep16nomaps
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -328,12 +328,12 @@ case "${1:-}" in
        "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" ;;
   53) exec tools/gpu_session.sh "$(hooks1b obssm4defer,obssm4multi)" ;;
   54) exec tools/gpu_session.sh "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 220)" ;;
-  55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D
+  55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
      probe() { echo "timeout 100 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines $1 --out ${OUT:-/tmp/out}/$2"; }
-     exec tools/gpu_session.sh "python3 tools/precompile.py $S+$R $S+DTMK_OSQ_MULTI=4+$R $S+DTMK_OSQ_MULTI=8+$R $R" \
-       "$(probe $D d16)" "$(probe $D+DTMK_OSQ_MULTI=4 multi4)" "$(probe $D+DTMK_OSQ_MULTI=8 multi8)" \
-       "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 150)" \
-       "timeout 150 python3 bench/obs_split.py --presets 1b --reps 7 --sms 6 --base lazydefer16 --variants nomaps16,multi8 --out ${OUT:-/tmp/out}/sms6" ;;
+     exec tools/gpu_session.sh "python3 tools/precompile.py $S+$R $S+DTMK_OSQ_N=256+$R $R $F+DTMK_OSQ_N=256 $F+DTMK_OSQ_N=256+$R $F+DTMK_OSQ_N=16 $F+DTMK_OSQ_N=16+$R" \
+       "$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4deep or obssm4shallow' -rA" \
+       "$(probe $D d16)" "$(probe $D+DTMK_OSQ_N=256 deep)" \
+       "$(split1b lazydefer16 deep16,multi8,nomaps16,deep16nomaps,deep16x s2 200)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;

@@ -88,9 +88,11 @@ WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, e
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)
 CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queues (megakernel.cu "observer SM")
 #: -DDTMK_OBS_SM (opt-in; megakernel.cu "observer SM"): the observer queues' layout -- per
-#: worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*)
+#: worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*; -DDTMK_OSQ_N=K,
+#: a power of two 16..1024, another depth: osq_depth_of)
 OSQ_N = 64
 OSQ_W_BYTES = 64 + OSQ_N * 128
+OSQ_N_MIN, OSQ_N_MAX = 16, 1024
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
@@ -102,7 +104,7 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
                   "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER",
-                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI")
+                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 
@@ -139,6 +141,19 @@ def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...
         raise UserError(f"--observer-sms: want 1..{OBS_SMS_MAX} observer SMs, got {m}")
     return (("DTMK_OBS_SM",) + ((f"DTMK_OBS_SMS={m}",) if m > 1 else ())
             + ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={OSQ_DEFER_DEFAULT}"))
+
+
+def osq_depth_of(defines: Sequence[str]) -> int:
+    """The entries of each worker's observer queue in an observer-SM build (-DDTMK_OSQ_N=K;
+    OSQ_N without it): the host allocates 64 + K * 128 bytes per worker (megakernel.cu OSQ_W_BYTES)."""
+    for d in defines:
+        name, _, val = d.partition("=")
+        if name == "DTMK_OSQ_N":
+            k = int(val) if val.isdigit() else 0
+            if not OSQ_N_MIN <= k <= OSQ_N_MAX or k & (k - 1):
+                raise UserError(f"DTMK_OSQ_N={val}: want a power of two {OSQ_N_MIN}..{OSQ_N_MAX}")
+            return k
+    return OSQ_N
 
 
 def obs_sms_of(defines: Sequence[str]) -> int:
@@ -546,6 +561,7 @@ class Megakernel:
         # for the rest (the lean grid of a handoff job too: it leaves them free, sm_worker)
         self.obs_sm = "DTMK_OBS_SM" in defines
         self.obs_sms = obs_sms_of(defines) if self.obs_sm else 0
+        self.osq_w_bytes = 64 + osq_depth_of(defines) * 128 if self.obs_sm else 0
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         n_sm = int(dev.attributes["MultiProcessorCount"])
@@ -632,7 +648,7 @@ class Megakernel:
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
             "trace_head": cp.zeros(W, cp.uint64),
             "worker_state": cp.zeros((W, 8), cp.uint64),
-            "obsq": cp.zeros(W * OSQ_W_BYTES if self.obs_sm else 8, cp.uint8),
+            "obsq": cp.zeros(W * self.osq_w_bytes if self.obs_sm else 8, cp.uint8),
             "faults": cp.zeros((1, 8), cp.int64),
         }
         if self.tp:

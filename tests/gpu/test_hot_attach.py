@@ -38,10 +38,15 @@ OBSSM4DESC = OBSSM4LAZY + ("DTMK_OSQ_DESC",)
 OBSSM4DEFER = observer_defines("sm")
 #: ... whose observer warps run up to four entries of one worker per round (session 26, opt-in)
 OBSSM4MULTI = OBSSM4DEFER + ("DTMK_OSQ_MULTI=4",)
+#: ... with 256 / 16 entries per worker queue instead of 64 (-DDTMK_OSQ_N, session 27: the
+#: observers' backpressure; 16 makes the workers wait for room often)
+OBSSM4DEEP = OBSSM4DEFER + ("DTMK_OSQ_N=256",)
+OBSSM4SHALLOW = OBSSM4DEFER + ("DTMK_OSQ_N=16",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
-                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI],
+                                             OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,
+                                             OBSSM4SHALLOW],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
-                                      "obssm4desc", "obssm4defer", "obssm4multi"])
+                                      "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -98,9 +103,9 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
-                                     OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI],
+                                     OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP, OBSSM4SHALLOW],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
-                              "obssm4desc", "obssm4defer", "obssm4multi"])
+                              "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -320,9 +325,9 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
                                           ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER),
-                                          ("1b", OBSSM4MULTI)],
+                                          ("1b", OBSSM4MULTI), ("1b", OBSSM4DEEP), ("1b", OBSSM4SHALLOW)],
                          ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
-                              "1b-obssm4defer", "1b-obssm4multi"])
+                              "1b-obssm4defer", "1b-obssm4multi", "1b-obssm4deep", "1b-obssm4shallow"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

@@ -57,8 +57,11 @@ def poll_until(mk, step, got, timeout_s=60.0):
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=3"),
                                              ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB"),
                                              observer_defines("sm"),    # (the CLI's: + DTMK_OSQ_DEFER)
-                                             observer_defines("sm") + ("DTMK_OSQ_MULTI=4",)],   # (session 26, opt-in)
-                                 ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer", "obssm4multi"])
+                                             observer_defines("sm") + ("DTMK_OSQ_MULTI=4",),   # (session 26, opt-in)
+                                             observer_defines("sm") + ("DTMK_OSQ_N=256",),     # (session 27, opt-in)
+                                             observer_defines("sm") + ("DTMK_OSQ_N=16",)],     # (room waits often)
+                                 ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer", "obssm4multi",
+                                      "obssm4deep", "obssm4shallow"])
 
 
 @BUILDS

@@ -28,8 +28,9 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      ("DTMK_OBS_SM", "DTMK_OSQ_STATS"),
                                      ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER"),
                                      ("DTMK_OBS_SM", "DTMK_OBS_PROF"),    # (the probe's --prof: warp 0 counted)
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_MULTI=4", "DTMK_OSQ_STATS")],
-                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi"])
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_MULTI=4", "DTMK_OSQ_STATS"),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_N=256",)],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -142,6 +143,24 @@ def test_the_observer_ends_every_workers_rows():
     o = body("osq_observer")
     end = o[o.rindex("obs_sync(P, Wk, false, ~0u)"):]
     assert "OBS_PENDING) = ~0ull" in end and "OBS_DONE) = 1" in end and "P.hook_head)[w]" in end
+
+
+@pytest.mark.parametrize("k", ["48", "8", "2048", "x"])
+def test_a_queue_depth_not_a_power_of_two_in_range_is_refused_by_host_and_kernel(k):
+    with pytest.raises(UserError, match=f"DTMK_OSQ_N={k}: want a power of two 16..1024"):
+        gpu.osq_depth_of(("DTMK_OBS_SM", f"DTMK_OSQ_N={k}"))
+    if k.isdigit():
+        with pytest.raises(Exception, match="DTMK_OSQ_N=K: want a power of two 16..1024"):
+            nvrtc_compile(SRC, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", f"DTMK_OSQ_N={k}"))
+
+
+def test_a_deeper_queue_is_allocated_by_the_host_and_strided_by_the_kernel(fake_cupy):
+    """-DDTMK_OSQ_N=K: K 128-byte entries per worker, one source of the depth (the define),
+    read by the host's allocation (gpu.osq_depth_of) and the kernel's OSQ_W_BYTES."""
+    assert gpu.osq_depth_of(("DTMK_OBS_SM",)) == gpu.OSQ_N
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=("DTMK_OBS_SM", "DTMK_OSQ_N=256"))
+    assert mk.osq_w_bytes == 64 + 256 * 128 and mk.buf["obsq"].size == 15 * (64 + 256 * 128)
+    assert re.search(r"#define OSQ_N \(DTMK_OSQ_N\)", SRC) and "(i % OSQ_N) * 128" in SRC
 
 
 def test_host_plans_one_worker_fewer_and_launches_the_observer(fake_cupy, monkeypatch):

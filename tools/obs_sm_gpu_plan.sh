@@ -173,7 +173,7 @@
 #   tools/obs_sm_gpu_plan.sh 54  plan 52's obs_split again, the order swapped
 #   tools/obs_sm_gpu_plan.sh 55  plan 52: MULTI exact but no cheaper (multi4 +9.8%, multi8 +6.7% vs +7.3%).  Do the
 #                                workers pay for full queues?  Deeper queues (-DDTMK_OSQ_N=256; 16: room waits
-#                                often) exact, obs_sm_probe N 16 vs 256, obs_split deep16 / deep16x / deep16nomaps
+#                                often): obs_split deep16 / deep16x / deep16nomaps, exactness, obs_sm_probe 64 vs 256
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -330,10 +330,10 @@ case "${1:-}" in
   54) exec tools/gpu_session.sh "$(split1b lazydefer16 multi4nomaps,nomaps16,multi8,multi4,multi2 s2 220)" ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
      probe() { echo "timeout 100 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines $1 --out ${OUT:-/tmp/out}/$2"; }
-     exec tools/gpu_session.sh "python3 tools/precompile.py $S+$R $S+DTMK_OSQ_N=256+$R $R $F+DTMK_OSQ_N=256 $F+DTMK_OSQ_N=256+$R $F+DTMK_OSQ_N=16 $F+DTMK_OSQ_N=16+$R" \
+     exec tools/gpu_session.sh "$(split1b lazydefer16 deep16,multi8,nomaps16,deep16nomaps,deep16x s2 200)" \
+       "python3 tools/precompile.py $S+$R $S+DTMK_OSQ_N=256+$R $R $F+DTMK_OSQ_N=256 $F+DTMK_OSQ_N=256+$R $F+DTMK_OSQ_N=16 $F+DTMK_OSQ_N=16+$R" \
        "$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4deep or obssm4shallow' -rA" \
-       "$(probe $D d16)" "$(probe $D+DTMK_OSQ_N=256 deep)" \
-       "$(split1b lazydefer16 deep16,multi8,nomaps16,deep16nomaps,deep16x s2 200)" ;;
+       "$(probe $D d16)" "$(probe $D+DTMK_OSQ_N=256 deep)" ;;
   30) exec tools/gpu_session.sh \
        "timeout 100 python3 bench/megakernel.py --presets 1b --steps 16 --reps 7 --quick --out ${OUT:-/tmp/out}" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 2 --variants obssm4lazy --out ${OUT:-/tmp/out}" ;;

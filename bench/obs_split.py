@@ -56,6 +56,9 @@ and over `nohooks`):
   deep16 / deep16x / deep16nomaps   lazydefer16 with 256 / 1024 entries per worker queue instead
             of 64 (-DDTMK_OSQ_N=K; / 256 with NOMAPS): do the workers pay for the queues' backpressure?
             (session 27)
+  nomaps16atoms8s / nomaps16loads16s   nomaps16 whose observers then do 8 atomics / 16 dependent
+            L2 loads per entry at a word per lane (session 19's synthetic work, until then only after
+            DISCARD): does map-like memory work beside the real VM cost what the maps do? (session 27)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
@@ -113,6 +116,10 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "deep16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=256"),
             "deep16x": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=1024"),
             "deep16nomaps": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_N=256", "DTMK_OSQ_NOMAPS"),
+            "nomaps16atoms8s": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_ATOMS=8",
+                                "DTMK_OSQ_SCATTER"),
+            "nomaps16loads16s": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_LOADS=16",
+                                 "DTMK_OSQ_SCATTER"),
             "nomaps16burn30k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=30000"),
             "lazywarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OBS_SM_WARPS=5"),
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),

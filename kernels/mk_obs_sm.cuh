@@ -20,8 +20,9 @@
  * -DDTMK_OSQ_NORAISE (waiting workers never raise OBS_PENDING: no epoch final before the end),
  * -DDTMK_OSQ_BURN=C (C cycles spent per entry taken, touching no memory: with DISCARD instead
  * of running it -- session 16: no cost -- else after running it -- session 19: no cost either),
- * and with DISCARD per entry -DDTMK_OSQ_FENCES=N fences, -DDTMK_OSQ_ATOMS=N atomics,
- * -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the VM's kinds of work costs the workers;
+ * and per entry (after DISCARD's take, since session 27 also after a run) -DDTMK_OSQ_FENCES=N
+ * fences, -DDTMK_OSQ_ATOMS=N atomics, -DDTMK_OSQ_LOADS=N dependent L2 loads: which of the
+ * VM's kinds of work costs the workers;
  * -DDTMK_OSQ_NOVM (records built into the warp's ring, drained without running the VM) and
  * -DDTMK_OSQ_SCATTER (those atomics / loads at a word per lane and entry; without it the
  * lanes share one word and the warp's requests coalesce -- session 16's runs),
@@ -37,7 +38,7 @@
  * round: osq_observer) */
 #define OSQ_STATS_N 11
 #if defined(DTMK_OSQ_ATOMS) || defined(DTMK_OSQ_LOADS)
-__device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: DISCARD's synthetic work) */
+__device__ unsigned long long dtmk_osq_sink[257];   /* (measurement only: the synthetic work per entry) */
 #ifndef DTMK_OSQ_SCATTER               /* (one word for every lane: the warp's atomics and loads coalesce) */
 #define OSQ_SINK_LANE 0u
 #else                                  /* (a word per lane and entry, as the VM's map work; w, i: osq_run_entry's) */
@@ -166,19 +167,21 @@ __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dt
 #ifdef DTMK_OSQ_BURN                   /* ... and DTMK_OSQ_BURN cycles spent on it (a busy observer, no memory) */
         { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
 #endif
-#ifdef DTMK_OSQ_FENCES                 /* ... or N fences (do the observer's fences cost the workers?) */
+#endif
+        /* measurement only, after the entry's run or its discard (session 27: with NOMAPS, do
+         * synthetic atomics / loads per entry cost what the maps do?) */
+#ifdef DTMK_OSQ_FENCES                 /* ... N fences (do the observer's fences cost the workers?) */
         for (int j = 0; j < (DTMK_OSQ_FENCES); ++j) __threadfence();
 #endif
-#ifdef DTMK_OSQ_ATOMS                  /* ... or N global atomic adds (its atomics?  OSQ_SINK_LANE: where) */
+#ifdef DTMK_OSQ_ATOMS                  /* ... N global atomic adds (its atomics?  OSQ_SINK_LANE: where) */
         for (int j = 0; j < (DTMK_OSQ_ATOMS); ++j) atomicAdd(&dtmk_osq_sink[1 + ((OSQ_SINK_LANE + j * 3u) & 255)], 1ull);
 #endif
-#ifdef DTMK_OSQ_LOADS                  /* ... or N dependent L2 loads (its memory latency chain?) */
+#ifdef DTMK_OSQ_LOADS                  /* ... N dependent L2 loads (its memory latency chain?) */
         {
             dtmk_u64 x = OSQ_SINK_LANE;
             for (int j = 0; j < (DTMK_OSQ_LOADS); ++j) x = __ldcg(&dtmk_osq_sink[1 + ((x + j) & 255)]);
             if (x == 12345) dtmk_osq_sink[0] = x;   /* (keeps the chain) */
         }
-#endif
 #endif
     } else if (c.v[0].x == OSQ_TAG_STEP) {   /* a resident launch's step gate (gate_publish) */
         osq_cursor_in(P, W, w, W.sm, true);

@@ -174,6 +174,9 @@
 #   tools/obs_sm_gpu_plan.sh 55  plan 52: MULTI exact but no cheaper (multi4 +9.8%, multi8 +6.7% vs +7.3%).  Do the
 #                                workers pay for full queues?  Deeper queues (-DDTMK_OSQ_N=256; 16: room waits
 #                                often): obs_split deep16 / deep16x / deep16nomaps, exactness, obs_sm_probe 64 vs 256
+#   tools/obs_sm_gpu_plan.sh 56  plan 55: no full-queue wait left with 256 entries and the summary costs the same.
+#                                Does map-like memory work beside the real VM cost what the maps do?  obs_split
+#                                nomaps16 + 8 atomics / 16 dependent loads per entry (a word per lane), twice
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -326,6 +329,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py $D+DTMK_OSQ_MULTI=4 $D+DTMK_OSQ_MULTI=4+$R $D+DTMK_OSQ_MULTI=2+$R $D+DTMK_OSQ_MULTI=8+$R $D+DTMK_OSQ_MULTI=4+DTMK_OSQ_NOMAPS+$R $D+$R $D+DTMK_OSQ_NOMAPS+$R DTMK_NO_HOOKS+$R" \
        "$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4multi -rA" \
        "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" ;;
+  56) V=nomaps16,nomaps16atoms8s,nomaps16loads16s,defer16B
+     exec tools/gpu_session.sh "$(split1b lazydefer16 $V s1 200)" "$(split1b lazydefer16 defer16B,nomaps16loads16s,nomaps16atoms8s,nomaps16 s2 150)" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -344,5 +349,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56)" >&2; exit 2 ;;
 esac

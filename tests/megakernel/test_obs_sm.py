@@ -29,13 +29,17 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER"),
                                      ("DTMK_OBS_SM", "DTMK_OBS_PROF"),    # (the probe's --prof: warp 0 counted)
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_MULTI=4", "DTMK_OSQ_STATS"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_N=256",)],
-                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep"])
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_N=256",),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_NOMAPS", "DTMK_OSQ_ATOMS=8",
+                                                                   "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER")],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
     assert ".entry dtmk_megakernel" in ptx and "osq_observer" in ptx
     assert ("dtmk_osq_stats" in ptx) == ("DTMK_OSQ_STATS" in defines)
+    # the synthetic atomics / loads run after a real entry run too (used, not only declared)
+    assert bool(re.search(r"mov\.u64 \t*%rd\d+, dtmk_osq_sink;", ptx)) == ("DTMK_OSQ_ATOMS=8" in defines)
     # the Obs of the observer build: the size the 1b / tiny warp counts above assume
     assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 

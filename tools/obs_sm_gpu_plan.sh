@@ -177,6 +177,7 @@
 #   tools/obs_sm_gpu_plan.sh 56  plan 55: no full-queue wait left with 256 entries and the summary costs the same.
 #                                Does map-like memory work beside the real VM cost what the maps do?  obs_split
 #                                nomaps16 + 8 atomics / 16 dependent loads per entry (a word per lane), twice
+#                                (session 27 ran it: +0.1..+1.1 points over nomaps16 vs the maps' 2.5-3.2)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

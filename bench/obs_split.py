@@ -67,6 +67,9 @@ and over `nohooks`):
 the last ones) in every launch, so that no row differs from another by where its plans ran;
 --observer-smids 1,3,5,7: the observers on those SMs instead (each beside a worker in its TPC?);
 --worker-order natural: the workers in the block order an unplaced launch gives (probed), not by id.
+--idle-smids 4,5,...: with --observer-smids, those SMs run nothing in every build (-DDTMK_SM_IDLE; the
+no-hook build leaves the observers' SMs idle too, so all plan the same workers): do the maps still
+cost the workers when no worker runs near the observers?  (session 27)
 Tokens of every run must equal the no-hook build's."""
 from __future__ import annotations
 
@@ -141,7 +144,7 @@ DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count
 
 
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
-                 obs_smids=None, worker_order: str = "id") -> dict:
+                 obs_smids=None, worker_order: str = "id", idle_smids=()) -> dict:
     from benchio import sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
@@ -151,16 +154,19 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
     w = make_weights(cfg, 0)
     obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")     # (the eager publish: `lazy` rows add it)
-    pin = ("DTMK_SM_WORKER",) if place else ()
+    pin = ("DTMK_SM_WORKER",) + (("DTMK_SM_IDLE",) if idle_smids else ()) if place else ()
     nohooks = ("DTMK_NO_HOOKS",) + pin
+    # --idle-smids: those SMs run nothing in every build, and the no-hook build leaves the
+    # observers' SMs idle too (so every build plans the same workers)
+    idle = {"nohooks": len(idle_smids) + sms if idle_smids else 0, "obs": len(idle_smids)}
     todo = {gpu.megakernel_defines(cfg, 1, d) for d in [nohooks] + [obs + VARIANTS[v] + pin for v in variants]}
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
         if err is not None:
             raise err
-    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=nohooks)}
+    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=nohooks, idle_sms=idle["nohooks"])}
     lives = {}
     for v in variants:
-        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v] + pin)
+        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v] + pin, idle_sms=idle["obs"])
         lives[v] = LiveSession(mks[v])
         schema = mks[v].graph.schema
         mon = (compile_query(QUERIES[v], schema, name=f"<obs_split {v}>") if v in QUERIES
@@ -170,16 +176,21 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
         for k, m in mks.items():
             ids = gpu.probe_smids(m.grid, m.smem)          # (block order: where an unplaced launch runs them)
             base = sorted(ids) if worker_order == "id" else ids
-            if obs_smids and k != "nohooks":   # the observers on these SMs, the workers on the rest in that order
-                if len(obs_smids) != m.obs_sms or not set(obs_smids) <= set(ids):
-                    raise SystemExit(f"--observer-smids: want {m.obs_sms} distinct SMs of the grid's "
-                                     f"{min(ids)}..{max(ids)}, got {list(obs_smids)}")
-                base = [i for i in base if i not in obs_smids] + list(obs_smids)
+            # the observers on these SMs, then the idle ones (the no-hook build: all idle), the
+            # workers on the rest in that order
+            if obs_smids and (k != "nohooks" or idle_smids):
+                if len(obs_smids) != sms or not set(obs_smids) | set(idle_smids) <= set(ids):
+                    raise SystemExit(f"--observer-smids / --idle-smids: want {sms} + {len(idle_smids)} distinct "
+                                     f"SMs of the grid's {min(ids)}..{max(ids)}, got {list(obs_smids)} / "
+                                     f"{list(idle_smids)}")
+                last = list(obs_smids) + list(idle_smids)
+                base = [i for i in base if i not in last] + last
             m.place_workers(base)
             if k in ("nohooks", variants[0]):
                 log(f"{name}: {k} SMs by worker: {base}")
         log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in {worker_order} order"
-            + (f", observers on SMs {list(obs_smids)}" if obs_smids else ""))
+            + (f", observers on SMs {list(obs_smids)}" if obs_smids else "")
+            + (f", SMs {list(idle_smids)} idle (-DDTMK_SM_IDLE)" if idle_smids else ""))
 
     def launch(key):
         if key == "nohooks":
@@ -200,6 +211,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()),
+           "idle_smids": list(idle_smids),
            "worker_order": worker_order if place else None, "steps_per_launch": steps, "reps": reps,
            "us_per_step": med,
            "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
@@ -239,12 +251,21 @@ def main(argv=None) -> int:
     ap.add_argument("--worker-order", choices=("id", "natural"), default="id",
                     help="with --place: the workers on the SMs in id order, or in the block order an unplaced "
                          "launch gives them (probed), the observers' SMs moved to the end")
+    ap.add_argument("--idle-smids", default="", metavar="ID,ID,...",
+                    help="with --observer-smids: these SMs run nothing in every build (-DDTMK_SM_IDLE; the "
+                         "no-hook build leaves the observers' SMs idle too): observers on a GPC of their own")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     try:
         obs_smids = [int(x) for x in a.observer_smids.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--observer-smids: not a comma list of SM ids: {a.observer_smids!r}")
+    try:
+        idle_smids = [int(x) for x in a.idle_smids.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--idle-smids: not a comma list of SM ids: {a.idle_smids!r}")
+    if idle_smids and (not obs_smids or len(set(idle_smids)) != len(idle_smids) or set(idle_smids) & set(obs_smids)):
+        ap.error(f"--idle-smids needs --observer-smids and distinct ids not among them, got {a.idle_smids!r}")
     if obs_smids and (not a.place or len(set(obs_smids)) != a.sms):
         ap.error(f"--observer-smids needs --place and {a.sms} distinct ids (--sms), got {a.observer_smids!r}")
     if a.reps < 2:
@@ -258,7 +279,8 @@ def main(argv=None) -> int:
     variants = [a.base] + [v for v in variants if v != a.base]     # (plain is the first one's build)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
-                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids, a.worker_order))
+                lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids, a.worker_order,
+                                               idle_smids))
     return 0
 
 

@@ -229,6 +229,15 @@ __shared__ dtmk_u32 s_osq_obs;     /* m + 1: this CTA is observer m (the last DT
 #define HO_OBSERVER 0
 #endif
 #define MK_IDLE 7                  /* W.aborted: the observer's SM in a build without an observer (sm_worker) */
+#ifdef DTMK_SM_IDLE
+/* -DDTMK_SM_IDLE (measurement only, with -DDTMK_SM_WORKER): a CTA on an SM the placement map
+ * marks -2 leaves at once, before it touches any worker's rows, so that SM runs nothing
+ * (bench/obs_split.py --idle-smids: observers on a GPC of their own, its other SMs idle) */
+#ifndef DTMK_SM_WORKER
+#error "DTMK_SM_IDLE leaves the SMs a placement map marks -2 idle: add DTMK_SM_WORKER"
+#endif
+#define MK_IDLE_SM 8               /* W.aborted: an SM left idle (sm_worker) */
+#endif
 
 /* ---- grid handoff -------------------------------------------------------------------
  * The off path of a hook build costs the persistent loop a few percent through code that
@@ -1154,6 +1163,9 @@ __device__ __noinline__ void sm_worker(const MkParams &P, Worker &W) {
     }
     if (map & 1) { ((int *)(map - 1))[blockIdx.x] = (int)W.sm; return; }   /* record the block order's placement */
     const int w = ((const int *)map)[W.sm];
+#ifdef DTMK_SM_IDLE
+    if (w == -2) { W.worker = 0; W.aborted = MK_IDLE_SM; return; }
+#endif
 #if DTMK_OBS_SMS == 1                   /* (one observer: the GPU-tested code of session 15, same PTX) */
     const bool observers_sm = w == (int)P.n_workers;
 #else
@@ -1265,6 +1277,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifdef DTMK_SM_WORKER
     MK_SYNC();                     /* P is complete */
     if (threadIdx.x == 0) sm_worker(P, W);
+#endif
+#ifdef DTMK_SM_IDLE
+    MK_SYNC();                     /* (sm_worker's verdict) */
+    if (W.aborted == MK_IDLE_SM) return;   /* an idle SM: before obs_init touches worker 0's rows */
 #endif
 #ifndef DTMK_NO_HOOKS
     MK_SYNC();                     /* P is complete (thread 0 reads P.control below) */

@@ -178,6 +178,9 @@
 #                                Does map-like memory work beside the real VM cost what the maps do?  obs_split
 #                                nomaps16 + 8 atomics / 16 dependent loads per entry (a word per lane), twice
 #                                (session 27 ran it: +0.1..+1.1 points over nomaps16 vs the maps' 2.5-3.2)
+#   tools/obs_sm_gpu_plan.sh 57  the neighbour reading, directly: observers on SMs 0-3 with SMs 4-15 idle in every
+#                                build (-DDTMK_SM_IDLE, obs_split --idle-smids; unrun) beside the same without
+#                                idle SMs; full - nomaps in each
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -332,6 +335,9 @@ case "${1:-}" in
        "$(split1b lazydefer16 multi2,multi4,multi8,nomaps16,multi4nomaps s1 220)" ;;
   56) V=nomaps16,nomaps16atoms8s,nomaps16loads16s,defer16B
      exec tools/gpu_session.sh "$(split1b lazydefer16 $V s1 200)" "$(split1b lazydefer16 defer16B,nomaps16loads16s,nomaps16atoms8s,nomaps16 s2 150)" ;;
+  57) P="--place --observer-smids 0,1,2,3"; I=$(seq -s, 4 15)
+     exec tools/gpu_session.sh "timeout 240 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --idle-smids $I --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/idle" \
+       "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/busy" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -350,5 +356,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56, 57)" >&2; exit 2 ;;
 esac

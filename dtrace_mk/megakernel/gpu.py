@@ -536,7 +536,8 @@ class Megakernel:
                  weights: Optional[Dict[str, Any]] = None, requests: Requests = Requests(),
                  graph: Optional[TaskGraph] = None, hook_cap: int = 1 << 14, trace_cap: int = 1 << 14,
                  queue_threshold: int = 16, filler_ns: int = 1000, arch: Optional[str] = None,
-                 prefetch: bool = False, defines: Sequence[str] = (), tp=None, handoff: bool = False):
+                 prefetch: bool = False, defines: Sequence[str] = (), tp=None, handoff: bool = False,
+                 idle_sms: int = 0):
         """defines: compile-time variants of megakernel.cu, e.g. ("DTMK_NO_HOOKS",) (no
         hook code at all: the baseline of bench/hooks.py).
 
@@ -552,7 +553,11 @@ class Megakernel:
         build_graph(cfg, batch, W, rank, ranks), the weights this rank's shards of the
         FULL weights (`weights`, default make_weights(cfg, seed)), and the receive
         buffers and event counters are exchanged over CUDA IPC.  run / start / finish are
-        then collective too (barriers around the launch)."""
+        then collective too (barriers around the launch).
+
+        idle_sms (measurement only; -DDTMK_SM_IDLE -DDTMK_SM_WORKER): the grid has that many
+        CTAs more, on the SMs last in place_workers' order, and they leave at once (those SMs
+        run nothing; bench/obs_split.py --idle-smids)."""
         import cupy as cp
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
@@ -565,8 +570,15 @@ class Megakernel:
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         n_sm = int(dev.attributes["MultiProcessorCount"])
-        self.num_workers = num_workers or n_sm - self.obs_sms
-        self.grid = self.num_workers + self.obs_sms   # CTAs of a launch (+ the observers)
+        self.idle_sms = int(idle_sms)
+        if self.idle_sms and not {"DTMK_SM_IDLE", "DTMK_SM_WORKER"} <= set(defines):
+            raise UserError("Megakernel(idle_sms=...): the build needs -DDTMK_SM_IDLE and -DDTMK_SM_WORKER")
+        if self.idle_sms and (handoff or self.idle_sms < 0):
+            raise UserError(f"Megakernel(idle_sms={idle_sms}): a count >= 0, not with a grid handoff")
+        self.num_workers = num_workers or n_sm - self.obs_sms - self.idle_sms
+        self.grid = self.num_workers + self.obs_sms + self.idle_sms   # CTAs of a launch (+ observers, idle)
+        if self.idle_sms and self.grid > n_sm:
+            raise UserError(f"Megakernel(idle_sms={idle_sms}): {self.grid} CTAs, one per SM; this GPU has {n_sm}")
         if self.obs_sm and self.grid > n_sm:
             raise UserError(f"DTMK_OBS_SM: {self.num_workers} workers and {self.obs_sms} observer(s) need "
                             f"{self.grid} SMs (one CTA each, all resident); this GPU has {n_sm}: "
@@ -973,6 +985,8 @@ class Megakernel:
                             f"gets ({len(ids)} ids, {min(ids)}..{max(ids)})")
         m = np.full(max(ids) + 1, -1, np.int32)
         m[order] = np.arange(len(order), dtype=np.int32)
+        if self.idle_sms:                             # (-DDTMK_SM_IDLE: the last ones run nothing)
+            m[order[len(order) - self.idle_sms:]] = -2
         self._sm_rec = None
         self.sm_map = self.cp.asarray(m)
         return order

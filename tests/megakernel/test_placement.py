@@ -88,3 +88,44 @@ def test_record_placement_asks_the_kernel_to_record(mk, monkeypatch):
     assert mk.placement() == [5, 0, 7, 3]
     mk.place_workers(mk.placement())                           # a recorded placement pins as it ran
     assert list(mk.sm_map) == [1, -1, -1, 3, -1, 0, -1, 2] and mk._sm_rec is None
+
+
+# -DDTMK_SM_IDLE (measurement only, session 27; bench/obs_split.py --idle-smids): SMs that run nothing
+IDLE = ("DTMK_NO_HOOKS", "DTMK_SM_WORKER", "DTMK_SM_IDLE")
+
+
+def test_idle_sms_add_ctas_that_the_map_marks_minus_two(fake_cupy, monkeypatch):
+    monkeypatch.setattr(gpu, "probe_smids", lambda blocks, smem: [7, 0, 3, 5][:blocks])
+    m = gpu.Megakernel(PRESETS["tiny"], batch=1, num_workers=3, defines=IDLE, idle_sms=1)
+    assert (m.num_workers, m.grid, m.graph.num_workers) == (3, 4, 3)
+    m.place_workers([5, 7, 0, 3])                      # workers 0-2 on SMs 5, 7, 0; SM 3 idle
+    assert list(m.sm_map) == [2, -1, -1, -2, -1, 0, -1, 1]
+
+
+@pytest.mark.parametrize("defines, kw, msg", [
+    (("DTMK_NO_HOOKS", "DTMK_SM_WORKER"), {"idle_sms": 1}, "needs -DDTMK_SM_IDLE and -DDTMK_SM_WORKER"),
+    (IDLE, {"idle_sms": -1}, "a count >= 0"),
+    (IDLE, {"idle_sms": 1, "num_workers": 16}, "17 CTAs, one per SM; this GPU has 16")])
+def test_idle_sms_refused_without_the_build_or_room(fake_cupy, defines, kw, msg):
+    with pytest.raises(UserError, match=msg):
+        gpu.Megakernel(PRESETS["tiny"], batch=1, defines=defines, **kw)
+
+
+def test_an_idle_sm_leaves_before_it_touches_a_workers_rows():
+    """sm_worker marks map value -2 (MK_IDLE_SM); every thread leaves after the barrier that
+    publishes it, before obs_init (which would write worker 0's observer rows)."""
+    from tests.megakernel.test_hook_sites import body
+    assert "if (w == -2) { W.worker = 0; W.aborted = MK_IDLE_SM; return; }" in body("sm_worker")
+    k = body("dtmk_megakernel")
+    i = k.index("if (W.aborted == MK_IDLE_SM) return;")
+    assert k.index("sm_worker(P, W)") < k.rindex("MK_SYNC()", 0, i) < i < k.index("obs_init(P, W)")
+
+
+@pytest.mark.slow
+def test_the_idle_build_compiles_and_needs_the_placement():
+    from dtrace_mk.kernels.build import nvrtc_compile
+    src = megakernel_text()
+    for defs in (IDLE, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_SM_WORKER", "DTMK_SM_IDLE")):
+        assert ".entry dtmk_megakernel" in nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defs).decode()
+    with pytest.raises(Exception, match="DTMK_SM_IDLE leaves the SMs a placement map marks -2 idle"):
+        nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_SM_IDLE",))

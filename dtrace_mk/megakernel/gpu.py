@@ -91,8 +91,15 @@ CTL_OBSQ = 20                  # -DDTMK_OBS_SM: u64 address of the observer queu
 #: worker 64 bytes of words and OSQ_N 128-byte entries (megakernel.cu OSQ_*; -DDTMK_OSQ_N=K,
 #: a power of two 16..1024, another depth: osq_depth_of)
 OSQ_N = 64
-OSQ_W_BYTES = 64 + OSQ_N * 128
 OSQ_N_MIN, OSQ_N_MAX = 16, 1024
+
+
+def osq_w_bytes(depth: int = OSQ_N) -> int:
+    """A worker's observer-queue area: 64 bytes of words and `depth` 128-byte entries."""
+    return 64 + depth * 128
+
+
+OSQ_W_BYTES = osq_w_bytes()
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
@@ -143,28 +150,37 @@ def observer_defines(observer: str, sms: Optional[int] = None) -> Tuple[str, ...
             + ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={OSQ_DEFER_DEFAULT}"))
 
 
+def define_value(defines: Sequence[str], name: str) -> Optional[str]:
+    """The value of -D`name`=value among `defines` ("" for a bare name); None without it."""
+    for d in defines:
+        key, _, val = d.partition("=")
+        if key == name:
+            return val
+    return None
+
+
 def osq_depth_of(defines: Sequence[str]) -> int:
     """The entries of each worker's observer queue in an observer-SM build (-DDTMK_OSQ_N=K;
-    OSQ_N without it): the host allocates 64 + K * 128 bytes per worker (megakernel.cu OSQ_W_BYTES)."""
-    for d in defines:
-        name, _, val = d.partition("=")
-        if name == "DTMK_OSQ_N":
-            k = int(val) if val.isdigit() else 0
-            if not OSQ_N_MIN <= k <= OSQ_N_MAX or k & (k - 1):
-                raise UserError(f"DTMK_OSQ_N={val}: want a power of two {OSQ_N_MIN}..{OSQ_N_MAX}")
-            return k
-    return OSQ_N
+    OSQ_N without it): the host allocates osq_w_bytes(K) per worker (megakernel.cu OSQ_W_BYTES)."""
+    val = define_value(defines, "DTMK_OSQ_N")
+    if val is None:
+        return OSQ_N
+    k = int(val) if val.isdigit() else 0
+    if not OSQ_N_MIN <= k <= OSQ_N_MAX or k & (k - 1):
+        raise UserError(f"DTMK_OSQ_N={val}: want a power of two {OSQ_N_MIN}..{OSQ_N_MAX}")
+    return k
 
 
 def obs_sms_of(defines: Sequence[str]) -> int:
     """The observer SMs an observer-SM build runs (-DDTMK_OBS_SMS=M; 1 without it)."""
-    for d in defines:
-        name, _, val = d.partition("=")
-        if name == "DTMK_OBS_SMS":
-            if not val.isdigit() or not 1 <= int(val) <= OBS_SMS_MAX:
-                raise UserError(f"DTMK_OBS_SMS={val}: want an integer 1..{OBS_SMS_MAX}")
-            return int(val)
-    return 1
+    val = define_value(defines, "DTMK_OBS_SMS")
+    if val is None:
+        return 1
+    if not val.isdigit() or not 1 <= int(val) <= OBS_SMS_MAX:
+        raise UserError(f"DTMK_OBS_SMS={val}: want an integer 1..{OBS_SMS_MAX}")
+    return int(val)
+
+
 HO_WORDS = 16                  # grid handoff: recorded words per resumed worker (megakernel.cu "grid handoff")
 GATE_STOP = 1 << 31
 # observer state words per worker (megakernel.cu OBS_*)
@@ -566,7 +582,7 @@ class Megakernel:
         # for the rest (the lean grid of a handoff job too: it leaves them free, sm_worker)
         self.obs_sm = "DTMK_OBS_SM" in defines
         self.obs_sms = obs_sms_of(defines) if self.obs_sm else 0
-        self.osq_w_bytes = 64 + osq_depth_of(defines) * 128 if self.obs_sm else 0
+        self.osq_w_bytes = osq_w_bytes(osq_depth_of(defines)) if self.obs_sm else 0
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         n_sm = int(dev.attributes["MultiProcessorCount"])
@@ -577,12 +593,12 @@ class Megakernel:
             raise UserError(f"Megakernel(idle_sms={idle_sms}): a count >= 0, not with a grid handoff")
         self.num_workers = num_workers or n_sm - self.obs_sms - self.idle_sms
         self.grid = self.num_workers + self.obs_sms + self.idle_sms   # CTAs of a launch (+ observers, idle)
-        if self.idle_sms and self.grid > n_sm:
-            raise UserError(f"Megakernel(idle_sms={idle_sms}): {self.grid} CTAs, one per SM; this GPU has {n_sm}")
-        if self.obs_sm and self.grid > n_sm:
-            raise UserError(f"DTMK_OBS_SM: {self.num_workers} workers and {self.obs_sms} observer(s) need "
-                            f"{self.grid} SMs (one CTA each, all resident); this GPU has {n_sm}: "
-                            f"num_workers <= {n_sm - self.obs_sms}")
+        if (self.obs_sm or self.idle_sms) and self.grid > n_sm:
+            who = (("DTMK_OBS_SM: " if self.obs_sm else f"Megakernel(idle_sms={idle_sms}): ")
+                   + f"{self.num_workers} workers and {self.obs_sms} observer(s)"
+                   + (f" and {self.idle_sms} idle SM(s)" if self.idle_sms else ""))
+            raise UserError(f"{who} need {self.grid} SMs (one CTA each, all resident); this GPU has {n_sm}: "
+                            f"num_workers <= {n_sm - self.obs_sms - self.idle_sms}")
         self.tp = tp if tp is not None and tp.ranks > 1 else None
         rank, ranks = (tp.rank, tp.ranks) if self.tp else (0, 1)
         self.graph = graph or build_graph(cfg, batch, self.num_workers, rank=rank, ranks=ranks)

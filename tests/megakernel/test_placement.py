@@ -105,7 +105,7 @@ def test_idle_sms_add_ctas_that_the_map_marks_minus_two(fake_cupy, monkeypatch):
 @pytest.mark.parametrize("defines, kw, msg", [
     (("DTMK_NO_HOOKS", "DTMK_SM_WORKER"), {"idle_sms": 1}, "needs -DDTMK_SM_IDLE and -DDTMK_SM_WORKER"),
     (IDLE, {"idle_sms": -1}, "a count >= 0"),
-    (IDLE, {"idle_sms": 1, "num_workers": 16}, "17 CTAs, one per SM; this GPU has 16")])
+    (IDLE, {"idle_sms": 1, "num_workers": 16}, r"1 idle SM\(s\) need 17 SMs .* this GPU has 16: num_workers <= 15")])
 def test_idle_sms_refused_without_the_build_or_room(fake_cupy, defines, kw, msg):
     with pytest.raises(UserError, match=msg):
         gpu.Megakernel(PRESETS["tiny"], batch=1, defines=defines, **kw)

@@ -181,6 +181,9 @@
 #   tools/obs_sm_gpu_plan.sh 57  the neighbour reading, directly: observers on SMs 0-3 with SMs 4-15 idle in every
 #                                build (-DDTMK_SM_IDLE, obs_split --idle-smids; unrun) beside the same without
 #                                idle SMs; full - nomaps in each
+#   tools/obs_sm_gpu_plan.sh 58  plan 57 ran (idle 4-15: full - nomaps 73 us/step vs 34 busy, but 116 workers run
+#                                1b's 128-tile levels in two rounds): its control, the same 116 workers with the
+#                                idle SMs far from the observers (120-131), then near (4-15), then far again
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -338,6 +341,9 @@ case "${1:-}" in
   57) P="--place --observer-smids 0,1,2,3"; I=$(seq -s, 4 15)
      exec tools/gpu_session.sh "timeout 240 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --idle-smids $I --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/idle" \
        "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/busy" ;;
+  58) P="--place --observer-smids 0,1,2,3"; N=$(seq -s, 4 15); F=$(seq -s, 120 131)
+     s() { echo "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --idle-smids $1 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/$2"; }
+     exec tools/gpu_session.sh "$(s $F far)" "$(s $N near)" "$(s $F far2)" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -356,5 +362,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56, 57)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56, 57, 58)" >&2; exit 2 ;;
 esac

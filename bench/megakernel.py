@@ -104,7 +104,8 @@ def preset(name):
     without split-K; ':s<N>' fuse_norm with split_k N; ':q<N>' N columns per qkv tile (fused
     lowering); ':r' rope_in_attn (no rope level, 1b's default since session 6), ':nor' with
     the rope level; ':h' head_events (events per kv group / K-slice; needs qkv tiles inside
-    heads, e.g. '1b:q32:h').  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:nor'."""
+    heads, e.g. '1b:q32:h'); ':se' slice_events (mlp_down K-slice s waits for its slice's gate_up
+    tiles only; h by layer parity).  E.g. '1b:old', '1b:s2', '1b:old:t16', '1b:nor', '1b:se'."""
     import dataclasses
     base, *opts = name.split(":")
     cfg = PRESETS[base]
@@ -125,8 +126,10 @@ def preset(name):
             cfg = dataclasses.replace(cfg, rope_in_attn=False)
         elif o == "h":
             cfg = dataclasses.replace(cfg, head_events=True)
+        elif o == "se":
+            cfg = dataclasses.replace(cfg, slice_events=True)
         else:
-            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r, nor, h)")
+            raise SystemExit(f"--presets: unknown option {o!r} in {name!r} (old, fuse, s<N>, t<N>, q<N>, r, nor, h, se)")
     return cfg
 
 

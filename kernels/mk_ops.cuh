@@ -1247,12 +1247,26 @@ __device__ __forceinline__ float4 mk_resid4_s(const float *hp, const float *part
     return v;
 }
 #endif
-__device__ __forceinline__ float4 mk_resid4(const MkParams &P, int b, int i, int pm, bool pa, int S) {
+/* the residual buffer the norms of layer `layer` read (n_layers: the final norm's).  One
+ * buffer, except -DDTMK_H_PARITY (slice_events graphs, gpu.megakernel_defines): two by layer
+ * parity, so mlp_down(l)'s K-slice 0 commits into h[(l + 1) % 2] while the gate_up tiles of
+ * other slices, which no longer all finish before it, still read h[l % 2] (graph.py "Fused
+ * norm and split-K") */
+__device__ __forceinline__ float *mk_hbuf(const MkParams &P, int layer) {
+#ifdef DTMK_H_PARITY
+    return (float *)P.h + (long)(layer & 1) * (long)P.batch * (long)P.hidden;
+#else
+    (void)layer;
+    return (float *)P.h;
+#endif
+}
+/* h[b][i..i+3] (layer hl's mk_hbuf) plus the pending partials, in the one fixed order above */
+__device__ __forceinline__ float4 mk_resid4(const MkParams &P, int hl, int b, int i, int pm, bool pa, int S) {
     long BH = (long)P.batch * (long)P.hidden, off = (long)b * (long)P.hidden + i;
     const float *part = (const float *)P.moe_part;
 #ifndef DTMK_PROLOGUE_SERIAL
     {   /* batched loads for the split factors benched (graph.py split_k 2 and 4) */
-        const float *hp = (const float *)P.h;
+        const float *hp = mk_hbuf(P, hl);
         if (S == 4 && pm >= 0 && pa) return mk_resid4_s<4, true, true>(hp, part, BH, off, pm);
         if (S == 4 && pm >= 0) return mk_resid4_s<4, true, false>(hp, part, BH, off, pm);
         if (S == 4 && pa) return mk_resid4_s<4, false, true>(hp, part, BH, off, pm);
@@ -1261,7 +1275,7 @@ __device__ __forceinline__ float4 mk_resid4(const MkParams &P, int b, int i, int
         if (S == 2 && pa) return mk_resid4_s<2, false, true>(hp, part, BH, off, pm);
     }
 #endif
-    float4 v = __ldcg((const float4 *)((const float *)P.h + off));
+    float4 v = __ldcg((const float4 *)(mk_hbuf(P, hl) + off));
     if (pm >= 0)
         for (int s = 0; s < S; ++s) {
             float4 p = __ldcg((const float4 *)(part + (long)(pm * S + s) * BH + off));
@@ -1297,6 +1311,7 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
         : (const unsigned short *)(kind == 0 ? P.w_attn_norm : P.w_mlp_norm) + (long)layer * H;
     int pm; bool pa;
     mk_pending(P, kind, layer, S, pm, pa);
+    const int hl = kind == 2 ? (int)P.n_layers : layer;     /* whose h (mk_hbuf) */
 #ifndef DTMK_PROLOGUE_SERIAL
     if (H <= MK_THREADS * 4) {
         /* one float4 per thread (1b: H = 2048): the norm weights are loaded together with
@@ -1317,7 +1332,7 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
             float ss = 0.0f;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (on) {
-                v = mk_resid4(P, b, i, pm, pa, S);
+                v = mk_resid4(P, hl, b, i, pm, pa, S);
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
             ss = block_sum(ss, scratch);
@@ -1334,7 +1349,7 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
     for (int b = b0; b < b0 + nb; ++b) {
         float ss = 0.0f;
         for (int i = threadIdx.x * 4; i < H; i += MK_THREADS * 4) {
-            float4 v = mk_resid4(P, b, i, pm, pa, S);
+            float4 v = mk_resid4(P, hl, b, i, pm, pa, S);
             *(float4 *)(xs + (long)(b - b0) * H + i) = v;
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
@@ -1407,7 +1422,7 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
  * [B][Kfull]: part[set][s][b][lo:hi] = W[lo:hi, s*Ks:(s+1)*Ks] . x[b, s*Ks:(s+1)*Ks].
  * commit (mlp_down, s == 0): first h[b][lo:hi] = h + the partials pending before this
  * layer's down projection (mlp_down of layer-1, attn_o of layer), the same sum the
- * layer's gate/up tiles normalised. */
+ * layer's gate/up tiles normalised (written to the next layer's mk_hbuf). */
 __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
@@ -1417,10 +1432,10 @@ __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kf
     if (commit) {
         int pm; bool pa;
         mk_pending(P, 1, layer, S, pm, pa);
-        float *h = (float *)P.h;
+        float *h = mk_hbuf(P, layer + 1);     /* = layer's but with -DDTMK_H_PARITY */
         for (int idx = threadIdx.x * 4; idx < B * (hi - lo); idx += MK_THREADS * 4) {
             int b = idx / (hi - lo), i = lo + idx % (hi - lo);     /* (hi - lo) % 4 == 0 */
-            *(float4 *)(h + (long)b * H + i) = mk_resid4(P, b, i, pm, pa, S);
+            *(float4 *)(h + (long)b * H + i) = mk_resid4(P, layer, b, i, pm, pa, S);
         }
     }
     float *y = (float *)P.moe_part + ((long)set * S + s) * B * H;

@@ -296,12 +296,21 @@ def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:
 
 def megakernel_defines(cfg, ranks: int, defines: Sequence[str] = ()) -> Tuple[str, ...]:
     """The -D defines megakernel.cu is built with for this model: the caller's, plus
-    DTMK_ROPE_IN_ATTN for rope_in_attn graphs (their attn tasks rope, graph.fused_aux).
-    Precompile with these to hit the cache the Megakernel loads from."""
+    DTMK_ROPE_IN_ATTN for rope_in_attn graphs (their attn tasks rope, graph.fused_aux) and
+    DTMK_H_PARITY for slice_events graphs (h is two buffers by layer parity, graph.py "Fused
+    norm and split-K").  Precompile with these to hit the cache the Megakernel loads from."""
     out = tuple(defines)
     if fused_lowering(cfg, ranks) and cfg.rope_in_attn and "DTMK_ROPE_IN_ATTN" not in out:
         out += ("DTMK_ROPE_IN_ATTN",)
+    if fused_lowering(cfg, ranks) and cfg.slice_events and "DTMK_H_PARITY" not in out:
+        out += ("DTMK_H_PARITY",)
     return out
+
+
+def h_buffers(cfg, ranks: int) -> int:
+    """How many residual buffers h the kernel addresses: 2 for slice_events graphs (by layer
+    parity, kernels/mk_ops.cuh mk_hbuf), else 1."""
+    return 2 if fused_lowering(cfg, ranks) and cfg.slice_events else 1
 
 
 def staged_k(cfg, ranks: int) -> int:
@@ -650,7 +659,8 @@ class Megakernel:
         nt = c.vocab // c.tile_n
         B = batch
         self.buf = {
-            "h": cp.zeros((B, c.hidden), f32), "xn": cp.zeros((B, c.hidden), f32),
+            "h": cp.zeros((h_buffers(cfg, ranks), B, c.hidden) if h_buffers(cfg, ranks) > 1 else (B, c.hidden), f32),
+            "xn": cp.zeros((B, c.hidden), f32),
             "qkv": cp.zeros((c.n_layers, B, c.qkv_dim), f32),
             "attn": cp.zeros((c.n_layers, B, c.q_dim), f32),
             "act": cp.zeros((c.n_layers, B, c.ffn), f32),

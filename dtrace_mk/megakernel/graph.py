@@ -64,7 +64,13 @@ heads and k head and appends its cache row first (5 levels per layer).  `head_ev
 narrows two of the level barriers to what a task reads: attn (kv group g) waits on an
 event of the qkv tiles holding group g's q, k and v columns (tiles must not straddle
 heads), attn_o K-slice s on an event of the attn tasks of slice s's heads.  gate_up ->
-mlp_down stays one event (split 0 commits h, which other gate_up tiles still read).
+mlp_down stays one event (split 0 commits h, which other gate_up tiles still read)
+unless `slice_events`: then gate_up tile x signals the event of the K-slice its columns are
+in, mlp_down K-slice s waits for that event only, and h is two buffers by layer parity
+(layer l's norms read h[l % 2]; down(l)'s split 0 commits the sum into h[(l + 1) % 2], so
+the gate_up tiles of other slices still read an unchanged h[l % 2]; the embedding writes
+h[0], the final norm reads h[n_layers % 2]).  The kernel takes the parity from
+-DDTMK_H_PARITY, which gpu.megakernel_defines adds for such graphs.
 Tensor-parallel graphs (ranks > 1) keep the Megatron lowering whatever the
 options say: the lowering of the "Tensor parallelism" section (its norm tasks reduce
 the all-reduce slots).
@@ -469,6 +475,7 @@ class _Builder:
         ng_ev = G if cfg.head_events else 1           # qkv / rope events per layer
         ns_ev = S if cfg.head_events else 1           # attn events per layer
         ng = cfg.ffn // T
+        ks_ev = S if cfg.slice_events else 1          # gate_up events per layer (slice_events)
 
         def qkv_group(c0: int) -> int:
             """the kv group whose q, k or v columns qkv column c0 is in"""
@@ -499,12 +506,14 @@ class _Builder:
             e_o = self.event(f"L{l}.attn_o", "attn_o", no * S)
             # K-slice k waits for the attn tasks of its heads only
             self.split_tiled("attn_o", l, cfg.hidden, lambda k: (e_attn[k % ns_ev], G // ns_ev * B), e_o)
-            # gate_up -> down stays one event: down's K-slice 0 commits the residual into h,
-            # which gate_up tiles of the other slices still read (their fused norm)
-            e_gu = self.event(f"L{l}.gate_up", "mlp_gate_up", ng)
-            self.tiled("mlp_gate_up", l, cfg.ffn, (e_o, no * S), e_gu)
+            # gate_up -> down is one event unless slice_events: down's K-slice 0 commits the
+            # residual into h, which gate_up tiles of the other slices still read (their
+            # fused norm) -- with slice_events it commits into the other parity's h (module doc)
+            e_gu = [self.event(f"L{l}.gate_up" + (f".s{k}" if ks_ev > 1 else ""), "mlp_gate_up", ng // ks_ev)
+                    for k in range(ks_ev)]
+            self.tiled("mlp_gate_up", l, cfg.ffn, (e_o, no * S), lambda c0: e_gu[c0 * ks_ev // cfg.ffn])
             e_d = self.event(f"L{l}.mlp_down", "mlp_down", no * S)
-            self.split_tiled("mlp_down", l, cfg.hidden, (e_gu, ng), e_d)
+            self.split_tiled("mlp_down", l, cfg.hidden, lambda k: (e_gu[k % ks_ev], ng // ks_ev), e_d)
             prev = (e_d, no * S)
         nl = cfg.vocab // T
         e_lm = self.event("lm_head", "lm_head", nl)

@@ -34,7 +34,10 @@ instead of 48, so the qkv level streams W_qkv on 128 SMs instead of 48 (H200, 20
 1351 vs 1393 us/step; 32 columns 1355, 16 columns 1467).  `rope_in_attn` (fused lowering
 only, on for `1b` since session 6): no rope_kv_append level; each attn task ropes its
 slot's q heads and k head and appends its cache row before attending (H200, 2026-11-30:
-1235 vs 1311 us/step, one dependency level less per layer).
+1235 vs 1311 us/step, one dependency level less per layer).  `slice_events` (fused
+lowering with split_k >= 2, off everywhere): each mlp_down K-slice waits only for the gate_up
+tiles of its slice, and the residual h lives in two buffers by layer parity so that down's
+K-slice 0 can commit before the other slices' gate_up tiles have read h.
 """
 from __future__ import annotations
 
@@ -74,6 +77,8 @@ class ModelConfig:
                                          # its kv head's cache row itself (no rope_kv_append level)
     head_events: bool = False            # fused lowering only: attn waits for its kv group's qkv tiles,
                                          # attn_o K-slice k for the attn tasks of its heads only
+    slice_events: bool = False           # fused lowering only: mlp_down K-slice s waits for the gate_up
+                                         # tiles of its slice only; h is double-buffered by layer parity
 
     def __post_init__(self) -> None:
         def bad(field: str, msg: str) -> UserError:
@@ -110,6 +115,12 @@ class ModelConfig:
                           f"do not divide head_dim={self.head_dim}")
             if self.n_kv_heads % self.split_k:
                 raise bad("head_events", f"split_k={self.split_k} must divide n_kv_heads={self.n_kv_heads}")
+        if self.slice_events and self.fuse_norm:
+            if self.split_k < 2:
+                raise bad("slice_events", f"needs split_k >= 2 (mlp_down's K-slices), got {self.split_k}")
+            if (self.ffn // self.split_k) % self.tile_n:
+                raise bad("slice_events", f"gate_up tiles must not straddle K-slices: {self.tile_n} columns "
+                          f"per tile do not divide ffn / split_k = {self.ffn // self.split_k}")
         if self.fuse_norm:
             if self.moe_layers:
                 raise bad("fuse_norm", "not supported with MoE layers (their norms fold the expert partials)")

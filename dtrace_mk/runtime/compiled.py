@@ -659,6 +659,7 @@ MEGAKERNEL_SPEC = KernelSpec("megakernel.cu", MK_SOURCES, MK_DEFINES, MK_MAXRREG
 MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_ROPE_IN_ATTN",   # the graph's attn tasks rope (gpu.megakernel_defines): without it
                                           # the linked kernel computes wrong tokens for 1b
+                   "DTMK_H_PARITY",       # slice_events graphs: h by layer parity (the same)
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)

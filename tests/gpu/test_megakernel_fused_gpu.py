@@ -21,7 +21,12 @@ CFGS = {"s1": replace(PRESETS["tiny"], fuse_norm=True, split_k=1),
         "s4r": replace(PRESETS["tiny"], fuse_norm=True, split_k=4, rope_in_attn=True),
         # session 6: events per kv group / K-slice (head_events); split_k must divide n_kv_heads
         "s2rh": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, head_events=True),
-        "s2h": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, head_events=True)}
+        "s2h": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, head_events=True),
+        # session 28: mlp_down K-slice s waits for its slice's gate_up tiles only, h by layer
+        # parity (slice_events, -DDTMK_H_PARITY)
+        "s4se": replace(PRESETS["tiny"], fuse_norm=True, split_k=4, rope_in_attn=True, slice_events=True),
+        "s2rhse": replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, head_events=True,
+                          slice_events=True)}
 _MK = {}
 
 
@@ -78,10 +83,11 @@ def test_fused_bits_equal_across_builds_runs_and_hooks(key):
     assert np.array_equal(a.logits.view(np.uint32), np.asarray(g["logits"]).view(np.uint32)), "graph logit bits"
 
 
-def test_fused_hook_stream_matches_sim():
+@pytest.mark.parametrize("key", ["s4", "s4se"])
+def test_fused_hook_stream_matches_sim(key):
     from dtrace_mk.abi import context
     from dtrace_mk.megakernel.sim import Sim, records_sink
-    mk = megakernel("s4")
+    mk = megakernel(key)
     steps = 3
     res = mk.run(steps, hooks="all")
     assert res.hooks_dropped == 0

@@ -7,6 +7,7 @@ on the same event against a snapshot of the buffers taken before the group (as i
 all ran at once) and checks the result equals running them one after the other: a task
 reading what a task of its own group writes would make the two differ."""
 import copy
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -122,13 +123,19 @@ class Emu:
         self.W = self.ref.W
         c, S = cfg, max(cfg.split_k, 1)
         z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-        self.buf = {"h": z(B, c.hidden), "qkv": z(c.n_layers, B, c.qkv_dim), "attn": z(c.n_layers, B, c.q_dim),
+        # slice_events: h by layer parity (kernels/mk_ops.cuh mk_hbuf), layer l's norms read h[l % 2]
+        self.par = c.slice_events
+        self.buf = {"h": z(2, B, c.hidden) if self.par else z(B, c.hidden), "qkv": z(c.n_layers, B, c.qkv_dim), "attn": z(c.n_layers, B, c.q_dim),
                     "act": z(c.n_layers, B, c.ffn), "part": z(3, S, B, c.hidden), "logits": z(B, c.vocab),
                     "k": self.ref.k_cache, "v": self.ref.v_cache}
 
+    def h(self, bufs, layer):
+        """the residual buffer of layer `layer`'s norms (n_layers: the final norm's)"""
+        return bufs["h"][layer & 1] if self.par else bufs["h"]
+
     def resid(self, rd, kind, layer):
         S, L = self.cfg.split_k, self.cfg.n_layers
-        v = rd["h"].copy()
+        v = self.h(rd, L if kind == 2 else layer).copy()
         if S > 1:
             prev = L - 1 if kind == 2 else layer - 1
             if prev >= 0:
@@ -163,7 +170,7 @@ class Emu:
         c, B, W, S = self.cfg, self.B, self.W, self.cfg.split_k
         n, l, lo, hi = t.class_name, t.layer, t.lo, t.hi
         if n == "rmsnorm":
-            wr["h"][...] = W["embed"][self.ref.tokens]
+            self.h(wr, 0)[...] = W["embed"][self.ref.tokens]
         elif n == "qkv":
             wr["qkv"][l][:, lo:hi] = self.norm_in(rd, 0, l) @ W["qkv"][l][lo:hi].T
         elif n == "rope_kv_append":
@@ -187,14 +194,14 @@ class Emu:
             else:
                 s, K = t.tile[3], x.shape[1] // S
                 if n == "mlp_down" and s == 0:
-                    wr["h"][:, lo:hi] = self.resid(rd, 1, l)[:, lo:hi]
+                    self.h(wr, l + 1)[:, lo:hi] = self.resid(rd, 1, l)[:, lo:hi]
                 wr["part"][2 if n == "attn_o" else l & 1, s][:, lo:hi] = \
                     x[:, s * K:(s + 1) * K] @ Wm[lo:hi, s * K:(s + 1) * K].T
         elif n == "mlp_gate_up":
             xn = self.norm_in(rd, 1, l)
             wr["act"][l][:, lo:hi] = self.ref._swiglu(xn, W["gate"][l][lo:hi], W["up"][l][lo:hi])
         elif n == "lm_head":
-            wr["logits"][:, lo:hi] = self.norm_in(rd, 2, -1) @ W["lm_head"][lo:hi].T
+            wr["logits"][:, lo:hi] = self.norm_in(rd, 2, self.cfg.n_layers) @ W["lm_head"][lo:hi].T
         elif n == "argmax":
             self.out = {"logits": rd["logits"].copy(), "tokens": np.argmax(rd["logits"], -1)}
             self.ref._advance(self.out["tokens"])
@@ -244,10 +251,10 @@ class Emu:
 
 @pytest.mark.parametrize("rope_in_attn", [False, True])
 def test_head_events_are_enough(rope_in_attn):
-    """head_events: attn waits for its kv group's qkv tiles (or rope task), attn_o and
-    mlp_down K-slice k for the attn tasks / gate_up tiles of slice k only; run with the
-    latest ready task first, the step still matches the reference (and the level-event
-    graph run the same way too: the check itself can pass)."""
+    """head_events: attn waits for its kv group's qkv tiles (or rope task), attn_o K-slice
+    k for the attn tasks of slice k's heads only; run with the latest ready task first, the
+    step still matches the reference (and the level-event graph run the same way too: the
+    check itself can pass)."""
     for head_events in (True, False):
         cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=rope_in_attn, head_events=head_events)
         B = 2
@@ -311,6 +318,78 @@ def test_step_eager_catches_the_down_commit_hazard():
     assert max(errs) > 1e-3, errs
 
 
+@pytest.mark.parametrize("split_k,head_events", [(2, False), (2, True), (4, False)])
+def test_slice_events_with_h_by_parity_are_enough(split_k, head_events):
+    """slice_events: gate_up tile x signals its K-slice's event, mlp_down K-slice s waits for
+    that event only, and h is two buffers by layer parity -- the graph the hazard test above
+    shows wrong with one h.  Latest-ready-first and random orders match the reference."""
+    cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=split_k, rope_in_attn=True, head_events=head_events,
+                  slice_events=True)
+    B = 2
+    g = build_graph(cfg, B, 8)
+    ev = {e.id: e for e in g.events}
+    ng = cfg.ffn // cfg.tile_n
+    for l in range(cfg.n_layers):
+        gu = [t for t in g.tasks if t.class_name == "mlp_gate_up" and t.layer == l]
+        down = [t for t in g.tasks if t.class_name == "mlp_down" and t.layer == l]
+        assert len({t.signal_event for t in gu}) == split_k
+        for t in gu:      # tile x's columns are in K-slice x * T // (ffn / S)
+            assert ev[t.signal_event].name == f"L{l}.gate_up.s{t.lo // (cfg.ffn // split_k)}"
+        for t in down:
+            assert ev[t.wait_event].name == f"L{l}.gate_up.s{t.tile[3]}" and t.wait_count == ng // split_k
+    w = make_weights(cfg, seed=5)
+    for seed in (None, 0, 1, 2, 3):
+        rng = None if seed is None else np.random.default_rng(seed)
+        emu, ref = Emu(cfg, B, w), ReferenceModel(cfg, B, w)
+        for _ in range(3):
+            a, r = emu.step_eager(g, rng), ref.step()
+            err = np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max()
+            assert err < 1e-4 and (a["tokens"] == r["tokens"]).all(), (seed, err)
+
+
+def test_slice_events_without_h_by_parity_fail():
+    """the same graph run on one h (what a kernel built without -DDTMK_H_PARITY does):
+    random orders find the commit hazard, so the test above checks the parity"""
+    cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, slice_events=True)
+    g = build_graph(cfg, 2, 8)
+    w = make_weights(cfg, seed=5)
+    errs = []
+    for seed in range(4):
+        emu, ref = Emu(cfg, 2, w), ReferenceModel(cfg, 2, w)
+        emu.par = False
+        emu.buf["h"] = emu.buf["h"][0].copy()
+        rng = np.random.default_rng(seed)
+        for _ in range(2):
+            a, r = emu.step_eager(g, rng), ref.step()
+            errs.append(np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max())
+    assert max(errs) > 1e-3, errs
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(split_k=1), "slice_events: needs split_k >= 2"),
+    (dict(split_k=2, tile_n=64, ffn=192), "slice_events: gate_up tiles must not straddle K-slices: 64 columns per tile do not divide ffn / split_k = 96"),
+])
+def test_slice_events_refusals(change, msg):
+    with pytest.raises(UserError, match=re.escape(f"model 'tiny': {msg}")):
+        replace(PRESETS["tiny"], fuse_norm=True, slice_events=True, **change)
+
+
+def test_slice_events_1b_graph_and_defines():
+    """1b with slice_events: 3 more events per layer, the same tasks; the kernel gets
+    DTMK_H_PARITY (also the compiled tier's linked kernel) and two h buffers"""
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime import compiled as C
+    cfg = replace(PRESETS["1b"], slice_events=True)
+    g, g0 = build_graph(cfg, 1, 132), build_graph(PRESETS["1b"], 1, 132)
+    assert len(g.events) == len(g0.events) + 3 * cfg.n_layers
+    assert [(t.class_name, t.layer, t.tile) for t in g.tasks] == [(t.class_name, t.layer, t.tile) for t in g0.tasks]
+    defs = gpu.megakernel_defines(cfg, 1)
+    assert "DTMK_H_PARITY" in defs and "DTMK_H_PARITY" not in gpu.megakernel_defines(PRESETS["1b"], 1)
+    assert "DTMK_H_PARITY" in C.megakernel_spec(defs).defines
+    assert gpu.h_buffers(cfg, 1) == 2 and gpu.h_buffers(PRESETS["1b"], 1) == 1
+    assert gpu.h_buffers(replace(cfg, fuse_norm=False, split_k=1), 1) == 1   # standard lowering: ignored
+
+
 def test_head_events_need_tiles_inside_heads():
     with pytest.raises(UserError, match="straddle heads"):
         replace(PRESETS["1b"], head_events=True)                 # 24-column qkv tiles
@@ -349,3 +428,19 @@ def test_rope_in_attn_drops_the_rope_level():
     assert len(g0.tasks) - len(g.tasks) == cfg.n_layers * cfg.n_kv_heads
     old = build_graph(replace(cfg, fuse_norm=False, split_k=1), 1, 132)
     assert sum(t.class_name == "rope_kv_append" for t in old.tasks) == cfg.n_layers * cfg.n_kv_heads
+
+
+def test_h_parity_build_compiles_and_changes_only_with_the_define():
+    """CI (NVRTC, no GPU): the slice_events build (-DDTMK_H_PARITY) compiles, and its norm
+    prologue picks h by the layer's parity (one more `and 1` per read of h) where the default
+    build's does not.  The bits are checked on the GPU (tests/gpu/test_megakernel_fused_gpu.py
+    variant s4se)."""
+    from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
+    from dtrace_mk.megakernel import gpu
+    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    ands = {}
+    for d in (("DTMK_ROPE_IN_ATTN",), ("DTMK_ROPE_IN_ATTN", "DTMK_H_PARITY")):
+        body = ptx_function(nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", d).decode(),
+                            "_Z10stage_normRK8MkParamsPfS2_iiiii")
+        ands[d[-1]] = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 1;", body))
+    assert ands["DTMK_H_PARITY"] > ands["DTMK_ROPE_IN_ATTN"], ands

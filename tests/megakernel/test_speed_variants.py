@@ -84,3 +84,13 @@ def test_variant_table(bench):
     assert fast.split()[1:8] == ["800.0", "2.00", "2.00", "2500", "62.5", "T", "F"]
     assert "DTMK_X=1+prefetch" in fast
     assert next(ln for ln in lines if ln.startswith("broken")).split()[1] == "FAILED"
+
+
+def test_preset_options(bench):
+    """--presets' colon options map to the lowering fields; an unknown one names the list"""
+    cfg = bench.preset("1b:se")
+    assert cfg.slice_events and cfg.split_k == 4 and not cfg.head_events
+    assert bench.preset("1b:q32:h").head_events and bench.preset("1b:q32:h").qkv_tile_n == 32
+    assert not bench.preset("1b:old").fuse_norm
+    with pytest.raises(SystemExit, match=r"unknown option 'x' in '1b:x' \(old, fuse, s<N>, t<N>, q<N>, r, nor, h, se\)"):
+        bench.preset("1b:x")

@@ -184,6 +184,8 @@
 #   tools/obs_sm_gpu_plan.sh 58  plan 57 ran (idle 4-15: full - nomaps 73 us/step vs 34 busy, but 116 workers run
 #                                1b's 128-tile levels in two rounds): its control, the same 116 workers with the
 #                                idle SMs far from the observers (120-131), then near (4-15), then far again
+# Session 28 ran 57 and 58: near-idle costs 2.4x far-idle (177-183 vs 66-75 us/step over plain; full - nomaps
+# 72-78 vs 18-33): not the neighbours being busy (docs/results/hooks.md "Session 28").
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

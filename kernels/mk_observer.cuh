@@ -240,6 +240,30 @@ __device__ __forceinline__ void osq_settle(Worker &W) {    /* it joins the calle
     if (W.osq_unpub) { W.osq_unpub = 0; W.osq_head += 1; }
 #endif
 }
+/* worker thread 0: wait until entry W.osq_head + ahead has a free slot in queue a (the observer
+ * is fewer than OSQ_N entries behind it), reading the observer's tail only while it looks full
+ * (-DDTMK_OSQ_STATS: waits counted).  osq_slot's wait, and the DEFER flush's per staged entry */
+__device__ __forceinline__ void osq_wait_room(Worker &W, const dtmk_u64 *a, dtmk_u32 ahead) {
+#ifdef DTMK_OSQ_STATS
+    const long long c0 = clock64();
+    bool waited = false;
+#endif
+    while (W.osq_head + ahead - W.osq_tail >= OSQ_N) {
+        W.osq_tail = osq_ld(a + OSQ_W_TAIL);
+        if (W.osq_head + ahead - W.osq_tail >= OSQ_N) {
+            __nanosleep(256);
+#ifdef DTMK_OSQ_STATS
+            waited = true;
+#endif
+        }
+    }
+#ifdef DTMK_OSQ_STATS
+    if (waited) {
+        atomicAdd(&dtmk_osq_wstats[0], 1ull);
+        atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
+    }
+#endif
+}
 #ifdef DTMK_OSQ_DEFER
 /* -DDTMK_OSQ_DEFER=N (session 24; with -DDTMK_OSQ_LAZY_PUB): a task's entry is staged in shared
  * memory after its release signal -- a few shared stores where the global push costs ~0.4 us
@@ -261,25 +285,7 @@ __device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
     osq_settle(W);                     /* (an unpublished entry is older: it joins this publish) */
     dtmk_u64 *a = osq_mine(P, W);
     for (dtmk_u32 i = 0; i < n; ++i) {
-#ifdef DTMK_OSQ_STATS
-        const long long c0 = clock64();
-        bool waited = false;
-#endif
-        while (W.osq_head + i - W.osq_tail >= OSQ_N) {   /* (osq_slot's wait for room) */
-            W.osq_tail = osq_ld(a + OSQ_W_TAIL);
-            if (W.osq_head + i - W.osq_tail >= OSQ_N) {
-                __nanosleep(256);
-#ifdef DTMK_OSQ_STATS
-                waited = true;
-#endif
-            }
-        }
-#ifdef DTMK_OSQ_STATS
-        if (waited) {                  /* (counted as osq_slot's waits) */
-            atomicAdd(&dtmk_osq_wstats[0], 1ull);
-            atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
-        }
-#endif
+        osq_wait_room(W, a, i);
         uint4 *d = osq_entry_at(a, W.osq_head + i);
 #pragma unroll
         for (int k = 0; k < 6; ++k) __stcg(d + k, s_osq_stage[i][k]);
@@ -296,25 +302,7 @@ __device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
 __device__ __noinline__ uint4 *osq_slot(const MkParams &P, Worker &W) {
     OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: the staged entries are older) */
     osq_settle(W);                     /* (-DDTMK_OSQ_LAZY_PUB: the next slot is past the unpublished entry) */
-#ifdef DTMK_OSQ_STATS
-    const long long c0 = clock64();
-    bool waited = false;
-#endif
-    while (W.osq_head - W.osq_tail >= OSQ_N) {
-        W.osq_tail = osq_ld(osq_mine(P, W) + OSQ_W_TAIL);
-        if (W.osq_head - W.osq_tail >= OSQ_N) {
-            __nanosleep(256);
-#ifdef DTMK_OSQ_STATS
-            waited = true;
-#endif
-        }
-    }
-#ifdef DTMK_OSQ_STATS
-    if (waited) {
-        atomicAdd(&dtmk_osq_wstats[0], 1ull);
-        atomicAdd(&dtmk_osq_wstats[1], (unsigned long long)(clock64() - c0));
-    }
-#endif
+    osq_wait_room(W, osq_mine(P, W), 0);
     return osq_entry_at(osq_mine(P, W), W.osq_head);
 }
 /* worker thread 0: the slot written becomes visible (fence: whether a MEMBAR since the

@@ -249,6 +249,23 @@ class Emu:
         return self.out
 
 
+def eager_runs(cfg, g, B, w, seeds, steps, one_h=False):
+    """(seed, relative logit error, tokens equal) of each step of Emu.step_eager on graph g
+    against the reference; seed None: the latest ready task first.  one_h: a slice_events
+    graph run on one h, as a kernel without -DDTMK_H_PARITY would."""
+    out = []
+    for seed in seeds:
+        rng = None if seed is None else np.random.default_rng(seed)
+        emu, ref = Emu(cfg, B, w), ReferenceModel(cfg, B, w)
+        if one_h:
+            emu.par, emu.buf["h"] = False, emu.buf["h"][0].copy()
+        for _ in range(steps):
+            a, r = emu.step_eager(g, rng), ref.step()
+            out.append((seed, np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max(),
+                        bool((a["tokens"] == r["tokens"]).all())))
+    return out
+
+
 @pytest.mark.parametrize("rope_in_attn", [False, True])
 def test_head_events_are_enough(rope_in_attn):
     """head_events: attn waits for its kv group's qkv tiles (or rope task), attn_o K-slice
@@ -264,13 +281,8 @@ def test_head_events_are_enough(rope_in_attn):
             attn = [t for t in g.tasks if t.class_name == "attn"]
             assert len({t.wait_event for t in attn}) == cfg.n_kv_heads * cfg.n_layers
             assert len({t.wait_event for t in g.tasks if t.class_name == "attn_o"}) == 2 * cfg.n_layers
-        for seed in (None, 0, 1, 2):
-            rng = None if seed is None else np.random.default_rng(seed)
-            emu, ref = Emu(cfg, B, w), ReferenceModel(cfg, B, w)
-            for _ in range(3):
-                a, r = emu.step_eager(g, rng), ref.step()
-                err = np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max()
-                assert err < 1e-4 and (a["tokens"] == r["tokens"]).all(), (seed, err)
+        for seed, err, tokens_equal in eager_runs(cfg, g, B, w, (None, 0, 1, 2), 3):
+            assert err < 1e-4 and tokens_equal, (seed, err)
 
 
 def test_step_eager_catches_a_missing_dependency():
@@ -279,12 +291,7 @@ def test_step_eager_catches_a_missing_dependency():
     cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, head_events=True)
     g = build_graph(cfg, 2, 8)
     g.tasks = [replace(t, wait_count=1) if t.class_name == "attn" else t for t in g.tasks]
-    w = make_weights(cfg, seed=5)
-    emu, ref = Emu(cfg, 2, w), ReferenceModel(cfg, 2, w)
-    errs = []
-    for _ in range(3):
-        a, r = emu.step_eager(g), ref.step()
-        errs.append(np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max())
+    errs = [err for _, err, _ in eager_runs(cfg, g, 2, make_weights(cfg, seed=5), (None,), 3)]
     assert max(errs) > 1e-3, errs
 
 
@@ -307,14 +314,7 @@ def test_step_eager_catches_the_down_commit_hazard():
         tasks.append(t)
     g.tasks = tasks
     g.events = list(g.events) + [replace(g.events[0], id=n_ev + l) for l in range(cfg.n_layers)]
-    w = make_weights(cfg, seed=5)
-    errs = []
-    for seed in range(4):
-        emu, ref = Emu(cfg, 2, w), ReferenceModel(cfg, 2, w)
-        rng = np.random.default_rng(seed)
-        for _ in range(2):
-            a, r = emu.step_eager(g, rng), ref.step()
-            errs.append(np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max())
+    errs = [err for _, err, _ in eager_runs(cfg, g, 2, make_weights(cfg, seed=5), range(4), 2)]
     assert max(errs) > 1e-3, errs
 
 
@@ -337,14 +337,8 @@ def test_slice_events_with_h_by_parity_are_enough(split_k, head_events):
             assert ev[t.signal_event].name == f"L{l}.gate_up.s{t.lo // (cfg.ffn // split_k)}"
         for t in down:
             assert ev[t.wait_event].name == f"L{l}.gate_up.s{t.tile[3]}" and t.wait_count == ng // split_k
-    w = make_weights(cfg, seed=5)
-    for seed in (None, 0, 1, 2, 3):
-        rng = None if seed is None else np.random.default_rng(seed)
-        emu, ref = Emu(cfg, B, w), ReferenceModel(cfg, B, w)
-        for _ in range(3):
-            a, r = emu.step_eager(g, rng), ref.step()
-            err = np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max()
-            assert err < 1e-4 and (a["tokens"] == r["tokens"]).all(), (seed, err)
+    for seed, err, tokens_equal in eager_runs(cfg, g, B, make_weights(cfg, seed=5), (None, 0, 1, 2, 3), 3):
+        assert err < 1e-4 and tokens_equal, (seed, err)
 
 
 def test_slice_events_without_h_by_parity_fail():
@@ -352,16 +346,7 @@ def test_slice_events_without_h_by_parity_fail():
     random orders find the commit hazard, so the test above checks the parity"""
     cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, slice_events=True)
     g = build_graph(cfg, 2, 8)
-    w = make_weights(cfg, seed=5)
-    errs = []
-    for seed in range(4):
-        emu, ref = Emu(cfg, 2, w), ReferenceModel(cfg, 2, w)
-        emu.par = False
-        emu.buf["h"] = emu.buf["h"][0].copy()
-        rng = np.random.default_rng(seed)
-        for _ in range(2):
-            a, r = emu.step_eager(g, rng), ref.step()
-            errs.append(np.abs(a["logits"] - r["logits"]).max() / np.abs(r["logits"]).max())
+    errs = [err for _, err, _ in eager_runs(cfg, g, 2, make_weights(cfg, seed=5), range(4), 2, one_h=True)]
     assert max(errs) > 1e-3, errs
 
 

@@ -302,7 +302,7 @@ def megakernel_defines(cfg, ranks: int, defines: Sequence[str] = ()) -> Tuple[st
     out = tuple(defines)
     if fused_lowering(cfg, ranks) and cfg.rope_in_attn and "DTMK_ROPE_IN_ATTN" not in out:
         out += ("DTMK_ROPE_IN_ATTN",)
-    if fused_lowering(cfg, ranks) and cfg.slice_events and "DTMK_H_PARITY" not in out:
+    if h_buffers(cfg, ranks) == 2 and "DTMK_H_PARITY" not in out:
         out += ("DTMK_H_PARITY",)
     return out
 
@@ -658,8 +658,9 @@ class Megakernel:
         n_moe = max(len(c.moe_layers), 1)
         nt = c.vocab // c.tile_n
         B = batch
+        nh = h_buffers(cfg, ranks)            # slice_events: h by layer parity (mk_hbuf)
         self.buf = {
-            "h": cp.zeros((h_buffers(cfg, ranks), B, c.hidden) if h_buffers(cfg, ranks) > 1 else (B, c.hidden), f32),
+            "h": cp.zeros((nh, B, c.hidden) if nh > 1 else (B, c.hidden), f32),
             "xn": cp.zeros((B, c.hidden), f32),
             "qkv": cp.zeros((c.n_layers, B, c.qkv_dim), f32),
             "attn": cp.zeros((c.n_layers, B, c.q_dim), f32),

@@ -7,7 +7,9 @@ on the same event against a snapshot of the buffers taken before the group (as i
 all ran at once) and checks the result equals running them one after the other: a task
 reading what a task of its own group writes would make the two differ."""
 import copy
+import os
 import re
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -18,6 +20,9 @@ from dtrace_mk.megakernel.cost import lowered_costs, lowering_name, model_costs
 from dtrace_mk.megakernel.graph import CLASS_IDS, build_graph, fused_aux, split_part_floats
 from dtrace_mk.megakernel.presets import PRESETS, ModelConfig
 from dtrace_mk.megakernel.reference import ReferenceModel, bf16_bits_to_f32, make_weights
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_tp_launcher_cpu import fake_cupy  # noqa: E402,F401  (the NumPy stand-in for CuPy)
 from dtrace_mk.megakernel.sim import simulate
 
 OLD_1B = replace(PRESETS["1b"], fuse_norm=False, split_k=1)
@@ -429,3 +434,16 @@ def test_h_parity_build_compiles_and_changes_only_with_the_define():
                             "_Z10stage_normRK8MkParamsPfS2_iiiii")
         ands[d[-1]] = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 1;", body))
     assert ands["DTMK_H_PARITY"] > ands["DTMK_ROPE_IN_ATTN"], ands
+
+
+def test_megakernel_allocates_h_by_parity(fake_cupy):
+    """host side (NumPy stand-in for CuPy): a slice_events Megakernel gets two h buffers and
+    the parity define; the default keeps one [B, H] h (the standard lowering's baseline
+    indexes it so)"""
+    from dtrace_mk.megakernel import gpu
+    B = 2
+    se = gpu.Megakernel(replace(PRESETS["tiny"], fuse_norm=True, split_k=2, slice_events=True), batch=B, num_workers=4)
+    one = gpu.Megakernel(replace(PRESETS["tiny"], fuse_norm=True, split_k=2), batch=B, num_workers=4)
+    H = PRESETS["tiny"].hidden
+    assert se.buf["h"].shape == (2, B, H) and "DTMK_H_PARITY" in se.defines
+    assert one.buf["h"].shape == (B, H) and "DTMK_H_PARITY" not in one.defines

@@ -301,8 +301,9 @@ def test_step_eager_catches_a_missing_dependency():
 
 
 def test_step_eager_catches_the_down_commit_hazard():
-    """per-slice events gate_up -> down would be wrong: down's K-slice 0 commits the
-    residual into h while gate_up tiles of other slices still read it; random orders find it"""
+    """per-slice events gate_up -> down on ONE h are wrong (hand-built here from the level
+    graph): down's K-slice 0 commits the residual into h while gate_up tiles of other slices
+    still read it; random orders find it.  slice_events keeps h by parity (tests below)."""
     cfg = replace(PRESETS["tiny"], fuse_norm=True, split_k=2, rope_in_attn=True, head_events=True)
     g = build_graph(cfg, 2, 8)
     gu = {t.signal_event for t in g.tasks if t.class_name == "mlp_gate_up"}

@@ -426,13 +426,11 @@ def test_h_parity_build_compiles_and_changes_only_with_the_define():
     prologue picks h by the layer's parity (one more `and 1` per read of h) where the default
     build's does not.  The bits are checked on the GPU (tests/gpu/test_megakernel_fused_gpu.py
     variant s4se)."""
-    from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
-    from dtrace_mk.megakernel import gpu
-    src = (gpu.KERNEL_DIR / "megakernel.cu").read_text()
+    from dtrace_mk.kernels.build import ptx_function
+    from test_attn_staged import _ptx      # (its cache: the rope_in_attn build is compiled there too)
     ands = {}
     for d in (("DTMK_ROPE_IN_ATTN",), ("DTMK_ROPE_IN_ATTN", "DTMK_H_PARITY")):
-        body = ptx_function(nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", d).decode(),
-                            "_Z10stage_normRK8MkParamsPfS2_iiiii")
+        body = ptx_function(_ptx("megakernel.cu", *d), "_Z10stage_normRK8MkParamsPfS2_iiiii")
         ands[d[-1]] = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 1;", body))
     assert ands["DTMK_H_PARITY"] > ands["DTMK_ROPE_IN_ATTN"], ands
 

@@ -180,3 +180,62 @@ def sample_clocks(keys, launch, seconds: float, log=print) -> dict:
                       "mem_mhz": st.median(x[1] for x in s), "power_w": st.median(x[2] for x in s),
                       "reasons": sorted({x[3] for x in s}), "samples": len(s)}
     return out
+
+
+def pin_defines(idle_smids=()) -> tuple:
+    """The defines of a build whose workers are placed (-DDTMK_SM_WORKER) and, with idle SMs,
+    whose last grid SMs run nothing (-DDTMK_SM_IDLE)."""
+    return ("DTMK_SM_WORKER",) + (("DTMK_SM_IDLE",) if idle_smids else ())
+
+
+def place_by_smid(m, obs_smids=(), idle_smids=(), worker_order: str = "id", observers: bool = True) -> list:
+    """Place Megakernel m's workers (a pin_defines build): worker k on the k-th SM in id order
+    (worker_order "id") or in the block order an unplaced launch gives (probed, "natural");
+    obs_smids, then idle_smids, moved to the end, where the grid's observer and idle CTAs
+    run.  observers=False (a build without observer SMs): obs_smids are moved only when
+    idle_smids are given (such a build then idles them too, so it plans the same workers).
+    Returns the order in force; SystemExit naming the ids when they are not the grid's."""
+    from dtrace_mk.megakernel import gpu
+    ids = gpu.probe_smids(m.grid, m.smem)
+    base = sorted(ids) if worker_order == "id" else list(ids)
+    if obs_smids and (observers or idle_smids):
+        last = list(obs_smids) + list(idle_smids)
+        if len(set(last)) != len(last) or not set(last) <= set(ids):
+            raise SystemExit(f"--observer-smids / --idle-smids: want distinct SMs of the grid's "
+                             f"{min(ids)}..{max(ids)}, got {list(obs_smids)} / {list(idle_smids)}")
+        base = [i for i in base if i not in last] + last
+    m.place_workers(base)
+    return base
+
+
+def add_place_args(ap) -> None:
+    """--place, --observer-smids, --worker-order, --idle-smids (read back with place_args)."""
+    ap.add_argument("--place", action="store_true",
+                    help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
+    ap.add_argument("--observer-smids", default="", metavar="ID,ID,...",
+                    help="with --place: the observer SMs on these SM ids (as many as the observer SMs), the "
+                         "workers on the rest in id order (session 26: observers sharing a TPC with a worker or not)")
+    ap.add_argument("--worker-order", choices=("id", "natural"), default="id",
+                    help="with --place: the workers on the SMs in id order, or in the block order an unplaced "
+                         "launch gives them (probed), the observers' SMs moved to the end")
+    ap.add_argument("--idle-smids", default="", metavar="ID,ID,...",
+                    help="with --observer-smids: these SMs run nothing in every build (-DDTMK_SM_IDLE; the "
+                         "no-hook build leaves the observers' SMs idle too): observers on a GPC of their own")
+
+
+def place_args(ap, a, sms: int):
+    """(observer SM ids, idle SM ids) of add_place_args' options, checked against `sms`
+    observer SMs; ap.error names the option at fault."""
+    ids = {}
+    for opt in ("observer_smids", "idle_smids"):
+        try:
+            ids[opt] = [int(x) for x in getattr(a, opt).split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--{opt.replace('_', '-')}: not a comma list of SM ids: {getattr(a, opt)!r}")
+    obs_smids, idle_smids = ids["observer_smids"], ids["idle_smids"]
+    if idle_smids and (not obs_smids or len(set(idle_smids)) != len(idle_smids) or set(idle_smids) & set(obs_smids)):
+        ap.error(f"--idle-smids needs --observer-smids and distinct ids not among them, got {a.idle_smids!r}")
+    if obs_smids and (not a.place or len(set(obs_smids)) != sms):
+        ap.error(f"--observer-smids needs --place and {sms} distinct ids (the observer SMs), "
+                 f"got {a.observer_smids!r}")
+    return obs_smids, idle_smids

@@ -1,7 +1,7 @@
 """Where a decode step's time goes, level by level, from the built-in task trace (GPU).
 
     python bench/level_profile.py [--preset 1b] [--steps 16] [--configs nohooks,off,mask3,summary,summary_cm]
-                                  [--variants name=DEF+DEF,...] [--out DIR]
+                                  [--variants name=DEF+DEF,...] [--workers] [--place ...] [--out DIR]
 
 Every configuration runs the same weights with the MPK-style trace on (one 32-byte
 record per task: dispatch stamp before the wait, wait, begin..end), so all rows pay the
@@ -28,6 +28,10 @@ post-task work).  Per task: dur (begin..end), post = the same worker's next disp
 stamp - this task's end (release signal, hook records, bookkeeping).  Printed per class,
 summed over the step's levels, side by side per configuration; the critical sum
 (span + handoff over the chain of levels) is compared with the measured step time.
+--workers also prints, per worker and per group of 8 SM ids, its tasks' dur, its waits and its
+post time summed per step in each configuration: which workers an observing configuration
+slows, and in which part (session 29).  --place / --observer-smids / --idle-smids place the
+workers as bench/obs_split.py does (bench/benchio.py place_by_smid), every build alike.
 Writes DIR/level_profile.json; the tables are printed last.
 """
 from __future__ import annotations
@@ -48,8 +52,77 @@ sys.path.insert(0, str(REPO / "bench"))
 from dtrace_mk.megakernel import gpu  # noqa: E402
 from dtrace_mk.megakernel.presets import PRESETS  # noqa: E402
 from dtrace_mk.megakernel.reference import make_weights  # noqa: E402
+from benchio import add_place_args, pin_defines, place_args, place_by_smid  # noqa: E402
 
 SUMMARY_HOOKS = ("task:end", "dep:release", "task:ready")
+
+
+def post_ns(tr: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per record: the same worker's next dispatch stamp - this task's end (-1 for a
+    worker's last record)."""
+    post = np.full(len(tr), -1, np.int64)
+    order = np.lexsort((tr["t_dispatch"], tr["worker"]))
+    a, b = order[:-1], order[1:]
+    same = tr["worker"][a] == tr["worker"][b]
+    post[a[same]] = tr["t_dispatch"][b[same]].astype(np.int64) - end[a[same]]
+    return post
+
+
+def worker_stats(trace: np.ndarray, skip_steps: int = 1) -> list:
+    """Per worker (by id): its SM, tasks per step and us per step in dur (begin..end), wait
+    (dispatch..begin: the dependency wait) and post (end..next dispatch), steps <
+    skip_steps dropped.  Which workers an observing configuration slows, and whether their
+    own tasks, their waits or their post-task paths grow."""
+    tr = trace[trace["step"] >= skip_steps]
+    if not len(tr):
+        raise ValueError("no trace records after the skipped steps")
+    end = tr["t_dispatch"].astype(np.int64) + tr["wait_ns"].astype(np.int64) + tr["dur_ns"].astype(np.int64)
+    post = post_ns(tr, end)
+    nsteps = len(np.unique(tr["step"]))
+    out = []
+    for w in np.unique(tr["worker"]):
+        sel = tr["worker"] == w
+        sms = np.unique(tr["sm"][sel])
+        p = post[sel]
+        out.append({"worker": int(w), "sm": int(sms[0]) if len(sms) == 1 else -1,
+                    "tasks_per_step": int(sel.sum()) / nsteps,
+                    "dur_us": float(tr["dur_ns"][sel].sum()) / nsteps / 1e3,
+                    "wait_us": float(tr["wait_ns"][sel].sum()) / nsteps / 1e3,
+                    "post_us": float(p[p >= 0].sum()) / nsteps / 1e3})
+    return out
+
+
+def print_workers(per: dict, emit=print, group: int = 8) -> None:
+    """per: {config: worker_stats(...)}.  Per SM group of `group` ids (by the first
+    config's SMs): workers, tasks/step, and per config dur / wait / post us per step per
+    worker; then the same per worker.  -1: the worker ran on several SMs (unplaced)."""
+    cols = list(per)
+    first = {r["worker"]: r for r in per[cols[0]]}
+    by = {c: {r["worker"]: r for r in rows} for c, rows in per.items()}
+    head = "".join(f"{c[:8] + ' dur':>13}{'wait':>7}{'post':>7}" for c in cols)
+    emit(f"--- per SM group of {group} (us per step per worker; trace span sums)")
+    emit(f"  {'SMs':<9}{'wk':>4}{'n/step':>8}" + head)
+    groups = defaultdict(list)
+    for w, r in first.items():
+        groups[r["sm"] // group if r["sm"] >= 0 else -1].append(w)
+    for g in sorted(groups):
+        ws = groups[g]
+        row = ""
+        for c in cols:
+            rs = [by[c][w] for w in ws if w in by[c]]
+            row += "".join(f"{(sum(r[f] for r in rs) / len(rs)) if rs else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
+                           for f in ("dur_us", "wait_us", "post_us"))
+        label = f"{g * group}-{g * group + group - 1}" if g >= 0 else "moving"
+        emit(f"  {label:<9}{len(ws):>4}{sum(first[w]['tasks_per_step'] for w in ws) / len(ws):>8.1f}" + row)
+    emit("--- per worker (by SM)")
+    emit(f"  {'SM':<5}{'wk':>4}{'n/step':>8}" + head)
+    for w in sorted(first, key=lambda w: (first[w]["sm"], w)):
+        row = ""
+        for c in cols:
+            r = by[c].get(w)
+            row += "".join(f"{r[f] if r else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
+                           for f in ("dur_us", "wait_us", "post_us"))
+        emit(f"  {first[w]['sm']:<5}{w:>4}{first[w]['tasks_per_step']:>8.1f}" + row)
 
 
 def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
@@ -64,12 +137,7 @@ def level_stats(trace: np.ndarray, graph, skip_steps: int = 1) -> dict:
     begin = tr["t_dispatch"].astype(np.int64) + tr["wait_ns"].astype(np.int64)
     end = begin + tr["dur_ns"].astype(np.int64)
     steps = tr["step"].astype(np.int64)
-    # post: next dispatch of the same worker after this task's end
-    post = np.full(len(tr), -1, np.int64)
-    order = np.lexsort((tr["t_dispatch"], tr["worker"]))
-    for a, b in zip(order[:-1], order[1:]):
-        if tr["worker"][a] == tr["worker"][b]:
-            post[a] = int(tr["t_dispatch"][b]) - int(end[a])
+    post = post_ns(tr, end)
     lvl_of = {}
     producers = defaultdict(set)             # event -> level keys that signal it
     for t in tasks:
@@ -207,7 +275,17 @@ def main() -> int:
     ap.add_argument("--prof", action="store_true",
                     help="build the hooked configurations with -DDTMK_OBS_PROF and print where thread 0's "
                          "observation time goes (drains, hook_post) per step per worker")
+    ap.add_argument("--workers", action="store_true",
+                    help="also print per worker (and per SM group) its tasks' dur, waits and post-task time "
+                         "per step in each configuration: which workers an observing configuration slows")
+    add_place_args(ap)
     a = ap.parse_args()
+    extra = tuple(d for d in a.defines.split("+") if d)
+    sms = gpu.obs_sms_of(extra) if "DTMK_OBS_SM" in extra else 0
+    if a.observer_smids.strip() and not sms:
+        ap.error("--observer-smids needs an observer-SM build (--defines DTMK_OBS_SM+DTMK_OBS_SMS=M)")
+    obs_smids, idle_smids = place_args(ap, a, sms)
+    pin = pin_defines(idle_smids) if a.place else ()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = PRESETS[a.preset]
@@ -219,15 +297,18 @@ def main() -> int:
     builds = {}
     configs = [c for c in a.configs.split(",") if c]
     need_default = any(c in ("off", "mask3", "null3", "summary") for c in configs)
+    # --idle-smids: those SMs run nothing in every build; the no-hook build idles the observers' too
+    idle = {"nohooks": len(idle_smids) + sms if idle_smids else 0, "obs": len(idle_smids)}
     if "nohooks" in configs:
-        builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
+        builds["nohooks"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",) + pin,
+                                           idle_sms=idle["nohooks"])
     if need_default:
-        extra = tuple(d for d in a.defines.split("+") if d)
-        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w,
-                                           defines=(("DTMK_OBS_PROF",) if a.prof else ()) + extra)
+        builds["default"] = gpu.Megakernel(cfg, batch=1, weights=w, idle_sms=idle["obs"],
+                                           defines=(("DTMK_OBS_PROF",) if a.prof else ()) + extra + pin)
     for spec in [v for v in a.variants.split(",") if v]:
         name, defs = spec.split("=", 1)
-        builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, defines=tuple(d for d in defs.split("+") if d))
+        builds[name] = gpu.Megakernel(cfg, batch=1, weights=w, idle_sms=idle["obs"],
+                                      defines=tuple(d for d in defs.split("+") if d) + pin)
         configs.append(name)
     live = None
     if "summary" in configs:
@@ -244,14 +325,18 @@ def main() -> int:
     for c, inline in (("summary_cm", True), ("summary_cmring", False)):
         if c in configs:
             from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor
-            defs = (("DTMK_OBS_PROF",) if a.prof else ()) + tuple(d for d in a.defines.split("+") if d)
-            builds[c] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs)
+            defs = (("DTMK_OBS_PROF",) if a.prof else ()) + extra + pin
+            builds[c] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs, idle_sms=idle["obs"])
             lc = LiveSession(builds[c], runtime=linked_runtime(builds[c].num_workers, inline=inline))
             lc.attach(summary_monitor(builds[c].graph.schema).obj, tier="compiled")
             lc.link_compiled()
             linked.append(lc)
     if need_default:
         builds["default"].set_observer(0, None)
+    if a.place:                        # worker k on the k-th SM in id order (observers, idle SMs last)
+        for k, m in builds.items():
+            order = place_by_smid(m, obs_smids, idle_smids, a.worker_order, observers=m.obs_sm)
+            log(f"{k}: SMs by worker: {order}")
 
     def run(c):
         m = builds["nohooks"] if c == "nohooks" else builds.get(c) or builds["default"]
@@ -282,7 +367,7 @@ def main() -> int:
             phases[c] = [int(v) for v in phase.get()]
         return r, m, time.perf_counter() - t0
 
-    results, toks, profs, phases = {}, {}, {}, {}
+    results, toks, profs, phases, workers = {}, {}, {}, {}, {}
     for rep in range(a.reps):
         for c in configs:
             r, m, _ = run(c)
@@ -293,10 +378,13 @@ def main() -> int:
                 st = level_stats(r.trace, m.graph)
                 st["_total"]["us_per_step"] = r.elapsed_ms * 1e3 / a.steps
                 results[c] = st
+                workers[c] = worker_stats(r.trace)
     ref = next(iter(toks.values()))
     same = {c: bool(np.array_equal(t, ref)) for c, t in toks.items()}
     (out / "level_profile.json").write_text(json.dumps({"preset": a.preset, "steps": a.steps, "results": results,
                                                         "tokens_equal": same, "obs_prof": profs,
+                                                        "workers": workers, "placed": a.place,
+                                                        "observer_smids": obs_smids, "idle_smids": idle_smids,
                                                         "phase_prof": phases}, indent=1))
     classes = [k for k in next(iter(results.values())) if not k.startswith("_")]
     cols = list(results)
@@ -315,6 +403,8 @@ def main() -> int:
         print_prof(profs, a.steps, builds["default"].num_workers)
     for c, v in phases.items():
         print_phases(c, v, a.steps)
+    if a.workers:
+        print_workers(workers)
     return 0
 
 

@@ -84,6 +84,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from benchio import add_place_args, place_args  # noqa: E402
+
 STEPS = {"tiny": 64, "1b": 16}
 #: variant -> defines added to the observer-SM build (kernels/mk_obs_sm.cuh, megakernel.cu)
 VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DISCARD",),
@@ -145,7 +147,7 @@ DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count
 
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
                  obs_smids=None, worker_order: str = "id", idle_smids=()) -> dict:
-    from benchio import sample_clocks, timed_rounds
+    from benchio import pin_defines, place_by_smid, sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.lang.pipeline import compile_query
@@ -154,7 +156,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
     w = make_weights(cfg, 0)
     obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")     # (the eager publish: `lazy` rows add it)
-    pin = ("DTMK_SM_WORKER",) + (("DTMK_SM_IDLE",) if idle_smids else ()) if place else ()
+    pin = pin_defines(idle_smids) if place else ()
     nohooks = ("DTMK_NO_HOOKS",) + pin
     # --idle-smids: those SMs run nothing in every build, and the no-hook build leaves the
     # observers' SMs idle too (so every build plans the same workers)
@@ -174,18 +176,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
         lives[v].attach(mon.obj)
     if place:                          # worker k on the k-th SM in id order (the observers' SMs last)
         for k, m in mks.items():
-            ids = gpu.probe_smids(m.grid, m.smem)          # (block order: where an unplaced launch runs them)
-            base = sorted(ids) if worker_order == "id" else ids
-            # the observers on these SMs, then the idle ones (the no-hook build: all idle), the
-            # workers on the rest in that order
-            if obs_smids and (k != "nohooks" or idle_smids):
-                if len(obs_smids) != sms or not set(obs_smids) | set(idle_smids) <= set(ids):
-                    raise SystemExit(f"--observer-smids / --idle-smids: want {sms} + {len(idle_smids)} distinct "
-                                     f"SMs of the grid's {min(ids)}..{max(ids)}, got {list(obs_smids)} / "
-                                     f"{list(idle_smids)}")
-                last = list(obs_smids) + list(idle_smids)
-                base = [i for i in base if i not in last] + last
-            m.place_workers(base)
+            base = place_by_smid(m, obs_smids, idle_smids, worker_order, observers=k != "nohooks")
             if k in ("nohooks", variants[0]):
                 log(f"{name}: {k} SMs by worker: {base}")
         log(f"{name}: workers placed (-DDTMK_SM_WORKER), SMs in {worker_order} order"
@@ -243,31 +234,10 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default="base", metavar="VARIANT",
                     help="the variant whose build, nothing attached, is the plain row (and runs first); "
                          "e.g. lazy to compare the lazy builds with their own plain")
-    ap.add_argument("--place", action="store_true",
-                    help="every build with -DDTMK_SM_WORKER, its workers on the SMs in id order in every launch")
-    ap.add_argument("--observer-smids", default="", metavar="ID,ID,...",
-                    help="with --place: the observer SMs on these SM ids (as many as --sms), the workers on the "
-                         "rest in id order (session 26: observers sharing a TPC with a worker or not)")
-    ap.add_argument("--worker-order", choices=("id", "natural"), default="id",
-                    help="with --place: the workers on the SMs in id order, or in the block order an unplaced "
-                         "launch gives them (probed), the observers' SMs moved to the end")
-    ap.add_argument("--idle-smids", default="", metavar="ID,ID,...",
-                    help="with --observer-smids: these SMs run nothing in every build (-DDTMK_SM_IDLE; the "
-                         "no-hook build leaves the observers' SMs idle too): observers on a GPC of their own")
+    add_place_args(ap)
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
-    try:
-        obs_smids = [int(x) for x in a.observer_smids.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--observer-smids: not a comma list of SM ids: {a.observer_smids!r}")
-    try:
-        idle_smids = [int(x) for x in a.idle_smids.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--idle-smids: not a comma list of SM ids: {a.idle_smids!r}")
-    if idle_smids and (not obs_smids or len(set(idle_smids)) != len(idle_smids) or set(idle_smids) & set(obs_smids)):
-        ap.error(f"--idle-smids needs --observer-smids and distinct ids not among them, got {a.idle_smids!r}")
-    if obs_smids and (not a.place or len(set(obs_smids)) != a.sms):
-        ap.error(f"--observer-smids needs --place and {a.sms} distinct ids (--sms), got {a.observer_smids!r}")
+    obs_smids, idle_smids = place_args(ap, a, a.sms)
     if a.reps < 2:
         ap.error("--reps must be >= 2 (round 0 is a warm-up)")
     variants = [v for v in a.variants.split(",") if v]

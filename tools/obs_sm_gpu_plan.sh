@@ -185,7 +185,10 @@
 #                                1b's 128-tile levels in two rounds): its control, the same 116 workers with the
 #                                idle SMs far from the observers (120-131), then near (4-15), then far again
 # Session 28 ran 57 and 58: near-idle costs 2.4x far-idle (177-183 vs 66-75 us/step over plain; full - nomaps
-# 72-78 vs 18-33): not the neighbours being busy (docs/results/hooks.md "Session 28").
+# 72-78 vs 18-33): not the neighbours being busy (docs/results/hooks.md "Session 28").  Next:
+#   tools/obs_sm_gpu_plan.sh 59  per worker, not per build: level_profile --workers of plan 58's far and near
+#                                placements (nohooks / off / summary side by side), then both with NOMAPS: does the
+#                                extra time sit on the workers beside the observers, or on the critical path's?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -346,6 +349,9 @@ case "${1:-}" in
   58) P="--place --observer-smids 0,1,2,3"; N=$(seq -s, 4 15); F=$(seq -s, 120 131)
      s() { echo "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --idle-smids $1 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "$(s $F far)" "$(s $N near)" "$(s $F far2)" ;;
+  59) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; N=$(seq -s, 4 15); F=$(seq -s, 120 131)
+     w() { echo "timeout 240 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs nohooks,off,summary --workers --defines $1 --place --observer-smids 0,1,2,3 --idle-smids $2 --out ${OUT:-/tmp/out}/$3"; }
+     exec tools/gpu_session.sh "$(w $L $F far)" "$(w $L $N near)" "$(w $L+DTMK_OSQ_NOMAPS $N nearnomaps)" "$(w $L+DTMK_OSQ_NOMAPS $F farnomaps)" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

@@ -90,3 +90,49 @@ def test_print_prof_reads_each_counter_pair_per_step_per_worker(lp):
     assert [float(x) for x in push[1:4]] == [1.0, 0.5, 0.5]
     head = lines[[i for i, ln in enumerate(lines) if "the queue head's publish alone" in ln][0] + 2].split()
     assert head[0] == "summary" and [float(x) for x in head[1:4]] == [1.0, 0.2, 0.2]
+
+
+def _worker_trace():
+    """Two workers, steps 0..2: worker 0 on SM 7 runs two tasks per step (wait 1 us, dur
+    3 us, next dispatch 2 us after the end); worker 1 on SM 20 one task per step (wait
+    5 us, dur 4 us, its next dispatch the next step's, 11 us after its end)."""
+    rows = []
+    for s in range(3):
+        t0 = 10 ** 9 + s * 20_000
+        rows.append((t0, 1000, 3000, 0, s, 7, 0, 0, 0))
+        rows.append((t0 + 6000, 1000, 3000, 1, s, 7, 0, 0, 0))
+        rows.append((t0, 5000, 4000, 2, s, 20, 1, 0, 0))
+    return np.array(rows, dtype=gpu.TRACE_DTYPE)
+
+
+def test_worker_stats_sums_dur_wait_and_post_per_step(lp):
+    st = {r["worker"]: r for r in lp.worker_stats(_worker_trace(), skip_steps=1)}
+    w0, w1 = st[0], st[1]
+    assert (w0["sm"], w0["tasks_per_step"], w1["sm"], w1["tasks_per_step"]) == (7, 2, 20, 1)
+    assert w0["dur_us"] == pytest.approx(6.0) and w0["wait_us"] == pytest.approx(2.0)
+    assert w1["dur_us"] == pytest.approx(4.0) and w1["wait_us"] == pytest.approx(5.0)
+    # post: worker 0's gaps 2 us (task 0 -> 1) and 20 - 10 = 10 us (task 1 -> next step's
+    # task 0), the last record none: (2 + 10 + 2) / 2 steps; worker 1: 20 - 9 = 11 once
+    assert w0["post_us"] == pytest.approx(7.0) and w1["post_us"] == pytest.approx(5.5)
+
+
+def test_worker_stats_marks_a_worker_that_moved_between_sms(lp):
+    tr = _worker_trace()
+    tr["sm"][(tr["worker"] == 1) & (tr["step"] == 2)] = 21       # (an unplaced launch: not in one launch, but)
+    st = {r["worker"]: r for r in lp.worker_stats(tr, skip_steps=1)}
+    assert st[1]["sm"] == -1 and st[0]["sm"] == 7
+    with pytest.raises(ValueError, match="no trace records"):
+        lp.worker_stats(tr, skip_steps=3)
+
+
+def test_print_workers_groups_by_the_first_configs_sms(lp):
+    per = {"off": lp.worker_stats(_worker_trace()), "summary": lp.worker_stats(_worker_trace())}
+    per["summary"][0]["post_us"] += 4.0                         # the observing config slows worker 0's post path
+    lines = []
+    lp.print_workers(per, emit=lines.append, group=8)
+    grp = {ln.split()[0]: ln.split() for ln in lines if ln.startswith("  ") and ln.split()[0] in ("0-7", "16-23")}
+    # SMs 0-7: worker 0 (1 worker, 2 tasks/step, off 6.0 / 2.0 / 7.0, summary post 11.0)
+    assert grp["0-7"][1:] == ["1", "2.0", "6.0", "2.0", "7.0", "6.0", "2.0", "11.0"]
+    assert grp["16-23"][1:] == ["1", "1.0", "4.0", "5.0", "5.5", "4.0", "5.0", "5.5"]
+    per_worker = [ln.split() for ln in lines[lines.index("--- per worker (by SM)") + 2:]]
+    assert [r[:2] for r in per_worker] == [["7", "0"], ["20", "1"]]

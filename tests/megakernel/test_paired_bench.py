@@ -124,3 +124,52 @@ def test_sample_clocks_without_nvidia_smi_returns_nothing(load_bench, tmp_path, 
     said = []
     assert load_bench("benchio").sample_clocks(["a"], lambda k: None, 0.05, log=said.append) == {}
     assert said == ["sample_clocks: no nvidia-smi"]
+
+
+def _place_parser(bio):
+    import argparse
+    ap = argparse.ArgumentParser(prog="bench")
+    bio.add_place_args(ap)
+    return ap
+
+
+@pytest.mark.parametrize("argv, sms, err", [
+    (["--observer-smids", "0,1"], 2, "--observer-smids needs --place and 2 distinct ids"),
+    (["--place", "--observer-smids", "0,1,1"], 3, "--observer-smids needs --place and 3 distinct ids"),
+    (["--place", "--observer-smids", "0,x"], 2, "--observer-smids: not a comma list of SM ids: '0,x'"),
+    (["--place", "--idle-smids", "4,5"], 2, "--idle-smids needs --observer-smids"),
+    (["--place", "--observer-smids", "0,1", "--idle-smids", "1,5"], 2, "--idle-smids needs --observer-smids and distinct"),
+])
+def test_place_args_name_the_option_at_fault(load_bench, capsys, argv, sms, err):
+    """bench/obs_split.py and bench/level_profile.py share these options and checks."""
+    bio = load_bench("benchio")
+    ap = _place_parser(bio)
+    with pytest.raises(SystemExit):
+        bio.place_args(ap, ap.parse_args(argv), sms)
+    assert err in capsys.readouterr().err
+
+
+def test_place_by_smid_puts_observers_then_idle_sms_last(load_bench, monkeypatch):
+    """The observers' SMs, then the idle ones, end the order (where the grid's observer and
+    idle CTAs run); a build without observer SMs moves them only when SMs idle."""
+    from dtrace_mk.megakernel import gpu
+    bio = load_bench("benchio")
+    ap = _place_parser(bio)
+    obs, idle = bio.place_args(ap, ap.parse_args(["--place", "--observer-smids", "0,1", "--idle-smids", "4"]), 2)
+    assert (obs, idle) == ([0, 1], [4])
+    monkeypatch.setattr(gpu, "probe_smids", lambda grid, smem: [5, 3, 1, 0, 2, 4])   # (block order)
+
+    class M:
+        grid, smem = 6, 0
+
+        def place_workers(self, order):
+            self.order = order
+    m = M()
+    assert bio.place_by_smid(m, obs, idle) == [2, 3, 5, 0, 1, 4] == m.order
+    assert bio.place_by_smid(m, obs, idle, worker_order="natural") == [5, 3, 2, 0, 1, 4]
+    assert bio.place_by_smid(m, obs, (), observers=False) == [0, 1, 2, 3, 4, 5]
+    assert bio.place_by_smid(m, obs, idle, observers=False) == [2, 3, 5, 0, 1, 4]
+    with pytest.raises(SystemExit, match=r"distinct SMs of the grid's 0\.\.5, got \[0, 9\]"):
+        bio.place_by_smid(m, [0, 9])
+    assert bio.pin_defines(()) == ("DTMK_SM_WORKER",)
+    assert bio.pin_defines([4]) == ("DTMK_SM_WORKER", "DTMK_SM_IDLE")

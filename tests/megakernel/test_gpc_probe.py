@@ -1,0 +1,31 @@
+"""CI (no GPU): tools/gpc_probe.py's grouping -- SMs met in one thread-block cluster share
+a GPC, joined transitively; a partial cluster is refused."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def probe():
+    spec = importlib.util.spec_from_file_location("gpc_probe", ROOT / "tools" / "gpc_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_groups_join_sms_met_in_one_cluster_transitively(probe):
+    # clusters of 4: {0,1,2,3}, {3,7,7,7} joins 7 to the first; {4,5,4,5} and {5,6,6,6} form a second
+    smids = [0, 1, 2, 3, 3, 7, 7, 7, 4, 5, 4, 5, 5, 6, 6, 6]
+    assert probe.groups_of(smids, cluster=4) == [[0, 1, 2, 3, 7], [4, 5, 6]]
+
+
+def test_an_sm_alone_in_its_clusters_is_a_group_of_its_own(probe):
+    assert probe.groups_of([9, 9, 2, 1], cluster=2) == [[1, 2], [9]]
+
+
+def test_a_partial_cluster_is_refused(probe):
+    with pytest.raises(ValueError, match="5 blocks is not a whole number of clusters of 4"):
+        probe.groups_of([0, 1, 2, 3, 4], cluster=4)

@@ -92,6 +92,10 @@ def worker_stats(trace: np.ndarray, skip_steps: int = 1) -> list:
     return out
 
 
+#: print_workers names the SMs whose tasks' mean dur grew by more than this
+SLOWED_NS_PER_TASK = 150
+
+
 def print_workers(per: dict, emit=print, group: int = 8) -> None:
     """per: {config: worker_stats(...)}.  Per SM group of `group` ids (by the first
     config's SMs): workers, tasks/step, and per config dur / wait / post us per step per
@@ -114,6 +118,10 @@ def print_workers(per: dict, emit=print, group: int = 8) -> None:
                            for f in ("dur_us", "wait_us", "post_us"))
         label = f"{g * group}-{g * group + group - 1}" if g >= 0 else "moving"
         emit(f"  {label:<9}{len(ws):>4}{sum(first[w]['tasks_per_step'] for w in ws) / len(ws):>8.1f}" + row)
+    for c in cols[1:]:                 # (session 29: the hot summary slows a fixed set of SMs)
+        slow = sorted(r["sm"] for w, r in first.items() if w in by[c] and r["tasks_per_step"]
+                      and (by[c][w]["dur_us"] - r["dur_us"]) / r["tasks_per_step"] > SLOWED_NS_PER_TASK / 1e3)
+        emit(f"--- SMs whose tasks run > {SLOWED_NS_PER_TASK} ns longer in {c} than in {cols[0]}: {len(slow)} {slow}")
     emit("--- per worker (by SM)")
     emit(f"  {'SM':<5}{'wk':>4}{'n/step':>8}" + head)
     for w in sorted(first, key=lambda w: (first[w]["sm"], w)):

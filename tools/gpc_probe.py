@@ -8,7 +8,12 @@ Clusters"), so two SMs whose blocks ever share a cluster share a GPC.  The probe
 many short clusters of 8 blocks (the portable maximum) through cuda.core's cluster launch,
 records each block's %smid, and joins the SMs of each cluster (union-find); the groups it
 prints are GPCs, or parts of one if some pair of SMs never met (more --launches).  Prints one
-line per group (its SM ids; TPCs are SM pairs 2k, 2k+1) and writes DIR/gpc_probe.json."""
+line per group (its SM ids; TPCs are SM pairs 2k, 2k+1) and writes DIR/gpc_probe.json.
+
+    python tools/gpc_probe.py --from DIR/gpc_probe.json --spread 4
+
+prints (no GPU) 4 SM ids, one from each of the 4 largest groups (each group's last SM), as a
+comma list for bench/level_profile.py --observer-smids: observers spread over 4 GPCs."""
 from __future__ import annotations
 
 import argparse
@@ -52,12 +57,31 @@ def groups_of(smids, cluster: int = CLUSTER) -> list:
     return sorted(sorted(g) for g in out.values())
 
 
+def spread(groups, n: int) -> list:
+    """n SM ids, the last of each of the n largest groups (ties: the lower ids first)."""
+    if n > len(groups):
+        raise ValueError(f"spread: {n} SMs from {len(groups)} groups")
+    big = sorted(groups, key=lambda g: (-len(g), g[0]))[:n]
+    return sorted(g[-1] for g in big)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--launches", type=int, default=20, help="cluster launches whose meetings are joined")
     ap.add_argument("--clusters", type=int, default=264, help="clusters of 8 blocks per launch")
     ap.add_argument("--out", default=".")
+    ap.add_argument("--from", dest="from_file", metavar="JSON", help="read the groups of an earlier run (no GPU)")
+    ap.add_argument("--spread", type=int, metavar="N", help="with --from: print N SMs, one per largest group")
     a = ap.parse_args(argv)
+    if a.from_file or a.spread:
+        if not (a.from_file and a.spread):
+            ap.error("--from and --spread go together")
+        groups = json.loads(Path(a.from_file).read_text())["groups"]
+        try:
+            print(",".join(str(s) for s in spread(groups, a.spread)))
+        except ValueError as e:
+            ap.error(f"--spread: {e}")
+        return 0
     import numpy as np
     import cupy as cp
     from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch

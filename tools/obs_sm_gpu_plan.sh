@@ -193,7 +193,8 @@
 # runs its tasks 0.3-0.8 us slower with the summary on, whichever worker runs there; near is dear because the
 # two-round workers 0-3 land on SMs 16-19.  Next:
 #   tools/obs_sm_gpu_plan.sh 60  the GPC layout (tools/gpc_probe.py: cluster co-residency), then 128 workers placed with
-#                                the observers on SMs 0-3 / 16-19 / 64-67 / 0-3 again: does the slowed set move with them?
+#                                the observers on SMs 0-3 / 16-19 / 64-67 / one per GPC / 0-3 again: does the slowed set
+#                                move with them, and does spreading them over GPCs thin it?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -359,7 +360,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$(w $L $F far)" "$(w $L $N near)" "$(w $L+DTMK_OSQ_NOMAPS $N nearnomaps)" "$(w $L+DTMK_OSQ_NOMAPS $F farnomaps)" ;;
   60) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16
      w() { echo "timeout 200 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $L --place --observer-smids $1 --out ${OUT:-/tmp/out}/$2"; }
-     exec tools/gpu_session.sh "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(w 0,1,2,3 o0)" "$(w 16,17,18,19 o16)" "$(w 64,65,66,67 o64)" "$(w 0,1,2,3 o0b)" ;;
+     exec tools/gpu_session.sh "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(w 0,1,2,3 o0)" "$(w 16,17,18,19 o16)" "$(w 64,65,66,67 o64)" \
+       "$(w '$(python3 tools/gpc_probe.py --from '"${OUT:-/tmp/out}"'/gpc/gpc_probe.json --spread 4)' spread)" "$(w 0,1,2,3 o0b)" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

@@ -121,7 +121,13 @@ def print_workers(per: dict, emit=print, group: int = 8) -> None:
     for c in cols[1:]:                 # (session 29: the hot summary slows a fixed set of SMs)
         slow = sorted(r["sm"] for w, r in first.items() if w in by[c] and r["tasks_per_step"]
                       and (by[c][w]["dur_us"] - r["dur_us"]) / r["tasks_per_step"] > SLOWED_NS_PER_TASK / 1e3)
-        emit(f"--- SMs whose tasks run > {SLOWED_NS_PER_TASK} ns longer in {c} than in {cols[0]}: {len(slow)} {slow}")
+        def per_task(sms):             # mean extra ns per task over these SMs' workers
+            ws = [w for w, r in first.items() if w in by[c] and r["sm"] in sms]
+            n = sum(first[w]["tasks_per_step"] for w in ws)
+            return 1e3 * sum(by[c][w]["dur_us"] - first[w]["dur_us"] for w in ws) / n if n else float("nan")
+        rest = {r["sm"] for r in first.values()} - set(slow)
+        emit(f"--- SMs whose tasks run > {SLOWED_NS_PER_TASK} ns longer in {c} than in {cols[0]}: {len(slow)} {slow} "
+             f"(+{per_task(set(slow)):.0f} ns per task on them, {per_task(rest):+.0f} on the other {len(rest)})")
     emit("--- per worker (by SM)")
     emit(f"  {'SM':<5}{'wk':>4}{'n/step':>8}" + head)
     for w in sorted(first, key=lambda w: (first[w]["sm"], w)):

@@ -195,6 +195,11 @@
 #   tools/obs_sm_gpu_plan.sh 60  the GPC layout (tools/gpc_probe.py: cluster co-residency), then 128 workers placed with
 #                                the observers on SMs 0-3 / 16-19 / 64-67 / one per GPC / 0-3 again: does the slowed set
 #                                move with them, and does spreading them over GPCs thin it?
+# Session 29 ran 60: the GPCs are TPC-interleaved (GPC g: SMs 2g, 2g+1, 16+2g, ...), and the slowed set is exactly
+# the observers' GPC-mates (0.7-0.8 us per task), wherever the observers sit; spread over 4 GPCs: 63 SMs slowed.
+#   tools/obs_sm_gpu_plan.sh 61  the observers in ONE GPC (0,1,16,17); then which kind of observer work slows the
+#                                GPC-mates: per entry nothing (DISCARD), 2000 cycles (BURN), 8 atomics, 16 dependent
+#                                loads, the VM without maps (NOMAPS), NOMAPS + ~770 instructions of fresh code (ICODE)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -362,6 +367,12 @@ case "${1:-}" in
      w() { echo "timeout 200 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $L --place --observer-smids $1 --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(w 0,1,2,3 o0)" "$(w 16,17,18,19 o16)" "$(w 64,65,66,67 o64)" \
        "$(w '$(python3 tools/gpc_probe.py --from '"${OUT:-/tmp/out}"'/gpc/gpc_probe.json --spread 4)' spread)" "$(w 0,1,2,3 o0b)" ;;
+  61) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; S=DTMK_OSQ_SCATTER
+     XS="$D $D+DTMK_OSQ_BURN=2000 $D+DTMK_OSQ_ATOMS=8+$S $D+DTMK_OSQ_LOADS=16+$S DTMK_OSQ_NOMAPS DTMK_OSQ_NOMAPS+DTMK_OSQ_ICODE=64"
+     pre="python3 tools/precompile.py $L+DTMK_SM_WORKER+$R"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
+     w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids $2 --out ${OUT:-/tmp/out}/$3"; }
+     stages=("$pre" "$(w $L 0,1,16,17 onegpc)"); for x in $XS; do stages+=("$(w $L+$x 0,1,2,3 ${x//[+=]/_})"); done
+     exec tools/gpu_session.sh "${stages[@]}" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

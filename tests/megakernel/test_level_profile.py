@@ -135,10 +135,11 @@ def test_print_workers_groups_by_the_first_configs_sms(lp):
     assert grp["0-7"][1:] == ["1", "2.0", "6.0", "2.0", "7.0", "6.0", "2.0", "11.0"]
     assert grp["16-23"][1:] == ["1", "1.0", "4.0", "5.0", "5.5", "4.0", "5.0", "5.5"]
     # worker 0's dur unchanged: no SM slowed; then +0.5 us per task on worker 1 (SM 20)
-    assert "--- SMs whose tasks run > 150 ns longer in summary than in off: 0 []" in lines
+    assert "--- SMs whose tasks run > 150 ns longer in summary than in off: 0 [] (+nan ns per task on them, +0 on the other 2)" in lines
     per["summary"][1]["dur_us"] += 0.5
     lines2 = []
     lp.print_workers(per, emit=lines2.append)
-    assert "--- SMs whose tasks run > 150 ns longer in summary than in off: 1 [20]" in lines2
+    assert ("--- SMs whose tasks run > 150 ns longer in summary than in off: 1 [20] (+500 ns per task on them, +0 on "
+            "the other 1)") in lines2
     per_worker = [ln.split() for ln in lines[lines.index("--- per worker (by SM)") + 2:]]
     assert [r[:2] for r in per_worker] == [["7", "0"], ["20", "1"]]

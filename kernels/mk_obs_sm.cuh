@@ -33,7 +33,8 @@
  * mk_observer.cuh osq_desc_records), -DDTMK_OSQ_NOFLUSH (the shadow dropped, no map written)
  * split the VM's map share (session 18); after the entry's run, -DDTMK_OSQ_PAGES=N dependent loads
  * on N pages of 2 MB (the TLBs' reach?) and -DDTMK_OSQ_ICODE=N unrolled code (an instruction
- * cache shared with the workers?) test how the maps' share reaches the workers (session 26).
+ * cache shared with the workers?) test how the maps' share reaches the workers (session 26); ICODE
+ * also runs with DISCARD (fresh code alone, session 29).
  * Opt-in, not measurement: -DDTMK_OSQ_MULTI=D (a worker's backlog runs on up to D lanes of a
  * round: osq_observer) */
 #define OSQ_STATS_N 11
@@ -166,6 +167,9 @@ __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dt
         W.pend = 0;                    /* measurement only: the entry taken, not run */
 #ifdef DTMK_OSQ_BURN                   /* ... and DTMK_OSQ_BURN cycles spent on it (a busy observer, no memory) */
         { const long long b0 = clock64(); while (clock64() - b0 < (long long)(DTMK_OSQ_BURN)) { } }
+#endif
+#ifdef DTMK_OSQ_ICODE                  /* ... or fresh code alone, no VM (session 29: the GPC-mates' slowdown?) */
+        if (osq_icode((dtmk_u32)(w * 131u + i)) == 0x12345678u) dtmk_osq_sink2 = 1;
 #endif
 #endif
         /* measurement only, after the entry's run or its discard (session 27: with NOMAPS, do

@@ -200,6 +200,10 @@
 #   tools/obs_sm_gpu_plan.sh 61  the observers in ONE GPC (0,1,16,17); then which kind of observer work slows the
 #                                GPC-mates: per entry nothing (DISCARD), 2000 cycles (BURN), 8 atomics, 16 dependent
 #                                loads, the VM without maps (NOMAPS), NOMAPS + ~770 instructions of fresh code (ICODE)
+# Session 29 ran 61: one GPC 12 SMs slowed +878 ns/task (+65 us/step); DISCARD / BURN / ATOMS / LOADS slow no GPC;
+# NOMAPS slows the observers' GPCs (+284 / +586 ns), NOMAPS + ICODE more (+477 / +605): the code the observers run?
+#   tools/obs_sm_gpu_plan.sh 62  fresh code alone: DISCARD with ICODE=64 / 256 (~770 / ~3 K instructions per entry, no
+#                                VM, no memory) beside DISCARD and the full summary: do the GPC-mates slow?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -373,6 +377,12 @@ case "${1:-}" in
      w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids $2 --out ${OUT:-/tmp/out}/$3"; }
      stages=("$pre" "$(w $L 0,1,16,17 onegpc)"); for x in $XS; do stages+=("$(w $L+$x 0,1,2,3 ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
+  62) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD
+     XS="$D $D+DTMK_OSQ_ICODE=64 $D+DTMK_OSQ_ICODE=256"
+     pre="python3 tools/precompile.py $L+DTMK_SM_WORKER+$R"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
+     w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
+     stages=("$pre"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
+     exec tools/gpu_session.sh "${stages[@]}" "$(w $L full)" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

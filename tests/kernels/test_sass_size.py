@@ -1,0 +1,61 @@
+"""CI (no GPU, no nvdisasm): tools/sass_size.py attributes each instruction of `nvdisasm -g`
+output to the source function whose body holds its line, inlined copies summed."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ss():
+    spec = importlib.util.spec_from_file_location("sass_size", ROOT / "tools" / "sass_size.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+OPS = """// ops
+__device__ __forceinline__ float dot(const float *a) {
+    return a[0] * a[1];
+}
+__device__ void helper(int x);
+template <int N>
+__device__ __noinline__ void op_tile(float *o) {
+    o[0] = dot(o);
+}
+"""
+MAIN = """extern "C" __global__ void __launch_bounds__(512, 1) kern(float *o) {
+    op_tile<4>(o);
+}
+"""
+SASS = """        /*0000*/                   MOV R1, c[0x0][0x28] ;
+	//## File "/k/main.cu", line 2
+        /*0010*/                   S2R R0, SR_TID.X ;
+	//## File "/k/ops.cuh", line 3
+        /*0020*/                   FMUL R2, R2, R3 ;
+        /*0030*/                   FMUL R4, R2, R3 ;
+	//## File "/k/ops.cuh", line 8
+        /*0040*/                   STG.E [R6.64], R2 ;
+	//## File "/k/ops.cuh", line 3
+        /*0050*/                   FMUL R2, R2, R5 ;
+	//## File "/k/other.cuh", line 9
+        /*0060*/                   EXIT ;
+.L_x_0:
+"""
+
+
+def test_function_starts_skip_declarations_and_take_templates(ss):
+    assert ss.function_starts(OPS) == [(2, "dot"), (7, "op_tile")]
+    assert ss.function_starts(MAIN) == [(1, "kern")]
+
+
+def test_attribute_sums_inlined_copies_per_function(ss):
+    cnt = ss.attribute(SASS, {"/k/ops.cuh": OPS, "/k/main.cu": MAIN})
+    assert cnt == {("?", "?"): 1,                  # before any line info
+                   ("main.cu", "kern"): 1,
+                   ("ops.cuh", "dot"): 3,          # two copies of its line 3
+                   ("ops.cuh", "op_tile"): 1,      # line 8: inside op_tile (starts at 7)
+                   ("other.cuh", "?"): 1}          # a file not given
+    assert sum(cnt.values()) * ss.SASS_BYTES == 7 * 16

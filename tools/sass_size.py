@@ -1,0 +1,123 @@
+"""How many bytes of SASS each source function of a megakernel build takes (no GPU).
+
+    python tools/sass_size.py [--preset 1b] [--defines DEF+DEF] [--top 25] [--nvdisasm PATH]
+
+Session 29 found the hot summary slows the SMs that share a GPC with an observer SM through
+the instruction path (docs/dev/hook_cost_analysis.md "Session 29"): observers that only
+execute fresh code slow their GPC-mates as the VM does.  The 1b kernel is ~750 KB of SASS (no
+hooks) to ~940 KB (observer build), far above an SM's instruction cache, so code size is a
+cost of its own.  This compiles megakernel.cu for sm_90a through NVRTC with -lineinfo (the
+model's own defines added, gpu.megakernel_defines), disassembles it with nvdisasm (pip
+nvidia-cuda-nvdisasm; --nvdisasm or $PATH) and attributes every instruction to the source
+function whose body holds its line: prints KB per file and the --top functions (inlined
+copies summed)."""
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SASS_BYTES = 16                       # (sm_90: one instruction = 16 bytes)
+_FILE_LINE = re.compile(r'//## File "([^"]*)", line (\d+)')
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s")
+_FUNC = re.compile(r'\s*(?:template\s*<[^>]*>\s*)?(?:static\s+|extern\s+"C"\s+)?(?:__device__|__global__)[^;(]*?\b([A-Za-z_]\w*)\s*\(')
+_BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
+
+
+def function_starts(text: str) -> list:
+    """[(line, name)] of the __device__ / __global__ function definitions in a source text
+    (a declaration ending in ';' is not one)."""
+    out = []
+    for i, ln in enumerate(text.splitlines(), 1):
+        m = _FUNC.match(_BOUNDS.sub("", ln))
+        if m and not ln.rstrip().endswith(";"):
+            out.append((i, m.group(1)))
+    return out
+
+
+def attribute(sass: str, sources: dict) -> collections.Counter:
+    """Instructions per (file name, function) of `nvdisasm -g` output; sources: {path as the
+    line info names it: its text}.  An instruction before any line info, or in a file not
+    given, counts under (file, "?")."""
+    starts = {p: function_starts(t) for p, t in sources.items()}
+    keys = {p: [s for s, _ in st] for p, st in starts.items()}
+    cnt = collections.Counter()
+    cur = None
+    for ln in sass.splitlines():
+        m = _FILE_LINE.search(ln)
+        if m:
+            cur = (m.group(1), int(m.group(2)))
+            continue
+        if not _INSTR.match(ln):
+            continue
+        if cur is None:
+            cnt[("?", "?")] += 1
+            continue
+        path, line = cur
+        st = starts.get(path)
+        k = bisect.bisect_right(keys[path], line) - 1 if st else -1
+        cnt[(Path(path).name, st[k][1] if k >= 0 else "?")] += 1
+    return cnt
+
+
+def find_nvdisasm(given=None) -> str:
+    """nvdisasm: the given path, $PATH, or the pip wheel's (nvidia/cu13/bin) next to cuda.bindings."""
+    if given:
+        return given
+    if shutil.which("nvdisasm"):
+        return shutil.which("nvdisasm")
+    for base in map(Path, sys.path):
+        for cand in base.glob("nvidia/cu*/bin/nvdisasm"):
+            return str(cand)
+    raise SystemExit("sass_size: no nvdisasm (pip install nvidia-cuda-nvdisasm, or --nvdisasm PATH)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--defines", default="", help="DEF+DEF: the build's defines (the model's are added)")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--nvdisasm", default=None)
+    a = ap.parse_args(argv)
+    from dtrace_mk.kernels import build
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    if a.preset not in PRESETS:
+        ap.error(f"--preset: unknown {a.preset!r} (known: {', '.join(PRESETS)})")
+    tool = find_nvdisasm(a.nvdisasm)
+    kdir = ROOT / "kernels"
+    defs = gpu.megakernel_defines(PRESETS[a.preset], 1, tuple(d for d in a.defines.split("+") if d))
+    cubin = build.nvrtc_compile((kdir / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "cubin", defs,
+                                include_dirs=[str(kdir)], options=("-lineinfo",))
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "k.cubin"
+        p.write_bytes(cubin)
+        sass = subprocess.run([tool, "-g", "-c", str(p)], capture_output=True, text=True, check=True).stdout
+    paths = set(m.group(1) for m in _FILE_LINE.finditer(sass))
+    # (NVRTC names the main file as given, the includes by their path)
+    sources = {pth: ((kdir / Path(pth).name).read_text() if (kdir / Path(pth).name).exists() else "") for pth in paths}
+    cnt = attribute(sass, sources)
+    total = sum(cnt.values())
+    print(f"{a.preset} {'+'.join(defs) or '(default)'}: {total} instructions, {total * SASS_BYTES / 1024:.0f} KB of SASS")
+    per_file = collections.Counter()
+    for (f, _), c in cnt.items():
+        per_file[f] += c
+    for f, c in per_file.most_common():
+        print(f"  {f:<22}{c * SASS_BYTES / 1024:>8.1f} KB")
+    print(f"--- top {a.top} functions (inlined copies summed)")
+    for (f, fn), c in cnt.most_common(a.top):
+        print(f"  {f:<22}{fn:<32}{c * SASS_BYTES / 1024:>8.1f} KB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

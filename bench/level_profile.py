@@ -96,38 +96,51 @@ def worker_stats(trace: np.ndarray, skip_steps: int = 1) -> list:
 SLOWED_NS_PER_TASK = 150
 
 
-def print_workers(per: dict, emit=print, group: int = 8) -> None:
-    """per: {config: worker_stats(...)}.  Per SM group of `group` ids (by the first
-    config's SMs): workers, tasks/step, and per config dur / wait / post us per step per
-    worker; then the same per worker.  -1: the worker ran on several SMs (unplaced)."""
+def print_workers(per: dict, emit=print, group: int = 8, gpc_of: dict = None) -> None:
+    """per: {config: worker_stats(...)}.  Per group of SMs (by the first config's SMs): workers,
+    tasks/step, per config dur / wait / post us per step per worker, and for every config after
+    the first its extra ns per task; then the same per worker.  Groups: the GPC of each SM when
+    gpc_of ({SM: GPC}, tools/gpc_probe.py) is given ("GPC ?" for an SM it lacks), else `group`
+    consecutive ids.  SM -1: the worker ran on several SMs (unplaced)."""
     cols = list(per)
     first = {r["worker"]: r for r in per[cols[0]]}
     by = {c: {r["worker"]: r for r in rows} for c, rows in per.items()}
     head = "".join(f"{c[:8] + ' dur':>13}{'wait':>7}{'post':>7}" for c in cols)
-    emit(f"--- per SM group of {group} (us per step per worker; trace span sums)")
-    emit(f"  {'SMs':<9}{'wk':>4}{'n/step':>8}" + head)
+
+    def extra_ns(c, ws):               # mean extra ns per task of config c over the first, on workers ws
+        ws = [w for w in ws if w in by[c]]
+        n = sum(first[w]["tasks_per_step"] for w in ws)
+        return 1e3 * sum(by[c][w]["dur_us"] - first[w]["dur_us"] for w in ws) / n if n else float("nan")
+    emit(f"--- per {'GPC' if gpc_of else f'SM group of {group}'} (us per step per worker; trace span sums; "
+         f"+ns: extra ns per task over {cols[0]})")
+    emit(f"  {'SMs':<9}{'wk':>4}{'n/step':>8}" + head + "".join(f"{'+ns ' + c[:8]:>14}" for c in cols[1:]))
     groups = defaultdict(list)
     for w, r in first.items():
-        groups[r["sm"] // group if r["sm"] >= 0 else -1].append(w)
-    for g in sorted(groups):
-        ws = groups[g]
+        if r["sm"] < 0:
+            groups[(2, 0)].append(w)
+        elif gpc_of:
+            groups[(0, gpc_of[r["sm"]]) if r["sm"] in gpc_of else (1, 0)].append(w)
+        else:
+            groups[(0, r["sm"] // group)].append(w)
+    for key in sorted(groups):
+        ws = groups[key]
         row = ""
         for c in cols:
             rs = [by[c][w] for w in ws if w in by[c]]
             row += "".join(f"{(sum(r[f] for r in rs) / len(rs)) if rs else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
                            for f in ("dur_us", "wait_us", "post_us"))
-        label = f"{g * group}-{g * group + group - 1}" if g >= 0 else "moving"
+        row += "".join(f"{extra_ns(c, ws):>+14.0f}" for c in cols[1:])
+        kind, g = key
+        label = ("moving" if kind == 2 else "GPC ?" if kind == 1 else f"GPC {g}" if gpc_of
+                 else f"{g * group}-{g * group + group - 1}")
         emit(f"  {label:<9}{len(ws):>4}{sum(first[w]['tasks_per_step'] for w in ws) / len(ws):>8.1f}" + row)
     for c in cols[1:]:                 # (session 29: the hot summary slows a fixed set of SMs)
         slow = sorted(r["sm"] for w, r in first.items() if w in by[c] and r["tasks_per_step"]
                       and (by[c][w]["dur_us"] - r["dur_us"]) / r["tasks_per_step"] > SLOWED_NS_PER_TASK / 1e3)
-        def per_task(sms):             # mean extra ns per task over these SMs' workers
-            ws = [w for w, r in first.items() if w in by[c] and r["sm"] in sms]
-            n = sum(first[w]["tasks_per_step"] for w in ws)
-            return 1e3 * sum(by[c][w]["dur_us"] - first[w]["dur_us"] for w in ws) / n if n else float("nan")
         rest = {r["sm"] for r in first.values()} - set(slow)
+        on = lambda sms: extra_ns(c, [w for w, r in first.items() if r["sm"] in sms])   # noqa: E731
         emit(f"--- SMs whose tasks run > {SLOWED_NS_PER_TASK} ns longer in {c} than in {cols[0]}: {len(slow)} {slow} "
-             f"(+{per_task(set(slow)):.0f} ns per task on them, {per_task(rest):+.0f} on the other {len(rest)})")
+             f"(+{on(set(slow)):.0f} ns per task on them, {on(rest):+.0f} on the other {len(rest)})")
     emit("--- per worker (by SM)")
     emit(f"  {'SM':<5}{'wk':>4}{'n/step':>8}" + head)
     for w in sorted(first, key=lambda w: (first[w]["sm"], w)):
@@ -292,8 +305,16 @@ def main() -> int:
     ap.add_argument("--workers", action="store_true",
                     help="also print per worker (and per SM group) its tasks' dur, waits and post-task time "
                          "per step in each configuration: which workers an observing configuration slows")
+    ap.add_argument("--gpcs", metavar="JSON", help="with --workers: group the SMs by GPC, from tools/gpc_probe.py's "
+                                                   "gpc_probe.json (SM ids are dealt out a TPC per GPC in turn)")
     add_place_args(ap)
     a = ap.parse_args()
+    gpc_of = None
+    if a.gpcs:
+        try:
+            gpc_of = {s: g for g, sms in enumerate(json.loads(Path(a.gpcs).read_text())["groups"]) for s in sms}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--gpcs {a.gpcs}: not a gpc_probe.json ({e})")
     extra = tuple(d for d in a.defines.split("+") if d)
     sms = gpu.obs_sms_of(extra) if "DTMK_OBS_SM" in extra else 0
     if a.observer_smids.strip() and not sms:
@@ -418,7 +439,7 @@ def main() -> int:
     for c, v in phases.items():
         print_phases(c, v, a.steps)
     if a.workers:
-        print_workers(workers)
+        print_workers(workers, gpc_of=gpc_of)
     return 0
 
 

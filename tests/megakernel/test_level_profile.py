@@ -132,8 +132,8 @@ def test_print_workers_groups_by_the_first_configs_sms(lp):
     lp.print_workers(per, emit=lines.append, group=8)
     grp = {ln.split()[0]: ln.split() for ln in lines if ln.startswith("  ") and ln.split()[0] in ("0-7", "16-23")}
     # SMs 0-7: worker 0 (1 worker, 2 tasks/step, off 6.0 / 2.0 / 7.0, summary post 11.0)
-    assert grp["0-7"][1:] == ["1", "2.0", "6.0", "2.0", "7.0", "6.0", "2.0", "11.0"]
-    assert grp["16-23"][1:] == ["1", "1.0", "4.0", "5.0", "5.5", "4.0", "5.0", "5.5"]
+    assert grp["0-7"][1:] == ["1", "2.0", "6.0", "2.0", "7.0", "6.0", "2.0", "11.0", "+0"]
+    assert grp["16-23"][1:] == ["1", "1.0", "4.0", "5.0", "5.5", "4.0", "5.0", "5.5", "+0"]
     # worker 0's dur unchanged: no SM slowed; then +0.5 us per task on worker 1 (SM 20)
     assert "--- SMs whose tasks run > 150 ns longer in summary than in off: 0 [] (+nan ns per task on them, +0 on the other 2)" in lines
     per["summary"][1]["dur_us"] += 0.5
@@ -143,3 +143,16 @@ def test_print_workers_groups_by_the_first_configs_sms(lp):
             "the other 1)") in lines2
     per_worker = [ln.split() for ln in lines[lines.index("--- per worker (by SM)") + 2:]]
     assert [r[:2] for r in per_worker] == [["7", "0"], ["20", "1"]]
+
+
+def test_print_workers_groups_by_gpc_with_the_extra_ns_per_task(lp):
+    """--gpcs: rows per GPC (tools/gpc_probe.py's groups), an SM the map lacks under "GPC ?";
+    the last column: extra ns per task over the first config (session 29's per-GPC table)."""
+    per = {"off": lp.worker_stats(_worker_trace()), "summary": lp.worker_stats(_worker_trace())}
+    per["summary"][0]["dur_us"] += 0.3                         # worker 0 (SM 7): 2 tasks/step, +150 ns each
+    lines = []
+    lp.print_workers(per, emit=lines.append, gpc_of={7: 3})
+    rows = {" ".join(ln.split()[:2]): ln.split() for ln in lines if ln.startswith("  GPC")}
+    assert rows["GPC 3"][2:4] == ["1", "2.0"] and rows["GPC 3"][-1] == "+150"
+    assert rows["GPC ?"][2:4] == ["1", "1.0"] and rows["GPC ?"][-1] == "+0"      # SM 20: not in the map
+    assert lines[0].startswith("--- per GPC")

@@ -28,10 +28,12 @@ post-task work).  Per task: dur (begin..end), post = the same worker's next disp
 stamp - this task's end (release signal, hook records, bookkeeping).  Printed per class,
 summed over the step's levels, side by side per configuration; the critical sum
 (span + handoff over the chain of levels) is compared with the measured step time.
---workers also prints, per worker and per group of 8 SM ids, its tasks' dur, its waits and its
-post time summed per step in each configuration: which workers an observing configuration
-slows, and in which part (session 29).  --place / --observer-smids / --idle-smids place the
-workers as bench/obs_split.py does (bench/benchio.py place_by_smid), every build alike.
+--workers also prints, per worker and per group of SMs (8 ids, or with --gpcs a GPC of
+tools/gpc_probe.py's map), its tasks' dur, its waits and its post time summed per step in each
+configuration, the extra ns per task over the first configuration, and the SMs whose tasks
+slowed: which workers an observing configuration slows, and in which part (session 29: the
+observer SMs' GPC-mates).  --place / --observer-smids / --idle-smids place the workers as
+bench/obs_split.py does (bench/benchio.py place_by_smid), every build alike.
 Writes DIR/level_profile.json; the tables are printed last.
 """
 from __future__ import annotations

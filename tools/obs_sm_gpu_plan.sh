@@ -204,6 +204,10 @@
 # NOMAPS slows the observers' GPCs (+284 / +586 ns), NOMAPS + ICODE more (+477 / +605): the code the observers run?
 #   tools/obs_sm_gpu_plan.sh 62  fresh code alone: DISCARD with ICODE=64 / 256 (~770 / ~3 K instructions per entry, no
 #                                VM, no memory) beside DISCARD and the full summary: do the GPC-mates slow?
+# Session 29 ran 62: yes -- ICODE=256 alone slows GPCs 0 and 1 by +1018 / +1022 ns per task (the summary +658 /
+# +629); DISCARD and ICODE=64 do not.  The observers' code reaches the workers through a GPC-shared instruction
+# path (docs/dev/hook_cost_analysis.md "Session 29").  Next: smaller observer code (tools/sass_size.py), measured
+# with a plan-62-style per-GPC table (tools/gpc_probe.py, then level_profile --workers --gpcs).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -20,19 +20,29 @@ def repo() -> Path:
     return REPO
 
 
-def _load_bench(name: str):
-    """bench/<name>.py as a module (the benches are scripts, not a package)."""
+def _load_script(folder: str, name: str):
+    """<folder>/<name>.py as a module (the benches and tools are scripts, not a package)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{folder}_{name}", REPO / folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load_bench(name: str):
+    return _load_script("bench", name)
 
 
 @pytest.fixture(scope="session")
 def load_bench():
     """load_bench("notify") -> bench/notify.py as a module."""
     return _load_bench
+
+
+@pytest.fixture(scope="session")
+def load_tool():
+    """load_tool("gpc_probe") -> tools/gpc_probe.py as a module."""
+    return lambda name: _load_script("tools", name)
 
 
 @pytest.fixture

@@ -1,19 +1,11 @@
 """CI (no GPU, no nvdisasm): tools/sass_size.py attributes each instruction of `nvdisasm -g`
 output to the source function whose body holds its line, inlined copies summed."""
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ss():
-    spec = importlib.util.spec_from_file_location("sass_size", ROOT / "tools" / "sass_size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ss(load_tool):
+    return load_tool("sass_size")
 
 
 OPS = """// ops

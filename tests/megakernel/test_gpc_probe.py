@@ -1,19 +1,11 @@
 """CI (no GPU): tools/gpc_probe.py's grouping -- SMs met in one thread-block cluster share
 a GPC, joined transitively; a partial cluster is refused."""
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def probe():
-    spec = importlib.util.spec_from_file_location("gpc_probe", ROOT / "tools" / "gpc_probe.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def probe(load_tool):
+    return load_tool("gpc_probe")
 
 
 def test_groups_join_sms_met_in_one_cluster_transitively(probe):

@@ -109,6 +109,10 @@ def print_workers(per: dict, emit=print, group: int = 8, gpc_of: dict = None) ->
     by = {c: {r["worker"]: r for r in rows} for c, rows in per.items()}
     head = "".join(f"{c[:8] + ' dur':>13}{'wait':>7}{'post':>7}" for c in cols)
 
+    def cells(rs):                     # one config's dur / wait / post columns: the mean over worker rows rs
+        return "".join(f"{sum(r[f] for r in rs) / len(rs) if rs else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
+                       for f in ("dur_us", "wait_us", "post_us"))
+
     def extra_ns(c, ws):               # mean extra ns per task of config c over the first, on workers ws
         ws = [w for w in ws if w in by[c]]
         n = sum(first[w]["tasks_per_step"] for w in ws)
@@ -126,11 +130,7 @@ def print_workers(per: dict, emit=print, group: int = 8, gpc_of: dict = None) ->
             groups[(0, r["sm"] // group)].append(w)
     for key in sorted(groups):
         ws = groups[key]
-        row = ""
-        for c in cols:
-            rs = [by[c][w] for w in ws if w in by[c]]
-            row += "".join(f"{(sum(r[f] for r in rs) / len(rs)) if rs else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
-                           for f in ("dur_us", "wait_us", "post_us"))
+        row = "".join(cells([by[c][w] for w in ws if w in by[c]]) for c in cols)
         row += "".join(f"{extra_ns(c, ws):>+14.0f}" for c in cols[1:])
         kind, g = key
         label = ("moving" if kind == 2 else "GPC ?" if kind == 1 else f"GPC {g}" if gpc_of
@@ -146,11 +146,7 @@ def print_workers(per: dict, emit=print, group: int = 8, gpc_of: dict = None) ->
     emit("--- per worker (by SM)")
     emit(f"  {'SM':<5}{'wk':>4}{'n/step':>8}" + head)
     for w in sorted(first, key=lambda w: (first[w]["sm"], w)):
-        row = ""
-        for c in cols:
-            r = by[c].get(w)
-            row += "".join(f"{r[f] if r else float('nan'):>{13 if f == 'dur_us' else 7}.1f}"
-                           for f in ("dur_us", "wait_us", "post_us"))
+        row = "".join(cells([by[c][w]] if w in by[c] else []) for c in cols)
         emit(f"  {first[w]['sm']:<5}{w:>4}{first[w]['tasks_per_step']:>8.1f}" + row)
 
 

@@ -208,6 +208,9 @@
 # +629); DISCARD and ICODE=64 do not.  The observers' code reaches the workers through a GPC-shared instruction
 # path (docs/dev/hook_cost_analysis.md "Session 29").  Next: smaller observer code (tools/sass_size.py), measured
 # with a plan-62-style per-GPC table (tools/gpc_probe.py, then level_profile --workers --gpcs).
+#   tools/obs_sm_gpu_plan.sh 63  Nsight Compute (never used before): the warps' stall reasons (no_instruction:
+#                                waiting on an instruction fetch) in nohooks / off / summary (observers on 0-3)
+#                                of 1b, and the metric names of the instruction caches for a later call
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -387,6 +390,15 @@ case "${1:-}" in
      w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
      stages=("$pre"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" "$(w $L full)" ;;
+  63) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O
+     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
+     prof() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none $2 -f -o $O/$3 $lp --out $O/$3_lp && $NCU -i $O/$3.ncu-rep --page raw --csv > $O/$3_raw.csv && $NCU -i $O/$3.ncu-rep --page details --csv > $O/$3_details.csv"; }
+     exec tools/gpu_session.sh "$NCU --version; $NCU --query-metrics --chip gh100 > $O/metrics.txt 2>&1; grep -ciE 'icc|inst_cache|no_instruction' $O/metrics.txt" \
+       "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
+       "$(prof 160 '--section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats' ws)" \
+       "$(prof 190 '--section SourceCounters --section WarpStateStats' src) && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
+       "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -405,5 +417,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55, 56, 57, 58)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..63)" >&2; exit 2 ;;
 esac

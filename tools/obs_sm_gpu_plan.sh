@@ -211,6 +211,11 @@
 #   tools/obs_sm_gpu_plan.sh 63  Nsight Compute (never used before): the warps' stall reasons (no_instruction:
 #                                waiting on an instruction fetch) in nohooks / off / summary (observers on 0-3)
 #                                of 1b, and the metric names of the instruction caches for a later call
+# Session 30 ran 63: no_instruction is ~6% of the warps' stall samples in every build, and the summary adds none
+# in total (barrier +150 K samples: the longer dependency waits); the metric list names the instruction path:
+# the SM's ICC, then the GPC's L1.5 (GCC, constants and instructions), then L2.  Next:
+#   tools/obs_sm_gpu_plan.sh 64  ICC / GCC instruction requests, misses and L2 fetches (per SM and per GPC
+#                                instance) in nohooks / off / summary, and DISCARD / DISCARD+ICODE=256
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -399,6 +404,16 @@ case "${1:-}" in
        "$(prof 160 '--section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats' ws)" \
        "$(prof 190 '--section SourceCounters --section WarpStateStats' src) && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
        "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
+  64) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; O=/tmp/ncu; mkdir -p $O
+     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+     M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+     for m in sm__icc_requests sm__icc_requests_lookup_miss sm__icc_requests_lookup_miss_tag_miss gcc__cache_requests_type_instruction \
+              gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction gcc__cache_requests_type_constant; do
+       M="$M,$m.sum,$m.max,$m.min"; done
+     prof() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none --metrics $M -f -o $O/$2 python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --place --observer-smids 0,1,2,3 --out $O/$2_lp $3 && $NCU -i $O/$2.ncu-rep --page raw --csv --print-metric-instances values > $O/$2_raw.csv"; }
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L+$D+DTMK_SM_WORKER+$R $L+$D+DTMK_OSQ_ICODE=256+DTMK_SM_WORKER+$R" \
+       "$(prof 150 base "--configs nohooks,off,summary --defines $L")" "$(prof 100 icode "--configs summary --defines $L+$D+DTMK_OSQ_ICODE=256")" \
+       "$(prof 100 discard "--configs summary --defines $L+$D")" "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -417,5 +432,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..63)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..64)" >&2; exit 2 ;;
 esac

@@ -216,6 +216,8 @@
 # the SM's ICC, then the GPC's L1.5 (GCC, constants and instructions), then L2.  Next:
 #   tools/obs_sm_gpu_plan.sh 64  ICC / GCC instruction requests, misses and L2 fetches (per SM and per GPC
 #                                instance) in nohooks / off / summary, and DISCARD / DISCARD+ICODE=256
+#   tools/obs_sm_gpu_plan.sh 65  tools/icache_probe.py: the ICC's and the GCC's capacity, and how much code of
+#                                its own one SM may run before its GPC-mates slow
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -414,6 +416,7 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L+$D+DTMK_SM_WORKER+$R $L+$D+DTMK_OSQ_ICODE=256+DTMK_SM_WORKER+$R" \
        "$(prof 150 base "--configs nohooks,off,summary --defines $L")" "$(prof 100 icode "--configs summary --defines $L+$D+DTMK_OSQ_ICODE=256")" \
        "$(prof 100 discard "--configs summary --defines $L+$D")" "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
+  65) exec tools/gpu_session.sh "timeout 420 python3 tools/icache_probe.py --out ${OUT:-/tmp/out}/icp" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -432,5 +435,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..64)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..65)" >&2; exit 2 ;;
 esac

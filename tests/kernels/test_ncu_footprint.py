@@ -1,0 +1,54 @@
+"""CI (no GPU): tools/ncu_footprint.py reads an Nsight Compute source export and counts the
+KB of SASS each launch executed, and the code one launch added over another."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def nf(load_tool):
+    return load_tool("ncu_footprint")
+
+
+HEAD = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","Thread Instructions Executed"\n'
+
+
+def export(tmp_path, launches):
+    text = ""
+    for counts in launches:
+        text += '"Kernel Name","dtmk_megakernel",\n' + HEAD
+        text += "".join(f'"0x{16 * i:x}","  NOP","0","{c:,}","0"\n' for i, c in enumerate(counts))
+    p = tmp_path / "src.csv"
+    p.write_text(text)
+    return p
+
+
+def test_load_reads_each_launch_and_thousands_separators(nf, tmp_path):
+    p = export(tmp_path, [[5, 0, 1200], [5, 7, 0, 2]])
+    assert nf.load(p) == [[5, 0, 1200], [5, 7, 0, 2]]
+
+
+def test_footprint_counts_instructions_at_or_above_the_threshold(nf):
+    c = [0, 1, 999, 1000, 50000] + [3] * 60
+    assert nf.footprint_kb(c) == 64 * 16 / 1024
+    assert nf.footprint_kb(c, 1000) == 2 * 16 / 1024
+
+
+def test_added_gives_runs_new_in_b_longest_first(nf):
+    a = [1, 0, 0, 0, 1, 0, 0, 1, 0]
+    b = [1, 4, 5, 6, 1, 0, 2, 1, 9]     # new: 1..3 (3), 6 (1), 8 (1, at the end)
+    assert nf.added(a, b) == [(1, 3, 15), (6, 1, 2), (8, 1, 9)]
+    assert nf.added(a, b, min_exec=5) == [(2, 2, 11), (8, 1, 9)]
+    with pytest.raises(ValueError, match="different builds"):
+        nf.added([1], [1, 2])
+
+
+def test_bad_files_name_the_problem(nf, tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text('"Address","Source"\n')
+    with pytest.raises(ValueError, match="no 'Kernel Name' row"):
+        nf.load(p)
+    p.write_text('"Kernel Name","k",\n"Address","Source"\n"0x0","NOP"\n')
+    with pytest.raises(ValueError, match="SourceCounters"):
+        nf.load(p)
+    with pytest.raises(SystemExit) as e:           # argparse's error: exit status 2
+        nf.main([str(tmp_path / "missing.csv")])
+    assert e.value.code == 2

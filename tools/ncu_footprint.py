@@ -1,0 +1,103 @@
+"""How many KB of SASS a kernel run executed -- its instruction footprint -- from an Nsight
+Compute source export (no GPU).
+
+    ncu --section SourceCounters -o rep <program>            (on the GPU; plan 63)
+    ncu -i rep.ncu-rep --page source --csv --print-source sass > src.csv
+    python tools/ncu_footprint.py src.csv [--min 1,1000,10000] [--diff A:B]
+
+Session 30 measured the instruction caches (tools/icache_probe.py): an SM's ICC holds
+~32 KB, shared by the two SMs of a TPC; a GPC's L1.5 (GCC) ~128-160 KB, shared by its ~16
+SMs.  The code a GPC's SMs execute in a step must fit the GCC, or they all fetch from L2:
+the workers' per-step code plus an observer SM's (or an inlined monitor's) is the budget
+that decides what a hook costs (docs/dev/hook_cost_analysis.md "Session 30").  This prints,
+per kernel launch in the export (in order, numbered from 0), the KB of instructions
+executed at least N times for each --min N, and with --diff A:B the KB executed in launch B
+and never in launch A (the same build: what a monitor adds), largest first by address run."""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+SASS_BYTES = 16                         # (sm_90: one instruction = 16 bytes)
+EXEC = "Instructions Executed"
+
+
+def load(path) -> list:
+    """[launch: [instructions executed per address, in address order]] of an ncu source CSV
+    (each launch opens with a "Kernel Name" row, then its header row)."""
+    launches, cur, col = [], None, None
+    with open(path, newline="") as f:
+        for row in csv.reader(f):
+            if not row:
+                continue
+            if row[0] == "Kernel Name":
+                cur, col = [], None
+                launches.append(cur)
+                continue
+            if cur is None:
+                raise ValueError(f"{path}: not an ncu source export (no 'Kernel Name' row first)")
+            if col is None:
+                if EXEC not in row:
+                    raise ValueError(f"{path}: no '{EXEC}' column (export with --section SourceCounters)")
+                col = row.index(EXEC)
+                continue
+            cur.append(int(row[col].replace(",", "") or 0))
+    if not launches:
+        raise ValueError(f"{path}: no kernel in the export")
+    return launches
+
+
+def footprint_kb(counts, min_exec: int = 1) -> float:
+    """KB of the instructions executed at least min_exec times (warp-level counts)."""
+    return sum(1 for c in counts if c >= min_exec) * SASS_BYTES / 1024
+
+
+def added(a, b, min_exec: int = 1) -> list:
+    """The instructions launch b executed (>= min_exec times) and launch a never did, as runs
+    of consecutive addresses: [(first index, length, executions)], the longest first.  Both
+    launches must be of one build (same instruction list)."""
+    if len(a) != len(b):
+        raise ValueError(f"--diff: the launches are of different builds ({len(a)} vs {len(b)} instructions)")
+    runs, start = [], None
+    for i, (x, y) in enumerate(zip(a, b)):
+        on = y >= min_exec and x == 0
+        if on and start is None:
+            start = i
+        if not on and start is not None:
+            runs.append((start, i - start, sum(b[start:i])))
+            start = None
+    if start is not None:
+        runs.append((start, len(b) - start, sum(b[start:])))
+    return sorted(runs, key=lambda r: (-r[1], r[0]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--min", default="1,1000,10000", help="thresholds N: KB executed at least N times")
+    ap.add_argument("--diff", metavar="A:B", help="the KB launch B executed and launch A never did")
+    a = ap.parse_args(argv)
+    try:
+        mins = [int(x) for x in a.min.split(",") if x]
+        launches = load(a.csv)
+    except (OSError, ValueError) as e:
+        ap.error(str(e))
+    print(f"{'launch':<8}{'instructions':>13}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + "   (KB executed)")
+    for k, c in enumerate(launches):
+        print(f"{k:<8}{len(c):>13}" + "".join(f"{footprint_kb(c, m):>12.1f}" for m in mins))
+    if a.diff:
+        try:
+            i, j = (int(x) for x in a.diff.split(":"))
+            runs = added(launches[i], launches[j], mins[0] if mins else 1)
+        except (ValueError, IndexError) as e:
+            ap.error(f"--diff {a.diff}: {e}")
+        kb = sum(r[1] for r in runs) * SASS_BYTES / 1024
+        print(f"--- launch {j} executed {kb:.1f} KB that launch {i} never did, in {len(runs)} runs; the longest:")
+        for s, n, e in runs[:15]:
+            print(f"  instructions {s}..{s + n - 1}: {n * SASS_BYTES / 1024:.2f} KB, executed {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -218,6 +218,11 @@
 #                                instance) in nohooks / off / summary, and DISCARD / DISCARD+ICODE=256
 #   tools/obs_sm_gpu_plan.sh 65  tools/icache_probe.py: the ICC's and the GCC's capacity, and how much code of
 #                                its own one SM may run before its GPC-mates slow
+# Session 30 ran 64 (the summary's GPC: GCC instruction misses 1.30 M vs 0.35 M off, L2 instruction fetches 280 K vs
+# 79 K) and 65 (ICC ~32-40 KB per TPC, GCC ~128-160 KB per GPC; 15 SMs on one 96 KB + one SM on its own 64 KB: 2.5x
+# cycles per instruction, on its own 32 KB: +6%).  Next:
+#   tools/obs_sm_gpu_plan.sh 66  the observers' code budget in the real kernel: DISCARD + ICODE = 96 / 128 / 160 / 192
+#                                (~18 / 24 / 30 / 36 KB per entry), the GPC-mates' extra ns per task (64: none, 256: +1 us)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -417,6 +422,12 @@ case "${1:-}" in
        "$(prof 150 base "--configs nohooks,off,summary --defines $L")" "$(prof 100 icode "--configs summary --defines $L+$D+DTMK_OSQ_ICODE=256")" \
        "$(prof 100 discard "--configs summary --defines $L+$D")" "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
   65) exec tools/gpu_session.sh "timeout 420 python3 tools/icache_probe.py --out ${OUT:-/tmp/out}/icp" ;;
+  66) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
+     XS="$D+DTMK_OSQ_ICODE=96 $D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_ICODE=160 $D+DTMK_OSQ_ICODE=192"
+     pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
+     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
+     exec tools/gpu_session.sh "${stages[@]}" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -435,5 +446,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..65)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..66)" >&2; exit 2 ;;
 esac

@@ -425,7 +425,7 @@ case "${1:-}" in
   66) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
      XS="$D+DTMK_OSQ_ICODE=96 $D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_ICODE=160 $D+DTMK_OSQ_ICODE=192"
      pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
-     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
      stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \

@@ -12,12 +12,28 @@ the workers' per-step code plus an observer SM's (or an inlined monitor's) is th
 that decides what a hook costs (docs/dev/hook_cost_analysis.md "Session 30").  This prints,
 per kernel launch in the export (in order, numbered from 0), the KB of instructions
 executed at least N times for each --min N, and with --diff A:B the KB executed in launch B
-and never in launch A (the same build: what a monitor adds), largest first by address run."""
+and never in launch A (the same build: what a monitor adds), largest first by address run.
+
+    DTRACE_MK_LINEINFO=1 ncu ... ; python tools/ncu_footprint.py src.csv --build 0=1b:DTMK_NO_HOOKS+DTMK_SM_WORKER \
+        --build 1,2=1b:DTMK_OBS_SM+...+DTMK_SM_WORKER        (on the GPU machine)
+
+--build LAUNCHES=PRESET:DEFS names the build those launches ran: the tool compiles it again
+(the kernel cache's cubin, $DTRACE_MK_LINEINFO=1 as in the profiled run: the same SASS with
+a line table), disassembles it with nvdisasm -g (tools/sass_size.py) and prints the executed
+KB per source function (inlined copies summed), and with --diff per function too.  It needs
+the profiled machine's NVRTC (another NVRTC emits other SASS: the instruction counts differ,
+and the tool says so)."""
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import importlib.util
+import os
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SASS_BYTES = 16                         # (sm_90: one instruction = 16 bytes)
 EXEC = "Instructions Executed"
@@ -72,30 +88,99 @@ def added(a, b, min_exec: int = 1) -> list:
     return sorted(runs, key=lambda r: (-r[1], r[0]))
 
 
+def per_function(counts, funcs, min_exec: int = 1, only=None) -> collections.Counter:
+    """KB executed (>= min_exec times) per (file, function); funcs: one (file, function) per
+    instruction (tools/sass_size.py instruction_functions); only: a set of instruction
+    indexes to count (e.g. those added() found)."""
+    if len(funcs) != len(counts):
+        raise ValueError(f"the build has {len(funcs)} instructions, the launch {len(counts)}: not the profiled "
+                         f"build (other defines, or another NVRTC than the profiled machine's)")
+    kb = collections.Counter()
+    for i, (c, f) in enumerate(zip(counts, funcs)):
+        if c >= min_exec and (only is None or i in only):
+            kb[f] += SASS_BYTES / 1024
+    return kb
+
+
+def build_functions(spec: str) -> list:
+    """(file, function) per instruction of the megakernel build "PRESET:DEF+DEF" (NVRTC, the
+    kernel cache, nvdisasm: the GPU machine's tools)."""
+    preset, _, defs = spec.partition(":")
+    os.environ["DTRACE_MK_LINEINFO"] = "1"
+    sys.path.insert(0, str(ROOT))
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+    spec_ = importlib.util.spec_from_file_location("_sass_size", ROOT / "tools" / "sass_size.py")
+    ss = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(ss)
+    cubin = gpu.compile_source("sm_90a", "cubin", defines=gpu.megakernel_defines(
+        PRESETS[preset], 1, tuple(d for d in defs.split("+") if d)))
+    return ss.instruction_functions(*ss.disassemble(cubin, ss.find_nvdisasm()))
+
+
+def parse_builds(specs) -> dict:
+    """["0=1b:DEFS", "1,2=1b:DEFS"] -> {launch: "1b:DEFS"}."""
+    out = {}
+    for spec in specs:
+        launches, sep, build = spec.partition("=")
+        if not sep or ":" not in build:
+            raise ValueError(f"--build {spec!r}: expected LAUNCHES=PRESET:DEF+DEF (e.g. 0=1b:DTMK_NO_HOOKS)")
+        for k in launches.split(","):
+            out[int(k)] = build
+    return out
+
+
+def print_functions(title: str, kb: collections.Counter, top: int = 25) -> None:
+    print(f"--- {title}: {sum(kb.values()):.1f} KB; the top {top} functions")
+    for (f, fn), v in kb.most_common(top):
+        print(f"  {f:<20}{fn:<32}{v:>7.1f} KB")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv")
     ap.add_argument("--min", default="1,1000,10000", help="thresholds N: KB executed at least N times")
     ap.add_argument("--diff", metavar="A:B", help="the KB launch B executed and launch A never did")
+    ap.add_argument("--build", action="append", default=[], metavar="LAUNCHES=PRESET:DEFS",
+                    help="the build those launches ran: per-function KB (GPU machine: NVRTC, nvdisasm)")
     a = ap.parse_args(argv)
     try:
-        mins = [int(x) for x in a.min.split(",") if x]
+        mins = [int(x) for x in a.min.split(",") if x] or [1]
         launches = load(a.csv)
+        builds = parse_builds(a.build)
     except (OSError, ValueError) as e:
         ap.error(str(e))
+    if any(k >= len(launches) for k in builds):
+        ap.error(f"--build: the export has launches 0..{len(launches) - 1}")
     print(f"{'launch':<8}{'instructions':>13}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + "   (KB executed)")
     for k, c in enumerate(launches):
         print(f"{k:<8}{len(c):>13}" + "".join(f"{footprint_kb(c, m):>12.1f}" for m in mins))
+    funcs = {}
+    for b in sorted(set(builds.values())):
+        try:
+            funcs[b] = build_functions(b)
+        except ValueError as e:
+            ap.error(f"--build {b}: {e}")
+    for k, b in sorted(builds.items()):
+        try:
+            print_functions(f"launch {k} ({b}), executed >= {mins[0]} times", per_function(launches[k], funcs[b], mins[0]))
+        except ValueError as e:
+            ap.error(f"--build {b}, launch {k}: {e}")
     if a.diff:
         try:
             i, j = (int(x) for x in a.diff.split(":"))
-            runs = added(launches[i], launches[j], mins[0] if mins else 1)
+            runs = added(launches[i], launches[j], mins[0])
         except (ValueError, IndexError) as e:
             ap.error(f"--diff {a.diff}: {e}")
         kb = sum(r[1] for r in runs) * SASS_BYTES / 1024
         print(f"--- launch {j} executed {kb:.1f} KB that launch {i} never did, in {len(runs)} runs; the longest:")
         for s, n, e in runs[:15]:
             print(f"  instructions {s}..{s + n - 1}: {n * SASS_BYTES / 1024:.2f} KB, executed {e}")
+        if j in builds:
+            idx = {x for s, n, _ in runs for x in range(s, s + n)}
+            print_functions(f"what launch {j} added, per function", per_function(launches[j], funcs[builds[j]], mins[0], idx))
     return 0
 
 

@@ -223,6 +223,10 @@
 # cycles per instruction, on its own 32 KB: +6%).  Next:
 #   tools/obs_sm_gpu_plan.sh 66  the observers' code budget in the real kernel: DISCARD + ICODE = 96 / 128 / 160 / 192
 #                                (~18 / 24 / 30 / 36 KB per entry), the GPC-mates' extra ns per task (64: none, 256: +1 us)
+# Session 30 ran 66: the GPC-mates' excess over the other GPCs grows with the observers' fresh code per entry:
+# ~18-24 KB +150-190 ns per task, ~30 KB +570, ~36 KB +1000 (12 KB: none): the budget is the TPC's ICC.  Next:
+#   tools/obs_sm_gpu_plan.sh 67  the executed KB per source function (DTRACE_MK_LINEINFO=1 builds, ncu SourceCounters,
+#                                tools/ncu_footprint.py --build on the device) of nohooks / off / summary: the diet's map
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -428,6 +432,13 @@ case "${1:-}" in
      w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
      stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
+  67) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1;"
+     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
+     exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
+       "$E timeout 200 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none --section SourceCounters -f -o $O/src $lp --out $O/src_lp && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
+       "$E python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --build 0=1b:DTMK_NO_HOOKS+DTMK_SM_WORKER --build 1,2=1b:$L+DTMK_SM_WORKER --diff 1:2 | tee $O/footprint.txt" \
+       "cd $O && rm -f *.ncu-rep && gzip -f src_sass.csv && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -446,5 +457,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..66)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..67)" >&2; exit 2 ;;
 esac

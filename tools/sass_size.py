@@ -44,13 +44,13 @@ def function_starts(text: str) -> list:
     return out
 
 
-def attribute(sass: str, sources: dict) -> collections.Counter:
-    """Instructions per (file name, function) of `nvdisasm -g` output; sources: {path as the
-    line info names it: its text}.  An instruction before any line info, or in a file not
-    given, counts under (file, "?")."""
+def instruction_functions(sass: str, sources: dict) -> list:
+    """[(file name, function)] per instruction of `nvdisasm -g` output, in address order;
+    sources: {path as the line info names it: its text}.  An instruction before any line
+    info, or in a file not given, is (file, "?")."""
     starts = {p: function_starts(t) for p, t in sources.items()}
     keys = {p: [s for s, _ in st] for p, st in starts.items()}
-    cnt = collections.Counter()
+    out = []
     cur = None
     for ln in sass.splitlines():
         m = _FILE_LINE.search(ln)
@@ -60,13 +60,32 @@ def attribute(sass: str, sources: dict) -> collections.Counter:
         if not _INSTR.match(ln):
             continue
         if cur is None:
-            cnt[("?", "?")] += 1
+            out.append(("?", "?"))
             continue
         path, line = cur
         st = starts.get(path)
         k = bisect.bisect_right(keys[path], line) - 1 if st else -1
-        cnt[(Path(path).name, st[k][1] if k >= 0 else "?")] += 1
-    return cnt
+        out.append((Path(path).name, st[k][1] if k >= 0 else "?"))
+    return out
+
+
+def attribute(sass: str, sources: dict) -> collections.Counter:
+    """Instructions per (file name, function) of `nvdisasm -g` output (instruction_functions
+    summed: inlined copies together)."""
+    return collections.Counter(instruction_functions(sass, sources))
+
+
+def disassemble(cubin: bytes, tool: str) -> tuple:
+    """(nvdisasm -g text, {path: source text}) of a megakernel cubin built with -lineinfo."""
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "k.cubin"
+        p.write_bytes(cubin)
+        sass = subprocess.run([tool, "-g", "-c", str(p)], capture_output=True, text=True, check=True).stdout
+    kdir = ROOT / "kernels"
+    paths = set(m.group(1) for m in _FILE_LINE.finditer(sass))
+    # (NVRTC names the main file as given, the includes by their path)
+    return sass, {pth: ((kdir / Path(pth).name).read_text() if (kdir / Path(pth).name).exists() else "")
+                  for pth in paths}
 
 
 def find_nvdisasm(given=None) -> str:
@@ -98,14 +117,7 @@ def main(argv=None) -> int:
     defs = gpu.megakernel_defines(PRESETS[a.preset], 1, tuple(d for d in a.defines.split("+") if d))
     cubin = build.nvrtc_compile((kdir / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "cubin", defs,
                                 include_dirs=[str(kdir)], options=("-lineinfo",))
-    with tempfile.TemporaryDirectory() as d:
-        p = Path(d) / "k.cubin"
-        p.write_bytes(cubin)
-        sass = subprocess.run([tool, "-g", "-c", str(p)], capture_output=True, text=True, check=True).stdout
-    paths = set(m.group(1) for m in _FILE_LINE.finditer(sass))
-    # (NVRTC names the main file as given, the includes by their path)
-    sources = {pth: ((kdir / Path(pth).name).read_text() if (kdir / Path(pth).name).exists() else "") for pth in paths}
-    cnt = attribute(sass, sources)
+    cnt = attribute(*disassemble(cubin, tool))
     total = sum(cnt.values())
     print(f"{a.preset} {'+'.join(defs) or '(default)'}: {total} instructions, {total * SASS_BYTES / 1024:.0f} KB of SASS")
     per_file = collections.Counter()

@@ -207,12 +207,21 @@ assert CTX_DTYPE.itemsize == abi.CONTEXT_SIZE
 CompileError = build.CompileError
 
 
+def lineinfo_options(target: str) -> tuple:
+    """("-lineinfo",) for a cubin when $DTRACE_MK_LINEINFO=1 (profiling: Nsight Compute and
+    tools/ncu_footprint.py then attribute each instruction to its source line; NVRTC emits
+    the same SASS with it, checked on the 1b no-hook and observer builds in session 30)."""
+    return ("-lineinfo",) if target == "cubin" and os.environ.get("DTRACE_MK_LINEINFO") == "1" else ()
+
+
 def source_hash(arch: str, target: str, defines: Sequence[str] = (), name: str = "megakernel.cu") -> str:
     h = hashlib.sha256()
     for src in build.include_closure(name, KERNEL_DIR):
         h.update(src.encode() + b"\0" + (KERNEL_DIR / src).read_bytes() + b"\0")
     h.update(f"{arch}|{target}|{'|'.join(defines)}".encode())
     h.update(build.nvrtc_version().encode())
+    for opt in lineinfo_options(target):
+        h.update(opt.encode())
     return h.hexdigest()[:24]
 
 
@@ -228,7 +237,8 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     path = cache_dir() / f"{key}.{target}"
     if use_cache and path.exists():
         return path.read_bytes()
-    out = build.nvrtc_compile((KERNEL_DIR / name).read_text(), name, arch, target, defines)
+    out = build.nvrtc_compile((KERNEL_DIR / name).read_text(), name, arch, target, defines,
+                              options=lineinfo_options(target))
     if use_cache:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(out)

@@ -52,3 +52,20 @@ def test_bad_files_name_the_problem(nf, tmp_path):
     with pytest.raises(SystemExit) as e:           # argparse's error: exit status 2
         nf.main([str(tmp_path / "missing.csv")])
     assert e.value.code == 2
+
+
+def test_per_function_sums_kb_and_refuses_another_build(nf):
+    funcs = [("a.cuh", "f"), ("a.cuh", "g"), ("a.cuh", "f"), ("b.cu", "h")]
+    kb = nf.per_function([5, 0, 2000, 9], funcs)
+    assert kb == {("a.cuh", "f"): 2 * 16 / 1024, ("b.cu", "h"): 16 / 1024}
+    assert nf.per_function([5, 0, 2000, 9], funcs, min_exec=1000) == {("a.cuh", "f"): 16 / 1024}
+    assert nf.per_function([5, 0, 2000, 9], funcs, only={0, 3}) == {("a.cuh", "f"): 16 / 1024, ("b.cu", "h"): 16 / 1024}
+    with pytest.raises(ValueError, match="not the profiled build"):
+        nf.per_function([1, 2], funcs)
+
+
+def test_parse_builds_maps_launches_and_names_bad_specs(nf):
+    assert nf.parse_builds(["0=1b:DTMK_NO_HOOKS", "1,2=1b:DTMK_OBS_SM+DTMK_SM_WORKER"]) == {
+        0: "1b:DTMK_NO_HOOKS", 1: "1b:DTMK_OBS_SM+DTMK_SM_WORKER", 2: "1b:DTMK_OBS_SM+DTMK_SM_WORKER"}
+    with pytest.raises(ValueError, match="LAUNCHES=PRESET:DEF"):
+        nf.parse_builds(["0:1b"])

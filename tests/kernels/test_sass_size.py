@@ -51,3 +51,9 @@ def test_attribute_sums_inlined_copies_per_function(ss):
                    ("ops.cuh", "op_tile"): 1,      # line 8: inside op_tile (starts at 7)
                    ("other.cuh", "?"): 1}          # a file not given
     assert sum(cnt.values()) * ss.SASS_BYTES == 7 * 16
+
+
+def test_instruction_functions_lists_each_instruction_in_address_order(ss):
+    got = ss.instruction_functions(SASS, {"/k/ops.cuh": OPS, "/k/main.cu": MAIN})
+    assert got == [("?", "?"), ("main.cu", "kern"), ("ops.cuh", "dot"), ("ops.cuh", "dot"),
+                   ("ops.cuh", "op_tile"), ("ops.cuh", "dot"), ("other.cuh", "?")]

@@ -32,6 +32,32 @@ def test_megakernel_compiles_to_cubin_and_ltoir(fresh_cache):
     assert len(ltoir) > 1000 and not _is_elf(ltoir)
 
 
+def _sections(elf: bytes) -> dict:
+    """{name: bytes} of a 64-bit little-endian ELF's sections."""
+    import struct
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    hdrs = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    strtab_off, strtab_size = hdrs[shstrndx][4], hdrs[shstrndx][5]
+    names = elf[strtab_off:strtab_off + strtab_size]
+    return {names[h[0]:names.index(b"\0", h[0])].decode(): elf[h[4]:h[4] + h[5]] for h in hdrs}
+
+
+def test_lineinfo_adds_a_line_table_and_leaves_the_code_alone(fresh_cache, monkeypatch):
+    """$DTRACE_MK_LINEINFO=1 (profiling, tools/ncu_footprint.py): its own cache key, the
+    kernel's machine code byte for byte the same, a line table added; never for LTO-IR."""
+    plain = gpu.compile_source("sm_90a", "cubin", defines=("DTMK_NO_HOOKS",))
+    key = gpu.source_hash("sm_90a", "cubin", ("DTMK_NO_HOOKS",))
+    monkeypatch.setenv("DTRACE_MK_LINEINFO", "1")
+    assert gpu.lineinfo_options("cubin") == ("-lineinfo",) and gpu.lineinfo_options("ltoir") == ()
+    assert gpu.source_hash("sm_90a", "cubin", ("DTMK_NO_HOOKS",)) != key
+    lined = gpu.compile_source("sm_90a", "cubin", defines=("DTMK_NO_HOOKS",))
+    a, b = _sections(plain), _sections(lined)
+    text = [n for n in a if n.startswith(".text.")]
+    assert ".text.dtmk_megakernel" in text and all(a[n] == b[n] for n in text)
+    assert ".nv_debug_line_sass" in b and ".nv_debug_line_sass" not in a
+
+
 def test_baseline_compiles(fresh_cache):
     cubin = gpu.compile_source("sm_90a", "cubin", name="baseline.cu", use_cache=False)
     assert _is_elf(cubin)

@@ -432,7 +432,7 @@ case "${1:-}" in
      w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
      stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
-  67) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1;"
+  67) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
      NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
      exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \

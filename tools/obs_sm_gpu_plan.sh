@@ -227,6 +227,9 @@
 # ~18-24 KB +150-190 ns per task, ~30 KB +570, ~36 KB +1000 (12 KB: none): the budget is the TPC's ICC.  Next:
 #   tools/obs_sm_gpu_plan.sh 67  the executed KB per source function (DTRACE_MK_LINEINFO=1 builds, ncu SourceCounters,
 #                                tools/ncu_footprint.py --build on the device) of nohooks / off / summary: the diet's map
+# Session 30 ran 67: nohooks executes 89.9 KB at least 1000 times, the summary 129.1 (+33: dtmk_vm_exec 7.6, obs_sync
+# 3.4, hook_flush 2.6, osq_observer 2.2, ...).  Next: an observer diet to <= ~20 KB per entry, measured with 67 and
+# a plan-66-style per-GPC table on the real summary (docs/dev/hook_cost_analysis.md "Session 30").
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

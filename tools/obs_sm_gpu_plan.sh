@@ -230,6 +230,9 @@
 # Session 30 ran 67: nohooks executes 89.9 KB at least 1000 times, the summary 129.1 (+33: dtmk_vm_exec 7.6, obs_sync
 # 3.4, hook_flush 2.6, osq_observer 2.2, ...).  Next: an observer diet to <= ~20 KB per entry, measured with 67 and
 # a plan-66-style per-GPC table on the real summary (docs/dev/hook_cost_analysis.md "Session 30").
+#   tools/obs_sm_gpu_plan.sh 68  the executed KB of the default build's nohooks / off / summary (hot, worker VM) /
+#                                summary_cm (the compiled tier's inline form, +35%): does the inline monitor grow every
+#                                worker's code past the GCC?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -442,6 +445,13 @@ case "${1:-}" in
        "$E timeout 200 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none --section SourceCounters -f -o $O/src $lp --out $O/src_lp && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
        "$E python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --build 0=1b:DTMK_NO_HOOKS+DTMK_SM_WORKER --build 1,2=1b:$L+DTMK_SM_WORKER --diff 1:2 | tee $O/footprint.txt" \
        "cd $O && rm -f *.ncu-rep && gzip -f src_sass.csv && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
+  68) O=/tmp/ncu; mkdir -p $O
+     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary,summary_cm --place"
+     exec tools/gpu_session.sh "python3 tools/precompile.py DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
+       "timeout 240 $NCU --kernel-name regex:dtmk_megakernel --launch-count 8 --clock-control none --section SourceCounters -f -o $O/src $lp --out $O/src_lp && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
+       "python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --diff 1:2 | tee $O/footprint.txt" \
+       "cd $O && rm -f *.ncu-rep && gzip -f src_sass.csv && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -460,5 +470,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..67)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..68)" >&2; exit 2 ;;
 esac

@@ -233,6 +233,8 @@
 #   tools/obs_sm_gpu_plan.sh 68  the executed KB of the default build's nohooks / off / summary (hot, worker VM) /
 #                                summary_cm (the compiled tier's inline form, +35%): does the inline monitor grow every
 #                                worker's code past the GCC?
+# Session 30 ran 68: default build, KB executed >= 1000 times: nohooks 89.9, off 93.9, hot summary (worker VM) 122.1,
+# inline compiled summary 116.3: both add their code to every worker (+28 / +22 KB), in the order of their costs.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -102,9 +102,10 @@ def per_function(counts, funcs, min_exec: int = 1, only=None) -> collections.Cou
     return kb
 
 
-def build_functions(spec: str) -> list:
-    """(file, function) per instruction of the megakernel build "PRESET:DEF+DEF" (NVRTC, the
-    kernel cache, nvdisasm: the GPU machine's tools)."""
+def build_lines(spec: str) -> list:
+    """(file, function, line) per instruction of the megakernel build "PRESET:DEF+DEF" (NVRTC,
+    the kernel cache, nvdisasm: the GPU machine's tools, or here with the GPU machine's NVRTC
+    version loaded: docs/dev/hook_cost_analysis.md "Session 30", Method)."""
     preset, _, defs = spec.partition(":")
     os.environ["DTRACE_MK_LINEINFO"] = "1"
     sys.path.insert(0, str(ROOT))
@@ -117,7 +118,7 @@ def build_functions(spec: str) -> list:
     spec_.loader.exec_module(ss)
     cubin = gpu.compile_source("sm_90a", "cubin", defines=gpu.megakernel_defines(
         PRESETS[preset], 1, tuple(d for d in defs.split("+") if d)))
-    return ss.instruction_functions(*ss.disassemble(cubin, ss.find_nvdisasm()))
+    return ss.instruction_lines(*ss.disassemble(cubin, ss.find_nvdisasm()))
 
 
 def parse_builds(specs) -> dict:
@@ -130,6 +131,22 @@ def parse_builds(specs) -> dict:
         for k in launches.split(","):
             out[int(k)] = build
     return out
+
+
+def per_line(counts, lines, functions, min_exec: int = 1, only=None) -> collections.Counter:
+    """Instructions executed (>= min_exec times) per (function, file, line) of the named
+    functions; lines: one (file, function, line) per instruction; only: as in per_function."""
+    out = collections.Counter()
+    for i, (c, (f, fn, ln)) in enumerate(zip(counts, lines)):
+        if fn in functions and c >= min_exec and (only is None or i in only):
+            out[(fn, f, ln)] += 1
+    return out
+
+
+def print_lines(title: str, cnt: collections.Counter) -> None:
+    print(f"--- {title}: instructions per source line")
+    for (fn, f, ln), n in sorted(cnt.items()):
+        print(f"  {fn:<28}{f}:{ln:<6}{n:>5}  ({n * SASS_BYTES} B)")
 
 
 def print_functions(title: str, kb: collections.Counter, top: int = 25) -> None:
@@ -145,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--diff", metavar="A:B", help="the KB launch B executed and launch A never did")
     ap.add_argument("--build", action="append", default=[], metavar="LAUNCHES=PRESET:DEFS",
                     help="the build those launches ran: per-function KB (GPU machine: NVRTC, nvdisasm)")
+    ap.add_argument("--lines", metavar="FN,FN", help="with --build: also instructions per source line of these "
+                                                     "functions (with --diff: of what launch B added)")
     a = ap.parse_args(argv)
     try:
         mins = [int(x) for x in a.min.split(",") if x] or [1]
@@ -157,12 +176,14 @@ def main(argv=None) -> int:
     print(f"{'launch':<8}{'instructions':>13}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + "   (KB executed)")
     for k, c in enumerate(launches):
         print(f"{k:<8}{len(c):>13}" + "".join(f"{footprint_kb(c, m):>12.1f}" for m in mins))
-    funcs = {}
+    lines, funcs = {}, {}
     for b in sorted(set(builds.values())):
         try:
-            funcs[b] = build_functions(b)
+            lines[b] = build_lines(b)
         except ValueError as e:
             ap.error(f"--build {b}: {e}")
+        funcs[b] = [(f, fn) for f, fn, _ in lines[b]]
+    want = {x for x in (a.lines or "").split(",") if x}
     for k, b in sorted(builds.items()):
         try:
             print_functions(f"launch {k} ({b}), executed >= {mins[0]} times", per_function(launches[k], funcs[b], mins[0]))
@@ -181,6 +202,12 @@ def main(argv=None) -> int:
         if j in builds:
             idx = {x for s, n, _ in runs for x in range(s, s + n)}
             print_functions(f"what launch {j} added, per function", per_function(launches[j], funcs[builds[j]], mins[0], idx))
+            if want:
+                print_lines(f"what launch {j} added, {', '.join(sorted(want))}",
+                            per_line(launches[j], lines[builds[j]], want, mins[0], idx))
+    elif want:
+        for k, b in sorted(builds.items()):
+            print_lines(f"launch {k}, {', '.join(sorted(want))}", per_line(launches[k], lines[b], want, mins[0]))
     return 0
 
 

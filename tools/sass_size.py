@@ -44,10 +44,10 @@ def function_starts(text: str) -> list:
     return out
 
 
-def instruction_functions(sass: str, sources: dict) -> list:
-    """[(file name, function)] per instruction of `nvdisasm -g` output, in address order;
-    sources: {path as the line info names it: its text}.  An instruction before any line
-    info, or in a file not given, is (file, "?")."""
+def instruction_lines(sass: str, sources: dict) -> list:
+    """[(file name, function, line)] per instruction of `nvdisasm -g` output, in address
+    order; sources: {path as the line info names it: its text}.  An instruction before any
+    line info is ("?", "?", 0); one in a file not given (file, "?", line)."""
     starts = {p: function_starts(t) for p, t in sources.items()}
     keys = {p: [s for s, _ in st] for p, st in starts.items()}
     out = []
@@ -60,13 +60,18 @@ def instruction_functions(sass: str, sources: dict) -> list:
         if not _INSTR.match(ln):
             continue
         if cur is None:
-            out.append(("?", "?"))
+            out.append(("?", "?", 0))
             continue
         path, line = cur
         st = starts.get(path)
         k = bisect.bisect_right(keys[path], line) - 1 if st else -1
-        out.append((Path(path).name, st[k][1] if k >= 0 else "?"))
+        out.append((Path(path).name, st[k][1] if k >= 0 else "?", line))
     return out
+
+
+def instruction_functions(sass: str, sources: dict) -> list:
+    """[(file name, function)] per instruction (instruction_lines without the line)."""
+    return [(f, fn) for f, fn, _ in instruction_lines(sass, sources)]
 
 
 def attribute(sass: str, sources: dict) -> collections.Counter:

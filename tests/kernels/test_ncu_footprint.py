@@ -69,3 +69,11 @@ def test_parse_builds_maps_launches_and_names_bad_specs(nf):
         0: "1b:DTMK_NO_HOOKS", 1: "1b:DTMK_OBS_SM+DTMK_SM_WORKER", 2: "1b:DTMK_OBS_SM+DTMK_SM_WORKER"}
     with pytest.raises(ValueError, match="LAUNCHES=PRESET:DEF"):
         nf.parse_builds(["0:1b"])
+
+
+def test_per_line_counts_the_named_functions_lines(nf):
+    lines = [("a.cuh", "f", 10), ("a.cuh", "f", 10), ("a.cuh", "g", 20), ("a.cuh", "f", 11)]
+    assert nf.per_line([3, 0, 5, 2000], lines, {"f"}) == {("f", "a.cuh", 10): 1, ("f", "a.cuh", 11): 1}
+    assert nf.per_line([3, 0, 5, 2000], lines, {"f", "g"}, min_exec=4) == {("g", "a.cuh", 20): 1,
+                                                                            ("f", "a.cuh", 11): 1}
+    assert nf.per_line([3, 0, 5, 2000], lines, {"f"}, only={0}) == {("f", "a.cuh", 10): 1}

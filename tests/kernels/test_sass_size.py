@@ -57,3 +57,8 @@ def test_instruction_functions_lists_each_instruction_in_address_order(ss):
     got = ss.instruction_functions(SASS, {"/k/ops.cuh": OPS, "/k/main.cu": MAIN})
     assert got == [("?", "?"), ("main.cu", "kern"), ("ops.cuh", "dot"), ("ops.cuh", "dot"),
                    ("ops.cuh", "op_tile"), ("ops.cuh", "dot"), ("other.cuh", "?")]
+
+
+def test_instruction_lines_keep_the_line(ss):
+    got = ss.instruction_lines(SASS, {"/k/ops.cuh": OPS, "/k/main.cu": MAIN})
+    assert got[0] == ("?", "?", 0) and got[2] == ("ops.cuh", "dot", 3) and got[-1] == ("other.cuh", "?", 9)

@@ -20,9 +20,11 @@ and never in launch A (the same build: what a monitor adds), largest first by ad
 --build LAUNCHES=PRESET:DEFS names the build those launches ran: the tool compiles it again
 (the kernel cache's cubin, $DTRACE_MK_LINEINFO=1 as in the profiled run: the same SASS with
 a line table), disassembles it with nvdisasm -g (tools/sass_size.py) and prints the executed
-KB per source function (inlined copies summed), and with --diff per function too.  It needs
-the profiled machine's NVRTC (another NVRTC emits other SASS: the instruction counts differ,
-and the tool says so)."""
+KB per source function (inlined copies summed), and with --diff per function too; --lines
+FN,FN adds their instructions per source line.  It needs the profiled machine's NVRTC
+(another NVRTC emits other SASS: the instruction counts differ, and the tool says so): on
+the GPU machine, or here with that NVRTC version loaded (docs/dev/hook_cost_analysis.md
+"Session 30", Method)."""
 from __future__ import annotations
 
 import argparse
@@ -173,6 +175,8 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if any(k >= len(launches) for k in builds):
         ap.error(f"--build: the export has launches 0..{len(launches) - 1}")
+    if a.lines and not builds:
+        ap.error("--lines needs --build (the source lines come from the build)")
     print(f"{'launch':<8}{'instructions':>13}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + "   (KB executed)")
     for k, c in enumerate(launches):
         print(f"{k:<8}{len(c):>13}" + "".join(f"{footprint_kb(c, m):>12.1f}" for m in mins))
@@ -192,6 +196,8 @@ def main(argv=None) -> int:
     if a.diff:
         try:
             i, j = (int(x) for x in a.diff.split(":"))
+            if not (0 <= i < len(launches) and 0 <= j < len(launches)):
+                raise IndexError(f"the export has launches 0..{len(launches) - 1}")
             runs = added(launches[i], launches[j], mins[0])
         except (ValueError, IndexError) as e:
             ap.error(f"--diff {a.diff}: {e}")

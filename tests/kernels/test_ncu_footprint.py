@@ -77,3 +77,15 @@ def test_per_line_counts_the_named_functions_lines(nf):
     assert nf.per_line([3, 0, 5, 2000], lines, {"f", "g"}, min_exec=4) == {("g", "a.cuh", 20): 1,
                                                                             ("f", "a.cuh", 11): 1}
     assert nf.per_line([3, 0, 5, 2000], lines, {"f"}, only={0}) == {("f", "a.cuh", 10): 1}
+
+
+def test_cli_refuses_lines_without_a_build_and_launches_not_in_the_export(nf, tmp_path, capsys):
+    p = export(tmp_path, [[5, 0], [5, 7]])
+    for argv, msg in (([str(p), "--lines", "f"], "--lines needs --build"),
+                      ([str(p), "--diff", "0:2"], "launches 0..1")):
+        with pytest.raises(SystemExit) as e:
+            nf.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert nf.main([str(p), "--diff", "0:1", "--min", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "in 1 runs" in out and "instructions 1..1: 0.02 KB, executed 7" in out   # (instruction 1: 0 -> 7)

@@ -301,12 +301,9 @@ def test_workers_call_nothing_after_the_signal_unless_gen_advance_or_the_trace()
     assert "W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W)" in w
 
 
-def test_the_probe_reads_the_kernels_counters():
+def test_the_probe_reads_the_kernels_counters(load_tool):
     """tools/obs_sm_probe.py names the counters of -DDTMK_OSQ_STATS in the kernel's order."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("probe", KERNEL_DIR.parent / "tools" / "obs_sm_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_tool("obs_sm_probe")
     assert int(re.search(r"#define OSQ_STATS_N (\d+)", OBS_SM_SRC).group(1)) == len(probe.STAT_NAMES)
     for i, name in ((0, "rounds"), (1, "entries"), (3, "room_drains"), (5, "cyc_build"), (8, "max_lag")):
         assert probe.STAT_NAMES[i] == name
@@ -318,10 +315,9 @@ def test_the_probe_reads_the_kernels_counters():
     assert rows[1].endswith(" 83%") and rows[2].endswith(" 47%") and "busy" in rows[0]
 
 
-def test_the_gpu_plan_names_existing_tests_builds_and_variants():
+def test_the_gpu_plan_names_existing_tests_builds_and_variants(load_bench):
     """tools/obs_sm_gpu_plan.sh (the next lent GPU's three calls): every file it runs
     exists, its -k selections match tests there, and the bench variants it asks for exist."""
-    import importlib.util
     from tests.bench_tables import hooks_table
     root = KERNEL_DIR.parent
     plan = (root / "tools" / "obs_sm_gpu_plan.sh").read_text()
@@ -333,9 +329,7 @@ def test_the_gpu_plan_names_existing_tests_builds_and_variants():
     for script, vs in re.findall(r"bench/(hooks|obs_split)\.py[^\n\"]*--variants ([\w,]+)", plan):
         variants[script].update(vs.split(","))
     assert {"obssm", "obssm3", "obssm4"} <= variants["hooks"] <= set(hooks_table("BUILD_VARIANTS")), variants
-    spec = importlib.util.spec_from_file_location("obs_split", root / "bench" / "obs_split.py")
-    obs_split = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(obs_split)
+    obs_split = load_bench("obs_split")
     assert {"novm", "nolow"} <= variants["obs_split"] <= set(obs_split.VARIANTS), variants
 
 
@@ -449,14 +443,10 @@ def test_the_deferred_entry_build_stages_after_the_signal_and_stores_in_the_wait
     assert "DTMK_OSQ_DEFER" in MK_PASS_DEFINES and "DTMK_OSQ_DEFER" in gpu.OBS_SM_DEFINES
 
 
-def test_obs_split_variants_name_defines_the_kernel_has_and_the_compiled_tier_passes():
+def test_obs_split_variants_name_defines_the_kernel_has_and_the_compiled_tier_passes(load_bench):
     """bench/obs_split.py (plan 8): each variant's defines exist in the kernel sources and
     reach the compiled tier's link; the defaults name known variants, base first."""
-    import importlib.util
-    root = KERNEL_DIR.parent
-    spec = importlib.util.spec_from_file_location("obs_split", root / "bench" / "obs_split.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("obs_split")
     src = "".join(p.read_text() for p in KERNEL_DIR.glob("*.cu*"))
     from dtrace_mk.runtime.compiled import MK_PASS_DEFINES
     for v, defs in mod.VARIANTS.items():

@@ -53,14 +53,10 @@ def test_trace_wire_keeps_every_field_of_every_record():
     assert msgpack.unpackb(trace_wire([[1, 2], [3, 4]])) == [[1, 2], [3, 4]]
 
 
-def test_the_summary_snapshot_is_over_100x_fewer_wire_bytes_than_a_step_of_trace_on_1b():
+def test_the_summary_snapshot_is_over_100x_fewer_wire_bytes_than_a_step_of_trace_on_1b(load_tool):
     """tools/summary_bytes.py on the sim (the GPU's record counts: 8822 trace records per
     1b step, 6,400 B of summary map entries, as bench/hooks.py measured on the H200)."""
-    import importlib.util
-    from dtrace_mk.kernels import KERNEL_DIR
-    spec = importlib.util.spec_from_file_location("summary_bytes", KERNEL_DIR.parents[0] / "tools" / "summary_bytes.py")
-    sb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sb)
+    sb = load_tool("summary_bytes")
     r = sb.measure("1b", 2)
     assert r["trace_records_per_step"] == 8822 and r["summary_raw"] == 6400
     assert r["trace_wire_per_step"] >= 100 * r["summary_wire"], r

@@ -5,13 +5,17 @@ the suite, one build after another)."""
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("precompile_tool", ROOT / "tools" / "precompile.py")
-precompile_tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(precompile_tool)
 
 
-def test_variant_sets_are_the_megakernels_cache_keys():
+@pytest.fixture(scope="module")
+def precompile_tool(load_tool):
+    return load_tool("precompile")
+
+
+def test_variant_sets_are_the_megakernels_cache_keys(precompile_tool):
     from dtrace_mk.megakernel import gpu
     vspec = importlib.util.spec_from_file_location("_vg", ROOT / "tests" / "gpu" / "test_megakernel_variants_gpu.py")
     vmod = importlib.util.module_from_spec(vspec)
@@ -28,7 +32,7 @@ def test_variant_sets_are_the_megakernels_cache_keys():
     assert () in sets and ("DTMK_ROPE_IN_ATTN",) in sets
 
 
-def test_main_compiles_nothing_twice(monkeypatch):
+def test_main_compiles_nothing_twice(precompile_tool, monkeypatch):
     from dtrace_mk.megakernel import gpu
     seen = []
     monkeypatch.setattr(gpu, "precompile", lambda sets, workers=None: seen.append(list(sets)) or

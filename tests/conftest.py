@@ -39,6 +39,28 @@ def load_bench():
     return _load_bench
 
 
+_PTX = {}
+
+
+def _megakernel_ptx(defines=(), name: str = "megakernel.cu") -> str:
+    """PTX of kernels/<name> for sm_90a with -D defines (NVRTC, no GPU), compiled once per
+    test session: several modules read the same builds' PTX (the default build's, e.g.)."""
+    key = (name, tuple(defines))
+    if key not in _PTX:
+        pytest.importorskip("cuda.bindings.nvrtc")
+        from dtrace_mk.kernels import KERNEL_DIR
+        from dtrace_mk.kernels.build import nvrtc_compile
+        _PTX[key] = nvrtc_compile((KERNEL_DIR / name).read_text(), name, "sm_90a", "ptx",
+                                  tuple(defines)).decode(errors="replace")
+    return _PTX[key]
+
+
+@pytest.fixture(scope="session")
+def megakernel_ptx():
+    """megakernel_ptx(defines=(), name="megakernel.cu") -> the PTX text (cached per session)."""
+    return _megakernel_ptx
+
+
 @pytest.fixture(scope="session")
 def load_tool():
     """load_tool("gpc_probe") -> tools/gpc_probe.py as a module."""

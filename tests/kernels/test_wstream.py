@@ -70,15 +70,11 @@ def builds():
     return {"ws": _compile_v(WS), "ws_nohooks": _compile_v(WS + ("DTMK_NO_HOOKS",)), "next": _compile_v(NEXT)}
 
 
-def _ptx(defines):
-    return build.nvrtc_compile(megakernel_text(), "megakernel.cu",
-                               "sm_90a", "ptx", defines).decode()
-
-
 @pytest.fixture(scope="module")
-def ptxs():
-    return {"default": _ptx(()), "old": _ptx(OLD), "old_nohooks": _ptx(OLD + ("DTMK_NO_HOOKS",)), "ws": _ptx(WS),
-            "next": _ptx(NEXT), "next_nohooks": _ptx(NEXT + ("DTMK_NO_HOOKS",)), "notail": _ptx(NOTAIL)}
+def ptxs(megakernel_ptx):
+    p = megakernel_ptx
+    return {"default": p(()), "old": p(OLD), "old_nohooks": p(OLD + ("DTMK_NO_HOOKS",)), "ws": p(WS),
+            "next": p(NEXT), "next_nohooks": p(NEXT + ("DTMK_NO_HOOKS",)), "notail": p(NOTAIL)}
 
 
 def test_variant_compiles_with_and_without_hooks(builds):
@@ -125,8 +121,8 @@ def _func(ptx, name):
 
 @pytest.mark.parametrize("extra", [(), ("DTMK_REC_LATE",), ("DTMK_WS_NST=9", "DTMK_WS_STAGE=16384"),
                                    ("DTMK_WS_NOPRE", "DTMK_WS_XSMEM")])
-def test_variant_ptx_shape(ptxs, extra):
-    ptx = _ptx(WS + extra) if extra else ptxs["ws"]
+def test_variant_ptx_shape(megakernel_ptx, ptxs, extra):
+    ptx = megakernel_ptx(WS + extra) if extra else ptxs["ws"]
     we = _func(ptx, "wait_event")
     # the stream is started inside the dependency wait, before the poll loop's first barrier
     # after the first look (warp 1 while thread 0 polls)
@@ -321,7 +317,7 @@ def _entry(ptx):
     return ptx[i:]
 
 
-def test_next_ptx_shape(ptxs):
+def test_next_ptx_shape(megakernel_ptx, ptxs):
     """the default build has none of the variant's code; the variant (and DTMK_WS_NEXT_NOTAIL)
     calls ws_next from the plan loop (the kernel entry) and still starts / completes streams
     in wait_event; NOTAIL without WS_NEXT is refused"""
@@ -337,7 +333,7 @@ def test_next_ptx_shape(ptxs):
         assert "ws_proj" in rb and "ws_gate_up" in rb and "bar.red.or" in rb
     assert ptxs["notail"] != ptxs["next"]
     with pytest.raises(build.CompileError, match="DTMK_WS_NEXT_NOTAIL is an option of DTMK_WS_NEXT"):
-        _ptx(("DTMK_WS_NEXT_NOTAIL",))
+        megakernel_ptx(("DTMK_WS_NEXT_NOTAIL",))
 
 
 
@@ -630,18 +626,18 @@ def test_next_model_catches_unsound_orderings():
 PHASE = ("DTMK_PHASE_PROF",)
 
 
-def test_phase_prof_is_measurement_only(ptxs):
+def test_phase_prof_is_measurement_only(megakernel_ptx, ptxs):
     """the profile's counters exist only in its build (hooks on and off); the body's ops and
     ws_wait / ws_tile_xr / ws_end read clock64 there; a build without the stream is refused"""
     for name in ("default", "ws", "old", "next"):
         assert "dtmk_phase_prof" not in ptxs[name], name
     for defs in (PHASE, PHASE + ("DTMK_NO_HOOKS",)):
-        ptx = _ptx(defs)
+        ptx = megakernel_ptx(defs)
         assert ".global .align 8 .b8 dtmk_phase_prof[400];" in ptx, defs      # 5 ops x PH_N u64
         assert "%clock64" in _func(ptx, "ws_gate_up") and "%clock64" in _func(ptx, "ws_proj")
         assert "dtmk_phase_prof" in _entry(ptx)           # the kernel end's flush
     with pytest.raises(build.CompileError, match="DTMK_PHASE_PROF profiles the weight stream's tiles"):
-        _ptx(PHASE + OLD)
+        megakernel_ptx(PHASE + OLD)
 
 
 def test_phase_prof_layout_is_the_benchs():

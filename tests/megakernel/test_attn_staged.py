@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dtrace_mk.kernels.build import nvrtc_compile, ptx_function
+from dtrace_mk.kernels.build import ptx_function
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.presets import PRESETS
 from dtrace_mk.megakernel.reference import ReferenceModel, Requests
@@ -22,16 +22,6 @@ STAGED_F = "_Z14op_attn_stagedILb0EEvRK8MkParamsiiiiPf"     # op_attn_staged<fal
 ROPE_ATTN = "_Z12op_rope_attnRK8MkParamsiiiPf"
 OP_ATTN = "_Z7op_attnRK8MkParamsiiiPf"
 RUN_BODY = "_Z8run_bodyRK8MkParamsR6WorkeriiPfPKi"
-
-_PTX = {}
-
-
-def _ptx(name, *defines):
-    key = (name, defines)
-    if key not in _PTX:
-        _PTX[key] = nvrtc_compile((gpu.KERNEL_DIR / name).read_text(), name, "sm_90a", "ptx", defines).decode()
-    return _PTX[key]
-
 
 _func = ptx_function                           # a .func's definition, None when the PTX has none
 
@@ -51,8 +41,8 @@ def _one_load_batch(body):
     assert 1 <= len(data) <= 2
 
 
-def test_rope_in_attn_build_stages_the_task():
-    ptx = _ptx("megakernel.cu", "DTMK_ROPE_IN_ATTN")
+def test_rope_in_attn_build_stages_the_task(megakernel_ptx):
+    ptx = megakernel_ptx(("DTMK_ROPE_IN_ATTN",))
     assert _calls(_func(ptx, RUN_BODY), ROPE_ATTN)
     rope_attn = _func(ptx, ROPE_ATTN)
     assert _calls(rope_attn, STAGED_T) and _calls(rope_attn, OP_ATTN)     # staged, else the old path
@@ -62,8 +52,8 @@ def test_rope_in_attn_build_stages_the_task():
 
 
 @pytest.mark.parametrize("name", ["megakernel.cu", "baseline.cu"])
-def test_plain_attn_is_staged(name):
-    ptx = _ptx(name)
+def test_plain_attn_is_staged(megakernel_ptx, name):
+    ptx = megakernel_ptx((), name)
     op = _func(ptx, OP_ATTN)
     assert _calls(op, STAGED_F)
     _one_load_batch(_func(ptx, STAGED_F))
@@ -71,8 +61,8 @@ def test_plain_attn_is_staged(name):
         assert not _calls(_func(ptx, RUN_BODY), ROPE_ATTN)
 
 
-def test_unstaged_define_keeps_the_global_memory_path():
-    ptx = _ptx("megakernel.cu", "DTMK_ROPE_IN_ATTN", "DTMK_ATTN_UNSTAGED")
+def test_unstaged_define_keeps_the_global_memory_path(megakernel_ptx):
+    ptx = megakernel_ptx(("DTMK_ROPE_IN_ATTN", "DTMK_ATTN_UNSTAGED"))
     assert _func(ptx, STAGED_T) is None and _func(ptx, STAGED_F) is None
     assert not _calls(_func(ptx, OP_ATTN), STAGED_F)
 

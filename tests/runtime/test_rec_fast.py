@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtrace_mk.kernels import build, megakernel_text
+from dtrace_mk.kernels import build
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
 
@@ -18,13 +18,6 @@ GLOBAL = ("DTMK_REC_GLOBAL",)
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "rec_fast_cache"))
-
-
-def _ptx(defines):
-    pytest.importorskip("cuda.bindings.nvrtc")
-    from dtrace_mk.kernels import build
-    return build.nvrtc_compile(megakernel_text(), "megakernel.cu", "sm_90a", "ptx",
-                               tuple(defines)).decode(errors="replace")
 
 
 def _func(ptx, name):
@@ -44,16 +37,16 @@ def test_rec_fast_compiles_and_refuses_other_layouts():
         gpu.compile_source("sm_90a", "cubin", defines=FAST + GLOBAL, use_cache=False)
 
 
-def test_rec_fast_is_the_default():
+def test_rec_fast_is_the_default(megakernel_ptx):
     """The default build IS the explicit-define build (identical PTX); the old path differs."""
-    d, f, g = (build.ptx_sans_reg_sizes(_ptx(defs)) for defs in ((), FAST, GLOBAL))
+    d, f, g = (build.ptx_sans_reg_sizes(megakernel_ptx(defs)) for defs in ((), FAST, GLOBAL))
     assert d == f and d != g
 
 
-def test_rec_fast_hook_hold_reads_the_shared_copy():
+def test_rec_fast_hook_hold_reads_the_shared_copy(megakernel_ptx):
     """Only REC_FAST's hook_hold / hook_flush select the shared record (s_rec, whose
     holder O.rec_t the observing first look sets); the old path's (REC_GLOBAL) do not."""
-    d, f = _ptx(GLOBAL), _ptx(())
+    d, f = megakernel_ptx(GLOBAL), megakernel_ptx(())
     for fn in ("hook_hold", "hook_flush"):
         assert "s_rec" in _func(f, fn), fn
         assert "s_rec" not in _func(d, fn), fn

@@ -421,16 +421,15 @@ def test_rope_in_attn_drops_the_rope_level():
     assert sum(t.class_name == "rope_kv_append" for t in old.tasks) == cfg.n_layers * cfg.n_kv_heads
 
 
-def test_h_parity_build_compiles_and_changes_only_with_the_define():
+def test_h_parity_build_compiles_and_changes_only_with_the_define(megakernel_ptx):
     """CI (NVRTC, no GPU): the slice_events build (-DDTMK_H_PARITY) compiles, and its norm
     prologue picks h by the layer's parity (one more `and 1` per read of h) where the default
     build's does not.  The bits are checked on the GPU (tests/gpu/test_megakernel_fused_gpu.py
     variant s4se)."""
     from dtrace_mk.kernels.build import ptx_function
-    from test_attn_staged import _ptx      # (its cache: the rope_in_attn build is compiled there too)
     ands = {}
-    for d in (("DTMK_ROPE_IN_ATTN",), ("DTMK_ROPE_IN_ATTN", "DTMK_H_PARITY")):
-        body = ptx_function(_ptx("megakernel.cu", *d), "_Z10stage_normRK8MkParamsPfS2_iiiii")
+    for d in (("DTMK_ROPE_IN_ATTN",), ("DTMK_ROPE_IN_ATTN", "DTMK_H_PARITY")):   # (the first: test_attn_staged's too)
+        body = ptx_function(megakernel_ptx(d), "_Z10stage_normRK8MkParamsPfS2_iiiii")
         ands[d[-1]] = len(re.findall(r"and\.b32\s+%r\d+, %r\d+, 1;", body))
     assert ands["DTMK_H_PARITY"] > ands["DTMK_ROPE_IN_ATTN"], ands
 

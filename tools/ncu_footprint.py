@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -115,9 +114,8 @@ def build_lines(spec: str) -> list:
     from dtrace_mk.megakernel.presets import PRESETS
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
-    spec_ = importlib.util.spec_from_file_location("_sass_size", ROOT / "tools" / "sass_size.py")
-    ss = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(ss)
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sass_size as ss
     cubin = gpu.compile_source("sm_90a", "cubin", defines=gpu.megakernel_defines(
         PRESETS[preset], 1, tuple(d for d in defs.split("+") if d)))
     return ss.instruction_lines(*ss.disassemble(cubin, ss.find_nvdisasm()))

@@ -248,6 +248,15 @@ HO="$HO DTMK_NO_HOOKS+DTMK_SM_WORKER+$R DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER"
 HO="$HO DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R"
 L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"   # four observer SMs, the lazy publish
 PYT="timeout 170 python3 -m pytest -q -p no:cacheprovider"
+L=$L4+DTMK_OSQ_DEFER=16                              # the CLI's observer build (plans 59-67)
+# Nsight Compute (plans 63-68): found when the stage runs; ncu_run T ARGS REP: profile the megakernel's launches
+# (timeout T, ncu ARGS) into $NCU_DIR/REP.ncu-rep, running the command that follows; ncu_src REP: its SASS source
+# page as CSV; NCU_PACK: the stage that ships $NCU_DIR's text files back as one file
+NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+NCU_DIR=/tmp/ncu
+ncu_run() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count ${4:-6} --clock-control none $2 -f -o $NCU_DIR/$3"; }
+ncu_src() { echo "$NCU -i $NCU_DIR/$1.ncu-rep --page source --csv --print-source sass > $NCU_DIR/$1_sass.csv"; }
+NCU_PACK="cd $NCU_DIR && rm -f *.ncu-rep && ls -la && { gzip -f *_sass.csv 2>/dev/null; tar czf ${OUT:-/tmp/out}/ncu.tgz .; }"
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
@@ -395,65 +404,59 @@ case "${1:-}" in
   58) P="--place --observer-smids 0,1,2,3"; N=$(seq -s, 4 15); F=$(seq -s, 120 131)
      s() { echo "timeout 200 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --idle-smids $1 --base lazydefer16 --variants nomaps16,defer16B --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "$(s $F far)" "$(s $N near)" "$(s $F far2)" ;;
-  59) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; N=$(seq -s, 4 15); F=$(seq -s, 120 131)
+  59) N=$(seq -s, 4 15); F=$(seq -s, 120 131)
      w() { echo "timeout 240 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs nohooks,off,summary --workers --defines $1 --place --observer-smids 0,1,2,3 --idle-smids $2 --out ${OUT:-/tmp/out}/$3"; }
      exec tools/gpu_session.sh "$(w $L $F far)" "$(w $L $N near)" "$(w $L+DTMK_OSQ_NOMAPS $N nearnomaps)" "$(w $L+DTMK_OSQ_NOMAPS $F farnomaps)" ;;
-  60) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16
-     w() { echo "timeout 200 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $L --place --observer-smids $1 --out ${OUT:-/tmp/out}/$2"; }
+  60) w() { echo "timeout 200 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $L --place --observer-smids $1 --out ${OUT:-/tmp/out}/$2"; }
      exec tools/gpu_session.sh "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(w 0,1,2,3 o0)" "$(w 16,17,18,19 o16)" "$(w 64,65,66,67 o64)" \
        "$(w '$(python3 tools/gpc_probe.py --from '"${OUT:-/tmp/out}"'/gpc/gpc_probe.json --spread 4)' spread)" "$(w 0,1,2,3 o0b)" ;;
-  61) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; S=DTMK_OSQ_SCATTER
+  61) D=DTMK_OSQ_DISCARD; S=DTMK_OSQ_SCATTER
      XS="$D $D+DTMK_OSQ_BURN=2000 $D+DTMK_OSQ_ATOMS=8+$S $D+DTMK_OSQ_LOADS=16+$S DTMK_OSQ_NOMAPS DTMK_OSQ_NOMAPS+DTMK_OSQ_ICODE=64"
      pre="python3 tools/precompile.py $L+DTMK_SM_WORKER+$R"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
      w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids $2 --out ${OUT:-/tmp/out}/$3"; }
      stages=("$pre" "$(w $L 0,1,16,17 onegpc)"); for x in $XS; do stages+=("$(w $L+$x 0,1,2,3 ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
-  62) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD
+  62) D=DTMK_OSQ_DISCARD
      XS="$D $D+DTMK_OSQ_ICODE=64 $D+DTMK_OSQ_ICODE=256"
      pre="python3 tools/precompile.py $L+DTMK_SM_WORKER+$R"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
      w() { echo "timeout 150 python3 bench/level_profile.py --preset 1b --steps 16 --reps 3 --configs off,summary --workers --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
      stages=("$pre"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" "$(w $L full)" ;;
-  63) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O
-     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+  63) O=$NCU_DIR; mkdir -p $O
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
-     prof() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none $2 -f -o $O/$3 $lp --out $O/$3_lp && $NCU -i $O/$3.ncu-rep --page raw --csv > $O/$3_raw.csv && $NCU -i $O/$3.ncu-rep --page details --csv > $O/$3_details.csv"; }
+     prof() { echo "$(ncu_run $1 "$2" $3) $lp --out $O/$3_lp && $NCU -i $O/$3.ncu-rep --page raw --csv > $O/$3_raw.csv && $NCU -i $O/$3.ncu-rep --page details --csv > $O/$3_details.csv"; }
      exec tools/gpu_session.sh "$NCU --version; $NCU --query-metrics --chip gh100 > $O/metrics.txt 2>&1; grep -ciE 'icc|inst_cache|no_instruction' $O/metrics.txt" \
        "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
        "$(prof 160 '--section WarpStateStats --section InstructionStats --section SchedulerStats --section LaunchStats' ws)" \
-       "$(prof 190 '--section SourceCounters --section WarpStateStats' src) && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
-       "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
-  64) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; O=/tmp/ncu; mkdir -p $O
-     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+       "$(prof 190 '--section SourceCounters --section WarpStateStats' src) && $(ncu_src src)" "$NCU_PACK" ;;
+  64) D=DTMK_OSQ_DISCARD; O=$NCU_DIR; mkdir -p $O
      M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
      for m in sm__icc_requests sm__icc_requests_lookup_miss sm__icc_requests_lookup_miss_tag_miss gcc__cache_requests_type_instruction \
               gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction gcc__cache_requests_type_constant; do
        M="$M,$m.sum,$m.max,$m.min"; done
-     prof() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none --metrics $M -f -o $O/$2 python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --place --observer-smids 0,1,2,3 --out $O/$2_lp $3 && $NCU -i $O/$2.ncu-rep --page raw --csv --print-metric-instances values > $O/$2_raw.csv"; }
+     prof() { echo "$(ncu_run $1 "--metrics $M" $2) python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --place --observer-smids 0,1,2,3 --out $O/$2_lp $3 && $NCU -i $O/$2.ncu-rep --page raw --csv --print-metric-instances values > $O/$2_raw.csv"; }
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R $L+$D+DTMK_SM_WORKER+$R $L+$D+DTMK_OSQ_ICODE=256+DTMK_SM_WORKER+$R" \
        "$(prof 150 base "--configs nohooks,off,summary --defines $L")" "$(prof 100 icode "--configs summary --defines $L+$D+DTMK_OSQ_ICODE=256")" \
-       "$(prof 100 discard "--configs summary --defines $L+$D")" "cd $O && rm -f *.ncu-rep && ls -la && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
+       "$(prof 100 discard "--configs summary --defines $L+$D")" "$NCU_PACK" ;;
   65) exec tools/gpu_session.sh "timeout 420 python3 tools/icache_probe.py --out ${OUT:-/tmp/out}/icp" ;;
-  66) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
+  66) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
      XS="$D+DTMK_OSQ_ICODE=96 $D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_ICODE=160 $D+DTMK_OSQ_ICODE=192"
      pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
      w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
      stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
      exec tools/gpu_session.sh "${stages[@]}" ;;
-  67) L=DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; O=/tmp/ncu; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
-     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+  67) O=$NCU_DIR; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
      exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
-       "$E timeout 200 $NCU --kernel-name regex:dtmk_megakernel --launch-count 6 --clock-control none --section SourceCounters -f -o $O/src $lp --out $O/src_lp && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
+       "$E $(ncu_run 200 '--section SourceCounters' src) $lp --out $O/src_lp && $(ncu_src src)" \
        "$E python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --build 0=1b:DTMK_NO_HOOKS+DTMK_SM_WORKER --build 1,2=1b:$L+DTMK_SM_WORKER --diff 1:2 | tee $O/footprint.txt" \
-       "cd $O && rm -f *.ncu-rep && gzip -f src_sass.csv && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
-  68) O=/tmp/ncu; mkdir -p $O
-     NCU='$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)'
+       "$NCU_PACK" ;;
+  68) O=$NCU_DIR; mkdir -p $O
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary,summary_cm --place"
      exec tools/gpu_session.sh "python3 tools/precompile.py DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
-       "timeout 240 $NCU --kernel-name regex:dtmk_megakernel --launch-count 8 --clock-control none --section SourceCounters -f -o $O/src $lp --out $O/src_lp && $NCU -i $O/src.ncu-rep --page source --csv --print-source sass > $O/src_sass.csv" \
+       "$(ncu_run 240 '--section SourceCounters' src 8) $lp --out $O/src_lp && $(ncu_src src)" \
        "python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --diff 1:2 | tee $O/footprint.txt" \
-       "cd $O && rm -f *.ncu-rep && gzip -f src_sass.csv && tar czf ${OUT:-/tmp/out}/ncu.tgz ." ;;
+       "$NCU_PACK" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

@@ -178,6 +178,7 @@ __device__ __forceinline__ dtmk_u32 dtmk_load_key(const void *key, dtmk_u32 key_
     dtmk_u32 nw = (key_size + 3) >> 2;
     dtmk_u64 a = (dtmk_u64)key;
     if (((a | key_size) & 3) == 0) {
+#pragma unroll 1   /* (keys are 1-4 words: rolled loops keep the helpers' code small, as below) */
         for (dtmk_u32 i = 0; i < nw; i++) w[i] = *(const dtmk_u32 *)(a + 4 * i);
     } else {
         for (dtmk_u32 i = 0; i < nw; i++) w[i] = 0;
@@ -190,6 +191,7 @@ __device__ __forceinline__ dtmk_u32 dtmk_load_key(const void *key, dtmk_u32 key_
 /* FNV-1a over the key words, then a murmur finalizer (dtrace_mk.runtime.device.key_hash) */
 __device__ __forceinline__ dtmk_u32 dtmk_key_hash(const dtmk_u32 *w, dtmk_u32 nw) {
     dtmk_u32 h = 2166136261u;
+#pragma unroll 1
     for (dtmk_u32 i = 0; i < nw; i++) h = (h ^ w[i]) * 16777619u;
     h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
     return h;
@@ -234,6 +236,7 @@ __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void 
             if (st == DTMK_SLOT_FULL) {
                 const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
                 bool eq = true;
+#pragma unroll 1
                 for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
                 if (eq) return (int)i;
             } else if (st == DTMK_SLOT_TOMB) {

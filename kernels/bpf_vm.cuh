@@ -83,6 +83,40 @@ __device__ __forceinline__ dtmk_u64 dtmk_bswap64(dtmk_u64 v) {
     return ((dtmk_u64)__byte_perm(lo, 0, 0x0123) << 32) | __byte_perm(hi, 0, 0x0123);
 }
 
+/* Atomics on map values.  The verifier lets atomics target map values only, and a map's values
+ * are device (global) memory, so these name the global space: a generic atomic also tests
+ * whether the address is in the shared window and carries both forms (~30 instructions
+ * each of the observer's per-entry code, docs/dev/hook_cost_analysis.md "Session 31").
+ * Relaxed, GPU scope: what atomicAdd / atomicMax are. */
+#define DTMK_GLOBAL_ATOM(name, T, C, op)                                                          \
+    __device__ __forceinline__ T name(T *a, T v) {                                                \
+        T old;                                                                                    \
+        asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %1; atom.global." op " %0, [g], %2; }" \
+                     : "=" C(old) : "l"(a), C(v) : "memory");                                     \
+        return old;                                                                               \
+    }
+#define DTMK_GLOBAL_RED(name, T, C, op)                                                           \
+    __device__ __forceinline__ void name(T *a, T v) {                                             \
+        asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; red.global." op " [g], %1; }"      \
+                     :: "l"(a), C(v) : "memory");                                                 \
+    }
+DTMK_GLOBAL_ATOM(dtmk_atom_add_u32, dtmk_u32, "r", "add.u32")
+DTMK_GLOBAL_ATOM(dtmk_atom_add_u64, dtmk_u64, "l", "add.u64")
+DTMK_GLOBAL_RED(dtmk_red_add_u32, dtmk_u32, "r", "add.u32")
+DTMK_GLOBAL_RED(dtmk_red_add_u64, dtmk_u64, "l", "add.u64")
+DTMK_GLOBAL_RED(dtmk_red_max_u64, dtmk_u64, "l", "max.u64")
+DTMK_GLOBAL_RED(dtmk_red_min_u64, dtmk_u64, "l", "min.u64")
+#undef DTMK_GLOBAL_ATOM
+#undef DTMK_GLOBAL_RED
+
+/* div / mod (ALU sub 3 / 9) out of line: the 64-bit forms are long inline sequences, and
+ * no hot monitor divides (BPF semantics: x / 0 = 0, x % 0 = x) */
+__device__ __noinline__ dtmk_u64 dtmk_vm_divmod(dtmk_u64 a, dtmk_u64 b, bool is64, bool mod) {
+    if (b == 0) return mod ? a : 0ull;
+    if (is64) return mod ? a % b : a / b;
+    return mod ? (dtmk_u64)((dtmk_u32)a % (dtmk_u32)b) : (dtmk_u64)((dtmk_u32)a / (dtmk_u32)b);
+}
+
 /* Run one program for the lanes with `active`; returns the lane's outcome (NONE when
  * not active).  R: this warp's register file in shared memory, already offset by lane. */
 __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict__ code, dtmk_u32 max_insns,
@@ -100,6 +134,9 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
     dtmk_u32 p = active ? 0u : DTMK_VM_NOPC;
     dtmk_u32 cnt = 0;
     if (active) {
+        /* (a loop, not unrolled: the unrolled form was ~54 instructions of the observer's
+         * per-entry code, docs/dev/hook_cost_analysis.md "Session 31") */
+#pragma unroll 1
         for (dtmk_u32 k = 0; k < stack_depth / 8; k++) stack[DTMK_STACK_SIZE / 8 - 1 - k] = 0;
 #pragma unroll
         for (int i = 0; i < DTMK_VM_NREGS; i++) REG(i) = 0;
@@ -116,7 +153,7 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
 #define NEXT { upc++; I = N; continue; }
 #define FETCH I = code[upc];
 #endif
-#define SYNC_PC { upc = __reduce_min_sync(DTMK_VM_FULL, p); if (upc == DTMK_VM_NOPC) goto done; FETCH continue; }
+#define SYNC_PC goto sync_pc;   /* (one copy of the pc sync for every jump, call guard and exit) */
 #define CALL_GUARD (me && (cnt > max_insns ? (fault = true, p = DTMK_VM_NOPC, false) : true))
 #define ADDR(reg) (REG(reg) + (dtmk_u64)(dtmk_s64)I.off)
 
@@ -143,12 +180,12 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
             case 0x0: v = a + b; break;
             case 0x1: v = a - b; break;
             case 0x2: v = a * b; break;
-            case 0x3: v = b == 0 ? 0ull : is64 ? a / b : (dtmk_u64)((dtmk_u32)a / (dtmk_u32)b); break;
+            case 0x3: v = dtmk_vm_divmod(a, b, is64, false); break;
             case 0x4: v = a | b; break;
             case 0x5: v = a & b; break;
             case 0x6: v = a << (b & (is64 ? 63 : 31)); break;
             case 0x7: v = a >> (b & (is64 ? 63 : 31)); break;
-            case 0x9: v = b == 0 ? a : is64 ? a % b : (dtmk_u64)((dtmk_u32)a % (dtmk_u32)b); break;
+            case 0x9: v = dtmk_vm_divmod(a, b, is64, true); break;
             case 0xa: v = a ^ b; break;
             case 0xb: v = b; break;
             case 0xc: v = is64 ? (dtmk_u64)((dtmk_s64)a >> (b & 63)) : (dtmk_u64)(dtmk_u32)((int)(dtmk_u32)a >> (b & 31)); break;
@@ -189,43 +226,47 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
         case DTMK_OPG_MEM: {
             DTMK_PROF_BEGIN(prof_mem);
             if (me) {
-                switch (sub) {
-                case 0x0: REG(I.dst) = *(const dtmk_u8 *)ADDR(I.src); break;
-                case 0x1: REG(I.dst) = *(const dtmk_u16 *)ADDR(I.src); break;
-                case 0x2: REG(I.dst) = *(const dtmk_u32 *)ADDR(I.src); break;
-                case 0x3: REG(I.dst) = *(const dtmk_u64 *)ADDR(I.src); break;
-                case 0x4: *(dtmk_u8 *)ADDR(I.dst) = (dtmk_u8)I.imm; break;
-                case 0x5: *(dtmk_u16 *)ADDR(I.dst) = (dtmk_u16)I.imm; break;
-                case 0x6: *(dtmk_u32 *)ADDR(I.dst) = (dtmk_u32)I.imm; break;
-                case 0x7: *(dtmk_u64 *)ADDR(I.dst) = I.imm; break;
-                case 0x8: *(dtmk_u8 *)ADDR(I.dst) = (dtmk_u8)REG(I.src); break;
-                case 0x9: *(dtmk_u16 *)ADDR(I.dst) = (dtmk_u16)REG(I.src); break;
-                case 0xa: *(dtmk_u32 *)ADDR(I.dst) = (dtmk_u32)REG(I.src); break;
-                case 0xb: *(dtmk_u64 *)ADDR(I.dst) = REG(I.src); break;
-                case 0xc: {
-                    dtmk_u32 *a = (dtmk_u32 *)ADDR(I.dst);
+                /* one address for every form (loads, sub 0-3, off src; the rest off dst) and one
+                 * width switch per kind: a 16-way compare tree was most of this group's code */
+                char *a = (char *)ADDR(sub < 4 ? I.src : I.dst);
+                if (sub < 4) {                                   /* ldx: width 1 << sub */
+                    dtmk_u64 v;
+                    switch (sub) {
+                    case 0x0: v = *(const dtmk_u8 *)a; break;
+                    case 0x1: v = *(const dtmk_u16 *)a; break;
+                    case 0x2: v = *(const dtmk_u32 *)a; break;
+                    default: v = *(const dtmk_u64 *)a; break;
+                    }
+                    REG(I.dst) = v;
+                } else if (sub < 12) {                           /* st imm (4-7) / stx (8-b): width 1 << (sub & 3) */
+                    const dtmk_u64 v = sub < 8 ? (dtmk_u64)I.imm : REG(I.src);
+                    switch (sub & 3u) {
+                    case 0x0: *(dtmk_u8 *)a = (dtmk_u8)v; break;
+                    case 0x1: *(dtmk_u16 *)a = (dtmk_u16)v; break;
+                    case 0x2: *(dtmk_u32 *)a = (dtmk_u32)v; break;
+                    default: *(dtmk_u64 *)a = v; break;
+                    }
+                } else if (sub == 0xc) {                         /* xadd32 (aux: fetch) */
+                    dtmk_u32 *w = (dtmk_u32 *)a;
                     const dtmk_u32 v = (dtmk_u32)REG(I.src);
                     dtmk_u32 old;
-                    if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else if (I.aux) old = atomicAdd((unsigned *)a, v);
-                    else { atomicAdd((unsigned *)a, v); old = 0; }   /* result unused: a RED, no round trip */
+                    if (__isLocal(w)) { old = *w; *w = old + v; }
+                    else if (I.aux) old = dtmk_atom_add_u32(w, v);
+                    else { dtmk_red_add_u32(w, v); old = 0; }   /* result unused: a RED, no round trip */
                     if (I.aux) REG(I.src) = old;
-                    break; }
-                case 0xd: {
-                    dtmk_u64 *a = (dtmk_u64 *)ADDR(I.dst);
+                } else if (sub == 0xd) {                         /* xadd64 (aux: fetch) */
+                    dtmk_u64 *w = (dtmk_u64 *)a;
                     const dtmk_u64 v = REG(I.src);
                     dtmk_u64 old;
-                    if (__isLocal(a)) { old = *a; *a = old + v; }
-                    else if (I.aux) old = atomicAdd((unsigned long long *)a, (unsigned long long)v);
-                    else { atomicAdd((unsigned long long *)a, (unsigned long long)v); old = 0; }   /* a RED */
+                    if (__isLocal(w)) { old = *w; *w = old + v; }
+                    else if (I.aux) old = dtmk_atom_add_u64(w, v);
+                    else { dtmk_red_add_u64(w, v); old = 0; }   /* a RED */
                     if (I.aux) REG(I.src) = old;
-                    break; }
+                }
                 /* stxdw_max / stxdw_min: a raise-to / lower-to triple's store into a map
                  * value (never a stack slot): atomic, so racing lanes keep the extreme */
-                case 0xe: atomicMax((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
-                case 0xf: atomicMin((unsigned long long *)ADDR(I.dst), (unsigned long long)REG(I.src)); break;
-                default: fault = true; p = DTMK_VM_NOPC; break;
-                }
+                else if (sub == 0xe) dtmk_red_max_u64((dtmk_u64 *)a, REG(I.src));
+                else dtmk_red_min_u64((dtmk_u64 *)a, REG(I.src));
             }
             DTMK_PROF_END(22, prof_mem);
             NEXT }
@@ -302,6 +343,10 @@ __device__ __forceinline__ int dtmk_vm_exec(const struct dtmk_dinsn *__restrict_
             if (me) { fault = true; p = DTMK_VM_NOPC; }
             SYNC_PC
         }
+    sync_pc:   /* after a jump, exit or fault: each lane's p is exact; the warp goes on at the lowest */
+        upc = __reduce_min_sync(DTMK_VM_FULL, p);
+        if (upc == DTMK_VM_NOPC) break;
+        FETCH
     }
 done:
     if (!active) return DTMK_OUT_NONE;

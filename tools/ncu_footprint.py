@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 SASS_BYTES = 16                         # (sm_90: one instruction = 16 bytes)
+LINE_BYTES = 128                        # an instruction cache line (the unit fetched; assumed, as L1's)
 EXEC = "Instructions Executed"
 
 
@@ -68,6 +69,26 @@ def load(path) -> list:
 def footprint_kb(counts, min_exec: int = 1) -> float:
     """KB of the instructions executed at least min_exec times (warp-level counts)."""
     return sum(1 for c in counts if c >= min_exec) * SASS_BYTES / 1024
+
+
+def lines_kb(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES, only=None) -> float:
+    """KB of the cache lines (line_bytes, from the kernel's first instruction: a cubin's code
+    starts line-aligned) that hold an instruction executed at least min_exec times: what the
+    instruction caches hold, executed or not (session 31: ~20% more than the instructions
+    alone); only: a set of instruction indexes to count."""
+    per = line_bytes // SASS_BYTES
+    idx = range(len(counts)) if only is None else only
+    return len({i // per for i in idx if counts[i] >= min_exec}) * line_bytes / 1024
+
+
+def new_lines_kb(a, b, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> float:
+    """KB of the lines launch b executed an instruction of (>= min_exec times) and launch a
+    executed none of: the lines b brought into the caches."""
+    if len(a) != len(b):
+        raise ValueError(f"--diff: the launches are of different builds ({len(a)} vs {len(b)} instructions)")
+    per = line_bytes // SASS_BYTES
+    old = {i // per for i, x in enumerate(a) if x}
+    return len({i // per for i, x in enumerate(b) if x >= min_exec} - old) * line_bytes / 1024
 
 
 def added(a, b, min_exec: int = 1) -> list:
@@ -178,6 +199,9 @@ def main(argv=None) -> int:
     print(f"{'launch':<8}{'instructions':>13}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + "   (KB executed)")
     for k, c in enumerate(launches):
         print(f"{k:<8}{len(c):>13}" + "".join(f"{footprint_kb(c, m):>12.1f}" for m in mins))
+    print(f"{'':<21}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + f"   (KB of {LINE_BYTES}-byte lines)")
+    for k, c in enumerate(launches):
+        print(f"{k:<21}" + "".join(f"{lines_kb(c, m):>12.1f}" for m in mins))
     lines, funcs = {}, {}
     for b in sorted(set(builds.values())):
         try:
@@ -200,7 +224,9 @@ def main(argv=None) -> int:
         except (ValueError, IndexError) as e:
             ap.error(f"--diff {a.diff}: {e}")
         kb = sum(r[1] for r in runs) * SASS_BYTES / 1024
-        print(f"--- launch {j} executed {kb:.1f} KB that launch {i} never did, in {len(runs)} runs; the longest:")
+        print(f"--- launch {j} executed {kb:.1f} KB that launch {i} never did, in {len(runs)} runs "
+              f"({new_lines_kb(launches[i], launches[j], mins[0]):.1f} KB of {LINE_BYTES}-byte lines launch {i} "
+              f"executed nothing of); the longest:")
         for s, n, e in runs[:15]:
             print(f"  instructions {s}..{s + n - 1}: {n * SASS_BYTES / 1024:.2f} KB, executed {e}")
         if j in builds:

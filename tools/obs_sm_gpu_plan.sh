@@ -235,6 +235,12 @@
 #                                worker's code past the GCC?
 # Session 30 ran 68: default build, KB executed >= 1000 times: nohooks 89.9, off 93.9, hot summary (worker VM) 122.1,
 # inline compiled summary 116.3: both add their code to every worker (+28 / +22 KB), in the order of their costs.
+#   tools/obs_sm_gpu_plan.sh 69  the observer diet (session 31: the VM's memory group, pc sync, stack zeroing,
+#                                atomics, div/mod; the map helpers' key loops): the device VM's exactness, then the
+#                                per-GPC table of off / summary for the new build and the old one (.snap/base.tar,
+#                                the tree before the diet) side by side, new / old / new
+#   tools/obs_sm_gpu_plan.sh 70  the diet's exactness on the observer SM (hot attach and resident, the CLI's build)
+#                                and its executed footprint (plan 67 without nohooks: off / summary, --diff 0:1)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -457,6 +463,17 @@ case "${1:-}" in
        "$(ncu_run 240 '--section SourceCounters' src 8) $lp --out $O/src_lp && $(ncu_src src)" \
        "python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --diff 1:2 | tee $O/footprint.txt" \
        "$NCU_PACK" ;;
+  69) O=${OUT:-/tmp/out}; B=/tmp/wb
+     w() { echo "timeout 110 python3 $1/bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $L --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && python3 tools/precompile.py $L+DTMK_SM_WORKER+$R && (cd $B && python3 tools/precompile.py $L+DTMK_SM_WORKER+$R)" \
+       "timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_device_vm.py" \
+       "timeout 60 python3 tools/gpc_probe.py --out $O/gpc" "$(w . new1)" "$(w $B old)" "$(w . new2)" ;;
+  70) O=$NCU_DIR; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs off,summary --defines $L --place --observer-smids 0,1,2,3"
+     exec tools/gpu_session.sh "$DEFER_EXACT" "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
+       "$E $(ncu_run 150 '--section SourceCounters' src 4) $lp --out $O/src_lp && $(ncu_src src)" \
+       "$E python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --build 0,1=1b:$L+DTMK_SM_WORKER --diff 0:1 | tee $O/footprint.txt" \
+       "$NCU_PACK" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -475,5 +492,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..68)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..70)" >&2; exit 2 ;;
 esac

@@ -89,3 +89,19 @@ def test_cli_refuses_lines_without_a_build_and_launches_not_in_the_export(nf, tm
     assert nf.main([str(p), "--diff", "0:1", "--min", "1"]) == 0
     out = capsys.readouterr().out
     assert "in 1 runs" in out and "instructions 1..1: 0.02 KB, executed 7" in out   # (instruction 1: 0 -> 7)
+
+
+def test_lines_count_each_128_byte_line_once_and_new_lines_only_those_a_never_ran(nf):
+    c = [0] * 32
+    c[0] = c[1] = 5            # line 0 (instructions 0-7)
+    c[9] = 2000                # line 1
+    c[31] = 1                  # line 3
+    assert nf.lines_kb(c) == 3 * 128 / 1024
+    assert nf.lines_kb(c, 1000) == 128 / 1024
+    assert nf.lines_kb(c, only={0, 31}) == 2 * 128 / 1024
+    a = [0] * 32
+    a[3] = 1                   # a ran line 0 (another instruction of it): b's line 0 is not new
+    assert nf.new_lines_kb(a, c) == 2 * 128 / 1024
+    assert nf.new_lines_kb(a, c, 1000) == 128 / 1024
+    with pytest.raises(ValueError, match="different builds"):
+        nf.new_lines_kb([1], [1, 2])

@@ -241,6 +241,9 @@
 #                                the tree before the diet) side by side, new / old / new
 #   tools/obs_sm_gpu_plan.sh 70  the diet's exactness on the observer SM (hot attach and resident, the CLI's build)
 #                                and its executed footprint (plan 67 without nohooks: off / summary, --diff 0:1)
+#   tools/obs_sm_gpu_plan.sh 71  the diet's exactness beyond the VM harness (hot attach, the compiled tier against the
+#                                VM, map churn, the golden queries, the observer ring) and the interpreter's ns per
+#                                instruction, new and old tree side by side (bench/vm_device.py --quick)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -474,6 +477,10 @@ case "${1:-}" in
        "$E $(ncu_run 150 '--section SourceCounters' src 4) $lp --out $O/src_lp && $(ncu_src src)" \
        "$E python3 tools/ncu_footprint.py $O/src_sass.csv --min 1000,1,10000 --build 0,1=1b:$L+DTMK_SM_WORKER --diff 0:1 | tee $O/footprint.txt" \
        "$NCU_PACK" ;;
+  71) O=${OUT:-/tmp/out}; B=/tmp/wb
+     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B" \
+       "timeout 100 python3 bench/vm_device.py --quick --out $O/vm_new" "cd $B && timeout 100 python3 bench/vm_device.py --quick --out $O/vm_old" \
+       "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_compiled_tier.py tests/gpu/test_map_churn_gpu.py tests/gpu/test_lang_queries.py tests/gpu/test_obs_ring.py -k 'not obssm4defer' -rA" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -492,5 +499,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..70)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..71)" >&2; exit 2 ;;
 esac

@@ -23,8 +23,12 @@
  *   * Dispatch: op = group << 4 | sub (kernels/bpf_opcodes.h).  One switch on the
  *     group, then a small dense switch on `sub` inside one shared body per group (all
  *     ALU ops of a width share operand fetch and write-back; all jumps share the pc
- *     update), which ptxas lowers to short jump tables instead of a 7-level compare
- *     tree over ~120 cases (measured: docs/results/device_vm.md).
+ *     update), not one switch over ~120 cases (measured: docs/results/device_vm.md).
+ *     Code size is a cost of its own (on the observer SM the VM is most of the code run
+ *     per entry, and that code shares the GPC's instruction cache with the workers':
+ *     docs/dev/hook_cost_analysis.md "Session 30"): the memory group computes one address
+ *     and switches on the width only; every jump, exit and fault shares one pc sync; the
+ *     rare div / mod run out of line; map-value atomics name the global space.
  *   * Helpers: map_lookup_elem, map_update_elem, map_delete_elem, ktime_get_ns,
  *     get_worker_id, ringbuf_output, hist_add with the host model's semantics
  *     (kernels/bpf_maps.cuh).  trace_printk is not implemented on the device yet: it

@@ -104,8 +104,8 @@ __device__ __noinline__ void osq_publish_tables(const MkParams &P) {
     for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_MASK) = m;
     __syncwarp();
 }
-#if defined(DTMK_OSQ_PAGES) || defined(DTMK_OSQ_ICODE)
-__device__ unsigned long long dtmk_osq_sink2;   /* (measurement only: keeps PAGES' / ICODE's results) */
+#if defined(DTMK_OSQ_PAGES) || defined(DTMK_OSQ_ICODE) || defined(DTMK_OSQ_JCODE)
+__device__ unsigned long long dtmk_osq_sink2;   /* (measurement only: keeps PAGES' / ICODE's / JCODE's results) */
 #endif
 #ifdef DTMK_OSQ_ICODE
 /* (session 26: does the observers' code footprint reach the workers -- an instruction cache
@@ -121,6 +121,37 @@ __device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
         d = (d ^ (d >> 11)) * 0xc2b2ae35u + (dtmk_u32)(j * 7);
     }
     return a ^ b ^ c ^ d;
+}
+#endif
+#ifdef DTMK_OSQ_JCODE
+/* (session 31) ICODE's question for code that jumps: DTMK_OSQ_JCODE blocks of ~10 instructions
+ * (~200 B each with their share of the dispatch), N / 2 of them run per entry in a data-dependent,
+ * warp-uniform order through a binary compare tree -- the VM's way of moving through its code --
+ * against ICODE's straight line of about the same KB (docs/dev/hook_cost_analysis.md "Session 31":
+ * the summary's ~30 KB per entry cost its GPC-mates far more than 30 KB of straight-line code) */
+template <int J> __device__ __forceinline__ void osq_jblock(dtmk_u32 &a, dtmk_u32 &b) {
+    a = (a ^ (a >> 7)) * 0x2545f491u + (dtmk_u32)J * 0x9e3779b9u;
+    b = (b ^ (b >> 9)) * 0x9e3779b1u + (dtmk_u32)J * 0x85ebca6bu;
+    a ^= b >> 3;
+    b += a << 5;
+}
+template <int LO, int HI> __device__ __forceinline__ void osq_jpick(dtmk_u32 k, dtmk_u32 &a, dtmk_u32 &b) {
+    if constexpr (HI - LO == 1) {
+        osq_jblock<LO>(a, b);
+    } else {
+        constexpr int MID = (LO + HI) / 2;
+        if (k < (dtmk_u32)MID) osq_jpick<LO, MID>(k, a, b);
+        else osq_jpick<MID, HI>(k, a, b);
+    }
+}
+__device__ __noinline__ dtmk_u32 osq_jcode(dtmk_u32 a) {
+    const unsigned act = __activemask();
+    dtmk_u32 b = a ^ 0x9e3779b9u;
+    for (int s = 0; s < (DTMK_OSQ_JCODE) / 2; ++s) {
+        const dtmk_u32 k = __shfl_sync(act, a >> 11, __ffs(act) - 1) % (dtmk_u32)(DTMK_OSQ_JCODE);   /* (uniform: no serialised blocks) */
+        osq_jpick<0, (DTMK_OSQ_JCODE)>(k, a, b);
+    }
+    return a ^ b;
 }
 #endif
 /* observer lane: worker w's entry i into c.  L2 loads: this SM's L1 may hold the slot's previous
@@ -170,6 +201,9 @@ __device__ __forceinline__ dtmk_u32 osq_run_rec(const MkParams &P, Worker &W, dt
 #endif
 #ifdef DTMK_OSQ_ICODE                  /* ... or fresh code alone, no VM (session 29: the GPC-mates' slowdown?) */
         if (osq_icode((dtmk_u32)(w * 131u + i)) == 0x12345678u) dtmk_osq_sink2 = 1;
+#endif
+#ifdef DTMK_OSQ_JCODE                  /* ... or fresh code that jumps (session 31) */
+        if (osq_jcode((dtmk_u32)(w * 131u + i)) == 0x12345678u) dtmk_osq_sink2 = 1;
 #endif
 #endif
         /* measurement only, after the entry's run or its discard (session 27: with NOMAPS, do

@@ -244,6 +244,18 @@
 #   tools/obs_sm_gpu_plan.sh 71  the diet's exactness beyond the VM harness (hot attach, the compiled tier against the
 #                                VM, map churn, the golden queries, the observer ring) and the interpreter's ns per
 #                                instruction, new and old tree side by side (bench/vm_device.py --quick)
+# Session 31 ran 69-71: the observers' added code 34.3 -> 30.9 KB of lines, the step and the GPC-mates' excess unchanged
+# within the spread; exact (tests/gpu: the VM, hot attach, compiled tier, maps, golden queries); the interpreter as fast.
+# Next, priority order 73, 74, 75, 72 (one device call each; 73's three batches took more than one call's 600 s):
+#   tools/obs_sm_gpu_plan.sh 73  the rest of tests/gpu at the diet's kernels, part 1: megakernel, variants, fused, handoff,
+#                                placement; the final-epoch cases not yet run ([1b-obssm4deep], [1b-obssm4shallow])
+#   tools/obs_sm_gpu_plan.sh 74  part 2: resident, top, run CLI, launch, launch attach, rec_fast, attn_staged
+#                                (test_tp*, test_diagnose_gpu need two GPUs: the x2 kind)
+#   tools/obs_sm_gpu_plan.sh 75  code that jumps versus a straight line of the same KB on the observers (-DDTMK_OSQ_JCODE,
+#                                session 31): the per-GPC table (plan 66's form) of DISCARD + ICODE=128 (~27 KB straight),
+#                                DISCARD + JCODE=176 (~27.5 KB, a compare tree), DISCARD + JCODE=128 (~19 KB)
+#   tools/obs_sm_gpu_plan.sh 72  the descriptor path on the observers (-DDTMK_OSQ_DESC with the CLI's build): its executed
+#                                footprint (off / summary) and the per-GPC table beside the CLI's build, new / desc / new
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -481,6 +493,25 @@ case "${1:-}" in
      exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B" \
        "timeout 100 python3 bench/vm_device.py --quick --out $O/vm_new" "cd $B && timeout 100 python3 bench/vm_device.py --quick --out $O/vm_old" \
        "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_compiled_tier.py tests/gpu/test_map_churn_gpu.py tests/gpu/test_lang_queries.py tests/gpu/test_obs_ring.py -k 'not obssm4defer' -rA" ;;
+  72) O=${OUT:-/tmp/out}; N=$NCU_DIR; mkdir -p $N; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
+     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs off,summary --defines $L+DTMK_OSQ_DESC --place --observer-smids 0,1,2,3"
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R $L+DTMK_OSQ_DESC+DTMK_SM_WORKER+$R" \
+       "timeout 60 python3 tools/gpc_probe.py --out $O/gpc" "$(w $L new1)" "$(w $L+DTMK_OSQ_DESC desc)" "$(w $L new2)" \
+       "$E python3 tools/precompile.py $L+DTMK_OSQ_DESC+DTMK_SM_WORKER+$R && $(ncu_run 150 '--section SourceCounters' src 4) $lp --out $N/src_lp && $(ncu_src src)" \
+       "$E python3 tools/ncu_footprint.py $N/src_sass.csv --min 1000,1,10000 --build 0,1=1b:$L+DTMK_OSQ_DESC+DTMK_SM_WORKER --diff 0:1 | tee $N/footprint.txt" \
+       "$NCU_PACK" ;;
+  73) F="tests/gpu/test_megakernel_gpu.py tests/gpu/test_megakernel_variants_gpu.py tests/gpu/test_megakernel_fused_gpu.py tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py"
+     exec tools/gpu_session.sh "timeout 330 python3 -m pytest -q -p no:cacheprovider $F -rA" \
+       "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'final_epochs and (obssm4deep or obssm4shallow)' -rA" ;;
+  74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
+     exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
+  75) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
+     XS="$D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_JCODE=176 $D+DTMK_OSQ_JCODE=128"
+     pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
+     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
+     exec tools/gpu_session.sh "${stages[@]}" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D
@@ -499,5 +530,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..71)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..75)" >&2; exit 2 ;;
 esac

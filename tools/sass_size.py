@@ -80,13 +80,14 @@ def attribute(sass: str, sources: dict) -> collections.Counter:
     return collections.Counter(instruction_functions(sass, sources))
 
 
-def disassemble(cubin: bytes, tool: str) -> tuple:
-    """(nvdisasm -g text, {path: source text}) of a megakernel cubin built with -lineinfo."""
+def disassemble(cubin: bytes, tool: str, kdir=None) -> tuple:
+    """(nvdisasm -g text, {path: source text}) of a megakernel cubin built with -lineinfo;
+    kdir: the kernel sources it was built from (default: this tree's kernels/)."""
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "k.cubin"
         p.write_bytes(cubin)
         sass = subprocess.run([tool, "-g", "-c", str(p)], capture_output=True, text=True, check=True).stdout
-    kdir = ROOT / "kernels"
+    kdir = Path(kdir) if kdir else ROOT / "kernels"
     paths = set(m.group(1) for m in _FILE_LINE.finditer(sass))
     # (NVRTC names the main file as given, the includes by their path)
     return sass, {pth: ((kdir / Path(pth).name).read_text() if (kdir / Path(pth).name).exists() else "")

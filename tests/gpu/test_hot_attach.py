@@ -352,8 +352,8 @@ def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
                 seen_final.append(snap.final_epoch)
             ends = Counter()
             for r in snap.coverage:
-                assert r.epoch <= snap.final_epoch
-                assert r.eligible == r.executed + r.throttled + r.lost and r.lost == 0
+                assert r.epoch <= snap.final_epoch, (r, snap.final_epoch)
+                assert r.eligible == r.executed + r.throttled + r.lost and r.lost == 0, r
                 if r.hook == "task:end":
                     ends[r.epoch] += r.eligible
             # (a program's coverage holds COV_ROWS (epoch, gen) rows; a plain launch does not
@@ -363,7 +363,8 @@ def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
         live.wait()
         end = live.snapshot(aid)
         assert end.final_epoch == steps - 1
-        assert len(seen_final) >= 3 and seen_final == sorted(seen_final)   # monotone
+        # (liveness: timing-sensitive by design; the message says how far the epochs got)
+        assert len(seen_final) >= 3 and seen_final == sorted(seen_final), (len(seen_final), seen_final[:8])
         assert max(seen_final) >= steps // 4, seen_final[-5:]           # raised while running
     finally:
         live.detach(aid)

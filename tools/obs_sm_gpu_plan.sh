@@ -258,6 +258,10 @@
 # checkout); the final-epoch cases [1b-obssm4deep], [1b-obssm4shallow] passed.  Next, priority order 76, 74, 75, 72:
 #   tools/obs_sm_gpu_plan.sh 76  73's first stage again, cut in two, the variants' builds compiled in parallel first
 #                                (tools/precompile.py --variants), pytest -v so a timeout still shows what passed
+# Session 33 ran 76: megakernel, variants, fused 100 passed; handoff 15 passed, its last case [1b-obssm3] (a new
+# build, compiled in the test) and placement cut by the 200 s timeout.  Next, 77, 78 (74 in two calls), 75, 72:
+#   tools/obs_sm_gpu_plan.sh 77  handoff [1b-obssm3] and placement; resident, top, run CLI
+#   tools/obs_sm_gpu_plan.sh 78  launch, launch attach, rec_fast, attn_staged
 #   tools/obs_sm_gpu_plan.sh 72  the descriptor path on the observers (-DDTMK_OSQ_DESC with the CLI's build): its executed
 #                                footprint (off / summary) and the per-GPC table beside the CLI's build, new / desc / new
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -512,6 +516,11 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py --variants" \
        "timeout 230 python3 -m pytest -v -p no:cacheprovider $F -rA" \
        "timeout 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py -rA" ;;
+  77) H="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py"
+     exec tools/gpu_session.sh "timeout 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_gpu.py -k 1b-obssm3 tests/gpu/test_placement_gpu.py -rA" \
+       "timeout 320 python3 -m pytest -v -p no:cacheprovider $H -k 'not obssm4defer' -rA" ;;
+  78) G="tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
+     exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $G -rA" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
   75) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
@@ -538,5 +547,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..76)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..78)" >&2; exit 2 ;;
 esac

@@ -517,7 +517,7 @@ case "${1:-}" in
        "timeout 230 python3 -m pytest -v -p no:cacheprovider $F -rA" \
        "timeout 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py -rA" ;;
   77) H="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py"
-     exec tools/gpu_session.sh "timeout 240 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_gpu.py -k 1b-obssm3 tests/gpu/test_placement_gpu.py -rA" \
+     exec tools/gpu_session.sh "timeout 240 python3 -m pytest -v -p no:cacheprovider 'tests/gpu/test_handoff_gpu.py::test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran[1b-obssm3]' tests/gpu/test_placement_gpu.py -rA" \
        "timeout 320 python3 -m pytest -v -p no:cacheprovider $H -k 'not obssm4defer' -rA" ;;
   78) G="tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $G -rA" ;;

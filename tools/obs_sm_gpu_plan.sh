@@ -262,6 +262,9 @@
 # build, compiled in the test) and placement cut by the 200 s timeout.  Next, 77, 78 (74 in two calls), 75, 72:
 #   tools/obs_sm_gpu_plan.sh 77  handoff [1b-obssm3] and placement; resident, top, run CLI
 #   tools/obs_sm_gpu_plan.sh 78  launch, launch attach, rec_fast, attn_staged
+# Session 33 ran 76-78 (tests/gpu at the diet's kernels all passed but test_tp*, test_diagnose_gpu: no x2 machine),
+# 75 (jumping code costs the GPC-mates what straight-line code of the same KB does), 72 (the descriptor path: as much
+# code, as much GPC cost, ~10 us cheaper in one sample) and 42 twice (hot +9.80% / +6.88%: hooks.md "Session 33").
 #   tools/obs_sm_gpu_plan.sh 72  the descriptor path on the observers (-DDTMK_OSQ_DESC with the CLI's build): its executed
 #                                footprint (off / summary) and the per-GPC table beside the CLI's build, new / desc / new
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the

@@ -115,6 +115,21 @@ def record_placements(m, steps: int, n: int) -> list:
     return found
 
 
+def launch_ratios(times: dict, num: str, den: str) -> dict:
+    """num over den launch by launch: the i-th launch of each (taken in the same round of an
+    interleaved run) paired, so one slow launch shows as one outlier instead of moving a
+    median of two.  {"median", "lo", "hi", "n", "ratios"} as fractions (0.05 = +5%); {} when
+    either has no launch.  den may hold more launches than num (bench/hooks.py times off
+    again later): the first len(num) are paired."""
+    a, b = times.get(num) or [], times.get(den) or []
+    n = min(len(a), len(b))
+    if not n:
+        return {}
+    r = [a[i] / b[i] - 1.0 for i in range(n)]
+    import statistics as st
+    return {"median": st.median(r), "lo": min(r), "hi": max(r), "n": n, "ratios": r}
+
+
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active"
 
 

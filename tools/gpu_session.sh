@@ -7,6 +7,8 @@
 # OpenTelemetry wheels (.whl/, optional), then runs each STAGE; all logs come back as $OUT/logs.tgz.
 # A failing stage does not stop the later ones; the last lines are a table of stages.
 set -u
+# the commit every bench figure carries (benchio.card): the device gets a tree, not a repository
+[ -n "${DTMK_COMMIT:-}" ] || { [ -f .snap/commit ] && export DTMK_COMMIT=$(cat .snap/commit); }
 OUT=${OUT:-/tmp/out}; LOG=/tmp/gpu_session_logs; rm -rf "$LOG"; mkdir -p "$OUT" "$LOG"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -265,8 +265,16 @@
 # Session 33 ran 76-78 (tests/gpu at the diet's kernels all passed but test_tp*, test_diagnose_gpu: no x2 machine),
 # 75 (jumping code costs the GPC-mates what straight-line code of the same KB does), 72 (the descriptor path: as much
 # code, as much GPC cost, ~10 us cheaper in one sample) and 42 twice (hot +9.80% / +6.88%: hooks.md "Session 33").
-#   tools/obs_sm_gpu_plan.sh 72  the descriptor path on the observers (-DDTMK_OSQ_DESC with the CLI's build): its executed
+#   (72, run)                      the descriptor path on the observers (-DDTMK_OSQ_DESC with the CLI's build): its executed
 #                                footprint (off / summary) and the per-GPC table beside the CLI's build, new / desc / new
+# Next, priority order 81 (only on the x2 kind), 79, 80:
+#   tools/obs_sm_gpu_plan.sh 81  (nvidia-h200-x2) the two-GPU tests at the diet's kernels: test_tp.py, test_tp_baseline.py,
+#                                test_diagnose_gpu.py, the two-GPU demo cases of test_launch_gpu.py / test_launch_attach_gpu.py
+#   tools/obs_sm_gpu_plan.sh 79  where the summary's GPC-mate excess comes from: the per-GPC table of the CLI's build with
+#                                off / null3 (a null program on each of the summary's hooks: hook_flush, the VM's entry,
+#                                coverage rows, no maps) / summary, twice (session 33: fresh code explains ~280 of ~750 ns)
+#   tools/obs_sm_gpu_plan.sh 80  the hook table of record: bench/hooks.py 1b --reps 6 with obssm4defer (its last table:
+#                                each build over its own off, the launches' range)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -524,6 +532,12 @@ case "${1:-}" in
        "timeout 320 python3 -m pytest -v -p no:cacheprovider $H -k 'not obssm4defer' -rA" ;;
   78) G="tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $G -rA" ;;
+  79) lp() { echo "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,null3,summary --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $L --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$1"; }
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
+       "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(lp null3a)" "$(lp null3b)" ;;
+  80) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
+  81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
+     exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus -rA" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
   75) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
@@ -550,5 +564,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..78)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81)" >&2; exit 2 ;;
 esac

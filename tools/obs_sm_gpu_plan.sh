@@ -300,6 +300,7 @@ NCU_PACK="cd $NCU_DIR && rm -f *.ncu-rep && ls -la && { gzip -f *_sass.csv 2>/de
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
+pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider ${*:2} -rA"; }   # pytv T ARGS: verbose, so a cut run shows what passed
 hooks1b() { echo "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants $1 --out ${OUT:-/tmp/out}"; }
 case "${1:-}" in
   1) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $OBS1 $HO" \
@@ -525,19 +526,19 @@ case "${1:-}" in
        "timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py -k 'final_epochs and (obssm4deep or obssm4shallow)' -rA" ;;
   76) F="tests/gpu/test_megakernel_gpu.py tests/gpu/test_megakernel_variants_gpu.py tests/gpu/test_megakernel_fused_gpu.py"
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py --variants" \
-       "timeout 230 python3 -m pytest -v -p no:cacheprovider $F -rA" \
-       "timeout 200 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py -rA" ;;
+       "$(pytv 230 $F)" \
+       "$(pytv 200 tests/gpu/test_handoff_gpu.py tests/gpu/test_placement_gpu.py)" ;;
   77) H="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py"
-     exec tools/gpu_session.sh "timeout 240 python3 -m pytest -v -p no:cacheprovider 'tests/gpu/test_handoff_gpu.py::test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran[1b-obssm3]' tests/gpu/test_placement_gpu.py -rA" \
-       "timeout 320 python3 -m pytest -v -p no:cacheprovider $H -k 'not obssm4defer' -rA" ;;
+     exec tools/gpu_session.sh "$(pytv 240 "'tests/gpu/test_handoff_gpu.py::test_a_monitor_attached_to_a_lean_job_counts_exactly_what_the_hook_grid_ran[1b-obssm3]' tests/gpu/test_placement_gpu.py")" \
+       "$(pytv 320 "$H -k 'not obssm4defer'")" ;;
   78) G="tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
-     exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $G -rA" ;;
+     exec tools/gpu_session.sh "$(pytv 540 $G)" ;;
   79) lp() { echo "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,null3,summary --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $L --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$1"; }
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(lp null3a)" "$(lp null3b)" ;;
   80) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
-     exec tools/gpu_session.sh "timeout 540 python3 -m pytest -v -p no:cacheprovider $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus -rA" ;;
+     exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
   75) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}

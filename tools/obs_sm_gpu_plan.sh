@@ -301,6 +301,15 @@ DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
 pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider ${*:2} -rA"; }   # pytv T ARGS: verbose, so a cut run shows what passed
+# gpc_lp DEFS NAME [T] [CONFIGS]: bench/level_profile.py's per-GPC table of 1b, workers pinned in SM id order, the
+# observers on SMs 0-3 (plan 66's form); gpc_builds X...: the stages precompile + gpc_probe + gpc_lp of $L+X, each X
+gpc_lp() { echo "timeout ${3:-110} python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs ${4:-off,summary} --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
+gpc_builds() {
+  local pre="python3 tools/precompile.py" x
+  for x in "$@"; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
+  stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc")
+  for x in "$@"; do stages+=("$(gpc_lp $L+$x ${x//[+=]/_})"); done
+}
 hooks1b() { echo "timeout 480 python3 bench/hooks.py --presets 1b --reps 2 --variants $1 --out ${OUT:-/tmp/out}"; }
 case "${1:-}" in
   1) exec tools/gpu_session.sh "python3 tools/precompile.py $BASE $OBS $OBS1 $HO" \
@@ -480,12 +489,9 @@ case "${1:-}" in
        "$(prof 150 base "--configs nohooks,off,summary --defines $L")" "$(prof 100 icode "--configs summary --defines $L+$D+DTMK_OSQ_ICODE=256")" \
        "$(prof 100 discard "--configs summary --defines $L+$D")" "$NCU_PACK" ;;
   65) exec tools/gpu_session.sh "timeout 420 python3 tools/icache_probe.py --out ${OUT:-/tmp/out}/icp" ;;
-  66) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
+  66) D=DTMK_OSQ_DISCARD
      XS="$D+DTMK_OSQ_ICODE=96 $D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_ICODE=160 $D+DTMK_OSQ_ICODE=192"
-     pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
-     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
-     stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
-     exec tools/gpu_session.sh "${stages[@]}" ;;
+     gpc_builds $XS; exec tools/gpu_session.sh "${stages[@]}" ;;
   67) O=$NCU_DIR; mkdir -p $O; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off,summary --defines $L --place --observer-smids 0,1,2,3"
      exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R" \
@@ -514,7 +520,7 @@ case "${1:-}" in
        "timeout 100 python3 bench/vm_device.py --quick --out $O/vm_new" "cd $B && timeout 100 python3 bench/vm_device.py --quick --out $O/vm_old" \
        "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_compiled_tier.py tests/gpu/test_map_churn_gpu.py tests/gpu/test_lang_queries.py tests/gpu/test_obs_ring.py -k 'not obssm4defer' -rA" ;;
   72) O=${OUT:-/tmp/out}; N=$NCU_DIR; mkdir -p $N; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
-     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
+     w() { gpc_lp "$@"; }
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs off,summary --defines $L+DTMK_OSQ_DESC --place --observer-smids 0,1,2,3"
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R $L+DTMK_OSQ_DESC+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out $O/gpc" "$(w $L new1)" "$(w $L+DTMK_OSQ_DESC desc)" "$(w $L new2)" \
@@ -533,7 +539,7 @@ case "${1:-}" in
        "$(pytv 320 "$H -k 'not obssm4defer'")" ;;
   78) G="tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $G)" ;;
-  79) lp() { echo "timeout 120 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,null3,summary --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $L --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$1"; }
+  79) lp() { gpc_lp $L $1 120 off,null3,summary; }
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(lp null3a)" "$(lp null3b)" ;;
   80) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
@@ -541,12 +547,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
-  75) D=DTMK_OSQ_DISCARD; O=${OUT:-/tmp/out}
+  75) D=DTMK_OSQ_DISCARD
      XS="$D+DTMK_OSQ_ICODE=128 $D+DTMK_OSQ_JCODE=176 $D+DTMK_OSQ_JCODE=128"
-     pre="python3 tools/precompile.py"; for x in $XS; do pre="$pre $L+$x+DTMK_SM_WORKER+$R"; done
-     w() { echo "timeout 110 python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs off,summary --workers --gpcs $O/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out $O/$2"; }
-     stages=("$pre" "timeout 60 python3 tools/gpc_probe.py --out $O/gpc"); for x in $XS; do stages+=("$(w $L+$x ${x//[+=]/_})"); done
-     exec tools/gpu_session.sh "${stages[@]}" ;;
+     gpc_builds $XS; exec tools/gpu_session.sh "${stages[@]}" ;;
   53|54) echo "plans 53-54 were for -DDTMK_OSQ_MULTI, which plans 52 and 55 measured no cheaper than the" \
        "default (docs/results/hooks.md session 27): not run" >&2; exit 2 ;;
   55) D=DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16; S=DTMK_OBS_SM+DTMK_OSQ_STATS+$D; F=DTMK_OBS_SM+$D

@@ -520,10 +520,9 @@ case "${1:-}" in
        "timeout 100 python3 bench/vm_device.py --quick --out $O/vm_new" "cd $B && timeout 100 python3 bench/vm_device.py --quick --out $O/vm_old" \
        "timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hot_attach.py tests/gpu/test_compiled_tier.py tests/gpu/test_map_churn_gpu.py tests/gpu/test_lang_queries.py tests/gpu/test_obs_ring.py -k 'not obssm4defer' -rA" ;;
   72) O=${OUT:-/tmp/out}; N=$NCU_DIR; mkdir -p $N; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
-     w() { gpc_lp "$@"; }
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs off,summary --defines $L+DTMK_OSQ_DESC --place --observer-smids 0,1,2,3"
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R $L+DTMK_OSQ_DESC+DTMK_SM_WORKER+$R" \
-       "timeout 60 python3 tools/gpc_probe.py --out $O/gpc" "$(w $L new1)" "$(w $L+DTMK_OSQ_DESC desc)" "$(w $L new2)" \
+       "timeout 60 python3 tools/gpc_probe.py --out $O/gpc" "$(gpc_lp $L new1)" "$(gpc_lp $L+DTMK_OSQ_DESC desc)" "$(gpc_lp $L new2)" \
        "$E python3 tools/precompile.py $L+DTMK_OSQ_DESC+DTMK_SM_WORKER+$R && $(ncu_run 150 '--section SourceCounters' src 4) $lp --out $N/src_lp && $(ncu_src src)" \
        "$E python3 tools/ncu_footprint.py $N/src_sass.csv --min 1000,1,10000 --build 0,1=1b:$L+DTMK_OSQ_DESC+DTMK_SM_WORKER --diff 0:1 | tee $N/footprint.txt" \
        "$NCU_PACK" ;;

@@ -275,6 +275,11 @@
 #                                coverage rows, no maps) / summary, twice (session 33: fresh code explains ~280 of ~750 ns)
 #   tools/obs_sm_gpu_plan.sh 80  the hook table of record: bench/hooks.py 1b --reps 6 with obssm4defer (its last table:
 #                                each build over its own off, the launches' range)
+# Session 34 ran 79 (null3 costs the GPC-mates +456..+492 ns per task, the summary +757..+820: the machinery a
+# record goes through with no program work is ~60% of the excess) and 80 (hot +6.36% [+5.62..+8.07] over its own
+# off, compiled +5.40% [+4.65..+7.43], default off +0.85% [+0.47..+2.86]: hooks.md "Session 34").  Next:
+#   tools/obs_sm_gpu_plan.sh 82  null3's executed footprint on the CLI's build: KB per function of off / null3 /
+#                                summary (plan 67's form), what null3 adds over off and the summary over null3
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -542,6 +547,12 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(lp null3a)" "$(lp null3b)" ;;
   80) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
+  82) O=${OUT:-/tmp/out}; N=$NCU_DIR; mkdir -p $N; E="export DTRACE_MK_LINEINFO=1 PATH=$PATH:/usr/local/cuda/bin;"
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs off,null3,summary --defines $L --place --observer-smids 0,1,2,3"
+     fp="python3 tools/ncu_footprint.py $N/src_sass.csv --min 1000,1,10000 --build 0,1,2=1b:$L+DTMK_SM_WORKER"
+     exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R && $(ncu_run 200 '--section SourceCounters' src 3) $lp --out $N/src_lp && $(ncu_src src)" \
+       "$E $fp --diff 0:1 --lines hook_flush,hk_store,obs_sync,osq_observer,dtmk_vm_exec | tee $N/footprint_null3.txt" \
+       "$E $fp --diff 1:2 | tee $N/footprint_sum.txt" "$NCU_PACK" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

@@ -732,6 +732,25 @@ __device__ __forceinline__ const int *task_rec(const MkParams &P, int t) {
  * runs, push window 0.51 vs 0.52 us (session 21: those reloads hit L1) */
 struct PostOps { const int *r; TaskFaults f; int t, step; };
 __shared__ PostOps s_post;
+#ifdef DTMK_WK_ICODE
+/* MEASUREMENT ONLY (session 34, plan 83): every worker's thread 0 runs ~DTMK_WK_ICODE * 12
+ * instructions of fresh straight-line code after each task -- the workers' executed code grown
+ * alike on every GPC.  Question: is the observers' GPC-mate slowdown the union of the workers'
+ * and the observers' code in the GPC's L1.5 (then worker code alone makes harmless observer
+ * code harmful), or the observers' own instruction cache overflowing? */
+__device__ unsigned long long dtmk_wk_sink;
+__device__ __noinline__ dtmk_u32 wk_icode(dtmk_u32 a) {
+    dtmk_u32 b = a ^ 0x85ebca6bu, c = a + 0x27d4eb2fu, d = a * 5u + 3u;
+#pragma unroll
+    for (int j = 0; j < (DTMK_WK_ICODE); ++j) {
+        a = (a ^ (a >> 6)) * 0x165667b1u + (dtmk_u32)j;
+        b = (b ^ (b >> 10)) * 0xd3a2646cu + (dtmk_u32)(j * 3);
+        c = (c ^ (c >> 4)) * 0xfd7046c5u + (dtmk_u32)(j * 5);
+        d = (d ^ (d >> 12)) * 0xb55a4f09u + (dtmk_u32)(j * 7);
+    }
+    return a ^ b ^ c ^ d;
+}
+#endif
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);
     TaskFaults f;
@@ -852,6 +871,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         DTMK_PROF_END1(44, prof_refr);
 #ifdef DTMK_OBS_SM
         DTMK_PROF_END1(32, prof_post);
+#endif
+#ifdef DTMK_WK_ICODE
+        if (wk_icode((dtmk_u32)(t * 131 + step)) == 0x12345678u) dtmk_wk_sink = 1;   /* (measurement only) */
 #endif
     }
 #ifdef DTMK_EXTRA_SYNC

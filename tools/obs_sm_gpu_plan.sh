@@ -280,6 +280,10 @@
 # off, compiled +5.40% [+4.65..+7.43], default off +0.85% [+0.47..+2.86]: hooks.md "Session 34").  Next:
 #   tools/obs_sm_gpu_plan.sh 82  null3's executed footprint on the CLI's build: KB per function of off / null3 /
 #                                summary (plan 67's form), what null3 adds over off and the summary over null3
+#   tools/obs_sm_gpu_plan.sh 83  is the GPC-mates' slowdown the union of the workers' and the observers' code in the
+#                                GPC's L1.5?  Per-GPC tables (off / summary) of the CLI's build, with ~10 KB of fresh
+#                                worker code per task (-DDTMK_WK_ICODE=48), DISCARD + JCODE=128 (observer code that
+#                                alone slows nobody), and both
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -553,6 +557,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$E python3 tools/precompile.py $L+DTMK_SM_WORKER+$R && $(ncu_run 200 '--section SourceCounters' src 3) $lp --out $N/src_lp && $(ncu_src src)" \
        "$E $fp --diff 0:1 --lines hook_flush,hk_store,obs_sync,osq_observer,dtmk_vm_exec | tee $N/footprint_null3.txt" \
        "$E $fp --diff 1:2 | tee $N/footprint_sum.txt" "$NCU_PACK" ;;
+  83) D=DTMK_OSQ_DISCARD+DTMK_OSQ_JCODE=128; K=DTMK_WK_ICODE=48
+     gpc_builds $K $D $D+$K; stages[0]="${stages[0]} $L+DTMK_SM_WORKER+$R"
+     exec tools/gpu_session.sh "${stages[@]:0:2}" "$(gpc_lp $L base)" "${stages[@]:2}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

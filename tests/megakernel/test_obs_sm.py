@@ -33,7 +33,7 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOMAPS", "DTMK_OSQ_ATOMS=8",
                                                                    "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ICODE=8",
-                                                                   "DTMK_OSQ_JCODE=8")],
+                                                                   "DTMK_OSQ_JCODE=8", "DTMK_WK_ICODE=8")],
                          ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
@@ -45,6 +45,8 @@ def test_the_observer_sm_build_compiles(defines):
     # the measurement-only code blocks (straight, ICODE; jumping, JCODE) are called per discarded entry
     assert ("call.uni" in ptx and "osq_jcode" in ptx) == ("DTMK_OSQ_JCODE=8" in defines)
     assert ("osq_icode" in ptx) == ("DTMK_OSQ_ICODE=8" in defines)
+    # ... and the workers' (plan 83), once per task
+    assert ("wk_icode" in ptx) == ("DTMK_WK_ICODE=8" in defines)
     # the Obs of the observer build: the size the 1b / tiny warp counts above assume
     assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 

@@ -299,6 +299,9 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
         while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
     osq_publish_tables(P);                          /* (no tables: no hooks, the live bit alone) */
     dtmk_u32 seen = (dtmk_u32)P.step0;
+#ifdef DTMK_OSQ_IDLE_DRAIN
+    dtmk_u32 idle = 0;                 /* idle rounds in a row with records held */
+#endif
     for (;;) {
         bool any = false, all_done = true;
         for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
@@ -418,6 +421,16 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
                 if (!O.reload) osq_publish_tables(P);
                 continue;
             }
+#ifdef DTMK_OSQ_IDLE_DRAIN
+            /* (session 34) an idle round drains only once DTMK_OSQ_IDLE_DRAIN rounds in a row found
+             * nothing, or an epoch waits for its flush (acc_min < seen); until then the records stay
+             * in the ring (their epochs held, OSQ_W_LOW) and the room rule above drains full 32-record
+             * batches: the VM's code runs once per batch, not once per entry or two -- its passes
+             * are what stream the observers' ~33 KB through the GPC's instruction cache */
+            if (any || O.acc_min < seen) idle = 0;
+            else if (O.n && ++idle < (dtmk_u32)(DTMK_OSQ_IDLE_DRAIN)) { __nanosleep(500); continue; }
+            else idle = 0;
+#endif
             if (!any && (O.n || O.acc_min < seen)) {
                 OSQ_T0(c_sync);
                 obs_sync(P, Wk, false, seen);         /* drain, flush epochs < the highest step seen */

@@ -20,7 +20,9 @@ and never in launch A (the same build: what a monitor adds), largest first by ad
 --build LAUNCHES=PRESET:DEFS names the build those launches ran: the tool compiles it again
 (the kernel cache's cubin, $DTRACE_MK_LINEINFO=1 as in the profiled run: the same SASS with
 a line table), disassembles it with nvdisasm -g (tools/sass_size.py) and prints the executed
-KB per source function (inlined copies summed), and with --diff per function too; --lines
+KB per source function (inlined copies summed), and with --diff per function too -- and,
+when both launches ran that build, the new 128-byte lines per SASS function (kernel or
+__noinline__ subroutine: where the added code lies in the instruction caches); --lines
 FN,FN adds their instructions per source line.  It needs the profiled machine's NVRTC
 (another NVRTC emits other SASS: the instruction counts differ, and the tool says so): on
 the GPU machine, or here with that NVRTC version loaded (docs/dev/hook_cost_analysis.md
@@ -124,10 +126,28 @@ def per_function(counts, funcs, min_exec: int = 1, only=None) -> collections.Cou
     return kb
 
 
+def new_lines_per_symbol(a, b, symbols, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> collections.Counter:
+    """KB of the lines launch b executed an instruction of (>= min_exec times) and launch a
+    executed none of, per SASS function (symbols: one per instruction, tools/sass_size.py
+    instruction_symbols; a line is its first instruction's).  Where the added code lies: a
+    subroutine's executed instructions sit among its cold ones (session 34, the observers' summary path:
+    ~1.2 KB of lines per KB executed, hook_flush 4.6 KB on 5.4 KB)."""
+    if not (len(a) == len(b) == len(symbols)):
+        raise ValueError(f"launches of {len(a)} / {len(b)} instructions, a build of {len(symbols)}: not the "
+                         f"profiled build")
+    per = line_bytes // SASS_BYTES
+    old = {i // per for i, x in enumerate(a) if x}
+    new = {i // per for i, x in enumerate(b) if x >= min_exec} - old
+    out = collections.Counter()
+    for ln in new:
+        out[symbols[ln * per]] += line_bytes / 1024
+    return out
+
+
 def build_lines(spec: str) -> list:
-    """(file, function, line) per instruction of the megakernel build "PRESET:DEF+DEF" (NVRTC,
-    the kernel cache, nvdisasm: the GPU machine's tools, or here with the GPU machine's NVRTC
-    version loaded: docs/dev/hook_cost_analysis.md "Session 30", Method)."""
+    """(file, function, line, SASS function) per instruction of the megakernel build
+    "PRESET:DEF+DEF" (NVRTC, the kernel cache, nvdisasm: the GPU machine's tools, or here with
+    the GPU machine's NVRTC version loaded: docs/dev/hook_cost_analysis.md "Session 30", Method)."""
     preset, _, defs = spec.partition(":")
     os.environ["DTRACE_MK_LINEINFO"] = "1"
     sys.path.insert(0, str(ROOT))
@@ -139,7 +159,8 @@ def build_lines(spec: str) -> list:
     import sass_size as ss
     cubin = gpu.compile_source("sm_90a", "cubin", defines=gpu.megakernel_defines(
         PRESETS[preset], 1, tuple(d for d in defs.split("+") if d)))
-    return ss.instruction_lines(*ss.disassemble(cubin, ss.find_nvdisasm()))
+    sass, sources = ss.disassemble(cubin, ss.find_nvdisasm())
+    return [x + (sym,) for x, sym in zip(ss.instruction_lines(sass, sources), ss.instruction_symbols(sass))]
 
 
 def parse_builds(specs) -> dict:
@@ -158,7 +179,7 @@ def per_line(counts, lines, functions, min_exec: int = 1, only=None) -> collecti
     """Instructions executed (>= min_exec times) per (function, file, line) of the named
     functions; lines: one (file, function, line) per instruction; only: as in per_function."""
     out = collections.Counter()
-    for i, (c, (f, fn, ln)) in enumerate(zip(counts, lines)):
+    for i, (c, (f, fn, ln, *_)) in enumerate(zip(counts, lines)):
         if fn in functions and c >= min_exec and (only is None or i in only):
             out[(fn, f, ln)] += 1
     return out
@@ -208,7 +229,7 @@ def main(argv=None) -> int:
             lines[b] = build_lines(b)
         except ValueError as e:
             ap.error(f"--build {b}: {e}")
-        funcs[b] = [(f, fn) for f, fn, _ in lines[b]]
+        funcs[b] = [(f, fn) for f, fn, *_ in lines[b]]
     want = {x for x in (a.lines or "").split(",") if x}
     for k, b in sorted(builds.items()):
         try:
@@ -232,6 +253,13 @@ def main(argv=None) -> int:
         if j in builds:
             idx = {x for s, n, _ in runs for x in range(s, s + n)}
             print_functions(f"what launch {j} added, per function", per_function(launches[j], funcs[builds[j]], mins[0], idx))
+            if i in builds and builds[i] == builds[j]:
+                syms = [x[3] for x in lines[builds[j]]]
+                by_sym = new_lines_per_symbol(launches[i], launches[j], syms, mins[0])
+                print(f"--- what launch {j} added, KB of new {LINE_BYTES}-byte lines per SASS function "
+                      f"(a __noinline__ body: its hot and cold code interleaved): {sum(by_sym.values()):.1f} KB")
+                for sym, v in by_sym.most_common(25):
+                    print(f"  {sym:<52}{v:>7.2f} KB")
             if want:
                 print_lines(f"what launch {j} added, {', '.join(sorted(want))}",
                             per_line(launches[j], lines[builds[j]], want, mins[0], idx))

@@ -284,6 +284,13 @@
 #                                GPC's L1.5?  Per-GPC tables (off / summary) of the CLI's build, with ~10 KB of fresh
 #                                worker code per task (-DDTMK_WK_ICODE=48), DISCARD + JCODE=128 (observer code that
 #                                alone slows nobody), and both
+# Session 34 ran 82 (the observers' new lines: null3 24.1 KB, summary 32.6 -- a build phase of 10.5 KB and a
+# drain phase of 13.8 / 22.1) and 83 (worker code +10 KB: with harmless observer code no GPC-specific slowdown,
+# with the summary the GPC-mates' +730..+900 ns grew to +1080..+1120: the observers' own overflow is the trigger).
+#   tools/obs_sm_gpu_plan.sh 84  full VM batches (-DDTMK_OSQ_IDLE_DRAIN=16: an idle round leaves the records in
+#                                the ring): the per-GPC table beside the CLI's build, the observers' counters
+#                                (obs_sm_probe: rounds, idle / room drains), the hook table (obssm4defer / obssm4idle)
+#   tools/obs_sm_gpu_plan.sh 85  its exactness: hot attach, final epochs, resident (-k obssm4idle)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -560,6 +567,12 @@ case "${1:-}" in
   83) D=DTMK_OSQ_DISCARD+DTMK_OSQ_JCODE=128; K=DTMK_WK_ICODE=48
      gpc_builds $K $D $D+$K; stages[0]="${stages[0]} $L+DTMK_SM_WORKER+$R"
      exec tools/gpu_session.sh "${stages[@]:0:2}" "$(gpc_lp $L base)" "${stages[@]:2}" ;;
+  84) I=DTMK_OSQ_IDLE_DRAIN=16; P4="timeout 100 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16"
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R $L+$I+DTMK_SM_WORKER+$R" \
+       "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(gpc_lp $L base)" "$(gpc_lp $L+$I idle16)" \
+       "$P4 --out ${OUT:-/tmp/out}/probe_base" "$P4+$I --out ${OUT:-/tmp/out}/probe_idle" \
+       "timeout 300 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4idle --out ${OUT:-/tmp/out}" ;;
+  85) exec tools/gpu_session.sh "$(pytv 400 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4idle)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

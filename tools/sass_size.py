@@ -31,6 +31,10 @@ _FILE_LINE = re.compile(r'//## File "([^"]*)", line (\d+)')
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s")
 _FUNC = re.compile(r'\s*(?:template\s*<[^>]*>\s*)?(?:static\s+|extern\s+"C"\s+)?(?:__device__|__global__)[^;(]*?\b([A-Za-z_]\w*)\s*\(')
 _BOUNDS = re.compile(r"__launch_bounds__\s*\([^)]*\)")
+# a SASS function's label: the kernel ("dtmk_megakernel:") or a subroutine of it, a __noinline__
+# body ("$dtmk_megakernel$_Z10hook_flushRK8MkParamsR6Worker:")
+_SYMBOL = re.compile(r"^\$?([A-Za-z_]\w*)(?:\$(\S+))?:\s*$")
+_MANGLED = re.compile(r"_Z(?:L)?(\d+)")
 
 
 def function_starts(text: str) -> list:
@@ -72,6 +76,33 @@ def instruction_lines(sass: str, sources: dict) -> list:
 def instruction_functions(sass: str, sources: dict) -> list:
     """[(file name, function)] per instruction (instruction_lines without the line)."""
     return [(f, fn) for f, fn, _ in instruction_lines(sass, sources)]
+
+
+def demangle(sym: str) -> str:
+    """The plain name of an Itanium-mangled free function (_Z10hook_flushRK8MkParams... ->
+    hook_flush); anything else as given (no c++filt on the CI machine)."""
+    m = _MANGLED.match(sym)
+    if not m:
+        return sym
+    n = int(m.group(1))
+    name = sym[m.end():m.end() + n]
+    return name if len(name) == n else sym
+
+
+def instruction_symbols(sass: str) -> list:
+    """The SASS function (kernel or __noinline__ subroutine, demangled) of each instruction of
+    `nvdisasm` output, in address order: where the code lies, which inlined source functions
+    (instruction_functions) do not tell -- an instruction cache holds a subroutine's lines,
+    its hot and cold paths interleaved.  Before any label: "?"."""
+    out, cur = [], "?"
+    for ln in sass.splitlines():
+        if _INSTR.match(ln):
+            out.append(cur)
+            continue
+        m = _SYMBOL.match(ln)
+        if m and not m.group(1).startswith("L_x") and not ln.startswith("."):
+            cur = demangle(m.group(2)) if m.group(2) else m.group(1)
+    return out
 
 
 def attribute(sass: str, sources: dict) -> collections.Counter:

@@ -111,7 +111,7 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
                   "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER",
-                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N")
+                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N", "DTMK_OSQ_IDLE_DRAIN")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 

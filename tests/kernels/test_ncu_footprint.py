@@ -105,3 +105,19 @@ def test_lines_count_each_128_byte_line_once_and_new_lines_only_those_a_never_ra
     assert nf.new_lines_kb(a, c, 1000) == 128 / 1024
     with pytest.raises(ValueError, match="different builds"):
         nf.new_lines_kb([1], [1, 2])
+
+
+def test_new_lines_per_symbol_charges_each_new_line_to_its_sass_function(nf):
+    syms = ["k"] * 16 + ["hook_flush"] * 16
+    a = [0] * 32
+    a[1] = 3                   # a ran line 0 (kernel)
+    b = [0] * 32
+    b[2] = 5000                # line 0: not new
+    b[8] = 5000                # line 1 (kernel): new
+    b[16] = b[17] = 1200       # line 2 (hook_flush): new, once
+    b[31] = 1200               # line 3 (hook_flush): new
+    b[24] = 10                 # line 3 again, under the threshold
+    got = nf.new_lines_per_symbol(a, b, syms, 1000)
+    assert got == {"k": 128 / 1024, "hook_flush": 2 * 128 / 1024}
+    with pytest.raises(ValueError, match="not the profiled build"):
+        nf.new_lines_per_symbol(a, b, syms[:-1])

@@ -62,3 +62,15 @@ def test_instruction_functions_lists_each_instruction_in_address_order(ss):
 def test_instruction_lines_keep_the_line(ss):
     got = ss.instruction_lines(SASS, {"/k/ops.cuh": OPS, "/k/main.cu": MAIN})
     assert got[0] == ("?", "?", 0) and got[2] == ("ops.cuh", "dot", 3) and got[-1] == ("other.cuh", "?", 9)
+
+
+def test_instruction_symbols_name_the_sass_function_each_instruction_lies_in(ss):
+    sass = ("dtmk_megakernel:\n.text.dtmk_megakernel:\n" + "        /*0000*/  MOV R1, R2 ;\n.L_x_0:\n"
+            "        /*0010*/  BRA `(.L_x_0) ;\n$dtmk_megakernel$_Z10hook_flushRK8MkParamsR6Worker:\n"
+            "        /*0020*/  LDG.E R0, [R2.64] ;\n.L_x_1:\n        /*0030*/  RET.REL.NODEC R20 ;\n"
+            "$dtmk_megakernel$__internal_0_$__cuda_sm3x_div_u64:\n        /*0040*/  IADD3 R0, R1, R2, RZ ;\n")
+    # local labels (.L_x_N) do not start a function; mangled names lose their signature
+    assert ss.instruction_symbols(sass) == ["dtmk_megakernel", "dtmk_megakernel", "hook_flush", "hook_flush",
+                                            "__internal_0_$__cuda_sm3x_div_u64"]
+    assert ss.demangle("_Z12osq_observerRK8MkParams") == "osq_observer"
+    assert ss.demangle("_Z99short") == "_Z99short"          # (a length past the end: left as is)

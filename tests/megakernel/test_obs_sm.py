@@ -29,7 +29,7 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      ("DTMK_OBS_SM", "DTMK_HANDOFF", "DTMK_SM_WORKER"),
                                      ("DTMK_OBS_SM", "DTMK_OBS_PROF"),    # (the probe's --prof: warp 0 counted)
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_MULTI=4", "DTMK_OSQ_STATS"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_N=256",),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_N=256", "DTMK_OSQ_IDLE_DRAIN=16"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOMAPS", "DTMK_OSQ_ATOMS=8",
                                                                    "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ICODE=8",

@@ -291,6 +291,9 @@
 #                                the ring): the per-GPC table beside the CLI's build, the observers' counters
 #                                (obs_sm_probe: rounds, idle / room drains), the hook table (obssm4defer / obssm4idle)
 #   tools/obs_sm_gpu_plan.sh 85  its exactness: hot attach, final epochs, resident (-k obssm4idle)
+# Session 34 ran 84 (the observers ~20% less drain work, queues full 8x less often; the GPC-mates' excess and the
+# step unchanged: kept opt-in) and 85 (7 passed).  Next (docs/dev/hook_cost_analysis.md "Session 34"): 81 when the
+# x2 kind is lent; the observers' build and drain phases on separate TPCs (a new build, its protocol model first).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

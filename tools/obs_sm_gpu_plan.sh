@@ -294,6 +294,8 @@
 # Session 34 ran 84 (the observers ~20% less drain work, queues full 8x less often; the GPC-mates' excess and the
 # step unchanged: kept opt-in) and 85 (7 passed).  Next (docs/dev/hook_cost_analysis.md "Session 34"): 81 when the
 # x2 kind is lent; the observers' build and drain phases on separate TPCs (a new build, its protocol model first).
+#   tools/obs_sm_gpu_plan.sh 86  the split's premise, build side: per-GPC tables of the CLI's build with NOVM (records
+#                                built and moved, never run: the build phase and obs_sync's bookkeeping) and DISCARD
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -576,6 +578,7 @@ case "${1:-}" in
        "$P4 --out ${OUT:-/tmp/out}/probe_base" "$P4+$I --out ${OUT:-/tmp/out}/probe_idle" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4idle --out ${OUT:-/tmp/out}" ;;
   85) exec tools/gpu_session.sh "$(pytv 400 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4idle)" ;;
+  86) gpc_builds DTMK_OSQ_NOVM DTMK_OSQ_DISCARD; exec tools/gpu_session.sh "${stages[@]}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

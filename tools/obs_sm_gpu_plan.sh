@@ -296,6 +296,7 @@
 # x2 kind is lent; the observers' build and drain phases on separate TPCs (a new build, its protocol model first).
 #   tools/obs_sm_gpu_plan.sh 86  the split's premise, build side: per-GPC tables of the CLI's build with NOVM (records
 #                                built and moved, never run: the build phase and obs_sync's bookkeeping) and DISCARD
+# Session 34 ran 86: NOVM costs GPC 1's mates +239 ns per task, GPCs 0 / "?" nothing; DISCARD nothing (hooks.md).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

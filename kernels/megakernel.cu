@@ -737,19 +737,10 @@ __shared__ PostOps s_post;
  * instructions of fresh straight-line code after each task -- the workers' executed code grown
  * alike on every GPC.  Question: is the observers' GPC-mate slowdown the union of the workers'
  * and the observers' code in the GPC's L1.5 (then worker code alone makes harmless observer
- * code harmful), or the observers' own instruction cache overflowing? */
+ * code harmful), or the observers' own instruction cache overflowing?  (Plan 83 ran 51426d0's
+ * copy: other shifts and multipliers, the same shape and size.) */
 __device__ unsigned long long dtmk_wk_sink;
-__device__ __noinline__ dtmk_u32 wk_icode(dtmk_u32 a) {
-    dtmk_u32 b = a ^ 0x85ebca6bu, c = a + 0x27d4eb2fu, d = a * 5u + 3u;
-#pragma unroll
-    for (int j = 0; j < (DTMK_WK_ICODE); ++j) {
-        a = (a ^ (a >> 6)) * 0x165667b1u + (dtmk_u32)j;
-        b = (b ^ (b >> 10)) * 0xd3a2646cu + (dtmk_u32)(j * 3);
-        c = (c ^ (c >> 4)) * 0xfd7046c5u + (dtmk_u32)(j * 5);
-        d = (d ^ (d >> 12)) * 0xb55a4f09u + (dtmk_u32)(j * 7);
-    }
-    return a ^ b ^ c ^ d;
-}
+__device__ __noinline__ dtmk_u32 wk_icode(dtmk_u32 a) { return probe_icode<(DTMK_WK_ICODE), 0x5a5a5a5au>(a); }
 #endif
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);

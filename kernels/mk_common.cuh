@@ -19,6 +19,25 @@
 #undef static_assert
 #endif
 
+#if defined(DTMK_OSQ_ICODE) || defined(DTMK_WK_ICODE)
+/* MEASUREMENT ONLY (the instruction-cache probes: mk_obs_sm.cuh osq_icode, megakernel.cu
+ * wk_icode): four independent xorshift-multiply chains, unrolled N times -- straight-line code,
+ * no memory, ~12 instructions per iteration.  SALT changes the multipliers, so each caller's
+ * copy is code of its own (SALT 0: session 26's osq_icode, its PTX equal but for the order of
+ * the last three xors) */
+template <int N, unsigned SALT> __device__ __forceinline__ dtmk_u32 probe_icode(dtmk_u32 a) {
+    dtmk_u32 b = a ^ 0x9e3779b9u, c = a + 0x7f4a7c15u, d = a * 3u + 1u;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        a = (a ^ (a >> 7)) * (0x2545f491u ^ SALT) + (dtmk_u32)j;
+        b = (b ^ (b >> 9)) * (0x9e3779b1u ^ SALT) + (dtmk_u32)(j * 3);
+        c = (c ^ (c >> 5)) * (0x85ebca6bu ^ SALT) + (dtmk_u32)(j * 5);
+        d = (d ^ (d >> 11)) * (0xc2b2ae35u ^ SALT) + (dtmk_u32)(j * 7);
+    }
+    return a ^ b ^ c ^ d;
+}
+#endif
+
 #define MK_THREADS 512                      /* threads of a CTA (the task bodies) */
 /* the kernel's register bound: one 512-thread CTA per SM (128 registers).  -DDTMK_MAXNREG=N
  * (measurement, bench/paired.py --codes): __maxnreg__(N) instead.  Session 13: the no-hook

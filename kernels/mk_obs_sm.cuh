@@ -109,19 +109,8 @@ __device__ unsigned long long dtmk_osq_sink2;   /* (measurement only: keeps PAGE
 #endif
 #ifdef DTMK_OSQ_ICODE
 /* (session 26: does the observers' code footprint reach the workers -- an instruction cache
- * above the SM?)  Four independent xorshift-multiply chains, unrolled: straight-line code,
- * no memory, about 12 instructions per iteration */
-__device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) {
-    dtmk_u32 b = a ^ 0x9e3779b9u, c = a + 0x7f4a7c15u, d = a * 3u + 1u;
-#pragma unroll
-    for (int j = 0; j < (DTMK_OSQ_ICODE); ++j) {
-        a = (a ^ (a >> 7)) * 0x2545f491u + (dtmk_u32)j;
-        b = (b ^ (b >> 9)) * 0x9e3779b1u + (dtmk_u32)(j * 3);
-        c = (c ^ (c >> 5)) * 0x85ebca6bu + (dtmk_u32)(j * 5);
-        d = (d ^ (d >> 11)) * 0xc2b2ae35u + (dtmk_u32)(j * 7);
-    }
-    return a ^ b ^ c ^ d;
-}
+ * above the SM?)  mk_common.cuh probe_icode: straight-line code, no memory */
+__device__ __noinline__ dtmk_u32 osq_icode(dtmk_u32 a) { return probe_icode<(DTMK_OSQ_ICODE), 0u>(a); }
 #endif
 #ifdef DTMK_OSQ_JCODE
 /* (session 31) ICODE's question for code that jumps: DTMK_OSQ_JCODE blocks of ~10 instructions

@@ -411,11 +411,12 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
                 continue;
             }
 #ifdef DTMK_OSQ_IDLE_DRAIN
-            /* (session 34) an idle round drains only once DTMK_OSQ_IDLE_DRAIN rounds in a row found
-             * nothing, or an epoch waits for its flush (acc_min < seen); until then the records stay
-             * in the ring (their epochs held, OSQ_W_LOW) and the room rule above drains full 32-record
-             * batches: the VM's code runs once per batch, not once per entry or two -- its passes
-             * are what stream the observers' ~33 KB through the GPC's instruction cache */
+            /* (opt-in, session 34) an idle round drains only once DTMK_OSQ_IDLE_DRAIN rounds in a row
+             * found nothing, or an epoch waits for its flush (acc_min < seen); until then the records
+             * stay in the ring (their epochs held, OSQ_W_LOW) and the room rule above drains full
+             * 32-record batches.  Measured (1b, hooks.md "Session 34"): ~20% less drain work, queues
+             * full 8x less often, the GPC-mates' slowdown and the step unchanged -- the observers'
+             * code size, not how often its passes run, is what their GPC pays for */
             if (any || O.acc_min < seen) idle = 0;
             else if (O.n && ++idle < (dtmk_u32)(DTMK_OSQ_IDLE_DRAIN)) { __nanosleep(500); continue; }
             else idle = 0;

@@ -130,8 +130,8 @@ def new_lines_per_symbol(a, b, symbols, min_exec: int = 1, line_bytes: int = LIN
     """KB of the lines launch b executed an instruction of (>= min_exec times) and launch a
     executed none of, per SASS function (symbols: one per instruction, tools/sass_size.py
     instruction_symbols; a line is its first instruction's).  Where the added code lies: a
-    subroutine's executed instructions sit among its cold ones (session 34, the observers' summary path:
-    ~1.2 KB of lines per KB executed, hook_flush 4.6 KB on 5.4 KB)."""
+    subroutine's executed instructions sit among its cold ones (session 34, the observers'
+    summary path: ~1.2 KB of lines per KB executed, hook_flush 4.6 KB on 5.4 KB)."""
     if not (len(a) == len(b) == len(symbols)):
         raise ValueError(f"launches of {len(a)} / {len(b)} instructions, a build of {len(symbols)}: not the "
                          f"profiled build")

@@ -83,14 +83,19 @@ def lines_kb(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES, only=None)
     return len({i // per for i in idx if counts[i] >= min_exec}) * line_bytes / 1024
 
 
-def new_lines_kb(a, b, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> float:
-    """KB of the lines launch b executed an instruction of (>= min_exec times) and launch a
-    executed none of: the lines b brought into the caches."""
+def new_lines(a, b, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> set:
+    """The lines (index of each line_bytes line) launch b executed an instruction of (>= min_exec
+    times) and launch a executed none of: the lines b brought into the caches."""
     if len(a) != len(b):
         raise ValueError(f"--diff: the launches are of different builds ({len(a)} vs {len(b)} instructions)")
     per = line_bytes // SASS_BYTES
     old = {i // per for i, x in enumerate(a) if x}
-    return len({i // per for i, x in enumerate(b) if x >= min_exec} - old) * line_bytes / 1024
+    return {i // per for i, x in enumerate(b) if x >= min_exec} - old
+
+
+def new_lines_kb(a, b, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> float:
+    """KB of new_lines."""
+    return len(new_lines(a, b, min_exec, line_bytes)) * line_bytes / 1024
 
 
 def added(a, b, min_exec: int = 1) -> list:
@@ -135,12 +140,9 @@ def new_lines_per_symbol(a, b, symbols, min_exec: int = 1, line_bytes: int = LIN
     if not (len(a) == len(b) == len(symbols)):
         raise ValueError(f"launches of {len(a)} / {len(b)} instructions, a build of {len(symbols)}: not the "
                          f"profiled build")
-    per = line_bytes // SASS_BYTES
-    old = {i // per for i, x in enumerate(a) if x}
-    new = {i // per for i, x in enumerate(b) if x >= min_exec} - old
     out = collections.Counter()
-    for ln in new:
-        out[symbols[ln * per]] += line_bytes / 1024
+    for ln in new_lines(a, b, min_exec, line_bytes):
+        out[symbols[ln * (line_bytes // SASS_BYTES)]] += line_bytes / 1024
     return out
 
 

@@ -99,8 +99,8 @@ def instruction_symbols(sass: str) -> list:
         if _INSTR.match(ln):
             out.append(cur)
             continue
-        m = _SYMBOL.match(ln)
-        if m and not m.group(1).startswith("L_x") and not ln.startswith("."):
+        m = _SYMBOL.match(ln)          # (section and local labels, ".text.k:" / ".L_x_0:", do not match)
+        if m:
             cur = demangle(m.group(2)) if m.group(2) else m.group(1)
     return out
 

@@ -213,6 +213,25 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 #define OSQ_W_MASK 6       /* (observer) bit 32: live (its first tables are in); bit 33: the full pre-signal
                             * hold (O.hold_full); low bits: the hook mask */
 #define OSQ_W_LOW 7        /* (observer) the lowest epoch its warp holds (~0u: none); OBS_PENDING's bound */
+/* -DDTMK_OSQ_SPLIT (opt-in, session 35; mk_obs_sm.cuh osq_builder / osq_drainer): the observer
+ * SMs' two phases on different TPCs -- the first half of the observer SMs BUILD records from the
+ * entries, the second half RUN them (VM, maps, coverage, epochs) -- so each TPC's instruction
+ * cache holds one phase's code (docs/dev/hook_cost_analysis.md "Session 34").  Builder warp p hands
+ * its records to drainer warp p through blocks in global memory after the workers' areas (gpu.py
+ * osq_split_bytes): a u64 build cursor per worker (the entries the builder has read; the TAIL
+ * still moves only when the drainer has the records), then per pair OSQ_PAIR_BYTES: 128 bytes of
+ * words (OSQ_P_*) and OSQ_SPLIT_NH blocks of OSQ_BLK_BYTES (a 512-byte header, then OBS_RING records) */
+#define OSQ_SPLIT_NH 4
+#define OSQ_BLK_HDR 512
+#define OSQ_BLK_BYTES (OSQ_BLK_HDR + OBS_RING * 128)
+#define OSQ_PAIR_BYTES (128 + OSQ_SPLIT_NH * OSQ_BLK_BYTES)
+#define OSQ_P_HEAD 0       /* u64 words of a pair: blocks published (builder) */
+#define OSQ_P_TAIL 1       /* blocks taken (drainer) */
+#define OSQ_P_SEQ 2        /* (drainer) tables loaded: 1 + reloads; OSQ_P_MASK / OSQ_P_GEN before it */
+#define OSQ_P_MASK 3       /* the VM's hooks (O.vm_mask), bit 31: O.hold_full */
+#define OSQ_P_GEN 4        /* the tables' generation (O.gen_seen) */
+#define OSQ_P_DONE 5       /* (builder) 1 after its last block */
+#define OSQ_BLK_RELOAD 1u  /* block header word 16 (flags): no records; the drainer reloads the tables */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #define OSQ_TAG_STEP 0xfffffffeu   /* entry word 0: a resident launch's step gate (words 1-2: steps finished) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM))

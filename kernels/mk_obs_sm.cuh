@@ -240,6 +240,319 @@ __device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dt
     return osq_run_rec(P, W, w, i, c);
 }
 #endif
+#ifdef DTMK_OSQ_SPLIT
+#if DTMK_OBS_SMS < 2 || (DTMK_OBS_SMS) % 2 || defined(DTMK_OSQ_MULTI) || defined(DTMK_OSQ_DESC) || defined(DTMK_OSQ_IDLE_DRAIN)
+#error "DTMK_OSQ_SPLIT: an even DTMK_OBS_SMS >= 2 (half build, half drain), without DTMK_OSQ_MULTI / _DESC / _IDLE_DRAIN"
+#endif
+/* -DDTMK_OSQ_SPLIT (megakernel.cu OSQ_SPLIT_NH): the area after the workers' -- a build cursor per
+ * worker, then pair p's words and blocks */
+__device__ __forceinline__ dtmk_u64 *osq_bcur(const MkParams &P, dtmk_u32 w) { return osq_w(P, (dtmk_u32)P.n_workers) + w; }
+__device__ __forceinline__ dtmk_u64 *osq_pair(const MkParams &P, dtmk_u32 p) {
+    char *a = (char *)osq_w(P, (dtmk_u32)P.n_workers);
+    return (dtmk_u64 *)(a + ((P.n_workers * 8ull + 127ull) & ~127ull) + (dtmk_u64)p * OSQ_PAIR_BYTES);
+}
+__device__ __forceinline__ dtmk_u32 *osq_blk(dtmk_u64 *pair, dtmk_u64 i) {
+    return (dtmk_u32 *)((char *)pair + 128 + (i % OSQ_SPLIT_NH) * OSQ_BLK_BYTES);
+}
+__device__ __forceinline__ uint4 *osq_blk_rec(dtmk_u32 *b, dtmk_u32 i) { return (uint4 *)((char *)b + OSQ_BLK_HDR) + i * 8; }
+/* the warp's index among its side's (builders or drainers: pair p = builder p + drainer p) */
+__device__ __forceinline__ dtmk_u32 osq_pair_index(dtmk_u32 kl, dtmk_u32 Kl) {
+    return ((s_osq_obs - 1u) % (DTMK_OBS_SMS / 2)) * Kl + kl;
+}
+/* builder warp: wait until the drainer leaves block hh free (it is OSQ_SPLIT_NH behind at most) */
+__device__ __forceinline__ void osq_blk_room(dtmk_u64 *pr, dtmk_u64 hh) {
+    if ((threadIdx.x & 31) == 0)
+        while (hh - ld_acquire(pr + OSQ_P_TAIL) >= OSQ_SPLIT_NH) __nanosleep(128);
+    __syncwarp();
+}
+/* builder warp (all lanes): the ring's records (each at its ring index) and the entries taken
+ * (lane l of `todo`: worker w's entry) as block hh, published; the ring is empty again.  lo / hi:
+ * the records' lowest epoch, the entries' highest step */
+__device__ __noinline__ void osq_hand_over(dtmk_u64 *pr, dtmk_u64 hh, unsigned todo, dtmk_u32 w, dtmk_u32 lo, dtmk_u32 hi,
+                                           dtmk_u32 flags) {
+    const unsigned lane = threadIdx.x & 31;
+    dtmk_u32 *b = osq_blk(pr, hh);
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+        const dtmk_u32 c = O.cnt[h], base = O.base[h];
+        for (dtmk_u32 i = lane; i < c; i += 32) {
+            const uint4 *src = (const uint4 *)&O.ring[base + i];
+            uint4 *dst = osq_blk_rec(b, base + i);
+#pragma unroll
+            for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) __stcg(dst + j, src[j]);
+        }
+    }
+    if (lane < 16) b[lane] = lane < DTMK_NUM_HOOKS ? O.cnt[lane] : 0u;
+    if ((todo >> lane) & 1u) {
+        const dtmk_u32 i = __popc(todo & ((1u << lane) - 1u));
+        b[32 + 2 * i] = w; b[33 + 2 * i] = 1u;
+    }
+    if (lane == 0) { b[16] = flags; b[17] = __popc(todo); b[18] = lo; b[19] = hi; }
+    __threadfence();                   /* (every lane: its part of the block before the head) */
+    __syncwarp();
+    if (lane == 0) {
+        *(volatile dtmk_u64 *)(pr + OSQ_P_HEAD) = hh + 1;
+        for (int h = 0; h < DTMK_NUM_HOOKS; ++h) O.cnt[h] = 0;
+        O.n = 0; O.maxc = 0;
+    }
+    __syncwarp();
+}
+/* builder warp: the drainer's tables after seq `old` (their hooks, hold, generation): the ring
+ * laid out as the drainer's */
+__device__ __noinline__ dtmk_u32 osq_adopt(dtmk_u64 *pr, dtmk_u32 old) {
+    dtmk_u32 seq = 0;
+    if ((threadIdx.x & 31) == 0) {
+        while ((seq = (dtmk_u32)ld_acquire(pr + OSQ_P_SEQ)) == old) __nanosleep(256);
+        const dtmk_u64 m = osq_ld(pr + OSQ_P_MASK);
+        O.vm_mask = (dtmk_u32)m & 0x7fffffffu;
+#ifndef DTMK_HOLD_EAGER
+        O.hold_full = (dtmk_u32)(m >> 31) & 1u;
+#endif
+        O.gen_seen = (dtmk_u32)osq_ld(pr + OSQ_P_GEN);
+        obs_layout(O.vm_mask);
+    }
+    return __shfl_sync(0xffffffffu, seq, 0);
+}
+/* drainer warp: its tables to its builder (after the slice's workers got theirs) */
+__device__ __forceinline__ void osq_pair_publish(dtmk_u64 *pr, dtmk_u32 seq) {
+    if ((threadIdx.x & 31) == 0) {
+#ifndef DTMK_HOLD_EAGER
+        const dtmk_u64 hold = O.hold_full;
+#else
+        const dtmk_u64 hold = 1;
+#endif
+        *(volatile dtmk_u64 *)(pr + OSQ_P_MASK) = O.vm_mask | (hold << 31);
+        *(volatile dtmk_u64 *)(pr + OSQ_P_GEN) = O.gen_seen;
+        __threadfence();
+        *(volatile dtmk_u64 *)(pr + OSQ_P_SEQ) = seq;
+    }
+    __syncwarp();
+}
+/* builder warp p (the first DTMK_OBS_SMS / 2 observer SMs): osq_observer's rounds without the
+ * drains -- each lane reads one worker's next entry (its build cursor, not the tail), builds its
+ * records into the warp's ring, and the round goes to drainer p as one block.  New generation: a
+ * reload block, then the drainer's new tables.  At the end the slice's host-ring heads. */
+__device__ __noinline__ void osq_builder(const MkParams &P) {
+    const unsigned lane = threadIdx.x & 31;
+    const dtmk_u32 kl = threadIdx.x >> 5, Kl = osq_nwarps(), nw = (dtmk_u32)P.n_workers;
+    const dtmk_u32 k = osq_pair_index(kl, Kl), K = (DTMK_OBS_SMS / 2) * Kl;
+    if (kl >= Kl || k >= nw) return;
+    Worker Wk, Wl;
+    {
+        dtmk_u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        Wk.worker = k; Wk.sm = Wl.sm = sm; Wk.hook_mask = 0; Wk.trace_on = 0; Wk.observe = 0;
+        Wl.pend = 0; Wl.pend_rg = 0; Wl.hook_tail = 0; Wl.osq_lo = ~0u;
+    }
+    for (int i = lane; i < (int)(sizeof(O.tabs) / 4); i += 32) ((dtmk_u32 *)O.tabs)[i] = 0;   /* (obs_lost reads them) */
+    __syncwarp();
+    if (lane == 0) {
+        obs_init(P, Wk);
+        O.reload = 0;                  /* (the drainer loads the tables) */
+        O.osq_k = k; O.osq_nw = K;
+        O.ring_mask = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_HOOK_MASK);
+    }
+    __syncwarp();
+    dtmk_u64 *pr = osq_pair(P, k);
+    dtmk_u32 seq = osq_adopt(pr, 0u);  /* (the drainer also set the slice's cursors and lows) */
+    dtmk_u64 hh = 0;                   /* blocks published */
+    for (;;) {
+        bool any = false, all_done = true;
+        for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
+            OSQ_T0(c_scan);
+            const dtmk_u32 w = k + (g0 + lane) * K;
+            const dtmk_u64 *a = osq_w(P, w < nw ? w : 0u);
+            dtmk_u64 head = 0, cur = 0;
+            if (w < nw) {
+                head = ld_acquire(a + OSQ_W_HEAD);
+                cur = osq_ld(osq_bcur(P, w));
+            }
+            unsigned todo = __ballot_sync(0xffffffffu, head != cur);
+            if (!todo) {
+                bool fin = true;
+                if (w < nw) fin = ld_acquire(a + OSQ_W_DONE) != 0 && ld_acquire(a + OSQ_W_HEAD) == cur;
+                all_done = __all_sync(0xffffffffu, fin) && all_done;
+            } else {
+                all_done = false;
+            }
+            OSQ_CYC(4, c_scan);
+            if (!todo) continue;
+            any = true;
+            if (O.cap)                         /* one record per hook and entry: the sub-rings' size */
+                while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
+            OSQ_T0(c_build);
+            osq_blk_room(pr, hh);
+            Wl.osq_lo = ~0u;
+            dtmk_u32 st = 0;
+            if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, w, cur);
+            __syncwarp();
+            osq_hand_over(pr, hh, todo, w, __reduce_min_sync(0xffffffffu, Wl.osq_lo),
+                          __reduce_max_sync(0xffffffffu, st), 0u);
+            hh += 1;
+            if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)osq_bcur(P, w) = cur + 1;
+            OSQ_CYC(5, c_build);
+            OSQ_ADD(0, 1);
+            OSQ_ADD(1, __popc(todo));
+        }
+        if (all_done) break;
+        if (O.tables) {
+            dtmk_u32 gen = 0;
+            if (lane == 0) {
+                gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
+                O.ring_mask = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_HOOK_MASK);
+            }
+            gen = __shfl_sync(0xffffffffu, gen, 0);
+            if (gen != O.gen_seen) {           /* new tables: what was built runs under the old ones first */
+                osq_blk_room(pr, hh);
+                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD);
+                hh += 1;
+                seq = osq_adopt(pr, seq);
+                continue;
+            }
+        }
+        if (!any) { OSQ_ADD(2, 1); __nanosleep(500); }
+    }
+    __threadfence();                   /* (the host-ring records, the last block) */
+    __syncwarp();
+    if (lane == 0) *(volatile dtmk_u64 *)(pr + OSQ_P_DONE) = 1;
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
+        const dtmk_u64 *a = osq_w(P, w);
+        ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
+        if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];
+    }
+}
+/* drainer warp p (the last DTMK_OBS_SMS / 2 observer SMs): the slice's start (host-ring cursors,
+ * lows, tables), then builder p's blocks in order -- records into the ring behind what it holds
+ * (drained first when a sub-ring lacks room), OSQ_W_LOW lowered to their epochs, then the tails
+ * of the entries they came from; idle: drain and flush epochs below the highest step seen.  At
+ * the end the last drain, OBS_PENDING ~0 and OBS_DONE */
+__device__ __noinline__ void osq_drainer(const MkParams &P) {
+    const unsigned lane = threadIdx.x & 31;
+    const dtmk_u32 kl = threadIdx.x >> 5, Kl = osq_nwarps(), nw = (dtmk_u32)P.n_workers;
+    const dtmk_u32 p = osq_pair_index(kl, Kl), K = (DTMK_OBS_SMS / 2) * Kl;
+#ifdef DTMK_OSQ_STATS
+    const dtmk_u32 k = (DTMK_OBS_SMS / 2) * DTMK_OBS_SM_WARPS + p;   /* (OSQ_ADD's row: after the builders') */
+#endif
+    if (kl >= Kl || p >= nw) return;
+    Worker Wk;
+    {
+        dtmk_u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        Wk.worker = p; Wk.sm = sm; Wk.hook_mask = 0; Wk.trace_on = 0; Wk.observe = 0;
+    }
+    for (int i = lane; i < (int)(sizeof(O.tabs) / 4); i += 32) ((dtmk_u32 *)O.tabs)[i] = 0;
+    for (int i = lane; i < OBS_NACC; i += 32) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
+    __syncwarp();
+    if (lane == 0) { obs_init(P, Wk); O.osq_k = p; O.osq_nw = K; O.pub = ~0u; }
+    __syncwarp();
+    for (dtmk_u32 w = p + lane * K; w < nw; w += 32 * K) {   /* the host rings' cursors; nothing held */
+        dtmk_u64 *a = osq_w(P, w);
+        const dtmk_u64 n = ((const dtmk_u64 *)P.hook_head)[w];
+        a[OSQ_W_HOOK_N] = n; a[OSQ_W_HOOK_SLOT] = P.hook_cap ? n % P.hook_cap : 0;
+        a[OSQ_W_HOOK_DROP] = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[w] : 0;
+        *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
+    }
+    __syncwarp();
+    if (O.tables)
+        while (O.reload) obs_sync(P, Wk, false, ~0u);
+    osq_publish_tables(P);
+    dtmk_u64 *pr = osq_pair(P, p);
+    dtmk_u32 seq = 1;
+    __threadfence();                   /* (the cursors before the builder reads them) */
+    osq_pair_publish(pr, seq);
+    dtmk_u32 seen = (dtmk_u32)P.step0;
+    dtmk_u64 ht = 0;                   /* blocks taken */
+    for (;;) {
+        dtmk_u64 hd = 0, fin = 0;
+        if (lane == 0) { fin = ld_acquire(pr + OSQ_P_DONE); hd = ld_acquire(pr + OSQ_P_HEAD); }
+        hd = __shfl_sync(0xffffffffu, hd, 0);
+        fin = __shfl_sync(0xffffffffu, fin, 0);
+        if (hd == ht) {
+            if (fin) break;                    /* (DONE was read before the head: no block after it) */
+            if (O.tables && (O.n || O.acc_min < seen)) {
+                OSQ_T0(c_sync);
+                obs_sync(P, Wk, false, seen);  /* drain, flush epochs < the highest step seen */
+                OSQ_CYC(6, c_sync);
+                OSQ_ADD(9, 1);
+            } else {
+                __nanosleep(256);
+            }
+            continue;
+        }
+        OSQ_T0(c_tail);
+        const dtmk_u32 *b = osq_blk(pr, ht);
+        const dtmk_u32 hv = lane < 20 ? __ldcg(b + lane) : 0u;   /* per hook its records; flags, commits, lo, hi */
+        const dtmk_u32 flags = __shfl_sync(0xffffffffu, hv, 16), nc = __shfl_sync(0xffffffffu, hv, 17);
+        const dtmk_u32 lo = __shfl_sync(0xffffffffu, hv, 18), hi = __shfl_sync(0xffffffffu, hv, 19);
+        if (flags & OSQ_BLK_RELOAD) {          /* every earlier block ran under the old tables */
+            if (lane == 0) O.reload = 1;
+            __syncwarp();
+            OSQ_T0(c_sync);
+            for (;;) {                         /* (retries while the host writes a table) */
+                obs_sync(P, Wk, false, ~0u);
+                if (!O.reload) break;
+                __nanosleep(256);
+            }
+            OSQ_CYC(6, c_sync);
+            osq_publish_tables(P);
+            osq_pair_publish(pr, ++seq);
+        } else {
+            bool room = true;
+            for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+                const dtmk_u32 c = __shfl_sync(0xffffffffu, hv, h);
+                if (c && O.cnt[h] + c > O.cap) room = false;
+            }
+            if (!room) {
+                OSQ_T0(c_sync);
+                obs_sync(P, Wk, false, seen ? seen - 1 : 0u);
+                OSQ_CYC(6, c_sync);
+                OSQ_ADD(3, 1);
+            }
+            dtmk_u32 added = 0;
+            for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+                const dtmk_u32 c = __shfl_sync(0xffffffffu, hv, h);
+                if (!c) continue;
+                const dtmk_u32 base = O.base[h], at = base + O.cnt[h];
+                for (dtmk_u32 i = lane; i < c; i += 32) {
+                    const uint4 *src = osq_blk_rec((dtmk_u32 *)b, base + i);
+                    uint4 *dst = (uint4 *)&O.ring[at + i];
+#pragma unroll
+                    for (int j = 0; j < DTMK_CTX_SIZE / 16; ++j) dst[j] = __ldcg(src + j);
+                }
+                __syncwarp();
+                if (lane == 0) { O.cnt[h] += c; O.maxc = max(O.maxc, O.cnt[h]); }
+                added += c;
+            }
+            if (lane == 0) O.n += added;
+            __syncwarp();
+            seen = max(seen, hi);
+            /* the ring's epochs held (OSQ_W_LOW) before the tails, as osq_observer's round */
+            const dtmk_u32 low = min(lo, O.acc_min);
+            if (low < O.pub) osq_publish_low(P, low);
+            __threadfence();
+            if (lane < nc) {
+                const dtmk_u32 w = __ldcg(b + 32 + 2 * lane), n = __ldcg(b + 33 + 2 * lane);
+                dtmk_u64 *a = osq_w(P, w);
+                *(volatile dtmk_u64 *)(a + OSQ_W_TAIL) = osq_ld(a + OSQ_W_TAIL) + n;
+            }
+        }
+        __threadfence();                       /* (the block read before the builder may reuse it) */
+        __syncwarp();
+        ht += 1;
+        if (lane == 0) *(volatile dtmk_u64 *)(pr + OSQ_P_TAIL) = ht;
+        OSQ_CYC(7, c_tail);
+    }
+    __syncwarp();
+    if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */
+    __threadfence();
+    for (dtmk_u32 w = p + lane * K; w < nw; w += 32 * K) {
+        if (O.state) {
+            dtmk_u64 *g = obs_row(w);
+            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
+            *(volatile dtmk_u64 *)(g + OBS_DONE) = 1;
+        }
+    }
+}
+#endif
 /* observer warp k of K (megakernel.cu "observer SM"): load the tables, then until every
  * worker of its slice is done and its queue empty, rounds: each lane takes the next entry
  * of one worker (up to 32 at once; the ring drained first when it lacks room for one
@@ -252,6 +565,10 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
     /* k of K: this warp among every observer SM's (-DDTMK_OBS_SMS; each runs Kl warps);
      * a warp past the workers has no slice (and no observer-state row of its own) */
     const dtmk_u32 k = (s_osq_obs - 1u) * Kl + kl, K = DTMK_OBS_SMS * Kl;
+#ifdef DTMK_OSQ_SPLIT                  /* (the phases on two halves of the observer SMs) */
+    if (s_osq_obs <= DTMK_OBS_SMS / 2) osq_builder(P); else osq_drainer(P);
+    return;
+#endif
     if (kl >= Kl || k >= nw) return;
     Worker Wk, Wl;                     /* the warp's (row k: obs_sync) and the lane's (its entry's worker) */
     {

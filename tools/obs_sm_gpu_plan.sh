@@ -297,6 +297,10 @@
 #   tools/obs_sm_gpu_plan.sh 86  the split's premise, build side: per-GPC tables of the CLI's build with NOVM (records
 #                                built and moved, never run: the build phase and obs_sync's bookkeeping) and DISCARD
 # Session 34 ran 86: NOVM costs GPC 1's mates +239 ns per task, GPCs 0 / "?" nothing; DISCARD nothing (hooks.md).
+#   tools/obs_sm_gpu_plan.sh 87  the phases on separate TPCs (-DDTMK_OSQ_SPLIT: observer SMs 0-1 build records,
+#                                2-3 run them, blocks in global memory between): its exactness (hot attach, final
+#                                epochs, resident: -k obssm4split), then per-GPC tables of the CLI's build and the split
+#   tools/obs_sm_gpu_plan.sh 88  the hook table, obssm4defer beside obssm4split (bench/hooks.py 1b --reps 3)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -580,6 +584,10 @@ case "${1:-}" in
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4idle --out ${OUT:-/tmp/out}" ;;
   85) exec tools/gpu_session.sh "$(pytv 400 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4idle)" ;;
   86) gpc_builds DTMK_OSQ_NOVM DTMK_OSQ_DISCARD; exec tools/gpu_session.sh "${stages[@]}" ;;
+  87) gpc_builds DTMK_OSQ_SPLIT; stages[0]="${stages[0]} $L+DTMK_SM_WORKER+$R"
+     exec tools/gpu_session.sh "$(pytv 300 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4split)" \
+       "${stages[@]:0:2}" "$(gpc_lp $L base)" "${stages[@]:2}" ;;
+  88) exec tools/gpu_session.sh "timeout 560 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4split --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

@@ -100,6 +100,18 @@ def osq_w_bytes(depth: int = OSQ_N) -> int:
 
 
 OSQ_W_BYTES = osq_w_bytes()
+#: -DDTMK_OSQ_SPLIT (opt-in; megakernel.cu OSQ_SPLIT_NH, mk_obs_sm.cuh osq_builder / osq_drainer):
+#: after the workers' areas a u64 build cursor per worker (rounded up to 128 bytes), then per
+#: builder / drainer pair 128 bytes of words and OSQ_SPLIT_NH blocks of a 512-byte header and
+#: OBS_RING 128-byte records
+OSQ_SPLIT_NH, OSQ_BLK_HDR, OBS_RING = 4, 512, 96
+OSQ_PAIR_BYTES = 128 + OSQ_SPLIT_NH * (OSQ_BLK_HDR + OBS_RING * 128)
+
+
+def osq_split_bytes(n_workers: int, obs_sms: int, warps: int) -> int:
+    """The handoff area of a -DDTMK_OSQ_SPLIT build: the build cursors and a pair per warp of
+    the building half of the observer SMs (`warps` per SM at most)."""
+    return ((n_workers * 8 + 127) & ~127) + (obs_sms // 2) * warps * OSQ_PAIR_BYTES
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
 #: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
 OBS_SM_WARPS_MAX = 8
@@ -111,7 +123,8 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_NOVM", "DTMK_OSQ_NOLOW", "DTMK_OSQ_SCATTER",
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
                   "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER",
-                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N", "DTMK_OSQ_IDLE_DRAIN")
+                  "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N", "DTMK_OSQ_IDLE_DRAIN",
+                  "DTMK_OSQ_SPLIT")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 
@@ -602,6 +615,10 @@ class Megakernel:
         self.obs_sm = "DTMK_OBS_SM" in defines
         self.obs_sms = obs_sms_of(defines) if self.obs_sm else 0
         self.osq_w_bytes = osq_w_bytes(osq_depth_of(defines)) if self.obs_sm else 0
+        self.osq_split = self.obs_sm and "DTMK_OSQ_SPLIT" in defines
+        if self.osq_split and (self.obs_sms < 2 or self.obs_sms % 2):
+            raise UserError(f"DTMK_OSQ_SPLIT: an even number of observer SMs (half build, half drain), "
+                            f"got DTMK_OBS_SMS={self.obs_sms}")
         if self.obs_sm and tp is not None and tp.ranks > 1:
             raise UserError("DTMK_OBS_SM: one rank only (no tensor parallelism yet)")
         n_sm = int(dev.attributes["MultiProcessorCount"])
@@ -697,7 +714,7 @@ class Megakernel:
             "trace_ring": cp.zeros((W, trace_cap, TRACE_BYTES), cp.uint8),
             "trace_head": cp.zeros(W, cp.uint64),
             "worker_state": cp.zeros((W, 8), cp.uint64),
-            "obsq": cp.zeros(W * self.osq_w_bytes if self.obs_sm else 8, cp.uint8),
+            "obsq": cp.zeros(W * self.osq_w_bytes + self._osq_split_bytes(W) if self.obs_sm else 8, cp.uint8),
             "faults": cp.zeros((1, 8), cp.int64),
         }
         if self.tp:
@@ -826,6 +843,13 @@ class Megakernel:
             self._clear_obsq(stream)
             self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
+
+    def _osq_split_bytes(self, n_workers: int) -> int:
+        """-DDTMK_OSQ_SPLIT: the handoff area after the workers' queues (else none)."""
+        if not self.osq_split:
+            return 0
+        warps = define_value(self.defines, "DTMK_OBS_SM_WARPS")
+        return osq_split_bytes(n_workers, self.obs_sms, int(warps) if warps else OBS_SM_WARPS_MAX)
 
     def _ctl_obsq(self, ctl: np.ndarray) -> None:
         """-DDTMK_OBS_SM: the observer queues' address into control words CTL_OBSQ, +1."""

@@ -33,8 +33,9 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOMAPS", "DTMK_OSQ_ATOMS=8",
                                                                    "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ICODE=8",
-                                                                   "DTMK_OSQ_JCODE=8", "DTMK_WK_ICODE=8")],
-                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code"])
+                                                                   "DTMK_OSQ_JCODE=8", "DTMK_WK_ICODE=8"),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS")],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -585,3 +586,47 @@ def test_a_multi_round_runs_a_prefix_of_each_backlog_and_advances_each_tail_by_i
                             assert ds, "a worker with a backlog gets its oldest entry"
                             stop = next((d for d in range(1, backlog[i]) if not pend[i][d]), backlog[i])
                             assert len(ds) == min(stop, multi, 32 // ng)          # as many as allowed
+
+
+def test_the_split_build_s_handoff_area_is_the_hosts(fake_cupy):
+    """-DDTMK_OSQ_SPLIT (session 35): the builder / drainer blocks after the workers' queues --
+    one source per size (megakernel.cu OSQ_SPLIT_NH / OSQ_BLK_HDR / OBS_RING, gpu.py's copy),
+    allocated by the host only for that build, refused with an odd number of observer SMs."""
+    val = lambda name: re.search(r"#define " + name + r" ([^\n/]+)", SRC).group(1).strip()  # noqa: E731
+    assert (int(val("OSQ_SPLIT_NH")), int(val("OSQ_BLK_HDR")), int(val("OBS_RING"))) == \
+        (gpu.OSQ_SPLIT_NH, gpu.OSQ_BLK_HDR, gpu.OBS_RING)
+    assert val("OSQ_PAIR_BYTES") == "(128 + OSQ_SPLIT_NH * OSQ_BLK_BYTES)"
+    assert val("OSQ_BLK_BYTES") == "(OSQ_BLK_HDR + OBS_RING * 128)"
+    words = [int(val(w)) for w in ("OSQ_P_HEAD", "OSQ_P_TAIL", "OSQ_P_SEQ", "OSQ_P_MASK", "OSQ_P_GEN", "OSQ_P_DONE")]
+    assert sorted(words) == list(range(6))                  # a pair's words, each once, within its 128 bytes
+    # the header's commit list (words 32 + 2i, i < 32) ends inside OSQ_BLK_HDR
+    assert (32 + 2 * 32) * 4 <= gpu.OSQ_BLK_HDR
+    split = gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT",)
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=split)
+    n = mk.num_workers
+    cursors = (n * 8 + 127) // 128 * 128
+    assert mk.buf["obsq"].size == n * gpu.OSQ_W_BYTES + cursors + 2 * gpu.OBS_SM_WARPS_MAX * gpu.OSQ_PAIR_BYTES
+    plain = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=gpu.observer_defines("sm"))
+    assert plain.buf["obsq"].size == plain.num_workers * gpu.OSQ_W_BYTES
+    with pytest.raises(UserError, match="DTMK_OSQ_SPLIT: an even number of observer SMs"):
+        gpu.Megakernel(PRESETS["tiny"], batch=1, defines=gpu.observer_defines("sm", 3) + ("DTMK_OSQ_SPLIT",))
+    for bad in (("DTMK_OBS_SMS=3",), ("DTMK_OBS_SMS=4", "DTMK_OSQ_MULTI=2")):
+        with pytest.raises(Exception, match="DTMK_OSQ_SPLIT: an even DTMK_OBS_SMS"):
+            nvrtc_compile(SRC, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_SPLIT") + bad)
+
+
+def test_the_split_s_drainer_moves_the_tails_only_after_the_low_and_the_builder_never():
+    """The protocol the model checks (tests/runtime/test_obs_sm_protocol.py split): the builder
+    reads entries at its own cursor and never stores a tail; the drainer lowers OSQ_W_LOW from
+    the block's records, fences, then moves the tails; a reload block drains under the old tables."""
+    b = body("osq_builder")
+    d = body("osq_drainer")
+    assert "OSQ_W_TAIL" not in b and "osq_bcur(P, w) = cur + 1" in b
+    assert "osq_run_entry(P, Wl, w, cur)" in b and "obs_sync" not in b
+    assert b.index("osq_blk_room(pr, hh);\n                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD)") \
+        < b.index("seq = osq_adopt(pr, seq)")
+    low, fence, tail = d.index("osq_publish_low(P, low)"), d.index("__threadfence();\n            if (lane < nc)"), \
+        d.index("+ OSQ_W_TAIL) = osq_ld(a + OSQ_W_TAIL) + n")
+    assert low < fence < tail
+    assert d.index("if (lane == 0) O.reload = 1;") < d.index("osq_pair_publish(pr, ++seq)")
+    assert "run_entry" not in d and "hook_flush" not in d

@@ -33,7 +33,7 @@ INF = 1 << 30
 
 
 def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False,
-          defer=0, multi=1):
+          defer=0, multi=1, split=0):
     """Explore every interleaving; return None or the first violation's description.
     `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
     lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
@@ -48,7 +48,11 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     (no head bump at the next signal); in a wait all staged entries are stored and published
     at once (fenced) before any raise; staging the N-th flushes them at once.
     multi (D > 1): -DDTMK_OSQ_MULTI=D's observer -- a round runs up to D entries of each worker
-    (the oldest ones: a prefix of its backlog) and advances its tail by as many."""
+    (the oldest ones: a prefix of its backlog) and advances its tail by as many.
+    split (NH > 0): -DDTMK_OSQ_SPLIT's observers -- warp k's round in two actors: its builder
+    reads the next entry of each busy worker at its own cursor (bcur, not the tail) and queues
+    them as one block (at most NH queued); its drainer takes the oldest block as the round's
+    entries (records into the ring, then the low, then the tails), and drains as before."""
     NW, S = n_workers, steps
     NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
@@ -71,13 +75,14 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     start = (tuple([0] * NW), tuple([INF] * NW), tuple([INF] * NW), tuple([0] * NW), tuple([0] * S),
              tuple([0] * NW), tuple([INF] * NW), tuple(() for _ in range(warps)),
              tuple(((None, None), (None, None)) for _ in range(warps)), tuple([0] * S), tuple([INF] * warps),
-             tuple([0] * warps), tuple([None] * warps), None, tuple(() for _ in range(warps)), tuple([0] * S))
+             tuple([0] * warps), tuple([None] * warps), None, tuple(() for _ in range(warps)), tuple([0] * S),
+             tuple([0] * NW), tuple(() for _ in range(warps)))
 
     def rep(t, i, v):
         return t[:i] + (v,) + t[i + 1:]
 
     def succ(st):
-        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals = st
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals, bcur, hq = st
         out = []
         for w in range(NW):                                 # ---- workers
             pc = wpc[w]
@@ -110,7 +115,26 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                     out.append((wpc, rep(pub, w, target), rep(row, w, target)) + st[3:])
         for k in range(warps):                              # ---- observer warps
             mine = [w for w in range(NW) if slice_of[w] == k]
-            if rphase[k] is None:
+            if split and len(hq[k]) < split:                # the builder: one block of every busy worker's next entry
+                busy = tuple(w for w in mine if bcur[w] < head[w])
+                if busy:
+                    b2, t2 = bcur, tail
+                    for w in busy:
+                        b2 = rep(b2, w, b2[w] + 1)
+                        if mutant == "split_builder_tails":  # (the tails moved at build time: the records not held)
+                            t2 = rep(t2, w, t2[w] + 1)
+                    blk = (tuple((w, 0 if mutant == "split_builder_tails" else 1) for w in busy),
+                           tuple(bcur[w] for w in busy))
+                    out.append(st[:5] + (t2,) + st[6:16] + (b2, rep(hq, k, hq[k] + (blk,))))
+            if rphase[k] is None and split:
+                if hq[k]:                                   # the drainer: the oldest block is its round's entries
+                    lanes, eps = hq[k][0]
+                    r2 = tuple(sorted(ring[k] + eps))
+                    out.append(st[:7] + (rep(ring, k, r2),) + st[8:11] + (rep(seen, k, max(seen[k], max(eps))),
+                               rep(rphase, k, (lanes, min(eps), "low")), host) + st[14:17] + (rep(hq, k, hq[k][1:]),))
+                for upto in {seen[k], max(seen[k] - 1, 0), INF}:
+                    out.append(drain(st, k, upto, mine))
+            elif rphase[k] is None:
                 busy = tuple(w for w in mine if tail[w] < head[w])
                 # run one entry per lane; multi: any prefix of up to D of each worker's backlog
                 # (the room cut may drop the highest lanes)
@@ -166,7 +190,7 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
         return out, None
 
     def drain(st, k, upto, mine):
-        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals = st
+        wpc, pub, row, head, sig, tail, low, ring, accs, cov, opub, seen, rphase, host, sh, vals = st[:16]
         ways, c = list(accs[k]), list(cov)
         shk, v = (tuple(sorted(sh[k] + ring[k])) if desc else ()), list(vals)
         for e in ring[k]:                                   # the VM run: coverage into the ways
@@ -189,7 +213,7 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
             elif e is not None:
                 keep = min(keep, e)
         return publish((wpc, pub, row, head, sig, tail, low, rep(ring, k, ()), rep(accs, k, tuple(ways)), tuple(c),
-                        opub, seen, rphase, host, rep(sh, k, shk), tuple(v)), k, keep, mine)
+                        opub, seen, rphase, host, rep(sh, k, shk), tuple(v)) + st[16:], k, keep, mine)
 
     def publish(st, k, keep, mine):
         """OSQ_W_LOW of warp k's workers := keep (after the flushes it covers)."""
@@ -294,3 +318,21 @@ def test_the_checker_catches_a_broken_protocol_with_several_entries_per_round(mu
 def test_a_raise_past_staged_entries_is_caught():
     assert check(2, 2, 1, mutant="lazy_raise_unpublished", lazy=True, defer=4) is not None
     assert check(1, 3, 1, mutant="lazy_raise_unpublished", lazy=True, defer=4) is not None
+
+
+@pytest.mark.parametrize("n_workers, steps, warps, nh", [(2, 2, 1, 2), (2, 2, 2, 2), (1, 3, 1, 2), (2, 2, 1, 1)])
+def test_split_build_and_drain_keep_every_final_epoch_complete(n_workers, steps, warps, nh):
+    """-DDTMK_OSQ_SPLIT (session 35): the builder reads entries ahead of the tail and queues
+    their records in blocks; the drainer moves the tails only after their epochs are held --
+    with the plain, the lazy and the deferred worker."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, split=nh) is None
+    assert finals == set(range(-1, steps)), finals
+    assert check(n_workers, steps, warps, lazy=True, defer=2, split=nh) is None
+
+
+@pytest.mark.parametrize("mutant", ["split_builder_tails", "tail_first", "raise_past_oldest"])
+def test_the_checker_catches_a_broken_split(mutant):
+    """The split's own way to break it: the builder moving the tails as it reads the entries
+    (its records in flight to the drainer, held by nobody)."""
+    assert check(2, 2, 1, mutant=mutant, split=2) is not None

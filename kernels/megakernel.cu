@@ -231,7 +231,9 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 #define OSQ_P_MASK 3       /* the VM's hooks (O.vm_mask), bit 31: O.hold_full */
 #define OSQ_P_GEN 4        /* the tables' generation (O.gen_seen) */
 #define OSQ_P_DONE 5       /* (builder) 1 after its last block */
-#define OSQ_BLK_RELOAD 1u  /* block header word 16 (flags): no records; the drainer reloads the tables */
+#define OSQ_BLK_RELOAD 1u  /* block header word 16 (flags): no records; the drainer reloads the tables.  Header
+                            * u32 words 0-15: records per hook, 16-19: flags, commits, lowest epoch, highest
+                            * step; 32 + i: commit i's worker; u64 word 32 + i: its tail (the builder's cursor) */
 #define OSQ_TAG_PEND 0xffffffffu   /* entry word 0: a task's captured hooks (else a built record: its ABI version) */
 #define OSQ_TAG_STEP 0xfffffffeu   /* entry word 0: a resident launch's step gate (words 1-2: steps finished) */
 #if defined(DTMK_OBS_SM) && (defined(DTMK_NO_HOOKS) || defined(DTMK_SITE_FORM))

@@ -255,6 +255,11 @@ __device__ __forceinline__ dtmk_u32 *osq_blk(dtmk_u64 *pair, dtmk_u64 i) {
     return (dtmk_u32 *)((char *)pair + 128 + (i % OSQ_SPLIT_NH) * OSQ_BLK_BYTES);
 }
 __device__ __forceinline__ uint4 *osq_blk_rec(dtmk_u32 *b, dtmk_u32 i) { return (uint4 *)((char *)b + OSQ_BLK_HDR) + i * 8; }
+#define OSQ_SPLIT_BATCH 16             /* a builder's block: at most this many entries ... */
+#define OSQ_SPLIT_PASSES 4             /* ... or the entries of this many passes (osq_builder) */
+__device__ __forceinline__ void osq_st_release(dtmk_u64 *p, dtmk_u64 v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
 /* the warp's index among its side's (builders or drainers: pair p = builder p + drainer p) */
 __device__ __forceinline__ dtmk_u32 osq_pair_index(dtmk_u32 kl, dtmk_u32 Kl) {
     return ((s_osq_obs - 1u) % (DTMK_OBS_SMS / 2)) * Kl + kl;
@@ -265,10 +270,10 @@ __device__ __forceinline__ void osq_blk_room(dtmk_u64 *pr, dtmk_u64 hh) {
         while (hh - ld_acquire(pr + OSQ_P_TAIL) >= OSQ_SPLIT_NH) __nanosleep(128);
     __syncwarp();
 }
-/* builder warp (all lanes): the ring's records (each at its ring index) and the entries taken
- * (lane l of `todo`: worker w's entry) as block hh, published; the ring is empty again.  lo / hi:
- * the records' lowest epoch, the entries' highest step */
-__device__ __noinline__ void osq_hand_over(dtmk_u64 *pr, dtmk_u64 hh, unsigned todo, dtmk_u32 w, dtmk_u32 lo, dtmk_u32 hi,
+/* builder warp (all lanes): the ring's records (each at its ring index) and the entries they
+ * came from (lane l with pc != 0: its worker w's entries before build cursor pc) as block hh,
+ * published; the ring is empty again.  lo / hi: the records' lowest epoch, the entries' highest step */
+__device__ __noinline__ void osq_hand_over(dtmk_u64 *pr, dtmk_u64 hh, dtmk_u32 w, dtmk_u64 pc, dtmk_u32 lo, dtmk_u32 hi,
                                            dtmk_u32 flags) {
     const unsigned lane = threadIdx.x & 31;
     dtmk_u32 *b = osq_blk(pr, hh);
@@ -282,11 +287,12 @@ __device__ __noinline__ void osq_hand_over(dtmk_u64 *pr, dtmk_u64 hh, unsigned t
         }
     }
     if (lane < 16) b[lane] = lane < DTMK_NUM_HOOKS ? O.cnt[lane] : 0u;
-    if ((todo >> lane) & 1u) {
-        const dtmk_u32 i = __popc(todo & ((1u << lane) - 1u));
-        b[32 + 2 * i] = w; b[33 + 2 * i] = 1u;
+    const unsigned held = __ballot_sync(0xffffffffu, pc != 0);
+    if (pc) {                          /* commit i: the worker, its tail once the drainer holds the records */
+        const dtmk_u32 i = __popc(held & ((1u << lane) - 1u));
+        b[32 + i] = w; ((dtmk_u64 *)b)[32 + i] = pc;   /* (header words 32..63: workers; bytes 256..511: cursors) */
     }
-    if (lane == 0) { b[16] = flags; b[17] = __popc(todo); b[18] = lo; b[19] = hi; }
+    if (lane == 0) { b[16] = flags; b[17] = __popc(held); b[18] = lo; b[19] = hi; }
     __threadfence();                   /* (every lane: its part of the block before the head) */
     __syncwarp();
     if (lane == 0) {
@@ -355,6 +361,15 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
     dtmk_u64 *pr = osq_pair(P, k);
     dtmk_u32 seq = osq_adopt(pr, 0u);  /* (the drainer also set the slice's cursors and lows) */
     dtmk_u64 hh = 0;                   /* blocks published */
+    /* the entries built and not handed over yet (one block): lane -- its worker's cursor after
+     * them (0: none); warp -- their group, count, lowest record epoch, highest step, passes */
+    dtmk_u64 pc = 0;
+    dtmk_u32 pg = 0, pn = 0, plo = ~0u, phi = 0, passes = 0;
+#define OSQ_HAND_OVER() do {                                                              \
+        osq_blk_room(pr, hh);                                                             \
+        osq_hand_over(pr, hh, k + (pg + lane) * K, pc, plo, phi, 0u);                     \
+        hh += 1; pc = 0; pn = 0; plo = ~0u; phi = 0; passes = 0;                          \
+    } while (0)
     for (;;) {
         bool any = false, all_done = true;
         for (dtmk_u32 g0 = 0; k + g0 * K < nw; g0 += 32) {
@@ -377,22 +392,28 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
             OSQ_CYC(4, c_scan);
             if (!todo) continue;
             any = true;
-            if (O.cap)                         /* one record per hook and entry: the sub-rings' size */
-                while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
             OSQ_T0(c_build);
-            osq_blk_room(pr, hh);
+            if (pn && pg != g0) OSQ_HAND_OVER();   /* (a block holds one group's workers) */
+            if (O.cap) {                       /* one record per hook and entry: the sub-rings' size */
+                while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
+                if (pn && O.maxc + (dtmk_u32)__popc(todo) > O.cap) OSQ_HAND_OVER();
+            }
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;
             if ((todo >> lane) & 1u) st = osq_run_entry(P, Wl, w, cur);
             __syncwarp();
-            osq_hand_over(pr, hh, todo, w, __reduce_min_sync(0xffffffffu, Wl.osq_lo),
-                          __reduce_max_sync(0xffffffffu, st), 0u);
-            hh += 1;
-            if ((todo >> lane) & 1u) *(volatile dtmk_u64 *)osq_bcur(P, w) = cur + 1;
+            plo = min(plo, __reduce_min_sync(0xffffffffu, Wl.osq_lo));
+            phi = max(phi, __reduce_max_sync(0xffffffffu, st));
+            pn += __popc(todo); pg = g0;
+            if ((todo >> lane) & 1u) { pc = cur + 1; *(volatile dtmk_u64 *)osq_bcur(P, w) = cur + 1; }
             OSQ_CYC(5, c_build);
             OSQ_ADD(0, 1);
             OSQ_ADD(1, __popc(todo));
         }
+        /* a block goes at OSQ_SPLIT_BATCH entries, at a pass that found nothing new, after
+         * OSQ_SPLIT_PASSES passes, or at the end: fewer, fuller blocks -- the drainer's fences
+         * are per batch of blocks, the builder's per block */
+        if (pn && (all_done || !any || pn >= OSQ_SPLIT_BATCH || ++passes >= OSQ_SPLIT_PASSES)) OSQ_HAND_OVER();
         if (all_done) break;
         if (O.tables) {
             dtmk_u32 gen = 0;
@@ -402,6 +423,7 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
             }
             gen = __shfl_sync(0xffffffffu, gen, 0);
             if (gen != O.gen_seen) {           /* new tables: what was built runs under the old ones first */
+                if (pn) OSQ_HAND_OVER();
                 osq_blk_room(pr, hh);
                 osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD);
                 hh += 1;
@@ -411,6 +433,7 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
         }
         if (!any) { OSQ_ADD(2, 1); __nanosleep(500); }
     }
+#undef OSQ_HAND_OVER
     __threadfence();                   /* (the host-ring records, the last block) */
     __syncwarp();
     if (lane == 0) *(volatile dtmk_u64 *)(pr + OSQ_P_DONE) = 1;
@@ -478,30 +501,22 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
             }
             continue;
         }
+        /* a batch: every block published (up to a reload block, which goes alone) -- records into
+         * the ring, then one low and one fence for all, then their tails */
         OSQ_T0(c_tail);
-        const dtmk_u32 *b = osq_blk(pr, ht);
-        const dtmk_u32 hv = lane < 20 ? __ldcg(b + lane) : 0u;   /* per hook its records; flags, commits, lo, hi */
-        const dtmk_u32 flags = __shfl_sync(0xffffffffu, hv, 16), nc = __shfl_sync(0xffffffffu, hv, 17);
-        const dtmk_u32 lo = __shfl_sync(0xffffffffu, hv, 18), hi = __shfl_sync(0xffffffffu, hv, 19);
-        if (flags & OSQ_BLK_RELOAD) {          /* every earlier block ran under the old tables */
-            if (lane == 0) O.reload = 1;
-            __syncwarp();
-            OSQ_T0(c_sync);
-            for (;;) {                         /* (retries while the host writes a table) */
-                obs_sync(P, Wk, false, ~0u);
-                if (!O.reload) break;
-                __nanosleep(256);
-            }
-            OSQ_CYC(6, c_sync);
-            osq_publish_tables(P);
-            osq_pair_publish(pr, ++seq);
-        } else {
+        dtmk_u64 e = ht;
+        dtmk_u32 low = ~0u;
+        bool reload = false;
+        for (; e < hd; ++e) {
+            const dtmk_u32 *b = osq_blk(pr, e);
+            const dtmk_u32 hv = lane < 20 ? __ldcg(b + lane) : 0u;   /* per hook its records; flags, commits, lo, hi */
+            if (__shfl_sync(0xffffffffu, hv, 16) & OSQ_BLK_RELOAD) { reload = e == ht; break; }
             bool room = true;
             for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
                 const dtmk_u32 c = __shfl_sync(0xffffffffu, hv, h);
                 if (c && O.cnt[h] + c > O.cap) room = false;
             }
-            if (!room) {
+            if (!room) {                       /* (the tails of the batch's blocks wait: their entries hold the epochs) */
                 OSQ_T0(c_sync);
                 obs_sync(P, Wk, false, seen ? seen - 1 : 0u);
                 OSQ_CYC(6, c_sync);
@@ -524,21 +539,39 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
             }
             if (lane == 0) O.n += added;
             __syncwarp();
-            seen = max(seen, hi);
+            seen = max(seen, __shfl_sync(0xffffffffu, hv, 19));
+            low = min(low, __shfl_sync(0xffffffffu, hv, 18));
+        }
+        if (reload) {                          /* every earlier block ran under the old tables */
+            if (lane == 0) O.reload = 1;
+            __syncwarp();
+            OSQ_T0(c_sync);
+            for (;;) {                         /* (retries while the host writes a table) */
+                obs_sync(P, Wk, false, ~0u);
+                if (!O.reload) break;
+                __nanosleep(256);
+            }
+            OSQ_CYC(6, c_sync);
+            osq_publish_tables(P);
+            osq_pair_publish(pr, ++seq);
+            e = ht + 1;
+        } else {
             /* the ring's epochs held (OSQ_W_LOW) before the tails, as osq_observer's round */
-            const dtmk_u32 low = min(lo, O.acc_min);
+            low = min(low, O.acc_min);
             if (low < O.pub) osq_publish_low(P, low);
             __threadfence();
-            if (lane < nc) {
-                const dtmk_u32 w = __ldcg(b + 32 + 2 * lane), n = __ldcg(b + 33 + 2 * lane);
-                dtmk_u64 *a = osq_w(P, w);
-                *(volatile dtmk_u64 *)(a + OSQ_W_TAIL) = osq_ld(a + OSQ_W_TAIL) + n;
+            for (dtmk_u64 i = ht; i < e; ++i) {    /* (block order: a later block's cursor is the larger) */
+                const dtmk_u32 *b = osq_blk(pr, i);
+                if (lane < __ldcg(b + 17)) {
+                    const dtmk_u32 w = __ldcg(b + 32 + lane);
+                    *(volatile dtmk_u64 *)(osq_w(P, w) + OSQ_W_TAIL) = __ldcg((const dtmk_u64 *)b + 32 + lane);
+                }
+                __syncwarp();
             }
         }
-        __threadfence();                       /* (the block read before the builder may reuse it) */
         __syncwarp();
-        ht += 1;
-        if (lane == 0) *(volatile dtmk_u64 *)(pr + OSQ_P_TAIL) = ht;
+        ht = e;
+        if (lane == 0) osq_st_release(pr + OSQ_P_TAIL, ht);   /* (the blocks read before the builder reuses them) */
         OSQ_CYC(7, c_tail);
     }
     __syncwarp();

@@ -599,8 +599,8 @@ def test_the_split_build_s_handoff_area_is_the_hosts(fake_cupy):
     assert val("OSQ_BLK_BYTES") == "(OSQ_BLK_HDR + OBS_RING * 128)"
     words = [int(val(w)) for w in ("OSQ_P_HEAD", "OSQ_P_TAIL", "OSQ_P_SEQ", "OSQ_P_MASK", "OSQ_P_GEN", "OSQ_P_DONE")]
     assert sorted(words) == list(range(6))                  # a pair's words, each once, within its 128 bytes
-    # the header's commit list (words 32 + 2i, i < 32) ends inside OSQ_BLK_HDR
-    assert (32 + 2 * 32) * 4 <= gpu.OSQ_BLK_HDR
+    # the header's commit list (u32 words 32 + i, u64 words 32 + i, i < 32) ends inside OSQ_BLK_HDR
+    assert (32 + 32) * 8 <= gpu.OSQ_BLK_HDR and "((dtmk_u64 *)b)[32 + i] = pc" in OBS_SM_SRC
     split = gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT",)
     mk = gpu.Megakernel(PRESETS["tiny"], batch=1, defines=split)
     n = mk.num_workers
@@ -623,10 +623,12 @@ def test_the_split_s_drainer_moves_the_tails_only_after_the_low_and_the_builder_
     d = body("osq_drainer")
     assert "OSQ_W_TAIL" not in b and "osq_bcur(P, w) = cur + 1" in b
     assert "osq_run_entry(P, Wl, w, cur)" in b and "obs_sync" not in b
-    assert b.index("osq_blk_room(pr, hh);\n                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD)") \
-        < b.index("seq = osq_adopt(pr, seq)")
-    low, fence, tail = d.index("osq_publish_low(P, low)"), d.index("__threadfence();\n            if (lane < nc)"), \
-        d.index("+ OSQ_W_TAIL) = osq_ld(a + OSQ_W_TAIL) + n")
+    assert b.index("if (pn) OSQ_HAND_OVER();\n                osq_blk_room(pr, hh);\n"
+                   "                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD)") < b.index("seq = osq_adopt(pr, seq)")
+    # a block is handed over before the builder ends (all_done) and before it switches group
+    assert "if (pn && (all_done || !any ||" in b and "if (pn && pg != g0) OSQ_HAND_OVER();" in b
+    low, fence, tail = d.index("osq_publish_low(P, low)"), d.index("__threadfence();\n            for (dtmk_u64 i = ht"), \
+        d.index("+ OSQ_W_TAIL) = __ldcg((const dtmk_u64 *)b + 32 + lane)")
     assert low < fence < tail
     assert d.index("if (lane == 0) O.reload = 1;") < d.index("osq_pair_publish(pr, ++seq)")
     assert "run_entry" not in d and "hook_flush" not in d

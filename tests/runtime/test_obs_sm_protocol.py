@@ -117,14 +117,18 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
             mine = [w for w in range(NW) if slice_of[w] == k]
             if split and len(hq[k]) < split:                # the builder: one block of every busy worker's next entry
                 busy = tuple(w for w in mine if bcur[w] < head[w])
-                if busy:
+                # multi > 1: the block holds up to that many entries of a worker (the kernel's builder
+                # hands over the entries of several passes at once; its commit is the cursor after them)
+                for counts in itertools.product(*(range(1, min(head[w] - bcur[w], multi) + 1) for w in busy)):
+                    if not busy:
+                        break
                     b2, t2 = bcur, tail
-                    for w in busy:
-                        b2 = rep(b2, w, b2[w] + 1)
+                    for w, n in zip(busy, counts):
+                        b2 = rep(b2, w, b2[w] + n)
                         if mutant == "split_builder_tails":  # (the tails moved at build time: the records not held)
-                            t2 = rep(t2, w, t2[w] + 1)
-                    blk = (tuple((w, 0 if mutant == "split_builder_tails" else 1) for w in busy),
-                           tuple(bcur[w] for w in busy))
+                            t2 = rep(t2, w, t2[w] + n)
+                    blk = (tuple((w, 0 if mutant == "split_builder_tails" else n) for w, n in zip(busy, counts)),
+                           tuple(bcur[w] + d for w, n in zip(busy, counts) for d in range(n)))
                     out.append(st[:5] + (t2,) + st[6:16] + (b2, rep(hq, k, hq[k] + (blk,))))
             if rphase[k] is None and split:
                 if hq[k]:                                   # the drainer: the oldest block is its round's entries
@@ -329,6 +333,7 @@ def test_split_build_and_drain_keep_every_final_epoch_complete(n_workers, steps,
     assert check(n_workers, steps, warps, finals=finals, split=nh) is None
     assert finals == set(range(-1, steps)), finals
     assert check(n_workers, steps, warps, lazy=True, defer=2, split=nh) is None
+    assert check(n_workers, steps, warps, lazy=True, defer=2, split=nh, multi=2) is None   # (blocks of several passes)
 
 
 @pytest.mark.parametrize("mutant", ["split_builder_tails", "tail_first", "raise_past_oldest"])
@@ -336,3 +341,4 @@ def test_the_checker_catches_a_broken_split(mutant):
     """The split's own way to break it: the builder moving the tails as it reads the entries
     (its records in flight to the drainer, held by nobody)."""
     assert check(2, 2, 1, mutant=mutant, split=2) is not None
+    assert check(2, 2, 1, mutant=mutant, split=1, multi=2) is not None

@@ -499,8 +499,11 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
             } else {
                 __nanosleep(256);
             }
+            OSQ_ADD(2, 1);
             continue;
         }
+        OSQ_ADD(0, 1);                         /* (-DDTMK_OSQ_STATS, a drainer's row: [0] batches, [1] blocks, [2] idle polls) */
+        OSQ_ADD(1, hd - ht);
         /* a batch: every block published (up to a reload block, which goes alone) -- records into
          * the ring, then one low and one fence for all, then their tails */
         OSQ_T0(c_tail);

@@ -304,6 +304,10 @@
 #   tools/obs_sm_gpu_plan.sh 89  the split's observers counted (obs_sm_probe: the builders' rows, then the drainers':
 #                                batches, blocks, busy) beside the CLI build's, and the per-GPC table of the split with
 #                                NOVM (the drainers copy the records in and commit, never run them)
+#   tools/obs_sm_gpu_plan.sh 90  the split with the descriptor path on the drainers (-DDTMK_OSQ_SPLIT -DDTMK_OSQ_DESC: map
+#                                updates into a shared-memory shadow, no L2 map traffic per record -- do 12 drain warps
+#                                keep up then?): exactness (-k obssm4splitdesc), the probe's counters, per-GPC tables
+#                                of DESC alone and with the split
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -593,6 +597,10 @@ case "${1:-}" in
   89) P4="timeout 120 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16"
      gpc_builds DTMK_OSQ_SPLIT+DTMK_OSQ_NOVM
      exec tools/gpu_session.sh "$P4+DTMK_OSQ_SPLIT --out ${OUT:-/tmp/out}/probe_split" "$P4 --out ${OUT:-/tmp/out}/probe_base" "${stages[@]}" ;;
+  90) P4="timeout 120 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16+DTMK_OSQ_DESC"
+     gpc_builds DTMK_OSQ_DESC DTMK_OSQ_DESC+DTMK_OSQ_SPLIT
+     exec tools/gpu_session.sh "$(pytv 300 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4splitdesc)" \
+       "$P4+DTMK_OSQ_SPLIT --out ${OUT:-/tmp/out}/probe_splitdesc" "${stages[@]}" ;;
   88) exec tools/gpu_session.sh "timeout 560 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4split --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;

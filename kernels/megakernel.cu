@@ -221,10 +221,12 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
  * osq_split_bytes): a u64 build cursor per worker (the entries the builder has read; the TAIL
  * still moves only when the drainer has the records), then per pair OSQ_PAIR_BYTES: 128 bytes of
  * words (OSQ_P_*) and OSQ_SPLIT_NH blocks of OSQ_BLK_BYTES (a 512-byte header, then OBS_RING records).
- * Exact on the H200 (tests/gpu -k obssm4split) but SLOWER (docs/results/hooks.md "Session 35": 1b hot
- * summary +26% over its off vs +12% for the CLI build): the builders' GPC is spared, the drainers'
- * GPC-mates are slowed as much as before, and 12 drain warps cannot keep up -- each block's records
- * cross L2 once more, a copy that costs the drainers as many cycles as the VM run itself */
+ * Exact on the H200 (tests/gpu -k obssm4split) but SLOWER (docs/results/hooks.md "Session 35", 1b
+ * obs_sm_probe: hot summary +26% over its off vs +12% for the CLI build): the builders' GPC is spared,
+ * the drainers' GPC-mates are slowed as much as before (+700..+1130 ns per task), and 12 drain warps
+ * cannot do 24 warps' VM work (its map updates are L2 round trips; the code's own fetch is not what
+ * limits them).  With the descriptor path on the drainers they kept up and the hook table was
+ * unchanged (+7.07% vs +7.65%): kept opt-in as the instrument that split the two phases' costs */
 #define OSQ_SPLIT_NH 4
 #define OSQ_BLK_HDR 512
 #define OSQ_BLK_BYTES (OSQ_BLK_HDR + OBS_RING * 128)

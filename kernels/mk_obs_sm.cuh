@@ -241,8 +241,11 @@ __device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dt
 }
 #endif
 #ifdef DTMK_OSQ_SPLIT
-#if DTMK_OBS_SMS < 2 || (DTMK_OBS_SMS) % 2 || defined(DTMK_OSQ_MULTI) || defined(DTMK_OSQ_IDLE_DRAIN)
-#error "DTMK_OSQ_SPLIT: an even DTMK_OBS_SMS >= 2 (half build, half drain), without DTMK_OSQ_MULTI / _IDLE_DRAIN"
+/* (with -DDTMK_OSQ_DESC, the drainers running descriptors into their shadow, it kept up but cost as
+ * much -- hooks.md "Session 35", plans 88 / 90 at 0a8958d -- and its final epochs did not advance while
+ * 1b ran: refused again rather than kept with an open liveness question) */
+#if DTMK_OBS_SMS < 2 || (DTMK_OBS_SMS) % 2 || defined(DTMK_OSQ_MULTI) || defined(DTMK_OSQ_DESC) || defined(DTMK_OSQ_IDLE_DRAIN)
+#error "DTMK_OSQ_SPLIT: an even DTMK_OBS_SMS >= 2 (half build, half drain), without DTMK_OSQ_MULTI / _DESC / _IDLE_DRAIN"
 #endif
 /* -DDTMK_OSQ_SPLIT (megakernel.cu OSQ_SPLIT_NH): the area after the workers' -- a build cursor per
  * worker, then pair p's words and blocks */
@@ -464,13 +467,6 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
     }
     for (int i = lane; i < (int)(sizeof(O.tabs) / 4); i += 32) ((dtmk_u32 *)O.tabs)[i] = 0;
     for (int i = lane; i < OBS_NACC; i += 32) { O.accs[i].cov = 0; O.accs[i].eligible = 0; }
-#ifdef DTMK_OSQ_DESC                   /* (the drainer runs the descriptor programs: obs_sync, osq_desc_records) */
-    for (int i = lane; i < (int)DTMK_SH_N; i += 32) O.sh.e[i].map = 0;
-    if (lane == 0) O.sh_lo = ~0u;
-#ifdef DTMK_OSQ_STATS
-    if (lane == 0) O.desc_n = 0;
-#endif
-#endif
     __syncwarp();
     if (lane == 0) { obs_init(P, Wk); O.osq_k = p; O.osq_nw = K; O.pub = ~0u; }
     __syncwarp();
@@ -586,9 +582,6 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
     }
     __syncwarp();
     if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */
-#if defined(DTMK_OSQ_DESC) && defined(DTMK_OSQ_STATS)
-    OSQ_ADD(10, O.desc_n);
-#endif
     __threadfence();
     for (dtmk_u32 w = p + lane * K; w < nw; w += 32 * K) {
         if (O.state) {

@@ -46,14 +46,12 @@ OBSSM4SHALLOW = OBSSM4DEFER + ("DTMK_OSQ_N=16",)
 OBSSM4IDLE = OBSSM4DEFER + ("DTMK_OSQ_IDLE_DRAIN=16",)
 #: ... whose observer SMs split the phases: two build records, two run them (-DDTMK_OSQ_SPLIT, session 35)
 OBSSM4SPLIT = OBSSM4DEFER + ("DTMK_OSQ_SPLIT",)
-#: ... whose drainers run the descriptor programs into a shared-memory shadow (-DDTMK_OSQ_DESC)
-OBSSM4SPLITDESC = OBSSM4SPLIT + ("DTMK_OSQ_DESC",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,
-                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, OBSSM4SPLITDESC],
+                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
                                       "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow",
-                                      "obssm4idle", "obssm4split", "obssm4splitdesc"])
+                                      "obssm4idle", "obssm4split"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -111,15 +109,15 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
                                      OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP, OBSSM4SHALLOW,
-                                     OBSSM4IDLE, OBSSM4SPLIT, OBSSM4SPLITDESC],
+                                     OBSSM4IDLE, OBSSM4SPLIT],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
                               "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow", "obssm4idle",
-                              "obssm4split", "obssm4splitdesc"])
+                              "obssm4split"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines in (SITE, OBSSM4DESC, OBSSM4SPLITDESC) else
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines in (SITE, OBSSM4DESC) else
                                                 {"program: the runtime runs programs"})
     try:
         snap = run_equals_reference(live, mon, aid, 3)
@@ -335,10 +333,10 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
                                           ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER),
                                           ("1b", OBSSM4MULTI), ("1b", OBSSM4DEEP), ("1b", OBSSM4SHALLOW),
-                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT), ("1b", OBSSM4SPLITDESC)],
+                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT)],
                          ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
                               "1b-obssm4defer", "1b-obssm4multi", "1b-obssm4deep", "1b-obssm4shallow", "1b-obssm4idle",
-                              "1b-obssm4split", "1b-obssm4splitdesc"])
+                              "1b-obssm4split"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

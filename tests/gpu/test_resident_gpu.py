@@ -61,10 +61,9 @@ BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_OBS_SM",), ("DTMK_OBS_SM
                                              observer_defines("sm") + ("DTMK_OSQ_N=256",),     # (session 27, opt-in)
                                              observer_defines("sm") + ("DTMK_OSQ_N=16",),      # (room waits often)
                                              observer_defines("sm") + ("DTMK_OSQ_IDLE_DRAIN=16",),    # (session 34)
-                                             observer_defines("sm") + ("DTMK_OSQ_SPLIT",),    # (session 35, opt-in)
-                                             observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_DESC")],
+                                             observer_defines("sm") + ("DTMK_OSQ_SPLIT",)],   # (session 35, opt-in)
                                  ids=["default", "obssm", "obssm3", "obssm4lazy", "obssm4defer", "obssm4multi",
-                                      "obssm4deep", "obssm4shallow", "obssm4idle", "obssm4split", "obssm4splitdesc"])
+                                      "obssm4deep", "obssm4shallow", "obssm4idle", "obssm4split"])
 
 
 @BUILDS

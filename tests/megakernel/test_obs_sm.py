@@ -34,10 +34,8 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                                                    "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ICODE=8",
                                                                    "DTMK_OSQ_JCODE=8", "DTMK_WK_ICODE=8"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_DESC", "DTMK_OSQ_STATS")],
-                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split",
-                              "splitdesc"])
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS")],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -51,7 +49,7 @@ def test_the_observer_sm_build_compiles(defines):
     # ... and the workers' (plan 83), once per task
     assert ("wk_icode" in ptx) == ("DTMK_WK_ICODE=8" in defines)
     # the Obs of the observer build: the size the 1b / tiny warp counts above assume
-    assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx) or "DTMK_OSQ_DESC" in defines   # (+ its shadow)
+    assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
 
 
 @pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM"])
@@ -612,7 +610,8 @@ def test_the_split_build_s_handoff_area_is_the_hosts(fake_cupy):
     assert plain.buf["obsq"].size == plain.num_workers * gpu.OSQ_W_BYTES
     with pytest.raises(UserError, match="DTMK_OSQ_SPLIT: an even number of observer SMs"):
         gpu.Megakernel(PRESETS["tiny"], batch=1, defines=gpu.observer_defines("sm", 3) + ("DTMK_OSQ_SPLIT",))
-    for bad in (("DTMK_OBS_SMS=3",), ("DTMK_OBS_SMS=4", "DTMK_OSQ_MULTI=2"), ("DTMK_OBS_SMS=4", "DTMK_OSQ_IDLE_DRAIN=4")):
+    for bad in (("DTMK_OBS_SMS=3",), ("DTMK_OBS_SMS=4", "DTMK_OSQ_MULTI=2"), ("DTMK_OBS_SMS=4", "DTMK_OSQ_IDLE_DRAIN=4"),
+                ("DTMK_OBS_SMS=4", "DTMK_OSQ_DESC")):
         with pytest.raises(Exception, match="DTMK_OSQ_SPLIT: an even DTMK_OBS_SMS"):
             nvrtc_compile(SRC, "megakernel.cu", "sm_90a", "ptx", defines=("DTMK_OBS_SM", "DTMK_OSQ_SPLIT") + bad)
 

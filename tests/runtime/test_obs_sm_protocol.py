@@ -334,7 +334,6 @@ def test_split_build_and_drain_keep_every_final_epoch_complete(n_workers, steps,
     assert finals == set(range(-1, steps)), finals
     assert check(n_workers, steps, warps, lazy=True, defer=2, split=nh) is None
     assert check(n_workers, steps, warps, lazy=True, defer=2, split=nh, multi=2) is None   # (blocks of several passes)
-    assert check(n_workers, steps, warps, lazy=True, desc=True, split=nh) is None   # (the drainer's descriptor shadow)
 
 
 @pytest.mark.parametrize("mutant", ["split_builder_tails", "tail_first", "raise_past_oldest"])

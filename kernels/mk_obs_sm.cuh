@@ -240,6 +240,39 @@ __device__ __noinline__ dtmk_u32 osq_run_loaded(const MkParams &P, Worker &W, dt
     return osq_run_rec(P, W, w, i, c);
 }
 #endif
+/* observer warp (all lanes) at its start, for its slice (workers k, k + K, ...): each worker's host-ring
+ * cursor from the host's heads, nothing held (OSQ_W_LOW ~0); then the first tables, loaded and published */
+__device__ __forceinline__ void osq_slice_start(const MkParams &P, Worker &Wk, dtmk_u32 lane, dtmk_u32 k, dtmk_u32 K,
+                                                dtmk_u32 nw) {
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
+        dtmk_u64 *a = osq_w(P, w);
+        const dtmk_u64 n = ((const dtmk_u64 *)P.hook_head)[w];
+        a[OSQ_W_HOOK_N] = n; a[OSQ_W_HOOK_SLOT] = P.hook_cap ? n % P.hook_cap : 0;
+        a[OSQ_W_HOOK_DROP] = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[w] : 0;
+        *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
+    }
+    __syncwarp();
+    if (O.tables)
+        while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
+    osq_publish_tables(P);                          /* (no tables: no hooks, the live bit alone) */
+}
+/* observer warp (all lanes) at its end, for its slice: the host rings' heads (heads) and / or each
+ * worker's OBS_PENDING ~0 and OBS_DONE (rows) */
+__device__ __forceinline__ void osq_slice_end(const MkParams &P, dtmk_u32 lane, dtmk_u32 k, dtmk_u32 K, dtmk_u32 nw,
+                                              bool heads, bool rows) {
+    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
+        const dtmk_u64 *a = osq_w(P, w);
+        if (heads) {
+            ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
+            if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];
+        }
+        if (rows && O.state) {
+            dtmk_u64 *g = obs_row(w);
+            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
+            *(volatile dtmk_u64 *)(g + OBS_DONE) = 1;
+        }
+    }
+}
 #ifdef DTMK_OSQ_SPLIT
 /* (with -DDTMK_OSQ_DESC, the drainers running descriptors into their shadow, it kept up but cost as
  * much -- hooks.md "Session 35", plans 88 / 90 at 0a8958d -- and its final epochs did not advance while
@@ -379,6 +412,8 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
             OSQ_T0(c_scan);
             const dtmk_u32 w = k + (g0 + lane) * K;
             const dtmk_u64 *a = osq_w(P, w < nw ? w : 0u);
+            /* (osq_observer's scan with the build cursor for the tail: a shared helper changed the
+             * GPU-tested CLI build's PTX, session 35, so the few lines stay twice) */
             dtmk_u64 head = 0, cur = 0;
             if (w < nw) {
                 head = ld_acquire(a + OSQ_W_HEAD);
@@ -440,11 +475,7 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
     __threadfence();                   /* (the host-ring records, the last block) */
     __syncwarp();
     if (lane == 0) *(volatile dtmk_u64 *)(pr + OSQ_P_DONE) = 1;
-    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
-        const dtmk_u64 *a = osq_w(P, w);
-        ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
-        if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];
-    }
+    osq_slice_end(P, lane, k, K, nw, true, false);
 }
 /* drainer warp p (the last DTMK_OBS_SMS / 2 observer SMs): the slice's start (host-ring cursors,
  * lows, tables), then builder p's blocks in order -- records into the ring behind what it holds
@@ -470,17 +501,7 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
     __syncwarp();
     if (lane == 0) { obs_init(P, Wk); O.osq_k = p; O.osq_nw = K; O.pub = ~0u; }
     __syncwarp();
-    for (dtmk_u32 w = p + lane * K; w < nw; w += 32 * K) {   /* the host rings' cursors; nothing held */
-        dtmk_u64 *a = osq_w(P, w);
-        const dtmk_u64 n = ((const dtmk_u64 *)P.hook_head)[w];
-        a[OSQ_W_HOOK_N] = n; a[OSQ_W_HOOK_SLOT] = P.hook_cap ? n % P.hook_cap : 0;
-        a[OSQ_W_HOOK_DROP] = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[w] : 0;
-        *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
-    }
-    __syncwarp();
-    if (O.tables)
-        while (O.reload) obs_sync(P, Wk, false, ~0u);
-    osq_publish_tables(P);
+    osq_slice_start(P, Wk, lane, p, K, nw);
     dtmk_u64 *pr = osq_pair(P, p);
     dtmk_u32 seq = 1;
     __threadfence();                   /* (the cursors before the builder reads them) */
@@ -583,13 +604,7 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
     __syncwarp();
     if (O.tables) obs_sync(P, Wk, false, ~0u);       /* the last drain: every record, every epoch */
     __threadfence();
-    for (dtmk_u32 w = p + lane * K; w < nw; w += 32 * K) {
-        if (O.state) {
-            dtmk_u64 *g = obs_row(w);
-            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
-            *(volatile dtmk_u64 *)(g + OBS_DONE) = 1;
-        }
-    }
+    osq_slice_end(P, lane, p, K, nw, false, true);
 }
 #endif
 /* observer warp k of K (megakernel.cu "observer SM"): load the tables, then until every
@@ -632,17 +647,7 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
         O.ring_mask = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_HOOK_MASK);   /* the host ring's hooks */
     }
     __syncwarp();
-    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {   /* the host rings' cursors; nothing held */
-        dtmk_u64 *a = osq_w(P, w);
-        const dtmk_u64 n = ((const dtmk_u64 *)P.hook_head)[w];
-        a[OSQ_W_HOOK_N] = n; a[OSQ_W_HOOK_SLOT] = P.hook_cap ? n % P.hook_cap : 0;
-        a[OSQ_W_HOOK_DROP] = P.hook_drop ? ((const dtmk_u64 *)P.hook_drop)[w] : 0;
-        *(volatile dtmk_u64 *)(a + OSQ_W_LOW) = ~0u;
-    }
-    __syncwarp();
-    if (O.tables)
-        while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
-    osq_publish_tables(P);                          /* (no tables: no hooks, the live bit alone) */
+    osq_slice_start(P, Wk, lane, k, K, nw);
     dtmk_u32 seen = (dtmk_u32)P.step0;
 #ifdef DTMK_OSQ_IDLE_DRAIN
     dtmk_u32 idle = 0;                 /* idle rounds in a row with records held */
@@ -793,15 +798,6 @@ __device__ __noinline__ void osq_observer(const MkParams &P) {
     OSQ_ADD(10, O.desc_n);
 #endif
     __threadfence();
-    for (dtmk_u32 w = k + lane * K; w < nw; w += 32 * K) {
-        const dtmk_u64 *a = osq_w(P, w);
-        ((dtmk_u64 *)P.hook_head)[w] = a[OSQ_W_HOOK_N];
-        if (P.hook_drop) ((dtmk_u64 *)P.hook_drop)[w] = a[OSQ_W_HOOK_DROP];
-        if (O.state) {
-            dtmk_u64 *g = obs_row(w);
-            *(volatile dtmk_u64 *)(g + OBS_PENDING) = ~0ull;
-            *(volatile dtmk_u64 *)(g + OBS_DONE) = 1;
-        }
-    }
+    osq_slice_end(P, lane, k, K, nw, true, true);
 }
 #endif

@@ -152,9 +152,15 @@ def test_workers_build_no_record_and_load_no_tables():
 
 
 def test_the_observer_ends_every_workers_rows():
+    """After its last drain each observer warp ends its slice's rows and host-ring heads
+    (osq_slice_end); split (-DDTMK_OSQ_SPLIT), the builder the heads, the drainer the rows."""
+    e = body("osq_slice_end")
+    assert "OBS_PENDING) = ~0ull" in e and "OBS_DONE) = 1" in e and "P.hook_head)[w]" in e
     o = body("osq_observer")
-    end = o[o.rindex("obs_sync(P, Wk, false, ~0u)"):]
-    assert "OBS_PENDING) = ~0ull" in end and "OBS_DONE) = 1" in end and "P.hook_head)[w]" in end
+    assert "osq_slice_end(P, lane, k, K, nw, true, true)" in o[o.rindex("obs_sync(P, Wk, false, ~0u)"):]
+    d = body("osq_drainer")
+    assert "osq_slice_end(P, lane, p, K, nw, false, true)" in d[d.rindex("obs_sync(P, Wk, false, ~0u)"):]
+    assert body("osq_builder").rstrip("}").rstrip().endswith("osq_slice_end(P, lane, k, K, nw, true, false);")
 
 
 @pytest.mark.parametrize("k", ["48", "8", "2048", "x"])

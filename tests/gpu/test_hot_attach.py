@@ -352,11 +352,13 @@ def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     steps = 300 if name == "1b" else 3000        # ~0.35 s: many snapshots while it runs
     per_step = len(live.mk.graph.tasks)
     seen_final = []
+    n_snaps, last_final = 0, None    # (for the liveness message: how many looks, how far the last got)
     try:
         live.snapshot(aid)       # (its first-use costs before the launch: 1b's 300 steps take ~0.4 s)
         live.start(steps)
         while live.running():
             snap = live.snapshot(aid)
+            n_snaps, last_final = n_snaps + 1, snap.final_epoch
             if snap.final_epoch >= 0:
                 seen_final.append(snap.final_epoch)
             ends = Counter()
@@ -373,7 +375,8 @@ def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
         end = live.snapshot(aid)
         assert end.final_epoch == steps - 1
         # (liveness: timing-sensitive by design; the message says how far the epochs got)
-        assert len(seen_final) >= 3 and seen_final == sorted(seen_final), (len(seen_final), seen_final[:8])
+        assert len(seen_final) >= 3 and seen_final == sorted(seen_final), \
+            (len(seen_final), seen_final[:8], f"{n_snaps} snapshots while running, the last one's final epoch {last_final}")
         assert max(seen_final) >= steps // 4, seen_final[-5:]           # raised while running
     finally:
         live.detach(aid)

@@ -14,6 +14,9 @@
  * [8] the largest head - tail seen, [9] idle drains, [10] records run through descriptors
  * (-DDTMK_OSQ_DESC); and per launch
  * dtmk_osq_wstats: [0] worker pushes that found their queue full, [1] cycles they waited.
+ * (-DDTMK_OSQ_SPLIT: the builders' rows are their pair index p, [0]-[2], [4], [5] as above; the
+ * drainers' rows come after DTMK_OBS_SMS / 2 x DTMK_OBS_SM_WARPS: [0] batches, [1] blocks, [2] idle
+ * polls, [3] room drains, [6] obs_sync cycles, [7] batch cycles -- room drains counted in both.)
  * Also measurement only, to split the hot summary's cost: -DDTMK_OSQ_DISCARD (the observer
  * takes entries without running them), -DDTMK_OSQ_NOPUSH (workers capture, push nothing),
  * -DDTMK_OSQ_PEND_LATE (a task's entry stored after its release signal, then fenced),

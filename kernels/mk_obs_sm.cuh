@@ -404,9 +404,9 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
      * them (0: none); warp -- their group, count, lowest record epoch, highest step, passes */
     dtmk_u64 pc = 0;
     dtmk_u32 pg = 0, pn = 0, plo = ~0u, phi = 0, passes = 0;
-#define OSQ_HAND_OVER() do {                                                              \
+#define OSQ_HAND_OVER(flags) do {                                                         \
         osq_blk_room(pr, hh);                                                             \
-        osq_hand_over(pr, hh, k + (pg + lane) * K, pc, plo, phi, 0u);                     \
+        osq_hand_over(pr, hh, k + (pg + lane) * K, pc, plo, phi, flags);                  \
         hh += 1; pc = 0; pn = 0; plo = ~0u; phi = 0; passes = 0;                          \
     } while (0)
     for (;;) {
@@ -434,10 +434,10 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
             if (!todo) continue;
             any = true;
             OSQ_T0(c_build);
-            if (pn && pg != g0) OSQ_HAND_OVER();   /* (a block holds one group's workers) */
+            if (pn && pg != g0) OSQ_HAND_OVER(0u);   /* (a block holds one group's workers) */
             if (O.cap) {                       /* one record per hook and entry: the sub-rings' size */
                 while ((dtmk_u32)__popc(todo) > O.cap) todo &= ~(1u << (31 - __clz(todo)));
-                if (pn && O.maxc + (dtmk_u32)__popc(todo) > O.cap) OSQ_HAND_OVER();
+                if (pn && O.maxc + (dtmk_u32)__popc(todo) > O.cap) OSQ_HAND_OVER(0u);
             }
             Wl.osq_lo = ~0u;
             dtmk_u32 st = 0;
@@ -454,7 +454,7 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
         /* a block goes at OSQ_SPLIT_BATCH entries, at a pass that found nothing new, after
          * OSQ_SPLIT_PASSES passes, or at the end: fewer, fuller blocks -- the drainer's fences
          * are per batch of blocks, the builder's per block */
-        if (pn && (all_done || !any || pn >= OSQ_SPLIT_BATCH || ++passes >= OSQ_SPLIT_PASSES)) OSQ_HAND_OVER();
+        if (pn && (all_done || !any || pn >= OSQ_SPLIT_BATCH || ++passes >= OSQ_SPLIT_PASSES)) OSQ_HAND_OVER(0u);
         if (all_done) break;
         if (O.tables) {
             dtmk_u32 gen = 0;
@@ -464,10 +464,8 @@ __device__ __noinline__ void osq_builder(const MkParams &P) {
             }
             gen = __shfl_sync(0xffffffffu, gen, 0);
             if (gen != O.gen_seen) {           /* new tables: what was built runs under the old ones first */
-                if (pn) OSQ_HAND_OVER();
-                osq_blk_room(pr, hh);
-                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD);
-                hh += 1;
+                if (pn) OSQ_HAND_OVER(0u);
+                OSQ_HAND_OVER(OSQ_BLK_RELOAD);         /* (nothing held now: no records, no commits) */
                 seq = osq_adopt(pr, seq);
                 continue;
             }
@@ -576,11 +574,7 @@ __device__ __noinline__ void osq_drainer(const MkParams &P) {
             if (lane == 0) O.reload = 1;
             __syncwarp();
             OSQ_T0(c_sync);
-            for (;;) {                         /* (retries while the host writes a table) */
-                obs_sync(P, Wk, false, ~0u);
-                if (!O.reload) break;
-                __nanosleep(256);
-            }
+            while (O.reload) obs_sync(P, Wk, false, ~0u);   /* (retries while the host writes a table) */
             OSQ_CYC(6, c_sync);
             osq_publish_tables(P);
             osq_pair_publish(pr, ++seq);

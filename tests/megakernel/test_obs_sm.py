@@ -630,10 +630,10 @@ def test_the_split_s_drainer_moves_the_tails_only_after_the_low_and_the_builder_
     d = body("osq_drainer")
     assert "OSQ_W_TAIL" not in b and "osq_bcur(P, w) = cur + 1" in b
     assert "osq_run_entry(P, Wl, w, cur)" in b and "obs_sync" not in b
-    assert b.index("if (pn) OSQ_HAND_OVER();\n                osq_blk_room(pr, hh);\n"
-                   "                osq_hand_over(pr, hh, 0u, 0u, ~0u, 0u, OSQ_BLK_RELOAD)") < b.index("seq = osq_adopt(pr, seq)")
+    assert b.index("if (pn) OSQ_HAND_OVER(0u);\n                OSQ_HAND_OVER(OSQ_BLK_RELOAD);") \
+        < b.index("seq = osq_adopt(pr, seq)")
     # a block is handed over before the builder ends (all_done) and before it switches group
-    assert "if (pn && (all_done || !any ||" in b and "if (pn && pg != g0) OSQ_HAND_OVER();" in b
+    assert "if (pn && (all_done || !any ||" in b and "if (pn && pg != g0) OSQ_HAND_OVER(0u);" in b
     low, fence, tail = d.index("osq_publish_low(P, low)"), d.index("__threadfence();\n            for (dtmk_u64 i = ht"), \
         d.index("+ OSQ_W_TAIL) = __ldcg((const dtmk_u64 *)b + 32 + lane)")
     assert low < fence < tail

@@ -536,13 +536,13 @@ __device__ __noinline__ void run_body(const MkParams &P, Worker &W, int t, int s
     case 2: op_rope_kv(P, layer, lo, hi); break;
 #ifdef DTMK_ROPE_IN_ATTN   /* rope_in_attn graphs (graph.py; gpu.Megakernel adds the define) */
     case 3: {
-        const int g = lo / (int)(P.n_heads / P.n_kv_heads);
+        const int g = lo / mk_rep(P);
         if (r[12] == 1) op_rope_attn(P, layer, r[3], g, smem);   /* this slot's q / k rope + cache row first */
         else op_attn(P, layer, r[3], g, smem);
         break;
     }
 #else
-    case 3: op_attn(P, layer, r[3], lo / (int)(P.n_heads / P.n_kv_heads), smem); break;
+    case 3: op_attn(P, layer, r[3], lo / mk_rep(P), smem); break;
 #endif
     case 4: { /* attn_o: h[:, lo:hi] += Wo attn (tensor parallel: the partial sum, no residual) */
         int qd = (int)(P.n_heads * P.head_dim);

@@ -51,6 +51,10 @@ struct MkParams {
      * is a successor; where each worker resumed is recorded there */
     dtmk_u64 handoff_in;
 };
+/* query heads per kv head.  (32-bit: the fields are u64 and a 64-bit divide is ~70
+ * instructions of per-task code wherever it is inlined -- docs/dev/megakernel_speed.md
+ * "Session 36") */
+__device__ __forceinline__ int mk_rep(const MkParams &P) { return (int)((unsigned)P.n_heads / (unsigned)P.n_kv_heads); }
 
 /* ---- matvec rows ---------------------------------------------------------------- */
 #define MK_UNROLL 8        /* 16-byte weight loads in flight per lane */
@@ -393,7 +397,7 @@ __device__ __forceinline__ bool attn_staged_fits(const MkParams &P, int T) {
 #ifdef DTMK_ATTN_UNSTAGED
     return false;
 #else
-    int hd = (int)P.head_dim, rep = (int)(P.n_heads / P.n_kv_heads);
+    int hd = (int)P.head_dim, rep = mk_rep(P);
     return (hd & 3) == 0 && rep <= MK_WARPS && rep <= MK_MAX_REP &&
            attn_staged_floats(rep, hd, T) <= (long)P.max_seq + MK_WARPS + MK_THREADS;
 #endif
@@ -551,7 +555,7 @@ __device__ __noinline__ void op_attn(const MkParams &P, int layer, int b, int g,
  * (op_attn_staged<true>), else rope_kv_slots + op_attn through global memory. */
 __device__ __noinline__ void op_rope_attn(const MkParams &P, int layer, int b, int g, float *smem) {
     int p = __ldcg((const int *)P.pos + b);
-    int pairs = (int)(P.n_heads / P.n_kv_heads + 1) * (int)(P.head_dim >> 1);   /* one rope pair per thread */
+    int pairs = (mk_rep(P) + 1) * (int)(P.head_dim >> 1);   /* one rope pair per thread */
     if (pairs <= MK_THREADS && attn_staged_fits(P, p + 1)) { op_attn_staged<true>(P, layer, b, g, p, smem); return; }
     rope_kv_slots(P, layer, g, g + 1, b, b + 1);
     MK_SYNC();             /* the rotated q and the new cache row are read by other threads */
@@ -703,6 +707,12 @@ __device__ __noinline__ void op_expert(const MkParams &P, int mi, int e, int til
     }
 }
 
+/* slots per staged chunk of a fused prologue (the whole batch when it fits in xs) */
+__device__ __forceinline__ int fused_chunk_of(const MkParams &P) {
+    int c = (int)(P.xs_cap / P.hidden);
+    return max(1, min(c, (int)P.batch));
+}
+
 #ifdef DTMK_WSTREAM
 /* ==== weight streaming through shared memory (-DDTMK_WSTREAM, docs/dev/megakernel_speed.md
  * "Session 4") ====
@@ -771,6 +781,7 @@ struct WsState {
     unsigned ring;          /* shared-window address of slot 0 (128-byte aligned) */
     char *ringp;            /* the same, generic */
     unsigned npre, nmiss;   /* streams started by the dependency wait / by a body (prediction missed) */
+    int fused_c;            /* fused_chunk_of(P), set by ws_init */
     WsDesc d;
 #ifdef DTMK_WS_NEXT
     WsDesc nd;              /* the stream of the worker's next static task, valid when nvalid (ws_next) */
@@ -882,6 +893,7 @@ __device__ void ws_init(const MkParams &P, float *smem) {
     ws_s.ring = ring;
     ws_s.ringp = (char *)smem + (ring - base);
     ws_s.seq = 0; ws_s.live = 0; ws_s.npre = 0; ws_s.nmiss = 0;
+    ws_s.fused_c = fused_chunk_of(P);
 #ifdef DTMK_WS_NEXT
     ws_s.top = 0; ws_s.nvalid = 0; ws_s.nchain = 0; ws_s.nearly = 0;
 #endif
@@ -903,7 +915,7 @@ __device__ __forceinline__ bool ws_desc(const MkParams &P, WsDesc &d, const unsi
     if (rps < 1 || ((((unsigned long long)a) | ((unsigned long long)b) | rb | (unsigned long long)ldw * 2) & 15))
         return false;
     d.a = (const char *)a; d.b = (const char *)b; d.row_bytes = rb; d.ld_bytes = (unsigned)(ldw * 2);
-    d.rows = rows; d.rps = rps; d.nst = (rows + rps - 1) / rps;
+    d.rows = rows; d.rps = rps; d.nst = (int)(((unsigned)rows + (unsigned)rps - 1u) / (unsigned)rps);   /* (both > 0: unsigned) */
     return true;
 }
 __device__ __forceinline__ bool ws_same(const WsDesc &x, const WsDesc &y) {
@@ -1364,11 +1376,13 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
     MK_SYNC();
 }
 
-/* slots per staged chunk of a fused prologue (the whole batch when it fits in xs) */
-__device__ __forceinline__ int fused_chunk(const MkParams &P) {
-    int c = (int)(P.xs_cap / P.hidden);
-    return max(1, min(c, (int)P.batch));
-}
+#ifdef DTMK_WSTREAM
+/* (the megakernel: computed once, ws_init -- a 64-bit divide is ~70 instructions of every
+ * fused task's per-task code, and per-task code is fetched at every class switch) */
+__device__ __forceinline__ int fused_chunk(const MkParams &) { return ws_s.fused_c; }
+#else
+__device__ __forceinline__ int fused_chunk(const MkParams &P) { return fused_chunk_of(P); }
+#endif
 
 /* fused-norm projection tile (qkv kind 0; lm_head kind 2 through op_lm_tile) */
 __device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
@@ -1467,18 +1481,23 @@ __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kf
  * false: none (the body keeps the old path) */
 __device__ bool ws_task_desc(const MkParams &P, const int *r, WsDesc &d) {
     const int cls = r[0], layer = r[1], lo = r[4], hi = r[5], B = (int)P.batch, H = (int)P.hidden;
-    const unsigned short *W;
+    /* one ws_desc call for every class (session 36: three inlined copies were ~1/3 of
+     * ws_prestart's per-task code) */
+    const unsigned short *a, *b = 0;
+    int K = H;
+    long ldw = H;
     switch (cls) {
     case 1: case 9:   /* fused qkv / lm_head (op_lm_tile: fused when split_k r[13] >= 1) */
         if (r[12] < 0 || (cls == 9 && r[13] < 1) || fused_chunk(P) < B) return false;
-        W = cls == 1 ? (const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H
-                     : (const unsigned short *)P.w_lm_head;
-        return ws_desc(P, d, W + (long)lo * H, 0, H, H, hi - lo);
+        a = (cls == 1 ? (const unsigned short *)P.w_qkv + (long)layer * P.qkv_dim * H
+                      : (const unsigned short *)P.w_lm_head) + (long)lo * H;
+        break;
     case 5: {         /* fused gate/up */
         if (r[12] < 0 || fused_chunk(P) < B) return false;
         const long F = (long)P.ffn, di = r[14];
-        return ws_desc(P, d, (const unsigned short *)P.w_gate + di * F * H + (long)lo * H,
-                       (const unsigned short *)P.w_up + di * F * H + (long)lo * H, H, H, hi - lo);
+        a = (const unsigned short *)P.w_gate + di * F * H + (long)lo * H;
+        b = (const unsigned short *)P.w_up + di * F * H + (long)lo * H;
+        break;
     }
     case 4: case 6: { /* split-K attn_o / mlp_down: tile w = split index */
         const int S = r[12];
@@ -1486,12 +1505,14 @@ __device__ bool ws_task_desc(const MkParams &P, const int *r, WsDesc &d) {
         const int Kfull = cls == 4 ? (int)(P.n_heads * P.head_dim) : (int)P.ffn, Ks = Kfull / S;
         const int s = (int)((unsigned)r[11] >> 16);
         if ((long)B * Ks > (long)P.xs_cap) return false;
-        W = cls == 4 ? (const unsigned short *)P.w_o + (long)layer * H * Kfull
-                     : (const unsigned short *)P.w_down + (long)r[14] * H * Kfull;
-        return ws_desc(P, d, W + (long)lo * Kfull + (long)s * Ks, 0, Ks, Kfull, hi - lo);
+        a = (cls == 4 ? (const unsigned short *)P.w_o + (long)layer * H * Kfull
+                      : (const unsigned short *)P.w_down + (long)r[14] * H * Kfull) + (long)lo * Kfull + (long)s * Ks;
+        K = Ks; ldw = Kfull;
+        break;
     }
     default: return false;
     }
+    return ws_desc(P, d, a, b, K, ldw, hi - lo);
 }
 #endif
 

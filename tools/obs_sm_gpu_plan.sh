@@ -309,6 +309,14 @@
 # as much as before (+571..+1127 ns per task), 12 drain warps cannot keep up without descriptors, and with them the
 # hook table is unchanged (+7.07% vs +7.65%).  Split + DESC is refused since (its final epochs did not advance while
 # 1b ran).  docs/results/hooks.md "Session 35".
+# Session 36 (a worker diet: the per-task code's 64-bit divides and ws_task_desc's three inlined ws_desc copies
+# out; the workers' per-task code is fetched again at every class switch -- docs/dev/megakernel_speed.md
+# "Session 36"):
+#   tools/obs_sm_gpu_plan.sh 91  bench/megakernel.py --quick, this tree against .snap/base.tar's (the commit before
+#                                the diet), new / old / new in one call (us/step, % copy bandwidth, tokens)
+#   tools/obs_sm_gpu_plan.sh 92  the megakernel's GPU tests (bits: logits, tokens, fused, staged attention,
+#                                variants) and the CLI observer build's exactness (-k obssm4defer)
+#   tools/obs_sm_gpu_plan.sh 93  bench/hooks.py --reps 3 --variants obssm4defer (the hook table on the diet's kernels)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -600,6 +608,13 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$P4+DTMK_OSQ_SPLIT --out ${OUT:-/tmp/out}/probe_split" "$P4 --out ${OUT:-/tmp/out}/probe_base" "${stages[@]}" ;;
   88|90) echo "plans 88 and 90 ran the split with -DDTMK_OSQ_DESC at 0a8958d (docs/results/hooks.md session 35: no" \
        "gain, final epochs not advancing while 1b ran); the kernel refuses that combination since: not run" >&2; exit 2 ;;
+  91) O=${OUT:-/tmp/out}; B=/tmp/wb
+     mb() { echo "timeout 130 python3 $1/bench/megakernel.py --presets 1b --steps 16 --reps 5 --quick --no-old --out $O/$2"; }
+     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && python3 tools/precompile.py $R DTMK_NO_HOOKS+$R && (cd $B && python3 tools/precompile.py $R DTMK_NO_HOOKS+$R)" \
+       "$(mb . new1)" "$(mb $B old)" "$(mb . new2)" ;;
+  92) F="tests/gpu/test_megakernel_gpu.py tests/gpu/test_megakernel_fused_gpu.py tests/gpu/test_attn_staged_gpu.py tests/gpu/test_megakernel_variants_gpu.py"
+     exec tools/gpu_session.sh "$(pytv 330 $F)" "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
+  93) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -625,5 +640,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..93)" >&2; exit 2 ;;
 esac

@@ -314,7 +314,9 @@
 # "Session 36"):
 #   tools/obs_sm_gpu_plan.sh 91  bench/megakernel.py --quick, this tree against .snap/base.tar's (the commit before
 #                                the diet), new / old / new in one call (us/step, % copy bandwidth, tokens)
-#   tools/obs_sm_gpu_plan.sh 92  the megakernel's GPU tests (bits: logits, tokens, fused, staged attention,
+#   tools/obs_sm_gpu_plan.sh 92  the hook build (off) against the no-hook build timed round-robin (bench/megakernel.py
+#                                --variants; plan 91's blocks of five launches each put them ~4-5% apart), then
+#                                the megakernel's GPU tests (bits: logits, tokens, fused, staged attention,
 #                                variants) and the CLI observer build's exactness (-k obssm4defer)
 #   tools/obs_sm_gpu_plan.sh 93  bench/hooks.py --reps 3 --variants obssm4defer (the hook table on the diet's kernels)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
@@ -613,7 +615,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && python3 tools/precompile.py $R DTMK_NO_HOOKS+$R && (cd $B && python3 tools/precompile.py $R DTMK_NO_HOOKS+$R)" \
        "$(mb . new1)" "$(mb $B old)" "$(mb . new2)" ;;
   92) F="tests/gpu/test_megakernel_gpu.py tests/gpu/test_megakernel_fused_gpu.py tests/gpu/test_attn_staged_gpu.py tests/gpu/test_megakernel_variants_gpu.py"
-     exec tools/gpu_session.sh "$(pytv 330 $F)" "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
+     V="timeout 150 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variants nohooks=DTMK_NO_HOOKS --variant-presets 1b --out ${OUT:-/tmp/out}/rr"
+     exec tools/gpu_session.sh "$V" "$(pytv 330 $F)" "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
   93) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;

@@ -661,6 +661,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                                           # the linked kernel computes wrong tokens for 1b
                    "DTMK_H_PARITY",       # slice_events graphs: h by layer parity (the same)
                    "DTMK_HOLD_EAGER", "DTMK_OBS_PROF", "DTMK_VM_CODE_SMEM", "DTMK_WS_EVICT_NORMAL",
+                   "DTMK_WS_NST", "DTMK_WS_STAGE",   # the weight ring's shape: the launch sizes its smem by them
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
                    # the observer SM (it runs the linked programs): its count and its defines, from

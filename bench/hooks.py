@@ -203,11 +203,11 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # them (session 35: each TPC's instruction cache holds one phase's code)
                   "obssm4split": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
                                   "DTMK_OSQ_SPLIT"),
-                  # a weight ring of 3 x 32 KB instead of 4 (session 36): the hook builds' static shared
-                  # memory (Obs, ~27-32 KB) then fits the no-hook build's 164 KB carveout (L1 92 KB, not 60)
-                  "ring3": ("DTMK_WS_NST=3",),
-                  "obssm4defer3": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                   "DTMK_WS_NST=3")}
+                  # the weight ring of 4 x 32 KB (the default until session 36, now 3): the hook builds'
+                  # static shared memory then pushes them to the 196 KB carveout (L1 60 KB, not 92)
+                  "ring4": ("DTMK_WS_NST=4",),
+                  "obssm4defer_ring4": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                        "DTMK_WS_NST=4")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -218,7 +218,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4desc": ("off", "summary"), "obssm4defer": ("off", "summary", "summary_cm"),
                       "obssm4defer4": ("off", "summary", "summary_cm"), "obssm4multi": ("off", "summary", "summary_cm"),
                       "obssm4idle": ("off", "summary", "summary_cm"), "obssm4split": ("off", "summary", "summary_cm"),
-                      "ring3": ("off", "summary", "summary_cm"), "obssm4defer3": ("off", "summary", "summary_cm")}
+                      "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",

@@ -731,8 +731,13 @@ __device__ __forceinline__ int fused_chunk_of(const MkParams &P) {
  * default build's.  Covered: fused qkv / lm_head (op_fused_proj), fused gate/up, split-K
  * attn_o / mlp_down (op_split_proj), batch <= MK_MAXB, one rank; everything else (the
  * standard lowering, MoE experts and router, tensor parallel) keeps the old path. */
+/* Three stages (session 36; four before): 96 KB in flight per SM streams as fast as 128 KB
+ * (docs/results/megakernel.md "Ring depth"), and the hook builds' static shared memory
+ * (Obs, 27-32 KB) then fits the no-hook build's carveout -- L1 92 KB instead of 60: 1b's
+ * hook build off -2.5..-2.7%, the observer-SM build's hot summary / own off +8.1% -> +6.5%
+ * (docs/results/hooks.md "Session 36").  gpu.ws_ring_bytes sizes the launch by the same default. */
 #ifndef DTMK_WS_NST
-#define DTMK_WS_NST 4
+#define DTMK_WS_NST 3
 #endif
 #ifndef DTMK_WS_STAGE
 #define DTMK_WS_STAGE 32768

@@ -320,9 +320,12 @@
 #                                variants) and the CLI observer build's exactness (-k obssm4defer)
 #   tools/obs_sm_gpu_plan.sh 94  resume a cut plan 92 on a fresh machine: precompile --variants, then the test ids
 #                                listed in .snap/var_todo.txt (the variants tests it did not reach)
-#   tools/obs_sm_gpu_plan.sh 95  the hook builds in the no-hook build's carveout: a 3-stage weight ring (-DDTMK_WS_NST=3,
-#                                bench variants ring3 / obssm4defer3) beside the default, round-robin (bench/megakernel.py
-#                                --variants) and in the hook table (plan 93 showed pad / nohooks +2.34% of off's +5.11%)
+#   tools/obs_sm_gpu_plan.sh 95  the hook builds in the no-hook build's carveout: ran at 2e7d617 with a 3-stage ring as the
+#                                variants (ring3 / obssm4defer3 beside the 4-stage default, round-robin and in the hook
+#                                table: off -2.5..-2.7%, the CLI build's hot summary / own off +8.10% -> +6.48%); since
+#                                3 stages are the default it runs the 4-stage ring as the variants (ring4 / obssm4defer_ring4)
+#   tools/obs_sm_gpu_plan.sh 96  the 3-stage default's exactness: precompile (default, no-hook, the variants), the
+#                                megakernel's GPU tests, the CLI observer build's (-k obssm4defer: 5 observer warps now)
 #   tools/obs_sm_gpu_plan.sh 93  bench/hooks.py --reps 3 --variants obssm4defer (the hook table on the diet's kernels)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
@@ -624,8 +627,12 @@ case "${1:-}" in
      exec tools/gpu_session.sh "$V" "$(pytv 330 $F)" "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
   94) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py --variants" "$(pytv 420 $(cat .snap/var_todo.txt))" ;;
   95) V="timeout 200 python3 bench/megakernel.py --presets 1b --steps 16 --reps 9 --quick --no-old --variant-presets 1b"
-     exec tools/gpu_session.sh "$V --variants nst3=DTMK_WS_NST=3,nohooks=DTMK_NO_HOOKS,nohooks3=DTMK_NO_HOOKS+DTMK_WS_NST=3 --out ${OUT:-/tmp/out}/rr" \
-       "timeout 400 python3 bench/hooks.py --presets 1b --reps 3 --variants ring3,obssm4defer,obssm4defer3 --out ${OUT:-/tmp/out}" ;;
+     exec tools/gpu_session.sh "$V --variants nst4=DTMK_WS_NST=4,nohooks=DTMK_NO_HOOKS,nohooks4=DTMK_NO_HOOKS+DTMK_WS_NST=4 --out ${OUT:-/tmp/out}/rr" \
+       "timeout 400 python3 bench/hooks.py --presets 1b --reps 3 --variants ring4,obssm4defer,obssm4defer_ring4 --out ${OUT:-/tmp/out}" ;;
+  96) F="tests/gpu/test_megakernel_gpu.py tests/gpu/test_megakernel_fused_gpu.py tests/gpu/test_attn_staged_gpu.py"
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py --variants $R DTMK_NO_HOOKS+$R" \
+       "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" "$(pytv 200 $F)" \
+       "$(pytv 200 tests/gpu/test_megakernel_variants_gpu.py)" ;;
   93) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
@@ -652,5 +659,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..95)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..96)" >&2; exit 2 ;;
 esac

@@ -113,7 +113,7 @@ def osq_split_bytes(n_workers: int, obs_sms: int, warps: int) -> int:
     the building half of the observer SMs (`warps` per SM at most)."""
     return ((n_workers * 8 + 127) & ~127) + (obs_sms // 2) * warps * OSQ_PAIR_BYTES
 #: the observer SM's warps at most (kernels/mk_obs_sm.cuh DTMK_OBS_SM_WARPS; a launch runs as
-#: many as its dynamic shared memory holds an Obs for: 1b 6, tiny 1)
+#: many as its dynamic shared memory holds an Obs for: 1b 5 (6 with session 35's 4-stage ring), tiny 1)
 OBS_SM_WARPS_MAX = 8
 #: the defines of the observer SM (hook code: a handoff job's lean build leaves them out; the
 #: compiled tier's linked build passes them on: runtime/compiled.py MK_PASS_DEFINES)
@@ -298,12 +298,12 @@ def precompile(define_sets, arch: str = "sm_90a", workers: Optional[int] = None)
 
 def ws_ring_bytes(defines: Sequence[str]) -> int:
     """Dynamic shared memory the megakernel's weight-streaming ring needs (kernels/mk_ops.cuh
-    ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 4 and 32768, plus 128
+    ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 3 and 32768, plus 128
     bytes of alignment; on by default since session 4); 0 for a -DDTMK_NO_WSTREAM build."""
     kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
     if "DTMK_NO_WSTREAM" in kv:
         return 0
-    return int(kv.get("DTMK_WS_NST") or 4) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
+    return int(kv.get("DTMK_WS_NST") or 3) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
 
 
 def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:

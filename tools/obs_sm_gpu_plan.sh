@@ -327,6 +327,9 @@
 #   tools/obs_sm_gpu_plan.sh 96  the 3-stage default's exactness: precompile (default, no-hook, the variants), the
 #                                megakernel's GPU tests, the CLI observer build's (-k obssm4defer: 5 observer warps now)
 #   tools/obs_sm_gpu_plan.sh 93  bench/hooks.py --reps 3 --variants obssm4defer (the hook table on the diet's kernels)
+# Session 36 ran 91 (the diet: no change), 92 + 94 (exact; the off cost on that card +4.9% round-robin), 93 (half
+# the off cost is the carveout: pad / nohooks +2.34%), 95 at 2e7d617 (3 stages: off -2.66%, the CLI's hot summary
+# +8.10% -> +6.48%) and 96 at e8d1fd7 (the 3-stage default exact: 7 + 31 + 72 passed).  docs/results/hooks.md "Session 36".
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -330,6 +330,9 @@
 # Session 36 ran 91 (the diet: no change), 92 + 94 (exact; the off cost on that card +4.9% round-robin), 93 (half
 # the off cost is the carveout: pad / nohooks +2.34%), 95 at 2e7d617 (3 stages: off -2.66%, the CLI's hot summary
 # +8.10% -> +6.48%) and 96 at e8d1fd7 (the 3-stage default exact: 7 + 31 + 72 passed).  docs/results/hooks.md "Session 36".
+# Next:
+#   tools/obs_sm_gpu_plan.sh 97  the 3-stage CLI build's observers (5 warps per SM now): per-GPC table and obs_sm_probe
+#                                (busy share, queues full) -- are they nearer saturation, and what do the GPC-mates pay?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -636,6 +639,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py --variants $R DTMK_NO_HOOKS+$R" \
        "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" "$(pytv 200 $F)" \
        "$(pytv 200 tests/gpu/test_megakernel_variants_gpu.py)" ;;
+  97) P4="timeout 120 python3 tools/obs_sm_probe.py --presets 1b --reps 2 --defines DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB+DTMK_OSQ_DEFER=16"
+     exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" \
+       "$(gpc_lp $L base)" "$P4 --out ${OUT:-/tmp/out}/probe" ;;
   93) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
@@ -662,5 +668,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..96)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..97)" >&2; exit 2 ;;
 esac

@@ -52,8 +52,7 @@ struct MkParams {
     dtmk_u64 handoff_in;
 };
 /* query heads per kv head.  (32-bit: the fields are u64 and a 64-bit divide is ~70
- * instructions of per-task code wherever it is inlined -- docs/dev/megakernel_speed.md
- * "Session 36") */
+ * instructions wherever it is inlined -- docs/dev/megakernel_speed.md "Session 36") */
 __device__ __forceinline__ int mk_rep(const MkParams &P) { return (int)((unsigned)P.n_heads / (unsigned)P.n_kv_heads); }
 
 /* ---- matvec rows ---------------------------------------------------------------- */
@@ -1382,8 +1381,9 @@ __device__ __noinline__ void stage_norm(const MkParams &P, float *xs, float *scr
 }
 
 #ifdef DTMK_WSTREAM
-/* (the megakernel: computed once, ws_init -- a 64-bit divide is ~70 instructions of every
- * fused task's per-task code, and per-task code is fetched at every class switch) */
+/* (the megakernel: computed once, ws_init -- the 64-bit divide was ~70 instructions in every
+ * fused task's prologue; smaller code, no measurable step change: docs/results/megakernel.md
+ * "Session 36") */
 __device__ __forceinline__ int fused_chunk(const MkParams &) { return ws_s.fused_c; }
 #else
 __device__ __forceinline__ int fused_chunk(const MkParams &P) { return fused_chunk_of(P); }
@@ -1487,7 +1487,7 @@ __device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kf
 __device__ bool ws_task_desc(const MkParams &P, const int *r, WsDesc &d) {
     const int cls = r[0], layer = r[1], lo = r[4], hi = r[5], B = (int)P.batch, H = (int)P.hidden;
     /* one ws_desc call for every class (session 36: three inlined copies were ~1/3 of
-     * ws_prestart's per-task code) */
+     * ws_prestart's code) */
     const unsigned short *a, *b = 0;
     int K = H;
     long ldw = H;

@@ -734,7 +734,8 @@ __device__ __forceinline__ int fused_chunk_of(const MkParams &P) {
  * (docs/results/megakernel.md "Ring depth"), and the hook builds' static shared memory
  * (Obs, 27-32 KB) then fits the no-hook build's carveout -- L1 92 KB instead of 60: 1b's
  * hook build off -2.5..-2.7%, the observer-SM build's hot summary / own off +8.1% -> +6.5%
- * (docs/results/hooks.md "Session 36").  gpu.ws_ring_bytes sizes the launch by the same default. */
+ * (docs/results/hooks.md "Session 36").  gpu.ws_ring_default reads these two #defines: the
+ * launch sizes its shared memory by them (keep the form "#define NAME number"). */
 #ifndef DTMK_WS_NST
 #define DTMK_WS_NST 3
 #endif

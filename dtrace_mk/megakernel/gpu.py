@@ -296,14 +296,31 @@ def precompile(define_sets, arch: str = "sm_90a", workers: Optional[int] = None)
         return dict(zip(jobs, ex.map(_compile_job, [(arch, d) for d in jobs])))
 
 
+_WS_DEFAULTS: Dict[str, int] = {}
+
+
+def ws_ring_default(name: str) -> int:
+    """The value kernels/mk_ops.cuh gives DTMK_WS_NST / DTMK_WS_STAGE when a build does not
+    (its `#define`, read from the source: the one place the ring's default shape is set)."""
+    if name not in _WS_DEFAULTS:
+        import re
+        m = re.search(rf"^#define {name} (\d+)$", (KERNEL_DIR / "mk_ops.cuh").read_text(), re.M)
+        if not m:
+            raise RuntimeError(f"kernels/mk_ops.cuh: no '#define {name} N' (the weight ring's default)")
+        _WS_DEFAULTS[name] = int(m.group(1))
+    return _WS_DEFAULTS[name]
+
+
 def ws_ring_bytes(defines: Sequence[str]) -> int:
     """Dynamic shared memory the megakernel's weight-streaming ring needs (kernels/mk_ops.cuh
-    ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes, defaults 3 and 32768, plus 128
-    bytes of alignment; on by default since session 4); 0 for a -DDTMK_NO_WSTREAM build."""
+    ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes -- 3 and 32768 unless the build says
+    otherwise, ws_ring_default -- plus 128 bytes of alignment; on by default since session 4);
+    0 for a -DDTMK_NO_WSTREAM build."""
     kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
     if "DTMK_NO_WSTREAM" in kv:
         return 0
-    return int(kv.get("DTMK_WS_NST") or 3) * int(kv.get("DTMK_WS_STAGE") or 32768) + 128
+    return (int(kv.get("DTMK_WS_NST") or ws_ring_default("DTMK_WS_NST"))
+            * int(kv.get("DTMK_WS_STAGE") or ws_ring_default("DTMK_WS_STAGE")) + 128)
 
 
 def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:

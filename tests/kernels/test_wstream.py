@@ -141,6 +141,8 @@ def test_variant_ptx_shape(megakernel_ptx, ptxs, extra):
 
 
 def test_ws_ring_bytes():
+    # the launch's default is the kernel's (gpu.ws_ring_default reads mk_ops.cuh's #defines)
+    assert (gpu.ws_ring_default("DTMK_WS_NST"), gpu.ws_ring_default("DTMK_WS_STAGE")) == (3, 32768)
     assert gpu.ws_ring_bytes(()) == 3 * 32768 + 128                  # the default streams
     assert gpu.ws_ring_bytes(("DTMK_NO_HOOKS",)) == 3 * 32768 + 128
     assert gpu.ws_ring_bytes(OLD) == gpu.ws_ring_bytes(OLD + ("DTMK_NO_HOOKS",)) == 0

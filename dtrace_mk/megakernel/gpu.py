@@ -17,8 +17,10 @@ options and NVRTC version.  The CI test compiles without a GPU.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -296,19 +298,14 @@ def precompile(define_sets, arch: str = "sm_90a", workers: Optional[int] = None)
         return dict(zip(jobs, ex.map(_compile_job, [(arch, d) for d in jobs])))
 
 
-_WS_DEFAULTS: Dict[str, int] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def ws_ring_default(name: str) -> int:
     """The value kernels/mk_ops.cuh gives DTMK_WS_NST / DTMK_WS_STAGE when a build does not
     (its `#define`, read from the source: the one place the ring's default shape is set)."""
-    if name not in _WS_DEFAULTS:
-        import re
-        m = re.search(rf"^#define {name} (\d+)$", (KERNEL_DIR / "mk_ops.cuh").read_text(), re.M)
-        if not m:
-            raise RuntimeError(f"kernels/mk_ops.cuh: no '#define {name} N' (the weight ring's default)")
-        _WS_DEFAULTS[name] = int(m.group(1))
-    return _WS_DEFAULTS[name]
+    m = re.search(rf"^#define {name} (\d+)$", (KERNEL_DIR / "mk_ops.cuh").read_text(), re.M)
+    if not m:
+        raise RuntimeError(f"kernels/mk_ops.cuh: no '#define {name} N' (the weight ring's default)")
+    return int(m.group(1))
 
 
 def ws_ring_bytes(defines: Sequence[str]) -> int:
@@ -316,11 +313,10 @@ def ws_ring_bytes(defines: Sequence[str]) -> int:
     ws_init: DTMK_WS_NST stages of DTMK_WS_STAGE bytes -- 3 and 32768 unless the build says
     otherwise, ws_ring_default -- plus 128 bytes of alignment; on by default since session 4);
     0 for a -DDTMK_NO_WSTREAM build."""
-    kv = dict((d.split("=", 1) + [""])[:2] for d in defines)
-    if "DTMK_NO_WSTREAM" in kv:
+    if define_value(defines, "DTMK_NO_WSTREAM") is not None:
         return 0
-    return (int(kv.get("DTMK_WS_NST") or ws_ring_default("DTMK_WS_NST"))
-            * int(kv.get("DTMK_WS_STAGE") or ws_ring_default("DTMK_WS_STAGE")) + 128)
+    return (int(define_value(defines, "DTMK_WS_NST") or ws_ring_default("DTMK_WS_NST"))
+            * int(define_value(defines, "DTMK_WS_STAGE") or ws_ring_default("DTMK_WS_STAGE")) + 128)
 
 
 def ws_ring_for(cfg, batch: int, ranks: int, defines: Sequence[str]) -> int:

@@ -90,11 +90,32 @@ def ptx_function(ptx: str, name: str) -> Optional[str]:
     return None
 
 
-def ptx_sans_reg_sizes(ptx: str) -> str:
-    """`ptx` with each register file's declared size (`.reg .f32 %f<325>;`) left out: for
-    tests that two builds are the same code.  NVRTC once declared %f<327> for one of two
-    builds whose every instruction was equal (CI, sessions 26 and 27; not reproduced)."""
-    return re.sub(r"\.reg \.\w+ \t*%\w+<\d+>;", ".reg", ptx)
+def ptx_canonical(ptx: str) -> str:
+    """`ptx` in a form two builds of the same code share: each register file's declared
+    size (`.reg .f32 %f<325>;`) left out, and the virtual registers of each function renamed
+    in the order they first appear (%f304 -> %f1, ...).  Virtual register names are NVRTC's
+    choice and vary between processes: it once declared %f<327> for one of two builds whose
+    every instruction was equal (CI, sessions 26 and 27), and once numbered one inline-asm
+    load's operands %f304.. in one build and %f302.. in the other (CI, session 36).  The
+    renaming is a bijection per function, so any difference in instructions, operands that
+    are the same or different registers, labels or constants still shows."""
+    decl = re.compile(r"\.reg \.\w+ \t*%(\w+)<\d+>;")
+    prefixes = sorted(set(decl.findall(ptx)), key=len, reverse=True)
+    ptx = decl.sub(".reg", ptx)
+    if not prefixes:
+        return ptx
+    reg = re.compile(r"%(" + "|".join(prefixes) + r")(\d+)\b")
+    out, names, counts = [], {}, {}
+    for line in ptx.splitlines(keepends=True):
+        if re.match(r"\s*(\.visible\s+|\.weak\s+|\.extern\s+)?\.(entry|func)\b", line):
+            names, counts = {}, {}                      # a new function: its own registers
+        def rename(m):
+            if m.group(0) not in names:
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+                names[m.group(0)] = f"%{m.group(1)}{counts[m.group(1)]}"
+            return names[m.group(0)]
+        out.append(reg.sub(rename, line))
+    return "".join(out)
 
 
 def cache_dir():

@@ -1,6 +1,6 @@
 """kernels/build.ptx_function: the one helper tests use to read a function out of PTX;
-ptx_sans_reg_sizes: the one they use to call two builds the same code."""
-from dtrace_mk.kernels.build import ptx_function, ptx_sans_reg_sizes
+ptx_canonical: the one they use to call two builds the same code."""
+from dtrace_mk.kernels.build import ptx_function, ptx_canonical
 
 PTX = """
 .func _Z4workPi
@@ -48,5 +48,42 @@ def test_a_part_of_the_name_matches_and_an_absent_one_is_none():
 def test_register_file_sizes_are_left_out_and_nothing_else():
     a = "\t.reg .pred \t%p<27>;\n\t.reg .f32 \t%f<325>;\n\tadd.f32 \t%f1, %f2, %f3;\n"
     b = a.replace("%f<325>", "%f<327>")
-    assert ptx_sans_reg_sizes(a) == ptx_sans_reg_sizes(b) == "\t.reg\n\t.reg\n\tadd.f32 \t%f1, %f2, %f3;\n"
-    assert ptx_sans_reg_sizes(a) != ptx_sans_reg_sizes(a.replace("%f3;", "%f4;"))   # instructions still count
+    assert ptx_canonical(a) == ptx_canonical(b) == "\t.reg\n\t.reg\n\tadd.f32 \t%f1, %f2, %f3;\n"
+    assert ptx_canonical(a) != ptx_canonical(a.replace("%f3;", "%f2;"))   # instructions still count
+    assert ptx_canonical(a) != ptx_canonical(a.replace("add.f32", "sub.f32"))
+
+
+F = """.visible .entry k(
+\t.param .u64 k_param_0
+)
+{{
+\t.reg .f32 \t%f<400>;
+\t.reg .b32 \t%r<9>;
+\t.reg .b64 \t%rd<9>;
+\tld.param.u64 \t%rd{a}, [k_param_0];
+\tmov.u32 \t%r{b}, %tid.x;
+\t{{ ld.global.v2.f32 {{%f{c},%f{d}}}, [%rd{a}]; }}
+\tadd.f32 \t%f{e}, %f{c}, %f{d};
+\tst.global.f32 \t[%rd{a}+8], %f{e};
+\tret;
+}}
+.func g()
+{{
+\t.reg .f32 \t%f<4>;
+\tmov.f32 \t%f{g}, 0f3F800000;
+\tret;
+}}
+"""
+
+
+def test_register_numbering_is_canonical_per_function():
+    """Session 36's CI flake: one build's inline-asm operands numbered %f304.. and the
+    other's %f302..; the canonical form renames each function's registers by first use."""
+    one = F.format(a=1, b=1, c=304, d=305, e=306, g=3)
+    two = F.format(a=7, b=4, c=302, d=303, e=1, g=1)
+    assert one != two and ptx_canonical(one) == ptx_canonical(two)
+    assert "%f1,%f2}, [%rd1]" in ptx_canonical(one) and "%tid.x" in ptx_canonical(one)
+    assert "mov.f32 \t%f1, 0f3F800000" in ptx_canonical(one)          # g's registers are g's own
+    same_reg = F.format(a=1, b=1, c=304, d=304, e=306, g=3)           # both loads into one register
+    assert ptx_canonical(same_reg) != ptx_canonical(one)
+    assert ptx_canonical(one.replace("%rd1+8", "%rd1+16")) != ptx_canonical(one)   # constants count

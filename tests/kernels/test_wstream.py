@@ -104,7 +104,7 @@ def test_default_is_the_weight_stream_and_the_old_path_has_none(ptxs):
     """Since session 4 the default build IS -DDTMK_WSTREAM (identical PTX);
     -DDTMK_NO_WSTREAM (with or without hooks) has none of its code; the per-operator
     baseline (baseline.cu, which includes mk_ops.cuh) has none either."""
-    assert build.ptx_sans_reg_sizes(ptxs["default"]) == build.ptx_sans_reg_sizes(ptxs["ws"])
+    assert build.ptx_canonical(ptxs["default"]) == build.ptx_canonical(ptxs["ws"])
     for name in ("old", "old_nohooks"):
         for sym in ("cp.async.bulk.shared", "mbarrier", "ws_s", "ws_prestart", "dtmk_ws_stats", "ws_tile"):
             assert sym not in ptxs[name], f"{name} build contains {sym}"

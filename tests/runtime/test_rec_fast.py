@@ -39,7 +39,7 @@ def test_rec_fast_compiles_and_refuses_other_layouts():
 
 def test_rec_fast_is_the_default(megakernel_ptx):
     """The default build IS the explicit-define build (identical PTX); the old path differs."""
-    d, f, g = (build.ptx_sans_reg_sizes(megakernel_ptx(defs)) for defs in ((), FAST, GLOBAL))
+    d, f, g = (build.ptx_canonical(megakernel_ptx(defs)) for defs in ((), FAST, GLOBAL))
     assert d == f and d != g
 
 

@@ -207,7 +207,12 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # static shared memory then pushes them to the 196 KB carveout (L1 60 KB, not 92)
                   "ring4": ("DTMK_WS_NST=4",),
                   "obssm4defer_ring4": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                        "DTMK_WS_NST=4")}
+                                        "DTMK_WS_NST=4"),
+                  # 3 x 24 KB stages (72 KB): every 1b build at batch 1 in the 132 KB carveout (L1 124 KB),
+                  # hook builds included; the CLI build's observer SMs then hold 4 Obs (4 warps, not 5)
+                  "ring3x24": ("DTMK_WS_STAGE=24576",),
+                  "obssm4defer_3x24": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                       "DTMK_WS_STAGE=24576")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -218,7 +223,8 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4desc": ("off", "summary"), "obssm4defer": ("off", "summary", "summary_cm"),
                       "obssm4defer4": ("off", "summary", "summary_cm"), "obssm4multi": ("off", "summary", "summary_cm"),
                       "obssm4idle": ("off", "summary", "summary_cm"), "obssm4split": ("off", "summary", "summary_cm"),
-                      "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm")}
+                      "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm"),
+                      "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",

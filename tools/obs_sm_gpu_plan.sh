@@ -333,6 +333,14 @@
 # Next:
 #   tools/obs_sm_gpu_plan.sh 97  the 3-stage CLI build's observers (5 warps per SM now): per-GPC table and obs_sm_probe
 #                                (busy share, queues full) -- are they nearer saturation, and what do the GPC-mates pay?
+# Session 37 (the L1 again: 3 x 24 KB ring stages, 72 KB, would put every 1b build at batch 1 -- no-hook, default
+# and the CLI's -- in the 132 KB carveout, and at batch 4 the hook builds in 164 instead of 196; session 4's
+# 16 KB stages were +12%, are 24 KB ones as fast as 32?):
+#   tools/obs_sm_gpu_plan.sh 98  bench/megakernel.py round-robin, batch 1 then batch 4: the hook build (off) and the
+#                                no-hook build with the 3 x 32 KB default, 3 x 24 KB, 4 x 24 KB (batch 1) and
+#                                2 x 32 KB (batch 4): us/step, % copy bandwidth, tokens
+#   tools/obs_sm_gpu_plan.sh 99  bench/hooks.py --reps 3 --variants ring3x24,obssm4defer,obssm4defer_3x24: the hook
+#                                table with 24 KB stages (the CLI build's observer SMs then run 4 warps)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -643,6 +651,13 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" \
        "$(gpc_lp $L base)" "$P4 --out ${OUT:-/tmp/out}/probe" ;;
   93) exec tools/gpu_session.sh "timeout 540 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
+  98) S=DTMK_WS_STAGE=24576; N=DTMK_NO_HOOKS; O=${OUT:-/tmp/out}
+     mb() { echo "timeout $1 python3 bench/megakernel.py --presets 1b --steps 16 --reps $2 --quick --no-old --variant-presets 1b --batch $3 --variants $4 --out $O/$5"; }
+     exec tools/gpu_session.sh "timeout 200 python3 tools/precompile.py $R $N+$R $S+$R $N+$S+$R DTMK_WS_NST=4+$S+$R DTMK_WS_NST=2+$R $N+DTMK_WS_NST=2+$R" \
+       "$(mb 200 9 1 r3x24=$S,n3x24=$N+$S,nohooks=$N,r4x24=DTMK_WS_NST=4+$S b1)" \
+       "$(mb 200 7 4 r3x24=$S,n3x24=$N+$S,nohooks=$N,r2=DTMK_WS_NST=2,n2=$N+DTMK_WS_NST=2 b4)" ;;
+  99) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $L+$R $L+DTMK_WS_STAGE=24576+$R DTMK_WS_STAGE=24576+$R" \
+       "timeout 420 python3 bench/hooks.py --presets 1b --reps 3 --variants ring3x24,obssm4defer,obssm4defer_3x24 --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -668,5 +683,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..97)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..99)" >&2; exit 2 ;;
 esac

@@ -212,7 +212,13 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # hook builds included; the CLI build's observer SMs then hold 4 Obs (4 warps, not 5)
                   "ring3x24": ("DTMK_WS_STAGE=24576",),
                   "obssm4defer_3x24": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                       "DTMK_WS_STAGE=24576")}
+                                       "DTMK_WS_STAGE=24576"),
+                  # the CLI's build with 4 / 3 observer warps per observer SM (5 fit): does less observer
+                  # activity at once cost the GPC-mates less, while the warps still keep up? (session 37)
+                  "obssm4defer_w4": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                     "DTMK_OBS_SM_WARPS=4"),
+                  "obssm4defer_w3": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                     "DTMK_OBS_SM_WARPS=3")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -224,7 +230,8 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4defer4": ("off", "summary", "summary_cm"), "obssm4multi": ("off", "summary", "summary_cm"),
                       "obssm4idle": ("off", "summary", "summary_cm"), "obssm4split": ("off", "summary", "summary_cm"),
                       "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm"),
-                      "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm")}
+                      "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm"),
+                      "obssm4defer_w4": ("off", "summary", "summary_cm"), "obssm4defer_w3": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",

@@ -264,6 +264,14 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled: bool, log, name: str
     return b
 
 
+def run_and_build(name: str, builds) -> tuple:
+    """A timed run's name -> (run, build variant): "summary_obssm4defer_w4" -> ("summary",
+    "obssm4defer_w4"); a default build's run -> (name, None).  The longest build name that
+    ends it wins (build names may hold "_", and one may end another)."""
+    bn = max((b for b in builds if name.endswith("_" + b)), key=len, default=None)
+    return (name[:-len(bn) - 1], bn) if bn else (name, None)
+
+
 def own_off(times: dict, builds=()) -> dict:
     """Each build's monitors over its own off, launch by launch (benchio.launch_ratios: the
     i-th launches of an interleaved run paired), and each build's off over nohooks:
@@ -382,7 +390,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             log(f"{name}: build variant {bn} unavailable: {e!r}")
 
     def run_build(variant):
-        base, bn = variant.rsplit("_", 1) if variant.endswith(tuple("_" + b for b in bv)) else (variant, None)
+        base, bn = run_and_build(variant, bv)
         b = bv[bn]
         if base == "summary_cm":
             b["mkc"].reset()

@@ -82,7 +82,7 @@ def probe_preset(name: str, reps: int, steps: int, log, extra=(), prof=False, qu
     times, last = timed_rounds(keys, reps, steps, launch)
     med = {k: statistics.median(v) for k, v in times.items()}
     m = mks["obssm"]
-    rows = m.obs_sms * gpu.OBS_SM_WARPS_MAX            # (warp k = observer m's warp kl: m * Kl + kl)
+    rows = m.obs_sms * m.obs_sm_warps_max               # (warp k = observer m's warp kl: m * Kl + kl)
     stats = cp.ndarray((rows * len(STAT_NAMES),), cp.uint64,
                        memptr=m.module.get_global("dtmk_osq_stats"))
     wstats = cp.ndarray((2,), cp.uint64, memptr=m.module.get_global("dtmk_osq_wstats"))

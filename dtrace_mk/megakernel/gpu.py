@@ -857,12 +857,19 @@ class Megakernel:
             self.kernel((self.grid,), (self.block,), (params,), shared_mem=self.smem, stream=stream)
         self.step += steps
 
+    @property
+    def obs_sm_warps_max(self) -> int:
+        """Observer warps per observer SM at most in this build (-DDTMK_OBS_SM_WARPS, else
+        OBS_SM_WARPS_MAX): the rows per observer SM of the kernel's per-warp arrays
+        (dtmk_osq_stats, the split's handoff pairs)."""
+        warps = define_value(self.defines, "DTMK_OBS_SM_WARPS")
+        return int(warps) if warps else OBS_SM_WARPS_MAX
+
     def _osq_split_bytes(self, n_workers: int) -> int:
         """-DDTMK_OSQ_SPLIT: the handoff area after the workers' queues (else none)."""
         if not self.osq_split:
             return 0
-        warps = define_value(self.defines, "DTMK_OBS_SM_WARPS")
-        return osq_split_bytes(n_workers, self.obs_sms, int(warps) if warps else OBS_SM_WARPS_MAX)
+        return osq_split_bytes(n_workers, self.obs_sms, self.obs_sm_warps_max)
 
     def _ctl_obsq(self, ctl: np.ndarray) -> None:
         """-DDTMK_OBS_SM: the observer queues' address into control words CTL_OBSQ, +1."""

@@ -35,3 +35,21 @@ def test_own_off_takes_each_build_over_its_own_off(load_bench):
     assert row.split()[:2] == ["1b", "obssm4defer"]
     assert "+8.50% [+7.00..+10.00]" in row and "+4.50% [+3.00..+6.00]" in row
     assert lines[1].rstrip().endswith("-")                                # the default's missing summary_cm
+
+
+def test_a_runs_name_splits_at_the_build_it_ends_with(load_bench):
+    """Build names hold "_" (obssm4defer_w4) and may end one another (obssm4defer_ring4 ends
+    with ring4): the longest build that ends the name is the build (session 37: rsplit at the
+    last "_" took "w4" for a build and the bench stopped)."""
+    split = load_bench("hooks").run_and_build
+    builds = ("obssm4defer", "obssm4defer_w4", "ring4", "obssm4defer_ring4")
+    assert split("summary_cm_obssm4defer_w4", builds) == ("summary_cm", "obssm4defer_w4")
+    assert split("off_obssm4defer_ring4", builds) == ("off", "obssm4defer_ring4")
+    assert split("summary_ring4", builds) == ("summary", "ring4")
+    assert split("summary_obssm4defer", builds) == ("summary", "obssm4defer")
+    assert split("summary_cm", builds) == ("summary_cm", None)              # a default build's run
+    assert split("off", ()) == ("off", None)
+    hooks = load_bench("hooks")
+    for name in hooks.BUILD_VARIANTS:                                       # every variant, every run
+        for run in hooks.BUILD_VARIANT_RUNS.get(name, hooks.BUILD_RUNS):
+            assert split(f"{run}_{name}", hooks.BUILD_VARIANTS) == (run, name)

@@ -344,6 +344,8 @@
 #   tools/obs_sm_gpu_plan.sh 100 bench/hooks.py --reps 3 --variants obssm4defer,obssm4defer_w4,obssm4defer_w3: the CLI
 #                                build with 5 / 4 / 3 observer warps per observer SM (do fewer busy warps cost the
 #                                GPC-mates less?), then obs_sm_probe of the 4- and 3-warp builds (do they keep up?)
+#   tools/obs_sm_gpu_plan.sh 101 the hook table of record on tiny and 1b in one run (the issue asks for both; 1b alone
+#                                since session 17): bench/hooks.py --presets tiny,1b --reps 3 --variants obssm4defer
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -665,6 +667,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $L+$R $L+DTMK_OBS_SM_WARPS=4+$R $L+DTMK_OBS_SM_WARPS=3+$R" \
        "timeout 400 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4defer,obssm4defer_w4,obssm4defer_w3 --out ${OUT:-/tmp/out}" \
        "$P4+DTMK_OBS_SM_WARPS=4 --out ${OUT:-/tmp/out}/probe_w4" "$P4+DTMK_OBS_SM_WARPS=3 --out ${OUT:-/tmp/out}/probe_w3" ;;
+  101) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
+       "timeout 420 python3 bench/hooks.py --presets tiny,1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -690,5 +694,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..100)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..101)" >&2; exit 2 ;;
 esac

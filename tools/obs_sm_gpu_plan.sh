@@ -346,6 +346,10 @@
 #                                GPC-mates less?), then obs_sm_probe of the 4- and 3-warp builds (do they keep up?)
 #   tools/obs_sm_gpu_plan.sh 101 the hook table of record on tiny and 1b in one run (the issue asks for both; 1b alone
 #                                since session 17): bench/hooks.py --presets tiny,1b --reps 3 --variants obssm4defer
+# Session 37 ran 98 (24 KB stages +2.6% / +3.5%, 2 stages at batch 4 +3.0%: 3 x 32 KB stays), 93 (1b: CLI hot +5.56%),
+# 100 (4 / 3 observer warps fall behind: hot +8.50% / +24.87%), 101 (the table of record: 1b CLI hot +6.90%, compiled
+# +7.34%, default off +4.05%; tiny +6.65% / +5.42% / +7.45%); 99 not run (98 settled it).  docs/results/hooks.md
+# "Session 37".  Next: 81 on the x2 kind; 97 (the observers' per-GPC table at 5 warps).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

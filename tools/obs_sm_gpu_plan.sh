@@ -349,7 +349,10 @@
 # Session 37 ran 98 (24 KB stages +2.6% / +3.5%, 2 stages at batch 4 +3.0%: 3 x 32 KB stays), 93 (1b: CLI hot +5.56%),
 # 100 (4 / 3 observer warps fall behind: hot +8.50% / +24.87%), 101 (the table of record: 1b CLI hot +6.90%, compiled
 # +7.34%, default off +4.05%; tiny +6.65% / +5.42% / +7.45%); 99 not run (98 settled it).  docs/results/hooks.md
-# "Session 37".  Next: 81 on the x2 kind; 97 (the observers' per-GPC table at 5 warps).
+# "Session 37".  Next: 81 on the x2 kind; 102; 97 (the observers' per-GPC table at 5 warps):
+#   tools/obs_sm_gpu_plan.sh 102 the off path of a job started lean (grid handoff: the no-hook build runs until the first
+#                                attach), last measured in session 12 (-1.12% 1b): bench/handoff.py on tiny and 1b at
+#                                today's kernels, beside the plain hook build's off (the table of record's +4.05%)
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -673,6 +676,7 @@ case "${1:-}" in
        "$P4+DTMK_OBS_SM_WARPS=4 --out ${OUT:-/tmp/out}/probe_w4" "$P4+DTMK_OBS_SM_WARPS=3 --out ${OUT:-/tmp/out}/probe_w3" ;;
   101) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
        "timeout 420 python3 bench/hooks.py --presets tiny,1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
+  102) exec tools/gpu_session.sh "timeout 540 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -698,5 +702,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..101)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..102)" >&2; exit 2 ;;
 esac

@@ -90,7 +90,7 @@ def ptx_function(ptx: str, name: str) -> Optional[str]:
     return None
 
 
-def ptx_canonical(ptx: str) -> str:
+def ptx_canonical(ptx: str, labels: bool = False) -> str:
     """`ptx` in a form two builds of the same code share: each register file's declared
     size (`.reg .f32 %f<325>;`) left out, and the virtual registers of each function renamed
     in the order they first appear (%f304 -> %f1, ...).  Virtual register names are NVRTC's
@@ -98,21 +98,25 @@ def ptx_canonical(ptx: str) -> str:
     every instruction was equal (CI, sessions 26 and 27), and once numbered one inline-asm
     load's operands %f304.. in one build and %f302.. in the other (CI, session 36).  The
     renaming is a bijection per function, so any difference in instructions, operands that
-    are the same or different registers, labels or constants still shows."""
+    are the same or different registers, labels or constants still shows.  labels: also
+    rename branch labels ($L__BB12_3: NVRTC numbers them by the function's place in the
+    module) in first-use order, to compare one function of two builds whose modules differ."""
     decl = re.compile(r"\.reg \.\w+ \t*%(\w+)<\d+>;")
     prefixes = sorted(set(decl.findall(ptx)), key=len, reverse=True)
     ptx = decl.sub(".reg", ptx)
-    if not prefixes:
+    if not prefixes and not labels:
         return ptx
-    reg = re.compile(r"%(" + "|".join(prefixes) + r")(\d+)\b")
+    forms = ([r"%(" + "|".join(prefixes) + r")\d+\b"] if prefixes else []) + ([r"\$L__BB\d+_\d+\b"] if labels else [])
+    reg = re.compile("|".join(forms))
     out, names, counts = [], {}, {}
     for line in ptx.splitlines(keepends=True):
         if re.match(r"\s*(\.visible\s+|\.weak\s+|\.extern\s+)?\.(entry|func)\b", line):
             names, counts = {}, {}                      # a new function: its own registers
         def rename(m):
             if m.group(0) not in names:
-                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-                names[m.group(0)] = f"%{m.group(1)}{counts[m.group(1)]}"
+                kind = m.group(1) or "$L"                # a register file's prefix, or a label
+                counts[kind] = counts.get(kind, 0) + 1
+                names[m.group(0)] = f"$L__BB_{counts[kind]}" if kind == "$L" else f"%{kind}{counts[kind]}"
             return names[m.group(0)]
         out.append(reg.sub(rename, line))
     return "".join(out)

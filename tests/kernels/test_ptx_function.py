@@ -87,3 +87,16 @@ def test_register_numbering_is_canonical_per_function():
     same_reg = F.format(a=1, b=1, c=304, d=304, e=306, g=3)           # both loads into one register
     assert ptx_canonical(same_reg) != ptx_canonical(one)
     assert ptx_canonical(one.replace("%rd1+8", "%rd1+16")) != ptx_canonical(one)   # constants count
+
+
+def test_labels_are_renamed_only_when_asked():
+    """One function of two builds whose modules differ: NVRTC numbers its labels by the
+    function's place in the module ($L__BB12_3 in one, $L__BB14_3 in the other)."""
+    body = "\t.reg .pred \t%p<3>;\n\t@%p{a} bra \t$L__BB{f}_2;\n$L__BB{f}_1:\n\tret;\n$L__BB{f}_2:\n\tbra.uni \t$L__BB{f}_1;\n"
+    one, two = body.format(a=1, f=12), body.format(a=2, f=14)
+    assert ptx_canonical(one) != ptx_canonical(two)                          # labels kept by default
+    assert ptx_canonical(one, labels=True) == ptx_canonical(two, labels=True)
+    assert "$L__BB_1;\n$L__BB_2:" in ptx_canonical(one, labels=True)         # first use names them
+    swapped = one.replace("bra.uni \t$L__BB12_1", "bra.uni \t$L__BB12_2")    # a branch to the other label
+    assert ptx_canonical(swapped, labels=True) != ptx_canonical(one, labels=True)
+    assert ptx_canonical("\tret;\n", labels=True) == "\tret;\n"

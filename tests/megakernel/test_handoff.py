@@ -116,12 +116,13 @@ def _funcs(ptx_text):
 
 
 def _body(ptx_text, func):
-    """The PTX of `func`, registers and labels renamed away."""
+    """The PTX of `func`, its registers and labels renamed in first-use order
+    (kernels/build.ptx_canonical: the same code in two builds compares equal, a changed
+    operand does not)."""
+    from dtrace_mk.kernels.build import ptx_canonical
     m = re.search(r"^\.func[^\n]*" + func + r"[^\n]*\n(.*?)^}", ptx_text, re.M | re.S)
     assert m, func
-    body = "\n".join(ln for ln in m.group(1).splitlines() if not ln.strip().startswith(".reg"))
-    body = re.sub(r"%[a-z]+\d+", "%R", body)
-    return re.sub(r"\$L__BB\d+_\d+", "L", body)
+    return ptx_canonical(m.group(1), labels=True)
 
 
 def test_only_the_hook_build_resumes(ptx):

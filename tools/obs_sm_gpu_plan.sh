@@ -676,7 +676,9 @@ case "${1:-}" in
        "$P4+DTMK_OBS_SM_WARPS=4 --out ${OUT:-/tmp/out}/probe_w4" "$P4+DTMK_OBS_SM_WARPS=3 --out ${OUT:-/tmp/out}/probe_w3" ;;
   101) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
        "timeout 420 python3 bench/hooks.py --presets tiny,1b --reps 3 --variants obssm4defer --out ${OUT:-/tmp/out}" ;;
-  102) exec tools/gpu_session.sh "timeout 540 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
+  102) P="DTMK_HANDOFF+DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_SM_WORKER DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R"
+     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $P '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
+       "timeout 460 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

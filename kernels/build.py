@@ -108,16 +108,20 @@ def ptx_canonical(ptx: str, labels: bool = False) -> str:
         return ptx
     forms = ([r"%(" + "|".join(prefixes) + r")\d+\b"] if prefixes else []) + ([r"\$L__BB\d+_\d+\b"] if labels else [])
     reg = re.compile("|".join(forms))
-    out, names, counts = [], {}, {}
+    names, counts = {}, {}                              # this function's renaming so far
+
+    def rename(m):
+        if m.group(0) not in names:
+            kind = m.group(1) or "$L"                    # a register file's prefix, or a label
+            counts[kind] = counts.get(kind, 0) + 1
+            names[m.group(0)] = f"$L__BB_{counts[kind]}" if kind == "$L" else f"%{kind}{counts[kind]}"
+        return names[m.group(0)]
+
+    out = []
     for line in ptx.splitlines(keepends=True):
         if re.match(r"\s*(\.visible\s+|\.weak\s+|\.extern\s+)?\.(entry|func)\b", line):
-            names, counts = {}, {}                      # a new function: its own registers
-        def rename(m):
-            if m.group(0) not in names:
-                kind = m.group(1) or "$L"                # a register file's prefix, or a label
-                counts[kind] = counts.get(kind, 0) + 1
-                names[m.group(0)] = f"$L__BB_{counts[kind]}" if kind == "$L" else f"%{kind}{counts[kind]}"
-            return names[m.group(0)]
+            names.clear()                               # a new function: its own registers
+            counts.clear()
         out.append(reg.sub(rename, line))
     return "".join(out)
 

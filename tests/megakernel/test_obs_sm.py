@@ -69,9 +69,12 @@ def test_queue_layout_is_the_hosts():
                                    "OSQ_W_HOOK_DROP", "OSQ_W_MASK", "OSQ_W_LOW")]
     assert sorted(words) == list(range(8))                  # the 64 bytes of a worker's words, each once
     assert int(val("DTMK_OBS_SM_WARPS")) == gpu.OBS_SM_WARPS_MAX
-    # a build's per-warp rows (dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * ...]): its own
-    # -DDTMK_OBS_SM_WARPS when it has one (session 37: tools/obs_sm_probe.py cleared 8 rows of a
-    # 4-warp build's array and CUDA refused the memset)
+
+
+def test_a_builds_per_warp_rows_follow_its_own_warp_limit():
+    """dtmk_osq_stats[DTMK_OBS_SMS * DTMK_OBS_SM_WARPS * ...]: a build's own
+    -DDTMK_OBS_SM_WARPS when it has one (session 37: tools/obs_sm_probe.py cleared 8 rows of a
+    4-warp build's array and CUDA refused the memset)."""
     from types import SimpleNamespace
     rows = gpu.Megakernel.obs_sm_warps_max.fget
     assert rows(SimpleNamespace(defines=("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS=4"))) == 4

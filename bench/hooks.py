@@ -218,7 +218,14 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "obssm4defer_w4": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
                                      "DTMK_OBS_SM_WARPS=4"),
                   "obssm4defer_w3": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                     "DTMK_OBS_SM_WARPS=3")}
+                                     "DTMK_OBS_SM_WARPS=3"),
+                  # the CLI's build, its compiled summary with map helpers folded to each map's shape
+                  # (summary_cm, the default since session 38) and with the generic helpers (summary_cmgen)
+                  "obssm4fold": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16"),
+                  # ... with the generic map helpers (the hot tier's) probing 4- and 8-byte keys in registers
+                  # (kernels/bpf_maps.cuh, opt-in since session 38): the hot summary's drain, shorter per lookup
+                  "obssm4look": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                 "DTMK_HASH_LOOK_FAST")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -231,19 +238,26 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4idle": ("off", "summary", "summary_cm"), "obssm4split": ("off", "summary", "summary_cm"),
                       "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm"),
                       "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm"),
-                      "obssm4defer_w4": ("off", "summary", "summary_cm"), "obssm4defer_w3": ("off", "summary", "summary_cm")}
+                      "obssm4defer_w4": ("off", "summary", "summary_cm"), "obssm4defer_w3": ("off", "summary", "summary_cm"),
+                      "obssm4fold": ("off", "summary", "summary_cm", "summary_cmgen"),
+                      "obssm4look": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
-                     "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT")
+                     "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
+#: the compiled runs: run -> whether the monitor's map helpers are folded to each map's shape
+COMPILED_RUNS = {"summary_cm": True, "summary_cmgen": False}
+#: the side-by-side table's columns
+TABLE_RUNS = BUILD_RUNS + ("summary_cmgen",)
 
 
-def build_variant(cfg, w, defines, mon, null_obj, compiled: bool, log, name: str) -> dict:
+def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> dict:
     """One megakernel build (`defines`) with its own summary session (hot), null3 session
-    and compiled-tier kernel: what run() of bench_preset needs for the BUILD_RUNS."""
+    and compiled-tier kernels: what run() of bench_preset needs for the BUILD_RUNS.
+    compiled: the COMPILED_RUNS to link (True: summary_cm alone; False / empty: none)."""
     b = {"mk": gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)}
     b["mk"].run(2, poison=False)                    # fails here if the SM cannot hold the block
     b["mk"].reset()
@@ -252,15 +266,19 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled: bool, log, name: str
     b["null"].attach(null_obj)
     b["mk"].set_observer(0, None)
     b["mkc"] = None
-    if compiled:
+    runs = ("summary_cm",) if compiled is True else tuple(compiled or ())
+    for run in runs:
+        key = "" if run == "summary_cm" else run[len("summary_cm"):]     # b["mkc"], b["mkcgen"], ...
+        b["mkc" + key] = None
         try:
-            b["mkc"] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
-            b["livec"] = LiveSession(b["mkc"], runtime=linked_runtime(b["mkc"].num_workers, mk=b["mkc"]))
-            b["aidc"] = b["livec"].attach(mon.obj, tier="compiled")
-            b["link_s"] = b["livec"].link_compiled()
+            mkc = b["mkc" + key] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
+            b["livec" + key] = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers, mk=mkc,
+                                                                         fold_maps=COMPILED_RUNS[run]))
+            b["aidc" + key] = b["livec" + key].attach(mon.obj, tier="compiled")
+            b["link_s" + key] = b["livec" + key].link_compiled()
         except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
-            log(f"{name}: compiled tier of {defines} unavailable: {e!r}")
-            b["mkc"] = None
+            log(f"{name}: compiled tier ({run}) of {defines} unavailable: {e!r}")
+            b["mkc" + key] = None
     return b
 
 
@@ -284,7 +302,7 @@ def own_off(times: dict, builds=()) -> dict:
     for bn in builds:
         off = f"off_{bn}"
         row = {"off": launch_ratios(times, off, "nohooks")} if times.get(off) else {}
-        row.update({r: launch_ratios(times, f"{r}_{bn}", off) for r in ("summary", "summary_cm")
+        row.update({r: launch_ratios(times, f"{r}_{bn}", off) for r in ("summary",) + tuple(COMPILED_RUNS)
                     if times.get(f"{r}_{bn}") and times.get(off)})
         out[bn] = row
     return out
@@ -293,7 +311,7 @@ def own_off(times: dict, builds=()) -> dict:
 def own_off_lines(preset: str, table: dict) -> list:
     """The last table: per build, off over nohooks and the monitors over the build's own off,
     each the median [lowest..highest] of its paired launches."""
-    cols = ("off", "summary", "summary_cm")
+    cols = ("off", "summary") + tuple(COMPILED_RUNS)
     lines = [f"{'preset':<6} {'build':<12} " + " ".join(f"{c + (' /nohooks' if c == 'off' else ' /own off'):>27}" for c in cols)]
     for bn, row in table.items():
         cell = lambda r: (f"{100 * r['median']:+.2f}% [{100 * r['lo']:+.2f}..{100 * r['hi']:+.2f}]"  # noqa: E731
@@ -385,16 +403,18 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     for bn in builds:                               # build variants (--variants)
         try:
             bv[bn] = build_variant(cfg, w, BUILD_VARIANTS[bn], mon, attrib["null3"],
-                                   compiled and "summary_cm" in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS), log, name)
+                                   compiled and [r for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS) if r in COMPILED_RUNS],
+                                   log, name)
         except Exception as e:  # noqa: BLE001 - keep the rest (e.g. a launch the SM cannot hold)
             log(f"{name}: build variant {bn} unavailable: {e!r}")
 
     def run_build(variant):
         base, bn = run_and_build(variant, bv)
         b = bv[bn]
-        if base == "summary_cm":
-            b["mkc"].reset()
-            return b["mkc"].run(steps, poison=False)
+        if base in COMPILED_RUNS:
+            mkc = b["mkc" + base[len("summary_cm"):]]
+            mkc.reset()
+            return mkc.run(steps, poison=False)
         m = b["mk"]
         m.reset()
         if base == "summary":
@@ -414,7 +434,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     for bn, b in bv.items():
         variants += [f"{r}_{bn}" for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS)
-                     if r != "summary_cm" or b["mkc"] is not None]
+                     if r not in COMPILED_RUNS or b.get("mkc" + r[len("summary_cm"):]) is not None]
     run_default = run
 
     def run(variant):  # noqa: F811 - the build variants' runs, then the default build's
@@ -466,8 +486,9 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
                 extra.setdefault("build_coverage", {})[v] = {
                     k: sum(getattr(c, k) for c in sn.coverage) for k in ("eligible", "executed", "throttled", "lost")}
-            if v == f"summary_cm_{bn}":
-                sn = b["livec"].snapshot(b["aidc"])
+            if v in (f"{r}_{bn}" for r in COMPILED_RUNS):
+                key = v[len("summary_cm"):-len(bn) - 1]
+                sn = b["livec" + key].snapshot(b["aidc" + key])
                 extra.setdefault("build_counts_equal_hot", {})[v] = \
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
             if v == f"mask3_{bn}":
@@ -725,20 +746,20 @@ def main(argv=None) -> int:
               + f"   {dr} | {pb} | {rc}")
     # build variants side by side (--variants): each % over the DEFAULT build's off
     if any(r.get("builds") for r in res["presets"]):
-        print(f"\n{'preset':<6} {'build':<10} " + " ".join(f"{c:>10}" for c in ("nohooks",) + BUILD_RUNS)
+        print(f"\n{'preset':<6} {'build':<10} " + " ".join(f"{c:>10}" for c in ("nohooks",) + TABLE_RUNS)
               + f" {'off/nohooks':>11}  counts==hot tok")
         for r in res["presets"]:
             u = r["us_per_step"]
             pct = lambda v: f"{100 * (u[v] / u['off'] - 1):>+9.2f}%" if v in u else f"{'-':>10}"  # noqa: E731
-            print(f"{r['preset']:<6} {'default':<10} {pct('nohooks')} " + " ".join(pct(c) for c in BUILD_RUNS)
+            print(f"{r['preset']:<6} {'default':<10} {pct('nohooks')} " + " ".join(pct(c) for c in TABLE_RUNS)
                   + f" {100 * (u['off'] / u['nohooks'] - 1):>+10.2f}%")
             for bn in r.get("builds", []):
                 eq = r.get("build_counts_equal_hot", {})
-                ok = all(eq.get(f"{c}_{bn}", True) for c in ("summary", "summary_cm"))
+                ok = all(eq.get(f"{c}_{bn}", True) for c in ("summary",) + tuple(COMPILED_RUNS))
                 tok = all(t for v, t in r["tokens_equal"].items() if v.endswith("_" + bn))
                 offb = f"off_{bn}"
                 ratio = f"{100 * (u[offb] / u['nohooks'] - 1):>+10.2f}%" if offb in u else f"{'-':>11}"
-                print(f"{r['preset']:<6} {bn:<10} {'':>10} " + " ".join(pct(f"{c}_{bn}") for c in BUILD_RUNS)
+                print(f"{r['preset']:<6} {bn:<10} {'':>10} " + " ".join(pct(f"{c}_{bn}") for c in TABLE_RUNS)
                       + f" {ratio}  {ok} {tok}")
     # last: what the issue's targets are measured on, with the launches' range
     print("\neach build over its own off (monitors) and off over nohooks: median [lowest..highest] of launches paired by round")

@@ -98,6 +98,17 @@ __device__ __forceinline__ int dtmk_cm_run_prog(const struct dtmk_prog &P, dtmk_
 }
 
 #ifdef DTMK_BPF_VM_CUH
+/* A hot slot in a compiled build (a program attached since the link): the interpreter out
+ * of dtmk_cm_run_records' lines, so the compiled slots' loop is a few KB of code that runs
+ * per record rather than a path threaded through the inlined VM (~60 KB of SASS).
+ * Convergent: every lane of the warp calls it (the slot loop is uniform). */
+__device__ __noinline__ void dtmk_cm_vm_slot(const struct dtmk_prog &P, dtmk_u64 *R, bool mine,
+                                             const struct dtmk_ctx *c, dtmk_u32 worker, dtmk_u32 epoch, dtmk_u32 gen,
+                                             dtmk_u32 flags, struct dtmk_cov_acc *acc) {
+    dtmk_u64 r0 = 0;
+    dtmk_vm_run_prog(P, (const struct dtmk_dinsn *)P.insns, R, mine, c, worker, epoch, gen, flags, &r0, acc);
+}
+
 /* The megakernel hook site's call with both tiers: dtmk_vm_run_records (bpf_vm.cuh), each
  * table slot run compiled (linked monitor) or interpreted by its flags.  Include
  * bpf_vm.cuh before this header to get it.  Same arguments and contract as
@@ -125,8 +136,7 @@ __device__ __noinline__ void dtmk_cm_run_records(const struct dtmk_hook_table *t
             if (T.progs[k].flags & DTMK_PROG_F_COMPILED)
                 dtmk_cm_run_prog(T.progs[k], h, mine, c, worker, epoch, T.gen >> 1, flags, &r0, accs + k);
             else
-                dtmk_vm_run_prog(T.progs[k], (const struct dtmk_dinsn *)T.progs[k].insns, R, mine, c, worker, epoch,
-                                 T.gen >> 1, flags, &r0, accs + k);
+                dtmk_cm_vm_slot(T.progs[k], R, mine, c, worker, epoch, T.gen >> 1, flags, accs + k);
         }
     }
 }

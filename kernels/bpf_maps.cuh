@@ -29,51 +29,13 @@
 
 #include "dtrace_mk_abi.h"
 #include "bpf_buckets.cuh"
-
-#define DTMK_E2BIG 7
-#define DTMK_ENOENT 2
-#define DTMK_ENOSPC 28
-#define DTMK_EINVAL 22
-#define DTMK_EEXIST 17
-
-#define DTMK_SLOT_EMPTY 0u
-#define DTMK_SLOT_BUSY 1u
-#define DTMK_SLOT_FULL 2u
-#define DTMK_SLOT_TOMB 3u
+#include "bpf_map_ops.cuh"   /* the descriptor, its stats and every map operation */
 
 #define DTMK_RB_EPOCHS 8
 #define DTMK_EPOCH_NONE 0xffffffffu
 #define DTMK_COV_ROWS 64
 #define DTMK_COV_TAG_EMPTY 0xffffffffffffffffull
 #define DTMK_MAX_PROGS 8
-#define DTMK_MAX_KEY_WORDS 16      /* 64-byte keys */
-
-/* Map descriptor (128 bytes). */
-struct __align__(16) dtmk_map {
-    dtmk_u32 type, key_size, value_size, max_entries;
-    dtmk_u32 capacity, cap_mask, key_stride, value_stride;
-    dtmk_u32 n_workers, n_buckets, read_only, pad0;
-    dtmk_u32 pad1;
-    dtmk_u32 pad2;
-    dtmk_s64 lin_lo, lin_hi, lin_step;
-    dtmk_u64 budget_bytes;
-    dtmk_u64 values;   /* array/hash values; ringbuf data */
-    dtmk_u64 keys;     /* hash keys; ringbuf records */
-    dtmk_u64 slots;    /* hash slot states (u32); ringbuf per-worker state */
-    dtmk_u64 stats;    /* struct dtmk_map_stats */
-    dtmk_u64 pad3;
-};
-static_assert(sizeof(struct dtmk_map) == 128, "dtmk_map size");
-
-struct dtmk_map_stats {
-    dtmk_u64 count;       /* hash: live keys */
-    dtmk_u64 lost;        /* full map / out of range / ring full */
-    dtmk_u64 throttled;   /* ring budget refusals */
-    dtmk_u64 probe_exhausted;  /* hash: no EMPTY or deleted slot on the probe path (never while capacity >= 2 x max_entries) */
-    dtmk_u64 pad0;        /* reserved: 0 */
-    dtmk_u64 pad1;        /* reserved: 0 */
-};
-static_assert(sizeof(struct dtmk_map_stats) == 48, "dtmk_map_stats size");
 
 struct dtmk_rb_worker {
     dtmk_u64 held;                       /* data bytes held until drained */
@@ -132,19 +94,6 @@ struct __align__(16) dtmk_hook_table {
 };
 static_assert(sizeof(struct dtmk_hook_table) == 64 + 64 * DTMK_MAX_PROGS, "dtmk_hook_table size");
 
-/* ---------------------------------------------------------------------------------- */
-/* small memory helpers                                                                */
-/* ---------------------------------------------------------------------------------- */
-
-__device__ __forceinline__ dtmk_u32 dtmk_ld_acquire_u32(const dtmk_u32 *p) {
-    dtmk_u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void dtmk_st_release_u32(dtmk_u32 *p, dtmk_u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}
-
 /* -DDTMK_OBS_PROF cycle counters (megakernel.cu defines them before including this
  * file; everywhere else they are nothing) */
 #ifndef DTMK_PROF_BEGIN
@@ -153,233 +102,41 @@ __device__ __forceinline__ void dtmk_st_release_u32(dtmk_u32 *p, dtmk_u32 v) {
 #define DTMK_PROF_END1(k, name)
 #endif
 
-/* copy n bytes (n < 2^16) between generic addresses; word-wise when aligned */
-__device__ __forceinline__ void dtmk_copy(void *dst, const void *src, dtmk_u32 n) {
-    dtmk_u64 a = (dtmk_u64)dst, b = (dtmk_u64)src;
-    if (((a | b | n) & 7) == 0) {
-        for (dtmk_u32 i = 0; i < n; i += 8) *(dtmk_u64 *)(a + i) = *(const dtmk_u64 *)(b + i);
-    } else if (((a | b | n) & 3) == 0) {
-        for (dtmk_u32 i = 0; i < n; i += 4) *(dtmk_u32 *)(a + i) = *(const dtmk_u32 *)(b + i);
-    } else {
-        for (dtmk_u32 i = 0; i < n; i++) *(dtmk_u8 *)(a + i) = *(const dtmk_u8 *)(b + i);
-    }
-}
-__device__ __forceinline__ void dtmk_zero(void *dst, dtmk_u32 n) {
-    dtmk_u64 a = (dtmk_u64)dst;
-    if (((a | n) & 7) == 0) {
-        for (dtmk_u32 i = 0; i < n; i += 8) *(dtmk_u64 *)(a + i) = 0;
-    } else {
-        for (dtmk_u32 i = 0; i < n; i++) *(dtmk_u8 *)(a + i) = 0;
-    }
-}
-
-/* a key (key_size bytes at a generic address) as zero-padded little-endian words */
-__device__ __forceinline__ dtmk_u32 dtmk_load_key(const void *key, dtmk_u32 key_size, dtmk_u32 *w) {
-    dtmk_u32 nw = (key_size + 3) >> 2;
-    dtmk_u64 a = (dtmk_u64)key;
-    if (((a | key_size) & 3) == 0) {
-#pragma unroll 1   /* (keys are 1-4 words: rolled loops keep the helpers' code small, as below) */
-        for (dtmk_u32 i = 0; i < nw; i++) w[i] = *(const dtmk_u32 *)(a + 4 * i);
-    } else {
-        for (dtmk_u32 i = 0; i < nw; i++) w[i] = 0;
-        for (dtmk_u32 i = 0; i < key_size; i++)
-            w[i >> 2] |= (dtmk_u32)(*(const dtmk_u8 *)(a + i)) << (8 * (i & 3));
-    }
-    return nw;
-}
-
-/* FNV-1a over the key words, then a murmur finalizer (dtrace_mk.runtime.device.key_hash) */
-__device__ __forceinline__ dtmk_u32 dtmk_key_hash(const dtmk_u32 *w, dtmk_u32 nw) {
-    dtmk_u32 h = 2166136261u;
-#pragma unroll 1
-    for (dtmk_u32 i = 0; i < nw; i++) h = (h ^ w[i]) * 16777619u;
-    h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
-    return h;
-}
-
-__device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_map *m) {
-    return (struct dtmk_map_stats *)m->stats;
-}
-
 /* ---------------------------------------------------------------------------------- */
-/* hash tables (hash, hist_log2, hist_linear)                                          */
+/* the helpers the VM calls (and the compiled tier, for a map it has no shape of):     */
+/* bpf_map_ops.cuh's operations over the descriptor, one __noinline__ body each        */
 /* ---------------------------------------------------------------------------------- */
 
-#define DTMK_HASH_ABSENT (-1)
-#define DTMK_HASH_FULL (-2)
-
-/* Find key; with `create`, insert it when absent (value zeroed, or copied from init).
- * Returns the slot, DTMK_HASH_ABSENT, or DTMK_HASH_FULL (counted lost).  *created is set
- * when this call inserted the key.  A new key goes into the first tombstone of its probe
- * sequence (deleted slots are reused, so a map holds max_entries keys however many were
- * deleted before), else into the EMPTY slot that ended the probe.  Two inserts of one
- * key race correctly (both aim at the same first free slot; the CAS loser re-examines
- * it); an insert racing a delete of ANOTHER key on its probe path may duplicate the key
- * (never in serial use; documented in docs/results/device_vm.md). */
 __device__ __noinline__ int dtmk_hash_find(const struct dtmk_map *m, const void *key, bool create,
                                            const void *init, bool *created) {
-    dtmk_u32 w[DTMK_MAX_KEY_WORDS];
-    dtmk_u32 nw = dtmk_load_key(key, m->key_size, w);
-    const dtmk_u32 h0 = dtmk_key_hash(w, nw) & m->cap_mask;
-    dtmk_u32 *states = (dtmk_u32 *)m->slots;
-    const dtmk_u32 kstride = m->key_stride;
-    *created = false;
-    for (;;) {
-        int free_slot = -1;
-        dtmk_u32 i = h0, probe = 0;
-        for (; probe < m->capacity; probe++, i = (i + 1) & m->cap_mask) {
-            dtmk_u32 st = dtmk_ld_acquire_u32(states + i);
-            while (st == DTMK_SLOT_BUSY) {
-                __nanosleep(20);
-                st = dtmk_ld_acquire_u32(states + i);
-            }
-            if (st == DTMK_SLOT_FULL) {
-                const dtmk_u32 *k = (const dtmk_u32 *)(m->keys + (dtmk_u64)i * kstride);
-                bool eq = true;
-#pragma unroll 1
-                for (dtmk_u32 j = 0; j < nw; j++) eq &= (k[j] == w[j]);
-                if (eq) return (int)i;
-            } else if (st == DTMK_SLOT_TOMB) {
-                if (free_slot < 0) free_slot = (int)i;
-            } else {                                   /* EMPTY: the key is absent */
-                if (free_slot < 0) free_slot = (int)i;
-                break;
-            }
-        }
-        if (!create) return DTMK_HASH_ABSENT;
-        if (free_slot < 0) {                           /* every slot FULL: cannot happen while */
-            struct dtmk_map_stats *s = dtmk_stats(m);  /* capacity >= 2 * max_entries        */
-            atomicAdd((unsigned long long *)&s->probe_exhausted, 1ull);
-            atomicAdd((unsigned long long *)&s->lost, 1ull);
-            return DTMK_HASH_FULL;
-        }
-        const dtmk_u32 fs = (dtmk_u32)free_slot;
-        const dtmk_u32 seen = dtmk_ld_acquire_u32(states + fs);
-        if ((seen != DTMK_SLOT_EMPTY && seen != DTMK_SLOT_TOMB) ||
-            atomicCAS(states + fs, seen, DTMK_SLOT_BUSY) != seen)
-            continue;                                  /* someone took it: probe again */
-        struct dtmk_map_stats *s = dtmk_stats(m);
-        unsigned long long c = atomicAdd((unsigned long long *)&s->count, 1ull);
-        if (c >= m->max_entries) {
-            atomicAdd((unsigned long long *)&s->count, ~0ull);   /* -1 */
-            atomicAdd((unsigned long long *)&s->lost, 1ull);
-            dtmk_st_release_u32(states + fs, seen);
-            return DTMK_HASH_FULL;
-        }
-        dtmk_u32 *k = (dtmk_u32 *)(m->keys + (dtmk_u64)fs * kstride);
-        for (dtmk_u32 j = 0; j < nw; j++) k[j] = w[j];
-        void *v = (void *)(m->values + (dtmk_u64)fs * m->value_stride);
-        if (init) dtmk_copy(v, init, m->value_size);
-        else dtmk_zero(v, m->value_stride);
-        __threadfence();
-        dtmk_st_release_u32(states + fs, DTMK_SLOT_FULL);
-        *created = true;
-        return (int)fs;
+#ifdef DTMK_HASH_LOOK_FAST
+    /* opt-in (session 38, for the hot tier's drain): a 4- or 8-byte key -- the summary's --
+     * probes through the compiled tier's register-only dtmk_hash_look (no key words in local
+     * memory) and only an absent key takes the generic body (which probes again: the same
+     * slot or insert, as a constant shape's find()) */
+    const dtmk_u32 ks = m->key_size;
+    if (ks == 8u || ks == 4u) {
+        const int s = ks == 8u ? dtmk_hash_look<8u>(key, m->keys, m->slots, m->capacity, m->key_stride)
+                               : dtmk_hash_look<4u>(key, m->keys, m->slots, m->capacity, m->key_stride);
+        *created = false;
+        if (s >= 0 || !create) return s;
     }
+#endif
+    return dtmk_hash_find_t(dtmk_desc_shape{m}, key, create, init, created);
 }
-
-__device__ __forceinline__ dtmk_u64 dtmk_hash_value(const struct dtmk_map *m, int slot) {
-    return m->values + (dtmk_u64)(dtmk_u32)slot * m->value_stride;
-}
-
-/* ---------------------------------------------------------------------------------- */
-/* helpers' map operations: return value as the program sees it; *lost / *throttled    */
-/* set as the reference VM appends reasons                                             */
-/* ---------------------------------------------------------------------------------- */
-
-__device__ __forceinline__ bool dtmk_is_hash(dtmk_u32 t) {
-    return t == BPF_MAP_TYPE_HASH || t == DTMK_MAP_TYPE_HIST_LOG2 || t == DTMK_MAP_TYPE_HIST_LINEAR;
-}
-__device__ __forceinline__ bool dtmk_is_array(dtmk_u32 t) {
-    return t == BPF_MAP_TYPE_ARRAY || t == BPF_MAP_TYPE_PERCPU_ARRAY;
-}
-
-__device__ __forceinline__ dtmk_u32 dtmk_array_index(const void *key) {
-    dtmk_u64 a = (dtmk_u64)key;
-    if ((a & 3) == 0) return *(const dtmk_u32 *)a;
-    const dtmk_u8 *b = (const dtmk_u8 *)a;
-    return (dtmk_u32)b[0] | ((dtmk_u32)b[1] << 8) | ((dtmk_u32)b[2] << 16) | ((dtmk_u32)b[3] << 24);
-}
-
-__device__ __forceinline__ dtmk_u64 dtmk_array_value(const struct dtmk_map *m, dtmk_u32 idx, dtmk_u32 worker) {
-    dtmk_u64 row = m->type == BPF_MAP_TYPE_PERCPU_ARRAY ? (dtmk_u64)worker * m->max_entries + idx : idx;
-    return m->values + row * m->value_stride;
-}
-
 __device__ __noinline__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const void *key, dtmk_u32 worker,
                                                  bool *lost) {
-    dtmk_u32 t = m->type;
-    if (dtmk_is_array(t)) {
-        dtmk_u32 idx = dtmk_array_index(key);
-        return idx < m->max_entries ? dtmk_array_value(m, idx, worker) : 0;
-    }
-    if (dtmk_is_hash(t)) {
-        bool created;
-        int s = dtmk_hash_find(m, key, false, 0, &created);
-        return s >= 0 ? dtmk_hash_value(m, s) : 0;
-    }
-    *lost = true;               /* ringbuf: helper error */
-    return 0;
+    return dtmk_map_lookup_t(dtmk_desc_shape{m}, key, worker, lost);
 }
-
 __device__ __noinline__ dtmk_u64 dtmk_map_update(const struct dtmk_map *m, const void *key, const void *value,
                                                  dtmk_u64 flags, dtmk_u32 worker, bool *lost) {
-    dtmk_u32 t = m->type;
-    if (!dtmk_is_array(t) && !dtmk_is_hash(t)) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-    if (flags > 2) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-    if (dtmk_is_array(t)) {
-        dtmk_u32 idx = dtmk_array_index(key);
-        if (idx >= m->max_entries) {
-            atomicAdd((unsigned long long *)&dtmk_stats(m)->lost, 1ull);
-            *lost = true;
-            return (dtmk_u64)-DTMK_E2BIG;
-        }
-        if (flags == 1) return (dtmk_u64)-DTMK_EEXIST;
-        dtmk_copy((void *)dtmk_array_value(m, idx, worker), value, m->value_size);
-        return 0;
-    }
-    bool created;
-    if (flags == 2) {   /* EXIST */
-        int s = dtmk_hash_find(m, key, false, 0, &created);
-        if (s < 0) return (dtmk_u64)-DTMK_ENOENT;
-        dtmk_copy((void *)dtmk_hash_value(m, s), value, m->value_size);
-        return 0;
-    }
-    int s = dtmk_hash_find(m, key, true, value, &created);
-    if (s == DTMK_HASH_FULL) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
-    if (created) return 0;
-    if (flags == 1) return (dtmk_u64)-DTMK_EEXIST;
-    dtmk_copy((void *)dtmk_hash_value(m, s), value, m->value_size);
-    return 0;
+    return dtmk_map_update_t(dtmk_desc_shape{m}, key, value, flags, worker, lost);
 }
-
 __device__ __noinline__ dtmk_u64 dtmk_map_delete(const struct dtmk_map *m, const void *key, bool *lost) {
-    dtmk_u32 t = m->type;
-    if (!dtmk_is_hash(t)) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-    bool created;
-    int s = dtmk_hash_find(m, key, false, 0, &created);
-    if (s < 0) return (dtmk_u64)-DTMK_ENOENT;
-    dtmk_u32 *states = (dtmk_u32 *)m->slots;
-    if (atomicCAS(states + s, DTMK_SLOT_FULL, DTMK_SLOT_TOMB) != DTMK_SLOT_FULL)
-        return (dtmk_u64)-DTMK_ENOENT;            /* deleted concurrently */
-    atomicAdd((unsigned long long *)&dtmk_stats(m)->count, ~0ull);
-    return 0;
+    return dtmk_map_delete_t(dtmk_desc_shape{m}, key, lost);
 }
-
-__device__ __forceinline__ dtmk_u32 dtmk_log2_bucket(dtmk_u64 v) { return dtmk_bucket_log2(v); }
-__device__ __forceinline__ dtmk_u32 dtmk_linear_bucket(const struct dtmk_map *m, dtmk_u64 v) {
-    return dtmk_bucket_linear(m->lin_lo, m->lin_hi, m->lin_step, m->n_buckets, v);
-}
-
 __device__ __noinline__ dtmk_u64 dtmk_hist_add(const struct dtmk_map *m, const void *key, dtmk_u64 v, bool *lost) {
-    dtmk_u32 t = m->type;
-    if (t != DTMK_MAP_TYPE_HIST_LOG2 && t != DTMK_MAP_TYPE_HIST_LINEAR) { *lost = true; return (dtmk_u64)-DTMK_EINVAL; }
-    bool created;
-    int s = dtmk_hash_find(m, key, true, 0, &created);
-    if (s < 0) { *lost = true; return (dtmk_u64)-DTMK_E2BIG; }
-    dtmk_u32 b = t == DTMK_MAP_TYPE_HIST_LOG2 ? dtmk_log2_bucket(v) : dtmk_linear_bucket(m, v);
-    atomicAdd((unsigned long long *)(dtmk_hash_value(m, s) + 8ull * b), 1ull);
-    return 0;
+    return dtmk_hist_add_t(dtmk_desc_shape{m}, key, v, lost);
 }
 
 /* budget slot of (worker ring, epoch): claim a free one for a new epoch */

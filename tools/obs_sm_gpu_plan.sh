@@ -353,6 +353,17 @@
 #   tools/obs_sm_gpu_plan.sh 102 the off path of a job started lean (grid handoff: the no-hook build runs until the first
 #                                attach), last measured in session 12 (-1.12% 1b): bench/handoff.py on tiny and 1b at
 #                                today's kernels, beside the plain hook build's off (the table of record's +4.05%)
+# Session 38 (no device lent): the compiled tier's map helpers folded to each map's shape (kernels/bpf_map_ops.cuh:
+# one shared probe per key size, no descriptor loads, key words in registers) and its interpreter slot out of
+# dtmk_cm_run_records' lines; checked on the CPU only (host differential, NVRTC, nvJitLink + nvdisasm sizes):
+#   tools/obs_sm_gpu_plan.sh 103 the GPU tests of the changed device code: the compiled tier (three-way differential,
+#                                megakernel stages, the observer SM's compiled tier) and the device VM (its helpers
+#                                are now bpf_map_ops.cuh's templates over the descriptor)
+#   tools/obs_sm_gpu_plan.sh 104 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look: the CLI build's
+#                                compiled summary with folded (summary_cm) and generic (summary_cmgen) map helpers side
+#                                by side; the hot summary with the generic helpers' register-only probe (opt-in
+#                                -DDTMK_HASH_LOOK_FAST)
+# Then: 81 on the x2 kind; 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -679,6 +690,10 @@ case "${1:-}" in
   102) P="DTMK_HANDOFF+DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_SM_WORKER DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R"
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $P '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
        "timeout 460 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
+  103) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R $L+$R" \
+       "$(pytv 420 tests/gpu/test_compiled_tier.py tests/gpu/test_device_vm.py)" ;;
+  104) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
+       "timeout 440 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out ${OUT:-/tmp/out}" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -704,5 +719,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..102)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..104)" >&2; exit 2 ;;
 esac

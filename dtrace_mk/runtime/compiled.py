@@ -232,9 +232,48 @@ def _inline_call(nm: str, shadow: Dict[int, "InlineMap"], plain: str) -> str:
     return " else ".join(arms + [f"{{ {plain} }}"]) if arms else plain
 
 
-def _call(nm: str, shadow: Optional[Dict[int, "InlineMap"]] = None) -> str:
-    plain = _plain_call(nm)
+def _call(nm: str, shadow: Optional[Dict[int, "InlineMap"]] = None, shapes: Optional[Dict[int, str]] = None) -> str:
+    plain = _shaped_call(nm, shapes) if shapes else _plain_call(nm)
     return _inline_call(nm, shadow, plain) if shadow else plain
+
+
+#: the map helpers a shape of constants can run: helper -> (bpf_map_ops.cuh operation, its arguments after the shape)
+_SHAPED_OPS = {
+    "call_map_lookup_elem": ("dtmk_map_lookup_t", "(const void *)r2, worker, &lost"),
+    "call_map_update_elem": ("dtmk_map_update_t", "(const void *)r2, (const void *)r3, r4, worker, &lost"),
+    "call_map_delete_elem": ("dtmk_map_delete_t", "(const void *)r2, &lost"),
+    "call_hist_add": ("dtmk_hist_add_t", "(const void *)r2, r3, &lost"),
+}
+
+
+def _shaped_call(nm: str, shapes: Dict[int, str]) -> str:
+    """A map helper call through the shape of the map r1 names (kernels/bpf_map_ops.cuh
+    DTMK_CONST_SHAPE): r1 is the lddw constant just before, so the test folds to one arm;
+    a map without a shape (a ringbuf) -- or an r1 no arm names -- takes the generic helper."""
+    plain = _plain_call(nm)
+    if nm not in _SHAPED_OPS:
+        return plain
+    op, args = _SHAPED_OPS[nm]
+    arms = [f"if (r1 == {_hex(addr)}) r0 = {op}({name}(), {args});" for addr, name in sorted(shapes.items())]
+    return " else ".join(arms + [f"{{ {plain} }}"])
+
+
+def _shapes_at(shapes: Optional[Dict[int, str]], r1_map: Optional[int]) -> Optional[Dict[int, str]]:
+    """The arms a call needs: only r1's map when the translator knows it (a map without a
+    shape: none, the generic helper), else every shape (the C compiler may still fold)."""
+    if not shapes or r1_map is None:
+        return shapes
+    return {r1_map: shapes[r1_map]} if r1_map in shapes else None
+
+
+def _writes(grp: str, sub: int, aux: int, d: int, s: int, reg: int) -> bool:
+    """May this record write register `reg`?  Jumps and stores write none; an atomic add
+    with fetch writes its source; everything else its destination."""
+    if grp.startswith("jmp"):
+        return False
+    if grp == "mem" and 4 <= sub <= 15:
+        return sub in (12, 13) and bool(aux) and s == reg
+    return d == reg
 
 
 def _plain_call(nm: str) -> str:
@@ -253,10 +292,12 @@ def _plain_call(nm: str) -> str:
 
 def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
               stack_depth: int = abi.STACK_SIZE, name: str = "prog",
-              shadow: Optional[Dict[int, "InlineMap"]] = None) -> str:
+              shadow: Optional[Dict[int, "InlineMap"]] = None, shapes: Optional[Dict[int, str]] = None) -> str:
     """dtmk_dinsn records (device.encode_program) -> one C function `fn`.  `shadow`: the
     inline form (kernels/bpf_inline.cuh): the maps the shadow combines, by descriptor
-    address (dtrace_mk.runtime.inline); `fn` then also takes the shadow and the slot."""
+    address (dtrace_mk.runtime.inline); `fn` then also takes the shadow and the slot.
+    `shapes`: descriptor address -> the name of its shape of constants (monitor_source
+    emits them): map helpers on those maps run folded (kernels/bpf_map_ops.cuh)."""
     n = len(recs)
     try:                                               # the budget can bind: count like the VM
         count = longest_path(recs, name) > max_insns
@@ -294,6 +335,7 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
     if count:
         w("    dtmk_u32 cnt = 0;\n")
     CNT = "cnt++; " if count else ""
+    r1_map: Optional[int] = None                 # the map address r1 holds here, if known
 
     def chk() -> str:
         nonlocal used_fault
@@ -311,6 +353,7 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
         grp = _group(op)
         if i in targets:
             w(f"L{i}:\n")
+            r1_map = None                        # (another path may bring another r1)
         if grp.startswith("alu"):
             line = _alu(grp, sub, f"r{d}", f"r{s}", imm)
         elif grp.startswith("jmp"):
@@ -321,7 +364,7 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
                 used_fault = True
                 line = "goto L_fault;"
         elif grp == "call":
-            line = chk() + _call(nm, shadow)
+            line = chk() + _call(nm, shadow, _shapes_at(shapes, r1_map))
         elif nm in ("lddw", "lddw_map", "lddw_map_value"):
             line = f"r{d} = {_hex(imm)};"
         elif nm == "neg":
@@ -342,6 +385,12 @@ def translate(recs: np.ndarray, fn: str, *, max_insns: int = abi.MAX_INSNS,
             used_fault = True
             line = "goto L_fault;"
         w(f"    /* {i}: {nm} */ {CNT}{line}\n")
+        # which map r1 names on the straight line after this record (the calls' usual
+        # `lddw_map r1; ...; call`): a call clobbers r1..r5, anything else may write r1
+        if nm == "lddw_map" and d == 1:
+            r1_map = imm
+        elif grp == "call" or _writes(grp, sub, aux, d, s, 1):
+            r1_map = None
     used_fault = True
     w("    goto L_fault;   /* fell off the end (never in a verified program) */\n")
     w("L_exit:\n    *r0_out = r0;\n")
@@ -363,7 +412,7 @@ PRELUDE = r"""/* GENERATED by dtrace_mk.runtime.compiled: a compiled-tier monito
 #define DTMK_OUT_SAMPLED 5
 #endif
 #include "bpf_inline.cuh"
-struct dtmk_map;
+#include "bpf_map_ops.cuh"   /* the map operations, over the shapes of constants emitted below */
 /* defined by the kernel module (kernels/bpf_maps.cuh): the device VM's own helpers */
 __device__ dtmk_u64 dtmk_map_lookup(const struct dtmk_map *m, const void *key, dtmk_u32 worker, bool *lost);
 __device__ dtmk_u64 dtmk_map_update(const struct dtmk_map *m, const void *key, const void *value,
@@ -402,21 +451,77 @@ class MonitorProgram:
     max_insns: int = abi.MAX_INSNS
     stack_depth: int = abi.STACK_SIZE
     shadow: Optional[Dict[int, "InlineMap"]] = None
+    #: descriptor address -> the map's shape as the host wrote it (its map helpers run
+    #: folded to it); None or a missing map: the generic helpers
+    maps: Optional[Dict[int, "MapShape"]] = None
+
+
+@dataclass(frozen=True)
+class MapShape:
+    """A map's descriptor as the host wrote it at attach (device.MAP_DTYPE; written once,
+    never changed while the map lives): the constants of its shape in a compiled monitor
+    (kernels/bpf_map_ops.cuh DTMK_CONST_SHAPE)."""
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    capacity: int
+    key_stride: int
+    value_stride: int
+    n_buckets: int
+    lin_lo: int
+    lin_hi: int
+    lin_step: int
+    values: int
+    keys: int
+    slots: int
+    stats: int
+
+    @classmethod
+    def of(cls, desc) -> Optional["MapShape"]:
+        """From a MAP_DTYPE row; None for a map whose helpers stay generic (a ringbuf:
+        its output helper reads the descriptor as it is)."""
+        if int(desc["type"]) == abi.MAP_TYPES_BY_NAME["ringbuf"].id:
+            return None
+        return cls(**{f: int(desc[f]) for f in cls.__dataclass_fields__})
+
+    def macro(self, name: str, addr: int) -> str:
+        """The shape as kernels/bpf_map_ops.cuh's DTMK_CONST_SHAPE, struct `name`, for the
+        descriptor at `addr` (its generic insert)."""
+        s64 = lambda v: f"(dtmk_s64){_hex(v & M64)}"   # noqa: E731 - (signed values as their bits)
+        mt = abi.MAP_TYPES_BY_ID.get(self.type)
+        kind = mt.name if mt else str(self.type)
+        return (f"/* {kind}: key {self.key_size} B, value {self.value_size} B, {self.max_entries} entries */\n"
+                f"DTMK_CONST_SHAPE({name}, {_hex(addr)}, {self.type}u, {self.key_size}u, {self.value_size}u, "
+                f"{self.max_entries}u, {self.capacity}u, {self.key_stride}u, {self.value_stride}u, {self.n_buckets}u, {s64(self.lin_lo)}, "
+                f"{s64(self.lin_hi)}, {s64(self.lin_step)}, {_hex(self.values)}, {_hex(self.keys)}, "
+                f"{_hex(self.slots)}, {_hex(self.stats)})\n")
 
 
 def monitor_source(progs: Sequence[MonitorProgram]) -> str:
-    """The monitor module: every program's function and dtmk_cm_hook_<id> for every hook
-    (an empty list gives the empty monitor)."""
+    """The monitor module: a shape of constants per map the programs name, every
+    program's function and dtmk_cm_hook_<id> for every hook (an empty list gives the
+    empty monitor)."""
     parts = [PRELUDE]
     ids = [p.cm_id for p in progs]
     if len(set(ids)) != len(ids) or any(not 0 <= i < 1 << 16 for i in ids):
         raise ValueError(f"cm_ids must be distinct and < 65536: {ids}")
+    shapes: Dict[int, MapShape] = {}
     for p in progs:
+        for addr, sh in (p.maps or {}).items():
+            if sh is not None and shapes.setdefault(addr, sh) != sh:
+                raise ValueError(f"map {addr:#x}: two shapes given")
+    names = {addr: f"dtmk_cm_map{i}" for i, addr in enumerate(sorted(shapes))}
+    for addr in sorted(shapes):
+        parts.append(shapes[addr].macro(names[addr], addr))
+    for p in progs:
+        mine = {a: names[a] for a in (p.maps or {}) if a in names}
         parts.append(translate(p.recs, f"dtmk_cm_prog_{p.cm_id}", max_insns=p.max_insns,
-                               stack_depth=p.stack_depth, name=p.name))
+                               stack_depth=p.stack_depth, name=p.name, shapes=mine))
         if p.shadow is not None:
             parts.append(translate(p.recs, f"dtmk_cm_iprog_{p.cm_id}", max_insns=p.max_insns,
-                                   stack_depth=p.stack_depth, name=p.name + " (inline)", shadow=p.shadow))
+                                   stack_depth=p.stack_depth, name=p.name + " (inline)", shadow=p.shadow,
+                                   shapes=mine))
     for h in HOOK_IDS:
         mine = [p for p in progs if p.hook_id == h]
         parts.append(f'extern "C" __device__ int dtmk_cm_hook_{h}(dtmk_u32 cm_id, const struct dtmk_ctx *ctx, '
@@ -664,6 +769,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_WS_NST", "DTMK_WS_STAGE",   # the weight ring's shape: the launch sizes its smem by them
                    "DTMK_INL_PROBE",    # profiling: the inline event warm, an empty call (level_profile)
                    "DTMK_INL_NOINLINE",   # the site form through a noinline call (bench variant inlcall)
+                   "DTMK_HASH_LOOK_FAST",   # the generic helpers' register-only probe (bench variant obssm4look)
                    # the observer SM (it runs the linked programs): its count and its defines, from
                    # their one list (gpu.OBS_SM_DEFINES) but the probe's counters
                    "DTMK_OBS_SMS") + tuple(d for d in OBS_SM_DEFINES if d != "DTMK_OSQ_STATS")
@@ -802,9 +908,14 @@ _ASM_FIXES = (
 
 
 def host_maps_header() -> str:
-    """kernels/bpf_maps.cuh with its two PTX one-liners (acquire load, release store) as
-    plain C: the only edits the host build makes to the device map code."""
+    """kernels/bpf_maps.cuh with kernels/bpf_map_ops.cuh inlined where it is included, and
+    their two PTX one-liners (acquire load, release store) as plain C: the only edits the
+    host build makes to the device map code."""
+    inc = '#include "bpf_map_ops.cuh"'
     text = (KERNEL_DIR / "bpf_maps.cuh").read_text()
+    if inc not in text:
+        raise RuntimeError(f"bpf_maps.cuh changed: host build cannot find {inc!r}")
+    text = text.replace(inc, (KERNEL_DIR / "bpf_map_ops.cuh").read_text(), 1)
     for old, new in _ASM_FIXES:
         if old not in text:
             raise RuntimeError(f"bpf_maps.cuh changed: host build cannot find {old!r}")
@@ -826,11 +937,12 @@ def host_source(monitor: str) -> str:
 _HOST_LIBS: Dict[str, ctypes.CDLL] = {}
 
 
-def host_library(monitor: str, opt: str = "-O1") -> ctypes.CDLL:
+def host_library(monitor: str, opt: str = "-O1", defines: Sequence[str] = ()) -> ctypes.CDLL:
     """Compile host_source(monitor) with g++ into a shared library and load it (cached
-    per process by the source hash; the map addresses in the source are this process's)."""
+    per process by the source hash; the map addresses in the source are this process's).
+    defines: -D options of the build (the device code's opt-in variants, e.g. DTMK_HASH_LOOK_FAST)."""
     src = host_source(monitor)
-    key = hashlib.sha256((opt + src).encode()).hexdigest()[:20]
+    key = hashlib.sha256((opt + "|".join(defines) + src).encode()).hexdigest()[:20]
     if key in _HOST_LIBS:
         return _HOST_LIBS[key]
     with tempfile.TemporaryDirectory() as td:
@@ -838,7 +950,7 @@ def host_library(monitor: str, opt: str = "-O1") -> ctypes.CDLL:
         c.write_text(src)
         so = Path(td) / f"cm_host_{key}.so"
         cmd = ["g++", "-std=c++17", opt, "-shared", "-fPIC", "-fno-strict-aliasing", "-w",
-               "-Wl,-z,defs", f"-I{KERNEL_DIR}", "-o", str(so), str(c)]
+               "-Wl,-z,defs", f"-I{KERNEL_DIR}", *[f"-D{d}" for d in defines], "-o", str(so), str(c)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise D.CompileError(f"host build of the compiled monitor failed:\n{res.stderr[-4000:]}")
@@ -887,9 +999,11 @@ class HostDevice:
 # Runtimes
 # ---------------------------------------------------------------------------------
 
-def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int, int]) -> List[MonitorProgram]:
+def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int, int],
+                      fold_maps: bool = True) -> List[MonitorProgram]:
     """MonitorProgram per (attachment, _DevProg), cm_id = cm_ids[id(_DevProg)]; programs
-    the inline form can run get it too (the table flag decides which form runs)."""
+    the inline form can run get it too (the table flag decides which form runs).
+    fold_maps: each map's shape of constants (else every helper call is the generic one)."""
     out = []
     for att, dp in entries:
         recs = D.encode_program(dp.program.insns, att.maps.desc_addrs, att.maps.value_addrs, dp.program.name,
@@ -897,8 +1011,10 @@ def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int
         plan = dp.facts.plan
         addrs = att.maps.desc_addrs
         shadow = {addrs[i]: im for i, im in plan.maps.items()} if plan.ok else None
+        shapes = {addrs[i]: MapShape.of(att.maps.host_descs[i]) for i in range(len(addrs))} if fold_maps else {}
         out.append(MonitorProgram(dp.program.hook.id, cm_ids[id(dp)], f"{att.id}:{dp.program.name}", recs,
-                                  dp.max_insns, dp.stack_depth, shadow))
+                                  dp.max_insns, dp.stack_depth, shadow,
+                                  {a: s for a, s in shapes.items() if s is not None}))
     return out
 
 
@@ -907,6 +1023,9 @@ class _CompiledMixin:
     dtrace_mk.runtime.tiers (prepare_promotion / commit_promotion)."""
 
     inline_tier = True    # compiled programs that qualify run at the hook site (megakernel)
+    #: map helpers folded to each map's shape (kernels/bpf_map_ops.cuh); False: the generic
+    #: helpers, as before session 38 (bench/hooks.py measures the two side by side)
+    fold_maps = True
     #: a compiled program that also has descriptors runs them (the host build's test of
     #: the descriptor form); else its compiled code (the compiled tier as promised)
     desc_over_compiled = False
@@ -966,7 +1085,7 @@ class _CompiledMixin:
         if extra is not None:
             for dp in self._atts[extra].progs:
                 ids.setdefault(id(dp), self._cm_reserved.get(id(dp), -1))
-        return monitor_source(_monitor_programs(self._compiled_entries(extra), ids))
+        return monitor_source(_monitor_programs(self._compiled_entries(extra), ids, self.fold_maps))
 
     def _reserve(self, aid: int) -> None:
         for dp in self._atts[aid].progs:
@@ -1079,10 +1198,11 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     coverage(aid).  Maps, tables and coverage are the device layouts in host memory."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, clock_from_ctx: bool = True,
-                 opt: str = "-O1", inline: bool = False, descriptors: bool = False):
+                 opt: str = "-O1", inline: bool = False, descriptors: bool = False, defines: Sequence[str] = ()):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.opt = opt                          # g++ optimisation level of the host build
+        self.defines = tuple(defines)           # ... and its -D options (the device code's opt-in variants)
         # inline: qualifying programs run as the megakernel's hook site runs them (shadow
         # flushed at the end of every fire(): the epoch end); else as the harness does.
         # descriptors: programs that reduce run from their descriptors there instead (the
@@ -1110,7 +1230,7 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     DEFAULT_TIER = "compiled"
 
     def _build_work(self, src: str, stage: int = STAGE_LTO):
-        return lambda: (host_library(src, self.opt), stage)
+        return lambda: (host_library(src, self.opt, self.defines), stage)
 
     def prepare_optimize(self):
         # the host build has one stage; the protocol still runs (a "stage 2" artifact is
@@ -1149,7 +1269,7 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
                             f"promote first")
         src = self.monitor()
         if self._lib_src != src:
-            self._install(src, host_library(src, self.opt))
+            self._install(src, host_library(src, self.opt, self.defines))
         r0 = np.zeros(max(n, 1) * D.MAX_PROGS, np.uint64)
         out = np.zeros(max(n, 1) * D.MAX_PROGS, np.uint8)
         if n:

@@ -82,13 +82,14 @@ def link_megakernel(monitor_src: str, arch: str = "sm_90a", stage: int = 2,
 TIERS = ("hot", "compiled", "auto")
 
 
-def linked_runtime(num_workers: int, mk=None, inline: bool = True, **kw):
+def linked_runtime(num_workers: int, mk=None, inline: bool = True, fold_maps: bool = True, **kw):
     """A DeviceRuntime (no harness) whose table slots can run compiled: attach(...,
     tier="compiled") marks them; LiveSession.link_compiled() builds the kernel.  With `mk`
     (a gpu.Megakernel) it also speaks the promotion protocol of runtime.tiers: builds are
     megakernel links (stage 1 / stage 2) and installing one loads it into `mk` for its
     next launch.  inline: compiled programs that qualify run at the hook site
-    (kernels/bpf_inline.cuh); False: every compiled program takes records (ring + drain)."""
+    (kernels/bpf_inline.cuh); False: every compiled program takes records (ring + drain).
+    fold_maps: map helpers folded to each map's shape (compiled._CompiledMixin.fold_maps)."""
     from .compiled import _CompiledMixin, build_linked, megakernel_spec
     from .device import DeviceRuntime
     spec = megakernel_spec(getattr(mk, "defines", ()))   # e.g. the -DDTMK_REC_GLOBAL build
@@ -102,6 +103,7 @@ def linked_runtime(num_workers: int, mk=None, inline: bool = True, **kw):
             DeviceRuntime.__init__(self, num_workers, harness=False, clock_from_ctx=False, **kw)
             self._cm_init()
             self.inline_tier = inline and site_form
+            self.fold_maps = fold_maps
             self.mk = mk
             self._module_src: Optional[str] = None
             self.last_build = None

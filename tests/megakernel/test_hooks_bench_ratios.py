@@ -19,7 +19,8 @@ def test_own_off_takes_each_build_over_its_own_off(load_bench):
     hooks = load_bench("hooks")
     times = {"nohooks": [1000.0, 1000.0], "off": [1010.0, 1010.0, 990.0, 990.0], "off2": [1010.0, 1020.1],
              "summary": [1373.6, 1383.7], "off_obssm4defer": [1030.0, 1060.0],
-             "summary_obssm4defer": [1102.1, 1166.0], "summary_cm_obssm4defer": [1081.5, 1123.6]}
+             "summary_obssm4defer": [1102.1, 1166.0], "summary_cm_obssm4defer": [1081.5, 1123.6],
+             "summary_cmgen_obssm4defer": [1091.8, 1144.8]}
     t = hooks.own_off(times, ("obssm4defer",))
     d, b = t["default"], t["obssm4defer"]
     assert d["off"]["median"] == pytest.approx(0.01)                      # over nohooks
@@ -29,11 +30,12 @@ def test_own_off_takes_each_build_over_its_own_off(load_bench):
     assert b["summary"]["ratios"] == pytest.approx([0.07, 0.10])          # over its OWN off, not the default's
     assert (b["summary"]["lo"], b["summary"]["hi"]) == pytest.approx((0.07, 0.10))
     assert b["summary_cm"]["median"] == pytest.approx(0.055)
+    assert b["summary_cmgen"]["ratios"] == pytest.approx([0.06, 0.08])   # the generic helpers' A/B run
     lines = hooks.own_off_lines("1b", t)
     assert len(lines) == 3 and lines[0].split()[:2] == ["preset", "build"]
     row = lines[2]
     assert row.split()[:2] == ["1b", "obssm4defer"]
-    assert "+8.50% [+7.00..+10.00]" in row and "+4.50% [+3.00..+6.00]" in row
+    assert "+8.50% [+7.00..+10.00]" in row and "+4.50% [+3.00..+6.00]" in row and "+7.00% [+6.00..+8.00]" in row
     assert lines[1].rstrip().endswith("-")                                # the default's missing summary_cm
 
 

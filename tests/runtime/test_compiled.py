@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shutil
@@ -45,9 +46,10 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "cm_cache"))
 
 
-def _run_group(objs, ctxs, workers, **kw):
+def _run_group(objs, ctxs, workers, fold_maps=True, defines=(), **kw):
     """Reference and host-compiled runtimes, the same attachments in the same order."""
-    ref, host = ReferenceRuntime(num_workers=workers), C.HostCompiledRuntime(workers)
+    ref, host = ReferenceRuntime(num_workers=workers), C.HostCompiledRuntime(workers, defines=defines)
+    host.fold_maps = fold_maps
     pairs = []
     for obj in objs:
         init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
@@ -188,6 +190,88 @@ def test_a_wrong_translation_is_caught(monkeypatch):
     assert any("r0 reference 0x1 device 0x2" in p for p in probs), probs
 
 
+def _prog_bodies(src: str) -> str:
+    """The ring-form program functions of a monitor (dtmk_cm_prog_<i>; not the inline form's)."""
+    return "".join(c for c in src.split("static __device__ __forceinline__ int dtmk_cm_")[1:] if c.startswith("prog_"))
+
+
+def test_each_map_runs_its_helpers_through_a_shape_of_its_descriptor():
+    """Every map but a ringbuf gets a shape of constants equal to the descriptor the host
+    wrote; a helper call right after its `lddw_map r1` names that one shape (no chain of
+    tests), and the ringbuf's output helper stays the generic one."""
+    obj = G.random_object(random.Random(11), parallel_safe=False, n_progs=3)
+    rt = C.HostCompiledRuntime(2)
+    aid = rt.attach(obj, tier="compiled")
+    src = rt.monitor()
+    dm = rt.device_maps(aid)
+    got = {int(m.group(1), 16): tuple(int(x) for x in m.groups()[1:]) for m in re.finditer(
+        r"DTMK_CONST_SHAPE\(\w+, 0x([0-9a-f]+)ull, (\d+)u, (\d+)u, (\d+)u, (\d+)u, (\d+)u", src)}
+    want = {dm.desc_addr(i): tuple(int(d[f]) for f in ("type", "key_size", "value_size", "max_entries", "capacity"))
+            for i, (m, d) in enumerate(zip(dm.defs, dm.host_descs)) if m.type != "ringbuf"}
+    assert got == want and len(want) == len(dm.defs) - 1
+    calls = [ln for ln in _prog_bodies(src).splitlines() if re.search(r"/\* \d+: call_(map_\w+|hist_add) \*/", ln)]
+    assert len(calls) >= 3 and all(ln.count("(dtmk_cm_map") == 1 for ln in calls), calls
+    ring = dm.desc_addr([m.type for m in dm.defs].index("ringbuf"))
+    outs = [ln for ln in _prog_bodies(src).splitlines() if "call_ringbuf_output" in ln]
+    assert outs and all("dtmk_cm_map" not in ln and "r0 = dtmk_ringbuf_output(" in ln for ln in outs)
+    assert f"{ring:#x}ull" in src
+
+
+@needs_gxx
+@pytest.mark.parametrize("defines", [(), ("DTMK_HASH_LOOK_FAST",)])
+def test_generic_helpers_still_match_when_maps_are_not_folded(defines):
+    """fold_maps=False (bench/hooks.py's A/B): no shapes, every call generic, same results;
+    so with -DDTMK_HASH_LOOK_FAST (the generic helpers' register-only probe for 4- and 8-byte
+    keys, opt-in: bench/hooks.py variant obssm4look)."""
+    rnd = random.Random(38)
+    objs = [G.random_object(rnd, parallel_safe=False, n_progs=2) for _ in range(2)]
+    ctxs = G.random_contexts(rnd, 120, 2, epochs=2)
+    run = _run_group(objs, ctxs, 2, fold_maps=False, defines=defines)
+    src = run[1].monitor()
+    assert "DTMK_CONST_SHAPE(dtmk" not in src and "dtmk_map_lookup((const struct dtmk_map *)r1" in src
+    assert not _diff(*run)
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind, field, change, seen_in", [
+    ("array", "max_entries", lambda v: v - 1, "map arr"),     # the last index out of range
+    ("hash", "capacity", lambda v: v // 2, "map counts"),     # probes in half the table
+])
+def test_a_wrong_shape_is_caught(monkeypatch, kind, field, change, seen_in):
+    """The shapes are what the compiled programs run: one wrong field of one map type
+    and the differential test sees that map differ."""
+    rnd = random.Random(20261204)
+    every_index = """
+        ldxw r2, [r1+28]
+        and r2, 3
+        stxw [r10-4], r2
+        lddw r1, map:arr
+        mov r2, r10
+        add r2, -4
+        call map_lookup_elem
+        jeq r0, 0, out
+        mov r1, 1
+        xadddw [r0+8], r1
+    out:
+        mov r0, 0
+        exit
+    """
+    arr = MapDef("arr", "array", 4, 16, 4)
+    objs = [G.random_object(rnd, parallel_safe=False, n_progs=4),
+            BpfObject([Program("idx", HOOK.section, HOOK, asm.assemble(every_index, ["arr"]))], [arr], path="<idx>")]
+    ctxs = G.random_contexts(rnd, 150, 2, epochs=2)
+    assert not _diff(*_run_group(objs, ctxs, 2))
+    real = C.MapShape.of
+    type_id = abi.MAP_TYPES_BY_NAME[kind].id
+
+    def wrong(desc):
+        s = real(desc)
+        return s if s is None or s.type != type_id else dataclasses.replace(s, **{field: change(getattr(s, field))})
+    monkeypatch.setattr(C.MapShape, "of", staticmethod(wrong))
+    probs = _diff(*_run_group(objs, ctxs, 2))
+    assert any(p.startswith(seen_in) for p in probs), probs
+
+
 def test_loops_are_refused_by_longest_path_and_counted_by_the_translation():
     insns = asm.assemble("mov r0, 0\nl:\nadd r0, 1\njlt r0, 5, l\nexit\n", [])
     recs = D.encode_program(insns)
@@ -262,6 +346,26 @@ def test_both_tiers_run_one_run_prog_body():
     assert "Exec::exec(" in _norm(_kernel_text("bpf_run_prog.cuh"))
 
 
+def test_both_tiers_run_one_body_of_each_map_operation():
+    """The helpers the VM calls (bpf_maps.cuh) are bpf_map_ops.cuh's operations over the
+    descriptor, one call each; a compiled monitor's shapes reach the same templates, and the
+    hash table's states are touched nowhere else."""
+    text = _kernel_text("bpf_maps.cuh")
+    for fn in ("dtmk_hash_find", "dtmk_map_lookup", "dtmk_map_update", "dtmk_map_delete", "dtmk_hist_add"):
+        body = _norm(_fn_body(text, fn))
+        if fn == "dtmk_hash_find":       # (its opt-in fast probe is the compiled tier's dtmk_hash_look)
+            fast = re.fullmatch(r"\{ #ifdef DTMK_HASH_LOOK_FAST (.*) #endif (.*)", body)
+            assert fast and "dtmk_hash_look<8u>(" in fast.group(1) and "dtmk_hash_find_t" not in fast.group(1)
+            body = "{ " + fast.group(2)
+        assert re.fullmatch(r"\{ return " + fn + r"_t\(dtmk_desc_shape\{m\}, [^;]*\); \}", body), fn
+    kernels = {p.name: p.read_text() for p in D.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h")}
+    assert sorted(n for n, t in kernels.items() if "DTMK_SLOT_BUSY" in _norm(t)) == ["bpf_map_ops.cuh"]
+    ops = _kernel_text("bpf_map_ops.cuh")
+    assert "dtmk_hash_find_t(dtmk_probe_shape<KEY_SIZE>{" in _norm(ops)        # the compiled tier's probe
+    assert "#include" not in _norm(ops).split("#define DTMK_BPF_MAP_OPS_CUH")[1].replace(
+        '#include "dtrace_mk_abi.h" #include "bpf_buckets.cuh"', "")            # includable by a monitor
+
+
 def test_compiled_harness_is_the_vm_harness_body():
     """kernels/bpf_compiled_harness.cu only selects the compiled variant of bpf_vm_harness.cu."""
     assert _norm(_kernel_text("bpf_compiled_harness.cu")) == \
@@ -292,8 +396,14 @@ def test_every_hook_has_an_entry_point():
 
 
 def test_host_build_edits_only_the_ptx_one_liners():
-    orig = (D.KERNEL_DIR / "bpf_maps.cuh").read_text()
+    # the host header is bpf_maps.cuh with bpf_map_ops.cuh in place of its #include line
+    inc = '#include "bpf_map_ops.cuh"'
+    maps = (D.KERNEL_DIR / "bpf_maps.cuh").read_text()
+    ops = (D.KERNEL_DIR / "bpf_map_ops.cuh").read_text()
+    head, tail = maps.split(inc)
+    orig = head + ops + tail
     host = C.host_maps_header()
+    assert len(orig.splitlines()) == len(host.splitlines())
     diff = [(a, b) for a, b in zip(orig.splitlines(), host.splitlines()) if a != b]
     assert len(diff) == 2 and all("asm volatile" in a and "volatile" in b for a, b in diff)
 

@@ -14,6 +14,8 @@ trace's own cost alike.  Configurations:
   summary_cm  the summary monitor in the compiled tier (LTO-linked), its inline form
               (kernels/bpf_inline.cuh: run at the hook sites)
   summary_cmring  the same through the observer ring and warp drains
+  summary_cmgen   summary_cm with the generic map helpers (runtime fold_maps=False; the
+              default folds each map's shape into its calls, session 38)
   <variant>   a --variants build (defines), nothing enabled
 
 A build with -DDTMK_PHASE_PROF (e.g. --configs '' --variants phase=DTMK_PHASE_PROF) also
@@ -355,12 +357,12 @@ def main() -> int:
         live_null.attach(null_object(summary_monitor(builds["default"].graph.schema).obj))
         builds["default"].set_observer(0, None)
     linked = []          # the compiled tier linked into its own build: inline form / through the ring
-    for c, inline in (("summary_cm", True), ("summary_cmring", False)):
+    for c, inline, fold in (("summary_cm", True, True), ("summary_cmring", False, True), ("summary_cmgen", True, False)):
         if c in configs:
             from dtrace_mk.runtime.live import LiveSession, linked_runtime, summary_monitor
             defs = (("DTMK_OBS_PROF",) if a.prof else ()) + extra + pin
             builds[c] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs, idle_sms=idle["obs"])
-            lc = LiveSession(builds[c], runtime=linked_runtime(builds[c].num_workers, inline=inline))
+            lc = LiveSession(builds[c], runtime=linked_runtime(builds[c].num_workers, inline=inline, fold_maps=fold))
             lc.attach(summary_monitor(builds[c].graph.schema).obj, tier="compiled")
             lc.link_compiled()
             linked.append(lc)

@@ -363,7 +363,13 @@
 #                                compiled summary with folded (summary_cm) and generic (summary_cmgen) map helpers side
 #                                by side; the hot summary with the generic helpers' register-only probe (opt-in
 #                                -DDTMK_HASH_LOOK_FAST)
-# Then: 81 on the x2 kind; 102; 97.
+#   tools/obs_sm_gpu_plan.sh 105 the hot tier's helpers (now the same templates over the descriptor; their SASS moved by a
+#                                few register moves): the CLI build's exactness (-k obssm4defer) and the default build's
+#                                megakernel tests
+#   tools/obs_sm_gpu_plan.sh 106 the per-GPC table (plan 66's form) of the CLI build's compiled summary, folded
+#                                (summary_cm) and generic (summary_cmgen): does the smaller drain slow the observers'
+#                                GPC-mates less?
+# Order: 103, 105, 104, 106.  Then: 81 on the x2 kind; 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -694,6 +700,11 @@ case "${1:-}" in
        "$(pytv 420 tests/gpu/test_compiled_tier.py tests/gpu/test_device_vm.py)" ;;
   104) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
        "timeout 440 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out ${OUT:-/tmp/out}" ;;
+  105) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py --variants $R $L+$R" \
+       "$(pytv 300 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" \
+       "$(pytv 200 tests/gpu/test_megakernel_gpu.py)" ;;
+  106) exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
+       "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(gpc_lp $L cmfold 300 off,summary_cm,summary_cmgen)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
@@ -719,5 +730,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..104)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..106)" >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ def test_every_bench_variant_and_the_profiler_reach_the_linked_kernel():
     variants, runs = hooks_table("BUILD_VARIANTS"), hooks_table("BUILD_VARIANT_RUNS")
     linked = {n: d for n, d in variants.items() if "summary_cm" in runs.get(n, ("summary_cm",))}
     assert "eagerhold" in linked and "idealsite" not in linked
-    for name, defs in list(linked.items()) + [("prof", ("DTMK_OBS_PROF",))]:
+    for name, defs in list(linked.items()) + [("prof", ("DTMK_OBS_PROF",)), ("place", ("DTMK_SM_WORKER", "DTMK_SM_IDLE"))]:
         spec = C.megakernel_spec(defs)
         assert set(defs) <= set(spec.defines), (name, defs, spec.defines)
         assert spec.defines[:len(C.MK_DEFINES)] == C.MK_DEFINES

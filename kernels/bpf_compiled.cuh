@@ -15,9 +15,10 @@
  * defines every hook function as that one line, so a kernel always links.
  *
  * Map helpers are NOT in the monitor: it declares dtmk_map_lookup & co. (bpf_maps.cuh)
- * and the kernel module, which includes bpf_maps.cuh, defines them; after the LTO link
- * the compiled code calls the very functions the device VM calls, so maps and their
- * stats are bit-identical across tiers.
+ * and the kernel module, which includes bpf_maps.cuh, defines them.  The monitor runs the
+ * same operations (bpf_map_ops.cuh: one template per operation, over the map's shape)
+ * folded to each map's shape of constants, and the generic helpers for an insert or a
+ * ringbuf; so maps and their stats are bit-identical across tiers.
  *
  * Program table: a slot runs compiled when its dtmk_prog.flags has DTMK_PROG_F_COMPILED;
  * its cm_id is flags >> 16 (the host writes both with the table, under the seqlock).

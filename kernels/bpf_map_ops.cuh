@@ -5,8 +5,9 @@
  * operation is written once, over the map's "shape" (below): the helpers the VM calls read
  * it from the descriptor; a compiled monitor (dtrace_mk/runtime/compiled.py) gives each of
  * its maps a shape of constants, so its calls fold to that map's type and sizes -- the
- * compiled tier's drain runs a few hundred bytes of map code per map instead of the
- * generic helpers' type switches and size loops (docs/dev/hook_cost_analysis.md, session 38).
+ * compiled tier's drain probes a present key through one small register-only function per
+ * key size instead of the generic helpers' type switches, descriptor loads and key words in
+ * local memory (docs/dev/hook_cost_analysis.md, session 38).
  *
  * Included by bpf_maps.cuh (the kernel module: it also defines the __noinline__ helpers)
  * and by generated monitors.  Everything here is inline or a template: no symbol is
@@ -132,7 +133,8 @@ __device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_m
 /* Every operation below is a template over the map's shape Sh, which answers type(),
  * key_size(), value_size(), max_entries(), capacity(), cap_mask(), key_stride(),
  * value_stride(), n_buckets(), lin_lo() / lin_hi() / lin_step(), values(), keys(), slots(),
- * stats() and find() (the hash probe, __noinline__: one body per shape):
+ * stats(), find() (the hash probe: a __noinline__ call) and KEY_UNROLL (the key-word loops'
+ * unroll count: 1, or every word when the key size is a constant):
  *   dtmk_desc_shape   reads the descriptor at run time: the helpers the VM calls
  *                     (bpf_maps.cuh), for any map;
  *   a generated shape the compiled tier's monitor (dtrace_mk/runtime/compiled.py) emits one

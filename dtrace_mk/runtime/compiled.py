@@ -16,16 +16,21 @@ becomes the C statement that does what kernels/bpf_vm.cuh does for that op:
   and arsh through casts; le/be truncate / byte-swap);
 * memory as typed loads/stores through the same generic pointers (ctx record, local
   stack, map values); xadd non-atomic on the local stack, atomicAdd elsewhere;
-* helpers call the VM's map functions (bpf_maps.cuh) with the same arguments; lost /
-  throttled flags and the outcome (EXECUTED/THROTTLED/LOST, FAULT for an unknown
-  helper, an invalid op or falling off the end) as dtmk_vm_exec;
+* helpers run the VM's map operations (kernels/bpf_map_ops.cuh) with the same arguments,
+  folded to each map's shape: `monitor_source` emits a shape of constants per map (the
+  descriptor the host wrote at attach, `MapShape`), and a call whose r1 the translator
+  knows names that one shape; a ringbuf (and an r1 it cannot name) calls the generic
+  helper the kernel defines; lost / throttled flags and the outcome
+  (EXECUTED/THROTTLED/LOST, FAULT for an unknown helper, an invalid op or falling off
+  the end) as dtmk_vm_exec;
 * the per-event instruction bound: when the longest path (lddw = 1) fits in the
   budget (always, for a verified program under the default budget) nothing is counted;
   otherwise every instruction counts and jumps, calls and exit check it as the VM does.
 
 `monitor_source(progs)` wraps the functions into a module that defines the per-hook
 entry points of kernels/bpf_compiled.cuh (`dtmk_cm_hook_<id>`, a switch on cm_id).
-The module declares, not defines, the map helpers: the kernel module defines them.
+The module declares, not defines, the map helpers: the kernel module defines them (the
+monitor includes bpf_map_ops.cuh, inline templates only).
 
 Build: `ltoir(source)` (NVRTC, -dlto -rdc=true, sm_90a), `link_cubin([...])`
 (nvJitLink -lto), `build_compiled_harness(monitor)` = harness LTO-IR (cached by the
@@ -493,9 +498,9 @@ class MapShape:
         kind = mt.name if mt else str(self.type)
         return (f"/* {kind}: key {self.key_size} B, value {self.value_size} B, {self.max_entries} entries */\n"
                 f"DTMK_CONST_SHAPE({name}, {_hex(addr)}, {self.type}u, {self.key_size}u, {self.value_size}u, "
-                f"{self.max_entries}u, {self.capacity}u, {self.key_stride}u, {self.value_stride}u, {self.n_buckets}u, {s64(self.lin_lo)}, "
-                f"{s64(self.lin_hi)}, {s64(self.lin_step)}, {_hex(self.values)}, {_hex(self.keys)}, "
-                f"{_hex(self.slots)}, {_hex(self.stats)})\n")
+                f"{self.max_entries}u, {self.capacity}u, {self.key_stride}u, {self.value_stride}u, "
+                f"{self.n_buckets}u, {s64(self.lin_lo)}, {s64(self.lin_hi)}, {s64(self.lin_step)}, "
+                f"{_hex(self.values)}, {_hex(self.keys)}, {_hex(self.slots)}, {_hex(self.stats)})\n")
 
 
 def monitor_source(progs: Sequence[MonitorProgram]) -> str:

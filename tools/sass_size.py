@@ -1,6 +1,7 @@
 """How many bytes of SASS each source function of a megakernel build takes (no GPU).
 
     python tools/sass_size.py [--preset 1b] [--defines DEF+DEF] [--top 25] [--nvdisasm PATH]
+                              [--monitor summary [--no-fold]]
 
 Session 29 found the hot summary slows the SMs that share a GPC with an observer SM through
 the instruction path (docs/dev/hook_cost_analysis.md "Session 29"): observers that only
@@ -10,7 +11,15 @@ cost of its own.  This compiles megakernel.cu for sm_90a through NVRTC with -lin
 model's own defines added, gpu.megakernel_defines), disassembles it with nvdisasm (pip
 nvidia-cuda-nvdisasm; --nvdisasm or $PATH) and attributes every instruction to the source
 function whose body holds its line: prints KB per file and the --top functions (inlined
-copies summed)."""
+copies summed).
+
+--monitor summary: the compiled tier's build instead -- megakernel.cu with the build's defines
+(-DDTMK_COMPILED_TIER) LTO-linked with the summary monitor (dtrace_mk.runtime.live
+SUMMARY_QUERY) by nvJitLink, as bench/hooks.py's summary_cm runs it -- and also the SASS
+functions (kernel, __noinline__ subroutines) by size: where the compiled drain's code lies
+(docs/results/hooks.md "Session 38").  --no-fold: the monitor with the generic map helpers
+(summary_cmgen).  The monitor's map addresses are host ones (its shapes' constants differ
+from a device run's, not its code)."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--defines", default="", help="DEF+DEF: the build's defines (the model's are added)")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--nvdisasm", default=None)
+    ap.add_argument("--monitor", choices=("summary",), help="the compiled tier's build, this monitor linked in")
+    ap.add_argument("--no-fold", action="store_true", help="with --monitor: the generic map helpers (no shapes)")
     a = ap.parse_args(argv)
     from dtrace_mk.kernels import build
     from dtrace_mk.megakernel import gpu
@@ -152,9 +163,15 @@ def main(argv=None) -> int:
     tool = find_nvdisasm(a.nvdisasm)
     kdir = ROOT / "kernels"
     defs = gpu.megakernel_defines(PRESETS[a.preset], 1, tuple(d for d in a.defines.split("+") if d))
-    cubin = build.nvrtc_compile((kdir / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "cubin", defs,
-                                include_dirs=[str(kdir)], options=("-lineinfo",))
-    cnt = attribute(*disassemble(cubin, tool))
+    if a.monitor:
+        cubin, monitor = linked_cubin(defs, not a.no_fold)
+    else:
+        cubin = build.nvrtc_compile((kdir / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "cubin", defs,
+                                    include_dirs=[str(kdir)], options=("-lineinfo",))
+    sass, sources = disassemble(cubin, tool)
+    if a.monitor:                      # (the monitor's line info names a file that is not in kernels/)
+        sources.update({pth: monitor for pth in sources if Path(pth).name == "monitor.cu"})
+    cnt = attribute(sass, sources)
     total = sum(cnt.values())
     print(f"{a.preset} {'+'.join(defs) or '(default)'}: {total} instructions, {total * SASS_BYTES / 1024:.0f} KB of SASS")
     per_file = collections.Counter()
@@ -165,7 +182,31 @@ def main(argv=None) -> int:
     print(f"--- top {a.top} functions (inlined copies summed)")
     for (f, fn), c in cnt.most_common(a.top):
         print(f"  {f:<22}{fn:<32}{c * SASS_BYTES / 1024:>8.1f} KB")
+    if a.monitor:
+        syms = collections.Counter(instruction_symbols(sass))
+        print(f"--- top {a.top} SASS functions (kernel, __noinline__ subroutines): instructions, KB")
+        for s, c in syms.most_common(a.top):
+            print(f"  {s[-60:]:<62}{c:>7}{c * SASS_BYTES / 1024:>8.1f} KB")
     return 0
+
+
+def linked_cubin(defs, fold: bool) -> tuple:
+    """(cubin, monitor source): megakernel.cu with `defs` as the compiled tier builds it
+    (compiled.megakernel_spec) LTO-linked with the summary monitor, both with -lineinfo."""
+    from dtrace_mk.kernels import build
+    from dtrace_mk.runtime import compiled as C
+    from dtrace_mk.runtime.live import summary_monitor
+    rt = C.HostCompiledRuntime(1)
+    rt.fold_maps = fold
+    rt.attach(summary_monitor().obj, tier="compiled")
+    monitor = rt.monitor()
+    spec = C.megakernel_spec(defs)
+    kdir = ROOT / "kernels"
+    k = build.nvrtc_compile((kdir / spec.name).read_text(), spec.name, "sm_90a", "ltoir", spec.defines,
+                            options=("-lineinfo",))
+    m = build.nvrtc_compile(monitor, "monitor.cu", "sm_90a", "ltoir", (), options=("-lineinfo",))
+    return C._nvjitlink([(spec.name, k), ("monitor.cu", m)], ["-arch=sm_90a", "-lto", "-O3", "-lineinfo"],
+                        "LTOIR", "sm_90a, -lineinfo"), monitor
 
 
 if __name__ == "__main__":

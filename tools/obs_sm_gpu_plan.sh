@@ -356,16 +356,15 @@
 # Session 38 (no device lent): the compiled tier's map helpers folded to each map's shape (kernels/bpf_map_ops.cuh:
 # one shared probe per key size, no descriptor loads, key words in registers) and its interpreter slot out of
 # dtmk_cm_run_records' lines; checked on the CPU only (host differential, NVRTC, nvJitLink + nvdisasm sizes):
-#   tools/obs_sm_gpu_plan.sh 103 the GPU tests of the changed device code: the compiled tier (three-way differential,
-#                                megakernel stages, the observer SM's compiled tier) and the device VM (its helpers
-#                                are now bpf_map_ops.cuh's templates over the descriptor)
+#   tools/obs_sm_gpu_plan.sh 103 the compiled tier's GPU tests (three-way differential, harness stages, the megakernel's
+#                                stages, inline form and observer SM: tests/gpu/test_compiled_tier.py whole)
+#   tools/obs_sm_gpu_plan.sh 105 the hot tier's helpers (now bpf_map_ops.cuh's templates over the descriptor; their SASS
+#                                moved by a few register moves): the device VM's and map-churn tests, then the CLI
+#                                build's exactness (-k obssm4defer)
 #   tools/obs_sm_gpu_plan.sh 104 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look: the CLI build's
 #                                compiled summary with folded (summary_cm) and generic (summary_cmgen) map helpers side
 #                                by side; the hot summary with the generic helpers' register-only probe (opt-in
 #                                -DDTMK_HASH_LOOK_FAST)
-#   tools/obs_sm_gpu_plan.sh 105 the hot tier's helpers (now the same templates over the descriptor; their SASS moved by a
-#                                few register moves): the CLI build's exactness (-k obssm4defer) and the default build's
-#                                megakernel tests
 #   tools/obs_sm_gpu_plan.sh 106 the per-GPC table (plan 66's form) of the CLI build's compiled summary, folded
 #                                (summary_cm) and generic (summary_cmgen): does the smaller drain slow the observers'
 #                                GPC-mates less?
@@ -696,13 +695,12 @@ case "${1:-}" in
   102) P="DTMK_HANDOFF+DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_SM_WORKER DTMK_HANDOFF+DTMK_SM_WORKER+$R DTMK_NO_HOOKS+DTMK_SM_WORKER+$R"
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $P '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
        "timeout 460 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
-  103) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R $L+$R" \
-       "$(pytv 420 tests/gpu/test_compiled_tier.py tests/gpu/test_device_vm.py)" ;;
+  103) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" "$(pytv 440 tests/gpu/test_compiled_tier.py)" ;;
   104) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
        "timeout 440 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out ${OUT:-/tmp/out}" ;;
-  105) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py --variants $R $L+$R" \
-       "$(pytv 300 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" \
-       "$(pytv 200 tests/gpu/test_megakernel_gpu.py)" ;;
+  105) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
+       "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" \
+       "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
   106) exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(gpc_lp $L cmfold 300 off,summary_cm,summary_cmgen)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

@@ -3,10 +3,14 @@
     dtrace-mk compile -e 'task:end { @[task.class] = count(); }' -o q.o
     dtrace-mk compile query.d --schema schema.json -o q.o
     dtrace-mk compile -e '...' -S            # print the disassembly instead of writing
+    dtrace-mk compile -e '...' --cuda        # print the compiled tier's CUDA C for it
 
 The object has the same form as a clang-built monitor (one program section per hook,
 BTF maps); the printing plan is embedded as the `dtmk_plan` note and, because not every
-reader keeps notes, also written beside the object as OUT.plan.json.
+reader keeps notes, also written beside the object as OUT.plan.json.  --cuda prints what the
+compiled tier would link into the megakernel for the query (dtrace_mk/runtime/compiled.py:
+one function per program, each map's shape of constants, the per-hook entry points); its
+map addresses are this process's host stand-ins, a device attach has its own.
 
 Exit status: 0 compiled; 1 the query was rejected (the rendered diagnostic: file:line:col,
 the source line and a caret under the fault); 2 a file could not be read or written.
@@ -34,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", dest="output", metavar="OUT.o", help="object file to write")
     p.add_argument("-S", dest="asm", action="store_true", help="print the disassembly of every program")
     p.add_argument("--plan", action="store_true", help="print the printing plan (JSON)")
+    p.add_argument("--cuda", action="store_true",
+                   help="print the compiled tier's CUDA C for the query (map addresses are host stand-ins)")
 
 
 def plan_path(obj_path: str) -> Path:
@@ -56,10 +62,15 @@ def run(args: argparse.Namespace) -> int:
     except CompileError as e:
         print(str(e), file=sys.stderr)
         return e.exit_code
-    if not (args.output or args.asm or args.plan):
-        raise UserError("nothing to do: give -o OUT.o, -S or --plan")
+    if not (args.output or args.asm or args.plan or args.cuda):
+        raise UserError("nothing to do: give -o OUT.o, -S, --plan or --cuda")
     if args.asm:
         sys.stdout.write(res.disassembly())
+    if args.cuda:
+        from ..runtime.compiled import HostCompiledRuntime
+        rt = HostCompiledRuntime(1)      # (maps in host memory: their addresses stand in for a device's)
+        rt.attach(res.obj, tier="compiled")
+        sys.stdout.write(rt.monitor())
     if args.plan:
         sys.stdout.write(json.dumps(res.plan, indent=1, sort_keys=True) + "\n")
     if args.output:

@@ -61,6 +61,17 @@ def test_compile_file_with_schema(tmp_path, capsys):
     assert err.startswith(f'{q}:1:25: error: unknown task class "my_fused_op"')
 
 
+def test_compile_cuda_prints_the_compiled_tiers_source(capsys):
+    """--cuda: the monitor the compiled tier links -- the map's shape of constants, the
+    program calling the folded operation, the hook's entry point."""
+    rc, out, err = main(capsys, "compile", "-e", "task:end { @lat[task.class] = hist(task.dur_ns); }", "--cuda")
+    assert rc == 0, err
+    assert "DTMK_CONST_SHAPE(dtmk_cm_map0, 0x" in out and "/* hist_log2: key 8 B" in out
+    assert "r0 = dtmk_hist_add_t(dtmk_cm_map0(), (const void *)r2, r3, &lost);" in out
+    hook = abi.hook("task:end").id
+    assert f'extern "C" __device__ int dtmk_cm_hook_{hook}(' in out and "case 0: return dtmk_cm_prog_0(" in out
+
+
 def test_compile_needs_a_query(capsys):
     rc, out, err = main(capsys, "compile", "-o", "x.o")
     assert rc == 2 and "give a query with -e QUERY or a query FILE" in err

@@ -210,7 +210,7 @@ class LiveSession:
         runtime=linked_runtime(...)); used from the next launch.  stage 2 (default): full
         LTO, the monitor inlined (what bench/hooks.py measures); stage 1: the fast
         relocatable link.  Returns build seconds."""
-        cubin, secs = link_megakernel(self.rt.monitor(), self.mk.arch, stage, self.mk.defines)
+        cubin, secs = link_megakernel(self.rt.monitor(stage=stage), self.mk.arch, stage, self.mk.defines)
         self.mk.load_cubin(cubin, tag=f"cm_s{stage}")
         return secs
 

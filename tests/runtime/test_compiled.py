@@ -233,6 +233,34 @@ def test_generic_helpers_still_match_when_maps_are_not_folded(defines):
 
 
 @needs_gxx
+def test_the_swap_builds_the_generic_form_and_stage_2_folds():
+    """A promotion's stage-1 build (the swap, on its critical path) keeps the generic map
+    helpers -- folding adds a third to the monitor's compile -- and the background stage 2
+    folds; both run the same events alike."""
+    rnd = random.Random(3)
+    obj = G.random_object(rnd, parallel_safe=False, n_progs=2)
+    ctxs = G.random_contexts(rnd, 60, 2, epochs=1)
+    ref, rt = ReferenceRuntime(num_workers=2), C.HostCompiledRuntime(2)
+    init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
+    ra, aid = ref.attach(obj), rt.attach(obj, tier="hot", init_hash=init)
+    for name, items in init.items():
+        for k, v in items.items():
+            ref.maps(ra)[name].update(k, v)
+    key, work = rt.prepare_promotion(aid)
+    assert "DTMK_CONST_SHAPE(dtmk" not in key and "dtmk_map_lookup((const struct dtmk_map *)r1" in key
+    assert rt.commit_promotion(aid, key, work()) and rt.installed_stage == 1
+    half = len(ctxs) // 2
+    rres, b1 = [ref.fire(c) for c in ctxs[:half]], rt.fire(ctxs[:half])
+    assert rt._lib_src == key                                 # fire() kept the stage-1 library
+    key2, work2 = rt.prepare_optimize()
+    assert "DTMK_CONST_SHAPE(dtmk" in key2
+    assert rt.commit_optimize(key2, work2()) and rt.installed_stage == 2
+    rres2, b2 = [ref.fire(c) for c in ctxs[half:]], rt.fire(ctxs[half:])
+    assert not G.compare_fires(rres, b1) and not G.compare_fires(rres2, b2)
+    assert not G.compare_maps(ref.maps(ra), rt.maps(aid), ordered=True)
+
+
+@needs_gxx
 @pytest.mark.parametrize("kind, field, change, seen_in", [
     ("array", "max_entries", lambda v: v - 1, "map arr"),     # the last index out of range
     ("hash", "capacity", lambda v: v // 2, "map counts"),     # probes in half the table

@@ -20,7 +20,8 @@ becomes the C statement that does what kernels/bpf_vm.cuh does for that op:
   folded to each map's shape: `monitor_source` emits a shape of constants per map (the
   descriptor the host wrote at attach, `MapShape`), and a call whose r1 the translator
   knows names that one shape; a ringbuf (and an r1 it cannot name) calls the generic
-  helper the kernel defines; lost / throttled flags and the outcome
+  helper the kernel defines, and so does the inline form (the workers' hook code, where
+  folded fallbacks only grew the sites); lost / throttled flags and the outcome
   (EXECUTED/THROTTLED/LOST, FAULT for an unknown helper, an invalid op or falling off
   the end) as dtmk_vm_exec;
 * the per-event instruction bound: when the longest path (lddw = 1) fits in the
@@ -523,10 +524,11 @@ def monitor_source(progs: Sequence[MonitorProgram]) -> str:
         mine = {a: names[a] for a in (p.maps or {}) if a in names}
         parts.append(translate(p.recs, f"dtmk_cm_prog_{p.cm_id}", max_insns=p.max_insns,
                                stack_depth=p.stack_depth, name=p.name, shapes=mine))
-        if p.shadow is not None:
+        if p.shadow is not None:     # (generic calls: the inline form runs in the workers' hook code,
+            # where its helper calls are a full shadow window's rare fallback and folding them grew
+            # hook_flush / hook_put by ~100 instructions each -- session 10: the workers' spills)
             parts.append(translate(p.recs, f"dtmk_cm_iprog_{p.cm_id}", max_insns=p.max_insns,
-                                   stack_depth=p.stack_depth, name=p.name + " (inline)", shadow=p.shadow,
-                                   shapes=mine))
+                                   stack_depth=p.stack_depth, name=p.name + " (inline)", shadow=p.shadow))
     for h in HOOK_IDS:
         mine = [p for p in progs if p.hook_id == h]
         parts.append(f'extern "C" __device__ int dtmk_cm_hook_{h}(dtmk_u32 cm_id, const struct dtmk_ctx *ctx, '

@@ -217,6 +217,20 @@ def test_each_map_runs_its_helpers_through_a_shape_of_its_descriptor():
     assert f"{ring:#x}ull" in src
 
 
+def test_the_inline_form_keeps_the_generic_calls():
+    """The inline form runs in the workers' hook code, where its helper calls are a full
+    shadow window's fallback: folded, they grew hook_flush / hook_put by ~100 instructions
+    each (session 38), so only the ring form (the drains) folds."""
+    from dtrace_mk.runtime.live import summary_monitor
+    rt = C.HostCompiledRuntime(2)
+    rt.attach(summary_monitor().obj, tier="compiled")
+    parts = rt.monitor().split("static __device__ __forceinline__ int dtmk_cm_")[1:]
+    inline = "".join(c for c in parts if c.startswith("iprog_"))
+    ring = "".join(c for c in parts if c.startswith("prog_"))
+    assert "dtmk_sh_get(S," in inline and "(dtmk_cm_map" not in inline and "dtmk_hist_add((const" in inline
+    assert "dtmk_hist_add_t(dtmk_cm_map" in ring
+
+
 @needs_gxx
 @pytest.mark.parametrize("defines", [(), ("DTMK_HASH_LOOK_FAST",)])
 def test_generic_helpers_still_match_when_maps_are_not_folded(defines):

@@ -133,8 +133,9 @@ __device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_m
 /* Every operation below is a template over the map's shape Sh, which answers type(),
  * key_size(), value_size(), max_entries(), capacity(), cap_mask(), key_stride(),
  * value_stride(), n_buckets(), lin_lo() / lin_hi() / lin_step(), values(), keys(), slots(),
- * stats(), find() (the hash probe: a __noinline__ call) and KEY_UNROLL (the key-word loops'
- * unroll count: 1, or every word when the key size is a constant):
+ * stats() and find() (the hash probe: a __noinline__ call); a shape dtmk_hash_find_t
+ * probes with also gives KEY_UNROLL (the key-word loops' unroll count: 1, or every word
+ * when the key size is a constant):
  *   dtmk_desc_shape   reads the descriptor at run time: the helpers the VM calls
  *                     (bpf_maps.cuh), for any map;
  *   a generated shape the compiled tier's monitor (dtrace_mk/runtime/compiled.py) emits one
@@ -389,7 +390,6 @@ __device__ __noinline__ int dtmk_hash_look(const void *key, dtmk_u64 keys, dtmk_
 #define DTMK_CONST_SHAPE(N, DESC, TYPE, KEY_SIZE, VALUE_SIZE, MAX_ENTRIES, CAPACITY, KEY_STRIDE, VALUE_STRIDE, \
                          N_BUCKETS, LIN_LO, LIN_HI, LIN_STEP, VALUES, KEYS, SLOTS, STATS)                       \
     struct N {                                                                                                  \
-        static const int KEY_UNROLL = (KEY_SIZE) > 4 ? ((KEY_SIZE) + 3) / 4 : 1;                                \
         __device__ __forceinline__ dtmk_u32 type() const { return TYPE; }                                       \
         __device__ __forceinline__ dtmk_u32 key_size() const { return KEY_SIZE; }                               \
         __device__ __forceinline__ dtmk_u32 value_size() const { return VALUE_SIZE; }                           \

@@ -257,7 +257,8 @@ TABLE_RUNS = BUILD_RUNS + ("summary_cmgen",)
 def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> dict:
     """One megakernel build (`defines`) with its own summary session (hot), null3 session
     and compiled-tier kernels: what run() of bench_preset needs for the BUILD_RUNS.
-    compiled: the COMPILED_RUNS to link (True: summary_cm alone; False / empty: none)."""
+    compiled: the COMPILED_RUNS to link (empty: none); b["cm"][run] holds each one that
+    linked: its megakernel "mk", session "live", attachment "aid" and "link_s"."""
     b = {"mk": gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)}
     b["mk"].run(2, poison=False)                    # fails here if the SM cannot hold the block
     b["mk"].reset()
@@ -265,20 +266,15 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> d
     b["null"] = LiveSession(b["mk"])
     b["null"].attach(null_obj)
     b["mk"].set_observer(0, None)
-    b["mkc"] = None
-    runs = ("summary_cm",) if compiled is True else tuple(compiled or ())
-    for run in runs:
-        key = "" if run == "summary_cm" else run[len("summary_cm"):]     # b["mkc"], b["mkcgen"], ...
-        b["mkc" + key] = None
+    b["cm"] = {}
+    for run in compiled or ():
         try:
-            mkc = b["mkc" + key] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
-            b["livec" + key] = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers, mk=mkc,
-                                                                         fold_maps=COMPILED_RUNS[run]))
-            b["aidc" + key] = b["livec" + key].attach(mon.obj, tier="compiled")
-            b["link_s" + key] = b["livec" + key].link_compiled()
+            mkc = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
+            live = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers, mk=mkc, fold_maps=COMPILED_RUNS[run]))
+            aid = live.attach(mon.obj, tier="compiled")
+            b["cm"][run] = {"mk": mkc, "live": live, "aid": aid, "link_s": live.link_compiled()}
         except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
             log(f"{name}: compiled tier ({run}) of {defines} unavailable: {e!r}")
-            b["mkc" + key] = None
     return b
 
 
@@ -412,7 +408,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         base, bn = run_and_build(variant, bv)
         b = bv[bn]
         if base in COMPILED_RUNS:
-            mkc = b["mkc" + base[len("summary_cm"):]]
+            mkc = b["cm"][base]["mk"]
             mkc.reset()
             return mkc.run(steps, poison=False)
         m = b["mk"]
@@ -434,7 +430,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     variants += [v for v in attrib if v in sess] + ["mask3"] + (["nohooks_pad"] if mk0p is not None else [])
     for bn, b in bv.items():
         variants += [f"{r}_{bn}" for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS)
-                     if r not in COMPILED_RUNS or b.get("mkc" + r[len("summary_cm"):]) is not None]
+                     if r not in COMPILED_RUNS or r in b["cm"]]
     run_default = run
 
     def run(variant):  # noqa: F811 - the build variants' runs, then the default build's
@@ -486,9 +482,9 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
                 extra.setdefault("build_coverage", {})[v] = {
                     k: sum(getattr(c, k) for c in sn.coverage) for k in ("eligible", "executed", "throttled", "lost")}
-            if v in (f"{r}_{bn}" for r in COMPILED_RUNS):
-                key = v[len("summary_cm"):-len(bn) - 1]
-                sn = b["livec" + key].snapshot(b["aidc" + key])
+            cm = next((c for r, c in b["cm"].items() if v == f"{r}_{bn}"), None)
+            if cm is not None:
+                sn = cm["live"].snapshot(cm["aid"])
                 extra.setdefault("build_counts_equal_hot", {})[v] = \
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
             if v == f"mask3_{bn}":
@@ -528,7 +524,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
                                                                    "s_ready", "mask3", "trace") if v in med},
            "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()},
            "tasks": len(mk.graph.tasks), "builds": list(bv),
-           "build_link_s": {bn: b.get("link_s") for bn, b in bv.items()},
+           "build_link_s": {bn: b["cm"].get("summary_cm", {}).get("link_s") for bn, b in bv.items()},
            "own_off": own_off(times, tuple(bv)), **extra}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "ratio_vs_nohooks", "tokens_equal")}))
     # hot attach latency into a running launch

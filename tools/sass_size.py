@@ -205,8 +205,7 @@ def linked_cubin(defs, fold: bool) -> tuple:
     k = build.nvrtc_compile((kdir / spec.name).read_text(), spec.name, "sm_90a", "ltoir", spec.defines,
                             options=("-lineinfo",))
     m = build.nvrtc_compile(monitor, "monitor.cu", "sm_90a", "ltoir", (), options=("-lineinfo",))
-    return C._nvjitlink([(spec.name, k), ("monitor.cu", m)], ["-arch=sm_90a", "-lto", "-O3", "-lineinfo"],
-                        "LTOIR", "sm_90a, -lineinfo"), monitor
+    return C.link_cubin([(spec.name, k), ("monitor.cu", m)], "sm_90a", lineinfo=True), monitor
 
 
 if __name__ == "__main__":

@@ -599,9 +599,10 @@ def _nvjitlink(inputs: Sequence[Tuple[str, bytes]], opts: List[str], kind: str, 
         nvjitlink.destroy(h)
 
 
-def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH) -> bytes:
-    """nvJitLink: LTO-IR inputs (name, bytes) -> one cubin (-lto: cross-module inlining)."""
-    return _nvjitlink(inputs, [f"-arch={arch}", "-lto", "-O3"], "LTOIR", arch)
+def link_cubin(inputs: Sequence[Tuple[str, bytes]], arch: str = ARCH, lineinfo: bool = False) -> bytes:
+    """nvJitLink: LTO-IR inputs (name, bytes) -> one cubin (-lto: cross-module inlining);
+    lineinfo: keep the inputs' line tables (tools/sass_size.py)."""
+    return _nvjitlink(inputs, [f"-arch={arch}", "-lto", "-O3"] + (["-lineinfo"] if lineinfo else []), "LTOIR", arch)
 
 
 _cache_dir = build.cache_dir
@@ -1023,8 +1024,7 @@ def _monitor_programs(entries: Iterable[Tuple[object, object]], cm_ids: Dict[int
         shadow = {addrs[i]: im for i, im in plan.maps.items()} if plan.ok else None
         shapes = {addrs[i]: MapShape.of(att.maps.host_descs[i]) for i in range(len(addrs))} if fold_maps else {}
         out.append(MonitorProgram(dp.program.hook.id, cm_ids[id(dp)], f"{att.id}:{dp.program.name}", recs,
-                                  dp.max_insns, dp.stack_depth, shadow,
-                                  {a: s for a, s in shapes.items() if s is not None}))
+                                  dp.max_insns, dp.stack_depth, shadow, shapes))
     return out
 
 

@@ -46,18 +46,21 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path_factory.getbasetemp() / "cm_cache"))
 
 
+def _attach_pair(ref, host, obj, tier=None, **kw):
+    """obj on the reference and the host-compiled runtime, both hash maps pre-filled alike."""
+    init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
+    ra = ref.attach(obj, **kw)
+    for name, items in init.items():
+        for k, v in items.items():
+            ref.maps(ra)[name].update(k, v)
+    return ra, host.attach(obj, init_hash=init, tier=tier, **kw)
+
+
 def _run_group(objs, ctxs, workers, fold_maps=True, defines=(), **kw):
     """Reference and host-compiled runtimes, the same attachments in the same order."""
     ref, host = ReferenceRuntime(num_workers=workers), C.HostCompiledRuntime(workers, defines=defines)
     host.fold_maps = fold_maps
-    pairs = []
-    for obj in objs:
-        init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
-        ra = ref.attach(obj, **kw)
-        for name, items in init.items():
-            for k, v in items.items():
-                ref.maps(ra)[name].update(k, v)
-        pairs.append((ra, host.attach(obj, init_hash=init, **kw)))
+    pairs = [_attach_pair(ref, host, obj, **kw) for obj in objs]
     rres = [ref.fire(c) for c in ctxs]
     batch = host.fire(ctxs)
     return ref, host, pairs, rres, batch
@@ -255,11 +258,7 @@ def test_the_swap_builds_the_generic_form_and_stage_2_folds():
     obj = G.random_object(rnd, parallel_safe=False, n_progs=2)
     ctxs = G.random_contexts(rnd, 60, 2, epochs=1)
     ref, rt = ReferenceRuntime(num_workers=2), C.HostCompiledRuntime(2)
-    init = {k: v for k, v in G.prefill(obj).items() if k in {m.name for m in obj.maps}}
-    ra, aid = ref.attach(obj), rt.attach(obj, tier="hot", init_hash=init)
-    for name, items in init.items():
-        for k, v in items.items():
-            ref.maps(ra)[name].update(k, v)
+    ra, aid = _attach_pair(ref, rt, obj, tier="hot")
     key, work = rt.prepare_promotion(aid)
     assert "DTMK_CONST_SHAPE(dtmk" not in key and "dtmk_map_lookup((const struct dtmk_map *)r1" in key
     assert rt.commit_promotion(aid, key, work()) and rt.installed_stage == 1

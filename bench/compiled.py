@@ -78,7 +78,7 @@ def build_latency(reps: int, mk_lto_reps: int = 1, megakernel: bool = True) -> d
     base_src = C.monitor_source(progs)
     td0 = tempfile.mkdtemp()
     os.environ["DTRACE_MK_CACHE"] = td0
-    C._MEM.clear()
+    C.link._MEM.clear()
     specs = [("harness", C.HARNESS_SPEC)] + ([("megakernel", C.MEGAKERNEL_SPEC)] if megakernel else [])
     kobj, once = {}, {}
     for nm, spec in specs:
@@ -189,7 +189,7 @@ def gpu(quick: bool) -> list:
         cm1.detach(ca1)
         # promotion of a hot attachment: build + load + table publish, then the next launch
         ha = cm.attach(obj, init_hash=V.prefill(obj))
-        C._MEM.clear()
+        C.link._MEM.clear()
         t0 = time.perf_counter()
         cm.promote(ha)                                         # stage 1 (relocatable link)
         res["promote_s"] = time.perf_counter() - t0

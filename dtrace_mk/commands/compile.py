@@ -8,7 +8,7 @@
 The object has the same form as a clang-built monitor (one program section per hook,
 BTF maps); the printing plan is embedded as the `dtmk_plan` note and, because not every
 reader keeps notes, also written beside the object as OUT.plan.json.  --cuda prints what the
-compiled tier would link into the megakernel for the query (dtrace_mk/runtime/compiled.py:
+compiled tier would link into the megakernel for the query (dtrace_mk/runtime/compiled/translator.py:
 one function per program, each map's shape of constants, the per-hook entry points); its
 map addresses are this process's host stand-ins, a device attach has its own.
 

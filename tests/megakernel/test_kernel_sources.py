@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dtrace_mk.abi import definition as D
-from dtrace_mk.megakernel import gpu
+from dtrace_mk.megakernel import gpu, gpu_build
 from dtrace_mk.kernels.build import include_closure as build_include_closure
 from dtrace_mk.kernels import megakernel_text
 
@@ -69,7 +69,7 @@ def test_compile_error_names_file_and_line(fresh_cache, monkeypatch, tmp_path):
     for n in build_include_closure("megakernel.cu"):
         (bad / n).write_bytes((gpu.KERNEL_DIR / n).read_bytes())
     (bad / "megakernel.cu").write_text(megakernel_text() + "\nint broken = no_such_symbol;\n")
-    monkeypatch.setattr(gpu, "KERNEL_DIR", bad)
+    monkeypatch.setattr(gpu_build, "KERNEL_DIR", bad)   # (compile_source reads it there)
     with pytest.raises(gpu.CompileError, match=r"megakernel\.cu\(\d+\)"):
         gpu.compile_source("sm_90a", "cubin", use_cache=False)
 

@@ -188,7 +188,7 @@ def test_a_wrong_translation_is_caught(monkeypatch):
     obj = BpfObject([prog], [], path="<sgt>")
     ctxs = G.random_contexts(random.Random(2), 8, 1)
     assert not _diff(*_run_group([obj], ctxs, 1))
-    monkeypatch.setitem(C._CMP, 0x6, "{a} > {b}")
+    monkeypatch.setitem(C.translator._CMP, 0x6, "{a} > {b}")
     probs = _diff(*_run_group([obj], ctxs, 1))
     assert any("r0 reference 0x1 device 0x2" in p for p in probs), probs
 

@@ -130,7 +130,7 @@ def test_kernel_cache_key_covers_every_include(tmp_path, monkeypatch):
     k0 = C.MEGAKERNEL_SPEC.key("sm_90a")
     d = tmp_path / "k"
     shutil.copytree(C.KERNEL_DIR, d, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(C, "KERNEL_DIR", d)
+    monkeypatch.setattr(C.link, "KERNEL_DIR", d)   # (read by link._sources_hash)
     assert C.MEGAKERNEL_SPEC.key("sm_90a") == k0
     (d / "mk_ops.cuh").write_text((d / "mk_ops.cuh").read_text() + "\n/* touched */\n")
     assert C.MEGAKERNEL_SPEC.key("sm_90a") != k0

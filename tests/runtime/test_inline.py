@@ -447,8 +447,8 @@ def test_a_broken_shadow_update_is_caught(monkeypatch):
     rnd = random.Random(3)
     epochs = [hook_contexts(rnd, 100, ep) for ep in range(2)]
     assert not _run([obj], epochs, inline=True)[3]
-    orig = C._inline_call
-    monkeypatch.setattr(C, "_inline_call", lambda *a: orig(*a).replace("e_->val[0] += 1;", "e_->val[0] += 2;"))
+    orig = C.translator._inline_call
+    monkeypatch.setattr(C.translator, "_inline_call", lambda *a: orig(*a).replace("e_->val[0] += 1;", "e_->val[0] += 2;"))
     probs = _run([obj], epochs, inline=True)[3]
     assert any(p.startswith("map lat:") for p in probs), probs
     assert not any(p.startswith(("map dep_wait", "map queue")) for p in probs), probs

@@ -369,6 +369,8 @@
 #                                (summary_cm) and generic (summary_cmgen): does the smaller drain slow the observers'
 #                                GPC-mates less?
 # Order: 103, 105, 104, 106.  Then: 81 on the x2 kind; 102; 97.
+# Session 39 (no device lent again; no device code changed: the compiled tier's Python split into a package and
+# gpu.py's build half into gpu_build.py, host side only): the order above stands, 103 and 105 first.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

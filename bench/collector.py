@@ -69,6 +69,8 @@ from dtrace_mk.collectors.records import RemoteWait, Signal
 from dtrace_mk.collectors.scenario import parse_scenario
 from dtrace_mk.collectors.score import score
 
+REQUIRES = "cpu"   # what `dtrace-mk bench collector` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 pt = time.process_time
 PRESET = "wide-tp"
 BATCH = 4

@@ -35,6 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
+REQUIRES = "gpu"   # what `dtrace-mk bench compiled` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+CPU_MODE = "--cpu"   # ... unless this option asks for its CPU-only part
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))

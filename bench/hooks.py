@@ -74,6 +74,8 @@ from pathlib import Path
 
 import numpy as np
 
+REQUIRES = "gpu"   # what `dtrace-mk bench hooks` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))

@@ -38,6 +38,8 @@ import statistics
 import sys
 from pathlib import Path
 
+REQUIRES = "gpu"   # what `dtrace-mk bench notify` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 

@@ -40,6 +40,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+REQUIRES = "gpu"   # what `dtrace-mk bench paired` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 

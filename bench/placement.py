@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+REQUIRES = "gpu"   # what `dtrace-mk bench placement` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 

@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+REQUIRES = "gpu"   # what `dtrace-mk bench record_cost` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 KINDS = ("empty", "gtimer", "clock64", "st_t0", "st_warp", "st_t0_fence", "l2_chase", "smem_chase", "hbm_chase")
 
 SRC = r"""

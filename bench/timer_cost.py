@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+REQUIRES = "gpu"   # what `dtrace-mk bench timer_cost` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 SRC = r"""
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 gt() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+REQUIRES = "cpu"   # what `dtrace-mk bench verifier` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dtrace_mk.abi import definition as abi            # noqa: E402

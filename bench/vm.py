@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, List, Tuple
 
+REQUIRES = "cpu"   # what `dtrace-mk bench vm` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dtrace_mk.abi import context                       # noqa: E402

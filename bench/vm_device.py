@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+REQUIRES = "gpu"   # what `dtrace-mk bench vm_device` checks before it runs: cpu, gpu, or gpu:N (N ranks, N GPUs)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np                                           # noqa: E402

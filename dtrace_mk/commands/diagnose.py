@@ -108,10 +108,9 @@ def mpi_flavour(mpiexec: str) -> str:
     return "unknown"
 
 
-def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
-                    flavour: Optional[str] = None) -> List[str]:
-    """`mpiexec [flags] -n RANKS python -m ... : -n 1 python -m ...` (MPMD)."""
-    flavour = flavour or mpi_flavour(mpiexec)
+def mpi_flags(flavour: str) -> List[str]:
+    """The launcher flags a job of this project needs under `flavour` (Open MPI: more
+    ranks than cores, root in containers, no single-copy path without ptrace rights)."""
     flags: List[str] = []
     if flavour == "openmpi":
         flags.append("--oversubscribe")
@@ -119,6 +118,13 @@ def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
             flags.append("--allow-run-as-root")
         # containers without ptrace rights (CMA) fail vader's single-copy path
         flags += ["--mca", "btl_vader_single_copy_mechanism", "none"]
+    return flags
+
+
+def mpiexec_command(mpiexec: str, ranks: int, child_args: List[str],
+                    flavour: Optional[str] = None) -> List[str]:
+    """`mpiexec [flags] -n RANKS python -m ... : -n 1 python -m ...` (MPMD)."""
+    flags = mpi_flags(flavour or mpi_flavour(mpiexec))
     child = [sys.executable, "-m", "dtrace_mk.commands.diagnose"] + child_args
     return [mpiexec] + flags + ["-n", str(ranks)] + child + [":", "-n", "1"] + child
 

@@ -528,11 +528,45 @@ def _any_source() -> int:
     return MPI.ANY_SOURCE
 
 
-def render_output(msg: Mapping[str, Any], fmt: str = "text") -> str:
-    """One streamed output message as text (per rank: a header, then the maps as the
-    printing plan renders them, coverage under each) or NDJSON."""
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}..{hi}"
+
+
+def render_merged(msg: Mapping[str, Any], fmt: str = "text") -> str:
+    """One streamed output message as ONE view of the job: every rank's maps combined
+    (lang.printing.merge_blocks), under a header naming the ranks and their steps (each
+    rank's maps are as of its own step); ranks without output yet are named."""
     import json
     from ..lang import printing
+    parts = sorted(((int(r), p) for r, p in msg.get("ranks", {}).items()), key=lambda rp: rp[0])
+    have = [(r, p) for r, p in parts if p["blocks"]]
+    waiting = [r for r, p in parts if not p["blocks"]]
+    merged = printing.merge_blocks([p["blocks"] for _, p in have], [r for r, _ in have])
+    if fmt == "json":
+        head = {"query": msg["id"], "ranks": [r for r, _ in have], "steps": [p["step"] for _, p in have],
+                "final": msg.get("final", False)}
+        return "".join(json.dumps({**head, **b}, sort_keys=True) + "\n" for b in merged)
+    what = "final" if msg.get("final") else "interval"
+    ranks = ", ".join(str(r) for r, _ in have) or "none"
+    head = f"-- query {msg['id']}, ranks {ranks} merged"
+    if have:
+        head += (f" ({what}; step {_span([p['step'] for _, p in have])}, attached at step "
+                 f"{_span([p['attached_at'] for _, p in have])})")
+    if waiting:
+        head += f"; no output yet from rank{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))}"
+    text = printing.render_text(merged)
+    return head + " --\n" + (text.rstrip("\n") if text.strip() else "(no output yet)") + "\n"
+
+
+def render_output(msg: Mapping[str, Any], fmt: str = "text", merge: bool = False) -> str:
+    """One streamed output message as text (per rank: a header, then the maps as the
+    printing plan renders them, coverage under each) or NDJSON; merge: one view of every
+    rank (render_merged)."""
+    import json
+    from ..lang import printing
+    if merge:
+        return render_merged(msg, fmt)
     out = []
     for r, part in sorted(msg.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
         if fmt == "json":

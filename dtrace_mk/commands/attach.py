@@ -8,7 +8,8 @@ The query is compiled and verified here first (a rejected program is reported wi
 source line and never reaches the job), sent over the job's control socket (owner-only,
 with the job's token), verified again by the job, broadcast to every rank and attached
 at a step boundary.  Its maps stream back every --interval seconds, per rank, rendered
-by the query's printing plan with coverage (eligible / executed / throttled / lost).
+by the query's printing plan with coverage (eligible / executed / throttled / lost);
+--merge shows one view of the job instead (each map combined across ranks).
 Ctrl-C detaches it (and prints the final maps); `dtrace-mk detach` from elsewhere or the
 job's end does too.  FILE may be query text or an ELF object compiled from a query.
 """
@@ -32,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between outputs (default 1)")
     p.add_argument("--no-stream", action="store_true", help="attach, print the id and return")
     p.add_argument("-f", "--format", choices=("text", "json"), default="text")
+    p.add_argument("--merge", action="store_true",
+                   help="one view of the job: each map combined across ranks by its aggregation (count / sum "
+                        "added, min / max, avg and stats from summed counts and sums, histograms bucket by "
+                        "bucket), coverage summed; default: a block per rank")
     p.add_argument("--schema", metavar="S", help="task schema JSON (default: the standard classes)")
 
 
@@ -102,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             t = msg.get("type")
             if t == "output":
-                sys.stdout.write(render_output(msg, args.format))
+                sys.stdout.write(render_output(msg, args.format, merge=args.merge))
                 sys.stdout.flush()
             elif t == "error":
                 print(f"query {aid}: rank {msg.get('rank')}: {msg.get('error')}", file=sys.stderr)

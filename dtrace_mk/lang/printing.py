@@ -11,6 +11,8 @@ Everything is driven by the printing plan the compiler embeds in the object (see
   bars, `@c[attn]: 12` lines sorted by value), a coverage line under each map and a
   WARNING line when anything was throttled or lost.
 * `render_json(blocks)` gives newline-delimited JSON with the same content.
+* `merge_blocks(parts)` combines the blocks of several ranks into one view of the job:
+  each map by its aggregation, coverage summed (`dtrace-mk attach --merge`).
 """
 from __future__ import annotations
 
@@ -112,9 +114,12 @@ def map_block(pm: dict, mapset, rows: Iterable[Coverage], names: dict, when: str
         del e["raw_key"]
         if pm["agg"] in ("hist", "lhist"):
             e["value"] = hist_buckets(pm, e["value"])
-    return {"type": "map", "when": when, "name": pm["name"], "agg": pm["agg"],
-            "keys": [k["name"] for k in pm["keys"]], "entries": entries,
-            "coverage": coverage_since(coverage_of(pm, rows), baseline)}
+    block = {"type": "map", "when": when, "name": pm["name"], "agg": pm["agg"],
+             "keys": [k["name"] for k in pm["keys"]], "entries": entries,
+             "coverage": coverage_since(coverage_of(pm, rows), baseline)}
+    if pm["agg"] in ("hist", "lhist"):
+        block["layout"] = dict(pm["value"])      # the bucket layout (merge_blocks rebuilds counts)
+    return block
 
 
 # --- histograms -------------------------------------------------------------------------
@@ -158,6 +163,23 @@ def hist_buckets(pm: dict, counts: Sequence[int]) -> List[dict]:
                 label = f"[{lo}, {hi})"
         out.append({"label": label, "lo": lo, "hi": hi, "count": counts[i]})
     return out
+
+
+def bucket_counts(layout: dict, buckets: Sequence[dict]) -> List[int]:
+    """The inverse of hist_buckets: the full counts array of `layout` (a plan map's
+    "value") from the buckets of a block."""
+    n = int(layout["buckets"])
+    counts = [0] * n
+    for b in buckets:
+        lo, hi = b["lo"], b["hi"]
+        if layout["layout"] == "log2":
+            i = n - 1 if hi is None else (0 if lo == 0 else int(lo).bit_length())
+        else:
+            i = 0 if lo is None else n - 1 if hi is None else (lo - layout["lo"]) // layout["step"] + 1
+        if not 0 <= i < n:
+            raise ValueError(f"bucket {b['label']} is outside the layout {layout}")
+        counts[i] += int(b["count"])
+    return counts
 
 
 def render_hist(buckets: List[dict]) -> List[str]:
@@ -223,18 +245,92 @@ def render_text(blocks: Iterable[dict]) -> str:
     out: List[str] = []
     for b in blocks:
         t = b["type"]
+        who = f"[rank {b['rank']}] " if "rank" in b else ""     # (a merged view's per-rank blocks)
         if t == "map":
             out += render_map_text(b)
         elif t == "text":
-            out.append(b["text"])
+            out.append(who + b["text"])
         elif t == "interval":
-            out.append(f"-- {b['probe']} at {b['ts_ns'] / 1e6:.3f} ms --")
+            out.append(f"-- {who}{b['probe']} at {b['ts_ns'] / 1e6:.3f} ms --")
         elif t == "evidence":
             fields = " ".join(f"{k}={v}" for k, v in b["fields"].items())
-            out.append(f"evidence[w{b['worker']} e{b['epoch']}]: {fields}")
+            out.append(f"{who}evidence[w{b['worker']} e{b['epoch']}]: {fields}")
         elif t == "warning":
-            out.append(f"WARNING: {b['text']}")
+            out.append(f"{who}WARNING: {b['text']}")
     return "\n".join(out) + ("\n" if out else "")
+
+
+# --- several ranks as one view ----------------------------------------------------------
+
+def _merge_value(agg: str, a, b):
+    """Two ranks' values of one key combined as the aggregation defines it (histograms:
+    counts arrays, rebuilt by the caller)."""
+    if agg in ("count", "sum"):
+        return a + b
+    if agg == "min":
+        return min(a, b)
+    if agg == "max":
+        return max(a, b)
+    if agg in ("avg", "stats"):
+        c, s = a["count"] + b["count"], a["sum"] + b["sum"]
+        out = {"count": c, "sum": s, "avg": s // c if c else 0}
+        if agg == "stats":
+            mins = [v["min"] for v in (a, b) if v["count"]]
+            out["min"], out["max"] = (min(mins) if mins else 0), max(a["max"], b["max"])
+        return out
+    if agg in ("hist", "lhist"):
+        return [x + y for x, y in zip(a, b)]
+    raise ValueError(f"aggregation {agg!r} has no merge")
+
+
+def _key_order(key: list) -> tuple:
+    return tuple((0, k, "") if isinstance(k, int) else (1, 0, str(k)) for k in key)
+
+
+def merge_blocks(parts: Sequence[Sequence[dict]], ranks: Optional[Sequence[int]] = None) -> List[dict]:
+    """The blocks of several ranks (parts[i] of rank ranks[i]; default 0, 1, ...) as one
+    view: the map blocks of one name, `when` and aggregation combined key by key (count /
+    sum added, min / max, avg and stats from the summed count and sum, histograms bucket by
+    bucket), their coverage summed (eligible = executed + throttled + lost still holds, and
+    so does the WARNING when any rank lost or throttled events); every other block (printf
+    text, interval headers, evidence, warnings) kept in rank order, marked with its rank."""
+    ranks = list(range(len(parts))) if ranks is None else list(ranks)
+    maps: Dict[tuple, dict] = {}
+    values: Dict[tuple, Dict[tuple, object]] = {}
+    out: List[dict] = []
+    for r, blocks in zip(ranks, parts):
+        for b in blocks:
+            if b["type"] != "map":
+                out.append({**b, "rank": r})
+                continue
+            mk = (b["name"], b["when"], b["agg"])
+            hist = b["agg"] in ("hist", "lhist")
+            if mk not in maps:
+                maps[mk] = {**b, "entries": [], "coverage": {"eligible": 0, "executed": 0, "throttled": 0,
+                                                            "lost": 0, "reasons": {}}}
+                values[mk] = {}
+                out.append(maps[mk])
+            m, vals = maps[mk], values[mk]
+            for k in ("eligible", "executed", "throttled", "lost"):
+                m["coverage"][k] += b["coverage"][k]
+            for why, n in b["coverage"].get("reasons", {}).items():
+                m["coverage"]["reasons"][why] = m["coverage"]["reasons"].get(why, 0) + n
+            for e in b["entries"]:
+                key = tuple(e["key"])
+                v = bucket_counts(b["layout"], e["value"]) if hist else e["value"]
+                vals[key] = _merge_value(b["agg"], vals[key], v) if key in vals else v
+    for mk, m in maps.items():
+        agg = m["agg"]
+        entries = [{"key": list(k), "value": v} for k, v in values[mk].items()]
+        if agg in ("hist", "lhist"):
+            entries.sort(key=lambda e: _key_order(e["key"]))
+            for e in entries:
+                e["value"] = hist_buckets({"value": m["layout"]}, e["value"])
+        else:
+            entries.sort(key=lambda e: (_sort_value(agg, e["value"]), _key_order(e["key"])))
+        m["entries"] = entries
+        m["coverage"]["reasons"] = dict(sorted(m["coverage"]["reasons"].items()))
+    return out
 
 
 def render_json(blocks: Iterable[dict]) -> str:

@@ -146,12 +146,14 @@ def launch_attach_list_detach_stop(runtime_dir, tmp_path, backend: str):
         assert r.returncode == 2 and "no attached query 1" in r.stderr
         _status_until(job, lambda s: not s["attachments"])
 
-        # Ctrl-C on an attached client: it detaches and prints the final maps
-        att = Proc("attach", "--job", jid, "-e", QUERY, "--interval", "0.2", env=env)
+        # Ctrl-C on an attached client: it detaches and prints the final maps (here as one
+        # view of both ranks: --merge)
+        att = Proc("attach", "--job", jid, "-e", QUERY, "--interval", "0.2", "--merge", env=env)
         att.wait_line(lambda l: l.startswith("coverage @wait_us: eligible"))
         att.p.send_signal(signal.SIGINT)
         rc, out, err = att.finish()
-        assert rc == 0 and "detaching query 2" in err and "(final; attached at step" in out, err
+        assert rc == 0 and "detaching query 2" in err, err
+        assert "merged (final; step" in out and "-- query 2 rank " not in out, out
         _status_until(job, lambda s: not s["attachments"])
 
         # live metrics from the collector while the job runs

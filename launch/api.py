@@ -93,6 +93,7 @@ class LiveQuery:
     hooks: Set[int]
     attached_at: int
     printed: int = 0               # text blocks already reported
+    exit_told: bool = False        # its exit() reported to rank 0 (which detaches it everywhere)
 
 
 @dataclass
@@ -281,7 +282,21 @@ class ServingHost:
                 self.pending = [c for c in self.pending if c["apply_at"] > self.step_now]
                 for c in due:
                     self._apply(c)
+        self._tell_exits()
         self.agent.progress()
+
+    def _tell_exits(self) -> None:
+        """A query that ran exit() on this rank stops here at once (QueryRun); rank 0 is
+        told, and detaches it on every rank at the next step boundary (bpftrace's exit()
+        ends the whole trace, and so it does for a job)."""
+        for q in self.live.values():
+            if q.run.exited and not q.exit_told:
+                q.exit_told = True
+                msg = {"op": "exit", "id": q.aid, "rank": self.rank, "step": self.step_now}
+                if self.rank == 0:
+                    self._on_up(msg)
+                else:
+                    self.link.up(msg)
 
     def wait_for_attach(self, timeout_s: float) -> bool:
         """Hold before serving until the first query is attached (demos, tests) or the
@@ -494,6 +509,14 @@ class ServingHost:
             return
         a = self.attachments.get(msg.get("id"))
         if a is None:
+            return
+        if op == "exit":
+            if not a.detaching:
+                a.detaching = True
+                why = f"exit() on rank {msg['rank']} at step {msg['step']}"
+                at = self._broadcast({"op": "detach", "id": a.aid, "why": why},
+                                     max(self.step_now + 1, a.apply_at))
+                self.say(f"query {a.aid}: {why}; detaches at step {at}")
             return
         if op == "error":
             self.say(f"query {a.aid} failed on rank {msg['rank']}: {msg['error']}")

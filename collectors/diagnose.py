@@ -29,7 +29,7 @@ from .classify import (Evidence, Inputs, Thresholds, align_signals, align_waits,
 from .clock import DEFAULT_WINDOW_NS, build_clock_model
 from .join import join
 from .records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, PingPong, RecordError,
-                      RemoteWait, Signal, pack, unpack_stream)
+                      RemoteWait, Signal, TaskEvidence, pack, unpack_stream)
 from .scenario import Scenario
 
 #: Remote costs rooted at r fold into r's local finding within this many epochs...
@@ -271,6 +271,7 @@ class Accumulator(RecordSink):
         self.signals: List[Signal] = []
         self.clock_samples: List[ClockSample] = []
         self.pingpongs: List[PingPong] = []
+        self.evidence: List[TaskEvidence] = []      # escalated raw evidence (exports only)
         self.bytes = 0
         self.bad_messages: Dict[int, int] = {}
         self.lost_records: Dict[int, int] = {}

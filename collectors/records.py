@@ -35,6 +35,10 @@ The record types:
 * `PingPong`      — one host-to-host round trip measured by the collector's host against
   `rank`'s host: `t0_ns`, `t1_ns` on the collector's host clock, `t_remote_ns` on the
   rank's host clock.
+* `TaskEvidence`  — escalated raw evidence: one task run (its identity, worker, begin and
+  end) that the agent held for its epoch and shipped because a summary predicate fired on
+  that epoch (`reason`: a slow step, or its class's outlier; runtime/agent.py "Escalated
+  evidence"); epochs whose predicates do not fire ship none.
 """
 from __future__ import annotations
 
@@ -217,18 +221,40 @@ class PingPong(_Record):
     t1_ns: int           # collector host clock, reply received
 
 
-for _t in (EpochSummary, RemoteWait, Signal, ClockSample, PingPong):
+#: TaskEvidence.reason: why its epoch's evidence was escalated
+REASON_SLOW_STEP = 1          # the step took much longer than the rank's recent steps
+REASON_CLASS_OUTLIER = 2      # a task of its class took much longer than the class's mean
+REASON_NAMES = {REASON_SLOW_STEP: "slow_step", REASON_CLASS_OUTLIER: "class_outlier"}
+
+
+@dataclass(frozen=True)
+class TaskEvidence(_Record):
+    TAG: ClassVar[int] = 6
+    rank: int
+    step: int
+    task_class: int
+    layer: int
+    tile: int
+    task_index: int
+    worker: int
+    begin_ns: int        # device clock (task:begin = its task:end's ts - dur)
+    end_ns: int
+    reason: int          # REASON_*
+
+
+for _t in (EpochSummary, RemoteWait, Signal, ClockSample, PingPong, TaskEvidence):
     _t._NAMES = tuple(f.name for f in dc_fields(_t))
 EpochSummary._FLAT = False
 
-Record = Union[EpochSummary, RemoteWait, Signal, ClockSample, PingPong]
+Record = Union[EpochSummary, RemoteWait, Signal, ClockSample, PingPong, TaskEvidence]
 RECORD_TYPES: Dict[int, Type[_Record]] = {
-    t.TAG: t for t in (EpochSummary, RemoteWait, Signal, ClockSample, PingPong)}
+    t.TAG: t for t in (EpochSummary, RemoteWait, Signal, ClockSample, PingPong, TaskEvidence)}
 
 # Which list of a record container (collectors.diagnose.Accumulator,
 # exporters.batch.RecordSet) holds each record type.
 RECORD_LISTS: Dict[Type[_Record], str] = {EpochSummary: "summaries", RemoteWait: "waits", Signal: "signals",
-                                          ClockSample: "clock_samples", PingPong: "pingpongs"}
+                                          ClockSample: "clock_samples", PingPong: "pingpongs",
+                                          TaskEvidence: "evidence"}
 
 
 def max_packed_size(rtype: Type[_Record]) -> int:

@@ -4,8 +4,10 @@
 
 * `result`  — the dict `collectors.diagnose.diagnose` (or `Accumulator.result`) returns.
 * `records` — the records the diagnosis was computed from: a `RecordSet`, an
-  `Accumulator` (anything with `.summaries/.waits/.signals/.clock_samples/.pingpongs`),
-  a mapping with those keys, or a flat iterable of records.  `ClockSample`s and
+  `Accumulator` (anything with `.summaries/.waits/.signals/.clock_samples/.pingpongs`,
+  and `.evidence` when it has escalated evidence), a mapping with those keys, or a flat
+  iterable of records.  Their `TaskEvidence` records become the batch's `RawEvidence`
+  (`evidence_of`), beside any given explicitly.  `ClockSample`s and
   `PingPong`s are needed to put every rank on the one aligned clock (the clock model is
   rebuilt from them exactly as `diagnose` builds it; the result only holds its report).
 
@@ -29,8 +31,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ..collectors.clock import DEFAULT_WINDOW_NS, ClockModel, build_clock_model
-from ..collectors.records import (RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names, PingPong,
-                                  RecordError, RemoteWait, Signal, pack_stream, unpack_stream)
+from ..collectors.records import (REASON_NAMES, RECORD_LISTS, ClockSample, Coverage, EpochSummary, Names,
+                                  PingPong, RecordError, RemoteWait, Signal, TaskEvidence, pack_stream,
+                                  unpack_stream)
 from ..errors import UserError
 
 RECORDS_SUFFIX = ".records.msgpack"
@@ -47,8 +50,10 @@ class RecordSet:
     signals: List[Signal] = field(default_factory=list)
     clock_samples: List[ClockSample] = field(default_factory=list)
     pingpongs: List[PingPong] = field(default_factory=list)
+    evidence: List[TaskEvidence] = field(default_factory=list)      # escalated raw evidence
 
-    _KEYS = ("summaries", "waits", "signals", "clock_samples", "pingpongs")
+    _KEYS = ("summaries", "waits", "signals", "clock_samples", "pingpongs", "evidence")
+    _REQUIRED = _KEYS[:5]          # (a container without escalated evidence has no .evidence)
 
     @classmethod
     def of(cls, records: Any) -> "RecordSet":
@@ -58,8 +63,8 @@ class RecordSet:
             return records
         if isinstance(records, Mapping):
             return cls(*[list(records.get(k, ())) for k in cls._KEYS])
-        if all(hasattr(records, k) for k in cls._KEYS):
-            return cls(*[list(getattr(records, k)) for k in cls._KEYS])
+        if all(hasattr(records, k) for k in cls._REQUIRED):
+            return cls(*[list(getattr(records, k, ())) for k in cls._KEYS])
         rs = cls()
         for r in records:
             rs.add(r)
@@ -234,6 +239,23 @@ def merge_wait_tiles(waits: Iterable[RemoteWait]) -> List[Tuple[Tuple[int, int, 
     return [(k, *v) for k, v in sorted(merged.items())]
 
 
+def evidence_of(records: Iterable[TaskEvidence], names: Names) -> List[RawEvidence]:
+    """The escalated TaskEvidence records as the exporters' RawEvidence: named by class,
+    layer and tile, the identity and the reason in the attributes."""
+    out = []
+    for e in records:
+        cls = names.task_class(e.task_class)
+        coords = [(e.tile >> s) & 0xFFFF for s in (0, 16, 32, 48)]     # x | y<<16 | z<<32 | w<<48
+        while len(coords) > 1 and coords[-1] == 0:
+            coords.pop()
+        tile = ",".join(map(str, coords))
+        layer = f" L{e.layer}" if e.layer != 0xFFFFFFFF else ""
+        out.append(RawEvidence(e.rank, e.step, f"{cls}{layer} tile {tile}", e.begin_ns, e.end_ns,
+                               {"class": cls, "layer": e.layer, "tile": tile, "task_index": e.task_index,
+                                "worker": e.worker, "reason": REASON_NAMES.get(e.reason, str(e.reason))}))
+    return out
+
+
 def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optional[str] = None,
                 service_name: str = "dtrace_mk",
                 rank_info: Optional[Mapping[int, RankInfo]] = None,
@@ -252,10 +274,11 @@ def build_batch(result: Mapping[str, Any], records: Any = None, *, job_id: Optio
         tt = dict(task_traces)
     else:
         tt = {t.rank: t for t in (task_traces or ())}
-    return ExportBatch(dict(result), rs, clock, names or Names.standard(),
+    names = names or Names.standard()
+    return ExportBatch(dict(result), rs, clock, names,
                        job_id=job_id or str(result.get("job_id") or "local"),
                        service_name=service_name, rank_info=dict(rank_info or {}),
-                       task_traces=tt, evidence=list(evidence),
+                       task_traces=tt, evidence=list(evidence) + evidence_of(rs.evidence, names),
                        wall_offset_ns=int(wall_offset_ns if wall_offset_ns is not None
                                           else result.get("wall_offset_ns") or 0))
 

@@ -65,10 +65,11 @@ class StepSpanStream(RecordSink):
         for e in exporters:
             self.outs.append(self._make(e, timeout_s, max_buffer))
         # what arrived, by step (collector thread only)
-        self._seen = {"summaries": 0, "waits": 0, "signals": 0}
+        self._seen = {"summaries": 0, "waits": 0, "signals": 0, "evidence": 0}
         self._sum: Dict[int, list] = {}
         self._wait: Dict[int, list] = {}
         self._sig: Dict[int, list] = {}
+        self._ev: Dict[int, list] = {}            # escalated evidence (sent before its step's summary)
         self._have: Dict[int, Set[int]] = {r: set() for r in self.ranks}
         self._newest: Dict[int, int] = {}
         self._lost: Set[int] = set()
@@ -128,8 +129,9 @@ class StepSpanStream(RecordSink):
     def _scan(self) -> None:
         acc = self.acc
         new_steps = set()
-        for name, by in (("summaries", self._sum), ("waits", self._wait), ("signals", self._sig)):
-            lst = getattr(acc, name)
+        for name, by in (("summaries", self._sum), ("waits", self._wait), ("signals", self._sig),
+                         ("evidence", self._ev)):
+            lst = getattr(acc, name, ())
             i0 = self._seen[name]
             if i0 >= len(lst):
                 continue
@@ -180,6 +182,7 @@ class StepSpanStream(RecordSink):
         for k in steps:
             rs.summaries.extend(self._sum.get(k, ()))
             rs.waits.extend(self._wait.get(k, ()))
+            rs.evidence.extend(self._ev.get(k, ()))
         for k in sorted({k + d for k in steps for d in (-1, 0, 1)}):
             rs.signals.extend(self._sig.get(k, ()))     # a wait's signal may carry a neighbour step
         rs.clock_samples = list(self.acc.clock_samples)
@@ -221,6 +224,7 @@ class StepSpanStream(RecordSink):
                 rs.summaries.extend(r.summaries)
                 rs.waits.extend(r.waits)
                 rs.signals.extend(r.signals)
+                rs.evidence.extend(r.evidence)
             rs.clock_samples, rs.pingpongs = items[-1][2].clock_samples, items[-1][2].pingpongs
             rs.summaries = list({(s.rank, s.epoch): s for s in rs.summaries}.values())
             rs.waits = list({id(w): w for w in rs.waits}.values())

@@ -158,7 +158,7 @@ class ServingHost:
     def __init__(self, *, num_workers: int, schema=None, comm=None, job=None,
                  monitors: Sequence[str] = (), budget_bytes_per_step: Optional[int] = None,
                  backend: str = "sim", say: Optional[Callable[[str], None]] = None,
-                 apply_lag: int = 2):
+                 apply_lag: int = 2, escalate: Optional[bool] = None):
         from mpi4py import MPI
         from ..collectors import transport as T
         from ..runtime.agent import RankAgent
@@ -198,8 +198,12 @@ class ServingHost:
             channel = T.DirectChannel(self.loop, self.rank)
         else:
             channel = T.RankChannel(port, self.roles.collector, self.rank)
+        # escalated evidence (runtime/agent.py) by default on sim ranks only: on GPU ranks the
+        # host agent already paces serving (operations.md), one more program per task:end
+        # would slow it further
         self.agent = RankAgent(self.rank, channel, num_workers=num_workers, schema=schema,
-                               monitors=monitors, budget_bytes_per_step=budget_bytes_per_step)
+                               monitors=monitors, budget_bytes_per_step=budget_bytes_per_step,
+                               escalate=(backend != "gpu") if escalate is None else escalate)
         self.agent.start(pings=8 if self.roles.mpmd else 0)
         self._agent_hooks = {abi.hook(h).id for h in self.agent.hooks}
         self.link = _Link(sub.Dup())

@@ -47,6 +47,19 @@ Evidence budget: `budget_bytes_per_step` (scenario) bounds the packed bytes of t
 RemoteWait and Signal records of one epoch of this rank (and is the per-worker evidence
 budget of the summary monitors on the device); records over it are not sent and count
 as `throttled` in that epoch's coverage.  Summaries and clock samples are always sent.
+
+Escalated evidence (`escalate=True`, DTrace-style speculation): `monitors/speculate.d`
+holds every task run of the epoch in its own evidence ring (SPECULATE_BUDGET bytes per
+worker per epoch; runs over it are not held).  When epoch k is flushed, its summary
+decides, against this rank's last STEP_HISTORY epochs (after MIN_HISTORY of them): the
+step took more than SLOW_STEP_FACTOR x their median step time (REASON_SLOW_STEP), or a
+class's slowest run took more than OUTLIER_FACTOR x the median of that class's per-epoch
+maxima (REASON_CLASS_OUTLIER: a fault on a share of a class moves its maximum, not always
+far from its own epoch's mean).  Then at most ESCALATE_MAX of the held runs go out as
+`TaskEvidence`, the relatively slowest first (duration over that class baseline; for an
+outlier class only its runs above the factor), before the epoch's summary; otherwise the
+held runs are discarded.  The exporters make them child spans of the rank's step span and
+Perfetto slices.
 """
 from __future__ import annotations
 
@@ -56,8 +69,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..abi import context
-from ..collectors.records import (MAX_EXPERTS, ClassStat, ClockSample, Coverage, EpochSummary,
-                                  PingPong, RemoteWait, Signal, pack)
+from ..collectors.records import (MAX_EXPERTS, REASON_CLASS_OUTLIER, REASON_SLOW_STEP, ClassStat, ClockSample,
+                                  Coverage, EpochSummary, PingPong, RemoteWait, Signal, TaskEvidence, pack)
 from ..errors import UserError
 
 MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
@@ -76,6 +89,15 @@ EVIDENCE_MAP = "dtmk_evidence"
 DEFAULT_EVIDENCE_BUDGET = 1 << 16
 MAX_CLOCK_SAMPLES_QUEUED = 256
 U64 = (1 << 64) - 1
+
+SPECULATE_FILE = MONITOR_DIR / "speculate.d"
+#: Escalated evidence (module doc): the held runs' ring budget per worker per epoch (a
+#: 64-byte record per task:end: 256 runs), the predicates and the cap per epoch.
+SPECULATE_BUDGET = 1 << 14
+SLOW_STEP_FACTOR = 1.25
+STEP_HISTORY, MIN_HISTORY = 16, 4
+OUTLIER_FACTOR = 2.0
+ESCALATE_MAX = 8
 _STEP = struct.Struct("<I")
 _OFF_STEP = context.OFF_DECODE_STEP
 
@@ -92,6 +114,14 @@ def compile_summary(schema=None, budget_bytes_per_step: Optional[int] = None):
     opts = Options(max_entries=SUMMARY_MAP_ENTRIES, evidence_budget=budget,
                    evidence_ring=max(65536, 2 * budget))
     return compile_query(summary_query_text(), schema, name=str(SUMMARY_FILE), options=opts)
+
+
+def compile_speculate(schema=None):
+    """Compile the held-evidence monitor of escalation (`monitors/speculate.d`)."""
+    from ..lang.passes.lower import Options
+    from ..lang.pipeline import compile_query
+    opts = Options(evidence_budget=SPECULATE_BUDGET, evidence_ring=max(65536, 2 * SPECULATE_BUDGET))
+    return compile_query(SPECULATE_FILE.read_text(), schema, name=str(SPECULATE_FILE), options=opts)
 
 
 class ListChannel:
@@ -148,6 +178,9 @@ class AgentStats:
     max_open_epochs: int = 0
     max_map_entries: int = 0
     clock_samples_dropped: int = 0
+    held_runs: int = 0              # task runs held for escalation (flushed epochs)
+    escalated_epochs: int = 0       # epochs whose predicate fired
+    escalated_runs: int = 0         # TaskEvidence records built
 
     def as_dict(self) -> Dict[str, Any]:
         per = list(self.bytes_per_epoch.values())
@@ -158,7 +191,9 @@ class AgentStats:
                 "bytes_per_epoch_mean": round(sum(per) / len(per), 1) if per else 0.0,
                 "late_events": self.late_events, "max_open_epochs": self.max_open_epochs,
                 "max_map_entries": self.max_map_entries,
-                "clock_samples_dropped": self.clock_samples_dropped}
+                "clock_samples_dropped": self.clock_samples_dropped,
+                "held_runs": self.held_runs, "escalated_epochs": self.escalated_epochs,
+                "escalated_runs": self.escalated_runs}
 
 
 def _words(raw: bytes, n: int) -> Tuple[int, ...]:
@@ -168,7 +203,8 @@ def _words(raw: bytes, n: int) -> Tuple[int, ...]:
 class RankAgent:
     def __init__(self, rank: int, channel, *, num_workers: int, schema=None,
                  monitors: Sequence[str] = (), budget_bytes_per_step: Optional[int] = None,
-                 flush_lag: int = 2, max_open_epochs: int = 4, progress_every: int = 256):
+                 flush_lag: int = 2, max_open_epochs: int = 4, progress_every: int = 256,
+                 escalate: bool = True):
         from .reference import ReferenceRuntime
         if flush_lag < 1 or max_open_epochs < flush_lag:
             raise UserError(f"agent: flush_lag {flush_lag} must be >= 1 and <= max_open_epochs "
@@ -186,6 +222,11 @@ class RankAgent:
         self.maps = self.rt.maps(self.aid)
         self.programs = {p.name for p in self.summary.obj.programs}
         self._ev_tags = self._evidence_tags(self.summary.plan)
+        # escalated evidence: its own attachment (its own ring and budget) on the same runtime
+        self.spec_aid = self.rt.attach(compile_speculate(schema).obj) if escalate else None
+        self.step_history: List[int] = []         # step_ns of the last STEP_HISTORY flushed epochs
+        self.class_history: Dict[int, List[int]] = {}   # class -> its per-epoch maxima (as long)
+        self._held: Dict[int, List[Tuple[int, ...]]] = {}   # held runs of open epochs
         self.user = [self._user_query(path, schema, num_workers) for path in monitors]
         self.hooks: List[str] = sorted({p.hook.name for p in self.summary.obj.programs}
                                        | {p.hook.name for q in self.user for p in q.obj.programs})
@@ -334,8 +375,12 @@ class RankAgent:
         for k, recs in evidence.items():        # evidence of other epochs (late or early)
             self._ship(self._within_budget(k, recs), epoch=k)
         cov = self._coverage(epochs)
+        held = self._drain_held(last)
         for k in epochs:
             s = self._summary(k, snap, cov.get(k, Coverage()))
+            esc = self._escalate(s, held.pop(k, []))
+            if esc:                      # before the summary: a live exporter builds the step at it
+                self._ship(esc, epoch=k)
             self._ship([s] + self._take_clock(), epoch=k, summary=True)
             del self.open[k]
             self.stats.epochs += 1
@@ -358,6 +403,9 @@ class RankAgent:
         self.rt.coverage_table(self.aid).retire_epochs(last)
         if self._ev_tags:
             self.maps[EVIDENCE_MAP].retire_epochs(last)
+        if self.spec_aid is not None:
+            self.rt.coverage_table(self.spec_aid).retire_epochs(last)
+            self.rt.maps(self.spec_aid)[EVIDENCE_MAP].retire_epochs(last)
 
     def _coverage(self, epochs: Sequence[int]) -> Dict[int, Coverage]:
         want = set(epochs)
@@ -420,6 +468,54 @@ class RankAgent:
                 continue
             by_epoch.setdefault(r.step, []).append(r)
         return by_epoch
+
+    # -- escalated evidence (module doc) ---------------------------------------------------
+    def _drain_held(self, last: int) -> Dict[int, List[Tuple[int, ...]]]:
+        """The held task runs of epochs <= last, by epoch: (class, layer, tile, index,
+        worker, begin, end); those of still open epochs stay held (self._held)."""
+        if self.spec_aid is None:
+            return {}
+        for rec in self.rt.maps(self.spec_aid)[EVIDENCE_MAP].drain():
+            w = _words(rec.data, len(rec.data) // 8)
+            if len(w) < 8:
+                continue
+            step, cls, layer, tile, index, ts, dur = w[1:8]
+            self._held.setdefault(step, []).append((cls, layer, tile, index, rec.worker, max(0, ts - dur), ts))
+        out = {k: self._held.pop(k) for k in [k for k in self._held if k <= last]}
+        self.stats.held_runs += sum(len(v) for v in out.values())
+        return out
+
+    def _escalate(self, s: EpochSummary, runs: List[Tuple[int, ...]]) -> List[TaskEvidence]:
+        """The TaskEvidence of epoch `s` when a predicate fires on its summary, else []."""
+        def median(v):
+            return sorted(v)[len(v) // 2] if len(v) >= MIN_HISTORY else None
+        base_step = median(self.step_history)
+        slow = base_step is not None and s.step_ns > SLOW_STEP_FACTOR * base_step
+        base = {c.task_class: median(self.class_history.get(c.task_class, ())) for c in s.classes}
+        outliers = {c.task_class for c in s.classes
+                    if base[c.task_class] and c.dur_max_ns > OUTLIER_FACTOR * base[c.task_class]}
+        self.step_history = (self.step_history + [s.step_ns])[-STEP_HISTORY:]
+        for c in s.classes:
+            if c.count:
+                self.class_history[c.task_class] = (self.class_history.get(c.task_class, [])
+                                                    + [c.dur_max_ns])[-STEP_HISTORY:]
+        if self.spec_aid is None or not runs or not (slow or outliers):
+            return []
+        picked = []
+        for r in runs:
+            cls, dur = r[0], r[6] - r[5]
+            ratio = dur / base[cls] if base.get(cls) else 0.0
+            if cls in outliers and ratio > OUTLIER_FACTOR:
+                picked.append((ratio, REASON_CLASS_OUTLIER, r))
+            elif slow:
+                picked.append((ratio, REASON_SLOW_STEP, r))
+        picked.sort(key=lambda x: (-x[0], x[2][3], x[2][4]))
+        out = [TaskEvidence(self.rank, s.epoch, r[0], r[1], r[2], r[3], r[4], r[5], r[6], why)
+               for _, why, r in picked[:ESCALATE_MAX]]
+        if out:
+            self.stats.escalated_epochs += 1
+            self.stats.escalated_runs += len(out)
+        return out
 
     def _within_budget(self, epoch: int, recs: List[Any]) -> List[Any]:
         """The records of `epoch` that fit its byte budget; the rest count as throttled."""

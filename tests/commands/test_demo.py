@@ -44,6 +44,16 @@ def test_demo_diagnoses_the_remote_stall_at_rank_1(capsys, runtime_dir, tmp_path
     assert (0, 1) in cross and all(a != b for a, b in cross)
     assert f"{len(cross)} links from a rank's remote wait" in out
     assert {s["resource"]["dtrace_mk.rank"] for s in rows} == {0, 1}
+    # escalated evidence: the injected stall makes steps slow, their slowest task runs come
+    # as children of that rank's step span (and no clean step before the fault has any)
+    steps = {s["span_id"]: s for s in rows if s["name"].startswith("step ")}
+    ev = [s for s in rows if s["name"].startswith("evidence: ")]
+    assert ev and all(s["parent_span_id"] in steps for s in ev)
+    for s in ev:
+        parent = steps[s["parent_span_id"]]["attributes"]
+        a = s["attributes"]
+        assert (a["dtrace_mk.rank"], a["dtrace_mk.step"]) == (parent["dtrace_mk.rank"], parent["dtrace_mk.step"])
+        assert a["dtrace_mk.evidence.reason"] == "slow_step" and a["dtrace_mk.step"] >= 12   # the fault: 12-23
 
 
 class OtlpReceiver:

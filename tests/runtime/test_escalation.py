@@ -119,6 +119,18 @@ def test_exporters_make_child_spans_and_slices(tmp_path):
     assert ev and all(s.parent.span_id in step for s in ev)
     assert all(step[s.parent.span_id].attributes["dtrace_mk.step"] == 6 for s in ev)
     assert path.is_file()
+    # Perfetto: an "evidence" track of rank 0 with one slice per escalated run
+    import sys
+    from pathlib import Path
+    from dtrace_mk.exporters.perfetto import build_perfetto
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporters"))
+    from test_perfetto import check_well_formed, decode, summarize
+    tr = decode(build_perfetto(batch)[0])
+    check_well_formed(tr)
+    tracks, events = summarize(tr)
+    ev_tracks = {u for u, d in tracks.items() if d.name == "evidence"}
+    names = [e.track_event.name for e in events if e.track_event.track_uuid in ev_tracks and e.track_event.type == 1]
+    assert sorted(names) == sorted(e.name for e in batch.evidence)
 
 
 def test_evidence_names_unpack_the_tile_and_skip_a_missing_layer():

@@ -225,7 +225,7 @@ class RankAgent:
         # escalated evidence: its own attachment (its own ring and budget) on the same runtime
         self.spec_aid = self.rt.attach(compile_speculate(schema).obj) if escalate else None
         self.step_history: List[int] = []         # step_ns of the last STEP_HISTORY flushed epochs
-        self.class_history: Dict[int, List[int]] = {}   # class -> its per-epoch maxima (as long)
+        self.class_history: Dict[int, List[int]] = {}   # class -> its maxima of those epochs
         self._held: Dict[int, List[Tuple[int, ...]]] = {}   # held runs of open epochs
         self.user = [self._user_query(path, schema, num_workers) for path in monitors]
         self.hooks: List[str] = sorted({p.hook.name for p in self.summary.obj.programs}

@@ -167,15 +167,19 @@ def hist_buckets(pm: dict, counts: Sequence[int]) -> List[dict]:
 
 def bucket_counts(layout: dict, buckets: Sequence[dict]) -> List[int]:
     """The inverse of hist_buckets: the full counts array of `layout` (a plan map's
-    "value") from the buckets of a block."""
+    "value") from the buckets of a block; a bucket's index is the map's own bucket
+    (bpf.maps) of a value it holds (its lower bound; the underflow bucket's upper - 1)."""
+    from ..bpf.maps import linear_bucket, log2_bucket
+    from ..bpf.program import MapDef
     n = int(layout["buckets"])
+    if layout["layout"] == "log2":
+        index = log2_bucket
+    else:
+        md = MapDef("", "hist_linear", 8, 8 * n, 1, lin_lo=layout["lo"], lin_hi=layout["hi"], lin_step=layout["step"])
+        index = lambda v: linear_bucket(md, v)        # noqa: E731
     counts = [0] * n
     for b in buckets:
-        lo, hi = b["lo"], b["hi"]
-        if layout["layout"] == "log2":
-            i = n - 1 if hi is None else (0 if lo == 0 else int(lo).bit_length())
-        else:
-            i = 0 if lo is None else n - 1 if hi is None else (lo - layout["lo"]) // layout["step"] + 1
+        i = index(b["lo"] if b["lo"] is not None else b["hi"] - 1)
         if not 0 <= i < n:
             raise ValueError(f"bucket {b['label']} is outside the layout {layout}")
         counts[i] += int(b["count"])

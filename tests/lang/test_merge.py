@@ -84,7 +84,7 @@ def _block(name, agg, entries, cov=(0, 0, 0, 0), reasons=None, layout=None):
     return b
 
 
-LOG2 = {"buckets": 65, "layout": "log2"}
+LOG2 = {"buckets": 64, "layout": "log2"}   # (abi.HIST_LOG2_BUCKETS)
 
 
 @pytest.mark.parametrize("agg, a, b, want", [
@@ -109,8 +109,8 @@ def test_values_merge_by_aggregation(agg, a, b, want):
 def test_histograms_merge_bucket_by_bucket_and_fill_the_gap():
     """Rank 0 saw [1] and [2, 4), rank 1 [16, 32): the merged range is contiguous as one
     rank's would be (the empty buckets in between shown with 0)."""
-    r0 = [{"key": [0], "value": printing.hist_buckets({"value": LOG2}, [0, 3, 1] + [0] * 62)}]
-    r1 = [{"key": [0], "value": printing.hist_buckets({"value": LOG2}, [0, 1, 0, 0, 0, 2] + [0] * 59)}]
+    r0 = [{"key": [0], "value": printing.hist_buckets({"value": LOG2}, [0, 3, 1] + [0] * 61)}]
+    r1 = [{"key": [0], "value": printing.hist_buckets({"value": LOG2}, [0, 1, 0, 0, 0, 2] + [0] * 58)}]
     m = printing.merge_blocks([[_block("@h", "hist", r0, layout=LOG2)], [_block("@h", "hist", r1, layout=LOG2)]])
     got = [(b["label"], b["count"]) for b in m[0]["entries"][0]["value"]]
     assert got == [("[1]", 4), ("[2, 4)", 1), ("[4, 8)", 0), ("[8, 16)", 0), ("[16, 32)", 2)]
@@ -120,7 +120,7 @@ def test_linear_histogram_edges_round_trip():
     lin = {"buckets": 6, "layout": "linear", "lo": 0, "hi": 40, "step": 10}
     counts = [2, 1, 0, 3, 1, 4]                    # under, [0,10), [10,20), [20,30), [30,40), over
     assert printing.bucket_counts(lin, printing.hist_buckets({"value": lin}, counts)) == counts
-    log = [5] + [0] * 63 + [1]                     # [0] and the overflow bucket
+    log = [5] + [0] * 62 + [1]                     # [0] and the overflow bucket
     assert printing.bucket_counts(LOG2, printing.hist_buckets({"value": LOG2}, log)) == log
 
 

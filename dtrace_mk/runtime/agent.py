@@ -224,6 +224,7 @@ class RankAgent:
         self._ev_tags = self._evidence_tags(self.summary.plan)
         # escalated evidence: its own attachment (its own ring and budget) on the same runtime
         self.spec_aid = self.rt.attach(compile_speculate(schema).obj) if escalate else None
+        self.held_ring = self.rt.maps(self.spec_aid)[EVIDENCE_MAP] if escalate else None
         self.step_history: List[int] = []         # step_ns of the last STEP_HISTORY flushed epochs
         self.class_history: Dict[int, List[int]] = {}   # class -> its maxima of those epochs
         self._held: Dict[int, List[Tuple[int, ...]]] = {}   # held runs of open epochs
@@ -405,7 +406,7 @@ class RankAgent:
             self.maps[EVIDENCE_MAP].retire_epochs(last)
         if self.spec_aid is not None:
             self.rt.coverage_table(self.spec_aid).retire_epochs(last)
-            self.rt.maps(self.spec_aid)[EVIDENCE_MAP].retire_epochs(last)
+            self.held_ring.retire_epochs(last)
 
     def _coverage(self, epochs: Sequence[int]) -> Dict[int, Coverage]:
         want = set(epochs)
@@ -475,7 +476,7 @@ class RankAgent:
         worker, begin, end); those of still open epochs stay held (self._held)."""
         if self.spec_aid is None:
             return {}
-        for rec in self.rt.maps(self.spec_aid)[EVIDENCE_MAP].drain():
+        for rec in self.held_ring.drain():
             w = _words(rec.data, len(rec.data) // 8)
             if len(w) < 8:
                 continue
@@ -487,6 +488,9 @@ class RankAgent:
 
     def _escalate(self, s: EpochSummary, runs: List[Tuple[int, ...]]) -> List[TaskEvidence]:
         """The TaskEvidence of epoch `s` when a predicate fires on its summary, else []."""
+        if self.spec_aid is None:
+            return []
+
         def median(v):
             return sorted(v)[len(v) // 2] if len(v) >= MIN_HISTORY else None
         base_step = median(self.step_history)
@@ -499,7 +503,7 @@ class RankAgent:
             if c.count:
                 self.class_history[c.task_class] = (self.class_history.get(c.task_class, [])
                                                     + [c.dur_max_ns])[-STEP_HISTORY:]
-        if self.spec_aid is None or not runs or not (slow or outliers):
+        if not runs or not (slow or outliers):
             return []
         picked = []
         for r in runs:

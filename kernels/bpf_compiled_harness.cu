@@ -8,7 +8,7 @@
  * dtmk_compiled_harness.  -DDTMK_CM_NO_VM: compiled slots only (interpreted ones do not run).
  *
  * Built as LTO-IR (NVRTC -dlto -rdc=true) and linked by nvJitLink with the monitor's
- * LTO-IR (dtrace_mk/runtime/compiled.py), which defines dtmk_cm_hook_<id>; the link
+ * LTO-IR (dtrace_mk/runtime/compiled/: translator.py, link.py), which defines dtmk_cm_hook_<id>; the link
  * inlines the compiled programs here.  Also compiled with the empty monitor (every hook
  * function returns DTMK_OUT_FAULT) when nothing is compiled.
  */

@@ -35,7 +35,7 @@
  * Generated monitors include this file for the shadow and the bucket functions; the
  * kernel module (megakernel.cu, with bpf_maps.cuh before it) also gets the site function
  * and the flush.  No standard headers (NVRTC); compiles on the host (g++ shim of
- * dtrace_mk/runtime/compiled.py, one lane) for the CI differential test.
+ * dtrace_mk/runtime/compiled/host.py, one lane) for the CI differential test.
  */
 #ifndef DTMK_BPF_INLINE_CUH
 #define DTMK_BPF_INLINE_CUH
@@ -72,7 +72,7 @@ struct __align__(16) dtmk_shadow {   /* 16: the site copies the context in with 
 /* (sizeof, not offsetof: the device image's NVRTC 13.0 has no __builtin_offsetof here) */
 static_assert(sizeof(struct dtmk_sh_ent) * DTMK_SH_N % 16 == 0, "dtmk_shadow.ctx takes 16-byte stores");
 
-/* the inline entry points of a compiled monitor (dtrace_mk/runtime/compiled.py
+/* the inline entry points of a compiled monitor (dtrace_mk/runtime/compiled/translator.py
  * monitor_source; the empty monitor's return DTMK_OUT_FAULT): one event through compiled
  * program cm_id of hook <id>, maps through shadow S, coverage slot `slot` */
 #define DTMK_CM_INLINE_DECL(id)                                                                    \

@@ -3,7 +3,7 @@
  * Layouts and semantics: see bpf_maps.cuh (the descriptor and stats structs live here so a
  * generated monitor can include this file without the helpers' definitions).  Each
  * operation is written once, over the map's "shape" (below): the helpers the VM calls read
- * it from the descriptor; a compiled monitor (dtrace_mk/runtime/compiled.py) gives each of
+ * it from the descriptor; a compiled monitor (dtrace_mk/runtime/compiled/translator.py) gives each of
  * its maps a shape of constants, so its calls fold to that map's type and sizes -- the
  * compiled tier's drain probes a present key through one small register-only function per
  * key size instead of the generic helpers' type switches, descriptor loads and key words in
@@ -12,7 +12,7 @@
  * Included by bpf_maps.cuh (the kernel module: it also defines the __noinline__ helpers)
  * and by generated monitors.  Everything here is inline or a template: no symbol is
  * defined twice when the two modules are linked.  No standard headers (NVRTC); the host
- * build (compiled.py host_source) inlines this file with its two PTX one-liners as C.
+ * build (compiled/host.py host_source) inlines this file with its two PTX one-liners as C.
  */
 #ifndef DTMK_BPF_MAP_OPS_CUH
 #define DTMK_BPF_MAP_OPS_CUH
@@ -138,7 +138,7 @@ __device__ __forceinline__ struct dtmk_map_stats *dtmk_stats(const struct dtmk_m
  * when the key size is a constant):
  *   dtmk_desc_shape   reads the descriptor at run time: the helpers the VM calls
  *                     (bpf_maps.cuh), for any map;
- *   a generated shape the compiled tier's monitor (dtrace_mk/runtime/compiled.py) emits one
+ *   a generated shape the compiled tier's monitor (dtrace_mk/runtime/compiled/translator.py) emits one
  *                     per map its programs name, every field a constant (the host wrote
  *                     the descriptor once, at attach): the same operations, folded to
  *                     that map's type and sizes, without the descriptor's loads.
@@ -380,7 +380,7 @@ __device__ __noinline__ int dtmk_hash_look(const void *key, dtmk_u64 keys, dtmk_
     return dtmk_hash_find_t(dtmk_probe_shape<KEY_SIZE>{keys, slots, capacity, key_stride}, key, false, 0, &created);
 }
 
-/* A shape of constants (the compiled tier: dtrace_mk/runtime/compiled.py emits one per map
+/* A shape of constants (the compiled tier: dtrace_mk/runtime/compiled/translator.py emits one per map
  * its programs name, from the descriptor DESC the host wrote at attach): struct N answers
  * every field with a literal.  Its find() probes through dtmk_hash_look<KEY_SIZE> (no
  * per-map code) and inserts an absent key through the generic dtmk_hash_find (the probe

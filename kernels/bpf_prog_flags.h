@@ -1,7 +1,7 @@
 /* bpf_prog_flags.h: the bits of dtmk_prog.flags (bpf_maps.cuh's program table), one place
  * for every reader: the VM (bpf_vm.cuh / bpf_run_prog.cuh), the compiled tier
  * (bpf_compiled.cuh), the site form (bpf_inline.cuh) and the host (runtime/device.py,
- * compiled.py; tests read them back from here).  Bits 16..31: the compiled tier's cm_id. */
+ * compiled/runtime.py; tests read them back from here).  Bits 16..31: the compiled tier's cm_id. */
 #ifndef DTMK_BPF_PROG_FLAGS_H
 #define DTMK_BPF_PROG_FLAGS_H
 #define DTMK_PROG_F_COMPILED 1u   /* the slot runs the linked monitor's code */

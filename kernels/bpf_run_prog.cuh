@@ -16,7 +16,7 @@
  *
  * Include it where the DTMK_OUT_* codes are defined (bpf_vm.cuh; bpf_compiled.cuh, whose
  * host build has no bpf_vm.cuh).  No standard headers (NVRTC); compiles on the host too
- * (the compiled tier's g++ build, dtrace_mk/runtime/compiled.py: a warp of one lane).
+ * (the compiled tier's g++ build, dtrace_mk/runtime/compiled/host.py: a warp of one lane).
  */
 #ifndef DTMK_BPF_RUN_PROG_CUH
 #define DTMK_BPF_RUN_PROG_CUH

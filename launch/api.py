@@ -232,6 +232,19 @@ class ServingHost:
         """Hooks the serving loop should emit: all of them (a live query may attach to any)."""
         return list(ALL_HOOKS)
 
+    def summarize_on_device(self, runtime, first_epoch: int, window: Optional[int] = None) -> None:
+        """Device summaries (runtime/agent.py `summarize_on`): the agent's task half runs in
+        `runtime`, the device VM of this rank's megakernel (live queries run there too), so
+        the serving loop need stream only `agent_hooks()` to `feed`."""
+        if self.live_runtime is None:
+            raise UserError("device summaries: the rank has no device runtime (live_runtime)")
+        self.agent.summarize_on(runtime, first_epoch, window)
+        self._agent_hooks = {abi.hook(h).id for h in self.agent.hooks}
+
+    def agent_hooks(self) -> List[str]:
+        """The hooks whose records `feed` uses when live queries run on the device."""
+        return list(self.agent.hooks)
+
     def sink(self, ctx: Mapping[str, Any]) -> None:
         """The sim backend's sink (one context dict)."""
         from ..megakernel.sim import pack_ctx

@@ -19,6 +19,10 @@ these queries: the device VM runs them over the kernel's own hook contexts.
 
 Host clauses (BEGIN/END) run as usual; `interval:` clauses do not fire (they run on the
 host's record stream, which device queries do not see).
+
+It is also the runtime of the agent's device summaries (`serve --summaries device`:
+runtime.summary_windows attaches the summary's task half here, window after window, and
+reads each window once every worker has flushed its steps: `final_epoch`).
 """
 from __future__ import annotations
 
@@ -44,13 +48,33 @@ class DeviceQueries:
         tm = getattr(self.session, "tiers", None)
         return tm is not None and tm.swap_pending(self.coverage)
 
-    def attach(self, obj, verify: bool = True, **kw) -> int:
+    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, **kw) -> int:
         """Verify (AttachRefused, a UserError, if not) and attach; counts from the first
-        decode step no worker has started (module doc)."""
-        return self.session.attach(obj, first_epoch=self.session.mk.unstarted_step())
+        decode step no worker has started (module doc), or from `first_epoch` if later.
+        tier: the session's by default; "hot" keeps it in the device VM (no promotion)."""
+        first = self.session.mk.unstarted_step()
+        if first_epoch is not None:
+            first = max(first, int(first_epoch))
+        return self.session.attach(obj, first_epoch=first, tier=tier)
+
+    def first_epoch_of(self, aid: int) -> int:
+        return int(self.session.rt._get(aid).first_epoch)
+
+    def unstarted_step(self) -> int:
+        return self.session.mk.unstarted_step()
+
+    def final_epoch(self) -> int:
+        """Every step <= this is complete on the device and its hook work flushed: the
+        maps hold all of it (runtime.live.LiveSession.snapshot's bound; -1: none yet)."""
+        return self.session.final_epoch()
 
     def detach(self, aid: int) -> None:
         self.session.detach(aid)
+
+    def forget(self, aid: int) -> None:
+        """Give a detached attachment's device memory back; the caller knows no worker
+        still runs it (runtime.summary_windows: a step gate passed since the detach)."""
+        self.session.rt.forget(aid)
 
     def retire(self) -> int:
         """Free the device tables' slots of complete steps (coverage rows, rate-limit and

@@ -253,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu backend: where live queries run: hot (device VM, default; "
                         "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
                         "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
+    p.add_argument("--summaries", choices=("host", "device"), default=None,
+                   help="gpu backend: where the agent's summary monitors run: host (default; "
+                        "$DTRACE_MK_SUMMARIES): every hook record streams to the host agent, which "
+                        "then paces the kernel; device: their task half runs in the megakernel's "
+                        "device VM, read once per window of steps, and only comm:* records stream")
     from ..commands.top import add_observer_arguments
     add_observer_arguments(p, "gpu backend, one rank")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
@@ -331,6 +336,9 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "observer", "workers") != "workers":
         raise UserError(f"--observer {args.observer}: a placement of the GPU kernel's observer; the sim "
                         f"backend has none (use --backend gpu)")
+    if getattr(args, "summaries", None) == "device":
+        raise UserError("--summaries device: the summaries run in the GPU megakernel's device VM; a sim rank's "
+                        "agent runs them over its own records (use --backend gpu, or leave the flag out)")
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
@@ -482,6 +490,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
     steps = _steps_of(args)
+    summaries = summaries_of(args)
     end = WARMUP + steps                       # device steps served: WARMUP .. end-1 observed
     faults = _faults_of(args)
     _refuse_warmup_faults(faults, WARMUP, end)
@@ -532,6 +541,10 @@ def serve_gpu(args: argparse.Namespace) -> int:
     say = _progress_say(host, args, rank)
     tier = args.tier or os.environ.get("DTRACE_MK_TIER") or "hot"
     dq = host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
+    if summaries == "device":                  # the agent's task half too, from the first observed step
+        host.summarize_on_device(dq, first_epoch=WARMUP)
+    # what streams to the host: every record (host summaries), or what `feed` still uses
+    stream = "all" if summaries == "host" else host.agent_hooks()
     clock = GpuClock()
     clock.feed(host)
     agree = host.comm.Dup()
@@ -539,7 +552,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
     served = f"steps {WARMUP}..{end - 1}" if args.steps is not None or not args.duration else f"steps {WARMUP}.."
     say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
         f"{mk.num_workers} workers), batch {args.batch}, resident kernel (first {WARMUP} steps "
-        f"warm the kernel up, not observed; {served} served), " + _length_and_faults(args, steps, faults))
+        f"warm the kernel up, not observed; {served} served), summaries on the {summaries}, "
+        + _length_and_faults(args, steps, faults))
     _stop_on_signals(host)
     host.step(WARMUP)            # the host starts at the first observed step (commands after it)
     _await_attach(host, args, say, at=WARMUP)
@@ -605,8 +619,12 @@ def serve_gpu(args: argparse.Namespace) -> int:
         deciding) the ranks' agreement.  Every rank decides at the same steps and, while
         the kernel runs, grants k + RESIDENT_WINDOW right after each decision that goes
         on: the grant a launch ends at is the same on every rank (a function of the last
-        such step, however the ranks' polls group the completed steps)."""
-        for j in feed_until(done):
+        such step, however the ranks' polls group the completed steps).  Device summaries:
+        the agent ships the windows complete by then."""
+        fed = feed_until(done)
+        if fed:
+            host.agent.device_progress(fed[-1])
+        for j in fed:
             st["k"] = k = j + 1
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
@@ -626,7 +644,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
         host.live_runtime.boundary()           # tier swaps happen only between launches
         k = st["k"]
         # the first launch starts at device step 0: its warm-up steps run ahead of the grant
-        mk.start_resident(hooks="all", faults=table, window=limit(k) - int(mk.step),
+        mk.start_resident(hooks=stream, faults=table, window=limit(k) - int(mk.step),
                           watchdog_ms=GPU_SERVE_WATCHDOG_MS)
         st["segments"] += 1
         while st["k"] < end and not flags:
@@ -662,10 +680,22 @@ def serve_gpu(args: argparse.Namespace) -> int:
         f"{WARMUP} steps warmed the kernel up, not observed ({st['warm_records']} records not fed); "
         f"hook records dropped by full rings: {st['dropped']} (counted lost)")
     res = host.close()
+    if summaries == "device":
+        w = host.agent.windows
+        say(f"device summaries: {w.read_count} window{'' if w.read_count == 1 else 's'} of {w.W} steps "
+            f"(the last ones shorter) read; {host.agent.stats.events} records fed to the host agent")
     agree.Free()
     if res is not None and rank == 0:
         _report(res, args, say)
     return 0
+
+
+def summaries_of(args) -> str:
+    """serve_gpu: where the agent's summaries run (--summaries, $DTRACE_MK_SUMMARIES)."""
+    got = getattr(args, "summaries", None) or os.environ.get("DTRACE_MK_SUMMARIES") or "host"
+    if got not in ("host", "device"):
+        raise UserError(f"$DTRACE_MK_SUMMARIES: expected host or device, got {got!r}")
+    return got
 
 
 def _refuse_warmup_faults(faults: List[Dict[str, Any]], warmup: int, end: int) -> None:

@@ -58,7 +58,8 @@ def test_wheel_ships_kernels_headers_and_data(tmp_path):
     for must in ("dtrace_mk/kernels/megakernel.cu", "dtrace_mk/kernels/dtrace_mk_abi.h",
                  "dtrace_mk/kernels/bpf_vm.cuh", "dtrace_mk/kernels/build.py",
                  "dtrace_mk/abi/include/dtrace_mk_bpf.h", "dtrace_mk/megakernel/data/cost_table.json",
-                 "dtrace_mk/runtime/monitors/summary.d", "dtrace_mk/collectors/diagnose.py",
+                 "dtrace_mk/runtime/monitors/summary_tasks.d", "dtrace_mk/runtime/monitors/summary_comm.d",
+                 "dtrace_mk/collectors/diagnose.py",
                  "dtrace_mk/exporters/spans.py", "dtrace_mk/launch/__init__.py"):
         assert must in names, must
     assert not any(n.split("/")[0] in ("collectors", "exporters", "launch", "kernels") for n in names)

@@ -11,9 +11,9 @@ Record flow
 -----------
 1. Every hook context the megakernel emits (the sim's sink, or records drained from the
    device ring) is fired into a `ReferenceRuntime` where the default summary monitors
-   (`monitors/summary.d`, a query compiled by `dtrace_mk.lang`) aggregate it into maps
-   keyed by step (the last signal per all-reduce and peer included), and write one
-   evidence record per `comm:wait`.
+   (`monitors/summary_tasks.d` + `summary_comm.d`, one query compiled by `dtrace_mk.lang`)
+   aggregate it into maps keyed by step (the last signal per all-reduce and peer
+   included), and write one evidence record per `comm:wait`.
 2. An epoch is one decode step.  Epoch k is *flushed* once a context of step
    k + `flush_lag` arrives (or when more than `max_open_epochs` are open, or at close):
    the agent reads the maps' step-k entries and deletes them, drains the evidence ring,
@@ -48,6 +48,18 @@ RemoteWait and Signal records of one epoch of this rank (and is the per-worker e
 budget of the summary monitors on the device); records over it are not sent and count
 as `throttled` in that epoch's coverage.  Summaries and clock samples are always sent.
 
+Device summaries (`summarize_on(runtime, first_epoch)`, a GPU rank's `serve --summaries
+device`): the query's task half (summary_tasks.d) runs in the device VM of the rank's
+running megakernel instead, attached afresh for each window of W steps
+(runtime.summary_windows: the host never deletes what the kernel inserts), and each
+window's maps and coverage are read once every worker has flushed its steps.  The host
+runtime keeps the comm half, fed only the comm:* records the kernel streams (and the
+user monitors' hooks), so the host no longer paces the kernel with every record.  Epochs
+are then flushed by `device_progress(fed_through)` a window at a time -- every step of
+the window is an epoch -- with the same records as above: the comm evidence of a later
+window's epochs waits for that window (its @end_ts clips the remote waits).  Not with
+escalated evidence (it holds every task:end run on the host).
+
 Escalated evidence (`escalate=True`, DTrace-style speculation): `monitors/speculate.d`
 holds every task run of the epoch in its own evidence ring (SPECULATE_BUDGET bytes per
 worker per epoch; runs over it are not held).  When epoch k is flushed, its summary
@@ -74,14 +86,22 @@ from ..collectors.records import (MAX_EXPERTS, REASON_CLASS_OUTLIER, REASON_SLOW
 from ..errors import UserError
 
 MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
-SUMMARY_FILE = MONITOR_DIR / "summary.d"
+#: The summary query is two files, concatenated in this order (module doc: on a GPU rank
+#: with device summaries the task half runs on the device, the comm half on the host).
+SUMMARY_PARTS = {"tasks": MONITOR_DIR / "summary_tasks.d", "comm": MONITOR_DIR / "summary_comm.d"}
 
-#: The maps of summary.d the agent reads (name -> number of key words).
+#: The maps of the summary query the agent reads (name -> number of key words).
 SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "t_end": 1, "expert_ns": 2, "ready_ts": 2,
                 "queue_max": 2, "t_begin": 1, "dispatch_wait": 2, "dep_wait": 2,
                 "remote_wait": 1, "signal_last": 5}
+#: ... of them the comm half's (summary_comm.d); the others are the task half's
+COMM_MAPS = frozenset({"remote_wait", "signal_last"})
 #: Entries per summary map: a few open epochs of (64 peers x 2 ops x 32 layers) signals.
 SUMMARY_MAP_ENTRIES = 16384
+#: Entries per map of a device summary window (runtime.summary_windows): its W steps and
+#: the host's lag; the largest map per step is @queue_max, one entry per worker (1b on an
+#: H200: 131), so 8192 hold ~60 steps.
+DEVICE_SUMMARY_ENTRIES = 8192
 EVIDENCE_MAP = "dtmk_evidence"
 
 #: Evidence bytes per worker per epoch when the scenario sets no budget: every remote
@@ -102,18 +122,23 @@ _STEP = struct.Struct("<I")
 _OFF_STEP = context.OFF_DECODE_STEP
 
 
-def summary_query_text() -> str:
-    return SUMMARY_FILE.read_text()
+def summary_query_text(part: str = "all") -> str:
+    """The summary query: "all" (both halves, tasks first), "tasks" or "comm"."""
+    if part == "all":
+        return "\n".join(f.read_text() for f in SUMMARY_PARTS.values())
+    return SUMMARY_PARTS[part].read_text()
 
 
-def compile_summary(schema=None, budget_bytes_per_step: Optional[int] = None):
-    """Compile the default summary monitors (a `lang.pipeline.CompileResult`)."""
+def compile_summary(schema=None, budget_bytes_per_step: Optional[int] = None, part: str = "all",
+                    max_entries: int = SUMMARY_MAP_ENTRIES):
+    """Compile the default summary monitors, or one half (a `lang.pipeline.CompileResult`)."""
     from ..lang.passes.lower import Options
     from ..lang.pipeline import compile_query
     budget = budget_bytes_per_step or DEFAULT_EVIDENCE_BUDGET
-    opts = Options(max_entries=SUMMARY_MAP_ENTRIES, evidence_budget=budget,
+    opts = Options(max_entries=max_entries, evidence_budget=budget,
                    evidence_ring=max(65536, 2 * budget))
-    return compile_query(summary_query_text(), schema, name=str(SUMMARY_FILE), options=opts)
+    name = str(SUMMARY_PARTS[part]) if part != "all" else str(MONITOR_DIR / "summary_{tasks,comm}.d")
+    return compile_query(summary_query_text(part), schema, name=name, options=opts)
 
 
 def compile_speculate(schema=None):
@@ -215,6 +240,10 @@ class RankAgent:
         self.max_open_epochs = max_open_epochs
         self.progress_every = max(1, progress_every)
         self.budget = budget_bytes_per_step
+        self.schema = schema
+        self.windows = None                       # device summaries (summarize_on)
+        self._window = None                       # the window being flushed
+        self._ev_held: List[Tuple[int, ...]] = []  # device summaries: evidence of later epochs
         self.throttled_by_epoch: Dict[int, int] = {}
         self.summary = compile_summary(schema, budget_bytes_per_step)
         self.rt = ReferenceRuntime(num_workers=num_workers, rank=rank)
@@ -229,8 +258,7 @@ class RankAgent:
         self.class_history: Dict[int, List[int]] = {}   # class -> its maxima of those epochs
         self._held: Dict[int, List[Tuple[int, ...]]] = {}   # held runs of open epochs
         self.user = [self._user_query(path, schema, num_workers) for path in monitors]
-        self.hooks: List[str] = sorted({p.hook.name for p in self.summary.obj.programs}
-                                       | {p.hook.name for q in self.user for p in q.obj.programs})
+        self.hooks: List[str] = self._hooks_fed()
         self.stats = AgentStats(rank)
         self.open: Dict[int, None] = {}          # epochs with events, not flushed (ordered)
         self.flushed_upto = -1                    # every epoch <= this is flushed
@@ -243,6 +271,39 @@ class RankAgent:
         self.user_blocks: Dict[str, List[dict]] = {}
 
     # -- set-up ------------------------------------------------------------------------
+    def _hooks_fed(self) -> List[str]:
+        """The hooks whose records `feed` needs (the serving loop may stream only these)."""
+        objs = [self.summary.obj] + [q.obj for q in self.user]
+        if self.spec_aid is not None:
+            objs.append(self.rt.attachment(self.spec_aid).obj)
+        return sorted({p.hook.name for o in objs for p in o.programs})
+
+    def summarize_on(self, runtime, first_epoch: int, window: Optional[int] = None) -> None:
+        """Device summaries (module doc): from now on the summary query's task half runs in
+        `runtime` -- the device VM of this rank's running megakernel
+        (launch.device_live.DeviceQueries), in windows of `window` steps from `first_epoch`
+        (runtime.summary_windows) -- and the host keeps the comm half, so `feed` needs only
+        the comm:* records (and the user monitors' hooks: `hooks`).  Epochs are flushed by
+        `device_progress`, not by the records' steps.  Before the first record."""
+        from .summary_windows import DEFAULT_WINDOW, SummaryWindows
+        if self.stats.events or self.windows is not None:
+            raise UserError("agent: summarize_on must come before the first record, once")
+        if self.spec_aid is not None:
+            raise UserError("agent: escalated evidence holds every task:end run on the host; it does not "
+                            "combine with device summaries (RankAgent(escalate=False))")
+        comm = compile_summary(self.schema, self.budget, part="comm")
+        tasks = compile_summary(self.schema, self.budget, part="tasks", max_entries=DEVICE_SUMMARY_ENTRIES)
+        self.windows = SummaryWindows(runtime, tasks.obj, first_epoch, window or DEFAULT_WINDOW)
+        self.rt.detach(self.aid)
+        self.rt.forget(self.aid)
+        self.summary = comm
+        self.aid = self.rt.attach(comm.obj)
+        self.maps = self.rt.maps(self.aid)
+        self.programs = {p.name for p in comm.obj.programs}
+        self._ev_tags = self._evidence_tags(comm.plan)
+        self.flushed_upto = max(self.flushed_upto, int(first_epoch) - 1)
+        self.hooks = self._hooks_fed()
+
     @staticmethod
     def _evidence_tags(plan: dict) -> Dict[int, str]:
         out = {}
@@ -283,18 +344,23 @@ class RankAgent:
         step = _STEP.unpack_from(rec, _OFF_STEP)[0]
         st = self.stats
         st.events += 1
-        if step > self.max_step:
-            self.max_step = step
-            if step - self.flush_lag > self.flushed_upto:
-                self._flush_through(step - self.flush_lag)
-        if step > self.flushed_upto:
-            if step not in self.open:
-                self.open[step] = None
-                if len(self.open) > self.max_open_epochs:
-                    self._flush_through(min(self.open))
-                st.max_open_epochs = max(st.max_open_epochs, len(self.open))
+        if self.windows is not None:          # device summaries: device_progress flushes
+            self.max_step = max(self.max_step, step)
+            if step <= self.flushed_upto:
+                st.late_events += 1
         else:
-            st.late_events += 1
+            if step > self.max_step:
+                self.max_step = step
+                if step - self.flush_lag > self.flushed_upto:
+                    self._flush_through(step - self.flush_lag)
+            if step > self.flushed_upto:
+                if step not in self.open:
+                    self.open[step] = None
+                    if len(self.open) > self.max_open_epochs:
+                        self._flush_through(min(self.open))
+                    st.max_open_epochs = max(st.max_open_epochs, len(self.open))
+            else:
+                st.late_events += 1
         self.rt.fire(rec)
         for q in self.user:
             q.feed(rec)
@@ -321,9 +387,35 @@ class RankAgent:
     def progress(self) -> None:
         self.channel.progress()
 
+    def device_progress(self, fed_through: int) -> None:
+        """Device summaries: the records of every step <= fed_through were fed.  Ships the
+        epochs of each window that is complete on the device (runtime.summary_windows);
+        reads the device only when one may be."""
+        w = self.windows
+        if w is None or self.closed or fed_through < w.due:
+            return
+        for got in w.read(min(fed_through, int(w.rt.final_epoch()))):
+            self._flush_window(got)
+
+    def _flush_window(self, got) -> None:
+        """Flush epochs got.first .. got.end-1 from the window's maps and coverage (every
+        step of the range is an epoch: the kernel ran it)."""
+        self._window = got
+        try:
+            for k in range(max(got.first, self.flushed_upto + 1), got.end):
+                self.open.setdefault(k, None)
+            self.stats.max_open_epochs = max(self.stats.max_open_epochs, len(self.open))
+            self._flush_through(got.end - 1)
+        finally:
+            self._window = None
+
     def close(self, timeout_s: float = 10.0) -> AgentStats:
-        """Flush every open epoch, send the rest, say BYE (bounded wait)."""
+        """Flush every open epoch, send the rest, say BYE (bounded wait).  With device
+        summaries the launch has ended: every step that ran is final on the device."""
         if not self.closed:
+            if self.windows is not None:
+                for got in self.windows.close(int(self.windows.rt.final_epoch())):
+                    self._flush_window(got)
             self._flush_through(max(self.max_step, self.flushed_upto))
             if self.clock_q:
                 self._ship(self._take_clock())
@@ -356,7 +448,7 @@ class RankAgent:
         """Flush every open epoch <= last (and mark everything <= last flushed)."""
         if last <= self.flushed_upto and not any(k <= last for k in self.open):
             return
-        snap = {name: self._read(name, n) for name, n in SUMMARY_MAPS.items()}
+        snap = self._snapshot()
         self.stats.max_map_entries = max(self.stats.max_map_entries,
                                          max(len(v) for v in snap.values()))
         local_end: Dict[Tuple[int, int], int] = {}       # (step, event) -> last local end
@@ -364,7 +456,7 @@ class RankAgent:
             t = _words(v, 1)[0]
             if t > local_end.get((step, ev), -1):
                 local_end[(step, ev)] = t
-        evidence = self._drain_evidence(local_end)
+        evidence = self._drain_evidence(local_end, last)
         epochs = sorted(k for k in self.open if k <= last)
         for (step, op, gen, peer, layer), v in snap["signal_last"].items():
             if step <= last:
@@ -389,12 +481,31 @@ class RankAgent:
         self.flushed_upto = max(self.flushed_upto, last)
         self.channel.progress()
 
-    def _read(self, name: str, nkeys: int) -> Dict[Tuple[int, ...], bytes]:
-        m = self.maps[name]
-        return {_words(k, nkeys): bytes(v) for k, v in m.snapshot().items()}
+    def _snapshot(self) -> Dict[str, Dict[Tuple[int, ...], bytes]]:
+        """Every summary map, {key words: value}: from the host runtime, or with device
+        summaries the comm half's from the host and the task half's from the window being
+        flushed (its range only: later steps are its successor's; none outside a window)."""
+        if self.windows is None:
+            return {name: self._read(self.maps, name, n) for name, n in SUMMARY_MAPS.items()}
+        w = self._window
+        snap = {}
+        for name, n in SUMMARY_MAPS.items():
+            if name in COMM_MAPS:
+                snap[name] = self._read(self.maps, name, n)
+            elif w is None:
+                snap[name] = {}
+            else:
+                snap[name] = {k: v for k, v in self._read(w.maps, name, n).items() if w.first <= k[0] < w.end}
+        return snap
+
+    @staticmethod
+    def _read(maps, name: str, nkeys: int) -> Dict[Tuple[int, ...], bytes]:
+        return {_words(k, nkeys): bytes(v) for k, v in maps[name].snapshot().items()}
 
     def _delete_upto(self, snap, last: int) -> None:
         for name, entries in snap.items():
+            if self.windows is not None and name not in COMM_MAPS:
+                continue                  # a window's maps are dropped whole
             m = self.maps[name]
             n = SUMMARY_MAPS[name]
             for key in entries:
@@ -422,6 +533,11 @@ class RankAgent:
                 # events of an epoch already shipped: their map output was discarded
                 late = late + Coverage(cv.eligible, 0, cv.throttled, cv.executed + cv.lost)
         self.late_cov = self.late_cov + late
+        if self._window is not None:          # the device window's rows (its range only)
+            for c in self._window.coverage:
+                if c.epoch in want:
+                    out[c.epoch] = out.get(c.epoch, Coverage()) + Coverage(c.eligible, c.executed, c.throttled,
+                                                                           c.lost)
         if epochs and self.late_cov.eligible:
             k = epochs[0]
             c = out.get(k, Coverage()) + self.late_cov
@@ -446,15 +562,20 @@ class RankAgent:
                 out[tgt] = Coverage(c.eligible, c.executed - moved, c.throttled, c.lost + moved)
         return out
 
-    def _drain_evidence(self, local_end: Mapping[Tuple[int, int], int]) -> Dict[int, List[Any]]:
+    def _drain_evidence(self, local_end: Mapping[Tuple[int, int], int], last: int) -> Dict[int, List[Any]]:
+        """The comm evidence drained from the ring, as RemoteWait / Signal records by epoch.
+        With device summaries the records of epochs after `last` wait for their window's
+        flush (local_end, from @end_ts, comes with it)."""
         by_epoch: Dict[int, List[Any]] = {}
         ring = self.maps[EVIDENCE_MAP] if self._ev_tags else None
         if ring is None:
             return by_epoch
-        for rec in ring.drain():
-            data = rec.data
-            nw = len(data) // 8
-            w = _words(data, nw)
+        held, self._ev_held = self._ev_held, []
+        for w in held + [_words(rec.data, len(rec.data) // 8) for rec in ring.drain()]:
+            nw = len(w)
+            if self.windows is not None and nw >= 5 and w[4] > last:   # (tag, op, gen, peer, step, ...)
+                self._ev_held.append(w)
+                continue
             kind = self._ev_tags.get(w[0])
             if kind == "wait" and nw >= 9:
                 op, gen, peer, step, layer, cls, ts, wait = w[1:9]

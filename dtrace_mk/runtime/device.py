@@ -751,6 +751,16 @@ class DeviceRuntime:
             self._publish(hid)
         self._detached[aid] = att
 
+    def forget(self, aid: int) -> None:
+        """Drop a detached attachment: its device memory (code, maps, coverage) goes back
+        to the pool, where the next allocation may reuse it -- so only once no worker can
+        still run it (every worker passed a step gate after the detach, where changed
+        tables are reloaded; runtime.summary_windows)."""
+        if aid in self._atts:
+            raise UserError(f"forget: attachment {aid} is still attached (detach it first)")
+        if self._detached.pop(aid, None) is None:
+            raise KeyError(f"no attachment {aid}")
+
     def program_gen(self, hook) -> int:
         from ..abi import context
         return self._gen[context.hook_id(hook)]

@@ -370,6 +370,11 @@ class LiveSession:
         lowest = int(pend.min()) if pend.size else (1 << 64) - 1
         return steps_done, min(steps_done, lowest) - 1, st
 
+    def final_epoch(self) -> int:
+        """Every epoch <= this is complete and flushed (-1: none yet); the side stream."""
+        with self.side:
+            return self._final_epoch()[1]
+
     def retire_complete(self) -> int:
         """Retire the device tables' per-epoch slots (coverage rows, rate-limit and ring
         budget slots) of every complete epoch (<= final_epoch), while the kernel runs or

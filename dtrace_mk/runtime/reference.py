@@ -81,6 +81,7 @@ class Attachment:
     progs: List[_ProgState]
     sample_every: int
     max_per_epoch: Optional[int] = None
+    first_epoch: int = 0            # events of earlier epochs are not eligible (the device's dtmk_prog field)
     coverage: CoverageTable = field(default_factory=CoverageTable)
     faults: List[Tuple[str, int, VMFault]] = field(default_factory=list)   # (program, epoch, fault)
     evidence: List[Tuple[str, Record]] = field(default_factory=list)      # (map name, record)
@@ -110,10 +111,12 @@ class ReferenceRuntime:
     # -- attach / detach -------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
                programs: Optional[Sequence[str]] = None, max_per_epoch: Optional[int] = None,
-               allow_reserved: bool = False) -> int:
+               allow_reserved: bool = False, first_epoch: int = 0) -> int:
         """Attach the object's programs (or the named ones) to their hooks.  Checks the
         ABI version, the map definitions, that each program type is attachable and (by
         default) verifies each program; raises LoadError/Rejected naming the problem.
+        `first_epoch`: events of earlier epochs are not eligible (not counted anywhere), as
+        the device's attach from a step boundary (runtime.device).
         `allow_reserved=True` (tests only) also attaches program types ABI v1 reserves
         (control), to exercise their helpers; no user-facing path sets it."""
         if obj.abi_version != abi.ABI_VERSION:
@@ -123,6 +126,8 @@ class ReferenceRuntime:
             raise UserError(f"sample_every must be >= 1, got {sample_every}")
         if max_per_epoch is not None and max_per_epoch < 0:
             raise UserError(f"max_per_epoch must be >= 0, got {max_per_epoch}")
+        if not 0 <= first_epoch < (1 << 32):
+            raise UserError(f"first_epoch must be in 0..{(1 << 32) - 1}, got {first_epoch}")
         progs = list(obj.programs)
         if programs is not None:
             names = {p.name for p in progs}
@@ -154,7 +159,7 @@ class ReferenceRuntime:
                   for p in progs]
         aid = self._next_id
         self._next_id += 1
-        att = Attachment(aid, obj, maps, trace, states, sample_every, max_per_epoch)
+        att = Attachment(aid, obj, maps, trace, states, sample_every, max_per_epoch, int(first_epoch))
         self._attachments[aid] = att
         for st in states:
             self._by_hook[st.program.hook.id].append((att, st))
@@ -169,6 +174,14 @@ class ReferenceRuntime:
             self._gen[hid] += 1
         del self._attachments[aid]
         self._detached[aid] = att       # its maps and coverage stay readable
+
+    def forget(self, aid: int) -> None:
+        """Drop a detached attachment (its maps, coverage and evidence): a caller that
+        attaches and detaches for ever (runtime.summary_windows) keeps memory bounded."""
+        if aid in self._attachments:
+            raise UserError(f"forget: attachment {aid} is still attached (detach it first)")
+        if self._detached.pop(aid, None) is None:
+            raise KeyError(f"no attachment {aid}")
 
     def program_gen(self, hook: Union[str, int, abi.Hook]) -> int:
         return self._gen[context.hook_id(hook)]
@@ -209,7 +222,8 @@ class ReferenceRuntime:
         hook_name = abi.HOOKS_BY_ID[hid].name
         out = []
         for att, st in targets:
-            out.append(self._run_one(att, st, ctx, worker, epoch, gen, hook_name))
+            if epoch >= att.first_epoch:
+                out.append(self._run_one(att, st, ctx, worker, epoch, gen, hook_name))
         return out
 
     def _run_one(self, att: Attachment, st: _ProgState, ctx: bytes, worker: int, epoch: int,

@@ -24,11 +24,15 @@ STEPS = 12
 BATCH = 4
 
 
-def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_dir, tmp_path):
+@pytest.mark.parametrize("summaries", ["host", "device"])
+def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_dir, tmp_path, summaries):
+    """(summaries=device: $DTRACE_MK_SUMMARIES -- the agents' task half in the stand-in
+    device VM, only comm:* records streamed; the same diagnosis and spans.)"""
     from dtrace_mk.commands.diagnose import find_mpiexec
     find_mpiexec()
     spans = tmp_path / "spans.jsonl"
     env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + STEPS + 4),
+               DTRACE_MK_SUMMARIES=summaries,
                PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--steps", str(STEPS), "--batch", str(BATCH),

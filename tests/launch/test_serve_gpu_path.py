@@ -22,7 +22,6 @@ from dtrace_mk.megakernel.graph import build_graph
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "fake_gpu"))
 from fake_device import FakeDeviceQueries, FakeResident  # noqa: E402  (shared with fake_gpu/sitecustomize.py)
 from dtrace_mk.commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as W
-from dtrace_mk.megakernel.presets import get_preset
 
 STEPS = 10                      # observed steps: device steps W .. W + STEPS - 1
 BATCH = 2
@@ -198,6 +197,7 @@ def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_
         def result(self, *a, **kw):
             for s in self.summaries:
                 spy["epochs"].setdefault(s.rank, []).append(s.epoch)
+            spy["summaries"] = list(self.summaries)
             return orig_result(self, *a, **kw)
         monkeypatch.setattr(api.ServingHost, "step", step)
         monkeypatch.setattr(Accumulator, "result", result)
@@ -263,6 +263,54 @@ def test_a_fault_at_a_warmup_step_is_refused(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "warm-up steps" in err and f"{list(range(W))}" in err, err
     assert f"observed steps are {W}..{W + STEPS - 1}" in err, err
+
+
+def test_device_summaries_ship_what_host_summaries_ship_and_only_used_hooks_stream(monkeypatch, tmp_path,
+                                                                                  capsys):
+    """--summaries device: the agent's task half runs in the "device VM" (the fake's
+    reference runtime over the kernel's own records), in windows of 3 steps from the first
+    observed step; the kernel streams only the hooks the host agent still uses (comm:*:
+    none on one rank), and the collector gets the same summaries as with every record
+    streamed to the host."""
+    from dtrace_mk.runtime import summary_windows
+    host_spy, dev_spy = {}, {}
+    _serve_fake(monkeypatch, tmp_path, spy=host_spy)
+    monkeypatch.setattr(summary_windows, "DEFAULT_WINDOW", 3)
+    mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, extra=("--summaries", "device"), spy=dev_spy,
+                                   quiet=False)
+    assert mk.hooks_streamed == ["comm:signal", "comm:wait"] and fed == {}
+    want = {s.epoch: s for s in host_spy["summaries"]}
+    got = {s.epoch: s for s in dev_spy["summaries"]}
+    assert sorted(got) == list(range(W, W + STEPS)) and got == want
+    assert all(s.coverage.eligible == s.coverage.executed > 0 for s in got.values())
+    # windows from W: [W, W+3), [W+3, W+6), ...: each read once, detached, most given back
+    assert dq.attached[0] not in dq.rt.attachments() and len(dq.attached) >= STEPS // 3
+    assert dq.firsts[:3] == [W, W + 3, W + 6]
+    assert dq.forgotten and set(dq.forgotten) <= set(dq.detached)
+    err = capsys.readouterr().err
+    assert "summaries on the device" in err and "device summaries: " in err and "windows of 3 steps" in err
+
+
+def test_device_summaries_refuse_a_bad_environment_value(monkeypatch, capsys):
+    from dtrace_mk.launch import serve
+    monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)
+    monkeypatch.setenv("DTRACE_MK_SUMMARIES", "gpu")
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(__import__("dtrace_mk.megakernel.gpu", fromlist=["x"]), "Megakernel", FakeMegakernel)
+    monkeypatch.setattr(__import__("dtrace_mk.megakernel.gpu_clock", fromlist=["x"]), "GpuClock", FakeClock)
+    from dtrace_mk.launch import device_live
+    monkeypatch.setattr(device_live, "DeviceQueries", FakeDeviceQueries)
+    rc = serve.main(["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "$DTRACE_MK_SUMMARIES: expected host or device, got 'gpu'" in err, err
+
+
+def test_device_summaries_are_refused_on_the_sim_backend(monkeypatch, capsys):
+    from dtrace_mk.launch import serve
+    monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)
+    rc = serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--summaries", "device"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--summaries device: the summaries run in the GPU megakernel's device VM" in err, err
 
 
 class SwappingQueries(FakeDeviceQueries):

@@ -12,7 +12,7 @@ class FakeDeviceQueries:
         self.rt = ReferenceRuntime(num_workers=mk.num_workers)
         mk.observer = self
         self.mk, self.tier = mk, tier
-        self.detached = []
+        self.detached, self.attached, self.forgotten, self.firsts = [], [], [], []
         self.boundaries = []            # resident launches run before each boundary
         self.swap_after = None          # swap_pending() once a poll reported this step finished
         self.swapped = 0
@@ -23,12 +23,34 @@ class FakeDeviceQueries:
         return (self.swap_after is not None and not self.swapped
                 and getattr(self.mk, "_reported", 0) >= self.swap_after)
 
-    def attach(self, obj, verify=True, **kw):
-        return self.rt.attach(obj, verify=verify)
+    def attach(self, obj, verify=True, first_epoch=None, tier=None, **kw):
+        """DeviceQueries.attach: from the first unstarted step, or first_epoch if later."""
+        first = self.unstarted_step()
+        if first_epoch is not None:
+            first = max(first, int(first_epoch))
+        aid = self.rt.attach(obj, verify=verify, first_epoch=first)
+        self.attached.append(aid)
+        self.firsts.append(first)
+        return aid
+
+    def first_epoch_of(self, aid):
+        return self.rt.attachment(aid).first_epoch
+
+    def unstarted_step(self):
+        """The fake kernel runs a step's records into the "device VM" when it is granted."""
+        return self.mk._grant if getattr(self.mk, "_active", False) else self.mk.step
+
+    def final_epoch(self):
+        """Steps a poll reported finished (after a launch: every step it ran)."""
+        return (self.mk._reported if getattr(self.mk, "_active", False) else self.mk.step) - 1
 
     def detach(self, aid):
         self.detached.append(aid)
         self.rt.detach(aid)
+
+    def forget(self, aid):
+        self.forgotten.append(aid)
+        self.rt.forget(aid)
 
     def boundary(self):
         if self.swap_pending():
@@ -59,7 +81,9 @@ class FakeResident:
     so steps interleave, as the real ring read does) and reports a step finished only
     one poll later (records of unfinished steps arrive first).  `drop_every` N: every Nth
     record is refused by the "full ring" (counted, not returned; the VM still sees it;
-    `dropped_by_step` says of which steps, for the tests).
+    `dropped_by_step` says of which steps, for the tests).  `hooks`: a list streams only
+    those hooks' records (the kernel's hook mask; the VM still sees every record);
+    "all" / None every record.
     The host needs: `_records_of(step)` -> packed records, `_collective(what)`."""
     drop_every = 0
     report_every = 1                    # a poll reports finished steps only every Nth time
@@ -79,6 +103,9 @@ class FakeResident:
         self._active, self._stopped = True, False
         self._s0 = self._ran = self._reported = self.step
         self._grant = self.step
+        from dtrace_mk.abi import definition as D
+        self._mask = None if hooks in (None, "all", True) else {D.hook(h).id for h in hooks}
+        self.hooks_streamed = hooks
         self.grant(self.step + window)
 
     @property
@@ -95,6 +122,8 @@ class FakeResident:
             for r in self._records_of(k):
                 if self.observer is not None:
                     self.observer.rt.fire(r)
+                if self._mask is not None and int.from_bytes(r[4:8], "little") not in self._mask:
+                    continue                    # not in the host ring's hook mask
                 self._nrec += 1
                 if self.drop_every and self._nrec % self.drop_every == 0:
                     self._drops += 1

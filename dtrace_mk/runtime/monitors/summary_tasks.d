@@ -1,4 +1,7 @@
-// dtrace_mk default summary monitors: what the per-rank agent ships to the collector.
+// dtrace_mk default summary monitors, task half: what the per-rank agent ships to the
+// collector.  With summary_comm.d (the comm half) it is the agent's summary query: the two
+// files concatenated, tasks first.  On a GPU rank with device summaries the task half runs
+// in the megakernel's device VM and the comm half on the host (runtime/agent.py).
 // Every map is keyed by step (the epoch = one decode step) so the agent can read and
 // clear one epoch at a time.  The agent (dtrace_mk/runtime/agent.py) reads these maps by
 // name (SUMMARY_MAPS there); change names here and there together.  One clause per probe
@@ -15,12 +18,7 @@
 //   @queue_max[step, worker]     ready-queue depth maximum
 //   @expert_ns[step, expert]     MoE: task time per expert (grows with its tokens)
 //   @t_begin / @t_end[step]      epoch bounds on this rank's device clock
-//   @remote_wait[step]           comm:wait totals; evidence: one record per remote wait
-//                                for the cross-rank join.  The agent starts
-//                                a remote wait no earlier than the last local producer end
-//                                of the awaited event (@end_ts): before that the task was
-//                                also waiting on local work, which is not a remote wait.
-//   @signal_last[step, op, gen, peer, layer]  last signal to peer of one all-reduce
+//   (@remote_wait, @signal_last and the remote-wait evidence: summary_comm.d)
 
 task:end {
   @dur[step, task.class] = stats(task.dur_ns);
@@ -45,12 +43,3 @@ task:dispatch {
 queue:pressure { @queue_max[step, worker] = max(queue.depth); }
 
 dep:release /!(flags & FLAG_REMOTE)/ { @dep_wait[step, task.class] = sum(dep.wait_ns); }
-
-comm:wait {
-  @remote_wait[step] = stats(comm.wait_ns);
-  evidence(comm.op, comm.gen, comm.peer, step, task.layer, task.class, ts, comm.wait_ns, event.id);
-}
-
-// sender-side signal times: the last tile's signal per (peer, op, gen) is the release the
-// collector joins on, so one map entry per all-reduce and peer instead of one per tile
-comm:signal { @signal_last[step, comm.op, comm.gen, comm.peer, task.layer] = max(ts); }

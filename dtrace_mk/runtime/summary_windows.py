@@ -1,0 +1,140 @@
+"""The summary monitors' task half on the device, read in windows of epochs (the GPU
+rank's agent: docs/dev/gpu_agent_plan.md, runtime/agent.py "device summaries").
+
+The device VM of a rank's running megakernel aggregates the task hooks into maps keyed by
+step.  The host may read those maps while the kernel runs, but must not delete entries
+of a hash map the kernel inserts into (an insert racing a delete can duplicate a key:
+kernels/bpf_map_ops.cuh).  So instead of clearing read epochs, the monitor is attached
+afresh for each window of W decode steps, and a read window is dropped whole:
+
+* Window j is one attachment with first_epoch f_j: events of earlier steps are not
+  eligible.  It counts every later step until it is detached.
+* Epoch k is read from the window j with f_j <= k < f_{j+1}: the NEXT window's actual
+  first epoch ends a window's range.  Two windows are attached at a time, the oldest
+  (being filled) and the next; once every epoch of the oldest one's range is final on
+  the device (every worker finished and flushed it), its maps and coverage are read once,
+  it is detached, and the window after the next is attached from f_{j+1} + W.
+* An attach never counts a step a worker has started: the runtime raises first_epoch to
+  the first unstarted step.  A window attached late leaves its predecessor a longer range
+  (the predecessor is still attached: it is read only after its successor starts), so
+  the reads are exact however the host's timing falls.  Steps a detached window counted
+  past its range are ignored (they are its successor's).
+* A detached window's memory goes back (`forget`) once every worker has passed a step
+  gate after the detach, where workers reload changed tables: when the final epoch is
+  past the first step unstarted at the detach.
+
+A window's maps hold its range plus the steps counted before its detach, so the agent
+sizes them for W plus the host's lag; what they cannot hold is counted lost in coverage,
+as with any full map.  While a window is detached and its successor attached, both run
+over the same steps: the cost of the monitor doubles for those few steps.
+
+The runtime (launch.device_live.DeviceQueries on a GPU rank; a reference runtime fired
+with every record in the CI tests):
+
+    attach(obj, first_epoch=, tier="hot") -> aid     # first_epoch >= the first unstarted step
+    first_epoch_of(aid), unstarted_step(), final_epoch()   # final: every epoch <= it complete
+    detach(aid), forget(aid), maps(aid) -> MapSet, coverage(aid) -> [Coverage]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Tuple
+
+from ..bpf.coverage import Coverage
+from ..errors import UserError
+
+#: Decode steps per window: each window is read once (one device-to-host copy of its
+#: maps); the summaries of a step reach the collector within ~W steps.
+DEFAULT_WINDOW = 16
+
+
+@dataclass
+class _Window:
+    aid: int
+    first: int                      # its actual first epoch
+
+
+@dataclass
+class WindowRead:
+    """Epochs first .. end-1 of one window: its maps (host MapSet) and coverage rows."""
+    first: int
+    end: int
+    maps: Any
+    coverage: List[Coverage]
+
+
+class SummaryWindows:
+    """Windows of one monitor object on a device runtime (module doc)."""
+
+    def __init__(self, runtime, obj, first_epoch: int, window: int = DEFAULT_WINDOW):
+        if window < 2:
+            raise UserError(f"summary windows: window must be >= 2 steps, got {window}")
+        self.rt, self.obj, self.W = runtime, obj, int(window)
+        self.live: List[_Window] = []
+        self.retiring: List[Tuple[int, int]] = []     # (detached aid, first unstarted step then)
+        self.read_count = 0
+        self.closed = False
+        self._open(int(first_epoch))
+        self._open(self.live[0].first + self.W)
+
+    def _open(self, want: int) -> None:
+        aid = self.rt.attach(self.obj, first_epoch=want, tier="hot")
+        self.live.append(_Window(aid, int(self.rt.first_epoch_of(aid))))
+
+    @property
+    def first(self) -> int:
+        """The first epoch not read yet."""
+        return self.live[0].first
+
+    @property
+    def due(self) -> int:
+        """The final epoch at which the oldest window's range is complete."""
+        return self.live[1].first - 1
+
+    def read(self, final: int) -> List[WindowRead]:
+        """Read (and detach) every window whose whole range is <= final, oldest first;
+        attach their successors' successors."""
+        out: List[WindowRead] = []
+        while not self.closed and final >= self.due:
+            w, nxt = self.live[0], self.live[1]
+            out.append(self._take(w, nxt.first))
+            self.live.pop(0)
+            self._open(nxt.first + self.W)
+        self._forget(final)
+        return out
+
+    def close(self, final: int) -> List[WindowRead]:
+        """The end (no launch running: every step that ran is <= final): the windows'
+        ranges up to final, read; every window detached, none attached any more."""
+        if self.closed:
+            return []
+        out = self.read(final)
+        self.closed = True
+        for i, w in enumerate(self.live):
+            end = min(final + 1, self.live[i + 1].first if i + 1 < len(self.live) else final + 1)
+            if end > w.first:
+                out.append(self._take(w, end))
+            else:
+                self._detach(w)
+        self.live = []
+        self._forget(final)                # (memory of a window detached now stays: the job ends)
+        return out
+
+    def _take(self, w: _Window, end: int) -> WindowRead:
+        maps, cov = self.rt.maps(w.aid), self.rt.coverage(w.aid)
+        self._detach(w)
+        self.read_count += 1
+        return WindowRead(w.first, end, maps, [c for c in cov if w.first <= c.epoch < end])
+
+    def _detach(self, w: _Window) -> None:
+        self.rt.detach(w.aid)
+        self.retiring.append((w.aid, int(self.rt.unstarted_step())))
+
+    def _forget(self, final: int) -> None:
+        keep = []
+        for aid, unstarted in self.retiring:
+            if final > unstarted:
+                self.rt.forget(aid)
+            else:
+                keep.append((aid, unstarted))
+        self.retiring = keep

@@ -1,0 +1,248 @@
+"""Device summaries (runtime/agent.py `summarize_on`, runtime/summary_windows.py): the
+summary's task half runs where the kernel runs it, in windows of steps, and the host
+keeps the comm half over the comm:* records only.  What the agent ships must equal what
+the host-only agent ships from every record: every EpochSummary (class stats,
+notification lag, queue depth, experts, remote-wait totals, coverage), every RemoteWait
+and Signal -- whatever the windows' size and however far the "kernel" runs ahead of the
+host (a window attached after its first step started leaves its predecessor a longer
+range).
+
+The "device" here is `DeviceModel`: the runtime protocol of summary_windows over a
+reference runtime that the test fires with each step's records when the step runs (as
+the device VM runs over the kernel's own records), never fed by the agent.  On the GPU
+the same comparison runs against the megakernel's device VM
+(tests/gpu/test_device_summaries_gpu.py)."""
+import random
+import struct
+from collections import Counter
+
+import pytest
+
+from dtrace_mk.abi import context
+from dtrace_mk.abi import definition as D
+from dtrace_mk.collectors.records import EpochSummary, RemoteWait, Signal
+from dtrace_mk.errors import UserError
+from dtrace_mk.launch.api import ALL_HOOKS
+from dtrace_mk.megakernel.faults import FaultTable
+from dtrace_mk.megakernel.graph import build_graph
+from dtrace_mk.megakernel.mpi_transport import run_loopback
+from dtrace_mk.megakernel.presets import get_preset
+from dtrace_mk.megakernel.sim import pack_ctx
+from dtrace_mk.runtime.agent import ListChannel, RankAgent
+from dtrace_mk.runtime.reference import ReferenceRuntime
+from dtrace_mk.runtime.summary_windows import SummaryWindows
+
+WORKERS = 12
+BATCH = 4
+STEPS = 15
+FIRST = 2                        # like the GPU's warm-up: steps 0-1 run, never observed
+
+
+def _hid(rec):
+    return struct.unpack_from("<I", rec, context.OFF_HOOK)[0]
+
+
+class DeviceModel:
+    """summary_windows' runtime protocol over a reference runtime fired by the test: steps
+    < `started` have run (their records fired), every step <= `final` is complete."""
+
+    def __init__(self, workers):
+        self.rt = ReferenceRuntime(num_workers=workers)
+        self.started, self.final = 0, -1
+        self.attached, self.forgotten = [], []
+        self.firsts = {}
+
+    def run_step(self, recs):
+        for r in recs:
+            self.rt.fire(r)
+        self.started += 1
+
+    def attach(self, obj, first_epoch, tier="hot"):
+        assert tier == "hot"
+        aid = self.rt.attach(obj, first_epoch=max(first_epoch, self.started))
+        self.attached.append(aid)
+        self.firsts[aid] = max(first_epoch, self.started)
+        return aid
+
+    def first_epoch_of(self, aid):
+        return self.rt.attachment(aid).first_epoch
+
+    def unstarted_step(self):
+        return self.started
+
+    def final_epoch(self):
+        return self.final
+
+    def detach(self, aid):
+        self.rt.detach(aid)
+
+    def forget(self, aid):
+        self.forgotten.append(aid)
+        self.rt.forget(aid)
+
+    def maps(self, aid):
+        return self.rt.maps(aid)
+
+    def coverage(self, aid):
+        return self.rt.coverage(aid)
+
+
+def _gpu_style_wait(rec):
+    """A comm:wait as the GPU reports it: the consumer's whole dependency wait (the sim
+    reports only the part the remote data was missing; architecture.md "GPU comm:wait"),
+    here 30 us more, so the agent's clipping at the last local producer end matters."""
+    if _hid(rec) != context.hook_id("comm:wait"):
+        return rec
+    off = D.FIELDS_BY_NAME["wait_ns"].offset
+    b = bytearray(rec)
+    struct.pack_into("<Q", b, off, struct.unpack_from("<Q", b, off)[0] + 30_000)
+    return bytes(b)
+
+
+def _tp_records(steps=STEPS, late_steps=(5, 6, 11)):
+    """Per rank, step -> packed records of a 2-rank tensor-parallel tiny run, rank 1's
+    attention all-reduce late at some steps (long remote waits on rank 0); comm:wait
+    records GPU-style (_gpu_style_wait)."""
+    cfg = get_preset("tiny")
+    graphs = [build_graph(cfg, BATCH, WORKERS, rank=r, ranks=2) for r in range(2)]
+    late = FaultTable.from_specs([{"kind": "late_comm", "comm_op": "allreduce_attn", "layer": 0,
+                                   "delay_us": 80, "steps": list(late_steps)}], "test")
+    per = [dict() for _ in range(2)]
+    sinks = [(lambda r: lambda c: per[r].setdefault(c["decode_step"], []).append(_gpu_style_wait(pack_ctx(c))))(r)
+             for r in range(2)]
+    run_loopback(cfg, BATCH, WORKERS, 2, steps, faults={1: late}, sinks=sinks, graphs=graphs,
+                 hooks=ALL_HOOKS, clock_skew=False)
+    return graphs, per
+
+
+def _by_kind(ch):
+    recs = ch.records()
+    sums = {r.epoch: r for r in recs if isinstance(r, EpochSummary)}
+    waits = Counter(r for r in recs if isinstance(r, RemoteWait))
+    sigs = Counter(r for r in recs if isinstance(r, Signal))
+    return sums, waits, sigs
+
+
+def _host_agent(graph, rank, per):
+    ch = ListChannel()
+    a = RankAgent(rank, ch, num_workers=WORKERS, schema=graph.schema, escalate=False)
+    for k in range(FIRST, STEPS):
+        for r in per[k]:
+            a.feed(r)
+    a.close()
+    return ch
+
+
+def _device_agent(graph, rank, per, window, ahead, final_lag=lambda k: 0):
+    """The serving loop's order: the kernel runs up to ahead(k) steps past the host's step
+    k; the host feeds step k's streamed (comm) records, then device_progress(k), the
+    device's final epoch k - final_lag(k) (its workers' flushes lag the steps done)."""
+    ch = ListChannel()
+    dev = DeviceModel(WORKERS)
+    a = RankAgent(rank, ch, num_workers=WORKERS, schema=graph.schema, escalate=False)
+    a.summarize_on(dev, FIRST, window)
+    fed = {context.hook_id(h) for h in a.hooks}
+    for k in range(FIRST, STEPS):
+        while dev.started < min(STEPS, k + 1 + ahead(k)):
+            dev.run_step(per[dev.started] if dev.started in per else [])
+        for r in per[k]:
+            if _hid(r) in fed:
+                a.feed(r)
+        dev.final = k - final_lag(k)
+        a.device_progress(k)
+    dev.final = STEPS - 1                # the launch ended: every step that ran is final
+    a.close()
+    return ch, dev, a
+
+
+@pytest.fixture(scope="module")
+def tp_run():
+    return _tp_records()
+
+
+@pytest.mark.parametrize("window,ahead,lag", [
+    (3, lambda k: 0, lambda k: 0),                        # in lock-step
+    (4, lambda k: 4, lambda k: k % 3),                    # the GPU serving loop's grant window
+    (2, lambda k: random.Random(k).randrange(0, 7), lambda k: 1),   # windows attached after their first step
+    (64, lambda k: 2, lambda k: 0),                       # one window for the whole run
+], ids=["lockstep", "ahead4", "late_attach", "one_window"])
+def test_device_summaries_ship_what_the_host_summaries_ship(tp_run, window, ahead, lag):
+    graphs, per = tp_run
+    for rank in range(2):
+        want = _by_kind(_host_agent(graphs[rank], rank, per[rank]))
+        ch, dev, agent = _device_agent(graphs[rank], rank, per[rank], window, ahead, lag)
+        got = _by_kind(ch)
+        assert sorted(got[0]) == list(range(FIRST, STEPS))
+        for k in range(FIRST, STEPS):
+            assert got[0][k] == want[0][k], (rank, k)
+        assert got[1] == want[1] and got[2] == want[2]
+        assert sum(got[1].values()) > 0 and sum(got[2].values()) > 0
+        # the host saw only the comm hooks; every window was read once (but those attached
+        # for steps that never ran); a detached window is given back once a step
+        # unstarted at its detach is final (every worker has reloaded the tables since)
+        assert set(agent.hooks) == {"comm:signal", "comm:wait"}
+        comm = {context.hook_id("comm:wait"), context.hook_id("comm:signal")}
+        assert agent.stats.events == sum(_hid(r) in comm for k in range(FIRST, STEPS) for r in per[rank][k])
+        assert agent.windows.read_count == sum(f < STEPS for f in dev.firsts.values())
+        kept = agent.windows.retiring
+        assert len(dev.forgotten) + len(kept) == len(dev.attached)
+        assert all(u >= STEPS - 1 for _, u in kept)
+        assert len(dev.forgotten) >= (1 if window < STEPS // 2 else 0)
+
+
+def test_the_late_senders_wait_is_clipped_the_same_way(tp_run):
+    """A remote wait starts no earlier than the awaited event's last local producer end
+    (@end_ts, a task-half map): with device summaries that map comes from the window, and
+    evidence of a later window's epoch waits for it."""
+    graphs, per = tp_run
+    want = _by_kind(_host_agent(graphs[0], 0, per[0]))[1]
+    ch, _, _ = _device_agent(graphs[0], 0, per[0], 3, lambda k: 5, final_lag=lambda k: k % 4)
+    got = _by_kind(ch)[1]
+    assert got == want
+    long = {w.step for w in got if w.wait_end_ns - w.wait_begin_ns >= 60_000}
+    assert long == {5, 6, 11}
+    # the clipping moved waits' begins (the GPU-style waits start 30 us before the sim's)
+    unclipped = {w for w in got if w.wait_end_ns - w.wait_begin_ns >= 30_000}
+    assert len(unclipped) < len(got)
+
+
+def test_a_full_window_map_counts_lost_in_that_epochs_coverage(tp_run, monkeypatch):
+    from dtrace_mk.runtime import agent as agent_mod
+    monkeypatch.setattr(agent_mod, "DEVICE_SUMMARY_ENTRIES", 40)    # @queue_max: 12 workers a step
+    graphs, per = tp_run
+    ch, _, _ = _device_agent(graphs[0], 0, per[0], 8, lambda k: 2)
+    sums = _by_kind(ch)[0]
+    lost = {k: s.coverage.lost for k, s in sums.items()}
+    assert any(lost.values()) and all(s.coverage.consistent for s in sums.values())
+
+
+def test_windows_never_count_a_started_step_and_cover_every_step_once():
+    """SummaryWindows alone: ranges are consecutive from the first epoch, each window
+    attached no earlier than the first unstarted step, however late the host is."""
+    from dtrace_mk.lang.pipeline import compile_query
+    obj = compile_query("task:end { @n[step] = count(); }").obj
+    dev = DeviceModel(4)
+    w = SummaryWindows(dev, obj, 3, window=4)
+    ranges = []
+    rng = random.Random(7)
+    for final in range(0, 60):
+        dev.started = max(dev.started, final + 1 + rng.randrange(0, 9))
+        ranges += [(r.first, r.end) for r in w.read(final)]
+    ranges += [(r.first, r.end) for r in w.close(70)]
+    assert ranges[0][0] == 3 and ranges[-1][1] == 71
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    for aid in dev.attached:
+        att = dev.rt._get(aid) if aid not in dev.forgotten else None
+        assert att is None or att.first_epoch >= 3
+    assert not dev.rt.attachments()           # closed: nothing attached any more
+
+
+def test_summarize_on_refuses_escalation_and_a_second_call():
+    g = build_graph(get_preset("tiny"), BATCH, WORKERS)
+    a = RankAgent(0, ListChannel(), num_workers=WORKERS, schema=g.schema, escalate=True)
+    with pytest.raises(UserError, match="escalated evidence"):
+        a.summarize_on(DeviceModel(WORKERS), 0)
+    b = RankAgent(0, ListChannel(), num_workers=WORKERS, schema=g.schema, escalate=False)
+    b.summarize_on(DeviceModel(WORKERS), 0)
+    with pytest.raises(UserError, match="once"):
+        b.summarize_on(DeviceModel(WORKERS), 0)

@@ -371,6 +371,12 @@
 # Order: 103, 105, 104, 106.  Then: 81 on the x2 kind; 102; 97.
 # Session 39 (no device lent again; no device code changed: the compiled tier's Python split into a package and
 # gpu.py's build half into gpu_build.py, host side only): the order above stands, 103 and 105 first.
+# Session 40 (no device lent again; no kernel code changed): device summaries for GPU ranks (serve --summaries
+# device: the agent's summary task half in the device VM, attached per window of steps, read once final):
+#   tools/obs_sm_gpu_plan.sh 107 tests/gpu/test_device_summaries_gpu.py on one GPU: window summaries == host summaries
+#                                of the same resident launch (windows 3 and 16), serve --summaries device (workers / sm)
+#   (81 on the x2 kind now also runs the 2-GPU demo with $DTRACE_MK_SUMMARIES=device)
+# Order: 103, 105, 107, 104, 106.  Then: 81 on the x2 kind; 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -698,6 +704,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $P '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
        "timeout 460 python3 bench/handoff.py --presets tiny,1b --reps 5 --instances 3 --out ${OUT:-/tmp/out}" ;;
   103) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" "$(pytv 440 tests/gpu/test_compiled_tier.py)" ;;
+  107) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py '' $L" \
+       "$(pytv 400 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   104) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
        "timeout 440 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out ${OUT:-/tmp/out}" ;;
   105) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
@@ -706,7 +714,7 @@ case "${1:-}" in
   106) exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(gpc_lp $L cmfold 300 off,summary_cm,summary_cmgen)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
-     exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus)" ;;
+     exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus tests/gpu/test_device_summaries_gpu.py::test_demo_on_two_gpus_with_device_summaries)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
   75) D=DTMK_OSQ_DISCARD

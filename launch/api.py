@@ -94,6 +94,7 @@ class LiveQuery:
     attached_at: int
     printed: int = 0               # text blocks already reported
     exit_told: bool = False        # its exit() reported to rank 0 (which detaches it everywhere)
+    exit_polled: int = -1          # a device query: the step its exit map was last read at
 
 
 @dataclass
@@ -307,6 +308,9 @@ class ServingHost:
         told, and detaches it on every rank at the next step boundary (bpftrace's exit()
         ends the whole trace, and so it does for a job)."""
         for q in self.live.values():
+            if self.live_runtime is not None and not q.exit_told and q.exit_polled != self.step_now:
+                q.exit_polled = self.step_now
+                q.run.poll_exit()            # a device query: its exit map is read once a step
             if q.run.exited and not q.exit_told:
                 q.exit_told = True
                 msg = {"op": "exit", "id": q.aid, "rank": self.rank, "step": self.step_now}

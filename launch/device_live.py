@@ -89,6 +89,11 @@ class DeviceQueries:
         with self.session.side:
             return self.session.rt.maps(aid)
 
+    def read_map(self, aid: int, name: str):
+        """One map of an attachment, read alone (a small copy: the exit map of a query)."""
+        with self.session.side:
+            return self.session.rt._get(aid).maps.readback(names=(name,))[name]
+
     def coverage(self, aid: int):
         with self.session.side:
             return self.session.rt.coverage(aid)

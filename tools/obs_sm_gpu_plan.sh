@@ -375,7 +375,8 @@
 # device: the agent's summary task half in the device VM, attached per window of steps, read once final):
 #   tools/obs_sm_gpu_plan.sh 107 tests/gpu/test_device_summaries_gpu.py on one GPU: window summaries == host summaries
 #                                of the same resident launch (windows 3 and 16), serve --summaries device (workers / sm)
-#   (81 on the x2 kind now also runs the 2-GPU demo with $DTRACE_MK_SUMMARIES=device)
+#   (81 on the x2 kind now also runs the 2-GPU demo with $DTRACE_MK_SUMMARIES=device, and its launch/attach test
+#   now checks exit() in a device query: the host reads its exit map once a step)
 # Order: 103, 105, 107, 104, 106.  Then: 81 on the x2 kind; 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)

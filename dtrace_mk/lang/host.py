@@ -128,6 +128,19 @@ class QueryRun:
             self.exited = True
         return not self.exited
 
+    def poll_exit(self) -> bool:
+        """For a query the host does not feed (it runs in a device runtime: the GPU rank's
+        device VM): has a hook clause run exit()?  Reads the exit map from the runtime --
+        that one map where the runtime can (`read_map`).  True once it has."""
+        name = self.plan.get("exit_map")
+        if self.exited or self.aid is None or not name:
+            return self.exited
+        read = getattr(self.rt, "read_map", None)
+        m = read(self.aid, name) if read is not None else self.rt.maps(self.aid)[name]
+        if any(m.lookup(b"\0\0\0\0")):
+            self.exited = True
+        return self.exited
+
     def finish(self) -> List[dict]:
         self._actions(self.plan["host"]["END"], "END")
         for pm in self.plan["maps"]:

@@ -478,10 +478,13 @@ class DeviceMaps:
                          [(w * base + used_off + 8 * j, 8, None) for w, j in old],
                          [(w * base + tag_off + 4 * j, 4, EPOCH_NONE) for w, j in old])
 
-    def readback(self) -> MapSet:
-        """A host MapSet holding the device maps' contents and stats."""
+    def readback(self, names: Optional[Sequence[str]] = None) -> MapSet:
+        """A host MapSet holding the device maps' contents and stats (`names`: only those
+        maps are read; the others stay empty)."""
         ms = MapSet(self.defs, self.W)
         for i, (m, host) in enumerate(zip(self.defs, ms.maps)):
+            if names is not None and m.name not in names:
+                continue
             d, b = self.host_descs[i], self.bufs[i]
             st = self.stats(i)
             host.stats.lost = int(st["lost"])

@@ -160,6 +160,65 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
 
 
+def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypatch):
+    """exit() in a query that runs in the device runtime (never fed by the host): the host
+    reads its exit map once a step, tells rank 0, which detaches it at the next step
+    boundary; the client gets the final maps and `exit() on rank 0 at step S`; serving goes
+    on to its last step."""
+    pytest.importorskip("mpi4py")
+    from dtrace_mk.commands.attach import compile_for_attach
+    from dtrace_mk.launch import device_live, jobs, serve
+    from dtrace_mk.launch.control import ControlClient, wait_for_socket
+    from dtrace_mk.megakernel import gpu, gpu_clock
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(gpu, "Megakernel", FakeMegakernel)
+    monkeypatch.setattr(gpu_clock, "GpuClock", FakeClock)
+    monkeypatch.setattr(device_live, "DeviceQueries", FakeDeviceQueries)
+    job = jobs.new_job(1, ["serve"], "gpu")
+    monkeypatch.setenv(jobs.ENV_JOB_DIR, str(job.dir))
+    at = W + STEPS - 2             # after the query's first step (the grant at the attach)
+    raw, name, text = compile_for_attach(f"task:end {{ @n[step] = count(); }} task:end /step == {at}/ {{ exit(); }}",
+                                         None)
+    got = {"outputs": [], "error": None}
+
+    def client():
+        try:
+            assert wait_for_socket(job, time.monotonic() + 60)
+            reply, stream = ControlClient(job).attach(raw, name, text, stream=True, interval_s=30)
+            got["reply"] = reply
+            for msg in stream:
+                if msg.get("type") == "output":
+                    got["outputs"].append(msg)
+                elif msg.get("type") == "end":
+                    got["end"] = msg
+                    break
+        except Exception as e:
+            got["error"] = e
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    th = threading.Thread(target=client, daemon=True)
+    th.start()
+    try:
+        rc = serve.main(["--backend", "gpu", "--model", "tiny", "--batch", str(BATCH), "--steps", str(STEPS),
+                         "--await-attach", "30", "--quiet"])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+        job.remove()
+    th.join(30)
+    assert rc == 0 and got["error"] is None, got["error"]
+    assert got["end"]["reason"].startswith("exit() on rank 0 at step"), got["end"]
+    exit_step = int(got["end"]["reason"].split()[-1])
+    final = got["outputs"][-1]
+    assert final["final"]
+    (block,) = [b for b in final["ranks"]["0"]["blocks"] if b.get("type") == "map"]
+    counts = {int(e["key"][0]): int(e["value"]) for e in block["entries"]}
+    assert at in counts and exit_step < W + STEPS         # detached before the end of serving
+    dq = FakeDeviceQueries.instances[-1]
+    assert dq.detached == [dq.attached[-1]]               # the query left the device
+
+
 def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_every=0, quiet=True,
                 spy=None):
     """serve --backend gpu with the stand-ins, no job; returns (mk, dq, fed records per

@@ -300,17 +300,28 @@ class ServingHost:
                 self.pending = [c for c in self.pending if c["apply_at"] > self.step_now]
                 for c in due:
                     self._apply(c)
+        if self.live_runtime is not None:
+            self._tick_device_queries()
         self._tell_exits()
         self.agent.progress()
+
+    def _tick_device_queries(self) -> None:
+        """Queries in the device VM are never fed: their interval clauses run on the host's
+        clock, and their exit map is read once a step (the kernel may be a few steps ahead
+        of the host: such a query counts on until rank 0's detach applies)."""
+        for q in self.live.values():
+            if q.exit_told or q.run.exited:
+                continue
+            q.run.tick(time.monotonic_ns())
+            if q.exit_polled != self.step_now:
+                q.exit_polled = self.step_now
+                q.run.poll_exit()
 
     def _tell_exits(self) -> None:
         """A query that ran exit() on this rank stops here at once (QueryRun); rank 0 is
         told, and detaches it on every rank at the next step boundary (bpftrace's exit()
         ends the whole trace, and so it does for a job)."""
         for q in self.live.values():
-            if self.live_runtime is not None and not q.exit_told and q.exit_polled != self.step_now:
-                q.exit_polled = self.step_now
-                q.run.poll_exit()            # a device query: its exit map is read once a step
             if q.run.exited and not q.exit_told:
                 q.exit_told = True
                 msg = {"op": "exit", "id": q.aid, "rank": self.rank, "step": self.step_now}

@@ -17,8 +17,10 @@ live in device memory, read with device-to-host copies (runtime.live: exact for 
 epochs every worker has flushed, all of them once the launch ended).  The host never feeds
 these queries: the device VM runs them over the kernel's own hook contexts.
 
-Host clauses (BEGIN/END) run as usual; `interval:` clauses do not fire (they run on the
-host's record stream, which device queries do not see).
+Host clauses (BEGIN/END) run as usual; `interval:` clauses run on the host's clock (a
+fed query's run on its records' ts_ns, which device queries do not see:
+launch.api `_tick_device_queries`), their clear() empties the device map (`clear_map`),
+and the exit map is read once a step (`read_map`).
 
 It is also the runtime of the agent's device summaries (`serve --summaries device`:
 runtime.summary_windows attaches the summary's task half here, window after window, and
@@ -93,6 +95,11 @@ class DeviceQueries:
         """One map of an attachment, read alone (a small copy: the exit map of a query)."""
         with self.session.side:
             return self.session.rt._get(aid).maps.readback(names=(name,))[name]
+
+    def clear_map(self, aid: int, name: str) -> None:
+        """A query's clear(@map): the device map emptied (as created) while the kernel runs."""
+        with self.session.side:
+            self.session.rt.clear_map(aid, name, stream=self.session.side)
 
     def coverage(self, aid: int):
         with self.session.side:

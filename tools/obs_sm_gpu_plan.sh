@@ -374,7 +374,8 @@
 # Session 40 (no device lent again; no kernel code changed): device summaries for GPU ranks (serve --summaries
 # device: the agent's summary task half in the device VM, attached per window of steps, read once final):
 #   tools/obs_sm_gpu_plan.sh 107 tests/gpu/test_device_summaries_gpu.py on one GPU: window summaries == host summaries
-#                                of the same resident launch (windows 3 and 16), serve --summaries device (workers / sm)
+#                                of the same resident launch (windows 3 and 16), serve --summaries device (workers / sm),
+#                                a device query's clear(@map) and exit map read (DeviceQueries.clear_map / read_map)
 #   (81 on the x2 kind now also runs the 2-GPU demo with $DTRACE_MK_SUMMARIES=device, and its launch/attach test
 #   now checks exit() in a device query: the host reads its exit map once a step)
 # Order: 103, 105, 107, 104, 106.  Then: 81 on the x2 kind; 102; 97.

@@ -7,7 +7,9 @@ runtime and run the host-side clauses of the printing plan.
 Semantics (bpftrace-like, on simulated time = the records' ts_ns):
 * BEGIN actions run before the first record.
 * `interval:ms:N` actions run each time a record's ts_ns reaches the next multiple of
-  N ms after the first record's ts_ns (before that record fires).
+  N ms after the first record's ts_ns (before that record fires).  A query that runs in a
+  device runtime is not fed records: its host ticks it with the host clock (`tick`), and
+  its clear() empties the device map (the runtime's `clear_map`).
 * `exit()` (host or device) stops reading records; END actions then run.
 * At exit every map that END did not print is printed (empty maps say `(empty)` only
   when printed explicitly), then the evidence records (drained from the ring).
@@ -77,7 +79,11 @@ class QueryRun:
                 self.exited = True
             elif a["op"] == "clear":
                 pm = self.maps_by_name[a["map"]]
-                self.rt.maps(self.aid)[pm["bpf_map"]].clear()
+                clear = getattr(self.rt, "clear_map", None)     # a device runtime: its own map
+                if clear is not None:
+                    clear(self.aid, pm["bpf_map"])
+                else:
+                    self.rt.maps(self.aid)[pm["bpf_map"]].clear()
                 self.baseline[a["map"]] = printing.coverage_of(pm, self.rt.coverage(self.aid))
                 if when == "END":
                     self.printed_at_end.add(a["map"])
@@ -110,23 +116,28 @@ class QueryRun:
         """Fire one packed context record; False once the query has exited."""
         if self.exited or self.aid is None:
             return False
-        ts = struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0]
-        if self._t0 is None:
-            self._t0 = ts
-            for iv in self._intervals:
-                iv["next"] = ts + iv["ms"] * 1_000_000
-        for iv in self._intervals:
-            while ts >= iv["next"] and not self.exited:
-                self.blocks.append({"type": "interval", "probe": iv["probe"],
-                                    "ts_ns": iv["next"] - self._t0})
-                self._actions(iv["actions"], iv["probe"])
-                iv["next"] += iv["ms"] * 1_000_000
+        self.tick(struct.unpack_from("<Q", rec, context.OFF_TS_NS)[0])
         if self.exited:
             return False
         self.rt.fire(rec)
         if self._exit_m is not None and any(self._exit_m.lookup(b"\0\0\0\0")):
             self.exited = True
         return not self.exited
+
+    def tick(self, now_ns: int) -> None:
+        """Run the interval clauses due at `now_ns`: a fed query's clock is its records'
+        ts_ns; a query the host does not feed (a device runtime's) is ticked with the
+        host's clock instead.  The first tick starts every interval."""
+        if self._t0 is None:
+            self._t0 = now_ns
+            for iv in self._intervals:
+                iv["next"] = now_ns + iv["ms"] * 1_000_000
+        for iv in self._intervals:
+            while now_ns >= iv["next"] and not self.exited:
+                self.blocks.append({"type": "interval", "probe": iv["probe"],
+                                    "ts_ns": iv["next"] - self._t0})
+                self._actions(iv["actions"], iv["probe"])
+                iv["next"] += iv["ms"] * 1_000_000
 
     def poll_exit(self) -> bool:
         """For a query the host does not feed (it runs in a device runtime: the GPU rank's

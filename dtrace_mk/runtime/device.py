@@ -379,12 +379,7 @@ class DeviceMaps:
             vstride = _round8(max(m.value_size, 1))
             d["value_stride"] = vstride
             if m.type in ("array", "per_worker_array"):
-                copies = num_workers if m.type == "per_worker_array" else 1
-                init = np.zeros((copies, m.max_entries, vstride), dtype=np.uint8)
-                if m.init_value:
-                    v = m.init_value[:m.value_size].ljust(m.value_size, b"\0")
-                    init[:, 0, :m.value_size] = np.frombuffer(v, dtype=np.uint8)
-                b["values"] = cp.asarray(init.reshape(-1))
+                b["values"] = cp.asarray(self._array_init(m, vstride))
                 d["values"] = b["values"].data.ptr
             elif m.type == "ringbuf":
                 b["values"] = _dzeros(cp, num_workers * m.max_entries, np.uint8)
@@ -406,6 +401,36 @@ class DeviceMaps:
             self.bufs.append(b)
         self.host_descs = host
         self.descs = cp.asarray(host.view(np.uint8))
+
+    def _array_init(self, m: MapDef, vstride: int) -> np.ndarray:
+        """An array map's values as created: zeros, entry 0 the map's init value."""
+        copies = self.W if m.type == "per_worker_array" else 1
+        init = np.zeros((copies, m.max_entries, vstride), dtype=np.uint8)
+        if m.init_value:
+            v = m.init_value[:m.value_size].ljust(m.value_size, b"\0")
+            init[:, 0, :m.value_size] = np.frombuffer(v, dtype=np.uint8)
+        return init.reshape(-1)
+
+    def clear(self, i: int, stream=None) -> None:
+        """Map i as its host model's clear() leaves it: a hash map empty (clear_hash), an
+        array's values as created (init value included), the counters zeroed.  Host-to-
+        device copies only, safe while a kernel runs; updates racing it may survive it or
+        not (as in bpftrace, where clear() races the probes).  Ring buffers are drained,
+        not cleared."""
+        m, b = self.defs[i], self.bufs[i]
+        if m.type in ("hash", "hist_log2", "hist_linear"):
+            return self.clear_hash(i, stream)
+        if m.type == "ringbuf":
+            raise UserError(f"map {m.name!r}: a ring buffer is drained, not cleared")
+        init = self._array_init(m, int(self.host_descs[i]["value_stride"]))
+        for dst, v in ((b["values"], init), (b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8))):
+            dst.set(v) if stream is None else dst.set(v, stream=stream)
+
+    def index(self, name: str) -> int:
+        for i, m in enumerate(self.defs):
+            if m.name == name:
+                return i
+        raise KeyError(f"no map named {name!r}")
 
     def desc_addr(self, i: int) -> int:
         return self.descs.data.ptr + i * MAP_DTYPE.itemsize
@@ -876,6 +901,11 @@ class DeviceRuntime:
 
     def maps(self, aid: int) -> MapSet:
         return self._get(aid).maps.readback()
+
+    def clear_map(self, aid: int, name: str, stream=None) -> None:
+        """A query's clear(@map) on the device (DeviceMaps.clear: while a kernel runs too)."""
+        dm = self._get(aid).maps
+        dm.clear(dm.index(name), stream)
 
     def coverage(self, aid: int) -> List[Coverage]:
         att = self._get(aid)

@@ -125,3 +125,29 @@ def test_demo_on_two_gpus_with_device_summaries(runtime_dir, tmp_path):
     sms = cupy.cuda.Device(0).attributes["MultiProcessorCount"]
     diag = check_gpu_demo(p.stdout, spans, workers=sms - 1, steps=steps, batch=BATCH)
     print(json.dumps({k: diag[k] for k in ("findings", "wall_s") if k in diag}))
+
+
+def test_a_device_query_clear_empties_its_device_map_between_launches():
+    """clear(@map) of a query in the device VM (DeviceQueries.clear_map, what an interval
+    clause's clear() runs on a GPU rank): between launches it is exact -- the next steps
+    count from zero, other maps untouched; the exit map of a query is read alone."""
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.launch.device_live import DeviceQueries
+    from dtrace_mk.megakernel import gpu
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=BATCH, seed=0)
+    dq = DeviceQueries(mk)
+    res = compile_query("task:end { @n = count(); @k[step] = count(); } task:end /step == 4/ { exit(); }")
+    aid = dq.attach(res.obj)
+    tasks = len(mk.graph.tasks)
+    dq.session.start(3)
+    dq.session.wait()
+    assert sum(int.from_bytes(v, "little") for v in dq.maps(aid)["n"].snapshot().values()) == 3 * tasks
+    assert not any(dq.read_map(aid, res.plan["exit_map"]).lookup(b"\0\0\0\0"))
+    dq.clear_map(aid, "n")
+    dq.session.start(2)
+    dq.session.wait()
+    ms = dq.maps(aid)
+    assert sum(int.from_bytes(v, "little") for v in ms["n"].snapshot().values()) == 2 * tasks
+    assert {int.from_bytes(k, "little"): int.from_bytes(v, "little") for k, v in ms["k"].snapshot().items()} \
+        == {s: tasks for s in range(5)}
+    assert any(dq.read_map(aid, res.plan["exit_map"]).lookup(b"\0\0\0\0"))     # step 4 ran exit()

@@ -160,11 +160,9 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
 
 
-def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypatch):
-    """exit() in a query that runs in the device runtime (never fed by the host): the host
-    reads its exit map once a step, tells rank 0, which detaches it at the next step
-    boundary; the client gets the final maps and `exit() on rank 0 at step S`; serving goes
-    on to its last step."""
+def _serve_with_query(monkeypatch, query, interval_s=30.0):
+    """serve --backend gpu (stand-ins) with `query` attached through the job's control
+    socket before the first served step; returns (rc, {"outputs", "end", "reply"})."""
     pytest.importorskip("mpi4py")
     from dtrace_mk.commands.attach import compile_for_attach
     from dtrace_mk.launch import device_live, jobs, serve
@@ -177,15 +175,13 @@ def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypa
     monkeypatch.setattr(device_live, "DeviceQueries", FakeDeviceQueries)
     job = jobs.new_job(1, ["serve"], "gpu")
     monkeypatch.setenv(jobs.ENV_JOB_DIR, str(job.dir))
-    at = W + STEPS - 2             # after the query's first step (the grant at the attach)
-    raw, name, text = compile_for_attach(f"task:end {{ @n[step] = count(); }} task:end /step == {at}/ {{ exit(); }}",
-                                         None)
+    raw, name, text = compile_for_attach(query, None)
     got = {"outputs": [], "error": None}
 
     def client():
         try:
             assert wait_for_socket(job, time.monotonic() + 60)
-            reply, stream = ControlClient(job).attach(raw, name, text, stream=True, interval_s=30)
+            reply, stream = ControlClient(job).attach(raw, name, text, stream=True, interval_s=interval_s)
             got["reply"] = reply
             for msg in stream:
                 if msg.get("type") == "output":
@@ -207,7 +203,41 @@ def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypa
             signal.signal(s, h)
         job.remove()
     th.join(30)
-    assert rc == 0 and got["error"] is None, got["error"]
+    assert got["error"] is None, got["error"]
+    return rc, got
+
+
+def test_interval_clauses_of_a_device_query_run_on_the_host_clock_and_clear_the_device_map(runtime_dir,
+                                                                                          monkeypatch):
+    """interval: clauses of a query in the device runtime fire on the host's clock (it
+    sees no records); clear(@n) empties the device's map: the counts printed at each
+    interval and the final one add up to every task:end counted, none twice."""
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.abi import context
+    rc, got = _serve_with_query(monkeypatch, "task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    assert rc == 0
+    blocks = [b for o in got["outputs"] for b in o["ranks"]["0"]["blocks"] if b.get("type") == "map"]
+    ticks = [b for b in blocks if b.get("when") == "interval:ms:1"]
+    final = [b for b in got["outputs"][-1]["ranks"]["0"]["blocks"] if b.get("type") == "map"]
+    assert len(ticks) >= 2 and final, blocks
+    value = lambda b: sum(int(e["value"]) for e in b["entries"])    # noqa: E731
+    dq = FakeDeviceQueries.instances[-1]
+    mk = FakeMegakernel.instances[-1]
+    end_id = D.hook("task:end").id
+    want = sum(1 for k in range(dq.firsts[-1], W + STEPS) for r in mk.per_step[k]
+               if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
+    assert sum(value(b) for b in ticks) + value(final[-1]) == want > 0
+    assert dq.cleared.count("n") == len(ticks) and any(value(b) > 0 for b in ticks)
+
+
+def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypatch):
+    """exit() in a query that runs in the device runtime (never fed by the host): the host
+    reads its exit map once a step, tells rank 0, which detaches it at the next step
+    boundary; the client gets the final maps and `exit() on rank 0 at step S`; serving goes
+    on to its last step."""
+    at = W + STEPS - 2             # after the query's first step (the grant at the attach)
+    rc, got = _serve_with_query(monkeypatch, f"task:end {{ @n[step] = count(); }} task:end /step == {at}/ {{ exit(); }}")
+    assert rc == 0
     assert got["end"]["reason"].startswith("exit() on rank 0 at step"), got["end"]
     exit_step = int(got["end"]["reason"].split()[-1])
     final = got["outputs"][-1]

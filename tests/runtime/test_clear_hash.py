@@ -32,3 +32,31 @@ def test_clear_hash_empties_the_map_and_its_counters():
 def test_clear_hash_refuses_a_map_that_is_not_hash_typed():
     with pytest.raises(Exception, match="clear_hash needs a hash map"):
         _maps().clear_hash(1)
+
+
+def test_clear_restores_arrays_as_created_and_refuses_ring_buffers():
+    """DeviceMaps.clear (a query's clear(@map) on a device runtime): a hash map empty, an
+    array's and a per-worker array's values as created -- entry 0's init value (a loader's
+    .rodata array) included -- and their counters zero; a ring buffer refused."""
+    from dtrace_mk.errors import UserError
+    init = (0x0123456789ABCDEF).to_bytes(8, "little")
+    m = DeviceMaps(C.HostDevice, [MapDef("h8", "hash", 8, 8, 6), MapDef("arr", "array", 4, 8, 4),
+                                  MapDef("mn", "array", 4, 8, 1, init_value=init),
+                                  MapDef("pw", "per_worker_array", 4, 8, 2), MapDef("rb", "ringbuf", 0, 0, 4096, budget_bytes=512)], 3)
+    created = m.readback()
+    m.upload_hash(0, {b"\x01" * 8: b"\x02" * 8})
+    for name, fill in (("arr", 7), ("mn", 3), ("pw", 9)):
+        b = m.bufs[m.index(name)]
+        b["values"].set(np.full(len(b["values"]), fill, np.uint8))
+        b["stats"][8:16].set(np.array([4], "<u8").view(np.uint8))       # lost = 4
+    dirty = m.readback()
+    for name in ("h8", "arr", "mn", "pw"):
+        assert dirty[name].snapshot() != created[name].snapshot(), name
+        m.clear(m.index(name))
+        got = m.readback()[name]
+        assert got.snapshot() == created[name].snapshot() and got.stats.lost == 0, name
+    assert m.readback()["mn"].lookup(b"\0\0\0\0") == init
+    with pytest.raises(UserError, match="a ring buffer is drained, not cleared"):
+        m.clear(m.index("rb"))
+    with pytest.raises(KeyError, match="no map named 'nope'"):
+        m.index("nope")

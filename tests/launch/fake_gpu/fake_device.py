@@ -13,6 +13,7 @@ class FakeDeviceQueries:
         mk.observer = self
         self.mk, self.tier = mk, tier
         self.detached, self.attached, self.forgotten, self.firsts = [], [], [], []
+        self.cleared = []
         self.boundaries = []            # resident launches run before each boundary
         self.swap_after = None          # swap_pending() once a poll reported this step finished
         self.swapped = 0
@@ -47,6 +48,11 @@ class FakeDeviceQueries:
     def detach(self, aid):
         self.detached.append(aid)
         self.rt.detach(aid)
+
+    def clear_map(self, aid, name):
+        """DeviceQueries.clear_map: the "device" map emptied."""
+        self.cleared.append(name)
+        self.rt.maps(aid)[name].clear()
 
     def forget(self, aid):
         self.forgotten.append(aid)

@@ -30,10 +30,9 @@ task:end {
 task:ready {
   @queue_max[step, worker] = max(queue.depth);
   @t_begin[step] = min(ts);
+  // events fed by other ranks (FLAG_REMOTE) are remote waits, not notification lag
+  if (!(flags & FLAG_REMOTE)) { @ready_ts[step, event.id] = min(ts); }
 }
-
-// events fed by other ranks (FLAG_REMOTE) are remote waits, not notification lag
-task:ready /!(flags & FLAG_REMOTE)/ { @ready_ts[step, event.id] = min(ts); }
 
 task:dispatch {
   @dispatch_wait[step, task.class] = sum(task.wait_ns);

@@ -683,7 +683,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
     if summaries == "device":
         w = host.agent.windows
         say(f"device summaries: {w.read_count} window{'' if w.read_count == 1 else 's'} of {w.W} steps "
-            f"(the last ones shorter) read; {host.agent.stats.events} records fed to the host agent")
+            f"(the last ones shorter) read; {host.agent.stats.events} records fed to the host agent"
+            + (f"; {w.refused} next window(s) refused, the last one ran longer ({w.last_refusal})"
+               if w.refused else ""))
     agree.Free()
     if res is not None and rank == 0:
         _report(res, args, say)

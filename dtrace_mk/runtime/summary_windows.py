@@ -22,6 +22,9 @@ afresh for each window of W decode steps, and a read window is dropped whole:
 * A detached window's memory goes back (`forget`) once every worker has passed a step
   gate after the detach, where workers reload changed tables: when the final epoch is
   past the first step unstarted at the detach.
+* A successor the runtime refuses (its hook tables full of live queries' programs) is
+  tried again W steps later; meanwhile the last window keeps counting, so its range just
+  grows (its maps may fill: counted lost).  Only the first window's refusal is an error.
 
 A window's maps hold its range plus the steps counted before its detach, so the agent
 sizes them for W plus the host's lag; what they cannot hold is counted lost in coverage,
@@ -73,13 +76,24 @@ class SummaryWindows:
         self.live: List[_Window] = []
         self.retiring: List[Tuple[int, int]] = []     # (detached aid, first unstarted step then)
         self.read_count = 0
+        self.refused = 0                              # successor attaches refused (retried)
+        self.last_refusal = ""
+        self.retry_at = -1                            # the final epoch a refused successor is retried at
         self.closed = False
         self._open(int(first_epoch))
-        self._open(self.live[0].first + self.W)
+        self._try_open(self.live[0].first + self.W)
 
     def _open(self, want: int) -> None:
         aid = self.rt.attach(self.obj, first_epoch=want, tier="hot")
         self.live.append(_Window(aid, int(self.rt.first_epoch_of(aid))))
+
+    def _try_open(self, want: int) -> None:
+        try:
+            self._open(want)
+        except UserError as e:           # e.g. a hook's device table full: the last window goes on
+            self.refused += 1
+            self.last_refusal = str(e)
+            self.retry_at = self.live[-1].first + self.W * (self.refused + 1)
 
     @property
     def first(self) -> int:
@@ -88,18 +102,21 @@ class SummaryWindows:
 
     @property
     def due(self) -> int:
-        """The final epoch at which the oldest window's range is complete."""
-        return self.live[1].first - 1
+        """The final epoch at which read() has work: the oldest window's range complete,
+        or (no successor) a refused successor's retry."""
+        return self.live[1].first - 1 if len(self.live) > 1 else self.retry_at
 
     def read(self, final: int) -> List[WindowRead]:
         """Read (and detach) every window whose whole range is <= final, oldest first;
         attach their successors' successors."""
         out: List[WindowRead] = []
-        while not self.closed and final >= self.due:
+        if not self.closed and len(self.live) == 1 and final >= self.retry_at:   # refused before: again
+            self._try_open(final + 1)
+        while not self.closed and len(self.live) > 1 and final >= self.live[1].first - 1:
             w, nxt = self.live[0], self.live[1]
             out.append(self._take(w, nxt.first))
             self.live.pop(0)
-            self._open(nxt.first + self.W)
+            self._try_open(nxt.first + self.W)
         self._forget(final)
         return out
 

@@ -133,12 +133,12 @@ def _host_agent(graph, rank, per):
     return ch
 
 
-def _device_agent(graph, rank, per, window, ahead, final_lag=lambda k: 0):
+def _device_agent(graph, rank, per, window, ahead, final_lag=lambda k: 0, dev=None):
     """The serving loop's order: the kernel runs up to ahead(k) steps past the host's step
     k; the host feeds step k's streamed (comm) records, then device_progress(k), the
     device's final epoch k - final_lag(k) (its workers' flushes lag the steps done)."""
     ch = ListChannel()
-    dev = DeviceModel(WORKERS)
+    dev = dev or DeviceModel(WORKERS)
     a = RankAgent(rank, ch, num_workers=WORKERS, schema=graph.schema, escalate=False)
     a.summarize_on(dev, FIRST, window)
     fed = {context.hook_id(h) for h in a.hooks}
@@ -214,6 +214,37 @@ def test_a_full_window_map_counts_lost_in_that_epochs_coverage(tp_run, monkeypat
     sums = _by_kind(ch)[0]
     lost = {k: s.coverage.lost for k, s in sums.items()}
     assert any(lost.values()) and all(s.coverage.consistent for s in sums.values())
+
+
+class CrowdedDevice(DeviceModel):
+    """A device whose hook tables refuse an attach while `full(started)` says they are full
+    of live queries' programs (DeviceRuntime raises UserError: the table holds 8)."""
+
+    def __init__(self, workers, full):
+        super().__init__(workers)
+        self.full, self.refusals = full, 0
+
+    def attach(self, obj, first_epoch, tier="hot"):
+        if self.attached and self.full(self.started):
+            self.refusals += 1
+            raise UserError("hook task:end already has 8 programs; the device table holds 8")
+        return super().attach(obj, first_epoch, tier)
+
+
+def test_a_refused_successor_window_lengthens_the_last_one_and_is_tried_again(tp_run):
+    """While live queries fill the device tables the next window cannot attach: the last
+    window counts on (its range grows), the successor is tried again later, and what the
+    agent ships still equals the host summaries."""
+    graphs, per = tp_run
+    want = _by_kind(_host_agent(graphs[0], 0, per[0]))
+    ch, dev, agent = _device_agent(graphs[0], 0, per[0], 2, lambda k: 1,
+                                   dev=CrowdedDevice(WORKERS, lambda s: 5 <= s < 11))
+    got = _by_kind(ch)
+    assert got[0] == want[0] and got[1] == want[1] and got[2] == want[2]
+    assert dev.refusals >= 2 and agent.windows.refused == dev.refusals
+    assert "already has 8 programs" in agent.windows.last_refusal
+    firsts = sorted(dev.firsts.values())
+    assert any(b - a > 2 for a, b in zip(firsts, firsts[1:]))      # a window longer than 2 steps
 
 
 def test_windows_never_count_a_started_step_and_cover_every_step_once():

@@ -83,86 +83,10 @@ def _fake_cupy():
     return types.SimpleNamespace(cuda=cuda)
 
 
-def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runtime_dir, monkeypatch, tmp_path):
-    pytest.importorskip("mpi4py")
-    from dtrace_mk.commands.attach import compile_for_attach
-    from dtrace_mk.launch import device_live, jobs, serve
-    from dtrace_mk.launch.control import ControlClient, wait_for_socket
-    from dtrace_mk.megakernel import gpu, gpu_clock
-
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
-    monkeypatch.setattr(gpu, "Megakernel", FakeMegakernel)
-    monkeypatch.setattr(gpu_clock, "GpuClock", FakeClock)
-    monkeypatch.setattr(device_live, "DeviceQueries", FakeDeviceQueries)
-    job = jobs.new_job(1, ["serve"], "gpu")
-    monkeypatch.setenv(jobs.ENV_JOB_DIR, str(job.dir))
-    raw, name, text = compile_for_attach("task:end { @task_end[step] = count(); }", None)
-    got = {"outputs": [], "error": None}
-
-    def client():
-        try:
-            assert wait_for_socket(job, time.monotonic() + 60)
-            reply, stream = ControlClient(job).attach(raw, name, text, stream=True, interval_s=0.01)
-            got["reply"] = reply
-            for msg in stream:
-                if msg.get("type") == "output":
-                    got["outputs"].append(msg)
-                elif msg.get("type") == "end":
-                    got["end"] = msg
-                    break
-        except Exception as e:        # reported by the main thread
-            got["error"] = e
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    th = threading.Thread(target=client, daemon=True)
-    th.start()
-    result = tmp_path / "r.json"
-    try:
-        rc = serve.main(["--backend", "gpu", "--model", "tiny", "--batch", str(BATCH), "--steps", str(STEPS),
-                         "--await-attach", "30", "--quiet", "--result", str(result), "--tier", "auto"])
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-        job.remove()
-    th.join(30)
-    assert rc == 0 and got["error"] is None, got["error"]
-    (mk,) = FakeMegakernel.instances[-1:]
-    assert mk.segments == [(0, W + STEPS)] and mk.runs == 0  # ONE resident launch: warm-up + every step
-    dq = FakeDeviceQueries.instances[-1]
-    assert dq.tier == "auto"                                  # --tier reaches the live session
-    assert dq.boundaries == [0]                               # a tier boundary before the launch
-    final = got["outputs"][-1]
-    assert final["final"] and got["end"]["reason"] == "job ended"
-    part = final["ranks"]["0"]
-    (block,) = [b for b in part["blocks"] if b.get("type") == "map"]
-    counts = {int(e["key"][0]): int(e["value"]) for e in block["entries"]}
-    apply_at = got["reply"]["apply_at"]
-    assert apply_at > W                                       # never at a warm-up step (device numbers)
-    # attached at a step boundary: the first step no worker had started when the attach
-    # applied (host.step(apply_at): the grant was apply_at - 1 + RESIDENT_WINDOW), with no
-    # parking (the kernel ran the whole launch without waiting for the attach)
-    first = min(W + STEPS, apply_at - 1 + serve.RESIDENT_WINDOW)
-    assert sorted(counts) == list(range(first, W + STEPS))
-    from dtrace_mk.abi import definition as D
-    from dtrace_mk.abi import context
-    end_id = D.hook("task:end").id
-    for k, n in counts.items():
-        want = sum(1 for r in mk.per_step[k]
-                   if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
-        assert n == want == len(mk.graph.tasks), (k, n, want)   # once: not also fed by the host
-    assert block["coverage"]["eligible"] == sum(counts.values())
-    # the device tables' complete epochs were retired every RETIRE_EVERY fed steps (a
-    # resident launch outlives the 64 coverage rows), each after the steps it frees finished
-    assert len(dq.retire_calls) >= STEPS // serve.RETIRE_EVERY - 1
-    assert dq.retire_calls == sorted(dq.retire_calls)
-    import json
-    res = json.loads(result.read_text())
-    assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
-
-
-def _serve_with_query(monkeypatch, query, interval_s=30.0):
+def _serve_with_query(monkeypatch, query, interval_s=30.0, extra=()):
     """serve --backend gpu (stand-ins) with `query` attached through the job's control
-    socket before the first served step; returns (rc, {"outputs", "end", "reply"})."""
+    socket before the first served step, its output streamed every `interval_s`; returns
+    (rc, {"outputs", "end", "reply"})."""
     pytest.importorskip("mpi4py")
     from dtrace_mk.commands.attach import compile_for_attach
     from dtrace_mk.launch import device_live, jobs, serve
@@ -197,7 +121,7 @@ def _serve_with_query(monkeypatch, query, interval_s=30.0):
     th.start()
     try:
         rc = serve.main(["--backend", "gpu", "--model", "tiny", "--batch", str(BATCH), "--steps", str(STEPS),
-                         "--await-attach", "30", "--quiet"])
+                         "--await-attach", "30", "--quiet", *extra])
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
@@ -205,6 +129,46 @@ def _serve_with_query(monkeypatch, query, interval_s=30.0):
     th.join(30)
     assert got["error"] is None, got["error"]
     return rc, got
+
+
+def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runtime_dir, monkeypatch, tmp_path):
+    result = tmp_path / "r.json"
+    rc, got = _serve_with_query(monkeypatch, "task:end { @task_end[step] = count(); }", interval_s=0.01,
+                                extra=("--result", str(result), "--tier", "auto"))
+    assert rc == 0
+    from dtrace_mk.launch import serve
+    (mk,) = FakeMegakernel.instances[-1:]
+    assert mk.segments == [(0, W + STEPS)] and mk.runs == 0  # ONE resident launch: warm-up + every step
+    dq = FakeDeviceQueries.instances[-1]
+    assert dq.tier == "auto"                                  # --tier reaches the live session
+    assert dq.boundaries == [0]                               # a tier boundary before the launch
+    final = got["outputs"][-1]
+    assert final["final"] and got["end"]["reason"] == "job ended"
+    part = final["ranks"]["0"]
+    (block,) = [b for b in part["blocks"] if b.get("type") == "map"]
+    counts = {int(e["key"][0]): int(e["value"]) for e in block["entries"]}
+    apply_at = got["reply"]["apply_at"]
+    assert apply_at > W                                       # never at a warm-up step (device numbers)
+    # attached at a step boundary: the first step no worker had started when the attach
+    # applied (host.step(apply_at): the grant was apply_at - 1 + RESIDENT_WINDOW), with no
+    # parking (the kernel ran the whole launch without waiting for the attach)
+    first = min(W + STEPS, apply_at - 1 + serve.RESIDENT_WINDOW)
+    assert sorted(counts) == list(range(first, W + STEPS))
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.abi import context
+    end_id = D.hook("task:end").id
+    for k, n in counts.items():
+        want = sum(1 for r in mk.per_step[k]
+                   if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
+        assert n == want == len(mk.graph.tasks), (k, n, want)   # once: not also fed by the host
+    assert block["coverage"]["eligible"] == sum(counts.values())
+    # the device tables' complete epochs were retired every RETIRE_EVERY fed steps (a
+    # resident launch outlives the 64 coverage rows), each after the steps it frees finished
+    assert len(dq.retire_calls) >= STEPS // serve.RETIRE_EVERY - 1
+    assert dq.retire_calls == sorted(dq.retire_calls)
+    import json
+    res = json.loads(result.read_text())
+    assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
 
 
 def test_interval_clauses_of_a_device_query_run_on_the_host_clock_and_clear_the_device_map(runtime_dir,

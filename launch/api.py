@@ -32,6 +32,11 @@ What it does
   query's maps through the printing plan (with coverage) and sends the blocks to rank 0,
   which streams them to the attached client once every rank's part has arrived.
   Detach (or the client leaving, or the job ending) gives a final report.
+* A loop whose megakernel runs monitors itself (the GPU backend: `live_runtime` =
+  `launch.device_live.DeviceQueries`) runs live queries there, never fed; with
+  `summarize_on_device(live_runtime, first_epoch)` the agent's summaries run there too
+  (their task half, in windows of steps), the loop need feed only `agent_hooks()`
+  records, and `step(k)` ships the windows the device has completed.
 
 Threading and cost: everything runs on the caller's thread except the control socket's
 threads (which only queue requests).  `feed` is the hot path: one dict lookup per live
@@ -236,7 +241,8 @@ class ServingHost:
     def summarize_on_device(self, runtime, first_epoch: int, window: Optional[int] = None) -> None:
         """Device summaries (runtime/agent.py `summarize_on`): the agent's task half runs in
         `runtime`, the device VM of this rank's megakernel (live queries run there too), so
-        the serving loop need stream only `agent_hooks()` to `feed`."""
+        the serving loop need stream only `agent_hooks()` to `feed`; `step(k)` ships the
+        summaries' windows the device has completed."""
         if self.live_runtime is None:
             raise UserError("device summaries: the rank has no device runtime (live_runtime)")
         self.agent.summarize_on(runtime, first_epoch, window)
@@ -264,8 +270,11 @@ class ServingHost:
         self.agent.clock_sample(device_ns, host_ns)
 
     def step(self, k: int) -> None:
-        """Decode step `k` begins on this rank: apply due commands, make progress."""
+        """Decode step `k` begins on this rank (every record of the steps before it was
+        fed): apply due commands, make progress; with device summaries, ship the windows
+        complete by then (RankAgent.device_progress)."""
         self.step_now = k
+        self.agent.device_progress(k - 1)
         self.poll(force=True)
 
     def should_stop(self, k: int) -> bool:

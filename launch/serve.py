@@ -619,12 +619,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
         deciding) the ranks' agreement.  Every rank decides at the same steps and, while
         the kernel runs, grants k + RESIDENT_WINDOW right after each decision that goes
         on: the grant a launch ends at is the same on every rank (a function of the last
-        such step, however the ranks' polls group the completed steps).  Device summaries:
-        the agent ships the windows complete by then."""
-        fed = feed_until(done)
-        if fed:
-            host.agent.device_progress(fed[-1])
-        for j in fed:
+        such step, however the ranks' polls group the completed steps)."""
+        for j in feed_until(done):
             st["k"] = k = j + 1
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}

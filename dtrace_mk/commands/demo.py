@@ -86,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up after S seconds (default 120)")
     p.add_argument("-f", "--format", choices=("text", "json"), default="text",
                    help="text, or newline-delimited JSON (query blocks, then the diagnosis)")
+    p.add_argument("--summaries", choices=("host", "device"), default=None,
+                   help="GPU backend: where the ranks' summary monitors run (serve --summaries; "
+                        "default host, or $DTRACE_MK_SUMMARIES)")
 
 
 def fault_spec(steps: int) -> str:
@@ -122,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"demo --backend gpu: needs 2 GPUs visible to CuPy, found {n_gpus}; "
                         f"use --backend sim")
     backend = "gpu" if n_gpus >= 2 else "sim"
+    summaries = getattr(args, "summaries", None)
+    if summaries == "device" and backend != "gpu":
+        raise UserError("demo --summaries device: the summaries run in the GPU megakernel's device VM; this "
+                        "demo runs on the sim backend (2 GPUs needed)")
     text = args.format == "text"
     say = print if text else (lambda *a, **k: None)
     query = query_for(args.steps, backend)
@@ -133,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
            "--batch", str(args.batch), "--await-attach", "30", "--quiet", "--backend", backend]
     if not args.no_fault:
         cmd += ["--fault", fault_spec(args.steps)]
+    if summaries is not None and backend == "gpu":
+        cmd += ["--summaries", summaries]
     if backend == "gpu":
         from .diagnose import GPU_LAUNCH_WARMUP_STEPS as warm
         what = (f"GPU backend: 2 GPUs, one resident launch; the first {warm} steps warm it up, "

@@ -112,3 +112,26 @@ def test_demo_rejects_bad_options(capsys):
     assert "--steps: expected >= 4" in capsys.readouterr().err
     assert main(["demo", "--backend", "gpu"]) == 2
     assert "demo --backend gpu: needs 2 GPUs visible to CuPy, found 0" in capsys.readouterr().err
+
+
+def test_demo_summaries_flag_reaches_the_gpu_ranks_and_is_refused_on_sim(capsys, monkeypatch):
+    """--summaries device: the GPU ranks' serve command carries it (the stand-in GPU demo,
+    tests/launch/test_demo_gpu_fake.py, runs it end to end); on the sim backend it is an
+    error, said before anything starts."""
+    from dtrace_mk.launch import launcher, serve
+    seen = []
+
+    class Started(Exception):
+        pass
+
+    def start_job(ranks, cmd, **kw):
+        seen.append(cmd)
+        raise Started
+    monkeypatch.setattr(serve, "gpu_count", lambda: 2)
+    monkeypatch.setattr(launcher, "start_job", start_job)
+    with pytest.raises(Started):
+        main(["demo", "--backend", "gpu", "--summaries", "device"])
+    (cmd,) = seen
+    assert cmd[cmd.index("--summaries") + 1] == "device" and cmd[cmd.index("--backend") + 1] == "gpu"
+    assert main(["demo", "--backend", "sim", "--summaries", "device"]) == 2
+    assert "demo --summaries device: the summaries run in the GPU megakernel's device VM" in capsys.readouterr().err

@@ -24,19 +24,19 @@ STEPS = 12
 BATCH = 4
 
 
-@pytest.mark.parametrize("summaries", ["host", "device"])
+@pytest.mark.parametrize("summaries", [(), ("--summaries", "device")], ids=["host", "device"])
 def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_dir, tmp_path, summaries):
-    """(summaries=device: $DTRACE_MK_SUMMARIES -- the agents' task half in the stand-in
-    device VM, only comm:* records streamed; the same diagnosis and spans.)"""
+    """(--summaries device: the agents' task half in the stand-in device VM, only comm:*
+    records streamed; the same diagnosis and spans.)"""
     from dtrace_mk.commands.diagnose import find_mpiexec
     find_mpiexec()
     spans = tmp_path / "spans.jsonl"
     env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + STEPS + 4),
-               DTRACE_MK_SUMMARIES=summaries,
+
                PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--steps", str(STEPS), "--batch", str(BATCH),
-                        "-f", "json", "--spans", str(spans), "--timeout", "100"],
+                        "-f", "json", "--spans", str(spans), "--timeout", "100", *summaries],
                        capture_output=True, text=True, env=env, timeout=150)
     assert p.returncode == 0, f"demo failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     check_gpu_demo(p.stdout, spans, workers=8 - 1, steps=STEPS, batch=BATCH)   # 8 fake SMs, one for the clock

@@ -376,7 +376,7 @@
 #   tools/obs_sm_gpu_plan.sh 107 tests/gpu/test_device_summaries_gpu.py on one GPU: window summaries == host summaries
 #                                of the same resident launch (windows 3 and 16), serve --summaries device (workers / sm),
 #                                a device query's clear(@map) and exit map read (DeviceQueries.clear_map / read_map)
-#   (81 on the x2 kind now also runs the 2-GPU demo with $DTRACE_MK_SUMMARIES=device, and its launch/attach test
+#   (81 on the x2 kind now also runs the 2-GPU demo with --summaries device, and its launch/attach test
 #   now checks exit() in a device query: the host reads its exit map once a step)
 # Order: 103, 105, 107, 104, 106.  Then: 81 on the x2 kind; 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the

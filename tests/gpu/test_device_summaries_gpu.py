@@ -10,7 +10,7 @@ device VM, attached window after window, each window read once its steps are fin
 (b) `serve --backend gpu --summaries device` on one GPU, with the observer on the
     workers and on observer SMs: one resident launch, no record streamed on one rank
     (only comm:* would be), every step's summary with full coverage, windows read.
-(c) The 2-GPU demo with $DTRACE_MK_SUMMARIES=device (comm:* streamed, remote waits
+(c) The 2-GPU demo with --summaries device (comm:* streamed, remote waits
     clipped by the device's @end_ts): the same diagnosis and spans as
     tests/gpu/test_launch_gpu.py checks.
 
@@ -116,10 +116,11 @@ def test_demo_on_two_gpus_with_device_summaries(runtime_dir, tmp_path):
     if n < 2:
         pytest.skip(f"needs 2 GPUs (CuPy sees {n})")
     spans = tmp_path / "spans.jsonl"
-    env = dict(os.environ, DTRACE_MK_RUNTIME_DIR=runtime_dir, NCCL_NVLS_ENABLE="0", DTRACE_MK_SUMMARIES="device")
+    env = dict(os.environ, DTRACE_MK_RUNTIME_DIR=runtime_dir, NCCL_NVLS_ENABLE="0")
     steps = 16
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--backend", "gpu", "--steps", str(steps),
-                        "--batch", str(BATCH), "-f", "json", "--spans", str(spans), "--timeout", "420"],
+                        "--batch", str(BATCH), "-f", "json", "--spans", str(spans), "--timeout", "420",
+                        "--summaries", "device"],
                        capture_output=True, text=True, env=env, timeout=540)
     assert p.returncode == 0, f"demo failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     sms = cupy.cuda.Device(0).attributes["MultiProcessorCount"]

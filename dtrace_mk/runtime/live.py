@@ -298,6 +298,8 @@ class LiveSession:
             raise AttachRefused(f"attach refused: {e} (the running kernel continues)") from None
         if self.tiers is not None and want == "compiled":
             self.tiers.request(aid)
+        elif self.tiers is not None and tier == "hot":      # asked for by name: never promoted
+            self.tiers.pin(aid)
         self._bump(t_cmd)
         if getattr(self.mk, "handoff_ok", False) and self.running():
             self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over

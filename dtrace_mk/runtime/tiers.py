@@ -117,6 +117,7 @@ class TierManager:
     opt_errors: List[str] = field(default_factory=list)
     _jobs: Dict[int, _Job] = field(default_factory=dict)
     _forced: set = field(default_factory=set)
+    _pinned: set = field(default_factory=set)
     _opt: Optional[_Job] = None
     _opt_failed: set = field(default_factory=set)
     _n: int = 0
@@ -124,6 +125,13 @@ class TierManager:
     def request(self, aid: int) -> None:
         """Promote `aid` at the next boundary whatever the policy says (tier "compiled")."""
         self._forced.add(aid)
+
+    def pin(self, aid: int) -> None:
+        """Keep `aid` hot whatever the policy says (attached with tier "hot" on a session
+        that promotes: e.g. the agent's summary windows, attached and detached every few
+        steps, which a promotion would relaunch the resident kernel for each time)."""
+        self._pinned.add(aid)
+        self._forced.discard(aid)
 
     def boundary(self) -> List[int]:
         """One launch boundary: start builds for attachments that became hot enough, then
@@ -133,6 +141,7 @@ class TierManager:
         self._finish_optimize()
         live = set(self.runtime.attachments())
         self._forced &= live
+        self._pinned &= live
         for aid in list(self.state):
             if aid not in live:                       # detached (maybe while building)
                 self.state.pop(aid, None)
@@ -171,7 +180,7 @@ class TierManager:
 
     def _wants_build(self, aid: int, coverage: Callable[[int], list]) -> bool:
         """A hot attachment with no build running that is requested or hot enough."""
-        return (self.state.get(aid, HOT) == HOT and aid not in self._jobs
+        return (self.state.get(aid, HOT) == HOT and aid not in self._jobs and aid not in self._pinned
                 and (aid in self._forced or self.policy.hot_enough(coverage(aid))))
 
     def swap_pending(self, coverage: Optional[Callable[[int], list]] = None) -> bool:

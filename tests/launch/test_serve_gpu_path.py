@@ -383,6 +383,22 @@ def test_a_pending_tier_swap_ends_the_resident_launch_and_starts_the_next(monkey
     assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}   # no step lost or fed twice
 
 
+def test_device_summary_windows_carry_across_a_tier_swap_between_launches(monkeypatch, tmp_path):
+    """A compiled-tier swap ends the resident launch and starts the next: the summary
+    windows attached on the device go on across the boundary (a window may span both
+    launches), and the collector gets the same summaries as with host summaries."""
+    from dtrace_mk.runtime import summary_windows
+    host_spy, dev_spy = {}, {}
+    _serve_fake(monkeypatch, tmp_path, spy=host_spy)
+    monkeypatch.setattr(summary_windows, "DEFAULT_WINDOW", 4)
+    mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, extra=("--tier", "compiled", "--summaries", "device"),
+                                   dq_cls=SwappingQueries, spy=dev_spy)
+    assert len(mk.segments) == 2 and dq.swapped == 1 and fed == {}
+    want = {s.epoch: s for s in host_spy["summaries"]}
+    got = {s.epoch: s for s in dev_spy["summaries"]}
+    assert sorted(got) == list(range(W, W + STEPS)) and got == want
+
+
 def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(monkeypatch, capsys):
     """--observer sm (one rank): the megakernel is the observer-SM build, planned for M
     workers fewer than the default serving kernel (one SM stays free for the clock pairs, M

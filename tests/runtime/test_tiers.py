@@ -175,6 +175,25 @@ def test_swap_pending_says_when_the_next_boundary_swaps_or_builds():
         assert tm2.boundary() == [c] and not tm2.swap_pending()
 
 
+def test_a_pinned_attachment_stays_hot_however_hot_it_is():
+    """LiveSession.attach(tier="hot") on a promoting session pins the attachment (the
+    agent's device summary windows): never built, never a reason to end a resident launch;
+    the others still promote.  A pin ends with the attachment."""
+    rt = FakeRuntime()
+    a, b = rt.add(1), rt.add(2)
+    tm = TierManager(rt, TierPolicy(min_epochs=1, min_events=1))
+    tm.pin(a)
+    rt.launch(8, 0)
+    assert tm.boundary() == [b] and tm.state[a] == HOT and rt.builds == 1
+    for step in range(1, 4):
+        rt.launch(8, step)
+        assert not tm.swap_pending() and tm.boundary() == []
+    assert tm.state[a] == HOT and rt.tier(a) == "hot"
+    del rt._tier[a]                          # detached: its pin goes with it
+    tm.boundary()
+    assert a not in tm._pinned
+
+
 @contextmanager
 def _build_held():
     """(gate, rt, a, tm): one program `a`, hot enough after one launch; the first boundary

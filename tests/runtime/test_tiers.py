@@ -20,7 +20,6 @@ import pytest
 
 from dtrace_mk.bpf.coverage import Coverage
 from dtrace_mk.runtime import compiled as C
-from dtrace_mk.runtime import device as D
 from dtrace_mk.runtime.tiers import BUILDING, COMPILED, FAILED, HOT, TierManager, TierPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))

@@ -101,9 +101,13 @@ class DeviceQueries:
         with self.session.side:
             self.session.rt.clear_map(aid, name, stream=self.session.side)
 
-    def coverage(self, aid: int):
+    def coverage(self, aid: int, upto=None):
+        """Coverage rows (of epochs <= upto when given); rows of steps the kernel is still
+        running are not checked for the invariant (read mid-update), the final ones are."""
+        final = self.session.final_epoch()
         with self.session.side:
-            return self.session.rt.coverage(aid)
+            rows = self.session.rt.coverage(aid, check_upto=final)
+        return rows if upto is None else [c for c in rows if c.epoch <= upto]
 
     def evidence(self, aid: int):
         with self.session.side:

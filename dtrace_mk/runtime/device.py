@@ -907,7 +907,10 @@ class DeviceRuntime:
         dm = self._get(aid).maps
         dm.clear(dm.index(name), stream)
 
-    def coverage(self, aid: int) -> List[Coverage]:
+    def coverage(self, aid: int, check_upto: Optional[int] = None) -> List[Coverage]:
+        """The attachment's coverage rows, each checked (eligible = executed + throttled +
+        lost) -- only those of epochs <= check_upto when given: a row a running kernel is
+        still adding to may be copied between its counters' updates."""
         att = self._get(aid)
         rows: List[Coverage] = []
         for dp in att.progs:
@@ -916,7 +919,8 @@ class DeviceRuntime:
                 raise RuntimeError(f"coverage of {dp.program.name}: {int(c['overflow'])} events found no "
                                    f"free row (more than {COV_ROWS} (epoch, gen) rows not retired)")
             for cv in coverage_rows(dp, c):
-                cv.check()
+                if check_upto is None or cv.epoch <= check_upto:
+                    cv.check()
                 rows.append(cv)
         rows.sort(key=lambda c: (c.program, c.epoch, c.program_gen))
         return rows

@@ -36,7 +36,8 @@ with every record in the CI tests):
 
     attach(obj, first_epoch=, tier="hot") -> aid     # first_epoch >= the first unstarted step
     first_epoch_of(aid), unstarted_step(), final_epoch()   # final: every epoch <= it complete
-    detach(aid), forget(aid), maps(aid) -> MapSet, coverage(aid) -> [Coverage]
+    detach(aid), forget(aid), maps(aid) -> MapSet
+    coverage(aid, upto=) -> [Coverage]   # rows of epochs <= upto (final: exact)
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ class SummaryWindows:
         return out
 
     def _take(self, w: _Window, end: int) -> WindowRead:
-        maps, cov = self.rt.maps(w.aid), self.rt.coverage(w.aid)
+        maps, cov = self.rt.maps(w.aid), self.rt.coverage(w.aid, upto=end - 1)
         self._detach(w)
         self.read_count += 1
         return WindowRead(w.first, end, maps, [c for c in cov if w.first <= c.epoch < end])

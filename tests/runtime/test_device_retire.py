@@ -24,3 +24,25 @@ def test_coverage_rows_merge_retired_and_device_rows():
     assert (a.eligible, a.executed, a.throttled, a.lost, a.reasons.get("fault")) == (14, 12, 1, 1, 1)
     a.check()
     assert dp.retired == {(5, 1): [10, 9, 1, 0, 0]}       # reading does not change the host rows
+
+
+def test_coverage_checks_only_rows_the_kernel_has_finished_when_told():
+    """DeviceRuntime.coverage(check_upto=final): a row of a step the kernel still runs may
+    be copied between its counters' updates (buckets first, eligible last: eligible below
+    their sum); it is returned unchecked, a final row's invariant is checked."""
+    import pytest
+    from dtrace_mk.bpf.coverage import CoverageError
+    prog = SimpleNamespace(name="p", hook=SimpleNamespace(name="task:end"))
+    c = np.zeros(1, D.COV_DTYPE)
+    c[0]["rows"]["tag"] = D.COV_TAG_EMPTY
+    c[0]["rows"][1] = ((4 << 32) | 1, 8, 8, 0, 0, 0, 0, 0)     # step 4: final, consistent
+    c[0]["rows"][2] = ((5 << 32) | 1, 6, 7, 0, 0, 0, 0, 0)     # step 5: mid-update (eligible not yet added)
+    dp = SimpleNamespace(program=prog, retired={}, cov=SimpleNamespace(get=lambda: c.view(np.uint8)))
+    rt = SimpleNamespace(_get=lambda aid: SimpleNamespace(progs=[dp]))
+    rows = D.DeviceRuntime.coverage(rt, 1, check_upto=4)
+    assert sorted((r.epoch, r.eligible) for r in rows) == [(4, 8), (5, 6)]
+    with pytest.raises(CoverageError, match="epoch 5"):
+        D.DeviceRuntime.coverage(rt, 1)
+    c[0]["rows"][1]["executed"] = 9                            # a final row that is wrong: said
+    with pytest.raises(CoverageError, match="epoch 4"):
+        D.DeviceRuntime.coverage(rt, 1, check_upto=4)

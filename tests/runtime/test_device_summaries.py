@@ -83,8 +83,9 @@ class DeviceModel:
     def maps(self, aid):
         return self.rt.maps(aid)
 
-    def coverage(self, aid):
-        return self.rt.coverage(aid)
+    def coverage(self, aid, upto=None):
+        rows = self.rt.coverage(aid)
+        return rows if upto is None else [c for c in rows if c.epoch <= upto]
 
 
 def _gpu_style_wait(rec):

@@ -66,8 +66,9 @@ class FakeDeviceQueries:
     def maps(self, aid):
         return self.rt.maps(aid)
 
-    def coverage(self, aid):
-        return self.rt.coverage(aid)
+    def coverage(self, aid, upto=None):
+        rows = self.rt.coverage(aid)
+        return rows if upto is None else [c for c in rows if c.epoch <= upto]
 
     def evidence(self, aid):
         return self.rt.evidence(aid)

@@ -469,8 +469,13 @@ class RankAgent:
             self._ship(self._within_budget(k, recs), epoch=k)
         cov = self._coverage(epochs)
         held = self._drain_held(last)
+        by_step: Dict[int, Dict[str, Dict[Tuple[int, ...], bytes]]] = {}   # each epoch's entries, once
+        for name, entries in snap.items():
+            for key, v in entries.items():
+                by_step.setdefault(key[0], {n: {} for n in snap})[name][key] = v
+        empty = {n: {} for n in snap}
         for k in epochs:
-            s = self._summary(k, snap, cov.get(k, Coverage()))
+            s = self._summary(k, by_step.get(k, empty), cov.get(k, Coverage()))
             esc = self._escalate(s, held.pop(k, []))
             if esc:                      # before the summary: a live exporter builds the step at it
                 self._ship(esc, epoch=k)
@@ -662,6 +667,8 @@ class RankAgent:
         return q
 
     def _summary(self, k: int, snap, cov: Coverage) -> EpochSummary:
+        """Epoch k's EpochSummary from the summary maps' entries (those of step k: the
+        caller splits a flush's snapshot by step once)."""
         cls: Dict[int, List[int]] = {}     # class -> [count, sum, max, disp, dep, lag]
 
         def row(c: int) -> List[int]:

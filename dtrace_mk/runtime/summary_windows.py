@@ -31,8 +31,8 @@ sizes them for W plus the host's lag; what they cannot hold is counted lost in c
 as with any full map.  While a window is detached and its successor attached, both run
 over the same steps: the cost of the monitor doubles for those few steps.
 
-The runtime (launch.device_live.DeviceQueries on a GPU rank; a reference runtime fired
-with every record in the CI tests):
+The runtime (launch.device_live.DeviceQueries on a GPU rank; `ReferenceDevice`, the
+protocol over a reference runtime that the caller fires as the kernel would, on the CPU):
 
     attach(obj, first_epoch=, tier="hot") -> aid     # first_epoch >= the first unstarted step
     first_epoch_of(aid), unstarted_step(), final_epoch()   # final: every epoch <= it complete
@@ -156,3 +156,55 @@ class SummaryWindows:
             else:
                 keep.append((aid, unstarted))
         self.retiring = keep
+
+
+class ReferenceDevice:
+    """The device runtime protocol above on the CPU: a reference runtime that the caller
+    fires with each decode step's records as the kernel would run them (`run_step`), never
+    fed by the agent.  Steps < `started` have run; every step <= `final` is complete
+    (the caller sets it, as the device's flushes would).  The CPU tests and
+    bench/agent_host.py drive the agent's device summaries with it."""
+
+    def __init__(self, num_workers: int):
+        from .reference import ReferenceRuntime
+        self.rt = ReferenceRuntime(num_workers=num_workers)
+        self.started, self.final = 0, -1
+        self.attached: List[int] = []
+        self.forgotten: List[int] = []
+        self.firsts = {}
+
+    def run_step(self, records) -> None:
+        for r in records:
+            self.rt.fire(r)
+        self.started += 1
+
+    def attach(self, obj, first_epoch: int, tier: str = "hot") -> int:
+        first = max(int(first_epoch), self.started)
+        aid = self.rt.attach(obj, first_epoch=first)
+        self.attached.append(aid)
+        self.firsts[aid] = first
+        return aid
+
+    def first_epoch_of(self, aid: int) -> int:
+        return self.rt.attachment(aid).first_epoch
+
+    def unstarted_step(self) -> int:
+        return self.started
+
+    def final_epoch(self) -> int:
+        return self.final
+
+    def detach(self, aid: int) -> None:
+        self.rt.detach(aid)
+
+    def forget(self, aid: int) -> None:
+        self.forgotten.append(aid)
+        self.rt.forget(aid)
+
+    def maps(self, aid: int):
+        return self.rt.maps(aid)
+
+    def coverage(self, aid: int, upto=None) -> List[Coverage]:
+        rows = self.rt.coverage(aid)
+        return rows if upto is None else [c for c in rows if c.epoch <= upto]
+

@@ -7,7 +7,7 @@ and Signal -- whatever the windows' size and however far the "kernel" runs ahead
 host (a window attached after its first step started leaves its predecessor a longer
 range).
 
-The "device" here is `DeviceModel`: the runtime protocol of summary_windows over a
+The "device" here is `summary_windows.ReferenceDevice`: the runtime protocol over a
 reference runtime that the test fires with each step's records when the step runs (as
 the device VM runs over the kernel's own records), never fed by the agent.  On the GPU
 the same comparison runs against the megakernel's device VM
@@ -29,8 +29,7 @@ from dtrace_mk.megakernel.mpi_transport import run_loopback
 from dtrace_mk.megakernel.presets import get_preset
 from dtrace_mk.megakernel.sim import pack_ctx
 from dtrace_mk.runtime.agent import ListChannel, RankAgent
-from dtrace_mk.runtime.reference import ReferenceRuntime
-from dtrace_mk.runtime.summary_windows import SummaryWindows
+from dtrace_mk.runtime.summary_windows import ReferenceDevice, SummaryWindows
 
 WORKERS = 12
 BATCH = 4
@@ -42,50 +41,8 @@ def _hid(rec):
     return struct.unpack_from("<I", rec, context.OFF_HOOK)[0]
 
 
-class DeviceModel:
-    """summary_windows' runtime protocol over a reference runtime fired by the test: steps
-    < `started` have run (their records fired), every step <= `final` is complete."""
-
-    def __init__(self, workers):
-        self.rt = ReferenceRuntime(num_workers=workers)
-        self.started, self.final = 0, -1
-        self.attached, self.forgotten = [], []
-        self.firsts = {}
-
-    def run_step(self, recs):
-        for r in recs:
-            self.rt.fire(r)
-        self.started += 1
-
-    def attach(self, obj, first_epoch, tier="hot"):
-        assert tier == "hot"
-        aid = self.rt.attach(obj, first_epoch=max(first_epoch, self.started))
-        self.attached.append(aid)
-        self.firsts[aid] = max(first_epoch, self.started)
-        return aid
-
-    def first_epoch_of(self, aid):
-        return self.rt.attachment(aid).first_epoch
-
-    def unstarted_step(self):
-        return self.started
-
-    def final_epoch(self):
-        return self.final
-
-    def detach(self, aid):
-        self.rt.detach(aid)
-
-    def forget(self, aid):
-        self.forgotten.append(aid)
-        self.rt.forget(aid)
-
-    def maps(self, aid):
-        return self.rt.maps(aid)
-
-    def coverage(self, aid, upto=None):
-        rows = self.rt.coverage(aid)
-        return rows if upto is None else [c for c in rows if c.epoch <= upto]
+#: the device runtime protocol over a reference runtime the test fires as the kernel would
+DeviceModel = ReferenceDevice
 
 
 def _gpu_style_wait(rec):

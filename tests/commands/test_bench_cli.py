@@ -36,6 +36,7 @@ def test_every_runnable_script_of_bench_is_listed_with_a_declaration():
     ("compiled", "gpu", 1, "--cpu"),
     ("vm", "cpu", 0, None),
     ("collector", "cpu", 0, None),
+    ("agent_host", "cpu", 0, None),
 ])
 def test_declarations(name, requires, gpus, cpu_mode):
     b = B.benchmarks(BENCH)[name]
@@ -119,7 +120,7 @@ def test_cli_lists_the_benchmarks(capsys):
 def test_cli_unknown_benchmark(capsys):
     assert main(["bench", "nosuch"]) == 2
     err = capsys.readouterr().err
-    assert "dtrace-mk bench: no benchmark 'nosuch' in" in err and "known: collector, compiled," in err
+    assert "dtrace-mk bench: no benchmark 'nosuch' in" in err and "known: agent_host, collector, compiled," in err
 
 
 def test_cli_refuses_a_gpu_benchmark_without_a_gpu_before_starting_it(capsys, monkeypatch):
@@ -136,6 +137,17 @@ def test_cli_runs_a_cpu_benchmark(capfd):
     out, err = capfd.readouterr()
     assert f"dtrace-mk bench: {sys.executable} {BENCH / 'vm.py'} --seconds 0.02" in err
     assert "verifier on" in out and "straight line" in out
+
+
+def test_agent_host_bench_runs_only_when_device_and_host_summaries_agree(capfd):
+    """bench/agent_host.py (a short run): both modes ship the same records for both ranks
+    of the 2-rank job (else it exits before timing), and device summaries feed the host
+    agent only the comm records."""
+    assert main(["bench", "agent_host", "--steps", "8", "--repeat", "1", "--window", "3", "--cases", "tiny:2"]) == 0
+    out, _ = capfd.readouterr()
+    rows = [ln.split("|") for ln in out.splitlines() if ln.startswith("| tiny x2 |")]
+    assert [r[2].strip() for r in rows] == ["0", "1"]
+    assert all(0 < int(r[4]) < int(r[3]) for r in rows), out        # records fed per step: device < host
 
 
 def test_cli_passes_options_through_and_the_status_back(capfd, monkeypatch):

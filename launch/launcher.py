@@ -156,11 +156,14 @@ class Launched:
 def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
               otlp: Optional[str] = None, json_spans: Optional[str] = None,
               prometheus_port: Optional[int] = None, quiet: bool = False,
-              stdout=None, stderr=None, tier: Optional[str] = None) -> Launched:
+              stdout=None, stderr=None, tier: Optional[str] = None,
+              summaries: Optional[str] = None) -> Launched:
     if ranks < 1:
         raise UserError(f"-n: expected >= 1 serving ranks, got {ranks}")
     if tier not in (None, "hot", "compiled", "auto"):
         raise UserError(f"--tier: expected hot, compiled or auto, got {tier!r}")
+    if summaries not in (None, "host", "device"):
+        raise UserError(f"--summaries: expected host or device, got {summaries!r}")
     command = list(command) or list(DEFAULT_COMMAND)
     mpiexec, flavour = mpiexec_and_flavour()
     if backend not in ("auto", "sim", "gpu"):
@@ -172,6 +175,9 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
             raise UserError(f"launch --backend gpu: {ranks} serving rank(s) need a GPU each; CuPy "
                             f"sees {n}")
         backend = "gpu" if n >= ranks else "sim"
+    if summaries == "device" and backend != "gpu":
+        raise UserError("launch --summaries device: the summaries run in the GPU megakernels' device VM; "
+                        f"this job's ranks run on the {backend} backend")
     job = jobs.new_job(ranks, command, backend)
     coll = ["--result", str(job.result_path), "--job-id", job.id,
             "--backend", "gpu" if backend == "gpu" else "sim"]
@@ -183,14 +189,17 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
         coll += ["--prometheus-port", str(prometheus_port)]
     if quiet:
         coll.append("--quiet")
-    argv = build_command(mpiexec, flavour, ranks, command, coll,
-                         export=("DTRACE_MK_TIER",) if tier is not None else ())
+    export = (("DTRACE_MK_TIER",) if tier is not None else ()) + \
+        (("DTRACE_MK_SUMMARIES",) if summaries is not None else ())
+    argv = build_command(mpiexec, flavour, ranks, command, coll, export=export)
     env = dict(os.environ)
     env[jobs.ENV_JOB_DIR] = str(job.dir)
     env[jobs.ENV_RUNTIME_DIR] = str(job.dir.parent)
     env["DTRACE_MK_BACKEND"] = backend
     if tier is not None:                       # the reference server's --tier default
         env["DTRACE_MK_TIER"] = tier
+    if summaries is not None:                  # ... and its --summaries default
+        env["DTRACE_MK_SUMMARIES"] = summaries
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=stderr, start_new_session=True)

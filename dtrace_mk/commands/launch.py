@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "passed as $DTRACE_MK_TIER): hot = device VM (default), compiled = linked "
                         "into the megakernel at the next launch boundary, auto = hot, promoted by "
                         "the tier policy")
+    p.add_argument("--summaries", choices=("host", "device"), default=None,
+                   help="gpu backend: where the ranks' summary monitors run (the reference server's "
+                        "--summaries, passed as $DTRACE_MK_SUMMARIES): host = every hook record to the "
+                        "rank's agent (default), device = their task half in the device VM")
     p.add_argument("--ready-timeout", type=float, default=120.0, metavar="S",
                    help="give up when the control socket is not up after S seconds (default 120)")
     p.add_argument("--quiet", action="store_true", help="fewer progress lines")
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, cmd, say, start_job) -> int:
     job = start_job(args.ranks, cmd, backend=args.backend, otlp=args.otlp, json_spans=args.json_spans,
                     prometheus_port=args.prometheus_port, quiet=args.quiet,
-                    tier=getattr(args, "tier", None))
+                    tier=getattr(args, "tier", None), summaries=getattr(args, "summaries", None))
     rc = 130
     try:
         print(f"job {job.job.id}", flush=True)

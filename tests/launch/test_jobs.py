@@ -70,3 +70,17 @@ def test_launch_passes_the_tier_to_open_mpi_ranks_and_refuses_a_bad_one(runtime_
     with pytest.raises(UserError, match="--tier: expected hot, compiled or auto, got 'fast'"):
         start_job(1, ["serve"], backend="sim", tier="fast")
     assert os.listdir(runtime_dir) == []           # refused before any job directory exists
+
+
+def test_launch_passes_summaries_to_gpu_ranks_and_refuses_them_on_sim(runtime_dir):
+    """--summaries travels as $DTRACE_MK_SUMMARIES (-x for Open MPI); device summaries on
+    a sim job are refused before anything starts."""
+    from dtrace_mk.errors import UserError
+    from dtrace_mk.launch.launcher import build_command, start_job
+    argv = build_command("/x/mpirun", "openmpi", 2, ["serve"], [], export=("DTRACE_MK_TIER", "DTRACE_MK_SUMMARIES"))
+    assert argv[argv.index("DTRACE_MK_SUMMARIES") - 1] == "-x"
+    with pytest.raises(UserError, match="--summaries: expected host or device, got 'gpu'"):
+        start_job(1, ["serve"], backend="sim", summaries="gpu")
+    with pytest.raises(UserError, match="launch --summaries device: .* this job's ranks run on the sim backend"):
+        start_job(1, ["serve"], backend="sim", summaries="device")
+    assert os.listdir(runtime_dir) == []

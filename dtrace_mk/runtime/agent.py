@@ -91,7 +91,7 @@ MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
 SUMMARY_PARTS = {"tasks": MONITOR_DIR / "summary_tasks.d", "comm": MONITOR_DIR / "summary_comm.d"}
 
 #: The maps of the summary query the agent reads (name -> number of key words).
-SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "t_end": 1, "expert_ns": 2, "ready_ts": 2,
+SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "expert_ns": 2, "ready_ts": 2,
                 "queue_max": 2, "t_begin": 1, "dispatch_wait": 2, "dep_wait": 2,
                 "remote_wait": 1, "signal_last": 5}
 #: ... of them the comm half's (summary_comm.d); the others are the task half's
@@ -716,9 +716,9 @@ class RankAgent:
         if rw is not None:
             rwc, rws, _mn, rwm = _words(rw, 4)
         tb = snap["t_begin"].get((k,))
-        te = snap["t_end"].get((k,))
         b = _words(tb, 1)[0] if tb is not None else 0
-        e = _words(te, 1)[0] if te is not None else b
+        # the epoch's end: its last task:end, the largest producer end of any event
+        e = max((t for t, _ in last_end.values()), default=b)
         if b == U64:
             b = e
         classes = tuple(ClassStat(c, *v) for c, v in sorted(cls.items()))

@@ -17,13 +17,13 @@
 //   @dep_wait[step, class]       dep:wait -> dep:release of local events (remote: comm:wait)
 //   @queue_max[step, worker]     ready-queue depth maximum
 //   @expert_ns[step, expert]     MoE: task time per expert (grows with its tokens)
-//   @t_begin / @t_end[step]      epoch bounds on this rank's device clock
+//   @t_begin[step]               the epoch's first task:ready on this rank's device clock (its
+//                                end, the last task:end, is the largest @end_ts of the step)
 //   (@remote_wait, @signal_last and the remote-wait evidence: summary_comm.d)
 
 task:end {
   @dur[step, task.class] = stats(task.dur_ns);
   @end_ts[step, event.id, task.class] = max(ts);
-  @t_end[step] = max(ts);
   if (task.expert != NONE) { @expert_ns[step, task.expert] = sum(task.dur_ns); }
 }
 

@@ -167,40 +167,57 @@ def _r0_dead_after(insns: Sequence[isa.Insn], pc: int) -> bool:
 
 
 def _reg_dead_after(insns: Sequence[isa.Insn], start: int, reg: int) -> bool:
-    """`reg` is written before it is read on the straight line from `start` (exit: dead
-    unless it is r0; a jump, or a call taking it as an argument: not provably dead)."""
-    pc = start
-    while pc < len(insns):
-        ins = insns[pc]
-        info = isa.OPCODES.get(ins.opcode)
-        if info is None or info.kind == "jmp":
-            return False
-        if info.kind == "exit":
-            return reg != 0
-        if info.kind == "call":
-            if 1 <= reg <= 5:
+    """`reg` is written before it is read on every path from `start`: both edges of a
+    conditional jump are followed (a jump reads its operands), an instruction reached
+    again adds no path; exit: dead unless it is r0; a call taking it as an argument (r1-r5)
+    or a path off the end: not provably dead."""
+    seen: Set[int] = set()
+    todo = [start]
+    while todo:
+        pc = todo.pop()
+        while pc not in seen:
+            if not 0 <= pc < len(insns):
                 return False
-            if reg == 0:
-                return True
-            pc += 1
-            continue
-        x = info.src == isa.BPF_X
-        if info.kind == "alu":
-            reads = (ins.dst == reg and isa.ALU_OPS[info.op] != "mov") or (x and ins.src == reg)
-        elif info.kind == "ldx":
-            reads = ins.src == reg
-        elif info.kind == "st":
-            reads = ins.dst == reg
-        elif info.kind in ("stx", "atomic"):
-            reads = reg in (ins.dst, ins.src)
-        else:                                            # ld_imm64
-            reads = False
-        if reads:
-            return False
-        if ins.dst == reg and info.kind in ("alu", "ldx", "ld_imm64"):
-            return True
-        pc += 2 if info.kind == "ld_imm64" else 1
-    return False
+            seen.add(pc)
+            ins = insns[pc]
+            info = isa.OPCODES.get(ins.opcode)
+            if info is None:
+                return False
+            if info.kind == "exit":
+                if reg == 0:
+                    return False
+                break
+            x = info.src == isa.BPF_X
+            if info.kind == "jmp":
+                if info.mnemonic != "ja" and (ins.dst == reg or (x and ins.src == reg)):
+                    return False
+                if info.mnemonic != "ja":
+                    todo.append(pc + 1)               # the fall-through edge
+                pc = pc + 1 + ins.off
+                continue
+            if info.kind == "call":
+                if 1 <= reg <= 5:
+                    return False
+                if reg == 0:
+                    break                             # clobbered unread on this path
+                pc += 1
+                continue
+            if info.kind == "alu":
+                reads = (ins.dst == reg and isa.ALU_OPS[info.op] != "mov") or (x and ins.src == reg)
+            elif info.kind == "ldx":
+                reads = ins.src == reg
+            elif info.kind == "st":
+                reads = ins.dst == reg
+            elif info.kind in ("stx", "atomic"):
+                reads = reg in (ins.dst, ins.src)
+            else:                                            # ld_imm64
+                reads = False
+            if reads:
+                return False
+            if ins.dst == reg and info.kind in ("alu", "ldx", "ld_imm64"):
+                break                                 # written: dead on this path
+            pc += 2 if info.kind == "ld_imm64" else 1
+    return True
 
 
 def _null_edge(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> Optional[Tuple[int, int]]:

@@ -711,6 +711,23 @@ def test_raise_and_lower_to_stores_become_atomics_on_the_device_and_decode_back(
     assert sorted(extremum_stores(p, q.maps).values()) == ["max", "min", "min"] and not writes_values(p, q.maps)
 
 
+def test_a_triple_followed_by_a_branch_is_an_extremum_store_when_its_register_dies_on_every_path():
+    """The loaded register must be dead after the triple on EVERY path: a conditional jump
+    after it is followed both ways (session 40: a min() followed by an `if` was missed, so
+    the agent's task:ready program stored t_begin plainly and raced between workers on the
+    GPU).  Written on both paths: a triple; read on one of them: not."""
+    from dtrace_mk.runtime.inline import extremum_stores, writes_values
+    both = RAISE + "jgt r7, 5, +2\nmov r1, 1\nja +1\nmov r1, 2\nxadddw [r0+0], r1\n"
+    p, m = _prog(both)
+    assert list(extremum_stores(p, m).values()) == ["max"] and not writes_values(p, m)
+    one = RAISE + "jgt r7, 5, +2\nmov r1, 1\nja +1\nxadddw [r0+0], r1\n"      # the taken edge reads r1
+    p, m = _prog(one)
+    assert extremum_stores(p, m) == {} and writes_values(p, m)
+    q = compile_query("task:ready { @a[step] = min(ts); if (!(flags & 1)) { @b[step, event.id] = min(ts); } }").obj
+    (p,) = q.programs
+    assert sorted(extremum_stores(p, q.maps).values()) == ["min", "min"] and not writes_values(p, q.maps)
+
+
 @needs_gxx
 def test_table_flags_serial_only_for_plain_value_writes():
     """DTMK_PROG_F_SERIAL (4) is published for a program with a plain map-value store and

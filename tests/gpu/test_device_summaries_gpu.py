@@ -137,7 +137,7 @@ def test_a_device_query_clear_empties_its_device_map_between_launches():
     from dtrace_mk.megakernel import gpu
     mk = gpu.Megakernel(PRESETS["tiny"], batch=BATCH, seed=0)
     dq = DeviceQueries(mk)
-    res = compile_query("task:end { @n = count(); @k[step] = count(); } task:end /step == 4/ { exit(); }")
+    res = compile_query("task:end { @n[1] = count(); @k[step] = count(); } task:end /step == 4/ { exit(); }")
     aid = dq.attach(res.obj)
     tasks = len(mk.graph.tasks)
     dq.session.start(3)

@@ -379,6 +379,9 @@
 #   (81 on the x2 kind now also runs the 2-GPU demo with --summaries device, and its launch/attach test
 #   now checks exit() in a device query: the host reads its exit map once a step)
 # Order: 103, 105, 107, 104, 106.  Then: 81 on the x2 kind; 102; 97.
+# Session 40 ran 103 (14 passed), 105 (151 + 7 passed), 107 (the triple bug found, fixed; then 4 passed, the workers'
+# serve case a strict xfail: window rotation reloads), 104 (fold_maps stays: compiled +3.92% vs +5.90%).  Next: 106;
+# 81 on the x2 kind (now with the device-summaries demo); 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

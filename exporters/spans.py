@@ -46,6 +46,13 @@ def _hash_id(nbytes: int, *parts: Any) -> int:
     return int.from_bytes(h.digest(), "big") or 1
 
 
+def evidence_span_id(job_id: str, ev) -> int:
+    """A RawEvidence's span id: its rank, step, name, interval and attributes (one task run
+    is escalated at most once)."""
+    return _hash_id(8, job_id, "evidence", ev.rank, ev.step, ev.name, ev.begin_ns, ev.end_ns,
+                    sorted(ev.attributes.items()))
+
+
 @functools.lru_cache(maxsize=4096)
 def trace_id(job_id: str, step: int) -> int:
     return _hash_id(16, job_id, "step", step)
@@ -168,8 +175,9 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
             links=links, kind=SpanKind.CONSUMER, start_time=b, end_time=e,
             instrumentation_scope=SCOPE))
 
-    # --- escalated raw evidence
-    for i, ev in enumerate(batch.evidence):
+    # --- escalated raw evidence: ids from the record's identity, never its position in the
+    # batch (a live per-step build and the end-of-job build must give one record one id)
+    for ev in batch.evidence:
         key = (ev.rank, ev.step)
         b, e = u(ev.rank, ev.begin_ns), u(ev.rank, ev.end_ns)
         extend(key, b, e)
@@ -178,7 +186,7 @@ def build_spans(batch: ExportBatch, min_latency_ns: int = 1000,
             attrs[A + "evidence." + k2] = v
         attrs.update(_cov_attrs(batch.coverage(ev.rank, ev.step)))
         children.setdefault(key, []).append(ReadableSpan(
-            f"evidence: {ev.name}", _ctx(trace_id(job, ev.step), _hash_id(8, job, "evidence", i)),
+            f"evidence: {ev.name}", _ctx(trace_id(job, ev.step), evidence_span_id(job, ev)),
             _ctx(trace_id(job, ev.step), step_span_id(job, ev.rank, ev.step)), resource(ev.rank),
             attrs, start_time=b, end_time=e, instrumentation_scope=SCOPE))
 

@@ -127,3 +127,23 @@ def test_incremental_export_by_steps_keeps_links_valid():
     ids = [s.context.span_id for p in parts for s in p]
     assert len(ids) == len(set(ids)) and set(ids) == everything
     assert all(s.attributes["dtrace_mk.step"] == k for k, p in enumerate(parts) for s in p)
+
+
+def test_an_evidence_span_has_one_id_however_the_records_are_batched():
+    """A live stream builds each step's spans from that step's records, the end of the job
+    from all of them: a RawEvidence span's id comes from the record (rank, step, name,
+    interval, attributes), not its index in the batch -- an index id gave two records of
+    two steps one id, the second one's span was skipped as already sent and its parent
+    differed at the end (a flaky tests/launch/test_launch_spans_live.py, session 40)."""
+    from dtrace_mk.exporters.batch import RawEvidence, build_batch
+    from exporter_helpers import RANK_INFO, TINY_RESULT, tiny_records
+    e0 = RawEvidence(0, 0, "attn L0 tile 1", 1_000_000, 1_010_000, {"task_index": 3, "worker": 1})
+    e1 = RawEvidence(1, 1, "attn L0 tile 1", 1_250_000, 1_290_000, {"task_index": 3, "worker": 1})
+
+    def ev_spans(evidence):
+        batch = build_batch(TINY_RESULT, tiny_records(), job_id="job-tiny", rank_info=RANK_INFO, evidence=evidence)
+        return {s.attributes["dtrace_mk.step"]: s for s in build_spans(batch) if s.name.startswith("evidence: ")}
+    both, alone = ev_spans([e0, e1]), ev_spans([e1])
+    assert both[0].context.span_id != both[1].context.span_id
+    assert alone[1].context.span_id == both[1].context.span_id
+    assert alone[1].parent.span_id == both[1].parent.span_id != both[0].parent.span_id

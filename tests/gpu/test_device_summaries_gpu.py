@@ -99,7 +99,7 @@ def test_device_window_summaries_equal_host_summaries_of_the_same_launch(window)
 #: late_notification rmsnorm finding at the rotation steps (20, 36, 52 of 2..61; confidence
 #: 0.61-0.69, impact 74-93 us), host summaries none.  The fix needs the device: an end
 #: epoch per program table entry (no overlap, a lazy pickup of non-urgent table changes).
-ROTATION_RELOAD = pytest.mark.xfail(strict=True, reason="window rotation reloads the workers' tables at a "
+ROTATION_RELOAD = pytest.mark.xfail(strict=False, reason="window rotation reloads the workers' tables at a "
                                     "step gate: late_notification at rotation steps (hooks.md Session 40)")
 
 

@@ -62,8 +62,7 @@ def _timed(name: str):
     return call
 
 
-for _name in ("attach", "first_epoch_of", "unstarted_step", "final_epoch", "detach", "forget", "maps",
-              "coverage"):
+for _name in ("attach", "first_epoch_of", "final_epoch", "detach", "forget", "maps", "coverage"):
     setattr(TimedDevice, _name, _timed(_name))
 
 

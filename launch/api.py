@@ -34,7 +34,7 @@ What it does
   Detach (or the client leaving, or the job ending) gives a final report.
 * A loop whose megakernel runs monitors itself (the GPU backend: `live_runtime` =
   `launch.device_live.DeviceQueries`) runs live queries there, never fed; with
-  `summarize_on_device(live_runtime, first_epoch)` the agent's summaries run there too
+  `summarize_on_device(first_epoch)` the agent's summaries run there too
   (their task half, in windows of steps), the loop need feed only `agent_hooks()`
   records, and `step(k)` ships the windows the device has completed.
 
@@ -238,14 +238,14 @@ class ServingHost:
         """Hooks the serving loop should emit: all of them (a live query may attach to any)."""
         return list(ALL_HOOKS)
 
-    def summarize_on_device(self, runtime, first_epoch: int, window: Optional[int] = None) -> None:
+    def summarize_on_device(self, first_epoch: int, window: Optional[int] = None) -> None:
         """Device summaries (runtime/agent.py `summarize_on`): the agent's task half runs in
-        `runtime`, the device VM of this rank's megakernel (live queries run there too), so
+        `live_runtime`, the device VM of this rank's megakernel, beside the live queries, so
         the serving loop need stream only `agent_hooks()` to `feed`; `step(k)` ships the
         summaries' windows the device has completed."""
         if self.live_runtime is None:
             raise UserError("device summaries: the rank has no device runtime (live_runtime)")
-        self.agent.summarize_on(runtime, first_epoch, window)
+        self.agent.summarize_on(self.live_runtime, first_epoch, window)
         self._agent_hooks = {abi.hook(h).id for h in self.agent.hooks}
 
     def agent_hooks(self) -> List[str]:

@@ -542,7 +542,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     tier = args.tier or os.environ.get("DTRACE_MK_TIER") or "hot"
     dq = host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
     if summaries == "device":                  # the agent's task half too, from the first observed step
-        host.summarize_on_device(dq, first_epoch=WARMUP)
+        host.summarize_on_device(first_epoch=WARMUP)
     # what streams to the host: every record (host summaries), or what `feed` still uses
     stream = "all" if summaries == "host" else host.agent_hooks()
     clock = GpuClock()

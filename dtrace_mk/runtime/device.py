@@ -347,6 +347,11 @@ def _clear_slots(cp, buf, stream, zero: List[Tuple[int, int, Optional[int]]],
             buf[off:off + size].set(v, stream=stream)
 
 
+def _put(dst, v: np.ndarray, stream=None) -> None:
+    """A host-to-device copy into `dst` (on `stream` when given: no kernel launch)."""
+    dst.set(v) if stream is None else dst.set(v, stream=stream)
+
+
 def _dzeros(cp, n: int, dtype):
     """Zeroed device memory by a host-to-device copy: no kernel (cupy.zeros launches a
     memset), so maps can be made while a persistent megakernel holds every SM."""
@@ -422,9 +427,8 @@ class DeviceMaps:
             return self.clear_hash(i, stream)
         if m.type == "ringbuf":
             raise UserError(f"map {m.name!r}: a ring buffer is drained, not cleared")
-        init = self._array_init(m, int(self.host_descs[i]["value_stride"]))
-        for dst, v in ((b["values"], init), (b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8))):
-            dst.set(v) if stream is None else dst.set(v, stream=stream)
+        _put(b["values"], self._array_init(m, int(self.host_descs[i]["value_stride"])), stream)
+        _put(b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8), stream)     # count .. probe_exhausted
 
     def index(self, name: str) -> int:
         for i, m in enumerate(self.defs):
@@ -475,11 +479,9 @@ class DeviceMaps:
         m, b = self.defs[i], self.bufs[i]
         if m.type not in ("hash", "hist_log2", "hist_linear"):
             raise UserError(f"map {m.name!r}: clear_hash needs a hash map, not {m.type}")
-        def put(dst, v):                   # in stream order: slots, then count
-            dst.set(v) if stream is None else dst.set(v, stream=stream)
-        cap = int(self.host_descs[i]["capacity"])
-        put(b["slots"], np.zeros(cap, np.uint32))
-        put(b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8))     # count .. probe_exhausted
+        cap = int(self.host_descs[i]["capacity"])          # in stream order: slots, then count
+        _put(b["slots"], np.zeros(cap, np.uint32), stream)
+        _put(b["stats"][0:32], np.zeros(4, "<u8").view(np.uint8), stream)     # count .. probe_exhausted
 
     def stats(self, i: int) -> np.void:
         return self.bufs[i]["stats"].get().view(MAP_STATS_DTYPE)[0]
@@ -712,7 +714,7 @@ class DeviceRuntime:
                                 f"{len(self._by_hook[hid])} programs; the device table holds {MAX_PROGS}")
         maps = DeviceMaps(self.cp, obj.maps, self.num_workers)
         for name, items in (init_hash or {}).items():
-            maps.upload_hash([m.name for m in obj.maps].index(name), items)
+            maps.upload_hash(maps.index(name), items)
         dprogs = []
         desc_used = sum(d.n_descs for a in self._atts.values() for d in a.progs if d.descs is not None)
         for p in progs:

@@ -97,11 +97,6 @@ class SummaryWindows:
             self.retry_at = self.live[-1].first + self.W * (self.refused + 1)
 
     @property
-    def first(self) -> int:
-        """The first epoch not read yet."""
-        return self.live[0].first
-
-    @property
     def due(self) -> int:
         """The final epoch at which read() has work: the oldest window's range complete,
         or (no successor) a refused successor's retry."""
@@ -142,7 +137,7 @@ class SummaryWindows:
         maps, cov = self.rt.maps(w.aid), self.rt.coverage(w.aid, upto=end - 1)
         self._detach(w)
         self.read_count += 1
-        return WindowRead(w.first, end, maps, [c for c in cov if w.first <= c.epoch < end])
+        return WindowRead(w.first, end, maps, [c for c in cov if c.epoch >= w.first])
 
     def _detach(self, w: _Window) -> None:
         self.rt.detach(w.aid)
@@ -159,28 +154,34 @@ class SummaryWindows:
 
 
 class ReferenceDevice:
-    """The device runtime protocol above on the CPU: a reference runtime that the caller
-    fires with each decode step's records as the kernel would run them (`run_step`), never
-    fed by the agent.  Steps < `started` have run; every step <= `final` is complete
-    (the caller sets it, as the device's flushes would).  The CPU tests and
-    bench/agent_host.py drive the agent's device summaries with it."""
+    """The device runtime protocol above (launch.device_live.DeviceQueries') on the CPU: a
+    reference runtime that the caller fires with each decode step's records as the kernel
+    would run them (`run_step`), never fed by the agent.  Steps < `started` have run; every
+    step <= `final` is complete (the caller sets it, as the device's flushes would).  The
+    CPU tests, the fake-GPU serving tests and bench/agent_host.py drive device summaries
+    and device queries with it; what was attached, detached, forgotten and cleared is kept."""
 
     def __init__(self, num_workers: int):
         from .reference import ReferenceRuntime
         self.rt = ReferenceRuntime(num_workers=num_workers)
         self.started, self.final = 0, -1
         self.attached: List[int] = []
+        self.detached: List[int] = []
         self.forgotten: List[int] = []
-        self.firsts = {}
+        self.cleared: List[str] = []
+        self.firsts = {}                  # aid -> its first epoch
 
     def run_step(self, records) -> None:
         for r in records:
             self.rt.fire(r)
         self.started += 1
 
-    def attach(self, obj, first_epoch: int, tier: str = "hot") -> int:
-        first = max(int(first_epoch), self.started)
-        aid = self.rt.attach(obj, first_epoch=first)
+    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, **kw) -> int:
+        """From the first unstarted step, or first_epoch if later (DeviceQueries.attach)."""
+        first = self.unstarted_step()
+        if first_epoch is not None:
+            first = max(first, int(first_epoch))
+        aid = self.rt.attach(obj, verify=verify, first_epoch=first)
         self.attached.append(aid)
         self.firsts[aid] = first
         return aid
@@ -195,6 +196,7 @@ class ReferenceDevice:
         return self.final
 
     def detach(self, aid: int) -> None:
+        self.detached.append(aid)
         self.rt.detach(aid)
 
     def forget(self, aid: int) -> None:
@@ -203,6 +205,13 @@ class ReferenceDevice:
 
     def maps(self, aid: int):
         return self.rt.maps(aid)
+
+    def clear_map(self, aid: int, name: str) -> None:
+        self.cleared.append(name)
+        self.rt.maps(aid)[name].clear()
+
+    def evidence(self, aid: int):
+        return self.rt.evidence(aid)
 
     def coverage(self, aid: int, upto=None) -> List[Coverage]:
         rows = self.rt.coverage(aid)

@@ -188,7 +188,7 @@ def test_interval_clauses_of_a_device_query_run_on_the_host_clock_and_clear_the_
     dq = FakeDeviceQueries.instances[-1]
     mk = FakeMegakernel.instances[-1]
     end_id = D.hook("task:end").id
-    want = sum(1 for k in range(dq.firsts[-1], W + STEPS) for r in mk.per_step[k]
+    want = sum(1 for k in range(dq.firsts[dq.attached[-1]], W + STEPS) for r in mk.per_step[k]
                if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
     assert sum(value(b) for b in ticks) + value(final[-1]) == want > 0
     assert dq.cleared.count("n") == len(ticks) and any(value(b) > 0 for b in ticks)
@@ -338,7 +338,7 @@ def test_device_summaries_ship_what_host_summaries_ship_and_only_used_hooks_stre
     assert all(s.coverage.eligible == s.coverage.executed > 0 for s in got.values())
     # windows from W: [W, W+3), [W+3, W+6), ...: each read once, detached, most given back
     assert dq.attached[0] not in dq.rt.attachments() and len(dq.attached) >= STEPS // 3
-    assert dq.firsts[:3] == [W, W + 3, W + 6]
+    assert [dq.firsts[a] for a in dq.attached[:3]] == [W, W + 3, W + 6]
     assert dq.forgotten and set(dq.forgotten) <= set(dq.detached)
     err = capsys.readouterr().err
     assert "summaries on the device" in err and "device summaries: " in err and "windows of 3 steps" in err

@@ -182,11 +182,11 @@ class CrowdedDevice(DeviceModel):
         super().__init__(workers)
         self.full, self.refusals = full, 0
 
-    def attach(self, obj, first_epoch, tier="hot"):
+    def attach(self, obj, verify=True, first_epoch=None, tier=None, **kw):
         if self.attached and self.full(self.started):
             self.refusals += 1
             raise UserError("hook task:end already has 8 programs; the device table holds 8")
-        return super().attach(obj, first_epoch, tier)
+        return super().attach(obj, verify, first_epoch, tier, **kw)
 
 
 def test_a_refused_successor_window_lengthens_the_last_one_and_is_tried_again(tp_run):

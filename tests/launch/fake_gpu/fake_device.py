@@ -2,18 +2,18 @@
 file, tests/launch/test_serve_gpu_path.py): attached queries run in a reference runtime
 over the fake kernel's own records (the fake Megakernel calls `observer.rt.fire`), never
 fed by the host; `boundary()` is the tier manager's launch boundary (recorded)."""
+from dtrace_mk.runtime.summary_windows import ReferenceDevice
 
 
-class FakeDeviceQueries:
+class FakeDeviceQueries(ReferenceDevice):
+    """DeviceQueries over the fake kernel: runtime.summary_windows.ReferenceDevice, its
+    steps started and finished those of the fake resident launch."""
     instances = []
 
     def __init__(self, mk, tier="hot"):
-        from dtrace_mk.runtime.reference import ReferenceRuntime
-        self.rt = ReferenceRuntime(num_workers=mk.num_workers)
+        super().__init__(mk.num_workers)
         mk.observer = self
         self.mk, self.tier = mk, tier
-        self.detached, self.attached, self.forgotten, self.firsts = [], [], [], []
-        self.cleared = []
         self.boundaries = []            # resident launches run before each boundary
         self.swap_after = None          # swap_pending() once a poll reported this step finished
         self.swapped = 0
@@ -24,19 +24,6 @@ class FakeDeviceQueries:
         return (self.swap_after is not None and not self.swapped
                 and getattr(self.mk, "_reported", 0) >= self.swap_after)
 
-    def attach(self, obj, verify=True, first_epoch=None, tier=None, **kw):
-        """DeviceQueries.attach: from the first unstarted step, or first_epoch if later."""
-        first = self.unstarted_step()
-        if first_epoch is not None:
-            first = max(first, int(first_epoch))
-        aid = self.rt.attach(obj, verify=verify, first_epoch=first)
-        self.attached.append(aid)
-        self.firsts.append(first)
-        return aid
-
-    def first_epoch_of(self, aid):
-        return self.rt.attachment(aid).first_epoch
-
     def unstarted_step(self):
         """The fake kernel runs a step's records into the "device VM" when it is granted."""
         return self.mk._grant if getattr(self.mk, "_active", False) else self.mk.step
@@ -45,33 +32,10 @@ class FakeDeviceQueries:
         """Steps a poll reported finished (after a launch: every step it ran)."""
         return (self.mk._reported if getattr(self.mk, "_active", False) else self.mk.step) - 1
 
-    def detach(self, aid):
-        self.detached.append(aid)
-        self.rt.detach(aid)
-
-    def clear_map(self, aid, name):
-        """DeviceQueries.clear_map: the "device" map emptied."""
-        self.cleared.append(name)
-        self.rt.maps(aid)[name].clear()
-
-    def forget(self, aid):
-        self.forgotten.append(aid)
-        self.rt.forget(aid)
-
     def boundary(self):
         if self.swap_pending():
             self.swapped += 1
         self.boundaries.append(len(getattr(self.mk, "segments", ())))
-
-    def maps(self, aid):
-        return self.rt.maps(aid)
-
-    def coverage(self, aid, upto=None):
-        rows = self.rt.coverage(aid)
-        return rows if upto is None else [c for c in rows if c.epoch <= upto]
-
-    def evidence(self, aid):
-        return self.rt.evidence(aid)
 
     def retire(self):
         """DeviceQueries.retire: the host model has no device slots to free; the tests

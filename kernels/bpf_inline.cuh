@@ -302,7 +302,7 @@ __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32
 #ifdef DTMK_BPF_MAPS_CUH   /* the kernel side: maps, coverage, program tables */
 
 /* One event of `hook` through the hook's inline programs (table T), on one thread:
- * first_epoch, the compiled program, its coverage in the slot's accumulator (accs: the
+ * first_epoch / end_epoch, the compiled program, its coverage in the slot's accumulator (accs: the
  * hook's DTMK_MAX_PROGS, flushed when its key changes, as dtmk_cov_add does); r0s / outs
  * (the host driver only): each slot's r0 and outcome. */
 __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, dtmk_u32 hook,
@@ -313,7 +313,8 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
     const dtmk_u32 gen = T.gen >> 1;
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
-        if (!(P.flags & DTMK_PROG_F_INLINE) || epoch < P.first_epoch) continue;
+        if (!(P.flags & DTMK_PROG_F_INLINE) || epoch < P.first_epoch || (P.end_epoch && epoch >= P.end_epoch))
+            continue;
         dtmk_u64 r0 = 0;
         const dtmk_u32 cm = P.flags >> 16, slot = hook * DTMK_MAX_PROGS + k;
         int out;

@@ -77,8 +77,12 @@ struct __align__(16) dtmk_prog {
                             * into a running kernel counts from a step boundary no worker has
                             * started (launch/serve.py), 0 = every event */
     dtmk_u64 descs;        /* DTMK_PROG_F_DESC (bpf_inline.cuh): struct dtmk_desc[n_descs], run at the site */
-    dtmk_u32 n_descs;
-    dtmk_u32 desc_at;      /* the kernel's table copy: index + 1 of its shared copy (0: none; host writes 0) */
+    dtmk_u16 n_descs;
+    dtmk_u16 desc_at;      /* the kernel's table copy: index + 1 of its shared copy (0: none; host writes 0) */
+    dtmk_u32 end_epoch;    /* events of this epoch and later are not eligible (0 = none): a summary
+                            * window ends where its successor starts, so the table change that
+                            * attaches the successor need not be loaded before that epoch
+                            * (control[CTL_GEN_DUE], runtime/summary_windows.py) */
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
 

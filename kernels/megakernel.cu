@@ -165,6 +165,10 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
                             * writes grant | stop in ONE store, so all workers end at the same step. */
 #define GATE_STEPS 0x7fffffffu
 #define GATE_STOP 0x80000000u
+#define CTL_GEN_DUE 16     /* resident launches: the first step whose gate must load the tables of the
+                            * generation the host publishes with it (the host writes it before CTL_GEN;
+                            * min over changes some worker has not loaded yet); a worker loads them
+                            * earlier only in idle time (a wait that is not ready): O.due */
 #define CTL_SM_MAP 18     /* u64 (words 18, 19), -DDTMK_SM_WORKER: device address of int32 map[smid] ->
                             * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
                             * across launches; bit 0 set: int32 out[block] <- its SM ("worker
@@ -1418,6 +1422,19 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                  * written before the grant), so it counts from this step's first event
                  * without the kernel ever parking for an attach; a few loads per step */
                 if (W.gate == 0) refresh_control(P, W, true);
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+                /* ... but only tables due by this step: a change due later (a summary window's
+                 * successor, a detach of a window that counts nothing more) loads in idle time,
+                 * not here where every worker would drain and reload at once before the step */
+                if (W.gate == 0 && O.reload) {
+                    __threadfence();                /* CTL_GEN (read above) before CTL_GEN_DUE */
+                    if ((dtmk_u32)step < ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN_DUE)) {
+                        O.reload = 0;               /* refresh_control sets it again */
+                        obs_update(W);
+                    }
+                }
+                O.due = (dtmk_u32)step + 1u;        /* a change seen during this step is due later */
+#endif
             }
             MK_SYNC();
 #ifndef DTMK_NO_HOOKS

@@ -34,7 +34,12 @@ struct __align__(16) Obs {
     struct dtmk_cov_acc accs[OBS_NACC];     /* per (hook, slot): a drain never flushes mid-way */
     dtmk_u64 tables, state;
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
-    dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask, min_step;
+    dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask;
+    /* a resident launch's lazy table pickup (megakernel.cu, the step gate): new tables seen
+     * during step s-1's gate onwards load at a wait that is not ready (idle), or at the gate
+     * of the epoch the host says they are due at (control[CTL_GEN_DUE]); never at a ready
+     * first look of this step.  due = the gate's step + 1 (0 without gates: at once) */
+    dtmk_u32 due;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
 #ifndef DTMK_HOLD_EAGER
     /* the lazy hold (default since session 9; -DDTMK_HOLD_EAGER: always the full hook_hold;
@@ -441,7 +446,7 @@ __device__ __forceinline__ void obs_init(const MkParams &P, Worker &W) {
     O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
     O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
     if (!O.state) O.tables = 0;
-    O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.min_step = 0; O.acc_min = ~0u;
+    O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.due = 0; O.acc_min = ~0u;
 #ifndef DTMK_HOLD_EAGER
     O.hold_full = 1;
 #endif
@@ -698,7 +703,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
                 if (!(pg.flags & DTMK_PROG_F_DESC) || nd + pg.n_descs > DTMK_OBS_DESC) continue;
                 const struct dtmk_desc *src = (const struct dtmk_desc *)O.gdesc[h][k];
                 for (dtmk_u32 i = 0; i < pg.n_descs; ++i) O.desc[nd + i] = src[i];
-                pg.desc_at = nd + 1;
+                pg.desc_at = (dtmk_u16)(nd + 1);
                 nd += pg.n_descs;
             }
         }
@@ -740,7 +745,8 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
- * must be drained at once (nearly full, or new tables).  A ring of OBS_FULL_AT.. records
+ * must be drained at once (nearly full, or new tables: at a ready look only once due,
+ * O.due).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef DTMK_OBS_SM
@@ -758,7 +764,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #else
     if (rd) W.long_wait = 0;
 #endif
-    if (O.maxc >= O.must_at || O.reload) return 2;          /* all at once */
+    if (O.maxc >= O.must_at || (O.reload && (!rd || step >= O.due))) return 2;   /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
     /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow

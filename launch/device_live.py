@@ -11,8 +11,9 @@ maps / coverage / evidence): a `runtime.live.LiveSession` on the rank's megakern
 `DeviceRuntime` hook tables are wired into every launch with `Megakernel.set_observer`.
 A query attached while the resident kernel runs is verified and written to the device
 tables (a generation bump) with first_epoch = the first step no worker has started (the
-grant, `Megakernel.unstarted_step`); every worker reloads changed tables at each step's
-gate, so it counts from that step's first event on, exactly, without the kernel parking; its maps and coverage
+grant, `Megakernel.unstarted_step`); every worker reloads changed tables at the gate of the
+step they are due at (control[CTL_GEN_DUE]: that first epoch), or earlier in idle time,
+so it counts from that step's first event on, exactly, without the kernel parking; its maps and coverage
 live in device memory, read with device-to-host copies (runtime.live: exact for the
 epochs every worker has flushed, all of them once the launch ended).  The host never feeds
 these queries: the device VM runs them over the kernel's own hook contexts.
@@ -50,14 +51,17 @@ class DeviceQueries:
         tm = getattr(self.session, "tiers", None)
         return tm is not None and tm.swap_pending(self.coverage)
 
-    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, **kw) -> int:
+    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, replaces=None, **kw) -> int:
         """Verify (AttachRefused, a UserError, if not) and attach; counts from the first
         decode step no worker has started (module doc), or from `first_epoch` if later.
-        tier: the session's by default; "hot" keeps it in the device VM (no promotion)."""
+        tier: the session's by default; "hot" keeps it in the device VM (no promotion).
+        replaces: an attachment that stops counting where this one starts (a summary
+        window's predecessor; the same table change, due at that step: workers load it in
+        idle time before)."""
         first = self.session.mk.unstarted_step()
         if first_epoch is not None:
             first = max(first, int(first_epoch))
-        return self.session.attach(obj, first_epoch=first, tier=tier)
+        return self.session.attach(obj, first_epoch=first, tier=tier, replaces=replaces)
 
     def first_epoch_of(self, aid: int) -> int:
         return int(self.session.rt._get(aid).first_epoch)
@@ -75,8 +79,16 @@ class DeviceQueries:
 
     def forget(self, aid: int) -> None:
         """Give a detached attachment's device memory back; the caller knows no worker
-        still runs it (runtime.summary_windows: a step gate passed since the detach)."""
+        still runs it (runtime.summary_windows: every worker loaded the detach's tables)."""
         self.session.rt.forget(aid)
+
+    def table_gen(self) -> int:
+        """The generation of the last table change (attach / detach)."""
+        return self.session.gen
+
+    def loaded_gen(self) -> int:
+        """Every worker runs tables of this generation or later (a small device read)."""
+        return self.session.loaded_gen()
 
     def retire(self) -> int:
         """Free the device tables' slots of complete steps (coverage rows, rate-limit and

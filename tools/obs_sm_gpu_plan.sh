@@ -382,6 +382,13 @@
 # Session 40 ran 103 (14 passed), 105 (151 + 7 passed), 107 (the triple bug found, fixed; then 4 passed, the workers'
 # serve case a strict xfail: window rotation reloads), 104 (fold_maps stays: compiled +3.92% vs +5.90%).  Next: 106;
 # 81 on the x2 kind (now with the device-summaries demo); 102; 97.
+# Session 41: a summary window ends on the device where its successor starts (dtmk_prog.end_epoch, attach
+# replaces=) and a table change loads at the gate of the step it is due at, earlier only in idle time
+# (control[CTL_GEN_DUE], O.due): kernel code of every hook build changed (the program table entry, the gate).
+#   tools/obs_sm_gpu_plan.sh 108 the device-summaries GPU tests (the workers' serve case no longer an xfail);
+#                                resident + hot attach on the default / site-form builds
+#   tools/obs_sm_gpu_plan.sh 109 device VM + map churn (the table entry's layout), the compiled tier
+# Order: 108, 109, 104 (the default build's off / hot / compiled beside session 40's).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -407,7 +414,9 @@ NCU_PACK="cd $NCU_DIR && rm -f *.ncu-rep && ls -la && { gzip -f *_sass.csv 2>/de
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
-pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider ${*:2} -rA"; }   # pytv T ARGS: verbose, so a cut run shows what passed
+# pytv T ARGS: verbose, so a cut run shows what passed; each ARG quoted (%q) for the stage's bash -c (a -k
+# expression with spaces stays one argument)
+pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider$(printf ' %q' "${@:2}") -rA"; }
 # gpc_lp DEFS NAME [T] [CONFIGS]: bench/level_profile.py's per-GPC table of 1b, workers pinned in SM id order, the
 # observers on SMs 0-3 (plan 66's form); gpc_builds X...: the stages precompile + gpc_probe + gpc_lp of $L+X, each X
 gpc_lp() { echo "timeout ${3:-110} python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs ${4:-off,summary} --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
@@ -718,6 +727,12 @@ case "${1:-}" in
        "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer)" ;;
   106) exec tools/gpu_session.sh "python3 tools/precompile.py $L+DTMK_SM_WORKER+$R" \
        "timeout 60 python3 tools/gpc_probe.py --out ${OUT:-/tmp/out}/gpc" "$(gpc_lp $L cmfold 300 off,summary_cm,summary_cmgen)" ;;
+  108) K='not (obssm or recglobal or codesmem or holdeager)'
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $L" \
+       "$(pytv 300 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
+       "$(pytv 330 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
+  109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
+       "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
      exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus tests/gpu/test_device_summaries_gpu.py::test_demo_on_two_gpus_with_device_summaries)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"

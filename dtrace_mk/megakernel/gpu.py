@@ -31,7 +31,7 @@ from .reference import Requests, make_weights, shard_weights, tp_local_config
 from .gpu_build import (  # the build's facts: used here, and re-exported (gpu.X is their long-standing name)
     MK_THREADS, MK_MAXB, MK_WARPS, TREC_WORDS, SMEM_LIMIT, TRACE_BYTES, WS_SMEM_MAX, site_form,
     runs_descriptors, PARAM_FIELDS, CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US,
-    CTL_ABORT_WORKER, CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS, CTL_GATE, ABORT_LEAVE, WS_LEFT,
+    CTL_ABORT_WORKER, CTL_GEN, CTL_GEN_DUE, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS, CTL_GATE, ABORT_LEAVE, WS_LEFT,
     CTL_SM_MAP, CTL_OBSQ, OSQ_N, OSQ_N_MIN, OSQ_N_MAX, osq_w_bytes, OSQ_W_BYTES, OSQ_SPLIT_NH, OSQ_BLK_HDR,
     OBS_RING, OSQ_PAIR_BYTES, osq_split_bytes, OBS_SM_WARPS_MAX, OBS_SM_DEFINES, OBS_SMS_MAX, OBS_SMS_DEFAULT,
     OSQ_DEFER_DEFAULT, observer_defines, define_value, osq_depth_of, obs_sms_of, HO_WORDS, GATE_STOP,
@@ -46,7 +46,7 @@ __all__ = [
     "RunResult", "WatchdogFired", "format_watchdog", "Megakernel", "trace_to_chrome", "GpuRunResult", "run",
     "hook_dicts", "MK_THREADS", "MK_MAXB", "MK_WARPS", "TREC_WORDS", "SMEM_LIMIT", "TRACE_BYTES",
     "WS_SMEM_MAX", "site_form", "runs_descriptors", "PARAM_FIELDS", "CTL_HOOK_MASK", "CTL_TRACE", "CTL_ABORT",
-    "CTL_REFRESH", "CTL_WD_US", "CTL_ABORT_WORKER", "CTL_GEN", "CTL_TABLES", "CTL_OBS", "CTL_STAMP",
+    "CTL_REFRESH", "CTL_WD_US", "CTL_ABORT_WORKER", "CTL_GEN", "CTL_GEN_DUE", "CTL_TABLES", "CTL_OBS", "CTL_STAMP",
     "CTL_WORDS", "CTL_GATE", "ABORT_LEAVE", "WS_LEFT", "CTL_SM_MAP", "CTL_OBSQ", "OSQ_N", "OSQ_N_MIN",
     "OSQ_N_MAX", "osq_w_bytes", "OSQ_W_BYTES", "OSQ_SPLIT_NH", "OSQ_BLK_HDR", "OBS_RING", "OSQ_PAIR_BYTES",
     "osq_split_bytes", "OBS_SM_WARPS_MAX", "OBS_SM_DEFINES", "OBS_SMS_MAX", "OBS_SMS_DEFAULT",

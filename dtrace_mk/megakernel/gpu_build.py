@@ -76,6 +76,7 @@ PARAM_FIELDS: Tuple[str, ...] = (
 CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US, CTL_ABORT_WORKER = range(6)
 CTL_GEN, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS = 7, 8, 10, 12, 32
 CTL_GATE = 14                  # resident launches: steps < grant run; GATE_STOP: end at the grant
+CTL_GEN_DUE = 16               # resident launches: the step whose gate must load the tables of CTL_GEN
 ABORT_LEAVE = 6                # control[CTL_ABORT]: the lean grid stops for a grid handoff (the hook grid runs on)
 WS_LEFT = 6                    # worker_state WS_STATE: stopped for a handoff, exited (megakernel.cu)
 CTL_SM_MAP = 18                # -DDTMK_SM_WORKER: u64 address of int32 map[smid] -> worker (0 = block order)

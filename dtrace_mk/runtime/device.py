@@ -46,6 +46,7 @@ from ..errors import Rejected, UserError
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 from .descform import DESC_DTYPE
+from .reference import replaced_attachment
 
 SOURCES = tuple(build.include_closure("bpf_vm_harness.cu", KERNEL_DIR))   # what the harness cache key hashes
 
@@ -90,7 +91,7 @@ COV_DTYPE = np.dtype([("seen", "<u8"), ("overflow", "<u8"), ("rl_tag", "<u4", (R
                       ("rows", COV_ROW_DTYPE, (COV_ROWS,))])
 PROG_DTYPE = np.dtype([("insns", "<u8"), ("cov", "<u8")] + [(n, "<u4") for n in (
     "n_insns", "max_insns", "stack_depth", "sample_every", "prog_id", "flags", "max_per_epoch", "first_epoch")] +
-    [("descs", "<u8"), ("n_descs", "<u4"), ("desc_at", "<u4")])
+    [("descs", "<u8"), ("n_descs", "<u2"), ("desc_at", "<u2"), ("end_epoch", "<u4")])
 HOOK_TABLE_DTYPE = np.dtype([("gen", "<u4"), ("n_progs", "<u4"), ("ctx_reads", "<u4"), ("pad", "<u4", (13,)),
                              ("progs", PROG_DTYPE, (MAX_PROGS,))])
 
@@ -594,6 +595,7 @@ class _DevAttachment:
     sample_every: int
     max_per_epoch: Optional[int] = None
     first_epoch: int = 0
+    end_epoch: int = 0           # events of this epoch and later are not eligible (0 = none)
 
 
 @dataclass
@@ -678,11 +680,13 @@ class DeviceRuntime:
     # -- attach / detach ---------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
                programs: Optional[Sequence[str]] = None, max_per_epoch: Optional[int] = None,
-               init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None, first_epoch: int = 0) -> int:
+               init_hash: Optional[Dict[str, Dict[bytes, bytes]]] = None, first_epoch: int = 0,
+               replaces: Optional[int] = None) -> int:
         """Attach like ReferenceRuntime.attach (sampling, rate limit per program and epoch);
         init_hash pre-fills hash maps by name before anything runs; first_epoch: events of
         earlier decode steps are not eligible (not counted at all: attached from a step
-        boundary of a running kernel)."""
+        boundary of a running kernel); replaces: an attachment that counts no epoch >=
+        first_epoch any more (its end_epoch), written in the same table change."""
         if obj.abi_version != abi.ABI_VERSION:
             raise UserError(f"{obj.path}: built for hook ABI v{obj.abi_version}, this runtime "
                             f"speaks v{abi.ABI_VERSION}")
@@ -692,6 +696,7 @@ class DeviceRuntime:
             raise UserError(f"max_per_epoch must be in 0..{NO_LIMIT - 1}, got {max_per_epoch}")
         if not 0 <= int(first_epoch) <= M32:
             raise UserError(f"first_epoch must be in 0..{M32}, got {first_epoch}")
+        pred = replaced_attachment(self._atts, replaces, int(first_epoch))
         progs = [p for p in obj.programs if programs is None or p.name in programs]
         if not progs:
             raise UserError(f"{obj.path}: no programs to attach")
@@ -734,7 +739,11 @@ class DeviceRuntime:
         self._atts[aid] = att
         for dp in dprogs:
             self._by_hook[dp.program.hook.id].append((att, dp))
-        for hid in sorted({dp.program.hook.id for dp in dprogs}):
+        hooks = {dp.program.hook.id for dp in dprogs}
+        if pred is not None:
+            pred.end_epoch = att.first_epoch
+            hooks |= {dp.program.hook.id for dp in pred.progs}
+        for hid in sorted(hooks):
             self._gen[hid] += 1
             self._publish(hid)
         return aid
@@ -801,7 +810,7 @@ class DeviceRuntime:
         e["n_insns"], e["max_insns"], e["stack_depth"] = dp.n_insns, dp.max_insns, dp.stack_depth
         e["sample_every"], e["prog_id"] = att.sample_every, att.id
         e["max_per_epoch"] = NO_LIMIT if att.max_per_epoch is None else att.max_per_epoch
-        e["first_epoch"] = att.first_epoch
+        e["first_epoch"], e["end_epoch"] = att.first_epoch, att.end_epoch
         e["flags"] = PROG_F_SERIAL if dp.facts.writes_values else 0
         if dp.descs is not None:                 # run at the site from its descriptors
             e["flags"] |= PROG_F_INLINE | PROG_F_DESC

@@ -59,6 +59,10 @@ task:ready { @queue[worker] = max(queue.depth); }
 """
 
 
+#: control[CTL_GEN_DUE] of a change no gate need load (a detached window past its end)
+NEVER_DUE = 0xFFFFFFFF
+
+
 def summary_monitor(schema=None):
     """The summary monitor compiled by dtrace_mk.lang (a CompileResult: .obj, .plan)."""
     from ..lang.pipeline import compile_query
@@ -204,6 +208,7 @@ class LiveSession:
         self.clock_offset, self.clock_err = _calibrate()
         self._pinned = cp.cuda.alloc_pinned_memory(64)
         self._word = np.frombuffer(self._pinned, np.uint32, 16)
+        self._due = 0                  # control[CTL_GEN_DUE] last written
 
     def link_compiled(self, stage: int = 2) -> float:
         """Relink the megakernel with the programs attached tier="compiled" (needs
@@ -296,11 +301,12 @@ class LiveSession:
                 aid = self.rt.attach(obj, verify=True, **kw)
         except (Rejected, UserError) as e:
             raise AttachRefused(f"attach refused: {e} (the running kernel continues)") from None
+        due = int(kw.get("first_epoch") or 0)     # it counts from there: loaded by that step's gate
         if self.tiers is not None and want == "compiled":
             self.tiers.request(aid)
         elif self.tiers is not None and tier == "hot":      # asked for by name: never promoted
             self.tiers.pin(aid)
-        self._bump(t_cmd)
+        self._bump(t_cmd, due)
         if getattr(self.mk, "handoff_ok", False) and self.running():
             self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over
         return aid
@@ -309,21 +315,45 @@ class LiveSession:
         t_cmd = time.time_ns()
         if aid not in self.rt._atts:
             raise UserError(f"detach: no attachment {aid}")
+        end = self.rt._get(aid).end_epoch
         with self.side:
             self.rt.detach(aid)
-        self._bump(t_cmd)
+        # a window that counts nothing more (its end passed): no worker need load the
+        # change at a gate; else it stops counting from the first unstarted step on
+        self._bump(t_cmd, NEVER_DUE if end and end <= self._unstarted() else 0)
 
-    def _bump(self, t_cmd: int) -> None:
-        """Write the attach stamp, then the next global generation (side stream)."""
+    def _unstarted(self) -> int:
+        fn = getattr(self.mk, "unstarted_step", None)
+        return int(fn()) if fn is not None and self.running() else 0
+
+    def loaded_gen(self) -> int:
+        """Every worker runs tables of this generation or a later one (their OBS_GEN; with no
+        launch running: the last, which the next launch loads at its start)."""
+        if not self.running():
+            return self.gen
+        return int(self.read_state()[:, self.gpu.OBS_NAMES.index("gen")].min())
+
+    def _bump(self, t_cmd: int, due: int = 0) -> None:
+        """Write the step the change is due at, the attach stamp, then the next global
+        generation (side stream).  due (control[CTL_GEN_DUE], resident launches): the
+        first step whose gate must load the new tables; before it workers load them only
+        in idle time (megakernel.cu O.due).  0: at the next gate.  A change some worker
+        has not loaded yet keeps its earlier due."""
         gpu, cp = self.gpu, self.cp
+        if self.loaded_gen() < self.gen:
+            due = min(due, self._due)
+        self._due = due
         self.gen += 1
         t_write = time.time_ns()
         stamp = t_write + self.clock_offset
         self._word[0], self._word[1] = stamp & 0xFFFFFFFF, stamp >> 32
         self._word[2] = self.gen
+        self._word[3] = due
         ctl = int(self.mk.buf["control"].data.ptr)
         src = self._pinned.ptr
         h2d = cp.cuda.runtime.memcpyHostToDevice
+        # stream order: the due before the generation that it belongs to
+        cp.cuda.runtime.memcpyAsync(ctl + 4 * gpu.CTL_GEN_DUE, src + 12, 4, h2d, self.side.ptr)
         cp.cuda.runtime.memcpyAsync(ctl + 4 * gpu.CTL_STAMP, src, 8, h2d, self.side.ptr)
         cp.cuda.runtime.memcpyAsync(ctl + 4 * gpu.CTL_GEN, src + 8, 4, h2d, self.side.ptr)
         self.side.synchronize()

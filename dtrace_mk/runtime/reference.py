@@ -82,10 +82,25 @@ class Attachment:
     sample_every: int
     max_per_epoch: Optional[int] = None
     first_epoch: int = 0            # events of earlier epochs are not eligible (the device's dtmk_prog field)
+    end_epoch: int = 0              # ... nor of this epoch and later (0 = none; attach(replaces=))
     coverage: CoverageTable = field(default_factory=CoverageTable)
     faults: List[Tuple[str, int, VMFault]] = field(default_factory=list)   # (program, epoch, fault)
     evidence: List[Tuple[str, Record]] = field(default_factory=list)      # (map name, record)
     hints: List[Tuple[str, int, int, int]] = field(default_factory=list)   # (program, worker, epoch, hint)
+
+
+def replaced_attachment(atts: Dict[int, object], replaces: Optional[int], first_epoch: int):
+    """The attachment an attach(replaces=) ends at its successor's first epoch (a summary
+    window: runtime/summary_windows.py), checked; None when none."""
+    if replaces is None:
+        return None
+    pred = atts.get(replaces)
+    if pred is None:
+        raise UserError(f"attach: replaces={replaces}: no such attachment (attached ones: {sorted(atts)})")
+    if first_epoch <= pred.first_epoch:
+        raise UserError(f"attach: replaces={replaces}: first_epoch {first_epoch} must be after the replaced "
+                        f"attachment's first epoch {pred.first_epoch}")
+    return pred
 
 
 class ReferenceRuntime:
@@ -111,12 +126,14 @@ class ReferenceRuntime:
     # -- attach / detach -------------------------------------------------------------
     def attach(self, obj: BpfObject, verify: bool = True, *, sample_every: int = 1,
                programs: Optional[Sequence[str]] = None, max_per_epoch: Optional[int] = None,
-               allow_reserved: bool = False, first_epoch: int = 0) -> int:
+               allow_reserved: bool = False, first_epoch: int = 0, replaces: Optional[int] = None) -> int:
         """Attach the object's programs (or the named ones) to their hooks.  Checks the
         ABI version, the map definitions, that each program type is attachable and (by
         default) verifies each program; raises LoadError/Rejected naming the problem.
         `first_epoch`: events of earlier epochs are not eligible (not counted anywhere), as
-        the device's attach from a step boundary (runtime.device).
+        the device's attach from a step boundary (runtime.device).  `replaces`: an
+        attached attachment that counts no epoch >= first_epoch any more (its end_epoch: a
+        summary window's predecessor), in the same change of the hooks' program_gen.
         `allow_reserved=True` (tests only) also attaches program types ABI v1 reserves
         (control), to exercise their helpers; no user-facing path sets it."""
         if obj.abi_version != abi.ABI_VERSION:
@@ -128,6 +145,7 @@ class ReferenceRuntime:
             raise UserError(f"max_per_epoch must be >= 0, got {max_per_epoch}")
         if not 0 <= first_epoch < (1 << 32):
             raise UserError(f"first_epoch must be in 0..{(1 << 32) - 1}, got {first_epoch}")
+        pred = replaced_attachment(self._attachments, replaces, int(first_epoch))
         progs = list(obj.programs)
         if programs is not None:
             names = {p.name for p in progs}
@@ -163,7 +181,11 @@ class ReferenceRuntime:
         self._attachments[aid] = att
         for st in states:
             self._by_hook[st.program.hook.id].append((att, st))
-        for hid in {st.program.hook.id for st in states}:
+        hooks = {st.program.hook.id for st in states}
+        if pred is not None:
+            pred.end_epoch = att.first_epoch
+            hooks |= {st.program.hook.id for st in pred.progs}
+        for hid in hooks:
             self._gen[hid] += 1
         return aid
 
@@ -222,7 +244,7 @@ class ReferenceRuntime:
         hook_name = abi.HOOKS_BY_ID[hid].name
         out = []
         for att, st in targets:
-            if epoch >= att.first_epoch:
+            if epoch >= att.first_epoch and (not att.end_epoch or epoch < att.end_epoch):
                 out.append(self._run_one(att, st, ctx, worker, epoch, gen, hook_name))
         return out
 

@@ -8,35 +8,41 @@ kernels/bpf_map_ops.cuh).  So instead of clearing read epochs, the monitor is at
 afresh for each window of W decode steps, and a read window is dropped whole:
 
 * Window j is one attachment with first_epoch f_j: events of earlier steps are not
-  eligible.  It counts every later step until it is detached.
-* Epoch k is read from the window j with f_j <= k < f_{j+1}: the NEXT window's actual
-  first epoch ends a window's range.  Two windows are attached at a time, the oldest
-  (being filled) and the next; once every epoch of the oldest one's range is final on
-  the device (every worker finished and flushed it), its maps and coverage are read once,
-  it is detached, and the window after the next is attached from f_{j+1} + W.
+  eligible.  Its successor is attached with `replaces=` window j: in the same table
+  change, window j's end_epoch becomes the successor's actual first epoch f_{j+1}, so
+  window j counts exactly the steps f_j <= k < f_{j+1} on the device, and nothing after.
+* Two windows are attached at a time, the oldest (being filled) and the next; once every
+  epoch of the oldest one's range is final on the device (every worker finished and
+  flushed it), its maps and coverage are read once, it is detached, and the window after
+  the next is attached from f_{j+1} + W (replacing window j+1).
 * An attach never counts a step a worker has started: the runtime raises first_epoch to
-  the first unstarted step.  A window attached late leaves its predecessor a longer range
-  (the predecessor is still attached: it is read only after its successor starts), so
-  the reads are exact however the host's timing falls.  Steps a detached window counted
-  past its range are ignored (they are its successor's).
-* A detached window's memory goes back (`forget`) once every worker has passed a step
-  gate after the detach, where workers reload changed tables: when the final epoch is
-  past the first step unstarted at the detach.
+  the first unstarted step, and the predecessor's end with it: a window attached late
+  leaves its predecessor a longer range, so the reads are exact however the host's
+  timing falls.
+* Why ranges end on the device (session 41): a table change is due at the step it
+  changes what is counted.  The successor's is due only at its first epoch, ~W steps
+  after the attach, and the detach of a window past its end never (it counts nothing
+  more), so each worker loads them in idle time (a dependency wait that is not ready)
+  instead of all workers draining and reloading at one step gate (measured: a
+  late_notification the diagnosis saw two steps after each window change).
+* A detached window's memory goes back (`forget`) once every worker runs tables of the
+  detach's generation or later (`loaded_gen`).
 * A successor the runtime refuses (its hook tables full of live queries' programs) is
-  tried again W steps later; meanwhile the last window keeps counting, so its range just
-  grows (its maps may fill: counted lost).  Only the first window's refusal is an error.
+  tried again W steps later; meanwhile the last window keeps counting (no end yet), so
+  its range just grows (its maps may fill: counted lost).  Only the first window's
+  refusal is an error.
 
-A window's maps hold its range plus the steps counted before its detach, so the agent
-sizes them for W plus the host's lag; what they cannot hold is counted lost in coverage,
-as with any full map.  While a window is detached and its successor attached, both run
-over the same steps: the cost of the monitor doubles for those few steps.
+A window's maps hold its range, so the agent sizes them for W plus the host's lag (a
+successor attached late); what they cannot hold is counted lost in coverage, as with any
+full map.
 
 The runtime (launch.device_live.DeviceQueries on a GPU rank; `ReferenceDevice`, the
 protocol over a reference runtime that the caller fires as the kernel would, on the CPU):
 
-    attach(obj, first_epoch=, tier="hot") -> aid     # first_epoch >= the first unstarted step
+    attach(obj, first_epoch=, tier="hot", replaces=None) -> aid   # first_epoch >= the first unstarted step
     first_epoch_of(aid), unstarted_step(), final_epoch()   # final: every epoch <= it complete
     detach(aid), forget(aid), maps(aid) -> MapSet
+    table_gen(), loaded_gen()            # the last table change; every worker runs it or later
     coverage(aid, upto=) -> [Coverage]   # rows of epochs <= upto (final: exact)
 """
 from __future__ import annotations
@@ -75,7 +81,7 @@ class SummaryWindows:
             raise UserError(f"summary windows: window must be >= 2 steps, got {window}")
         self.rt, self.obj, self.W = runtime, obj, int(window)
         self.live: List[_Window] = []
-        self.retiring: List[Tuple[int, int]] = []     # (detached aid, first unstarted step then)
+        self.retiring: List[Tuple[int, int]] = []     # (detached aid, the detach's table generation)
         self.read_count = 0
         self.refused = 0                              # successor attaches refused (retried)
         self.last_refusal = ""
@@ -84,13 +90,14 @@ class SummaryWindows:
         self._open(int(first_epoch))
         self._try_open(self.live[0].first + self.W)
 
-    def _open(self, want: int) -> None:
-        aid = self.rt.attach(self.obj, first_epoch=want, tier="hot")
+    def _open(self, want: int, replaces=None) -> None:
+        aid = self.rt.attach(self.obj, first_epoch=want, tier="hot", replaces=replaces)
         self.live.append(_Window(aid, int(self.rt.first_epoch_of(aid))))
 
     def _try_open(self, want: int) -> None:
+        """A successor of the last window, which ends where it starts."""
         try:
-            self._open(want)
+            self._open(want, replaces=self.live[-1].aid)
         except UserError as e:           # e.g. a hook's device table full: the last window goes on
             self.refused += 1
             self.last_refusal = str(e)
@@ -113,7 +120,7 @@ class SummaryWindows:
             out.append(self._take(w, nxt.first))
             self.live.pop(0)
             self._try_open(nxt.first + self.W)
-        self._forget(final)
+        self._forget()
         return out
 
     def close(self, final: int) -> List[WindowRead]:
@@ -130,7 +137,7 @@ class SummaryWindows:
             else:
                 self._detach(w)
         self.live = []
-        self._forget(final)                # (memory of a window detached now stays: the job ends)
+        self._forget()
         return out
 
     def _take(self, w: _Window, end: int) -> WindowRead:
@@ -141,16 +148,16 @@ class SummaryWindows:
 
     def _detach(self, w: _Window) -> None:
         self.rt.detach(w.aid)
-        self.retiring.append((w.aid, int(self.rt.unstarted_step())))
+        self.retiring.append((w.aid, int(self.rt.table_gen())))
 
-    def _forget(self, final: int) -> None:
-        keep = []
-        for aid, unstarted in self.retiring:
-            if final > unstarted:
+    def _forget(self) -> None:
+        if not self.retiring:
+            return
+        loaded = int(self.rt.loaded_gen())
+        for aid, gen in self.retiring:
+            if gen <= loaded:
                 self.rt.forget(aid)
-            else:
-                keep.append((aid, unstarted))
-        self.retiring = keep
+        self.retiring = [(aid, gen) for aid, gen in self.retiring if gen > loaded]
 
 
 class ReferenceDevice:
@@ -170,21 +177,32 @@ class ReferenceDevice:
         self.forgotten: List[int] = []
         self.cleared: List[str] = []
         self.firsts = {}                  # aid -> its first epoch
+        self.gen = 0                      # table changes (attach, detach)
+        self.lag = 0                      # loaded_gen() trails table_gen() by this many
 
     def run_step(self, records) -> None:
         for r in records:
             self.rt.fire(r)
         self.started += 1
 
-    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, **kw) -> int:
+    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, replaces=None, **kw) -> int:
         """From the first unstarted step, or first_epoch if later (DeviceQueries.attach)."""
         first = self.unstarted_step()
         if first_epoch is not None:
             first = max(first, int(first_epoch))
-        aid = self.rt.attach(obj, verify=verify, first_epoch=first)
+        aid = self.rt.attach(obj, verify=verify, first_epoch=first, replaces=replaces)
         self.attached.append(aid)
         self.firsts[aid] = first
+        self.gen += 1
         return aid
+
+    def table_gen(self) -> int:
+        return self.gen
+
+    def loaded_gen(self) -> int:
+        """The CPU model loads every change at once (`lag` holds the last n back, as
+        workers that have not reached an idle wait yet would)."""
+        return self.gen - self.lag
 
     def first_epoch_of(self, aid: int) -> int:
         return self.rt.attachment(aid).first_epoch
@@ -198,6 +216,7 @@ class ReferenceDevice:
     def detach(self, aid: int) -> None:
         self.detached.append(aid)
         self.rt.detach(aid)
+        self.gen += 1
 
     def forget(self, aid: int) -> None:
         self.forgotten.append(aid)

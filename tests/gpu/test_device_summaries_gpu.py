@@ -93,17 +93,12 @@ def test_device_window_summaries_equal_host_summaries_of_the_same_launch(window)
     assert dev.windows.read_count >= (steps - FIRST) // window and n >= dev.windows.read_count
 
 
-#: Known defect (H200, session 40, e093464): on the workers' default build each window
-#: rotation (detach + attach: a table change) makes every worker drain and reload at the
-#: next step gate, which delays that step's first tasks; the diagnosis then reports a
-#: late_notification rmsnorm finding at the rotation steps (20, 36, 52 of 2..61; confidence
-#: 0.61-0.69, impact 74-93 us), host summaries none.  The fix needs the device: an end
-#: epoch per program table entry (no overlap, a lazy pickup of non-urgent table changes).
-ROTATION_RELOAD = pytest.mark.xfail(strict=False, reason="window rotation reloads the workers' tables at a "
-                                    "step gate: late_notification at rotation steps (hooks.md Session 40)")
-
-
-@pytest.mark.parametrize("observer", [pytest.param("workers", marks=ROTATION_RELOAD), "sm"])
+#: The workers' build once (session 40) reported a late_notification rmsnorm at each window
+#: rotation (steps 20, 36, 52 of 2..61): the rotation's table change made every worker drain
+#: and reload at one step gate.  Since session 41 a window ends on the device where its
+#: successor starts (dtmk_prog.end_epoch) and table changes load at the gate of the step
+#: they are due at, earlier only in idle time (control[CTL_GEN_DUE]): verdict none again.
+@pytest.mark.parametrize("observer", ["workers", "sm"])
 def test_serve_with_device_summaries_on_one_gpu(tmp_path, observer):
     out = tmp_path / "r.json"
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")

@@ -25,6 +25,24 @@ def test_sm_map_word_agrees_between_kernel_and_host():
     assert gpu.CTL_SM_MAP + 1 < gpu.CTL_WORDS and not {gpu.CTL_SM_MAP, gpu.CTL_SM_MAP + 1} & used
 
 
+def test_every_control_word_agrees_between_kernel_and_host():
+    """megakernel.cu's #define CTL_* and the host's gpu.CTL_* name the same words, and no
+    two control words share one (u64 ones take two)."""
+    src = megakernel_text()
+    kernel = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define (CTL_\w+) (\d+)", src)}
+    for name, word in kernel.items():
+        if name == "CTL_STEP_OVERRIDE":          # (kernel-only: the host never writes it)
+            continue
+        assert getattr(gpu, name) == word, name
+    wide = {"CTL_TABLES", "CTL_OBS", "CTL_STAMP", "CTL_SM_MAP", "CTL_OBSQ"}
+    taken = []
+    for name, word in kernel.items():
+        if name != "CTL_WORDS":
+            taken += [word, word + 1] if name in wide else [word]
+    assert len(taken) == len(set(taken)) and max(taken) < kernel["CTL_WORDS"], sorted(taken)
+    assert "CTL_GEN_DUE" in kernel
+
+
 @pytest.fixture()
 def mk(fake_cupy, monkeypatch):
     monkeypatch.setattr(gpu, "probe_smids", lambda blocks, smem: [7, 0, 3, 5][:blocks])

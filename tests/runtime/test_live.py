@@ -140,3 +140,40 @@ def test_nvrtc_wrapper_leaves_interned_bytes_alone(nvrtc):
     build.nvrtc_compile('extern "C" __global__ void k() {}', "k.cu", "sm_90a", "cubin", ())
     assert bytes([32]) == b" " and " ".encode() == b"\x20"
     assert "    ldxw r0, [r6+" in summary_monitor().lowered.asm["c0_task_end"]
+
+
+def test_a_table_change_is_written_with_the_step_it_is_due_at():
+    """LiveSession._bump: control[CTL_GEN_DUE] is copied before CTL_GEN (stream order: a
+    worker that sees the generation sees its due step), and a change some worker has not
+    loaded yet keeps its earlier due (min), so a lazy change written after an urgent one
+    never postpones it (kernels/megakernel.cu, the step gate)."""
+    import ctypes
+    import types
+
+    import numpy as np
+
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime import live
+
+    control, pinned = np.zeros(gpu.CTL_WORDS, np.uint32), np.zeros(16, np.uint32)
+    base, order = control.ctypes.data, []
+
+    def memcpy(dst, src, n, kind, stream):
+        order.append((dst - base) // 4)
+        ctypes.memmove(dst, src, n)
+
+    s = object.__new__(live.LiveSession)
+    s.gpu, s.clock_offset, s.stamps, s.gen, s._due = gpu, 0, {}, 0, 0
+    s.cp = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
+        memcpyAsync=memcpy, memcpyHostToDevice=1)))
+    s.mk = types.SimpleNamespace(buf={"control": types.SimpleNamespace(data=types.SimpleNamespace(ptr=base))})
+    s._pinned, s._word = types.SimpleNamespace(ptr=pinned.ctypes.data), pinned
+    s.side = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+    loaded = [0]
+    s.loaded_gen = lambda: loaded[0]
+    got = []
+    for loaded[0], due in ((0, 20), (0, 40), (2, live.NEVER_DUE), (2, 0), (4, 36)):
+        s._bump(0, due)
+        got.append((int(control[gpu.CTL_GEN]), int(control[gpu.CTL_GEN_DUE])))
+    assert got == [(1, 20), (2, 20), (3, live.NEVER_DUE), (4, 0), (5, 36)]
+    assert order[:3] == [gpu.CTL_GEN_DUE, gpu.CTL_STAMP, gpu.CTL_GEN]

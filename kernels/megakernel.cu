@@ -330,6 +330,7 @@ __shared__ dtmk_u32 s_osq_obs;     /* m + 1: this CTA is observer m (the last DT
 #define OBS_EARLY_POLLS 16 /* a wait drains (one 32-record batch per 16 polls) after this many polls when it
                             * is long (this one or the worker's previous one lasted OBS_LONG_WAIT_NS), ... */
 #define OBS_LONG_WAIT_NS 50000ull   /* tiny waits ~110 us: drain early; 1b waits (mostly < 50 us) are left alone */
+#define OBS_AT_GATE 0x80000000u   /* obs_sync's step argument at a granted step gate (steps < 2^31: GATE_STEPS) */
 #define OBS_LAG 4          /* ... or when the lowest epoch held is this many steps behind (bounded lag) */
 #ifdef DTMK_COV_ACC_WAYS
 #define OBS_NACC (DTMK_NUM_HOOKS * DTMK_MAX_PROGS * DTMK_COV_ACC_WAYS)   /* per (way, hook, slot) */
@@ -1422,24 +1423,12 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                  * written before the grant), so it counts from this step's first event
                  * without the kernel ever parking for an attach; a few loads per step */
                 if (W.gate == 0) refresh_control(P, W, true);
-#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
-                /* ... but only tables due by this step: a change due later (a summary window's
-                 * successor, a detach of a window that counts nothing more) loads in idle time,
-                 * not here where every worker would drain and reload at once before the step */
-                if (W.gate == 0 && O.reload) {
-                    __threadfence();                /* CTL_GEN (read above) before CTL_GEN_DUE */
-                    if ((dtmk_u32)step < ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN_DUE)) {
-                        O.reload = 0;               /* refresh_control sets it again */
-                        obs_update(W);
-                    }
-                }
-                O.due = (dtmk_u32)step + 1u;        /* a change seen during this step is due later */
-#endif
             }
             MK_SYNC();
 #ifndef DTMK_NO_HOOKS
             if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
-                OBS_SYNC_IF(true, false, (dtmk_u32)step);
+                /* ... if due by this step (OBS_AT_GATE: obs_sync reads control[CTL_GEN_DUE]) */
+                OBS_SYNC_IF(true, false, (dtmk_u32)step | OBS_AT_GATE);
                 MK_SYNC();
             }
 #endif

@@ -35,11 +35,11 @@ struct __align__(16) Obs {
     dtmk_u64 tables, state;
     dtmk_u64 drained, drains;               /* mirrors of OBS_DRAINED / OBS_DRAINS (stored, never re-read) */
     dtmk_u32 n, gen_seen, reload, vm_mask, ring_mask;
-    /* a resident launch's lazy table pickup (megakernel.cu, the step gate): new tables seen
-     * during step s-1's gate onwards load at a wait that is not ready (idle), or at the gate
-     * of the epoch the host says they are due at (control[CTL_GEN_DUE]); never at a ready
-     * first look of this step.  due = the gate's step + 1 (0 without gates: at once) */
-    dtmk_u32 due;
+    /* 1 in a resident launch: new tables load at a wait that is not ready (idle), or at the
+     * gate of the step the host says they are due at (control[CTL_GEN_DUE], obs_sync
+     * OBS_AT_GATE), never at a ready first look (the host's due step is never one a worker
+     * has started, so the gate is early enough); 0: at the next first look, as they come */
+    dtmk_u32 lazy;
     dtmk_u32 acc_min;                       /* lowest epoch held unflushed in accs; ~0 = none */
 #ifndef DTMK_HOLD_EAGER
     /* the lazy hold (default since session 9; -DDTMK_HOLD_EAGER: always the full hook_hold;
@@ -446,7 +446,7 @@ __device__ __forceinline__ void obs_init(const MkParams &P, Worker &W) {
     O.tables = (dtmk_u64)ctl[CTL_TABLES] | ((dtmk_u64)ctl[CTL_TABLES + 1] << 32);
     O.state = (dtmk_u64)ctl[CTL_OBS] | ((dtmk_u64)ctl[CTL_OBS + 1] << 32);
     if (!O.state) O.tables = 0;
-    O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.due = 0; O.acc_min = ~0u;
+    O.n = 0; O.vm_mask = 0; O.ring_mask = 0; O.lazy = P.resident ? 1u : 0u; O.acc_min = ~0u;
 #ifndef DTMK_HOLD_EAGER
     O.hold_full = 1;
 #endif
@@ -515,6 +515,24 @@ __device__ __noinline__ void osq_desc_records(const struct dtmk_hook_table *tabl
  * hook tables if the host published new ones. */
 __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
     const unsigned lane = threadIdx.x & 31;
+    if (step & OBS_AT_GATE) {
+        /* a granted step gate with new tables pending: load them here only if due by this
+         * step; a change due later (a summary window's successor, the detach of a window
+         * that counts nothing more) loads in idle time, not where every worker would drain
+         * and reload at once before the step's first task.  (Decided here, in a noinline
+         * body: code at the gate itself raised dtmk_megakernel's spills.) */
+        step &= ~OBS_AT_GATE;
+        dtmk_u32 due = 0;
+        if (lane == 0) {
+            __threadfence();                   /* CTL_GEN (read by refresh_control) before CTL_GEN_DUE */
+            due = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN_DUE);
+        }
+        if (step < __shfl_sync(0xffffffffu, due, 0)) {
+            if (lane == 0) { O.reload = 0; obs_update(W); }   /* refresh_control sets it again */
+            __syncwarp();
+            return;
+        }
+    }
     dtmk_u32 n = O.n;
     dtmk_u64 *g = obs_state(W);
     const bool reload = O.reload;
@@ -745,8 +763,8 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
- * must be drained at once (nearly full, or new tables: at a ready look only once due,
- * O.due).  A ring of OBS_FULL_AT.. records
+ * must be drained at once (nearly full, or new tables: at a ready look only without step
+ * gates, O.lazy).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef DTMK_OBS_SM
@@ -764,7 +782,7 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #else
     if (rd) W.long_wait = 0;
 #endif
-    if (O.maxc >= O.must_at || (O.reload && (!rd || step >= O.due))) return 2;   /* all at once */
+    if (O.maxc >= O.must_at || (O.reload && (!rd || !O.lazy))) return 2;   /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
     /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
+from ..runtime.summary_windows import SUMMARY_MODES
 from . import jobs
 
 DEFAULT_COMMAND = ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"]
@@ -162,8 +163,8 @@ def start_job(ranks: int, command: Sequence[str] = (), *, backend: str = "auto",
         raise UserError(f"-n: expected >= 1 serving ranks, got {ranks}")
     if tier not in (None, "hot", "compiled", "auto"):
         raise UserError(f"--tier: expected hot, compiled or auto, got {tier!r}")
-    if summaries not in (None, "host", "device"):
-        raise UserError(f"--summaries: expected host or device, got {summaries!r}")
+    if summaries is not None and summaries not in SUMMARY_MODES:
+        raise UserError(f"--summaries: expected {' or '.join(SUMMARY_MODES)}, got {summaries!r}")
     command = list(command) or list(DEFAULT_COMMAND)
     mpiexec, flavour = mpiexec_and_flavour()
     if backend not in ("auto", "sim", "gpu"):

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import UserError
+from ..runtime.summary_windows import DEFAULT_SUMMARIES, SUMMARY_MODES
 
 from ..megakernel.presets import SIM_WORKERS  # noqa: E402
 DURATION_STEP_CAP = 1_000_000
@@ -253,10 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu backend: where live queries run: hot (device VM, default; "
                         "$DTRACE_MK_TIER), compiled (linked into the megakernel: the resident kernel "
                         "is relaunched at a step the ranks agree on), auto (hot, promoted when the tier policy says so)")
-    p.add_argument("--summaries", choices=("host", "device"), default=None,
-                   help="gpu backend: where the agent's summary monitors run: host (default; "
-                        "$DTRACE_MK_SUMMARIES): every hook record streams to the host agent, which "
-                        "then paces the kernel; device: their task half runs in the megakernel's "
+    p.add_argument("--summaries", choices=SUMMARY_MODES, default=None,
+                   help=f"gpu backend: where the agent's summary monitors run (default {DEFAULT_SUMMARIES}, or "
+                        "$DTRACE_MK_SUMMARIES): host = every hook record streams to the host agent, which "
+                        "then paces the kernel; device = their task half runs in the megakernel's "
                         "device VM, read once per window of steps, and only comm:* records stream")
     from ..commands.top import add_observer_arguments
     add_observer_arguments(p, "gpu backend, one rank")
@@ -690,9 +691,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
 
 def summaries_of(args) -> str:
     """serve_gpu: where the agent's summaries run (--summaries, $DTRACE_MK_SUMMARIES)."""
-    got = getattr(args, "summaries", None) or os.environ.get("DTRACE_MK_SUMMARIES") or "host"
-    if got not in ("host", "device"):
-        raise UserError(f"$DTRACE_MK_SUMMARIES: expected host or device, got {got!r}")
+    got = getattr(args, "summaries", None) or os.environ.get("DTRACE_MK_SUMMARIES") or DEFAULT_SUMMARIES
+    if got not in SUMMARY_MODES:
+        raise UserError(f"$DTRACE_MK_SUMMARIES: expected {' or '.join(SUMMARY_MODES)}, got {got!r}")
     return got
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import UserError
+from ..runtime.summary_windows import DEFAULT_SUMMARIES, SUMMARY_MODES
 
 NAME = "demo"
 ORDER = 1
@@ -86,9 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up after S seconds (default 120)")
     p.add_argument("-f", "--format", choices=("text", "json"), default="text",
                    help="text, or newline-delimited JSON (query blocks, then the diagnosis)")
-    p.add_argument("--summaries", choices=("host", "device"), default=None,
+    p.add_argument("--summaries", choices=SUMMARY_MODES, default=None,
                    help="GPU backend: where the ranks' summary monitors run (serve --summaries; "
-                        "default host, or $DTRACE_MK_SUMMARIES)")
+                        f"default {DEFAULT_SUMMARIES}, or $DTRACE_MK_SUMMARIES)")
 
 
 def fault_spec(steps: int) -> str:

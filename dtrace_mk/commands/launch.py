@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..runtime.summary_windows import DEFAULT_SUMMARIES, SUMMARY_MODES
 
 NAME = "launch"
 ORDER = 30
@@ -50,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "passed as $DTRACE_MK_TIER): hot = device VM (default), compiled = linked "
                         "into the megakernel at the next launch boundary, auto = hot, promoted by "
                         "the tier policy")
-    p.add_argument("--summaries", choices=("host", "device"), default=None,
+    p.add_argument("--summaries", choices=SUMMARY_MODES, default=None,
                    help="gpu backend: where the ranks' summary monitors run (the reference server's "
                         "--summaries, passed as $DTRACE_MK_SUMMARIES): host = every hook record to the "
-                        "rank's agent (default), device = their task half in the device VM")
+                        f"rank's agent, device = their task half in the device VM (default {DEFAULT_SUMMARIES})")
     p.add_argument("--ready-timeout", type=float, default=120.0, metavar="S",
                    help="give up when the control socket is not up after S seconds (default 120)")
     p.add_argument("--quiet", action="store_true", help="fewer progress lines")

@@ -53,6 +53,12 @@ from typing import Any, List, Tuple
 from ..bpf.coverage import Coverage
 from ..errors import UserError
 
+#: Where a GPU rank's summary monitors run (serve / launch / demo --summaries,
+#: $DTRACE_MK_SUMMARIES): "host" = every hook record streams to the rank's Python agent,
+#: "device" = their task half runs here, in the device VM.
+SUMMARY_MODES = ("host", "device")
+DEFAULT_SUMMARIES = "host"
+
 #: Decode steps per window: each window is read once (one device-to-host copy of its
 #: maps); the summaries of a step reach the collector within ~W steps.
 DEFAULT_WINDOW = 16

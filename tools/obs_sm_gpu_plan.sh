@@ -389,6 +389,7 @@
 #                                resident + hot attach on the default / site-form builds
 #   tools/obs_sm_gpu_plan.sh 109 device VM + map churn (the table entry's layout), the compiled tier
 # Order: 108, 109, 104 (the default build's off / hot / compiled beside session 40's).
+# Session 41 got no device (five refusals, then none lent): 108, 109, 104 are the next session's first calls.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

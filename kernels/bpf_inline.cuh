@@ -313,8 +313,7 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
     const dtmk_u32 gen = T.gen >> 1;
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
-        if (!(P.flags & DTMK_PROG_F_INLINE) || epoch < P.first_epoch || (P.end_epoch && epoch >= P.end_epoch))
-            continue;
+        if (!(P.flags & DTMK_PROG_F_INLINE) || !DTMK_PROG_COUNTS(P, epoch)) continue;
         dtmk_u64 r0 = 0;
         const dtmk_u32 cm = P.flags >> 16, slot = hook * DTMK_MAX_PROGS + k;
         int out;

@@ -86,6 +86,12 @@ struct __align__(16) dtmk_prog {
 };
 static_assert(sizeof(struct dtmk_prog) == 64, "dtmk_prog size");
 
+/* Does the program count events of `epoch`?  From first_epoch on, and before end_epoch
+ * when it has one -- the one rule of the ring path (bpf_run_prog.cuh) and the site form
+ * (bpf_inline.cuh); the reference's: runtime/reference.py fire.  A macro: the same test as
+ * an inline function changed the default build's code; as a macro its SASS is the same) */
+#define DTMK_PROG_COUNTS(P, epoch) ((epoch) >= (P).first_epoch && ((P).end_epoch == 0u || (epoch) < (P).end_epoch))
+
 /* gen is a seqlock: the host makes it odd, writes the table, then writes the next even
  * value.  program_gen = gen / 2.  A reader that sees an odd gen, or a gen that changed
  * while it copied the table, keeps its previous copy. */

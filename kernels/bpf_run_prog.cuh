@@ -33,8 +33,7 @@ __device__ __forceinline__ int dtmk_run_prog(const struct dtmk_prog &P, bool eli
                                              dtmk_u32 epoch, dtmk_u32 gen, dtmk_u32 flags, dtmk_u64 *r0,
                                              struct dtmk_cov_acc *acc, A... a) {
     const unsigned lane = threadIdx.x & 31;
-    /* attached from a step boundary on; a window (end_epoch) up to one */
-    eligible = eligible && epoch >= P.first_epoch && (P.end_epoch == 0u || epoch < P.end_epoch);
+    eligible = eligible && DTMK_PROG_COUNTS(P, epoch);   /* attached from a step boundary on (a window: up to one) */
     const unsigned em = __ballot_sync(DTMK_VM_FULL, eligible);
     if (!em) return DTMK_OUT_NONE;
     struct dtmk_cov *cov = (struct dtmk_cov *)P.cov;

@@ -168,7 +168,7 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 #define CTL_GEN_DUE 16     /* resident launches: the first step whose gate must load the tables of the
                             * generation the host publishes with it (the host writes it before CTL_GEN;
                             * min over changes some worker has not loaded yet); a worker loads them
-                            * earlier only in idle time (a wait that is not ready): O.due */
+                            * earlier only in idle time (a wait that is not ready): O.lazy, obs_sync */
 #define CTL_SM_MAP 18     /* u64 (words 18, 19), -DDTMK_SM_WORKER: device address of int32 map[smid] ->
                             * worker (0 = worker = blockIdx.x): which SM runs which plan, fixed
                             * across launches; bit 0 set: int32 out[block] <- its SM ("worker

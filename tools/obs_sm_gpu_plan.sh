@@ -384,7 +384,7 @@
 # 81 on the x2 kind (now with the device-summaries demo); 102; 97.
 # Session 41: a summary window ends on the device where its successor starts (dtmk_prog.end_epoch, attach
 # replaces=) and a table change loads at the gate of the step it is due at, earlier only in idle time
-# (control[CTL_GEN_DUE], O.due): kernel code of every hook build changed (the program table entry, the gate).
+# (control[CTL_GEN_DUE], O.lazy): kernel code of every hook build changed (the program table entry, the gate).
 #   tools/obs_sm_gpu_plan.sh 108 the device-summaries GPU tests (the workers' serve case no longer an xfail);
 #                                resident + hot attach on the default / site-form builds
 #   tools/obs_sm_gpu_plan.sh 109 device VM + map churn (the table entry's layout), the compiled tier

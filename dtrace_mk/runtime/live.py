@@ -337,11 +337,13 @@ class LiveSession:
         """Write the step the change is due at, the attach stamp, then the next global
         generation (side stream).  due (control[CTL_GEN_DUE], resident launches): the
         first step whose gate must load the new tables; before it workers load them only
-        in idle time (megakernel.cu O.due).  0: at the next gate.  A change some worker
+        in idle time (mk_observer.cuh O.lazy, obs_sync OBS_AT_GATE).  0: at the next gate.  A change some worker
         has not loaded yet keeps its earlier due."""
         gpu, cp = self.gpu, self.cp
-        if self.loaded_gen() < self.gen:
-            due = min(due, self._due)
+        # (the workers' generations are read only when they matter: not on an attach due at
+        # once, whose latency the read would add to)
+        if due > self._due and self.loaded_gen() < self.gen:
+            due = self._due
         self._due = due
         self.gen += 1
         t_write = time.time_ns()

@@ -29,10 +29,29 @@ def nvrtc_module():
 
 
 def nvrtc_version() -> str:
+    """NVRTC's "major.minor" (in every kernel cache key)."""
     try:
-        return repr(nvrtc_module().nvrtcVersion())
+        _, major, minor = nvrtc_module().nvrtcVersion()
+        return f"{major}.{minor}"
     except Exception:  # noqa: BLE001 - no NVRTC at all: callers fail when they compile
         return "unknown"
+
+
+def nvrtc_library():
+    """The libnvrtc shared library this process runs (a Path), or None where it cannot be
+    told: two machines whose libraries are the same file compile the same bytes
+    (tools/kcache.py carries cubins to a GPU machine on that condition)."""
+    from pathlib import Path
+    try:
+        nvrtc_module().nvrtcVersion()          # (loads the library)
+        maps = Path("/proc/self/maps").read_text()
+    except Exception:  # noqa: BLE001 - no NVRTC, or no /proc: unknown
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if re.search(r"/libnvrtc\.so[.\d]*$", path):
+            return Path(path)
+    return None
 
 
 def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", target: str = "cubin",

@@ -3,8 +3,9 @@
 # Usage (from the repo root on the device machine):  tools/gpu_session.sh STAGE...
 # STAGE: gputests | gpu:<pytest args> | suite:N/M (part N of M of tests/gpu, tools/gpu_suite.py)
 #        | hooks | any command line
-# Installs the package (no deps: the image has CuPy, mpi4py, NCCL) and the carried
-# OpenTelemetry wheels (.whl/, optional), then runs each STAGE; all logs come back as $OUT/logs.tgz.
+# Installs the package (no deps: the image has CuPy, mpi4py, NCCL), the carried
+# OpenTelemetry wheels (.whl/, optional) and precompiled cubins (.kcache/, optional:
+# tools/kcache.py), then runs each STAGE; all logs come back as $OUT/logs.tgz.
 # A failing stage does not stop the later ones; the last lines are a table of stages.
 set -u
 # the commit every bench figure carries (benchio.card): the device gets a tree, not a repository
@@ -17,6 +18,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOG/install.log" 2>&1 || { tail -20 "$LOG/install.log"; exit 1; }
+# cubins compiled before the call by the same libnvrtc (tools/kcache.py; the carried, git-ignored
+# .kcache/), and a record of every megakernel build the stages ask for (kcache build --log)
+[ -f .kcache/manifest.json ] && python3 tools/kcache.py install .kcache | tee "$LOG/kcache.txt"
+export DTRACE_MK_BUILD_LOG="$LOG/builds.jsonl"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$LOG/card.txt"
 declare -a rows
 i=0

@@ -390,6 +390,10 @@
 #   tools/obs_sm_gpu_plan.sh 109 device VM + map churn (the table entry's layout), the compiled tier
 # Order: 108, 109, 104 (the default build's off / hot / compiled beside session 40's).
 # Session 41 got no device (five refusals, then none lent): 108, 109, 104 are the next session's first calls.
+# Session 42 got none either (no kernel change; the inline form now takes a hist_add whose r0 is dead on every
+# path).  Before the calls, compile their cubins here and carry .kcache (tools/kcache.py; docs/dev/HELPERS.md):
+#   /tmp/kcv/bin/python tools/kcache.py build .kcache --plan 108 --plan 109 --plan 104 DTMK_SITE_FORM ...
+# and make the first call's first stage `python3 tools/kcache.py check .kcache` (same bytes on this image?).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -759,5 +763,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..106)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..109)" >&2; exit 2 ;;
 esac

@@ -242,6 +242,8 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     Cached on disk by source hash; raises CompileError with NVRTC's log."""
     key = source_hash(arch, target, defines, name) + "_" + name.replace(".", "_")
     path = cache_dir() / f"{key}.{target}"
+    if os.environ.get("DTRACE_MK_BUILD_LOG"):
+        log_build(arch, target, defines, name, use_cache and path.exists())
     if use_cache and path.exists():
         return path.read_bytes()
     out = build.nvrtc_compile((KERNEL_DIR / name).read_text(), name, arch, target, defines,
@@ -251,6 +253,16 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
         tmp.write_bytes(out)
         tmp.replace(path)
     return bytes(out)
+
+
+def log_build(arch: str, target: str, defines: Sequence[str], name: str, cached: bool) -> None:
+    """One line of JSON per compile_source request to $DTRACE_MK_BUILD_LOG (GPU sessions
+    set it: tools/kcache.py --log builds exactly what a plan's tests asked for)."""
+    import json
+    line = json.dumps({"arch": arch, "target": target, "name": name, "defines": list(defines),
+                       "cached": bool(cached)})
+    with open(os.environ["DTRACE_MK_BUILD_LOG"], "a") as f:
+        f.write(line + "\n")
 
 
 def cubin_file(cubin: bytes, tag: str):

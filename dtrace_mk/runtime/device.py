@@ -46,7 +46,7 @@ from ..errors import Rejected, UserError
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 from .descform import DESC_DTYPE
-from .reference import replaced_attachment
+from .reference import hooks_changed, replaced_attachment
 
 SOURCES = tuple(build.include_closure("bpf_vm_harness.cu", KERNEL_DIR))   # what the harness cache key hashes
 
@@ -739,11 +739,7 @@ class DeviceRuntime:
         self._atts[aid] = att
         for dp in dprogs:
             self._by_hook[dp.program.hook.id].append((att, dp))
-        hooks = {dp.program.hook.id for dp in dprogs}
-        if pred is not None:
-            pred.end_epoch = att.first_epoch
-            hooks |= {dp.program.hook.id for dp in pred.progs}
-        for hid in sorted(hooks):
+        for hid in sorted(hooks_changed(dprogs, pred, att.first_epoch)):
             self._gen[hid] += 1
             self._publish(hid)
         return aid

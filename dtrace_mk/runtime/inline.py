@@ -139,33 +139,6 @@ def _max_triple(insns: Sequence[isa.Insn], pc: int, targets: Set[int]) -> bool:
     return _triple(insns, pc, targets) == "max"
 
 
-def _r0_dead_after(insns: Sequence[isa.Insn], pc: int) -> bool:
-    """r0 is written before it is read on the straight line after the call at pc (a jump
-    or exit first: not provably dead)."""
-    for ins in insns[pc + 1:]:
-        info = isa.OPCODES.get(ins.opcode)
-        if info is None or info.kind in ("jmp", "exit"):
-            return False
-        if info.kind == "call":
-            return True                                  # clobbers r0 unread
-        x = info.src == isa.BPF_X
-        if info.kind == "alu":
-            reads = (ins.dst == 0 and isa.ALU_OPS[info.op] != "mov") or (x and ins.src == 0)
-        elif info.kind == "ldx":
-            reads = ins.src == 0
-        elif info.kind == "st":
-            reads = ins.dst == 0
-        elif info.kind in ("stx", "atomic"):
-            reads = 0 in (ins.dst, ins.src)
-        else:                                            # ld_imm64
-            reads = False
-        if reads:
-            return False
-        if ins.dst == 0 and info.kind in ("alu", "ldx", "ld_imm64"):
-            return True
-    return False
-
-
 def _reg_dead_after(insns: Sequence[isa.Insn], start: int, reg: int) -> bool:
     """`reg` is written before it is read on every path from `start`: both edges of a
     conditional jump are followed (a jump reads its operands), an instruction reached
@@ -331,7 +304,7 @@ def _plan(prog: Program, maps: Sequence[MapDef], f: _Facts) -> InlinePlan:
             used_maps.add(m)
             md = maps[m]
             if name == "hist_add":
-                if not _r0_dead_after(insns, pc):
+                if not _reg_dead_after(insns, pc + 1, 0):
                     return InlinePlan(reason=f"insn {pc}: hist_add's return value is read")
             elif name == "map_update_elem":
                 update_ok[m] = update_ok.get(m, True) and flags == NOEXIST and zero

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..abi import context
 from ..abi import definition as abi
@@ -101,6 +101,17 @@ def replaced_attachment(atts: Dict[int, object], replaces: Optional[int], first_
         raise UserError(f"attach: replaces={replaces}: first_epoch {first_epoch} must be after the replaced "
                         f"attachment's first epoch {pred.first_epoch}")
     return pred
+
+
+def hooks_changed(progs, pred, first_epoch: int) -> Set[int]:
+    """The hooks an attach changes (their program_gen moves once): those of its programs
+    and, when it replaces `pred`, pred's, which stops counting at `first_epoch` (its
+    end_epoch) in the same change.  `progs`, pred.progs: records with a `.program`."""
+    hooks = {p.program.hook.id for p in progs}
+    if pred is not None:
+        pred.end_epoch = first_epoch
+        hooks |= {p.program.hook.id for p in pred.progs}
+    return hooks
 
 
 class ReferenceRuntime:
@@ -181,11 +192,7 @@ class ReferenceRuntime:
         self._attachments[aid] = att
         for st in states:
             self._by_hook[st.program.hook.id].append((att, st))
-        hooks = {st.program.hook.id for st in states}
-        if pred is not None:
-            pred.end_epoch = att.first_epoch
-            hooks |= {st.program.hook.id for st in pred.progs}
-        for hid in hooks:
+        for hid in hooks_changed(states, pred, att.first_epoch):
             self._gen[hid] += 1
         return aid
 

@@ -211,6 +211,10 @@ def _first_seen_prog():
     return Program("p", HOOK.section, HOOK, asm.assemble(text + XADD + EPI, [m.name for m in maps])), maps
 
 
+#: after a hist_add: r0 written before it is read on both edges of a branch
+HIST_BRANCH = "jgt r7, 100, big\nmov r0, 0\nexit\nbig:\nmov r0, 1\nexit\n"
+
+
 def _hist_prog(after):
     maps = [MapDef("g", "hist_log2", 8, 512, 64)]
     text = PRO + "lddw r1, map:g\nmov r2, r10\nadd r2, -48\nmov r3, r7\ncall hist_add\n" + after
@@ -272,6 +276,8 @@ REFUSE_ASM = [
     ("hist_add result kept", lambda: _hist_prog("mov r8, r0\nmov r0, 0\nexit\n"),
      r"insn \d+: hist_add's return value is read"),
     ("hist_add result returned", lambda: _hist_prog("exit\n"), r"insn \d+: hist_add's return value is read"),
+    ("hist_add result returned on one path", lambda: _hist_prog(HIST_BRANCH.replace("mov r0, 1\n", "")),
+     r"insn \d+: hist_add's return value is read"),
     ("hist value read", lambda: _hist_lookup_prog(), r"insn \d+: map 'g': a hist value read directly"),
 ]
 
@@ -614,6 +620,7 @@ HAND_QUALIFY = [
     ("add and raise", lambda: _prog(XADD + "jgt r7, 100, tri\n" + "tri:\n" + RAISE)),
     ("4-byte key", lambda: _prog(XADD, key=4)),
     ("hist_add", lambda: _hist_prog("mov r0, 0\nexit\n")),
+    ("hist_add then a branch", lambda: _hist_prog(HIST_BRANCH)),
 ]
 
 

@@ -1,0 +1,111 @@
+"""tools/kcache.py: cubins compiled here reach the GPU machine's kernel cache only when the
+same libnvrtc built them, never replace what is there, never land outside the cache; a
+plan's sets are its precompile stages'; a build log's megakernel cubins are read back."""
+import io
+import json
+import tarfile
+
+import pytest
+
+from dtrace_mk.kernels import build
+
+
+@pytest.fixture(scope="module")
+def kcache(load_tool):
+    return load_tool("kcache")
+
+
+def _pack(d, members, sha):
+    """A carried cache in d: `members` {name: bytes}, a manifest naming libnvrtc `sha`."""
+    d.mkdir()
+    with tarfile.open(d / "cubins.tar.gz", "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (d / "manifest.json").write_text(json.dumps({"nvrtc": "13.0", "libnvrtc_sha256": sha, "sets": [""],
+                                                 "files": len(members)}))
+
+
+A = "0123456789abcdef01234567_megakernel_cu.cubin"
+B = "89abcdef0123456701234567_megakernel_cu.cubin"
+RDC = "cm_megakernel_rdc_0123456789abcdef0123.cubin"      # the compiled tier's kernel objects
+LTO = "cm_megakernel_v_lto_0123456789abcdef0123.ltoir"
+
+
+def test_install_takes_the_same_compilers_cubins_and_keeps_what_is_there(kcache, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(cache))
+    build.cache_dir()
+    (cache / B).write_bytes(b"built there")
+    sha = kcache.library_sha256()
+    assert len(sha) == 64            # (this machine's libnvrtc is found: the venv's wheel)
+    _pack(tmp_path / "kc", {A: b"cubin a", B: b"cubin b", RDC: b"rdc", LTO: b"lto",
+                            "../escape_megakernel_cu.cubin": b"x", "notes.txt": b"y",
+                            "cm_megakernel_s1_0123_4567.cubin": b"linked by nvJitLink: not carried"}, sha)
+    assert kcache.main(["install", str(tmp_path / "kc")]) == 0
+    assert (cache / A).read_bytes() == b"cubin a"
+    assert (cache / B).read_bytes() == b"built there"          # never replaced
+    assert (cache / RDC).read_bytes() == b"rdc" and (cache / LTO).read_bytes() == b"lto"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([A, B, RDC, LTO])   # nothing else, nothing outside
+    assert not (tmp_path / "escape_megakernel_cu.cubin").exists()
+    assert "3 files installed" in capsys.readouterr().out
+
+
+def test_another_libnvrtc_installs_nothing(kcache, tmp_path, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(cache))
+    _pack(tmp_path / "kc", {A: b"cubin a"}, "0" * 64)
+    assert kcache.main(["install", str(tmp_path / "kc")]) == 0
+    assert not (cache / A).exists()
+    assert "is not the one that compiled" in capsys.readouterr().out
+    assert kcache.main(["install", str(tmp_path / "missing")]) == 0      # no cache carried: said, status 0
+    assert "nothing installed" in capsys.readouterr().out
+
+
+def test_a_plans_sets_are_its_precompile_stages_and_its_tests_builds(kcache):
+    """Plan 108 precompiles '' and the CLI's observer build; its pytest stages select
+    test_hot_attach's default and site-form builds (on tiny and 1b: + DTMK_ROPE_IN_ATTN)
+    and, by its -k, none of the observer-SM ones."""
+    L = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16")
+    R = ("DTMK_ROPE_IN_ATTN",)
+    assert set(kcache.plan_sets("108")) == {(), L, R, ("DTMK_SITE_FORM",), ("DTMK_SITE_FORM",) + R}
+    assert set(kcache.plan_sets("109")) == {(), R, L + R}
+    with pytest.raises(SystemExit, match="plan 9999"):
+        kcache.plan_sets("9999")
+
+
+def test_a_build_log_gives_its_megakernel_cubins(kcache, tmp_path, monkeypatch):
+    from dtrace_mk.megakernel import gpu_build
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv("DTRACE_MK_BUILD_LOG", str(log))
+    gpu_build.log_build("sm_90a", "cubin", ("DTMK_NO_HOOKS",), "megakernel.cu", False)
+    gpu_build.log_build("sm_90a", "ltoir", ("X",), "megakernel.cu", False)        # not a cubin
+    gpu_build.log_build("sm_90a", "cubin", (), "bpf_vm.cu", True)                 # not the megakernel
+    gpu_build.log_build("sm_90a", "cubin", (), "megakernel.cu", True)
+    assert kcache.log_sets(str(log)) == [("DTMK_NO_HOOKS",), ()]
+    log.write_text(log.read_text() + "oops\n")
+    with pytest.raises(SystemExit, match=r"builds.jsonl:5: not a JSON line"):
+        kcache.log_sets(str(log))
+
+
+def test_bad_arguments_are_refused(kcache, tmp_path):
+    with pytest.raises(SystemExit):
+        kcache.main(["install", str(tmp_path), "--bogus"])
+    with pytest.raises(SystemExit, match="no define sets"):
+        kcache.main(["build", str(tmp_path / "kc")])
+
+
+def test_the_cache_keys_nvrtc_version_is_major_dot_minor():
+    """(not the bindings' repr of their result tuple, which may change between
+    cuda-bindings releases while the compiler stays the same: kcache's keys must agree)"""
+    import re
+    assert re.fullmatch(r"\d+\.\d+", build.nvrtc_version())
+
+
+def test_check_names_a_set_the_pack_lacks(kcache, tmp_path, capsys):
+    """check compiles the manifest's first set and compares it with the carried cubin of
+    the same key; a pack without that cubin (other sources) fails before compiling."""
+    _pack(tmp_path / "kc", {A: b"cubin a"}, "0" * 64)
+    assert kcache.main(["check", str(tmp_path / "kc")]) == 1
+    assert "has no cubin of (default) for these sources" in capsys.readouterr().out

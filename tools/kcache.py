@@ -1,0 +1,297 @@
+"""Compile a GPU session's megakernel cubins on this machine and carry them to the lent GPU,
+so that its scarce device time does not go to NVRTC (a plan's precompile stage and the
+builds its tests make one after another took 1-3 minutes of each 10-minute call).
+
+    here:  python tools/kcache.py build .kcache --plan 108 --plan 109 [--log builds.jsonl] [SET ...]
+    there: python3 tools/kcache.py install .kcache        (tools/gpu_session.sh does it)
+           python3 tools/kcache.py check .kcache          (once per image: same bytes?)
+
+build: NVRTC-compiles each set (defines joined by '+'; "" = the default build), and the
+compiled tier's kernel objects of its hook builds, into a fresh cache and packs it:
+DIR/cubins.tar.gz + DIR/manifest.json (the NVRTC version, the sha256 of the libnvrtc that
+compiled them, the sets); files of an earlier pack in DIR by the same libnvrtc are reused.  --plan N takes the sets of
+tools/obs_sm_gpu_plan.sh N's precompile stages; --log FILE the megakernel cubins a GPU
+session's processes asked for ($DTRACE_MK_BUILD_LOG lines, gpu_build.log_build).  Run it
+with an NVRTC of the GPU image's version (the H200 image: nvidia-cuda-nvrtc 13.0.88),
+e.g. a venv holding that wheel, pytest (--plan collects the plan's tests) and this
+package (`pip install -e . --no-deps`).
+
+install: only where this machine's libnvrtc is the very file that compiled them (same
+sha256: the same compiler, so the same bytes it would build), unpack them into the kernel
+cache ($DTRACE_MK_CACHE), never replacing a file there; otherwise say why and install
+nothing (the tests compile as before).  Exit status 0 either way: a missing cache only
+costs time.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+MANIFEST = "manifest.json"
+PACK = "cubins.tar.gz"
+#: the cache files NVRTC alone makes: megakernel.cu cubins (gpu_build.compile_source) and the
+#: compiled tier's kernel objects, stage 1's relocatable cubin and stage 2's LTO-IR
+#: (runtime/compiled/link.kernel_object; what nvJitLink links from them is not carried)
+CARRIED = re.compile(r"^([0-9a-f]{24}_megakernel_cu\.cubin|cm_\w+_(rdc_[0-9a-f]{20}\.cubin|lto_[0-9a-f]{20}\.ltoir))$")
+
+
+def library_sha256() -> str:
+    from dtrace_mk.kernels import build
+    lib = build.nvrtc_library()
+    if lib is None:
+        return ""
+    return hashlib.sha256(lib.resolve().read_bytes()).hexdigest()
+
+
+def builds_of_tests(args: list) -> list:
+    """The megakernel builds the tests that pytest `args` (paths, -k) select would load, as
+    far as their parameters tell: each test's `defines` parameter (none: the default
+    build) with the defines its model adds (gpu_build.megakernel_defines), the model being
+    its `name` / `preset` parameter, else tiny's and 1b's.  Collected here, not run."""
+    import contextlib
+
+    import pytest
+
+    from dtrace_mk.megakernel.gpu_build import megakernel_defines
+    from dtrace_mk.megakernel.presets import PRESETS, get_preset
+
+    class Collect:
+        items: list = []
+
+        def pytest_collection_finish(self, session):      # (after -k deselected)
+            Collect.items = list(session.items)
+
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        status = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args], plugins=[Collect()])
+    if status not in (0, 5):          # (5: nothing selected)
+        tail = said.getvalue().strip().splitlines()[-3:]
+        print(f"kcache: collecting {' '.join(args)}: pytest status {int(status)}, builds of tests it could not "
+              f"collect are missing: {' | '.join(tail)}", file=sys.stderr)
+    sets = set()
+    for item in Collect.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        defines = tuple(params.get("defines") or ())
+        model = params.get("name") or params.get("preset")
+        for m in [model] if model in PRESETS else ["tiny", "1b"]:
+            sets.add(megakernel_defines(get_preset(m), 1, defines))
+    return sorted(sets)
+
+
+PYTEST_OWN = {"-v", "-q", "-x", "-rA", "-s"}
+
+
+def plan_sets(plan: str) -> list:
+    """The define sets of plan N's `tools/precompile.py` stages and of the tests its pytest
+    stages select (the plan run dry: each stage printed, not run)."""
+    script = (ROOT / "tools" / "obs_sm_gpu_plan.sh").read_text()
+    dry = script.replace("exec tools/gpu_session.sh", 'printf "%s\\n"')
+    out = subprocess.run(["bash", "-c", dry, "plan", plan], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(f"kcache: plan {plan}: {out.stderr.strip() or 'no such plan'}")
+    sets = []
+    for stage in out.stdout.splitlines():
+        words = shlex.split(stage)
+        if "pytest" in words:
+            rest, args = words[words.index("pytest") + 1:], []
+            while rest:
+                w = rest.pop(0)
+                if w in ("-p", "-k", "-m"):
+                    val = rest.pop(0)
+                    if w != "-p":
+                        args += [w, val]
+                elif w not in PYTEST_OWN and not w.startswith("--"):
+                    args.append(w)
+            sets += builds_of_tests(args)
+        if "tools/precompile.py" not in words:
+            continue
+        args = words[words.index("tools/precompile.py") + 1:]
+        if "--variants" in args:
+            import precompile
+            sets += precompile.variant_test_sets()
+        sets += [tuple(d for d in a.split("+") if d) for a in args if not a.startswith("--")]
+    return sets
+
+
+def log_sets(path: str) -> list:
+    """The megakernel cubins a session asked for ($DTRACE_MK_BUILD_LOG)."""
+    sets = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise SystemExit(f"kcache: {path}:{n}: not a JSON line: {line[:60]!r}") from None
+        if rec.get("name") == "megakernel.cu" and rec.get("target") == "cubin" and rec.get("arch") == "sm_90a":
+            sets.append(tuple(rec["defines"]))
+    return sets
+
+
+def _kernel_object(job):
+    """(spawned process) one compiled-tier kernel object: (seconds, None or the error)."""
+    from dtrace_mk.runtime.compiled import link
+    defines, stage = job
+    try:
+        return link.kernel_object(link.megakernel_spec(defines), stage)[1], None
+    except Exception as e:  # noqa: BLE001 - reported per build
+        return 0.0, e
+
+
+def compiled_tier_objects(sets: list) -> int:
+    """The compiled tier's kernel objects (stage 1 and 2) of every hook build in `sets`
+    (one per distinct link.megakernel_spec), into the current cache; returns failures."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from dtrace_mk.runtime.compiled import link
+    specs = {}
+    for defs in sets:
+        if "DTMK_NO_HOOKS" not in defs:
+            specs.setdefault(link.megakernel_spec(defs).key(link.ARCH), defs)
+    jobs = [(defs, stage) for defs in specs.values() for stage in (link.STAGE_FAST, link.STAGE_LTO)]
+    failed = 0
+    with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        for (defs, stage), (secs, err) in zip(jobs, ex.map(_kernel_object, jobs)):
+            name = f"compiled tier stage {stage} of {'+'.join(defs) or '(default)'}"
+            print(f"  {name}: FAILED {err!r}" if err is not None else f"  {name}: {secs:.1f} s", flush=True)
+            failed += err is not None
+    return failed
+
+
+def build(out_dir: Path, sets: list) -> int:
+    from dtrace_mk.kernels import build as nv
+    from dtrace_mk.megakernel import gpu_build
+    sets = sorted(set(sets))
+    if not sets:
+        raise SystemExit("kcache build: no define sets (name SETs, --plan N or --log FILE)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kcache") as tmp:
+        os.environ["DTRACE_MK_CACHE"] = tmp       # (the spawned compile processes inherit it)
+        reused = _unpack_same_compiler(out_dir, Path(tmp))   # (keys hash the sources: a stale
+        if reused:                                           # file is never loaded, only carried)
+            print(f"kcache: {reused} files of the earlier {out_dir / PACK} reused (same libnvrtc)", flush=True)
+        print(f"kcache: {len(sets)} builds with NVRTC {nv.nvrtc_version()} ({nv.nvrtc_library()})", flush=True)
+        failed = 0
+        for defs, (secs, err) in gpu_build.precompile(sets, workers=os.cpu_count() or 1).items():
+            name = "+".join(defs) or "(default)"
+            print(f"  {name}: FAILED {err!r}" if err is not None else f"  {name}: {secs:.1f} s", flush=True)
+            failed += err is not None
+        failed += compiled_tier_objects(sets)
+        files = sorted(p for p in Path(tmp).iterdir() if CARRIED.match(p.name))
+        with tarfile.open(out_dir / PACK, "w:gz") as tar:
+            for p in files:
+                tar.add(p, arcname=p.name)
+    manifest = {"nvrtc": nv.nvrtc_version(), "libnvrtc_sha256": library_sha256(),
+                "sets": ["+".join(s) for s in sets], "files": len(files)}
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    size = (out_dir / PACK).stat().st_size
+    print(f"kcache: {len(files)} files, {size / 2**20:.1f} MiB packed in {out_dir / PACK}")
+    return 1 if failed else 0
+
+
+def _unpack_same_compiler(src: Path, dest: Path) -> int:
+    """Unpack src's carried files into dest if this machine's libnvrtc compiled them and
+    dest lacks them; returns how many (0: none, or another compiler's, or no pack)."""
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return 0
+    mine = library_sha256()
+    if not mine or mine != manifest.get("libnvrtc_sha256"):
+        return 0
+    added = 0
+    with tarfile.open(src / PACK, "r:gz") as tar:
+        for m in tar.getmembers():
+            if not (m.isfile() and CARRIED.match(m.name)) or (dest / m.name).exists():
+                continue                         # (only cache files, never a path outside it)
+            tmp = dest / f"{m.name}.tmp{os.getpid()}"
+            tmp.write_bytes(tar.extractfile(m).read())
+            tmp.replace(dest / m.name)
+            added += 1
+    return added
+
+
+def install(src: Path) -> int:
+    from dtrace_mk.kernels import build as nv
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        print(f"kcache: no usable {src / MANIFEST} ({e}): nothing installed")
+        return 0
+    mine = library_sha256()
+    if not mine or mine != manifest.get("libnvrtc_sha256"):
+        print(f"kcache: this libnvrtc ({nv.nvrtc_library()}, NVRTC {nv.nvrtc_version()}) is not the one that "
+              f"compiled {src} (NVRTC {manifest.get('nvrtc')}): nothing installed, kernels compile here")
+        return 0
+    dest = nv.cache_dir()
+    added = _unpack_same_compiler(src, dest)
+    print(f"kcache: {added} files installed into {dest} (of {manifest.get('files')}; the others there "
+          f"already; NVRTC {manifest['nvrtc']}, same libnvrtc)")
+    return 0
+
+
+def check(src: Path) -> int:
+    """Compile the manifest's first set here, uncached, and compare it with the carried
+    cubin of the same key: the premise of `install` (same libnvrtc, same bytes), checked
+    once on a new image (one build's time).  Exit status 1 if they differ."""
+    from dtrace_mk.megakernel import gpu_build
+    manifest = json.loads((src / MANIFEST).read_text())
+    defs = tuple(d for d in manifest["sets"][0].split("+") if d)
+    name = gpu_build.source_hash("sm_90a", "cubin", defs) + "_megakernel_cu.cubin"
+    with tarfile.open(src / PACK, "r:gz") as tar:
+        try:
+            carried = tar.extractfile(name).read()
+        except KeyError:
+            print(f"kcache check: {src} has no cubin of {'+'.join(defs) or '(default)'} for these sources")
+            return 1
+    here = gpu_build.compile_source("sm_90a", "cubin", defines=defs, use_cache=False)
+    same = here == carried
+    print(f"kcache check: {'+'.join(defs) or '(default)'}: {len(here)} bytes compiled here, "
+          f"{'the same bytes as' if same else 'DIFFERENT from'} the carried cubin")
+    return 0 if same else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile sets here and pack them into DIR")
+    b.add_argument("dir", type=Path)
+    b.add_argument("sets", nargs="*", help="defines joined by '+' ('' = the default build)")
+    b.add_argument("--plan", action="append", default=[], metavar="N",
+                   help="the sets of tools/obs_sm_gpu_plan.sh N's precompile stages (repeatable)")
+    b.add_argument("--log", action="append", default=[], metavar="FILE",
+                   help="the megakernel cubins a GPU session asked for ($DTRACE_MK_BUILD_LOG; repeatable)")
+    i = sub.add_parser("install", help="unpack DIR's cubins into the kernel cache if the same libnvrtc built them")
+    i.add_argument("dir", type=Path)
+    c = sub.add_parser("check", help="compile DIR's first set here and compare it with the carried cubin")
+    c.add_argument("dir", type=Path)
+    # (SETs after an option are left over by argparse: taken here, anything else refused)
+    args, extra = ap.parse_known_args(argv)
+    if extra and (args.cmd != "build" or any(e.startswith("-") for e in extra)):
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.cmd in ("install", "check"):
+        return install(args.dir) if args.cmd == "install" else check(args.dir)
+    sets = [tuple(d for d in s.split("+") if d) for s in args.sets + extra]
+    for n in args.plan:
+        sets += plan_sets(n)
+    for f in args.log:
+        sets += log_sets(f)
+    return build(args.dir, sets)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -86,8 +86,11 @@ def _fake_cupy():
 def _serve_with_query(monkeypatch, query, interval_s=30.0, extra=()):
     """serve --backend gpu (stand-ins) with `query` attached through the job's control
     socket before the first served step, its output streamed every `interval_s`; returns
-    (rc, {"outputs", "end", "reply"})."""
+    (rc, {"outputs", "end", "reply"}).  Host summaries unless `extra` names the mode (the
+    device runtime then holds the query alone)."""
     pytest.importorskip("mpi4py")
+    if "--summaries" not in extra:
+        extra = ("--summaries", "host") + tuple(extra)
     from dtrace_mk.commands.attach import compile_for_attach
     from dtrace_mk.launch import device_live, jobs, serve
     from dtrace_mk.launch.control import ControlClient, wait_for_socket
@@ -217,7 +220,11 @@ def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_
                 spy=None):
     """serve --backend gpu with the stand-ins, no job; returns (mk, dq, fed records per
     step as {step: count}, rank 0's diagnosis).  spy: a dict that gets the host.step
-    calls ("steps") and the collector's epochs per rank ("epochs": {rank: [epoch...]})."""
+    calls ("steps") and the collector's epochs per rank ("epochs": {rank: [epoch...]}).
+    Host summaries unless `extra` names the mode (what is fed is what these tests count:
+    every record, whatever the default)."""
+    if "--summaries" not in extra:
+        extra = ("--summaries", "host") + tuple(extra)
     pytest.importorskip("mpi4py")
     import json
     from dtrace_mk.launch import api, device_live, serve

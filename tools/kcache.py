@@ -2,19 +2,22 @@
 so that its scarce device time does not go to NVRTC (a plan's precompile stage and the
 builds its tests make one after another took 1-3 minutes of each 10-minute call).
 
-    here:  python tools/kcache.py build .kcache --plan 108 --plan 109 [--log builds.jsonl] [SET ...]
+    here:  python tools/kcache.py build .kcache --plan 108 --plan 109 [--tests tests/gpu] [--variants]
+                                                [--log builds.jsonl] [SET ...]
     there: python3 tools/kcache.py install .kcache        (tools/gpu_session.sh does it)
            python3 tools/kcache.py check .kcache          (once per image: same bytes?)
 
 build: NVRTC-compiles each set (defines joined by '+'; "" = the default build), and the
 compiled tier's kernel objects of its hook builds, into a fresh cache and packs it:
-DIR/cubins.tar.gz + DIR/manifest.json (the NVRTC version, the sha256 of the libnvrtc that
-compiled them, the sets); files of an earlier pack in DIR by the same libnvrtc are reused.  --plan N takes the sets of
-tools/obs_sm_gpu_plan.sh N's precompile stages; --log FILE the megakernel cubins a GPU
-session's processes asked for ($DTRACE_MK_BUILD_LOG lines, gpu_build.log_build).  Run it
-with an NVRTC of the GPU image's version (the H200 image: nvidia-cuda-nvrtc 13.0.88),
-e.g. a venv holding that wheel, pytest (--plan collects the plan's tests) and this
-package (`pip install -e . --no-deps`).
+DIR/cubins.tar.xz + DIR/manifest.json (the NVRTC version, the sha256 of the libnvrtc that
+compiled them, the sets); files of an earlier pack in DIR by the same libnvrtc are reused.
+The sets: SETs named; --plan N, those of tools/obs_sm_gpu_plan.sh N's precompile stages and
+of the tests its pytest stages select; --tests PATH, the tests' (by their `defines` and
+model parameters: an approximation, tests that build inside their bodies are missed);
+--variants, precompile.py's; --log FILE, the megakernel cubins a GPU session's processes
+asked for ($DTRACE_MK_BUILD_LOG lines, gpu_build.log_build: exact).  Run it with an NVRTC
+of the GPU image's version (the H200 image: nvidia-cuda-nvrtc 13.0.88), e.g. a venv
+holding that wheel, pytest (to collect tests) and this package (`pip install -e . --no-deps`).
 
 install: only where this machine's libnvrtc is the very file that compiled them (same
 sha256: the same compiler, so the same bytes it would build), unpack them into the kernel
@@ -42,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 MANIFEST = "manifest.json"
-PACK = "cubins.tar.gz"
+PACK = "cubins.tar.xz"      # (xz: 1/3 of gzip for cubins; the carry is 64 MiB in all)
 #: the cache files NVRTC alone makes: megakernel.cu cubins (gpu_build.compile_source) and the
 #: compiled tier's kernel objects, stage 1's relocatable cubin and stage 2's LTO-IR
 #: (runtime/compiled/link.kernel_object; what nvJitLink links from them is not carried)
@@ -75,6 +78,8 @@ def builds_of_tests(args: list) -> list:
         def pytest_collection_finish(self, session):      # (after -k deselected)
             Collect.items = list(session.items)
 
+    # a directory by its files: without a GPU tests/conftest.py leaves tests/gpu uncollected
+    args = [str(f) for a in args for f in (sorted(Path(a).glob("test_*.py")) if Path(a).is_dir() else [a])]
     with contextlib.redirect_stdout(io.StringIO()) as said:
         status = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *args], plugins=[Collect()])
     if status not in (0, 5):          # (5: nothing selected)
@@ -149,6 +154,28 @@ def _kernel_object(job):
         return 0.0, e
 
 
+def compiled_tier_specs(sets: list) -> dict:
+    """{the compiled tier's kernel spec: the first set of `sets` that links with it}, of
+    the hook builds (link.megakernel_spec; a no-hook build has no compiled tier)."""
+    from dtrace_mk.runtime.compiled import link
+    specs = {}
+    for defs in sets:
+        if "DTMK_NO_HOOKS" not in defs:
+            specs.setdefault(link.megakernel_spec(defs), defs)
+    return specs
+
+
+def carried_names(sets: list) -> set:
+    """The cache files of `sets`' builds (build packs these and nothing stale)."""
+    from dtrace_mk.megakernel import gpu_build
+    from dtrace_mk.runtime.compiled import link
+    names = {gpu_build.source_hash("sm_90a", "cubin", defs) + "_megakernel_cu.cubin" for defs in sets}
+    for spec in compiled_tier_specs(sets):
+        key = spec.key(link.ARCH)
+        names |= {f"cm_{spec.tag}_rdc_{key}.cubin", f"cm_{spec.tag}_lto_{key}.ltoir"}
+    return names
+
+
 def compiled_tier_objects(sets: list) -> int:
     """The compiled tier's kernel objects (stage 1 and 2) of every hook build in `sets`
     (one per distinct link.megakernel_spec), into the current cache; returns failures."""
@@ -156,11 +183,8 @@ def compiled_tier_objects(sets: list) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     from dtrace_mk.runtime.compiled import link
-    specs = {}
-    for defs in sets:
-        if "DTMK_NO_HOOKS" not in defs:
-            specs.setdefault(link.megakernel_spec(defs).key(link.ARCH), defs)
-    jobs = [(defs, stage) for defs in specs.values() for stage in (link.STAGE_FAST, link.STAGE_LTO)]
+    jobs = [(defs, stage) for defs in compiled_tier_specs(sets).values()
+            for stage in (link.STAGE_FAST, link.STAGE_LTO)]
     failed = 0
     with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as ex:
         for (defs, stage), (secs, err) in zip(jobs, ex.map(_kernel_object, jobs)):
@@ -189,8 +213,13 @@ def build(out_dir: Path, sets: list) -> int:
             print(f"  {name}: FAILED {err!r}" if err is not None else f"  {name}: {secs:.1f} s", flush=True)
             failed += err is not None
         failed += compiled_tier_objects(sets)
-        files = sorted(p for p in Path(tmp).iterdir() if CARRIED.match(p.name))
-        with tarfile.open(out_dir / PACK, "w:gz") as tar:
+        want = carried_names(sets)
+        files = sorted(p for p in Path(tmp).iterdir() if p.name in want)
+        missing = sorted(want - {p.name for p in files})
+        if missing and not failed:
+            raise SystemExit(f"kcache build: {len(missing)} expected cache files were not made, "
+                             f"e.g. {missing[0]} (the cache names changed? tools/kcache.py carried_names)")
+        with tarfile.open(out_dir / PACK, "w:xz", preset=9) as tar:
             for p in files:
                 tar.add(p, arcname=p.name)
     manifest = {"nvrtc": nv.nvrtc_version(), "libnvrtc_sha256": library_sha256(),
@@ -212,7 +241,7 @@ def _unpack_same_compiler(src: Path, dest: Path) -> int:
     if not mine or mine != manifest.get("libnvrtc_sha256"):
         return 0
     added = 0
-    with tarfile.open(src / PACK, "r:gz") as tar:
+    with tarfile.open(src / PACK, "r:xz") as tar:
         for m in tar.getmembers():
             if not (m.isfile() and CARRIED.match(m.name)) or (dest / m.name).exists():
                 continue                         # (only cache files, never a path outside it)
@@ -250,7 +279,7 @@ def check(src: Path) -> int:
     manifest = json.loads((src / MANIFEST).read_text())
     defs = tuple(d for d in manifest["sets"][0].split("+") if d)
     name = gpu_build.source_hash("sm_90a", "cubin", defs) + "_megakernel_cu.cubin"
-    with tarfile.open(src / PACK, "r:gz") as tar:
+    with tarfile.open(src / PACK, "r:xz") as tar:
         try:
             carried = tar.extractfile(name).read()
         except KeyError:
@@ -273,6 +302,11 @@ def main(argv=None) -> int:
     b.add_argument("sets", nargs="*", help="defines joined by '+' ('' = the default build)")
     b.add_argument("--plan", action="append", default=[], metavar="N",
                    help="the sets of tools/obs_sm_gpu_plan.sh N's precompile stages (repeatable)")
+    b.add_argument("--tests", action="append", default=[], metavar="PATH",
+                   help="the builds of the tests under PATH (a file or directory; repeatable), by their "
+                        "parameters: tests/gpu for the whole GPU suite")
+    b.add_argument("--variants", action="store_true",
+                   help="every build of tests/gpu/test_megakernel_variants_gpu.py (precompile.py --variants)")
     b.add_argument("--log", action="append", default=[], metavar="FILE",
                    help="the megakernel cubins a GPU session asked for ($DTRACE_MK_BUILD_LOG; repeatable)")
     i = sub.add_parser("install", help="unpack DIR's cubins into the kernel cache if the same libnvrtc built them")
@@ -288,6 +322,11 @@ def main(argv=None) -> int:
     sets = [tuple(d for d in s.split("+") if d) for s in args.sets + extra]
     for n in args.plan:
         sets += plan_sets(n)
+    if args.tests:
+        sets += builds_of_tests(args.tests)
+    if args.variants:
+        import precompile
+        sets += precompile.variant_test_sets()
     for f in args.log:
         sets += log_sets(f)
     return build(args.dir, sets)

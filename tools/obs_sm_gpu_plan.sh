@@ -391,9 +391,10 @@
 # Order: 108, 109, 104 (the default build's off / hot / compiled beside session 40's).
 # Session 41 got no device (five refusals, then none lent): 108, 109, 104 are the next session's first calls.
 # Session 42 got none either (no kernel change; the inline form now takes a hist_add whose r0 is dead on every
-# path).  Before the calls, compile their cubins here and carry .kcache (tools/kcache.py; docs/dev/HELPERS.md):
-#   /tmp/kcv/bin/python tools/kcache.py build .kcache --plan 108 --plan 109 --plan 104 DTMK_SITE_FORM ...
-# and make the first call's first stage `python3 tools/kcache.py check .kcache` (same bytes on this image?).
+# path).  Before the calls, compile their cubins on the CPU machine and carry .kcache (docs/dev/HELPERS.md):
+#   tools/kcache.sh --plan 108 --plan 109 --plan 104 --plan 106 --plan 102 --tests tests/gpu --variants
+# (~12 min on 2 cores, 11.5 MiB; git-ignored, so each session builds it again) and make the first call's
+# first stage `python3 tools/kcache.py check .kcache` (does this image's NVRTC compile the same bytes?).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -18,7 +18,7 @@ def kcache(load_tool):
 def _pack(d, members, sha):
     """A carried cache in d: `members` {name: bytes}, a manifest naming libnvrtc `sha`."""
     d.mkdir()
-    with tarfile.open(d / "cubins.tar.gz", "w:gz") as tar:
+    with tarfile.open(d / "cubins.tar.xz", "w:xz") as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -109,3 +109,29 @@ def test_check_names_a_set_the_pack_lacks(kcache, tmp_path, capsys):
     _pack(tmp_path / "kc", {A: b"cubin a"}, "0" * 64)
     assert kcache.main(["check", str(tmp_path / "kc")]) == 1
     assert "has no cubin of (default) for these sources" in capsys.readouterr().out
+
+
+def test_a_directory_of_tests_is_collected_by_its_files(kcache):
+    """(tests/conftest.py leaves tests/gpu uncollected without a GPU; named files are)"""
+    one = set(kcache.builds_of_tests(["tests/gpu/test_resident_gpu.py"]))
+    assert ("DTMK_OBS_SM", "DTMK_OBS_SMS=3") in one and ("DTMK_OBS_SM", "DTMK_OBS_SMS=3", "DTMK_ROPE_IN_ATTN") in one
+    assert one < set(kcache.builds_of_tests(["tests/gpu"]))
+
+
+def test_carried_names_are_the_files_the_builds_write(kcache, tmp_path, monkeypatch):
+    """What `build` packs is named by kcache.carried_names; the compiles (NVRTC stubbed:
+    names only) write exactly those files, for a hook build and a no-hook build."""
+    from dtrace_mk.megakernel import gpu_build
+    from dtrace_mk.runtime.compiled import link
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "nvrtc_compile", lambda *a, **kw: b"stub")
+    monkeypatch.setattr(link, "_MEM", {})
+    sets = [(), ("DTMK_NO_HOOKS",), ("DTMK_OBS_SM", "DTMK_ROPE_IN_ATTN")]
+    for defs in sets:
+        gpu_build.compile_source("sm_90a", "cubin", defines=defs)
+    for defs in kcache.compiled_tier_specs(sets).values():
+        for stage in (link.STAGE_FAST, link.STAGE_LTO):
+            link.kernel_object(link.megakernel_spec(defs), stage)
+    written = {p.name for p in tmp_path.iterdir()}
+    assert written == kcache.carried_names(sets) and len(written) == 3 + 2 * 2
+    assert all(kcache.CARRIED.match(n) for n in written)

@@ -5,7 +5,7 @@ builds its tests make one after another took 1-3 minutes of each 10-minute call)
     here:  python tools/kcache.py build .kcache --plan 108 --plan 109 [--tests tests/gpu] [--variants]
                                                 [--log builds.jsonl] [SET ...]
     there: python3 tools/kcache.py install .kcache        (tools/gpu_session.sh does it)
-           python3 tools/kcache.py check .kcache          (once per image: same bytes?)
+           python3 tools/kcache.py check .kcache          (install runs it once per machine)
 
 build: NVRTC-compiles each set (defines joined by '+'; "" = the default build), and the
 compiled tier's kernel objects of its hook builds, into a fresh cache and packs it:
@@ -21,9 +21,10 @@ holding that wheel, pytest (to collect tests) and this package (`pip install -e 
 
 install: only where this machine's libnvrtc is the very file that compiled them (same
 sha256: the same compiler, so the same bytes it would build), unpack them into the kernel
-cache ($DTRACE_MK_CACHE), never replacing a file there; otherwise say why and install
-nothing (the tests compile as before).  Exit status 0 either way: a missing cache only
-costs time.
+cache ($DTRACE_MK_CACHE), never replacing a file there; the first install on a machine also
+runs `check` (one build) and takes the files out again if the bytes differ; otherwise say
+why and install nothing (the tests compile as before).  Exit status 0 either way: a
+missing cache only costs time.
 """
 from __future__ import annotations
 
@@ -203,9 +204,9 @@ def build(out_dir: Path, sets: list) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kcache") as tmp:
         os.environ["DTRACE_MK_CACHE"] = tmp       # (the spawned compile processes inherit it)
-        reused = _unpack_same_compiler(out_dir, Path(tmp))   # (keys hash the sources: a stale
-        if reused:                                           # file is never loaded, only carried)
-            print(f"kcache: {reused} files of the earlier {out_dir / PACK} reused (same libnvrtc)", flush=True)
+        reused = _unpack_same_compiler(out_dir, Path(tmp))
+        if reused:
+            print(f"kcache: {len(reused)} files of the earlier {out_dir / PACK} reused (same libnvrtc)", flush=True)
         print(f"kcache: {len(sets)} builds with NVRTC {nv.nvrtc_version()} ({nv.nvrtc_library()})", flush=True)
         failed = 0
         for defs, (secs, err) in gpu_build.precompile(sets, workers=os.cpu_count() or 1).items():
@@ -230,17 +231,17 @@ def build(out_dir: Path, sets: list) -> int:
     return 1 if failed else 0
 
 
-def _unpack_same_compiler(src: Path, dest: Path) -> int:
+def _unpack_same_compiler(src: Path, dest: Path) -> list:
     """Unpack src's carried files into dest if this machine's libnvrtc compiled them and
-    dest lacks them; returns how many (0: none, or another compiler's, or no pack)."""
+    dest lacks them; returns their paths (none: another compiler's, or no pack)."""
     try:
         manifest = json.loads((src / MANIFEST).read_text())
     except (OSError, ValueError):
-        return 0
+        return []
     mine = library_sha256()
     if not mine or mine != manifest.get("libnvrtc_sha256"):
-        return 0
-    added = 0
+        return []
+    added = []
     with tarfile.open(src / PACK, "r:xz") as tar:
         for m in tar.getmembers():
             if not (m.isfile() and CARRIED.match(m.name)) or (dest / m.name).exists():
@@ -248,7 +249,7 @@ def _unpack_same_compiler(src: Path, dest: Path) -> int:
             tmp = dest / f"{m.name}.tmp{os.getpid()}"
             tmp.write_bytes(tar.extractfile(m).read())
             tmp.replace(dest / m.name)
-            added += 1
+            added.append(dest / m.name)
     return added
 
 
@@ -266,8 +267,17 @@ def install(src: Path) -> int:
         return 0
     dest = nv.cache_dir()
     added = _unpack_same_compiler(src, dest)
-    print(f"kcache: {added} files installed into {dest} (of {manifest.get('files')}; the others there "
-          f"already; NVRTC {manifest['nvrtc']}, same libnvrtc)")
+    print(f"kcache: {len(added)} files installed into {dest} (of {manifest.get('files')}; the others there "
+          f"already; NVRTC {manifest['nvrtc']}, same libnvrtc)", flush=True)
+    # the premise (same library, same bytes), checked once per machine: one build's time
+    checked = dest / f"kcache_checked_{mine[:16]}"
+    if added and not checked.exists():
+        if check(src) == 0:
+            checked.touch()
+        else:
+            for p in added:
+                p.unlink()
+            print(f"kcache: the {len(added)} installed files removed again: kernels compile here")
     return 0
 
 

@@ -393,8 +393,8 @@
 # Session 42 got none either (no kernel change; the inline form now takes a hist_add whose r0 is dead on every
 # path).  Before the calls, compile their cubins on the CPU machine and carry .kcache (docs/dev/HELPERS.md):
 #   tools/kcache.sh --plan 108 --plan 109 --plan 104 --plan 106 --plan 102 --tests tests/gpu --variants
-# (~12 min on 2 cores, 11.5 MiB; git-ignored, so each session builds it again) and make the first call's
-# first stage `python3 tools/kcache.py check .kcache` (does this image's NVRTC compile the same bytes?).
+# (~12 min on 2 cores, 11.5 MiB; git-ignored, so each session builds it again); gpu_session.sh installs it,
+# the first time on a machine after one check build (does this image's NVRTC compile the same bytes?).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

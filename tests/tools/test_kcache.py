@@ -40,6 +40,7 @@ def test_install_takes_the_same_compilers_cubins_and_keeps_what_is_there(kcache,
     (cache / B).write_bytes(b"built there")
     sha = kcache.library_sha256()
     assert len(sha) == 64            # (this machine's libnvrtc is found: the venv's wheel)
+    (cache / f"kcache_checked_{sha[:16]}").touch()      # (this machine checked before: no build)
     _pack(tmp_path / "kc", {A: b"cubin a", B: b"cubin b", RDC: b"rdc", LTO: b"lto",
                             "../escape_megakernel_cu.cubin": b"x", "notes.txt": b"y",
                             "cm_megakernel_s1_0123_4567.cubin": b"linked by nvJitLink: not carried"}, sha)
@@ -47,9 +48,29 @@ def test_install_takes_the_same_compilers_cubins_and_keeps_what_is_there(kcache,
     assert (cache / A).read_bytes() == b"cubin a"
     assert (cache / B).read_bytes() == b"built there"          # never replaced
     assert (cache / RDC).read_bytes() == b"rdc" and (cache / LTO).read_bytes() == b"lto"
-    assert sorted(p.name for p in cache.iterdir()) == sorted([A, B, RDC, LTO])   # nothing else, nothing outside
+    assert sorted(p.name for p in cache.iterdir() if "checked" not in p.name) == sorted([A, B, RDC, LTO])
     assert not (tmp_path / "escape_megakernel_cu.cubin").exists()
     assert "3 files installed" in capsys.readouterr().out
+
+
+def test_the_first_install_on_a_machine_checks_and_a_failed_check_takes_the_files_out(kcache, tmp_path,
+                                                                                        monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(cache))
+    sha = kcache.library_sha256()
+    _pack(tmp_path / "kc", {A: b"cubin a", RDC: b"rdc"}, sha)
+    # the pack lacks the default build's cubin for these sources: check fails (no compile)
+    assert kcache.main(["install", str(tmp_path / "kc")]) == 0
+    out = capsys.readouterr().out
+    assert "has no cubin of (default)" in out and "the 2 installed files removed again" in out
+    assert not (cache / A).exists() and not (cache / RDC).exists()
+    calls = []
+    monkeypatch.setattr(kcache, "check", lambda src: calls.append(src) or 0)      # the bytes agree
+    assert kcache.main(["install", str(tmp_path / "kc")]) == 0
+    assert (cache / A).exists() and (cache / f"kcache_checked_{sha[:16]}").exists() and len(calls) == 1
+    (cache / A).unlink()
+    assert kcache.main(["install", str(tmp_path / "kc")]) == 0                   # checked: once per machine
+    assert (cache / A).exists() and len(calls) == 1
 
 
 def test_another_libnvrtc_installs_nothing(kcache, tmp_path, monkeypatch, capsys):

@@ -34,7 +34,7 @@ from . import jobs
 DEFAULT_COMMAND = ["python", "-m", "dtrace_mk.launch.serve", "--model", "tiny"]
 #: passed to the ranks with Open MPI's -x when set (MPICH's Hydra passes the environment)
 PASS_ENV = ("PYTHONPATH", "NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES", "DTRACE_MK_CACHE", "CUPY_CACHE_DIR",
-            "DTRACE_MK_SUMMARIES")
+            "DTRACE_MK_SUMMARIES", "DTRACE_MK_BUILD_LOG")
 
 
 class terminate_as_interrupt:

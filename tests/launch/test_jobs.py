@@ -84,3 +84,14 @@ def test_launch_passes_summaries_to_gpu_ranks_and_refuses_them_on_sim(runtime_di
     with pytest.raises(UserError, match="launch --summaries device: .* this job's ranks run on the sim backend"):
         start_job(1, ["serve"], backend="sim", summaries="device")
     assert os.listdir(runtime_dir) == []
+
+
+def test_open_mpi_ranks_get_the_build_log_when_it_is_set(monkeypatch):
+    """$DTRACE_MK_BUILD_LOG (a GPU session's record of every kernel build: tools/kcache.py)
+    reaches Open MPI ranks too (-x), and is not named when unset."""
+    from dtrace_mk.launch.launcher import build_command
+    monkeypatch.delenv("DTRACE_MK_BUILD_LOG", raising=False)
+    assert "DTRACE_MK_BUILD_LOG" not in build_command("/x/mpirun", "openmpi", 2, ["serve"], [])
+    monkeypatch.setenv("DTRACE_MK_BUILD_LOG", "/tmp/builds.jsonl")
+    argv = build_command("/x/mpirun", "openmpi", 2, ["serve"], [])
+    assert argv[argv.index("DTRACE_MK_BUILD_LOG") - 1] == "-x"

@@ -200,7 +200,7 @@ def build(out_dir: Path, sets: list) -> int:
     from dtrace_mk.megakernel import gpu_build
     sets = sorted(set(sets))
     if not sets:
-        raise SystemExit("kcache build: no define sets (name SETs, --plan N or --log FILE)")
+        raise SystemExit("kcache build: no define sets (name SETs, --plan N, --tests PATH, --variants or --log FILE)")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kcache") as tmp:
         os.environ["DTRACE_MK_CACHE"] = tmp       # (the spawned compile processes inherit it)
@@ -311,7 +311,8 @@ def main(argv=None) -> int:
     b.add_argument("dir", type=Path)
     b.add_argument("sets", nargs="*", help="defines joined by '+' ('' = the default build)")
     b.add_argument("--plan", action="append", default=[], metavar="N",
-                   help="the sets of tools/obs_sm_gpu_plan.sh N's precompile stages (repeatable)")
+                   help="the sets of tools/obs_sm_gpu_plan.sh N's precompile stages and the builds of "
+                        "the tests its pytest stages select (repeatable)")
     b.add_argument("--tests", action="append", default=[], metavar="PATH",
                    help="the builds of the tests under PATH (a file or directory; repeatable), by their "
                         "parameters: tests/gpu for the whole GPU suite")

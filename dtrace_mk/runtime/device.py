@@ -476,7 +476,8 @@ class DeviceMaps:
         throttled, probe_exhausted 0).  Host-to-device copies only (no kernel: safe while a
         persistent megakernel holds every SM).  Updates racing the clear may survive it or
         not, and may leave the counters off by what they added (as with any concurrent
-        host write)."""
+        host write); two inserts of one key that probed before and after the slots were
+        emptied can leave it twice (docs/operations.md "Not built yet")."""
         m, b = self.defs[i], self.bufs[i]
         if m.type not in ("hash", "hist_log2", "hist_linear"):
             raise UserError(f"map {m.name!r}: clear_hash needs a hash map, not {m.type}")

@@ -392,7 +392,8 @@
 # Session 41 got no device (five refusals, then none lent): 108, 109, 104 are the next session's first calls.
 # Session 42 got none either (no kernel change; the inline form now takes a hist_add whose r0 is dead on every
 # path).  Before the calls, compile their cubins on the CPU machine and carry .kcache (docs/dev/HELPERS.md):
-#   tools/kcache.sh --plan 108 --plan 109 --plan 104 --plan 106 --plan 102 --tests tests/gpu --variants
+#   tools/kcache.sh --plan 108 --plan 109 --plan 104 --plan 106 --plan 102 --plan 105 --plan 103 --plan 81 \
+#                   --plan 97 --tests tests/gpu --variants DTMK_OBS_SM
 # (~12 min on 2 cores, 11.5 MiB; git-ignored, so each session builds it again); gpu_session.sh installs it,
 # the first time on a machine after one check build (does this image's NVRTC compile the same bytes?).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the

@@ -48,9 +48,9 @@ def nvrtc_library():
     except Exception:  # noqa: BLE001 - no NVRTC, or no /proc: unknown
         return None
     for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        if re.search(r"/libnvrtc\.so[.\d]*$", path):
-            return Path(path)
+        fields = line.split(maxsplit=5)           # address perms offset dev inode [path]
+        if len(fields) == 6 and re.search(r"/libnvrtc\.so[.\d]*$", fields[5]):
+            return Path(fields[5])
     return None
 
 

@@ -202,9 +202,11 @@ def build(out_dir: Path, sets: list) -> int:
     if not sets:
         raise SystemExit("kcache build: no define sets (name SETs, --plan N, --tests PATH, --variants or --log FILE)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    mine = library_sha256()
     with tempfile.TemporaryDirectory(prefix="kcache") as tmp:
         os.environ["DTRACE_MK_CACHE"] = tmp       # (the spawned compile processes inherit it)
-        reused = _unpack_same_compiler(out_dir, Path(tmp))
+        same = mine and _manifest(out_dir).get("libnvrtc_sha256") == mine
+        reused = _unpack(out_dir, Path(tmp)) if same else []
         if reused:
             print(f"kcache: {len(reused)} files of the earlier {out_dir / PACK} reused (same libnvrtc)", flush=True)
         print(f"kcache: {len(sets)} builds with NVRTC {nv.nvrtc_version()} ({nv.nvrtc_library()})", flush=True)
@@ -223,7 +225,7 @@ def build(out_dir: Path, sets: list) -> int:
         with tarfile.open(out_dir / PACK, "w:xz", preset=9) as tar:
             for p in files:
                 tar.add(p, arcname=p.name)
-    manifest = {"nvrtc": nv.nvrtc_version(), "libnvrtc_sha256": library_sha256(),
+    manifest = {"nvrtc": nv.nvrtc_version(), "libnvrtc_sha256": mine,
                 "sets": ["+".join(s) for s in sets], "files": len(files)}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size = (out_dir / PACK).stat().st_size
@@ -231,16 +233,17 @@ def build(out_dir: Path, sets: list) -> int:
     return 1 if failed else 0
 
 
-def _unpack_same_compiler(src: Path, dest: Path) -> list:
-    """Unpack src's carried files into dest if this machine's libnvrtc compiled them and
-    dest lacks them; returns their paths (none: another compiler's, or no pack)."""
+def _manifest(src: Path) -> dict:
+    """DIR's manifest ({} where there is none or it does not parse)."""
     try:
-        manifest = json.loads((src / MANIFEST).read_text())
+        return json.loads((src / MANIFEST).read_text())
     except (OSError, ValueError):
-        return []
-    mine = library_sha256()
-    if not mine or mine != manifest.get("libnvrtc_sha256"):
-        return []
+        return {}
+
+
+def _unpack(src: Path, dest: Path) -> list:
+    """Unpack src's carried files that dest lacks into dest; returns their paths.  (The
+    callers first check that this machine's libnvrtc made them.)"""
     added = []
     with tarfile.open(src / PACK, "r:xz") as tar:
         for m in tar.getmembers():
@@ -255,10 +258,9 @@ def _unpack_same_compiler(src: Path, dest: Path) -> list:
 
 def install(src: Path) -> int:
     from dtrace_mk.kernels import build as nv
-    try:
-        manifest = json.loads((src / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        print(f"kcache: no usable {src / MANIFEST} ({e}): nothing installed")
+    manifest = _manifest(src)
+    if not manifest:
+        print(f"kcache: no usable {src / MANIFEST}: nothing installed")
         return 0
     mine = library_sha256()
     if not mine or mine != manifest.get("libnvrtc_sha256"):
@@ -266,7 +268,7 @@ def install(src: Path) -> int:
               f"compiled {src} (NVRTC {manifest.get('nvrtc')}): nothing installed, kernels compile here")
         return 0
     dest = nv.cache_dir()
-    added = _unpack_same_compiler(src, dest)
+    added = _unpack(src, dest)
     print(f"kcache: {len(added)} files installed into {dest} (of {manifest.get('files')}; the others there "
           f"already; NVRTC {manifest['nvrtc']}, same libnvrtc)", flush=True)
     # the premise (same library, same bytes), checked once per machine: one build's time
@@ -286,7 +288,10 @@ def check(src: Path) -> int:
     cubin of the same key: the premise of `install` (same libnvrtc, same bytes), checked
     once on a new image (one build's time).  Exit status 1 if they differ."""
     from dtrace_mk.megakernel import gpu_build
-    manifest = json.loads((src / MANIFEST).read_text())
+    manifest = _manifest(src)
+    if not manifest.get("sets"):
+        print(f"kcache check: no usable {src / MANIFEST}")
+        return 1
     defs = tuple(d for d in manifest["sets"][0].split("+") if d)
     name = gpu_build.source_hash("sm_90a", "cubin", defs) + "_megakernel_cu.cubin"
     with tarfile.open(src / PACK, "r:xz") as tar:

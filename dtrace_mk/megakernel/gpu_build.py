@@ -242,9 +242,10 @@ def compile_source(arch: str = "sm_90a", target: str = "cubin", defines: Sequenc
     Cached on disk by source hash; raises CompileError with NVRTC's log."""
     key = source_hash(arch, target, defines, name) + "_" + name.replace(".", "_")
     path = cache_dir() / f"{key}.{target}"
+    cached = use_cache and path.exists()
     if os.environ.get("DTRACE_MK_BUILD_LOG"):
-        log_build(arch, target, defines, name, use_cache and path.exists())
-    if use_cache and path.exists():
+        log_build(arch, target, defines, name, cached)
+    if cached:
         return path.read_bytes()
     out = build.nvrtc_compile((KERNEL_DIR / name).read_text(), name, arch, target, defines,
                               options=lineinfo_options(target))

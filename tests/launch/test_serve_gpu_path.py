@@ -83,14 +83,19 @@ def _fake_cupy():
     return types.SimpleNamespace(cuda=cuda)
 
 
+def _host_summaries_unless_named(extra):
+    """serve's extra arguments with --summaries host unless they name a mode: the tests that
+    count what is fed (every record) must not follow DEFAULT_SUMMARIES."""
+    return tuple(extra) if "--summaries" in extra else ("--summaries", "host", *extra)
+
+
 def _serve_with_query(monkeypatch, query, interval_s=30.0, extra=()):
     """serve --backend gpu (stand-ins) with `query` attached through the job's control
     socket before the first served step, its output streamed every `interval_s`; returns
     (rc, {"outputs", "end", "reply"}).  Host summaries unless `extra` names the mode (the
     device runtime then holds the query alone)."""
     pytest.importorskip("mpi4py")
-    if "--summaries" not in extra:
-        extra = ("--summaries", "host") + tuple(extra)
+    extra = _host_summaries_unless_named(extra)
     from dtrace_mk.commands.attach import compile_for_attach
     from dtrace_mk.launch import device_live, jobs, serve
     from dtrace_mk.launch.control import ControlClient, wait_for_socket
@@ -223,8 +228,7 @@ def _serve_fake(monkeypatch, tmp_path, extra=(), dq_cls=FakeDeviceQueries, drop_
     calls ("steps") and the collector's epochs per rank ("epochs": {rank: [epoch...]}).
     Host summaries unless `extra` names the mode (what is fed is what these tests count:
     every record, whatever the default)."""
-    if "--summaries" not in extra:
-        extra = ("--summaries", "host") + tuple(extra)
+    extra = _host_summaries_unless_named(extra)
     pytest.importorskip("mpi4py")
     import json
     from dtrace_mk.launch import api, device_live, serve

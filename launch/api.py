@@ -487,10 +487,11 @@ class ServingHost:
         if op == "attach":
             from ..bpf.elf import load_object
             from ..lang.host import QueryRun
+            from ..runtime.device_query import DeviceQueryRun
             try:
                 obj = load_object(bytes(c["object"]))
                 if self.live_runtime is not None:       # runs in the device VM, not fed here
-                    q = QueryRun(obj, None, runtime=self.live_runtime)
+                    q = DeviceQueryRun(obj, None, runtime=self.live_runtime)
                 else:
                     q = QueryRun(obj, None, num_workers=self.num_workers)
                 q.begin()
@@ -517,24 +518,21 @@ class ServingHost:
         q = self.live.pop(aid)
         q.run.finish()
         self._send_part(q, -1, final=True, why=why)
-        if self.live_runtime is not None and q.run.aid is not None:
-            try:                          # the device VM stops running it from the next launch
-                self.live_runtime.detach(q.run.aid)
-            except UserError as e:
-                self.say(f"query {aid}: detach from the device: {e}")
+        if self.live_runtime is not None:
+            for att in q.run.attachments():
+                try:                      # the device VM stops running it from the next launch
+                    self.live_runtime.detach(att)
+                except UserError as e:
+                    self.say(f"query {aid}: detach from the device: {e}")
 
     def _send_part(self, q: LiveQuery, seq: int, final: bool, why: str = "") -> None:
-        from ..lang import printing
         run = q.run
         if final:
             blocks = run.blocks[q.printed:]
         else:
             blocks = list(run.blocks[q.printed:])
             q.printed = len(run.blocks)
-            for pm in run.plan["maps"]:
-                blocks.append(printing.map_block(pm, run.rt.maps(run.aid), run.rt.coverage(run.aid),
-                                                 run.plan["names"], "interval",
-                                                 run.baseline.get(pm["name"])))
+            blocks.extend(run.block(pm, "interval") for pm in run.plan["maps"])
         msg = {"op": "part", "id": q.aid, "seq": seq, "final": final, "why": why, "rank": self.rank,
                "step": self.step_now, "attached_at": q.attached_at, "blocks": blocks}
         if self.rank == 0:

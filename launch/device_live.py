@@ -20,8 +20,10 @@ these queries: the device VM runs them over the kernel's own hook contexts.
 
 Host clauses (BEGIN/END) run as usual; `interval:` clauses run on the host's clock (a
 fed query's run on its records' ts_ns, which device queries do not see:
-launch.api `_tick_device_queries`), their clear() empties the device map (`clear_map`),
-and the exit map is read once a step (`read_map`).
+launch.api `_tick_device_queries`); in the hot tier each one that prints or clears a map
+is a cut at a step boundary (the query attached again with `replaces=`, its maps read once
+those steps are final: runtime.device_query), elsewhere clear() empties the device map in
+place (`clear_map`); the exit map is read once a step (`read_map`).
 
 It is also the runtime of the agent's device summaries (`serve --summaries device`:
 runtime.summary_windows attaches the summary's task half here, window after window, and
@@ -38,6 +40,12 @@ class DeviceQueries:
         """tier: hot (device VM), compiled or auto (runtime.live.LiveSession / tiers)."""
         from ..runtime.live import LiveSession
         self.session = LiveSession(mk, tier=tier)
+
+    @property
+    def tier(self) -> str:
+        """The session's tier (a device query cuts its intervals only in "hot":
+        runtime.device_query)."""
+        return self.session.tier
 
     def boundary(self) -> None:
         """A launch boundary: the tier manager starts promotions and swaps in finished

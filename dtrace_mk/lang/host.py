@@ -78,13 +78,7 @@ class QueryRun:
             if a["op"] == "exit":
                 self.exited = True
             elif a["op"] == "clear":
-                pm = self.maps_by_name[a["map"]]
-                clear = getattr(self.rt, "clear_map", None)     # a device runtime: its own map
-                if clear is not None:
-                    clear(self.aid, pm["bpf_map"])
-                else:
-                    self.rt.maps(self.aid)[pm["bpf_map"]].clear()
-                self.baseline[a["map"]] = printing.coverage_of(pm, self.rt.coverage(self.aid))
+                self._clear(self.maps_by_name[a["map"]])
                 if when == "END":
                     self.printed_at_end.add(a["map"])
             elif "text" in a:
@@ -94,13 +88,27 @@ class QueryRun:
                 if when == "END":
                     self.printed_at_end.add(a["map"])
 
+    def _clear(self, pm: dict) -> None:
+        clear = getattr(self.rt, "clear_map", None)     # a device runtime: its own map
+        if clear is not None:
+            clear(self.aid, pm["bpf_map"])
+        else:
+            self.rt.maps(self.aid)[pm["bpf_map"]].clear()
+        self.baseline[pm["name"]] = printing.coverage_of(pm, self.rt.coverage(self.aid))
+
     def print_map(self, name: str, when: str) -> None:
         pm = self.maps_by_name[name]
-        self.blocks.append(self._block(pm, when))
+        self.blocks.append(self.block(pm, when))
 
-    def _block(self, pm: dict, when: str) -> dict:
+    def block(self, pm: dict, when: str) -> dict:
+        """Map `pm` of the plan as it is now, as a printing block (its coverage: since its
+        last clear())."""
         return printing.map_block(pm, self.rt.maps(self.aid), self.rt.coverage(self.aid),
                                   self.plan["names"], when, self.baseline.get(pm["name"]))
+
+    def attachments(self) -> List[int]:
+        """The runtime attachments this query holds (what a detach must end)."""
+        return [] if self.aid is None else [self.aid]
 
     # -- the run ---------------------------------------------------------------------
     # begin() / feed() / finish() let a live source (the sim backend's hook stream, a
@@ -156,7 +164,7 @@ class QueryRun:
         self._actions(self.plan["host"]["END"], "END")
         for pm in self.plan["maps"]:
             if pm["name"] not in self.printed_at_end:
-                b = self._block(pm, "exit")
+                b = self.block(pm, "exit")
                 if b["coverage"]["eligible"] or (b["entries"] and pm["map_type"] != "per_worker_array"):
                     self.blocks.append(b)
         self._evidence()
@@ -176,7 +184,8 @@ class QueryRun:
         if not ev:
             return
         recs = {r["tag"]: r for r in ev["records"]}
-        for _name, rec in self.rt.evidence(self.aid):
+        records, rows = self._evidence_source()
+        for _name, rec in records:
             words = [int.from_bytes(rec.data[i:i + 8], "little") for i in range(0, len(rec.data), 8)]
             r = recs.get(words[0])
             if r is None:
@@ -185,12 +194,16 @@ class QueryRun:
                       for f, v in zip(r["fields"], words[1:])}
             self.blocks.append({"type": "evidence", "worker": rec.worker, "epoch": rec.epoch,
                                 "fields": fields})
-        rows = [c for c in self.rt.coverage(self.aid)
-                if any(c.program in r["programs"] for r in ev["records"])]
+        rows = [c for c in rows if any(c.program in r["programs"] for r in ev["records"])]
         thr = sum(v for c in rows for k, v in c.reasons.items() if k.startswith("ring_budget"))
         if thr:
             self.blocks.append({"type": "warning", "text": f"evidence: {thr} records refused by the "
                                 f"budget of {ev['budget_bytes']} bytes per worker per epoch"})
+
+
+    def _evidence_source(self):
+        """(the evidence records drained, the coverage rows of the programs) at the end."""
+        return self.rt.evidence(self.aid), self.rt.coverage(self.aid)
 
 
 def workers_needed(records: Sequence[bytes]) -> int:

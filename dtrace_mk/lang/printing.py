@@ -255,7 +255,10 @@ def render_text(blocks: Iterable[dict]) -> str:
         elif t == "text":
             out.append(who + b["text"])
         elif t == "interval":
-            out.append(f"-- {who}{b['probe']} at {b['ts_ns'] / 1e6:.3f} ms --")
+            steps = b.get("steps")        # a device query's cut (runtime.device_query)
+            span = "" if steps is None else (", no new step" if steps[1] < steps[0] else
+                                             f", steps {steps[0]}-{steps[1]}")
+            out.append(f"-- {who}{b['probe']} at {b['ts_ns'] / 1e6:.3f} ms{span} --")
         elif t == "evidence":
             fields = " ".join(f"{k}={v}" for k, v in b["fields"].items())
             out.append(f"{who}evidence[w{b['worker']} e{b['epoch']}]: {fields}")

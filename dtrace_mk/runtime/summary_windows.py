@@ -185,6 +185,7 @@ class ReferenceDevice:
         self.firsts = {}                  # aid -> its first epoch
         self.gen = 0                      # table changes (attach, detach)
         self.lag = 0                      # loaded_gen() trails table_gen() by this many
+        self.tier = "hot"
 
     def run_step(self, records) -> None:
         for r in records:

@@ -161,3 +161,57 @@ def test_a_device_query_clear_empties_its_device_map_between_launches():
     assert {int.from_bytes(k, "little"): int.from_bytes(v, "little") for k, v in ms["k"].snapshot().items()} \
         == {s: tasks for s in range(5)}
     assert any(dq.read_map(aid, res.plan["exit_map"]).lookup(b"\0\0\0\0"))     # step 4 ran exit()
+
+
+def test_a_device_query_interval_is_a_cut_at_a_step_boundary_in_a_resident_launch():
+    """An interval clause's print + clear of a query in the device VM while one resident
+    launch runs (runtime.device_query.DeviceQueryRun on DeviceQueries): each is a cut --
+    the query attached again from the first unstarted step, replacing the running one --
+    read once its steps are final.  Each interval's @n holds exactly the steps its header
+    names, each with every task:end once; the ranges run on without a gap or a repeat;
+    nothing is cleared on the device; the ended attachments are detached."""
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.launch.device_live import DeviceQueries
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime.device_query import DeviceQueryRun
+    steps, ahead, MS = 30, 4, 1_000_000
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=BATCH, seed=0)
+    dq = DeviceQueries(mk)
+    res = compile_query("task:end { @n[step] = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q = DeviceQueryRun(res.obj, res.plan, runtime=dq)
+    q.begin()
+    q.tick(0)
+    tasks = len(mk.graph.tasks)
+    mk.start_resident(hooks=["task:end"], window=ahead)
+    seen, clock, next_cut, t0 = 0, 0, 3, time.monotonic()
+    while seen < steps:
+        _recs, dropped, done = mk.poll()
+        assert time.monotonic() - t0 < 120, f"steps finished {done}"
+        if done <= seen:
+            continue
+        seen = done
+        if done >= next_cut and done < steps:
+            clock += MS
+            q.tick(clock)                    # a cut at the first step no worker has started
+            next_cut = done + 3
+        else:
+            q.drain()
+        mk.grant(min(steps, done + ahead))
+        dq.retire()
+    out = mk.finish()
+    assert out.watchdog is None and out.steps == steps
+    blocks = q.finish()
+    heads = [i for i, b in enumerate(blocks) if b["type"] == "interval"]
+    assert len(heads) >= 4, blocks
+    nxt = 0
+    for i in heads:
+        lo, hi = blocks[i]["steps"]
+        assert lo == nxt, (blocks[i], nxt)
+        m = blocks[i + 1]
+        assert {e["key"][0]: e["value"] for e in m["entries"]} == {s: tasks for s in range(lo, hi + 1)}
+        assert m["coverage"]["eligible"] == m["coverage"]["executed"] == tasks * (hi + 1 - lo)
+        nxt = hi + 1
+    assert sum(1 for i in heads if blocks[i]["steps"][1] >= blocks[i]["steps"][0]) >= 3
+    (last,) = [b for b in blocks if b["type"] == "map" and b["when"] == "exit"]
+    assert {e["key"][0]: e["value"] for e in last["entries"]} == {s: tasks for s in range(nxt, steps)}
+    assert len(q.attachments()) == 1 and len(q.segments) == 1

@@ -179,27 +179,42 @@ def test_gpu_loop_attaches_in_the_device_runtime_and_counts_every_task_once(runt
     assert res["coverage"]["eligible"] > 0 and res["verdict"] in ("none", "fault")
 
 
-def test_interval_clauses_of_a_device_query_run_on_the_host_clock_and_clear_the_device_map(runtime_dir,
-                                                                                          monkeypatch):
+def test_interval_clauses_of_a_device_query_cut_at_step_boundaries(runtime_dir, monkeypatch):
     """interval: clauses of a query in the device runtime fire on the host's clock (it
-    sees no records); clear(@n) empties the device's map: the counts printed at each
-    interval and the final one add up to every task:end counted, none twice."""
+    sees no records); each print + clear is a cut at a step boundary
+    (runtime.device_query): the query attached again from the first unstarted step,
+    replacing the last attachment, its maps read once those steps are final.  Each
+    interval prints exactly the task:end events of the steps its header names; the steps
+    run on from the query's first step to the last served, none twice, none missed; no
+    device map is cleared in place, every ended attachment is detached."""
     from dtrace_mk.abi import definition as D
     from dtrace_mk.abi import context
     rc, got = _serve_with_query(monkeypatch, "task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
     assert rc == 0
-    blocks = [b for o in got["outputs"] for b in o["ranks"]["0"]["blocks"] if b.get("type") == "map"]
-    ticks = [b for b in blocks if b.get("when") == "interval:ms:1"]
-    final = [b for b in got["outputs"][-1]["ranks"]["0"]["blocks"] if b.get("type") == "map"]
-    assert len(ticks) >= 2 and final, blocks
-    value = lambda b: sum(int(e["value"]) for e in b["entries"])    # noqa: E731
     dq = FakeDeviceQueries.instances[-1]
     mk = FakeMegakernel.instances[-1]
     end_id = D.hook("task:end").id
-    want = sum(1 for k in range(dq.firsts[dq.attached[-1]], W + STEPS) for r in mk.per_step[k]
-               if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
-    assert sum(value(b) for b in ticks) + value(final[-1]) == want > 0
-    assert dq.cleared.count("n") == len(ticks) and any(value(b) > 0 for b in ticks)
+    ends = lambda k: sum(1 for r in mk.per_step[k]                                   # noqa: E731
+                         if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
+    value = lambda b: sum(int(e["value"]) for e in b["entries"])                      # noqa: E731
+    blocks = [b for o in got["outputs"] for b in o["ranks"]["0"]["blocks"]]
+    heads = [i for i, b in enumerate(blocks) if b["type"] == "interval"]
+    assert len(heads) >= 2, blocks
+    first = dq.firsts[dq.attached[0]]
+    nxt = first
+    for i in heads:
+        lo, hi = blocks[i]["steps"]
+        assert lo == nxt and hi >= lo - 1, (blocks[i], nxt)     # contiguous ranges
+        (m,) = [blocks[i + 1]]
+        assert m["type"] == "map" and m["when"] == "interval:ms:1"
+        assert value(m) == sum(ends(k) for k in range(lo, hi + 1)) == m["coverage"]["eligible"]
+        nxt = hi + 1
+    assert nxt > first + 1                                       # the cuts saw more than one step
+    final = [b for b in got["outputs"][-1]["ranks"]["0"]["blocks"] if b["type"] == "map"]
+    assert value(final[-1]) == sum(ends(k) for k in range(nxt, W + STEPS))
+    assert dq.cleared == []                                      # no in-place clear on the device
+    assert len(dq.attached) >= 2 and sorted(dq.detached) == sorted(dq.attached)
+    assert [dq.firsts[a] for a in dq.attached] == sorted(dq.firsts[a] for a in dq.attached)
 
 
 def test_exit_in_a_device_query_ends_it_at_a_step_boundary(runtime_dir, monkeypatch):

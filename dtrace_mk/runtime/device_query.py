@@ -1,0 +1,242 @@
+"""Queries that run in a device runtime, with interval clauses exact at step boundaries.
+
+A query attached to a device runtime (launch.device_live.DeviceQueries on a GPU rank;
+summary_windows.ReferenceDevice, its CPU model) is never fed: the kernel's VM runs its
+hook clauses, and its `interval:` clauses run on the host's clock.  Emptying a device map
+while the kernel runs is not exact (updates racing the clear survive it or not; a key
+inserted across it can be listed twice: kernels/bpf_map_ops.cuh), and a map printed
+mid-step holds part of a step.  `DeviceQueryRun` makes each interval clause that prints
+or clears a map a **cut** at a step boundary instead:
+
+1. the query is attached again from the first step no worker has started, f, replacing
+   the current attachment in the same table change (the old one counts steps < f, the
+   new one steps >= f: `attach(first_epoch=, replaces=)`, as the device summary windows
+   do);
+2. the clause waits until every step < f is final (`final_epoch() >= f - 1`);
+3. then every attachment (a *segment*) that ended at or before f is read once, folded
+   into the host's value of each map (`printing.merge_blocks`: each aggregation's own
+   merge) and detached; its device memory is given back once every worker has loaded
+   that table change (`loaded_gen`);
+4. the clause's actions run on the folded values: print(@m) prints m as of the end of
+   step f - 1, clear(@m) forgets the host's value; nothing on the device is cleared.
+
+Clauses run in the order they came due (a clause without map actions waits behind an
+earlier cut).  Each interval header names its steps.  Reports between intervals, END and
+the exit-time maps show the folded values plus what the live segments hold then (steps
+still running: as read).  A session whose tier is not "hot" clears in place as before: a
+cut there would start a promotion -- and a launch-ending swap -- every interval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from ..errors import UserError
+from ..lang import printing
+from ..lang.host import QueryRun
+
+
+@dataclass
+class _Segment:
+    aid: int
+    first: int                      # its first step
+    end: Optional[int] = None       # its successor's first step (None: the live one)
+
+
+@dataclass
+class _Due:
+    iv: dict                        # the interval clause of the plan
+    ts_ns: int                      # when it came due (host clock, from the first tick)
+    boundary: Optional[int]         # the step its maps are read at; None: no map action
+    inplace: str = ""               # why this clause could not cut (it clears in place)
+
+
+def _touches_maps(iv: dict) -> bool:
+    return any(a["op"] == "clear" or ("map" in a and "text" not in a) for a in iv["actions"])
+
+
+class DeviceQueryRun(QueryRun):
+    """A QueryRun on a device runtime whose interval clauses cut at step boundaries
+    (module doc).  Called from the serving loop's thread only."""
+
+    def __init__(self, obj, plan=None, *, runtime, verify: bool = True):
+        super().__init__(obj, plan, runtime=runtime, verify=verify)
+        self.exact = self.aid is not None and getattr(runtime, "tier", "hot") == "hot"
+        self._verify = verify
+        self.segments: List[_Segment] = []
+        if self.aid is not None:
+            self.segments.append(_Segment(self.aid, int(runtime.first_epoch_of(self.aid))))
+        self.folded: Dict[str, dict] = {}       # map name -> its value in ended segments, as a block
+        self._folded_evidence: list = []
+        self._folded_rows: list = []
+        self._due: List[_Due] = []
+        self._retiring: List[tuple] = []        # (aid, table generation of its detach)
+        self._steps_from = self.segments[0].first if self.segments else 0
+        self._final_view = False                # a clause at a boundary: folded values only
+        self._seg_base: Dict[tuple, dict] = {}  # (aid, map name) -> coverage at an in-place clear
+
+    # -- interval clauses ----------------------------------------------------------------
+    def tick(self, now_ns: int) -> None:
+        if not self.exact:
+            return super().tick(now_ns)
+        if self._t0 is None:
+            self._t0 = now_ns
+            for iv in self._intervals:
+                iv["next"] = now_ns + iv["ms"] * 1_000_000
+        for iv in self._intervals:
+            while now_ns >= iv["next"] and not self.exited:
+                due = _Due(iv, iv["next"] - self._t0, None)
+                if _touches_maps(iv):
+                    try:
+                        due.boundary = self._cut()
+                    except UserError as e:        # e.g. no free table slot: this one clears in place
+                        due.inplace = str(e)
+                self._due.append(due)
+                iv["next"] += iv["ms"] * 1_000_000
+        self.drain()
+
+    def _cut(self) -> int:
+        """Attach the successor from the first unstarted step (module doc, 1); that step."""
+        cur = self.segments[-1]
+        f = int(self.rt.unstarted_step())
+        if cur.first >= f:                  # none of it has started: its first step is the cut
+            return cur.first
+        aid = self.rt.attach(self.obj, verify=self._verify, first_epoch=f, tier="hot", replaces=cur.aid)
+        cur.end = int(self.rt.first_epoch_of(aid))
+        self.segments.append(_Segment(aid, cur.end))
+        self.aid = aid
+        return cur.end
+
+    def drain(self, force: bool = False) -> None:
+        """Run the clauses whose boundary is final, in order (force: every one, at the end,
+        with what the segments hold then)."""
+        final = int(self.rt.final_epoch())
+        while self._due and not self.exited:
+            d = self._due[0]
+            if d.boundary is not None and not force and final < d.boundary - 1:
+                break
+            self._due.pop(0)
+            head = {"type": "interval", "probe": d.iv["probe"], "ts_ns": d.ts_ns}
+            if d.boundary is not None:
+                self._fold_upto(d.boundary)
+                head["steps"] = [self._steps_from, d.boundary - 1]
+                self._steps_from = d.boundary
+            self.blocks.append(head)
+            if d.inplace:
+                self.blocks.append({"type": "warning", "text": f"{d.iv['probe']}: no cut at a step "
+                                    f"boundary ({d.inplace}); its clear() empties the device map in place"})
+            self._final_view = d.boundary is not None
+            try:
+                self._actions(d.iv["actions"], d.iv["probe"])
+            finally:
+                self._final_view = False
+        self._forget()
+
+    def _fold_upto(self, boundary: int) -> None:
+        """Read, fold and detach every segment that ended at or before `boundary`."""
+        while self.segments and self.segments[0].end is not None and self.segments[0].end <= boundary:
+            seg = self.segments.pop(0)
+            self._fold(seg.aid)
+            self.rt.detach(seg.aid)
+            self._retiring.append((seg.aid, int(self.rt.table_gen())))
+
+    def _fold(self, aid: int) -> None:
+        maps, rows = self.rt.maps(aid), self.rt.coverage(aid)
+        for pm in self.plan["maps"]:
+            b = self._segment_block(pm, aid, "fold", maps, rows)
+            self.folded[pm["name"]] = _merge(self.folded.get(pm["name"]), b)
+        self._folded_evidence.extend(self.rt.evidence(aid))
+        self._folded_rows.extend(rows)
+        name = self.plan.get("exit_map")
+        if name and any(maps[name].lookup(b"\0\0\0\0")):
+            self.exited = True
+
+    def _forget(self) -> None:
+        if not self._retiring:
+            return
+        loaded = int(self.rt.loaded_gen())
+        for aid, gen in self._retiring:
+            if gen <= loaded:
+                self.rt.forget(aid)
+        self._retiring = [(aid, gen) for aid, gen in self._retiring if gen > loaded]
+
+    # -- the query's maps ----------------------------------------------------------------
+    def _clear(self, pm: dict) -> None:
+        if not self.exact:
+            return super()._clear(pm)
+        self.folded.pop(pm["name"], None)
+        if self._final_view:                # the live segments count steps after the boundary
+            return
+        for seg in self.segments:           # END, or a clause that could not cut: in place
+            self.rt.clear_map(seg.aid, pm["bpf_map"])
+            self._seg_base[(seg.aid, pm["name"])] = printing.coverage_of(pm, self.rt.coverage(seg.aid))
+
+    def _segment_block(self, pm: dict, aid: int, when: str, maps=None, rows=None) -> dict:
+        maps = self.rt.maps(aid) if maps is None else maps
+        rows = self.rt.coverage(aid) if rows is None else rows
+        return printing.map_block(pm, maps, rows, self.plan["names"], when,
+                                  self._seg_base.get((aid, pm["name"])))
+
+    def block(self, pm: dict, when: str) -> dict:
+        if not self.exact:
+            return super().block(pm, when)
+        b = self.folded.get(pm["name"])
+        if not self._final_view:
+            for seg in self.segments:
+                b = _merge(b, self._segment_block(pm, seg.aid, when))
+        if b is None:                       # cleared, nothing counted since
+            b = printing.map_block(pm, _EmptyMaps(pm), [], self.plan["names"], when)
+        return {**b, "when": when}
+
+    def poll_exit(self) -> bool:
+        if self.exited or not self.exact:
+            return super().poll_exit()
+        name = self.plan.get("exit_map")
+        read = getattr(self.rt, "read_map", None)
+        for seg in self.segments if name else ():
+            m = read(seg.aid, name) if read is not None else self.rt.maps(seg.aid)[name]
+            if any(m.lookup(b"\0\0\0\0")):
+                self.exited = True
+        return self.exited
+
+    def finish(self):
+        if self.exact:
+            self.drain(force=True)
+        return super().finish()
+
+    def attachments(self) -> List[int]:
+        return [s.aid for s in self.segments] if self.exact else super().attachments()
+
+    def _evidence_source(self):
+        if not self.exact:
+            return super()._evidence_source()
+        records, rows = list(self._folded_evidence), list(self._folded_rows)
+        for seg in self.segments:
+            records.extend(self.rt.evidence(seg.aid))
+            rows.extend(self.rt.coverage(seg.aid))
+        return records, rows
+
+
+class _EmptyMaps:
+    """The MapSet of a map that holds nothing (cleared, nothing counted since): no entry,
+    or for an unkeyed per-worker value the one zero entry a MapSet snapshot gives."""
+
+    def __init__(self, pm: dict):
+        self.pm = pm
+
+    def __getitem__(self, name):
+        return self
+
+    def snapshot(self, per_worker: bool = True):
+        if self.pm["map_type"] == "per_worker_array":
+            return {bytes(4): bytes(self.pm["value_size"])}
+        return {}
+
+
+def _merge(a: Optional[dict], b: dict) -> dict:
+    """Two blocks of one map (disjoint steps) as one: merge_blocks, which combines ranks'
+    blocks the same way (each aggregation's merge; coverage summed)."""
+    if a is None:
+        return b
+    (m,) = printing.merge_blocks([[a], [{**b, "when": a["when"]}]])
+    return m

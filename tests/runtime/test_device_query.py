@@ -1,0 +1,244 @@
+"""Device queries' interval clauses cut at step boundaries (runtime/device_query.py).
+
+The "device" is `summary_windows.ReferenceDevice` (the device runtime protocol over a
+reference runtime the test fires with each step's records when the step runs, as the
+device VM runs over the kernel's records); `final` trails `started` like a kernel that
+runs ahead of its flushes.  Each case checks what an interval prints against the events
+of exactly the steps its header names, computed here from the records."""
+from collections import Counter
+
+import pytest
+
+from dtrace_mk.abi import context
+from dtrace_mk.lang import compile_query, render_text
+from dtrace_mk.runtime.device_query import DeviceQueryRun
+from dtrace_mk.runtime.summary_windows import ReferenceDevice
+
+WORKERS = 4
+MS = 1_000_000
+
+
+def _step(k):
+    """Step k's records: task:end of classes 0..2 on every worker, k + 1 of class 0 on
+    worker 0 (so each step's counts differ), durations that grow with the step."""
+    recs = []
+    for w in range(WORKERS):
+        for c in range(3):
+            for i in range((k + 1) if (w, c) == (0, 0) else 1):
+                recs.append(context.pack("task:end", decode_step=k, worker=w, task_class=c,
+                                         dur_ns=1000 * (k + 1) + 7 * i, ts_ns=k * MS))
+    return recs
+
+
+def _query(text, dev=None):
+    dev = dev or ReferenceDevice(WORKERS)
+    q = DeviceQueryRun(compile_query(text).obj, runtime=dev)
+    q.begin()
+    return dev, q
+
+
+def _run(dev, q, steps, tick_at=(), ahead=2):
+    """Run steps (the kernel `ahead` steps in front of its flushes), ticking the query's
+    host clock once after each step in tick_at (1 ms per tick: interval:ms:1 fires)."""
+    clock = 0
+    q.tick(clock)
+    for k in steps:
+        dev.run_step(_step(k))
+        dev.final = k - ahead
+        if k in tick_at:
+            clock += MS
+            q.tick(clock)
+        else:
+            q.drain()
+
+
+def _counts(lo, hi, key=lambda r: 0):
+    c = Counter()
+    for k in range(lo, hi + 1):
+        for r in _step(k):
+            c[key(r)] += 1
+    return c
+
+
+def _worker(r):
+    return int.from_bytes(r[context.OFF_WORKER:context.OFF_WORKER + 4], "little")
+
+
+def _intervals(q):
+    """[(steps, map blocks after that header)] in order."""
+    out = []
+    for b in q.blocks:
+        if b["type"] == "interval":
+            out.append((b["steps"], []))
+        elif b["type"] == "map" and out and b["when"].startswith("interval"):
+            out[-1][1].append(b)
+    return out
+
+
+def test_print_and_clear_each_interval_holds_exactly_its_steps():
+    dev, q = _query("task:end { @n[worker] = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    _run(dev, q, range(0, 12), tick_at={3, 7, 8})
+    dev.final = 11                              # the launch ended: every step flushed
+    q.finish()
+    got = _intervals(q)
+    assert [s for s, _ in got] == [[0, 3], [4, 7], [8, 8]]
+    for (lo, hi), (m,) in got:
+        want = _counts(lo, hi, _worker)
+        assert {e["key"][0]: e["value"] for e in m["entries"]} == dict(want)
+        assert m["coverage"]["eligible"] == m["coverage"]["executed"] == sum(want.values())
+    (last,) = [b for b in q.blocks if b["type"] == "map" and b["when"] == "exit"]
+    assert {e["key"][0]: e["value"] for e in last["entries"]} == dict(_counts(9, 11, _worker))
+    assert dev.cleared == []                    # nothing emptied on the device
+    assert len(dev.attached) == 4 and dev.detached == dev.attached[:3]
+    assert [dev.firsts[a] for a in dev.attached] == [0, 4, 8, 9]
+
+
+def test_a_clause_waits_until_its_steps_are_final_and_clauses_keep_their_order():
+    dev, q = _query('task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); } '
+                    'interval:ms:2 { print("two"); }')
+    _run(dev, q, range(0, 4), tick_at={3}, ahead=3)      # final = 0: step 3's cut is not final
+    assert [b["type"] for b in q.blocks] == []           # the text clause waits behind the cut
+    dev.final = 2                                        # steps 0-2 final (the boundary is 4)
+    q.drain()
+    assert q.blocks == []
+    dev.final = 3
+    q.drain()
+    assert [b["type"] for b in q.blocks] == ["interval", "map"]
+    q.tick(2 * MS)                                       # interval:ms:1 again (step 4 unstarted) + ms:2
+    dev.run_step(_step(4))
+    dev.final = 4
+    q.drain()
+    kinds = [(b["type"], b.get("probe") or b.get("text")) for b in q.blocks]
+    assert kinds[2:] == [("interval", "interval:ms:1"), ("map", None), ("interval", "interval:ms:2"),
+                         ("text", "two")]
+    assert q.blocks[2]["steps"] == [4, 3]                # a cut with no new step: nothing in it
+    assert q.blocks[3]["entries"][0]["value"] == 0
+    assert "no new step" in render_text(q.blocks[2:3])
+
+
+def test_print_without_clear_accumulates_across_cuts():
+    dev, q = _query("task:end { @n = count(); @d = hist(task.dur_ns); @s = stats(task.dur_ns); } "
+                    "interval:ms:1 { print(@n); print(@d); print(@s); }")
+    _run(dev, q, range(0, 10), tick_at={2, 5})
+    dev.final = 9
+    q.drain()
+    got = _intervals(q)
+    assert [s for s, _ in got] == [[0, 2], [3, 5]]
+    ref_dev, ref = _query("task:end { @n = count(); @d = hist(task.dur_ns); @s = stats(task.dur_ns); }")
+    for k in range(0, 6):                       # one attachment fed steps 0-5: the second print
+        ref_dev.run_step(_step(k))
+    want = {b["name"]: b for b in (ref.block(pm, "x") for pm in ref.plan["maps"])}
+    for m in got[1][1]:
+        assert m["entries"] == want[m["name"]]["entries"], m["name"]
+        assert m["coverage"] == want[m["name"]]["coverage"]
+    assert sum(b["value"] for b in got[0][1][0]["entries"]) == sum(_counts(0, 2).values())
+
+
+def test_a_cleared_unkeyed_count_prints_zero_and_a_report_adds_the_live_steps():
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { clear(@n); }")
+    _run(dev, q, range(0, 6), tick_at={2})
+    dev.final = 5
+    q.drain()                                    # the clear at boundary 3 ran
+    (m,) = [q.block(pm, "interval") for pm in q.plan["maps"]]
+    assert m["entries"][0]["value"] == sum(_counts(3, 5).values())   # the live segment, steps 3-5
+    q._final_view = True                                           # as a clause at the boundary sees it
+    (z,) = [q.block(pm, "interval") for pm in q.plan["maps"]]
+    assert z["entries"] == [{"key": [], "value": 0}] and z["coverage"]["eligible"] == 0
+
+
+def test_no_cut_before_the_query_has_started_a_step():
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q.tick(0)
+    q.tick(MS)                                   # nothing started: the cut is the first step
+    assert len(dev.attached) == 1
+    dev.run_step(_step(0))
+    dev.final = 0
+    q.drain()
+    assert _intervals(q)[0][0] == [0, -1]
+
+
+def test_exit_in_an_ended_segment_is_seen_when_it_is_folded():
+    dev, q = _query("task:end /step == 1/ { exit(); } task:end { @n = count(); } "
+                    "interval:ms:1 { print(@n); clear(@n); }")
+    _run(dev, q, range(0, 3), tick_at={1}, ahead=5)   # exit() ran in segment 0 (steps 0-1)
+    assert not q.exited
+    assert q.poll_exit()                               # every live segment's exit map is read
+
+
+def test_evidence_of_every_segment_is_printed_at_the_end():
+    dev, q = _query("task:end /task.class == 1 && worker == 0/ { evidence(step); @n = count(); } "
+                    "interval:ms:1 { print(@n); clear(@n); }")
+    _run(dev, q, range(0, 6), tick_at={1, 3})
+    dev.final = 5
+    blocks = q.finish()
+    steps = [b["fields"]["step"] for b in blocks if b["type"] == "evidence"]
+    assert sorted(steps) == list(range(0, 6))
+    assert len(dev.attached) == 3
+
+
+def test_a_clause_without_map_actions_makes_no_cut():
+    dev, q = _query('task:end { @n = count(); } interval:ms:1 { print("tick"); }')
+    _run(dev, q, range(0, 4), tick_at={1, 3})
+    assert len(dev.attached) == 1
+    assert [b.get("text") for b in q.blocks if b["type"] == "text"] == ["tick", "tick"]
+    assert all("steps" not in b for b in q.blocks if b["type"] == "interval")
+
+
+def test_a_session_not_in_the_hot_tier_clears_in_place():
+    dev = ReferenceDevice(WORKERS)
+    dev.tier = "auto"
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }", dev)
+    assert not q.exact
+    _run(dev, q, range(0, 4), tick_at={1, 3})
+    assert len(dev.cleared) == 2
+    assert len(dev.attached) == 1
+    assert all("steps" not in b for b in q.blocks if b["type"] == "interval")
+
+
+def test_folded_segments_are_forgotten_once_every_worker_loaded_their_detach():
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    dev.lag = 1                                  # the last table change not yet loaded
+    _run(dev, q, range(0, 6), tick_at={1, 3})
+    dev.final = 5
+    q.drain()
+    assert dev.detached == dev.attached[:2]
+    assert dev.forgotten == dev.attached[:1]     # the second detach is the unloaded change
+    dev.lag = 0
+    q.drain()
+    assert dev.forgotten == dev.attached[:2]
+
+
+def test_a_cut_the_runtime_refuses_clears_in_place_and_says_so(monkeypatch):
+    from dtrace_mk.errors import UserError
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    _run(dev, q, range(0, 2), tick_at=())
+
+    def full(*a, **k):
+        raise UserError("no free attachment slot")
+    monkeypatch.setattr(dev, "attach", full)
+    q.tick(MS)
+    q.drain()
+    warn = [b["text"] for b in q.blocks if b["type"] == "warning"]
+    assert warn and "no free attachment slot" in warn[0] and "in place" in warn[0]
+    assert dev.cleared == ["n"]
+
+
+@pytest.mark.parametrize("agg", ["count()", "sum(task.dur_ns)", "min(task.dur_ns)", "max(task.dur_ns)",
+                                 "avg(task.dur_ns)", "stats(task.dur_ns)", "hist(task.dur_ns)",
+                                 "lhist(task.dur_ns, 0, 20000, 2000)"])
+def test_every_aggregation_folds_to_what_one_attachment_holds(agg):
+    """Cuts at steps 2 and 5, no clear: the map after the second equals one attachment's
+    over steps 0-5, entry for entry and coverage included."""
+    text = f"task:end {{ @m[task.class] = {agg}; }}"
+    dev, q = _query(text + " interval:ms:1 { print(@m); }")
+    _run(dev, q, range(0, 8), tick_at={2, 5})
+    dev.final = 7
+    q.drain()
+    ref_dev, ref = _query(text)
+    for k in range(0, 6):
+        ref_dev.run_step(_step(k))
+    (want,) = [ref.block(pm, "x") for pm in ref.plan["maps"]]
+    (m,) = _intervals(q)[1][1]
+    key = lambda e: str(e["key"])              # noqa: E731  (merge orders entries its own way)
+    assert sorted(m["entries"], key=key) == sorted(want["entries"], key=key)
+    assert m["coverage"] == want["coverage"]

@@ -136,16 +136,22 @@ class QueryRun:
         """Run the interval clauses due at `now_ns`: a fed query's clock is its records'
         ts_ns; a query the host does not feed (a device runtime's) is ticked with the
         host's clock instead.  The first tick starts every interval."""
+        for iv, ts_ns in self._due_intervals(now_ns):
+            self.blocks.append({"type": "interval", "probe": iv["probe"], "ts_ns": ts_ns})
+            self._actions(iv["actions"], iv["probe"])
+
+    def _due_intervals(self, now_ns: int):
+        """(clause, its time since the first tick) for each interval due at `now_ns`, in
+        clause order, until the query exits."""
         if self._t0 is None:
             self._t0 = now_ns
             for iv in self._intervals:
                 iv["next"] = now_ns + iv["ms"] * 1_000_000
         for iv in self._intervals:
             while now_ns >= iv["next"] and not self.exited:
-                self.blocks.append({"type": "interval", "probe": iv["probe"],
-                                    "ts_ns": iv["next"] - self._t0})
-                self._actions(iv["actions"], iv["probe"])
+                ts = iv["next"] - self._t0
                 iv["next"] += iv["ms"] * 1_000_000
+                yield iv, ts
 
     def poll_exit(self) -> bool:
         """For a query the host does not feed (it runs in a device runtime: the GPU rank's

@@ -34,6 +34,7 @@ from typing import Dict, List, Optional
 from ..errors import UserError
 from ..lang import printing
 from ..lang.host import QueryRun
+from .summary_windows import forget_loaded
 
 
 @dataclass
@@ -79,20 +80,14 @@ class DeviceQueryRun(QueryRun):
     def tick(self, now_ns: int) -> None:
         if not self.exact:
             return super().tick(now_ns)
-        if self._t0 is None:
-            self._t0 = now_ns
-            for iv in self._intervals:
-                iv["next"] = now_ns + iv["ms"] * 1_000_000
-        for iv in self._intervals:
-            while now_ns >= iv["next"] and not self.exited:
-                due = _Due(iv, iv["next"] - self._t0, None)
-                if _touches_maps(iv):
-                    try:
-                        due.boundary = self._cut()
-                    except UserError as e:        # e.g. no free table slot: this one clears in place
-                        due.inplace = str(e)
-                self._due.append(due)
-                iv["next"] += iv["ms"] * 1_000_000
+        for iv, ts_ns in self._due_intervals(now_ns):
+            due = _Due(iv, ts_ns, None)
+            if _touches_maps(iv):
+                try:
+                    due.boundary = self._cut()
+                except UserError as e:        # e.g. no free table slot: this one clears in place
+                    due.inplace = str(e)
+            self._due.append(due)
         self.drain()
 
     def _cut(self) -> int:
@@ -152,13 +147,7 @@ class DeviceQueryRun(QueryRun):
             self.exited = True
 
     def _forget(self) -> None:
-        if not self._retiring:
-            return
-        loaded = int(self.rt.loaded_gen())
-        for aid, gen in self._retiring:
-            if gen <= loaded:
-                self.rt.forget(aid)
-        self._retiring = [(aid, gen) for aid, gen in self._retiring if gen > loaded]
+        self._retiring = forget_loaded(self.rt, self._retiring)
 
     # -- the query's maps ----------------------------------------------------------------
     def _clear(self, pm: dict) -> None:

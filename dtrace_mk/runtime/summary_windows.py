@@ -157,13 +157,20 @@ class SummaryWindows:
         self.retiring.append((w.aid, int(self.rt.table_gen())))
 
     def _forget(self) -> None:
-        if not self.retiring:
-            return
-        loaded = int(self.rt.loaded_gen())
-        for aid, gen in self.retiring:
-            if gen <= loaded:
-                self.rt.forget(aid)
-        self.retiring = [(aid, gen) for aid, gen in self.retiring if gen > loaded]
+        self.retiring = forget_loaded(self.rt, self.retiring)
+
+
+def forget_loaded(rt, retiring: List[tuple]) -> List[tuple]:
+    """Give back the device memory of each detached attachment in `retiring` ((aid, table
+    generation of its detach)) that no worker can still run (every worker loaded that
+    generation); returns the ones still to wait for."""
+    if not retiring:
+        return retiring
+    loaded = int(rt.loaded_gen())
+    for aid, gen in retiring:
+        if gen <= loaded:
+            rt.forget(aid)
+    return [(aid, gen) for aid, gen in retiring if gen > loaded]
 
 
 class ReferenceDevice:

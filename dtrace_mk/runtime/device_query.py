@@ -21,7 +21,8 @@ or clears a map a **cut** at a step boundary instead:
    step f - 1, clear(@m) forgets the host's value; nothing on the device is cleared.
 
 Clauses run in the order they came due (a clause without map actions waits behind an
-earlier cut).  Each interval header names its steps.  Reports between intervals, END and
+earlier cut).  At most MAX_LIVE_SEGMENTS attachments are alive: a clause due while that
+many are reuses the latest cut (still exact, its steps end earlier).  Each interval header names its steps.  Reports between intervals, END and
 the exit-time maps show the folded values plus what the live segments hold then (steps
 still running: as read).  A session whose tier is not "hot" clears in place as before: a
 cut there would start a promotion -- and a launch-ending swap -- every interval.
@@ -35,6 +36,13 @@ from ..errors import UserError
 from ..lang import printing
 from ..lang.host import QueryRun
 from .summary_windows import forget_loaded
+
+
+#: Attachments of one query alive at once (the running one and ended ones whose steps are
+#: not final yet): each holds a program slot of its hooks (runtime.device.MAX_PROGS = 8,
+#: shared with the summary windows and other queries).  A kernel 4 steps ahead of its
+#: flushes could otherwise leave 5; past this a clause reuses the latest cut.
+MAX_LIVE_SEGMENTS = 3
 
 
 @dataclass
@@ -94,8 +102,9 @@ class DeviceQueryRun(QueryRun):
         """Attach the successor from the first unstarted step (module doc, 1); that step."""
         cur = self.segments[-1]
         f = int(self.rt.unstarted_step())
-        if cur.first >= f:                  # none of it has started: its first step is the cut
-            return cur.first
+        if cur.first >= f or len(self.segments) >= MAX_LIVE_SEGMENTS:
+            return cur.first                # none of it has started / the table is shared: the
+                                            # latest cut again (exact, only earlier than now)
         aid = self.rt.attach(self.obj, verify=self._verify, first_epoch=f, tier="hot", replaces=cur.aid)
         cur.end = int(self.rt.first_epoch_of(aid))
         self.segments.append(_Segment(aid, cur.end))

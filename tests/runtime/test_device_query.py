@@ -242,3 +242,30 @@ def test_every_aggregation_folds_to_what_one_attachment_holds(agg):
     key = lambda e: str(e["key"])              # noqa: E731  (merge orders entries its own way)
     assert sorted(m["entries"], key=key) == sorted(want["entries"], key=key)
     assert m["coverage"] == want["coverage"]
+
+
+def test_at_most_max_live_segments_then_a_clause_reuses_the_latest_cut():
+    """A kernel far ahead of its flushes: cuts stop at MAX_LIVE_SEGMENTS attachments (each
+    holds a program slot); the clauses beyond reuse the latest boundary, and every step
+    is still printed exactly once."""
+    from dtrace_mk.runtime.device_query import MAX_LIVE_SEGMENTS
+    dev, q = _query("task:end { @n[worker] = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q.tick(0)
+    alive = []
+    for k in range(0, 12):
+        dev.run_step(_step(k))
+        dev.final = k - 6
+        q.tick((k + 1) * MS)
+        alive.append(len(q.segments))
+    assert max(alive) == MAX_LIVE_SEGMENTS
+    dev.final = 11
+    q.finish()
+    got = _intervals(q)
+    nxt = 0
+    for (lo, hi), (m,) in got:
+        assert lo == nxt
+        assert {e["key"][0]: e["value"] for e in m["entries"]} == dict(_counts(lo, hi, _worker))
+        nxt = hi + 1
+    (last,) = [b for b in q.blocks if b["type"] == "map" and b["when"] == "exit"]
+    assert {e["key"][0]: e["value"] for e in last["entries"]} == dict(_counts(nxt, 11, _worker))
+    assert any(hi < lo for (lo, hi), _ in got)          # some clause reused a cut

@@ -255,16 +255,28 @@ def render_text(blocks: Iterable[dict]) -> str:
         elif t == "text":
             out.append(who + b["text"])
         elif t == "interval":
-            steps = b.get("steps")        # a device query's cut (runtime.device_query)
-            span = "" if steps is None else (", no new step" if steps[1] < steps[0] else
-                                             f", steps {steps[0]}-{steps[1]}")
-            out.append(f"-- {who}{b['probe']} at {b['ts_ns'] / 1e6:.3f} ms{span} --")
+            out.append(f"-- {who}{b['probe']} at {b['ts_ns'] / 1e6:.3f} ms{_interval_span(b)} --")
         elif t == "evidence":
             fields = " ".join(f"{k}={v}" for k, v in b["fields"].items())
             out.append(f"{who}evidence[w{b['worker']} e{b['epoch']}]: {fields}")
         elif t == "warning":
             out.append(f"{who}WARNING: {b['text']}")
     return "\n".join(out) + ("\n" if out else "")
+
+
+def _steps_text(steps) -> str:
+    return "no new step" if steps[1] < steps[0] else f"steps {steps[0]}-{steps[1]}"
+
+
+def _interval_span(b: dict) -> str:
+    """", steps 40-71" of a device query's cut (runtime.device_query); a merged header
+    (merge_blocks): " (ranks 0, 1)", with each rank's steps when it has them."""
+    if "ranks" in b:
+        per = b["ranks"]
+        if all(v is None for v in per.values()):
+            return f" (ranks {', '.join(str(r) for r in per)})"
+        return " (" + "; ".join(f"rank {r}: {_steps_text(v) if v else 'no steps'}" for r, v in per.items()) + ")"
+    return "" if b.get("steps") is None else ", " + _steps_text(b["steps"])
 
 
 # --- several ranks as one view ----------------------------------------------------------
@@ -299,18 +311,34 @@ def merge_blocks(parts: Sequence[Sequence[dict]], ranks: Optional[Sequence[int]]
     view: the map blocks of one name, `when` and aggregation combined key by key (count /
     sum added, min / max, avg and stats from the summed count and sum, histograms bucket by
     bucket), their coverage summed (eligible = executed + throttled + lost still holds, and
-    so does the WARNING when any rank lost or throttled events); every other block (printf
-    text, interval headers, evidence, warnings) kept in rank order, marked with its rank."""
+    so does the WARNING when any rank lost or throttled events).  Blocks pair by occurrence:
+    the n-th block of a map (name, when, aggregation) in one rank's part merges with the
+    n-th in every other's -- two ticks of an interval clause in one part are two views, not
+    one sum -- and so do the n-th headers of an interval clause (one header naming each
+    rank's steps).  Every other block (printf text, evidence, warnings) is kept in rank
+    order, marked with its rank."""
     ranks = list(range(len(parts))) if ranks is None else list(ranks)
     maps: Dict[tuple, dict] = {}
     values: Dict[tuple, Dict[tuple, object]] = {}
+    heads: Dict[tuple, dict] = {}
     out: List[dict] = []
     for r, blocks in zip(ranks, parts):
+        nth: Dict[tuple, int] = {}        # the n-th interval / map of its kind in this rank's part
         for b in blocks:
+            kind = (b.get("probe"),) if b["type"] == "interval" else (b.get("name"), b.get("when"), b.get("agg"))
+            n = nth[kind] = nth.get(kind, -1) + 1
+            if b["type"] == "interval":   # the n-th tick of a clause: one header naming each rank's
+                h = heads.get(kind + (n,))
+                if h is None:
+                    h = heads[kind + (n,)] = {"type": "interval", "probe": b["probe"], "ts_ns": b["ts_ns"],
+                                              "ranks": {}}
+                    out.append(h)
+                h["ranks"][r] = b.get("steps")
+                continue
             if b["type"] != "map":
                 out.append({**b, "rank": r})
                 continue
-            mk = (b["name"], b["when"], b["agg"])
+            mk = kind + (n,)
             hist = b["agg"] in ("hist", "lhist")
             if mk not in maps:
                 maps[mk] = {**b, "entries": [], "coverage": {"eligible": 0, "executed": 0, "throttled": 0,

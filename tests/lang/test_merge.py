@@ -162,3 +162,38 @@ def test_render_merged_header_names_ranks_and_steps():
                                                                           [{"key": ["attn"], "value": 7}])
     assert render_output(_msg({0: c}, final=False), merge=True) == \
         "-- query 3, ranks none merged; no output yet from rank 0 --\n(no output yet)\n"
+
+
+def _tick(probe, ts_ms, steps=None):
+    b = {"type": "interval", "probe": probe, "ts_ns": ts_ms * 1_000_000}
+    if steps is not None:
+        b["steps"] = steps
+    return b
+
+
+def test_two_ticks_in_one_part_stay_two_views_paired_by_occurrence():
+    """A report can carry several ticks of an interval clause; the n-th tick's maps merge
+    with the n-th of every other rank (print without clear: cumulative values -- summing a
+    rank's two ticks would count its first interval twice), under one header per tick."""
+    def c(v, when="interval:ms:1000"):
+        b = _block("@c", "count", [{"key": ["attn"], "value": v}], (v, v, 0, 0))
+        b["when"] = when
+        return b
+    r0 = [_tick("interval:ms:1000", 1000, [4, 7]), c(10), _tick("interval:ms:1000", 2000, [8, 11]), c(25),
+          c(27, "interval")]
+    r1 = [_tick("interval:ms:1000", 1000, [5, 8]), c(3), _tick("interval:ms:1000", 2000, [9, 9]), c(4),
+          c(6, "interval")]
+    m = printing.merge_blocks([r0, r1])
+    assert [(b["type"], b.get("entries", [{}])[0].get("value")) for b in m] == \
+        [("interval", None), ("map", 13), ("interval", None), ("map", 29), ("map", 33)]
+    text = printing.render_text(m).splitlines()
+    assert text[0] == "-- interval:ms:1000 at 1000.000 ms (rank 0: steps 4-7; rank 1: steps 5-8) --"
+    assert text[4] == "-- interval:ms:1000 at 2000.000 ms (rank 0: steps 8-11; rank 1: steps 9-9) --"
+    # a rank with a tick more than the other: that tick stays its own
+    m = printing.merge_blocks([r0[:2], r1[:4]], ranks=[0, 1])
+    assert [b.get("entries", [{}])[0].get("value") for b in m if b["type"] == "map"] == [13, 4]
+    assert printing.render_text([h for h in m if h["type"] == "interval"][1:]) == \
+        "-- interval:ms:1000 at 2000.000 ms (rank 1: steps 9-9) --\n"
+    # ticks of fed queries (sim ranks) have no steps: the header names the ranks
+    m = printing.merge_blocks([[_tick("interval:ms:5", 5)], [_tick("interval:ms:5", 5)]], ranks=[2, 3])
+    assert printing.render_text(m) == "-- interval:ms:5 at 5.000 ms (ranks 2, 3) --\n"

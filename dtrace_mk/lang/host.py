@@ -206,7 +206,6 @@ class QueryRun:
             self.blocks.append({"type": "warning", "text": f"evidence: {thr} records refused by the "
                                 f"budget of {ev['budget_bytes']} bytes per worker per epoch"})
 
-
     def _evidence_source(self):
         """(the evidence records drained, the coverage rows of the programs) at the end."""
         return self.rt.evidence(self.aid), self.rt.coverage(self.aid)

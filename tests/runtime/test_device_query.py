@@ -135,15 +135,14 @@ def test_print_without_clear_accumulates_across_cuts():
 
 
 def test_a_cleared_unkeyed_count_prints_zero_and_a_report_adds_the_live_steps():
-    dev, q = _query("task:end { @n = count(); } interval:ms:1 { clear(@n); }")
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { clear(@n); print(@n); }")
     _run(dev, q, range(0, 6), tick_at={2})
     dev.final = 5
-    q.drain()                                    # the clear at boundary 3 ran
-    (m,) = [q.block(pm, "interval") for pm in q.plan["maps"]]
-    assert m["entries"][0]["value"] == sum(_counts(3, 5).values())   # the live segment, steps 3-5
-    q._final_view = True                                           # as a clause at the boundary sees it
-    (z,) = [q.block(pm, "interval") for pm in q.plan["maps"]]
+    q.drain()                                    # the clause at boundary 3 ran: clear, then print
+    (_, (z,)), = _intervals(q)
     assert z["entries"] == [{"key": [], "value": 0}] and z["coverage"]["eligible"] == 0
+    (m,) = [q.block(pm, "interval") for pm in q.plan["maps"]]      # a report: + the live segment
+    assert m["entries"][0]["value"] == m["coverage"]["eligible"] == sum(_counts(3, 5).values())
 
 
 def test_no_cut_before_the_query_has_started_a_step():

@@ -396,7 +396,7 @@
 #                   --plan 97 --tests tests/gpu --variants DTMK_OBS_SM
 # (~12 min on 2 cores, 11.5 MiB; git-ignored, so each session builds it again); gpu_session.sh installs it,
 # the first time on a machine after one check build (does this image's NVRTC compile the same bytes?).
-# Session 43: no start succeeded (ten failed starts, 09:13-11:31).  108 now also runs the device-query cut test
+# Session 43: no start succeeded (eleven failed starts, 09:13-11:44).  108 now also runs the device-query cut test
 # (tests/gpu/test_device_summaries_gpu.py, no new build); order unchanged: 108, 109, 104.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)

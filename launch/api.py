@@ -487,11 +487,11 @@ class ServingHost:
         if op == "attach":
             from ..bpf.elf import load_object
             from ..lang.host import QueryRun
-            from ..runtime.device_query import DeviceQueryRun
+            from ..runtime.device_query import device_query_run
             try:
                 obj = load_object(bytes(c["object"]))
                 if self.live_runtime is not None:       # runs in the device VM, not fed here
-                    q = DeviceQueryRun(obj, None, runtime=self.live_runtime)
+                    q = device_query_run(obj, self.live_runtime)
                 else:
                     q = QueryRun(obj, None, num_workers=self.num_workers)
                 q.begin()
@@ -532,7 +532,7 @@ class ServingHost:
         else:
             blocks = list(run.blocks[q.printed:])
             q.printed = len(run.blocks)
-            blocks.extend(run.block(pm, "interval") for pm in run.plan["maps"])
+            blocks.extend(run.map_blocks(run.plan["maps"], "interval"))
         msg = {"op": "part", "id": q.aid, "seq": seq, "final": final, "why": why, "rank": self.rank,
                "step": self.step_now, "attached_at": q.attached_at, "blocks": blocks}
         if self.rank == 0:

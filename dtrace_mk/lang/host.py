@@ -103,8 +103,16 @@ class QueryRun:
     def block(self, pm: dict, when: str) -> dict:
         """Map `pm` of the plan as it is now, as a printing block (its coverage: since its
         last clear())."""
-        return printing.map_block(pm, self.rt.maps(self.aid), self.rt.coverage(self.aid),
-                                  self.plan["names"], when, self.baseline.get(pm["name"]))
+        return self.map_blocks([pm], when)[0]
+
+    def map_blocks(self, pms: Sequence[dict], when: str) -> List[dict]:
+        """block() of each map in `pms`, the runtime's maps and coverage read once (a
+        device runtime copies every map of the attachment per read)."""
+        if not pms:
+            return []
+        maps, rows = self.rt.maps(self.aid), self.rt.coverage(self.aid)
+        return [printing.map_block(pm, maps, rows, self.plan["names"], when, self.baseline.get(pm["name"]))
+                for pm in pms]
 
     def attachments(self) -> List[int]:
         """The runtime attachments this query holds (what a detach must end)."""
@@ -157,22 +165,30 @@ class QueryRun:
         """For a query the host does not feed (it runs in a device runtime: the GPU rank's
         device VM): has a hook clause run exit()?  Reads the exit map from the runtime --
         that one map where the runtime can (`read_map`).  True once it has."""
-        name = self.plan.get("exit_map")
-        if self.exited or self.aid is None or not name:
-            return self.exited
-        read = getattr(self.rt, "read_map", None)
-        m = read(self.aid, name) if read is not None else self.rt.maps(self.aid)[name]
-        if any(m.lookup(b"\0\0\0\0")):
+        if not self.exited and self.aid is not None and self._exit_ran(self.aid):
             self.exited = True
         return self.exited
 
+    def _exit_ran(self, aid: int, maps=None) -> bool:
+        """Has attachment `aid` run exit()?  Its exit map from `maps` (its MapSet, read
+        already), else read alone where the runtime can (`read_map`); False for a query
+        without exit()."""
+        name = self.plan.get("exit_map")
+        if not name:
+            return False
+        read = getattr(self.rt, "read_map", None)
+        if maps is not None:
+            m = maps[name]
+        else:
+            m = read(aid, name) if read is not None else self.rt.maps(aid)[name]
+        return any(m.lookup(b"\0\0\0\0"))
+
     def finish(self) -> List[dict]:
         self._actions(self.plan["host"]["END"], "END")
-        for pm in self.plan["maps"]:
-            if pm["name"] not in self.printed_at_end:
-                b = self.block(pm, "exit")
-                if b["coverage"]["eligible"] or (b["entries"] and pm["map_type"] != "per_worker_array"):
-                    self.blocks.append(b)
+        rest = [pm for pm in self.plan["maps"] if pm["name"] not in self.printed_at_end]
+        for pm, b in zip(rest, self.map_blocks(rest, "exit")):
+            if b["coverage"]["eligible"] or (b["entries"] and pm["map_type"] != "per_worker_array"):
+                self.blocks.append(b)
         self._evidence()
         return self.blocks
 

@@ -22,16 +22,18 @@ or clears a map a **cut** at a step boundary instead:
 
 Clauses run in the order they came due (a clause without map actions waits behind an
 earlier cut).  At most MAX_LIVE_SEGMENTS attachments are alive: a clause due while that
-many are reuses the latest cut (still exact, its steps end earlier).  Each interval header names its steps.  Reports between intervals, END and
-the exit-time maps show the folded values plus what the live segments hold then (steps
-still running: as read).  A session whose tier is not "hot" clears in place as before: a
-cut there would start a promotion -- and a launch-ending swap -- every interval.
+many are reuses the latest cut (still exact, its steps end earlier).  Each interval header
+names its steps.  Reports between intervals, END and the exit-time maps show the folded
+values plus what the live segments hold then (steps still running: as read).  A session
+whose tier is not "hot" gets a plain QueryRun (`device_query_run`), which clears in place:
+a cut there would start a promotion -- and a launch-ending swap -- every interval.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from ..bpf.maps import MapSet
 from ..errors import UserError
 from ..lang import printing
 from ..lang.host import QueryRun
@@ -64,13 +66,20 @@ def _touches_maps(iv: dict) -> bool:
     return any(a["op"] == "clear" or ("map" in a and "text" not in a) for a in iv["actions"])
 
 
+def device_query_run(obj, runtime, verify: bool = True) -> QueryRun:
+    """The QueryRun of a query on a device runtime: a DeviceQueryRun where the session's
+    tier is hot, else a plain QueryRun (its clear() empties the device map in place)."""
+    if getattr(runtime, "tier", "hot") == "hot":
+        return DeviceQueryRun(obj, runtime=runtime, verify=verify)
+    return QueryRun(obj, None, runtime=runtime, verify=verify)
+
+
 class DeviceQueryRun(QueryRun):
     """A QueryRun on a device runtime whose interval clauses cut at step boundaries
     (module doc).  Called from the serving loop's thread only."""
 
     def __init__(self, obj, plan=None, *, runtime, verify: bool = True):
         super().__init__(obj, plan, runtime=runtime, verify=verify)
-        self.exact = self.aid is not None and getattr(runtime, "tier", "hot") == "hot"
         self._verify = verify
         self.segments: List[_Segment] = []
         if self.aid is not None:
@@ -83,11 +92,10 @@ class DeviceQueryRun(QueryRun):
         self._steps_from = self.segments[0].first if self.segments else 0
         self._final_view = False                # a clause at a boundary: folded values only
         self._seg_base: Dict[tuple, dict] = {}  # (aid, map name) -> coverage at an in-place clear
+        self._empty = MapSet(obj.maps)          # a cleared map that counted nothing since
 
     # -- interval clauses ----------------------------------------------------------------
     def tick(self, now_ns: int) -> None:
-        if not self.exact:
-            return super().tick(now_ns)
         for iv, ts_ns in self._due_intervals(now_ns):
             due = _Due(iv, ts_ns, None)
             if _touches_maps(iv):
@@ -146,13 +154,12 @@ class DeviceQueryRun(QueryRun):
 
     def _fold(self, aid: int) -> None:
         maps, rows = self.rt.maps(aid), self.rt.coverage(aid)
-        for pm in self.plan["maps"]:
-            b = self._segment_block(pm, aid, "fold", maps, rows)
+        pms = self.plan["maps"]
+        for pm, b in zip(pms, self._segment_blocks(pms, aid, "fold", maps, rows)):
             self.folded[pm["name"]] = _merge(self.folded.get(pm["name"]), b)
         self._folded_evidence.extend(self.rt.evidence(aid))
         self._folded_rows.extend(rows)
-        name = self.plan.get("exit_map")
-        if name and any(maps[name].lookup(b"\0\0\0\0")):
+        if self._exit_ran(aid, maps):
             self.exited = True
 
     def _forget(self) -> None:
@@ -160,8 +167,6 @@ class DeviceQueryRun(QueryRun):
 
     # -- the query's maps ----------------------------------------------------------------
     def _clear(self, pm: dict) -> None:
-        if not self.exact:
-            return super()._clear(pm)
         self.folded.pop(pm["name"], None)
         if self._final_view:                # the live segments count steps after the boundary
             return
@@ -169,66 +174,40 @@ class DeviceQueryRun(QueryRun):
             self.rt.clear_map(seg.aid, pm["bpf_map"])
             self._seg_base[(seg.aid, pm["name"])] = printing.coverage_of(pm, self.rt.coverage(seg.aid))
 
-    def _segment_block(self, pm: dict, aid: int, when: str, maps=None, rows=None) -> dict:
+    def _segment_blocks(self, pms, aid: int, when: str, maps=None, rows=None) -> List[dict]:
         maps = self.rt.maps(aid) if maps is None else maps
         rows = self.rt.coverage(aid) if rows is None else rows
-        return printing.map_block(pm, maps, rows, self.plan["names"], when,
-                                  self._seg_base.get((aid, pm["name"])))
+        return [printing.map_block(pm, maps, rows, self.plan["names"], when,
+                                   self._seg_base.get((aid, pm["name"]))) for pm in pms]
 
-    def block(self, pm: dict, when: str) -> dict:
-        if not self.exact:
-            return super().block(pm, when)
-        b = self.folded.get(pm["name"])
+    def map_blocks(self, pms, when: str) -> List[dict]:
+        """The folded values, plus (outside a clause at its boundary) what every live
+        segment holds now, each segment's maps read once."""
+        out = [self.folded.get(pm["name"]) for pm in pms]
         if not self._final_view:
             for seg in self.segments:
-                b = _merge(b, self._segment_block(pm, seg.aid, when))
-        if b is None:                       # cleared, nothing counted since
-            b = printing.map_block(pm, _EmptyMaps(pm), [], self.plan["names"], when)
-        return {**b, "when": when}
+                out = [_merge(b, live) for b, live in zip(out, self._segment_blocks(pms, seg.aid, when))]
+        return [{**(b or printing.map_block(pm, self._empty, [], self.plan["names"], when)), "when": when}
+                for pm, b in zip(pms, out)]
 
     def poll_exit(self) -> bool:
-        if self.exited or not self.exact:
-            return super().poll_exit()
-        name = self.plan.get("exit_map")
-        read = getattr(self.rt, "read_map", None)
-        for seg in self.segments if name else ():
-            m = read(seg.aid, name) if read is not None else self.rt.maps(seg.aid)[name]
-            if any(m.lookup(b"\0\0\0\0")):
-                self.exited = True
+        if not self.exited and any(self._exit_ran(seg.aid) for seg in self.segments):
+            self.exited = True
         return self.exited
 
     def finish(self):
-        if self.exact:
-            self.drain(force=True)
+        self.drain(force=True)
         return super().finish()
 
     def attachments(self) -> List[int]:
-        return [s.aid for s in self.segments] if self.exact else super().attachments()
+        return [s.aid for s in self.segments]
 
     def _evidence_source(self):
-        if not self.exact:
-            return super()._evidence_source()
         records, rows = list(self._folded_evidence), list(self._folded_rows)
         for seg in self.segments:
             records.extend(self.rt.evidence(seg.aid))
             rows.extend(self.rt.coverage(seg.aid))
         return records, rows
-
-
-class _EmptyMaps:
-    """The MapSet of a map that holds nothing (cleared, nothing counted since): no entry,
-    or for an unkeyed per-worker value the one zero entry a MapSet snapshot gives."""
-
-    def __init__(self, pm: dict):
-        self.pm = pm
-
-    def __getitem__(self, name):
-        return self
-
-    def snapshot(self, per_worker: bool = True):
-        if self.pm["map_type"] == "per_worker_array":
-            return {bytes(4): bytes(self.pm["value_size"])}
-        return {}
 
 
 def _merge(a: Optional[dict], b: dict) -> dict:

@@ -11,7 +11,8 @@ import pytest
 
 from dtrace_mk.abi import context
 from dtrace_mk.lang import compile_query, render_text
-from dtrace_mk.runtime.device_query import DeviceQueryRun
+from dtrace_mk.lang.host import QueryRun
+from dtrace_mk.runtime.device_query import DeviceQueryRun, device_query_run
 from dtrace_mk.runtime.summary_windows import ReferenceDevice
 
 WORKERS = 4
@@ -31,8 +32,9 @@ def _step(k):
 
 
 def _query(text, dev=None):
+    """The QueryRun launch.api makes for `text` on a device runtime (device_query_run)."""
     dev = dev or ReferenceDevice(WORKERS)
-    q = DeviceQueryRun(compile_query(text).obj, runtime=dev)
+    q = device_query_run(compile_query(text).obj, dev)
     q.begin()
     return dev, q
 
@@ -47,9 +49,7 @@ def _run(dev, q, steps, tick_at=(), ahead=2):
         dev.final = k - ahead
         if k in tick_at:
             clock += MS
-            q.tick(clock)
-        else:
-            q.drain()
+        q.tick(clock)                           # (no clause due: a DeviceQueryRun drains)
 
 
 def _counts(lo, hi, key=lambda r: 0):
@@ -77,6 +77,7 @@ def _intervals(q):
 
 def test_print_and_clear_each_interval_holds_exactly_its_steps():
     dev, q = _query("task:end { @n[worker] = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    assert isinstance(q, DeviceQueryRun)                 # the hot tier cuts
     _run(dev, q, range(0, 12), tick_at={3, 7, 8})
     dev.final = 11                              # the launch ended: every step flushed
     q.finish()
@@ -187,7 +188,7 @@ def test_a_session_not_in_the_hot_tier_clears_in_place():
     dev = ReferenceDevice(WORKERS)
     dev.tier = "auto"
     dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }", dev)
-    assert not q.exact
+    assert type(q) is QueryRun                           # not a DeviceQueryRun: no cuts
     _run(dev, q, range(0, 4), tick_at={1, 3})
     assert len(dev.cleared) == 2
     assert len(dev.attached) == 1

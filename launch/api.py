@@ -33,7 +33,10 @@ What it does
   which streams them to the attached client once every rank's part has arrived.
   Detach (or the client leaving, or the job ending) gives a final report.
 * A loop whose megakernel runs monitors itself (the GPU backend: `live_runtime` =
-  `launch.device_live.DeviceQueries`) runs live queries there, never fed; with
+  `launch.device_live.DeviceQueries`) runs live queries there, never fed; their
+  `interval:` clauses run on rank 0's clock, which tells every rank each tick and the step
+  to cut at (`clause` commands: runtime.device_query), so the ranks' ticks cover the same
+  steps; with
   `summarize_on_device(first_epoch)` the agent's summaries run there too
   (their task half, in windows of steps), the loop need feed only `agent_hooks()`
   records, and `step(k)` ships the windows the device has completed.
@@ -62,6 +65,9 @@ from ..errors import UserError
 
 TAG_DOWN = 7301          # rank 0 -> ranks: commands
 TAG_UP = 7302            # ranks -> rank 0: outputs, stop requests
+#: A device query's cut in a job of several ranks starts this many steps past rank 0's
+#: grant: a rank that learns of it one agreed step late has not started that step either.
+CUT_LEAD_STEPS = 1
 _HOOK = struct.Struct("<I")
 _OFF_HOOK = context.OFF_HOOK
 ALL_HOOKS = tuple(h.name for h in abi.HOOKS)
@@ -316,12 +322,26 @@ class ServingHost:
 
     def _tick_device_queries(self) -> None:
         """Queries in the device VM are never fed: their interval clauses run on the host's
-        clock, and their exit map is read once a step (the kernel may be a few steps ahead
-        of the host: such a query counts on until rank 0's detach applies)."""
+        clock -- rank 0's, for every rank: it tells each clause due to the whole job with
+        the step its cut starts at (CUT_LEAD_STEPS past its grant, which no rank has
+        started), so every rank's tick covers the same steps (`--merge` pairs them) -- and
+        their exit map is read once a step (the kernel may be a few steps ahead of the
+        host: such a query counts on until rank 0's detach applies)."""
         for q in self.live.values():
             if q.exit_told or q.run.exited:
                 continue
-            q.run.tick(time.monotonic_ns())
+            if self.rank == 0:
+                due = q.run.due_clauses(time.monotonic_ns())
+                if due:
+                    at = int(self.live_runtime.unstarted_step()) + (CUT_LEAD_STEPS if self.ranks > 1 else 0)
+                    a = self.attachments.get(q.aid)
+                    for i, ts_ns in due:
+                        cut = q.run.run_clause(i, ts_ns, at)    # where it did cut (or reused one)
+                        if self.ranks > 1:      # after the attach on every rank (its apply_at)
+                            self.link.down({"op": "clause", "id": q.aid, "clause": i, "ts_ns": ts_ns,
+                                            "at": at if cut is None else cut,
+                                            "apply_at": a.apply_at if a is not None else self.step_now})
+            q.run.drain()
             if q.exit_polled != self.step_now:
                 q.exit_polled = self.step_now
                 q.run.poll_exit()
@@ -504,6 +524,10 @@ class ServingHost:
                 return
             hooks = {p.hook.id for p in obj.programs} if self.live_runtime is None else set()
             self.live[c["id"]] = LiveQuery(c["id"], c.get("name", "<query>"), q, hooks, self.step_now)
+        elif op == "clause":                    # rank 0's interval tick (_tick_device_queries)
+            q = self.live.get(c["id"])
+            if q is not None and not q.exit_told:
+                q.run.run_clause(c["clause"], c["ts_ns"], c["at"])
         elif op == "report":
             q = self.live.get(c["id"])
             if q is not None:

@@ -18,12 +18,13 @@ live in device memory, read with device-to-host copies (runtime.live: exact for 
 epochs every worker has flushed, all of them once the launch ended).  The host never feeds
 these queries: the device VM runs them over the kernel's own hook contexts.
 
-Host clauses (BEGIN/END) run as usual; `interval:` clauses run on the host's clock (a
-fed query's run on its records' ts_ns, which device queries do not see:
-launch.api `_tick_device_queries`); in the hot tier each one that prints or clears a map
-is a cut at a step boundary (the query attached again with `replaces=`, its maps read once
-those steps are final: runtime.device_query), elsewhere clear() empties the device map in
-place (`clear_map`); the exit map is read once a step (`read_map`).
+Host clauses (BEGIN/END) run as usual; `interval:` clauses run on the host's clock --
+rank 0's, for the whole job (a fed query's run on its records' ts_ns, which device
+queries do not see: launch.api `_tick_device_queries`); in the hot tier each one that
+prints or clears a map is a cut at a step boundary (the query attached again with
+`replaces=`, its maps read once those steps are final: runtime.device_query), elsewhere
+clear() empties the device map in place (`clear_map`); the exit map is read once a step
+(`read_map`).
 
 It is also the runtime of the agent's device summaries (`serve --summaries device`:
 runtime.summary_windows attaches the summary's task half here, window after window, and

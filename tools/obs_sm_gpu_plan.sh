@@ -398,6 +398,8 @@
 # the first time on a machine after one check build (does this image's NVRTC compile the same bytes?).
 # Session 43: no start succeeded (eleven failed starts, 09:13-11:44).  108 now also runs the device-query cut test
 # (tests/gpu/test_device_summaries_gpu.py, no new build); order unchanged: 108, 109, 104.
+# Session 44: starts failed again.  81 (x2) now runs all of tests/gpu/test_launch_attach_gpu.py: also the
+# job-aligned device-query cuts on 2 GPUs (every rank's interval tick covers the steps rank 0 named).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -743,7 +745,7 @@ case "${1:-}" in
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"
-     exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py::test_launch_attach_list_detach_stop_on_two_gpus tests/gpu/test_device_summaries_gpu.py::test_demo_on_two_gpus_with_device_summaries)" ;;
+     exec tools/gpu_session.sh "$(pytv 540 $T tests/gpu/test_launch_gpu.py::test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans tests/gpu/test_launch_attach_gpu.py tests/gpu/test_device_summaries_gpu.py::test_demo_on_two_gpus_with_device_summaries)" ;;
   74) G="tests/gpu/test_resident_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_run_cli_gpu.py tests/gpu/test_launch_gpu.py tests/gpu/test_launch_attach_gpu.py tests/gpu/test_rec_fast_gpu.py tests/gpu/test_attn_staged_gpu.py"
      exec tools/gpu_session.sh "timeout 520 python3 -m pytest -q -p no:cacheprovider $G -k 'not obssm4defer' -rA" ;;
   75) D=DTMK_OSQ_DISCARD

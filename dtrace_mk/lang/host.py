@@ -145,8 +145,32 @@ class QueryRun:
         ts_ns; a query the host does not feed (a device runtime's) is ticked with the
         host's clock instead.  The first tick starts every interval."""
         for iv, ts_ns in self._due_intervals(now_ns):
-            self.blocks.append({"type": "interval", "probe": iv["probe"], "ts_ns": ts_ns})
-            self._actions(iv["actions"], iv["probe"])
+            self._run_clause(iv, ts_ns)
+        self.drain()
+
+    def due_clauses(self, now_ns: int) -> List[tuple]:
+        """(index, time since the first tick) of each interval clause due at `now_ns`, not
+        run: a job's rank 0 decides when clauses run and tells every rank (run_clause)."""
+        return [(self._intervals.index(iv), ts_ns) for iv, ts_ns in self._due_intervals(now_ns)]
+
+    def run_clause(self, index: int, ts_ns: int, at_step: Optional[int] = None) -> Optional[int]:
+        """Run interval clause `index` (of due_clauses) as due at `ts_ns`.  at_step: the
+        step a device query's cut should start at, if still unstarted (DeviceQueryRun;
+        the same on every rank of a job).  Returns the step its cut starts at (what rank
+        0 tells the other ranks), None for a clause that cuts nothing: a query here runs
+        it at once."""
+        if not self.exited:
+            return self._run_clause(self._intervals[index], ts_ns, at_step)
+        return None
+
+    def _run_clause(self, iv: dict, ts_ns: int, at_step: Optional[int] = None) -> Optional[int]:
+        self.blocks.append({"type": "interval", "probe": iv["probe"], "ts_ns": ts_ns})
+        self._actions(iv["actions"], iv["probe"])
+        return None
+
+    def drain(self, force: bool = False) -> None:
+        """Run the clauses that wait for their steps to be final (DeviceQueryRun's cuts);
+        a query here waits for none."""
 
     def _due_intervals(self, now_ns: int):
         """(clause, its time since the first tick) for each interval due at `now_ns`, in

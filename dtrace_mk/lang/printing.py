@@ -270,11 +270,16 @@ def _steps_text(steps) -> str:
 
 def _interval_span(b: dict) -> str:
     """", steps 40-71" of a device query's cut (runtime.device_query); a merged header
-    (merge_blocks): " (ranks 0, 1)", with each rank's steps when it has them."""
+    (merge_blocks): " (ranks 0, 1)", with the steps when every rank's are the same (a
+    job's aligned cuts), else each rank's."""
     if "ranks" in b:
         per = b["ranks"]
-        if all(v is None for v in per.values()):
-            return f" (ranks {', '.join(str(r) for r in per)})"
+        names = f"ranks {', '.join(str(r) for r in per)}"
+        steps = {tuple(v) if v else None for v in per.values()}
+        if steps == {None}:
+            return f" ({names})"
+        if len(steps) == 1 and len(per) > 1:
+            return f", {_steps_text(next(iter(steps)))} ({names})"
         return " (" + "; ".join(f"rank {r}: {_steps_text(v) if v else 'no steps'}" for r, v in per.items()) + ")"
     return "" if b.get("steps") is None else ", " + _steps_text(b["steps"])
 

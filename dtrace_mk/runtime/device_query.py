@@ -20,6 +20,9 @@ or clears a map a **cut** at a step boundary instead:
 4. the clause's actions run on the folded values: print(@m) prints m as of the end of
    step f - 1, clear(@m) forgets the host's value; nothing on the device is cleared.
 
+In a job, rank 0 decides when each clause runs and the step f to cut at (`run_clause(...,
+at_step=)`: one past its grant, unstarted on every rank: launch.api), so each rank's tick
+covers the same steps; a rank already past f cuts at its own first unstarted step.
 Clauses run in the order they came due (a clause without map actions waits behind an
 earlier cut).  At most MAX_LIVE_SEGMENTS attachments are alive: a clause due while that
 many are reuses the latest cut (still exact, its steps end earlier).  Each interval header
@@ -95,21 +98,23 @@ class DeviceQueryRun(QueryRun):
         self._empty = MapSet(obj.maps)          # a cleared map that counted nothing since
 
     # -- interval clauses ----------------------------------------------------------------
-    def tick(self, now_ns: int) -> None:
-        for iv, ts_ns in self._due_intervals(now_ns):
-            due = _Due(iv, ts_ns, None)
-            if _touches_maps(iv):
-                try:
-                    due.boundary = self._cut()
-                except UserError as e:        # e.g. no free table slot: this one clears in place
-                    due.inplace = str(e)
-            self._due.append(due)
-        self.drain()
+    def _run_clause(self, iv: dict, ts_ns: int, at_step: Optional[int] = None) -> Optional[int]:
+        due = _Due(iv, ts_ns, None)
+        if _touches_maps(iv):
+            try:
+                due.boundary = self._cut(at_step)
+            except UserError as e:            # e.g. no free table slot: this one clears in place
+                due.inplace = str(e)
+        self._due.append(due)
+        return due.boundary
 
-    def _cut(self) -> int:
-        """Attach the successor from the first unstarted step (module doc, 1); that step."""
+    def _cut(self, at_step: Optional[int] = None) -> int:
+        """Attach the successor from the first unstarted step, or `at_step` if later (module
+        doc, 1); the step it starts at."""
         cur = self.segments[-1]
-        f = int(self.rt.unstarted_step())
+        if at_step is not None and cur.first >= at_step:
+            return cur.first                # told the latest cut's step: rank 0 reused that cut
+        f = max(int(self.rt.unstarted_step()), -1 if at_step is None else int(at_step))
         if cur.first >= f or len(self.segments) >= MAX_LIVE_SEGMENTS:
             return cur.first                # none of it has started / the table is shared: the
                                             # latest cut again (exact, only earlier than now)
@@ -131,8 +136,11 @@ class DeviceQueryRun(QueryRun):
             head = {"type": "interval", "probe": d.iv["probe"], "ts_ns": d.ts_ns}
             if d.boundary is not None:
                 self._fold_upto(d.boundary)
-                head["steps"] = [self._steps_from, d.boundary - 1]
-                self._steps_from = d.boundary
+                last = d.boundary - 1
+                if force and last > final:  # at the end: steps never started are not in it
+                    last = min(last, int(self.rt.unstarted_step()) - 1)
+                head["steps"] = [self._steps_from, last]
+                self._steps_from = min(d.boundary, max(last + 1, self._steps_from))
             self.blocks.append(head)
             if d.inplace:
                 self.blocks.append({"type": "warning", "text": f"{d.iv['probe']}: no cut at a step "

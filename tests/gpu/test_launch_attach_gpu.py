@@ -23,3 +23,19 @@ def test_launch_attach_list_detach_stop_on_two_gpus(runtime_dir, tmp_path):
     if n < 2:
         pytest.skip(f"needs 2 GPUs (CuPy sees {n})")
     launch_attach_list_detach_stop(runtime_dir, tmp_path, "gpu")
+
+
+def test_interval_cuts_of_a_device_query_cover_the_same_steps_on_both_gpus(runtime_dir):
+    """A device query's print + clear interval on 2 GPU ranks: every tick names the same
+    steps on both ranks, each holds exactly those steps' task:end events
+    (tests/launch/gpu_demo_checks.check_aligned_interval_cuts; CPU stand-ins:
+    tests/launch/test_demo_gpu_fake.py)."""
+    import os
+    import cupy
+    from gpu_demo_checks import check_aligned_interval_cuts
+    n = int(cupy.cuda.runtime.getDeviceCount())
+    if n < 2:
+        pytest.skip(f"needs 2 GPUs (CuPy sees {n})")
+    sms = int(cupy.cuda.Device(0).attributes["MultiProcessorCount"])
+    ticks = check_aligned_interval_cuts(dict(os.environ), steps=3000, interval_ms=50, workers=sms - 1, batch=4)
+    print(f"aligned interval ticks: {len(ticks[0])} on rank 0, first {ticks[0][0][0]}, last {ticks[0][-1][0]}")

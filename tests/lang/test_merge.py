@@ -197,3 +197,6 @@ def test_two_ticks_in_one_part_stay_two_views_paired_by_occurrence():
     # ticks of fed queries (sim ranks) have no steps: the header names the ranks
     m = printing.merge_blocks([[_tick("interval:ms:5", 5)], [_tick("interval:ms:5", 5)]], ranks=[2, 3])
     assert printing.render_text(m) == "-- interval:ms:5 at 5.000 ms (ranks 2, 3) --\n"
+    # a job's aligned cuts (every rank's tick covers the same steps): the steps once
+    m = printing.merge_blocks([[_tick("interval:ms:5", 5, [4, 7])], [_tick("interval:ms:5", 5, [4, 7])]])
+    assert printing.render_text(m) == "-- interval:ms:5 at 5.000 ms, steps 4-7 (ranks 0, 1) --\n"

@@ -77,3 +77,77 @@ def check_gpu_demo(stdout: str, spans_path, workers: int, steps: int, batch: int
             assert target["name"].startswith("comm:signal")
             assert target["attributes"]["dtrace_mk.rank"] != s["attributes"]["dtrace_mk.rank"]
     return diag
+
+
+def check_aligned_interval_cuts(env, steps: int, interval_ms: int, workers: int, batch: int,
+                                model: str = "tiny", warmup: int = GPU_LAUNCH_WARMUP_STEPS):
+    """`dtrace-mk launch -n 2 --backend gpu` serving `steps` steps (environment `env`), a
+    query attached with an interval clause that prints and clears: rank 0 decides each
+    tick and the step its cut starts at, so every tick names the same steps on both ranks;
+    the ranges run on without a gap or overlap, each holds exactly its steps' task:end
+    events on each rank (the rank's tasks per step times the steps: `workers` per rank),
+    and `--merge` renders each tick once with those steps."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+    from dtrace_mk.commands.attach import compile_for_attach
+    from dtrace_mk.commands.diagnose import find_mpiexec
+    from dtrace_mk.launch import jobs
+    from dtrace_mk.launch.api import render_output
+    from dtrace_mk.launch.control import ControlClient, wait_for_socket
+    from dtrace_mk.megakernel.graph import build_graph
+    from dtrace_mk.megakernel.presets import get_preset
+    find_mpiexec()
+    p = subprocess.Popen([sys.executable, "-m", "dtrace_mk", "launch", "-n", "2", "--backend", "gpu", "--quiet",
+                          "--", "python", "-m", "dtrace_mk.launch.serve", "--model", model, "--steps", str(steps),
+                          "--batch", str(batch), "--await-attach", "60", "--quiet", "--progress-s", "100"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not jobs.list_jobs() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        (job,) = jobs.list_jobs()
+        assert wait_for_socket(job, time.monotonic() + 120), "".join(lines)[-3000:]
+        raw, name, text = compile_for_attach(
+            f"task:end {{ @n = count(); }} interval:ms:{interval_ms} {{ print(@n); clear(@n); }}", None)
+        _, stream = ControlClient(job).attach(raw, name, text, stream=True, interval_s=600)
+        outputs = []
+        for msg in stream:
+            if msg.get("type") == "output":
+                outputs.append(msg)
+            elif msg.get("type") == "end":
+                break
+        assert p.wait(timeout=300) == 0, "".join(lines)[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    per_rank = {}
+    for o in outputs:
+        for r, part in o["ranks"].items():
+            per_rank.setdefault(int(r), []).extend(part["blocks"])
+    assert set(per_rank) == {0, 1}
+    ticks = {}
+    for r, blocks in per_rank.items():
+        ticks[r] = [(b["steps"], blocks[i + 1]) for i, b in enumerate(blocks) if b["type"] == "interval"]
+        assert all(m["type"] == "map" and m["name"] == "@n" for _, m in ticks[r])
+    assert len(ticks[0]) >= 2, ticks[0]
+    # the same steps on each rank; rank 0 may tick once more at the very end (its last
+    # clause reaching rank 1 after rank 1's final report: those steps are in rank 1's final map)
+    assert [s for s, _ in ticks[0][:len(ticks[1])]] == [s for s, _ in ticks[1]], ([s for s, _ in ticks[0]], [s for s, _ in ticks[1]])
+    assert len(ticks[1]) >= len(ticks[0]) - 1 and ticks[0][-1][0][1] <= warmup + steps - 1
+    for r in (0, 1):
+        tasks = len(build_graph(get_preset(model), batch, workers, rank=r, ranks=2).tasks)
+        nxt = None
+        for (lo, hi), m in ticks[r]:
+            assert nxt is None or lo == nxt, (r, [s for s, _ in ticks[r]])
+            assert m["entries"][0]["value"] == m["coverage"]["eligible"] == tasks * (hi - lo + 1), (r, lo, hi, m)
+            nxt = hi + 1
+    merged = "".join(render_output(o, merge=True) for o in outputs)
+    (lo, hi), _ = ticks[0][0]
+    assert f", steps {lo}-{hi} (ranks 0, 1) --" in merged, merged
+    assert merged.count("(rank 0: steps") <= 1, merged
+    return ticks

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dtrace_mk.commands.diagnose import GPU_LAUNCH_WARMUP_STEPS as W
-from gpu_demo_checks import check_gpu_demo
+from gpu_demo_checks import check_aligned_interval_cuts, check_gpu_demo
 
 pytestmark = pytest.mark.mpi
 
@@ -69,3 +69,13 @@ def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_
     assert m, p.stderr[-3000:]
     n, a, b = (int(x) for x in m.groups())
     assert 9 - W < n < 60 and a == W and b == W + n - 1 and b > 9, m.group(0)
+
+
+
+def test_interval_cuts_of_a_device_query_cover_the_same_steps_on_every_rank(runtime_dir):
+    """(gpu_demo_checks.check_aligned_interval_cuts; tests/gpu/test_launch_attach_gpu.py
+    runs it on 2 H200s.)"""
+    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + 60 + 4),
+               PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
+                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    check_aligned_interval_cuts(env, steps=60, interval_ms=20, workers=8 - 1, batch=BATCH)

@@ -269,3 +269,87 @@ def test_at_most_max_live_segments_then_a_clause_reuses_the_latest_cut():
     (last,) = [b for b in q.blocks if b["type"] == "map" and b["when"] == "exit"]
     assert {e["key"][0]: e["value"] for e in last["entries"]} == dict(_counts(nxt, 11, _worker))
     assert any(hi < lo for (lo, hi), _ in got)          # some clause reused a cut
+
+
+def test_ranks_told_the_same_cut_step_print_the_same_steps_even_when_one_lags():
+    """A job's rank 0 decides when a clause runs and the step its cut starts at
+    (launch.api: its grant + CUT_LEAD_STEPS); rank 1 runs two steps behind and learns of
+    each clause late.  Both ranks' intervals name the same steps and each holds exactly
+    those steps' events; the clause's time is rank 0's."""
+    text = "task:end { @n[worker] = count(); } interval:ms:1 { print(@n); clear(@n); }"
+    (d0, q0), (d1, q1) = _query(text), _query(text)
+    q0.tick(0)
+    told, clock = [], 0                         # (clause, ts, at) not yet seen by rank 1
+    for k in range(0, 12):
+        d0.run_step(_step(k))
+        d0.final = k - 1
+        if k in (3, 7):
+            clock += MS
+            for i, ts in q0.due_clauses(clock):
+                at = d0.unstarted_step() + 1
+                q0.run_clause(i, ts, at)
+                told.append((i, ts, at))
+        q0.drain()
+        if k >= 2:                              # rank 1: two steps behind; hears one step late
+            d1.run_step(_step(k - 2))
+            d1.final = k - 3
+            for c in [c for c in told if c[2] - 1 <= k]:
+                q1.run_clause(*c)
+                told.remove(c)
+            q1.drain()
+    for k in (10, 11):
+        d1.run_step(_step(k))
+    d0.final = d1.final = 11
+    q0.finish()
+    q1.finish()
+    heads = [[b for b in q.blocks if b["type"] == "interval"] for q in (q0, q1)]
+    assert [h["steps"] for h in heads[0]] == [h["steps"] for h in heads[1]] == [[0, 4], [5, 8]]
+    assert [h["ts_ns"] for h in heads[0]] == [h["ts_ns"] for h in heads[1]] == [MS, 2 * MS]
+    for q in (q0, q1):
+        for (lo, hi), (m,) in _intervals(q):
+            assert {e["key"][0]: e["value"] for e in m["entries"]} == dict(_counts(lo, hi, _worker))
+
+
+def test_a_cut_step_already_started_here_cuts_at_the_first_unstarted_one():
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q.tick(0)
+    for k in range(0, 6):
+        dev.run_step(_step(k))
+    q.run_clause(0, MS, at_step=3)              # this rank is past step 3: it cuts at 6
+    dev.final = 5
+    q.drain()
+    ((steps, (m,)),) = _intervals(q)
+    assert steps == [0, 5] and m["entries"][0]["value"] == sum(_counts(0, 5).values())
+
+
+def test_a_forced_clause_at_the_end_names_only_the_steps_that_started():
+    """Detached before its cut step (a job's cut starts one step past the grant): the last
+    clause runs at the end with what the segments hold, and its header stops at the last
+    started step, not at the cut's."""
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q.tick(0)
+    for k in range(0, 4):
+        dev.run_step(_step(k))
+    q.run_clause(0, MS, at_step=9)
+    dev.final = 3
+    q.drain()
+    assert q.blocks == []                        # step 8 is not final: the clause waits
+    q.finish()
+    ((steps, (m,)),) = _intervals(q)
+    assert steps == [0, 3] and m["entries"][0]["value"] == sum(_counts(0, 3).values())
+
+
+def test_told_the_step_of_its_latest_cut_a_rank_reuses_that_cut_however_far_it_ran():
+    """Rank 0 reused its latest cut (it was at the segment cap, or nothing had started
+    since) and tells that step; a rank that has run past it reuses the same cut instead of
+    cutting at its own first unstarted step: both ticks name the same (empty) range."""
+    dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    q.tick(0)
+    dev.run_step(_step(0))
+    assert q.run_clause(0, MS, at_step=2) == 2           # the cut at 2 (step 1 unstarted)
+    for k in (1, 2, 3):
+        dev.run_step(_step(k))
+    assert q.run_clause(0, 2 * MS, at_step=2) == 2 and len(dev.attached) == 2
+    dev.final = 3
+    q.drain()
+    assert [s for s, _ in _intervals(q)] == [[0, 1], [2, 1]]

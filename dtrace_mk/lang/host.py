@@ -151,7 +151,8 @@ class QueryRun:
     def due_clauses(self, now_ns: int) -> List[tuple]:
         """(index, time since the first tick) of each interval clause due at `now_ns`, not
         run: a job's rank 0 decides when clauses run and tells every rank (run_clause)."""
-        return [(self._intervals.index(iv), ts_ns) for iv, ts_ns in self._due_intervals(now_ns)]
+        index = {id(iv): i for i, iv in enumerate(self._intervals)}     # (equal clauses are distinct)
+        return [(index[id(iv)], ts_ns) for iv, ts_ns in self._due_intervals(now_ns)]
 
     def run_clause(self, index: int, ts_ns: int, at_step: Optional[int] = None) -> Optional[int]:
         """Run interval clause `index` (of due_clauses) as due at `ts_ns`.  at_step: the

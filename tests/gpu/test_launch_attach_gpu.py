@@ -37,5 +37,5 @@ def test_interval_cuts_of_a_device_query_cover_the_same_steps_on_both_gpus(runti
     if n < 2:
         pytest.skip(f"needs 2 GPUs (CuPy sees {n})")
     sms = int(cupy.cuda.Device(0).attributes["MultiProcessorCount"])
-    ticks = check_aligned_interval_cuts(dict(os.environ), steps=3000, interval_ms=50, workers=sms - 1, batch=4)
+    ticks = check_aligned_interval_cuts(dict(os.environ), steps=6000, interval_ms=20, workers=sms - 1, batch=4)
     print(f"aligned interval ticks: {len(ticks[0])} on rank 0, first {ticks[0][0][0]}, last {ticks[0][-1][0]}")

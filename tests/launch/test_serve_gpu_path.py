@@ -462,3 +462,18 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
     assert len(built) == 3                                  # (neither refusal built a kernel)
     assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--observer", "sm"]) != 0
     assert "--observer sm" in capsys.readouterr().err
+
+
+def test_interval_clauses_outside_the_hot_tier_run_on_the_host_clock_and_clear_in_place(runtime_dir, monkeypatch):
+    """--tier compiled: a cut would start a promotion and a launch-ending swap every
+    interval, so the query is one attachment and its clause's clear() empties the device
+    map in place (runtime.device_query.device_query_run); rank 0's clock still runs the
+    clause (its headers name no steps)."""
+    rc, got = _serve_with_query(monkeypatch, "task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }",
+                                extra=("--tier", "compiled"))
+    assert rc == 0
+    dq = FakeDeviceQueries.instances[-1]
+    blocks = [b for o in got["outputs"] for b in o["ranks"]["0"]["blocks"]]
+    heads = [b for b in blocks if b["type"] == "interval"]
+    assert len(heads) >= 2 and all("steps" not in h for h in heads), heads
+    assert len(dq.attached) == 1 and len(dq.cleared) == len(heads)

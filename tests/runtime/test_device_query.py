@@ -353,3 +353,9 @@ def test_told_the_step_of_its_latest_cut_a_rank_reuses_that_cut_however_far_it_r
     dev.final = 3
     q.drain()
     assert [s for s, _ in _intervals(q)] == [[0, 1], [2, 1]]
+
+
+def test_due_clauses_name_each_clause_once_even_when_two_are_the_same():
+    dev, q = _query('task:end { @n = count(); } interval:ms:1 { print("a"); } interval:ms:1 { print("a"); }')
+    assert q.due_clauses(0) == []                # the first tick starts the intervals
+    assert q.due_clauses(2 * MS) == [(0, MS), (0, 2 * MS), (1, MS), (1, 2 * MS)]

@@ -110,7 +110,9 @@ def check_aligned_interval_cuts(env, steps: int, interval_ms: int, workers: int,
         deadline = time.monotonic() + 120
         while not jobs.list_jobs() and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.05)
-        (job,) = jobs.list_jobs()
+        started = jobs.list_jobs()
+        assert len(started) == 1, f"{len(started)} jobs; the launch: {''.join(lines)[-3000:]}"
+        job = started[0]
         assert wait_for_socket(job, time.monotonic() + 120), "".join(lines)[-3000:]
         raw, name, text = compile_for_attach(
             f"task:end {{ @n = count(); }} interval:ms:{interval_ms} {{ print(@n); clear(@n); }}", None)
@@ -137,13 +139,14 @@ def check_aligned_interval_cuts(env, steps: int, interval_ms: int, workers: int,
     assert len(ticks[0]) >= 2, ticks[0]
     # the same steps on each rank; rank 0 may tick once more at the very end (its last
     # clause reaching rank 1 after rank 1's final report: those steps are in rank 1's final map)
-    assert [s for s, _ in ticks[0][:len(ticks[1])]] == [s for s, _ in ticks[1]], ([s for s, _ in ticks[0]], [s for s, _ in ticks[1]])
+    steps_of = {r: [s for s, _ in t] for r, t in ticks.items()}
+    assert steps_of[0][:len(steps_of[1])] == steps_of[1], steps_of
     assert len(ticks[1]) >= len(ticks[0]) - 1 and ticks[0][-1][0][1] <= warmup + steps - 1
     for r in (0, 1):
         tasks = len(build_graph(get_preset(model), batch, workers, rank=r, ranks=2).tasks)
         nxt = None
         for (lo, hi), m in ticks[r]:
-            assert nxt is None or lo == nxt, (r, [s for s, _ in ticks[r]])
+            assert nxt is None or lo == nxt, (r, steps_of[r])
             assert m["entries"][0]["value"] == m["coverage"]["eligible"] == tasks * (hi - lo + 1), (r, lo, hi, m)
             nxt = hi + 1
     merged = "".join(render_output(o, merge=True) for o in outputs)

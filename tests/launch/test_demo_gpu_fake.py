@@ -24,6 +24,13 @@ STEPS = 12
 BATCH = 4
 
 
+def _fake_env(**extra):
+    """This process's environment with 2 stand-in GPUs (fake_gpu/sitecustomize.py on the
+    path of every process the test starts)."""
+    path = [str(HERE / "fake_gpu")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, DTRACE_MK_FAKE_GPUS="2", PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 @pytest.mark.parametrize("summaries", [(), ("--summaries", "device")], ids=["host", "device"])
 def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_dir, tmp_path, summaries):
     """(--summaries device: the agents' task half in the stand-in device VM, only comm:*
@@ -31,10 +38,7 @@ def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_
     from dtrace_mk.commands.diagnose import find_mpiexec
     find_mpiexec()
     spans = tmp_path / "spans.jsonl"
-    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + STEPS + 4),
-
-               PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
-                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    env = _fake_env(DTRACE_MK_FAKE_STEPS=str(W + STEPS + 4))
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--steps", str(STEPS), "--batch", str(BATCH),
                         "-f", "json", "--spans", str(spans), "--timeout", "100", *summaries],
                        capture_output=True, text=True, env=env, timeout=150)
@@ -51,10 +55,7 @@ def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_
     import re
     from dtrace_mk.commands.diagnose import find_mpiexec, mpi_flavour
     mpiexec = find_mpiexec()
-    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS="64", DTRACE_MK_FAKE_UNEVEN="1",
-               DTRACE_MK_FAKE_SIGINT_AT="9",
-               PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
-                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    env = _fake_env(DTRACE_MK_FAKE_STEPS="64", DTRACE_MK_FAKE_UNEVEN="1", DTRACE_MK_FAKE_SIGINT_AT="9")
     env.pop("DTRACE_MK_JOB_DIR", None)
     cmd = [mpiexec]
     if mpi_flavour(mpiexec) == "openmpi":
@@ -71,11 +72,8 @@ def test_gpu_ranks_stop_at_the_same_step_when_one_asks_mid_run(runtime_dir, tmp_
     assert 9 - W < n < 60 and a == W and b == W + n - 1 and b > 9, m.group(0)
 
 
-
 def test_interval_cuts_of_a_device_query_cover_the_same_steps_on_every_rank(runtime_dir):
     """(gpu_demo_checks.check_aligned_interval_cuts; tests/gpu/test_launch_attach_gpu.py
     runs it on 2 H200s.)"""
-    env = dict(os.environ, DTRACE_MK_FAKE_GPUS="2", DTRACE_MK_FAKE_STEPS=str(W + 60 + 4),
-               PYTHONPATH=os.pathsep.join([str(HERE / "fake_gpu")] + [p for p in os.environ.get(
-                   "PYTHONPATH", "").split(os.pathsep) if p]))
+    env = _fake_env(DTRACE_MK_FAKE_STEPS=str(W + 60 + 4))
     check_aligned_interval_cuts(env, steps=60, interval_ms=20, workers=8 - 1, batch=BATCH)

@@ -20,11 +20,11 @@ these queries: the device VM runs them over the kernel's own hook contexts.
 
 Host clauses (BEGIN/END) run as usual; `interval:` clauses run on the host's clock --
 rank 0's, for the whole job (a fed query's run on its records' ts_ns, which device
-queries do not see: launch.api `_tick_device_queries`); in the hot tier each one that
-prints or clears a map is a cut at a step boundary (the query attached again with
-`replaces=`, its maps read once those steps are final: runtime.device_query), elsewhere
-clear() empties the device map in place (`clear_map`); the exit map is read once a step
-(`read_map`).
+queries do not see: launch.api `_tick_device_queries`); each one that prints or clears a
+map is a cut at a step boundary, its maps read once those steps are final
+(runtime.device_query: in the hot tier the query attached again with `replaces=`,
+elsewhere two attachments taking turns, `rearm` and `clear_map`); the exit map is read
+once a step (`read_map`).
 
 It is also the runtime of the agent's device summaries (`serve --summaries device`:
 runtime.summary_windows attaches the summary's task half here, window after window, and
@@ -71,6 +71,14 @@ class DeviceQueries:
         if first_epoch is not None:
             first = max(first, int(first_epoch))
         return self.session.attach(obj, first_epoch=first, tier=tier, replaces=replaces)
+
+    def rearm(self, aid: int, first_epoch=None, replaces=None) -> int:
+        """Attachment `aid` (ended, or attached with first_epoch=PARKED) counts again from
+        the first step no worker has started, or `first_epoch` if later; `replaces` stops
+        there (LiveSession.rearm).  Returns that step."""
+        first = max(self.session.mk.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
+        self.session.rearm(aid, first, replaces=replaces)
+        return first
 
     def first_epoch_of(self, aid: int) -> int:
         return int(self.session.rt._get(aid).first_epoch)

@@ -400,6 +400,8 @@
 # (tests/gpu/test_device_summaries_gpu.py, no new build); order unchanged: 108, 109, 104.
 # Session 44: starts failed again.  81 (x2) now runs all of tests/gpu/test_launch_attach_gpu.py: also the
 # job-aligned device-query cuts on 2 GPUs (every rank's interval tick covers the steps rank 0 named).
+# 108's device-query cut test now runs in the hot and the compiled tier (two attachments linked once, rearmed
+# by turns: a table change of the slots' epochs while the resident launch runs).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -46,7 +46,7 @@ from ..errors import Rejected, UserError
 from ..kernels import KERNEL_DIR  # the CUDA sources, installed as package data
 from ..kernels import build
 from .descform import DESC_DTYPE
-from .reference import hooks_changed, replaced_attachment
+from .reference import hooks_changed, rearmed_hooks, replaced_attachment
 
 SOURCES = tuple(build.include_closure("bpf_vm_harness.cu", KERNEL_DIR))   # what the harness cache key hashes
 
@@ -786,6 +786,13 @@ class DeviceRuntime:
             self._gen[hid] += 1
             self._publish(hid)
         self._detached[aid] = att
+
+    def rearm(self, aid: int, first_epoch: int, replaces: Optional[int] = None) -> None:
+        """ReferenceRuntime.rearm on the device: the slots' first_epoch / end_epoch
+        rewritten (data: the compiled code of a linked program runs on unchanged)."""
+        for hid in sorted(rearmed_hooks(self._atts, aid, int(first_epoch), replaces)):
+            self._gen[hid] += 1
+            self._publish(hid)
 
     def forget(self, aid: int) -> None:
         """Drop a detached attachment: its device memory (code, maps, coverage) goes back

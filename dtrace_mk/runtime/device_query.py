@@ -27,9 +27,17 @@ Clauses run in the order they came due (a clause without map actions waits behin
 earlier cut).  At most MAX_LIVE_SEGMENTS attachments are alive: a clause due while that
 many are reuses the latest cut (still exact, its steps end earlier).  Each interval header
 names its steps.  Reports between intervals, END and the exit-time maps show the folded
-values plus what the live segments hold then (steps still running: as read).  A session
-whose tier is not "hot" gets a plain QueryRun (`device_query_run`), which clears in place:
-a cut there would start a promotion -- and a launch-ending swap -- every interval.
+values plus what the live segments hold then (steps still running: as read).
+
+Outside the hot tier (`compiled`, `auto`) attaching the query again would start a build
+and a launch-ending swap every interval.  There a `BufferedQueryRun` attaches it twice,
+once: the second *parked* (first_epoch=PARKED: it counts nothing), so both are linked in
+by the same build.  A cut **rearms** the idle one from step f, ending the running one
+there (`rearm(aid, first_epoch=, replaces=)`: one table change, the slots' epochs are
+data the compiled code reads); a folded segment's maps are emptied on the device -- exact:
+its steps are final and it counts no later step -- and it is the idle one again.  Its
+coverage rows and ring records are told apart by epoch.  Two attachments, so while the
+idle one is not folded yet a clause reuses the latest cut.
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ from ..bpf.maps import MapSet
 from ..errors import UserError
 from ..lang import printing
 from ..lang.host import QueryRun
+from .reference import PARKED
 from .summary_windows import forget_loaded
 
 
@@ -71,10 +80,10 @@ def _touches_maps(iv: dict) -> bool:
 
 def device_query_run(obj, runtime, verify: bool = True) -> QueryRun:
     """The QueryRun of a query on a device runtime: a DeviceQueryRun where the session's
-    tier is hot, else a plain QueryRun (its clear() empties the device map in place)."""
+    tier is hot, else a BufferedQueryRun (its cuts need no build: module doc)."""
     if getattr(runtime, "tier", "hot") == "hot":
         return DeviceQueryRun(obj, runtime=runtime, verify=verify)
-    return QueryRun(obj, None, runtime=runtime, verify=verify)
+    return BufferedQueryRun(obj, runtime=runtime, verify=verify)
 
 
 class DeviceQueryRun(QueryRun):
@@ -118,11 +127,19 @@ class DeviceQueryRun(QueryRun):
         if cur.first >= f or len(self.segments) >= MAX_LIVE_SEGMENTS:
             return cur.first                # none of it has started / the table is shared: the
                                             # latest cut again (exact, only earlier than now)
-        aid = self.rt.attach(self.obj, verify=self._verify, first_epoch=f, tier="hot", replaces=cur.aid)
-        cur.end = int(self.rt.first_epoch_of(aid))
+        nxt = self._successor(cur, f)
+        if nxt is None:
+            return cur.first                # (a buffered query's other attachment still busy)
+        aid, cur.end = nxt
         self.segments.append(_Segment(aid, cur.end))
         self.aid = aid
         return cur.end
+
+    def _successor(self, cur: _Segment, f: int) -> Optional[tuple]:
+        """(attachment, its first step) counting from step f on, `cur` ending there: the
+        query attached again, in the hot tier."""
+        aid = self.rt.attach(self.obj, verify=self._verify, first_epoch=f, tier="hot", replaces=cur.aid)
+        return aid, int(self.rt.first_epoch_of(aid))
 
     def drain(self, force: bool = False) -> None:
         """Run the clauses whose boundary is final, in order (force: every one, at the end,
@@ -153,22 +170,35 @@ class DeviceQueryRun(QueryRun):
         self._forget()
 
     def _fold_upto(self, boundary: int) -> None:
-        """Read, fold and detach every segment that ended at or before `boundary`."""
+        """Read, fold and retire every segment that ended at or before `boundary`."""
         while self.segments and self.segments[0].end is not None and self.segments[0].end <= boundary:
             seg = self.segments.pop(0)
-            self._fold(seg.aid)
-            self.rt.detach(seg.aid)
-            self._retiring.append((seg.aid, int(self.rt.table_gen())))
+            self._fold(seg)
+            self._retire(seg)
 
-    def _fold(self, aid: int) -> None:
-        maps, rows = self.rt.maps(aid), self.rt.coverage(aid)
+    def _retire(self, seg: _Segment) -> None:
+        """A folded segment's attachment: detached, its memory given back once every worker
+        loaded the detach."""
+        self.rt.detach(seg.aid)
+        self._retiring.append((seg.aid, int(self.rt.table_gen())))
+
+    def _fold(self, seg: _Segment) -> None:
+        maps, rows = self.rt.maps(seg.aid), self._rows(seg)
         pms = self.plan["maps"]
-        for pm, b in zip(pms, self._segment_blocks(pms, aid, "fold", maps, rows)):
+        for pm, b in zip(pms, self._segment_blocks(pms, seg, "fold", maps, rows)):
             self.folded[pm["name"]] = _merge(self.folded.get(pm["name"]), b)
-        self._folded_evidence.extend(self.rt.evidence(aid))
+        self._folded_evidence.extend(self._evidence_of(seg))
         self._folded_rows.extend(rows)
-        if self._exit_ran(aid, maps):
+        if self._exit_ran(seg.aid, maps):
             self.exited = True
+
+    def _rows(self, seg: _Segment) -> list:
+        """The coverage rows of the segment's steps (an attachment used again for a later
+        range -- BufferedQueryRun -- keeps the rows of its earlier ones)."""
+        return [c for c in self.rt.coverage(seg.aid) if _in(seg, c.epoch)]
+
+    def _evidence_of(self, seg: _Segment) -> list:
+        return [(name, r) for name, r in self.rt.evidence(seg.aid) if _in(seg, r.epoch)]
 
     def _forget(self) -> None:
         self._retiring = forget_loaded(self.rt, self._retiring)
@@ -180,13 +210,13 @@ class DeviceQueryRun(QueryRun):
             return
         for seg in self.segments:           # END, or a clause that could not cut: in place
             self.rt.clear_map(seg.aid, pm["bpf_map"])
-            self._seg_base[(seg.aid, pm["name"])] = printing.coverage_of(pm, self.rt.coverage(seg.aid))
+            self._seg_base[(seg.aid, seg.first, pm["name"])] = printing.coverage_of(pm, self._rows(seg))
 
-    def _segment_blocks(self, pms, aid: int, when: str, maps=None, rows=None) -> List[dict]:
-        maps = self.rt.maps(aid) if maps is None else maps
-        rows = self.rt.coverage(aid) if rows is None else rows
+    def _segment_blocks(self, pms, seg: _Segment, when: str, maps=None, rows=None) -> List[dict]:
+        maps = self.rt.maps(seg.aid) if maps is None else maps
+        rows = self._rows(seg) if rows is None else rows
         return [printing.map_block(pm, maps, rows, self.plan["names"], when,
-                                   self._seg_base.get((aid, pm["name"]))) for pm in pms]
+                                   self._seg_base.get((seg.aid, seg.first, pm["name"]))) for pm in pms]
 
     def map_blocks(self, pms, when: str) -> List[dict]:
         """The folded values, plus (outside a clause at its boundary) what every live
@@ -194,7 +224,7 @@ class DeviceQueryRun(QueryRun):
         out = [self.folded.get(pm["name"]) for pm in pms]
         if not self._final_view:
             for seg in self.segments:
-                out = [_merge(b, live) for b, live in zip(out, self._segment_blocks(pms, seg.aid, when))]
+                out = [_merge(b, live) for b, live in zip(out, self._segment_blocks(pms, seg, when))]
         return [{**(b or printing.map_block(pm, self._empty, [], self.plan["names"], when)), "when": when}
                 for pm, b in zip(pms, out)]
 
@@ -213,9 +243,50 @@ class DeviceQueryRun(QueryRun):
     def _evidence_source(self):
         records, rows = list(self._folded_evidence), list(self._folded_rows)
         for seg in self.segments:
-            records.extend(self.rt.evidence(seg.aid))
-            rows.extend(self.rt.coverage(seg.aid))
+            records.extend(self._evidence_of(seg))
+            rows.extend(self._rows(seg))
         return records, rows
+
+
+class BufferedQueryRun(DeviceQueryRun):
+    """A DeviceQueryRun outside the hot tier: two attachments of the query take turns
+    (module doc), so its cuts never attach a program the tier would have to build and
+    swap in.  The second is attached parked (first_epoch=PARKED) when the query has an
+    interval clause that prints or clears a map; a cut rearms the idle one from step f;
+    a folded segment's maps are emptied (no worker writes them: its steps are final and
+    it counts no later one) and it waits, idle, for the next cut.  While the other has
+    not been folded yet, a clause reuses the latest cut."""
+
+    def __init__(self, obj, plan=None, *, runtime, verify: bool = True):
+        super().__init__(obj, plan, runtime=runtime, verify=verify)
+        self.idle: List[int] = []
+        self._unbuffered = ""               # why there is no second attachment
+        if self.aid is not None and any(_touches_maps(iv) for iv in self.plan["host"]["intervals"]):
+            try:
+                self.idle.append(self.rt.attach(obj, verify=verify, first_epoch=PARKED))
+            except UserError as e:          # e.g. no free table slot: clears in place
+                self._unbuffered = str(e)
+
+    def _successor(self, cur: _Segment, f: int) -> Optional[tuple]:
+        if self._unbuffered:
+            raise UserError(self._unbuffered)
+        if not self.idle:
+            return None
+        aid = self.idle.pop(0)
+        return aid, int(self.rt.rearm(aid, first_epoch=f, replaces=cur.aid))
+
+    def _retire(self, seg: _Segment) -> None:
+        for m in self.obj.maps:             # ring buffers keep their records (by epoch: _evidence_of)
+            if m.type != "ringbuf":
+                self.rt.clear_map(seg.aid, m.name)
+        self.idle.append(seg.aid)
+
+    def attachments(self) -> List[int]:
+        return super().attachments() + self.idle
+
+
+def _in(seg: _Segment, epoch: int) -> bool:
+    return seg.first <= epoch and (seg.end is None or epoch < seg.end)
 
 
 def _merge(a: Optional[dict], b: dict) -> dict:

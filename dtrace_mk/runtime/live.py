@@ -311,6 +311,15 @@ class LiveSession:
             self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over
         return aid
 
+    def rearm(self, aid: int, first_epoch: int, replaces: Optional[int] = None) -> None:
+        """Attachment `aid` (ended, or attached parked) counts again from `first_epoch`,
+        `replaces` stops there (runtime.reference.rearmed_hooks): one table change, loaded
+        by that step's gate.  No build, no swap: compiled code reads its slot's epochs."""
+        t_cmd = time.time_ns()
+        with self.side:
+            self.rt.rearm(aid, first_epoch, replaces=replaces)
+        self._bump(t_cmd, int(first_epoch))
+
     def detach(self, aid: int) -> None:
         t_cmd = time.time_ns()
         if aid not in self.rt._atts:

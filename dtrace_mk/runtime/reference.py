@@ -114,6 +114,30 @@ def hooks_changed(progs, pred, first_epoch: int) -> Set[int]:
     return hooks
 
 
+#: first_epoch of an attachment that counts nothing until rearm() (a buffered device
+#: query's idle map set: runtime/device_query.py); no decode step reaches it.
+PARKED = (1 << 32) - 1
+
+
+def rearmed_hooks(atts: Dict[int, object], aid: int, first_epoch: int, replaces: Optional[int]) -> Set[int]:
+    """rearm(): attachment `aid` -- ended (its end_epoch passed) or parked -- counts the
+    epochs >= first_epoch again, and `replaces` (when given) stops there, in one table
+    change; checked, then applied.  The hooks whose tables change."""
+    att = atts.get(aid)
+    if att is None:
+        raise UserError(f"rearm: no attachment {aid} (attached ones: {sorted(atts)})")
+    if not att.end_epoch and att.first_epoch != PARKED:
+        raise UserError(f"rearm: attachment {aid} still counts (from epoch {att.first_epoch} on, no end)")
+    if not 0 <= first_epoch < PARKED or first_epoch < att.end_epoch:
+        raise UserError(f"rearm: attachment {aid}: first_epoch {first_epoch} must be in "
+                        f"{att.end_epoch}..{PARKED - 1} (it counted epochs before {att.end_epoch})")
+    if replaces == aid:
+        raise UserError(f"rearm: attachment {aid} cannot replace itself")
+    pred = replaced_attachment(atts, replaces, first_epoch)
+    att.first_epoch, att.end_epoch = first_epoch, 0
+    return hooks_changed(att.progs, pred, first_epoch)
+
+
 class ReferenceRuntime:
     def __init__(self, num_workers: int = 1, rank: int = 0, *, max_insns: int = abi.MAX_INSNS,
                  trace_budget_bytes: int = DEFAULT_TRACE_BUDGET, clock=None,
@@ -203,6 +227,13 @@ class ReferenceRuntime:
             self._gen[hid] += 1
         del self._attachments[aid]
         self._detached[aid] = att       # its maps and coverage stay readable
+
+    def rearm(self, aid: int, first_epoch: int, replaces: Optional[int] = None) -> None:
+        """Attachment `aid`, ended or parked (attached with first_epoch=PARKED), counts
+        epochs >= first_epoch again (its maps as they are: the caller empties them);
+        `replaces` stops counting there, in the same change (rearmed_hooks)."""
+        for hid in rearmed_hooks(self._attachments, aid, int(first_epoch), replaces):
+            self._gen[hid] += 1
 
     def forget(self, aid: int) -> None:
         """Drop a detached attachment (its maps, coverage and evidence): a caller that

@@ -44,6 +44,9 @@ protocol over a reference runtime that the caller fires as the kernel would, on 
     detach(aid), forget(aid), maps(aid) -> MapSet
     table_gen(), loaded_gen()            # the last table change; every worker runs it or later
     coverage(aid, upto=) -> [Coverage]   # rows of epochs <= upto (final: exact)
+    rearm(aid, first_epoch=, replaces=) -> first   # an ended / parked one counts again
+                                                   # (runtime.device_query's buffered queries)
+    clear_map(aid, name), evidence(aid)  # (device queries)
 """
 from __future__ import annotations
 
@@ -189,6 +192,7 @@ class ReferenceDevice:
         self.detached: List[int] = []
         self.forgotten: List[int] = []
         self.cleared: List[str] = []
+        self.rearmed: List[tuple] = []    # (aid, first epoch) of each rearm
         self.firsts = {}                  # aid -> its first epoch
         self.gen = 0                      # table changes (attach, detach)
         self.lag = 0                      # loaded_gen() trails table_gen() by this many
@@ -209,6 +213,14 @@ class ReferenceDevice:
         self.firsts[aid] = first
         self.gen += 1
         return aid
+
+    def rearm(self, aid: int, first_epoch=None, replaces=None) -> int:
+        """From the first unstarted step, or first_epoch if later (DeviceQueries.rearm)."""
+        first = max(self.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
+        self.rt.rearm(aid, first, replaces=replaces)
+        self.rearmed.append((aid, first))
+        self.gen += 1
+        return first
 
     def table_gen(self) -> int:
         return self.gen

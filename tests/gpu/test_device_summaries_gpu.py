@@ -163,24 +163,31 @@ def test_a_device_query_clear_empties_its_device_map_between_launches():
     assert any(dq.read_map(aid, res.plan["exit_map"]).lookup(b"\0\0\0\0"))     # step 4 ran exit()
 
 
-def test_a_device_query_interval_is_a_cut_at_a_step_boundary_in_a_resident_launch():
-    """An interval clause's print + clear of a query in the device VM while one resident
-    launch runs (runtime.device_query.DeviceQueryRun on DeviceQueries): each is a cut --
-    the query attached again from the first unstarted step, replacing the running one --
-    read once its steps are final.  Each interval's @n holds exactly the steps its header
-    names, each with every task:end once; the ranges run on without a gap or a repeat;
-    nothing is cleared on the device; the ended attachments are detached."""
+@pytest.mark.parametrize("tier", ["hot", "compiled"])
+def test_a_device_query_interval_is_a_cut_at_a_step_boundary_in_a_resident_launch(tier):
+    """An interval clause's print + clear of a device query while one resident launch
+    runs (runtime.device_query on DeviceQueries): each is a cut at the first unstarted
+    step, read once its steps are final -- in the hot tier the query attached again
+    (DeviceQueryRun: replaces=, nothing cleared on the device, the ended ones detached),
+    in the compiled tier two attachments linked once (stage 1, before the launch) taking
+    turns (BufferedQueryRun: rearm, the folded one emptied on the device, no build while
+    it runs).  Each interval's @n holds exactly the steps its header names, each with
+    every task:end once; the ranges run on without a gap or a repeat."""
     from dtrace_mk.lang.pipeline import compile_query
     from dtrace_mk.launch.device_live import DeviceQueries
     from dtrace_mk.megakernel import gpu
-    from dtrace_mk.runtime.device_query import DeviceQueryRun
+    from dtrace_mk.runtime.device_query import BufferedQueryRun, DeviceQueryRun, device_query_run
     steps, ahead, MS = 30, 4, 1_000_000
     mk = gpu.Megakernel(PRESETS["tiny"], batch=BATCH, seed=0)
-    dq = DeviceQueries(mk)
+    dq = DeviceQueries(mk, tier=tier)
     res = compile_query("task:end { @n[step] = count(); } interval:ms:1 { print(@n); clear(@n); }")
-    q = DeviceQueryRun(res.obj, res.plan, runtime=dq)
+    q = device_query_run(res.obj, dq)
+    assert type(q) is (DeviceQueryRun if tier == "hot" else BufferedQueryRun)
     q.begin()
     q.tick(0)
+    if tier == "compiled":
+        dq.boundary()                        # both attachments linked in (stage 1) before the launch
+        assert set(dq.session.tier_status().values()) == {"compiled/s1"}, dq.session.tier_status()
     tasks = len(mk.graph.tasks)
     mk.start_resident(hooks=["task:end"], window=ahead)
     seen, clock, next_cut, t0 = 0, 0, 3, time.monotonic()
@@ -214,4 +221,7 @@ def test_a_device_query_interval_is_a_cut_at_a_step_boundary_in_a_resident_launc
     assert sum(1 for i in heads if blocks[i]["steps"][1] >= blocks[i]["steps"][0]) >= 3
     (last,) = [b for b in blocks if b["type"] == "map" and b["when"] == "exit"]
     assert {e["key"][0]: e["value"] for e in last["entries"]} == {s: tasks for s in range(nxt, steps)}
-    assert len(q.attachments()) == 1 and len(q.segments) == 1
+    if tier == "hot":
+        assert len(q.attachments()) == 1 and len(q.segments) == 1
+    else:
+        assert len(q.attachments()) == 2 and set(dq.session.tier_status().values()) == {"compiled/s1"}

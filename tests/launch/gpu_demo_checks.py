@@ -87,7 +87,6 @@ def check_aligned_interval_cuts(env, steps: int, interval_ms: int, workers: int,
     the ranges run on without a gap or overlap, each holds exactly its steps' task:end
     events on each rank (the rank's tasks per step times the steps: `workers` per rank),
     and `--merge` renders each tick once with those steps."""
-    import os
     import subprocess
     import sys
     import threading

@@ -464,16 +464,28 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
     assert "--observer sm" in capsys.readouterr().err
 
 
-def test_interval_clauses_outside_the_hot_tier_run_on_the_host_clock_and_clear_in_place(runtime_dir, monkeypatch):
-    """--tier compiled: a cut would start a promotion and a launch-ending swap every
-    interval, so the query is one attachment and its clause's clear() empties the device
-    map in place (runtime.device_query.device_query_run); rank 0's clock still runs the
-    clause (its headers name no steps)."""
+def test_interval_clauses_outside_the_hot_tier_cut_by_turns_of_two_attachments(runtime_dir, monkeypatch):
+    """--tier compiled: a cut that attached the query again would start a build and a
+    launch-ending swap every interval, so the query and a parked twin are attached once
+    and take turns (runtime.device_query.BufferedQueryRun: rearm, no attach); each
+    interval still prints exactly the task:end events of the steps its header names."""
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.abi import context
     rc, got = _serve_with_query(monkeypatch, "task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }",
                                 extra=("--tier", "compiled"))
     assert rc == 0
     dq = FakeDeviceQueries.instances[-1]
+    mk = FakeMegakernel.instances[-1]
+    end_id = D.hook("task:end").id
+    ends = lambda k: sum(1 for r in mk.per_step[k]                                   # noqa: E731
+                         if int.from_bytes(r[context.OFF_HOOK:context.OFF_HOOK + 4], "little") == end_id)
     blocks = [b for o in got["outputs"] for b in o["ranks"]["0"]["blocks"]]
-    heads = [b for b in blocks if b["type"] == "interval"]
-    assert len(heads) >= 2 and all("steps" not in h for h in heads), heads
-    assert len(dq.attached) == 1 and len(dq.cleared) == len(heads)
+    ticks = [(b["steps"], blocks[i + 1]) for i, b in enumerate(blocks) if b["type"] == "interval"]
+    assert len(ticks) >= 2, blocks
+    nxt = dq.firsts[dq.attached[0]]
+    for (lo, hi), m in ticks:
+        assert lo == nxt and m["entries"][0]["value"] == m["coverage"]["eligible"] == \
+            sum(ends(k) for k in range(lo, hi + 1)), (lo, hi, m)
+        nxt = hi + 1
+    assert len(dq.attached) == 2 and dq.rearmed and "n" in dq.cleared      # two, taking turns
+    assert sorted(dq.detached) == sorted(dq.attached)

@@ -11,8 +11,9 @@ import pytest
 
 from dtrace_mk.abi import context
 from dtrace_mk.lang import compile_query, render_text
-from dtrace_mk.lang.host import QueryRun
-from dtrace_mk.runtime.device_query import DeviceQueryRun, device_query_run
+from dtrace_mk.errors import UserError
+from dtrace_mk.runtime.device_query import BufferedQueryRun, DeviceQueryRun, device_query_run
+from dtrace_mk.runtime.reference import PARKED
 from dtrace_mk.runtime.summary_windows import ReferenceDevice
 
 WORKERS = 4
@@ -184,15 +185,79 @@ def test_a_clause_without_map_actions_makes_no_cut():
     assert all("steps" not in b for b in q.blocks if b["type"] == "interval")
 
 
-def test_a_session_not_in_the_hot_tier_clears_in_place():
+def _buffered(text, tier="compiled"):
     dev = ReferenceDevice(WORKERS)
-    dev.tier = "auto"
+    dev.tier = tier
+    return _query(text, dev)
+
+
+@pytest.mark.parametrize("tier", ["compiled", "auto"])
+def test_outside_the_hot_tier_two_attachments_take_turns_and_each_interval_is_exact(tier):
+    """A BufferedQueryRun: the query and a parked twin, attached once; each cut rearms the
+    idle one (no attach: nothing for the tier to build), a folded one is emptied on the
+    device and waits.  Every interval holds exactly its steps, over several turns."""
+    dev, q = _buffered("task:end { @n[worker] = count(); @d = hist(task.dur_ns); } "
+                       "interval:ms:1 { print(@n); print(@d); clear(@n); clear(@d); }", tier)
+    assert isinstance(q, BufferedQueryRun)
+    a, b = dev.attached
+    assert dev.firsts[b] == PARKED
+    _run(dev, q, range(0, 16), tick_at={2, 5, 9, 12}, ahead=1)
+    dev.final = 15
+    q.finish()
+    got = _intervals(q)
+    assert [s for s, _ in got] == [[0, 2], [3, 5], [6, 9], [10, 12]]
+    ref_dev, ref = _query("task:end { @n[worker] = count(); @d = hist(task.dur_ns); }")
+    for (lo, hi), (n, d) in got:
+        assert {e["key"][0]: e["value"] for e in n["entries"]} == dict(_counts(lo, hi, _worker))
+        assert n["coverage"]["eligible"] == n["coverage"]["executed"] == sum(_counts(lo, hi).values())
+        one = ReferenceDevice(WORKERS)                   # one attachment fed exactly steps lo..hi
+        one.started = lo
+        _, r = _query("task:end { @d = hist(task.dur_ns); }", one)
+        for k in range(lo, hi + 1):
+            one.run_step(_step(k))
+        (want,) = [r.block(pm, "x") for pm in r.plan["maps"]]
+        assert d["entries"] == want["entries"]
+    assert dev.attached == [a, b] and dev.detached == []            # never attached again
+    assert [aid for aid, _ in dev.rearmed] == [b, a, b, a]
+    assert [f for _, f in dev.rearmed] == [3, 6, 10, 13]
+    assert set(dev.cleared) == {"n", "d"}                           # emptied after each fold
+    (last, _) = [b for b in q.blocks if b["type"] == "map" and b["when"] == "exit"]
+    assert {e["key"][0]: e["value"] for e in last["entries"]} == dict(_counts(13, 15, _worker))
+    assert sorted(q.attachments()) == [a, b]                        # both detached at the end
+
+
+def test_a_buffered_clause_reuses_the_latest_cut_while_the_other_attachment_is_busy():
+    """The idle attachment is the one folded last: a clause due before the previous cut's
+    steps are final has none, and reuses the latest cut; every step is still printed once."""
+    dev, q = _buffered("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }")
+    _run(dev, q, range(0, 6), tick_at={1, 2}, ahead=4)      # step 2's tick: step 1 not final
+    dev.final = 5
+    q.drain()
+    got = _intervals(q)
+    assert [s for s, _ in got] == [[0, 1], [2, 1]]
+    assert len(dev.rearmed) == 1
+    for (lo, hi), (m,) in got:
+        assert m["entries"][0]["value"] == sum(_counts(lo, hi).values())
+
+
+def test_a_buffered_query_without_interval_map_actions_has_no_twin():
+    dev, q = _buffered('task:end { @n = count(); } interval:ms:1 { print("tick"); }')
+    assert len(dev.attached) == 1 and q.idle == []
+
+
+def test_no_room_for_the_twin_clears_in_place_and_says_so(monkeypatch):
+    dev = ReferenceDevice(WORKERS)
+    dev.tier = "compiled"
+    real = dev.attach
+    monkeypatch.setattr(dev, "attach", lambda obj, **kw: real(obj, **kw) if not dev.attached else
+                        (_ for _ in ()).throw(UserError("hook task:end already has 8 programs")))
     dev, q = _query("task:end { @n = count(); } interval:ms:1 { print(@n); clear(@n); }", dev)
-    assert type(q) is QueryRun                           # not a DeviceQueryRun: no cuts
-    _run(dev, q, range(0, 4), tick_at={1, 3})
-    assert len(dev.cleared) == 2
-    assert len(dev.attached) == 1
-    assert all("steps" not in b for b in q.blocks if b["type"] == "interval")
+    _run(dev, q, range(0, 4), tick_at={1})
+    dev.final = 3
+    q.drain()
+    assert dev.cleared == ["n"]
+    (w,) = [b for b in q.blocks if b["type"] == "warning"]
+    assert "no cut at a step boundary (hook task:end already has 8 programs)" in w["text"]
 
 
 def test_folded_segments_are_forgotten_once_every_worker_loaded_their_detach():

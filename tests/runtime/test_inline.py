@@ -46,7 +46,7 @@ from dtrace_mk.runtime import compiled as C
 from dtrace_mk.runtime import device as D
 from dtrace_mk.runtime.inline import ADD, MAX, InlineMap, analyse
 from dtrace_mk.runtime.live import SUMMARY_QUERY
-from dtrace_mk.runtime.reference import ReferenceRuntime
+from dtrace_mk.runtime.reference import PARKED, ReferenceRuntime
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "gpu"))
@@ -399,6 +399,72 @@ def test_a_replaced_attachment_ends_where_its_successor_starts(inline, descripto
     assert ends == {pairs[0][1]: 3, pairs[1][1]: 5, pairs[2][1]: 0}
     if descriptors:
         assert set(host.forms(pairs[0][1]).values()) == {"descriptors"}
+
+
+@needs_gxx
+@pytest.mark.parametrize("inline,descriptors", [(False, False), (True, False), (True, True)],
+                         ids=["ring", "inline", "descriptors"])
+def test_a_rearmed_attachment_counts_its_new_range_only(inline, descriptors):
+    """rearm() (a buffered device query's turn: runtime/device_query.py): an attachment
+    parked from the start, then an ended one emptied with clear_map, counts exactly the
+    range it is rearmed for, on the device's code as in the reference -- its compiled
+    code unchanged, only the slot's first_epoch / end_epoch rewritten."""
+    query = "task:end { @n[step] = count(); @d = hist(task.dur_ns); }\ntask:ready { @q[worker] = max(queue.depth); }\n"
+    obj = compile_query(query, None, name="<buffered>").obj
+    rnd = random.Random(43)
+    epochs = [hook_contexts(rnd, 80, ep, index0=1000 * ep) for ep in range(9)]
+    ref, host = ReferenceRuntime(num_workers=W), C.HostCompiledRuntime(W, inline=inline, opt="-O0",
+                                                                        descriptors=descriptors)
+    a = (ref.attach(obj, first_epoch=1), host.attach(obj, first_epoch=1))
+    b = (ref.attach(obj, first_epoch=PARKED), host.attach(obj, first_epoch=PARKED))
+    probs, seen = [], []
+
+    def fold(pair, want):
+        """pair's maps hold exactly the epochs `want`; then emptied (as the query does)."""
+        probs.extend(G.compare_maps(ref.maps(pair[0]), host.maps(pair[1]), ordered=True))
+        steps = {int.from_bytes(k, "little") for k in ref.maps(pair[0])["n"].snapshot()}
+        hsteps = {int.from_bytes(k, "little") for k in host.maps(pair[1])["n"].snapshot()}
+        seen.append((steps, hsteps, want))
+        for name in ("n", "d", "q"):
+            ref.maps(pair[0])[name].clear()
+            host.clear_map(pair[1], name)
+
+    for ep, batch in enumerate(epochs):
+        if ep == 2:                  # b from 3 on, a ends there
+            ref.rearm(b[0], 3, replaces=a[0]), host.rearm(b[1], 3, replaces=a[1])
+        if ep == 4:                  # a's steps 1-2 final: folded, emptied, rearmed from 5
+            fold(a, {1, 2})
+            ref.rearm(a[0], 5, replaces=b[0]), host.rearm(a[1], 5, replaces=b[1])
+        if ep == 6:
+            fold(b, {3, 4})
+        for c in batch:
+            ref.fire(c)
+        host.fire(batch)
+    fold(a, {5, 6, 7, 8})
+    assert not probs, "\n".join(probs[:20])
+    assert all(s == h == w for s, h, w in seen), seen
+    rc, hc = G.coverage_dict(ref.coverage(a[0])), G.coverage_dict(host.coverage(a[1]))
+    assert rc == hc and {c.epoch for c in ref.coverage(a[0])} == {1, 2, 5, 6, 7, 8}
+
+
+def test_rearm_is_checked():
+    obj = compile_query("task:end { @n[step] = count(); }", None, name="<w>").obj
+    ref = ReferenceRuntime(num_workers=W)
+    a = ref.attach(obj, first_epoch=4)
+    b = ref.attach(obj, first_epoch=PARKED)
+    with pytest.raises(UserError, match=r"rearm: attachment 1 still counts \(from epoch 4 on, no end\)"):
+        ref.rearm(a, 9)
+    with pytest.raises(UserError, match=r"rearm: no attachment 7 \(attached ones: \[1, 2\]\)"):
+        ref.rearm(7, 9)
+    with pytest.raises(UserError, match="rearm: attachment 2 cannot replace itself"):
+        ref.rearm(b, 9, replaces=b)
+    ref.rearm(b, 9, replaces=a)
+    assert (ref._get(a).end_epoch, ref._get(b).first_epoch, ref._get(b).end_epoch) == (9, 9, 0)
+    c = ref.attach(obj, first_epoch=PARKED)
+    ref.rearm(c, 12, replaces=b)
+    with pytest.raises(UserError, match=r"rearm: attachment 1: first_epoch 7 must be in 9..4294967294 "
+                                        r"\(it counted epochs before 9\)"):
+        ref.rearm(a, 7)
 
 
 def test_replaces_is_checked():

@@ -177,3 +177,21 @@ def test_a_table_change_is_written_with_the_step_it_is_due_at():
         got.append((int(control[gpu.CTL_GEN]), int(control[gpu.CTL_GEN_DUE])))
     assert got == [(1, 20), (2, 20), (3, live.NEVER_DUE), (4, 0), (5, 36)]
     assert order[:3] == [gpu.CTL_GEN_DUE, gpu.CTL_STAMP, gpu.CTL_GEN]
+
+
+def test_a_rearm_is_one_table_change_due_at_its_first_step():
+    """LiveSession.rearm: the runtime rewrites the slots (on the side stream), and the
+    generation is written due at the rearmed first step, whose gate must load it (a
+    NEVER_DUE would leave workers counting the ended range's replacement late)."""
+    import contextlib
+    import types
+
+    from dtrace_mk.runtime import live
+
+    calls = []
+    s = object.__new__(live.LiveSession)
+    s.side = contextlib.nullcontext()
+    s.rt = types.SimpleNamespace(rearm=lambda aid, f, replaces=None: calls.append(("rearm", aid, f, replaces)))
+    s._bump = lambda t_cmd, due=0: calls.append(("bump", due))
+    s.rearm(3, 17, replaces=2)
+    assert calls == [("rearm", 3, 17, 2), ("bump", 17)]

@@ -103,7 +103,7 @@ class DeviceQueryRun(QueryRun):
         self._retiring: List[tuple] = []        # (aid, table generation of its detach)
         self._steps_from = self.segments[0].first if self.segments else 0
         self._final_view = False                # a clause at a boundary: folded values only
-        self._seg_base: Dict[tuple, dict] = {}  # (aid, map name) -> coverage at an in-place clear
+        self._seg_base: Dict[tuple, dict] = {}  # (aid, first step, map) -> coverage at an in-place clear
         self._empty = MapSet(obj.maps)          # a cleared map that counted nothing since
 
     # -- interval clauses ----------------------------------------------------------------

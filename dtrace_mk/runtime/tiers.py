@@ -136,7 +136,9 @@ class TierManager:
     def boundary(self) -> List[int]:
         """One launch boundary: start builds for attachments that became hot enough, then
         swap in every build that has finished (an inline build finishes here, so it swaps
-        at this boundary).  Returns the attachments swapped now."""
+        at this boundary -- before the next one of this boundary is prepared, which then
+        includes it: attachments promoted together all swap at one boundary, none stale).
+        Returns the attachments swapped now."""
         self._n += 1
         self._finish_optimize()
         live = set(self.runtime.attachments())
@@ -152,9 +154,12 @@ class TierManager:
                 self._forced.discard(aid)
                 continue
             self.state.setdefault(aid, HOT)
-            if self._wants_build(aid, self.runtime.coverage):
+        swapped: List[int] = []
+        for aid in sorted(live):
+            if self.runtime.tier(aid) != "compiled" and self._wants_build(aid, self.runtime.coverage):
                 self._start(aid)
-        swapped = []
+                if self._jobs[aid].done:              # built inline: swapped in now, so the next
+                    self._settle(aid, swapped)        # build of this boundary includes it
         for aid in sorted(self._jobs):
             job = self._jobs[aid]
             if job.future is not None and job.future.done() and not job.done:
@@ -163,20 +168,23 @@ class TierManager:
                 except BaseException as e:            # noqa: BLE001 - kept as the attachment's error
                     job.error = e
                 job.done = True
-            if not job.done:
-                continue
-            del self._jobs[aid]
-            if job.error is not None:
-                self._failed(aid, job.error)
-            elif self.runtime.commit_promotion(aid, job.key, job.result):
-                self.state[aid] = COMPILED
-                self._forced.discard(aid)
-                self.swaps.append((aid, self._n))
-                swapped.append(aid)
-            else:                                     # stale: the compiled set moved on; next
-                self.state[aid] = HOT                 # boundary prepares a new build
+            if job.done:
+                self._settle(aid, swapped)
         self._start_optimize()
         return swapped
+
+    def _settle(self, aid: int, swapped: List[int]) -> None:
+        """A finished build of `aid`: swapped in (appended to `swapped`), failed, or stale."""
+        job = self._jobs.pop(aid)
+        if job.error is not None:
+            self._failed(aid, job.error)
+        elif self.runtime.commit_promotion(aid, job.key, job.result):
+            self.state[aid] = COMPILED
+            self._forced.discard(aid)
+            self.swaps.append((aid, self._n))
+            swapped.append(aid)
+        else:                                         # stale: the compiled set moved on; next
+            self.state[aid] = HOT                     # boundary prepares a new build
 
     def _wants_build(self, aid: int, coverage: Callable[[int], list]) -> bool:
         """A hot attachment with no build running that is requested or hot enough."""

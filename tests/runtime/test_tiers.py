@@ -207,6 +207,24 @@ def _build_held():
         yield gate, rt, a, tm
 
 
+def test_attachments_requested_together_all_swap_at_one_boundary():
+    """tier "compiled" and two attachments at once (a buffered device query and its parked
+    twin: runtime/device_query.py): each inline build is swapped in before the next is
+    prepared, so the second includes the first -- none stale, both compiled at the first
+    boundary, one build each, every event counted once."""
+    rt = FakeRuntime()
+    a, b = rt.add(1), rt.add(2)
+    tm = TierManager(rt, TierPolicy())
+    tm.request(a)
+    tm.request(b)
+    rt.launch(4, 0)
+    assert tm.boundary() == [a, b]
+    assert rt.tier(a) == rt.tier(b) == "compiled" and rt.builds == 2 and rt.compiled_set == {a, b}
+    rt.launch(4, 1)
+    assert tm.boundary() == [] and rt.builds == 2
+    assert _events_counted(rt, a) == _events_counted(rt, b) == 8
+
+
 def test_a_stale_build_is_rebuilt_not_installed():
     with _build_held() as (gate, rt, a, tm):
         rt.compiled_set.add(99)                          # the compiled set changed meanwhile

@@ -60,17 +60,19 @@ class DeviceQueries:
         tm = getattr(self.session, "tiers", None)
         return tm is not None and tm.swap_pending(self.coverage)
 
-    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, replaces=None, **kw) -> int:
+    def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, replaces=None, follows=None,
+               **kw) -> int:
         """Verify (AttachRefused, a UserError, if not) and attach; counts from the first
         decode step no worker has started (module doc), or from `first_epoch` if later.
         tier: the session's by default; "hot" keeps it in the device VM (no promotion).
         replaces: an attachment that stops counting where this one starts (a summary
         window's predecessor; the same table change, due at that step: workers load it in
-        idle time before)."""
+        idle time before).  follows: promoted whenever that attachment is (a buffered
+        query's parked twin: TierManager.follow)."""
         first = self.session.mk.unstarted_step()
         if first_epoch is not None:
             first = max(first, int(first_epoch))
-        return self.session.attach(obj, first_epoch=first, tier=tier, replaces=replaces)
+        return self.session.attach(obj, first_epoch=first, tier=tier, replaces=replaces, follows=follows)
 
     def rearm(self, aid: int, first_epoch=None, replaces=None) -> int:
         """Attachment `aid` (ended, or attached with first_epoch=PARKED) counts again from

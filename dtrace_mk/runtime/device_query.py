@@ -31,8 +31,8 @@ values plus what the live segments hold then (steps still running: as read).
 
 Outside the hot tier (`compiled`, `auto`) attaching the query again would start a build
 and a launch-ending swap every interval.  There a `BufferedQueryRun` attaches it twice,
-once: the second *parked* (first_epoch=PARKED: it counts nothing), so both are linked in
-by the same build.  A cut **rearms** the idle one from step f, ending the running one
+once: the second *parked* (first_epoch=PARKED: it counts nothing) and promoted with the
+first (`follows=`: TierManager.follow), so both are linked in at the same boundary.  A cut **rearms** the idle one from step f, ending the running one
 there (`rearm(aid, first_epoch=, replaces=)`: one table change, the slots' epochs are
 data the compiled code reads); a folded segment's maps are emptied on the device -- exact:
 its steps are final and it counts no later step -- and it is the idle one again.  Its
@@ -263,7 +263,7 @@ class BufferedQueryRun(DeviceQueryRun):
         self._unbuffered = ""               # why there is no second attachment
         if self.aid is not None and any(_touches_maps(iv) for iv in self.plan["host"]["intervals"]):
             try:
-                self.idle.append(self.rt.attach(obj, verify=verify, first_epoch=PARKED))
+                self.idle.append(self.rt.attach(obj, verify=verify, first_epoch=PARKED, follows=self.aid))
             except UserError as e:          # e.g. no free table slot: clears in place
                 self._unbuffered = str(e)
 

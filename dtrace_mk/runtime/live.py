@@ -277,8 +277,10 @@ class LiveSession:
         (the running module has no code for it); `tier` (default: the session's)
         "compiled" promotes it at the next start(), "auto" when the policy says so.
         tier="compiled" on a session built with runtime=linked_runtime(...) and
-        tier="hot" keeps the old meaning: marked compiled now, link_compiled() links."""
+        tier="hot" keeps the old meaning: marked compiled now, link_compiled() links.
+        follows: an attachment whose promotion this one follows (TierManager.follow)."""
         t_cmd = time.time_ns()
+        follows = kw.pop("follows", None)
         want = tier or self.tier
         if want not in TIERS:
             raise UserError(f"tier must be one of {', '.join(TIERS)}, got {want!r}")
@@ -306,6 +308,8 @@ class LiveSession:
             self.tiers.request(aid)
         elif self.tiers is not None and tier == "hot":      # asked for by name: never promoted
             self.tiers.pin(aid)
+        elif self.tiers is not None and follows is not None:
+            self.tiers.follow(aid, follows)
         self._bump(t_cmd, due)
         if getattr(self.mk, "handoff_ok", False) and self.running():
             self.mk.handoff(self.handle)     # a lean grid running: the hook build takes over

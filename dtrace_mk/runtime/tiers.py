@@ -118,6 +118,7 @@ class TierManager:
     _jobs: Dict[int, _Job] = field(default_factory=dict)
     _forced: set = field(default_factory=set)
     _pinned: set = field(default_factory=set)
+    _follows: Dict[int, int] = field(default_factory=dict)       # aid -> its leader
     _opt: Optional[_Job] = None
     _opt_failed: set = field(default_factory=set)
     _n: int = 0
@@ -125,6 +126,12 @@ class TierManager:
     def request(self, aid: int) -> None:
         """Promote `aid` at the next boundary whatever the policy says (tier "compiled")."""
         self._forced.add(aid)
+
+    def follow(self, aid: int, leader: int) -> None:
+        """Promote `aid` whenever `leader` is compiled, whatever its own coverage (a parked
+        twin, which counts nothing until it is armed: runtime/device_query.py); in one
+        boundary `leader` (attached first) swaps in before `aid` is prepared."""
+        self._follows[aid] = leader
 
     def pin(self, aid: int) -> None:
         """Keep `aid` hot whatever the policy says (attached with tier "hot" on a session
@@ -144,6 +151,7 @@ class TierManager:
         live = set(self.runtime.attachments())
         self._forced &= live
         self._pinned &= live
+        self._follows = {a: b for a, b in self._follows.items() if a in live}
         for aid in list(self.state):
             if aid not in live:                       # detached (maybe while building)
                 self.state.pop(aid, None)
@@ -187,9 +195,12 @@ class TierManager:
             self.state[aid] = HOT                     # boundary prepares a new build
 
     def _wants_build(self, aid: int, coverage: Callable[[int], list]) -> bool:
-        """A hot attachment with no build running that is requested or hot enough."""
+        """A hot attachment with no build running that is requested, follows a compiled
+        leader, or is hot enough."""
+        leader = self._follows.get(aid)
         return (self.state.get(aid, HOT) == HOT and aid not in self._jobs and aid not in self._pinned
-                and (aid in self._forced or self.policy.hot_enough(coverage(aid))))
+                and (aid in self._forced or (leader is not None and self.runtime.tier(leader) == "compiled")
+                     or self.policy.hot_enough(coverage(aid))))
 
     def swap_pending(self, coverage: Optional[Callable[[int], list]] = None) -> bool:
         """Would the next boundary() swap code in or start a build: a finished build, or

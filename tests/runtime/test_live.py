@@ -195,3 +195,29 @@ def test_a_rearm_is_one_table_change_due_at_its_first_step():
     s._bump = lambda t_cmd, due=0: calls.append(("bump", due))
     s.rearm(3, 17, replaces=2)
     assert calls == [("rearm", 3, 17, 2), ("bump", 17)]
+
+
+@pytest.mark.parametrize("tier,want", [("auto", "follow"), ("compiled", "request")])
+def test_a_parked_twin_attached_with_follows_is_promoted_with_its_partner(tier, want):
+    """LiveSession.attach(follows=a): in "auto" the tier manager promotes it whenever a is
+    (TierManager.follow); in "compiled" it is requested like any attach.  follows never
+    reaches the runtime's attach."""
+    import contextlib
+    import types
+
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.runtime import live
+
+    calls = []
+    s = object.__new__(live.LiveSession)
+    s.tier, s.side, s.mk = tier, contextlib.nullcontext(), types.SimpleNamespace()
+    s.rt = types.SimpleNamespace(attach=lambda obj, verify=True, **kw: calls.append(("attach", kw)) or 7)
+    s.tiers = types.SimpleNamespace(request=lambda aid: calls.append(("request", aid)),
+                                    follow=lambda aid, lead: calls.append(("follow", aid, lead)),
+                                    pin=lambda aid: calls.append(("pin", aid)))
+    s._bump = lambda t_cmd, due=0: calls.append(("bump", due))
+    obj = compile_query("task:end { @n = count(); }").obj
+    assert s.attach(obj, first_epoch=live.NEVER_DUE, follows=3) == 7
+    assert calls[0] == ("attach", {"first_epoch": live.NEVER_DUE})
+    assert calls[1] == (("follow", 7, 3) if want == "follow" else ("request", 7))
+    assert calls[2] == ("bump", live.NEVER_DUE)

@@ -225,6 +225,21 @@ def test_attachments_requested_together_all_swap_at_one_boundary():
     assert _events_counted(rt, a) == _events_counted(rt, b) == 8
 
 
+def test_a_follower_is_promoted_with_its_leader_in_the_same_boundary():
+    """tier "auto": a parked twin (TierManager.follow) counts nothing, so the policy would
+    never promote it; it is built right after its leader, at the boundary its leader
+    swaps in -- not while the leader is hot."""
+    rt = FakeRuntime()
+    a, b = rt.add(1), rt.add(2)
+    tm = TierManager(rt, TierPolicy(min_epochs=2, min_events=10 ** 9))
+    tm.follow(b, a)
+    rt.rows[(a, 0, rt.gen)] = 4                  # a ran in epoch 0 only: not hot enough yet
+    assert tm.boundary() == [] and rt.tier(b) == "hot"
+    rt.rows[(a, 1, rt.gen)] = 4
+    assert tm.boundary() == [a, b]
+    assert rt.tier(a) == rt.tier(b) == "compiled" and rt.builds == 2
+
+
 def test_a_stale_build_is_rebuilt_not_installed():
     with _build_held() as (gate, rt, a, tm):
         rt.compiled_set.add(99)                          # the compiled set changed meanwhile

@@ -41,6 +41,7 @@ from dtrace_mk.abi import definition as abi
 from dtrace_mk.bpf import asm
 from dtrace_mk.bpf.program import BpfObject, MapDef, Program
 from dtrace_mk.errors import UserError
+from dtrace_mk.lang import printing
 from dtrace_mk.lang.pipeline import compile_query
 from dtrace_mk.runtime import compiled as C
 from dtrace_mk.runtime import device as D
@@ -445,6 +446,117 @@ def test_a_rearmed_attachment_counts_its_new_range_only(inline, descriptors):
     assert all(s == h == w for s, h, w in seen), seen
     rc, hc = G.coverage_dict(ref.coverage(a[0])), G.coverage_dict(host.coverage(a[1]))
     assert rc == hc and {c.epoch for c in ref.coverage(a[0])} == {1, 2, 5, 6, 7, 8}
+
+
+class _CompiledDevice:
+    """The device runtime protocol (runtime/summary_windows.py) over HostCompiledRuntime:
+    the device's tables, maps and compiled code built by g++, every attach compiled (the
+    compiled tier's session after its first swap).  Steps run when run_step fires them;
+    `final` is set by the test, as the device's flushes would."""
+    tier = "compiled"
+
+    def __init__(self, **kw):
+        self.rt = C.HostCompiledRuntime(W, opt="-O0", **kw)
+        self.started, self.final, self.gen = 0, -1, 0
+        self.cleared, self.rearmed = [], []
+
+    def run_step(self, records):
+        self.rt.fire(records)
+        self.started += 1
+
+    def attach(self, obj, verify=True, first_epoch=None, tier=None, replaces=None, follows=None):
+        self.gen += 1
+        first = max(self.started, first_epoch or 0)
+        return self.rt.attach(obj, verify, tier="compiled", first_epoch=first, replaces=replaces)
+
+    def rearm(self, aid, first_epoch=None, replaces=None):
+        self.gen += 1
+        first = max(self.started, first_epoch or 0)
+        self.rt.rearm(aid, first, replaces=replaces)
+        self.rearmed.append((aid, first))
+        return first
+
+    def clear_map(self, aid, name):
+        self.cleared.append(name)
+        self.rt.clear_map(aid, name)
+
+    def first_epoch_of(self, aid):
+        return self.rt._get(aid).first_epoch
+
+    def unstarted_step(self):
+        return self.started
+
+    def final_epoch(self):
+        return self.final
+
+    def maps(self, aid):
+        return self.rt.maps(aid)
+
+    def coverage(self, aid):
+        return self.rt.coverage(aid)
+
+    def evidence(self, aid):
+        return self.rt.evidence(aid)
+
+    def detach(self, aid):
+        self.gen += 1
+        self.rt.detach(aid)
+
+    def forget(self, aid):
+        self.rt.forget(aid)
+
+    def table_gen(self):
+        return self.gen
+
+    def loaded_gen(self):
+        return self.gen
+
+
+@needs_gxx
+@pytest.mark.parametrize("inline,descriptors", [(False, False), (True, False), (True, True)],
+                         ids=["ring", "inline", "descriptors"])
+def test_a_buffered_device_query_is_exact_per_interval_on_the_devices_compiled_code(inline, descriptors):
+    """runtime.device_query.BufferedQueryRun end to end on the device's code (g++): the
+    query and its parked twin compiled, a cut every few steps rearms the idle one, a folded
+    one is emptied with clear_map (the device layout's clear); every interval's maps and
+    coverage equal a reference attachment fed exactly the steps its header names."""
+    from dtrace_mk.runtime.device_query import BufferedQueryRun, device_query_run
+    text = ("task:end { @n[task.class] = count(); @d = hist(task.dur_ns); @m[worker] = max(task.dur_ns); }\n"
+            "interval:ms:1 { print(@n); print(@d); print(@m); clear(@n); clear(@d); clear(@m); }\n")
+    res = compile_query(text, None, name="<buffered>")
+    rnd = random.Random(44)
+    steps = [hook_contexts(rnd, 60, ep, index0=1000 * ep) for ep in range(12)]
+    dev = _CompiledDevice(inline=inline, descriptors=descriptors)
+    q = device_query_run(res.obj, dev)
+    assert isinstance(q, BufferedQueryRun)
+    q.begin()
+    q.tick(0)
+    clock = 0
+    for k, batch in enumerate(steps):
+        dev.run_step(batch)
+        dev.final = k - 1                        # the kernel one step ahead of its flushes
+        if k in (2, 5, 8):
+            clock += 1_000_000
+        q.tick(clock)
+    dev.final = len(steps) - 1
+    blocks = q.finish()
+    heads = [i for i, b in enumerate(blocks) if b["type"] == "interval"]
+    assert [blocks[i]["steps"] for i in heads] == [[0, 2], [3, 5], [6, 8]]
+    assert [f for _, f in dev.rearmed] == [3, 6, 9] and len(dev.rt._atts) == 2
+    for i in heads:
+        lo, hi = blocks[i]["steps"]
+        ref = ReferenceRuntime(num_workers=W)
+        ra = ref.attach(res.obj, first_epoch=lo)
+        for k in range(lo, hi + 1):
+            for c in steps[k]:
+                ref.fire(c)
+        want = {pm["name"]: printing.map_block(pm, ref.maps(ra), ref.coverage(ra), q.plan["names"], "x")
+                for pm in q.plan["maps"]}
+        for m in blocks[i + 1:i + 4]:
+            w = want[m["name"]]
+            key = lambda e: str(e["key"])      # noqa: E731  (merge orders entries its own way)
+            assert sorted(m["entries"], key=key) == sorted(w["entries"], key=key), (lo, hi, m["name"])
+            assert m["coverage"] == w["coverage"], (lo, hi, m["name"])
 
 
 def test_rearm_is_checked():

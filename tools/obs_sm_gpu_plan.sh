@@ -402,6 +402,9 @@
 # job-aligned device-query cuts on 2 GPUs (every rank's interval tick covers the steps rank 0 named).
 # 108's device-query cut test now runs in the hot and the compiled tier (two attachments linked once, rearmed
 # by turns: a table change of the slots' epochs while the resident launch runs).
+# Session 44's ninth start ran 108 (6 passed + the workers' serve case XPASS: its xfail dropped, device summaries
+# the default; 21 passed), 109 (151 + 14 passed), 104 (obssm4fold hot +5.94%, compiled +5.09%; default off +3.37%).
+# Next: 106; 81 on the x2 kind (now with the aligned-cuts test); 102; 97.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

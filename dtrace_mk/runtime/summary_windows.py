@@ -58,9 +58,10 @@ from ..errors import UserError
 
 #: Where a GPU rank's summary monitors run (serve / launch / demo --summaries,
 #: $DTRACE_MK_SUMMARIES): "host" = every hook record streams to the rank's Python agent,
-#: "device" = their task half runs here, in the device VM.
+#: "device" = their task half runs here, in the device VM (the default since session 44:
+#: exact against host summaries on the H200, no rotation artefact; docs/results/hooks.md).
 SUMMARY_MODES = ("host", "device")
-DEFAULT_SUMMARIES = "host"
+DEFAULT_SUMMARIES = "device"
 
 #: Decode steps per window: each window is read once (one device-to-host copy of its
 #: maps); the summaries of a step reach the collector within ~W steps.

@@ -93,16 +93,13 @@ def test_device_window_summaries_equal_host_summaries_of_the_same_launch(window)
     assert dev.windows.read_count >= (steps - FIRST) // window and n >= dev.windows.read_count
 
 
-#: The workers' build (session 40, e093464) reported a late_notification rmsnorm at each
-#: window rotation (steps 20, 36, 52 of 2..61): the rotation's table change made every worker
-#: drain and reload at one step gate.  Session 41 (6b63f0c) made a window end on the device
-#: where its successor starts (dtmk_prog.end_epoch) and table changes load at the gate of the
-#: step they are due at, earlier only in idle time (control[CTL_GEN_DUE]) -- built and tested
-#: on the CPU only (no device lent).  Until a GPU run shows verdict none here (an XPASS),
-#: the case stays a non-strict xfail; then drop the mark (tools/obs_sm_gpu_plan.sh 108).
-ROTATION_RELOAD = pytest.mark.xfail(strict=False, reason="window rotation (session 40 defect): the session-41 "
-                                    "fix is not yet run on a GPU (hooks.md Session 41)")
-@pytest.mark.parametrize("observer", [pytest.param("workers", marks=ROTATION_RELOAD), "sm"])
+# The workers' build (session 40, e093464) reported a late_notification rmsnorm at each
+# window rotation (steps 20, 36, 52 of 2..61): the rotation's table change made every worker
+# drain and reload at one step gate.  Session 41 (6b63f0c) made a window end on the device
+# where its successor starts (dtmk_prog.end_epoch) and table changes load at the gate of the
+# step they are due at, earlier only in idle time (control[CTL_GEN_DUE]); session 44's H200
+# run (plan 108, 54039f7) passed this case: verdict none, every summary exact.
+@pytest.mark.parametrize("observer", ["workers", "sm"])
 def test_serve_with_device_summaries_on_one_gpu(tmp_path, observer):
     out = tmp_path / "r.json"
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")

@@ -34,15 +34,17 @@ def _gpus() -> int:
         return 0
 
 
-
 def test_demo_on_two_gpus_live_query_in_the_device_vm_diagnosis_and_spans(runtime_dir, tmp_path):
+    """With host summaries (every record to the ranks' Python agents); the default, device
+    summaries, runs in tests/gpu/test_device_summaries_gpu.py."""
     n = _gpus()
     if n < 2:
         pytest.skip(f"needs 2 GPUs (CuPy sees {n})")
     spans = tmp_path / "spans.jsonl"
     env = dict(os.environ, DTRACE_MK_RUNTIME_DIR=runtime_dir, NCCL_NVLS_ENABLE="0")
     p = subprocess.run([sys.executable, "-m", "dtrace_mk", "demo", "--backend", "gpu", "--steps", str(STEPS),
-                        "--batch", str(BATCH), "-f", "json", "--spans", str(spans), "--timeout", "420"],
+                        "--batch", str(BATCH), "-f", "json", "--spans", str(spans), "--timeout", "420",
+                        "--summaries", "host"],
                        capture_output=True, text=True, env=env, timeout=540)
     assert p.returncode == 0, f"demo failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     import cupy

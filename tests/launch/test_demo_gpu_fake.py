@@ -31,10 +31,11 @@ def _fake_env(**extra):
     return dict(os.environ, DTRACE_MK_FAKE_GPUS="2", PYTHONPATH=os.pathsep.join(path), **extra)
 
 
-@pytest.mark.parametrize("summaries", [(), ("--summaries", "device")], ids=["host", "device"])
+@pytest.mark.parametrize("summaries", [("--summaries", "host"), ()], ids=["host", "device-default"])
 def test_demo_picks_gpu_ranks_and_shows_live_counts_diagnosis_and_spans(runtime_dir, tmp_path, summaries):
-    """(--summaries device: the agents' task half in the stand-in device VM, only comm:*
-    records streamed; the same diagnosis and spans.)"""
+    """(The default, device summaries: the agents' task half in the stand-in device VM,
+    only comm:* records streamed; --summaries host: every record to the host agents; the
+    same diagnosis and spans either way.)"""
     from dtrace_mk.commands.diagnose import find_mpiexec
     find_mpiexec()
     spans = tmp_path / "spans.jsonl"

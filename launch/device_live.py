@@ -69,18 +69,20 @@ class DeviceQueries:
         window's predecessor; the same table change, due at that step: workers load it in
         idle time before).  follows: promoted whenever that attachment is (a buffered
         query's parked twin: TierManager.follow)."""
-        first = self.session.mk.unstarted_step()
-        if first_epoch is not None:
-            first = max(first, int(first_epoch))
-        return self.session.attach(obj, first_epoch=first, tier=tier, replaces=replaces, follows=follows)
+        return self.session.attach(obj, first_epoch=self._from(first_epoch), tier=tier, replaces=replaces,
+                                   follows=follows)
 
     def rearm(self, aid: int, first_epoch=None, replaces=None) -> int:
         """Attachment `aid` (ended, or attached with first_epoch=PARKED) counts again from
         the first step no worker has started, or `first_epoch` if later; `replaces` stops
         there (LiveSession.rearm).  Returns that step."""
-        first = max(self.session.mk.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
+        first = self._from(first_epoch)
         self.session.rearm(aid, first, replaces=replaces)
         return first
+
+    def _from(self, first_epoch) -> int:
+        """The first decode step no worker has started, or first_epoch if later."""
+        return max(self.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
 
     def first_epoch_of(self, aid: int) -> int:
         return int(self.session.rt._get(aid).first_epoch)

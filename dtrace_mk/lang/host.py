@@ -123,7 +123,7 @@ class QueryRun:
     # device ring) drive the query one record at a time; run() replays a recording.
     def begin(self) -> None:
         self._actions(self.plan["host"]["BEGIN"], "BEGIN")
-        self._intervals = [dict(iv, next=None) for iv in self.plan["host"]["intervals"]]
+        self._intervals = [dict(iv, next=None, index=i) for i, iv in enumerate(self.plan["host"]["intervals"])]
         exit_map = self.plan.get("exit_map")
         self._exit_m = self.rt.maps(self.aid)[exit_map] if exit_map and self.aid is not None else None
         self._t0 = None
@@ -151,8 +151,7 @@ class QueryRun:
     def due_clauses(self, now_ns: int) -> List[tuple]:
         """(index, time since the first tick) of each interval clause due at `now_ns`, not
         run: a job's rank 0 decides when clauses run and tells every rank (run_clause)."""
-        index = {id(iv): i for i, iv in enumerate(self._intervals)}     # (equal clauses are distinct)
-        return [(index[id(iv)], ts_ns) for iv, ts_ns in self._due_intervals(now_ns)]
+        return [(iv["index"], ts_ns) for iv, ts_ns in self._due_intervals(now_ns)]
 
     def run_clause(self, index: int, ts_ns: int, at_step: Optional[int] = None) -> Optional[int]:
         """Run interval clause `index` (of due_clauses) as due at `ts_ns`.  at_step: the

@@ -32,9 +32,10 @@ values plus what the live segments hold then (steps still running: as read).
 Outside the hot tier (`compiled`, `auto`) attaching the query again would start a build
 and a launch-ending swap every interval.  There a `BufferedQueryRun` attaches it twice,
 once: the second *parked* (first_epoch=PARKED: it counts nothing) and promoted with the
-first (`follows=`: TierManager.follow), so both are linked in at the same boundary.  A cut **rearms** the idle one from step f, ending the running one
-there (`rearm(aid, first_epoch=, replaces=)`: one table change, the slots' epochs are
-data the compiled code reads); a folded segment's maps are emptied on the device -- exact:
+first (`follows=`: TierManager.follow), so both are linked in at the same boundary.  A cut
+**rearms** the idle one from step f, ending the running one there (`rearm(aid,
+first_epoch=, replaces=)`: one table change, the slots' epochs are data the compiled code
+reads); a folded segment's maps are emptied on the device -- exact:
 its steps are final and it counts no later step -- and it is the idle one again.  Its
 coverage rows and ring records are told apart by epoch.  Two attachments, so while the
 idle one is not folded yet a clause reuses the latest cut.

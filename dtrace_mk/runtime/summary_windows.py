@@ -204,11 +204,13 @@ class ReferenceDevice:
             self.rt.fire(r)
         self.started += 1
 
+    def _from(self, first_epoch) -> int:
+        """The first unstarted step, or first_epoch if later."""
+        return max(self.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
+
     def attach(self, obj, verify: bool = True, first_epoch=None, tier=None, replaces=None, **kw) -> int:
         """From the first unstarted step, or first_epoch if later (DeviceQueries.attach)."""
-        first = self.unstarted_step()
-        if first_epoch is not None:
-            first = max(first, int(first_epoch))
+        first = self._from(first_epoch)
         aid = self.rt.attach(obj, verify=verify, first_epoch=first, replaces=replaces)
         self.attached.append(aid)
         self.firsts[aid] = first
@@ -217,7 +219,7 @@ class ReferenceDevice:
 
     def rearm(self, aid: int, first_epoch=None, replaces=None) -> int:
         """From the first unstarted step, or first_epoch if later (DeviceQueries.rearm)."""
-        first = max(self.unstarted_step(), 0 if first_epoch is None else int(first_epoch))
+        first = self._from(first_epoch)
         self.rt.rearm(aid, first, replaces=replaces)
         self.rearmed.append((aid, first))
         self.gen += 1

@@ -156,15 +156,14 @@ class TierManager:
             if aid not in live:                       # detached (maybe while building)
                 self.state.pop(aid, None)
                 self._jobs.pop(aid, None)
-        for aid in sorted(live):
+        swapped: List[int] = []
+        for aid in sorted(live):                      # (a leader, attached first, before its followers)
             if self.runtime.tier(aid) == "compiled":
                 self.state[aid] = COMPILED
                 self._forced.discard(aid)
                 continue
             self.state.setdefault(aid, HOT)
-        swapped: List[int] = []
-        for aid in sorted(live):
-            if self.runtime.tier(aid) != "compiled" and self._wants_build(aid, self.runtime.coverage):
+            if self._wants_build(aid, self.runtime.coverage):
                 self._start(aid)
                 if self._jobs[aid].done:              # built inline: swapped in now, so the next
                     self._settle(aid, swapped)        # build of this boundary includes it

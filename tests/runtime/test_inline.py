@@ -48,6 +48,7 @@ from dtrace_mk.runtime import device as D
 from dtrace_mk.runtime.inline import ADD, MAX, InlineMap, analyse
 from dtrace_mk.runtime.live import SUMMARY_QUERY
 from dtrace_mk.runtime.reference import PARKED, ReferenceRuntime
+from dtrace_mk.runtime.summary_windows import ReferenceDevice
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "gpu"))
@@ -448,33 +449,21 @@ def test_a_rearmed_attachment_counts_its_new_range_only(inline, descriptors):
     assert rc == hc and {c.epoch for c in ref.coverage(a[0])} == {1, 2, 5, 6, 7, 8}
 
 
-class _CompiledDevice:
-    """The device runtime protocol (runtime/summary_windows.py) over HostCompiledRuntime:
-    the device's tables, maps and compiled code built by g++, every attach compiled (the
-    compiled tier's session after its first swap).  Steps run when run_step fires them;
-    `final` is set by the test, as the device's flushes would."""
-    tier = "compiled"
+class _CompiledDevice(ReferenceDevice):
+    """runtime.summary_windows.ReferenceDevice (the device runtime protocol) over
+    HostCompiledRuntime instead of the reference runtime: the device's tables, maps and
+    compiled code built by g++, every attach compiled (the compiled tier's session after its
+    first swap); a step's records fired as one batch, a map emptied by the device layout's
+    clear."""
 
     def __init__(self, **kw):
+        super().__init__(W)
         self.rt = C.HostCompiledRuntime(W, opt="-O0", **kw)
-        self.started, self.final, self.gen = 0, -1, 0
-        self.cleared, self.rearmed = [], []
+        self.rt.DEFAULT_TIER = self.tier = "compiled"
 
     def run_step(self, records):
         self.rt.fire(records)
         self.started += 1
-
-    def attach(self, obj, verify=True, first_epoch=None, tier=None, replaces=None, follows=None):
-        self.gen += 1
-        first = max(self.started, first_epoch or 0)
-        return self.rt.attach(obj, verify, tier="compiled", first_epoch=first, replaces=replaces)
-
-    def rearm(self, aid, first_epoch=None, replaces=None):
-        self.gen += 1
-        first = max(self.started, first_epoch or 0)
-        self.rt.rearm(aid, first, replaces=replaces)
-        self.rearmed.append((aid, first))
-        return first
 
     def clear_map(self, aid, name):
         self.cleared.append(name)
@@ -482,34 +471,6 @@ class _CompiledDevice:
 
     def first_epoch_of(self, aid):
         return self.rt._get(aid).first_epoch
-
-    def unstarted_step(self):
-        return self.started
-
-    def final_epoch(self):
-        return self.final
-
-    def maps(self, aid):
-        return self.rt.maps(aid)
-
-    def coverage(self, aid):
-        return self.rt.coverage(aid)
-
-    def evidence(self, aid):
-        return self.rt.evidence(aid)
-
-    def detach(self, aid):
-        self.gen += 1
-        self.rt.detach(aid)
-
-    def forget(self, aid):
-        self.rt.forget(aid)
-
-    def table_gen(self):
-        return self.gen
-
-    def loaded_gen(self):
-        return self.gen
 
 
 @needs_gxx

@@ -161,6 +161,11 @@ class HashMap(Map):
     def snapshot(self, skip_zero: bool = False, **kw) -> Dict[bytes, bytes]:
         return {k: bytes(v) for k, v in self._d.items() if not (skip_zero and not any(v))}
 
+    def raw_entries(self) -> Tuple[bytes, bytes]:
+        """Every key, then every value, each concatenated in insertion order (for readers
+        that decode thousands of entries at once, e.g. with numpy)."""
+        return b"".join(self._d.keys()), b"".join(self._d.values())
+
     def clear(self):
         super().clear()
         self._d.clear()

@@ -81,9 +81,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..abi import context
-from ..collectors.records import (MAX_EXPERTS, REASON_CLASS_OUTLIER, REASON_SLOW_STEP, ClassStat, ClockSample,
+from ..collectors.records import (REASON_CLASS_OUTLIER, REASON_SLOW_STEP, ClassStat, ClockSample,
                                   Coverage, EpochSummary, PingPong, RemoteWait, Signal, TaskEvidence, pack)
 from ..errors import UserError
+from .summary_arrays import TaskParts, WindowTasks, parts_of_entries
 
 MONITOR_DIR = Path(__file__).resolve().parent / "monitors"
 #: The summary query is two files, concatenated in this order (module doc: on a GPU rank
@@ -449,13 +450,18 @@ class RankAgent:
         if last <= self.flushed_upto and not any(k <= last for k in self.open):
             return
         snap = self._snapshot()
-        self.stats.max_map_entries = max(self.stats.max_map_entries,
-                                         max(len(v) for v in snap.values()))
-        local_end: Dict[Tuple[int, int], int] = {}       # (step, event) -> last local end
-        for (step, ev, _c), v in snap["end_ts"].items():
-            t = _words(v, 1)[0]
-            if t > local_end.get((step, ev), -1):
-                local_end[(step, ev)] = t
+        # a device window's task half: reduced as arrays (summary_arrays), not as entries
+        half = WindowTasks(self._window.maps, self._window.first, self._window.end) if self._window else None
+        self.stats.max_map_entries = max(self.stats.max_map_entries, max(len(v) for v in snap.values()),
+                                         half.entries if half else 0)
+        if half is not None:
+            local_end = half.local_end()
+        else:
+            local_end: Dict[Tuple[int, int], int] = {}       # (step, event) -> last local end
+            for (step, ev, _c), v in snap["end_ts"].items():
+                t = _words(v, 1)[0]
+                if t > local_end.get((step, ev), -1):
+                    local_end[(step, ev)] = t
         evidence = self._drain_evidence(local_end, last)
         epochs = sorted(k for k in self.open if k <= last)
         for (step, op, gen, peer, layer), v in snap["signal_last"].items():
@@ -475,7 +481,9 @@ class RankAgent:
                 by_step.setdefault(key[0], {n: {} for n in snap})[name][key] = v
         empty = {n: {} for n in snap}
         for k in epochs:
-            s = self._summary(k, by_step.get(k, empty), cov.get(k, Coverage()))
+            entries = by_step.get(k, empty)
+            parts = half.of(k) if half is not None else parts_of_entries(k, entries)
+            s = self._summary(k, parts, entries, cov.get(k, Coverage()))
             esc = self._escalate(s, held.pop(k, []))
             if esc:                      # before the summary: a live exporter builds the step at it
                 self._ship(esc, epoch=k)
@@ -488,20 +496,12 @@ class RankAgent:
 
     def _snapshot(self) -> Dict[str, Dict[Tuple[int, ...], bytes]]:
         """Every summary map, {key words: value}: from the host runtime, or with device
-        summaries the comm half's from the host and the task half's from the window being
-        flushed (its range only: later steps are its successor's; none outside a window)."""
+        summaries the comm half's from the host and the task half's empty (the window being
+        flushed is reduced as arrays: summary_arrays.WindowTasks)."""
         if self.windows is None:
             return {name: self._read(self.maps, name, n) for name, n in SUMMARY_MAPS.items()}
-        w = self._window
-        snap = {}
-        for name, n in SUMMARY_MAPS.items():
-            if name in COMM_MAPS:
-                snap[name] = self._read(self.maps, name, n)
-            elif w is None:
-                snap[name] = {}
-            else:
-                snap[name] = {k: v for k, v in self._read(w.maps, name, n).items() if w.first <= k[0] < w.end}
-        return snap
+        return {name: self._read(self.maps, name, n) if name in COMM_MAPS else {}
+                for name, n in SUMMARY_MAPS.items()}    # (the window's: WindowTasks)
 
     @staticmethod
     def _read(maps, name: str, nkeys: int) -> Dict[Tuple[int, ...], bytes]:
@@ -666,63 +666,21 @@ class RankAgent:
         q, self.clock_q = self.clock_q, []
         return q
 
-    def _summary(self, k: int, snap, cov: Coverage) -> EpochSummary:
-        """Epoch k's EpochSummary from the summary maps' entries (those of step k: the
-        caller splits a flush's snapshot by step once)."""
-        cls: Dict[int, List[int]] = {}     # class -> [count, sum, max, disp, dep, lag]
-
-        def row(c: int) -> List[int]:
-            r = cls.get(c)
-            if r is None:
-                r = cls[c] = [0, 0, 0, 0, 0, 0]
-            return r
-        for (step, c), v in snap["dur"].items():
-            if step == k:
-                n, s, _mn, mx = _words(v, 4)
-                r = row(c)
-                r[0], r[1], r[2] = n, s, mx
-        for (step, c), v in snap["dispatch_wait"].items():
-            if step == k:
-                row(c)[3] = _words(v, 1)[0]
-        for (step, c), v in snap["dep_wait"].items():
-            if step == k:
-                row(c)[4] = _words(v, 1)[0]
-        # notification lag: per event, ready - the last producer end, to that producer's class
-        last_end: Dict[int, Tuple[int, int]] = {}
-        for (step, ev, c), v in snap["end_ts"].items():
-            if step == k:
-                t = _words(v, 1)[0]
-                if ev not in last_end or t > last_end[ev][0]:
-                    last_end[ev] = (t, c)
-        for (step, ev), v in snap["ready_ts"].items():
-            if step == k and ev in last_end:
-                t_ready = _words(v, 1)[0]
-                t_end, c = last_end[ev]
-                if t_ready != U64 and t_ready > t_end:
-                    row(c)[5] += t_ready - t_end
-        qmax, qworker = 0, 0
-        for (step, w), v in snap["queue_max"].items():
-            if step == k:
-                d = _words(v, 1)[0]
-                if d > qmax or (d == qmax and w < qworker):
-                    qmax, qworker = d, w
-        experts: Dict[int, int] = {}
-        for (step, e), v in snap["expert_ns"].items():
-            if step == k and e < MAX_EXPERTS:
-                experts[e] = _words(v, 1)[0]
-        expert_counts = tuple(experts.get(e, 0) for e in range(max(experts) + 1)) if experts else ()
+    def _summary(self, k: int, parts: TaskParts, snap, cov: Coverage) -> EpochSummary:
+        """Epoch k's EpochSummary from its task half's reductions (summary_arrays) and the
+        comm half's entries (those of step k: the caller splits a flush's snapshot by step
+        once)."""
         rw = snap["remote_wait"].get((k,))
         rwc, rws, rwm = 0, 0, 0
         if rw is not None:
             rwc, rws, _mn, rwm = _words(rw, 4)
-        tb = snap["t_begin"].get((k,))
-        b = _words(tb, 1)[0] if tb is not None else 0
+        b = parts.t_begin if parts.t_begin is not None else 0
         # the epoch's end: its last task:end, the largest producer end of any event
-        e = max((t for t, _ in last_end.values()), default=b)
+        e = parts.end if parts.end is not None else b
         if b == U64:
             b = e
-        classes = tuple(ClassStat(c, *v) for c, v in sorted(cls.items()))
-        return EpochSummary(self.rank, k, b, max(e, b), classes, qmax, qworker, expert_counts,
+        classes = tuple(ClassStat(c, *v) for c, v in sorted(parts.classes.items()))
+        return EpochSummary(self.rank, k, b, max(e, b), classes, parts.qmax, parts.qworker, parts.experts,
                             rwc, rws, rwm, cov)
 
     # -- shipping ----------------------------------------------------------------------------

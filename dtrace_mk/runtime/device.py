@@ -348,6 +348,47 @@ def _clear_slots(cp, buf, stream, zero: List[Tuple[int, int, Optional[int]]],
             buf[off:off + size].set(v, stream=stream)
 
 
+def _runs(idx: np.ndarray) -> List[Tuple[int, int]]:
+    """Sorted indices as (first, last) runs of consecutive ones."""
+    out: List[Tuple[int, int]] = []
+    for j in (int(x) for x in idx):
+        if out and out[-1][1] == j - 1:
+            out[-1] = (out[-1][0], j)
+        else:
+            out.append((j, j))
+    return out
+
+
+def _freed_cov_slots(c: np.void, rows: np.ndarray, rl: np.ndarray):
+    """The writes that retire coverage rows `rows` and rate-limit slots `rl` of the
+    COV_DTYPE record `c` (the device's, just read): first every such slot's counters to
+    0, then its tag to empty -- one write per run of adjacent slots in each group (a run's
+    counters write carries the tags between them unchanged: no worker touches a slot of
+    a complete epoch).  Returns (zero, free) lists of (byte offset, uint8 bytes)."""
+    zero, free = [], []
+    rsz = COV_ROW_DTYPE.itemsize
+    for lo, hi in _runs(rows):
+        blk = c["rows"][lo:hi + 1].copy()
+        for f in COV_ROW_DTYPE.names[1:]:
+            blk[f] = 0
+        zero.append((_COV_ROWS_OFF + lo * rsz + 8, blk.view(np.uint8)[8:]))
+        blk["tag"] = COV_TAG_EMPTY
+        free.append((_COV_ROWS_OFF + lo * rsz, blk.view(np.uint8)))
+    for lo, hi in _runs(rl):
+        zero.append((_COV_RL_RAN_OFF + 4 * lo, np.zeros(4 * (hi - lo + 1), np.uint8)))
+        free.append((_COV_RL_TAG_OFF + 4 * lo, np.full(hi - lo + 1, EPOCH_NONE, "<u4").view(np.uint8)))
+    return zero, free
+
+
+def _write_in_order(buf, stream, zero, free) -> None:
+    """Host-to-device writes of (offset, bytes) into the uint8 device array `buf` on
+    `stream`: every `zero` one, THEN every `free` one (a slot becomes claimable only after
+    its counters are 0)."""
+    for group in (zero, free):
+        for off, v in group:
+            _put(buf[off:off + len(v)], v, stream)
+
+
 def _put(dst, v: np.ndarray, stream=None) -> None:
     """A host-to-device copy into `dst` (on `stream` when given: no kernel launch)."""
     dst.set(v) if stream is None else dst.set(v, stream=stream)
@@ -499,9 +540,8 @@ class DeviceMaps:
             rws = b["slots"].get(stream=stream)
             if stream is not None:
                 stream.synchronize()
-            rws = rws.view(RB_WORKER_DTYPE)
-            old = [(w, j) for w in range(self.W) for j in range(RB_EPOCHS)
-                   if int(rws[w]["ep_tag"][j]) != EPOCH_NONE and int(rws[w]["ep_tag"][j]) <= upto]
+            tags = rws.view(RB_WORKER_DTYPE)["ep_tag"]
+            old = [(int(w), int(j)) for w, j in np.argwhere((tags != EPOCH_NONE) & (tags <= upto))]
             base = RB_WORKER_DTYPE.itemsize
             _clear_slots(self.cp, b["slots"], stream,
                          [(w * base + used_off + 8 * j, 8, None) for w, j in old],
@@ -547,10 +587,11 @@ class DeviceMaps:
                 cap, ks = int(d["capacity"]), int(d["key_stride"])
                 sl = b["slots"].get()
                 full = np.flatnonzero(sl == SLOT_FULL)
-                keys = b["keys"].get().reshape(cap, ks)
-                vals = b["values"].get().reshape(cap, vs)
-                for j in full:
-                    host._d[keys[j, :m.key_size].tobytes()] = bytearray(vals[j, :m.value_size].tobytes())
+                keys = b["keys"].get().reshape(cap, ks)[full, :m.key_size].tobytes()
+                vals = b["values"].get().reshape(cap, vs)[full, :m.value_size].tobytes()
+                kz, vz = m.key_size, m.value_size       # (one bytes object each, cut per entry:
+                host._d.update((keys[i * kz:(i + 1) * kz], bytearray(vals[i * vz:(i + 1) * vz]))
+                               for i in range(len(full)))   # a window's ~10k entries)
         return ms
 
     def probe_exhausted(self) -> int:
@@ -597,6 +638,16 @@ class _DevAttachment:
     max_per_epoch: Optional[int] = None
     first_epoch: int = 0
     end_epoch: int = 0           # events of this epoch and later are not eligible (0 = none)
+    #: the lowest epoch whose device slots (coverage rows, rate-limit and ring budget slots)
+    #: may not be retired yet: retire_epochs skips the attachment below it (set at attach,
+    #: raised by retire_epochs, lowered by rearm)
+    unretired_from: int = 0
+
+    def holds_slots_upto(self, upto: int) -> bool:
+        """Could a slot of an epoch <= upto still be on the device?"""
+        if upto < self.unretired_from:
+            return False
+        return not (self.end_epoch and self.end_epoch <= self.unretired_from)
 
 
 @dataclass
@@ -736,7 +787,8 @@ class DeviceRuntime:
             dprogs.append(dp)
         aid = self._next
         self._next += 1
-        att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch))
+        att = _DevAttachment(aid, obj, maps, dprogs, sample_every, max_per_epoch, int(first_epoch),
+                             unretired_from=int(first_epoch))
         self._atts[aid] = att
         for dp in dprogs:
             self._by_hook[dp.program.hook.id].append((att, dp))
@@ -793,6 +845,8 @@ class DeviceRuntime:
         for hid in sorted(rearmed_hooks(self._atts, aid, int(first_epoch), replaces)):
             self._gen[hid] += 1
             self._publish(hid)
+        att = self._atts[aid]
+        att.unretired_from = min(att.unretired_from, att.first_epoch)
 
     def forget(self, aid: int) -> None:
         """Drop a detached attachment: its device memory (code, maps, coverage) goes back
@@ -956,26 +1010,28 @@ class DeviceRuntime:
         a slot's counters are zeroed by one copy and its tag freed by the next one on
         the same stream, so a worker that claims the freed slot counts from zero.
         Returns the number of coverage rows retired."""
-        cp = self.cp
         n = 0
         for att in list(self._atts.values()) + list(self._detached.values()):
+            # (a resident serving loop calls this every few steps: an attachment with no
+            # slot of an epoch <= upto -- device summaries' next window, an ended one
+            # already retired -- costs no device-to-host copy)
+            if not att.holds_slots_upto(upto):
+                continue
             for dp in att.progs:
                 host = dp.cov.get(stream=stream)
                 if stream is not None:
                     stream.synchronize()
                 c = host.view(COV_DTYPE)[0]
-                rows = [j for j in range(COV_ROWS) if int(c["rows"][j]["tag"]) != COV_TAG_EMPTY
-                        and (int(c["rows"][j]["tag"]) >> 32) <= upto]
-                rl = [j for j in range(RL_EPOCHS) if int(c["rl_tag"][j]) != EPOCH_NONE and int(c["rl_tag"][j]) <= upto]
+                tags = c["rows"]["tag"]
+                rows = np.flatnonzero((tags != COV_TAG_EMPTY) & ((tags >> np.uint64(32)) <= upto))
+                rlt = c["rl_tag"]
+                rl = np.flatnonzero((rlt != EPOCH_NONE) & (rlt <= upto))
                 for j in rows:
                     _fold_row(dp.retired, c["rows"][j])
-                _clear_slots(cp, dp.cov, stream, [(_COV_ROWS_OFF + j * COV_ROW_DTYPE.itemsize + 8,
-                                                   COV_ROW_DTYPE.itemsize - 8, None) for j in rows] +
-                             [(_COV_RL_RAN_OFF + 4 * j, 4, None) for j in rl],
-                             [(_COV_ROWS_OFF + j * COV_ROW_DTYPE.itemsize, 8, COV_TAG_EMPTY) for j in rows] +
-                             [(_COV_RL_TAG_OFF + 4 * j, 4, EPOCH_NONE) for j in rl])
+                _write_in_order(dp.cov, stream, *_freed_cov_slots(c, rows, rl))
                 n += len(rows)
             att.maps.retire_epochs(upto, stream)
+            att.unretired_from = max(att.unretired_from, int(upto) + 1)
         return n
 
     def evidence(self, aid: int) -> List[Tuple[str, Record]]:

@@ -46,3 +46,62 @@ def test_coverage_checks_only_rows_the_kernel_has_finished_when_told():
     c[0]["rows"][1]["executed"] = 9                            # a final row that is wrong: said
     with pytest.raises(CoverageError, match="epoch 4"):
         D.DeviceRuntime.coverage(rt, 1, check_upto=4)
+
+
+def _rows_of(dp):
+    return dp.cov.get().view(D.COV_DTYPE)[0]["rows"]
+
+
+def _put_row(dp, j, epoch, gen, counts):
+    """What a worker's first event of (epoch, gen) and its later ones leave in row j."""
+    c = dp.cov.get().view(D.COV_DTYPE).copy()
+    c[0]["rows"][j] = ((epoch << 32) | gen, *counts, 0, 0)
+    dp.cov.set(c.view(np.uint8))
+
+
+def test_retire_frees_final_rows_in_runs_and_reads_only_attachments_that_can_hold_them(monkeypatch):
+    """DeviceRuntime.retire_epochs on the host twin of device memory: rows of epochs <=
+    upto are folded into the host's rows (coverage() unchanged) and freed -- counters 0,
+    tag empty -- while later rows and the rest of the table keep every byte; an
+    attachment that cannot hold such a row (device summaries' next window, an ended one
+    already retired past its end) costs no device read; a parked one counts again from
+    its rearm."""
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.runtime.compiled import HostCompiledRuntime
+    from dtrace_mk.runtime.compiled.host import _HostArray
+    from dtrace_mk.runtime.reference import PARKED
+    obj = compile_query("task:end { @n[task.class] = count(); }", None, name="<q>").obj
+    rt = HostCompiledRuntime(num_workers=2)
+    a = rt.attach(obj, tier="hot", first_epoch=0)
+    b = rt.attach(obj, tier="hot", first_epoch=16, replaces=a)       # a counts epochs 0..15
+    p = rt.attach(obj, tier="hot", first_epoch=PARKED)                # parked until rearmed
+    da, db, dpk = (rt._atts[x].progs[0] for x in (a, b, p))
+    for j, ep in enumerate((0, 1, 2, 5, 3)):                         # rows 0..4: epochs 0, 1, 2, 5, 3
+        _put_row(da, j, ep, 1, (10 + j, 9 + j, 1, 0, 0))
+    _put_row(da, 9, 4, 1, (2, 2, 0, 0, 0))
+    before = _rows_of(da).copy()
+    want = {(cv.epoch, cv.program_gen): (cv.eligible, cv.executed) for cv in rt.coverage(a)}
+    reads = []
+    real_get = _HostArray.get
+    monkeypatch.setattr(_HostArray, "get", lambda self, stream=None: reads.append(id(self)) or real_get(self))
+
+    assert rt.retire_epochs(3) == 4                                  # epochs 0, 1, 2, 3: rows 0, 1, 2, 4
+    assert reads == [id(da.cov)]                                     # b (from 16) and the parked one: not read
+    rows = _rows_of(da)
+    for j in (0, 1, 2, 4):
+        assert rows[j]["tag"] == D.COV_TAG_EMPTY and not any(int(rows[j][f]) for f in D._COV_COUNTS)
+    for j in [j for j in range(D.COV_ROWS) if j not in (0, 1, 2, 4)]:
+        assert rows[j].tobytes() == before[j].tobytes()               # epoch 5's and 4's rows, empty ones
+    assert da.retired == {(e, 1): [10 + j, 9 + j, 1, 0, 0] for j, e in ((0, 0), (1, 1), (2, 2), (4, 3))}
+    assert {(cv.epoch, cv.program_gen): (cv.eligible, cv.executed) for cv in rt.coverage(a)} == want
+
+    reads.clear()
+    assert rt.retire_epochs(20) == 2                                 # a's last rows (epochs 4, 5); b from 16
+    assert reads == [id(da.cov), id(db.cov)]
+    reads.clear()
+    rt.retire_epochs(21)
+    assert reads == [id(db.cov)]                                     # a ended at 16, retired through 20
+    rt.rearm(p, first_epoch=30)
+    _put_row(dpk, 0, 30, 1, (1, 1, 0, 0, 0))
+    reads.clear()
+    assert rt.retire_epochs(30) == 1 and reads == [id(db.cov), id(dpk.cov)]

@@ -235,6 +235,33 @@ def test_a_hand_written_add_and_raise_value_qualifies():
     assert plan.ok and plan.maps == {0: _log2(0)}
 
 
+def test_verified_keeps_an_accepted_answer_and_never_a_rejection(monkeypatch):
+    """inline.verified (every device attach): the same program over the same maps again is
+    not walked again (device summaries attach one monitor per window of steps) and gets
+    the same answer; one instruction changed, or the same instructions over a map too small
+    for them, is walked -- and a rejection is walked again every time, never kept."""
+    from dtrace_mk.errors import Rejected
+    from dtrace_mk.runtime import inline as I
+    walks = []
+    real = I.verify
+    monkeypatch.setattr(I, "verify", lambda *a, **kw: walks.append(a[0]) or real(*a, **kw))
+    monkeypatch.setattr(I, "_VERIFIED", {})
+    prog, maps = _prog(XADD)
+    first = I.verified(prog, maps)
+    again = I.verified(*_prog(XADD))                   # equal, not the same objects
+    assert len(walks) == 1 and again == first and first[1].plan.ok
+    other = I.verified(*_prog(XADD.replace("r0+0", "r0+8")))
+    assert len(walks) == 2 and other[1].plan.maps[0].ops != first[1].plan.maps[0].ops
+    small = _prog(XADD.replace("r0+0", "r0+8"), value=8)
+    for n in (3, 4):
+        with pytest.raises(Rejected, match="out of bounds|outside"):
+            I.verified(*small)
+        assert len(walks) == n
+    monkeypatch.setattr(I, "_VERIFIED_CAP", 2)           # bounded: the oldest answer goes first
+    I.verified(*_prog(RAISE))
+    assert len(I._VERIFIED) == 2 and I._verify_key(prog, maps) not in I._VERIFIED
+
+
 def _delete_prog():
     maps = [MapDef("h", "hash", 8, 16, 64)]
     text = PRO + "lddw r1, map:h\nmov r2, r10\nadd r2, -48\ncall map_delete_elem\nmov r0, 0\nexit\n"
@@ -992,6 +1019,7 @@ def test_verified_gives_the_verdict_and_the_facts_of_one_walk(monkeypatch):
     from dtrace_mk.bpf.verifier import VerifierError, checker, verify
     from dtrace_mk.runtime import inline
     obj = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    monkeypatch.setattr(inline, "_VERIFIED", {})           # (nothing kept from earlier tests)
     runs = []
     real_run = checker.Checker.run
     monkeypatch.setattr(checker.Checker, "run", lambda self, order: (runs.append(1), real_run(self, order))[1])

@@ -160,10 +160,10 @@ class _HostArray(np.ndarray):
     def data(self):                                    # noqa: D401 - CuPy's name
         return _HostArray._Ptr(self.ctypes.data)
 
-    def get(self) -> np.ndarray:
+    def get(self, stream=None) -> np.ndarray:
         return np.array(self, copy=True).view(np.ndarray)
 
-    def set(self, x) -> None:
+    def set(self, x, stream=None) -> None:
         self[...] = np.asarray(x).reshape(self.shape)
 
 

@@ -536,6 +536,8 @@ class CollectorLoop:
             self.bad_headers += 1
 
     def _send(self, rank: int, data: bytes) -> None:
+        if self.port is None:          # replay_spool: nobody to answer
+            return
         self._sends.append(self.port.isend(self.address(rank), self.tags.down, data))
 
     def _ping(self, st: RankState) -> None:

@@ -16,12 +16,29 @@ transports move their output.
 
 See docs/exporters.md.
 """
-from .api import export_batch, export_result, parse_spec
 from .batch import (ExportBatch, ExportError, RankInfo, RawEvidence, RecordSet, TaskSlice, TaskTrace,
                     build_batch, load_records, load_result, records_path_for, save_records, save_result)
-from .otel import BufferedSpanExporter, JsonLinesSpanExporter, make_otlp_exporter
 from .live import MetricsRecordSink, TeeRecordSink
 from .prometheus import MetricsRegistry, MetricsServer
+
+#: names from the modules that need the OpenTelemetry SDK, imported at first use: a
+#: collector saves its result (batch) whether or not the SDK imports, and only exporting
+#: spans says that it is missing
+_NEEDS_OTEL = {"export_batch": "api", "export_result": "api", "parse_spec": "api",
+               "BufferedSpanExporter": "otel", "JsonLinesSpanExporter": "otel", "make_otlp_exporter": "otel"}
+
+
+def __getattr__(name: str):
+    mod = _NEEDS_OTEL.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    try:
+        m = importlib.import_module(f".{mod}", __name__)
+    except ImportError as e:
+        raise ImportError(f"exporting spans needs the OpenTelemetry SDK (pip install opentelemetry-sdk "
+                          f"opentelemetry-exporter-otlp-proto-http; the project's dependencies): {e}") from e
+    return getattr(m, name)
 
 __all__ = ["export_result", "export_batch", "parse_spec", "ExportBatch", "ExportError", "RankInfo",
            "RawEvidence", "RecordSet", "TaskSlice", "TaskTrace", "build_batch", "load_records",

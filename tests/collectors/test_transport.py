@@ -257,3 +257,24 @@ def test_user_monitor_output_travels_as_a_note(tmp_path):
     (b,) = [b for b in doc["blocks"] if b.get("name") == "@n"]
     assert b["monitor"] == str(q) and b["entries"][0]["value"] == 3 and doc["cut"] == 0
     assert [s.epoch for s in acc.summaries] == [0, 1, 2]
+
+
+def test_a_spool_replays_into_a_partial_result_and_marks_silent_ranks_lost(tmp_path):
+    """replay_spool (the launcher's partial result when the collector died after the run:
+    e.g. it could not import its exporters): every message the live loop spooled reaches
+    the sink, a rank whose BYE is in the spool is done -- its FIN has nobody to go to and
+    is not sent -- and a rank that never said BYE is reported lost."""
+    hub, acc, loop, chans = _hub()
+    loop.spool = T.open_spool(str(tmp_path / "r.spool"))
+    for r, c in enumerate(chans):
+        for k in range(2):
+            assert c.send(pack_stream([_summary(r, k)]))
+    _bye(chans[0])
+    _pump(loop, chans)
+    loop.spool.close()
+    acc2 = T.CollectorSink(use_pingpongs=False)
+    lost = []
+    acc2.on_rank_lost = lost.append
+    replay = T.replay_spool(str(tmp_path / "r.spool"), [0, 1], acc2)
+    assert sorted((s.rank, s.epoch) for s in acc2.summaries) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert lost == [1] and replay.state[0].bye and not replay.state[1].bye and replay._sends == []

@@ -275,13 +275,20 @@ class ServingHost:
     def clock_sample(self, device_ns: int, host_ns: int) -> None:
         self.agent.clock_sample(device_ns, host_ns)
 
-    def step(self, k: int) -> None:
+    def step(self, k: int, windows: bool = True) -> None:
         """Decode step `k` begins on this rank (every record of the steps before it was
         fed): apply due commands, make progress; with device summaries, ship the windows
-        complete by then (RankAgent.device_progress)."""
+        complete by then (RankAgent.device_progress) -- unless `windows` is False: the GPU
+        serving loop grants the kernel its next steps first and ships them after
+        (`ship_windows`), so that a window's read overlaps the kernel's run."""
         self.step_now = k
-        self.agent.device_progress(k - 1)
+        if windows:
+            self.ship_windows(k)
         self.poll(force=True)
+
+    def ship_windows(self, k: int) -> None:
+        """Device summaries: ship the windows complete before step k."""
+        self.agent.device_progress(k - 1)
 
     def should_stop(self, k: int) -> bool:
         """True from the step the job agreed to stop at (a control `stop`, or any rank's

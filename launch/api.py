@@ -275,20 +275,13 @@ class ServingHost:
     def clock_sample(self, device_ns: int, host_ns: int) -> None:
         self.agent.clock_sample(device_ns, host_ns)
 
-    def step(self, k: int, windows: bool = True) -> None:
+    def step(self, k: int) -> None:
         """Decode step `k` begins on this rank (every record of the steps before it was
         fed): apply due commands, make progress; with device summaries, ship the windows
-        complete by then (RankAgent.device_progress) -- unless `windows` is False: the GPU
-        serving loop grants the kernel its next steps first and ships them after
-        (`ship_windows`), so that a window's read overlaps the kernel's run."""
+        complete by then (RankAgent.device_progress)."""
         self.step_now = k
-        if windows:
-            self.ship_windows(k)
-        self.poll(force=True)
-
-    def ship_windows(self, k: int) -> None:
-        """Device summaries: ship the windows complete before step k."""
         self.agent.device_progress(k - 1)
+        self.poll(force=True)
 
     def should_stop(self, k: int) -> bool:
         """True from the step the job agreed to stop at (a control `stop`, or any rank's

@@ -623,19 +623,19 @@ def serve_gpu(args: argparse.Namespace) -> int:
         such step, however the ranks' polls group the completed steps)."""
         for j in feed_until(done):
             st["k"] = k = j + 1
-            host.step(k, windows=False)
+            # (the windows' reads and the next window's attach before the grant: tried after
+            # it in session 45 so the kernel would run meanwhile -- the attach's table then
+            # reached the workers mid-step and tiny showed late_notification at rotations)
+            host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
+            if k % RETIRE_EVERY == 0:
+                dq.retire()
             if decisions and k < end and not flags:
                 flags |= decide(k)
                 if running and not flags:
                     mk.grant(limit(k))
             elif decisions and k < end and flags == 2:
                 flags |= decide(k)         # between launches: a stop may still come
-            # the host's per-window and per-step device work after the grant: the kernel
-            # runs its next steps meanwhile (a window's read took tens of ms, session 45)
-            host.ship_windows(k)
-            if k % RETIRE_EVERY == 0:
-                dq.retire()
         return flags
 
     flags = decide(WARMUP)

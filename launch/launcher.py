@@ -231,8 +231,12 @@ def summary_lines(res: Dict[str, Any]) -> List[str]:
     cov = res["coverage"]
     sure = [f for f in res["findings"] if f["confidence"] >= CONFIDENT]
     weak = [f for f in res["findings"] if f["confidence"] < CONFIDENT]
-    lines = [f"verdict {res['verdict']}: {len(sure)} finding(s)"
-             + (f" (+ {len(weak)} below confidence {CONFIDENT:.2f})" if weak else "")]
+    if weak and not sure:      # (the verdict's own threshold is lower than the display's)
+        lines = [f"verdict {res['verdict']}: no finding at confidence {CONFIDENT:.2f} or more "
+                 f"({len(weak)} below it, listed apart)"]
+    else:
+        lines = [f"verdict {res['verdict']}: {len(sure)} finding(s)"
+                 + (f" (+ {len(weak)} below confidence {CONFIDENT:.2f})" if weak else "")]
 
     def line(f, indent):
         what = f.get("task_class") or f.get("comm_op") or ""

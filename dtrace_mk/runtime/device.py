@@ -336,18 +336,6 @@ def coverage_rows(dp: "_DevProg", c: np.void) -> List[Coverage]:
     return out
 
 
-def _clear_slots(cp, buf, stream, zero: List[Tuple[int, int, Optional[int]]],
-                 free: List[Tuple[int, int, Optional[int]]]) -> None:
-    """Host-to-device writes into the uint8 device array `buf`: every (offset, size) of
-    `zero` set to 0, THEN every (offset, size, value) of `free` (the slot tags) written,
-    in that order on `stream`; a slot becomes claimable only after its counters are 0."""
-    for group in (zero, free):
-        for off, size, val in group:
-            v = np.zeros(size, np.uint8) if val is None else \
-                np.array([val], dtype="<u8" if size == 8 else "<u4").view(np.uint8)
-            buf[off:off + size].set(v, stream=stream)
-
-
 def _runs(idx: np.ndarray) -> List[Tuple[int, int]]:
     """Sorted indices as (first, last) runs of consecutive ones."""
     out: List[Tuple[int, int]] = []
@@ -378,6 +366,9 @@ def _freed_cov_slots(c: np.void, rows: np.ndarray, rl: np.ndarray):
         zero.append((_COV_RL_RAN_OFF + 4 * lo, np.zeros(4 * (hi - lo + 1), np.uint8)))
         free.append((_COV_RL_TAG_OFF + 4 * lo, np.full(hi - lo + 1, EPOCH_NONE, "<u4").view(np.uint8)))
     return zero, free
+
+
+_NONE_TAG = np.array([EPOCH_NONE], "<u4").view(np.uint8)
 
 
 def _write_in_order(buf, stream, zero, free) -> None:
@@ -543,9 +534,8 @@ class DeviceMaps:
             tags = rws.view(RB_WORKER_DTYPE)["ep_tag"]
             old = [(int(w), int(j)) for w, j in np.argwhere((tags != EPOCH_NONE) & (tags <= upto))]
             base = RB_WORKER_DTYPE.itemsize
-            _clear_slots(self.cp, b["slots"], stream,
-                         [(w * base + used_off + 8 * j, 8, None) for w, j in old],
-                         [(w * base + tag_off + 4 * j, 4, EPOCH_NONE) for w, j in old])
+            _write_in_order(b["slots"], stream, [(w * base + used_off + 8 * j, np.zeros(8, np.uint8)) for w, j in old],
+                            [(w * base + tag_off + 4 * j, _NONE_TAG) for w, j in old])
 
     def readback(self, names: Optional[Sequence[str]] = None) -> MapSet:
         """A host MapSet holding the device maps' contents and stats (`names`: only those

@@ -105,3 +105,24 @@ def test_retire_frees_final_rows_in_runs_and_reads_only_attachments_that_can_hol
     _put_row(dpk, 0, 30, 1, (1, 1, 0, 0, 0))
     reads.clear()
     assert rt.retire_epochs(30) == 1 and reads == [id(db.cov), id(dpk.cov)]
+
+
+def test_retire_frees_the_ring_buffers_budget_slots_of_final_epochs_only():
+    """DeviceMaps.retire_epochs: a ring buffer's per-worker budget slots of epochs <= upto
+    get used = 0, then tag = none; later epochs' slots and the records keep every byte."""
+    from dtrace_mk.bpf.program import MapDef
+    from dtrace_mk.runtime.compiled import HostDevice
+    dm = D.DeviceMaps(HostDevice, [MapDef("ev", "ringbuf", 0, 0, 4096, budget_bytes=512)], 3)
+    rw = dm.bufs[0]["slots"].get().view(D.RB_WORKER_DTYPE).copy()
+    rw["ep_tag"][0, :3] = (3, 7, 5)
+    rw["ep_used"][0, :3] = (100, 70, 50)
+    rw["ep_tag"][2, 4] = 4
+    rw["ep_used"][2, 4] = 40
+    rw["nrec"][0] = 9
+    dm.bufs[0]["slots"].set(rw.view(np.uint8))
+    dm.retire_epochs(5)
+    got = dm.bufs[0]["slots"].get().view(D.RB_WORKER_DTYPE)
+    none = D.EPOCH_NONE
+    assert got["ep_tag"][0, :3].tolist() == [none, 7, none] and got["ep_used"][0, :3].tolist() == [0, 70, 0]
+    assert got["ep_tag"][2, 4] == none and got["ep_used"][2, 4] == 0 and got["nrec"][0] == 9
+    assert (got["ep_tag"][1] == none).all()

@@ -405,6 +405,11 @@
 # Session 44's ninth start ran 108 (6 passed + the workers' serve case XPASS: its xfail dropped, device summaries
 # the default; 21 passed), 109 (151 + 14 passed), 104 (obssm4fold hot +5.94%, compiled +5.09%; default off +3.37%).
 # Next: 106; 81 on the x2 kind (now with the aligned-cuts test); 102; 97.
+# Session 45 (H100s: the `nvidia-h200` calls were placed on H100 80GB; no x2 lent) ran 106 (folded and generic
+# compiled drains cost the same, +3.4%), 102 (1b lean / nohooks +0.40%), the serving loop (device summaries'
+# host side made cheap: 1b -17%, tiny -53% in one run) and 108 (21 passed; the workers' serve case failed while
+# the windows were read after the grant -- reverted, then 4 passed).  Next: 81 on the x2 kind; 97; 108 and 104
+# on an H200 (the lends of this session were H100s); the summary window's table reload when the host keeps up.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -41,6 +41,10 @@ class Thresholds:
     queue_rel: float = 0.5              # queue_saturation: relative floor
     queue_abs: int = 4                  # queue_saturation: minimum extra tasks
     min_latency_ns: int = 1_000         # causal constraint: signal -> release
+    notify_work_rel: float = 0.01       # late_notification: minimum excess lag per (rank, epoch) as a
+                                        # share of the producer class's own task time there (a few
+                                        # ns per task over thousands of parallel tasks moves no step:
+                                        # 1b serving on the GPU, session 45)
     verdict: float = 0.5                # a finding this confident makes verdict "fault"
     confident: float = 0.8              # "false-confident" cut in scoring
     dead_rank_confidence: float = 0.5   # cap for findings inferred from a silent rank
@@ -259,28 +263,31 @@ class Inputs:
     signal_times: Optional[SignalTimes] = None
 
     def __post_init__(self):
-        self._class_excess: Dict[str, Dict[Tuple[int, int, int], Tuple[float, float]]] = {}
+        self._class_excess: Dict[Tuple[str, float], Dict[Tuple[int, int, int], Tuple[float, float]]] = {}
 
-    def class_excess(self, metric: str) -> Dict[Tuple[int, int, int], Tuple[float, float]]:
-        """(rank, epoch, class) -> (excess_ns, ratio) for a ClassStat sum metric."""
-        if metric not in self._class_excess:
-            self._class_excess[metric] = _class_excess(self.summaries, metric, self.th)
-        return self._class_excess[metric]
+    def class_excess(self, metric: str, work_rel: float = 0.0) -> Dict[Tuple[int, int, int], Tuple[float, float]]:
+        """(rank, epoch, class) -> (excess_ns, ratio) for a ClassStat sum metric; work_rel:
+        the margin is also at least that share of the class's task time in the epoch."""
+        key = (metric, work_rel)
+        if key not in self._class_excess:
+            self._class_excess[key] = _class_excess(self.summaries, metric, self.th, work_rel)
+        return self._class_excess[key]
 
 
-def _class_excess(summaries, metric: str, th: Thresholds):
-    per_class: Dict[int, List[Tuple[Tuple[int, int], int, int]]] = {}
+def _class_excess(summaries, metric: str, th: Thresholds, work_rel: float = 0.0):
+    per_class: Dict[int, List[Tuple[Tuple[int, int], int, int, int]]] = {}
     for (rank, epoch), s in summaries.items():
         for c in s.classes:
             if c.count > 0:
-                per_class.setdefault(c.task_class, []).append(((rank, epoch), getattr(c, metric), c.count))
+                per_class.setdefault(c.task_class, []).append(((rank, epoch), getattr(c, metric), c.count,
+                                                               c.dur_sum_ns))
     out = {}
     for cid, samples in per_class.items():
-        base = quantile([v / n for _, v, n in samples], 0.25)
-        excess = [v - n * base for _, v, n in samples]
+        base = quantile([v / n for _, v, n, _w in samples], 0.25)
+        excess = [v - n * base for _, v, n, _w in samples]
         center, scale = robust_center_scale(excess)
-        for ((rank, epoch), v, n), ex in zip(samples, excess):
-            margin = max(th.abs_floor_ns, th.rel * n * base, th.k * scale)
+        for ((rank, epoch), v, n, work), ex in zip(samples, excess):
+            margin = max(th.abs_floor_ns, th.rel * n * base, th.k * scale, work_rel * work)
             out[(rank, epoch, cid)] = (ex - center, (ex - center) / margin)
     return out
 
@@ -377,10 +384,13 @@ def detect_routing_skew(inp: Inputs) -> List[Evidence]:
     return out
 
 
-def _class_detector(cause: str, metric: str):
+def _class_detector(cause: str, metric: str, work_rel: str = ""):
+    """work_rel: the name of the Thresholds field whose share of the class's task time is
+    also a floor of the margin (class_excess)."""
     def detect(inp: Inputs) -> List[Evidence]:
         out = []
-        for (rank, epoch, cid), (ex, ratio) in inp.class_excess(metric).items():
+        rel = getattr(inp.th, work_rel) if work_rel else 0.0
+        for (rank, epoch, cid), (ex, ratio) in inp.class_excess(metric, rel).items():
             if ratio >= 1.0:
                 out.append(Evidence(cause, rank, epoch, impact_ns=ex, ratio=ratio,
                                     task_class=cid, observed_on={rank}))
@@ -389,7 +399,7 @@ def _class_detector(cause: str, metric: str):
 
 
 detect_late_notification = detector(P.LATE_NOTIFICATION)(
-    _class_detector(P.LATE_NOTIFICATION, "notify_lag_sum_ns"))
+    _class_detector(P.LATE_NOTIFICATION, "notify_lag_sum_ns", "notify_work_rel"))
 _detect_slow = _class_detector(P.SLOW_TASK_CLASS, "dur_sum_ns")
 _detect_imbalance = _class_detector(P.LOCAL_IMBALANCE, "dispatch_wait_sum_ns")
 

@@ -122,8 +122,10 @@ PATTERNS: Tuple[Pattern, ...] = (
         unit="us", fault_kinds=("late_notification",),
         info="A producer finished but the event it signals was released late.",
         definition="For rank r, epoch e, producer class c: excess(notify_lag) (task:end of "
-                   "the producer -> dep:release of its event) is anomalous.  Impact: "
-                   "excess(notify_lag).",
+                   "the producer -> dep:release of its event) is anomalous, and at least "
+                   "notify_work_rel (1%) of the class's task time dur_sum in (r, e) (a lag of "
+                   "a few ns per task summed over thousands of parallel tasks moves no step).  "
+                   "Impact: excess(notify_lag).",
         diagnosis="The dependency notification path (event counter update, fence, or "
                   "polling) is slow for this class; its consumers sat in dep:wait."),
     Pattern(

@@ -72,3 +72,32 @@ def test_robust_stats_ignore_a_faulty_minority():
     center, scale = robust_center_scale(vals)
     assert 99 <= center <= 101 and scale < 5
 
+
+
+def test_late_notification_needs_lag_that_matters_next_to_the_class_work():
+    """1b serving on the GPU (session 45, no fault): 2048 qkv tasks a step, ~54 us of summed
+    notification lag, and a few steps 20-50 us above it -- a few ns per task, under 0.2% of
+    the class's task time -- made a late_notification at confidence 0.79 (verdict fault).
+    The margin is now also 1% of the class's task time in the epoch (notify_work_rel): those
+    steps say nothing, while a step whose lag is 2 ms more (a delayed signal on a tenth of
+    the tasks) is still found."""
+    import random
+    from dtrace_mk.collectors.classify import Inputs
+    from dtrace_mk.collectors.records import ClassStat, Coverage, EpochSummary, Names
+    rng = random.Random(0)
+    qkv = _cls("qkv")
+
+    def step(k, lag):
+        c = ClassStat(qkv, 2048, 28_800_000, 16_000, 210_000, 48_000_000, lag)
+        return EpochSummary(0, k, 0, 3_770_000, (c,), coverage=Coverage(1, 1, 0, 0))
+    lags = {k: 54_000 + rng.randint(-6000, 6000) for k in range(60)}
+    for k in (9, 23, 41, 57):
+        lags[k] += rng.randint(20_000, 50_000)
+    clean = Inputs({(0, k): step(k, v) for k, v in lags.items()}, [], Names.standard())
+    assert classify.DETECTORS["late_notification"](clean) == []
+    lags[30] += 2_000_000
+    faulty = Inputs({(0, k): step(k, v) for k, v in lags.items()}, [], Names.standard())
+    ev = classify.DETECTORS["late_notification"](faulty)
+    assert [(e.rank, e.step, e.task_class) for e in ev] == [(0, 30, qkv)]
+    loose = Inputs(clean.summaries, [], Names.standard(), th=classify.Thresholds(notify_work_rel=0.0))
+    assert {e.step for e in classify.DETECTORS["late_notification"](loose)} & {9, 23, 41, 57}

@@ -34,3 +34,20 @@ def test_gpu_demo_input_diagnoses_the_injected_remote_stall(run):
     # what stays below confidence: all-reduce tasks ~25 us slower in a few steps (real,
     # small, irregular on the GPU), none folding a remote stall step into itself
     assert all(g["impact_us"] < 0.2 * f["impact_us"] for g in res["findings"] if g is not f)
+
+
+def test_fault_free_1b_serving_on_the_gpu_has_no_finding(tmp_path):
+    """Real records of a fault-free serving run (1 rank, 1b, batch 4, 400 steps, device
+    summaries; NVIDIA H100, 2026-12-05 15:53 UTC, commit 71cb1bb; the collector's
+    RESULT.records.msgpack).  Its qkv notification lag wanders by ~10-25 ns per task in a
+    few steps: that said `verdict fault` (late_notification, confidence 0.79) until the
+    margin took the class's task time into account (Thresholds.notify_work_rel)."""
+    from dtrace_mk.collectors.diagnose import diagnose
+    from dtrace_mk.exporters import load_records
+    p = tmp_path / "r.records.msgpack"
+    p.write_bytes(gzip.decompress((DATA / "gpu_serve_1b_clean.records.msgpack.gz").read_bytes()))
+    rs = load_records(str(p))
+    assert len(rs.summaries) == 400
+    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
+    assert res["coverage"]["eligible"] == res["coverage"]["executed"] > 0

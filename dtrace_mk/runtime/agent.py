@@ -97,6 +97,8 @@ SUMMARY_MAPS = {"dur": 2, "end_ts": 3, "expert_ns": 2, "ready_ts": 2,
                 "remote_wait": 1, "signal_last": 5}
 #: ... of them the comm half's (summary_comm.d); the others are the task half's
 COMM_MAPS = frozenset({"remote_wait", "signal_last"})
+#: ... and the task half's (a device window's maps: summary_arrays.WindowTasks)
+TASK_MAPS = {name: n for name, n in SUMMARY_MAPS.items() if name not in COMM_MAPS}
 #: Entries per summary map: a few open epochs of (64 peers x 2 ops x 32 layers) signals.
 SUMMARY_MAP_ENTRIES = 16384
 #: Entries per map of a device summary window (runtime.summary_windows): its W steps and
@@ -451,7 +453,8 @@ class RankAgent:
             return
         snap = self._snapshot()
         # a device window's task half: reduced as arrays (summary_arrays), not as entries
-        half = WindowTasks(self._window.maps, self._window.first, self._window.end) if self._window else None
+        half = (WindowTasks(self._window.maps, self._window.first, self._window.end, TASK_MAPS)
+                if self._window else None)
         self.stats.max_map_entries = max(self.stats.max_map_entries, max(len(v) for v in snap.values()),
                                          half.entries if half else 0)
         if half is not None:

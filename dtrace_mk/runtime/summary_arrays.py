@@ -23,17 +23,17 @@ The reductions (monitors/summary_tasks.d names the maps), per epoch k:
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from ..collectors.records import MAX_EXPERTS
 
 U64 = (1 << 64) - 1
-_KEY_WORDS = {"dur": 2, "end_ts": 3, "expert_ns": 2, "ready_ts": 2, "queue_max": 2, "t_begin": 1,
-              "dispatch_wait": 2, "dep_wait": 2}
-_VALUE_WORDS = {"dur": 4}                    # stats(): count, sum, min, max; the others one word
+_STATS = struct.Struct("<4Q")                # @dur's stats(): count, sum, min, max
+_WORD = struct.Struct("<Q")                  # every other task-half value: one u64
 
 
 @dataclass
@@ -56,12 +56,11 @@ def _row(classes: Dict[int, List[int]], c: int) -> List[int]:
 def parts_of_entries(k: int, snap) -> TaskParts:
     """TaskParts of epoch k from {map name: {key words: value bytes}} (entries of other
     epochs are skipped)."""
-    import struct
-    w1 = struct.Struct("<Q").unpack_from
+    w1 = _WORD.unpack_from
     p = TaskParts()
     for (step, c), v in snap["dur"].items():
         if step == k:
-            n, s, _mn, mx = struct.unpack_from("<4Q", v)
+            n, s, _mn, mx = _STATS.unpack_from(v)
             r = _row(p.classes, c)
             r[0], r[1], r[2] = n, s, mx
     for name, i in (("dispatch_wait", 3), ("dep_wait", 4)):
@@ -119,13 +118,14 @@ def _firsts(*cols: np.ndarray) -> np.ndarray:
 
 class WindowTasks:
     """The task half's maps of one device summary window (a host MapSet read from the
-    device), epochs first .. end-1, reduced for every epoch at once."""
+    device), epochs first .. end-1, reduced for every epoch at once.  key_words: each
+    task-half map's key width in u64 words (the agent's SUMMARY_MAPS)."""
 
-    def __init__(self, maps, first: int, end: int):
+    def __init__(self, maps, first: int, end: int, key_words: Mapping[str, int]):
         a: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         self.entries = 0
-        for name, kw in _KEY_WORDS.items():
-            K, V = map_arrays(maps[name], kw, _VALUE_WORDS.get(name, 1))
+        for name, kw in key_words.items():
+            K, V = map_arrays(maps[name], kw, _STATS.size // 8 if name == "dur" else 1)
             keep = (K[:, 0] >= first) & (K[:, 0] < end)
             a[name] = (K[keep], V[keep])
             self.entries = max(self.entries, int(keep.sum()))

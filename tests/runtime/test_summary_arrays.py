@@ -14,10 +14,8 @@ import pytest
 from dtrace_mk.bpf.maps import HashMap
 from dtrace_mk.bpf.program import MapDef
 from dtrace_mk.collectors.records import MAX_EXPERTS
+from dtrace_mk.runtime.agent import TASK_MAPS as KEYS
 from dtrace_mk.runtime.summary_arrays import U64, TaskParts, WindowTasks, parts_of_entries
-
-KEYS = {"dur": 2, "end_ts": 3, "expert_ns": 2, "ready_ts": 2, "queue_max": 2, "t_begin": 1,
-        "dispatch_wait": 2, "dep_wait": 2}
 
 
 def _window(rng: random.Random, steps: range, wide_events: bool = False):
@@ -64,7 +62,7 @@ def test_a_window_reduced_as_arrays_equals_its_entries_reduced_one_by_one(seed):
     rng = random.Random(seed)
     steps = range(16 + seed, 32 + seed)
     maps, ents = _window(rng, steps, wide_events=seed % 5 == 4)
-    half = WindowTasks(maps, steps.start, steps.stop)
+    half = WindowTasks(maps, steps.start, steps.stop, KEYS)
     for k in range(steps.start - 1, steps.stop + 1):
         want = parts_of_entries(k, ents) if k in steps else TaskParts()
         assert half.of(k) == want, k
@@ -87,5 +85,5 @@ def test_ties_go_to_the_first_entry_and_the_lowest_worker():
     maps["ready_ts"].update(struct.pack("<2Q", 5, 9), struct.pack("<Q", 130))
     maps["queue_max"].update(struct.pack("<2Q", 5, 6), struct.pack("<Q", 4))
     maps["queue_max"].update(struct.pack("<2Q", 5, 2), struct.pack("<Q", 4))
-    p = WindowTasks(maps, 5, 6).of(5)
+    p = WindowTasks(maps, 5, 6, KEYS).of(5)
     assert p.classes == {7: [0, 0, 0, 0, 0, 30]} and (p.qmax, p.qworker) == (4, 2) and p.end == 100

@@ -11,8 +11,8 @@ The array form does the same reductions with numpy over the window's raw keys an
 (the maps' insertion order kept wherever it decides a tie).
 
 The reductions (monitors/summary_tasks.d names the maps), per epoch k:
-  classes      class -> [count, sum, max] of @dur, @dispatch_wait, @dep_wait and the
-               notification lag: per event with a local @ready_ts, ready minus the last
+  classes      class -> [count, sum, max of @dur, @dispatch_wait, @dep_wait, notification
+               lag]; the lag: per event with a local @ready_ts, ready minus the last
                producer end (@end_ts's largest; on a tie the first entry), when the
                ready is later, charged to that producer's class (a class gets a row
                only from an entry or a positive lag)

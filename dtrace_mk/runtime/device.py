@@ -336,39 +336,23 @@ def coverage_rows(dp: "_DevProg", c: np.void) -> List[Coverage]:
     return out
 
 
-def _runs(idx: np.ndarray) -> List[Tuple[int, int]]:
-    """Sorted indices as (first, last) runs of consecutive ones."""
-    out: List[Tuple[int, int]] = []
-    for j in (int(x) for x in idx):
-        if out and out[-1][1] == j - 1:
-            out[-1] = (out[-1][0], j)
-        else:
-            out.append((j, j))
-    return out
-
-
-def _freed_cov_slots(c: np.void, rows: np.ndarray, rl: np.ndarray):
-    """The writes that retire coverage rows `rows` and rate-limit slots `rl` of the
-    COV_DTYPE record `c` (the device's, just read): first every such slot's counters to
-    0, then its tag to empty -- one write per run of adjacent slots in each group (a run's
-    counters write carries the tags between them unchanged: no worker touches a slot of
-    a complete epoch).  Returns (zero, free) lists of (byte offset, uint8 bytes)."""
-    zero, free = [], []
+def _freed_cov_slots(rows: np.ndarray, rl: np.ndarray):
+    """The writes that retire coverage rows `rows` and rate-limit slots `rl` of a COV_DTYPE
+    record: each slot's counters to 0, then (the second list) its tag to empty.  Returns
+    (zero, free) lists of (byte offset, uint8 bytes) for _write_in_order."""
     rsz = COV_ROW_DTYPE.itemsize
-    for lo, hi in _runs(rows):
-        blk = c["rows"][lo:hi + 1].copy()
-        for f in COV_ROW_DTYPE.names[1:]:
-            blk[f] = 0
-        zero.append((_COV_ROWS_OFF + lo * rsz + 8, blk.view(np.uint8)[8:]))
-        blk["tag"] = COV_TAG_EMPTY
-        free.append((_COV_ROWS_OFF + lo * rsz, blk.view(np.uint8)))
-    for lo, hi in _runs(rl):
-        zero.append((_COV_RL_RAN_OFF + 4 * lo, np.zeros(4 * (hi - lo + 1), np.uint8)))
-        free.append((_COV_RL_TAG_OFF + 4 * lo, np.full(hi - lo + 1, EPOCH_NONE, "<u4").view(np.uint8)))
+    zero = ([(_COV_ROWS_OFF + j * rsz + 8, _ROW_COUNTERS_ZERO) for j in rows] +
+            [(_COV_RL_RAN_OFF + 4 * j, _ZERO4) for j in rl])
+    free = ([(_COV_ROWS_OFF + j * rsz, _EMPTY_ROW_TAG) for j in rows] +
+            [(_COV_RL_TAG_OFF + 4 * j, _NONE_TAG) for j in rl])
     return zero, free
 
 
+#: the bytes retire_epochs writes: a slot's counters zeroed, then its tag freed
+_ZERO4, _ZERO8 = np.zeros(4, np.uint8), np.zeros(8, np.uint8)
 _NONE_TAG = np.array([EPOCH_NONE], "<u4").view(np.uint8)
+_EMPTY_ROW_TAG = np.array([COV_TAG_EMPTY], "<u8").view(np.uint8)
+_ROW_COUNTERS_ZERO = np.zeros(COV_ROW_DTYPE.itemsize - 8, np.uint8)
 
 
 def _write_in_order(buf, stream, zero, free) -> None:
@@ -534,7 +518,7 @@ class DeviceMaps:
             tags = rws.view(RB_WORKER_DTYPE)["ep_tag"]
             old = [(int(w), int(j)) for w, j in np.argwhere((tags != EPOCH_NONE) & (tags <= upto))]
             base = RB_WORKER_DTYPE.itemsize
-            _write_in_order(b["slots"], stream, [(w * base + used_off + 8 * j, np.zeros(8, np.uint8)) for w, j in old],
+            _write_in_order(b["slots"], stream, [(w * base + used_off + 8 * j, _ZERO8) for w, j in old],
                             [(w * base + tag_off + 4 * j, _NONE_TAG) for w, j in old])
 
     def readback(self, names: Optional[Sequence[str]] = None) -> MapSet:
@@ -1018,7 +1002,7 @@ class DeviceRuntime:
                 rl = np.flatnonzero((rlt != EPOCH_NONE) & (rlt <= upto))
                 for j in rows:
                     _fold_row(dp.retired, c["rows"][j])
-                _write_in_order(dp.cov, stream, *_freed_cov_slots(c, rows, rl))
+                _write_in_order(dp.cov, stream, *_freed_cov_slots(rows, rl))
                 n += len(rows)
             att.maps.retire_epochs(upto, stream)
             att.unretired_from = max(att.unretired_from, int(upto) + 1)

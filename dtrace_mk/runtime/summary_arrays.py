@@ -182,32 +182,20 @@ class WindowTasks:
     def _lag(self, ready) -> None:
         steps, evs, ts, cs = self._last_end
         K, V = ready
-        if not len(K) or not len(steps):
-            return
-        # join @ready_ts with the winners on (step, event) as one sorted u64 key
-        # (step and event ids below 2^32; otherwise a dictionary join)
-        if max(int(steps.max()), int(evs.max()), int(K[:, 0].max()), int(K[:, 1].max())) >> 32:
-            pos = {se: i for i, se in enumerate(zip(steps.tolist(), evs.tolist()))}
-            at = np.array([pos.get(se, -1) for se in zip(K[:, 0].tolist(), K[:, 1].tolist())], np.int64)
-            hit = at >= 0
-        else:
-            kw = (steps << np.uint64(32)) | evs
-            kr = (K[:, 0] << np.uint64(32)) | K[:, 1]
-            at = np.minimum(np.searchsorted(kw, kr), len(kw) - 1)
-            hit = kw[at] == kr
-        at = np.where(hit, at, 0)
-        t_ready, t_end = V[:, 0], ts[at]
-        lag = hit & (t_ready != np.uint64(U64)) & (t_ready > t_end)
-        for k, c, d in zip(K[lag, 0].tolist(), cs[at][lag].tolist(), (t_ready[lag] - t_end[lag]).tolist()):
-            _row(self._p(k).classes, c)[5] += d
+        # (step, event) -> index of its @end_ts winner; one dict lookup per @ready_ts entry
+        winner = {se: i for i, se in enumerate(zip(steps.tolist(), evs.tolist()))}
+        for k, ev, t_ready in zip(K[:, 0].tolist(), K[:, 1].tolist(), V[:, 0].tolist()):
+            i = winner.get((k, ev))
+            if i is not None and t_ready != U64 and t_ready > int(ts[i]):
+                _row(self._p(k).classes, int(cs[i]))[5] += t_ready - int(ts[i])
 
     def _queue(self, K: np.ndarray, V: np.ndarray) -> None:
         d = V[:, 0]
         order = np.lexsort((K[:, 1], ~d, K[:, 0]))      # per step: deepest, then lowest worker
         f = _firsts(K[order, 0])
         for k, dm, w in zip(K[order, 0][f].tolist(), d[order][f].tolist(), K[order, 1][f].tolist()):
-            p = self._p(k)
-            if dm > 0 or w < p.qworker:                  # (parts_of_entries starts from 0, worker 0)
+            if dm > 0:                                   # (all 0: depth 0 at worker 0, as parts_of_entries)
+                p = self._p(k)
                 p.qmax, p.qworker = dm, w
 
     def _experts(self, K: np.ndarray, V: np.ndarray) -> None:

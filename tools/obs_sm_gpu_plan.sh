@@ -410,6 +410,8 @@
 # host side made cheap: 1b -17%, tiny -53% in one run) and 108 (21 passed; the workers' serve case failed while
 # the windows were read after the grant -- reverted, then 4 passed).  Next: 81 on the x2 kind; 97; 108 and 104
 # on an H200 (the lends of this session were H100s); the summary window's table reload when the host keeps up.
+# Session 46: 110 (new) -- bench/serve.py: the serving loop (tiny, 1b; batch 4, 400 steps, device summaries)
+# with the observer on the workers vs 4 observer SMs, beside the bare kernel (`dtrace-mk run`), rounds alternated.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -752,6 +754,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $L" \
        "$(pytv 300 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 330 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
+  110) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
+       "timeout 560 python3 bench/serve.py --presets tiny,1b --steps 400 --reps 2 --out ${OUT:-/tmp/out}/serve" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

@@ -1,0 +1,138 @@
+"""Serving on one GPU with the summaries on: where the monitors run, as ratios measured in one run.
+
+    python bench/serve.py [--presets tiny,1b] [--steps 400] [--batch 4] [--reps 2]
+                          [--configs kernel,workers,sm] [--summaries device] [--out DIR]
+
+Each config is one job, run as a user runs it (a subprocess, one rank, its own CUDA context):
+
+  kernel    `dtrace-mk run --backend gpu`: the build without hook code, one launch of the
+            same steps (no host loop, no monitors): the floor
+  workers   `python -m dtrace_mk.launch.serve --backend gpu --observer workers`: every hook
+            record built on each worker's thread 0, the summary monitors in the workers'
+            device VM (--summaries device) or on the host (host)
+  sm        the same with `--observer sm`: the workers only capture; 4 observer SMs of their
+            own build the records and run the monitors (kernels/mk_obs_sm.cuh)
+
+Figures per job: us/step of launch time (the resident launches' GPU time over the device
+steps they ran, as serve prints it: what the kernel took, its waits for the host at the step
+gate included), wall us/step over the served steps, the diagnosis verdict and coverage
+(lost must be 0).  Rounds alternate the configs' order; each figure is the median over
+--reps rounds.  The ratios are against `kernel` and `sm` against `workers`.
+
+Writes DIR/serve.json and DIR/serve.log; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REQUIRES = "gpu"   # what `dtrace-mk bench serve` checks before it runs: cpu, gpu, or gpu:N
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIGS = ("kernel", "workers", "sm")
+SERVED = re.compile(r"served (\d+) steps.* in ([\d.]+) s wall .*?, (\d+) us/step of launch time")
+DECODE = re.compile(r"decode step: mean ([\d.]+) us")
+FED = re.compile(r"(\d+) records fed to the host agent")
+
+
+def job_argv(config: str, preset: str, steps: int, batch: int, summaries: str, result: Path) -> list:
+    if config == "kernel":
+        return [sys.executable, "-m", "dtrace_mk", "run", "--backend", "gpu", "--model", preset,
+                "--steps", str(steps), "--batch", str(batch)]
+    return [sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", preset,
+            "--steps", str(steps), "--batch", str(batch), "--observer", config,
+            "--summaries", summaries, "--result", str(result)]
+
+
+def parse(config: str, out: str, result: Path) -> dict:
+    """One job's figures from its output (and --result file); a ValueError names what is missing."""
+    if config == "kernel":
+        m = DECODE.search(out)
+        if not m:
+            raise ValueError(f"kernel: no 'decode step: mean' line in:\n{out[-1500:]}")
+        us = float(m.group(1))
+        return {"launch_us": us, "wall_us": us}
+    m = SERVED.search(out)
+    if not m:
+        raise ValueError(f"{config}: no 'served N steps ... us/step of launch time' line in:\n{out[-1500:]}")
+    served, wall_s, launch_us = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    res = json.loads(result.read_text())
+    fed = FED.search(out)
+    return {"launch_us": launch_us, "wall_us": wall_s * 1e6 / max(served, 1), "served": served,
+            "verdict": res.get("verdict"), "lost": res.get("coverage", {}).get("lost"),
+            "eligible": res.get("coverage", {}).get("eligible"),
+            "records_fed": int(fed.group(1)) if fed else None}
+
+
+def run_job(config: str, preset: str, a, log) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        result = Path(d) / "result.json"
+        argv = job_argv(config, preset, a.steps, a.batch, a.summaries, result)
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+        env.pop("DTRACE_MK_JOB_DIR", None)
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.job_timeout)
+        out = p.stdout + p.stderr
+        if p.returncode != 0:
+            raise RuntimeError(f"{preset} {config}: exit {p.returncode}:\n{out[-3000:]}")
+        fig = parse(config, out, result)
+    log(f"{preset} {config}: " + ", ".join(f"{k} {v}" for k, v in fig.items()))
+    return fig
+
+
+def bench_preset(preset: str, a, log) -> dict:
+    configs = a.configs.split(",")
+    runs = {c: [] for c in configs}
+    for r in range(a.reps):
+        for c in (configs if r % 2 == 0 else configs[::-1]):
+            runs[c].append(run_job(c, preset, a, log))
+    med = {c: {k: statistics.median(f[k] for f in runs[c]) for k in ("launch_us", "wall_us")} for c in configs}
+    ratios = {}
+    base = "kernel" if "kernel" in configs else None
+    for c in configs:
+        if base and c != base:
+            ratios[f"{c}/kernel"] = med[c]["wall_us"] / med[base]["wall_us"]
+    if "workers" in configs and "sm" in configs:
+        ratios["sm/workers"] = med["sm"]["wall_us"] / med["workers"]["wall_us"]
+    return {"preset": preset, "steps": a.steps, "batch": a.batch, "summaries": a.summaries,
+            "median": med, "ratios": ratios, "runs": runs}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="tiny,1b")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
+    ap.add_argument("--summaries", choices=("device", "host"), default="device")
+    ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds per job")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    bad = [c for c in a.configs.split(",") if c not in CONFIGS]
+    if bad:
+        ap.error(f"--configs: unknown {', '.join(bad)} (choose from {', '.join(CONFIGS)})")
+    from benchio import run_presets
+    res = run_presets(a.out, "serve", a.presets, lambda p, log: bench_preset(p, a, log))
+    print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median over {a.reps} rounds; us/step)")
+    for r in res["presets"]:
+        print(f"{r['preset']}  batch {r['batch']}, {r['steps']} steps, summaries {r['summaries']}")
+        for c, m in r["median"].items():
+            last = r["runs"][c][-1]
+            extra = "" if c == "kernel" else (f"  verdict {last['verdict']}, lost {last['lost']}, "
+                                              f"records fed {last['records_fed']}")
+            print(f"  {c:<8} launch {m['launch_us']:>9.1f}  wall {m['wall_us']:>9.1f}{extra}")
+        print("  " + "  ".join(f"{k} {v:.3f}" for k, v in r["ratios"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""CI (no GPU): bench/serve.py reads the figures off the jobs' own output lines -- the GPU
+serve loop's "served ... us/step of launch time" and `dtrace-mk run`'s decode step -- and a
+job whose output lacks them is an error that names the line, not a zero."""
+
+import json
+
+import pytest
+
+SERVE_LINE = ("[rank 0] served 400 steps (2..401) in 1.9 s wall (1 resident launch), 3841 us/step of launch "
+              "time, 1600 tokens; the first 2 steps warmed the kernel up, not observed (0 records not fed); "
+              "hook records dropped by full rings: 0 (counted lost)\n"
+              "[rank 0] device summaries: 25 windows of 16 steps (the last ones shorter) read; 0 records fed "
+              "to the host agent\n")
+
+
+@pytest.fixture(scope="module")
+def serve(load_bench):
+    return load_bench("serve")
+
+
+def test_a_serve_job_gives_launch_and_wall_time_and_its_diagnosis(serve, tmp_path):
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"verdict": "none", "coverage": {"eligible": 123, "lost": 0}}))
+    fig = serve.parse("sm", SERVE_LINE, res)
+    assert fig["launch_us"] == 3841.0 and fig["wall_us"] == pytest.approx(1.9e6 / 400)
+    assert (fig["verdict"], fig["lost"], fig["eligible"], fig["records_fed"]) == ("none", 0, 123, 0)
+
+
+def test_the_kernel_floor_is_run_s_decode_step(serve, tmp_path):
+    out = "model 1b, batch 4, 400 steps, 132 workers, backend gpu\ndecode step: mean 1312.5 us, min 1312.5 us\n"
+    assert serve.parse("kernel", out, tmp_path / "none.json") == {"launch_us": 1312.5, "wall_us": 1312.5}
+
+
+def test_output_without_the_figure_is_an_error_naming_the_line(serve, tmp_path):
+    with pytest.raises(ValueError, match="us/step of launch time"):
+        serve.parse("workers", "[rank 0] served 400 steps in 1.0 s wall (stopped): 3 requests", tmp_path / "r.json")
+    with pytest.raises(ValueError, match="decode step: mean"):
+        serve.parse("kernel", "decode step (simulated): mean 5.0 us", tmp_path / "r.json")
+
+
+def test_jobs_are_the_user_s_commands(serve, tmp_path):
+    argv = serve.job_argv("sm", "1b", 400, 4, "device", tmp_path / "r.json")
+    assert argv[1:] == ["-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", "1b", "--steps", "400",
+                        "--batch", "4", "--observer", "sm", "--summaries", "device", "--result", str(tmp_path / "r.json")]
+    assert serve.job_argv("kernel", "tiny", 8, 1, "device", tmp_path / "r.json")[1:4] == ["-m", "dtrace_mk", "run"]

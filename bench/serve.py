@@ -1,7 +1,7 @@
 """Serving on one GPU with the summaries on: where the monitors run, as ratios measured in one run.
 
     python bench/serve.py [--presets tiny,1b] [--steps 400] [--batch 4] [--reps 2]
-                          [--configs kernel,workers,sm] [--summaries device] [--out DIR]
+                          [--configs kernel,workers,sm] [--summaries device] [--dump] [--out DIR]
 
 Each config is one job, run as a user runs it (a subprocess, one rank, its own CUDA context):
 
@@ -15,9 +15,13 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
 
 Figures per job: us/step of launch time (the resident launches' GPU time over the device
 steps they ran, as serve prints it: what the kernel took, its waits for the host at the step
-gate included), wall us/step over the served steps, the diagnosis verdict and coverage
-(lost must be 0).  Rounds alternate the configs' order; each figure is the median over
---reps rounds.  The ratios are against `kernel` and `sm` against `workers`.
+gate included; the ratios use it), wall us/step over the served steps (serve prints its
+wall time to 0.1 s: coarse), the diagnosis -- verdict, each finding's cause, class and
+confidence: a fault-free job should find nothing -- and coverage (lost must be 0).  Rounds
+alternate the configs' order; each figure is the median over --reps rounds.  The ratios are
+against `kernel` and `sm` against `workers`.  --dump keeps each serve job's collector input
+(DIR/dumps/PRESET_CONFIG_ROUND.pkl: `python -m dtrace_mk.collectors.replay FILE` diagnoses it
+again on any machine).
 
 Writes DIR/serve.json and DIR/serve.log; prints a short table last.
 """
@@ -70,15 +74,28 @@ def parse(config: str, out: str, result: Path) -> dict:
     return {"launch_us": launch_us, "wall_us": wall_s * 1e6 / max(served, 1), "served": served,
             "verdict": res.get("verdict"), "lost": res.get("coverage", {}).get("lost"),
             "eligible": res.get("coverage", {}).get("eligible"),
-            "records_fed": int(fed.group(1)) if fed else None}
+            "records_fed": int(fed.group(1)) if fed else None,
+            "findings": [finding_line(f) for f in res.get("findings", [])]}
 
 
-def run_job(config: str, preset: str, a, log) -> dict:
+def finding_line(f: dict) -> str:
+    """'late_notification rmsnorm layer 3 steps 20-22 conf 0.71' (a finding of the result JSON)."""
+    steps = f.get("steps") or []
+    where = " ".join(str(x) for x in (f.get("task_class") or f.get("comm_op"),
+                                      f"layer {f['layer']}" if "layer" in f else None) if x)
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else ""
+    return " ".join(x for x in (f.get("cause", "?"), where, span, f"conf {f.get('confidence')}") if x)
+
+
+def run_job(config: str, preset: str, a, log, rnd: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as d:
         result = Path(d) / "result.json"
         argv = job_argv(config, preset, a.steps, a.batch, a.summaries, result)
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
         env.pop("DTRACE_MK_JOB_DIR", None)
+        if a.dump and config != "kernel":
+            (Path(a.out) / "dumps").mkdir(parents=True, exist_ok=True)
+            env["DTRACE_MK_COLLECTOR_DUMP"] = str(Path(a.out) / "dumps" / f"{preset}_{config}_{rnd}.pkl")
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.job_timeout)
         out = p.stdout + p.stderr
         if p.returncode != 0:
@@ -93,15 +110,15 @@ def bench_preset(preset: str, a, log) -> dict:
     runs = {c: [] for c in configs}
     for r in range(a.reps):
         for c in (configs if r % 2 == 0 else configs[::-1]):
-            runs[c].append(run_job(c, preset, a, log))
+            runs[c].append(run_job(c, preset, a, log, r))
     med = {c: {k: statistics.median(f[k] for f in runs[c]) for k in ("launch_us", "wall_us")} for c in configs}
     ratios = {}
     base = "kernel" if "kernel" in configs else None
     for c in configs:
         if base and c != base:
-            ratios[f"{c}/kernel"] = med[c]["wall_us"] / med[base]["wall_us"]
+            ratios[f"{c}/kernel"] = med[c]["launch_us"] / med[base]["launch_us"]
     if "workers" in configs and "sm" in configs:
-        ratios["sm/workers"] = med["sm"]["wall_us"] / med["workers"]["wall_us"]
+        ratios["sm/workers"] = med["sm"]["launch_us"] / med["workers"]["launch_us"]
     return {"preset": preset, "steps": a.steps, "batch": a.batch, "summaries": a.summaries,
             "median": med, "ratios": ratios, "runs": runs}
 
@@ -115,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
     ap.add_argument("--summaries", choices=("device", "host"), default="device")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds per job")
+    ap.add_argument("--dump", action="store_true", help="keep each serve job's collector input under OUT/dumps")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
     bad = [c for c in a.configs.split(",") if c not in CONFIGS]
@@ -126,10 +144,14 @@ def main(argv=None) -> int:
     for r in res["presets"]:
         print(f"{r['preset']}  batch {r['batch']}, {r['steps']} steps, summaries {r['summaries']}")
         for c, m in r["median"].items():
-            last = r["runs"][c][-1]
-            extra = "" if c == "kernel" else (f"  verdict {last['verdict']}, lost {last['lost']}, "
-                                              f"records fed {last['records_fed']}")
+            jobs = r["runs"][c]
+            extra = "" if c == "kernel" else (f"  verdicts {'/'.join(j['verdict'] for j in jobs)}, lost "
+                                              f"{sum(j['lost'] or 0 for j in jobs)}, records fed "
+                                              f"{sum(j['records_fed'] or 0 for j in jobs)}")
             print(f"  {c:<8} launch {m['launch_us']:>9.1f}  wall {m['wall_us']:>9.1f}{extra}")
+            for i, j in enumerate(jobs):
+                for f in j.get("findings", [])[:4]:
+                    print(f"           round {i}: {f}")
         print("  " + "  ".join(f"{k} {v:.3f}" for k, v in r["ratios"].items()))
     return 0
 

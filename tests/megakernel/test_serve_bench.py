@@ -20,10 +20,13 @@ def serve(load_bench):
 
 def test_a_serve_job_gives_launch_and_wall_time_and_its_diagnosis(serve, tmp_path):
     res = tmp_path / "r.json"
-    res.write_text(json.dumps({"verdict": "none", "coverage": {"eligible": 123, "lost": 0}}))
+    res.write_text(json.dumps({"verdict": "fault", "coverage": {"eligible": 123, "lost": 0}, "findings": [
+        {"cause": "late_notification", "task_class": "rmsnorm", "layer": 3, "steps": [20, 21, 22],
+         "confidence": 0.71}]}))
     fig = serve.parse("sm", SERVE_LINE, res)
     assert fig["launch_us"] == 3841.0 and fig["wall_us"] == pytest.approx(1.9e6 / 400)
-    assert (fig["verdict"], fig["lost"], fig["eligible"], fig["records_fed"]) == ("none", 0, 123, 0)
+    assert (fig["verdict"], fig["lost"], fig["eligible"], fig["records_fed"]) == ("fault", 0, 123, 0)
+    assert fig["findings"] == ["late_notification rmsnorm layer 3 steps 20-22 conf 0.71"]
 
 
 def test_the_kernel_floor_is_run_s_decode_step(serve, tmp_path):

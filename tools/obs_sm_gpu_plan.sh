@@ -413,6 +413,7 @@
 # Session 46: 110 (new) -- bench/serve.py: the serving loop (tiny, 1b; batch 4, 400 steps, device summaries)
 # with the observer on the workers vs 4 observer SMs, beside the bare kernel (`dtrace-mk run`), rounds alternated.
 # 111 (new): the serving bench's findings and collector dumps (fault-free jobs said `verdict fault` in 110).
+# 112 (new): the reload drained in batches (mk_observer.cuh obs_first_look): the workers' serving findings, then 108.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -759,6 +760,11 @@ case "${1:-}" in
        "timeout 560 python3 bench/serve.py --presets tiny,1b --steps 400 --reps 2 --out ${OUT:-/tmp/out}/serve" ;;
   111) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
        "timeout 300 python3 bench/serve.py --presets tiny,1b --configs workers,sm --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" ;;
+  112) K='not (obssm or recglobal or codesmem or holdeager)'
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
+       "timeout 200 python3 bench/serve.py --presets tiny,1b --configs workers --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" \
+       "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
+       "$(pytv 200 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

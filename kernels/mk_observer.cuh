@@ -536,7 +536,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     dtmk_u32 n = O.n;
     dtmk_u64 *g = obs_state(W);
     const bool reload = O.reload;
-    if (reload) { chunk = chunk && O.lazy; step = ~0u; }   /* lazy: a batch, the tables once the ring is empty */
+    if (reload) { chunk = false; step = ~0u; }
     bool ran = false;
     if (n && lane == 0 && !O.first_seen) {            /* attach latency: first counted event */
         dtmk_u64 first = ~0ull;
@@ -763,8 +763,8 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
- * must be drained at once (nearly full, or new tables without step gates, !O.lazy), 4 for
- * one batch now (3/4 full, or new tables in a resident launch).  A ring of OBS_FULL_AT.. records
+ * must be drained at once (nearly full, or new tables: at a ready look only without step
+ * gates, O.lazy).  A ring of OBS_FULL_AT.. records
  * waits for the spin (not ready) or the next wait (ready): no drain on the critical path. */
 __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef DTMK_OBS_SM
@@ -782,14 +782,8 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #else
     if (rd) W.long_wait = 0;
 #endif
-    if (O.maxc >= O.must_at || (O.reload && !O.lazy)) return 2;   /* all at once */
+    if (O.maxc >= O.must_at || (O.reload && (!rd || !O.lazy))) return 2;   /* all at once */
     if (!rd && OBS_LAGGING(step)) return 2;               /* bounded epoch lag: all, publish */
-    /* new tables in a resident launch (O.lazy), at a look that is not ready: the records taken
-     * under the old tables drain one batch per return to the spin (its table check brings the
-     * next), so a dependency met meanwhile waits for one batch, not the whole ring (the ring
-     * drained at once here showed as late_notification at summary-window rotations, session
-     * 46); the gate of the step the tables are due at still loads them at once */
-    if (O.reload && !rd) return 4;
     /* the site form: the shadow holds an earlier epoch -> flush it in this idle wait
      * (every step: ~40 entries per worker and step, the 128-entry shadow would overflow
      * into the global helpers within OBS_LAG steps) */

@@ -413,7 +413,8 @@
 # Session 46: 110 (new) -- bench/serve.py: the serving loop (tiny, 1b; batch 4, 400 steps, device summaries)
 # with the observer on the workers vs 4 observer SMs, beside the bare kernel (`dtrace-mk run`), rounds alternated.
 # 111 (new): the serving bench's findings and collector dumps (fault-free jobs said `verdict fault` in 110).
-# 112 (new): the reload drained in batches (mk_observer.cuh obs_first_look): the workers' serving findings, then 108.
+# 112 (new): the reload drained in batches (ffbd90d, obs_first_look): the workers' serving findings, then 108 -- exact, neutral,
+# the rotation artefact unchanged: reverted (hooks.md "Session 46").
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -129,13 +129,6 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     assert "O.maxc >= O.must_at" in f
     # 3/4 full (full_at) and the epoch-lag drain only when the first look was not ready
     assert "(!rd && O.maxc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
-    # new tables: at once without step gates; in a resident launch a not-ready look drains
-    # one batch per return to the spin (session 46: the whole ring drained at once there kept
-    # met dependencies waiting -- late_notification at summary-window rotations)
-    assert "(O.reload && !O.lazy)) return 2;" in f and "if (O.reload && !rd) return 4;" in f
-    s = body("obs_sync")
-    assert "if (reload) { chunk = chunk && O.lazy; step = ~0u; }" in s
-    assert "if (lane == 0 && reload && n == 0)" in s          # the tables only once the ring is empty
     w = body("wait_event")
     assert "OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step)" in w
     # the poll count survives a drain chunk (chunks 16 polls apart, not 64)

@@ -1439,41 +1439,30 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
-                bool parked;
-                do {
-                    if (threadIdx.x == 0) {
-                        if (!W.aborted) {
-                            gate_publish(P, W, (dtmk_u64)step);
-                            /* deferred (late) signals still fall due while parked: a peer rank
-                             * may need one to finish the step this rank has finished */
-                            while ((W.gate = gate_look(P, W, step)) == 1) {
-                                post_pending(P, W, false);
+                if (threadIdx.x == 0) {
+                    if (!W.aborted) {
+                        gate_publish(P, W, (dtmk_u64)step);
+                        /* deferred (late) signals still fall due while parked: a peer rank
+                         * may need one to finish the step this rank has finished */
+                        while ((W.gate = gate_look(P, W, step)) == 1) {
+                            post_pending(P, W, false);
 #ifdef DTMK_OBS_SM
-                                if (W.observe) osq_raise(P, W);   /* parked: epochs still become final */
-#elif !defined(DTMK_NO_HOOKS)
-                                /* new device-VM tables while parked: leave to load them now, idle.
-                                 * Loaded after the grant instead, every parked worker drained and
-                                 * reloaded at the step's start (a host-paced serving loop showed
-                                 * late_notification at each summary-window rotation: session 46) */
-                                if (O.tables && ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN) != O.gen_seen)
-                                    break;
+                            if (W.observe) osq_raise(P, W);   /* parked: epochs still become final */
 #endif
-                                __nanosleep(2000);
-                            }
-                            /* what the host wrote while the kernel was parked (hook mask, device-VM
-                             * tables: a query attached at this step boundary) holds from this step */
-                            if (W.gate != 2) refresh_control(P, W, true);
-                        } else {
-                            W.gate = 2;
+                            __nanosleep(2000);
                         }
+                        /* what the host wrote while the kernel was parked (hook mask, device-VM
+                         * tables: a query attached at this step boundary) holds from this step */
+                        if (W.gate == 0) refresh_control(P, W, true);
+                    } else {
+                        W.gate = 2;
                     }
-                    MK_SYNC();
-                    parked = W.gate == 1;      /* read before the barrier below: thread 0 writes W.gate after it */
+                }
+                MK_SYNC();
 #ifndef DTMK_NO_HOOKS
-                    OBS_SYNC_IF(W.gate != 2 && O.reload, false, (dtmk_u32)step);
-                    MK_SYNC();
+                OBS_SYNC_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step);
+                MK_SYNC();
 #endif
-                } while (parked);             /* (still parked after a load: back to the gate) */
             }
             if (W.gate == 2 || W.aborted) { last = step; break; }
             if (threadIdx.x == 0)       /* the host's tail only grows: a stale one is conservative */

@@ -415,8 +415,6 @@
 # 111 (new): the serving bench's findings and collector dumps (fault-free jobs said `verdict fault` in 110).
 # 112 (new): the reload drained in batches (ffbd90d, obs_first_look): the workers' serving findings, then 108 -- exact, neutral,
 # the rotation artefact unchanged: reverted (hooks.md "Session 46").
-# 113 (new): parked workers load new tables at the gate before the grant (megakernel.cu): the workers' tiny
-# serving findings (3 rounds), device summaries, resident + hot attach -- short, for the budget's last minutes.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -768,10 +766,6 @@ case "${1:-}" in
        "timeout 200 python3 bench/serve.py --presets tiny,1b --configs workers --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 200 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
-  113) K='not (obssm or recglobal or codesmem or holdeager)'
-     exec tools/gpu_session.sh "timeout 60 python3 bench/serve.py --presets tiny --configs workers --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" \
-       "$(pytv 60 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
-       "$(pytv 80 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

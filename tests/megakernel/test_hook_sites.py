@@ -136,21 +136,6 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
 
 
-def test_parked_workers_load_new_tables_before_the_grant():
-    """A worker parked at a step gate leaves the park when the device-VM tables change, loads
-    them there (idle) and parks again; loaded after the grant instead, every parked worker
-    drained and reloaded at the step's start (session 46: late_notification at each summary
-    window's rotation when the host paces the serving loop)."""
-    park = SRC[SRC.index("while ((W.gate = gate_look(P, W, step)) == 1) {"):]
-    park = park[:park.index("} while (parked);")]
-    i_gen = park.index("ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN) != O.gen_seen")
-    assert i_gen < park.index("__nanosleep(2000)") and "break;" in park[i_gen:park.index("__nanosleep(2000)")]
-    assert "if (W.gate != 2) refresh_control(P, W, true);" in park     # (sets O.reload while parked too)
-    assert "OBS_SYNC_IF(W.gate != 2 && O.reload, false, (dtmk_u32)step);" in park
-    # W.gate read into `parked` before the barrier after which thread 0 writes it again
-    assert park.index("parked = W.gate == 1;") < park.index("OBS_SYNC_IF(W.gate != 2 && O.reload")
-
-
 # ---- round 4: rare, large drains ---------------------------------------------------------
 
 def test_ring_split_per_hook_and_drained_in_32_record_batches():

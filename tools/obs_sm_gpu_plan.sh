@@ -414,7 +414,9 @@
 # with the observer on the workers vs 4 observer SMs, beside the bare kernel (`dtrace-mk run`), rounds alternated.
 # 111 (new): the serving bench's findings and collector dumps (fault-free jobs said `verdict fault` in 110).
 # 112 (new): the reload drained in batches (ffbd90d, obs_first_look): the workers' serving findings, then 108 -- exact, neutral,
-# the rotation artefact unchanged: reverted (hooks.md "Session 46").
+# the rotation artefact unchanged: reverted (hooks.md "Session 46").  113 (run inline, then removed): parked
+# workers loading new tables at the gate before the grant (57962b1) -- exact (7 + 36 passed), the findings
+# unchanged: reverted too.  hooks.md "Session 46" says what is known of the artefact.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

@@ -12,6 +12,8 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
             device VM (--summaries device) or on the host (host)
   sm        the same with `--observer sm`: the workers only capture; 4 observer SMs of their
             own build the records and run the monitors (kernels/mk_obs_sm.cuh)
+  NAME:wW   workers or sm with `--summary-window W` (device summaries read every W steps
+            instead of 16: e.g. workers,workers:w64)
 
 Figures per job: us/step of launch time (the resident launches' GPU time over the device
 steps they ran, as serve prints it: what the kernel took, its waits for the host at the step
@@ -48,18 +50,29 @@ DECODE = re.compile(r"decode step: mean ([\d.]+) us")
 FED = re.compile(r"(\d+) records fed to the host agent")
 
 
+def config_parts(config: str):
+    """'workers:w64' -> ('workers', 64); 'sm' -> ('sm', None); a ValueError names a bad one."""
+    name, _, opt = config.partition(":")
+    if name not in CONFIGS or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
+        raise ValueError(f"config {config!r}: expected one of {', '.join(CONFIGS)}, workers or sm with :wW "
+                         f"(a summary window of W steps)")
+    return name, (int(opt[1:]) if opt else None)
+
+
 def job_argv(config: str, preset: str, steps: int, batch: int, summaries: str, result: Path) -> list:
-    if config == "kernel":
+    name, window = config_parts(config)
+    if name == "kernel":
         return [sys.executable, "-m", "dtrace_mk", "run", "--backend", "gpu", "--model", preset,
                 "--steps", str(steps), "--batch", str(batch)]
     return [sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", preset,
-            "--steps", str(steps), "--batch", str(batch), "--observer", config,
-            "--summaries", summaries, "--result", str(result)]
+            "--steps", str(steps), "--batch", str(batch), "--observer", name,
+            "--summaries", summaries, "--result", str(result)] + \
+        (["--summary-window", str(window)] if window else [])
 
 
 def parse(config: str, out: str, result: Path) -> dict:
     """One job's figures from its output (and --result file); a ValueError names what is missing."""
-    if config == "kernel":
+    if config_parts(config)[0] == "kernel":
         m = DECODE.search(out)
         if not m:
             raise ValueError(f"kernel: no 'decode step: mean' line in:\n{out[-1500:]}")
@@ -95,7 +108,7 @@ def run_job(config: str, preset: str, a, log, rnd: int = 0) -> dict:
         env.pop("DTRACE_MK_JOB_DIR", None)
         if a.dump and config != "kernel":
             (Path(a.out) / "dumps").mkdir(parents=True, exist_ok=True)
-            env["DTRACE_MK_COLLECTOR_DUMP"] = str(Path(a.out) / "dumps" / f"{preset}_{config}_{rnd}.pkl")
+            env["DTRACE_MK_COLLECTOR_DUMP"] = str(Path(a.out) / "dumps" / f"{preset}_{config.replace(':', '_')}_{rnd}.pkl")
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.job_timeout)
         out = p.stdout + p.stderr
         if p.returncode != 0:
@@ -119,6 +132,10 @@ def bench_preset(preset: str, a, log) -> dict:
             ratios[f"{c}/kernel"] = med[c]["launch_us"] / med[base]["launch_us"]
     if "workers" in configs and "sm" in configs:
         ratios["sm/workers"] = med["sm"]["launch_us"] / med["workers"]["launch_us"]
+    for c in configs:                   # a window's config over the same observer's default window
+        name = config_parts(c)[0]
+        if c != name and name in configs:
+            ratios[f"{c}/{name}"] = med[c]["launch_us"] / med[name]["launch_us"]
     return {"preset": preset, "steps": a.steps, "batch": a.batch, "summaries": a.summaries,
             "median": med, "ratios": ratios, "runs": runs}
 
@@ -129,15 +146,18 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"a subset of {','.join(CONFIGS)}; workers / sm may take :wW (--summary-window W)")
     ap.add_argument("--summaries", choices=("device", "host"), default="device")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds per job")
     ap.add_argument("--dump", action="store_true", help="keep each serve job's collector input under OUT/dumps")
     ap.add_argument("--out", default=".")
     a = ap.parse_args(argv)
-    bad = [c for c in a.configs.split(",") if c not in CONFIGS]
-    if bad:
-        ap.error(f"--configs: unknown {', '.join(bad)} (choose from {', '.join(CONFIGS)})")
+    for c in a.configs.split(","):
+        try:
+            config_parts(c)
+        except ValueError as e:
+            ap.error(f"--configs: {e}")
     from benchio import run_presets
     res = run_presets(a.out, "serve", a.presets, lambda p, log: bench_preset(p, a, log))
     print(f"\n{res['card']}  {res['date']}  {res['commit']}  (median over {a.reps} rounds; us/step)")

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..errors import UserError
-from ..runtime.summary_windows import DEFAULT_SUMMARIES, SUMMARY_MODES
+from ..runtime.summary_windows import DEFAULT_SUMMARIES, DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW, SUMMARY_MODES
 
 from ..megakernel.presets import SIM_WORKERS  # noqa: E402
 DURATION_STEP_CAP = 1_000_000
@@ -259,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "$DTRACE_MK_SUMMARIES): host = every hook record streams to the host agent, which "
                         "then paces the kernel; device = their task half runs in the megakernel's "
                         "device VM, read once per window of steps, and only comm:* records stream")
+    p.add_argument("--summary-window", type=int, default=None, metavar="W",
+                   help=f"gpu backend, --summaries device: decode steps per summary window (default "
+                        f"{DEFAULT_WINDOW}, {MIN_WINDOW}..{MAX_WINDOW}).  Each window costs the host one attach, "
+                        "one read and one flush: larger windows cost less per step, and a step's summary "
+                        "reaches the collector up to W steps later")
     from ..commands.top import add_observer_arguments
     add_observer_arguments(p, "gpu backend, one rank")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
@@ -340,6 +345,9 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "summaries", None) == "device":
         raise UserError("--summaries device: the summaries run in the GPU megakernel's device VM; a sim rank's "
                         "agent runs them over its own records (use --backend gpu, or leave the flag out)")
+    if getattr(args, "summary_window", None) is not None:
+        raise UserError("--summary-window: windows are the GPU backend's device summaries; a sim rank's agent "
+                        "summarizes every step itself (use --backend gpu, or leave the flag out)")
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
@@ -492,6 +500,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
     steps = _steps_of(args)
     summaries = summaries_of(args)
+    window = summary_window_of(args, summaries)
     end = WARMUP + steps                       # device steps served: WARMUP .. end-1 observed
     faults = _faults_of(args)
     _refuse_warmup_faults(faults, WARMUP, end)
@@ -543,7 +552,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     tier = args.tier or os.environ.get("DTRACE_MK_TIER") or "hot"
     dq = host.live_runtime = DeviceQueries(mk, tier=tier)   # live queries run on the device
     if summaries == "device":                  # the agent's task half too, from the first observed step
-        host.summarize_on_device(first_epoch=WARMUP)
+        host.summarize_on_device(first_epoch=WARMUP, window=window)
     # what streams to the host: every record (host summaries), or what `feed` still uses
     stream = "all" if summaries == "host" else host.agent_hooks()
     clock = GpuClock()
@@ -698,6 +707,19 @@ def summaries_of(args) -> str:
     if got not in SUMMARY_MODES:
         raise UserError(f"$DTRACE_MK_SUMMARIES: expected {' or '.join(SUMMARY_MODES)}, got {got!r}")
     return got
+
+
+def summary_window_of(args, summaries: str):
+    """serve_gpu: --summary-window, checked before any kernel is built (None: the default)."""
+    w = getattr(args, "summary_window", None)
+    if w is None:
+        return None
+    if summaries != "device":
+        raise UserError(f"--summary-window {w}: only with device summaries (--summaries device); host "
+                        f"summaries are flushed step by step")
+    if not MIN_WINDOW <= w <= MAX_WINDOW:
+        raise UserError(f"--summary-window: expected {MIN_WINDOW}..{MAX_WINDOW} steps, got {w}")
+    return w
 
 
 def _refuse_warmup_faults(faults: List[Dict[str, Any]], warmup: int, end: int) -> None:

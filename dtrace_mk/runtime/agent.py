@@ -105,6 +105,16 @@ SUMMARY_MAP_ENTRIES = 16384
 #: the host's lag; the largest map per step is @queue_max, one entry per worker (1b on an
 #: H200: 131), so 8192 hold ~60 steps.
 DEVICE_SUMMARY_ENTRIES = 8192
+#: ... sized for the default window (16 steps) and DEVICE_SUMMARY_LAG steps of the host's lag
+DEVICE_SUMMARY_LAG = 44
+
+
+def device_summary_entries(window: int) -> int:
+    """Entries per map of a device summary window of `window` steps: DEVICE_SUMMARY_ENTRIES
+    per 60 steps (window + the host's lag), in whole powers of two of it."""
+    steps = int(window) + DEVICE_SUMMARY_LAG
+    units = -(-steps // (16 + DEVICE_SUMMARY_LAG))
+    return DEVICE_SUMMARY_ENTRIES * (1 << (units - 1).bit_length())
 EVIDENCE_MAP = "dtmk_evidence"
 
 #: Evidence bytes per worker per epoch when the scenario sets no budget: every remote
@@ -295,8 +305,9 @@ class RankAgent:
             raise UserError("agent: escalated evidence holds every task:end run on the host; it does not "
                             "combine with device summaries (RankAgent(escalate=False))")
         comm = compile_summary(self.schema, self.budget, part="comm")
-        tasks = compile_summary(self.schema, self.budget, part="tasks", max_entries=DEVICE_SUMMARY_ENTRIES)
-        self.windows = SummaryWindows(runtime, tasks.obj, first_epoch, window or DEFAULT_WINDOW)
+        window = window or DEFAULT_WINDOW
+        tasks = compile_summary(self.schema, self.budget, part="tasks", max_entries=device_summary_entries(window))
+        self.windows = SummaryWindows(runtime, tasks.obj, first_epoch, window)
         self.rt.detach(self.aid)
         self.rt.forget(self.aid)
         self.summary = comm

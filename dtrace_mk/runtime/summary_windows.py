@@ -64,8 +64,11 @@ SUMMARY_MODES = ("host", "device")
 DEFAULT_SUMMARIES = "device"
 
 #: Decode steps per window: each window is read once (one device-to-host copy of its
-#: maps); the summaries of a step reach the collector within ~W steps.
+#: maps); the summaries of a step reach the collector within ~W steps.  serve's
+#: --summary-window takes MIN_WINDOW..MAX_WINDOW (the agent sizes the maps for it:
+#: agent.device_summary_entries).
 DEFAULT_WINDOW = 16
+MIN_WINDOW, MAX_WINDOW = 2, 256
 
 
 @dataclass
@@ -87,8 +90,8 @@ class SummaryWindows:
     """Windows of one monitor object on a device runtime (module doc)."""
 
     def __init__(self, runtime, obj, first_epoch: int, window: int = DEFAULT_WINDOW):
-        if window < 2:
-            raise UserError(f"summary windows: window must be >= 2 steps, got {window}")
+        if window < MIN_WINDOW:
+            raise UserError(f"summary windows: window must be >= {MIN_WINDOW} steps, got {window}")
         self.rt, self.obj, self.W = runtime, obj, int(window)
         self.live: List[_Window] = []
         self.retiring: List[Tuple[int, int]] = []     # (detached aid, the detach's table generation)

@@ -378,6 +378,32 @@ def test_device_summaries_ship_what_host_summaries_ship_and_only_used_hooks_stre
     assert "summaries on the device" in err and "device summaries: " in err and "windows of 3 steps" in err
 
 
+def test_summary_window_sets_the_device_windows_and_bad_ones_are_refused_before_a_build(monkeypatch, tmp_path,
+                                                                                        capsys):
+    """--summary-window W: the device summaries' windows are W steps from the first observed
+    step; with host summaries, on the sim or outside 2..256 it is refused, no kernel built."""
+    spy = {}
+    mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, extra=("--summaries", "device", "--summary-window", "4"),
+                                   spy=spy, quiet=False)
+    assert [dq.firsts[a] for a in dq.attached[:3]] == [W, W + 4, W + 8]
+    assert sorted(s.epoch for s in spy["summaries"]) == list(range(W, W + STEPS))
+    assert "windows of 4 steps" in capsys.readouterr().err
+    from dtrace_mk.launch import serve
+    built = []
+    monkeypatch.setattr(FakeMegakernel, "__init__", lambda self, *a, **kw: built.append(a) or (_ for _ in ()).throw(
+        AssertionError("a kernel was built")))
+    gpu_args = ["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet"]
+    for extra, want in ((["--summaries", "host", "--summary-window", "8"],
+                         "--summary-window 8: only with device summaries (--summaries device)"),
+                        (["--summary-window", "1"], "--summary-window: expected 2..256 steps, got 1"),
+                        (["--summary-window", "257"], "--summary-window: expected 2..256 steps, got 257")):
+        assert serve.main(gpu_args + extra) != 0
+        assert want in capsys.readouterr().err, extra
+    assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--summary-window", "8"]) != 0
+    assert "--summary-window: windows are the GPU backend's device summaries" in capsys.readouterr().err
+    assert built == []
+
+
 def test_device_summaries_refuse_a_bad_environment_value(monkeypatch, capsys):
     from dtrace_mk.launch import serve
     monkeypatch.delenv("DTRACE_MK_JOB_DIR", raising=False)

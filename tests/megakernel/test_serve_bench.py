@@ -46,3 +46,12 @@ def test_jobs_are_the_user_s_commands(serve, tmp_path):
     assert argv[1:] == ["-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", "1b", "--steps", "400",
                         "--batch", "4", "--observer", "sm", "--summaries", "device", "--result", str(tmp_path / "r.json")]
     assert serve.job_argv("kernel", "tiny", 8, 1, "device", tmp_path / "r.json")[1:4] == ["-m", "dtrace_mk", "run"]
+
+
+def test_a_config_may_name_a_summary_window(serve, tmp_path):
+    argv = serve.job_argv("workers:w64", "tiny", 400, 4, "device", tmp_path / "r.json")
+    assert argv[argv.index("--observer") + 1] == "workers" and argv[-2:] == ["--summary-window", "64"]
+    assert serve.config_parts("sm") == ("sm", None) and serve.config_parts("sm:w8") == ("sm", 8)
+    for bad in ("kernel:w8", "workers:64", "workers:wx", "gpu"):
+        with pytest.raises(ValueError, match="expected one of kernel, workers, sm"):
+            serve.config_parts(bad)

@@ -266,3 +266,20 @@ def test_a_window_counts_only_its_range_and_is_given_back_once_every_worker_load
         assert {c.epoch for c in r.coverage} == set(range(r.first, r.end))
     assert [r.first for r in reads][0] == FIRST and all(a.end == b.first for a, b in zip(reads, reads[1:]))
     assert dev.forgotten and len(dev.forgotten) < len(dev.detached)
+
+
+def test_window_maps_hold_the_window_and_the_host_s_lag():
+    """serve --summary-window W: a window's maps hold W steps plus the host's lag
+    (DEVICE_SUMMARY_LAG), in powers of two of the default's 8192 entries (60 steps of 1b's
+    @queue_max); the default window keeps the default size."""
+    from dtrace_mk.runtime.agent import DEVICE_SUMMARY_ENTRIES, device_summary_entries
+    assert [device_summary_entries(w) for w in (2, 16, 17, 64, 77, 256)] == \
+        [DEVICE_SUMMARY_ENTRIES, DEVICE_SUMMARY_ENTRIES, 2 * DEVICE_SUMMARY_ENTRIES, 2 * DEVICE_SUMMARY_ENTRIES,
+         4 * DEVICE_SUMMARY_ENTRIES, 8 * DEVICE_SUMMARY_ENTRIES]
+    g = build_graph(get_preset("tiny"), BATCH, WORKERS)
+    for window, entries in ((None, DEVICE_SUMMARY_ENTRIES), (64, 2 * DEVICE_SUMMARY_ENTRIES)):
+        a = RankAgent(0, ListChannel(), num_workers=WORKERS, schema=g.schema, escalate=False)
+        a.summarize_on(DeviceModel(WORKERS), 0, window)
+        assert a.windows.W == (window or 16)
+        hashes = [m for m in a.windows.obj.maps if m.type == "hash"]
+        assert hashes and {m.max_entries for m in hashes} == {entries}

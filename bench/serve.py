@@ -6,7 +6,8 @@
 Each config is one job, run as a user runs it (a subprocess, one rank, its own CUDA context):
 
   kernel    `dtrace-mk run --backend gpu`: the build without hook code, one launch of the
-            same steps (no host loop, no monitors): the floor
+            same steps (no host loop, no monitors; every SM a worker, serve leaves one for
+            the clock pairs): the floor
   workers   `python -m dtrace_mk.launch.serve --backend gpu --observer workers`: every hook
             record built on each worker's thread 0, the summary monitors in the workers'
             device VM (--summaries device) or on the host (host)
@@ -107,8 +108,9 @@ def run_job(config: str, preset: str, a, log, rnd: int = 0) -> dict:
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
         env.pop("DTRACE_MK_JOB_DIR", None)
         if a.dump and config != "kernel":
-            (Path(a.out) / "dumps").mkdir(parents=True, exist_ok=True)
-            env["DTRACE_MK_COLLECTOR_DUMP"] = str(Path(a.out) / "dumps" / f"{preset}_{config.replace(':', '_')}_{rnd}.pkl")
+            dumps = Path(a.out) / "dumps"
+            dumps.mkdir(parents=True, exist_ok=True)
+            env["DTRACE_MK_COLLECTOR_DUMP"] = str(dumps / f"{preset}_{config.replace(':', '_')}_{rnd}.pkl")
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.job_timeout)
         out = p.stdout + p.stderr
         if p.returncode != 0:

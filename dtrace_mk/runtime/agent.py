@@ -110,11 +110,14 @@ DEVICE_SUMMARY_LAG = 44
 
 
 def device_summary_entries(window: int) -> int:
-    """Entries per map of a device summary window of `window` steps: DEVICE_SUMMARY_ENTRIES
-    per 60 steps (window + the host's lag), in whole powers of two of it."""
-    steps = int(window) + DEVICE_SUMMARY_LAG
-    units = -(-steps // (16 + DEVICE_SUMMARY_LAG))
+    """Entries per map of a device summary window of `window` steps (serve --summary-window):
+    DEVICE_SUMMARY_ENTRIES per (default window + lag) steps of the window and the host's lag,
+    in whole powers of two of it (8192 up to 16 steps, 16384 up to 76, ...)."""
+    from .summary_windows import DEFAULT_WINDOW
+    units = -(-(int(window) + DEVICE_SUMMARY_LAG) // (DEFAULT_WINDOW + DEVICE_SUMMARY_LAG))
     return DEVICE_SUMMARY_ENTRIES * (1 << (units - 1).bit_length())
+
+
 EVIDENCE_MAP = "dtmk_evidence"
 
 #: Evidence bytes per worker per epoch when the scenario sets no budget: every remote

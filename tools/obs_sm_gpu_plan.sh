@@ -416,7 +416,9 @@
 # 112 (new): the reload drained in batches (ffbd90d, obs_first_look): the workers' serving findings, then 108 -- exact, neutral,
 # the rotation artefact unchanged: reverted (hooks.md "Session 46").  113 (run inline, then removed): parked
 # workers loading new tables at the gate before the grant (57962b1) -- exact (7 + 36 passed), the findings
-# unchanged: reverted too.  hooks.md "Session 46" says what is known of the artefact.
+# unchanged: reverted too.  hooks.md "Session 46" says what is known of the artefact.  Next: 114 (new) --
+# bench/serve.py workers vs workers:w64 (serve --summary-window 64: a quarter of the rotations; does tiny serve
+# faster, do its findings go?); 81 on the x2 kind; 104 on an H200.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -445,6 +447,11 @@ split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --re
 # pytv T ARGS: verbose, so a cut run shows what passed; each ARG quoted (%q) for the stage's bash -c (a -k
 # expression with spaces stays one argument)
 pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider$(printf ' %q' "${@:2}") -rA"; }
+# serve_b T ARGS: bench/serve.py (tiny and 1b, batch 4, 400 steps) into $OUT/serve; SERVE_PRE: its builds
+serve_b() { echo "timeout $1 python3 bench/serve.py --presets tiny,1b --steps 400 ${*:2} --out ${OUT:-/tmp/out}/serve"; }
+SERVE_PRE="timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R"
+# (--dump's collector inputs as one file: a device call brings back only a few files)
+DUMPS_PACK="cd ${OUT:-/tmp/out}/serve && tar czf dumps.tgz dumps && rm -rf dumps"
 # gpc_lp DEFS NAME [T] [CONFIGS]: bench/level_profile.py's per-GPC table of 1b, workers pinned in SM id order, the
 # observers on SMs 0-3 (plan 66's form); gpc_builds X...: the stages precompile + gpc_probe + gpc_lp of $L+X, each X
 gpc_lp() { echo "timeout ${3:-110} python3 bench/level_profile.py --preset 1b --steps 16 --reps 2 --configs ${4:-off,summary} --workers --gpcs ${OUT:-/tmp/out}/gpc/gpc_probe.json --defines $1 --place --observer-smids 0,1,2,3 --out ${OUT:-/tmp/out}/$2"; }
@@ -759,15 +766,13 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $L" \
        "$(pytv 300 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 330 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
-  110) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
-       "timeout 560 python3 bench/serve.py --presets tiny,1b --steps 400 --reps 2 --out ${OUT:-/tmp/out}/serve" ;;
-  111) exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R" \
-       "timeout 300 python3 bench/serve.py --presets tiny,1b --configs workers,sm --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" ;;
+  110) exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 560 --reps 2)" ;;
+  111) exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 300 --configs workers,sm --reps 3 --dump)" "$DUMPS_PACK" ;;
   112) K='not (obssm or recglobal or codesmem or holdeager)'
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
-       "timeout 200 python3 bench/serve.py --presets tiny,1b --configs workers --steps 400 --reps 3 --dump --out ${OUT:-/tmp/out}/serve" \
+     exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 200 --configs workers --reps 3 --dump)" "$DUMPS_PACK" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 200 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
+  114) exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 400 --configs workers,workers:w64 --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

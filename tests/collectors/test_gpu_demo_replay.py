@@ -51,3 +51,42 @@ def test_fault_free_1b_serving_on_the_gpu_has_no_finding(tmp_path):
     res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
     assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
     assert res["coverage"]["eligible"] == res["coverage"]["executed"] > 0
+
+
+def _tiny_rotations(tmp_path):
+    from dtrace_mk.exporters import load_records
+    p = tmp_path / "r.records.msgpack"
+    p.write_bytes(gzip.decompress((DATA / "gpu_serve_tiny_rotations.records.msgpack.gz").read_bytes()))
+    return load_records(str(p))
+
+
+# Real records of fault-free tiny serving (1 rank, batch 4, 400 steps, device summaries in
+# windows of 16 steps, the workers' build; NVIDIA H100 80GB HBM3, commit 2c048f9, session 46:
+# bench/serve.py --dump).  Every such job said `verdict fault` (docs/results/hooks.md
+# "Session 46").  The host's window work parks the kernel 7-10 ms before steps 21, 37, ...
+# (5 mod 16); two steps later one class's summed notification lag jumps ~20 us.
+
+
+def test_fault_free_tiny_serving_findings_sit_two_steps_after_each_window_park(tmp_path):
+    """What the diagnosis says of these records now: late_notification only, below the
+    display's confidence, at steps two after a long park (or one lone step)."""
+    from dtrace_mk.collectors.diagnose import diagnose
+    rs = _tiny_rotations(tmp_path)
+    s = sorted(rs.summaries, key=lambda x: x.epoch)
+    assert len(s) == 400
+    parks = {b.epoch for a, b in zip(s, s[1:]) if b.begin_ns - a.end_ns > 5_000_000}
+    assert parks and all(e % 16 == 5 for e in parks), sorted(parks)
+    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    assert res["findings"] and all(f["cause"] == "late_notification" and f["confidence"] < CONFIDENT
+                                   for f in res["findings"]), res["findings"]
+    after_park = [st for f in res["findings"] for st in f["steps"] if st - 2 in parks]
+    assert len(after_park) >= 0.8 * sum(len(f["steps"]) for f in res["findings"])
+
+
+@pytest.mark.xfail(strict=True, reason="open (session 46): a ~20 us notification lag two steps after each "
+                                       "summary window's park reads as late_notification; cause not found")
+def test_fault_free_tiny_serving_on_the_gpu_has_no_finding(tmp_path):
+    from dtrace_mk.collectors.diagnose import diagnose
+    rs = _tiny_rotations(tmp_path)
+    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    assert res["verdict"] == "none", res["findings"]

@@ -91,3 +91,24 @@ def test_fault_free_tiny_serving_on_the_gpu_has_no_finding(tmp_path):
     rs = _tiny_rotations(tmp_path)
     res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
     assert res["verdict"] == "none", res["findings"]
+
+
+def test_replay_steps_prints_each_epoch_s_gap_length_and_class_lags(tmp_path):
+    """collectors.replay --steps: one line per epoch -- the park before step 21 (8.3 ms), the
+    back-to-back steps 23-24 after it, and qkv's notification lag at 23 -- and a range the
+    rank does not hold is an error naming what it holds."""
+    from dtrace_mk.collectors.replay import _range, step_table
+    rs = _tiny_rotations(tmp_path)
+    lines = step_table(rs.summaries, 20, 24).splitlines()
+    head = lines[0].split()
+    assert head[:3] == ["step", "gap_us", "len_us"] and head[3:5] == ["rmsnorm", "qkv"]
+    rows = {int(x.split()[0]): x.split() for x in lines[2:]}
+    assert sorted(rows) == [20, 21, 22, 23, 24]
+    assert float(rows[21][1]) > 5000 and float(rows[24][1]) < 10          # the park; back to back
+    qkv = {e: float(r[4].split("/")[0]) for e, r in rows.items()}          # (lag/wait cells after len)
+    assert qkv[23] > 20 and all(v < 6 for e, v in qkv.items() if e != 23), qkv
+    with pytest.raises(ValueError, match=r"rank 0 has no epoch there \(2\.\.401 held\)"):
+        step_table(rs.summaries, 900, 910)
+    assert _range("20-24") == (20, 24) and _range("7") == (7, 7)
+    with pytest.raises(ValueError, match="expected A-B or A"):
+        _range("x-3")

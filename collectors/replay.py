@@ -19,9 +19,14 @@ import sys
 from .diagnose import diagnose
 
 
-def replay(path: str) -> dict:
+def load(path: str) -> dict:
+    """The collector's input as the job dumped it (diagnose.DUMP_ENV)."""
     with open(path, "rb") as f:
-        d = pickle.load(f)
+        return pickle.load(f)
+
+
+def replay(path: str) -> dict:
+    d = load(path)
     return diagnose(d["summaries"], d["waits"], d["signals"], d["clock_samples"], d["scenario"],
                     pingpongs=d["pingpongs"], lost_ranks=d["lost_ranks"], **d["kw"])
 
@@ -61,8 +66,7 @@ def main(argv=None) -> int:
         print(__doc__)
         return 0 if argv else 2
     if "--steps" in argv:
-        with open(argv[0], "rb") as f:
-            d = pickle.load(f)
+        d = load(argv[0])
         i = argv.index("--steps")
         try:
             lo, hi = _range(argv[i + 1] if i + 1 < len(argv) else "")

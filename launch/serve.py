@@ -633,8 +633,10 @@ def serve_gpu(args: argparse.Namespace) -> int:
         for j in feed_until(done):
             st["k"] = k = j + 1
             # (the windows' reads and the next window's attach before the grant: tried after
-            # it in session 45 so the kernel would run meanwhile -- the attach's table then
-            # reached the workers mid-step and tiny showed late_notification at rotations)
+            # it in session 45 so the kernel would run meanwhile, and reverted on a
+            # late_notification at rotations in tiny; session 46 saw that artefact with this
+            # order too -- likely the workers' long-wait drains after the grants' burst,
+            # docs/results/hooks.md -- so the order is not its cause, and not re-measured)
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
             if k % RETIRE_EVERY == 0:

@@ -414,6 +414,9 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
     dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
+    /* when this static task's dependency was seen met while warp 0 drained the observer
+     * (0: not during a drain): task:ready is stamped with it, DTMK_FLAG_OBS_DELAY set */
+    dtmk_u64 t_seen;
 #ifdef DTMK_OBS_SM
     dtmk_u64 osq_head, osq_tail;             /* worker thread 0: entries pushed; the observer's tail last read */
     dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it
@@ -804,6 +807,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             /* task:dispatch / task:begin: captured (stamp t_begin); whose records they are */
             W.pend |= pend | HOOKS_ANY(W, HK_BIT(TASK_DISPATCH) | HK_BIT(TASK_BEGIN));
             W.pend_t = t; W.pend_step = step; W.pend_flags = f.flags;
+#ifndef DTMK_OBS_SM
+            if (plan && W.t_seen) W.pend_flags |= DTMK_FLAG_OBS_DELAY;   /* task:ready at t_seen */
+#endif
 #endif
         }
     }
@@ -981,6 +987,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+        /* ready at the first look and draining before the task: it was ready now */
+        W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
+        s_drain_busy = 1;
+#endif
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
@@ -1000,7 +1011,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_IF((first & 6), !(first & 2), (dtmk_u32)step);
+    OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, (first & 1) ? -1 : e, target);
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1093,6 +1104,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                     break;
                 }
             }
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+            s_drain_busy = 1;            /* a drain may follow: its poller polls until warp 0 clears it */
+#endif
         }
         MK_SYNC();
         int ready = W.ready, aborted = W.aborted, dt = W.dyn_task, ds = W.dyn_step;
@@ -1107,7 +1121,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step);
+        OBS_SYNC_WAIT_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, e, target);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
@@ -1122,15 +1136,24 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
     }
     if (threadIdx.x == 0) {
         dtmk_u64 now = mk_now();
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+        /* the event seen met by the drain's poller (obs_sync_cta), else at `now` */
+        const dtmk_u64 seen = s_seen;
+        s_seen = 0;
+        W.t_seen = seen;
+#else
+        const dtmk_u64 seen = 0;
+#endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
             if (W.observe) {
-                W.dep_wait = now - t0;
+                const dtmk_u64 met = seen ? seen : now;
+                W.dep_wait = met - t0;
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
 #ifndef DTMK_NO_HOOKS
                 /* dep:release: captured (stamp, wait in dep_wait), built after the task's
                  * release signal (hook_flush); nothing of the previous task is pending */
-                if (t >= 0) { W.pend = HOOKS_ANY(W, HK_BIT(DEP_RELEASE)); W.ts_rel = now; }
+                if (t >= 0) { W.pend = HOOKS_ANY(W, HK_BIT(DEP_RELEASE)); W.ts_rel = met; }
 #endif
             }
         }
@@ -1297,6 +1320,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+        s_seen = 0; W.t_seen = 0;
+#endif
 #ifdef DTMK_OBS_SM
         s_osq_obs = blockIdx.x + DTMK_OBS_SMS >= gridDim.x ? blockIdx.x + DTMK_OBS_SMS + 1 - gridDim.x : 0u;   /* (-DDTMK_SM_WORKER: the map's say) */
         if (s_osq_obs) W.worker = 0;               /* (its observer-state row: 0's) */

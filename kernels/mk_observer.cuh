@@ -751,15 +751,44 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
-/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
-__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+#ifndef DTMK_OBS_SM
+/* The drain's poller.  A drain inside a dependency wait (a 32-record batch: ~10-15 us)
+ * runs on warp 0, whose thread 0 is the wait's only poller: an event met meanwhile was
+ * seen only at its end, so task:ready and dep:release came late by up to a batch and the
+ * monitor's own cost read as the producer's notification lag (session 46's fault-free
+ * late_notification findings two steps after each summary-window park).  Now warp 1's
+ * lane 0 polls the awaited event while warp 0 drains and stamps s_seen when it is met;
+ * those stamps then name the task (DTMK_FLAG_OBS_DELAY, W.t_seen).  The task still starts
+ * after the drain: that delay is the monitor's and stays in the timeline (ready -> dispatch
+ * stamps), out of the wait quantities the collector's detectors read. */
+__shared__ dtmk_u64 s_seen;                    /* 0: not seen met during a drain (thread 0 clears) */
+__shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the drain's barrier, cleared by
+                                                * warp 0 after the drain: the poller stops */
+#endif
+/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller);
+ * poll_e >= 0: inside a dependency wait on counter poll_e >= poll_target (the poller) */
+__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step,
+                                          int poll_e = -1, dtmk_u64 poll_target = 0) {
     DTMK_PROF_BEGIN(prof_c0);
-    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+    if (threadIdx.x < 32) {
+        obs_sync(P, W, chunk, step);
+#ifndef DTMK_OBS_SM
+        if (threadIdx.x == 0) s_drain_busy = 0;
+#endif
+    }
+#ifndef DTMK_OBS_SM
+    else if (threadIdx.x == 32 && poll_e >= 0) {
+        while (s_drain_busy)
+            if (ev_ld_acquire(P, (dtmk_u64 *)P.events + poll_e) >= poll_target) { s_seen = mk_now(); break; }
+    }
+#endif
 #ifdef DTMK_OBS_PROF
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+/* the same inside wait_event's dependency wait on (e, target): the poller runs */
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, e, target) do { if (cond) obs_sync_cta(P, W, chunk, step, e, target); } while (0)
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
@@ -801,6 +830,7 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #endif
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, e, target) do { } while (0)
 #endif
 
 #ifdef HK_SITE_FORM

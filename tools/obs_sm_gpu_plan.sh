@@ -419,6 +419,8 @@
 # unchanged: reverted too.  hooks.md "Session 46" says what is known of the artefact.  Next: 114 (new) --
 # bench/serve.py workers vs workers:w64 (serve --summary-window 64: a quarter of the rotations; does tiny serve
 # faster, do its findings go?); 81 on the x2 kind; 104 on an H200.
+# Session 47: 115 (new) -- the drain's poller (warp 1 polls the awaited event while warp 0 drains; FLAG_OBS_DELAY):
+# test_obs_ring.py (its new stamp test), then the serving bench's findings (workers, tiny and 1b, dumps).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -773,6 +775,8 @@ case "${1:-}" in
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 200 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
   114) exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 400 --configs workers,workers:w64 --reps 3 --dump)" "$DUMPS_PACK" ;;
+  115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
+       "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \
        "$(pytv 200 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" "$(pytv 300 tests/gpu/test_compiled_tier.py)" ;;
   81) T="tests/gpu/test_tp.py tests/gpu/test_tp_baseline.py tests/gpu/test_diagnose_gpu.py"

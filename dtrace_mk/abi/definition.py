@@ -91,8 +91,13 @@ FLAG_REMOTE = 1 << 0        # the event is owned by / signalled from a remote ra
 FLAG_FAULT = 1 << 1         # a fault-table entry modified this task
 FLAG_DYNAMIC = 1 << 2       # task came from the dynamic (MoE) queue, not a static plan
 FLAG_TRACE_DROP = 1 << 3    # the built-in full trace dropped records before this one
+# The worker's own observer (a device-VM drain on its warp 0) ran while this task's
+# dependency was met: task:ready and dep:release carry the moment a second warp saw it met,
+# task:dispatch comes after the drain and its wait_ns leaves the drain out, so
+# ready.ts + dispatch.wait_ns < dispatch.ts by the monitor's own delay (GPU hook build only).
+FLAG_OBS_DELAY = 1 << 4
 FLAGS = {"REMOTE": FLAG_REMOTE, "FAULT": FLAG_FAULT, "DYNAMIC": FLAG_DYNAMIC,
-         "TRACE_DROP": FLAG_TRACE_DROP}
+         "TRACE_DROP": FLAG_TRACE_DROP, "OBS_DELAY": FLAG_OBS_DELAY}
 
 NONE_U32 = 0xFFFFFFFF       # "no layer / no expert / no peer"
 
@@ -128,7 +133,8 @@ HOOKS: Tuple[Hook, ...] = (
          "a task's dependency is met and it enters a ready queue",
          _TASK + ("event_id", "event_gen", "queue_depth")),
     Hook(2, "task:dispatch", "task/dispatch",
-         "the scheduler hands a ready task to a worker; wait_ns = ready to dispatch",
+         "the scheduler hands a ready task to a worker; wait_ns = ready to dispatch "
+         "(less the worker's own observer drain: FLAG_OBS_DELAY)",
          _TASK + ("queue_depth", "wait_ns")),
     Hook(3, "task:begin", "task/begin",
          "the task body starts (after its dependency wait); wait_ns = dependency wait",

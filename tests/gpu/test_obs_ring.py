@@ -55,3 +55,45 @@ def test_few_workers_many_records_match_reference(which, defines):
             assert drained / drains >= 8, (drained, drains)
     finally:
         live.detach(aid)
+
+
+def test_drain_poller_stamps_ready_and_release_when_seen_met():
+    """Session 47: a drain inside a dependency wait (warp 0, ~10-15 us a batch) used to
+    hide the event's arrival from the wait's only poller, so task:ready / dep:release came
+    late and the monitor's cost read as notification lag.  Warp 1 now polls during the
+    drain: a task whose event it saw met carries FLAG_OBS_DELAY, task:ready and dep:release
+    at that moment, and a dispatch wait that leaves the drain out; every other task keeps
+    ready + dispatch.wait_ns == dispatch exactly."""
+    import numpy as np
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.runtime.live import LiveSession
+    mk = gpu.Megakernel(PRESETS["tiny"], batch=2, num_workers=6, seed=0)
+    live = LiveSession(mk)
+    mon = compile_query(QUERIES["three"], mk.graph.schema, name="<drain poller>")
+    aid = live.attach(mon.obj)
+    try:
+        live.start(12, hooks="all")
+        h = live.wait().hooks
+    finally:
+        live.detach(aid)
+    key = lambda r: (int(r["worker"]), int(r["decode_step"]), int(r["task_index"]))  # noqa: E731
+    of = lambda name: {key(r): r for r in h[h["hook"] == D.hook(name).id] if not r["flags"] & D.FLAG_DYNAMIC}  # noqa: E731
+    ready, disp, rel = of("task:ready"), of("task:dispatch"), of("dep:release")
+    assert ready and set(ready) == set(disp)
+    delayed = [k for k, d in disp.items() if d["flags"] & D.FLAG_OBS_DELAY]
+    assert delayed, "no dependency met during a drain: the poller never ran"
+    for k, d in disp.items():
+        r = ready[k]
+        assert (r["flags"] & D.FLAG_OBS_DELAY) == (d["flags"] & D.FLAG_OBS_DELAY), k
+        gap = int(d["ts_ns"]) - int(d["wait_ns"]) - int(r["ts_ns"])   # the drain after the event was met
+        if d["flags"] & D.FLAG_OBS_DELAY:
+            assert gap > 0, (k, gap)
+            if k in rel:                                              # (not ready at its first look)
+                assert int(rel[k]["ts_ns"]) == int(r["ts_ns"]), k
+        else:
+            assert gap == 0, (k, gap)
+    gaps = np.array([int(disp[k]["ts_ns"]) - int(disp[k]["wait_ns"]) - int(ready[k]["ts_ns"]) for k in delayed])
+    print(f"drain poller: {len(delayed)} of {len(disp)} tasks seen met during a drain, "
+          f"median delay {np.median(gaps) / 1e3:.2f} us, max {gaps.max() / 1e3:.2f} us")

@@ -130,10 +130,33 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     # 3/4 full (full_at) and the epoch-lag drain only when the first look was not ready
     assert "(!rd && O.maxc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
     w = body("wait_event")
-    assert "OBS_SYNC_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step)" in w
+    assert "OBS_SYNC_WAIT_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step)" in w
     # the poll count survives a drain chunk (chunks 16 polls apart, not 64)
     assert "unsigned it = 0;" in w and "for (unsigned it" not in w
     assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
+
+
+def test_a_drain_inside_a_wait_has_a_poller_that_stamps_the_event_seen_met():
+    """Session 47: both drains of a dependency wait (at the first look, in the spin) pass the
+    awaited event to obs_sync_cta, whose warp-1 lane 0 polls it while warp 0 drains; a first
+    look that was ready passes none (its task was ready then: t_seen is that look's stamp).
+    The wait's end stamps dep:release and the dependency wait at the moment seen, task:ready
+    takes it through the task's FLAG_OBS_DELAY, and the dispatch wait still counts from
+    run_task's own stamp (the drain left out)."""
+    c = body("obs_sync_cta")
+    assert "threadIdx.x == 32 && poll_e >= 0" in c and "while (s_drain_busy)" in c
+    assert "s_seen = mk_now()" in c and "s_drain_busy = 0" in c
+    w = body("wait_event")
+    assert "OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, (first & 1) ? -1 : e, target)" in w
+    assert "OBS_SYNC_IF(" not in w                   # every drain in a wait has the poller
+    assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
+    assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w
+    assert "W.dep_wait = met - t0" in w
+    r = body("run_task")
+    assert "if (plan && W.t_seen) W.pend_flags |= DTMK_FLAG_OBS_DELAY;" in r
+    f = body("hook_flush")
+    assert "if (flags & DTMK_FLAG_OBS_DELAY) ts = W.t_seen;" in f
+    assert "wait = t_begin - t_ready" in f
 
 
 # ---- round 4: rare, large drains ---------------------------------------------------------
@@ -191,7 +214,7 @@ def test_no_record_built_between_readiness_and_the_release_signal():
     assert re.findall(r"\bhook_\w+\(", before_sig) == ["hook_hold("]
     we = body("wait_event")
     tail = we[we.rindex("for (;;)"):]
-    assert "W.ts_rel = now" in tail and "hook_event(P, W, DTMK_HOOK_DEP_RELEASE" not in SRC
+    assert "W.ts_rel = met" in tail and "hook_event(P, W, DTMK_HOOK_DEP_RELEASE" not in SRC
     for h in ("DEP_RELEASE", "TASK_READY", "QUEUE_PRESSURE", "COMM_WAIT", "TASK_DISPATCH", "TASK_BEGIN"):
         assert "hook_event(P, W, DTMK_HOOK_" + h not in rt + we, h
 

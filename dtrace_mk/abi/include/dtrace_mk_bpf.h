@@ -17,7 +17,7 @@ typedef signed long long dtmk_s64;
 
 /* Hook points */
 #define DTMK_HOOK_TASK_READY 1 /* task:ready: a task's dependency is met and it enters a ready queue */
-#define DTMK_HOOK_TASK_DISPATCH 2 /* task:dispatch: the scheduler hands a ready task to a worker; wait_ns = ready to dispatch */
+#define DTMK_HOOK_TASK_DISPATCH 2 /* task:dispatch: the scheduler hands a ready task to a worker; wait_ns = ready to dispatch (less the worker's own observer drain: FLAG_OBS_DELAY) */
 #define DTMK_HOOK_TASK_BEGIN 3 /* task:begin: the task body starts (after its dependency wait); wait_ns = dependency wait */
 #define DTMK_HOOK_TASK_END 4 /* task:end: the task body finished; event_id/event_gen = the event it signals */
 #define DTMK_HOOK_DEP_WAIT 5 /* dep:wait: a task starts waiting on an event that has not reached its target */
@@ -33,6 +33,7 @@ typedef signed long long dtmk_s64;
 #define DTMK_FLAG_FAULT 0x2u
 #define DTMK_FLAG_DYNAMIC 0x4u
 #define DTMK_FLAG_TRACE_DROP 0x8u
+#define DTMK_FLAG_OBS_DELAY 0x10u
 
 /* Context record: fixed size, naturally aligned, read-only for monitors */
 struct dtmk_ctx {

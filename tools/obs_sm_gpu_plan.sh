@@ -421,6 +421,8 @@
 # faster, do its findings go?); 81 on the x2 kind; 104 on an H200.
 # Session 47: 115 (new) -- the drain's poller (warp 1 polls the awaited event while warp 0 drains; FLAG_OBS_DELAY):
 # test_obs_ring.py (its new stamp test), then the serving bench's findings (workers, tiny and 1b, dumps).
+# 116 (new): the serving bench, .snap/base.tar's tree (the commit before the poller) and this one alternated,
+# three rounds each (1b, tiny; workers; dumps): findings and us/step side by side.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -775,6 +777,12 @@ case "${1:-}" in
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 200 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
   114) exec tools/gpu_session.sh "$SERVE_PRE" "$(serve_b 400 --configs workers,workers:w64 --reps 3 --dump)" "$DUMPS_PACK" ;;
+  116) O=${OUT:-/tmp/out}; B=/tmp/wb; N=$(pwd); OC=$(cat .snap/base_commit 2>/dev/null || echo base); NC=$(cat .snap/commit)
+     # sv DIR NAME COMMIT: that tree installed, then one round of the serving bench (1b, tiny; workers; dumps)
+     sv() { echo "cd $1 && python3 -m pip install -q --no-deps --no-build-isolation -e . && DTMK_COMMIT=$3 timeout 170 python3 bench/serve.py --presets 1b,tiny --steps 400 --configs workers --reps 1 --dump --out $O/$2"; }
+     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && cd $B && python3 -m pip install -q --no-deps --no-build-isolation -e . && timeout 150 python3 tools/precompile.py '' $R" \
+       "$(sv $B old1 $OC)" "$(sv $N new1 $NC)" "$(sv $B old2 $OC)" "$(sv $N new2 $NC)" "$(sv $B old3 $OC)" "$(sv $N new3 $NC)" \
+       "cd $O && tar czf ab_dumps.tgz */dumps && rm -rf */dumps && grep -h 'workers:' */serve.log" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
        "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \

@@ -1,0 +1,68 @@
+"""Where a hook build's dispatch waits and notification lags sit, task by task (GPU).
+
+    python tools/dispatch_probe.py [--preset 1b] [--batch 4] [--steps 60] [--reps 2]
+
+Runs the preset with the agent's device summary query (monitors/summary_tasks.d) attached hot
+and every hook streamed (hooks="all"), then prints per task class: tasks, tasks flagged
+FLAG_OBS_DELAY (their dependency seen met while the worker's observer drained), the dispatch
+wait (task:dispatch wait_ns) mean / p90 / p99 / max for flagged and other tasks, and the
+ready - dispatch stamp gap of flagged ones (the drain after the event was met).  Session 47
+wrote it to find why the drain's poller raised 1b's mlp_down dispatch-wait tail in serving."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args(argv)
+    from dtrace_mk.abi import definition as D
+    from dtrace_mk.lang.pipeline import compile_query
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.graph import CLASS_IDS
+    from dtrace_mk.megakernel.presets import PRESETS
+    from dtrace_mk.runtime.agent import SUMMARY_PARTS
+    from dtrace_mk.runtime.live import LiveSession
+    names = {v: k for k, v in CLASS_IDS.items()}
+    flag = getattr(D, "FLAG_OBS_DELAY", 0)
+    mk = gpu.Megakernel(PRESETS[a.preset], batch=a.batch, seed=0)
+    mon = compile_query(SUMMARY_PARTS["tasks"].read_text(), mk.graph.schema, name="<summary tasks>")
+    rows, dropped = {}, 0
+    live = LiveSession(mk)
+    aid = live.attach(mon.obj)
+    for _ in range(a.reps):
+        live.start(a.steps, hooks="all")
+        res = live.wait()
+        dropped += int(res.hooks_dropped)
+        h = res.hooks
+        h = h[h["decode_step"] >= 2]                       # (warm-up steps out)
+        ready = {(int(r["worker"]), int(r["decode_step"]), int(r["task_index"])): int(r["ts_ns"])
+                 for r in h[h["hook"] == D.hook("task:ready").id]}
+        for r in h[(h["hook"] == D.hook("task:dispatch").id) & ((h["flags"] & D.FLAG_DYNAMIC) == 0)]:
+            k = (int(r["worker"]), int(r["decode_step"]), int(r["task_index"]))
+            fl = bool(int(r["flags"]) & flag) if flag else False
+            d = rows.setdefault(names.get(int(r["task_class"]), r["task_class"]), {True: [], False: [], "gap": []})
+            d[fl].append(int(r["wait_ns"]))
+            if fl and k in ready:
+                d["gap"].append(int(r["ts_ns"]) - int(r["wait_ns"]) - ready[k])
+    live.detach(aid)
+    q = lambda v: (f"{np.mean(v) / 1e3:6.2f} {np.percentile(v, 90) / 1e3:6.2f} {np.percentile(v, 99) / 1e3:6.2f} "  # noqa: E731
+                   f"{np.max(v) / 1e3:7.2f}" if v else f"{'-':>6} {'-':>6} {'-':>6} {'-':>7}")
+    print(f"{a.preset} batch {a.batch}, {a.steps} steps x {a.reps}, summary_tasks.d hot, hooks streamed "
+          f"({dropped} records dropped); us")
+    print(f"{'class':14} {'tasks':>6} {'flag':>5}   other: mean    p90    p99     max   flagged: mean    p90    p99     max"
+          f"   gap med")
+    for c, d in rows.items():
+        g = f"{np.median(d['gap']) / 1e3:7.2f}" if d["gap"] else "      -"
+        print(f"{c:14} {len(d[True]) + len(d[False]):6d} {len(d[True]):5d}          {q(d[False])}            {q(d[True])}   {g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -989,7 +989,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.first = rd;
 #if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
         /* ready at the first look and draining before the task: it was ready now */
+#ifndef DTMK_NO_DRAIN_POLL
         W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
+#else
+        W.t_seen = 0;
+#endif
         s_drain_busy = 1;
 #endif
         if (!(rd & 1)) {

@@ -760,7 +760,8 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
  * lane 0 polls the awaited event while warp 0 drains and stamps s_seen when it is met;
  * those stamps then name the task (DTMK_FLAG_OBS_DELAY, W.t_seen).  The task still starts
  * after the drain: that delay is the monitor's and stays in the timeline (ready -> dispatch
- * stamps), out of the wait quantities the collector's detectors read. */
+ * stamps), out of the wait quantities the collector's detectors read.  -DDTMK_NO_DRAIN_POLL
+ * (measurement only): no poller, the stamps of before (at the drain's end). */
 __shared__ dtmk_u64 s_seen;                    /* 0: not seen met during a drain (thread 0 clears) */
 __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the drain's barrier, cleared by
                                                 * warp 0 after the drain: the poller stops */
@@ -776,10 +777,19 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
         if (threadIdx.x == 0) s_drain_busy = 0;
 #endif
     }
-#ifndef DTMK_OBS_SM
+#if !defined(DTMK_OBS_SM) && !defined(DTMK_NO_DRAIN_POLL)
     else if (threadIdx.x == 32 && poll_e >= 0) {
-        while (s_drain_busy)
-            if (ev_ld_acquire(P, (dtmk_u64 *)P.events + poll_e) >= poll_target) { s_seen = mk_now(); break; }
+        /* a relaxed load: the poller only stamps the moment; thread 0's next poll is the
+         * acquire that orders the task after the event (-DDTMK_DRAIN_POLL_ACQ: acquire here too) */
+        const dtmk_u64 *ev = (const dtmk_u64 *)P.events + poll_e;
+        while (s_drain_busy) {
+#ifdef DTMK_DRAIN_POLL_ACQ
+            const dtmk_u64 v = ev_ld_acquire(P, ev);
+#else
+            const dtmk_u64 v = ev_ld_relaxed(P.ranks > 1, ev);
+#endif
+            if (v >= poll_target) { s_seen = mk_now(); break; }
+        }
     }
 #endif
 #ifdef DTMK_OBS_PROF

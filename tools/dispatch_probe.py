@@ -1,6 +1,6 @@
 """Where a hook build's dispatch waits and notification lags sit, task by task (GPU).
 
-    python tools/dispatch_probe.py [--preset 1b] [--batch 4] [--steps 60] [--reps 2]
+    python tools/dispatch_probe.py [--preset 1b] [--batch 4] [--steps 60] [--reps 2] [--defines D1+D2]
 
 Runs the preset with the agent's device summary query (monitors/summary_tasks.d) attached hot
 and every hook streamed (hooks="all"), then prints per task class: tasks, tasks flagged
@@ -21,6 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--defines", default="", help="compile-time variants, '+'-joined (e.g. DTMK_NO_DRAIN_POLL)")
     a = ap.parse_args(argv)
     from dtrace_mk.abi import definition as D
     from dtrace_mk.lang.pipeline import compile_query
@@ -31,7 +32,8 @@ def main(argv=None) -> int:
     from dtrace_mk.runtime.live import LiveSession
     names = {v: k for k, v in CLASS_IDS.items()}
     flag = getattr(D, "FLAG_OBS_DELAY", 0)
-    mk = gpu.Megakernel(PRESETS[a.preset], batch=a.batch, seed=0)
+    defines = tuple(d for d in a.defines.split("+") if d)
+    mk = gpu.Megakernel(PRESETS[a.preset], batch=a.batch, seed=0, defines=defines)
     mon = compile_query(SUMMARY_PARTS["tasks"].read_text(), mk.graph.schema, name="<summary tasks>")
     rows, dropped = {}, 0
     live = LiveSession(mk)
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
     live.detach(aid)
     q = lambda v: (f"{np.mean(v) / 1e3:6.2f} {np.percentile(v, 90) / 1e3:6.2f} {np.percentile(v, 99) / 1e3:6.2f} "  # noqa: E731
                    f"{np.max(v) / 1e3:7.2f}" if v else f"{'-':>6} {'-':>6} {'-':>6} {'-':>7}")
-    print(f"{a.preset} batch {a.batch}, {a.steps} steps x {a.reps}, summary_tasks.d hot, hooks streamed "
+    print(f"{a.preset} batch {a.batch}, defines {a.defines or '(default)'}, {a.steps} steps x {a.reps}, summary_tasks.d hot, hooks streamed "
           f"({dropped} records dropped); us")
     print(f"{'class':14} {'tasks':>6} {'flag':>5}   other: mean    p90    p99     max   flagged: mean    p90    p99     max"
           f"   gap med")

@@ -423,7 +423,8 @@
 # test_obs_ring.py (its new stamp test), then the serving bench's findings (workers, tiny and 1b, dumps).
 # 116 (new): the serving bench, .snap/base.tar's tree (the commit before the poller) and this one alternated,
 # three rounds each (1b, tiny; workers; dumps): findings and us/step side by side.
-# 117 (new): tools/dispatch_probe.py, base and this tree alternated: 1b's dispatch waits task by task, flagged or not.
+# 117 (new): tools/dispatch_probe.py on 1b: no poller (-DDTMK_NO_DRAIN_POLL, the stamps of before) / the relaxed
+# poller (default) / the acquire poller (-DDTMK_DRAIN_POLL_ACQ, a66c5f7's), alternated: dispatch waits task by task.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -784,11 +785,12 @@ case "${1:-}" in
      exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && cd $B && python3 -m pip install -q --no-deps --no-build-isolation -e . && timeout 150 python3 tools/precompile.py '' $R" \
        "$(sv $B old1 $OC)" "$(sv $N new1 $NC)" "$(sv $B old2 $OC)" "$(sv $N new2 $NC)" "$(sv $B old3 $OC)" "$(sv $N new3 $NC)" \
        "cd $O && tar czf ab_dumps.tgz */dumps && rm -rf */dumps && grep -h 'workers:' */serve.log" ;;
-  117) O=${OUT:-/tmp/out}; B=/tmp/wb; N=$(pwd)
-     # dp DIR NAME: that tree installed, then tools/dispatch_probe.py (this tree's copy) on 1b, batch 4
-     dp() { echo "cd $1 && python3 -m pip install -q --no-deps --no-build-isolation -e . && timeout 120 python3 $N/tools/dispatch_probe.py --preset 1b --batch 4 --steps 60 --reps 2 | tee $O/$2.txt"; }
-     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B && cd $B && python3 -m pip install -q --no-deps --no-build-isolation -e . && timeout 150 python3 tools/precompile.py '' $R" \
-       "$(dp $B old1)" "$(dp $N new1)" "$(dp $B old2)" "$(dp $N new2)" ;;
+  117) O=${OUT:-/tmp/out}
+     # dp PRESET DEFINES NAME: tools/dispatch_probe.py (batch 4, summary_tasks.d hot, hooks streamed) of that build
+     dp() { echo "timeout 110 python3 tools/dispatch_probe.py --preset $1 --batch 4 --steps 60 --reps 2 --defines '$2' | tee $O/$1_$3.txt"; }
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R DTMK_NO_DRAIN_POLL+$R DTMK_DRAIN_POLL_ACQ+$R" \
+       "$(dp 1b DTMK_NO_DRAIN_POLL nopoll1)" "$(dp 1b '' relaxed1)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq1)" \
+       "$(dp 1b DTMK_NO_DRAIN_POLL nopoll2)" "$(dp 1b '' relaxed2)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq2)" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
        "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \

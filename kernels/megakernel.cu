@@ -995,6 +995,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.t_seen = 0;
 #endif
         s_drain_busy = 1;
+        s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
@@ -1015,7 +1016,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, (first & 1) ? -1 : e, target);
+    OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, !(first & 1));
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1125,7 +1126,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_WAIT_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, e, target);
+        OBS_SYNC_WAIT_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, true);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */

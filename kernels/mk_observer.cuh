@@ -765,11 +765,15 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 __shared__ dtmk_u64 s_seen;                    /* 0: not seen met during a drain (thread 0 clears) */
 __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the drain's barrier, cleared by
                                                 * warp 0 after the drain: the poller stops */
+/* the wait's counter and target, set by thread 0 at its first look: read here, not passed as
+ * arguments (which cost wait_event spill loads) */
+__shared__ const dtmk_u64 *s_poll_ev;
+__shared__ dtmk_u64 s_poll_target;
 #endif
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller);
- * poll_e >= 0: inside a dependency wait on counter poll_e >= poll_target (the poller) */
+ * poll: inside a dependency wait (s_poll_ev, s_poll_target): the poller runs */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step,
-                                          int poll_e = -1, dtmk_u64 poll_target = 0) {
+                                          bool poll = false) {
     DTMK_PROF_BEGIN(prof_c0);
     if (threadIdx.x < 32) {
         obs_sync(P, W, chunk, step);
@@ -778,10 +782,11 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 #endif
     }
 #if !defined(DTMK_OBS_SM) && !defined(DTMK_NO_DRAIN_POLL)
-    else if (threadIdx.x == 32 && poll_e >= 0) {
+    else if (threadIdx.x == 32 && poll) {
         /* a relaxed load: the poller only stamps the moment; thread 0's next poll is the
          * acquire that orders the task after the event (-DDTMK_DRAIN_POLL_ACQ: acquire here too) */
-        const dtmk_u64 *ev = (const dtmk_u64 *)P.events + poll_e;
+        const dtmk_u64 *ev = s_poll_ev;
+        const dtmk_u64 poll_target = s_poll_target;
         while (s_drain_busy) {
 #ifdef DTMK_DRAIN_POLL_ACQ
             const dtmk_u64 v = ev_ld_acquire(P, ev);
@@ -798,7 +803,7 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
 /* the same inside wait_event's dependency wait on (e, target): the poller runs */
-#define OBS_SYNC_WAIT_IF(cond, chunk, step, e, target) do { if (cond) obs_sync_cta(P, W, chunk, step, e, target); } while (0)
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) do { if (cond) obs_sync_cta(P, W, chunk, step, poll); } while (0)
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring
@@ -840,7 +845,7 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #endif
 #else
 #define OBS_SYNC_IF(cond, chunk, step) do { } while (0)
-#define OBS_SYNC_WAIT_IF(cond, chunk, step, e, target) do { } while (0)
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) do { } while (0)
 #endif
 
 #ifdef HK_SITE_FORM

@@ -137,17 +137,19 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
 
 
 def test_a_drain_inside_a_wait_has_a_poller_that_stamps_the_event_seen_met():
-    """Session 47: both drains of a dependency wait (at the first look, in the spin) pass the
-    awaited event to obs_sync_cta, whose warp-1 lane 0 polls it while warp 0 drains; a first
-    look that was ready passes none (its task was ready then: t_seen is that look's stamp).
+    """Session 47: both drains of a dependency wait (at the first look, in the spin) ask
+    obs_sync_cta for the poller: warp 1's lane 0 polls the awaited event (left in shared
+    memory at the first look) while warp 0 drains; a first look that was ready asks none (its task was ready then: t_seen is that look's stamp).
     The wait's end stamps dep:release and the dependency wait at the moment seen, task:ready
     takes it through the task's FLAG_OBS_DELAY, and the dispatch wait still counts from
     run_task's own stamp (the drain left out)."""
     c = body("obs_sync_cta")
-    assert "threadIdx.x == 32 && poll_e >= 0" in c and "while (s_drain_busy)" in c
+    assert "threadIdx.x == 32 && poll" in c and "while (s_drain_busy)" in c
+    assert "ev_ld_relaxed(" in c                    # (thread 0's next poll is the acquire)
     assert "s_seen = mk_now()" in c and "s_drain_busy = 0" in c
     w = body("wait_event")
-    assert "OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, (first & 1) ? -1 : e, target)" in w
+    assert "OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, !(first & 1))" in w
+    assert "s_poll_ev = counter(P, e); s_poll_target = target;" in w
     assert "OBS_SYNC_IF(" not in w                   # every drain in a wait has the poller
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
     assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w

@@ -425,6 +425,7 @@
 # three rounds each (1b, tiny; workers; dumps): findings and us/step side by side.
 # 117 (new): tools/dispatch_probe.py on 1b: no poller (-DDTMK_NO_DRAIN_POLL, the stamps of before) / the relaxed
 # poller (default) / the acquire poller (-DDTMK_DRAIN_POLL_ACQ, a66c5f7's), alternated: dispatch waits task by task.
+# 118 (new): 116 with the trees swapped in place of reinstalls, then test_obs_ring.py and device summaries' GPU tests.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -791,6 +792,17 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R DTMK_NO_DRAIN_POLL+$R DTMK_DRAIN_POLL_ACQ+$R" \
        "$(dp 1b DTMK_NO_DRAIN_POLL nopoll1)" "$(dp 1b '' relaxed1)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq1)" \
        "$(dp 1b DTMK_NO_DRAIN_POLL nopoll2)" "$(dp 1b '' relaxed2)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq2)" ;;
+  118) O=${OUT:-/tmp/out}; B=/tmp/wb; OC=$(cat .snap/base_commit 2>/dev/null || echo base); NC=$(cat .snap/commit)
+     # 116 without its reinstalls (~28 s each): the editable install points at /tmp/w, so the trees swap places
+     # there (run from /tmp/w; each stage cds there); then the new tree's stamp test and device summaries' tests
+     sw="cd / && mv /tmp/w /tmp/w_x && mv $B /tmp/w && mv /tmp/w_x $B"
+     sv() { echo "cd /tmp/w && DTMK_COMMIT=$2 timeout 120 python3 bench/serve.py --presets 1b,tiny --steps 400 --configs workers --reps 1 --dump --out $O/$1"; }
+     [ "$(pwd)" = /tmp/w ] || { echo "plan 118 runs from /tmp/w" >&2; exit 2; }
+     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B" "$(pytv 100 tests/gpu/test_obs_ring.py)" \
+       "$(sv new1 $NC)" "$sw" "cd /tmp/w && timeout 150 python3 tools/precompile.py '' $R" "$(sv old1 $OC)" "$sw" \
+       "$(sv new2 $NC)" "$sw" "$(sv old2 $OC)" "$sw" "$(sv new3 $NC)" "$sw" "$(sv old3 $OC)" "$sw" \
+       "cd $O && tar czf ab_dumps.tgz */dumps && rm -rf */dumps && grep -h 'workers:' */serve.log" \
+       "cd /tmp/w && $(pytv 250 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
        "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \

@@ -15,6 +15,8 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
             own build the records and run the monitors (kernels/mk_obs_sm.cuh)
   NAME:wW   workers or sm with `--summary-window W` (device summaries read every W steps
             instead of 16: e.g. workers,workers:w64)
+  NAME+D    workers or sm (with or without :wW) built with the measurement define D too
+            (`--kernel-define D`, repeatable: workers+DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ)
 
 Figures per job: us/step of launch time (the resident launches' GPU time over the device
 steps they ran, as serve prints it: what the kernel took, its waits for the host at the step
@@ -52,23 +54,30 @@ FED = re.compile(r"(\d+) records fed to the host agent")
 
 
 def config_parts(config: str):
-    """'workers:w64' -> ('workers', 64); 'sm' -> ('sm', None); a ValueError names a bad one."""
-    name, _, opt = config.partition(":")
+    """'workers:w64' -> ('workers', 64, ()); 'sm+DTMK_X' -> ('sm', None, ('DTMK_X',)); a
+    ValueError names a bad one."""
+    head, *defines = config.split("+")
+    name, _, opt = head.partition(":")
     if name not in CONFIGS or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
         raise ValueError(f"config {config!r}: expected one of {', '.join(CONFIGS)}, workers or sm with :wW "
-                         f"(a summary window of W steps)")
-    return name, (int(opt[1:]) if opt else None)
+                         f"(a summary window of W steps) and +DTMK_NAME (a measurement define)")
+    bad = [d for d in defines if not re.fullmatch(r"DTMK_[A-Z0-9_]+(=[0-9]+)?", d)]
+    if bad or (defines and name == "kernel"):
+        raise ValueError(f"config {config!r}: +{bad[0] if bad else defines[0]}: a define is DTMK_NAME or "
+                         f"DTMK_NAME=N, on workers or sm (serve --kernel-define)")
+    return name, (int(opt[1:]) if opt else None), tuple(defines)
 
 
 def job_argv(config: str, preset: str, steps: int, batch: int, summaries: str, result: Path) -> list:
-    name, window = config_parts(config)
+    name, window, defines = config_parts(config)
     if name == "kernel":
         return [sys.executable, "-m", "dtrace_mk", "run", "--backend", "gpu", "--model", preset,
                 "--steps", str(steps), "--batch", str(batch)]
     return [sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", preset,
             "--steps", str(steps), "--batch", str(batch), "--observer", name,
             "--summaries", summaries, "--result", str(result)] + \
-        (["--summary-window", str(window)] if window else [])
+        (["--summary-window", str(window)] if window else []) + \
+        [x for d in defines for x in ("--kernel-define", d)]
 
 
 def parse(config: str, out: str, result: Path) -> dict:
@@ -110,7 +119,7 @@ def run_job(config: str, preset: str, a, log, rnd: int = 0) -> dict:
         if a.dump and config != "kernel":
             dumps = Path(a.out) / "dumps"
             dumps.mkdir(parents=True, exist_ok=True)
-            env["DTRACE_MK_COLLECTOR_DUMP"] = str(dumps / f"{preset}_{config.replace(':', '_')}_{rnd}.pkl")
+            env["DTRACE_MK_COLLECTOR_DUMP"] = str(dumps / f"{preset}_{config.replace(':', '_').replace('+', '_')}_{rnd}.pkl")
         p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.job_timeout)
         out = p.stdout + p.stderr
         if p.returncode != 0:

@@ -69,6 +69,12 @@
 #if defined(DTMK_OBS_PROF) && defined(DTMK_NO_HOOKS)
 #error "DTMK_OBS_PROF profiles the hook code (not with DTMK_NO_HOOKS)"
 #endif
+#if defined(DTMK_DRAIN_POLL) && (defined(DTMK_NO_HOOKS) || defined(DTMK_OBS_SM))
+#error "DTMK_DRAIN_POLL polls beside the workers' own drains (not with DTMK_NO_HOOKS or DTMK_OBS_SM)"
+#endif
+#if defined(DTMK_DRAIN_POLL_ACQ) && !defined(DTMK_DRAIN_POLL)
+#error "DTMK_DRAIN_POLL_ACQ is a form of DTMK_DRAIN_POLL's poller (define both)"
+#endif
 #if defined(DTMK_REC_FAST) && (defined(DTMK_NO_HOOKS) || defined(DTMK_REC_LATE))
 #error "DTMK_REC_FAST needs the hook code and the record-early s_rec (not with DTMK_NO_HOOKS, DTMK_REC_LATE)"
 #endif
@@ -414,9 +420,11 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
     dtmk_u32 pend_flags;                     /* its DTMK_FLAG_* bits (task_faults) */
     dtmk_u32 cw_peer;                        /* comm:wait: the last remote sender (hook_hold) */
     dtmk_u64 ts_rel, t_end;                  /* dep:release / task:end stamps */
+#ifdef DTMK_DRAIN_POLL
     /* when this static task's dependency was seen met while warp 0 drained the observer
      * (0: not during a drain): task:ready is stamped with it, DTMK_FLAG_OBS_DELAY set */
     dtmk_u64 t_seen;
+#endif
 #ifdef DTMK_OBS_SM
     dtmk_u64 osq_head, osq_tail;             /* worker thread 0: entries pushed; the observer's tail last read */
     dtmk_u32 osq_unpub;                      /* an entry written before the signal, its head bump due after it
@@ -807,7 +815,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
             /* task:dispatch / task:begin: captured (stamp t_begin); whose records they are */
             W.pend |= pend | HOOKS_ANY(W, HK_BIT(TASK_DISPATCH) | HK_BIT(TASK_BEGIN));
             W.pend_t = t; W.pend_step = step; W.pend_flags = f.flags;
-#ifndef DTMK_OBS_SM
+#ifdef DTMK_DRAIN_POLL
             if (plan && W.t_seen) W.pend_flags |= DTMK_FLAG_OBS_DELAY;   /* task:ready at t_seen */
 #endif
 #endif
@@ -987,13 +995,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
         W.first = rd;
-#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+#ifdef DTMK_DRAIN_POLL
         /* ready at the first look and draining before the task: it was ready now */
-#ifndef DTMK_NO_DRAIN_POLL
         W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
-#else
-        W.t_seen = 0;
-#endif
         s_drain_busy = 1;
         s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
@@ -1109,7 +1113,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                     break;
                 }
             }
-#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+#ifdef DTMK_DRAIN_POLL
             s_drain_busy = 1;            /* a drain may follow: its poller polls until warp 0 clears it */
 #endif
         }
@@ -1141,18 +1145,18 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
     }
     if (threadIdx.x == 0) {
         dtmk_u64 now = mk_now();
-#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
-        /* the event seen met by the drain's poller (obs_sync_cta), else at `now` */
+#ifdef DTMK_DRAIN_POLL
+        /* the event seen met by the drain's poller (obs_sync_wait_cta), else at `now` */
         const dtmk_u64 seen = s_seen;
         s_seen = 0;
         W.t_seen = seen;
+        const dtmk_u64 met = seen ? seen : now;
 #else
-        const dtmk_u64 seen = 0;
+        const dtmk_u64 met = now;
 #endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
             if (W.observe) {
-                const dtmk_u64 met = seen ? seen : now;
                 W.dep_wait = met - t0;
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
 #ifndef DTMK_NO_HOOKS
@@ -1325,7 +1329,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         dtmk_u32 sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         W.worker = blockIdx.x; W.sm = sm; W.aborted = 0; W.since_refresh = 0; W.phantoms = 0; W.done = 0; W.long_wait = 0; W.pend_rg = 0;
-#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
+#ifdef DTMK_DRAIN_POLL
         s_seen = 0; W.t_seen = 0;
 #endif
 #ifdef DTMK_OBS_SM

@@ -751,17 +751,28 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
-#ifndef DTMK_OBS_SM
-/* The drain's poller.  A drain inside a dependency wait (a 32-record batch: ~10-15 us)
- * runs on warp 0, whose thread 0 is the wait's only poller: an event met meanwhile was
- * seen only at its end, so task:ready and dep:release came late by up to a batch and the
- * monitor's own cost read as the producer's notification lag (session 46's fault-free
- * late_notification findings two steps after each summary-window park).  Now warp 1's
- * lane 0 polls the awaited event while warp 0 drains and stamps s_seen when it is met;
- * those stamps then name the task (DTMK_FLAG_OBS_DELAY, W.t_seen).  The task still starts
- * after the drain: that delay is the monitor's and stays in the timeline (ready -> dispatch
- * stamps), out of the wait quantities the collector's detectors read.  -DDTMK_NO_DRAIN_POLL
- * (measurement only): no poller, the stamps of before (at the drain's end). */
+/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
+__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_c0);
+    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+#ifdef DTMK_OBS_PROF
+    if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
+#endif
+}
+#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+#ifdef DTMK_DRAIN_POLL
+/* -DDTMK_DRAIN_POLL (opt-in, under measurement: docs/results/hooks.md "Session 47"): the
+ * drain's poller.  A drain inside a dependency wait (a 32-record batch: ~10-15 us) runs on
+ * warp 0, whose thread 0 is the wait's only poller: an event met meanwhile is seen only at
+ * the drain's end, so task:ready and dep:release come late by up to a batch and the
+ * monitor's own cost reads as the producer's notification lag (session 46's fault-free
+ * late_notification findings two steps after each summary-window park).  With it, warp 1's
+ * lane 0 polls the awaited event while warp 0 drains and stamps s_seen when it is met; the
+ * task carries DTMK_FLAG_OBS_DELAY, task:ready and dep:release that stamp (W.t_seen).  The
+ * task still starts after the drain: that delay is the monitor's and stays in the timeline
+ * (ready -> dispatch stamps), out of the dispatch wait.  Session 47 (H100, its acquire form):
+ * the rotation + 2 jump gone, but 1b's mlp_down dispatch-wait tail grew (local_imbalance in
+ * 3 of 3 fault-free serving jobs) -- so it stays opt-in until the relaxed form is measured. */
 __shared__ dtmk_u64 s_seen;                    /* 0: not seen met during a drain (thread 0 clears) */
 __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the drain's barrier, cleared by
                                                 * warp 0 after the drain: the poller stops */
@@ -769,20 +780,13 @@ __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the dra
  * arguments (which cost wait_event spill loads) */
 __shared__ const dtmk_u64 *s_poll_ev;
 __shared__ dtmk_u64 s_poll_target;
-#endif
-/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller);
- * poll: inside a dependency wait (s_poll_ev, s_poll_target): the poller runs */
-__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step,
-                                          bool poll = false) {
+/* obs_sync_cta inside a dependency wait (poll: the event is not known met): the poller runs */
+__device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step, bool poll) {
     DTMK_PROF_BEGIN(prof_c0);
     if (threadIdx.x < 32) {
         obs_sync(P, W, chunk, step);
-#ifndef DTMK_OBS_SM
         if (threadIdx.x == 0) s_drain_busy = 0;
-#endif
-    }
-#if !defined(DTMK_OBS_SM) && !defined(DTMK_NO_DRAIN_POLL)
-    else if (threadIdx.x == 32 && poll) {
+    } else if (threadIdx.x == 32 && poll) {
         /* a relaxed load: the poller only stamps the moment; thread 0's next poll is the
          * acquire that orders the task after the event (-DDTMK_DRAIN_POLL_ACQ: acquire here too) */
         const dtmk_u64 *ev = s_poll_ev;
@@ -796,14 +800,14 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
             if (v >= poll_target) { s_seen = mk_now(); break; }
         }
     }
-#endif
 #ifdef DTMK_OBS_PROF
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
 #endif
 }
-#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
-/* the same inside wait_event's dependency wait on (e, target): the poller runs */
-#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) do { if (cond) obs_sync_cta(P, W, chunk, step, poll); } while (0)
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) do { if (cond) obs_sync_wait_cta(P, W, chunk, step, poll); } while (0)
+#else
+#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) OBS_SYNC_IF(cond, chunk, step)
+#endif
 /* the lowest epoch held (published) is OBS_LAG or more steps behind `step`: drain all */
 #define OBS_LAGGING(step) (O.pub < (dtmk_u32)(step) && (dtmk_u32)(step) - O.pub >= OBS_LAG)
 /* cold, thread 0, while observing, at a wait's first look (rd: ready): 2 when the ring

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -266,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "reaches the collector up to W steps later")
     from ..commands.top import add_observer_arguments
     add_observer_arguments(p, "gpu backend, one rank")
+    p.add_argument("--kernel-define", action="append", default=None, metavar="DTMK_NAME",
+                   help="gpu backend, one rank; repeatable: a compile-time variant of kernels/megakernel.cu "
+                        "added to the build, for measurement (e.g. DTMK_DRAIN_POLL: bench/serve.py configs "
+                        "workers+DTMK_DRAIN_POLL; docs/results/hooks.md session 47)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -326,6 +331,20 @@ def _abort_job(code: int) -> None:
         mpi.COMM_WORLD.Abort(code)
 
 
+_KERNEL_DEFINE = re.compile(r"DTMK_[A-Z0-9_]+(=[0-9]+)?")
+
+
+def kernel_defines(args: argparse.Namespace) -> tuple:
+    """--kernel-define's names, checked (DTMK_NAME or DTMK_NAME=N; the kernel's own #error
+    lines refuse combinations it cannot build)."""
+    names = tuple(getattr(args, "kernel_define", None) or ())
+    for d in names:
+        if not _KERNEL_DEFINE.fullmatch(d):
+            raise UserError(f"--kernel-define {d!r}: expected DTMK_NAME or DTMK_NAME=N (a macro of "
+                            f"kernels/megakernel.cu, e.g. DTMK_DRAIN_POLL)")
+    return names
+
+
 def serve(args: argparse.Namespace) -> int:
     from ..megakernel.faults import FaultTable
     from ..megakernel.graph import build_graph
@@ -337,6 +356,7 @@ def serve(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     from ..megakernel.gpu import observer_defines
     observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
+    kernel_defines(args)
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":
@@ -348,6 +368,9 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "summary_window", None) is not None:
         raise UserError("--summary-window: windows are the GPU backend's device summaries; a sim rank's agent "
                         "summarizes every step itself (use --backend gpu, or leave the flag out)")
+    if kernel_defines(args):
+        raise UserError(f"--kernel-define {kernel_defines(args)[0]}: a variant of the GPU megakernel's build; the "
+                        f"sim backend compiles none (use --backend gpu, or leave the flag out)")
     cfg = get_preset(args.model)
     if args.batch < 1:
         raise UserError(f"--batch: expected >= 1, got {args.batch}")
@@ -514,6 +537,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
         # and the clock pairs (gpu_clock's 1-thread globaltimer kernel) need one to run
         return max(1, int(cp.cuda.Device().attributes["MultiProcessorCount"]) - 1)
 
+    extra = kernel_defines(args)
+
     def build(rank: int, ranks: int, comm):
         if ranks > n_gpus:
             raise UserError(f"serve --backend gpu: {ranks} ranks but {n_gpus} GPU(s) visible "
@@ -521,6 +546,9 @@ def serve_gpu(args: argparse.Namespace) -> int:
         if ranks > 1 and getattr(args, "observer", "workers") != "workers":
             raise UserError(f"--observer {args.observer}: one rank only (tensor-parallel ranks build their "
                             f"records on the workers)")
+        if ranks > 1 and extra:
+            raise UserError(f"--kernel-define {extra[0]}: one rank only (tensor-parallel ranks build the "
+                            f"standard kernel)")
         if ranks > 1:
             try:
                 from ..megakernel.tp import TPGroup
@@ -531,13 +559,13 @@ def serve_gpu(args: argparse.Namespace) -> int:
             held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed, num_workers=workers())
         elif getattr(args, "observer", "workers") == "sm":
             # the observers take M more SMs (the clock pairs keep theirs): workers() - M workers
-            defines = gpu.observer_defines("sm", getattr(args, "observer_sms", None))
+            defines = gpu.observer_defines("sm", getattr(args, "observer_sms", None)) + extra
             cp.cuda.Device(0).use()
             held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed,
                                         num_workers=max(1, workers() - gpu.obs_sms_of(defines)), defines=defines)
         else:
             cp.cuda.Device(0).use()
-            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers())
+            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers(), defines=extra)
         return held["mk"].graph.schema
 
     host = ServingHost(num_workers=lambda: held["mk"].num_workers, schema=build, backend="gpu",

@@ -419,13 +419,16 @@
 # unchanged: reverted too.  hooks.md "Session 46" says what is known of the artefact.  Next: 114 (new) --
 # bench/serve.py workers vs workers:w64 (serve --summary-window 64: a quarter of the rotations; does tiny serve
 # faster, do its findings go?); 81 on the x2 kind; 104 on an H200.
-# Session 47: 115 (new) -- the drain's poller (warp 1 polls the awaited event while warp 0 drains; FLAG_OBS_DELAY):
+# Session 47 (ran 115 and 116 at a66c5f7, whose default build had the poller; it is opt-in since, -DDTMK_DRAIN_POLL):
+# 115 (new) -- the drain's poller (warp 1 polls the awaited event while warp 0 drains; FLAG_OBS_DELAY):
 # test_obs_ring.py (its new stamp test), then the serving bench's findings (workers, tiny and 1b, dumps).
 # 116 (new): the serving bench, .snap/base.tar's tree (the commit before the poller) and this one alternated,
-# three rounds each (1b, tiny; workers; dumps): findings and us/step side by side.
-# 117 (new): tools/dispatch_probe.py on 1b: no poller (-DDTMK_NO_DRAIN_POLL, the stamps of before) / the relaxed
-# poller (default) / the acquire poller (-DDTMK_DRAIN_POLL_ACQ, a66c5f7's), alternated: dispatch waits task by task.
-# 118 (new): 116 with the trees swapped in place of reinstalls, then test_obs_ring.py and device summaries' GPU tests.
+# three rounds each (1b, tiny; workers; dumps): findings and us/step side by side (now 118 does it in one tree).
+# 117 (new): tools/dispatch_probe.py on 1b: the default (no poller) / -DDTMK_DRAIN_POLL (the relaxed poller) /
+# + -DDTMK_DRAIN_POLL_ACQ (a66c5f7's acquire poller), alternated: dispatch waits task by task.
+# 118 (new, not run: no machine was lent after 116): the poller's serving A/B in one tree -- bench/serve.py configs
+# workers / workers+DTMK_DRAIN_POLL / +DTMK_DRAIN_POLL_ACQ (serve --kernel-define), then its stamp test and device
+# summaries' tests.  Next session: 118 first, then 117 if 1b's mlp_down dispatch waits still grow with the poller.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -789,20 +792,16 @@ case "${1:-}" in
   117) O=${OUT:-/tmp/out}
      # dp PRESET DEFINES NAME: tools/dispatch_probe.py (batch 4, summary_tasks.d hot, hooks streamed) of that build
      dp() { echo "timeout 110 python3 tools/dispatch_probe.py --preset $1 --batch 4 --steps 60 --reps 2 --defines '$2' | tee $O/$1_$3.txt"; }
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R DTMK_NO_DRAIN_POLL+$R DTMK_DRAIN_POLL_ACQ+$R" \
-       "$(dp 1b DTMK_NO_DRAIN_POLL nopoll1)" "$(dp 1b '' relaxed1)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq1)" \
-       "$(dp 1b DTMK_NO_DRAIN_POLL nopoll2)" "$(dp 1b '' relaxed2)" "$(dp 1b DTMK_DRAIN_POLL_ACQ acq2)" ;;
-  118) O=${OUT:-/tmp/out}; B=/tmp/wb; OC=$(cat .snap/base_commit 2>/dev/null || echo base); NC=$(cat .snap/commit)
-     # 116 without its reinstalls (~28 s each): the editable install points at /tmp/w, so the trees swap places
-     # there (run from /tmp/w; each stage cds there); then the new tree's stamp test and device summaries' tests
-     sw="cd / && mv /tmp/w /tmp/w_x && mv $B /tmp/w && mv /tmp/w_x $B"
-     sv() { echo "cd /tmp/w && DTMK_COMMIT=$2 timeout 120 python3 bench/serve.py --presets 1b,tiny --steps 400 --configs workers --reps 1 --dump --out $O/$1"; }
-     [ "$(pwd)" = /tmp/w ] || { echo "plan 118 runs from /tmp/w" >&2; exit 2; }
-     exec tools/gpu_session.sh "rm -rf $B && mkdir -p $B && tar xf .snap/base.tar -C $B" "$(pytv 100 tests/gpu/test_obs_ring.py)" \
-       "$(sv new1 $NC)" "$sw" "cd /tmp/w && timeout 150 python3 tools/precompile.py '' $R" "$(sv old1 $OC)" "$sw" \
-       "$(sv new2 $NC)" "$sw" "$(sv old2 $OC)" "$sw" "$(sv new3 $NC)" "$sw" "$(sv old3 $OC)" "$sw" \
-       "cd $O && tar czf ab_dumps.tgz */dumps && rm -rf */dumps && grep -h 'workers:' */serve.log" \
-       "cd /tmp/w && $(pytv 250 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R DTMK_DRAIN_POLL+$R DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ+$R" \
+       "$(dp 1b '' off1)" "$(dp 1b DTMK_DRAIN_POLL poll1)" "$(dp 1b DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ acq1)" \
+       "$(dp 1b '' off2)" "$(dp 1b DTMK_DRAIN_POLL poll2)" "$(dp 1b DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ acq2)" ;;
+  118) DP=DTMK_DRAIN_POLL; DA=$DP+DTMK_DRAIN_POLL_ACQ
+     # the poller's serving A/B in one tree (serve --kernel-define): workers / +poll / +poll acquire, 3 rounds,
+     # dumps; then its stamp test (both forms) and device summaries' GPU tests (the default build)
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $R $DP $DP+$R $DA $DA+$R" \
+       "$(serve_b 330 --configs workers,workers+$DP,workers+$DA --reps 3 --dump)" "$DUMPS_PACK" \
+       "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
+       "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
        "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \

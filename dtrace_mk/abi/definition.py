@@ -94,7 +94,8 @@ FLAG_TRACE_DROP = 1 << 3    # the built-in full trace dropped records before thi
 # The worker's own observer (a device-VM drain on its warp 0) ran while this task's
 # dependency was met: task:ready and dep:release carry the moment a second warp saw it met,
 # task:dispatch comes after the drain and its wait_ns leaves the drain out, so
-# ready.ts + dispatch.wait_ns < dispatch.ts by the monitor's own delay (GPU hook build only).
+# ready.ts + dispatch.wait_ns < dispatch.ts by the monitor's own delay.  Set only by the GPU
+# build with -DDTMK_DRAIN_POLL (opt-in, under measurement: docs/results/hooks.md session 47).
 FLAG_OBS_DELAY = 1 << 4
 FLAGS = {"REMOTE": FLAG_REMOTE, "FAULT": FLAG_FAULT, "DYNAMIC": FLAG_DYNAMIC,
          "TRACE_DROP": FLAG_TRACE_DROP, "OBS_DELAY": FLAG_OBS_DELAY}

@@ -33,10 +33,11 @@ class FakeMegakernel(FakeResident):
     (the kernel's hook ring); `run(1)`: one step per launch (not used by serve)."""
     instances = []
 
-    def __init__(self, cfg, batch, seed=0, tp=None, num_workers=None):
+    def __init__(self, cfg, batch, seed=0, tp=None, num_workers=None, defines=()):
         from dtrace_mk.launch.api import ALL_HOOKS
         from dtrace_mk.megakernel.sim import Sim, pack_ctx
         assert tp is None
+        self.defines = tuple(defines)
         assert num_workers == WORKERS - 1            # one SM left for the clock kernel
         self.graph = build_graph(cfg, batch, num_workers)
         self.num_workers = num_workers
@@ -314,7 +315,7 @@ def test_device_ring_drops_are_counted_lost_in_coverage(monkeypatch, tmp_path):
 
 def test_no_drops_no_loss_and_every_step_fed_in_order(monkeypatch, tmp_path):
     mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path)
-    assert mk.segments == [(0, W + STEPS)]
+    assert mk.segments == [(0, W + STEPS)] and mk.defines == ()        # (the standard build)
     assert fed == {k: len(mk.per_step[k]) for k in range(W, W + STEPS)}
     assert res["transport"]["lost_records"] in ({}, {"0": 0})
 
@@ -401,6 +402,26 @@ def test_summary_window_sets_the_device_windows_and_bad_ones_are_refused_before_
         assert want in capsys.readouterr().err, extra
     assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--summary-window", "8"]) != 0
     assert "--summary-window: windows are the GPU backend's device summaries" in capsys.readouterr().err
+    assert built == []
+
+
+def test_kernel_define_reaches_the_build_and_bad_ones_are_refused_before_it(monkeypatch, tmp_path, capsys):
+    """--kernel-define DTMK_NAME (repeatable, measurement): added to the GPU build's defines
+    (bench/serve.py's workers+DTMK_DRAIN_POLL); a name that is not a DTMK_ macro, or the sim
+    backend, is refused before any kernel is built."""
+    mk, dq, fed, res = _serve_fake(monkeypatch, tmp_path, extra=("--kernel-define", "DTMK_DRAIN_POLL",
+                                                                 "--kernel-define", "DTMK_OSQ_DEFER=16"))
+    assert mk.defines == ("DTMK_DRAIN_POLL", "DTMK_OSQ_DEFER=16") and res["verdict"] == "none"
+    from dtrace_mk.launch import serve
+    built = []
+    monkeypatch.setattr(FakeMegakernel, "__init__", lambda self, *a, **kw: built.append(a) or (_ for _ in ()).throw(
+        AssertionError("a kernel was built")))
+    for bad in ("DRAIN_POLL", "DTMK_X=y", "DTMK_A;rm"):
+        assert serve.main(["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet",
+                           "--kernel-define", bad]) != 0
+        assert f"--kernel-define {bad!r}: expected DTMK_NAME or DTMK_NAME=N" in capsys.readouterr().err, bad
+    assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--kernel-define", "DTMK_DRAIN_POLL"]) != 0
+    assert "--kernel-define DTMK_DRAIN_POLL: a variant of the GPU megakernel's build" in capsys.readouterr().err
     assert built == []
 
 

@@ -136,17 +136,20 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
 
 
-def test_a_drain_inside_a_wait_has_a_poller_that_stamps_the_event_seen_met():
-    """Session 47: both drains of a dependency wait (at the first look, in the spin) ask
-    obs_sync_cta for the poller: warp 1's lane 0 polls the awaited event (left in shared
-    memory at the first look) while warp 0 drains; a first look that was ready asks none (its task was ready then: t_seen is that look's stamp).
-    The wait's end stamps dep:release and the dependency wait at the moment seen, task:ready
-    takes it through the task's FLAG_OBS_DELAY, and the dispatch wait still counts from
-    run_task's own stamp (the drain left out)."""
-    c = body("obs_sync_cta")
+def test_the_opt_in_drain_poller_stamps_the_event_seen_met():
+    """Session 47, -DDTMK_DRAIN_POLL (opt-in, under measurement): both drains of a dependency
+    wait (at the first look, in the spin) run obs_sync_wait_cta, whose warp-1 lane 0 polls
+    the awaited event (left in shared memory at the first look) while warp 0 drains; a first
+    look that was ready asks for no poller (its task was ready then: t_seen is that look's
+    stamp).  The wait's end stamps dep:release and the dependency wait at the moment seen,
+    task:ready takes it through the task's FLAG_OBS_DELAY, and the dispatch wait still counts
+    from run_task's own stamp (the drain left out).  Without the define every drain is
+    obs_sync_cta as before."""
+    c = body("obs_sync_wait_cta")
     assert "threadIdx.x == 32 && poll" in c and "while (s_drain_busy)" in c
     assert "ev_ld_relaxed(" in c                    # (thread 0's next poll is the acquire)
     assert "s_seen = mk_now()" in c and "s_drain_busy = 0" in c
+    assert "#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) OBS_SYNC_IF(cond, chunk, step)" in SRC
     w = body("wait_event")
     assert "OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, !(first & 1))" in w
     assert "s_poll_ev = counter(P, e); s_poll_target = target;" in w
@@ -159,6 +162,20 @@ def test_a_drain_inside_a_wait_has_a_poller_that_stamps_the_event_seen_met():
     f = body("hook_flush")
     assert "if (flags & DTMK_FLAG_OBS_DELAY) ts = W.t_seen;" in f
     assert "wait = t_begin - t_ready" in f
+
+
+def test_the_drain_poller_is_absent_from_the_default_build(megakernel_ptx):
+    """CI (NVRTC): the default build's PTX has no poller (session 47 measured the opt-in form
+    against it); -DDTMK_DRAIN_POLL's has it, and refuses the builds it cannot run in."""
+    from dtrace_mk.kernels.build import CompileError, nvrtc_compile
+    from dtrace_mk.kernels import KERNEL_DIR
+    assert "obs_sync_wait_cta" not in megakernel_ptx(()) and "s_seen" not in megakernel_ptx(())
+    on = megakernel_ptx(("DTMK_DRAIN_POLL",))
+    assert "obs_sync_wait_cta" in on and "ld.relaxed.gpu" in on
+    for bad, why in ((("DTMK_DRAIN_POLL", "DTMK_OBS_SM"), "not with DTMK_NO_HOOKS or DTMK_OBS_SM"),
+                     (("DTMK_DRAIN_POLL_ACQ",), "define both")):
+        with pytest.raises(CompileError, match=why):
+            nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx", bad)
 
 
 # ---- round 4: rare, large drains ---------------------------------------------------------

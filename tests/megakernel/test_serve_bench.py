@@ -3,6 +3,7 @@ serve loop's "served ... us/step of launch time" and `dtrace-mk run`'s decode st
 job whose output lacks them is an error that names the line, not a zero."""
 
 import json
+import re
 
 import pytest
 
@@ -51,7 +52,18 @@ def test_jobs_are_the_user_s_commands(serve, tmp_path):
 def test_a_config_may_name_a_summary_window(serve, tmp_path):
     argv = serve.job_argv("workers:w64", "tiny", 400, 4, "device", tmp_path / "r.json")
     assert argv[argv.index("--observer") + 1] == "workers" and argv[-2:] == ["--summary-window", "64"]
-    assert serve.config_parts("sm") == ("sm", None) and serve.config_parts("sm:w8") == ("sm", 8)
+    assert serve.config_parts("sm") == ("sm", None, ()) and serve.config_parts("sm:w8") == ("sm", 8, ())
     for bad in ("kernel:w8", "workers:64", "workers:wx", "gpu"):
         with pytest.raises(ValueError, match="expected one of kernel, workers, sm"):
+            serve.config_parts(bad)
+
+
+def test_a_config_may_add_measurement_defines(serve, tmp_path):
+    """workers+DTMK_DRAIN_POLL: serve --kernel-define per define (session 47's poller A/B)."""
+    assert serve.config_parts("workers:w64+DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ") == \
+        ("workers", 64, ("DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ"))
+    argv = serve.job_argv("workers+DTMK_DRAIN_POLL", "1b", 400, 4, "device", tmp_path / "r.json")
+    assert argv[argv.index("--observer") + 1] == "workers" and argv[-2:] == ["--kernel-define", "DTMK_DRAIN_POLL"]
+    for bad, what in (("kernel+DTMK_X", "+DTMK_X"), ("workers+DRAIN", "+DRAIN"), ("sm+DTMK_A=b", "+DTMK_A=b")):
+        with pytest.raises(ValueError, match=re.escape(what) + ": a define is DTMK_NAME or DTMK_NAME=N"):
             serve.config_parts(bad)

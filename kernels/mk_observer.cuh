@@ -787,8 +787,11 @@ __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, boo
         obs_sync(P, W, chunk, step);
         if (threadIdx.x == 0) s_drain_busy = 0;
     } else if (threadIdx.x == 32 && poll) {
-        /* a relaxed load: the poller only stamps the moment; thread 0's next poll is the
-         * acquire that orders the task after the event (-DDTMK_DRAIN_POLL_ACQ: acquire here too) */
+        /* relaxed loads ~0.2 us apart: the poller only stamps the moment (thread 0's next poll
+         * is the acquire that orders the task after the event).  -DDTMK_DRAIN_POLL_ACQ: a66c5f7's
+         * back-to-back acquire loads -- they slowed the drain beside them (session 47, H100: 1b's
+         * serving step +3.0%, tiny's +5.6%; suspected: an acquire load invalidates the SM's L1,
+         * where the VM's map lines sit) */
         const dtmk_u64 *ev = s_poll_ev;
         const dtmk_u64 poll_target = s_poll_target;
         while (s_drain_busy) {
@@ -798,6 +801,9 @@ __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, boo
             const dtmk_u64 v = ev_ld_relaxed(P.ranks > 1, ev);
 #endif
             if (v >= poll_target) { s_seen = mk_now(); break; }
+#ifndef DTMK_DRAIN_POLL_ACQ
+            __nanosleep(200);
+#endif
         }
     }
 #ifdef DTMK_OBS_PROF

@@ -61,7 +61,8 @@ def config_parts(config: str):
     if name not in CONFIGS or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
         raise ValueError(f"config {config!r}: expected one of {', '.join(CONFIGS)}, workers or sm with :wW "
                          f"(a summary window of W steps) and +DTMK_NAME (a measurement define)")
-    bad = [d for d in defines if not re.fullmatch(r"DTMK_[A-Z0-9_]+(=[0-9]+)?", d)]
+    from dtrace_mk.launch.serve import KERNEL_DEFINE
+    bad = [d for d in defines if not KERNEL_DEFINE.fullmatch(d)]
     if bad or (defines and name == "kernel"):
         raise ValueError(f"config {config!r}: +{bad[0] if bad else defines[0]}: a define is DTMK_NAME or "
                          f"DTMK_NAME=N, on workers or sm (serve --kernel-define)")

@@ -331,7 +331,8 @@ def _abort_job(code: int) -> None:
         mpi.COMM_WORLD.Abort(code)
 
 
-_KERNEL_DEFINE = re.compile(r"DTMK_[A-Z0-9_]+(=[0-9]+)?")
+#: what --kernel-define takes (bench/serve.py's +D configs check the same)
+KERNEL_DEFINE = re.compile(r"DTMK_[A-Z0-9_]+(=[0-9]+)?")
 
 
 def kernel_defines(args: argparse.Namespace) -> tuple:
@@ -339,7 +340,7 @@ def kernel_defines(args: argparse.Namespace) -> tuple:
     lines refuse combinations it cannot build)."""
     names = tuple(getattr(args, "kernel_define", None) or ())
     for d in names:
-        if not _KERNEL_DEFINE.fullmatch(d):
+        if not KERNEL_DEFINE.fullmatch(d):
             raise UserError(f"--kernel-define {d!r}: expected DTMK_NAME or DTMK_NAME=N (a macro of "
                             f"kernels/megakernel.cu, e.g. DTMK_DRAIN_POLL)")
     return names

@@ -280,3 +280,11 @@ def test_streaming_ring_slot_without_a_modulo_per_record():
     assert "% P.hook_cap" not in st and "W.hook_slot = slot + 1 == P.hook_cap ? 0 : slot + 1" in st
     k = SRC[SRC.index("dtmk_megakernel(const dtmk_u64 *params)"):]
     assert "W.hook_slot = P.hook_cap ? W.hook_n % P.hook_cap : 0;" in k
+
+
+def test_the_compiled_tier_links_the_drain_poller_builds():
+    """serve --kernel-define DTMK_DRAIN_POLL with a compiled monitor: the linked kernel is the
+    same variant (a define missing from MK_PASS_DEFINES would be silently absent from it)."""
+    from dtrace_mk.runtime.compiled.link import megakernel_spec
+    spec = megakernel_spec(("DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_ROPE_IN_ATTN"))
+    assert {"DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_ROPE_IN_ATTN"} <= set(spec.defines)

@@ -79,7 +79,15 @@ def test_drain_poller_stamps_ready_and_release_when_seen_met(defines):
     aid = live.attach(mon.obj)
     try:
         live.start(12, hooks="all")
-        h = live.wait().hooks
+        res = live.wait()
+        h = res.hooks
+        # the drains beside the poller stay exact: maps equal the reference runtime's
+        from dtrace_mk.runtime.reference import replay
+        snap = live.snapshot(aid)
+        assert res.hooks_dropped == 0 and int(snap.state["lost"].sum()) == 0
+        ref_maps, _ = replay(mon.obj, h, mk.num_workers)
+        for name, want in ref_maps.snapshot().items():
+            assert snap.maps[name].snapshot() == want, name
     finally:
         live.detach(aid)
     key = lambda r: (int(r["worker"]), int(r["decode_step"]), int(r["task_index"]))  # noqa: E731

@@ -3,13 +3,16 @@
     DTRACE_MK_COLLECTOR_DUMP=/tmp/in.pkl dtrace-mk demo ...     # the job writes the dump
     python -m dtrace_mk.collectors.replay /tmp/in.pkl [--json]               # diagnose() again, offline
     python -m dtrace_mk.collectors.replay /tmp/in.pkl --steps 20-40 [--rank R]   # the epochs, step by step
+    python -m dtrace_mk.collectors.replay --shape A.pkl B.pkl ... [--rank R]      # dumps side by side
 
 Prints the verdict and findings (or the whole result as JSON): a wrong diagnosis seen on
 the GPU machine can be studied on any machine, and a fix checked on the same input.
 --steps prints one line per epoch of a rank instead: the gap since the previous epoch's
 end (the kernel parked or idle), its length, and per task class the summed notification
 lag and dependency wait (us) -- how session 46 found its late_notification artefact two
-steps after each summary window's park."""
+steps after each summary window's park.  --shape prints a few lines per dump, for A/B jobs
+side by side (session 47's poller): step lengths, the kernel's parks, notification-lag
+spikes and where they sit after a park, and epochs of outlying dispatch wait per class."""
 from __future__ import annotations
 
 import json
@@ -53,6 +56,48 @@ def step_table(summaries, lo: int, hi: int, rank: int = 0, names=None) -> str:
     return "\n".join(out)
 
 
+PARK_NS = 5_000_000          # a gap this long between epochs: the kernel parked (window work)
+LAG_SPIKE = (2.5, 5_000)     # an epoch's class notification lag > 2.5x its median + 5 us
+DISPATCH_OUTLIER_NS = 25_000   # an epoch's class dispatch wait > its median + 25 us
+
+
+def shape(summaries, rank: int = 0, names=None) -> str:
+    """A dump's shape in a few lines (module doc; the thresholds above are exploratory, not
+    the detectors')."""
+    import statistics
+    from collections import Counter
+    from .records import Names
+    names = names or Names.standard()
+    rows = sorted((s for s in summaries if s.rank == rank), key=lambda s: s.epoch)
+    if not rows:
+        raise ValueError(f"--shape: rank {rank} has no epoch")
+    lens = sorted(s.end_ns - s.begin_ns for s in rows)
+    parks = [b.epoch for a, b in zip(rows, rows[1:]) if b.epoch == a.epoch + 1 and b.begin_ns - a.end_ns > PARK_NS]
+    lag, disp = {}, {}
+    for s in rows:
+        for c in s.classes:
+            lag.setdefault(c.task_class, {})[s.epoch] = c.notify_lag_sum_ns
+            disp.setdefault(c.task_class, {})[s.epoch] = c.dispatch_wait_sum_ns
+    spikes = []
+    for v in lag.values():
+        med = statistics.median(v.values())
+        spikes += [e for e, x in v.items() if x > LAG_SPIKE[0] * med + LAG_SPIKE[1]]
+    after = Counter(e - max(p for p in parks if p <= e) for e in spikes if any(p <= e for p in parks))
+    outl = {}
+    for c, v in disp.items():
+        med = statistics.median(v.values())
+        n = sum(x > med + DISPATCH_OUTLIER_NS for x in v.values())
+        if n:
+            outl[names.task_class(c)] = n
+    p90 = lens[min(len(lens) - 1, int(0.9 * len(lens)))]
+    return "\n".join([
+        f"{len(rows)} epochs, step {statistics.median(lens) / 1e3:.0f} us median (p90 {p90 / 1e3:.0f}), "
+        f"{len(parks)} parks (> {PARK_NS / 1e6:.0f} ms)",
+        f"  notification-lag spikes: {len(spikes)}" + (" -- after a park: " + ", ".join(
+            f"+{k} x{n}" for k, n in sorted(after.items())) if after else ""),
+        "  dispatch-wait outlier epochs: " + (", ".join(f"{c} {n}" for c, n in outl.items()) or "none")])
+
+
 def _range(text: str):
     a, _, b = text.partition("-")
     if not a.isdigit() or (b and not b.isdigit()):
@@ -65,6 +110,19 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    if argv[0] == "--shape":
+        rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+        files = [a for i, a in enumerate(argv[1:], 1) if a != "--rank" and argv[i - 1] != "--rank"]
+        if not files:
+            print("replay: --shape: name one or more dumps", file=sys.stderr)
+            return 2
+        for f in files:
+            try:
+                print(f"{f}: " + shape(load(f)["summaries"], rank))
+            except (OSError, ValueError) as e:
+                print(f"replay: {f}: {e}", file=sys.stderr)
+                return 2
+        return 0
     if "--steps" in argv:
         d = load(argv[0])
         i = argv.index("--steps")

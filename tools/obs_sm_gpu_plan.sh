@@ -799,7 +799,8 @@ case "${1:-}" in
      # the poller's serving A/B in one tree (serve --kernel-define): workers / +poll / +poll acquire, 3 rounds,
      # dumps; then its stamp test (both forms) and device summaries' GPU tests (the default build)
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $R $DP $DP+$R $DA $DA+$R" \
-       "$(serve_b 330 --configs workers,workers+$DP,workers+$DA --reps 3 --dump)" "$DUMPS_PACK" \
+       "$(serve_b 330 --configs workers,workers+$DP,workers+$DA --reps 3 --dump)" \
+       "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \

@@ -94,6 +94,30 @@ def test_fault_free_tiny_serving_on_the_gpu_has_no_finding(tmp_path):
     assert res["verdict"] == "none", res["findings"]
 
 
+def test_replay_shape_puts_the_lag_spikes_two_steps_after_the_parks(tmp_path, capsys):
+    """collectors.replay --shape: a dump's step lengths, parks, notification-lag spikes and
+    where they sit after a park (session 47's A/B read them side by side): these records'
+    22 of 23 spikes two steps after one of the 24 window parks; a rank it lacks is an error."""
+    from dtrace_mk.collectors.replay import shape
+    rs = _tiny_rotations(tmp_path)
+    lines = shape(rs.summaries).splitlines()
+    assert lines[0] == "400 epochs, step 180 us median (p90 193), 24 parks (> 5 ms)"
+    assert lines[1] == "  notification-lag spikes: 23 -- after a park: +1 x1, +2 x22"
+    assert lines[2] == "  dispatch-wait outlier epochs: none"
+    with pytest.raises(ValueError, match="rank 3 has no epoch"):
+        shape(rs.summaries, rank=3)
+    import pickle
+    from dtrace_mk.collectors.replay import main
+    dump = tmp_path / "d.pkl"
+    dump.write_bytes(pickle.dumps({"summaries": rs.summaries}))
+    assert main(["--shape", str(dump), str(dump)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{dump}: " + lines[0] and out[3].startswith(f"{dump}: ") and len(out) == 6
+    assert main(["--shape", str(dump), "--rank", "2"]) == 2
+    assert "rank 2 has no epoch" in capsys.readouterr().err
+    assert main(["--shape"]) == 2 and "name one or more dumps" in capsys.readouterr().err
+
+
 def test_replay_steps_prints_each_epoch_s_gap_length_and_class_lags(tmp_path):
     """collectors.replay --steps: one line per epoch -- the park before step 21 (8.3 ms), the
     back-to-back steps 23-24 after it, and qkv's notification lag at 23 -- and a range the

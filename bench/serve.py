@@ -144,7 +144,7 @@ def bench_preset(preset: str, a, log) -> dict:
             ratios[f"{c}/kernel"] = med[c]["launch_us"] / med[base]["launch_us"]
     if "workers" in configs and "sm" in configs:
         ratios["sm/workers"] = med["sm"]["launch_us"] / med["workers"]["launch_us"]
-    for c in configs:                   # a window's config over the same observer's default window
+    for c in configs:                   # a :wW / +D config over the same observer's plain one
         name = config_parts(c)[0]
         if c != name and name in configs:
             ratios[f"{c}/{name}"] = med[c]["launch_us"] / med[name]["launch_us"]
@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"a subset of {','.join(CONFIGS)}; workers / sm may take :wW (--summary-window W)")
+                    help=f"a subset of {','.join(CONFIGS)}; workers / sm may take :wW (--summary-window W) "
+                         f"and +DTMK_NAME (serve --kernel-define)")
     ap.add_argument("--summaries", choices=("device", "host"), default="device")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds per job")
     ap.add_argument("--dump", action="store_true", help="keep each serve job's collector input under OUT/dumps")

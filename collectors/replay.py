@@ -105,13 +105,29 @@ def _range(text: str):
     return int(a), int(b or a)
 
 
+def _rank(argv) -> int:
+    """--rank R of the command line (0 without it); a ValueError names a bad one."""
+    if "--rank" not in argv:
+        return 0
+    i = argv.index("--rank")
+    try:
+        return int(argv[i + 1])
+    except (IndexError, ValueError):
+        raise ValueError(f"--rank: expected a rank number, got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}") \
+            from None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
     if argv[0] == "--shape":
-        rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
+        try:
+            rank = _rank(argv)
+        except ValueError as e:
+            print(f"replay: {e}", file=sys.stderr)
+            return 2
         files = [a for i, a in enumerate(argv[1:], 1) if a != "--rank" and argv[i - 1] != "--rank"]
         if not files:
             print("replay: --shape: name one or more dumps", file=sys.stderr)
@@ -128,9 +144,8 @@ def main(argv=None) -> int:
         i = argv.index("--steps")
         try:
             lo, hi = _range(argv[i + 1] if i + 1 < len(argv) else "")
-            rank = int(argv[argv.index("--rank") + 1]) if "--rank" in argv else 0
-            print(step_table(d["summaries"], lo, hi, rank))
-        except (ValueError, IndexError) as e:
+            print(step_table(d["summaries"], lo, hi, _rank(argv)))
+        except ValueError as e:
             print(f"replay: {e}", file=sys.stderr)
             return 2
         return 0

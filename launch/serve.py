@@ -357,7 +357,7 @@ def serve(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     from ..megakernel.gpu import observer_defines
     observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
-    kernel_defines(args)
+    extra = kernel_defines(args)
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":
@@ -369,8 +369,8 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "summary_window", None) is not None:
         raise UserError("--summary-window: windows are the GPU backend's device summaries; a sim rank's agent "
                         "summarizes every step itself (use --backend gpu, or leave the flag out)")
-    if kernel_defines(args):
-        raise UserError(f"--kernel-define {kernel_defines(args)[0]}: a variant of the GPU megakernel's build; the "
+    if extra:
+        raise UserError(f"--kernel-define {extra[0]}: a variant of the GPU megakernel's build; the "
                         f"sim backend compiles none (use --backend gpu, or leave the flag out)")
     cfg = get_preset(args.model)
     if args.batch < 1:

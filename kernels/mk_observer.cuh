@@ -773,6 +773,11 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
  * (ready -> dispatch stamps), out of the dispatch wait.  Session 47 (H100, its acquire form):
  * the rotation + 2 jump gone, but 1b's mlp_down dispatch-wait tail grew (local_imbalance in
  * 3 of 3 fault-free serving jobs) -- so it stays opt-in until the relaxed form is measured. */
+/* the poller's pause between loads (ns; 0: back to back).  The CTA's barrier after the drain
+ * waits for the poller's exit, up to a pause and a load after warp 0 clears s_drain_busy */
+#ifndef DTMK_DRAIN_POLL_NS
+#define DTMK_DRAIN_POLL_NS 200
+#endif
 __shared__ dtmk_u64 s_seen;                    /* 0: not seen met during a drain (thread 0 clears) */
 __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the drain's barrier, cleared by
                                                 * warp 0 after the drain: the poller stops */
@@ -787,7 +792,7 @@ __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, boo
         obs_sync(P, W, chunk, step);
         if (threadIdx.x == 0) s_drain_busy = 0;
     } else if (threadIdx.x == 32 && poll) {
-        /* relaxed loads ~0.2 us apart: the poller only stamps the moment (thread 0's next poll
+        /* relaxed loads DTMK_DRAIN_POLL_NS apart: the poller only stamps the moment (thread 0's next poll
          * is the acquire that orders the task after the event).  -DDTMK_DRAIN_POLL_ACQ: a66c5f7's
          * back-to-back acquire loads -- they slowed the drain beside them (session 47, H100: 1b's
          * serving step +3.0%, tiny's +5.6%; suspected: an acquire load invalidates the SM's L1,
@@ -801,8 +806,8 @@ __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, boo
             const dtmk_u64 v = ev_ld_relaxed(P.ranks > 1, ev);
 #endif
             if (v >= poll_target) { s_seen = mk_now(); break; }
-#ifndef DTMK_DRAIN_POLL_ACQ
-            __nanosleep(200);
+#if !defined(DTMK_DRAIN_POLL_ACQ) && DTMK_DRAIN_POLL_NS > 0
+            __nanosleep(DTMK_DRAIN_POLL_NS);
 #endif
         }
     }

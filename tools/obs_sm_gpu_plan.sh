@@ -803,6 +803,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  119) DP=DTMK_DRAIN_POLL; N0=$DP+DTMK_DRAIN_POLL_NS=0; N50=$DP+DTMK_DRAIN_POLL_NS=50
+     # the poller's pause (session 48): plan 118's relaxed form (200 ns) slowed 1b's step 1.1%, tiny's not; is it
+     # the barrier after the drain waiting out the poller's pause?  workers / +poll 200 / 50 / 0 ns, 3 rounds, dumps
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $R $DP $DP+$R $N0 $N0+$R $N50 $N50+$R" \
+       "$(serve_b 400 --configs workers,workers+$DP,workers+$N50,workers+$N0 --reps 3 --dump)" \
+       "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
+       "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" ;;
   115) exec tools/gpu_session.sh "$SERVE_PRE" "$(pytv 200 tests/gpu/test_obs_ring.py)" \
        "$(serve_b 300 --configs workers --reps 3 --dump)" "$DUMPS_PACK" ;;
   109) exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $R $L+$R" \

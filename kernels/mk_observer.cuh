@@ -761,20 +761,20 @@ __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chu
 }
 #define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
 #ifdef DTMK_DRAIN_POLL
-/* -DDTMK_DRAIN_POLL (opt-in, under measurement: docs/results/hooks.md "Session 47"): the
- * drain's poller.  A drain inside a dependency wait (a 32-record batch: ~10-15 us) runs on
- * warp 0, whose thread 0 is the wait's only poller: an event met meanwhile is seen only at
- * the drain's end, so task:ready and dep:release come late by up to a batch and the
- * monitor's own cost reads as the producer's notification lag (session 46's fault-free
- * late_notification findings two steps after each summary-window park).  With it, warp 1's
- * lane 0 polls the awaited event while warp 0 drains and stamps s_seen when it is met; the
- * task carries DTMK_FLAG_OBS_DELAY, task:ready and dep:release that stamp (W.t_seen).  The
- * task still starts after the drain: that delay is the monitor's and stays in the timeline
- * (ready -> dispatch stamps), out of the dispatch wait.  Session 47 (H100, its acquire form):
- * the rotation + 2 jump gone, but 1b's mlp_down dispatch-wait tail grew (local_imbalance in
- * 3 of 3 fault-free serving jobs) -- so it stays opt-in until the relaxed form is measured. */
-/* the poller's pause between loads (ns; 0: back to back).  The CTA's barrier after the drain
- * waits for the poller's exit, up to a pause and a load after warp 0 clears s_drain_busy */
+/* The drain's poller (the default of the workers' hook builds since session 48; off with
+ * -DDTMK_NO_DRAIN_POLL, megakernel.cu).  A drain inside a dependency wait (a 32-record batch:
+ * ~10-15 us) runs on warp 0, whose thread 0 is the wait's only poller: an event met meanwhile
+ * is seen only at the drain's end, so task:ready and dep:release came late by up to a batch
+ * and the monitor's own cost read as the producer's notification lag (session 46's fault-free
+ * late_notification findings two steps after each summary-window park).  Here warp 1's lane 0
+ * polls the awaited event while warp 0 drains and stamps s_seen when it is met; the task
+ * carries DTMK_FLAG_OBS_DELAY, task:ready and dep:release that stamp (W.t_seen).  The task
+ * still starts after the drain: that delay is the monitor's and stays in the timeline (ready
+ * -> dispatch stamps), out of the dispatch wait.  Measured (H100, docs/results/hooks.md
+ * "Session 47", "Session 48"): relaxed loads 200 ns apart, fault-free serving verdict none in
+ * tiny 5 of 6 / 1b 6 of 6 (without: tiny fault 5 of 6); the 1b step's period +0.7%, the same
+ * with 50 ns or no pause (not the pause, not the loads); acquire loads +2.6%. */
+/* the poller's pause between loads (ns; 0: back to back) */
 #ifndef DTMK_DRAIN_POLL_NS
 #define DTMK_DRAIN_POLL_NS 200
 #endif

@@ -803,6 +803,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  120) K='not (obssm or recglobal or codesmem or holdeager)'
+     # session 48: the drain's poller the default -- its ring tests (poll / acquire / DTMK_NO_DRAIN_POLL), then
+     # plan 108's stages (device summaries: the workers' serve case the artefact failed; resident + hot attach)
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $R $L $L+$R DTMK_NO_DRAIN_POLL DTMK_DRAIN_POLL_ACQ" \
+       "$(pytv 120 tests/gpu/test_obs_ring.py)" \
+       "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
+       "$(pytv 300 tests/gpu/test_resident_gpu.py tests/gpu/test_hot_attach.py -k "$K")" ;;
   119) DP=DTMK_DRAIN_POLL; N0=$DP+DTMK_DRAIN_POLL_NS=0; N50=$DP+DTMK_DRAIN_POLL_NS=50
      # the poller's pause (session 48): plan 118's relaxed form (200 ns) slowed 1b's step 1.1%, tiny's not; is it
      # the barrier after the drain waiting out the poller's pause?  workers / +poll 200 / 50 / 0 ns, 3 rounds, dumps

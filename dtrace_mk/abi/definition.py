@@ -94,8 +94,9 @@ FLAG_TRACE_DROP = 1 << 3    # the built-in full trace dropped records before thi
 # The worker's own observer (a device-VM drain on its warp 0) ran while this task's
 # dependency was met: task:ready and dep:release carry the moment a second warp saw it met,
 # task:dispatch comes after the drain and its wait_ns leaves the drain out, so
-# ready.ts + dispatch.wait_ns < dispatch.ts by the monitor's own delay.  Set only by the GPU
-# build with -DDTMK_DRAIN_POLL (opt-in, under measurement: docs/results/hooks.md session 47).
+# ready.ts + dispatch.wait_ns < dispatch.ts by the monitor's own delay.  Set by the GPU
+# build's workers (the drain's poller, the default since session 48; not the observer-SM build,
+# whose workers drain nothing; docs/results/hooks.md sessions 47-48), never by the sim.
 FLAG_OBS_DELAY = 1 << 4
 FLAGS = {"REMOTE": FLAG_REMOTE, "FAULT": FLAG_FAULT, "DYNAMIC": FLAG_DYNAMIC,
          "TRACE_DROP": FLAG_TRACE_DROP, "OBS_DELAY": FLAG_OBS_DELAY}

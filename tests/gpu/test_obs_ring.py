@@ -57,17 +57,17 @@ def test_few_workers_many_records_match_reference(which, defines):
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [("DTMK_DRAIN_POLL",), ("DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ")],
-                         ids=["poll", "pollacq"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_DRAIN_POLL_ACQ",), ("DTMK_NO_DRAIN_POLL",)],
+                         ids=["poll", "pollacq", "nopoll"])
 def test_drain_poller_stamps_ready_and_release_when_seen_met(defines):
-    """Session 47, -DDTMK_DRAIN_POLL (opt-in): a drain inside a dependency wait (warp 0,
+    """Session 47 (the default since session 48): a drain inside a dependency wait (warp 0,
     ~10-15 us a batch) hides the event's arrival from the wait's only poller, so task:ready /
-    dep:release come late and the monitor's cost reads as notification lag.  With the define
-    warp 1 polls during the drain: a task whose event it saw met carries FLAG_OBS_DELAY,
-    task:ready and dep:release at that moment, and a dispatch wait that leaves the drain out;
-    every other task keeps ready + dispatch.wait_ns == dispatch exactly.  (The acquire form,
-    then the default of the define, passed on an H100 at a66c5f7: 113 of 984 tasks flagged,
-    median delay 10.69 us.)"""
+    dep:release came late and the monitor's cost read as notification lag.  Warp 1 polls
+    during the drain: a task whose event it saw met carries FLAG_OBS_DELAY, task:ready and
+    dep:release at that moment, and a dispatch wait that leaves the drain out; every other
+    task keeps ready + dispatch.wait_ns == dispatch exactly.  -DDTMK_NO_DRAIN_POLL: no task is
+    flagged and every one keeps that equality (the old stamps).  (H100, session 48: 115 of
+    984 tasks flagged, median delay 10.08 us; the acquire form 116, 10.64 us.)"""
     import numpy as np
     from dtrace_mk.abi import definition as D
     from dtrace_mk.lang.pipeline import compile_query
@@ -95,6 +95,10 @@ def test_drain_poller_stamps_ready_and_release_when_seen_met(defines):
     ready, disp, rel = of("task:ready"), of("task:dispatch"), of("dep:release")
     assert ready and set(ready) == set(disp)
     delayed = [k for k, d in disp.items() if d["flags"] & D.FLAG_OBS_DELAY]
+    if "DTMK_NO_DRAIN_POLL" in defines:
+        assert not delayed and not any(r["flags"] & D.FLAG_OBS_DELAY for r in ready.values())
+        assert all(int(d["ts_ns"]) - int(d["wait_ns"]) == int(ready[k]["ts_ns"]) for k, d in disp.items())
+        return
     assert delayed, "no dependency met during a drain: the poller never ran"
     for k, d in disp.items():
         r = ready[k]

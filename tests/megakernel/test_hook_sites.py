@@ -136,8 +136,8 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
 
 
-def test_the_opt_in_drain_poller_stamps_the_event_seen_met():
-    """Session 47, -DDTMK_DRAIN_POLL (opt-in, under measurement): both drains of a dependency
+def test_the_drain_poller_stamps_the_event_seen_met():
+    """Session 47, the default since session 48 (-DDTMK_NO_DRAIN_POLL: off): both drains of a dependency
     wait (at the first look, in the spin) run obs_sync_wait_cta, whose warp-1 lane 0 polls
     the awaited event (left in shared memory at the first look) while warp 0 drains; a first
     look that was ready asks for no poller (its task was ready then: t_seen is that look's
@@ -145,6 +145,8 @@ def test_the_opt_in_drain_poller_stamps_the_event_seen_met():
     task:ready takes it through the task's FLAG_OBS_DELAY, and the dispatch wait still counts
     from run_task's own stamp (the drain left out).  Without the define every drain is
     obs_sync_cta as before."""
+    assert "!defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && " \
+           "!defined(DTMK_OBS_SM)\n#define DTMK_DRAIN_POLL" in SRC
     c = body("obs_sync_wait_cta")
     assert "threadIdx.x == 32 && poll" in c and "while (s_drain_busy)" in c
     assert "ev_ld_relaxed(" in c                    # (thread 0's next poll is the acquire)
@@ -164,16 +166,20 @@ def test_the_opt_in_drain_poller_stamps_the_event_seen_met():
     assert "wait = t_begin - t_ready" in f
 
 
-def test_the_drain_poller_is_absent_from_the_default_build(megakernel_ptx):
-    """CI (NVRTC): the default build's PTX has no poller (session 47 measured the opt-in form
-    against it); -DDTMK_DRAIN_POLL's has it, and refuses the builds it cannot run in."""
+def test_the_drain_poller_is_in_the_default_build_and_off_with_its_opt_out(megakernel_ptx):
+    """CI (NVRTC): the default build's PTX has the poller (session 48), the explicit define
+    changes nothing, -DDTMK_NO_DRAIN_POLL's PTX has none (the wait session 46 measured), the
+    no-hook build none; the builds it cannot run in are refused by name."""
     from dtrace_mk.kernels.build import CompileError, nvrtc_compile
     from dtrace_mk.kernels import KERNEL_DIR
-    assert "obs_sync_wait_cta" not in megakernel_ptx(()) and "s_seen" not in megakernel_ptx(())
-    on = megakernel_ptx(("DTMK_DRAIN_POLL",))
-    assert "obs_sync_wait_cta" in on and "ld.relaxed.gpu" in on
+    on = megakernel_ptx(())
+    assert "obs_sync_wait_cta" in on and "s_seen" in on and "ld.relaxed.gpu" in on
+    assert megakernel_ptx(("DTMK_DRAIN_POLL",)) == on
+    for off in (("DTMK_NO_DRAIN_POLL",), ("DTMK_NO_HOOKS",)):
+        assert "obs_sync_wait_cta" not in megakernel_ptx(off) and "s_seen" not in megakernel_ptx(off)
     for bad, why in ((("DTMK_DRAIN_POLL", "DTMK_OBS_SM"), "not with DTMK_NO_HOOKS or DTMK_OBS_SM"),
-                     (("DTMK_DRAIN_POLL_ACQ",), "define both")):
+                     (("DTMK_DRAIN_POLL", "DTMK_NO_DRAIN_POLL"), "exclude each other"),
+                     (("DTMK_DRAIN_POLL_ACQ", "DTMK_NO_DRAIN_POLL"), "form of DTMK_DRAIN_POLL")):
         with pytest.raises(CompileError, match=why):
             nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx", bad)
 
@@ -283,8 +289,11 @@ def test_streaming_ring_slot_without_a_modulo_per_record():
 
 
 def test_the_compiled_tier_links_the_drain_poller_builds():
-    """serve --kernel-define DTMK_DRAIN_POLL with a compiled monitor: the linked kernel is the
-    same variant (a define missing from MK_PASS_DEFINES would be silently absent from it)."""
+    """serve --kernel-define DTMK_NO_DRAIN_POLL (or the poller's forms) with a compiled monitor:
+    the linked kernel is the same variant (a define missing from MK_PASS_DEFINES would be
+    silently absent from it)."""
     from dtrace_mk.runtime.compiled.link import megakernel_spec
-    spec = megakernel_spec(("DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_ROPE_IN_ATTN"))
-    assert {"DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_ROPE_IN_ATTN"} <= set(spec.defines)
+    for defs in (("DTMK_NO_DRAIN_POLL", "DTMK_ROPE_IN_ATTN"),
+                 ("DTMK_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_DRAIN_POLL_NS=50", "DTMK_ROPE_IN_ATTN")):
+        spec = megakernel_spec(defs)
+        assert set(defs) - {"DTMK_DRAIN_POLL"} <= set(spec.defines), defs

@@ -803,6 +803,9 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  121) # plan 109's stages, the compiled tier first (a short budget): the poller's default build linked
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $R $L+$R" "$(pytv 200 tests/gpu/test_compiled_tier.py)" \
+       "$(pytv 160 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" ;;
   120) K='not (obssm or recglobal or codesmem or holdeager)'
      # session 48: the drain's poller the default -- its ring tests (poll / acquire / DTMK_NO_DRAIN_POLL), then
      # plan 108's stages (device summaries: the workers' serve case the artefact failed; resident + hot attach)

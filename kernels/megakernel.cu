@@ -974,6 +974,20 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 #endif
 #endif
 
+#ifdef DTMK_DRAIN_POLL
+/* thread 0, at a resident step gate about to drain for new tables (rare: a table change):
+ * the drain's poller watches the step's first static task t's event meanwhile, as in a wait
+ * -- the other workers run the step already (session 48: fault-free tiny's remaining qkv
+ * lag spikes sat at the step new tables were due).  wait_event's first look takes s_seen. */
+__device__ __forceinline__ void gate_poll_arm(const MkParams &P, int t, int step) {
+    const int *r = trec(P, t);
+    const int e = r[6];                  /* (the plan loop's event and target of t) */
+    s_poll_ev = counter(P, e >= 0 ? e : (int)P.step_event);
+    s_poll_target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
+    s_drain_busy = 1;
+}
+#endif
+
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
@@ -1007,8 +1021,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         W.first = rd;
 #ifdef DTMK_DRAIN_POLL
-        /* ready at the first look and draining before the task: it was ready now */
-        W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
+        /* ready at the first look: when a step gate's drain just before saw its event met
+         * (s_seen), else, draining before the task, now; s_seen is 0 for the wait's own drains */
+        const dtmk_u64 gate_seen = s_seen;
+        s_seen = 0;
+        W.t_seen = !(rd & 1) ? 0 : gate_seen ? gate_seen : (rd & 6) ? mk_now() : 0;
         s_drain_busy = 1;
         s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
@@ -1469,12 +1486,15 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                  * written before the grant), so it counts from this step's first event
                  * without the kernel ever parking for an attach; a few loads per step */
                 if (W.gate == 0) refresh_control(P, W, true);
+#ifdef DTMK_DRAIN_POLL
+                if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);
+#endif
             }
             MK_SYNC();
 #ifndef DTMK_NO_HOOKS
             if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
                 /* ... if due by this step (OBS_AT_GATE: obs_sync reads control[CTL_GEN_DUE]) */
-                OBS_SYNC_IF(true, false, (dtmk_u32)step | OBS_AT_GATE);
+                OBS_SYNC_WAIT_IF(true, false, (dtmk_u32)step | OBS_AT_GATE, p0 < p1);
                 MK_SYNC();
             }
 #endif
@@ -1500,13 +1520,16 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                         /* what the host wrote while the kernel was parked (hook mask, device-VM
                          * tables: a query attached at this step boundary) holds from this step */
                         if (W.gate == 0) refresh_control(P, W, true);
+#ifdef DTMK_DRAIN_POLL
+                        if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);
+#endif
                     } else {
                         W.gate = 2;
                     }
                 }
                 MK_SYNC();
 #ifndef DTMK_NO_HOOKS
-                OBS_SYNC_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step);
+                OBS_SYNC_WAIT_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step, p0 < p1);
                 MK_SYNC();
 #endif
             }

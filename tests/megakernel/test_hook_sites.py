@@ -159,6 +159,16 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
     assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w
     assert "W.dep_wait = met - t0" in w
+    # a resident step gate's drains for new tables (session 48) poll the step's first static
+    # task's event (the plan loop's event and target), and its first look takes the stamp
+    g = body("gate_poll_arm")
+    assert "s_drain_busy = 1" in g and "(dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step" in g
+    assert "target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;" in SRC
+    k = SRC[SRC.index("dtmk_megakernel(const dtmk_u64 *params)"):]
+    assert k.count("if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);") == 2
+    assert "OBS_SYNC_WAIT_IF(true, false, (dtmk_u32)step | OBS_AT_GATE, p0 < p1);" in k
+    assert "OBS_SYNC_WAIT_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step, p0 < p1);" in k
+    assert "W.t_seen = !(rd & 1) ? 0 : gate_seen ? gate_seen : (rd & 6) ? mk_now() : 0;" in w
     r = body("run_task")
     assert "if (plan && W.t_seen) W.pend_flags |= DTMK_FLAG_OBS_DELAY;" in r
     f = body("hook_flush")

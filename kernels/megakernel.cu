@@ -974,20 +974,6 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
 #endif
 #endif
 
-#ifdef DTMK_DRAIN_POLL
-/* thread 0, at a resident step gate about to drain for new tables (rare: a table change):
- * the drain's poller watches the step's first static task t's event meanwhile, as in a wait
- * -- the other workers run the step already (session 48: fault-free tiny's remaining qkv
- * lag spikes sat at the step new tables were due).  wait_event's first look takes s_seen. */
-__device__ __forceinline__ void gate_poll_arm(const MkParams &P, int t, int step) {
-    const int *r = trec(P, t);
-    const int e = r[6];                  /* (the plan loop's event and target of t) */
-    s_poll_ev = counter(P, e >= 0 ? e : (int)P.step_event);
-    s_poll_target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;
-    s_drain_busy = 1;
-}
-#endif
-
 /* whole CTA: wait until counter[e] >= target, running dynamic tasks meanwhile.  Fires
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
@@ -1487,14 +1473,14 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                  * without the kernel ever parking for an attach; a few loads per step */
                 if (W.gate == 0) refresh_control(P, W, true);
 #ifdef DTMK_DRAIN_POLL
-                if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);
+                if (W.gate == 0 && O.reload) s_drain_busy = 1;   /* the gate drain's poller: obs_sync_cta */
 #endif
             }
             MK_SYNC();
 #ifndef DTMK_NO_HOOKS
             if (W.gate == 0 && O.reload) {     /* uniform: every thread reads O.reload after the barrier */
                 /* ... if due by this step (OBS_AT_GATE: obs_sync reads control[CTL_GEN_DUE]) */
-                OBS_SYNC_WAIT_IF(true, false, (dtmk_u32)step | OBS_AT_GATE, p0 < p1);
+                OBS_SYNC_IF(true, false, (dtmk_u32)step | OBS_AT_GATE);
                 MK_SYNC();
             }
 #endif
@@ -1520,16 +1506,13 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                         /* what the host wrote while the kernel was parked (hook mask, device-VM
                          * tables: a query attached at this step boundary) holds from this step */
                         if (W.gate == 0) refresh_control(P, W, true);
-#ifdef DTMK_DRAIN_POLL
-                        if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);
-#endif
                     } else {
                         W.gate = 2;
                     }
                 }
                 MK_SYNC();
 #ifndef DTMK_NO_HOOKS
-                OBS_SYNC_WAIT_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step, p0 < p1);
+                OBS_SYNC_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step);
                 MK_SYNC();
 #endif
             }

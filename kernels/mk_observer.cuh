@@ -751,15 +751,6 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
     }
     __syncwarp();
 }
-/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
-__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
-    DTMK_PROF_BEGIN(prof_c0);
-    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
-#ifdef DTMK_OBS_PROF
-    if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
-#endif
-}
-#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
 #ifdef DTMK_DRAIN_POLL
 /* The drain's poller (the default of the workers' hook builds since session 48; off with
  * -DDTMK_NO_DRAIN_POLL, megakernel.cu).  A drain inside a dependency wait (a 32-record batch:
@@ -785,6 +776,57 @@ __shared__ volatile dtmk_u32 s_drain_busy;     /* set by thread 0 before the dra
  * arguments (which cost wait_event spill loads) */
 __shared__ const dtmk_u64 *s_poll_ev;
 __shared__ dtmk_u64 s_poll_target;
+/* the poller (warp 1's lane 0) until warp 0's drain ends or the event is met (s_seen: when).
+ * Relaxed loads DTMK_DRAIN_POLL_NS apart: the poller only stamps the moment (thread 0's next
+ * poll is the acquire that orders the task after the event).  -DDTMK_DRAIN_POLL_ACQ: a66c5f7's
+ * back-to-back acquire loads -- they slowed the drain beside them (H100: 1b's serving step
+ * +2.6..3.0%, tiny's +5.6..9%; suspected: an acquire load invalidates the SM's L1, where the
+ * VM's map lines sit) */
+__device__ __forceinline__ void drain_poll(const MkParams &P, const dtmk_u64 *ev, const dtmk_u64 target) {
+    while (s_drain_busy) {
+#ifdef DTMK_DRAIN_POLL_ACQ
+        const dtmk_u64 v = ev_ld_acquire(P, ev);
+#else
+        const dtmk_u64 v = ev_ld_relaxed(P.ranks > 1, ev);
+#endif
+        if (v >= target) { s_seen = mk_now(); break; }
+#if !defined(DTMK_DRAIN_POLL_ACQ) && DTMK_DRAIN_POLL_NS > 0
+        __nanosleep(DTMK_DRAIN_POLL_NS);
+#endif
+    }
+}
+/* a resident step gate's drain for new tables (OBS_AT_GATE; the kernel set s_drain_busy): the
+ * other workers run the step already, so the poller watches this worker's first static task's
+ * event (the plan loop's event and target), and that task's first look takes s_seen (session
+ * 48: fault-free tiny's remaining qkv lag spikes sat at the steps new tables were due) */
+__device__ __noinline__ void gate_poll(const MkParams &P, const Worker &W, dtmk_u32 step) {
+    const int p0 = ((const int *)P.plan_off)[W.worker], p1 = ((const int *)P.plan_off)[W.worker + 1];
+    if (p0 >= p1) return;
+    const int *r = trec(P, ((const int *)P.plan_tasks)[p0]);
+    const int e = r[6];
+    drain_poll(P, (const dtmk_u64 *)P.events + (e >= 0 ? e : (int)P.step_event),
+               e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step);
+}
+#endif
+/* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
+__device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_c0);
+#ifndef DTMK_DRAIN_POLL
+    if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
+#else
+    if (threadIdx.x < 32) {
+        obs_sync(P, W, chunk, step);
+        if (threadIdx.x == 0) s_drain_busy = 0;
+    } else if (threadIdx.x == 32 && (step & OBS_AT_GATE)) {
+        gate_poll(P, W, step & ~OBS_AT_GATE);
+    }
+#endif
+#ifdef DTMK_OBS_PROF
+    if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }
+#endif
+}
+#define OBS_SYNC_IF(cond, chunk, step) do { if (cond) obs_sync_cta(P, W, chunk, step); } while (0)
+#ifdef DTMK_DRAIN_POLL
 /* obs_sync_cta inside a dependency wait (poll: the event is not known met): the poller runs */
 __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step, bool poll) {
     DTMK_PROF_BEGIN(prof_c0);
@@ -792,24 +834,7 @@ __device__ __noinline__ void obs_sync_wait_cta(const MkParams &P, Worker &W, boo
         obs_sync(P, W, chunk, step);
         if (threadIdx.x == 0) s_drain_busy = 0;
     } else if (threadIdx.x == 32 && poll) {
-        /* relaxed loads DTMK_DRAIN_POLL_NS apart: the poller only stamps the moment (thread 0's next poll
-         * is the acquire that orders the task after the event).  -DDTMK_DRAIN_POLL_ACQ: a66c5f7's
-         * back-to-back acquire loads -- they slowed the drain beside them (session 47, H100: 1b's
-         * serving step +3.0%, tiny's +5.6%; suspected: an acquire load invalidates the SM's L1,
-         * where the VM's map lines sit) */
-        const dtmk_u64 *ev = s_poll_ev;
-        const dtmk_u64 poll_target = s_poll_target;
-        while (s_drain_busy) {
-#ifdef DTMK_DRAIN_POLL_ACQ
-            const dtmk_u64 v = ev_ld_acquire(P, ev);
-#else
-            const dtmk_u64 v = ev_ld_relaxed(P.ranks > 1, ev);
-#endif
-            if (v >= poll_target) { s_seen = mk_now(); break; }
-#if !defined(DTMK_DRAIN_POLL_ACQ) && DTMK_DRAIN_POLL_NS > 0
-            __nanosleep(DTMK_DRAIN_POLL_NS);
-#endif
-        }
+        drain_poll(P, s_poll_ev, s_poll_target);
     }
 #ifdef DTMK_OBS_PROF
     if (threadIdx.x == 0) { DTMK_PROF_END1(chunk ? 0 : 2, prof_c0); s_prof_drain = clock64() - prof_c0; }

@@ -148,9 +148,11 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert "!defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && " \
            "!defined(DTMK_OBS_SM)\n#define DTMK_DRAIN_POLL" in SRC
     c = body("obs_sync_wait_cta")
-    assert "threadIdx.x == 32 && poll" in c and "while (s_drain_busy)" in c
-    assert "ev_ld_relaxed(" in c                    # (thread 0's next poll is the acquire)
-    assert "s_seen = mk_now()" in c and "s_drain_busy = 0" in c
+    assert "threadIdx.x == 32 && poll" in c and "drain_poll(P, s_poll_ev, s_poll_target)" in c
+    assert "s_drain_busy = 0" in c
+    d = body("drain_poll")
+    assert "while (s_drain_busy)" in d and "s_seen = mk_now()" in d
+    assert "ev_ld_relaxed(" in d                    # (thread 0's next poll is the acquire)
     assert "#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) OBS_SYNC_IF(cond, chunk, step)" in SRC
     w = body("wait_event")
     assert "OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, !(first & 1))" in w
@@ -159,15 +161,18 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
     assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w
     assert "W.dep_wait = met - t0" in w
-    # a resident step gate's drains for new tables (session 48) poll the step's first static
-    # task's event (the plan loop's event and target), and its first look takes the stamp
-    g = body("gate_poll_arm")
-    assert "s_drain_busy = 1" in g and "(dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step" in g
-    assert "target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;" in SRC
+    # a resident step gate's drain for new tables (session 48): the kernel arms the poller
+    # (no plan loads on its step loop: its spill budget, test_site_form.py), obs_sync_cta's
+    # warp-1 lane 0 polls the worker's first static task's event (the plan loop's event and
+    # target), and that task's first look takes the stamp
     k = SRC[SRC.index("dtmk_megakernel(const dtmk_u64 *params)"):]
-    assert k.count("if (W.gate == 0 && O.reload && p0 < p1) gate_poll_arm(P, plan[p0], step);") == 2
-    assert "OBS_SYNC_WAIT_IF(true, false, (dtmk_u32)step | OBS_AT_GATE, p0 < p1);" in k
-    assert "OBS_SYNC_WAIT_IF(W.gate == 0 && O.reload, false, (dtmk_u32)step, p0 < p1);" in k
+    assert k.count("if (W.gate == 0 && O.reload) s_drain_busy = 1;") == 1
+    assert "OBS_SYNC_IF(true, false, (dtmk_u32)step | OBS_AT_GATE);" in k
+    o = body("obs_sync_cta")
+    assert "threadIdx.x == 32 && (step & OBS_AT_GATE)" in o and "gate_poll(P, W, step & ~OBS_AT_GATE)" in o
+    g = body("gate_poll")
+    assert "(dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step" in g and "drain_poll(P," in g
+    assert "target = e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step;" in SRC
     assert "W.t_seen = !(rd & 1) ? 0 : gate_seen ? gate_seen : (rd & 6) ? mk_now() : 0;" in w
     r = body("run_task")
     assert "if (plan && W.t_seen) W.pend_flags |= DTMK_FLAG_OBS_DELAY;" in r

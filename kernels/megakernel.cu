@@ -83,6 +83,9 @@
 #if !defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
 #define DTMK_DRAIN_POLL
 #endif
+#if defined(DTMK_GATE_POLL) && !defined(DTMK_DRAIN_POLL)
+#error "DTMK_GATE_POLL extends DTMK_DRAIN_POLL's poller (not with DTMK_NO_DRAIN_POLL, DTMK_NO_HOOKS or DTMK_OBS_SM)"
+#endif
 #if defined(DTMK_DRAIN_POLL_ACQ) && !defined(DTMK_DRAIN_POLL)
 #error "DTMK_DRAIN_POLL_ACQ is a form of DTMK_DRAIN_POLL's poller (not with DTMK_NO_DRAIN_POLL, DTMK_NO_HOOKS or DTMK_OBS_SM)"
 #endif
@@ -1007,11 +1010,16 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         W.first = rd;
 #ifdef DTMK_DRAIN_POLL
+#ifdef DTMK_GATE_POLL
         /* ready at the first look: when a step gate's drain just before saw its event met
          * (s_seen), else, draining before the task, now; s_seen is 0 for the wait's own drains */
         const dtmk_u64 gate_seen = s_seen;
         s_seen = 0;
         W.t_seen = !(rd & 1) ? 0 : gate_seen ? gate_seen : (rd & 6) ? mk_now() : 0;
+#else
+        /* ready at the first look and draining before the task: it was ready now */
+        W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
+#endif
         s_drain_busy = 1;
         s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
@@ -1472,7 +1480,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                  * written before the grant), so it counts from this step's first event
                  * without the kernel ever parking for an attach; a few loads per step */
                 if (W.gate == 0) refresh_control(P, W, true);
-#ifdef DTMK_DRAIN_POLL
+#ifdef DTMK_GATE_POLL
                 if (W.gate == 0 && O.reload) s_drain_busy = 1;   /* the gate drain's poller: obs_sync_cta */
 #endif
             }

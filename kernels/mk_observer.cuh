@@ -795,7 +795,9 @@ __device__ __forceinline__ void drain_poll(const MkParams &P, const dtmk_u64 *ev
 #endif
     }
 }
-/* a resident step gate's drain for new tables (OBS_AT_GATE; the kernel set s_drain_busy): the
+#ifdef DTMK_GATE_POLL
+/* -DDTMK_GATE_POLL (opt-in until it has run on a GPU: session 48's device time ran out): a
+ * resident step gate's drain for new tables (OBS_AT_GATE; the kernel set s_drain_busy) -- the
  * other workers run the step already, so the poller watches this worker's first static task's
  * event (the plan loop's event and target), and that task's first look takes s_seen (session
  * 48: fault-free tiny's remaining qkv lag spikes sat at the steps new tables were due) */
@@ -808,10 +810,11 @@ __device__ __noinline__ void gate_poll(const MkParams &P, const Worker &W, dtmk_
                e >= 0 ? (dtmk_u64)r[7] * (dtmk_u64)(step + 1) : (dtmk_u64)step);
 }
 #endif
+#endif
 /* whole CTA calls it (a uniform call site: no divergence bookkeeping in the hot caller) */
 __device__ __noinline__ void obs_sync_cta(const MkParams &P, Worker &W, bool chunk, dtmk_u32 step) {
     DTMK_PROF_BEGIN(prof_c0);
-#ifndef DTMK_DRAIN_POLL
+#ifndef DTMK_GATE_POLL
     if (threadIdx.x < 32) obs_sync(P, W, chunk, step);
 #else
     if (threadIdx.x < 32) {

@@ -803,14 +803,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
-  122) O=${OUT:-/tmp/out}
-     # session 48: the gate drain's poller (obs_sync_cta gate_poll) -- fault-free tiny serving's park + 2 qkv lag
-     # spikes gone?  then device summaries (resident gates with table changes), the stamp tests, the compiled
-     # tier (the default build linked) and plan 109's VM stages
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' $R" \
-       "timeout 120 python3 bench/serve.py --presets tiny --steps 400 --configs workers --reps 3 --dump --out $O/serve" \
+  122) O=${OUT:-/tmp/out}; G=DTMK_GATE_POLL
+     # session 48's opt-in gate drain poller (obs_sync_cta gate_poll): fault-free tiny serving's park + 2 qkv lag
+     # spikes gone with it?  workers / workers+G alternated, 3 rounds, dumps; then the stamp tests, the compiled
+     # tier (the default build linked) and plan 109's VM stages.  If it holds: make it the default (hooks.md s48)
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' $R $G $G+$R" \
+       "timeout 200 python3 bench/serve.py --presets tiny --steps 400 --configs workers,workers+$G --reps 3 --dump --out $O/serve" \
        "python3 -m dtrace_mk.collectors.replay --shape $O/serve/dumps/*.pkl" "$DUMPS_PACK" \
-       "$(pytv 120 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" "$(pytv 200 tests/gpu/test_compiled_tier.py)" \
        "$(pytv 160 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" ;;
   121) # plan 109's stages, the compiled tier first (a short budget): the poller's default build linked

@@ -57,8 +57,8 @@ def test_few_workers_many_records_match_reference(which, defines):
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_DRAIN_POLL_ACQ",), ("DTMK_NO_DRAIN_POLL",)],
-                         ids=["poll", "pollacq", "nopoll"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_DRAIN_POLL_ACQ",), ("DTMK_NO_DRAIN_POLL",), ("DTMK_GATE_POLL",)],
+                         ids=["poll", "pollacq", "nopoll", "gatepoll"])
 def test_drain_poller_stamps_ready_and_release_when_seen_met(defines):
     """Session 47 (the default since session 48): a drain inside a dependency wait (warp 0,
     ~10-15 us a batch) hides the event's arrival from the wait's only poller, so task:ready /

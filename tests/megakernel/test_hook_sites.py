@@ -161,7 +161,8 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
     assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w
     assert "W.dep_wait = met - t0" in w
-    # a resident step gate's drain for new tables (session 48): the kernel arms the poller
+    # -DDTMK_GATE_POLL (session 48, opt-in until it runs on a GPU): a resident step gate's
+    # drain for new tables -- the kernel arms the poller
     # (no plan loads on its step loop: its spill budget, test_site_form.py), obs_sync_cta's
     # warp-1 lane 0 polls the worker's first static task's event (the plan loop's event and
     # target), and that task's first look takes the stamp
@@ -192,7 +193,10 @@ def test_the_drain_poller_is_in_the_default_build_and_off_with_its_opt_out(megak
     assert megakernel_ptx(("DTMK_DRAIN_POLL",)) == on
     for off in (("DTMK_NO_DRAIN_POLL",), ("DTMK_NO_HOOKS",)):
         assert "obs_sync_wait_cta" not in megakernel_ptx(off) and "s_seen" not in megakernel_ptx(off)
+    assert "gate_poll" not in on                    # (the gate drain's poller is opt-in)
+    assert "gate_poll" in megakernel_ptx(("DTMK_GATE_POLL",))
     for bad, why in ((("DTMK_DRAIN_POLL", "DTMK_OBS_SM"), "not with DTMK_NO_HOOKS or DTMK_OBS_SM"),
+                     (("DTMK_GATE_POLL", "DTMK_NO_DRAIN_POLL"), "extends DTMK_DRAIN_POLL"),
                      (("DTMK_DRAIN_POLL", "DTMK_NO_DRAIN_POLL"), "exclude each other"),
                      (("DTMK_DRAIN_POLL_ACQ", "DTMK_NO_DRAIN_POLL"), "form of DTMK_DRAIN_POLL")):
         with pytest.raises(CompileError, match=why):

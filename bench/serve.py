@@ -16,7 +16,7 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
   NAME:wW   workers or sm with `--summary-window W` (device summaries read every W steps
             instead of 16: e.g. workers,workers:w64)
   NAME+D    workers or sm (with or without :wW) built with the measurement define D too
-            (`--kernel-define D`, repeatable: workers+DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ)
+            (`--kernel-define D`, repeatable: workers+DTMK_NO_DRAIN_POLL, workers+DTMK_DRAIN_POLL_ACQ)
 
 Figures per job: us/step of launch time (the resident launches' GPU time over the device
 steps they ran, as serve prints it: what the kernel took, its waits for the host at the step

@@ -133,14 +133,12 @@ __device__ __noinline__ void hook_flush(const MkParams &P, Worker &W) {
         dtmk_u32 ev = (dtmk_u32)e, qd = 0, op = N, cg = 0, peer = N, fl = flags;
         switch (h) {
         case DTMK_HOOK_DEP_RELEASE: ts = W.ts_rel; wait = dep_wait; break;
-#ifdef DTMK_DRAIN_POLL
         case DTMK_HOOK_TASK_READY:
             qd = W.pend_q;
+#ifdef DTMK_DRAIN_POLL
             if (flags & DTMK_FLAG_OBS_DELAY) ts = W.t_seen;   /* seen met during a drain (obs_sync_wait_cta) */
-            break;
-#else
-        case DTMK_HOOK_TASK_READY: qd = W.pend_q; break;
 #endif
+            break;
         case DTMK_HOOK_QUEUE_PRESSURE: ev = N; gen = 0; qd = (dtmk_u32)P.queue_threshold; fl = 0; break;
         case DTMK_HOOK_COMM_WAIT:
             wait = dep_wait; op = (dtmk_u32)((const int *)P.ev_comm_op)[e];

@@ -269,8 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_observer_arguments(p, "gpu backend, one rank")
     p.add_argument("--kernel-define", action="append", default=None, metavar="DTMK_NAME",
                    help="gpu backend, one rank; repeatable: a compile-time variant of kernels/megakernel.cu "
-                        "added to the build, for measurement (e.g. DTMK_DRAIN_POLL: bench/serve.py configs "
-                        "workers+DTMK_DRAIN_POLL; docs/results/hooks.md session 47)")
+                        "added to the build, for measurement (e.g. DTMK_NO_DRAIN_POLL, the wait without the drain's "
+                        "poller: bench/serve.py configs workers+DTMK_NO_DRAIN_POLL; docs/results/hooks.md session 48)")
     p.add_argument("--progress-s", type=float, default=2.0, help="seconds between progress lines")
     p.add_argument("--result", metavar="FILE", help="without a launcher: write rank 0's diagnosis here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -342,7 +342,7 @@ def kernel_defines(args: argparse.Namespace) -> tuple:
     for d in names:
         if not KERNEL_DEFINE.fullmatch(d):
             raise UserError(f"--kernel-define {d!r}: expected DTMK_NAME or DTMK_NAME=N (a macro of "
-                            f"kernels/megakernel.cu, e.g. DTMK_DRAIN_POLL)")
+                            f"kernels/megakernel.cu, e.g. DTMK_NO_DRAIN_POLL)")
     return names
 
 
@@ -357,7 +357,6 @@ def serve(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     from ..megakernel.gpu import observer_defines
     observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
-    extra = kernel_defines(args)
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":
@@ -369,6 +368,7 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "summary_window", None) is not None:
         raise UserError("--summary-window: windows are the GPU backend's device summaries; a sim rank's agent "
                         "summarizes every step itself (use --backend gpu, or leave the flag out)")
+    extra = kernel_defines(args)
     if extra:
         raise UserError(f"--kernel-define {extra[0]}: a variant of the GPU megakernel's build; the "
                         f"sim backend compiles none (use --backend gpu, or leave the flag out)")
@@ -664,8 +664,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
             # (the windows' reads and the next window's attach before the grant: tried after
             # it in session 45 so the kernel would run meanwhile, and reverted on a
             # late_notification at rotations in tiny; session 46 saw that artefact with this
-            # order too -- likely the workers' long-wait drains after the grants' burst,
-            # docs/results/hooks.md -- so the order is not its cause, and not re-measured)
+            # order too: its cause was a wait's drain hiding a met dependency, which the
+            # drain's poller fixed in sessions 47-48 (docs/results/hooks.md); not re-measured)
             host.step(k)
             host.status_extra = {"serving": {"step": j, "backend": "gpu"}}
             if k % RETIRE_EVERY == 0:

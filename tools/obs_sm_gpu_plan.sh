@@ -792,9 +792,11 @@ case "${1:-}" in
   117) O=${OUT:-/tmp/out}
      # dp PRESET DEFINES NAME: tools/dispatch_probe.py (batch 4, summary_tasks.d hot, hooks streamed) of that build
      dp() { echo "timeout 110 python3 tools/dispatch_probe.py --preset $1 --batch 4 --steps 60 --reps 2 --defines '$2' | tee $O/$1_$3.txt"; }
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R DTMK_DRAIN_POLL+$R DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ+$R" \
-       "$(dp 1b '' off1)" "$(dp 1b DTMK_DRAIN_POLL poll1)" "$(dp 1b DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ acq1)" \
-       "$(dp 1b '' off2)" "$(dp 1b DTMK_DRAIN_POLL poll2)" "$(dp 1b DTMK_DRAIN_POLL+DTMK_DRAIN_POLL_ACQ acq2)" ;;
+     # (since session 48 the default build is the poller's: '' = poll, DTMK_NO_DRAIN_POLL = off)
+     NP=DTMK_NO_DRAIN_POLL; AQ=DTMK_DRAIN_POLL_ACQ
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $R $NP+$R $AQ+$R" \
+       "$(dp 1b $NP off1)" "$(dp 1b '' poll1)" "$(dp 1b $AQ acq1)" \
+       "$(dp 1b $NP off2)" "$(dp 1b '' poll2)" "$(dp 1b $AQ acq2)" ;;
   118) DP=DTMK_DRAIN_POLL; DA=$DP+DTMK_DRAIN_POLL_ACQ
      # the poller's serving A/B in one tree (serve --kernel-define): workers / +poll / +poll acquire, 3 rounds,
      # dumps; then its stamp test (both forms) and device summaries' GPU tests (the default build)

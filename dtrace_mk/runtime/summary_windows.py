@@ -59,8 +59,9 @@ from ..errors import UserError
 #: Where a GPU rank's summary monitors run (serve / launch / demo --summaries,
 #: $DTRACE_MK_SUMMARIES): "host" = every hook record streams to the rank's Python agent,
 #: "device" = their task half runs here, in the device VM (the default since session 44:
-#: exact against host summaries on the H200; host-paced tiny serving still shows a
-#: late_notification two steps after each window's park, session 46: docs/results/hooks.md).
+#: exact against host summaries on the H200; host-paced tiny serving's late_notification two
+#: steps after each window's park, sessions 45-47, went with the drain's poller, session 48:
+#: docs/results/hooks.md).
 SUMMARY_MODES = ("host", "device")
 DEFAULT_SUMMARIES = "device"
 

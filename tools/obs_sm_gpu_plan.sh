@@ -808,12 +808,11 @@ case "${1:-}" in
   122) O=${OUT:-/tmp/out}; G=DTMK_GATE_POLL
      # session 48's opt-in gate drain poller (obs_sync_cta gate_poll): fault-free tiny serving's park + 2 qkv lag
      # spikes gone with it?  workers / workers+G alternated, 3 rounds, dumps; then the stamp tests, the compiled
-     # tier (the default build linked) and plan 109's VM stages.  If it holds: make it the default (hooks.md s48)
+     # tier and plan 109's VM stages are plan 121 (one call holds 600 s).  If it holds: make it the default
      exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' $R $G $G+$R" \
-       "timeout 200 python3 bench/serve.py --presets tiny --steps 400 --configs workers,workers+$G --reps 3 --dump --out $O/serve" \
+       "timeout 240 python3 bench/serve.py --presets tiny --steps 400 --configs workers,workers+$G --reps 3 --dump --out $O/serve" \
        "python3 -m dtrace_mk.collectors.replay --shape $O/serve/dumps/*.pkl" "$DUMPS_PACK" \
-       "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" "$(pytv 200 tests/gpu/test_compiled_tier.py)" \
-       "$(pytv 160 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" ;;
+       "$(pytv 90 tests/gpu/test_obs_ring.py -k drain_poller)" ;;
   121) # plan 109's stages, the compiled tier first (a short budget): the poller's default build linked
      exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $R $L+$R" "$(pytv 200 tests/gpu/test_compiled_tier.py)" \
        "$(pytv 160 tests/gpu/test_device_vm.py tests/gpu/test_map_churn_gpu.py)" ;;

@@ -805,6 +805,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  123) O=${OUT:-/tmp/out}; G=DTMK_GATE_POLL
+     # session 49: plan 122's tiny jobs showed no park + 2 spike with or without the gate poller (and no cost):
+     # more rounds and 1b (its cost there), then plan 104's hook table on the poller default (issue 5's figures)
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' $R $G $G+$R DTMK_NO_HOOKS DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
+       "$(serve_b 200 --configs workers,workers+$G --reps 4 --dump)" \
+       "python3 -m dtrace_mk.collectors.replay --shape $O/serve/dumps/*.pkl" "$DUMPS_PACK" \
+       "timeout 330 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out $O" ;;
   122) O=${OUT:-/tmp/out}; G=DTMK_GATE_POLL
      # session 48's opt-in gate drain poller (obs_sync_cta gate_poll): fault-free tiny serving's park + 2 qkv lag
      # spikes gone with it?  workers / workers+G alternated, 3 rounds, dumps; then the stamp tests, the compiled
@@ -859,5 +866,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..109)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..123)" >&2; exit 2 ;;
 esac

@@ -573,7 +573,9 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     if lat:
         out["attach_write_to_first_event_ms_median"] = statistics.median(x["write_to_first_event_ms"] for x in lat)
         out["attach_cmd_to_first_event_ms_median"] = statistics.median(x["cmd_to_first_event_ms"] for x in lat)
-    log(json.dumps({"preset": name, "attach": lat}))
+    # the clock pairings' moves (LiveSession.start re-pairs a stale one): (s apart, ns moved)
+    out["clock_drift"] = [(round(dt, 1), dns) for dt, dns in live.clock_drift]
+    log(json.dumps({"preset": name, "attach": lat, "clock_drift": out["clock_drift"]}))
     mk.set_observer(0, None)
 
     return out

@@ -157,6 +157,9 @@ class Snapshot:
     state: Dict[str, np.ndarray] = field(default_factory=dict)   # observer words per worker
 
 
+RECALIBRATE_S = 5.0      # start() pairs the clocks again when the last pairing is older
+
+
 def _calibrate(reps: int = 7) -> Tuple[int, int]:
     """(offset, uncertainty) in ns: device %globaltimer ~= host time.time_ns() + offset
     (the min-round-trip pairing of megakernel.gpu_clock, against the wall clock that
@@ -205,7 +208,8 @@ class LiveSession:
         self.gen = 0
         self.stamps: Dict[int, Dict[str, int]] = {}     # gen -> host/device stamps
         self.handle = None
-        self.clock_offset, self.clock_err = _calibrate()
+        self.clock_drift: List[Tuple[float, int]] = []    # (seconds since the last pairing, offset change ns)
+        self._calibrate_clock()
         self._pinned = cp.cuda.alloc_pinned_memory(64)
         self._word = np.frombuffer(self._pinned, np.uint32, 16)
         self._due = 0                  # control[CTL_GEN_DUE] last written
@@ -245,10 +249,22 @@ class LiveSession:
             ex.shutdown(wait=False, cancel_futures=True)
 
     # -- the run ----------------------------------------------------------------------
+    def _calibrate_clock(self) -> None:
+        """Pair the device clock with the host's (attach stamps are host time + offset)."""
+        offset, self.clock_err = _calibrate()
+        now = time.monotonic()
+        if hasattr(self, "clock_offset"):
+            self.clock_drift.append((now - self._calibrated_at, offset - self.clock_offset))
+        self.clock_offset, self._calibrated_at = offset, now
+
     def start(self, steps: int, **kw) -> None:
         """Launch `steps` decode steps in one launch; returns at once."""
         if self.handle is not None and not self.mk.done(self.handle):
             raise UserError("LiveSession.start: a launch is still running")
+        # a pairing goes stale: over ~140 s of launches it moved 2.2-2.7 ms (H100, session
+        # 49: attach latencies read negative); re-paired here, where no launch holds the SMs
+        if time.monotonic() - self._calibrated_at > RECALIBRATE_S:
+            self._calibrate_clock()
         self.boundary()
         kw.setdefault("refresh", self.refresh)
         kw.setdefault("watchdog_ms", self.watchdog_ms)
@@ -404,7 +420,8 @@ class LiveSession:
         return {"cmd_to_first_event_ms": (f - s["cmd_dev"]) / 1e6,
                 "write_to_first_event_ms": (f - s["write_dev"]) / 1e6,
                 "write_to_first_load_ms": (loaded - s["write_dev"]) / 1e6,
-                "workers_loaded": int(mine.sum()), "clock_err_us": self.clock_err / 1e3}
+                "workers_loaded": int(mine.sum()), "clock_err_us": self.clock_err / 1e3,
+                "clock_age_s": round(time.monotonic() - self._calibrated_at, 3)}
 
     def _final_epoch(self) -> Tuple[int, int, np.ndarray]:
         """(steps done, final_epoch, observer state): every epoch <= final_epoch is

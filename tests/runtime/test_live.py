@@ -221,3 +221,35 @@ def test_a_parked_twin_attached_with_follows_is_promoted_with_its_partner(tier, 
     assert calls[0] == ("attach", {"first_epoch": live.NEVER_DUE})
     assert calls[1] == (("follow", 7, 3) if want == "follow" else ("request", 7))
     assert calls[2] == ("bump", live.NEVER_DUE)
+
+
+def test_start_pairs_the_clocks_again_when_the_pairing_is_stale(monkeypatch):
+    """LiveSession.start: attach stamps are host time + the pairing's offset, and a pairing
+    taken minutes before moved 2.2-2.7 ms (H100, session 49: attach latencies read
+    negative).  start() re-pairs one older than RECALIBRATE_S (before the launch holds the
+    SMs), keeps a fresh one, and records how far the offset moved."""
+    import types
+
+    from dtrace_mk.runtime import live
+
+    clock = [1000.0]
+    offsets = iter([(5_000, 40), (7_700, 30)])
+    monkeypatch.setattr(live.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(live, "_calibrate", lambda: next(offsets))
+    s = object.__new__(live.LiveSession)
+    s.clock_drift = []
+    s._calibrate_clock()
+    assert (s.clock_offset, s.clock_err, s.clock_drift) == (5_000, 40, [])
+    started = []
+    s.handle, s.tiers, s.refresh, s.watchdog_ms = None, None, 16, 2000
+    s.rt = types.SimpleNamespace(_atts={})
+    s.boundary = lambda: None
+    s.mk = types.SimpleNamespace(start=lambda steps, **kw: started.append(steps) or "h", done=lambda h: True)
+    clock[0] += live.RECALIBRATE_S / 2
+    s.start(10)                                   # fresh: the same pairing
+    assert s.clock_offset == 5_000 and s.clock_drift == []
+    clock[0] += live.RECALIBRATE_S
+    s.start(10)                                   # stale: paired again before the launch
+    assert (s.clock_offset, s.clock_err) == (7_700, 30)
+    assert s.clock_drift == [(live.RECALIBRATE_S * 1.5, 2_700)]
+    assert started == [10, 10]

@@ -12,7 +12,8 @@ end (the kernel parked or idle), its length, and per task class the summed notif
 lag and dependency wait (us) -- how session 46 found its late_notification artefact two
 steps after each summary window's park.  --shape prints a few lines per dump, for A/B jobs
 side by side (session 47's poller): step lengths, the kernel's parks, notification-lag
-spikes and where they sit after a park, and epochs of outlying dispatch wait per class."""
+spikes (which class, which epoch) and where they sit after a park, and epochs of outlying
+dispatch wait per class; its period is one epoch's end to the next one's (parks left out)."""
 from __future__ import annotations
 
 import json
@@ -59,6 +60,7 @@ def step_table(summaries, lo: int, hi: int, rank: int = 0, names=None) -> str:
 PARK_NS = 5_000_000          # a gap this long between epochs: the kernel parked (window work)
 LAG_SPIKE = (2.5, 5_000)     # an epoch's class notification lag > 2.5x its median + 5 us
 DISPATCH_OUTLIER_NS = 25_000   # an epoch's class dispatch wait > its median + 25 us
+SPIKES_LISTED = 8              # --shape names this many spiking epochs, then counts the rest
 
 
 def shape(summaries, rank: int = 0, names=None) -> str:
@@ -78,11 +80,18 @@ def shape(summaries, rank: int = 0, names=None) -> str:
         for c in s.classes:
             lag.setdefault(c.task_class, {})[s.epoch] = c.notify_lag_sum_ns
             disp.setdefault(c.task_class, {})[s.epoch] = c.dispatch_wait_sum_ns
-    spikes = []
-    for v in lag.values():
+    spikes, where = [], []
+    for c, v in lag.items():
         med = statistics.median(v.values())
-        spikes += [e for e, x in v.items() if x > LAG_SPIKE[0] * med + LAG_SPIKE[1]]
+        hit = [e for e, x in v.items() if x > LAG_SPIKE[0] * med + LAG_SPIKE[1]]
+        spikes += hit
+        where += [(e, names.task_class(c)) for e in hit]
     after = Counter(e - max(p for p in parks if p <= e) for e in spikes if any(p <= e for p in parks))
+    # the step's real length: one epoch's end to the next one's (session 48: stamps taken
+    # earlier shorten an epoch's own begin-to-end without the step getting any shorter)
+    periods = [b.end_ns - a.end_ns for a, b in zip(rows, rows[1:])
+               if b.epoch == a.epoch + 1 and b.begin_ns - a.end_ns <= PARK_NS]
+    period = f"period {statistics.median(periods) / 1e3:.1f} us, " if periods else ""
     outl = {}
     for c, v in disp.items():
         med = statistics.median(v.values())
@@ -92,9 +101,11 @@ def shape(summaries, rank: int = 0, names=None) -> str:
     p90 = lens[min(len(lens) - 1, int(0.9 * len(lens)))]
     return "\n".join([
         f"{len(rows)} epochs, step {statistics.median(lens) / 1e3:.0f} us median (p90 {p90 / 1e3:.0f}), "
-        f"{len(parks)} parks (> {PARK_NS / 1e6:.0f} ms)",
+        f"{period}{len(parks)} parks (> {PARK_NS / 1e6:.0f} ms)",
         f"  notification-lag spikes: {len(spikes)}" + (" -- after a park: " + ", ".join(
             f"+{k} x{n}" for k, n in sorted(after.items())) if after else ""),
+        *([f"  spiking (class epoch): " + ", ".join(f"{c} {e}" for e, c in sorted(where)[:SPIKES_LISTED])
+           + (f", ... {len(where) - SPIKES_LISTED} more" if len(where) > SPIKES_LISTED else "")] if where else []),
         "  dispatch-wait outlier epochs: " + (", ".join(f"{c} {n}" for c, n in outl.items()) or "none")])
 
 

@@ -98,21 +98,27 @@ def test_fault_free_tiny_serving_with_the_drain_poller_has_no_finding(tmp_path):
     lines = shape(rs.summaries).splitlines()
     assert lines[0].startswith("400 epochs, step 182 us median") and lines[0].endswith("24 parks (> 5 ms)")
     assert lines[1] == "  notification-lag spikes: 1"          # (none after a park)
+    assert lines[2] == "  spiking (class epoch): qkv 16"        # the first window's end
     res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
     assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
     assert res["coverage"]["eligible"] == res["coverage"]["executed"] == 142300
 
 
 def test_replay_shape_puts_the_lag_spikes_two_steps_after_the_parks(tmp_path, capsys):
-    """collectors.replay --shape: a dump's step lengths, parks, notification-lag spikes and
-    where they sit after a park (session 47's A/B read them side by side): these records'
-    22 of 23 spikes two steps after one of the 24 window parks; a rank it lacks is an error."""
+    """collectors.replay --shape: a dump's step lengths and period, parks, notification-lag
+    spikes (class and epoch, the first few) and where they sit after a park (session 47's A/B
+    read them side by side): these records' 22 of 23 spikes two steps after one of the 24
+    window parks; a rank it lacks is an error."""
     from dtrace_mk.collectors.replay import shape
     rs = _tiny_rotations(tmp_path)
     lines = shape(rs.summaries).splitlines()
-    assert lines[0] == "400 epochs, step 180 us median (p90 193), 24 parks (> 5 ms)"
+    # period: one epoch's end to the next one's, parks left out (the step, 40 us more than
+    # the epochs' own begin-to-end here)
+    assert lines[0] == "400 epochs, step 180 us median (p90 193), period 221.8 us, 24 parks (> 5 ms)"
     assert lines[1] == "  notification-lag spikes: 23 -- after a park: +1 x1, +2 x22"
-    assert lines[2] == "  dispatch-wait outlier epochs: none"
+    assert lines[2] == ("  spiking (class epoch): qkv 23, qkv 39, qkv 55, qkv 71, qkv 87, qkv 103, "
+                        "rope_kv_append 119, rope_kv_append 135, ... 15 more")
+    assert lines[3] == "  dispatch-wait outlier epochs: none"
     with pytest.raises(ValueError, match="rank 3 has no epoch"):
         shape(rs.summaries, rank=3)
     import pickle
@@ -121,7 +127,7 @@ def test_replay_shape_puts_the_lag_spikes_two_steps_after_the_parks(tmp_path, ca
     dump.write_bytes(pickle.dumps({"summaries": rs.summaries}))
     assert main(["--shape", str(dump), str(dump)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"{dump}: " + lines[0] and out[3].startswith(f"{dump}: ") and len(out) == 6
+    assert out[0] == f"{dump}: " + lines[0] and out[4].startswith(f"{dump}: ") and len(out) == 8
     assert main(["--shape", str(dump), "--rank", "2"]) == 2
     assert "rank 2 has no epoch" in capsys.readouterr().err
     assert main(["--shape"]) == 2 and "name one or more dumps" in capsys.readouterr().err

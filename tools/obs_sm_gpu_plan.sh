@@ -806,9 +806,10 @@ case "${1:-}" in
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   125) # session 49: attach latencies read negative (a clock pairing ~140 s stale): LiveSession.start re-pairs;
-     # the hook table's attach figures (1b, default build, no compiled links) and the hot attach test's new bound
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
-       "timeout 240 python3 bench/hooks.py --presets 1b --reps 2 --compiled-presets none --out ${OUT:-/tmp/out}" \
+     # plan 104's hook table again (its attach figures re-paired; a third read of the hot summary) and the hot
+     # attach test's new bound
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \
+       "timeout 250 python3 bench/hooks.py --presets 1b --reps 3 --variants obssm4fold,obssm4look --out ${OUT:-/tmp/out}" \
        "$(pytv 150 tests/gpu/test_hot_attach.py -k 'hot_attach_detach_while_running and (default or obssm4defer)')" ;;
   124) # plan 104's hook table with 5 rounds (session 49: plan 123's obssm4fold hot read +3.40% [+1.48..+5.87] on an H100)
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R $L+$R $L+DTMK_HASH_LOOK_FAST+$R" \

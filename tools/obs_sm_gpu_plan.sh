@@ -805,6 +805,10 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  126) # plan 125 slim (session 49's budget): the re-paired attach figures (1b, default build) and the attach test
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
+       "$(pytv 100 tests/gpu/test_hot_attach.py -k 'hot_attach_detach_while_running and default')" \
+       "timeout 150 python3 bench/hooks.py --presets 1b --reps 1 --compiled-presets none --out ${OUT:-/tmp/out}" ;;
   125) # session 49: attach latencies read negative (a clock pairing ~140 s stale): LiveSession.start re-pairs;
      # plan 104's hook table again (its attach figures re-paired; a third read of the hot summary) and the hot
      # attach test's new bound
@@ -875,5 +879,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..125)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..126)" >&2; exit 2 ;;
 esac

@@ -157,7 +157,7 @@ class Snapshot:
     state: Dict[str, np.ndarray] = field(default_factory=dict)   # observer words per worker
 
 
-RECALIBRATE_S = 5.0      # start() pairs the clocks again when the last pairing is older
+RECALIBRATE_S = 1.0      # start() pairs the clocks again when the last pairing is older (~7 round trips)
 
 
 def _calibrate(reps: int = 7) -> Tuple[int, int]:
@@ -261,8 +261,8 @@ class LiveSession:
         """Launch `steps` decode steps in one launch; returns at once."""
         if self.handle is not None and not self.mk.done(self.handle):
             raise UserError("LiveSession.start: a launch is still running")
-        # a pairing goes stale: over ~140 s of launches it moved 2.2-2.7 ms (H100, session
-        # 49: attach latencies read negative); re-paired here, where no launch holds the SMs
+        # a pairing goes stale: after ~140 s of launches attach latencies read -2.2..-2.7 ms
+        # (H100, session 49: ~19 ppm between the clocks); re-paired here, before the launch
         if time.monotonic() - self._calibrated_at > RECALIBRATE_S:
             self._calibrate_clock()
         self.boundary()

@@ -294,9 +294,10 @@ def test_hot_attach_detach_while_running_and_outputs_unchanged(defines):
         assert np.array_equal(other.logits.view(np.uint32), base.logits.view(np.uint32))
     # the latency target is a benchmark figure (bench/hooks.py); here only sanity
     assert lat["write_to_first_event_ms"] < 1000
-    # no worker loads a generation before the host wrote it: a stale clock pairing read
-    # -2.7 ms here (session 49; LiveSession.start re-pairs)
-    assert lat["write_to_first_load_ms"] >= -(lat["clock_err_us"] + 10) / 1e3, lat
+    # no worker loads a generation before the host wrote it: a pairing ~140 s stale read
+    # -2.7 ms (session 49; LiveSession.start re-pairs one older than 1 s: at ~19 ppm that
+    # leaves tens of us, within the margin)
+    assert lat["write_to_first_load_ms"] >= -(lat["clock_err_us"] + 100) / 1e3, lat
 
 
 def test_bad_objects_are_refused_while_the_job_runs():

@@ -224,10 +224,10 @@ def test_a_parked_twin_attached_with_follows_is_promoted_with_its_partner(tier, 
 
 
 def test_start_pairs_the_clocks_again_when_the_pairing_is_stale(monkeypatch):
-    """LiveSession.start: attach stamps are host time + the pairing's offset, and a pairing
-    taken minutes before moved 2.2-2.7 ms (H100, session 49: attach latencies read
-    negative).  start() re-pairs one older than RECALIBRATE_S (before the launch holds the
-    SMs), keeps a fresh one, and records how far the offset moved."""
+    """LiveSession.start: attach stamps are host time + the pairing's offset, and with a
+    pairing taken ~140 s of launches before, attach latencies read -2.2..-2.7 ms (H100,
+    session 49).  start() re-pairs one older than RECALIBRATE_S (before the launch holds
+    the SMs), keeps a fresh one, and records how far the offset moved."""
     import types
 
     from dtrace_mk.runtime import live

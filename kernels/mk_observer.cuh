@@ -796,7 +796,8 @@ __device__ __forceinline__ void drain_poll(const MkParams &P, const dtmk_u64 *ev
     }
 }
 #ifdef DTMK_GATE_POLL
-/* -DDTMK_GATE_POLL (opt-in until it has run on a GPU: session 48's device time ran out): a
+/* -DDTMK_GATE_POLL (opt-in: on two H100s, session 49, it cost nothing, and the spikes it aims
+ * at did not appear with or without it -- nothing to gain shown): a
  * resident step gate's drain for new tables (OBS_AT_GATE; the kernel set s_drain_busy) -- the
  * other workers run the step already, so the poller watches this worker's first static task's
  * event (the plan loop's event and target), and that task's first look takes s_seen (session

@@ -161,7 +161,7 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows
     assert "const dtmk_u64 met = seen ? seen : now;" in w and "W.ts_rel = met" in w
     assert "W.dep_wait = met - t0" in w
-    # -DDTMK_GATE_POLL (session 48, opt-in until it runs on a GPU): a resident step gate's
+    # -DDTMK_GATE_POLL (session 48; opt-in, session 49's GPU A/B showed no gain): a resident step gate's
     # drain for new tables -- the kernel arms the poller
     # (no plan loads on its step loop: its spill budget, test_site_form.py), obs_sync_cta's
     # warp-1 lane 0 polls the worker's first static task's event (the plan loop's event and

@@ -55,3 +55,33 @@ def test_a_runs_name_splits_at_the_build_it_ends_with(load_bench):
     for name in hooks.BUILD_VARIANTS:                                       # every variant, every run
         for run in hooks.BUILD_VARIANT_RUNS.get(name, hooks.BUILD_RUNS):
             assert split(f"{run}_{name}", hooks.BUILD_VARIANTS) == (run, name)
+
+
+def test_the_targets_table_reads_each_target_from_the_paired_ratios(load_bench):
+    """bench/hooks.py's last lines: issue 5's targets, each met or not with its figure -- off
+    from the default build, hot / compiled from the best build over its OWN off, the trace
+    against the cheapest summary, bytes on the wire, and no attach latency from a clock
+    pairing that has a worker load a generation before the host wrote it (session 49)."""
+    hooks = load_bench("hooks")
+    times = {"nohooks": [1000.0, 1000.0], "off": [1004.0, 1004.0], "trace": [1030.0, 1030.0],
+             "summary": [1300.0, 1300.0], "off_obssm4fold": [1020.0, 1020.0],
+             "summary_obssm4fold": [1060.8, 1060.8], "summary_cm_obssm4fold": [1030.1, 1030.1]}
+    r = {"preset": "1b", "own_off": hooks.own_off(times, ("obssm4fold",)),
+         "us_per_step": {k: v[0] for k, v in times.items()},
+         "trace_wire_bytes_per_step": 211_788, "summary_wire_bytes": 562,
+         "attach_cmd_to_first_event_ms_median": 6.3,
+         "attach": [{"write_to_first_load_ms": 0.4, "clock_err_us": 4.6}]}
+    lines = hooks.target_lines(r)
+    assert lines == [
+        "1b     off <= 0.5% (hook build / no hooks): met (+0.40% [+0.40%..+0.40%])",
+        "1b     summary hot <= 5% (over its own off): met (+4.00%, obssm4fold summary)",
+        "1b     summary compiled <= 1%: met (+0.99%, obssm4fold summary_cm)",
+        "1b     summary >= 5x cheaper than the trace: NOT met (trace +2.59% / summary +0.99% (obssm4fold summary_cm) = 2.6x)",
+        "1b     >= 100x fewer bytes (wire): met (377x)",
+        "1b     hot attach <= 10 ms (command -> first counted event): met (6.300 ms)"]
+    r["attach"] = [{"write_to_first_load_ms": -2.682, "clock_err_us": 4.6}]
+    assert lines[-1] != hooks.target_lines(r)[-1]
+    assert hooks.target_lines(r)[-1].endswith("not measured: a load before the write: the clock pairing is off (-2.682 ms)")
+    del r["own_off"]["default"]["off"], r["trace_wire_bytes_per_step"]
+    got = hooks.target_lines(r)
+    assert got[0].endswith("off <= 0.5% (hook build / no hooks): not measured") and got[4].endswith("not measured")

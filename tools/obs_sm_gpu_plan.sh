@@ -429,6 +429,9 @@
 # 118 (new, not run: no machine was lent after 116): the poller's serving A/B in one tree -- bench/serve.py configs
 # workers / workers+DTMK_DRAIN_POLL / +DTMK_DRAIN_POLL_ACQ (serve --kernel-define), then its stamp test and device
 # summaries' tests.  Next session: 118 first, then 117 if 1b's mlp_down dispatch waits still grow with the poller.
+# Session 49 ran 122, 121, 123 and 124 (H100s): the gate poller stays opt-in; attach stamps read through a stale
+# clock pairing (LiveSession.start re-pairs since).  Next session: 126 (the re-pairing: the attach test's bound,
+# 1b's attach figures), then 125 (plan 104's table, best on an H200); 81 when the x2 kind is lent.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u

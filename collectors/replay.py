@@ -80,12 +80,11 @@ def shape(summaries, rank: int = 0, names=None) -> str:
         for c in s.classes:
             lag.setdefault(c.task_class, {})[s.epoch] = c.notify_lag_sum_ns
             disp.setdefault(c.task_class, {})[s.epoch] = c.dispatch_wait_sum_ns
-    spikes, where = [], []
+    where = []                                    # (epoch, class) of each spike
     for c, v in lag.items():
         med = statistics.median(v.values())
-        hit = [e for e, x in v.items() if x > LAG_SPIKE[0] * med + LAG_SPIKE[1]]
-        spikes += hit
-        where += [(e, names.task_class(c)) for e in hit]
+        where += [(e, names.task_class(c)) for e, x in v.items() if x > LAG_SPIKE[0] * med + LAG_SPIKE[1]]
+    spikes = [e for e, _ in where]
     after = Counter(e - max(p for p in parks if p <= e) for e in spikes if any(p <= e for p in parks))
     # the step's real length: one epoch's end to the next one's (session 48: stamps taken
     # earlier shorten an epoch's own begin-to-end without the step getting any shorter)
@@ -104,7 +103,7 @@ def shape(summaries, rank: int = 0, names=None) -> str:
         f"{period}{len(parks)} parks (> {PARK_NS / 1e6:.0f} ms)",
         f"  notification-lag spikes: {len(spikes)}" + (" -- after a park: " + ", ".join(
             f"+{k} x{n}" for k, n in sorted(after.items())) if after else ""),
-        *([f"  spiking (class epoch): " + ", ".join(f"{c} {e}" for e, c in sorted(where)[:SPIKES_LISTED])
+        *(["  spiking (class epoch): " + ", ".join(f"{c} {e}" for e, c in sorted(where)[:SPIKES_LISTED])
            + (f", ... {len(where) - SPIKES_LISTED} more" if len(where) > SPIKES_LISTED else "")] if where else []),
         "  dispatch-wait outlier epochs: " + (", ".join(f"{c} {n}" for c, n in outl.items()) or "none")])
 

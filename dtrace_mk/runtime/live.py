@@ -160,12 +160,21 @@ class Snapshot:
 RECALIBRATE_S = 1.0      # start() pairs the clocks again when the last pairing is older (~7 round trips)
 
 
+_CLOCKS: Dict[int, object] = {}    # device id -> its GpuClock (kernel, stream, pinned word), made once
+
+
 def _calibrate(reps: int = 7) -> Tuple[int, int]:
     """(offset, uncertainty) in ns: device %globaltimer ~= host time.time_ns() + offset
     (the min-round-trip pairing of megakernel.gpu_clock, against the wall clock that
     attach commands are stamped with)."""
+    import cupy as cp
     from ..megakernel.gpu_clock import GpuClock
-    p = GpuClock(rounds=reps, host_clock=time.time_ns).pair()
+    dev = cp.cuda.Device().id
+    if dev not in _CLOCKS:
+        _CLOCKS[dev] = GpuClock(rounds=reps, host_clock=time.time_ns)
+    clock = _CLOCKS[dev]
+    p = clock.pair(reps)
+    clock.pairs.clear()                # a session re-pairs at every stale start: keep none
     return p.device_ns - p.host_ns, p.bound_ns
 
 

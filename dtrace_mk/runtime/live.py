@@ -168,13 +168,12 @@ def _calibrate(reps: int = 7) -> Tuple[int, int]:
     (the min-round-trip pairing of megakernel.gpu_clock, against the wall clock that
     attach commands are stamped with)."""
     import cupy as cp
-    from ..megakernel.gpu_clock import GpuClock
+    from ..megakernel.gpu_clock import GpuClock, best_pair
     dev = cp.cuda.Device().id
     if dev not in _CLOCKS:
         _CLOCKS[dev] = GpuClock(rounds=reps, host_clock=time.time_ns)
-    clock = _CLOCKS[dev]
-    p = clock.pair(reps)
-    clock.pairs.clear()                # a session re-pairs at every stale start: keep none
+    # (best_pair, not GpuClock.pair: a session re-pairs at every stale start, keeping no history)
+    p = best_pair(_CLOCKS[dev].read_once() for _ in range(reps))
     return p.device_ns - p.host_ns, p.bound_ns
 
 

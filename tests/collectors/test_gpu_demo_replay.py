@@ -63,8 +63,9 @@ def _tiny_rotations(tmp_path):
 # Real records of fault-free tiny serving (1 rank, batch 4, 400 steps, device summaries in
 # windows of 16 steps, the workers' build before the drain's poller; NVIDIA H100 80GB HBM3,
 # commit 2c048f9, session 46: bench/serve.py --dump).  Every such job said `verdict fault`
-# (docs/results/hooks.md "Session 46"): a wait's VM drain hid a met dependency.  The host's window work parks the kernel 7-10 ms before steps 21, 37, ...
-# (5 mod 16); two steps later one class's summed notification lag jumps ~20 us.
+# (docs/results/hooks.md "Session 46"): a wait's VM drain hid a met dependency.  The host's
+# window work parks the kernel 7-10 ms before steps 21, 37, ... (5 mod 16); two steps later
+# one class's summed notification lag jumps ~20 us.
 
 
 def test_fault_free_tiny_serving_findings_sit_two_steps_after_each_window_park(tmp_path):

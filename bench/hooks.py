@@ -1,6 +1,6 @@
 """Cost of observation in the reference megakernel, as ratios measured in one run.
 
-    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--out DIR]
+    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin over the variants so drift hits all alike):
@@ -88,6 +88,26 @@ from dtrace_mk.runtime.wire import snapshot_wire, trace_wire  # noqa: E402
 
 STEPS = {"tiny": 64, "1b": 16}
 LONG = {"tiny": 4000, "1b": 600}
+#: --placement: "hw", the hardware's block placement (a different SM per worker in each
+#: launch: 1b's steps fall on levels ~1.5% apart, megakernel.md session 12, and each build's
+#: paired rounds spread -1..+6%); "sorted", every build -DDTMK_SM_WORKER with worker k on the
+#: k-th SM by id in every launch (an observer-SM build's observers on the last ones), so two
+#: builds differ by their code alone.  Set by main().
+PLACEMENT = "hw"
+PLACEMENTS = ("hw", "sorted")
+
+
+def placed(defines=()) -> tuple:
+    """A build's defines under --placement (sorted: + DTMK_SM_WORKER)."""
+    return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT == "sorted" else ())
+
+
+def megakernel(cfg, w, defines=()):
+    """The batch-1 Megakernel of one build, placed as --placement says."""
+    mk = gpu.Megakernel(cfg, batch=1, weights=w, defines=placed(defines))
+    if PLACEMENT == "sorted":
+        mk.place_workers()
+    return mk
 
 
 def map_bytes(snap) -> int:
@@ -261,7 +281,7 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> d
     and compiled-tier kernels: what run() of bench_preset needs for the BUILD_RUNS.
     compiled: the COMPILED_RUNS to link (empty: none); b["cm"][run] holds each one that
     linked: its megakernel "mk", session "live", attachment "aid" and "link_s"."""
-    b = {"mk": gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)}
+    b = {"mk": megakernel(cfg, w, defines)}
     b["mk"].run(2, poison=False)                    # fails here if the SM cannot hold the block
     b["mk"].reset()
     b["live"] = LiveSession(b["mk"])
@@ -271,7 +291,7 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> d
     b["cm"] = {}
     for run in compiled or ():
         try:
-            mkc = gpu.Megakernel(cfg, batch=1, weights=w, defines=defines)
+            mkc = megakernel(cfg, w, defines)
             live = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers, mk=mkc, fold_maps=COMPILED_RUNS[run]))
             aid = live.attach(mon.obj, tier="compiled")
             b["cm"][run] = {"mk": mkc, "live": live, "aid": aid, "link_s": live.link_compiled()}
@@ -361,14 +381,14 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     cfg = PRESETS[name]
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
-    mk0 = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS",))
-    mk = gpu.Megakernel(cfg, batch=1, weights=w)
+    mk0 = megakernel(cfg, w, ("DTMK_NO_HOOKS",))
+    mk = megakernel(cfg, w)
     pad = mk.shared_memory()[0] - mk0.shared_memory()[0]
     for m, what in ((mk0, "nohooks"), (mk, "off")):
         static, dyn, carve = m.shared_memory()
         log(f"{name}: {what} build: smem {static} static + {dyn} dynamic B -> carveout {carve} KB, L1 {256 - carve} KB")
     try:
-        mk0p = gpu.Megakernel(cfg, batch=1, weights=w, defines=("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={pad}"))
+        mk0p = megakernel(cfg, w, ("DTMK_NO_HOOKS", f"DTMK_SMEM_PAD={pad}"))
     except Exception as e:  # noqa: BLE001 - keep the rest
         log(f"{name}: nohooks_pad unavailable: {e!r}")
         mk0p = None
@@ -392,7 +412,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     try:
         if not compiled:
             raise RuntimeError("compiled tier not requested for this preset (--compiled-presets)")                                            # the compiled tier: summary linked into the kernel
-        mkc = gpu.Megakernel(cfg, batch=1, weights=w)
+        mkc = megakernel(cfg, w)
         livec = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers))
         aidc = livec.attach(mon.obj, tier="compiled")
         extra["compiled_link_s"] = livec.link_compiled()
@@ -404,7 +424,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     mkr = None                                      # session 8: the compiled tier through the ring
     if mkc is not None:                             # (summary_cm now runs at the hook sites)
         try:
-            mkr = gpu.Megakernel(cfg, batch=1, weights=w)
+            mkr = megakernel(cfg, w)
             liver = LiveSession(mkr, runtime=linked_runtime(mkr.num_workers, inline=False))
             aidr = liver.attach(mon.obj, tier="compiled")
             extra["compiled_ring_link_s"] = liver.link_compiled()
@@ -554,7 +574,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     times["live_idle"] = idle
     med = {v: statistics.median(t) for v, t in times.items()}
     base = med["nohooks"]
-    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT, "us_per_step": med,
            "all_us_per_step": times,
            "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
            "summary_vs_off": med["summary"] / med["off"] - 1.0,
@@ -633,7 +653,7 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     specs.update({"_" + b: BUILD_VARIANTS[b] for b in builds})
     nohook_defs = {k: (None if any(d.split("=")[0] in HOOK_ONLY_DEFINES for d in v) else ("DTMK_NO_HOOKS",) + v)
                    for k, v in specs.items()}
-    todo = {tuple(v) for v in specs.values()} | {tuple(v) for v in nohook_defs.values() if v is not None}
+    todo = {placed(v) for v in specs.values()} | {placed(v) for v in nohook_defs.values() if v is not None}
     t0 = time.perf_counter()
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
         if err is not None:
@@ -644,9 +664,9 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     mon = None
     for k, defs in specs.items():
         try:
-            mk = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs)
+            mk = megakernel(cfg, w, defs)
             if nohook_defs[k] is not None:
-                mks["nohooks" + k] = gpu.Megakernel(cfg, batch=1, weights=w, defines=nohook_defs[k])
+                mks["nohooks" + k] = megakernel(cfg, w, nohook_defs[k])
             mks["off" + k] = mk
             if mon is None:
                 mon = summary(mk.graph.schema, log)
@@ -679,7 +699,8 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
         for v in runs:
             times[v].append(run(v).elapsed_ms * 1e3 / steps)
     med = {v: statistics.median(t) for v, t in times.items()}
-    out = {"preset": name, "mode": "offpath", "steps_per_launch": steps, "reps": reps, "us_per_step": med,
+    out = {"preset": name, "mode": "offpath", "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT,
+           "us_per_step": med,
            "all_us_per_step": times, "builds": [k.lstrip("_") or "default" for k in specs],
            "tokens_equal": {v: bool(np.array_equal(t, toks["nohooks"])) for v, t in toks.items()}}
     log(json.dumps({k: out[k] for k in ("preset", "us_per_step", "tokens_equal")}))
@@ -689,7 +710,7 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
 def print_offpath(res) -> None:
     """The --offpath table: per build, us/step and off/nohooks (issue 5 target <= +0.5%),
     summary/off, off/nohooks(default); off2/off is the noise floor."""
-    print(f"\n{res['card']}  {res['date']}  (--offpath)")
+    print(f"\n{res['card']}  {res['date']}  (--offpath, placement {PLACEMENT})")
     print(f"{'preset':<6} {'build':<11} {'nohooks us':>10} {'off us':>8} {'summary us':>10} {'off/nohooks':>11} "
           f"{'sum/off':>8} {'off/nh(def)':>11} {'off2/off':>8} tok")
     for r in res["presets"]:
@@ -713,6 +734,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--compiled-presets", default="tiny,1b", help="presets that also link the compiled tier")
     ap.add_argument("--variants", default="", help="build variants run side by side: " + ",".join(BUILD_VARIANTS))
+    ap.add_argument("--placement", choices=PLACEMENTS, default="hw",
+                    help="hw: the hardware's block placement (differs per launch); sorted: every build pins "
+                         "worker k to the k-th SM (-DDTMK_SM_WORKER), so builds differ by code alone")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -720,6 +744,8 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     from benchio import run_presets
+    global PLACEMENT
+    PLACEMENT = a.placement
     builds = tuple(v for v in a.variants.split(",") if v)
     if a.offpath:                                    # round 7: the off path only, per build
         res = run_presets(a.out, "hooks", a.presets, lambda p, log: bench_offpath(p, a.reps, log, builds))
@@ -727,7 +753,7 @@ def main(argv=None) -> int:
         return 0
     res = run_presets(a.out, "hooks", a.presets,
                       lambda p, log: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds))
-    print(f"\n{res['card']}  {res['date']}")
+    print(f"\n{res['card']}  {res['date']}  placement {PLACEMENT}")
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
           f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok exact")
     for r in res["presets"]:

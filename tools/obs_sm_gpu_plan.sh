@@ -808,6 +808,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  127) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808   # (nohooks_pad: the hook build's 27184 - 1376 B)
+     # session 50: the hook table's rounds spread -1..+6% (each launch places the workers anew) and the
+     # compiled summary read +0.14 / +1.50 / +2.83% in three runs; pinned placement (--placement sorted)
+     # beside the hardware's, 8 rounds each, obssm4fold only (the build that met hot <= 5%)
+     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $R DTMK_NO_HOOKS+$R $L+$R $P+$S+$R $P+$R" \
+       "timeout 260 python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold --placement sorted --out ${OUT:-/tmp/out}/sorted" \
+       "timeout 200 python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold --out ${OUT:-/tmp/out}/hw" ;;
   126) # plan 125 slim (session 49's budget): the re-paired attach figures (1b, default build) and the attach test
      exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
        "$(pytv 100 tests/gpu/test_hot_attach.py -k 'hot_attach_detach_while_running and default')" \

@@ -85,3 +85,33 @@ def test_the_targets_table_reads_each_target_from_the_paired_ratios(load_bench):
     del r["own_off"]["default"]["off"], r["trace_wire_bytes_per_step"]
     got = hooks.target_lines(r)
     assert got[0].endswith("off <= 0.5% (hook build / no hooks): not measured") and got[4].endswith("not measured")
+
+
+def test_sorted_placement_pins_every_build_and_hw_leaves_the_defines_alone(load_bench, monkeypatch):
+    hooks = load_bench("hooks")
+    made = []
+
+    class FakeMegakernel:                     # the layer below (gpu.Megakernel) stands in here
+        def __init__(self, cfg, batch, weights, defines):
+            self.defines, self.placed = defines, False
+            made.append(self)
+
+        def place_workers(self):
+            self.placed = True
+
+    monkeypatch.setattr(hooks.gpu, "Megakernel", FakeMegakernel)
+    monkeypatch.setattr(hooks, "PLACEMENT", "hw")
+    mk = hooks.megakernel(None, None, ("DTMK_NO_HOOKS",))
+    assert (mk.defines, mk.placed) == (("DTMK_NO_HOOKS",), False)
+    monkeypatch.setattr(hooks, "PLACEMENT", "sorted")
+    mk = hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+    assert (mk.defines, mk.placed) == (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_SM_WORKER"), True)
+    assert hooks.megakernel(None, None).defines == ("DTMK_SM_WORKER",)   # the default build too
+    assert hooks.placed(("DTMK_NO_HOOKS",)) == ("DTMK_NO_HOOKS", "DTMK_SM_WORKER")   # what --offpath precompiles
+
+
+def test_placement_must_be_one_the_bench_knows(load_bench, capsys):
+    hooks = load_bench("hooks")
+    with pytest.raises(SystemExit):
+        hooks.main(["--placement", "best"])
+    assert "invalid choice: 'best'" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Cost of observation in the reference megakernel, as ratios measured in one run.
 
-    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted] [--out DIR]
+    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin over the variants so drift hits all alike):
@@ -90,24 +90,44 @@ STEPS = {"tiny": 64, "1b": 16}
 LONG = {"tiny": 4000, "1b": 600}
 #: --placement: "hw", the hardware's block placement (a different SM per worker in each
 #: launch: 1b's steps fall on levels ~1.5% apart, megakernel.md session 12, and each build's
-#: paired rounds spread -1..+6%); "sorted", every build -DDTMK_SM_WORKER with worker k on the
-#: k-th SM by id in every launch (an observer-SM build's observers on the last ones), so two
-#: builds differ by their code alone.  Set by main().
+#: paired rounds spread 3-8%); "sorted", every build -DDTMK_SM_WORKER with worker k on the k-th
+#: SM by id in every launch (an observer-SM build's observers on the last ones): rounds agree
+#: within ~1%, but that is ONE placement's cost (session 50: obssm4fold's hot summary +10.2%
+#: sorted vs +4.4% placed by the hardware); "paired", one random order of the SMs per round,
+#: the same for every build: pairs by round compare code at equal placement, and the rounds
+#: sample placements as the hardware's do.  Set by main().
 PLACEMENT = "hw"
-PLACEMENTS = ("hw", "sorted")
+PLACEMENTS = ("hw", "sorted", "paired")
+PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
+SM_IDS: list = []          # the SMs their grids get (the same for every build)
 
 
 def placed(defines=()) -> tuple:
-    """A build's defines under --placement (sorted: + DTMK_SM_WORKER)."""
-    return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT == "sorted" else ())
+    """A build's defines under --placement (pinned: + DTMK_SM_WORKER)."""
+    return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT != "hw" else ())
 
 
 def megakernel(cfg, w, defines=()):
     """The batch-1 Megakernel of one build, placed as --placement says."""
     mk = gpu.Megakernel(cfg, batch=1, weights=w, defines=placed(defines))
-    if PLACEMENT == "sorted":
-        mk.place_workers()
+    if PLACEMENT != "hw":
+        ids = mk.place_workers()                      # sorted (paired: re-placed each round)
+        if SM_IDS and ids != SM_IDS:                  # (a permutation must suit every build)
+            raise RuntimeError(f"--placement {PLACEMENT}: build {defines} gets SMs {ids[:4]}..{ids[-4:]} "
+                               f"({len(ids)}), the first build {SM_IDS[:4]}..{SM_IDS[-4:]} ({len(SM_IDS)})")
+        SM_IDS[:] = ids
+        PLACED.append(mk)
     return mk
+
+
+def place_round(rnd: int) -> None:
+    """--placement paired: round `rnd`'s order of the SMs (seeded by the round), the same for
+    every build made so far."""
+    if PLACEMENT != "paired":
+        return
+    order = [int(x) for x in np.random.default_rng(rnd).permutation(SM_IDS)]
+    for mk in PLACED:
+        mk.place_workers(order)
 
 
 def map_bytes(snap) -> int:
@@ -383,6 +403,8 @@ def target_lines(r: dict) -> list:
 
 def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple = ()) -> dict:
     cfg = PRESETS[name]
+    PLACED.clear()
+    SM_IDS.clear()
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
     mk0 = megakernel(cfg, w, ("DTMK_NO_HOOKS",))
@@ -563,6 +585,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             extra[f"{v}_queue_workers"] = len(snc.maps["queue"].snapshot())
     # the summary stays attached for its timed runs: detach around the others
     for rep in range(reps):
+        place_round(rep)
         for v in variants:
             r = run(v)
             times[v].append(r.elapsed_ms * 1e3 / steps)
@@ -573,6 +596,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     live.detach(aid)
     idle = []
     for rep in range(reps):
+        place_round(rep)
         idle.append(run("live_idle").elapsed_ms * 1e3 / steps)
         times["off"].append(run("off").elapsed_ms * 1e3 / steps)
     times["live_idle"] = idle
@@ -653,6 +677,8 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     equal the default no-hooks build's."""
     cfg = PRESETS[name]
     steps = STEPS.get(name, 16)
+    PLACED.clear()
+    SM_IDS.clear()
     specs = {"": ()}
     specs.update({"_" + b: BUILD_VARIANTS[b] for b in builds})
     nohook_defs = {k: (None if any(d.split("=")[0] in HOOK_ONLY_DEFINES for d in v) else ("DTMK_NO_HOOKS",) + v)
@@ -699,7 +725,8 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
 
     toks = {v: run(v).tokens for v in runs}          # warm-up, tokens
     times = {v: [] for v in runs}
-    for _ in range(reps):
+    for rep in range(reps):
+        place_round(rep)
         for v in runs:
             times[v].append(run(v).elapsed_ms * 1e3 / steps)
     med = {v: statistics.median(t) for v, t in times.items()}
@@ -740,7 +767,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="", help="build variants run side by side: " + ",".join(BUILD_VARIANTS))
     ap.add_argument("--placement", choices=PLACEMENTS, default="hw",
                     help="hw: the hardware's block placement (differs per launch); sorted: every build pins "
-                         "worker k to the k-th SM (-DDTMK_SM_WORKER), so builds differ by code alone")
+                         "worker k to the k-th SM (-DDTMK_SM_WORKER): one placement's cost; paired: one random "
+                         "order of the SMs per round, the same for every build")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)

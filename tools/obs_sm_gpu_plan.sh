@@ -808,6 +808,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  128) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808
+     # session 50: plan 127's pinned (sorted) placement made rounds agree within ~1% but is one placement's
+     # cost (obssm4fold hot +10.2% vs +4.4% placed by the hardware): one random SM order per round, the
+     # same for every build (--placement paired), 10 rounds, beside the hardware's (6)
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $R DTMK_NO_HOOKS+$R $L+$R $P+$S+$R $P+$R" \
+       "timeout 200 python3 bench/hooks.py --presets 1b --reps 10 --variants obssm4fold --placement paired --out ${OUT:-/tmp/out}/paired" \
+       "timeout 140 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --out ${OUT:-/tmp/out}/hw" ;;
   127) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808   # (nohooks_pad: the hook build's 27184 - 1376 B)
      # session 50: the hook table's rounds spread -1..+6% (each launch places the workers anew) and the
      # compiled summary read +0.14 / +1.50 / +2.83% in three runs; pinned placement (--placement sorted)

@@ -89,27 +89,57 @@ def test_the_targets_table_reads_each_target_from_the_paired_ratios(load_bench):
     assert got[0].endswith("off <= 0.5% (hook build / no hooks): not measured") and got[4].endswith("not measured")
 
 
-def test_sorted_placement_pins_every_build_and_hw_leaves_the_defines_alone(load_bench, monkeypatch):
+class FakeMegakernel:                         # the layer below (gpu.Megakernel) stands in here
+    SMS = list(range(132))
+
+    def __init__(self, cfg, batch, weights, defines):
+        self.defines, self.order = defines, None
+
+    def place_workers(self, order=None):
+        self.order = list(self.SMS) if order is None else list(order)
+        return sorted(self.SMS)
+
+
+@pytest.fixture
+def fake_hooks(load_bench, monkeypatch):
     hooks = load_bench("hooks")
-    made = []
-
-    class FakeMegakernel:                     # the layer below (gpu.Megakernel) stands in here
-        def __init__(self, cfg, batch, weights, defines):
-            self.defines, self.placed = defines, False
-            made.append(self)
-
-        def place_workers(self):
-            self.placed = True
-
     monkeypatch.setattr(hooks.gpu, "Megakernel", FakeMegakernel)
-    monkeypatch.setattr(hooks, "PLACEMENT", "hw")
-    mk = hooks.megakernel(None, None, ("DTMK_NO_HOOKS",))
-    assert (mk.defines, mk.placed) == (("DTMK_NO_HOOKS",), False)
-    monkeypatch.setattr(hooks, "PLACEMENT", "sorted")
-    mk = hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
-    assert (mk.defines, mk.placed) == (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_SM_WORKER"), True)
-    assert hooks.megakernel(None, None).defines == ("DTMK_SM_WORKER",)   # the default build too
-    assert hooks.placed(("DTMK_NO_HOOKS",)) == ("DTMK_NO_HOOKS", "DTMK_SM_WORKER")   # what --offpath precompiles
+    monkeypatch.setattr(hooks, "PLACED", [])
+    monkeypatch.setattr(hooks, "SM_IDS", [])
+    return hooks
+
+
+def test_hw_placement_leaves_the_builds_alone(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "hw")
+    mk = fake_hooks.megakernel(None, None, ("DTMK_NO_HOOKS",))
+    assert (mk.defines, mk.order) == (("DTMK_NO_HOOKS",), None)
+    fake_hooks.place_round(3)
+    assert mk.order is None and fake_hooks.PLACED == []
+
+
+def test_sorted_placement_pins_every_build_to_the_same_sms(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")
+    mk = fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+    assert mk.defines == ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_SM_WORKER") and mk.order == list(range(132))
+    assert fake_hooks.megakernel(None, None).defines == ("DTMK_SM_WORKER",)        # the default build too
+    assert fake_hooks.placed(("DTMK_NO_HOOKS",)) == ("DTMK_NO_HOOKS", "DTMK_SM_WORKER")  # what --offpath precompiles
+    fake_hooks.place_round(1)                                                      # sorted stays sorted
+    assert mk.order == list(range(132))
+
+
+def test_paired_placement_gives_every_build_one_order_per_round(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
+    a, b = fake_hooks.megakernel(None, None), fake_hooks.megakernel(None, None, ("DTMK_NO_HOOKS",))
+    fake_hooks.place_round(0)
+    r0 = a.order
+    assert b.order == r0 and sorted(r0) == list(range(132)) and r0 != list(range(132))
+    fake_hooks.place_round(1)
+    assert b.order == a.order != r0                                                # a new draw per round
+    fake_hooks.place_round(0)
+    assert a.order == r0                                                           # seeded by the round
+    monkeypatch.setattr(FakeMegakernel, "SMS", list(range(128)))                   # a grid on other SMs
+    with pytest.raises(RuntimeError, match=r"--placement paired: build \('DTMK_X',\) gets SMs .*\(128\)"):
+        fake_hooks.megakernel(None, None, ("DTMK_X",))
 
 
 def test_placement_must_be_one_the_bench_knows(load_bench, capsys):

@@ -1,6 +1,6 @@
 """Cost of observation in the reference megakernel, as ratios measured in one run.
 
-    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired] [--out DIR]
+    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired [--obs-sms ID,..]] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin over the variants so drift hits all alike):
@@ -95,9 +95,12 @@ LONG = {"tiny": 4000, "1b": 600}
 #: within ~1%, but that is ONE placement's cost (session 50: obssm4fold's hot summary +10.2%
 #: sorted vs +4.4% placed by the hardware); "paired", one random order of the SMs per round,
 #: the same for every build: pairs by round compare code at equal placement, and the rounds
-#: sample placements as the hardware's do.  Set by main().
+#: sample placements as the hardware's do (session 50: obssm4fold's monitors cost +1.9% in
+#: some rounds, +7.7% in others -- where the observers sit).  --obs-sms pins the observer-SM
+#: builds' observers to the SMs named (the order's last entries) under either.  Set by main().
 PLACEMENT = "hw"
 PLACEMENTS = ("hw", "sorted", "paired")
+OBS_PIN: list = []         # --obs-sms: the SMs the observers run on (empty: wherever the order puts them)
 PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
 SM_IDS: list = []          # the SMs their grids get (the same for every build)
 
@@ -107,25 +110,39 @@ def placed(defines=()) -> tuple:
     return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT != "hw" else ())
 
 
+def round_order(rnd: int) -> list:
+    """The SM order of round `rnd` (worker k on order[k]; an observer-SM build's observers
+    are the last entries): sorted, or the round's random draw (paired, seeded by the round),
+    with --obs-sms moved to the end."""
+    base = SM_IDS if PLACEMENT == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(SM_IDS)]
+    return [x for x in base if x not in OBS_PIN] + list(OBS_PIN)
+
+
 def megakernel(cfg, w, defines=()):
     """The batch-1 Megakernel of one build, placed as --placement says."""
     mk = gpu.Megakernel(cfg, batch=1, weights=w, defines=placed(defines))
-    if PLACEMENT != "hw":
-        ids = mk.place_workers()                      # sorted (paired: re-placed each round)
-        if SM_IDS and ids != SM_IDS:                  # (a permutation must suit every build)
-            raise RuntimeError(f"--placement {PLACEMENT}: build {defines} gets SMs {ids[:4]}..{ids[-4:]} "
-                               f"({len(ids)}), the first build {SM_IDS[:4]}..{SM_IDS[-4:]} ({len(SM_IDS)})")
-        SM_IDS[:] = ids
-        PLACED.append(mk)
+    if PLACEMENT == "hw":
+        return mk
+    ids = mk.place_workers()                          # (the SMs the grid gets, sorted)
+    if SM_IDS and ids != SM_IDS:                      # (a permutation must suit every build)
+        raise RuntimeError(f"--placement {PLACEMENT}: build {defines} gets SMs {ids[:4]}..{ids[-4:]} "
+                           f"({len(ids)}), the first build {SM_IDS[:4]}..{SM_IDS[-4:]} ({len(SM_IDS)})")
+    SM_IDS[:] = ids
+    bad = [x for x in OBS_PIN if x not in ids]
+    if bad:
+        raise RuntimeError(f"--obs-sms: SMs {bad} are not among the {len(ids)} the grid gets ({ids[0]}..{ids[-1]})")
+    if OBS_PIN and getattr(mk, "obs_sm", False) and mk.obs_sms != len(OBS_PIN):
+        raise RuntimeError(f"--obs-sms names {len(OBS_PIN)} SMs; build {defines} has {mk.obs_sms} observer SMs")
+    mk.place_workers(round_order(0))
+    PLACED.append(mk)
     return mk
 
 
 def place_round(rnd: int) -> None:
-    """--placement paired: round `rnd`'s order of the SMs (seeded by the round), the same for
-    every build made so far."""
+    """--placement paired: round `rnd`'s order of the SMs, the same for every build made so far."""
     if PLACEMENT != "paired":
         return
-    order = [int(x) for x in np.random.default_rng(rnd).permutation(SM_IDS)]
+    order = round_order(rnd)
     for mk in PLACED:
         mk.place_workers(order)
 
@@ -602,7 +619,9 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     times["live_idle"] = idle
     med = {v: statistics.median(t) for v, t in times.items()}
     base = med["nohooks"]
-    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT, "us_per_step": med,
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT, "obs_sms": list(OBS_PIN),
+           "sm_ids": list(SM_IDS),            # (pinned: round r's order is round_order(r) over these)
+           "us_per_step": med,
            "all_us_per_step": times,
            "ratio_vs_nohooks": {v: med[v] / base - 1.0 for v in med},
            "summary_vs_off": med["summary"] / med["off"] - 1.0,
@@ -769,6 +788,8 @@ def main(argv=None) -> int:
                     help="hw: the hardware's block placement (differs per launch); sorted: every build pins "
                          "worker k to the k-th SM (-DDTMK_SM_WORKER): one placement's cost; paired: one random "
                          "order of the SMs per round, the same for every build")
+    ap.add_argument("--obs-sms", default="", metavar="ID,ID,..",
+                    help="with --placement sorted|paired: the SMs (ids) the observer-SM builds' observers run on")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -776,8 +797,15 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     from benchio import run_presets
+    try:
+        pins = [int(x) for x in a.obs_sms.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--obs-sms: SM ids separated by commas, got {a.obs_sms!r}")
+    if pins and (a.placement == "hw" or len(set(pins)) != len(pins)):
+        ap.error("--obs-sms: distinct SM ids, with --placement sorted or paired")
     global PLACEMENT
     PLACEMENT = a.placement
+    OBS_PIN[:] = pins
     builds = tuple(v for v in a.variants.split(",") if v)
     if a.offpath:                                    # round 7: the off path only, per build
         res = run_presets(a.out, "hooks", a.presets, lambda p, log: bench_offpath(p, a.reps, log, builds))
@@ -785,7 +813,7 @@ def main(argv=None) -> int:
         return 0
     res = run_presets(a.out, "hooks", a.presets,
                       lambda p, log: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds))
-    print(f"\n{res['card']}  {res['date']}  placement {PLACEMENT}")
+    print(f"\n{res['card']}  {res['date']}  placement {PLACEMENT}" + (f", observers on SMs {OBS_PIN}" if OBS_PIN else ""))
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
           f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok exact")
     for r in res["presets"]:

@@ -269,8 +269,8 @@ class LiveSession:
         """Launch `steps` decode steps in one launch; returns at once."""
         if self.handle is not None and not self.mk.done(self.handle):
             raise UserError("LiveSession.start: a launch is still running")
-        # a pairing goes stale: it moved 0.61-0.68 ms over 132-145 s of launches (H100, session
-        # 50: ~4.7 ppm; session 49's stale stamps read -2.2..-2.7 ms); re-paired before the launch
+        # a pairing goes stale: it moved +0.61..+0.68 ms over 132-145 s of launches on one H100
+        # and -1.8..-2.0 ms over 83-96 s on another (session 50: +4.7 / -21 ppm); re-paired here
         if time.monotonic() - self._calibrated_at > RECALIBRATE_S:
             self._calibrate_clock()
         self.boundary()

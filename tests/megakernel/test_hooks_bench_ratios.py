@@ -106,6 +106,7 @@ def fake_hooks(load_bench, monkeypatch):
     monkeypatch.setattr(hooks.gpu, "Megakernel", FakeMegakernel)
     monkeypatch.setattr(hooks, "PLACED", [])
     monkeypatch.setattr(hooks, "SM_IDS", [])
+    monkeypatch.setattr(hooks, "OBS_PIN", [])
     return hooks
 
 
@@ -142,8 +143,39 @@ def test_paired_placement_gives_every_build_one_order_per_round(fake_hooks, monk
         fake_hooks.megakernel(None, None, ("DTMK_X",))
 
 
-def test_placement_must_be_one_the_bench_knows(load_bench, capsys):
+def test_obs_sms_put_the_observers_on_the_sms_named_in_every_round(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [32, 33, 65, 68])
+    obs = fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+    plain = fake_hooks.megakernel(None, None)
+    for rnd in (0, 1):
+        fake_hooks.place_round(rnd)
+        assert obs.order == plain.order and obs.order[-4:] == [32, 33, 65, 68]   # observers = the last workers
+        assert sorted(obs.order) == list(range(132))
+    assert obs.order[:128] != fake_hooks.round_order(0)[:128]                    # the rest still drawn per round
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")
+    assert fake_hooks.round_order(7) == [x for x in range(132) if x not in (32, 33, 65, 68)] + [32, 33, 65, 68]
+
+
+def test_obs_sms_that_do_not_fit_the_grid_or_the_build_are_refused(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [1, 2, 3, 140])
+    with pytest.raises(RuntimeError, match=r"--obs-sms: SMs \[140\] are not among the 132 the grid gets \(0..131\)"):
+        fake_hooks.megakernel(None, None)
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [1, 2])
+    monkeypatch.setattr(FakeMegakernel, "obs_sm", True, raising=False)
+    monkeypatch.setattr(FakeMegakernel, "obs_sms", 4, raising=False)
+    with pytest.raises(RuntimeError, match="--obs-sms names 2 SMs; build .* has 4 observer SMs"):
+        fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+
+
+@pytest.mark.parametrize("argv, err", [
+    (["--placement", "best"], "invalid choice: 'best'"),
+    (["--obs-sms", "1,2,3,4"], "--obs-sms: distinct SM ids, with --placement sorted or paired"),
+    (["--placement", "paired", "--obs-sms", "1,1,2,3"], "--obs-sms: distinct SM ids"),
+    (["--placement", "paired", "--obs-sms", "1,x"], "--obs-sms: SM ids separated by commas, got '1,x'")])
+def test_bad_placement_arguments_are_refused_by_name(load_bench, capsys, argv, err):
     hooks = load_bench("hooks")
     with pytest.raises(SystemExit):
-        hooks.main(["--placement", "best"])
-    assert "invalid choice: 'best'" in capsys.readouterr().err
+        hooks.main(argv)
+    assert err in capsys.readouterr().err

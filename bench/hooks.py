@@ -110,12 +110,14 @@ def placed(defines=()) -> tuple:
     return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT != "hw" else ())
 
 
-def round_order(rnd: int) -> list:
+def round_order(rnd: int, ids=None, pins=None) -> list:
     """The SM order of round `rnd` (worker k on order[k]; an observer-SM build's observers
     are the last entries): sorted, or the round's random draw (paired, seeded by the round),
-    with --obs-sms moved to the end."""
-    base = SM_IDS if PLACEMENT == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(SM_IDS)]
-    return [x for x in base if x not in OBS_PIN] + list(OBS_PIN)
+    with the pinned observer SMs moved to the end.  ids / pins: this run's SM_IDS / OBS_PIN
+    unless given (a result's "sm_ids" / "obs_sms")."""
+    ids, pins = SM_IDS if ids is None else ids, OBS_PIN if pins is None else pins
+    base = ids if PLACEMENT == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(ids)]
+    return [x for x in base if x not in pins] + list(pins)
 
 
 def megakernel(cfg, w, defines=()):
@@ -372,6 +374,27 @@ def own_off_lines(preset: str, table: dict) -> list:
         cell = lambda r: (f"{100 * r['median']:+.2f}% [{100 * r['lo']:+.2f}..{100 * r['hi']:+.2f}]"  # noqa: E731
                           if r else "-")
         lines.append(f"{preset:<6} {bn:<12} " + " ".join(f"{cell(row.get(c)):>27}" for c in cols))
+    return lines
+
+
+def round_lines(r: dict) -> list:
+    """--placement paired: per observer-SM build and round, the SMs its observers ran on (the
+    round's order's last entries) beside its monitors over its own off in that round -- where
+    the observers sat against what the monitors cost (session 50: +1.9% to +7.7%)."""
+    if r.get("placement") != "paired" or not r.get("sm_ids"):
+        return []
+    lines = []
+    for bn, row in r.get("own_off", {}).items():
+        defs = BUILD_VARIANTS.get(bn, ())
+        runs = [c for c in ("summary",) + tuple(COMPILED_RUNS) if row.get(c)]
+        if "DTMK_OBS_SM" not in defs or not runs:
+            continue
+        m = gpu.obs_sms_of(defs)
+        lines.append(f"{r['preset']:<6} {bn:<12} {'round':>5} {'observer SMs':<20} " + " ".join(f"{c:>13}" for c in runs))
+        for k in range(min(row[c]["n"] for c in runs)):
+            obs = sorted(round_order(k, r["sm_ids"], r.get("obs_sms", []))[-m:])
+            lines.append(f"{r['preset']:<6} {bn:<12} {k:>5} {','.join(map(str, obs)):<20} "
+                         + " ".join(f"{100 * row[c]['ratios'][k]:>+12.2f}%" for c in runs))
     return lines
 
 
@@ -891,6 +914,10 @@ def main(argv=None) -> int:
     for i, r in enumerate(res["presets"]):
         for line in own_off_lines(r["preset"], r.get("own_off", {}))[(1 if i else 0):]:
             print(line)
+    rl = [line for r in res["presets"] for line in round_lines(r)]
+    if rl:
+        print("\nper round (--placement paired): where each observer-SM build's observers ran, its monitors over its own off")
+        print("\n".join(rl))
     print("\nissue 5's targets (this run)")
     for r in res["presets"]:
         print("\n".join(target_lines(r)))

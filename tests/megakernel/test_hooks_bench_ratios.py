@@ -179,3 +179,23 @@ def test_bad_placement_arguments_are_refused_by_name(load_bench, capsys, argv, e
     with pytest.raises(SystemExit):
         hooks.main(argv)
     assert err in capsys.readouterr().err
+
+
+def test_paired_rounds_list_where_the_observers_ran_beside_each_rounds_cost(fake_hooks, monkeypatch):
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
+    times = {"nohooks": [1000.0] * 3, "off": [1000.0] * 3, "off_obssm4fold": [1000.0] * 3,
+             "summary_obssm4fold": [1019.3, 1077.0, 1030.0], "summary_cm_obssm4fold": [1018.8, 1052.3, 1020.0]}
+    r = {"preset": "1b", "placement": "paired", "sm_ids": list(range(132)), "obs_sms": [],
+         "own_off": fake_hooks.own_off(times, ("obssm4fold",))}
+    lines = fake_hooks.round_lines(r)
+    assert len(lines) == 4 and lines[0].split()[2:] == ["round", "observer", "SMs", "summary", "summary_cm"]
+    for k, line in enumerate(lines[1:]):
+        cells = line.split()
+        assert cells[:3] == ["1b", "obssm4fold", str(k)]
+        assert cells[3] == ",".join(map(str, sorted(fake_hooks.round_order(k, list(range(132)), [])[-4:])))
+    assert lines[2].split()[4:] == ["+7.70%", "+5.23%"]                 # round 1's own ratios
+    r["obs_sms"] = [32, 33, 65, 68]                                     # pinned: the same SMs every round
+    assert {line.split()[3] for line in fake_hooks.round_lines(r)[1:]} == {"32,33,65,68"}
+    assert fake_hooks.round_lines(dict(r, placement="hw")) == []        # no order to name
+    del r["own_off"]["obssm4fold"]                                      # the default build has no observers
+    assert fake_hooks.round_lines(r) == []

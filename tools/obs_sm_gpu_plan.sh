@@ -810,12 +810,14 @@ case "${1:-}" in
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   129) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
      # session 50: under --placement paired obssm4fold's monitors cost +1.9% in the rounds whose observers
-     # sat on SMs 32,33,65,68 (6,54,78,110: +2.6%) and +7.7% elsewhere; sorted (128-131) +10.2%.  Is it where the
-     # observers run?  Observers pinned (--obs-sms), the workers still drawn per round: 3 sets x 5 rounds
+     # sat on SMs 32,33,65,68 (6,54,78,110: +2.6%) and up to +7.7% elsewhere; sorted (128-131) +10.2%.  Is it
+     # where the observers run (hooks.md session 29: they slow their GPC-mates), or where the workers do?
+     # Observers pinned (--obs-sms), the workers drawn per round: the cheap round's SMs; one GPC's two TPCs
+     # (0,1,16,17: GPC 0 by plan 60's probe); GPC 0's tail (128-131, sorted's); 3 sets x 5 rounds
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
        "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 32,33,65,68 --out $O/cheap" \
        "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 128,129,130,131 --out $O/last" \
-       "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 0,1,2,3 --out $O/first" ;;
+       "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 0,1,16,17 --out $O/gpc0" ;;
   128) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808
      # session 50: plan 127's pinned (sorted) placement made rounds agree within ~1% but is one placement's
      # cost (obssm4fold hot +10.2% vs +4.4% placed by the hardware): one random SM order per round, the

@@ -76,11 +76,19 @@ def test_the_targets_table_reads_each_target_from_the_paired_ratios(load_bench):
     lines = hooks.target_lines(r)
     assert lines == [
         "1b     off <= 0.5% (hook build / no hooks): met (+0.40% [+0.40%..+0.40%])",
-        "1b     summary hot <= 5% (over its own off): met (+4.00%, obssm4fold summary)",
-        "1b     summary compiled <= 1%: met (+0.99%, obssm4fold summary_cm)",
+        "1b     summary hot <= 5% (over its own off): met (+4.00% [+4.00%..+4.00%], obssm4fold summary)",
+        "1b     summary compiled <= 1%: met (+0.99% [+0.99%..+0.99%], obssm4fold summary_cm)",
         "1b     summary >= 5x cheaper than the trace: NOT met (trace +2.59% / summary +0.99% (obssm4fold summary_cm) = 2.6x)",
         "1b     >= 100x fewer bytes (wire): met (377x)",
         "1b     hot attach <= 10 ms (command -> first counted event): met (6.300 ms)"]
+    # rounds on both sides of a target: the verdict is the median's, and the line says they straddle
+    times.update({"summary_cm_obssm4fold": [1005.0, 1009.0, 1030.0], "off_obssm4fold": [1000.0] * 3,
+                  "nohooks": [1000.0] * 3, "off": [1004.0, 1004.0, 1010.0]})
+    r2 = dict(r, own_off=hooks.own_off(times, ("obssm4fold",)))
+    got = hooks.target_lines(r2)
+    assert got[0] == "1b     off <= 0.5% (hook build / no hooks): met (+0.40% [+0.40%..+1.00%]; the rounds straddle it)"
+    assert got[2] == ("1b     summary compiled <= 1%: met (+0.90% [+0.50%..+3.00%], obssm4fold summary_cm; "
+                      "the rounds straddle it)")
     r["attach"] = [{"write_to_first_load_ms": -2.682, "clock_err_us": 4.6}]
     assert lines[-1] != hooks.target_lines(r)[-1]
     assert hooks.target_lines(r)[-1].endswith("not measured: a load before the write: the clock pairing is off (-2.682 ms)")

@@ -813,11 +813,13 @@ case "${1:-}" in
      # sat on SMs 32,33,65,68 (6,54,78,110: +2.6%) and up to +7.7% elsewhere; sorted (128-131) +10.2%.  Is it
      # where the observers run (hooks.md session 29: they slow their GPC-mates), or where the workers do?
      # Observers pinned (--obs-sms), the workers drawn per round: the cheap round's SMs; one GPC's two TPCs
-     # (0,1,16,17: GPC 0 by plan 60's probe); GPC 0's tail (128-131, sorted's); 3 sets x 5 rounds
+     # (0,1,16,17: GPC 0 by plan 60's probe, an H200's: the probe first, on this card); GPC 0's tail
+     # (128-131, sorted's); 3 sets x 5 rounds
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
-       "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 32,33,65,68 --out $O/cheap" \
-       "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 128,129,130,131 --out $O/last" \
-       "timeout 170 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 0,1,16,17 --out $O/gpc0" ;;
+       "timeout 30 python3 tools/gpc_probe.py --out $O" \
+       "timeout 160 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 32,33,65,68 --out $O/cheap" \
+       "timeout 160 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 128,129,130,131 --out $O/last" \
+       "timeout 160 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 0,1,16,17 --out $O/gpc0" ;;
   128) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808
      # session 50: plan 127's pinned (sorted) placement made rounds agree within ~1% but is one placement's
      # cost (obssm4fold hot +10.2% vs +4.4% placed by the hardware): one random SM order per round, the

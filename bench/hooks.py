@@ -110,13 +110,14 @@ def placed(defines=()) -> tuple:
     return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT != "hw" else ())
 
 
-def round_order(rnd: int, ids=None, pins=None) -> list:
+def round_order(rnd: int, ids=None, pins=None, placement=None) -> list:
     """The SM order of round `rnd` (worker k on order[k]; an observer-SM build's observers
     are the last entries): sorted, or the round's random draw (paired, seeded by the round),
-    with the pinned observer SMs moved to the end.  ids / pins: this run's SM_IDS / OBS_PIN
-    unless given (a result's "sm_ids" / "obs_sms")."""
+    with the pinned observer SMs moved to the end.  ids / pins / placement: this run's
+    SM_IDS / OBS_PIN / PLACEMENT unless given (a result's "sm_ids" / "obs_sms" / "placement")."""
     ids, pins = SM_IDS if ids is None else ids, OBS_PIN if pins is None else pins
-    base = ids if PLACEMENT == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(ids)]
+    placement = PLACEMENT if placement is None else placement
+    base = ids if placement == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(ids)]
     return [x for x in base if x not in pins] + list(pins)
 
 
@@ -392,7 +393,7 @@ def round_lines(r: dict) -> list:
         m = gpu.obs_sms_of(defs)
         lines.append(f"{r['preset']:<6} {bn:<12} {'round':>5} {'observer SMs':<20} " + " ".join(f"{c:>13}" for c in runs))
         for k in range(min(row[c]["n"] for c in runs)):
-            obs = sorted(round_order(k, r["sm_ids"], r.get("obs_sms", []))[-m:])
+            obs = sorted(round_order(k, r["sm_ids"], r.get("obs_sms", []), r["placement"])[-m:])
             lines.append(f"{r['preset']:<6} {bn:<12} {k:>5} {','.join(map(str, obs)):<20} "
                          + " ".join(f"{100 * row[c]['ratios'][k]:>+12.2f}%" for c in runs))
     return lines

@@ -6,8 +6,8 @@ Runs the preset with the agent's device summary query (monitors/summary_tasks.d)
 and every hook streamed (hooks="all"), then prints per task class: tasks, tasks flagged
 FLAG_OBS_DELAY (their dependency seen met while the worker's observer drained: the drain's
 poller, the default since session 48; -DDTMK_NO_DRAIN_POLL flags none), the dispatch wait
-(task:dispatch wait_ns) mean / p90 / p99 / max of flagged and other tasks, and the median ready -> dispatch stamp gap beyond the wait of
-flagged ones (the drain after the event was met).  Session 47 wrote it to find why the
+(task:dispatch wait_ns) mean / p90 / p99 / max of flagged and other tasks, and the median
+ready -> dispatch stamp gap beyond the wait of flagged ones (the drain after the event was met).  Session 47 wrote it to find why the
 drain's poller raised 1b's mlp_down dispatch-wait tail in serving (plan 117)."""
 from __future__ import annotations
 

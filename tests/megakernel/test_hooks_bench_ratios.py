@@ -202,6 +202,8 @@ def test_paired_rounds_list_where_the_observers_ran_beside_each_rounds_cost(fake
         assert cells[:3] == ["1b", "obssm4fold", str(k)]
         assert cells[3] == ",".join(map(str, sorted(fake_hooks.round_order(k, list(range(132)), [])[-4:])))
     assert lines[2].split()[4:] == ["+7.70%", "+5.23%"]                 # round 1's own ratios
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")              # the result's placement, not this run's
+    assert fake_hooks.round_lines(r) == lines
     r["obs_sms"] = [32, 33, 65, 68]                                     # pinned: the same SMs every round
     assert {line.split()[3] for line in fake_hooks.round_lines(r)[1:]} == {"32,33,65,68"}
     assert fake_hooks.round_lines(dict(r, placement="hw")) == []        # no order to name

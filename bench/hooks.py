@@ -451,6 +451,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     cfg = PRESETS[name]
     PLACED.clear()
     SM_IDS.clear()
+    t_start = time.perf_counter()                   # (progress lines: a run cut off by a timeout says where)
     w = make_weights(cfg, 0)
     steps = STEPS.get(name, 16)
     mk0 = megakernel(cfg, w, ("DTMK_NO_HOOKS",))
@@ -574,6 +575,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     times = {v: [] for v in variants}
     toks = {}
     aid = None
+    log(f"{name}: builds ready ({time.perf_counter() - t_start:.1f} s): {len(variants)} runs per round, "
+        f"{reps} rounds, placement {PLACEMENT}" + (f", observers on SMs {OBS_PIN}" if OBS_PIN else ""))
     for v in variants:                              # warm-up, tokens (summary attached from here on)
         if v == "summary":
             aid = live.attach(mon.obj)
@@ -629,6 +632,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             extra[f"{v}_coverage"] = {k: sum(getattr(c, k) for c in snc.coverage)
                                       for k in ("eligible", "executed", "throttled", "lost")}
             extra[f"{v}_queue_workers"] = len(snc.maps["queue"].snapshot())
+    log(f"{name}: warm-up done ({time.perf_counter() - t_start:.1f} s)")
     # the summary stays attached for its timed runs: detach around the others
     for rep in range(reps):
         place_round(rep)
@@ -636,6 +640,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             r = run(v)
             times[v].append(r.elapsed_ms * 1e3 / steps)
             toks[v] = r.tokens
+        log(f"{name}: round {rep + 1}/{reps} ({time.perf_counter() - t_start:.1f} s)")
     # note: the summary attachment is in the tables for every run, but only runs with
     # the observer wired (live_idle, summary) read them: live_idle therefore has it
     # attached too -> re-time live_idle with nothing attached

@@ -100,7 +100,7 @@ LONG = {"tiny": 4000, "1b": 600}
 #: builds' observers to the SMs named (the order's last entries) under either.  Set by main().
 PLACEMENT = "hw"
 PLACEMENTS = ("hw", "sorted", "paired")
-OBS_PIN: list = []         # --obs-sms: the SMs the observers run on (empty: wherever the order puts them)
+OBS_PIN: list = []         # --obs-sms: sets of SMs the observers run on, set r % len in round r (empty: the order's say)
 PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
 SM_IDS: list = []          # the SMs their grids get (the same for every build)
 
@@ -110,12 +110,29 @@ def placed(defines=()) -> tuple:
     return tuple(defines) + (("DTMK_SM_WORKER",) if PLACEMENT != "hw" else ())
 
 
+def pin_sets(pins) -> list:
+    """--obs-sms as sets: a result's "obs_sms" is a list of sets, or (before session 51) one
+    flat list of SM ids."""
+    return [list(p) for p in pins] if pins and isinstance(pins[0], (list, tuple)) else [list(pins)] if pins else []
+
+
+def pins_text(pins) -> str:
+    """--obs-sms sets as the command line spells them: 32,33,65,68/128,129,130,131."""
+    return "/".join(",".join(map(str, p)) for p in pin_sets(pins))
+
+
+def round_pins(rnd: int, pins=None) -> list:
+    """The observer SMs pinned in round `rnd`: --obs-sms set rnd % (number of sets); [] if none."""
+    sets = pin_sets(OBS_PIN if pins is None else pins)
+    return sets[rnd % len(sets)] if sets else []
+
+
 def round_order(rnd: int, ids=None, pins=None, placement=None) -> list:
     """The SM order of round `rnd` (worker k on order[k]; an observer-SM build's observers
     are the last entries): sorted, or the round's random draw (paired, seeded by the round),
-    with the pinned observer SMs moved to the end.  ids / pins / placement: this run's
+    with the round's pinned observer SMs moved to the end.  ids / pins / placement: this run's
     SM_IDS / OBS_PIN / PLACEMENT unless given (a result's "sm_ids" / "obs_sms" / "placement")."""
-    ids, pins = SM_IDS if ids is None else ids, OBS_PIN if pins is None else pins
+    ids, pins = SM_IDS if ids is None else ids, round_pins(rnd, pins)
     placement = PLACEMENT if placement is None else placement
     base = ids if placement == "sorted" else [int(x) for x in np.random.default_rng(rnd).permutation(ids)]
     return [x for x in base if x not in pins] + list(pins)
@@ -131,19 +148,22 @@ def megakernel(cfg, w, defines=()):
         raise RuntimeError(f"--placement {PLACEMENT}: build {defines} gets SMs {ids[:4]}..{ids[-4:]} "
                            f"({len(ids)}), the first build {SM_IDS[:4]}..{SM_IDS[-4:]} ({len(SM_IDS)})")
     SM_IDS[:] = ids
-    bad = [x for x in OBS_PIN if x not in ids]
-    if bad:
-        raise RuntimeError(f"--obs-sms: SMs {bad} are not among the {len(ids)} the grid gets ({ids[0]}..{ids[-1]})")
-    if OBS_PIN and getattr(mk, "obs_sm", False) and mk.obs_sms != len(OBS_PIN):
-        raise RuntimeError(f"--obs-sms names {len(OBS_PIN)} SMs; build {defines} has {mk.obs_sms} observer SMs")
+    for pins in pin_sets(OBS_PIN):
+        bad = [x for x in pins if x not in ids]
+        if bad:
+            raise RuntimeError(f"--obs-sms: SMs {bad} are not among the {len(ids)} the grid gets ({ids[0]}..{ids[-1]})")
+        if getattr(mk, "obs_sm", False) and mk.obs_sms != len(pins):
+            raise RuntimeError(f"--obs-sms names {len(pins)} SMs ({','.join(map(str, pins))}); build {defines} "
+                               f"has {mk.obs_sms} observer SMs")
     mk.place_workers(round_order(0))
     PLACED.append(mk)
     return mk
 
 
 def place_round(rnd: int) -> None:
-    """--placement paired: round `rnd`'s order of the SMs, the same for every build made so far."""
-    if PLACEMENT != "paired":
+    """--placement paired (or several --obs-sms sets): round `rnd`'s order of the SMs, the same
+    for every build made so far."""
+    if PLACEMENT == "hw" or (PLACEMENT == "sorted" and len(pin_sets(OBS_PIN)) < 2):
         return
     order = round_order(rnd)
     for mk in PLACED:
@@ -379,10 +399,12 @@ def own_off_lines(preset: str, table: dict) -> list:
 
 
 def round_lines(r: dict) -> list:
-    """--placement paired: per observer-SM build and round, the SMs its observers ran on (the
-    round's order's last entries) beside its monitors over its own off in that round -- where
-    the observers sat against what the monitors cost (session 50: +1.9% to +7.7%)."""
-    if r.get("placement") != "paired" or not r.get("sm_ids"):
+    """--placement paired (or several --obs-sms sets): per observer-SM build and round, the SMs
+    its observers ran on (the round's order's last entries) beside its monitors over its own
+    off in that round -- where the observers sat against what the monitors cost (session 50:
+    +1.9% to +7.7%); with several sets, then each set's median [range] over its rounds."""
+    sets = pin_sets(r.get("obs_sms", []))
+    if not r.get("sm_ids") or not (r.get("placement") == "paired" or (r.get("placement") == "sorted" and len(sets) > 1)):
         return []
     lines = []
     for bn, row in r.get("own_off", {}).items():
@@ -391,11 +413,22 @@ def round_lines(r: dict) -> list:
         if "DTMK_OBS_SM" not in defs or not runs:
             continue
         m = gpu.obs_sms_of(defs)
+        n = min(row[c]["n"] for c in runs)
         lines.append(f"{r['preset']:<6} {bn:<12} {'round':>5} {'observer SMs':<20} " + " ".join(f"{c:>13}" for c in runs))
-        for k in range(min(row[c]["n"] for c in runs)):
-            obs = sorted(round_order(k, r["sm_ids"], r.get("obs_sms", []), r["placement"])[-m:])
+        for k in range(n):
+            obs = sorted(round_order(k, r["sm_ids"], sets, r["placement"])[-m:])
             lines.append(f"{r['preset']:<6} {bn:<12} {k:>5} {','.join(map(str, obs)):<20} "
                          + " ".join(f"{100 * row[c]['ratios'][k]:>+12.2f}%" for c in runs))
+        if len(sets) < 2:
+            continue
+        lines.append(f"{r['preset']:<6} {bn:<12} {'set':>5} {'observer SMs':<20} "
+                     + " ".join(f"{c + ' median [range]':>27}" for c in runs))
+        for i, pins in enumerate(sets):
+            ks = range(i, n, len(sets))
+            cell = lambda x: (f"{100 * statistics.median(x):+.2f}% [{100 * min(x):+.2f}..{100 * max(x):+.2f}]"  # noqa: E731
+                              if x else "-")
+            lines.append(f"{r['preset']:<6} {bn:<12} {i:>5} {','.join(map(str, pins)):<20} "
+                         + " ".join(f"{cell([row[c]['ratios'][k] for k in ks]):>27}" for c in runs))
     return lines
 
 
@@ -576,7 +609,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     toks = {}
     aid = None
     log(f"{name}: builds ready ({time.perf_counter() - t_start:.1f} s): {len(variants)} runs per round, "
-        f"{reps} rounds, placement {PLACEMENT}" + (f", observers on SMs {OBS_PIN}" if OBS_PIN else ""))
+        f"{reps} rounds, placement {PLACEMENT}" + (f", observers on SMs {pins_text(OBS_PIN)}" if OBS_PIN else ""))
     for v in variants:                              # warm-up, tokens (summary attached from here on)
         if v == "summary":
             aid = live.attach(mon.obj)
@@ -653,7 +686,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
     times["live_idle"] = idle
     med = {v: statistics.median(t) for v, t in times.items()}
     base = med["nohooks"]
-    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT, "obs_sms": list(OBS_PIN),
+    out = {"preset": name, "steps_per_launch": steps, "reps": reps, "placement": PLACEMENT, "obs_sms": pin_sets(OBS_PIN),
            "sm_ids": list(SM_IDS),            # (pinned: round r's order is round_order(r) over these)
            "us_per_step": med,
            "all_us_per_step": times,
@@ -822,8 +855,10 @@ def main(argv=None) -> int:
                     help="hw: the hardware's block placement (differs per launch); sorted: every build pins "
                          "worker k to the k-th SM (-DDTMK_SM_WORKER): one placement's cost; paired: one random "
                          "order of the SMs per round, the same for every build")
-    ap.add_argument("--obs-sms", default="", metavar="ID,ID,..",
-                    help="with --placement sorted|paired: the SMs (ids) the observer-SM builds' observers run on")
+    ap.add_argument("--obs-sms", default="", metavar="ID,ID,../ID,..",
+                    help="with --placement sorted|paired: the SMs (ids) the observer-SM builds' observers run on; "
+                         "several sets separated by '/' take turns, set r %% N in round r (one process surveys them: "
+                         "the builds and links, ~2 min on 1b, are paid once)")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -832,11 +867,17 @@ def main(argv=None) -> int:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     from benchio import run_presets
     try:
-        pins = [int(x) for x in a.obs_sms.split(",") if x.strip()]
+        pins = [[int(x) for x in g.split(",") if x.strip()] for g in a.obs_sms.split("/") if g.strip()]
     except ValueError:
-        ap.error(f"--obs-sms: SM ids separated by commas, got {a.obs_sms!r}")
-    if pins and (a.placement == "hw" or len(set(pins)) != len(pins)):
-        ap.error("--obs-sms: distinct SM ids, with --placement sorted or paired")
+        ap.error(f"--obs-sms: SM ids separated by commas, sets by '/', got {a.obs_sms!r}")
+    if pins and a.placement == "hw":
+        ap.error("--obs-sms: with --placement sorted or paired (the hardware's placement pins nothing)")
+    if any(len(set(p)) != len(p) for p in pins):
+        ap.error(f"--obs-sms: distinct SM ids in each set, got {a.obs_sms!r}")
+    if any(not p for p in pins) or len({len(p) for p in pins}) > 1:
+        ap.error(f"--obs-sms: every set names the same number of SMs, got {a.obs_sms!r}")
+    if len(pins) > a.reps:
+        ap.error(f"--obs-sms: {len(pins)} sets need at least as many rounds (--reps {a.reps})")
     global PLACEMENT
     PLACEMENT = a.placement
     OBS_PIN[:] = pins
@@ -847,7 +888,7 @@ def main(argv=None) -> int:
         return 0
     res = run_presets(a.out, "hooks", a.presets,
                       lambda p, log: bench_preset(p, a.reps, log, p in a.compiled_presets.split(","), builds))
-    print(f"\n{res['card']}  {res['date']}  placement {PLACEMENT}" + (f", observers on SMs {OBS_PIN}" if OBS_PIN else ""))
+    print(f"\n{res['card']}  {res['date']}  placement {PLACEMENT}" + (f", observers on SMs {pins_text(OBS_PIN)}" if OBS_PIN else ""))
     print(f"{'preset':<6} {'nohooks us':>10} {'off':>7} {'off2':>7} {'idle':>7} {'summary':>8} {'sum-cm':>7} {'trace':>7} "
           f"{'ring':>7} {'sum-vs-off':>10} {'trace B/st':>10} {'sum B':>7} {'attach ms':>9} tok exact")
     for r in res["presets"]:
@@ -927,7 +968,8 @@ def main(argv=None) -> int:
             print(line)
     rl = [line for r in res["presets"] for line in round_lines(r)]
     if rl:
-        print("\nper round (--placement paired): where each observer-SM build's observers ran, its monitors over its own off")
+        print("\nper round (--placement paired, or --obs-sms sets): where each observer-SM build's observers ran, "
+              "its monitors over its own off")
         print("\n".join(rl))
     print("\nissue 5's targets (this run)")
     for r in res["presets"]:

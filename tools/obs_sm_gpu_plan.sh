@@ -432,6 +432,9 @@
 # Session 49 ran 122, 121, 123 and 124 (H100s): the gate poller stays opt-in; attach stamps read through a stale
 # clock pairing (LiveSession.start re-pairs since).  Next session: 126 (the re-pairing: the attach test's bound,
 # 1b's attach figures), then 125 (plan 104's table, best on an H200); 81 when the x2 kind is lent.
+# Session 51 ran 129 (its benches timed out: ~2 min of builds and links before round 1) and then its three sets at
+# reps 2-3 (one H100): pinned observers' rounds agree within +-0.3%; the sets read +6.35..+9.51% hot.  Next session:
+# 130 (eight observer sets surveyed in one process, the GPC probe first); 81 when the x2 kind is lent.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -808,7 +811,21 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  130) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+     # session 51: plan 129's three runs timed out at 160 s (the builds and the compiled tier's
+     # links take 126-145 s before round 1; a round is ~3.2 s).  Run again on one H100 (reps 2-3):
+     # pinned observers make rounds agree within +-0.3% whatever the workers' draw -- the observers'
+     # SMs set the cost -- but 32,33,65,68 (+1.9% on plan 128's machine) read +6.87% there, 128-131
+     # +6.35%, 0,1,16,17 (four observers in an 8-SM GPC) +9.51%.  Survey eight sets in one process
+     # (--obs-sms sets take turns, 2 rounds each): plan 128's cheap / middle / dear rounds' SMs, sorted's
+     # tail, GPC 0's two TPCs, one observer in each of four GPCs' last TPCs, two big GPCs' last TPCs,
+     # the 124-127 half of "?" -- is some set under 5% on every machine, and is it the same set?
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
+       "timeout 30 python3 tools/gpc_probe.py --out $O" \
+       "timeout 330 python3 bench/hooks.py --presets 1b --reps 16 --variants obssm4fold --placement paired --obs-sms 32,33,65,68/128,129,130,131/0,1,16,17/6,54,78,110/37,63,118,124/107,109,111,113/120,121,122,123/124,125,126,127 --out $O/survey" ;;
   129) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+     # (session 51: each bench timed out at 160 s -- its builds and links alone take ~2 min; plan 130
+     # surveys these sets and five more in one process)
      # session 50: under --placement paired obssm4fold's monitors cost +1.9% in the rounds whose observers
      # sat on SMs 32,33,65,68 (6,54,78,110: +2.6%) and up to +7.7% elsewhere; sorted (128-131) +10.2%.  Is it
      # where the observers run (hooks.md session 29: they slow their GPC-mates), or where the workers do?

@@ -153,7 +153,7 @@ def test_paired_placement_gives_every_build_one_order_per_round(fake_hooks, monk
 
 def test_obs_sms_put_the_observers_on_the_sms_named_in_every_round(fake_hooks, monkeypatch):
     monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
-    monkeypatch.setattr(fake_hooks, "OBS_PIN", [32, 33, 65, 68])
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [[32, 33, 65, 68]])
     obs = fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
     plain = fake_hooks.megakernel(None, None)
     for rnd in (0, 1):
@@ -167,21 +167,38 @@ def test_obs_sms_put_the_observers_on_the_sms_named_in_every_round(fake_hooks, m
 
 def test_obs_sms_that_do_not_fit_the_grid_or_the_build_are_refused(fake_hooks, monkeypatch):
     monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")
-    monkeypatch.setattr(fake_hooks, "OBS_PIN", [1, 2, 3, 140])
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [[1, 2, 3, 4], [1, 2, 3, 140]])
     with pytest.raises(RuntimeError, match=r"--obs-sms: SMs \[140\] are not among the 132 the grid gets \(0..131\)"):
         fake_hooks.megakernel(None, None)
-    monkeypatch.setattr(fake_hooks, "OBS_PIN", [1, 2])
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", [[1, 2]])
     monkeypatch.setattr(FakeMegakernel, "obs_sm", True, raising=False)
     monkeypatch.setattr(FakeMegakernel, "obs_sms", 4, raising=False)
-    with pytest.raises(RuntimeError, match="--obs-sms names 2 SMs; build .* has 4 observer SMs"):
+    with pytest.raises(RuntimeError, match=r"--obs-sms names 2 SMs \(1,2\); build .* has 4 observer SMs"):
         fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+
+
+def test_obs_sms_sets_take_turns_by_round_under_either_pinned_placement(fake_hooks, monkeypatch):
+    sets = [[32, 33, 65, 68], [128, 129, 130, 131], [0, 1, 16, 17]]
+    monkeypatch.setattr(fake_hooks, "OBS_PIN", sets)
+    for placement in ("paired", "sorted"):
+        monkeypatch.setattr(fake_hooks, "PLACEMENT", placement)
+        fake_hooks.PLACED.clear()
+        obs = fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+        for rnd in (0, 1, 2, 3, 5):
+            fake_hooks.place_round(rnd)                                  # (sorted too: the set changes)
+            assert obs.order[-4:] == sets[rnd % 3] and sorted(obs.order) == list(range(132))
+    assert fake_hooks.round_order(4, pins=[32, 33, 65, 68])[-4:] == [32, 33, 65, 68]   # a result's flat list
+    assert fake_hooks.pins_text(sets) == "32,33,65,68/128,129,130,131/0,1,16,17"
 
 
 @pytest.mark.parametrize("argv, err", [
     (["--placement", "best"], "invalid choice: 'best'"),
-    (["--obs-sms", "1,2,3,4"], "--obs-sms: distinct SM ids, with --placement sorted or paired"),
-    (["--placement", "paired", "--obs-sms", "1,1,2,3"], "--obs-sms: distinct SM ids"),
-    (["--placement", "paired", "--obs-sms", "1,x"], "--obs-sms: SM ids separated by commas, got '1,x'")])
+    (["--obs-sms", "1,2,3,4"], "--obs-sms: with --placement sorted or paired"),
+    (["--placement", "paired", "--obs-sms", "1,1,2,3"], "--obs-sms: distinct SM ids in each set, got '1,1,2,3'"),
+    (["--placement", "paired", "--obs-sms", "1,2/3,3"], "--obs-sms: distinct SM ids in each set"),
+    (["--placement", "paired", "--obs-sms", "1,2/3"], "--obs-sms: every set names the same number of SMs"),
+    (["--placement", "paired", "--reps", "2", "--obs-sms", "1/2/3"], "--obs-sms: 3 sets need at least as many rounds"),
+    (["--placement", "paired", "--obs-sms", "1,x"], "--obs-sms: SM ids separated by commas, sets by '/', got '1,x'")])
 def test_bad_placement_arguments_are_refused_by_name(load_bench, capsys, argv, err):
     hooks = load_bench("hooks")
     with pytest.raises(SystemExit):
@@ -204,8 +221,23 @@ def test_paired_rounds_list_where_the_observers_ran_beside_each_rounds_cost(fake
     assert lines[2].split()[4:] == ["+7.70%", "+5.23%"]                 # round 1's own ratios
     monkeypatch.setattr(fake_hooks, "PLACEMENT", "sorted")              # the result's placement, not this run's
     assert fake_hooks.round_lines(r) == lines
-    r["obs_sms"] = [32, 33, 65, 68]                                     # pinned: the same SMs every round
+    r["obs_sms"] = [32, 33, 65, 68]                                     # pinned (a flat list before session 51)
+    assert {line.split()[3] for line in fake_hooks.round_lines(r)[1:]} == {"32,33,65,68"}
+    r["obs_sms"] = [[32, 33, 65, 68]]                                   # one set: no per-set lines
     assert {line.split()[3] for line in fake_hooks.round_lines(r)[1:]} == {"32,33,65,68"}
     assert fake_hooks.round_lines(dict(r, placement="hw")) == []        # no order to name
+    assert fake_hooks.round_lines(dict(r, placement="sorted")) == []    # one order for every round
     del r["own_off"]["obssm4fold"]                                      # the default build has no observers
     assert fake_hooks.round_lines(r) == []
+
+
+def test_obs_sms_sets_get_a_median_over_their_own_rounds(fake_hooks):
+    times = {"nohooks": [1000.0] * 4, "off": [1000.0] * 4, "off_obssm4fold": [1000.0] * 4,
+             "summary_obssm4fold": [1068.0, 1063.0, 1070.0, 1065.0]}   # set 0 rounds 0, 2; set 1 rounds 1, 3
+    r = {"preset": "1b", "placement": "sorted", "sm_ids": list(range(132)),
+         "obs_sms": [[32, 33, 65, 68], [128, 129, 130, 131]], "own_off": fake_hooks.own_off(times, ("obssm4fold",))}
+    lines = fake_hooks.round_lines(r)
+    assert [line.split()[3] for line in lines[1:5]] == ["32,33,65,68", "128,129,130,131"] * 2
+    assert lines[5].split()[2:4] == ["set", "observer"]
+    assert lines[6].split()[2:] == ["0", "32,33,65,68", "+6.90%", "[+6.80..+7.00]"]
+    assert lines[7].split()[2:] == ["1", "128,129,130,131", "+6.40%", "[+6.30..+6.50]"]

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -101,6 +102,7 @@ LONG = {"tiny": 4000, "1b": 600}
 PLACEMENT = "hw"
 PLACEMENTS = ("hw", "sorted", "paired")
 OBS_PIN: list = []         # --obs-sms: sets of SMs the observers run on, set r % len in round r (empty: the order's say)
+OBS_CAL = 0                # --obs-sms calibrate[:K]: K candidate sets measured first (obs_place), the cheapest pinned
 PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
 SM_IDS: list = []          # the SMs their grids get (the same for every build)
 
@@ -360,6 +362,30 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> d
     return b
 
 
+def calibrate_observers(bv: dict, mon, steps: int, log) -> dict:
+    """--obs-sms calibrate: what `dtrace-mk top --observer-place calibrate` does before a job
+    (obs_place.calibrate_session: OBS_CAL candidate sets, two launches each with the hot
+    summary attached) on the first observer-SM build; then every build is placed with the
+    observers on the chosen SMs (OBS_PIN) for the timed rounds."""
+    from dtrace_mk.megakernel.obs_place import calibrate_session
+    bn = next((b for b in bv if "DTMK_OBS_SM" in BUILD_VARIANTS[b]), None)
+    if bn is None:
+        raise RuntimeError("--obs-sms calibrate: no observer-SM build among --variants")
+    b = bv[bn]
+    b["mk"].reset()
+    b["mk"].set_observer(int(b["live"].rt.tables.data.ptr), b["live"].state)
+    t0 = time.perf_counter()
+    try:
+        cal = calibrate_session(b["live"], mon.obj, steps=steps, k=OBS_CAL, progress=log)
+    finally:
+        b["mk"].set_observer(0, None)
+    log(f"observer placement ({bn}, {time.perf_counter() - t0:.1f} s):\n" + "\n".join(cal.lines()))
+    OBS_PIN[:] = [cal.best]
+    for mk in PLACED:
+        mk.place_workers(round_order(0))
+    return {"build": bn, "candidates": cal.candidates, "us_per_step": cal.us_per_step, "best": cal.best}
+
+
 def run_and_build(name: str, builds) -> tuple:
     """A timed run's name -> (run, build variant): "summary_obssm4defer_w4" -> ("summary",
     "obssm4defer_w4"); a default build's run -> (name, None).  The longest build name that
@@ -605,6 +631,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             return run_build(variant)
         return run_default(variant)
 
+    if OBS_CAL:
+        extra["obs_calibration"] = calibrate_observers(bv, mon, steps, log)
     times = {v: [] for v in variants}
     toks = {}
     aid = None
@@ -858,7 +886,9 @@ def main(argv=None) -> int:
     ap.add_argument("--obs-sms", default="", metavar="ID,ID,../ID,..",
                     help="with --placement sorted|paired: the SMs (ids) the observer-SM builds' observers run on; "
                          "several sets separated by '/' take turns, set r %% N in round r (one process surveys them: "
-                         "the builds and links, ~2 min on 1b, are paid once)")
+                         "the builds and links, ~2 min on 1b, are paid once); calibrate[:K]: measure K "
+                         "candidate sets first as `dtrace-mk top --observer-place calibrate` does (default 6) "
+                         "and pin the cheapest")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -866,6 +896,14 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"--variants: unknown {bad}; known: {sorted(BUILD_VARIANTS)}")
     from benchio import run_presets
+    global OBS_CAL
+    cal = re.fullmatch(r"calibrate(?::(\d+))?", a.obs_sms)
+    if cal:
+        from dtrace_mk.megakernel.obs_place import CANDIDATES_DEFAULT
+        OBS_CAL = int(cal.group(1) or CANDIDATES_DEFAULT)
+        if a.placement == "hw" or not OBS_CAL:
+            ap.error("--obs-sms calibrate[:K]: K >= 1 candidate sets, with --placement sorted or paired")
+        a.obs_sms = ""
     try:
         pins = [[int(x) for x in g.split(",") if x.strip()] for g in a.obs_sms.split("/") if g.strip()]
     except ValueError:

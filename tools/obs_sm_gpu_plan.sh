@@ -434,7 +434,8 @@
 # 1b's attach figures), then 125 (plan 104's table, best on an H200); 81 when the x2 kind is lent.
 # Session 51 ran 129 (its benches timed out: ~2 min of builds and links before round 1) and then its three sets at
 # reps 2-3 (one H100): pinned observers' rounds agree within +-0.3%; the sets read +6.35..+9.51% hot.  Next session:
-# 130 (eight observer sets surveyed in one process, the GPC probe first); 81 when the x2 kind is lent.
+# 130 (eight observer sets surveyed in one process, the GPC probe first), 131 (the observers' SMs calibrated:
+# megakernel/obs_place.py's GPU test, top, the hook table); 81 when the x2 kind is lent.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -811,6 +812,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  131) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+     # session 51: the observers' SMs chosen by measuring (megakernel/obs_place.py, `top --observer-place
+     # calibrate`, bench/hooks.py --obs-sms calibrate): its GPU test (tiny: observers where named, every bit
+     # kept, the cheapest candidate kept), top on 1b with it, and the hook table with the calibrated set
+     # pinned (6 candidates x 2 launches of 16 steps first) -- hot <= 5% on this machine?
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py '' $L+$S $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
+       "$(pytv 120 tests/gpu/test_obs_place_gpu.py)" \
+       "timeout 60 python3 -m dtrace_mk top --model 1b --backend gpu --observer sm --observer-place calibrate --frames 2 --no-clear --steps 600" \
+       "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement paired --obs-sms calibrate --out $O/cal" ;;
   130) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
      # session 51: plan 129's three runs timed out at 160 s (the builds and the compiled tier's
      # links take 126-145 s before round 1; a round is ~3.2 s).  Run again on one H100 (reps 2-3):

@@ -40,6 +40,7 @@ ORDER = 34
 #: --observer: where records are built (kernels/megakernel.cu "observer SM"); the build each
 #: choice runs: gpu.observer_defines
 OBSERVERS = ("workers", "sm")
+OBSERVER_PLACES = ("hw", "calibrate")   # --observer-place (megakernel/obs_place.py)
 HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -58,22 +59,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "auto = hot, promoted at a launch boundary when hot (default hot; sim ignores it)")
     p.add_argument("--launches", type=int, default=0, metavar="N",
                    help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
-    add_observer_arguments(p, "gpu")
+    add_observer_arguments(p, "gpu", place=True)
 
 
-def add_observer_arguments(p: argparse.ArgumentParser, scope: str) -> None:
+def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: bool = False) -> None:
     """--observer / --observer-sms (top, serve): where hook records are built and monitors
-    run; the build each choice runs is gpu.observer_defines."""
+    run; the build each choice runs is gpu.observer_defines.  place: also --observer-place
+    (top's LiveSession job; serve's resident kernel does not calibrate yet)."""
     from ..megakernel.gpu import OBS_SMS_DEFAULT, OBS_SMS_MAX
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help=f"{scope}: where hook records are built and monitors run -- workers = each "
                         "worker's thread 0 (default); sm = SMs of their own (--observer-sms), the workers "
-                        "only capture (-DDTMK_OBS_SM, entries published lazily; experimental: exact; H200 "
-                        "hot summary with 4 SMs over no hooks: 1b +15%%, tiny +15%%; workers +45%% / "
-                        "+15.5%% -- docs/results/hooks.md session 17)")
+                        "only capture (-DDTMK_OBS_SM, entries published lazily; exact; 1b hot summary with "
+                        "4 SMs over its own off +1.1..+9.5%% by card and observer SMs, workers ~+35%% -- "
+                        "docs/results/hooks.md sessions 49-51)")
     p.add_argument("--observer-sms", type=int, default=None, metavar="M",
                    help=f"{scope}, --observer sm: observer SMs (1..{OBS_SMS_MAX}, default {OBS_SMS_DEFAULT}; the "
                         "workers get the other SMs)")
+    if not place:
+        return
+    p.add_argument("--observer-place", choices=OBSERVER_PLACES, default="hw",
+                   help=f"{scope}, --observer sm: which SMs the observers get -- hw = wherever the hardware "
+                        "puts the last blocks (default); calibrate = measure a few candidate SM sets with "
+                        "the monitor attached (2 short launches each, before the job) and keep the cheapest "
+                        "(the observers slow their GPC's other SMs, by an amount that depends on the SMs and "
+                        "the card: docs/results/hooks.md session 51)")
+
+
+def observer_place_defines(observer: str, place: str) -> tuple:
+    """The defines --observer-place adds: calibrate pins the observers (-DDTMK_SM_WORKER), so
+    it needs observer SMs to pin."""
+    if place not in OBSERVER_PLACES:
+        raise UserError(f"--observer-place: expected one of {', '.join(OBSERVER_PLACES)}, got {place!r}")
+    if place == "hw":
+        return ()
+    if observer != "sm":
+        raise UserError(f"--observer-place {place}: only with --observer sm (the workers' observers "
+                        f"are the workers themselves)")
+    return ("DTMK_SM_WORKER",)
 
 
 # ------------------------------------------------------------------------ rendering
@@ -197,18 +220,25 @@ def _inline_note(live, aid) -> str:
 
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
                frames: int = 0, tier: str = "hot", launches: int = 0, observer: str = "workers",
-               observer_sms: Optional[int] = None) -> Iterable[str]:
+               observer_sms: Optional[int] = None, observer_place: str = "hw") -> Iterable[str]:
     """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
     promoted to the compiled tier at launch boundaries (--tier); records built and
-    monitors run by the workers or by an observer SM (--observer)."""
+    monitors run by the workers or by observer SMs (--observer), placed by the hardware or
+    by a calibration (--observer-place; its table goes to stderr)."""
     from ..megakernel import gpu
     from ..megakernel.presets import get_preset
     from ..runtime.live import LiveSession, summary_monitor
     if observer not in OBSERVERS:
         raise UserError(f"--observer: expected one of {', '.join(OBSERVERS)}, got {observer!r}")
-    mk = gpu.Megakernel(get_preset(model), batch=batch, defines=gpu.observer_defines(observer, observer_sms))
+    defines = gpu.observer_defines(observer, observer_sms) + observer_place_defines(observer, observer_place)
+    mk = gpu.Megakernel(get_preset(model), batch=batch, defines=defines)
     live = LiveSession(mk, tier=tier)
     mon = summary_monitor(mk.graph.schema)
+    if observer_place == "calibrate":
+        from ..megakernel.obs_place import calibrate_session
+        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        cal = calibrate_session(live, mon.obj, progress=say)
+        say("\n".join(cal.lines()))
     plan = launch_plan(steps, tier, launches)
     step_start = mk.step
     if tier == "hot":
@@ -262,11 +292,14 @@ def run(args: argparse.Namespace) -> int:
         backend = "gpu" if _gpu_available() else "sim"
     observer = getattr(args, "observer", "workers")
     observer_sms = getattr(args, "observer_sms", None)
+    observer_place = getattr(args, "observer_place", "hw")
     from ..megakernel.gpu import observer_defines
     observer_defines(observer, observer_sms)        # (checks the pair before either backend)
+    observer_place_defines(observer, observer_place)
     if backend == "gpu":
         it = gpu_frames(args.model, args.steps, args.interval_ms, args.batch, args.frames,
-                        getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer, observer_sms)
+                        getattr(args, "tier", "hot"), getattr(args, "launches", 0), observer, observer_sms,
+                        observer_place)
     else:
         if observer != "workers":
             raise UserError(f"--observer {observer}: a placement of the GPU kernel's observer; the sim "

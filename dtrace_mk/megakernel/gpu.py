@@ -584,6 +584,28 @@ class Megakernel:
         self.sm_map = self.cp.asarray(m)
         return order
 
+    def place_observers(self, sms: Sequence[int]) -> List[int]:
+        """-DDTMK_OBS_SM -DDTMK_SM_WORKER builds: run the observers on the SMs `sms` (as many
+        as the build has observers) and the workers on the others in id order, from the
+        next launch on (obs_place.calibrate chooses the SMs).  Returns the order in force."""
+        if not self.obs_sm:
+            raise UserError("Megakernel.place_observers: the build has no observer SMs (-DDTMK_OBS_SM)")
+        if "DTMK_SM_WORKER" not in self.defines:
+            raise UserError("Megakernel.place_observers: the build lacks -DDTMK_SM_WORKER")
+        if self.idle_sms:
+            raise UserError("Megakernel.place_observers: not with idle_sms (the order's last SMs idle)")
+        if len(sms) != self.obs_sms:
+            raise UserError(f"Megakernel.place_observers: the build has {self.obs_sms} observer SMs, "
+                            f"got {len(sms)} ({list(sms)})")
+        from .obs_place import observer_order
+        return self.place_workers(observer_order(self.sm_ids(), sms))
+
+    def sm_ids(self) -> List[int]:
+        """The SMs this grid's blocks get, sorted (probed once)."""
+        if getattr(self, "_smid_cache", None) is None:
+            self._smid_cache = sorted(probe_smids(self.grid, self.smem))
+        return list(self._smid_cache)
+
     def record_placement(self) -> None:
         """-DDTMK_SM_WORKER builds: from the next launch on, run in the block order (no
         map) and record the SM each worker ran on; placement() reads the last launch's."""

@@ -241,3 +241,46 @@ def test_obs_sms_sets_get_a_median_over_their_own_rounds(fake_hooks):
     assert lines[5].split()[2:4] == ["set", "observer"]
     assert lines[6].split()[2:] == ["0", "32,33,65,68", "+6.90%", "[+6.80..+7.00]"]
     assert lines[7].split()[2:] == ["1", "128,129,130,131", "+6.40%", "[+6.30..+6.50]"]
+
+
+def test_obs_sms_calibrate_pins_the_cheapest_set_for_every_build(fake_hooks, monkeypatch):
+    """--obs-sms calibrate: the production calibration (obs_place.calibrate_session, standing
+    in here) runs on the observer-SM build with its summary wired, then every build is placed
+    with the observers on the set it chose, in every round."""
+    from types import SimpleNamespace
+    from dtrace_mk.megakernel import obs_place
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
+    monkeypatch.setattr(fake_hooks, "OBS_CAL", 3)
+    obs = fake_hooks.megakernel(None, None, ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"))
+    plain = fake_hooks.megakernel(None, None)
+    wired = []
+    obs.reset = lambda: wired.append("reset")
+    obs.set_observer = lambda ptr, state: wired.append((ptr, state))
+    live = SimpleNamespace(rt=SimpleNamespace(tables=SimpleNamespace(data=SimpleNamespace(ptr=4096))), state="st")
+    seen = {}
+
+    def fake_session(lv, obj, steps, k, progress):
+        seen.update(live=lv, obj=obj, steps=steps, k=k, wired=list(wired))
+        return obs_place.Calibration(best=[5, 6, 7, 8], us_per_step=[[1.0, 1.0]] * 3,
+                                     candidates=[[128, 129, 130, 131], [5, 6, 7, 8], [1, 2, 3, 4]])
+    monkeypatch.setattr(obs_place, "calibrate_session", fake_session)
+    logged = []
+    got = fake_hooks.calibrate_observers({"obssm4fold": {"mk": obs, "live": live}}, SimpleNamespace(obj="mon"),
+                                         16, logged.append)
+    assert seen == {"live": live, "obj": "mon", "steps": 16, "k": 3, "wired": ["reset", (4096, "st")]}
+    assert wired[-1] == (0, None)                                    # unwired again after
+    assert got["best"] == [5, 6, 7, 8] and fake_hooks.OBS_PIN == [[5, 6, 7, 8]]
+    assert obs.order[-4:] == [5, 6, 7, 8] and plain.order == obs.order
+    fake_hooks.place_round(3)
+    assert obs.order[-4:] == [5, 6, 7, 8] and plain.order == obs.order
+    assert "* observers on SMs 5,6,7,8" in logged[-1]
+    with pytest.raises(RuntimeError, match="--obs-sms calibrate: no observer-SM build among --variants"):
+        fake_hooks.calibrate_observers({"ring4": {}}, None, 16, logged.append)
+
+
+@pytest.mark.parametrize("argv", [["--obs-sms", "calibrate"], ["--placement", "paired", "--obs-sms", "calibrate:0"]])
+def test_obs_sms_calibrate_needs_a_pinned_placement_and_candidates(load_bench, capsys, argv):
+    hooks = load_bench("hooks")
+    with pytest.raises(SystemExit):
+        hooks.main(argv)
+    assert "--obs-sms calibrate[:K]: K >= 1 candidate sets, with --placement sorted or paired" in capsys.readouterr().err

@@ -80,6 +80,24 @@ def runtime_dir(monkeypatch):
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def megakernel_builds(monkeypatch):
+    """gpu.Megakernel replaced by a stand-in that records the defines of each build asked for
+    and raises Stop (the layer above, e.g. top's GPU path, tested up to the build).  Returns
+    (the defines list, the Stop exception)."""
+    from dtrace_mk.megakernel import gpu
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(cfg, batch=1, defines=()):
+        built.append(defines)
+        raise Stop
+    monkeypatch.setattr(gpu, "Megakernel", fake)
+    return built, Stop
+
+
 @pytest.fixture(scope="session")
 def clang():
     """Path of the distro clang that builds eBPF monitors (installed by dev.sh)."""

@@ -162,7 +162,7 @@ def test_place_observers_checks_the_build_before_placing():
             gpu.Megakernel.place_observers(SimpleNamespace(**{**vars(mk), **change}), [32, 33, 65, 68])
 
 
-def test_top_observer_place_needs_observer_sms_and_the_gpu(capsys, monkeypatch):
+def test_top_observer_place_needs_observer_sms_and_the_gpu(capsys, megakernel_builds):
     from dtrace_mk.cli import main
     from dtrace_mk.commands import top
     assert main(["top", "--backend", "sim", "--observer-place", "calibrate", "--steps", "2"]) != 0
@@ -174,16 +174,7 @@ def test_top_observer_place_needs_observer_sms_and_the_gpu(capsys, monkeypatch):
     assert top.observer_place_defines("sm", "hw") == top.observer_place_defines("workers", "hw") == ()
     with pytest.raises(UserError, match="--observer-place: expected one of hw, calibrate, got 'best'"):
         top.observer_place_defines("sm", "best")
-    from dtrace_mk.megakernel import gpu
-    built = []
-
-    class Stop(Exception):
-        pass
-
-    def fake(cfg, batch=1, defines=()):
-        built.append(defines)
-        raise Stop
-    monkeypatch.setattr(gpu, "Megakernel", fake)
+    built, Stop = megakernel_builds
     with pytest.raises(Stop):
         next(top.gpu_frames("tiny", steps=2, observer="sm", observer_place="calibrate"))
     assert built[0][0] == "DTMK_OBS_SM" and built[0][-1] == "DTMK_SM_WORKER"

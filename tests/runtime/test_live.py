@@ -75,7 +75,7 @@ def test_top_rejects_bad_interval(capsys):
     assert "--interval-ms" in capsys.readouterr().err
 
 
-def test_top_observer_choice(capsys, monkeypatch):
+def test_top_observer_choice(capsys, megakernel_builds):
     """--observer sm runs the observer-SM build on the GPU; the sim has no such placement
     and says so (instead of ignoring the flag)."""
     from dtrace_mk.cli import main
@@ -85,15 +85,7 @@ def test_top_observer_choice(capsys, monkeypatch):
     assert "--observer-sms: only with --observer sm" in capsys.readouterr().err
     assert top.OBSERVERS == ("workers", "sm")
     from dtrace_mk.megakernel import gpu
-    built = []
-
-    class Stop(Exception):
-        pass
-
-    def fake(cfg, batch=1, defines=()):
-        built.append(defines)
-        raise Stop
-    monkeypatch.setattr(gpu, "Megakernel", fake)
+    built, Stop = megakernel_builds
     for choice, m in (("workers", None), ("sm", None), ("sm", 1), ("sm", 2)):
         with pytest.raises(Stop):
             next(top.gpu_frames("tiny", steps=2, observer=choice, observer_sms=m))

@@ -338,11 +338,48 @@ COMPILED_RUNS = {"summary_cm": True, "summary_cmgen": False}
 TABLE_RUNS = BUILD_RUNS + ("summary_cmgen",)
 
 
-def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> dict:
+class Links:
+    """A preset's compiled-tier whole-kernel LTO links, run side by side.  One after another
+    they took 24-31 s each on the H100 host, ~90 s of a 1b bench's ~2 min before round 1
+    (session 51); nvJitLink releases the GIL, so threads overlap them.  add() queues a
+    session's link (LiveSession.link_work, fixed at the call); run() links all of them, then
+    loads each module on this thread and calls its done(seconds) or failed(exception).
+    (Side by side, a link's seconds are not its swap latency: bench/compiled.py has that.)"""
+
+    def __init__(self, workers: int = 0):
+        self.todo: list = []
+        self.workers = workers
+
+    def add(self, live, done, failed) -> None:
+        self.todo.append((live, live.link_work(), done, failed))
+
+    def run(self, log) -> None:
+        if not self.todo:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        import os
+        n = self.workers or max(1, min(len(self.todo), os.cpu_count() or 1))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            futs = [ex.submit(work) for _, work, _, _ in self.todo]
+        for (live, _, done, failed), f in zip(self.todo, futs):
+            try:
+                cubin, secs = f.result()
+                live.load_linked(cubin)
+            except Exception as e:  # noqa: BLE001 - the caller keeps the other figures
+                failed(e)
+                continue
+            done(secs)
+        log(f"{len(self.todo)} compiled-tier links, {n} at a time: {time.perf_counter() - t0:.1f} s")
+        self.todo.clear()
+
+
+def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str, links: Links) -> dict:
     """One megakernel build (`defines`) with its own summary session (hot), null3 session
     and compiled-tier kernels: what run() of bench_preset needs for the BUILD_RUNS.
-    compiled: the COMPILED_RUNS to link (empty: none); b["cm"][run] holds each one that
-    linked: its megakernel "mk", session "live", attachment "aid" and "link_s"."""
+    compiled: the COMPILED_RUNS to link (empty: none), queued on `links`; after
+    links.run(), b["cm"][run] holds each one that linked: its megakernel "mk", session
+    "live", attachment "aid" and "link_s"."""
     b = {"mk": megakernel(cfg, w, defines)}
     b["mk"].run(2, poison=False)                    # fails here if the SM cannot hold the block
     b["mk"].reset()
@@ -356,7 +393,10 @@ def build_variant(cfg, w, defines, mon, null_obj, compiled, log, name: str) -> d
             mkc = megakernel(cfg, w, defines)
             live = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers, mk=mkc, fold_maps=COMPILED_RUNS[run]))
             aid = live.attach(mon.obj, tier="compiled")
-            b["cm"][run] = {"mk": mkc, "live": live, "aid": aid, "link_s": live.link_compiled()}
+            b["cm"][run] = entry = {"mk": mkc, "live": live, "aid": aid, "link_s": None}
+            links.add(live, lambda secs, entry=entry: entry.__setitem__("link_s", secs),
+                      lambda e, run=run: (log(f"{name}: compiled tier ({run}) of {defines} unavailable: {e!r}"),
+                                          b["cm"].pop(run, None)))
         except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
             log(f"{name}: compiled tier ({run}) of {defines} unavailable: {e!r}")
     return b
@@ -540,29 +580,40 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         except Exception as e:  # noqa: BLE001 - keep the rest
             log(f"{name}: attribution variant {v} unavailable: {e!r}")
     mk.set_observer(0, None)
-    mkc = None
+    links = Links()                                 # the compiled tier's links, run side by side below
+
+    def linked(key):
+        return lambda secs: extra.__setitem__(key, secs)
+
+    def cm_failed(e):
+        nonlocal mkc, mkr
+        import traceback
+        log(f"{name}: compiled tier unavailable: {e!r}\n{''.join(traceback.format_exception(e))}")
+        extra["compiled_error"] = repr(e)
+        mkc = mkr = None                            # (the ring form goes with it, as before)
+
+    def ring_failed(e):
+        nonlocal mkr
+        log(f"{name}: compiled tier (ring) unavailable: {e!r}")
+        mkr = None
+    mkc = mkr = None
     try:
         if not compiled:
             raise RuntimeError("compiled tier not requested for this preset (--compiled-presets)")                                            # the compiled tier: summary linked into the kernel
         mkc = megakernel(cfg, w)
         livec = LiveSession(mkc, runtime=linked_runtime(mkc.num_workers))
         aidc = livec.attach(mon.obj, tier="compiled")
-        extra["compiled_link_s"] = livec.link_compiled()
+        links.add(livec, linked("compiled_link_s"), cm_failed)
     except Exception as e:  # noqa: BLE001 - keep the hot-tier figures
-        import traceback
-        log(f"{name}: compiled tier unavailable: {e!r}\n{traceback.format_exc()}")
-        extra["compiled_error"] = repr(e)
-        mkc = None
-    mkr = None                                      # session 8: the compiled tier through the ring
-    if mkc is not None:                             # (summary_cm now runs at the hook sites)
-        try:
+        cm_failed(e)
+    if mkc is not None:                             # session 8: the compiled tier through the ring
+        try:                                        # (summary_cm now runs at the hook sites)
             mkr = megakernel(cfg, w)
             liver = LiveSession(mkr, runtime=linked_runtime(mkr.num_workers, inline=False))
             aidr = liver.attach(mon.obj, tier="compiled")
-            extra["compiled_ring_link_s"] = liver.link_compiled()
+            links.add(liver, linked("compiled_ring_link_s"), ring_failed)
         except Exception as e:  # noqa: BLE001 - keep the rest
-            log(f"{name}: compiled tier (ring) unavailable: {e!r}")
-            mkr = None
+            ring_failed(e)
 
     def run(variant):
         if variant == "summary_cm":
@@ -593,9 +644,10 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
         try:
             bv[bn] = build_variant(cfg, w, BUILD_VARIANTS[bn], mon, attrib["null3"],
                                    compiled and [r for r in BUILD_VARIANT_RUNS.get(bn, BUILD_RUNS) if r in COMPILED_RUNS],
-                                   log, name)
+                                   log, name, links)
         except Exception as e:  # noqa: BLE001 - keep the rest (e.g. a launch the SM cannot hold)
             log(f"{name}: build variant {bn} unavailable: {e!r}")
+    links.run(log)
 
     def run_build(variant):
         base, bn = run_and_build(variant, bv)

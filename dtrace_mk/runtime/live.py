@@ -227,9 +227,20 @@ class LiveSession:
         runtime=linked_runtime(...)); used from the next launch.  stage 2 (default): full
         LTO, the monitor inlined (what bench/hooks.py measures); stage 1: the fast
         relocatable link.  Returns build seconds."""
-        cubin, secs = link_megakernel(self.rt.monitor(stage=stage), self.mk.arch, stage, self.mk.defines)
-        self.mk.load_cubin(cubin, tag=f"cm_s{stage}")
+        cubin, secs = self.link_work(stage)()
+        self.load_linked(cubin, stage)
         return secs
+
+    def link_work(self, stage: int = 2):
+        """link_compiled's host half for the programs attached now: a callable returning
+        (cubin, build seconds) that may run on any thread (nvJitLink releases the GIL:
+        bench/hooks.py runs its whole-kernel links side by side); load_linked loads it."""
+        src, arch, defines = self.rt.monitor(stage=stage), self.mk.arch, self.mk.defines
+        return lambda: link_megakernel(src, arch, stage, defines)
+
+    def load_linked(self, cubin, stage: int = 2) -> None:
+        """link_compiled's device half: the linked module runs from the next launch."""
+        self.mk.load_cubin(cubin, tag=f"cm_s{stage}")
 
     def boundary(self) -> List[int]:
         """A launch boundary of the tier manager (start() calls it): start promotions the

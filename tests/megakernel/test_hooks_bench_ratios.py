@@ -284,3 +284,36 @@ def test_obs_sms_calibrate_needs_a_pinned_placement_and_candidates(load_bench, c
     with pytest.raises(SystemExit):
         hooks.main(argv)
     assert "--obs-sms calibrate[:K]: K >= 1 candidate sets, with --placement sorted or paired" in capsys.readouterr().err
+
+
+def test_compiled_links_run_side_by_side_and_load_on_the_calling_thread(load_bench):
+    """bench/hooks.py Links: the queued links' host halves run at once (a barrier all of them
+    must reach together), each module loads on the caller's thread, and a failed link reaches
+    its own failed() while the others still load."""
+    import threading
+    hooks = load_bench("hooks")
+    gate = threading.Barrier(3, timeout=10)
+    main = threading.get_ident()
+    loaded, done, failed, logged = [], [], [], []
+
+    class Live:
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def link_work(self):
+            def work():
+                gate.wait()                                   # all three links in flight together
+                if self.fail:
+                    raise RuntimeError(f"{self.name}: ptxas error")
+                return f"{self.name}.cubin", 1.5
+            return work
+
+        def load_linked(self, cubin):
+            loaded.append((cubin, threading.get_ident() == main))
+    links = hooks.Links(workers=3)                            # (default: at most one per core)
+    for name, fail in (("cm", False), ("ring", True), ("obs_cm", False)):
+        links.add(Live(name, fail), lambda s, n=name: done.append((n, s)), lambda e, n=name: failed.append((n, str(e))))
+    links.run(logged.append)
+    assert loaded == [("cm.cubin", True), ("obs_cm.cubin", True)]
+    assert done == [("cm", 1.5), ("obs_cm", 1.5)] and failed == [("ring", "ring: ptxas error")]
+    assert logged[0].startswith("3 compiled-tier links, 3 at a time") and links.todo == []

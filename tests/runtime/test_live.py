@@ -245,3 +245,25 @@ def test_start_pairs_the_clocks_again_when_the_pairing_is_stale(monkeypatch):
     assert (s.clock_offset, s.clock_err) == (7_700, 30)
     assert s.clock_drift == [(live.RECALIBRATE_S * 1.5, 2_700)]
     assert started == [10, 10]
+
+
+def test_link_compiled_splits_into_a_host_half_fixed_at_the_call_and_a_load(monkeypatch):
+    """LiveSession.link_work fixes the monitor source when called (bench/hooks.py queues
+    links, then runs them side by side): a program attached afterwards is not in that link;
+    load_linked loads the module; link_compiled is the two in a row."""
+    from types import SimpleNamespace
+    from dtrace_mk.runtime import live as live_mod
+    linked, loads = [], []
+    monkeypatch.setattr(live_mod, "link_megakernel",
+                        lambda src, arch, stage, defines: linked.append((src, arch, stage, defines)) or (b"cubin:" + src.encode(), 2.5))
+    s = live_mod.LiveSession.__new__(live_mod.LiveSession)
+    srcs = iter(["monitor v1", "monitor v2"])
+    s.rt = SimpleNamespace(monitor=lambda stage: next(srcs) + f" s{stage}")
+    s.mk = SimpleNamespace(arch="sm_90a", defines=("DTMK_X",), load_cubin=lambda c, tag: loads.append((c, tag)))
+    work = s.link_work()
+    assert linked == []                                        # nothing linked until the work runs
+    assert s.link_compiled(stage=1) == 2.5                     # (takes "monitor v2")
+    assert work() == (b"cubin:monitor v1 s2", 2.5)             # the source of the call, not the latest
+    s.load_linked(b"cubin:monitor v1 s2")
+    assert linked == [("monitor v2 s1", "sm_90a", 1, ("DTMK_X",)), ("monitor v1 s2", "sm_90a", 2, ("DTMK_X",))]
+    assert loads == [(b"cubin:monitor v2 s1", "cm_s1"), (b"cubin:monitor v1 s2", "cm_s2")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +82,9 @@ _cache_dir = build.cache_dir
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    # (per process and thread: two threads that miss one key both build it -- bench/hooks.py's
+    # side-by-side links, the tier manager's background builds -- and must not share a tmp)
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}.{threading.get_ident()}")
     tmp.write_bytes(data)
     tmp.replace(path)
 

@@ -452,15 +452,18 @@ def own_off(times: dict, builds=()) -> dict:
     return out
 
 
+def span_text(rec) -> str:
+    """A ratio record ({"median", "lo", "hi"}: benchio.launch_ratios) as "+m% [+lo..+hi]"; "-" for none."""
+    return f"{100 * rec['median']:+.2f}% [{100 * rec['lo']:+.2f}..{100 * rec['hi']:+.2f}]" if rec else "-"
+
+
 def own_off_lines(preset: str, table: dict) -> list:
     """The last table: per build, off over nohooks and the monitors over the build's own off,
     each the median [lowest..highest] of its paired launches."""
     cols = ("off", "summary") + tuple(COMPILED_RUNS)
     lines = [f"{'preset':<6} {'build':<12} " + " ".join(f"{c + (' /nohooks' if c == 'off' else ' /own off'):>27}" for c in cols)]
     for bn, row in table.items():
-        cell = lambda r: (f"{100 * r['median']:+.2f}% [{100 * r['lo']:+.2f}..{100 * r['hi']:+.2f}]"  # noqa: E731
-                          if r else "-")
-        lines.append(f"{preset:<6} {bn:<12} " + " ".join(f"{cell(row.get(c)):>27}" for c in cols))
+        lines.append(f"{preset:<6} {bn:<12} " + " ".join(f"{span_text(row.get(c)):>27}" for c in cols))
     return lines
 
 
@@ -490,11 +493,10 @@ def round_lines(r: dict) -> list:
         lines.append(f"{r['preset']:<6} {bn:<12} {'set':>5} {'observer SMs':<20} "
                      + " ".join(f"{c + ' median [range]':>27}" for c in runs))
         for i, pins in enumerate(sets):
-            ks = range(i, n, len(sets))
-            cell = lambda x: (f"{100 * statistics.median(x):+.2f}% [{100 * min(x):+.2f}..{100 * max(x):+.2f}]"  # noqa: E731
-                              if x else "-")
-            lines.append(f"{r['preset']:<6} {bn:<12} {i:>5} {','.join(map(str, pins)):<20} "
-                         + " ".join(f"{cell([row[c]['ratios'][k] for k in ks]):>27}" for c in runs))
+            per_set = {c: [row[c]["ratios"][k] for k in range(i, n, len(sets))] for c in runs}
+            lines.append(f"{r['preset']:<6} {bn:<12} {i:>5} {','.join(map(str, pins)):<20} " + " ".join(
+                f"{span_text(x and {'median': statistics.median(x), 'lo': min(x), 'hi': max(x)}):>27}"
+                for x in per_set.values()))
     return lines
 
 

@@ -450,6 +450,10 @@ HO="$HO DTMK_OBS_SM+DTMK_HANDOFF+DTMK_SM_WORKER+$R"
 L4="DTMK_OBS_SM+DTMK_OBS_SMS=4+DTMK_OSQ_LAZY_PUB"   # four observer SMs, the lazy publish
 PYT="timeout 170 python3 -m pytest -q -p no:cacheprovider"
 L=$L4+DTMK_OSQ_DEFER=16                              # the CLI's observer build (plans 59-67)
+# the pinned hook table's builds (bench/hooks.py --placement sorted|paired: every build -DDTMK_SM_WORKER; plans
+# 129-131): default, no hooks, the CLI's observer build, no hooks padded to the hook build's shared memory
+S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808
+PINNED="$S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R"
 # Nsight Compute (plans 63-68): found when the stage runs; ncu_run T ARGS REP: profile the megakernel's launches
 # (timeout T, ncu ARGS) into $NCU_DIR/REP.ncu-rep, running the command that follows; ncu_src REP: its SASS source
 # page as CSV; NCU_PACK: the stage that ships $NCU_DIR's text files back as one file
@@ -812,16 +816,16 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
-  131) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+  131) O=${OUT:-/tmp/out}
      # session 51: the observers' SMs chosen by measuring (megakernel/obs_place.py, `top --observer-place
      # calibrate`, bench/hooks.py --obs-sms calibrate): its GPU test (tiny: observers where named, every bit
      # kept, the cheapest candidate kept), top on 1b with it, and the hook table with the calibrated set
      # pinned (6 candidates x 2 launches of 16 steps first) -- hot <= 5% on this machine?
-     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py '' $L+$S $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py '' $L+$S $PINNED" \
        "$(pytv 120 tests/gpu/test_obs_place_gpu.py)" \
        "timeout 60 python3 -m dtrace_mk top --model 1b --backend gpu --observer sm --observer-place calibrate --frames 2 --no-clear --steps 600" \
        "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement paired --obs-sms calibrate --out $O/cal" ;;
-  130) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+  130) O=${OUT:-/tmp/out}
      # session 51: plan 129's three runs timed out at 160 s (the builds and the compiled tier's
      # links take 126-145 s before round 1; a round is ~3.2 s).  Run again on one H100 (reps 2-3):
      # pinned observers make rounds agree within +-0.3% whatever the workers' draw -- the observers'
@@ -830,10 +834,10 @@ case "${1:-}" in
      # (--obs-sms sets take turns, 2 rounds each): plan 128's cheap / middle / dear rounds' SMs, sorted's
      # tail, GPC 0's two TPCs, one observer in each of four GPCs' last TPCs, two big GPCs' last TPCs,
      # the 124-127 half of "?" -- is some set under 5% on every machine, and is it the same set?
-     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $PINNED" \
        "timeout 30 python3 tools/gpc_probe.py --out $O" \
        "timeout 330 python3 bench/hooks.py --presets 1b --reps 16 --variants obssm4fold --placement paired --obs-sms 32,33,65,68/128,129,130,131/0,1,16,17/6,54,78,110/37,63,118,124/107,109,111,113/120,121,122,123/124,125,126,127 --out $O/survey" ;;
-  129) S=DTMK_SM_WORKER; P=DTMK_NO_HOOKS+DTMK_SMEM_PAD=25808; O=${OUT:-/tmp/out}
+  129) O=${OUT:-/tmp/out}
      # (session 51: each bench timed out at 160 s -- its builds and links alone take ~2 min; plan 130
      # surveys these sets and five more in one process)
      # session 50: under --placement paired obssm4fold's monitors cost +1.9% in the rounds whose observers
@@ -842,7 +846,7 @@ case "${1:-}" in
      # Observers pinned (--obs-sms), the workers drawn per round: the cheap round's SMs; one GPC's two TPCs
      # (0,1,16,17: GPC 0 by plan 60's probe, an H200's: the probe first, on this card); GPC 0's tail
      # (128-131, sorted's); 3 sets x 5 rounds
-     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R $L+$S+$R $P+$S+$R" \
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $PINNED" \
        "timeout 30 python3 tools/gpc_probe.py --out $O" \
        "timeout 160 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 32,33,65,68 --out $O/cheap" \
        "timeout 160 python3 bench/hooks.py --presets 1b --reps 5 --variants obssm4fold --placement paired --obs-sms 128,129,130,131 --out $O/last" \

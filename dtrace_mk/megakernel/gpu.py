@@ -195,6 +195,7 @@ class Megakernel:
         self.lean_kernel = (load_module(self.arch, "megakernel.cu", self.lean_defines).get_function("dtmk_megakernel")
                             if handoff else None)
         self.sm_map = None           # -DDTMK_SM_WORKER: cupy int32 map[smid] -> worker (place_workers)
+        self._smid_cache = None      # sm_ids(): the SMs the grid gets, probed once
         self._sm_rec = None          # -DDTMK_SM_WORKER: cupy int32 [W], each worker's SM (record_placement)
         self._ws_host = None         # pinned copy of worker_state, read while a grid runs (handoff)
         self.obs_tables = 0          # device VM hook tables (dtrace_mk.runtime.live), 0 = none
@@ -571,8 +572,8 @@ class Megakernel:
             self._sm_rec = None
             self.sm_map = None
             return []
-        ids = probe_smids(self.grid, self.smem)      # (an observer-SM build: the observer's SM last)
-        order = sorted(ids) if order is None else [int(x) for x in order]
+        ids = self.sm_ids()
+        order = ids if order is None else [int(x) for x in order]
         if sorted(order) != sorted(ids):
             raise UserError(f"Megakernel.place_workers: order must be a permutation of the SMs the grid "
                             f"gets ({len(ids)} ids, {min(ids)}..{max(ids)})")
@@ -602,7 +603,7 @@ class Megakernel:
 
     def sm_ids(self) -> List[int]:
         """The SMs this grid's blocks get, sorted (probed once)."""
-        if getattr(self, "_smid_cache", None) is None:
+        if self._smid_cache is None:
             self._smid_cache = sorted(probe_smids(self.grid, self.smem))
         return list(self._smid_cache)
 

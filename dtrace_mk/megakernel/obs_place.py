@@ -116,8 +116,9 @@ def calibrate(place: Callable[[List[int]], None], measure: Callable[[], float],
 def calibrate_session(live, obj, steps: int = 16, k: int = CANDIDATES_DEFAULT, rounds: int = 2,
                       progress: Optional[Callable[[str], None]] = None) -> Calibration:
     """calibrate() on a LiveSession's observer-SM megakernel: `obj` (the monitor the job will
-    run, in the hot tier whatever the session's) attached for the calibration's launches of `steps` decode steps each, then
-    detached (its maps and coverage do not carry the calibration's steps into the job's).
+    run, in the hot tier whatever the session's) attached for the calibration's launches of
+    `steps` decode steps each, then detached (its maps and coverage do not carry the
+    calibration's steps into the job's).
     k candidate sets x rounds launches: 1b's 16 steps take ~20 ms each."""
     mk = live.mk
     if not getattr(mk, "obs_sm", False):

@@ -824,7 +824,7 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py '' $L+$S $PINNED" \
        "$(pytv 120 tests/gpu/test_obs_place_gpu.py)" \
        "timeout 60 python3 -m dtrace_mk top --model 1b --backend gpu --observer sm --observer-place calibrate --frames 2 --no-clear --steps 600" \
-       "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement paired --obs-sms calibrate --out $O/cal" ;;
+       "timeout 270 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement paired --obs-sms calibrate --out $O/cal" ;;
   130) O=${OUT:-/tmp/out}
      # session 51: plan 129's three runs timed out at 160 s (the builds and the compiled tier's
      # links take 126-145 s before round 1; a round is ~3.2 s).  Run again on one H100 (reps 2-3):

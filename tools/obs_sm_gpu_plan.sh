@@ -816,6 +816,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  132) O=${OUT:-/tmp/out}
+     # session 52: plan 131's calibration (6 candidates x 2 launches of 16 steps, 1.9 s) chose 71,82,94,125
+     # (+0.00%; the other five +0.6..+2.2% dearer) and the bench then read hot +4.76% (met); plan 130's survey
+     # (same card map as plan 129's) ranged +4.21% (6,54,78,110) .. +7.52% (124-127).  Does the 1.9 s
+     # calibration rank sets as the long bench does?  Survey its six candidates (2 rounds each), then
+     # calibrate among 12
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $PINNED" \
+       "timeout 240 python3 bench/hooks.py --presets 1b --reps 12 --variants obssm4fold --placement paired --obs-sms 128,129,130,131/35,66,82,109/2,22,85,106/71,82,94,125/0,52,87,105/23,94,98,110 --out $O/cands" \
+       "timeout 240 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement paired --obs-sms calibrate:12 --out $O/cal12" ;;
   131) O=${OUT:-/tmp/out}
      # session 51: the observers' SMs chosen by measuring (megakernel/obs_place.py, `top --observer-place
      # calibrate`, bench/hooks.py --obs-sms calibrate): its GPU test (tiny: observers where named, every bit

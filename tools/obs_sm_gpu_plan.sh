@@ -816,6 +816,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  133) O=${OUT:-/tmp/out}
+     # session 52: plan 132's calibration is reproducible (the six shared candidates read within 0.3% of
+     # plan 131's) but measures top's configuration -- the workers on the other SMs in id order -- while
+     # --placement paired redraws the workers every round: its pick among 12 (0,1,16,88, -2% in the
+     # calibration) read hot +5.88% under paired, 71,82,94,125 +4.65%.  Measure what top runs: --placement
+     # sorted (workers in id order, observers pinned), the calibration among 12, then three sets side by side
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $PINNED" \
+       "timeout 240 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement sorted --obs-sms calibrate:12 --out $O/cal12s" \
+       "timeout 240 python3 bench/hooks.py --presets 1b --reps 9 --variants obssm4fold --placement sorted --obs-sms 0,1,16,88/71,82,94,125/128,129,130,131 --out $O/sets" ;;
   132) O=${OUT:-/tmp/out}
      # session 52: plan 131's calibration (6 candidates x 2 launches of 16 steps, 1.9 s) chose 71,82,94,125
      # (+0.00%; the other five +0.6..+2.2% dearer) and the bench then read hot +4.76% (met); plan 130's survey

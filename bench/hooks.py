@@ -940,8 +940,8 @@ def main(argv=None) -> int:
     ap.add_argument("--obs-sms", default="", metavar="ID,ID,../ID,..",
                     help="with --placement sorted|paired: the SMs (ids) the observer-SM builds' observers run on; "
                          "several sets separated by '/' take turns, set r %% N in round r (one process surveys them: "
-                         "the builds and links, ~2 min on 1b, are paid once); calibrate[:K]: measure K "
-                         "candidate sets first as `dtrace-mk top --observer-place calibrate` does (default 6) "
+                         "the builds and links, ~1 min on 1b, are paid once); calibrate[:K]: measure K "
+                         "candidate sets first as `dtrace-mk top --observer sm` does (default 12) "
                          "and pin the cheapest")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")

@@ -816,6 +816,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  134) O=${OUT:-/tmp/out}
+     # session 52: top --observer sm calibrates by default (--observer-place auto), 12 candidates; the GPU
+     # tests of what sessions 51-52 changed: top (both observers), placement (sm_ids once), the compiled
+     # tier (link_compiled's halves), calibration; then top on 1b with the default
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py '' $L+$S" \
+       "$(pytv 300 tests/gpu/test_top_gpu.py tests/gpu/test_placement_gpu.py tests/gpu/test_compiled_tier.py tests/gpu/test_obs_place_gpu.py)" \
+       "timeout 60 python3 -m dtrace_mk top --model 1b --backend gpu --observer sm --frames 1 --no-clear --steps 300" ;;
   133) O=${OUT:-/tmp/out}
      # session 52: plan 132's calibration is reproducible (the six shared candidates read within 0.3% of
      # plan 131's) but measures top's configuration -- the workers on the other SMs in id order -- while

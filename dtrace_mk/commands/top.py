@@ -40,7 +40,7 @@ ORDER = 34
 #: --observer: where records are built (kernels/megakernel.cu "observer SM"); the build each
 #: choice runs: gpu.observer_defines
 OBSERVERS = ("workers", "sm")
-OBSERVER_PLACES = ("hw", "calibrate")   # --observer-place (megakernel/obs_place.py)
+OBSERVER_PLACES = ("auto", "hw", "calibrate")   # --observer-place (megakernel/obs_place.py)
 HELP = "live view of a running megakernel (per class latency, dependency wait, queue depth, coverage)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 
@@ -79,19 +79,29 @@ def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: bool =
                         "workers get the other SMs)")
     if not place:
         return
-    p.add_argument("--observer-place", choices=OBSERVER_PLACES, default="hw",
-                   help=f"{scope}, --observer sm: which SMs the observers get -- hw = wherever the hardware "
-                        "puts the last blocks (default); calibrate = measure a few candidate SM sets with "
-                        "the monitor attached (2 short launches each, before the job) and keep the cheapest "
-                        "(the observers slow their GPC's other SMs, by an amount that depends on the SMs and "
-                        "the card: docs/results/hooks.md session 51)")
+    p.add_argument("--observer-place", choices=OBSERVER_PLACES, default="auto",
+                   help=f"{scope}, --observer sm: which SMs the observers get -- calibrate = measure "
+                        "candidate SM sets with the monitor attached (2 launches of 16 steps each, ~3 s "
+                        "before the job; table on stderr) and keep the cheapest; hw = wherever the hardware "
+                        "puts the last blocks; auto (default) = calibrate with --observer sm.  The "
+                        "observers slow their GPC's other SMs by an amount that depends on the SMs and the "
+                        "card: 1b hot summary +3.0%% calibrated vs +6.2%% on the highest SMs, one H100 -- "
+                        "docs/results/hooks.md session 52)")
+
+
+def resolve_observer_place(observer: str, place: str) -> str:
+    """--observer-place auto: calibrate where there are observer SMs to pin, else hw."""
+    if place not in OBSERVER_PLACES:
+        raise UserError(f"--observer-place: expected one of {', '.join(OBSERVER_PLACES)}, got {place!r}")
+    if place == "auto":
+        return "calibrate" if observer == "sm" else "hw"
+    return place
 
 
 def observer_place_defines(observer: str, place: str) -> tuple:
     """The defines --observer-place adds: calibrate pins the observers (-DDTMK_SM_WORKER), so
     it needs observer SMs to pin."""
-    if place not in OBSERVER_PLACES:
-        raise UserError(f"--observer-place: expected one of {', '.join(OBSERVER_PLACES)}, got {place!r}")
+    place = resolve_observer_place(observer, place)
     if place == "hw":
         return ()
     if observer != "sm":
@@ -221,7 +231,7 @@ def _inline_note(live, aid) -> str:
 
 def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.0, batch: int = 1,
                frames: int = 0, tier: str = "hot", launches: int = 0, observer: str = "workers",
-               observer_sms: Optional[int] = None, observer_place: str = "hw") -> Iterable[str]:
+               observer_sms: Optional[int] = None, observer_place: str = "auto") -> Iterable[str]:
     """Frames of `top` attached to a running megakernel (dtrace_mk.runtime.live): hot, or
     promoted to the compiled tier at launch boundaries (--tier); records built and
     monitors run by the workers or by observer SMs (--observer), placed by the hardware or
@@ -231,6 +241,7 @@ def gpu_frames(model: str = "tiny", steps: int = 2000, interval_ms: float = 500.
     from ..runtime.live import LiveSession, summary_monitor
     if observer not in OBSERVERS:
         raise UserError(f"--observer: expected one of {', '.join(OBSERVERS)}, got {observer!r}")
+    observer_place = resolve_observer_place(observer, observer_place)
     defines = gpu.observer_defines(observer, observer_sms) + observer_place_defines(observer, observer_place)
     mk = gpu.Megakernel(get_preset(model), batch=batch, defines=defines)
     live = LiveSession(mk, tier=tier)
@@ -293,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
         backend = "gpu" if _gpu_available() else "sim"
     observer = getattr(args, "observer", "workers")
     observer_sms = getattr(args, "observer_sms", None)
-    observer_place = getattr(args, "observer_place", "hw")
+    observer_place = getattr(args, "observer_place", "auto")
     from ..megakernel.gpu import observer_defines
     observer_defines(observer, observer_sms)        # (checks the pair before either backend)
     observer_place_defines(observer, observer_place)

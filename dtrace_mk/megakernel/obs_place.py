@@ -25,7 +25,7 @@ from ..errors import UserError
 
 #: candidate sets calibrate() tries by default: the tail (the SMs a sorted placement gives
 #: the observers) and random draws.  Each costs `rounds` short launches.
-CANDIDATES_DEFAULT = 6
+CANDIDATES_DEFAULT = 12
 
 
 def observer_order(ids: Sequence[int], observers: Sequence[int]) -> List[int]:

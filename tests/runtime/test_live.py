@@ -90,8 +90,9 @@ def test_top_observer_choice(capsys, megakernel_builds):
         with pytest.raises(Stop):
             next(top.gpu_frames("tiny", steps=2, observer=choice, observer_sms=m))
     lazy = ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={gpu.OSQ_DEFER_DEFAULT}")
-    assert built == [(), ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy, ("DTMK_OBS_SM",) + lazy,
-                     ("DTMK_OBS_SM", "DTMK_OBS_SMS=2") + lazy]
+    pin = ("DTMK_SM_WORKER",)                  # (--observer-place auto: observer SMs calibrated)
+    assert built == [(), ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy + pin,
+                     ("DTMK_OBS_SM",) + lazy + pin, ("DTMK_OBS_SM", "DTMK_OBS_SMS=2") + lazy + pin]
     with pytest.raises(UserError, match="want 1..8 observer SMs, got 0"):
         next(top.gpu_frames("tiny", steps=2, observer="sm", observer_sms=0))
 

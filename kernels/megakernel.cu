@@ -281,9 +281,9 @@ __shared__ dtmk_u32 s_osq_obs;     /* m + 1: this CTA is observer m (the last DT
 #endif
 #define MK_IDLE 7                  /* W.aborted: the observer's SM in a build without an observer (sm_worker) */
 #ifdef DTMK_SM_IDLE
-/* -DDTMK_SM_IDLE (measurement only, with -DDTMK_SM_WORKER): a CTA on an SM the placement map
- * marks -2 leaves at once, before it touches any worker's rows, so that SM runs nothing
- * (bench/obs_split.py --idle-smids: observers on a GPC of their own, its other SMs idle) */
+/* -DDTMK_SM_IDLE (with -DDTMK_SM_WORKER): a CTA on an SM the placement map marks -2 leaves at
+ * once, before it touches any worker's rows, so that SM runs nothing (serve's pinned observers:
+ * a grid of every SM, one left free for the clock pairs; bench/obs_split.py --idle-smids) */
 #ifndef DTMK_SM_WORKER
 #error "DTMK_SM_IDLE leaves the SMs a placement map marks -2 idle: add DTMK_SM_WORKER"
 #endif

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one read and one flush: larger windows cost less per step, and a step's summary "
                         "reaches the collector up to W steps later")
     from ..commands.top import add_observer_arguments
-    add_observer_arguments(p, "gpu backend, one rank")
+    add_observer_arguments(p, "gpu backend, one rank", place=True)
     p.add_argument("--kernel-define", action="append", default=None, metavar="DTMK_NAME",
                    help="gpu backend, one rank; repeatable: a compile-time variant of kernels/megakernel.cu "
                         "added to the build, for measurement (e.g. DTMK_NO_DRAIN_POLL, the wait without the drain's "
@@ -346,6 +346,34 @@ def kernel_defines(args: argparse.Namespace) -> tuple:
     return names
 
 
+def observer_build(args: argparse.Namespace, extra: tuple = ()) -> tuple:
+    """serve --observer sm's build: (defines, idle SMs).  --observer-place calibrate (auto's
+    choice) pins the observers (-DDTMK_SM_WORKER), which a grid one SM short of the GPU
+    cannot: the SMs it gets may change between launches.  So the grid holds every SM and
+    the clock pairs' one idles (-DDTMK_SM_IDLE: its CTA leaves at once)."""
+    from ..commands.top import observer_place_defines, resolve_observer_place
+    from ..megakernel.gpu import observer_defines
+    place = resolve_observer_place("sm", getattr(args, "observer_place", "auto"))
+    pin = observer_place_defines("sm", place)
+    return (observer_defines("sm", getattr(args, "observer_sms", None)) + pin
+            + (("DTMK_SM_IDLE",) if pin else ()) + tuple(extra)), (1 if pin else 0)
+
+
+def place_observers_calibrated(mk, twin) -> str:
+    """Calibrate the observers' SMs on `twin` (obs_place.calibrate_twin: the summary
+    monitor, as top does) and pin `mk`'s there; returns the table to print."""
+    import time
+
+    from ..megakernel.obs_place import calibrate_twin
+    from ..runtime.live import summary_monitor
+    t0 = time.perf_counter()
+    cal = calibrate_twin(twin, summary_monitor(twin.graph.schema).obj)
+    mk.place_observers(cal.best)
+    return (f"observer placement ({time.perf_counter() - t0:.1f} s, the cheapest of {len(cal.candidates)} "
+            f"SM sets with the summary monitor attached; the SM left idle runs the clock pairs):\n"
+            + "\n".join(cal.lines()))
+
+
 def serve(args: argparse.Namespace) -> int:
     from ..megakernel.faults import FaultTable
     from ..megakernel.graph import build_graph
@@ -355,8 +383,10 @@ def serve(args: argparse.Namespace) -> int:
     from .api import ServingHost
 
     backend = resolve_backend(args.backend)
+    from ..commands.top import observer_place_defines
     from ..megakernel.gpu import observer_defines
     observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
+    observer_place_defines(getattr(args, "observer", "workers"), getattr(args, "observer_place", "auto"))
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":
@@ -559,11 +589,18 @@ def serve_gpu(args: argparse.Namespace) -> int:
             held["tp"] = TPGroup(comm)            # collective; selects device rank % GPUs
             held["mk"] = gpu.Megakernel(cfg, args.batch, tp=held["tp"], seed=args.seed, num_workers=workers())
         elif getattr(args, "observer", "workers") == "sm":
-            # the observers take M more SMs (the clock pairs keep theirs): workers() - M workers
-            defines = gpu.observer_defines("sm", getattr(args, "observer_sms", None)) + extra
+            # the observers take M more SMs (the clock pairs keep theirs): workers() - M workers;
+            # pinned (calibrated), the grid holds every SM and the clock pairs' one idles
+            defines, idle = observer_build(args, extra)
             cp.cuda.Device(0).use()
-            held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed,
-                                        num_workers=max(1, workers() - gpu.obs_sms_of(defines)), defines=defines)
+
+            def make(**kw):
+                return gpu.Megakernel(cfg, args.batch, seed=args.seed, defines=defines, idle_sms=idle,
+                                      num_workers=max(1, workers() - gpu.obs_sms_of(defines)), **kw)
+            held["mk"] = make()
+            if idle:
+                held["placement"] = place_observers_calibrated(
+                    held["mk"], make(weights=held["mk"].weights, graph=held["mk"].graph))
         else:
             cp.cuda.Device(0).use()
             held["mk"] = gpu.Megakernel(cfg, args.batch, seed=args.seed, num_workers=workers(), defines=extra)
@@ -589,6 +626,8 @@ def serve_gpu(args: argparse.Namespace) -> int:
     agree = host.comm.Dup()
     dev = cp.cuda.Device()
     served = f"steps {WARMUP}..{end - 1}" if args.steps is not None or not args.duration else f"steps {WARMUP}.."
+    if "placement" in held:
+        say(held["placement"])
     say(f"model {cfg.name}, {ranks} rank(s), backend gpu (device {dev.id} of {n_gpus}, "
         f"{mk.num_workers} workers), batch {args.batch}, resident kernel (first {WARMUP} steps "
         f"warm the kernel up, not observed; {served} served), summaries on the {summaries}, "

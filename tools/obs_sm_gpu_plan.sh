@@ -816,6 +816,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  135) O=${OUT:-/tmp/out}
+     # session 52: serve --observer sm pins its observers too (calibrated on a twin sharing the weights;
+     # a grid of every SM, the clock pairs' SM idle: -DDTMK_SM_IDLE); megakernel.cu's comment changed
+     # (every build's source hash): the placement GPU tests, serve's three observer cases, then serve
+     # on 1b with the calibration (its table, tokens, coverage)
+     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py '' $L+$S $L+$S+DTMK_SM_IDLE $L $L+$S+DTMK_SM_IDLE+$R" \
+       "$(pytv 150 tests/gpu/test_obs_place_gpu.py)" \
+       "$(pytv 240 tests/gpu/test_resident_gpu.py -k serve)" \
+       "timeout 120 python3 -m dtrace_mk.launch.serve --backend gpu --model 1b --steps 200 --observer sm --result $O/serve1b.json" ;;
   134) O=${OUT:-/tmp/out}
      # session 52: top --observer sm calibrates by default (--observer-place auto), 12 candidates; the GPU
      # tests of what sessions 51-52 changed: top (both observers), placement (sm_ids once), the compiled

@@ -65,8 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: bool = False) -> None:
     """--observer / --observer-sms (top, serve): where hook records are built and monitors
     run; the build each choice runs is gpu.observer_defines.  place: also --observer-place
-    (top: its grid holds every SM; serve's leaves one free for the clock pairs, and the SMs
-    a smaller grid gets may change between launches, so its observers cannot be pinned)."""
+    (observer_place_defines; serve pins its observers in a grid of every SM with the clock
+    pairs' SM idle: launch/serve.py observer_build)."""
     from ..megakernel.gpu import OBS_SMS_DEFAULT, OBS_SMS_MAX
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help=f"{scope}: where hook records are built and monitors run -- workers = each "

@@ -133,9 +133,9 @@ class Megakernel:
         buffers and event counters are exchanged over CUDA IPC.  run / start / finish are
         then collective too (barriers around the launch).
 
-        idle_sms (measurement only; -DDTMK_SM_IDLE -DDTMK_SM_WORKER): the grid has that many
-        CTAs more, on the SMs last in place_workers' order, and they leave at once (those SMs
-        run nothing; bench/obs_split.py --idle-smids)."""
+        idle_sms (-DDTMK_SM_IDLE -DDTMK_SM_WORKER): the grid has that many CTAs more, on the
+        SMs last in place_workers' order, and they leave at once (those SMs run nothing:
+        bench/obs_split.py --idle-smids; serve's pinned observers, its clock pairs' SM)."""
         import cupy as cp
         self.cp = cp
         self.cfg, self.B, self.req = cfg, batch, requests
@@ -588,18 +588,22 @@ class Megakernel:
     def place_observers(self, sms: Sequence[int]) -> List[int]:
         """-DDTMK_OBS_SM -DDTMK_SM_WORKER builds: run the observers on the SMs `sms` (as many
         as the build has observers) and the workers on the others in id order, from the
-        next launch on (obs_place.calibrate chooses the SMs).  Returns the order in force."""
+        next launch on (obs_place.calibrate chooses the SMs).  With idle_sms the highest
+        other SMs idle (serve: a grid of every SM, one left free for the clock pairs).
+        Returns the order in force."""
         if not self.obs_sm:
             raise UserError("Megakernel.place_observers: the build has no observer SMs (-DDTMK_OBS_SM)")
         if "DTMK_SM_WORKER" not in self.defines:
             raise UserError("Megakernel.place_observers: the build lacks -DDTMK_SM_WORKER")
-        if self.idle_sms:
-            raise UserError("Megakernel.place_observers: not with idle_sms (the order's last SMs idle)")
         if len(sms) != self.obs_sms:
             raise UserError(f"Megakernel.place_observers: the build has {self.obs_sms} observer SMs, "
                             f"got {len(sms)} ({list(sms)})")
         from .obs_place import observer_order
-        return self.place_workers(observer_order(self.sm_ids(), sms))
+        ids = self.sm_ids()
+        named = set(int(x) for x in sms)
+        idle = [x for x in reversed(ids) if x not in named][:self.idle_sms] if self.idle_sms else []
+        # (place_workers idles the order's last idle_sms SMs: after the observers)
+        return self.place_workers(observer_order([x for x in ids if x not in idle], sms) + idle[::-1])
 
     def sm_ids(self) -> List[int]:
         """The SMs this grid's blocks get, sorted (probed once)."""

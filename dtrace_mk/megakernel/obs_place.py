@@ -133,3 +133,18 @@ def calibrate_session(live, obj, steps: int = 16, k: int = CANDIDATES_DEFAULT, r
                          rounds, progress)
     finally:
         live.detach(aid)
+
+
+def calibrate_twin(twin, obj, k: int = CANDIDATES_DEFAULT, steps: int = 16, rounds: int = 2,
+                   progress: Optional[Callable[[str], None]] = None) -> Calibration:
+    """calibrate_session on `twin`, a Megakernel of the job's build sharing its weights and
+    graph (Megakernel(..., weights=mk.weights, graph=mk.graph)): the job's own megakernel
+    then starts with none of the calibration's steps, generations or epochs (serve's
+    resident kernel names device steps from 0).  The caller pins the job's observers on
+    the result's `best` (place_observers: the SM ids are the chip's, not the instance's)."""
+    from ..runtime.live import LiveSession
+    live = LiveSession(twin, tier="hot")
+    try:
+        return calibrate_session(live, obj, steps=steps, k=k, rounds=rounds, progress=progress)
+    finally:
+        live.close()

@@ -54,3 +54,34 @@ def test_calibration_keeps_the_cheapest_candidate_and_detaches_the_monitor(mks):
         assert not set(res.trace["sm"].tolist()) & set(cal.best)
     finally:
         live.close()
+
+
+def test_serves_grid_of_every_sm_pins_the_calibrated_observers_and_idles_one():
+    """serve's placement (launch/serve.py observer_build): a grid of every SM, -DDTMK_SM_IDLE
+    for the clock pairs' SM; calibrate_twin measures on a twin sharing the weights and graph,
+    and the job's megakernel, pinned there, keeps every bit and runs no task on the observers'
+    SMs nor on the idle one, whose CTA left at once."""
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.obs_place import calibrate_twin
+    from dtrace_mk.runtime.live import summary_monitor
+    import cupy as cp
+    n_sm = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    defines = gpu.observer_defines("sm", 4) + ("DTMK_SM_WORKER", "DTMK_SM_IDLE")
+    make = lambda **kw: gpu.Megakernel(PRESETS["tiny"], batch=2, seed=0, defines=defines,  # noqa: E731
+                                       num_workers=n_sm - 1 - 4, idle_sms=1, **kw)
+    mk = make()
+    assert mk.grid == n_sm and len(mk.sm_ids()) == n_sm
+    twin = make(weights=mk.weights, graph=mk.graph)
+    assert twin.weights["qkv"] is mk.weights["qkv"]          # (shared, not copied)
+    cal = calibrate_twin(twin, summary_monitor(twin.graph.schema).obj, k=3, steps=8)
+    order = mk.place_observers(cal.best)
+    idle = order[-1]
+    assert order[-5:-1] == cal.best and idle not in cal.best
+    plain = gpu.Megakernel(PRESETS["tiny"], batch=2, seed=0)
+    base = plain.run(6)
+    mk.reset()
+    res = mk.run(6, trace=True)
+    assert np.array_equal(res.tokens, base.tokens) and np.array_equal(res.logits, base.logits)
+    sms = set(res.trace["sm"].tolist())
+    assert len(res.trace) > 0 and not sms & (set(cal.best) | {idle})
+    assert mk.step == 6                                         # (the twin's steps are not the job's)

@@ -156,7 +156,6 @@ def test_place_observers_checks_the_build_before_placing():
     assert placed == [order] and order[-4:] == [32, 33, 65, 68]
     for change, err in ((dict(obs_sm=False), r"has no observer SMs \(-DDTMK_OBS_SM\)"),
                         (dict(defines=("DTMK_OBS_SM",)), "lacks -DDTMK_SM_WORKER"),
-                        (dict(idle_sms=2), "not with idle_sms"),
                         (dict(obs_sms=2), r"has 2 observer SMs, got 4 \(\[32, 33, 65, 68\]\)")):
         with pytest.raises(UserError, match=err):
             gpu.Megakernel.place_observers(SimpleNamespace(**{**vars(mk), **change}), [32, 33, 65, 68])
@@ -203,8 +202,30 @@ def test_top_calibrates_the_observer_sms_unless_told_hw(megakernel_builds):
     assert "DTMK_SM_WORKER" not in built[0] and "DTMK_OBS_SM" not in built[0]
 
 
-def test_serve_has_no_observer_place(capsys):
+def test_serve_pins_its_observers_in_a_grid_of_every_sm_with_one_idle(capsys):
+    """serve --observer sm: calibrated by default, in a grid of every SM whose clock-pair SM
+    idles (-DDTMK_SM_IDLE); hw keeps the grid one SM short, unpinned; the workers' observers
+    refuse a placement, on the sim as on the GPU."""
+    from argparse import Namespace
     from dtrace_mk.launch import serve
-    with pytest.raises(SystemExit):
-        serve.main(["--backend", "sim", "--observer-place", "calibrate"])
-    assert "unrecognized arguments: --observer-place" in capsys.readouterr().err
+    from dtrace_mk.megakernel import gpu
+    lazy = gpu.observer_defines("sm", None)
+    for place, want in (("auto", (lazy + ("DTMK_SM_WORKER", "DTMK_SM_IDLE", "DTMK_X"), 1)),
+                        ("calibrate", (lazy + ("DTMK_SM_WORKER", "DTMK_SM_IDLE", "DTMK_X"), 1)),
+                        ("hw", (lazy + ("DTMK_X",), 0))):
+        assert serve.observer_build(Namespace(observer="sm", observer_sms=None, observer_place=place),
+                                    ("DTMK_X",)) == want, place
+    assert serve.main(["--backend", "sim", "--observer-place", "calibrate", "--steps", "2"]) != 0
+    assert "--observer-place calibrate: only with --observer sm" in capsys.readouterr().err
+
+
+def test_place_observers_idles_the_highest_other_sm_after_the_observers():
+    from dtrace_mk.megakernel import gpu
+    placed = []
+    mk = SimpleNamespace(obs_sm=True, obs_sms=4, idle_sms=1, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"),
+                         sm_ids=lambda: IDS, place_workers=lambda order: placed.append(order) or order)
+    order = gpu.Megakernel.place_observers(mk, [128, 129, 130, 131])
+    assert order[-5:] == [128, 129, 130, 131, 127] and sorted(order) == IDS
+    assert order[:-5] == IDS[:127]                 # the workers in id order
+    order = gpu.Megakernel.place_observers(mk, [0, 1, 16, 88])
+    assert order[-5:] == [0, 1, 16, 88, 131] and order[:-5] == [x for x in IDS if x not in (0, 1, 16, 88, 131)]

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one read and one flush: larger windows cost less per step, and a step's summary "
                         "reaches the collector up to W steps later")
     from ..commands.top import add_observer_arguments
-    add_observer_arguments(p, "gpu backend, one rank", place=True)
+    add_observer_arguments(p, "gpu backend, one rank", place="hw")
     p.add_argument("--kernel-define", action="append", default=None, metavar="DTMK_NAME",
                    help="gpu backend, one rank; repeatable: a compile-time variant of kernels/megakernel.cu "
                         "added to the build, for measurement (e.g. DTMK_NO_DRAIN_POLL, the wait without the drain's "
@@ -347,13 +347,15 @@ def kernel_defines(args: argparse.Namespace) -> tuple:
 
 
 def observer_build(args: argparse.Namespace, extra: tuple = ()) -> tuple:
-    """serve --observer sm's build: (defines, idle SMs).  --observer-place calibrate (auto's
-    choice) pins the observers (-DDTMK_SM_WORKER), which a grid one SM short of the GPU
-    cannot: the SMs it gets may change between launches.  So the grid holds every SM and
-    the clock pairs' one idles (-DDTMK_SM_IDLE: its CTA leaves at once)."""
+    """serve --observer sm's build: (defines, idle SMs).  --observer-place calibrate (or auto)
+    pins the observers (-DDTMK_SM_WORKER), which a grid one SM short of the GPU cannot: the
+    SMs it gets may change between launches.  So the grid holds every SM and the clock
+    pairs' one idles (-DDTMK_SM_IDLE: its CTA leaves at once).  Not the default (hw): on 1b
+    the host-paced serving steps were no faster pinned, and lm_head's local-imbalance
+    artefact came in 5 of 5 runs vs 2 of 4 (hooks.md session 52)."""
     from ..commands.top import observer_place_defines, resolve_observer_place
     from ..megakernel.gpu import observer_defines
-    place = resolve_observer_place("sm", getattr(args, "observer_place", "auto"))
+    place = resolve_observer_place("sm", getattr(args, "observer_place", "hw"))
     pin = observer_place_defines("sm", place)
     return (observer_defines("sm", getattr(args, "observer_sms", None)) + pin
             + (("DTMK_SM_IDLE",) if pin else ()) + tuple(extra)), (1 if pin else 0)
@@ -386,7 +388,7 @@ def serve(args: argparse.Namespace) -> int:
     from ..commands.top import observer_place_defines
     from ..megakernel.gpu import observer_defines
     observer_defines(getattr(args, "observer", "workers"), getattr(args, "observer_sms", None))   # (the pair checked)
-    observer_place_defines(getattr(args, "observer", "workers"), getattr(args, "observer_place", "auto"))
+    observer_place_defines(getattr(args, "observer", "workers"), getattr(args, "observer_place", "hw"))
     if backend == "gpu":
         return serve_gpu(args)
     if getattr(args, "observer", "workers") != "workers":

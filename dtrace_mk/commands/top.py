@@ -59,34 +59,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "auto = hot, promoted at a launch boundary when hot (default hot; sim ignores it)")
     p.add_argument("--launches", type=int, default=0, metavar="N",
                    help="gpu: run --steps in N launches (swap points; default 1, 4 with --tier auto)")
-    add_observer_arguments(p, "gpu", place=True)
+    add_observer_arguments(p, "gpu", place="auto")
 
 
-def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: bool = False) -> None:
+def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: str = "") -> None:
     """--observer / --observer-sms (top, serve): where hook records are built and monitors
-    run; the build each choice runs is gpu.observer_defines.  place: also --observer-place
-    (observer_place_defines; serve pins its observers in a grid of every SM with the clock
-    pairs' SM idle: launch/serve.py observer_build)."""
+    run; the build each choice runs is gpu.observer_defines.  place: also --observer-place,
+    with that default (top: auto; serve: hw -- pinned in its grid of every SM with the clock
+    pairs' SM idle, launch/serve.py observer_build, it gained nothing measurable: hooks.md
+    session 52)."""
     from ..megakernel.gpu import OBS_SMS_DEFAULT, OBS_SMS_MAX
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help=f"{scope}: where hook records are built and monitors run -- workers = each "
                         "worker's thread 0 (default); sm = SMs of their own (--observer-sms), the workers "
                         "only capture (-DDTMK_OBS_SM, entries published lazily; exact; 1b hot summary with "
-                        "4 SMs over its own off +1.1..+9.5%% by card and observer SMs, workers ~+35%% -- "
-                        "docs/results/hooks.md sessions 49-51)")
+                        "4 SMs over its own off +3.0..+9.5%% by card and observer SMs, workers ~+35%% -- "
+                        "docs/results/hooks.md sessions 49-52)")
     p.add_argument("--observer-sms", type=int, default=None, metavar="M",
                    help=f"{scope}, --observer sm: observer SMs (1..{OBS_SMS_MAX}, default {OBS_SMS_DEFAULT}; the "
                         "workers get the other SMs)")
     if not place:
         return
-    p.add_argument("--observer-place", choices=OBSERVER_PLACES, default="auto",
+    if place not in OBSERVER_PLACES:
+        raise ValueError(f"add_observer_arguments: place default {place!r}")
+    p.add_argument("--observer-place", choices=OBSERVER_PLACES, default=place,
                    help=f"{scope}, --observer sm: which SMs the observers get -- calibrate = measure "
-                        "candidate SM sets with the monitor attached (2 launches of 16 steps each, ~3 s "
-                        "before the job; table on stderr) and keep the cheapest; hw = wherever the hardware "
-                        "puts the last blocks; auto (default) = calibrate with --observer sm.  The "
-                        "observers slow their GPC's other SMs by an amount that depends on the SMs and the "
-                        "card: 1b hot summary +3.0%% calibrated vs +6.2%% on the highest SMs, one H100 -- "
-                        "docs/results/hooks.md session 52)")
+                        "candidate SM sets with the summary monitor attached (2 launches of 16 steps each, "
+                        "~3-5 s before the job; table on stderr) and pin the cheapest; hw = wherever the "
+                        f"hardware puts the last blocks; auto = calibrate with --observer sm (default {place}).  "
+                        "The observers slow their GPC's other SMs by an amount that depends on the SMs and "
+                        "the card: 1b hot summary +3.0%% calibrated vs +6.2%% on the highest SMs, one H100; "
+                        "serve's host-paced steps showed no gain -- docs/results/hooks.md session 52)")
 
 
 def resolve_observer_place(observer: str, place: str) -> str:

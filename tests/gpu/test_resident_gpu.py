@@ -170,13 +170,13 @@ def test_trace_is_refused_in_a_resident_launch():
     assert not mk.resident
 
 
-@pytest.mark.parametrize("observer", ["workers", "sm", "sm-hw"])
+@pytest.mark.parametrize("observer", ["workers", "sm", "sm-calibrate"])
 def test_serve_on_one_gpu_is_one_resident_launch(tmp_path, observer):
     """`python -m dtrace_mk.launch.serve --backend gpu` (no launcher, one rank): every
     step served by ONE resident launch, no record dropped, the diagnosis of a clean run --
-    the records built by the workers or by observer SMs (--observer sm: calibrated and
-    pinned in a grid of every SM, the clock pairs' SM idle; sm-hw: where the hardware
-    puts them, the grid one SM short)."""
+    the records built by the workers or by observer SMs (--observer sm: where the hardware
+    puts them, the grid one SM short; sm-calibrate: calibrated and pinned in a grid of
+    every SM, the clock pairs' SM idle)."""
     import json
     import os
     import subprocess
@@ -186,12 +186,12 @@ def test_serve_on_one_gpu_is_one_resident_launch(tmp_path, observer):
     env.pop("DTRACE_MK_JOB_DIR", None)
     p = subprocess.run([sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--steps", "40",
                         "--batch", str(BATCH), "--result", str(out), "--observer", observer.split("-")[0]]
-                       + (["--observer-place", "hw"] if observer == "sm-hw" else []),
+                       + (["--observer-place", "calibrate"] if observer == "sm-calibrate" else []),
                        capture_output=True, text=True,
                        env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resident kernel" in p.stderr
-    assert ("observer placement (" in p.stderr) == (observer == "sm"), p.stderr[-2000:]
+    assert ("observer placement (" in p.stderr) == (observer == "sm-calibrate"), p.stderr[-2000:]
     assert "served 40 steps" in p.stderr and "(1 resident launch)" in p.stderr, p.stderr[-2000:]
     assert "dropped by full rings: 0 " in p.stderr, p.stderr[-2000:]
     res = json.loads(out.read_text())

@@ -10,6 +10,7 @@ device steps 0..W-1) run but are never fed; the served steps keep the device's n
 W..W+STEPS-1.  The real thing runs in tests/gpu/test_launch_gpu.py."""
 import signal
 import sys
+from types import SimpleNamespace
 import threading
 import time
 import types
@@ -494,10 +495,18 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
     class Built(Exception):
         pass
 
-    def fake(cfg, batch, seed=0, tp=None, num_workers=None, defines=()):
-        built.append((num_workers, defines))
-        raise Built
+    def fake(cfg, batch, seed=0, tp=None, num_workers=None, defines=(), idle_sms=0, **shared):
+        built.append((num_workers, defines) + ((idle_sms, sorted(shared)) if idle_sms else ()))
+        if not idle_sms:
+            raise Built
+        return SimpleNamespace(weights="the job's weights", graph="the job's graph", tag=len(built))
     monkeypatch.setattr(gpu, "Megakernel", fake)
+    placed = []
+
+    def place(mk, twin):
+        placed.append((mk.tag, twin.tag))
+        raise Built
+    monkeypatch.setattr(serve, "place_observers_calibrated", place)
     args = ["--backend", "gpu", "--model", "tiny", "--steps", str(STEPS), "--quiet", "--observer", "sm"]
     with pytest.raises(Built):
         serve.main(args)
@@ -509,11 +518,21 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
     lazy = ("DTMK_OSQ_LAZY_PUB", f"DTMK_OSQ_DEFER={gpu.OSQ_DEFER_DEFAULT}")
     assert built == [(WORKERS - 1 - gpu.OBS_SMS_DEFAULT, ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy),
                      (WORKERS - 2, ("DTMK_OBS_SM",) + lazy), (WORKERS - 4, ("DTMK_OBS_SM", "DTMK_OBS_SMS=3") + lazy)]
+    # --observer-place calibrate: as many workers, the grid one CTA larger (every SM, one idle),
+    # the job's kernel and a twin sharing its weights and graph, the twin calibrated
+    del built[:]
+    with pytest.raises(Built):
+        serve.main(args + ["--observer-place", "calibrate"])
+    pin = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={gpu.OBS_SMS_DEFAULT}") + lazy + ("DTMK_SM_WORKER", "DTMK_SM_IDLE")
+    assert built == [(WORKERS - 1 - gpu.OBS_SMS_DEFAULT, pin, 1, []),
+                     (WORKERS - 1 - gpu.OBS_SMS_DEFAULT, pin, 1, ["graph", "weights"])]
+    assert placed == [(1, 2)]
+    del built[:3]
     capsys.readouterr()
     assert serve.main(args + ["--observer-sms", "9"]) != 0
     assert "--observer-sms: want 1..8 observer SMs, got 9" in capsys.readouterr().err
     assert serve.main(["--backend", "gpu", "--steps", "2", "--quiet", "--observer-sms", "2"]) != 0
     assert "--observer-sms: only with --observer sm" in capsys.readouterr().err
-    assert len(built) == 3                                  # (neither refusal built a kernel)
+    assert not built                                        # (neither refusal built a kernel)
     assert serve.main(["--backend", "sim", "--steps", "2", "--quiet", "--observer", "sm"]) != 0
     assert "--observer sm" in capsys.readouterr().err

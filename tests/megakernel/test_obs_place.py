@@ -203,12 +203,13 @@ def test_top_calibrates_the_observer_sms_unless_told_hw(megakernel_builds):
 
 
 def test_serve_pins_its_observers_in_a_grid_of_every_sm_with_one_idle(capsys):
-    """serve --observer sm: calibrated by default, in a grid of every SM whose clock-pair SM
-    idles (-DDTMK_SM_IDLE); hw keeps the grid one SM short, unpinned; the workers' observers
-    refuse a placement, on the sim as on the GPU."""
+    """serve --observer sm --observer-place calibrate (or auto): pinned in a grid of every SM
+    whose clock-pair SM idles (-DDTMK_SM_IDLE); hw, serve's default, keeps the grid one SM
+    short, unpinned; the workers' observers refuse a placement, on the sim as on the GPU."""
     from argparse import Namespace
     from dtrace_mk.launch import serve
     from dtrace_mk.megakernel import gpu
+    assert serve.build_parser().parse_args(["--observer", "sm"]).observer_place == "hw"
     lazy = gpu.observer_defines("sm", None)
     for place, want in (("auto", (lazy + ("DTMK_SM_WORKER", "DTMK_SM_IDLE", "DTMK_X"), 1)),
                         ("calibrate", (lazy + ("DTMK_SM_WORKER", "DTMK_SM_IDLE", "DTMK_X"), 1)),

@@ -323,7 +323,9 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm"),
                       "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm"),
                       "obssm4defer_w4": ("off", "summary", "summary_cm"), "obssm4defer_w3": ("off", "summary", "summary_cm"),
-                      "obssm4fold": ("off", "summary", "summary_cm", "summary_cmgen"),
+                      # (null3: the records' capture and push with a program doing nothing -- the floor
+                      # under the compiled summary, session 52)
+                      "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
@@ -442,11 +444,11 @@ def own_off(times: dict, builds=()) -> dict:
     the observer SMs are not pinned here, so their GPC-mates change from launch to launch)."""
     from benchio import launch_ratios
     out = {"default": {r: launch_ratios(times, r, "nohooks" if r == "off" else "off")
-                       for r in ("off", "off2", "summary", "summary_cm") if times.get(r)}}
+                       for r in ("off", "off2", "null3", "summary", "summary_cm") if times.get(r)}}
     for bn in builds:
         off = f"off_{bn}"
         row = {"off": launch_ratios(times, off, "nohooks")} if times.get(off) else {}
-        row.update({r: launch_ratios(times, f"{r}_{bn}", off) for r in ("summary",) + tuple(COMPILED_RUNS)
+        row.update({r: launch_ratios(times, f"{r}_{bn}", off) for r in ("null3", "summary") + tuple(COMPILED_RUNS)
                     if times.get(f"{r}_{bn}") and times.get(off)})
         out[bn] = row
     return out
@@ -460,7 +462,7 @@ def span_text(rec) -> str:
 def own_off_lines(preset: str, table: dict) -> list:
     """The last table: per build, off over nohooks and the monitors over the build's own off,
     each the median [lowest..highest] of its paired launches."""
-    cols = ("off", "summary") + tuple(COMPILED_RUNS)
+    cols = ("off", "null3", "summary") + tuple(COMPILED_RUNS)
     lines = [f"{'preset':<6} {'build':<12} " + " ".join(f"{c + (' /nohooks' if c == 'off' else ' /own off'):>27}" for c in cols)]
     for bn, row in table.items():
         lines.append(f"{preset:<6} {bn:<12} " + " ".join(f"{span_text(row.get(c)):>27}" for c in cols))
@@ -478,8 +480,8 @@ def round_lines(r: dict) -> list:
     lines = []
     for bn, row in r.get("own_off", {}).items():
         defs = BUILD_VARIANTS.get(bn, ())
-        runs = [c for c in ("summary",) + tuple(COMPILED_RUNS) if row.get(c)]
-        if "DTMK_OBS_SM" not in defs or not runs:
+        runs = [c for c in ("null3", "summary") + tuple(COMPILED_RUNS) if row.get(c)]
+        if "DTMK_OBS_SM" not in defs or not set(runs) - {"null3"}:
             continue
         m = gpu.obs_sms_of(defs)
         n = min(row[c]["n"] for c in runs)

@@ -816,6 +816,16 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  136) O=${OUT:-/tmp/out}
+     # session 52: under top's placement (--placement sorted, observers calibrated) obssm4fold's hot summary
+     # read +2.96 / +3.28% (met) and the compiled one +2.55% (target 1%).  What is the floor under it?
+     # obssm4fold now runs null3 too (a program doing nothing on the summary's three hooks: the records'
+     # capture and push alone).  If null3 is ~+2.5%, compiled <= 1% needs less per record on the workers,
+     # not a faster monitor.  Then the same table with the hardware's placement for comparison.  Best on an
+     # H200 (issue 5 names one; no H200 start in sessions 49-52)
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $PINNED $R DTMK_NO_HOOKS+$R $L+$R $P+$R" \
+       "timeout 270 python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold --placement sorted --obs-sms calibrate --out $O/sorted" \
+       "timeout 240 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --out $O/hw" ;;
   135) O=${OUT:-/tmp/out}
      # session 52: serve --observer sm pins its observers too (calibrated on a twin sharing the weights;
      # a grid of every SM, the clock pairs' SM idle: -DDTMK_SM_IDLE); megakernel.cu's comment changed

@@ -231,6 +231,25 @@ def test_paired_rounds_list_where_the_observers_ran_beside_each_rounds_cost(fake
     assert fake_hooks.round_lines(r) == []
 
 
+def test_the_null_program_shows_the_floor_under_the_observer_builds_monitors(fake_hooks, monkeypatch):
+    """obssm4fold runs null3 too (a program doing nothing on the summary's hooks: the records'
+    capture and push alone, the floor the compiled summary cannot go under): over its own
+    off, in the last table and the per-round one; the default build's null3 over its off."""
+    monkeypatch.setattr(fake_hooks, "PLACEMENT", "paired")
+    assert "null3" in fake_hooks.BUILD_VARIANT_RUNS["obssm4fold"]
+    times = {"nohooks": [1000.0] * 2, "off": [1000.0] * 2, "null3": [1200.0, 1210.0], "off_obssm4fold": [1000.0] * 2,
+             "null3_obssm4fold": [1021.0, 1023.0], "summary_obssm4fold": [1030.0, 1032.0]}
+    t = fake_hooks.own_off(times, ("obssm4fold",))
+    assert t["obssm4fold"]["null3"]["ratios"] == pytest.approx([0.021, 0.023])
+    assert t["default"]["null3"]["median"] == pytest.approx(0.205)
+    rows = fake_hooks.own_off_lines("1b", t)
+    assert rows[0].split()[2:6] == ["off", "/nohooks", "null3", "/own"]
+    assert "+2.20% [+2.10..+2.30]" in rows[2]
+    r = {"preset": "1b", "placement": "paired", "sm_ids": list(range(132)), "obs_sms": [], "own_off": t}
+    lines = fake_hooks.round_lines(r)
+    assert lines[0].split()[-2:] == ["null3", "summary"] and lines[1].split()[-2:] == ["+2.10%", "+3.00%"]
+
+
 def test_obs_sms_sets_get_a_median_over_their_own_rounds(fake_hooks):
     times = {"nohooks": [1000.0] * 4, "off": [1000.0] * 4, "off_obssm4fold": [1000.0] * 4,
              "summary_obssm4fold": [1068.0, 1063.0, 1070.0, 1065.0]}   # set 0 rounds 0, 2; set 1 rounds 1, 3

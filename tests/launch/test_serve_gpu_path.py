@@ -10,7 +10,6 @@ device steps 0..W-1) run but are never fed; the served steps keep the device's n
 W..W+STEPS-1.  The real thing runs in tests/gpu/test_launch_gpu.py."""
 import signal
 import sys
-from types import SimpleNamespace
 import threading
 import time
 import types
@@ -499,7 +498,7 @@ def test_observer_sm_serving_builds_the_observer_sm_kernel_with_m_workers_fewer(
         built.append((num_workers, defines) + ((idle_sms, sorted(shared)) if idle_sms else ()))
         if not idle_sms:
             raise Built
-        return SimpleNamespace(weights="the job's weights", graph="the job's graph", tag=len(built))
+        return types.SimpleNamespace(weights="the job's weights", graph="the job's graph", tag=len(built))
     monkeypatch.setattr(gpu, "Megakernel", fake)
     placed = []
 

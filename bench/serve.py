@@ -13,6 +13,9 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
             device VM (--summaries device) or on the host (host)
   sm        the same with `--observer sm`: the workers only capture; 4 observer SMs of their
             own build the records and run the monitors (kernels/mk_obs_sm.cuh)
+  smpin     sm with `--observer-place calibrate` (not in the default list): the observers
+            pinned on the cheapest of 12 calibrated SM sets, in a grid of every SM with the
+            clock pairs' SM idle (hooks.md session 52); its ratio is over sm
   NAME:wW   workers or sm with `--summary-window W` (device summaries read every W steps
             instead of 16: e.g. workers,workers:w64)
   NAME+D    workers or sm (with or without :wW) built with the measurement define D too
@@ -48,6 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CONFIGS = ("kernel", "workers", "sm")
+#: the configs a --configs list may name: CONFIGS (the default list) and smpin
+NAMES = CONFIGS + ("smpin",)
 SERVED = re.compile(r"served (\d+) steps.* in ([\d.]+) s wall .*?, (\d+) us/step of launch time")
 DECODE = re.compile(r"decode step: mean ([\d.]+) us")
 FED = re.compile(r"(\d+) records fed to the host agent")
@@ -58,8 +63,8 @@ def config_parts(config: str):
     ValueError names a bad one."""
     head, *defines = config.split("+")
     name, _, opt = head.partition(":")
-    if name not in CONFIGS or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
-        raise ValueError(f"config {config!r}: expected one of {', '.join(CONFIGS)}, workers or sm with :wW "
+    if name not in NAMES or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
+        raise ValueError(f"config {config!r}: expected one of {', '.join(NAMES)}, workers or sm with :wW "
                          f"(a summary window of W steps) and +DTMK_NAME (a measurement define)")
     from dtrace_mk.launch.serve import KERNEL_DEFINE
     bad = [d for d in defines if not KERNEL_DEFINE.fullmatch(d)]
@@ -75,8 +80,9 @@ def job_argv(config: str, preset: str, steps: int, batch: int, summaries: str, r
         return [sys.executable, "-m", "dtrace_mk", "run", "--backend", "gpu", "--model", preset,
                 "--steps", str(steps), "--batch", str(batch)]
     return [sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", preset,
-            "--steps", str(steps), "--batch", str(batch), "--observer", name,
+            "--steps", str(steps), "--batch", str(batch), "--observer", "sm" if name == "smpin" else name,
             "--summaries", summaries, "--result", str(result)] + \
+        (["--observer-place", "calibrate"] if name == "smpin" else []) + \
         (["--summary-window", str(window)] if window else []) + \
         [x for d in defines for x in ("--kernel-define", d)]
 
@@ -144,6 +150,8 @@ def bench_preset(preset: str, a, log) -> dict:
             ratios[f"{c}/kernel"] = med[c]["launch_us"] / med[base]["launch_us"]
     if "workers" in configs and "sm" in configs:
         ratios["sm/workers"] = med["sm"]["launch_us"] / med["workers"]["launch_us"]
+    if "sm" in configs and "smpin" in configs:
+        ratios["smpin/sm"] = med["smpin"]["launch_us"] / med["sm"]["launch_us"]
     for c in configs:                   # a :wW / +D config over the same observer's plain one
         name = config_parts(c)[0]
         if c != name and name in configs:
@@ -159,7 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"a subset of {','.join(CONFIGS)}; workers / sm may take :wW (--summary-window W) "
+                    help=f"a subset of {','.join(NAMES)} (default {','.join(CONFIGS)}); workers / sm may take "
+                         f":wW (--summary-window W) "
                          f"and +DTMK_NAME (serve --kernel-define)")
     ap.add_argument("--summaries", choices=("device", "host"), default="device")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds per job")

@@ -816,6 +816,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  137) O=${OUT:-/tmp/out}
+     # session 52: serve 1b with its observers pinned (--observer-place calibrate) read 5416 / 5208 us/step
+     # of launch time at batch 4 vs 4615 / 4825 hardware-placed (separate CLI runs), and lm_head's
+     # local_imbalance came in 5 of 5 pinned runs vs 2 of 4.  Side by side in one bench (smpin / sm), with
+     # the collector's inputs dumped: which worker's lm_head dispatch waits, and is it next to an observer?
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $L+$R $L+$S+DTMK_SM_IDLE+$R" \
+       "timeout 420 python3 bench/serve.py --presets 1b --configs sm,smpin --reps 4 --steps 200 --dump --out $O/serve" ;;
   136) O=${OUT:-/tmp/out}
      # session 52: under top's placement (--placement sorted, observers calibrated) obssm4fold's hot summary
      # read +2.96 / +3.28% (met) and the compiled one +2.55% (target 1%).  What is the floor under it?

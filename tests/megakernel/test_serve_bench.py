@@ -54,8 +54,18 @@ def test_a_config_may_name_a_summary_window(serve, tmp_path):
     assert argv[argv.index("--observer") + 1] == "workers" and argv[-2:] == ["--summary-window", "64"]
     assert serve.config_parts("sm") == ("sm", None, ()) and serve.config_parts("sm:w8") == ("sm", 8, ())
     for bad in ("kernel:w8", "workers:64", "workers:wx", "gpu"):
-        with pytest.raises(ValueError, match="expected one of kernel, workers, sm"):
+        with pytest.raises(ValueError, match="expected one of kernel, workers, sm, smpin"):
             serve.config_parts(bad)
+
+
+def test_smpin_is_sm_with_its_observers_calibrated_and_pinned(serve, tmp_path):
+    """smpin: `serve --observer sm --observer-place calibrate` (session 52), named, not in the
+    default list; the ratio smpin/sm compares it with the hardware's placement."""
+    argv = serve.job_argv("smpin:w32", "1b", 200, 4, "device", tmp_path / "r.json")
+    assert argv[argv.index("--observer") + 1] == "sm" and argv[argv.index("--observer-place") + 1] == "calibrate"
+    assert argv[-2:] == ["--summary-window", "32"]
+    assert "--observer-place" not in serve.job_argv("sm", "1b", 200, 4, "device", tmp_path / "r.json")
+    assert "smpin" not in serve.CONFIGS and serve.config_parts("smpin") == ("smpin", None, ())
 
 
 def test_a_config_may_add_measurement_defines(serve, tmp_path):
@@ -67,3 +77,23 @@ def test_a_config_may_add_measurement_defines(serve, tmp_path):
     for bad, what in (("kernel+DTMK_X", "+DTMK_X"), ("workers+DRAIN", "+DRAIN"), ("sm+DTMK_A=b", "+DTMK_A=b")):
         with pytest.raises(ValueError, match=re.escape(what) + ": a define is DTMK_NAME or DTMK_NAME=N"):
             serve.config_parts(bad)
+
+
+def test_rounds_alternate_and_ratios_pair_the_medians(serve, monkeypatch):
+    """Each round runs every config (odd rounds in reverse order); the ratios are medians over
+    medians: each config over kernel, sm over workers, smpin over sm."""
+    from types import SimpleNamespace
+    us = {"kernel": [1400.0, 1420.0], "workers": [4000.0, 4100.0], "sm": [4600.0, 4800.0], "smpin": [5200.0, 5400.0]}
+    order = []
+
+    def job(config, preset, a, log, rnd=0):
+        order.append(config)
+        x = us[config][rnd]
+        return {"launch_us": x, "wall_us": x}
+    monkeypatch.setattr(serve, "run_job", job)
+    res = serve.bench_preset("1b", SimpleNamespace(configs="kernel,workers,sm,smpin", reps=2, steps=200, batch=4,
+                                                   summaries="device"), print)
+    assert order == ["kernel", "workers", "sm", "smpin", "smpin", "sm", "workers", "kernel"]
+    r = res["ratios"]
+    assert r["smpin/sm"] == pytest.approx(5300 / 4700) and r["sm/workers"] == pytest.approx(4700 / 4050)
+    assert r["smpin/kernel"] == pytest.approx(5300 / 1410) and "smpin/smpin" not in r

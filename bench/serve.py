@@ -16,9 +16,9 @@ Each config is one job, run as a user runs it (a subprocess, one rank, its own C
   smpin     sm with `--observer-place calibrate` (not in the default list): the observers
             pinned on the cheapest of 12 calibrated SM sets, in a grid of every SM with the
             clock pairs' SM idle (hooks.md session 52); its ratio is over sm
-  NAME:wW   workers or sm with `--summary-window W` (device summaries read every W steps
+  NAME:wW   workers, sm or smpin with `--summary-window W` (device summaries read every W steps
             instead of 16: e.g. workers,workers:w64)
-  NAME+D    workers or sm (with or without :wW) built with the measurement define D too
+  NAME+D    workers, sm or smpin (with or without :wW) built with the measurement define D too
             (`--kernel-define D`, repeatable: workers+DTMK_NO_DRAIN_POLL, workers+DTMK_DRAIN_POLL_ACQ)
 
 Figures per job: us/step of launch time (the resident launches' GPU time over the device
@@ -51,8 +51,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CONFIGS = ("kernel", "workers", "sm")
-#: the configs a --configs list may name: CONFIGS (the default list) and smpin
-NAMES = CONFIGS + ("smpin",)
+#: each serve config's observer flags (smpin: named in --configs, not in the default list)
+OBSERVER_ARGS = {"workers": ["--observer", "workers"], "sm": ["--observer", "sm"],
+                 "smpin": ["--observer", "sm", "--observer-place", "calibrate"]}
+#: the configs a --configs list may name
+NAMES = ("kernel",) + tuple(OBSERVER_ARGS)
 SERVED = re.compile(r"served (\d+) steps.* in ([\d.]+) s wall .*?, (\d+) us/step of launch time")
 DECODE = re.compile(r"decode step: mean ([\d.]+) us")
 FED = re.compile(r"(\d+) records fed to the host agent")
@@ -64,7 +67,7 @@ def config_parts(config: str):
     head, *defines = config.split("+")
     name, _, opt = head.partition(":")
     if name not in NAMES or (opt and (name == "kernel" or not opt.startswith("w") or not opt[1:].isdigit())):
-        raise ValueError(f"config {config!r}: expected one of {', '.join(NAMES)}, workers or sm with :wW "
+        raise ValueError(f"config {config!r}: expected one of {', '.join(NAMES)}, workers, sm or smpin with :wW "
                          f"(a summary window of W steps) and +DTMK_NAME (a measurement define)")
     from dtrace_mk.launch.serve import KERNEL_DEFINE
     bad = [d for d in defines if not KERNEL_DEFINE.fullmatch(d)]
@@ -80,9 +83,8 @@ def job_argv(config: str, preset: str, steps: int, batch: int, summaries: str, r
         return [sys.executable, "-m", "dtrace_mk", "run", "--backend", "gpu", "--model", preset,
                 "--steps", str(steps), "--batch", str(batch)]
     return [sys.executable, "-m", "dtrace_mk.launch.serve", "--backend", "gpu", "--model", preset,
-            "--steps", str(steps), "--batch", str(batch), "--observer", "sm" if name == "smpin" else name,
-            "--summaries", summaries, "--result", str(result)] + \
-        (["--observer-place", "calibrate"] if name == "smpin" else []) + \
+            "--steps", str(steps), "--batch", str(batch)] + OBSERVER_ARGS[name] + \
+        ["--summaries", summaries, "--result", str(result)] + \
         (["--summary-window", str(window)] if window else []) + \
         [x for d in defines for x in ("--kernel-define", d)]
 
@@ -167,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"a subset of {','.join(NAMES)} (default {','.join(CONFIGS)}); workers / sm may take "
+                    help=f"a subset of {','.join(NAMES)} (default {','.join(CONFIGS)}); workers / sm / smpin may take "
                          f":wW (--summary-window W) "
                          f"and +DTMK_NAME (serve --kernel-define)")
     ap.add_argument("--summaries", choices=("device", "host"), default="device")

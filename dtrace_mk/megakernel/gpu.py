@@ -599,11 +599,11 @@ class Megakernel:
             raise UserError(f"Megakernel.place_observers: the build has {self.obs_sms} observer SMs, "
                             f"got {len(sms)} ({list(sms)})")
         from .obs_place import observer_order
-        ids = self.sm_ids()
         named = set(int(x) for x in sms)
-        idle = [x for x in reversed(ids) if x not in named][:self.idle_sms] if self.idle_sms else []
+        rest = [x for x in self.sm_ids() if x not in named]            # (sorted)
+        idle = rest[len(rest) - self.idle_sms:] if self.idle_sms else []
         # (place_workers idles the order's last idle_sms SMs: after the observers)
-        return self.place_workers(observer_order([x for x in ids if x not in idle], sms) + idle[::-1])
+        return self.place_workers(observer_order([x for x in self.sm_ids() if x not in idle], sms) + idle)
 
     def sm_ids(self) -> List[int]:
         """The SMs this grid's blocks get, sorted (probed once)."""

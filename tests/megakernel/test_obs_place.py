@@ -147,11 +147,17 @@ def test_the_session_driver_detaches_when_a_launch_fails_and_refuses_a_build_wit
         obs_place.calibrate_session(FakeLive(lambda at: 1.0, obs_sm=False), "summary")
 
 
+def observer_build(placed: list, **changes):
+    """A stand-in for place_observers' Megakernel: 4 observer SMs of 132, placements into `placed`."""
+    mk = dict(obs_sm=True, obs_sms=4, idle_sms=0, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"),
+              sm_ids=lambda: IDS, place_workers=lambda order: placed.append(order) or order)
+    return SimpleNamespace(**{**mk, **changes})
+
+
 def test_place_observers_checks_the_build_before_placing():
     from dtrace_mk.megakernel import gpu
     placed = []
-    mk = SimpleNamespace(obs_sm=True, obs_sms=4, idle_sms=0, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"),
-                         sm_ids=lambda: IDS, place_workers=lambda order: placed.append(order) or order)
+    mk = observer_build(placed)
     order = gpu.Megakernel.place_observers(mk, [32, 33, 65, 68])
     assert placed == [order] and order[-4:] == [32, 33, 65, 68]
     for change, err in ((dict(obs_sm=False), r"has no observer SMs \(-DDTMK_OBS_SM\)"),
@@ -222,9 +228,7 @@ def test_serve_pins_its_observers_in_a_grid_of_every_sm_with_one_idle(capsys):
 
 def test_place_observers_idles_the_highest_other_sm_after_the_observers():
     from dtrace_mk.megakernel import gpu
-    placed = []
-    mk = SimpleNamespace(obs_sm=True, obs_sms=4, idle_sms=1, defines=("DTMK_OBS_SM", "DTMK_SM_WORKER"),
-                         sm_ids=lambda: IDS, place_workers=lambda order: placed.append(order) or order)
+    mk = observer_build([], idle_sms=1)
     order = gpu.Megakernel.place_observers(mk, [128, 129, 130, 131])
     assert order[-5:] == [128, 129, 130, 131, 127] and sorted(order) == IDS
     assert order[:-5] == IDS[:127]                 # the workers in id order

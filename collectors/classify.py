@@ -45,6 +45,10 @@ class Thresholds:
                                         # share of the producer class's own task time there (a few
                                         # ns per task over thousands of parallel tasks moves no step:
                                         # 1b serving on the GPU, session 45)
+    dispatch_work_rel: float = 0.01     # local_imbalance: the same floor on excess dispatch wait
+                                        # (1b serving with pinned observers, session 53: lm_head's
+                                        # 500 tasks waited 40-85 us more in some steps, <0.5% of
+                                        # their task time, confidence 0.56-0.71)
     verdict: float = 0.5                # a finding this confident makes verdict "fault"
     confident: float = 0.8              # "false-confident" cut in scoring
     dead_rank_confidence: float = 0.5   # cap for findings inferred from a silent rank
@@ -401,7 +405,7 @@ def _class_detector(cause: str, metric: str, work_rel: str = ""):
 detect_late_notification = detector(P.LATE_NOTIFICATION)(
     _class_detector(P.LATE_NOTIFICATION, "notify_lag_sum_ns", "notify_work_rel"))
 _detect_slow = _class_detector(P.SLOW_TASK_CLASS, "dur_sum_ns")
-_detect_imbalance = _class_detector(P.LOCAL_IMBALANCE, "dispatch_wait_sum_ns")
+_detect_imbalance = _class_detector(P.LOCAL_IMBALANCE, "dispatch_wait_sum_ns", "dispatch_work_rel")
 
 
 @detector(P.SLOW_TASK_CLASS)

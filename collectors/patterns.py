@@ -102,7 +102,8 @@ PATTERNS: Tuple[Pattern, ...] = (
         info="The data or dependency was there; the local scheduler did not run the ready work.",
         definition="For rank r, epoch e, class c: excess(dispatch_wait) is anomalous (ready "
                    "-> dispatch took longer than the class's baseline, so the dependency was "
-                   "already satisfied) and no queue_saturation, slow_task_class, "
+                   "already satisfied), at least dispatch_work_rel (1%) of the class's task "
+                   "time dur_sum in (r, e), and no queue_saturation, slow_task_class, "
                    "late_notification or routing_skew finding on (r, e) explains it.  "
                    "Impact: excess(dispatch_wait).",
         diagnosis="The in-kernel scheduler left ready tasks of this class waiting while "

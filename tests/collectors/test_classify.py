@@ -101,3 +101,31 @@ def test_late_notification_needs_lag_that_matters_next_to_the_class_work():
     assert [(e.rank, e.step, e.task_class) for e in ev] == [(0, 30, qkv)]
     loose = Inputs(clean.summaries, [], Names.standard(), th=classify.Thresholds(notify_work_rel=0.0))
     assert {e.step for e in classify.DETECTORS["late_notification"](loose)} & {9, 23, 41, 57}
+
+
+def test_local_imbalance_needs_dispatch_wait_that_matters_next_to_the_class_work():
+    """1b serving with pinned observers on the GPU (session 53, no fault): 500 lm_head tasks
+    a step (~17.4 ms of task time), ~56 us of summed dispatch wait and 40-85 us more in some
+    steps made local_imbalance at confidence 0.56-0.71.  The margin is also 1% of the class's
+    task time (dispatch_work_rel): those steps say nothing, while a starve_ready that holds a
+    tenth of the tasks 20 us each (1 ms) is still found."""
+    import random
+    from dtrace_mk.collectors.classify import Inputs
+    from dtrace_mk.collectors.records import ClassStat, Coverage, EpochSummary, Names
+    rng = random.Random(1)
+    lm = _cls("lm_head")
+
+    def step(k, wait):
+        c = ClassStat(lm, 500, 17_400_000, 37_000, wait, 4_000_000, 4_000)
+        return EpochSummary(0, k, 0, 4_300_000, (c,), coverage=Coverage(1, 1, 0, 0))
+    waits = {k: 56_000 + rng.randint(-3000, 3000) for k in range(60)}
+    for k in (7, 19, 33, 48):
+        waits[k] += rng.randint(40_000, 85_000)
+    clean = Inputs({(0, k): step(k, v) for k, v in waits.items()}, [], Names.standard())
+    assert classify.DETECTORS["local_imbalance"](clean) == []
+    waits[30] += 50 * 20_000
+    faulty = Inputs({(0, k): step(k, v) for k, v in waits.items()}, [], Names.standard())
+    ev = classify.DETECTORS["local_imbalance"](faulty)
+    assert [(e.rank, e.step, e.task_class) for e in ev] == [(0, 30, lm)]
+    loose = Inputs(clean.summaries, [], Names.standard(), th=classify.Thresholds(dispatch_work_rel=0.0))
+    assert {e.step for e in classify.DETECTORS["local_imbalance"](loose)} & {7, 19, 33, 48}

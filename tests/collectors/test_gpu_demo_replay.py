@@ -53,6 +53,29 @@ def test_fault_free_1b_serving_on_the_gpu_has_no_finding(tmp_path):
     assert res["coverage"]["eligible"] == res["coverage"]["executed"] > 0
 
 
+def test_fault_free_1b_serving_with_pinned_observers_has_no_finding(tmp_path):
+    """Real records of fault-free serving with the observers pinned (1 rank, 1b, batch 4, 200
+    steps, `serve --observer sm --observer-place calibrate`; NVIDIA H100 80GB HBM3,
+    2026-12-06 08:10 UTC, commit df71485, bench/serve.py --configs smpin --dump, round 1).
+    lm_head's 500 tasks wait 55-75 us (summed) to be dispatched, and 40-85 us more in a few
+    steps -- under 0.5% of their task time: that said local_imbalance lm_head (confidence
+    0.56-0.71, verdict fault) in 5 of 5 pinned runs, until its margin, like late_notification's,
+    took the class's task time into account (Thresholds.dispatch_work_rel)."""
+    from dtrace_mk.collectors import classify
+    from dtrace_mk.collectors.diagnose import diagnose
+    from dtrace_mk.exporters import load_records
+    p = tmp_path / "r.records.msgpack"
+    p.write_bytes(gzip.decompress((DATA / "gpu_serve_1b_pinned.records.msgpack.gz").read_bytes()))
+    rs = load_records(str(p))
+    assert len(rs.summaries) == 200
+    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
+    # the excess is real (what the old margin flagged), only too small to move a step
+    loose = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1,
+                     thresholds=classify.Thresholds(dispatch_work_rel=0.0))
+    assert {(f["cause"], f["task_class"]) for f in loose["findings"]} == {("local_imbalance", "lm_head")}
+
+
 def _tiny_rotations(tmp_path):
     from dtrace_mk.exporters import load_records
     p = tmp_path / "r.records.msgpack"

@@ -816,6 +816,12 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  138) # session 53 ran the whole suite's tests 1-432 of 513 (402 passed, 30 skipped, 0 failed) in
+     # three calls; the rest, 433-513 (test_megakernel_variants_gpu.py's tail, obs_place, obs_ring,
+     # placement, rec_fast, resident, run_cli, top, tp, tp_baseline), in one call.  kcache:
+     # tools/kcache.sh --tests tests/gpu (every build the suite asks for).  If the suite's count is
+     # not 513, the tree changed: read the first line (gpu_suite: range ... of N) and the names
+     exec tools/gpu_session.sh "timeout 560 python3 tools/gpu_suite.py 433..513 -rfE" ;;
   137) O=${OUT:-/tmp/out}
      # session 52: serve 1b with its observers pinned (--observer-place calibrate) read 5416 / 5208 us/step
      # of launch time at batch 4 vs 4615 / 4825 hardware-placed (separate CLI runs), and lm_head's
@@ -990,5 +996,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..126)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..138)" >&2; exit 2 ;;
 esac

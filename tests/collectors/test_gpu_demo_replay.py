@@ -36,19 +36,28 @@ def test_gpu_demo_input_diagnoses_the_injected_remote_stall(run):
     assert all(g["impact_us"] < 0.2 * f["impact_us"] for g in res["findings"] if g is not f)
 
 
+def _serve_records(tmp_path, name):
+    """A serving job's RESULT.records.msgpack kept as DATA/NAME.records.msgpack.gz."""
+    from dtrace_mk.exporters import load_records
+    p = tmp_path / "r.records.msgpack"
+    p.write_bytes(gzip.decompress((DATA / f"{name}.records.msgpack.gz").read_bytes()))
+    return load_records(str(p))
+
+
+def _diagnose_one_rank(rs, **kw):
+    from dtrace_mk.collectors.diagnose import diagnose
+    return diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1, **kw)
+
+
 def test_fault_free_1b_serving_on_the_gpu_has_no_finding(tmp_path):
     """Real records of a fault-free serving run (1 rank, 1b, batch 4, 400 steps, device
     summaries; NVIDIA H100, 2026-12-05 15:53 UTC, commit 71cb1bb; the collector's
     RESULT.records.msgpack).  Its qkv notification lag wanders by ~10-25 ns per task in a
     few steps: that said `verdict fault` (late_notification, confidence 0.79) until the
     margin took the class's task time into account (Thresholds.notify_work_rel)."""
-    from dtrace_mk.collectors.diagnose import diagnose
-    from dtrace_mk.exporters import load_records
-    p = tmp_path / "r.records.msgpack"
-    p.write_bytes(gzip.decompress((DATA / "gpu_serve_1b_clean.records.msgpack.gz").read_bytes()))
-    rs = load_records(str(p))
+    rs = _serve_records(tmp_path, "gpu_serve_1b_clean")
     assert len(rs.summaries) == 400
-    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    res = _diagnose_one_rank(rs)
     assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
     assert res["coverage"]["eligible"] == res["coverage"]["executed"] > 0
 
@@ -62,25 +71,17 @@ def test_fault_free_1b_serving_with_pinned_observers_has_no_finding(tmp_path):
     0.56-0.71, verdict fault) in 5 of 5 pinned runs, until its margin, like late_notification's,
     took the class's task time into account (Thresholds.dispatch_work_rel)."""
     from dtrace_mk.collectors import classify
-    from dtrace_mk.collectors.diagnose import diagnose
-    from dtrace_mk.exporters import load_records
-    p = tmp_path / "r.records.msgpack"
-    p.write_bytes(gzip.decompress((DATA / "gpu_serve_1b_pinned.records.msgpack.gz").read_bytes()))
-    rs = load_records(str(p))
+    rs = _serve_records(tmp_path, "gpu_serve_1b_pinned")
     assert len(rs.summaries) == 200
-    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    res = _diagnose_one_rank(rs)
     assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
     # the excess is real (what the old margin flagged), only too small to move a step
-    loose = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1,
-                     thresholds=classify.Thresholds(dispatch_work_rel=0.0))
+    loose = _diagnose_one_rank(rs, thresholds=classify.Thresholds(dispatch_work_rel=0.0))
     assert {(f["cause"], f["task_class"]) for f in loose["findings"]} == {("local_imbalance", "lm_head")}
 
 
 def _tiny_rotations(tmp_path):
-    from dtrace_mk.exporters import load_records
-    p = tmp_path / "r.records.msgpack"
-    p.write_bytes(gzip.decompress((DATA / "gpu_serve_tiny_rotations.records.msgpack.gz").read_bytes()))
-    return load_records(str(p))
+    return _serve_records(tmp_path, "gpu_serve_tiny_rotations")
 
 
 # Real records of fault-free tiny serving (1 rank, batch 4, 400 steps, device summaries in
@@ -94,13 +95,12 @@ def _tiny_rotations(tmp_path):
 def test_fault_free_tiny_serving_findings_sit_two_steps_after_each_window_park(tmp_path):
     """What the diagnosis says of these records now: late_notification only, below the
     display's confidence, at steps two after a long park (or one lone step)."""
-    from dtrace_mk.collectors.diagnose import diagnose
     rs = _tiny_rotations(tmp_path)
     s = sorted(rs.summaries, key=lambda x: x.epoch)
     assert len(s) == 400
     parks = {b.epoch for a, b in zip(s, s[1:]) if b.begin_ns - a.end_ns > 5_000_000}
     assert parks and all(e % 16 == 5 for e in parks), sorted(parks)
-    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    res = _diagnose_one_rank(rs)
     assert res["findings"] and all(f["cause"] == "late_notification" and f["confidence"] < CONFIDENT
                                    for f in res["findings"]), res["findings"]
     after_park = [st for f in res["findings"] for st in f["steps"] if st - 2 in parks]
@@ -113,17 +113,13 @@ def test_fault_free_tiny_serving_with_the_drain_poller_has_no_finding(tmp_path):
     form now the default; bench/serve.py --dump, tiny, batch 4, 400 steps, windows of 16):
     the same 24 window parks, but no lag spike two steps after them, and verdict none (the
     records above, without the poller: late_notification)."""
-    from dtrace_mk.collectors.diagnose import diagnose
     from dtrace_mk.collectors.replay import shape
-    from dtrace_mk.exporters import load_records
-    p = tmp_path / "r.records.msgpack"
-    p.write_bytes(gzip.decompress((DATA / "gpu_serve_tiny_drain_poll.records.msgpack.gz").read_bytes()))
-    rs = load_records(str(p))
+    rs = _serve_records(tmp_path, "gpu_serve_tiny_drain_poll")
     lines = shape(rs.summaries).splitlines()
     assert lines[0].startswith("400 epochs, step 182 us median") and lines[0].endswith("24 parks (> 5 ms)")
     assert lines[1] == "  notification-lag spikes: 1"          # (none after a park)
     assert lines[2] == "  spiking (class epoch): qkv 16"        # the first window's end
-    res = diagnose(rs.summaries, rs.waits, rs.signals, rs.clock_samples, pingpongs=rs.pingpongs, ranks=1)
+    res = _diagnose_one_rank(rs)
     assert res["verdict"] == "none" and res["findings"] == [], res["findings"]
     assert res["coverage"]["eligible"] == res["coverage"]["executed"] == 142300
 

@@ -22,6 +22,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOG/install.log
 # .kcache/), and a record of every megakernel build the stages ask for (kcache build --log)
 [ -f .kcache/manifest.json ] && python3 tools/kcache.py install .kcache | tee "$LOG/kcache.txt"
 export DTRACE_MK_BUILD_LOG="$LOG/builds.jsonl"
+# each GPU-suite test's seconds as it ends (tools/suite_times.py): the next session's
+# `tools/gpu_suite.py N/M --times suite_times.tsv` cuts its parts by them
+export DTRACE_MK_SUITE_TIMES="$LOG/suite_times.tsv"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$LOG/card.txt"
 declare -a rows
 i=0

@@ -46,3 +46,61 @@ def test_without_a_gpu_nothing_is_collected_and_the_status_says_so():
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_suite.py"), "1/1"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 5, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_parts_by_time_cover_every_test_once_and_balance_the_seconds(gpu_suite, m):
+    """Session 53: 171 tests took 217 s, the next 105 more than 440 s -- equal counts are not
+    equal device time.  Cut by recorded seconds, the parts stay contiguous and complete, and
+    no part is further from total/m than one test's time."""
+    ids = [f"tests/gpu/test_{i // 10}.py::t[{i}]" for i in range(60)]
+    times = {x: (20.0 if 20 <= i < 30 else 1.0) for i, x in enumerate(ids)}     # one slow file
+    parts = [gpu_suite.time_bounds(ids, times, n, m) for n in range(1, m + 1)]
+    assert [x for lo, hi, _ in parts for x in ids[lo:hi]] == ids
+    total = sum(times.values())
+    assert sum(s for _, _, s in parts) == pytest.approx(total)
+    assert all(abs(s - total / m) <= 20.0 for _, _, s in parts), parts
+    if m == 3:       # by count the slow file would sit in part 2 with 10 fast ones (210 s)
+        assert [hi - lo for lo, hi, _ in parts] != [20, 20, 20]
+
+
+def test_a_test_without_a_recorded_time_counts_as_the_median(gpu_suite):
+    ids = ["a", "b", "c", "d"]
+    lo, hi, secs = gpu_suite.time_bounds(ids, {"a": 1.0, "b": 3.0, "c": 100.0}, 1, 1)
+    assert (lo, hi, secs) == (0, 4, 1.0 + 3.0 + 100.0 + 3.0)
+    assert gpu_suite.time_bounds(ids, {}, 2, 2)[:2] == (2, 4)      # nothing known: by count
+
+
+def test_times_files_are_read_and_a_bad_line_is_named(gpu_suite, tmp_path):
+    f = tmp_path / "t.tsv"
+    f.write_text("x::a\t1.50\tpassed\nx::b\t2\tfailed\nx::a\t4.25\tpassed\n")
+    assert gpu_suite.read_times([str(f)]) == {"x::a": 4.25, "x::b": 2.0}
+    f.write_text("x::a\t1.5\tpassed\nx::b seconds\n")
+    with pytest.raises(ValueError, match=r"t\.tsv:2: expected 'node id<TAB>seconds<TAB>outcome'"):
+        gpu_suite.read_times([str(f)])
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_suite.py"), "1/2", "--times", str(f)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "gpu_suite: --times:" in r.stderr and "t.tsv:2" in r.stderr
+
+
+def test_the_timing_plugin_writes_a_line_per_test_as_it_ends(tmp_path):
+    """tools/suite_times.py: node id, seconds of setup + call + teardown, and the outcome
+    (a failing call, a skip, an error in setup) -- appended per test, so a killed part keeps them."""
+    (tmp_path / "test_x.py").write_text(
+        "import time, pytest\n"
+        "@pytest.fixture\n"
+        "def slow():\n    time.sleep(0.2)\n    yield\n    time.sleep(0.1)\n"
+        "@pytest.fixture\n"
+        "def broken():\n    raise RuntimeError('setup')\n"
+        "def test_ok(slow): pass\n"
+        "def test_bad(): assert False\n"
+        "def test_skip(): pytest.skip('no')\n"
+        "def test_err(broken): pass\n")
+    out = tmp_path / "times.tsv"
+    env = dict(__import__("os").environ, DTRACE_MK_SUITE_TIMES=str(out), PYTHONPATH=str(ROOT / "tools"))
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "suite_times", "-p", "no:cacheprovider",
+                    "test_x.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    rows = {ln.split("\t")[0]: ln.split("\t")[1:] for ln in out.read_text().splitlines()}
+    assert {k: v[1] for k, v in rows.items()} == {"test_x.py::test_ok": "passed", "test_x.py::test_bad": "failed",
+                                                  "test_x.py::test_skip": "skipped", "test_x.py::test_err": "error"}
+    assert 0.3 <= float(rows["test_x.py::test_ok"][0]) < 5.0

@@ -828,7 +828,8 @@ case "${1:-}" in
      # local_imbalance came in 5 of 5 pinned runs vs 2 of 4.  Side by side in one bench (smpin / sm), with
      # the collector's inputs dumped: which worker's lm_head dispatch waits, and is it next to an observer?
      exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $L+$R $L+$S+DTMK_SM_IDLE+$R" \
-       "timeout 420 python3 bench/serve.py --presets 1b --configs sm,smpin --reps 4 --steps 200 --dump --out $O/serve" ;;
+       "timeout 420 python3 bench/serve.py --presets 1b --configs sm,smpin --reps 4 --steps 200 --dump --out $O/serve" \
+       "$DUMPS_PACK" ;;   # (session 53 ran it without: 8 dumps + 4 files, over the 8 files that come back)
   136) O=${OUT:-/tmp/out}
      # session 52: under top's placement (--placement sorted, observers calibrated) obssm4fold's hot summary
      # read +2.96 / +3.28% (met) and the compiled one +2.55% (target 1%).  What is the floor under it?

@@ -61,6 +61,9 @@ and over `nohooks`):
             DISCARD): does map-like memory work beside the real VM cost what the maps do? (session 27)
   lazyB / nomapsB   a second instance of lazy / lazynomaps (same build, own memory): the
             spread between instances of one build in one run
+  nopush16 / discard16   the CLI's build (lazydefer16) whose workers capture and push nothing /
+            whose observers drop every entry: today's floors under the compiled summary
+            (session 53: its +2.8% is above the observers' share; is it the capture or the entry?)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -132,6 +135,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nomapswarps5": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OBS_SM_WARPS=5"),
             "nomapsburn2k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=2000"),
             "nomapsburn6k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=6000"),
+            "nopush16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH"),
+            "discard16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_DISCARD"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
             "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)

@@ -816,6 +816,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  139) # session 53: the compiled summary (+2.82%) costs less than null3 (+3.72%) in the CLI's build, so
+     # its floor is on the workers: the capture (stamps, hold) or the entry (96 B, staged, pushed)?
+     # The CLI's build (lazydefer16) beside nopush16 (captured, no entry) and discard16 (entries
+     # pushed, dropped by the observers), all with the summary attached; workers in id order around
+     # the observers top calibrates to (0,1,16,88 on three H100 starts), twice in swapped order.  If
+     # nopush16 alone is >= 1% over plain, compiled <= 1% needs a cheaper capture, not only no entry
+     P="--place --observer-smids 0,1,16,88"
+     s() { echo "timeout 270 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants $1 --out ${OUT:-/tmp/out}/$2"; }
+     exec tools/gpu_session.sh "$(s nopush16,discard16,defer16B a)" "$(s defer16B,discard16,nopush16 b)" ;;
   138) # session 53 ran the whole suite's tests 1-432 of 513 (402 passed, 30 skipped, 0 failed) in
      # three calls; the rest, 433-513 (test_megakernel_variants_gpu.py's tail, obs_place, obs_ring,
      # placement, rec_fast, resident, run_cli, top, tp, tp_baseline), in one call.  kcache:
@@ -997,5 +1006,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..138)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..139)" >&2; exit 2 ;;
 esac

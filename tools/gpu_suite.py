@@ -24,6 +24,10 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+from suite_times import ENV as TIMES_ENV  # noqa: E402  (the plugin's variable, named once)
+
 DESELECT = "not (wstream8 or wstream9 or wstream_nopre or wsnext)"
 
 
@@ -125,9 +129,8 @@ def main(argv: Sequence[str]) -> int:
         return 2
     print(f"gpu_suite: {what}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
     env, plugin = dict(os.environ), []
-    if env.get("DTRACE_MK_SUITE_TIMES"):           # each test's seconds as it ends (suite_times.py)
-        tools = str(Path(__file__).resolve().parent)
-        env["PYTHONPATH"] = tools + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if env.get(TIMES_ENV):                         # each test's seconds as it ends (suite_times.py)
+        env["PYTHONPATH"] = str(TOOLS) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         plugin = ["-p", "suite_times"]
     # -v: a line per test as it ends, so a part killed by its time limit still names what ran
     return subprocess.call([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *plugin, *rest,

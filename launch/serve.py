@@ -478,7 +478,7 @@ def serve(args: argparse.Namespace) -> int:
     wall = time.monotonic() - t0
     st = arrivals.stats()
     sim_s = ((state["host_last"] or 0) - (state["host0"] or 0)) / 1e9
-    say(f"served {served} steps in {wall:.1f} s wall ({'stopped' if stopped_early else 'done'}): "
+    say(f"served {served} steps in {wall:.3f} s wall ({'stopped' if stopped_early else 'done'}): "
         f"{st['arrived']} requests arrived, {st['finished']} finished, {st['queued']} waiting; "
         f"latency p50 {st['latency_steps_p50']} steps, time to first token {st['ttft_steps_mean']} "
         f"steps (mean), {st['idle_slot_steps']} idle slot-steps"
@@ -755,7 +755,7 @@ def serve_gpu(args: argparse.Namespace) -> int:
     wall = time.monotonic() - t0
     n = k - WARMUP
     ran = max(int(mk.step), 1)                 # device steps the launches ran, warm-up included
-    say(f"served {n} steps{f' ({WARMUP}..{k - 1})' if n else ''} in {wall:.1f} s wall "
+    say(f"served {n} steps{f' ({WARMUP}..{k - 1})' if n else ''} in {wall:.3f} s wall "
         f"({st['segments']} resident launch{'' if st['segments'] == 1 else 'es'}), "
         f"{st['gpu_ms'] / ran * 1000:.0f} us/step of launch time, {n * args.batch} tokens; the first "
         f"{WARMUP} steps warmed the kernel up, not observed ({st['warm_records']} records not fed); "

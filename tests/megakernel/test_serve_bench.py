@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-SERVE_LINE = ("[rank 0] served 400 steps (2..401) in 1.9 s wall (1 resident launch), 3841 us/step of launch "
+SERVE_LINE = ("[rank 0] served 400 steps (2..401) in 1.937 s wall (1 resident launch), 3841 us/step of launch "
               "time, 1600 tokens; the first 2 steps warmed the kernel up, not observed (0 records not fed); "
               "hook records dropped by full rings: 0 (counted lost)\n"
               "[rank 0] device summaries: 25 windows of 16 steps (the last ones shorter) read; 0 records fed "
@@ -25,7 +25,7 @@ def test_a_serve_job_gives_launch_and_wall_time_and_its_diagnosis(serve, tmp_pat
         {"cause": "late_notification", "task_class": "rmsnorm", "layer": 3, "steps": [20, 21, 22],
          "confidence": 0.71}]}))
     fig = serve.parse("sm", SERVE_LINE, res)
-    assert fig["launch_us"] == 3841.0 and fig["wall_us"] == pytest.approx(1.9e6 / 400)
+    assert fig["launch_us"] == 3841.0 and fig["wall_us"] == pytest.approx(1.937e6 / 400)
     assert (fig["verdict"], fig["lost"], fig["eligible"], fig["records_fed"]) == ("fault", 0, 123, 0)
     assert fig["findings"] == ["late_notification rmsnorm layer 3 steps 20-22 conf 0.71"]
 

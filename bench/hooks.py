@@ -323,8 +323,9 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "ring4": ("off", "summary", "summary_cm"), "obssm4defer_ring4": ("off", "summary", "summary_cm"),
                       "ring3x24": ("off", "summary", "summary_cm"), "obssm4defer_3x24": ("off", "summary", "summary_cm"),
                       "obssm4defer_w4": ("off", "summary", "summary_cm"), "obssm4defer_w3": ("off", "summary", "summary_cm"),
-                      # (null3: the records' capture and push with a program doing nothing -- the floor
-                      # under the compiled summary, session 52)
+                      # (null3: the records' capture and push with a program doing nothing -- what the
+                      # hot tier costs before its program; session 53: more than the compiled summary,
+                      # whose floor is the entry itself: bench/obs_split.py nopush16 / discard16)
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)

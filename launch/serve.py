@@ -351,12 +351,10 @@ def observer_build(args: argparse.Namespace, extra: tuple = ()) -> tuple:
     pins the observers (-DDTMK_SM_WORKER), which a grid one SM short of the GPU cannot: the
     SMs it gets may change between launches.  So the grid holds every SM and the clock
     pairs' one idles (-DDTMK_SM_IDLE: its CTA leaves at once).  Not the default (hw): on 1b
-    the host-paced serving steps were no faster pinned, and lm_head's local-imbalance
-    artefact came in 5 of 5 runs vs 2 of 4 (hooks.md session 52)."""
-    from ..commands.top import observer_place_defines, resolve_observer_place
+    the serving steps were 3.7% slower pinned, side by side (hooks.md sessions 52-53)."""
+    from ..commands.top import observer_place_defines
     from ..megakernel.gpu import observer_defines
-    place = resolve_observer_place("sm", getattr(args, "observer_place", "hw"))
-    pin = observer_place_defines("sm", place)
+    pin = observer_place_defines("sm", getattr(args, "observer_place", "hw"))   # (auto resolved there)
     return (observer_defines("sm", getattr(args, "observer_sms", None)) + pin
             + (("DTMK_SM_IDLE",) if pin else ()) + tuple(extra)), (1 if pin else 0)
 

@@ -66,8 +66,8 @@ def add_observer_arguments(p: argparse.ArgumentParser, scope: str, place: str = 
     """--observer / --observer-sms (top, serve): where hook records are built and monitors
     run; the build each choice runs is gpu.observer_defines.  place: also --observer-place,
     with that default (top: auto; serve: hw -- pinned in its grid of every SM with the clock
-    pairs' SM idle, launch/serve.py observer_build, it gained nothing measurable: hooks.md
-    session 52)."""
+    pairs' SM idle, launch/serve.py observer_build, its steps were 3.7% slower: hooks.md
+    sessions 52-53)."""
     from ..megakernel.gpu import OBS_SMS_DEFAULT, OBS_SMS_MAX
     p.add_argument("--observer", choices=OBSERVERS, default="workers",
                    help=f"{scope}: where hook records are built and monitors run -- workers = each "

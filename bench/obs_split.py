@@ -64,6 +64,15 @@ and over `nohooks`):
   nopush16 / discard16   the CLI's build (lazydefer16) whose workers capture and push nothing /
             whose observers drop every entry: today's floors under the compiled summary
             (session 53: its +2.8% is above the observers' share; is it the capture or the entry?)
+  nopre16 / nohold16 / nowait16   nopush16 without run_task's capture before the body (the t_ready /
+            t_begin stamps, the hook bits: -DDTMK_OSQ_NOPRE) / without the hold before the signal
+            (-DDTMK_OSQ_NOHOLD) / without the wait's dep:release capture (-DDTMK_OSQ_NOWAITCAP): which
+            part of the capture costs (session 54; measurement only, nothing reads what they drop)
+  shadow16  nopush16 whose workers do the summary's three updates themselves, after the signal, into
+            a shared-memory shadow (-DDTMK_OSQ_WSHADOW): a compiled tier aggregating on the workers,
+            above the capture (session 54; measurement only)
+  lookcall16   lazydefer16 with the wait's first-look call the observer-SM build had until session
+            54 (a __noinline__ call returning 0 there; -DDTMK_OSQ_LOOK_CALL)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -137,6 +146,11 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nomapsburn6k": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_BURN=6000"),
             "nopush16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH"),
             "discard16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_DISCARD"),
+            "nopre16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOPRE"),
+            "nohold16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOHOLD"),
+            "nowait16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOWAITCAP"),
+            "shadow16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW"),
+            "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
             "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)

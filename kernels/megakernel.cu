@@ -457,6 +457,49 @@ struct Worker {            /* per-CTA scheduler state, in shared memory */
  * docs/results/hooks.md "Session 19"; the same for run_task / wait_event gained nothing) */
 __shared__ Worker s_worker;
 #endif
+#ifdef DTMK_OSQ_WSHADOW
+/* MEASUREMENT ONLY (session 54, bench/obs_split.py shadow16): the summary monitor's three
+ * updates done by the worker itself, after the release signal, into a shared-memory shadow --
+ * task:end's log2 latency per class, dep:release's wait sum per class, task:ready's depth max --
+ * with no entry pushed (the observers idle).  What would a compiled tier that aggregates on the
+ * workers cost above the capture (nopush16)?  The shadow goes to dtmk_wsh_sink at the worker's
+ * end (a real form would fold it per epoch in an idle wait: off the critical path). */
+#if !defined(DTMK_OBS_SM) || !defined(DTMK_OSQ_NOPUSH)
+#error "-DDTMK_OSQ_WSHADOW is measurement only: with -DDTMK_OBS_SM -DDTMK_OSQ_NOPUSH"
+#endif
+#define WSH_CLS 16
+#define WSH_B 40
+__shared__ dtmk_u32 s_wsh_lat[WSH_CLS][WSH_B];
+__shared__ dtmk_u64 s_wsh_dep[WSH_CLS];
+__shared__ dtmk_u32 s_wsh_q, s_wsh_n[3];
+extern "C" __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
+__device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
+__device__ __forceinline__ void wsh_zero() {      /* thread 0, at the launch's start */
+    for (int i = 0; i < WSH_CLS * WSH_B; ++i) (&s_wsh_lat[0][0])[i] = 0;
+    for (int i = 0; i < WSH_CLS; ++i) s_wsh_dep[i] = 0;
+    s_wsh_q = 0; s_wsh_n[0] = s_wsh_n[1] = s_wsh_n[2] = 0;
+}
+__device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread 0, after the signal */
+    const Worker &S = s_worker;
+    const dtmk_u32 c = (dtmk_u32)cls & (WSH_CLS - 1);
+    if (pend & (1u << DTMK_HOOK_TASK_END)) {
+        const dtmk_u64 d = S.t_end - S.t_begin;
+        s_wsh_lat[c][min(64 - __clzll((long long)d), WSH_B - 1)] += 1; s_wsh_n[0] += 1;
+    }
+    if (pend & (1u << DTMK_HOOK_DEP_RELEASE)) { s_wsh_dep[c] += S.dep_wait; s_wsh_n[1] += 1; }
+    if (pend & (1u << DTMK_HOOK_TASK_READY)) { s_wsh_q = max(s_wsh_q, S.pend_q); s_wsh_n[2] += 1; }
+}
+__device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's end */
+    for (int i = 0; i < WSH_CLS * WSH_B; ++i)
+        if ((&s_wsh_lat[0][0])[i]) atomicAdd(&dtmk_wsh_sink[i], (unsigned long long)(&s_wsh_lat[0][0])[i]);
+    for (int i = 0; i < WSH_CLS; ++i) if (s_wsh_dep[i]) atomicAdd(&dtmk_wsh_sink[WSH_CLS * WSH_B + i], s_wsh_dep[i]);
+    atomicMax(&dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS], (unsigned long long)s_wsh_q);
+    for (int i = 0; i < 3; ++i) atomicAdd(&dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 1 + i], (unsigned long long)s_wsh_n[i]);
+}
+#endif
+#if (defined(DTMK_OSQ_NOPRE) || defined(DTMK_OSQ_NOHOLD) || defined(DTMK_OSQ_NOWAITCAP)) && !defined(DTMK_OSQ_NOPUSH)
+#error "-DDTMK_OSQ_NOPRE / NOHOLD / NOWAITCAP are measurement only: with -DDTMK_OSQ_NOPUSH (their captures feed no entry)"
+#endif
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
@@ -803,7 +846,11 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
     const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
+#ifndef DTMK_OSQ_NOPRE
         const dtmk_u32 obs = W.observe;   /* the task's one "observing?" load */
+#else
+        const dtmk_u32 obs = 0;           /* measurement only (with NOPUSH): no stamp or hook bit before the body */
+#endif
         f = task_faults(P, t, step, r);
         s_post.r = r; s_post.f = f; s_post.t = t; s_post.step = step;
 #ifndef DTMK_NO_HOOKS
@@ -854,13 +901,21 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * record are built AFTER the release signal (off the successor's critical path;
          * their values were taken before it); only the epoch hold (OBS_PENDING <= step)
          * and the reads of what may change after the signal precede it */
+#ifdef DTMK_OSQ_WSHADOW
+        dtmk_u32 wsh_pend = 0;          /* (measurement only: the captured hooks, for the shadow after the signal) */
+#endif
         if (HOOKS_ANY(W, ~0u)) {
             DTMK_PROF_BEGIN(prof_h);
+#ifndef DTMK_OSQ_NOHOLD
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
             else hold_light(P, W, r[0], r[14], (dtmk_u32)step, t_end);   /* not with -DDTMK_HOLD_EAGER */
+#endif
 #ifdef DTMK_OBS_SM
 #if defined(DTMK_OSQ_NOPUSH)
             /* measurement only (tools/obs_sm_probe.py): the capture without its entry */
+#ifdef DTMK_OSQ_WSHADOW
+            W.t_end = t_end; wsh_pend = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
+#endif
             W.pend = 0; W.pend_rg = 0;
 #elif !defined(DTMK_OSQ_PEND_LATE) && !defined(DTMK_OSQ_LAZY_PUB)
             /* the entry's stores before the signal's MEMBAR, its head after the signal */
@@ -901,6 +956,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #else
         /* measurement only: the entry's stores after the signal (off its MEMBAR), fenced */
         if (W.pend) { osq_write_pend(P, W); osq_publish(P, W, true); }
+#endif
+#ifdef DTMK_OSQ_WSHADOW
+        if (wsh_pend) wsh_update(r[0], wsh_pend);
 #endif
         DTMK_PROF_END1(40, prof_push);
 #endif
@@ -1006,7 +1064,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_NO_HOOKS
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
+#if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
         if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+#endif
 #endif
         W.first = rd;
 #ifdef DTMK_DRAIN_POLL
@@ -1178,9 +1238,15 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
+#ifndef DTMK_OSQ_NOWAITCAP
             if (W.observe) {
+#else
+            if (false) {                  /* measurement only (with NOPUSH): no dep:release capture */
+#endif
                 W.dep_wait = met - t0;
-                W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;
+#if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
+                W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;   /* (obs_spin_drain's; the observer SM drains) */
+#endif
 #ifndef DTMK_NO_HOOKS
                 /* dep:release: captured (stamp, wait in dep_wait), built after the task's
                  * release signal (hook_flush); nothing of the previous task is pending */
@@ -1360,6 +1426,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         W.osq_head = W.osq_tail = 0; W.osq_unpub = 0;
 #ifdef DTMK_OSQ_DEFER
         s_osq_nst = 0;
+#endif
+#ifdef DTMK_OSQ_WSHADOW
+        wsh_zero();
 #endif
 #endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
@@ -1610,6 +1679,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
         /* (a leaving worker's step is not whole; a finished one's successor has nothing to add) */
         const bool ends_here = !W.aborted && !HO_FINISHED;
         if (P.resident && ends_here) gate_publish(P, W, (dtmk_u64)last);   /* every step < last is whole */
+#ifdef DTMK_OSQ_WSHADOW
+        wsh_flush();
+#endif
 #ifdef DTMK_OBS_SM
         OSQ_DEFER_FLUSH(P, W);          /* (-DDTMK_OSQ_DEFER: the staged entries) */
         osq_flush_unpub(P, W);          /* (-DDTMK_OSQ_LAZY_PUB: the last task's entry) */

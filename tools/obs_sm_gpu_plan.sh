@@ -816,6 +816,18 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  140) # session 54 (plan 139: over plain, nopush16 +0.93 / +1.41%, discard16 +2.12 / +2.46%, the summary
+     # +3.29 / +3.16%: the capture alone is ~1%, so compiled <= 1% needs a cheaper capture AND no entry).
+     # Which part of the capture: before the body (stamps, hook bits), the hold before the signal, the
+     # wait's dep:release capture?  What does aggregating on the workers add (shadow16)?  And the
+     # first-look call the observer-SM build no longer makes (lookcall16 restores it).  Twice, swapped;
+     # then the observer-SM builds' exactness tests on the changed kernel
+     P="--place --observer-smids 0,1,16,88"
+     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants $1 --out ${OUT:-/tmp/out}/$2"; }
+     V=nopush16,nopre16,nohold16,nowait16,shadow16,lookcall16
+     exec tools/gpu_session.sh "$(s $V a)" "$(s lookcall16,shadow16,nowait16,nohold16,nopre16,nopush16 b)" \
+       "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4defer or obssm3')" \
+       "$(pytv 110 tests/gpu/test_obs_place_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_compiled_tier.py -k 'observer or obs or top')" ;;
   139) # session 53: the compiled summary (+2.82%) costs less than null3 (+3.72%) in the CLI's build, so
      # its floor is on the workers: the capture (stamps, hold) or the entry (96 B, staged, pushed)?
      # The CLI's build (lazydefer16) beside nopush16 (captured, no entry) and discard16 (entries

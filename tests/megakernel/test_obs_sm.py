@@ -34,8 +34,12 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                                                    "DTMK_OSQ_LOADS=16", "DTMK_OSQ_SCATTER"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_DISCARD", "DTMK_OSQ_ICODE=8",
                                                                    "DTMK_OSQ_JCODE=8", "DTMK_WK_ICODE=8"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS")],
-                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split"])
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS"),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD",
+                                                                   "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW"),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL",)],
+                         ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split",
+                              "capture", "lookcall"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -48,8 +52,21 @@ def test_the_observer_sm_build_compiles(defines):
     assert ("osq_icode" in ptx) == ("DTMK_OSQ_ICODE=8" in defines)
     # ... and the workers' (plan 83), once per task
     assert ("wk_icode" in ptx) == ("DTMK_WK_ICODE=8" in defines)
+    # session 54's capture split: the workers' own summary shadow (updated per task, flushed at the end)
+    assert ("wsh_flush" in ptx and "dtmk_wsh_sink" in ptx) == ("DTMK_OSQ_WSHADOW" in defines)
+    # the wait's first look is no call in the observer-SM build (it returned 0 there), unless asked back
+    assert ("obs_first_look" in ptx) == ("DTMK_OSQ_LOOK_CALL" in defines)
     # the Obs of the observer build: the size the 1b / tiny warp counts above assume
     assert re.search(r"\.shared \.align 16 \.b8 O_w0\[29264\]", ptx)
+
+
+@pytest.mark.parametrize("other", ["DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD", "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW"])
+def test_the_capture_splits_need_nopush(other):
+    """Measurement-only capture cuts drop what the entry would carry: without -DDTMK_OSQ_NOPUSH
+    they would push wrong entries, so the build refuses them, naming the define."""
+    with pytest.raises(Exception, match=other.replace("DTMK_OSQ_", "") + ".*NOPUSH"):
+        nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+                      defines=gpu.observer_defines("sm") + (other,))
 
 
 @pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM"])

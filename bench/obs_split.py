@@ -73,6 +73,9 @@ and over `nohooks`):
             above the capture (session 54; measurement only)
   lookcall16   lazydefer16 with the wait's first-look call the observer-SM build had until session
             54 (a __noinline__ call returning 0 there; -DDTMK_OSQ_LOOK_CALL)
+  uncap16   lazydefer16 whose waiting workers raise OBS_PENDING past the awaited task's step, as
+            before session 54 (-DDTMK_OSQ_RAISE_UNCAPPED: the next task's hold then stores before
+            its signal)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -151,6 +154,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nowait16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOWAITCAP"),
             "shadow16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW"),
             "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
+            "uncap16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
             "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)

@@ -1155,7 +1155,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #ifndef DTMK_OSQ_NORAISE                /* (measurement only: epochs final at the launch's end alone) */
                 if (W.observe) {              /* workers drain nothing: OBS_PENDING up */
                     DTMK_PROF_BEGIN(prof_raise);
-                    osq_raise(P, W);
+                    osq_raise(P, W, (dtmk_u32)step);   /* (a gate's wait, t < 0: step - 1, lower than needed) */
                     DTMK_PROF_END1(36, prof_raise);
 #ifdef DTMK_OBS_PROF
                     s_prof_raise = clock64() - prof_raise;
@@ -1576,7 +1576,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
                         while ((W.gate = gate_look(P, W, step)) == 1) {
                             post_pending(P, W, false);
 #ifdef DTMK_OBS_SM
-                            if (W.observe) osq_raise(P, W);   /* parked: epochs still become final */
+                            if (W.observe) osq_raise(P, W, (dtmk_u32)step);   /* parked: epochs < step become final */
 #endif
                             __nanosleep(2000);
                         }

@@ -370,8 +370,13 @@ __device__ __forceinline__ void osq_defer_stage(const MkParams &P, Worker &W) {
 #endif
 /* worker thread 0: OBS_PENDING up to its observer warp's low, bounded by the step of the
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
- * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py) */
-__device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
+ * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py), and
+ * by `cap`, the step of the task the worker waits for (its next records': session 54).
+ * Raised past it, the next task's hold_epoch must lower OBS_PENDING again -- a global store
+ * right before the release signal, whose MEMBAR then waits for it: ~1.2-1.5% of 1b's step
+ * with nothing pushed (bench/obs_split.py nohold16 vs nopush16, H100).  Capped, the hold
+ * finds OBS_PENDING <= its step and stores nothing.  -DDTMK_OSQ_RAISE_UNCAPPED: as before */
+__device__ __noinline__ void osq_raise(const MkParams &P, Worker &W, dtmk_u32 cap) {
     OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: every staged entry in the queue first) */
     osq_flush_unpub(P, W);             /* (-DDTMK_OSQ_LAZY_PUB: every entry published before a raise) */
     /* acquire: the observer fenced what it did with the entries (OSQ_W_LOW) before the tail */
@@ -385,6 +390,9 @@ __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W) {
         if (tag == OSQ_TAG_STEP) return;   /* (a gate's entry holds no records: wait for the next look) */
         lo = min(lo, tag == OSQ_TAG_PEND ? d[1].w : d[3].z);   /* (osq_run_entry's step of either kind) */
     }
+#ifndef DTMK_OSQ_RAISE_UNCAPPED
+    lo = min(lo, cap);
+#endif
     if (lo == O.pub) return;
     __threadfence();                   /* the observer's flushes (fenced before low) first */
     O.pub = lo;

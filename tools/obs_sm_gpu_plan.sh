@@ -816,6 +816,21 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  141) O=${OUT:-/tmp/out}
+     # session 54, plan 140: lazydefer16 +2.10 / +2.12% over plain without the wait's first-look call
+     # (lookcall16, the call back: +3.56 / +3.47%); nohold16 -0.78 / -0.70% vs nopush16 +0.43 / +1.55%:
+     # the hold before the signal costs ~1.5 points -- its OBS_PENDING store after every raise that went
+     # past the awaited step, waited for by the signal's MEMBAR.  The raise is now capped there (the hold
+     # stores nothing after it); uncap16 is the old raise.  Then the table (obssm4fold, top's
+     # placement) and the observer-SM exactness tests on the changed protocol
+     PL="--place --observer-smids 0,1,16,88"
+     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $PINNED $R DTMK_NO_HOOKS+$R $L+$R $P+$R" \
+       "$(s uncap16,nopush16,nohold16,defer16B a)" \
+       "$(pytv 200 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4defer or obssm3')" \
+       "timeout 200 python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold --placement sorted --obs-sms calibrate --out $O/sorted" \
+       "$(s defer16B,nohold16,nopush16,uncap16 b)" \
+       "$(pytv 130 tests/gpu/test_obs_place_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_compiled_tier.py -k 'observer or obs or top')" ;;
   140) # session 54 (plan 139: over plain, nopush16 +0.93 / +1.41%, discard16 +2.12 / +2.46%, the summary
      # +3.29 / +3.16%: the capture alone is ~1%, so compiled <= 1% needs a cheaper capture AND no entry).
      # Which part of the capture: before the body (stamps, hook bits), the hold before the signal, the

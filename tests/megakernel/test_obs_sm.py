@@ -37,7 +37,7 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD",
                                                                    "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL",)],
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED")],
                          ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split",
                               "capture", "lookcall"])
 def test_the_observer_sm_build_compiles(defines):
@@ -667,3 +667,14 @@ def test_the_split_s_drainer_moves_the_tails_only_after_the_low_and_the_builder_
     assert low < fence < tail
     assert d.index("if (lane == 0) O.reload = 1;") < d.index("osq_pair_publish(pr, ++seq)")
     assert "run_entry" not in d and "hook_flush" not in d
+
+
+def test_a_waiting_worker_raises_no_further_than_the_step_it_waits_for():
+    """Session 54: osq_raise is bounded by the awaited task's step (so the next task's hold
+    stores nothing before its release signal; the protocol model: test_obs_sm_protocol.py
+    capped) -- unless the measurement build asks for the old raise -- and every call passes
+    the wait's or the gate's step."""
+    r = body("osq_raise")
+    assert re.search(r"#ifndef DTMK_OSQ_RAISE_UNCAPPED\s+lo = min\(lo, cap\);\s+#endif\s+if \(lo == O.pub\) return;", r), r
+    calls = re.findall(r"osq_raise\(P, W(.*?)\);", SRC)
+    assert len(calls) == 2 and all(c == ", (dtmk_u32)step" for c in calls), calls

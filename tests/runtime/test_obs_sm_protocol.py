@@ -33,7 +33,7 @@ INF = 1 << 30
 
 
 def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=None, lazy=False, desc=False,
-          defer=0, multi=1, split=0):
+          defer=0, multi=1, split=0, capped=False):
     """Explore every interleaving; return None or the first violation's description.
     `finals` (a set): gets every final epoch a snapshot computed (the check is not vacuous).
     lazy: -DDTMK_OSQ_LAZY_PUB's worker -- per task hold ; release signal ; head += 1 for the
@@ -52,7 +52,10 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
     split (NH > 0): -DDTMK_OSQ_SPLIT's observers -- warp k's round in two actors: its builder
     reads the next entry of each busy worker at its own cursor (bcur, not the tail) and queues
     them as one block (at most NH queued); its drainer takes the oldest block as the round's
-    entries (records into the ring, then the low, then the tails), and drains as before."""
+    entries (records into the ring, then the low, then the tails), and drains as before.
+    capped (session 54's kernel): a raise is bounded by the step of the task the worker waits
+    for as well (its next records'), so the next task's hold finds OBS_PENDING at or below its
+    step and stores nothing."""
     NW, S = n_workers, steps
     NP = 4 if lazy else 3                                   # program points per task
     slice_of = [w % warps for w in range(NW)]
@@ -89,7 +92,7 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
             if pc < NP * S:
                 s, k = divmod(pc, NP)
                 if k == 0:
-                    if mutant == "no_hold" or s >= pub[w]:
+                    if mutant in ("no_hold", "cap_one_high_no_hold") or s >= pub[w]:
                         out.append(rep(st, 0, rep(wpc, w, pc + 1)))
                     else:
                         out.append((rep(wpc, w, pc + 1), rep(pub, w, s), rep(row, w, s)) + st[3:])
@@ -111,6 +114,8 @@ def check(n_workers=2, steps=2, warps=1, mutant=None, limit=3_000_000, finals=No
                 target = low[w]                             # by the oldest entry not yet taken (entry i
                 if tail[w] < head[w] and mutant != "raise_any":   # is step i; raise_any: unbounded)
                     target = min(target, tail[w] + (1 if mutant == "raise_past_oldest" else 0))
+                if capped:                                  # ... and by the awaited task's step (pc // NP)
+                    target = min(target, pc // NP + (1 if mutant == "cap_one_high_no_hold" else 0))
                 if target != pub[w]:
                     out.append((wpc, rep(pub, w, target), rep(row, w, target)) + st[3:])
         for k in range(warps):                              # ---- observer warps
@@ -263,6 +268,20 @@ def test_lazy_publish_keeps_every_final_epoch_complete(n_workers, steps, warps):
     finals = set()
     assert check(n_workers, steps, warps, finals=finals, lazy=True) is None
     assert finals == set(range(-1, steps)), finals
+
+
+@pytest.mark.parametrize("n_workers, steps, warps, defer", [(2, 2, 1, 0), (2, 2, 2, 16), (1, 3, 1, 16), (1, 3, 1, 0)])
+def test_a_raise_capped_at_the_awaited_step_keeps_every_final_epoch_complete(n_workers, steps, warps, defer):
+    """Session 54: osq_raise bounded by the awaited task's step too.  Every final epoch stays
+    complete and every epoch still becomes final.  The hold stays: a task that no raise
+    preceded (a launch's first, one ready at its first look after a higher pending) still
+    needs it -- without it the model finds a violation even capped.  A cap one step too high
+    is caught when nothing lowers it again."""
+    finals = set()
+    assert check(n_workers, steps, warps, finals=finals, lazy=True, defer=defer, capped=True) is None
+    assert finals == set(range(-1, steps)), finals
+    assert check(n_workers, steps, warps, mutant="no_hold", lazy=True, defer=defer, capped=True) is not None
+    assert check(n_workers, steps, warps, mutant="cap_one_high_no_hold", lazy=True, defer=defer, capped=True) is not None
 
 
 @pytest.mark.parametrize("mutant", ["lazy_raise_unpublished", "no_hold", "raise_past_oldest"])

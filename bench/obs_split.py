@@ -75,7 +75,7 @@ and over `nohooks`):
             54 (a __noinline__ call returning 0 there; -DDTMK_OSQ_LOOK_CALL)
   uncap16   lazydefer16 whose waiting workers raise OBS_PENDING past the awaited task's step, as
             before session 54 (-DDTMK_OSQ_RAISE_UNCAPPED: the next task's hold then stores before
-            its signal)
+            its signal); uncapB a second instance of it
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -155,6 +155,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "shadow16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW"),
             "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
             "uncap16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
+            "uncapB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
             "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)

@@ -816,6 +816,16 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  142) O=${OUT:-/tmp/out}
+     # session 54, plan 141: the capped raise did not read cheaper -- lazydefer16 +2.82 / +2.69% and its
+     # twin defer16B +2.26 / +2.09% over plain vs uncap16 (the old raise) +1.93 / +1.59% -- though it
+     # stores less (mechanism: fewer raises, no hold store).  Two instances of each, 12 rounds, twice
+     # swapped: is the difference real?  Then the compiled tier on the observer SM (1b was cut by 141's
+     # stage timeout)
+     PL="--place --observer-smids 0,1,16,88"
+     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 12 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
+     exec tools/gpu_session.sh "$(s uncap16,defer16B,uncapB a)" "$(s uncapB,defer16B,uncap16 b)" \
+       "$(pytv 220 tests/gpu/test_compiled_tier.py -k observer_sm_compiled_tier)" ;;
   141) O=${OUT:-/tmp/out}
      # session 54, plan 140: lazydefer16 +2.10 / +2.12% over plain without the wait's first-look call
      # (lookcall16, the call back: +3.56 / +3.47%); nohold16 -0.78 / -0.70% vs nopush16 +0.43 / +1.55%:

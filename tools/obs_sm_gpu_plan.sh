@@ -816,6 +816,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  143) O=${OUT:-/tmp/out}
+     # session 54, plan 141's table (no first-look call, the raise capped; sorted + calibrated, 8 rounds):
+     # hot +1.66%, compiled +1.68%, null3 +1.69% over own off (session 53: +3.85 / +2.82 / +3.72%).  Again
+     # (6 rounds), then the hardware's placement (6 rounds)
+     exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $PINNED $R DTMK_NO_HOOKS+$R $L+$R $P+$R" \
+       "timeout 150 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --placement sorted --obs-sms calibrate --out $O/sorted" \
+       "timeout 150 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold --out $O/hw" ;;
   142) O=${OUT:-/tmp/out}
      # session 54, plan 141: the capped raise did not read cheaper -- lazydefer16 +2.82 / +2.69% and its
      # twin defer16B +2.26 / +2.09% over plain vs uncap16 (the old raise) +1.93 / +1.59% -- though it

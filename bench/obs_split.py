@@ -76,6 +76,11 @@ and over `nohooks`):
   uncap16   lazydefer16 whose waiting workers raise OBS_PENDING past the awaited task's step, as
             before session 54 (-DDTMK_OSQ_RAISE_UNCAPPED: the next task's hold then stores before
             its signal); uncapB a second instance of it
+  dafter4 / dafter12   lazydefer16 whose waits store the staged entries from the 4th / 12th failed
+            poll on instead of the first (-DDTMK_OSQ_DEFER_AFTER=K: does the flush delay the poll that
+            sees a short wait's dependency met?  session 54)
+  dinline   lazydefer16 whose wait stores the staged entries inline instead of through a call
+            (-DDTMK_OSQ_DEFER_INLINE: the call's restores miss the L1 the poll emptied; session 54)
   lazywarps5 / nomapswarps5   lazy / lazynomaps with five observer warps per SM instead of six
             (-DDTMK_OBS_SM_WARPS=5: what lazydesc's larger Obs leaves room for)
 --place: every build with -DDTMK_SM_WORKER, worker k on the k-th SM in id order (observers on
@@ -156,6 +161,9 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
             "uncap16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
             "uncapB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
+            "dafter4": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_DEFER_AFTER=4"),
+            "dafter12": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_DEFER_AFTER=12"),
+            "dinline": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_DEFER_INLINE"),
             "lazydesc": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC"),
             "lazydescnoflush": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC", "DTMK_OSQ_NOFLUSH")}
 #: variant -> the query it attaches instead of the summary monitor (live.SUMMARY_QUERY)

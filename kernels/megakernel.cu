@@ -497,6 +497,11 @@ __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's e
     for (int i = 0; i < 3; ++i) atomicAdd(&dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 1 + i], (unsigned long long)s_wsh_n[i]);
 }
 #endif
+#ifndef DTMK_OSQ_NOWAITCAP
+#define OSQ_WAIT_CAPTURE 1
+#else
+#define OSQ_WAIT_CAPTURE 0   /* measurement only (with NOPUSH): the wait captures no dep:release */
+#endif
 #if (defined(DTMK_OSQ_NOPRE) || defined(DTMK_OSQ_NOHOLD) || defined(DTMK_OSQ_NOWAITCAP)) && !defined(DTMK_OSQ_NOPUSH)
 #error "-DDTMK_OSQ_NOPRE / NOHOLD / NOWAITCAP are measurement only: with -DDTMK_OSQ_NOPUSH (their captures feed no entry)"
 #endif
@@ -1139,8 +1144,20 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
 #ifdef DTMK_OSQ_DEFER
                 /* the poll failed: thread 0 waits anyway -- the staged entries to the queue
-                 * now, then poll again at once */
-                if (s_osq_nst) { osq_defer_flush(P, W); continue; }
+                 * now, then poll again at once.  -DDTMK_OSQ_DEFER_AFTER=K (measurement, session
+                 * 54): only from the K-th failed poll on, so that a short wait -- a handoff met
+                 * a poll or two later -- does not see its dependency late by a flush (~16
+                 * stores and a fence); the raise at poll 16 flushes in any case */
+#ifdef DTMK_OSQ_DEFER_INLINE
+#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush_body(P, W)
+#else
+#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush(P, W)
+#endif
+#if defined(DTMK_OSQ_DEFER_AFTER) && (DTMK_OSQ_DEFER_AFTER) > 1
+                if (s_osq_nst && it >= (unsigned)(DTMK_OSQ_DEFER_AFTER)) { OSQ_WAIT_FLUSH(P, W); continue; }
+#else
+                if (s_osq_nst) { OSQ_WAIT_FLUSH(P, W); continue; }
+#endif
 #endif
                 if (it & 15) continue;
                 post_pending(P, W, false);
@@ -1238,11 +1255,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-#ifndef DTMK_OSQ_NOWAITCAP
-            if (W.observe) {
-#else
-            if (false) {                  /* measurement only (with NOPUSH): no dep:release capture */
-#endif
+            if (OSQ_WAIT_CAPTURE && W.observe) {
                 W.dep_wait = met - t0;
 #if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;   /* (obs_spin_drain's; the observer SM drains) */

@@ -283,7 +283,7 @@ __device__ __forceinline__ void osq_wait_room(Worker &W, const dtmk_u64 *a, dtmk
 #endif
 __shared__ uint4 s_osq_stage[DTMK_OSQ_DEFER][6];
 __shared__ dtmk_u32 s_osq_nst;             /* entries staged (worker thread 0) */
-__device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
+__device__ __forceinline__ void osq_defer_flush_body(const MkParams &P, Worker &W) {
     const dtmk_u32 n = s_osq_nst;
     if (!n) return;
     s_osq_nst = 0;
@@ -299,6 +299,11 @@ __device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) {
     W.osq_head += n;
     *(volatile dtmk_u64 *)(a + OSQ_W_HEAD) = W.osq_head;
 }
+/* one called copy for the rare sites (a raise, another push, the 16th staged, the end);
+ * -DDTMK_OSQ_DEFER_INLINE (measurement, session 54): the wait's failed poll runs the body
+ * inline -- a call there restores its registers from local memory after the poll's acquire
+ * emptied L1 (the first-look call cost ~1.4 points that way) */
+__device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) { osq_defer_flush_body(P, W); }
 #define OSQ_DEFER_FLUSH(P, W) osq_defer_flush(P, W)
 #else
 #define OSQ_DEFER_FLUSH(P, W) ((void)0)

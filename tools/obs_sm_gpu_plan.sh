@@ -816,6 +816,19 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  144) O=${OUT:-/tmp/out}
+     # session 54 (plans 139-143): without the first-look call the compiled summary reads +1.64 / +1.68%
+     # over its own off under top's placement; the entry's push (discard16 - nopush16, ~1.1 points in plan
+     # 139) is the larger part left.  The staged entries are stored at a wait's FIRST failed poll: a short
+     # wait then sees its dependency late by the flush.  From the 4th / 12th failed poll instead
+     # (dafter4 / dafter12), or inline, not through a call whose restores miss the L1 the poll emptied
+     # (dinline), beside defer16B and discard16 / nopush16, twice swapped; if one is >= 0.5 points under
+     # defer16B in both orders, the hook table with it (bench/hooks.py variant to add)
+     PL="--place --observer-smids 0,1,16,88"
+     s() { echo "timeout 170 python3 bench/obs_split.py --presets 1b --reps 12 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
+     # (the default builds' SASS is cc3dbd8's, whose observer-SM tests passed in plans 140-142)
+     exec tools/gpu_session.sh "$(s defer16B,dafter4,dafter12,dinline,discard16,nopush16 a)" \
+       "$(s nopush16,discard16,dinline,dafter12,dafter4,defer16B b)" ;;
   143) O=${OUT:-/tmp/out}
      # session 54, plan 141's table (no first-look call, the raise capped; sorted + calibrated, 8 rounds):
      # hot +1.66%, compiled +1.68%, null3 +1.69% over own off (session 53: +3.85 / +2.82 / +3.72%).  Again

@@ -118,7 +118,11 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   "DTMK_OSQ_AREA_CTL", "DTMK_OSQ_NOMAPS", "DTMK_OSQ_DESC",
                   "DTMK_OSQ_NOFLUSH", "DTMK_OSQ_DEFER",
                   "DTMK_OSQ_PAGES", "DTMK_OSQ_ICODE", "DTMK_OSQ_MULTI", "DTMK_OSQ_N", "DTMK_OSQ_IDLE_DRAIN",
-                  "DTMK_OSQ_SPLIT")
+                  "DTMK_OSQ_SPLIT",
+                  # session 54's measurement builds: the capture split, the workers' own shadow, the
+                  # first-look call and the uncapped raise as before, the wait's flush later / inline
+                  "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD", "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW",
+                  "DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED", "DTMK_OSQ_DEFER_AFTER", "DTMK_OSQ_DEFER_INLINE")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 

@@ -37,7 +37,8 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_SPLIT", "DTMK_OSQ_STATS"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD",
                                                                    "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW"),
-                                     gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED")],
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED",
+                                                                   "DTMK_OSQ_DEFER_AFTER=4", "DTMK_OSQ_DEFER_INLINE")],
                          ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split",
                               "capture", "lookcall"])
 def test_the_observer_sm_build_compiles(defines):
@@ -248,7 +249,7 @@ def test_a_resident_launch_runs_the_observer_and_it_publishes_each_gate():
     assert end.index("gate_publish") < end.index("OSQ_W_DONE) = 1")
     assert "OSQ_W_DONE" not in k[:k.rindex("if (P.resident && ends_here) gate_publish")]
     park = k[k.index("while ((W.gate = gate_look(P, W, step)) == 1) {"):]
-    assert park.index("osq_raise(P, W)") < park.index("__nanosleep(2000)")
+    assert park.index("osq_raise(P, W, (dtmk_u32)step)") < park.index("__nanosleep(2000)")
     assert int(re.search(r"#define OSQ_TAG_STEP (0x[0-9a-f]+)u", SRC).group(1), 16) != 0xffffffff
 
 

@@ -471,11 +471,15 @@ def test_the_deferred_entry_build_stages_after_the_signal_and_stores_in_the_wait
     assert "if (W.pend) osq_defer_stage(P, W);" in lz
     st = body("osq_defer_stage")
     assert "__stcg" not in st and "if (n + 1 == (dtmk_u32)(DTMK_OSQ_DEFER)) osq_defer_flush(P, W);" in st
-    fl = body("osq_defer_flush")
+    fl = body("osq_defer_flush_body")
     assert fl.index("osq_settle(W);") < fl.index("__stcg") < fl.index("__threadfence();") < fl.index("OSQ_W_HEAD")
+    assert "osq_defer_flush_body(P, W);" in body("osq_defer_flush")     # (the one called copy)
     we = body("wait_event")
     poll = we[we.index("if (v >= target) { W.ready = 1; break; }"):]
-    assert poll.index("if (s_osq_nst) { osq_defer_flush(P, W); continue; }") < poll.index("if (it & 15) continue;")
+    # the failed poll's flush: the call unless -DDTMK_OSQ_DEFER_INLINE (session 54's measurement) inlines it
+    assert poll.index("if (s_osq_nst) { OSQ_WAIT_FLUSH(P, W); continue; }") < poll.index("if (it & 15) continue;")
+    assert re.search(r"#ifdef DTMK_OSQ_DEFER_INLINE\s+#define OSQ_WAIT_FLUSH\(P, W\) osq_defer_flush_body\(P, W\)\s+"
+                     r"#else\s+#define OSQ_WAIT_FLUSH\(P, W\) osq_defer_flush\(P, W\)", we)
     end = (KERNEL_DIR / "megakernel.cu").read_text()
     assert end.index("OSQ_DEFER_FLUSH(P, W);          /* (-DDTMK_OSQ_DEFER") < end.index(
         "*(volatile dtmk_u64 *)(osq_mine(P, W) + OSQ_W_DONE) = 1;")

@@ -1147,12 +1147,8 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * now, then poll again at once.  -DDTMK_OSQ_DEFER_AFTER=K (measurement, session
                  * 54): only from the K-th failed poll on, so that a short wait -- a handoff met
                  * a poll or two later -- does not see its dependency late by a flush (~16
-                 * stores and a fence); the raise at poll 16 flushes in any case */
-#ifdef DTMK_OSQ_DEFER_INLINE
-#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush_body(P, W)
-#else
-#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush(P, W)
-#endif
+                 * stores and a fence); the raise at poll 16 flushes in any case.  OSQ_WAIT_FLUSH:
+                 * the call (-DDTMK_OSQ_DEFER_INLINE: inline) */
 #if defined(DTMK_OSQ_DEFER_AFTER) && (DTMK_OSQ_DEFER_AFTER) > 1
                 if (s_osq_nst && it >= (unsigned)(DTMK_OSQ_DEFER_AFTER)) { OSQ_WAIT_FLUSH(P, W); continue; }
 #else

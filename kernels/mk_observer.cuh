@@ -305,6 +305,11 @@ __device__ __forceinline__ void osq_defer_flush_body(const MkParams &P, Worker &
  * emptied L1 (the first-look call cost ~1.4 points that way) */
 __device__ __noinline__ void osq_defer_flush(const MkParams &P, Worker &W) { osq_defer_flush_body(P, W); }
 #define OSQ_DEFER_FLUSH(P, W) osq_defer_flush(P, W)
+#ifdef DTMK_OSQ_DEFER_INLINE
+#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush_body(P, W)   /* (the wait's failed poll) */
+#else
+#define OSQ_WAIT_FLUSH(P, W) osq_defer_flush(P, W)
+#endif
 #else
 #define OSQ_DEFER_FLUSH(P, W) ((void)0)
 #endif
@@ -377,10 +382,10 @@ __device__ __forceinline__ void osq_defer_stage(const MkParams &P, Worker &W) {
  * oldest entry the observer has not taken yet (a worker's entries are in step order), so
  * epochs become final while the observer lags (tests/runtime/test_obs_sm_protocol.py), and
  * by `cap`, the step of the task the worker waits for (its next records': session 54).
- * Raised past it, the next task's hold_epoch must lower OBS_PENDING again -- a global store
- * right before the release signal, whose MEMBAR then waits for it: ~1.2-1.5% of 1b's step
- * with nothing pushed (bench/obs_split.py nohold16 vs nopush16, H100).  Capped, the hold
- * finds OBS_PENDING <= its step and stores nothing.  -DDTMK_OSQ_RAISE_UNCAPPED: as before */
+ * Raised past it, the next task's hold_epoch lowers OBS_PENDING again with a global store
+ * right before the release signal; capped, the hold finds OBS_PENDING <= its step and
+ * stores nothing.  Fewer stores, same time (bench/obs_split.py uncap16 vs defer16B, H100,
+ * within the spread); -DDTMK_OSQ_RAISE_UNCAPPED: the raise as before */
 __device__ __noinline__ void osq_raise(const MkParams &P, Worker &W, dtmk_u32 cap) {
     OSQ_DEFER_FLUSH(P, W);             /* (-DDTMK_OSQ_DEFER: every staged entry in the queue first) */
     osq_flush_unpub(P, W);             /* (-DDTMK_OSQ_LAZY_PUB: every entry published before a raise) */

@@ -468,6 +468,9 @@ split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --re
 # pytv T ARGS: verbose, so a cut run shows what passed; each ARG quoted (%q) for the stage's bash -c (a -k
 # expression with spaces stays one argument)
 pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider$(printf ' %q' "${@:2}") -rA"; }
+# osplit T REPS VARIANTS DIR: bench/obs_split.py on 1b beside the CLI's build (lazydefer16), four observer
+# SMs on 0,1,16,88 (top's calibration on three H100 starts), workers in SM id order (plans 139-144)
+osplit() { echo "timeout $1 python3 bench/obs_split.py --presets 1b --reps $2 --sms 4 --place --observer-smids 0,1,16,88 --base lazydefer16 --variants $3 --out ${OUT:-/tmp/out}/$4"; }
 # serve_b T ARGS: bench/serve.py (tiny and 1b, batch 4, 400 steps) into $OUT/serve; SERVE_PRE: its builds
 serve_b() { echo "timeout $1 python3 bench/serve.py --presets tiny,1b --steps 400 ${*:2} --out ${OUT:-/tmp/out}/serve"; }
 SERVE_PRE="timeout 150 python3 tools/precompile.py '' DTMK_NO_HOOKS $L $R DTMK_NO_HOOKS+$R $L+$R"
@@ -824,11 +827,9 @@ case "${1:-}" in
      # (dafter4 / dafter12), or inline, not through a call whose restores miss the L1 the poll emptied
      # (dinline), beside defer16B and discard16 / nopush16, twice swapped; if one is >= 0.5 points under
      # defer16B in both orders, the hook table with it (bench/hooks.py variant to add)
-     PL="--place --observer-smids 0,1,16,88"
-     s() { echo "timeout 170 python3 bench/obs_split.py --presets 1b --reps 12 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
      # (the default builds' SASS is cc3dbd8's, whose observer-SM tests passed in plans 140-142)
-     exec tools/gpu_session.sh "$(s defer16B,dafter4,dafter12,dinline,discard16,nopush16 a)" \
-       "$(s nopush16,discard16,dinline,dafter12,dafter4,defer16B b)" ;;
+     exec tools/gpu_session.sh "$(osplit 170 12 defer16B,dafter4,dafter12,dinline,discard16,nopush16 a)" \
+       "$(osplit 170 12 nopush16,discard16,dinline,dafter12,dafter4,defer16B b)" ;;
   143) O=${OUT:-/tmp/out}
      # session 54, plan 141's table (no first-look call, the raise capped; sorted + calibrated, 8 rounds):
      # hot +1.66%, compiled +1.68%, null3 +1.69% over own off (session 53: +3.85 / +2.82 / +3.72%).  Again
@@ -842,9 +843,7 @@ case "${1:-}" in
      # stores less (mechanism: fewer raises, no hold store).  Two instances of each, 12 rounds, twice
      # swapped: is the difference real?  Then the compiled tier on the observer SM (1b was cut by 141's
      # stage timeout)
-     PL="--place --observer-smids 0,1,16,88"
-     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 12 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
-     exec tools/gpu_session.sh "$(s uncap16,defer16B,uncapB a)" "$(s uncapB,defer16B,uncap16 b)" \
+     exec tools/gpu_session.sh "$(osplit 150 12 uncap16,defer16B,uncapB a)" "$(osplit 150 12 uncapB,defer16B,uncap16 b)" \
        "$(pytv 220 tests/gpu/test_compiled_tier.py -k observer_sm_compiled_tier)" ;;
   141) O=${OUT:-/tmp/out}
      # session 54, plan 140: lazydefer16 +2.10 / +2.12% over plain without the wait's first-look call
@@ -853,13 +852,11 @@ case "${1:-}" in
      # past the awaited step, waited for by the signal's MEMBAR.  The raise is now capped there (the hold
      # stores nothing after it); uncap16 is the old raise.  Then the issue's table (obssm4fold, top's
      # placement) and the observer-SM exactness tests on the changed protocol
-     PL="--place --observer-smids 0,1,16,88"
-     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $PL --base lazydefer16 --variants $1 --out $O/$2"; }
      exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $PINNED $R DTMK_NO_HOOKS+$R $L+$R $P+$R" \
-       "$(s uncap16,nopush16,nohold16,defer16B a)" \
+       "$(osplit 150 9 uncap16,nopush16,nohold16,defer16B a)" \
        "$(pytv 200 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4defer or obssm3')" \
        "timeout 200 python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold --placement sorted --obs-sms calibrate --out $O/sorted" \
-       "$(s defer16B,nohold16,nopush16,uncap16 b)" \
+       "$(osplit 150 9 defer16B,nohold16,nopush16,uncap16 b)" \
        "$(pytv 130 tests/gpu/test_obs_place_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_compiled_tier.py -k 'observer or obs or top')" ;;
   140) # session 54 (plan 139: over plain, nopush16 +0.93 / +1.41%, discard16 +2.12 / +2.46%, the summary
      # +3.29 / +3.16%: the capture alone is ~1%, so compiled <= 1% needs a cheaper capture AND no entry).
@@ -867,10 +864,8 @@ case "${1:-}" in
      # wait's dep:release capture?  What does aggregating on the workers add (shadow16)?  And the
      # first-look call the observer-SM build no longer makes (lookcall16 restores it).  Twice, swapped;
      # then the observer-SM builds' exactness tests on the changed kernel
-     P="--place --observer-smids 0,1,16,88"
-     s() { echo "timeout 150 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants $1 --out ${OUT:-/tmp/out}/$2"; }
      V=nopush16,nopre16,nohold16,nowait16,shadow16,lookcall16
-     exec tools/gpu_session.sh "$(s $V a)" "$(s lookcall16,shadow16,nowait16,nohold16,nopre16,nopush16 b)" \
+     exec tools/gpu_session.sh "$(osplit 150 9 $V a)" "$(osplit 150 9 lookcall16,shadow16,nowait16,nohold16,nopre16,nopush16 b)" \
        "$(pytv 240 tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k 'obssm4defer or obssm3')" \
        "$(pytv 110 tests/gpu/test_obs_place_gpu.py tests/gpu/test_top_gpu.py tests/gpu/test_compiled_tier.py -k 'observer or obs or top')" ;;
   139) # session 53: the compiled summary (+2.82%) costs less than null3 (+3.72%) in the CLI's build, so
@@ -879,9 +874,7 @@ case "${1:-}" in
      # pushed, dropped by the observers), all with the summary attached; workers in id order around
      # the observers top calibrates to (0,1,16,88 on three H100 starts), twice in swapped order.  If
      # nopush16 alone is >= 1% over plain, compiled <= 1% needs a cheaper capture, not only no entry
-     P="--place --observer-smids 0,1,16,88"
-     s() { echo "timeout 270 python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 $P --base lazydefer16 --variants $1 --out ${OUT:-/tmp/out}/$2"; }
-     exec tools/gpu_session.sh "$(s nopush16,discard16,defer16B a)" "$(s defer16B,discard16,nopush16 b)" ;;
+     exec tools/gpu_session.sh "$(osplit 270 9 nopush16,discard16,defer16B a)" "$(osplit 270 9 defer16B,discard16,nopush16 b)" ;;
   138) # session 53 ran the whole suite's tests 1-432 of 513 (402 passed, 30 skipped, 0 failed) in
      # three calls; the rest, 433-513 (test_megakernel_variants_gpu.py's tail, obs_place, obs_ring,
      # placement, rec_fast, resident, run_cli, top, tp, tp_baseline), in one call.  kcache:

@@ -371,6 +371,9 @@ def test_the_gpu_plan_names_existing_tests_builds_and_variants(load_bench):
     variants = {"hooks": set(), "obs_split": set()}
     for script, vs in re.findall(r"bench/(hooks|obs_split)\.py[^\n\"]*--variants ([\w,]+)", plan):
         variants[script].update(vs.split(","))
+    for vs in re.findall(r"\$\(osplit \d+ \d+ ([\w,]+) \w+\)", plan):   # (the plans' obs_split helper)
+        variants["obs_split"].update(vs.split(","))
+    assert {"nopush16", "dinline", "uncapB"} <= variants["obs_split"], variants
     assert {"obssm", "obssm3", "obssm4"} <= variants["hooks"] <= set(hooks_table("BUILD_VARIANTS")), variants
     obs_split = load_bench("obs_split")
     assert {"novm", "nolow"} <= variants["obs_split"] <= set(obs_split.VARIANTS), variants

@@ -309,7 +309,11 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # ... with the generic map helpers (the hot tier's) probing 4- and 8-byte keys in registers
                   # (kernels/bpf_maps.cuh, opt-in since session 38): the hot summary's drain, shorter per lookup
                   "obssm4look": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                 "DTMK_HASH_LOOK_FAST")}
+                                 "DTMK_HASH_LOOK_FAST"),
+                  # measurement only (session 55, --offpath): the default build whose per-task "observing?"
+                  # gates are constant 0 in wait_event (offxw), run_task (offxr), or everywhere on the per-task
+                  # path (offxall: statically the no-hook build's path): does the off cost sit in that code?
+                  "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -327,12 +331,14 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       # hot tier costs before its program; session 53: more than the compiled summary,
                       # whose floor is the entry itself: bench/obs_split.py nopush16 / discard16)
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
-                      "obssm4look": ("off", "summary", "summary_cm")}
+                      "obssm4look": ("off", "summary", "summary_cm"),
+                      "offxw": ("off",), "offxr": ("off",), "offxall": ("off",)}   # (nothing observes in them)
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
-                     "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST")
+                     "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
+                     "DTMK_OFFX")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 #: the compiled runs: run -> whether the monitor's map helpers are folded to each map's shape
@@ -877,7 +883,7 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
         except Exception as e:  # noqa: BLE001 - keep the other builds
             log(f"{name}: build {k or 'default'} {defs} unavailable: {e!r}")
     runs = [v for k in specs for v in ("nohooks" + k, "off" + k, "summary" + k) if v in mks or
-            (v.startswith("summary") and k in lives)]
+            (v.startswith("summary") and k in lives and "summary" in BUILD_VARIANT_RUNS.get(k[1:], ("summary",)))]
     runs.insert(runs.index("off") + 1, "off2")
 
     def run(v):

@@ -53,6 +53,28 @@
 #if defined(DTMK_PHASE_PROF) && defined(DTMK_NO_WSTREAM)
 #error "DTMK_PHASE_PROF profiles the weight stream's tiles (drop DTMK_NO_WSTREAM)"
 #endif
+/* MEASUREMENT ONLY (session 55, bench/hooks.py --offpath variants offxw / offxr / offxall):
+ * -DDTMK_OFFX=B makes the per-task path's "observing?" gates constant 0 in the default hook
+ * build -- bit 0 wait_event's, bit 1 run_task's, bit 2 HOOK_ON / HOOKS_ANY everywhere (the
+ * pressure, comm and dynamic-push sites) and the main loop's -- so the compiler drops the hook
+ * code behind them there, all else (Obs, tables, refresh, the observer's entry and exit) as
+ * built.  Where does the hook build's off cost (+2.5..3.1% over -DDTMK_NO_HOOKS, 1b) sit: in
+ * the per-task path's code (then two copies of it, chosen per call, would remove it) or
+ * elsewhere?  Nothing is observed in such a build. */
+#if defined(DTMK_OFFX) && !defined(DTMK_NO_HOOKS)
+#if defined(DTMK_OBS_SM)
+#error "-DDTMK_OFFX is measurement only: the default hook build (not -DDTMK_OBS_SM)"
+#endif
+#define OFFX_BIT(b) (((DTMK_OFFX) >> (b)) & 1)
+#define OBS_WAIT(W) (OFFX_BIT(0) ? 0u : (W).observe)   /* wait_event's "observing?" */
+#define OBS_RUN(W) (OFFX_BIT(1) ? 0u : (W).observe)    /* run_task's */
+#define OBS_MAIN(W) (OFFX_BIT(2) ? 0u : (W).observe)   /* the main loop's */
+#else
+#define OFFX_BIT(b) 0
+#define OBS_WAIT(W) ((W).observe)
+#define OBS_RUN(W) ((W).observe)
+#define OBS_MAIN(W) ((W).observe)
+#endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 /* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,
@@ -506,6 +528,7 @@ __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's e
 #error "-DDTMK_OSQ_NOPRE / NOHOLD / NOWAITCAP are measurement only: with -DDTMK_OSQ_NOPUSH (their captures feed no entry)"
 #endif
 
+
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 
 /* ---- faults ----------------------------------------------------------------------- */
@@ -852,7 +875,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
     TaskFaults f;
     if (threadIdx.x == 0) {
 #ifndef DTMK_OSQ_NOPRE
-        const dtmk_u32 obs = W.observe;   /* the task's one "observing?" load */
+        const dtmk_u32 obs = OBS_RUN(W);  /* the task's one "observing?" load */
 #else
         const dtmk_u32 obs = 0;           /* measurement only (with NOPUSH): no stamp or hook bit before the body */
 #endif
@@ -909,7 +932,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_WSHADOW
         dtmk_u32 wsh_pend = 0;          /* (measurement only: the captured hooks, for the shadow after the signal) */
 #endif
-        if (HOOKS_ANY(W, ~0u)) {
+        if (HOOKS_ANY(W, OFFX_BIT(1) ? 0u : ~0u)) {
             DTMK_PROF_BEGIN(prof_h);
 #ifndef DTMK_OSQ_NOHOLD
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
@@ -971,9 +994,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         /* the captured records went to the observer: no call per task, only for gen:advance
          * (the argmax task, class 10) and the trace; the next task captures afresh */
         W.pend_rg = 0;
-        if (W.observe && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
+        if (OBS_RUN(W) && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
 #else
-        if (W.observe) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
+        if (OBS_RUN(W)) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
 #endif
         DTMK_PROF_BEGIN(prof_tail);
         dtmk_u64 *ws = wstate(P, W.worker);
@@ -1070,7 +1093,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
 #if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
-        if (W.observe) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (OBS_WAIT(W)) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
 #endif
         W.first = rd;
@@ -1091,7 +1114,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (t >= 0 && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+            if (t >= 0 && !OFFX_BIT(0) && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
@@ -1176,7 +1199,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 }
 #endif
 #else
-                if (W.observe && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+                if (OBS_WAIT(W) && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
 #endif
                 if (P.n_moe) {
@@ -1225,14 +1248,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_WAIT_IF(dt < 0 && W.observe, O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, true);
+        OBS_SYNC_WAIT_IF(dt < 0 && OBS_WAIT(W), O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, true);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
             if (threadIdx.x == 0) {
                 saved_disp = W.t_disp;
                 W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
-                if (W.observe) { W.t_disp = mk_now(); W.dep_wait = 0; }
+                if (OBS_WAIT(W)) { W.t_disp = mk_now(); W.dep_wait = 0; }
             }
             run_task(P, W, dt, ds, false, smem);
             if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
@@ -1251,7 +1274,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-            if (OSQ_WAIT_CAPTURE && W.observe) {
+            if (OSQ_WAIT_CAPTURE && OBS_WAIT(W)) {
                 W.dep_wait = met - t0;
 #if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;   /* (obs_spin_drain's; the observer SM drains) */
@@ -1626,7 +1649,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             /* no barrier here: t_disp is thread 0's (trace only), W.aborted was last
              * written before wait_event's / run_task's final barrier */
             if (threadIdx.x == 0) {
-                if (W.observe) W.t_disp = mk_now();
+                if (OBS_MAIN(W)) W.t_disp = mk_now();
 #ifdef HO_RESUME
                 /* a resumed task's layer phantoms: re-added unless a dynamic task spent them */
                 if (P.n_faults && (r[15] & 1) && (i != i_first || W.rs_phant)) add_phantoms(P, W, step, r[1]);

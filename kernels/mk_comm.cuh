@@ -187,7 +187,7 @@ __device__ void comm_issue(const MkParams &P, WK &W, int t, int step, dtmk_u32 f
     st_relaxed_sys(ev + P.n_events + e, P.rank);        /* last remote sender (comm:wait) */
     red_release_sys_add(ev + e, 1);
 #ifndef DTMK_NO_HOOKS
-    if (W.hook_mask & (1u << DTMK_HOOK_COMM_SIGNAL)) hook_comm_signal(P, W, t, step, flags);
+    if (!OFFX_BIT(2) && (W.hook_mask & (1u << DTMK_HOOK_COMM_SIGNAL))) hook_comm_signal(P, W, t, step, flags);
 #endif
 }
 

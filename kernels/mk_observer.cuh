@@ -106,8 +106,13 @@ __device__ __forceinline__ Obs &obs_self() {
 #else
 __shared__ Obs O;
 #endif
+#if !OFFX_BIT(2)
 #define HOOK_ON(W, h) ((W).hook_mask & (1u << (h)))
 #define HOOKS_ANY(W, m) ((W).hook_mask & (m))
+#else                                  /* (measurement only: megakernel.cu DTMK_OFFX) */
+#define HOOK_ON(W, h) 0
+#define HOOKS_ANY(W, m) 0
+#endif
 #else
 #define HOOK_ON(W, h) 0
 #define HOOKS_ANY(W, m) 0

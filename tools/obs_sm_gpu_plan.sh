@@ -436,6 +436,9 @@
 # reps 2-3 (one H100): pinned observers' rounds agree within +-0.3%; the sets read +6.35..+9.51% hot.  Next session:
 # 130 (eight observer sets surveyed in one process, the GPC probe first), 131 (the observers' SMs calibrated:
 # megakernel/obs_place.py's GPU test, top, the hook table); 81 when the x2 kind is lent.
+# Session 55 ran 144 (no flush variant under defer16B).  145 (new): where the default hook build's off cost sits --
+# bench/hooks.py --offpath, the measurement builds offxw / offxr / offxall (DTMK_OFFX: the per-task path's
+# "observing?" gates constant 0 in wait_event / run_task / everywhere) beside default and no-hooks, twice.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -819,6 +822,14 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  145) O=${OUT:-/tmp/out}
+     # session 55: the default hook build costs 1b +2.5..3.1% over the no-hook build with nothing attached;
+     # statically its wait_event has 34 vs 19 LDL and 12 vs 3 call sites.  The same build with its per-task
+     # "observing?" gates constant 0 (DTMK_OFFX, measurement only): wait_event's (offxw), run_task's (offxr),
+     # all of them (offxall: statically the no-hook path) -- is the off cost that code?  Twice, order swapped
+     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=2+$S+$R DTMK_OFFX=7+$S+$R" \
+       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxw,offxr,offxall --out $O/a" \
+       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxall,offxr,offxw --out $O/b" ;;
   144) O=${OUT:-/tmp/out}
      # session 54 (plans 139-143): without the first-look call the compiled summary reads +1.64 / +1.68%
      # over its own off under top's placement; the entry's push (discard16 - nopush16, ~1.1 points in plan
@@ -1056,5 +1067,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..139)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..145)" >&2; exit 2 ;;
 esac

@@ -313,7 +313,12 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # measurement only (session 55, --offpath): the default build whose per-task "observing?"
                   # gates are constant 0 in wait_event (offxw), run_task (offxr), or everywhere on the per-task
                   # path (offxall: statically the no-hook build's path): does the off cost sit in that code?
-                  "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",)}
+                  "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",),
+                  # wait_event (offcopyw) / and run_task (offcopywr) in two copies, the copy without hook code
+                  # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55); in the CLI's observer build
+                  "offcopyw": ("DTMK_OFF_COPY=1",), "offcopywr": ("DTMK_OFF_COPY=3",),
+                  "obssm4fold_oc": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                    "DTMK_OFF_COPY=1")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -332,13 +337,16 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       # whose floor is the entry itself: bench/obs_split.py nopush16 / discard16)
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm"),
-                      "offxw": ("off",), "offxr": ("off",), "offxall": ("off",)}   # (nothing observes in them)
+                      "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
+                      "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
+                      "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
+                      "obssm4fold_oc": ("off", "null3", "summary", "summary_cm", "summary_cmgen")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
-                     "DTMK_OFFX")
+                     "DTMK_OFFX", "DTMK_OFF_COPY")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 #: the compiled runs: run -> whether the monitor's map helpers are folded to each map's shape

@@ -61,19 +61,60 @@
  * built.  Where does the hook build's off cost (+2.5..3.1% over -DDTMK_NO_HOOKS, 1b) sit: in
  * the per-task path's code (then two copies of it, chosen per call, would remove it) or
  * elsewhere?  Nothing is observed in such a build. */
+/* -DDTMK_OFF_COPY=B (session 55; B: bit 0 wait_event, bit 1 run_task): those functions in two
+ * copies, templates on WCOPY / RCOPY -- 1 the observing copy (today's code), 0 a copy whose
+ * "observing?" gates are constant 0 (DTMK_OFFX's code, which measured the off cost away) --
+ * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch). */
+#if defined(DTMK_OFF_COPY) && !defined(DTMK_NO_HOOKS)
+#if defined(DTMK_OFFX)
+#error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
+#endif
+#define OFF_COPY_BIT(b) (((DTMK_OFF_COPY) >> (b)) & 1)
+#else
+#define OFF_COPY_BIT(b) 0
+#endif
 #if defined(DTMK_OFFX) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OBS_SM)
 #error "-DDTMK_OFFX is measurement only: the default hook build (not -DDTMK_OBS_SM)"
 #endif
 #define OFFX_BIT(b) (((DTMK_OFFX) >> (b)) & 1)
+#define WAIT_CODE (!OFFX_BIT(0))                        /* wait_event's hook code compiled in */
+#define RUN_CODE (!OFFX_BIT(1))                         /* run_task's */
 #define OBS_WAIT(W) (OFFX_BIT(0) ? 0u : (W).observe)   /* wait_event's "observing?" */
 #define OBS_RUN(W) (OFFX_BIT(1) ? 0u : (W).observe)    /* run_task's */
 #define OBS_MAIN(W) (OFFX_BIT(2) ? 0u : (W).observe)   /* the main loop's */
+#elif OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+#define OFFX_BIT(b) 0
+#if OFF_COPY_BIT(0)
+#define WAIT_CODE WCOPY                                  /* (the copies' template parameters) */
+#else
+#define WAIT_CODE 1u
+#endif
+#if OFF_COPY_BIT(1)
+#define RUN_CODE RCOPY
+#else
+#define RUN_CODE 1u
+#endif
+#define OBS_WAIT(W) (WAIT_CODE ? (W).observe : 0u)
+#define OBS_RUN(W) (RUN_CODE ? (W).observe : 0u)
+#define OBS_MAIN(W) ((W).observe)
 #else
 #define OFFX_BIT(b) 0
+#define WAIT_CODE 1
+#define RUN_CODE 1
 #define OBS_WAIT(W) ((W).observe)
 #define OBS_RUN(W) ((W).observe)
 #define OBS_MAIN(W) ((W).observe)
+#endif
+#if OFF_COPY_BIT(0)                    /* a call of copy c (the others have one copy) */
+#define WAIT_EVENT_COPY(c) wait_event<c>
+#else
+#define WAIT_EVENT_COPY(c) wait_event
+#endif
+#if OFF_COPY_BIT(1)
+#define RUN_TASK_COPY(c) run_task<c>
+#else
+#define RUN_TASK_COPY(c) run_task
 #endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
@@ -530,6 +571,18 @@ __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's e
 
 
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
+#if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+/* the "observing?" latch of -DDTMK_OFF_COPY: which copy the CTA's next static task's wait_event /
+ * run_task run.  Thread 0 writes W.observe here only where a barrier follows before any thread
+ * reads it (the main loop, before calling wait_event) -- in run_task's prologue, before its first
+ * barrier, and in a forced refresh_control (the launch's start and the step gate, each followed by
+ * one) -- and no thread reads it between such a barrier and the next write (the next write is
+ * behind the next wait_event's first barrier), so the choice is uniform over the CTA.  A change of
+ * W.observe after the latch (refresh_control at a task's end, a reload in a wait) takes effect from
+ * the task after the next: the observing copy is exact for any W.observe; the other one is taken
+ * only when W.observe was 0 at the latch, and a monitor attached meanwhile starts one task later. */
+__shared__ dtmk_u32 s_obs_copy;
+#endif
 
 /* ---- faults ----------------------------------------------------------------------- */
 /* sum of param_a over the rows of `kind` that select (task t, step) (faults.py) */
@@ -605,6 +658,9 @@ __device__ __forceinline__ void refresh_control(const MkParams &P, Worker &W, bo
     obs_update(W);
 #else
     W.observe = W.trace_on;
+#endif
+#if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+    if (force) s_obs_copy = W.observe;   /* (its callers' barrier follows) */
 #endif
 }
 
@@ -870,10 +926,16 @@ __shared__ PostOps s_post;
 __device__ unsigned long long dtmk_wk_sink;
 __device__ __noinline__ dtmk_u32 wk_icode(dtmk_u32 a) { return probe_icode<(DTMK_WK_ICODE), 0x5a5a5a5au>(a); }
 #endif
+#if OFF_COPY_BIT(1)
+template <unsigned RCOPY>
+#endif
 __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int step, bool plan, float *smem) {
     const int *r = task_rec(P, t);
     TaskFaults f;
     if (threadIdx.x == 0) {
+#if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+        s_obs_copy = W.observe;           /* the latch (read after this task, before the next wait) */
+#endif
 #ifndef DTMK_OSQ_NOPRE
         const dtmk_u32 obs = OBS_RUN(W);  /* the task's one "observing?" load */
 #else
@@ -932,7 +994,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #ifdef DTMK_OSQ_WSHADOW
         dtmk_u32 wsh_pend = 0;          /* (measurement only: the captured hooks, for the shadow after the signal) */
 #endif
-        if (HOOKS_ANY(W, OFFX_BIT(1) ? 0u : ~0u)) {
+        if (HOOKS_ANY(W, RUN_CODE ? ~0u : 0u)) {
             DTMK_PROF_BEGIN(prof_h);
 #ifndef DTMK_OSQ_NOHOLD
             if (HOLD_FULL()) hook_hold(P, W, t, (dtmk_u32)step, t_end);
@@ -1067,6 +1129,9 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
+#if OFF_COPY_BIT(0)
+template <unsigned WCOPY>
+#endif
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
     if (threadIdx.x == 0) {
@@ -1114,7 +1179,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (t >= 0 && !OFFX_BIT(0) && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+            if (t >= 0 && WAIT_CODE && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
@@ -1130,7 +1195,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_WAIT_IF((first & 6), !(first & 2), (dtmk_u32)step, !(first & 1));
+    OBS_SYNC_WAIT_IF(WAIT_CODE && (first & 6), !(first & 2), (dtmk_u32)step, !(first & 1));
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1189,7 +1254,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                  * (then all at once).  Short waits of a busy worker are left alone. */
 #ifdef DTMK_OBS_SM
 #ifndef DTMK_OSQ_NORAISE                /* (measurement only: epochs final at the launch's end alone) */
-                if (W.observe) {              /* workers drain nothing: OBS_PENDING up */
+                if (OBS_WAIT(W)) {            /* workers drain nothing: OBS_PENDING up */
                     DTMK_PROF_BEGIN(prof_raise);
                     osq_raise(P, W, (dtmk_u32)step);   /* (a gate's wait, t < 0: step - 1, lower than needed) */
                     DTMK_PROF_END1(36, prof_raise);
@@ -1213,7 +1278,8 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 const dtmk_u32 gen = O.tables ? ld_volatile_u32(ctl + CTL_GEN) : O.gen_seen;
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
 #ifndef DTMK_OBS_SM                   /* (workers of the observer SM take tables from its mask) */
-                if (gen != O.gen_seen) { O.reload = 1; obs_update(W); break; }
+                /* (the other copy of DTMK_OFF_COPY polls on: the next observing wait loads them) */
+                if (gen != O.gen_seen) { O.reload = 1; obs_update(W); if (WAIT_CODE) break; }
 #endif
                 if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
@@ -1257,7 +1323,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
                 if (OBS_WAIT(W)) { W.t_disp = mk_now(); W.dep_wait = 0; }
             }
-            run_task(P, W, dt, ds, false, smem);
+            RUN_TASK_COPY(WAIT_CODE)(P, W, dt, ds, false, smem);
             if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
         }
     }
@@ -1596,7 +1662,7 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if (W.gate == 1) {
                 /* not granted yet: first finish the previous step everywhere (its dynamic
                  * tasks: a parked worker takes none), so that all of it is published */
-                wait_event(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
+                WAIT_EVENT_COPY(1u)(P, W, -1, step - 1, (int)P.step_event, (dtmk_u64)step, smem);
 #ifndef DTMK_NO_HOOKS
                 OBS_SYNC_IF(O.tables && !W.aborted, false, (dtmk_u32)step);   /* device VM: epochs < step flushed */
 #endif
@@ -1667,14 +1733,26 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if ((threadIdx.x >> 5) == 1)
                 ws_next(P, i + 1 < p1 ? plan[i + 1] : (!P.resident && step + 1 < last ? plan[p0] : -1));
 #endif
+#if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+            if (s_obs_copy) {              /* (uniform: the latch) */
+                WAIT_EVENT_COPY(1u)(P, W, t, step, e, target, smem);
+                if (W.aborted) break;
+                RUN_TASK_COPY(1u)(P, W, t, step, true, smem);
+            } else {
+                WAIT_EVENT_COPY(0u)(P, W, t, step, e, target, smem);
+                if (W.aborted) break;
+                RUN_TASK_COPY(0u)(P, W, t, step, true, smem);
+            }
+#else
             wait_event(P, W, t, step, e, target, smem);
             if (W.aborted) break;
             run_task(P, W, t, step, true, smem);
+#endif
         }
         i_first = -1;
     }
     /* drain: keep taking dynamic tasks until the last step is done everywhere */
-    if (!W.aborted && !HO_FINISHED) wait_event(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
+    if (!W.aborted && !HO_FINISHED) WAIT_EVENT_COPY(1u)(P, W, -1, last - 1, (int)P.step_event, (dtmk_u64)last, smem);
 #if !defined(DTMK_OBS_SM) && !defined(DTMK_NO_HOOKS)
     if (O.tables) {
         OBS_SYNC_IF(true, false, ~0u);   /* last drain: every record counted, coverage flushed */

@@ -439,6 +439,8 @@
 # Session 55 ran 144 (no flush variant under defer16B).  145 (new): where the default hook build's off cost sits --
 # bench/hooks.py --offpath, the measurement builds offxw / offxr / offxall (DTMK_OFFX: the per-task path's
 # "observing?" gates constant 0 in wait_event / run_task / everywhere) beside default and no-hooks, twice.
+# 146 (new): -DDTMK_OFF_COPY=1 / =3 (wait_event / and run_task in two copies, chosen per task by the CTA) in the
+# off-path table beside offxw, twice, then its exactness (test_hot_attach.py -k offcopy: default and obs-SM builds).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -822,6 +824,16 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  146) O=${OUT:-/tmp/out}
+     # session 55, plan 145: with wait_event's gates constant 0 (offxw) the default build's off cost went
+     # (+1.54 / +1.55% -> -0.12 / +0.11% over no hooks; offxall -0.20 / -0.87%).  DTMK_OFF_COPY: that code as
+     # a second copy of wait_event (=1) / and of run_task (=3: run_body's spills grow 123 -> 152 LDL), taken
+     # while the worker observes nothing; then the copies' exactness (hot attach / detach, before launch,
+     # every task counted, final epochs)
+     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_OFF_COPY=3+$S+$R" \
+       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxw,offcopyw,offcopywr --out $O/a" \
+       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offcopywr,offcopyw,offxw --out $O/b" \
+       "$(pytv 280 tests/gpu/test_hot_attach.py -k offcopy)" ;;
   145) O=${OUT:-/tmp/out}
      # session 55: the default hook build costs 1b +2.5..3.1% over the no-hook build with nothing attached;
      # statically its wait_event has 34 vs 19 LDL and 12 vs 3 call sites.  The same build with its per-task
@@ -1067,5 +1079,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..145)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146)" >&2; exit 2 ;;
 esac

@@ -87,15 +87,22 @@ def instruction_functions(sass: str, sources: dict) -> list:
     return [(f, fn) for f, fn, _ in instruction_lines(sass, sources)]
 
 
+_TEMPLATE_INT = re.compile(r"IL[a-z](\d+)EE")
+
+
 def demangle(sym: str) -> str:
     """The plain name of an Itanium-mangled free function (_Z10hook_flushRK8MkParams... ->
-    hook_flush); anything else as given (no c++filt on the CI machine)."""
+    hook_flush; a template on one integer, _Z10wait_eventILj0EEv... -> wait_event<0>: the two
+    copies of -DDTMK_OFF_COPY); anything else as given (no c++filt on the CI machine)."""
     m = _MANGLED.match(sym)
     if not m:
         return sym
     n = int(m.group(1))
     name = sym[m.end():m.end() + n]
-    return name if len(name) == n else sym
+    if len(name) != n:
+        return sym
+    t = _TEMPLATE_INT.match(sym, m.end() + n)
+    return f"{name}<{t.group(1)}>" if t else name
 
 
 def instruction_symbols(sass: str) -> list:

@@ -74,3 +74,5 @@ def test_instruction_symbols_name_the_sass_function_each_instruction_lies_in(ss)
                                             "__internal_0_$__cuda_sm3x_div_u64"]
     assert ss.demangle("_Z12osq_observerRK8MkParams") == "osq_observer"
     assert ss.demangle("_Z99short") == "_Z99short"          # (a length past the end: left as is)
+    assert ss.demangle("_Z10wait_eventILj0EEvRK8MkParams") == "wait_event<0>"   # (a template on one integer)
+    assert ss.demangle("_Z8run_taskILj1EEvRK8MkParams") == "run_task<1>"

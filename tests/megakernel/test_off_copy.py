@@ -1,0 +1,87 @@
+"""CI (no GPU): -DDTMK_OFF_COPY (session 55) -- wait_event (bit 0) and run_task (bit 1) in two
+copies, templates on WCOPY / RCOPY, chosen per static task by the whole CTA from the latch
+s_obs_copy: copy 1 is the hook build's code, copy 0 the same with its "observing?" gates
+constant 0, so that NVRTC drops the hook code there -- and the measurement-only -DDTMK_OFFX
+whose builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
+(exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy."""
+
+import pytest
+
+from dtrace_mk.kernels.build import CompileError, ptx_function
+from dtrace_mk.megakernel import gpu
+
+#: the hook functions an observing wait calls in the default build (none in the other copy)
+WAIT_HOOK_CALLS = ("obs_first_look", "hook_event", "obs_spin_drain", "obs_sync_wait_cta")
+#: ... and an observing run_task (the full pre-signal hold, the records after the signal)
+RUN_HOOK_CALLS = ("hook_hold", "hook_post")
+
+
+@pytest.fixture()
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
+
+
+def _ptx(defines) -> str:
+    return gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False).decode()
+
+
+def _func(ptx: str, name: str) -> str:
+    body = ptx_function(ptx, name)
+    assert body, f"{name} not in the PTX"
+    return body
+
+
+def _kernel(ptx: str) -> str:
+    return ptx[ptx.index(".entry dtmk_megakernel"):]
+
+
+def test_wait_copies(fresh_cache):
+    ptx = _ptx(("DTMK_OFF_COPY=1",))
+    off, obs = _func(ptx, "_Z10wait_eventILj0E"), _func(ptx, "_Z10wait_eventILj1E")
+    for f in WAIT_HOOK_CALLS:
+        assert f in obs and f not in off, f
+    # both copies poll and take dynamic tasks; run_task has one copy (bit 1 unset)
+    assert "ld.acquire.gpu" in off and "_Z8run_task" in off
+    assert "_Z8run_taskILj" not in ptx
+    # the main loop calls the copy the latch names; run_task writes the latch
+    k = _kernel(ptx)
+    assert "_Z10wait_eventILj0E" in k and "_Z10wait_eventILj1E" in k and "ld.shared.u32" in k
+    assert "s_obs_copy" in _func(ptx, "_Z8run_task") and "s_obs_copy" in k
+
+
+def test_wait_and_run_copies(fresh_cache):
+    ptx = _ptx(("DTMK_OFF_COPY=3",))
+    off, obs = _func(ptx, "_Z8run_taskILj0E"), _func(ptx, "_Z8run_taskILj1E")
+    for f in RUN_HOOK_CALLS:
+        assert f in obs and f not in off, f
+    assert "run_body" in off and "run_body" in obs
+    # a wait's dynamic tasks run in the wait's copy
+    assert "_Z8run_taskILj0E" in _func(ptx, "_Z10wait_eventILj0E")
+    assert "_Z8run_taskILj1E" in _func(ptx, "_Z10wait_eventILj1E")
+
+
+def test_observer_sm_wait_copies(fresh_cache):
+    ptx = _ptx(gpu.observer_defines("sm") + ("DTMK_OFF_COPY=1",))
+    off, obs = _func(ptx, "_Z10wait_eventILj0E"), _func(ptx, "_Z10wait_eventILj1E")
+    assert "osq_raise" in obs and "osq_raise" not in off
+    # staged entries of an earlier observed task are still stored by a wait of either copy
+    assert "osq_defer_flush" in off and "osq_defer_flush" in obs
+
+
+def test_offx_measurement_builds(fresh_cache):
+    """-DDTMK_OFFX=7: the per-task path without hook calls (statically the no-hook path)."""
+    ptx = _ptx(("DTMK_OFFX=7",))
+    we, rt = _func(ptx, "wait_event"), _func(ptx, "run_task")
+    for f in WAIT_HOOK_CALLS[:3] + ("hook_comm_signal",):
+        assert f not in we, f
+    for f in RUN_HOOK_CALLS:
+        assert f not in rt, f
+
+
+@pytest.mark.parametrize("defines,msg", [
+    (("DTMK_OFF_COPY=1", "DTMK_OFFX=1"), "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"),
+    (("DTMK_OBS_SM", "DTMK_OFFX=1"), "-DDTMK_OFFX is measurement only: the default hook build"),
+])
+def test_refused_combinations(fresh_cache, defines, msg):
+    with pytest.raises(CompileError, match=msg.replace("(", r"\(")):
+        gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False)

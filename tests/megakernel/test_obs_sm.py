@@ -339,7 +339,7 @@ def test_workers_call_nothing_after_the_signal_unless_gen_advance_or_the_trace()
     rt = body("run_task")
     obs = rt[rt.index("#ifdef DTMK_OBS_SM\n        /* the captured records went to the observer"):]
     obs = obs[:obs.index("#else")]
-    assert "W.pend_rg = 0;" in obs and "if (W.observe && (W.trace_on || r[0] == 10)) hook_post(" in obs
+    assert "W.pend_rg = 0;" in obs and "if (OBS_RUN(W) && (W.trace_on || r[0] == 10)) hook_post(" in obs
     w = body("osq_write_pend")
     assert "W.osq_head - W.osq_tail < OSQ_N ? osq_entry_at(osq_mine(P, W), W.osq_head) : osq_slot(P, W)" in w
 

@@ -1,6 +1,8 @@
 """Rounds 6 and 7 of docs/dev/hook_cost_analysis.md were measured on the H200 and removed
 (last in commit 1e256b7): the observer warp (-DDTMK_OBS_WARP, a 17th warp per CTA) and the
-off copy (-DDTMK_OFF_COPY, run_task / wait_event compiled twice).  Session 13 tried the
+off copy (run_task / wait_event compiled twice, chosen per call through MK_OBS_FN / MK_OBS_ON;
+session 55 brought -DDTMK_OFF_COPY back in another form -- a per-task latch, measured with
+pinned workers: tests/megakernel/test_off_copy.py).  Session 13 tried the
 observer warp again as warp 15 serving a shared-memory queue inside dependency waits
 (exact on the GPU, slower: 1b hot summary +43.7% vs +40.0%; code last in commit b27d8dc;
 "Session 13" of the same file).  Nothing of either is left: one block size (MK_THREADS),
@@ -13,7 +15,7 @@ from dtrace_mk.kernels import KERNEL_DIR, megakernel_text
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.runtime import compiled as C
 
-GONE = ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG", "DTMK_OFF_COPY", "MK_OBS_FN", "MK_OBS_ON", "MK_BLOCK_THREADS",
+GONE = ("DTMK_OBS_WARP", "DTMK_OBS_MAXNREG", "MK_OBS_FN", "MK_OBS_ON", "MK_BLOCK_THREADS",
         "MK_SYNC_ALL", "MK_OBS_WARP_ID", "OBS_REFUSED", "ObsJob", "bar.sync 1")
 
 
@@ -34,7 +36,7 @@ def test_python_side_has_one_block_size_and_no_variant():
     from tests.bench_tables import hooks_table
     variants = hooks_table("BUILD_VARIANTS")
     assert "obswarp" not in variants and "offcopy" not in variants
-    assert "DTMK_OBS_WARP" not in src and "DTMK_OFF_COPY" not in src
+    assert "DTMK_OBS_WARP" not in src
 
 
 def test_compute_sources_use_mk_sync_and_mk_threads():

@@ -179,9 +179,26 @@ QUERIES["spread16"] = ("task:end { @lat[task.class, worker] = hist(task.dur_ns);
 DEFAULT_VARIANTS = "base,nopush,discard,lazy,fences4,atoms8,loads16,warps3,count3,count1"
 
 
+def split_defines(sms: int, variants, place: bool = False, idle_smids=()) -> dict:
+    """Each run's Megakernel defines: "nohooks" and each variant's (the eager publish: `lazy`
+    rows add -DDTMK_OSQ_LAZY_PUB); --place pins every build's workers."""
+    from benchio import pin_defines
+    obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")
+    pin = pin_defines(idle_smids) if place else ()
+    return {"nohooks": ("DTMK_NO_HOOKS",) + pin, **{v: obs + VARIANTS[v] + pin for v in variants}}
+
+
+def split_builds(name: str, sms: int, variants, place: bool = False, idle_smids=()) -> set:
+    """The megakernel define sets split_preset builds, as the kernel cache keys them
+    (tools/kcache.py --plan reads a plan's stages through argv_builds)."""
+    from dtrace_mk.megakernel import gpu
+    from dtrace_mk.megakernel.presets import PRESETS
+    return {gpu.megakernel_defines(PRESETS[name], 1, d) for d in split_defines(sms, variants, place, idle_smids).values()}
+
+
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
                  obs_smids=None, worker_order: str = "id", idle_smids=()) -> dict:
-    from benchio import pin_defines, place_by_smid, sample_clocks, timed_rounds
+    from benchio import place_by_smid, sample_clocks, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.lang.pipeline import compile_query
@@ -189,20 +206,18 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     from dtrace_mk.runtime.live import LiveSession, summary_monitor
     cfg, steps = PRESETS[name], STEPS.get(name, 16)
     w = make_weights(cfg, 0)
-    obs = ("DTMK_OBS_SM", f"DTMK_OBS_SMS={sms}")     # (the eager publish: `lazy` rows add it)
-    pin = pin_defines(idle_smids) if place else ()
-    nohooks = ("DTMK_NO_HOOKS",) + pin
+    defs = split_defines(sms, variants, place, idle_smids)
     # --idle-smids: those SMs run nothing in every build, and the no-hook build leaves the
     # observers' SMs idle too (so every build plans the same workers)
     idle = {"nohooks": len(idle_smids) + sms if idle_smids else 0, "obs": len(idle_smids)}
-    todo = {gpu.megakernel_defines(cfg, 1, d) for d in [nohooks] + [obs + VARIANTS[v] + pin for v in variants]}
+    todo = split_builds(name, sms, variants, place, idle_smids)
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
         if err is not None:
             raise err
-    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=nohooks, idle_sms=idle["nohooks"])}
+    mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=defs["nohooks"], idle_sms=idle["nohooks"])}
     lives = {}
     for v in variants:
-        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=obs + VARIANTS[v] + pin, idle_sms=idle["obs"])
+        mks[v] = gpu.Megakernel(cfg, batch=1, weights=w, defines=defs[v], idle_sms=idle["obs"])
         lives[v] = LiveSession(mks[v])
         schema = mks[v].graph.schema
         mon = (compile_query(QUERIES[v], schema, name=f"<obs_split {v}>") if v in QUERIES
@@ -257,7 +272,8 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     return out
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """(options, variants with --base first, observer SM ids, idle SM ids) of a command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="1b")
     ap.add_argument("--reps", type=int, default=5)
@@ -281,6 +297,17 @@ def main(argv=None) -> int:
     if a.base not in VARIANTS:
         ap.error(f"--base: unknown variant {a.base!r} (known: {', '.join(VARIANTS)})")
     variants = [a.base] + [v for v in variants if v != a.base]     # (plain is the first one's build)
+    return a, variants, obs_smids, idle_smids
+
+
+def argv_builds(argv) -> set:
+    """The define sets a command line's run builds, every preset's (tools/kcache.py --plan)."""
+    a, variants, _, idle_smids = parse_args(argv)
+    return set().union(*(split_builds(p, a.sms, variants, a.place, idle_smids) for p in a.presets.split(",") if p))
+
+
+def main(argv=None) -> int:
+    a, variants, obs_smids, idle_smids = parse_args(argv)
     from benchio import run_presets
     run_presets(a.out, f"obs_split_sms{a.sms}", a.presets,
                 lambda p, log: split_preset(p, a.reps, a.sms, variants, log, a.clocks, a.place, obs_smids, a.worker_order,

@@ -11,8 +11,8 @@ build: NVRTC-compiles each set (defines joined by '+'; "" = the default build), 
 compiled tier's kernel objects of its hook builds, into a fresh cache and packs it:
 DIR/cubins.tar.xz + DIR/manifest.json (the NVRTC version, the sha256 of the libnvrtc that
 compiled them, the sets); files of an earlier pack in DIR by the same libnvrtc are reused.
-The sets: SETs named; --plan N, those of tools/obs_sm_gpu_plan.sh N's precompile stages and
-of the tests its pytest stages select; --tests PATH, the tests' (by their `defines` and
+The sets: SETs named; --plan N, those of tools/obs_sm_gpu_plan.sh N's precompile stages, of
+the tests its pytest stages select and of its bench/obs_split.py runs; --tests PATH, the tests' (by their `defines` and
 model parameters: an approximation, tests that build inside their bodies are missed);
 --variants, precompile.py's; --log FILE, the megakernel cubins a GPU session's processes
 asked for ($DTRACE_MK_BUILD_LOG lines, gpu_build.log_build: exact).  Run it with an NVRTC
@@ -101,8 +101,8 @@ PYTEST_OWN = {"-v", "-q", "-x", "-rA", "-s"}
 
 
 def plan_sets(plan: str) -> list:
-    """The define sets of plan N's `tools/precompile.py` stages and of the tests its pytest
-    stages select (the plan run dry: each stage printed, not run)."""
+    """The define sets of plan N's `tools/precompile.py` stages, of the tests its pytest stages
+    select and of its `bench/obs_split.py` runs (the plan run dry: each stage printed, not run)."""
     script = (ROOT / "tools" / "obs_sm_gpu_plan.sh").read_text()
     dry = script.replace("exec tools/gpu_session.sh", 'printf "%s\\n"')
     out = subprocess.run(["bash", "-c", dry, "plan", plan], capture_output=True, text=True, cwd=ROOT)
@@ -122,6 +122,10 @@ def plan_sets(plan: str) -> list:
                 elif w not in PYTEST_OWN and not w.startswith("--"):
                     args.append(w)
             sets += builds_of_tests(args)
+        if "bench/obs_split.py" in words:    # (its builds: the no-hook one and each variant's)
+            sys.path.insert(0, str(ROOT / "bench"))
+            import obs_split
+            sets += sorted(obs_split.argv_builds(words[words.index("bench/obs_split.py") + 1:]))
         if "tools/precompile.py" not in words:
             continue
         args = words[words.index("tools/precompile.py") + 1:]

@@ -97,6 +97,18 @@ def test_a_plans_sets_are_its_precompile_stages_and_its_tests_builds(kcache):
         kcache.plan_sets("9999")
 
 
+def test_a_plans_obs_split_runs_give_their_builds(kcache):
+    """Plan 144 runs bench/obs_split.py twice (placed workers, four observer SMs, base
+    lazydefer16): the no-hook build and each variant's, once each, as the cache keys them."""
+    L = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16")
+    S, R = ("DTMK_SM_WORKER",), ("DTMK_ROPE_IN_ATTN",)
+    extra = [(), (), ("DTMK_OSQ_DEFER_AFTER=4",), ("DTMK_OSQ_DEFER_AFTER=12",), ("DTMK_OSQ_DEFER_INLINE",),
+             ("DTMK_OSQ_DISCARD",), ("DTMK_OSQ_NOPUSH",)]           # lazydefer16, defer16B, dafter4, ...
+    want = {("DTMK_NO_HOOKS",) + S + R} | {L + x + S + R for x in extra}
+    sets = kcache.plan_sets("144")
+    assert set(sets) == want and len(sets) == 2 * len(want)     # (two runs of the same builds)
+
+
 def test_a_build_log_gives_its_megakernel_cubins(kcache, tmp_path, monkeypatch):
     from dtrace_mk.megakernel import gpu_build
     log = tmp_path / "builds.jsonl"

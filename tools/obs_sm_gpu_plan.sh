@@ -839,8 +839,8 @@ case "${1:-}" in
      # every task counted, final epochs)
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_OFF_COPY=3+$S+$R" \
        "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxw,offcopyw,offcopywr --out $O/a" \
-       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offcopywr,offcopyw,offxw --out $O/b" \
-       "$(pytv 280 tests/gpu/test_hot_attach.py -k offcopy)" ;;
+       "$(pytv 280 tests/gpu/test_hot_attach.py -k offcopy)" \
+       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offcopywr,offcopyw,offxw --out $O/b" ;;
   145) O=${OUT:-/tmp/out}
      # session 55: the default hook build costs 1b +2.5..3.1% over the no-hook build with nothing attached;
      # statically its wait_event has 34 vs 19 LDL and 12 vs 3 call sites.  The same build with its per-task

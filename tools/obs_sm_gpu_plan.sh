@@ -477,6 +477,8 @@ split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --re
 pytv() { echo "timeout $1 python3 -m pytest -v -p no:cacheprovider$(printf ' %q' "${@:2}") -rA"; }
 # osplit T REPS VARIANTS DIR: bench/obs_split.py on 1b beside the CLI's build (lazydefer16), four observer
 # SMs on 0,1,16,88 (top's calibration on three H100 starts), workers in SM id order (plans 139-144)
+# offpath T REPS VARIANTS DIR: bench/hooks.py --offpath (1b, workers pinned in SM id order) of those build variants (plans 145-146)
+offpath() { echo "timeout $1 python3 bench/hooks.py --offpath --presets 1b --reps $2 --placement sorted --variants $3 --out ${OUT:-/tmp/out}/$4"; }
 osplit() { echo "timeout $1 python3 bench/obs_split.py --presets 1b --reps $2 --sms 4 --place --observer-smids 0,1,16,88 --base lazydefer16 --variants $3 --out ${OUT:-/tmp/out}/$4"; }
 # serve_b T ARGS: bench/serve.py (tiny and 1b, batch 4, 400 steps) into $OUT/serve; SERVE_PRE: its builds
 serve_b() { echo "timeout $1 python3 bench/serve.py --presets tiny,1b --steps 400 ${*:2} --out ${OUT:-/tmp/out}/serve"; }
@@ -838,17 +840,17 @@ case "${1:-}" in
      # while the worker observes nothing; then the copies' exactness (hot attach / detach, before launch,
      # every task counted, final epochs)
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_OFF_COPY=3+$S+$R" \
-       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxw,offcopyw,offcopywr --out $O/a" \
+       "$(offpath 200 10 offxw,offcopyw,offcopywr a)" \
        "$(pytv 280 tests/gpu/test_hot_attach.py -k offcopy)" \
-       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offcopywr,offcopyw,offxw --out $O/b" ;;
+       "$(offpath 200 10 offcopywr,offcopyw,offxw b)" ;;
   145) O=${OUT:-/tmp/out}
      # session 55: the default hook build costs 1b +2.5..3.1% over the no-hook build with nothing attached;
      # statically its wait_event has 34 vs 19 LDL and 12 vs 3 call sites.  The same build with its per-task
      # "observing?" gates constant 0 (DTMK_OFFX, measurement only): wait_event's (offxw), run_task's (offxr),
      # all of them (offxall: statically the no-hook path) -- is the off cost that code?  Twice, order swapped
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=2+$S+$R DTMK_OFFX=7+$S+$R" \
-       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxw,offxr,offxall --out $O/a" \
-       "timeout 200 python3 bench/hooks.py --offpath --presets 1b --reps 10 --placement sorted --variants offxall,offxr,offxw --out $O/b" ;;
+       "$(offpath 200 10 offxw,offxr,offxall a)" \
+       "$(offpath 200 10 offxall,offxr,offxw b)" ;;
   144) O=${OUT:-/tmp/out}
      # session 54 (plans 139-143): without the first-look call the compiled summary reads +1.64 / +1.68%
      # over its own off under top's placement; the entry's push (discard16 - nopush16, ~1.1 points in plan

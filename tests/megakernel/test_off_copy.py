@@ -35,11 +35,17 @@ def _kernel(ptx: str) -> str:
     return ptx[ptx.index(".entry dtmk_megakernel"):]
 
 
+def _copies(ptx: str, fn: str, calls) -> tuple:
+    """Copy 0 and copy 1 of template `fn`; each of `calls` is called by copy 1 only."""
+    off, obs = (_func(ptx, f"_Z{len(fn)}{fn}ILj{c}E") for c in (0, 1))
+    for f in calls:
+        assert f in obs and f not in off, (fn, f)
+    return off, obs
+
+
 def test_wait_copies(fresh_cache):
     ptx = _ptx(("DTMK_OFF_COPY=1",))
-    off, obs = _func(ptx, "_Z10wait_eventILj0E"), _func(ptx, "_Z10wait_eventILj1E")
-    for f in WAIT_HOOK_CALLS:
-        assert f in obs and f not in off, f
+    off, obs = _copies(ptx, "wait_event", WAIT_HOOK_CALLS)
     # both copies poll and take dynamic tasks; run_task has one copy (bit 1 unset)
     assert "ld.acquire.gpu" in off and "_Z8run_task" in off
     assert "_Z8run_taskILj" not in ptx
@@ -51,9 +57,7 @@ def test_wait_copies(fresh_cache):
 
 def test_wait_and_run_copies(fresh_cache):
     ptx = _ptx(("DTMK_OFF_COPY=3",))
-    off, obs = _func(ptx, "_Z8run_taskILj0E"), _func(ptx, "_Z8run_taskILj1E")
-    for f in RUN_HOOK_CALLS:
-        assert f in obs and f not in off, f
+    off, obs = _copies(ptx, "run_task", RUN_HOOK_CALLS)
     assert "run_body" in off and "run_body" in obs
     # a wait's dynamic tasks run in the wait's copy
     assert "_Z8run_taskILj0E" in _func(ptx, "_Z10wait_eventILj0E")
@@ -62,8 +66,7 @@ def test_wait_and_run_copies(fresh_cache):
 
 def test_observer_sm_wait_copies(fresh_cache):
     ptx = _ptx(gpu.observer_defines("sm") + ("DTMK_OFF_COPY=1",))
-    off, obs = _func(ptx, "_Z10wait_eventILj0E"), _func(ptx, "_Z10wait_eventILj1E")
-    assert "osq_raise" in obs and "osq_raise" not in off
+    off, obs = _copies(ptx, "wait_event", ("osq_raise",))
     # staged entries of an earlier observed task are still stored by a wait of either copy
     assert "osq_defer_flush" in off and "osq_defer_flush" in obs
 

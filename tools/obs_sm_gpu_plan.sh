@@ -443,6 +443,7 @@
 # off-path table beside offxw, twice, then its exactness (test_hot_attach.py -k offcopy: default and obs-SM builds).
 # 147 (new): the issue's table (plan 143's command) with the CLI's observer build and its OFF_COPY=1 twin side by
 # side (obssm4fold / obssm4fold_oc): off / nohooks, hot and compiled summaries over each build's own off.
+# 148 (new): plan 146 cut short (offcopyw beside offxw once; the copies' attach / detach and every-task tests).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -828,6 +829,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
+     # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R" \
+       "$(offpath 120 8 offcopyw,offxw a)" \
+       "$(pytv 150 tests/gpu/test_hot_attach.py -k 'offcopy and (while_running or every_task)')" ;;
   147) O=${OUT:-/tmp/out}
      # session 55: the CLI's observer build with wait_event's copy without hook code (-DDTMK_OFF_COPY=1) in the
      # issue's table beside the build without it (sorted + calibrated observers, 6 rounds)
@@ -1088,5 +1094,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..147)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..148)" >&2; exit 2 ;;
 esac

@@ -5,8 +5,11 @@ constant 0, so that NVRTC drops the hook code there -- and the measurement-only 
 whose builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
 (exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy."""
 
+import re
+
 import pytest
 
+from dtrace_mk.kernels import megakernel_text
 from dtrace_mk.kernels.build import CompileError, ptx_function
 from dtrace_mk.megakernel import gpu
 
@@ -88,3 +91,33 @@ def test_offx_measurement_builds(fresh_cache):
 def test_refused_combinations(fresh_cache, defines, msg):
     with pytest.raises(CompileError, match=msg.replace("(", r"\(")):
         gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False)
+
+
+def _between(src: str, start: str, end: str) -> str:
+    i = src.index(start)
+    return src[i:src.index(end, i)]
+
+
+def test_the_latch_is_written_only_before_a_barrier_and_read_once_per_task():
+    """The rule that keeps the copy choice uniform over the CTA (megakernel.cu "the observing?
+    latch"): thread 0 writes s_obs_copy only (a) in run_task's prologue, before its first barrier,
+    and (b) in a forced refresh_control, every call of which a barrier follows in the same thread-0
+    block; the main loop reads it once per static task, right before the wait.  A write moved
+    after run_task's body barrier, or a forced refresh without its barrier, fails here."""
+    src = megakernel_text()
+    writes = [m.start() for m in re.finditer(r"s_obs_copy = ", src)]
+    assert len(writes) == 2
+    rt = _between(src, "__device__ __noinline__ void run_task(", "run_body(P, W, t, step, smem, r);")
+    assert "s_obs_copy = W.observe;" in rt
+    assert rt.index("s_obs_copy = W.observe;") < rt.index("MK_SYNC();")          # before its first barrier
+    rc = _between(src, "void refresh_control(", "\n}\n")
+    assert "if (force) s_obs_copy = W.observe;" in rc
+    calls = [m.end() for m in re.finditer(r"refresh_control\(P, W, true\);", src)]
+    assert len(calls) == 3
+    for c in calls:                                   # the thread-0 block closes, then the barrier
+        rest = src[c:c + 600]
+        assert re.match(r"(?:\s*(?:#[^\n]*|if \([^\n]*\n[^\n]*|}[^\n]*|\} else \{[^}]*\}))*\s*MK_SYNC\(\);",
+                        rest), rest[:300]
+    loop = _between(src, "if (s_obs_copy) {", "#else")
+    assert loop.count("WAIT_EVENT_COPY(1u)") == 1 and loop.count("WAIT_EVENT_COPY(0u)") == 1
+    assert src.count("if (s_obs_copy)") == 1

@@ -569,11 +569,10 @@ __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's e
 #error "-DDTMK_OSQ_NOPRE / NOHOLD / NOWAITCAP are measurement only: with -DDTMK_OSQ_NOPUSH (their captures feed no entry)"
 #endif
 
-
 __device__ __forceinline__ const int *trec(const MkParams &P, int t) { return (const int *)P.tasks + t * TREC_WORDS; }
 #if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
 /* the "observing?" latch of -DDTMK_OFF_COPY: which copy the CTA's next static task's wait_event /
- * run_task run.  Thread 0 writes W.observe here only where a barrier follows before any thread
+ * run_task run.  Thread 0 copies W.observe into it only where a barrier follows before any thread
  * reads it (the main loop, before calling wait_event) -- in run_task's prologue, before its first
  * barrier, and in a forced refresh_control (the launch's start and the step gate, each followed by
  * one) -- and no thread reads it between such a barrier and the next write (the next write is

@@ -211,7 +211,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
     # observers' SMs idle too (so every build plans the same workers)
     idle = {"nohooks": len(idle_smids) + sms if idle_smids else 0, "obs": len(idle_smids)}
     todo = split_builds(name, sms, variants, place, idle_smids)
-    for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():
+    for _, err in gpu.precompile(todo, workers=min(8, len(todo))).values():
         if err is not None:
             raise err
     mks = {"nohooks": gpu.Megakernel(cfg, batch=1, weights=w, defines=defs["nohooks"], idle_sms=idle["nohooks"])}

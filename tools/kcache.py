@@ -123,7 +123,8 @@ def plan_sets(plan: str) -> list:
                     args.append(w)
             sets += builds_of_tests(args)
         if "bench/obs_split.py" in words:    # (its builds: the no-hook one and each variant's)
-            sys.path.insert(0, str(ROOT / "bench"))
+            if str(ROOT / "bench") not in sys.path:
+                sys.path.insert(0, str(ROOT / "bench"))
             import obs_split
             sets += sorted(obs_split.argv_builds(words[words.index("bench/obs_split.py") + 1:]))
         if "tools/precompile.py" not in words:

@@ -169,3 +169,28 @@ def test_carried_names_are_the_files_the_builds_write(kcache, tmp_path, monkeypa
     written = {p.name for p in tmp_path.iterdir()}
     assert written == kcache.carried_names(sets) and len(written) == 3 + 2 * 2
     assert all(kcache.CARRIED.match(n) for n in written)
+
+
+def test_obs_split_builds_the_megakernels_it_precompiled(load_bench, monkeypatch):
+    """bench/obs_split.py split_preset: the no-hook Megakernel and each variant's get the defines
+    split_defines names, whose cache keys are what it precompiles (and what argv_builds tells
+    kcache).  GPU parts stubbed: the first Megakernel's defines are recorded, then the run stops."""
+    from dtrace_mk.megakernel import gpu
+    obs_split = load_bench("obs_split")
+    pre, made = [], []
+
+    class Stop(Exception):
+        pass
+
+    def megakernel(cfg, batch, weights, defines, idle_sms):
+        made.append(tuple(defines))
+        raise Stop
+
+    monkeypatch.setattr(gpu, "precompile", lambda todo, workers: pre.extend(todo) or {d: (b"", None) for d in todo})
+    monkeypatch.setattr(gpu, "Megakernel", megakernel)
+    with pytest.raises(Stop):
+        obs_split.split_preset("tiny", 2, 4, ["lazydefer16", "nopush16"], print, place=True)
+    want = obs_split.split_defines(4, ["lazydefer16", "nopush16"], True)
+    assert made == [want["nohooks"]] and want["nohooks"][0] == "DTMK_NO_HOOKS"
+    assert set(pre) == obs_split.split_builds("tiny", 4, ["lazydefer16", "nopush16"], True)
+    assert set(pre) == obs_split.argv_builds(["--presets", "tiny", "--base", "lazydefer16", "--variants", "nopush16", "--place"])

@@ -315,10 +315,13 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # path (offxall: statically the no-hook build's path): does the off cost sit in that code?
                   "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",),
                   # wait_event (offcopyw) / and run_task (offcopywr) in two copies, the copy without hook code
-                  # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55); in the CLI's observer build
+                  # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55; measurement only)
                   "offcopyw": ("DTMK_OFF_COPY=1",), "offcopywr": ("DTMK_OFF_COPY=3",),
-                  "obssm4fold_oc": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                    "DTMK_OFF_COPY=1")}
+                  # measurement only (session 56, --offpath): ~12 x N never-executed instructions in wait_event
+                  # (-DDTMK_WAIT_PAD=N), which move every function laid out after it -- in the no-hook and the
+                  # hook build alike (padN), and in offxw: is the off cost the code's layout, not its work?
+                  "pad14": ("DTMK_WAIT_PAD=14",), "pad40": ("DTMK_WAIT_PAD=40",), "pad94": ("DTMK_WAIT_PAD=94",),
+                  "offxwpad14": ("DTMK_OFFX=1", "DTMK_WAIT_PAD=14"), "offxwpad40": ("DTMK_OFFX=1", "DTMK_WAIT_PAD=40")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -340,7 +343,8 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
-                      "obssm4fold_oc": ("off", "null3", "summary", "summary_cm", "summary_cmgen")}
+                      "pad14": ("off",), "pad40": ("off",), "pad94": ("off",), "offxwpad14": ("off",),
+                      "offxwpad40": ("off",)}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
@@ -925,10 +929,11 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
 
 def print_offpath(res) -> None:
     """The --offpath table: per build, us/step and off/nohooks (issue 5 target <= +0.5%),
-    summary/off, off/nohooks(default); off2/off is the noise floor."""
+    summary/off, off/nohooks(default), the build's own no-hook build over the default's (nh/nh(def):
+    what its defines alone do to the no-hook code); off2/off is the noise floor."""
     print(f"\n{res['card']}  {res['date']}  (--offpath, placement {PLACEMENT})")
     print(f"{'preset':<6} {'build':<11} {'nohooks us':>10} {'off us':>8} {'summary us':>10} {'off/nohooks':>11} "
-          f"{'sum/off':>8} {'off/nh(def)':>11} {'off2/off':>8} tok")
+          f"{'sum/off':>8} {'off/nh(def)':>11} {'nh/nh(def)':>10} {'off2/off':>8} tok")
     for r in res["presets"]:
         u = r["us_per_step"]
         for b in r["builds"]:
@@ -940,6 +945,7 @@ def print_offpath(res) -> None:
             tok = all(t for v, t in r["tokens_equal"].items() if (v.endswith(k) if k else "_" not in v))
             print(f"{r['preset']:<6} {b:<11} {f(nh)} {f(off)[2:]} {f(sm)} "
                   f"{rel(off, nh):>11} {rel(sm, off):>8} {rel(off, u.get('nohooks')):>11} "
+                  f"{rel(u.get('nohooks' + k), u.get('nohooks')) if k else '':>10} "
                   f"{rel(u.get('off2'), u.get('off')) if not k else '':>8} {tok}")
 
 

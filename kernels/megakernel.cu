@@ -64,10 +64,16 @@
 /* -DDTMK_OFF_COPY=B (session 55; B: bit 0 wait_event, bit 1 run_task): those functions in two
  * copies, templates on WCOPY / RCOPY -- 1 the observing copy (today's code), 0 a copy whose
  * "observing?" gates are constant 0 (DTMK_OFFX's code, which measured the off cost away) --
- * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch). */
+ * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch).
+ * Measurement only since session 56 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
+ * against the default's +1.85 / +2.05% and offxw's +0.07 / -0.14% -- copy 0 is offxw's wait_event,
+ * so what it keeps of the off cost is not code it runs (DTMK_WAIT_PAD: the layout?). */
 #if defined(DTMK_OFF_COPY) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OFFX)
 #error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
+#endif
+#if defined(DTMK_OBS_SM)
+#error "-DDTMK_OFF_COPY is measurement only, not with -DDTMK_OBS_SM (plan 146: its final epochs stopped advancing while the kernel ran)"
 #endif
 #define OFF_COPY_BIT(b) (((DTMK_OFF_COPY) >> (b)) & 1)
 #else
@@ -1128,6 +1134,9 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
+#ifdef DTMK_WAIT_PAD
+__device__ unsigned dtmk_pad_sink;
+#endif
 #if OFF_COPY_BIT(0)
 template <unsigned WCOPY>
 #endif
@@ -1352,6 +1361,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             }
         }
     }
+#ifdef DTMK_WAIT_PAD
+    /* MEASUREMENT ONLY (session 56): ~12 x DTMK_WAIT_PAD instructions never executed (t >= -1),
+     * which move every function laid out after wait_event -- is the off cost code layout? */
+    if (t == -0x7777) dtmk_pad_sink = probe_icode<(DTMK_WAIT_PAD), 0x3c3c3c3cu>((dtmk_u32)step);
+#endif
 }
 
 

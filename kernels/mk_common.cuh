@@ -19,12 +19,12 @@
 #undef static_assert
 #endif
 
-#if defined(DTMK_OSQ_ICODE) || defined(DTMK_WK_ICODE)
+#if defined(DTMK_OSQ_ICODE) || defined(DTMK_WK_ICODE) || defined(DTMK_WAIT_PAD)
 /* MEASUREMENT ONLY (the instruction-cache probes: mk_obs_sm.cuh osq_icode, megakernel.cu
- * wk_icode): four independent xorshift-multiply chains, unrolled N times -- straight-line code,
- * no memory, ~12 instructions per iteration.  SALT changes the multipliers, so each caller's
- * copy is code of its own (SALT 0: session 26's osq_icode, its PTX equal but for the order of
- * the last three xors) */
+ * wk_icode; megakernel.cu's never-executed DTMK_WAIT_PAD): four independent xorshift-multiply
+ * chains, unrolled N times -- straight-line code, no memory, ~12 instructions per iteration.
+ * SALT changes the multipliers, so each caller's copy is code of its own (SALT 0: session 26's
+ * osq_icode, its PTX equal but for the order of the last three xors) */
 template <int N, unsigned SALT> __device__ __forceinline__ dtmk_u32 probe_icode(dtmk_u32 a) {
     dtmk_u32 b = a ^ 0x9e3779b9u, c = a + 0x7f4a7c15u, d = a * 3u + 1u;
 #pragma unroll

@@ -441,9 +441,11 @@
 # "observing?" gates constant 0 in wait_event / run_task / everywhere) beside default and no-hooks, twice.
 # 146 (new): -DDTMK_OFF_COPY=1 / =3 (wait_event / and run_task in two copies, chosen per task by the CTA) in the
 # off-path table beside offxw, twice, then its exactness (test_hot_attach.py -k offcopy: default and obs-SM builds).
-# 147 (new): the issue's table (plan 143's command) with the CLI's observer build and its OFF_COPY=1 twin side by
-# side (obssm4fold / obssm4fold_oc): off / nohooks, hot and compiled summaries over each build's own off.
+# 147: dropped in session 56 (-DDTMK_OFF_COPY is measurement only, not with the observer SM).
 # 148 (new): plan 146 cut short (offcopyw beside offxw once; the copies' attach / detach and every-task tests).
+# Session 56 ran 146: offcopyw saved ~0.3 of ~1.9 points (offxw all of them).  149 (new): is the off cost the
+# code's layout?  -DDTMK_WAIT_PAD=N (~12 x N never-executed instructions in wait_event: every function after it
+# moves) in the no-hook and hook builds (pad14 / pad40 / pad94) and in offxw (offxwpad14 / offxwpad40), twice.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -829,16 +831,19 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  149) # session 56, plan 146: offcopyw (wait_event's copy without hook code, the one run while nothing observes)
+     # +1.54 / +1.83% over no hooks against default +1.85 / +2.05% and offxw +0.07 / -0.14%, though copy 0 is
+     # offxw's wait_event (982 / 980 instructions, 16 / 17 LDL) at offxw's address: what it kept is wait_event<1>
+     # laid out after it (+18 KB before run_body, op_proj, ...).  Layout, then?  Dead code of three sizes moves
+     # the code after wait_event in the no-hook and hook builds alike, and in offxw
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_WAIT_PAD=14+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=14+$S+$R DTMK_WAIT_PAD=40+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=40+$S+$R DTMK_WAIT_PAD=94+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=94+$S+$R DTMK_OFFX=1+DTMK_WAIT_PAD=14+$S+$R DTMK_OFFX=1+DTMK_WAIT_PAD=40+$S+$R" \
+       "$(offpath 240 10 offxw,pad14,pad40,pad94,offxwpad14,offxwpad40 a)" \
+       "$(offpath 240 10 offxwpad40,offxwpad14,pad94,pad40,pad14,offxw b)" ;;
   148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R" \
        "$(offpath 120 8 offcopyw,offxw a)" \
        "$(pytv 150 tests/gpu/test_hot_attach.py -k 'offcopy and (while_running or every_task)')" ;;
-  147) O=${OUT:-/tmp/out}
-     # session 55: the CLI's observer build with wait_event's copy without hook code (-DDTMK_OFF_COPY=1) in the
-     # issue's table beside the build without it (sorted + calibrated observers, 6 rounds)
-     exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $PINNED $L+DTMK_OFF_COPY=1+$S+$R DTMK_OFF_COPY=1+$S+$R" \
-       "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold,obssm4fold_oc --placement sorted --obs-sms calibrate --out $O/sorted" ;;
   146) O=${OUT:-/tmp/out}
      # session 55, plan 145: with wait_event's gates constant 0 (offxw) the default build's off cost went
      # (+1.54 / +1.55% -> -0.12 / +0.11% over no hooks; offxall -0.20 / -0.87%).  DTMK_OFF_COPY: that code as
@@ -1094,5 +1099,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..148)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 149)" >&2; exit 2 ;;
 esac

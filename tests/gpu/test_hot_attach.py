@@ -47,15 +47,14 @@ OBSSM4IDLE = OBSSM4DEFER + ("DTMK_OSQ_IDLE_DRAIN=16",)
 #: ... whose observer SMs split the phases: two build records, two run them (-DDTMK_OSQ_SPLIT, session 35)
 OBSSM4SPLIT = OBSSM4DEFER + ("DTMK_OSQ_SPLIT",)
 #: wait_event in two copies, the one without hook code taken while the worker observes nothing
-#: (-DDTMK_OFF_COPY=1, session 55: the off path's cost), in the default and the CLI's observer build
+#: (-DDTMK_OFF_COPY=1, session 55: the off path's cost; measurement only, not with the observer SM)
 OFFCOPY = ("DTMK_OFF_COPY=1",)
-OBSSM4OFFCOPY = OBSSM4DEFER + OFFCOPY
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,
-                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY, OBSSM4OFFCOPY],
+                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
                                       "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow",
-                                      "obssm4idle", "obssm4split", "offcopy", "obssm4offcopy"])
+                                      "obssm4idle", "obssm4split", "offcopy"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -113,10 +112,10 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
                                      OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP, OBSSM4SHALLOW,
-                                     OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY, OBSSM4OFFCOPY],
+                                     OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
                               "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow", "obssm4idle",
-                              "obssm4split", "offcopy", "obssm4offcopy"])
+                              "obssm4split", "offcopy"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -342,10 +341,10 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
                                           ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER),
                                           ("1b", OBSSM4MULTI), ("1b", OBSSM4DEEP), ("1b", OBSSM4SHALLOW),
-                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT), ("1b", OFFCOPY), ("1b", OBSSM4OFFCOPY)],
+                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT), ("1b", OFFCOPY)],
                          ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
                               "1b-obssm4defer", "1b-obssm4multi", "1b-obssm4deep", "1b-obssm4shallow", "1b-obssm4idle",
-                              "1b-obssm4split", "1b-offcopy", "1b-obssm4offcopy"])
+                              "1b-obssm4split", "1b-offcopy"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

@@ -1,8 +1,9 @@
 """CI (no GPU): -DDTMK_OFF_COPY (session 55) -- wait_event (bit 0) and run_task (bit 1) in two
 copies, templates on WCOPY / RCOPY, chosen per static task by the whole CTA from the latch
 s_obs_copy: copy 1 is the hook build's code, copy 0 the same with its "observing?" gates
-constant 0, so that NVRTC drops the hook code there -- and the measurement-only -DDTMK_OFFX
-whose builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
+constant 0, so that NVRTC drops the hook code there (measurement only since plan 146: it kept
+most of the off cost; not with the observer SM) -- and the measurement-only -DDTMK_OFFX whose
+builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
 (exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy."""
 
 import re
@@ -67,13 +68,6 @@ def test_wait_and_run_copies(fresh_cache):
     assert "_Z8run_taskILj1E" in _func(ptx, "_Z10wait_eventILj1E")
 
 
-def test_observer_sm_wait_copies(fresh_cache):
-    ptx = _ptx(gpu.observer_defines("sm") + ("DTMK_OFF_COPY=1",))
-    off, obs = _copies(ptx, "wait_event", ("osq_raise",))
-    # staged entries of an earlier observed task are still stored by a wait of either copy
-    assert "osq_defer_flush" in off and "osq_defer_flush" in obs
-
-
 def test_offx_measurement_builds(fresh_cache):
     """-DDTMK_OFFX=7: the per-task path without hook calls (statically the no-hook path)."""
     ptx = _ptx(("DTMK_OFFX=7",))
@@ -87,6 +81,7 @@ def test_offx_measurement_builds(fresh_cache):
 @pytest.mark.parametrize("defines,msg", [
     (("DTMK_OFF_COPY=1", "DTMK_OFFX=1"), "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"),
     (("DTMK_OBS_SM", "DTMK_OFFX=1"), "-DDTMK_OFFX is measurement only: the default hook build"),
+    (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OFF_COPY=1"), "-DDTMK_OFF_COPY is measurement only, not with -DDTMK_OBS_SM"),
 ])
 def test_refused_combinations(fresh_cache, defines, msg):
     with pytest.raises(CompileError, match=msg.replace("(", r"\(")):
@@ -121,3 +116,16 @@ def test_the_latch_is_written_only_before_a_barrier_and_read_once_per_task():
     loop = _between(src, "if (s_obs_copy) {", "#else")
     assert loop.count("WAIT_EVENT_COPY(1u)") == 1 and loop.count("WAIT_EVENT_COPY(0u)") == 1
     assert src.count("if (s_obs_copy)") == 1
+
+
+def test_wait_pad_is_dead_code_in_wait_event_only(fresh_cache):
+    """-DDTMK_WAIT_PAD=N (measurement, session 56): N rounds of probe_icode behind a branch no
+    call takes (t == -0x7777: a wait's t is a task or -1), in wait_event alone -- so it moves
+    the functions after wait_event and runs nothing; the no-hook build takes it too."""
+    src = megakernel_text()
+    assert "if (t == -0x7777) dtmk_pad_sink = probe_icode<(DTMK_WAIT_PAD)" in src
+    assert src.count("DTMK_WAIT_PAD)") == 1
+    ptx = _ptx(("DTMK_NO_HOOKS", "DTMK_WAIT_PAD=3"))
+    assert "dtmk_pad_sink" in _func(ptx, "wait_event")
+    assert ptx.count("dtmk_pad_sink") == 2           # its declaration and wait_event's one store
+    assert "dtmk_pad_sink" not in _ptx(("DTMK_NO_HOOKS",))

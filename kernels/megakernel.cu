@@ -152,6 +152,9 @@
 #if !defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
 #define DTMK_DRAIN_POLL
 #endif
+#if defined(DTMK_POLL_STORE_LATE) && !defined(DTMK_DRAIN_POLL)
+#error "-DDTMK_POLL_STORE_LATE (measurement only) moves a store of the drain poller's (the default hook build's)"
+#endif
 #if defined(DTMK_GATE_POLL) && !defined(DTMK_DRAIN_POLL)
 #error "DTMK_GATE_POLL extends DTMK_DRAIN_POLL's poller (not with DTMK_NO_DRAIN_POLL, DTMK_NO_HOOKS or DTMK_OBS_SM)"
 #endif
@@ -1159,6 +1162,13 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         post_pending(P, W, false);
         W.dep_wait = 0;
+#if defined(DTMK_DRAIN_POLL) && !defined(DTMK_POLL_STORE_LATE)
+        /* the drain poller's event, stored before the acquire: its CCTL.IVALL empties L1, and
+         * stored after it `target` came back from its spill slot (kept across obs_first_look's
+         * call) through L2 on every task's critical path (session 56; -DDTMK_POLL_STORE_LATE,
+         * measurement only: the old place) */
+        s_poll_ev = counter(P, e); s_poll_target = target;
+#endif
         int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
         W.ready = rd;
         DTMK_PROF_END1(46, prof_look);
@@ -1182,7 +1192,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
 #endif
         s_drain_busy = 1;
+#ifdef DTMK_POLL_STORE_LATE
         s_poll_ev = counter(P, e); s_poll_target = target;
+#endif
 #endif
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);

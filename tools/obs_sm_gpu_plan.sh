@@ -446,6 +446,9 @@
 # Session 56 ran 146: offcopyw saved ~0.3 of ~1.9 points (offxw all of them).  149 (new): is the off cost the
 # code's layout?  -DDTMK_WAIT_PAD=N (~12 x N never-executed instructions in wait_event: every function after it
 # moves) in the no-hook and hook builds (pad14 / pad40 / pad94) and in offxw (offxwpad14 / offxwpad40), twice.
+# 150 (new): the default hook build with the drain poller's event stored before the wait's first acquire (its old
+# place reloaded `target` through L2 after the acquire's L1 invalidation): off beside offxw and polllate (the old
+# place, -DDTMK_POLL_STORE_LATE), twice; the default build's hot attach tests and the drain poller's.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -831,6 +834,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  150) # session 56, plan 149: the off cost did not follow the layout (pads kept default +0.85..+1.97%, offxw pads
+     # ~0); the SASS: the default wait reloaded `target` from its spill slot after the first acquire (CCTL.IVALL
+     # empties L1) to store the drain poller's event before the barrier -- one L2 round trip per task, met or not
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_POLL_STORE_LATE+$S+$R" \
+       "$(offpath 200 10 offxw,polllate a)" \
+       "$(pytv 280 tests/gpu/test_hot_attach.py tests/gpu/test_obs_ring.py -k 'default or drain_poller or (final_epochs and not obssm and not offcopy)')" \
+       "$(offpath 200 10 polllate,offxw b)" ;;
   149) # session 56, plan 146: offcopyw (wait_event's copy without hook code, the one run while nothing observes)
      # +1.54 / +1.83% over no hooks against default +1.85 / +2.05% and offxw +0.07 / -0.14%, though copy 0 is
      # offxw's wait_event (982 / 980 instructions, 16 / 17 LDL) at offxw's address: what it kept is wait_event<1>
@@ -1099,5 +1109,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 149)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..150)" >&2; exit 2 ;;
 esac

@@ -448,7 +448,8 @@
 # moves) in the no-hook and hook builds (pad14 / pad40 / pad94) and in offxw (offxwpad14 / offxwpad40), twice.
 # 150 (new): the default hook build with the drain poller's event stored before the wait's first acquire (its old
 # place reloaded `target` through L2 after the acquire's L1 invalidation): off beside offxw and polllate (the old
-# place, -DDTMK_POLL_STORE_LATE), twice; the default build's hot attach tests and the drain poller's.
+# place, -DDTMK_POLL_STORE_LATE) and pollfence (relaxed polls, one fence: the poll loop's spill reloads hit L1),
+# twice; the default build's hot attach tests and the drain poller's.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -837,10 +838,10 @@ case "${1:-}" in
   150) # session 56, plan 149: the off cost did not follow the layout (pads kept default +0.85..+1.97%, offxw pads
      # ~0); the SASS: the default wait reloaded `target` from its spill slot after the first acquire (CCTL.IVALL
      # empties L1) to store the drain poller's event before the barrier -- one L2 round trip per task, met or not
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_POLL_STORE_LATE+$S+$R" \
-       "$(offpath 200 10 offxw,polllate a)" \
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_POLL_STORE_LATE+$S+$R DTMK_POLL_FENCE+$S+$R DTMK_NO_HOOKS+DTMK_POLL_FENCE+$S+$R" \
+       "$(offpath 200 10 offxw,polllate,pollfence a)" \
        "$(pytv 280 tests/gpu/test_hot_attach.py tests/gpu/test_obs_ring.py -k 'default or drain_poller or (final_epochs and not obssm and not offcopy)')" \
-       "$(offpath 200 10 polllate,offxw b)" ;;
+       "$(offpath 200 10 pollfence,polllate,offxw b)" ;;
   149) # session 56, plan 146: offcopyw (wait_event's copy without hook code, the one run while nothing observes)
      # +1.54 / +1.83% over no hooks against default +1.85 / +2.05% and offxw +0.07 / -0.14%, though copy 0 is
      # offxw's wait_event (982 / 980 instructions, 16 / 17 LDL) at offxw's address: what it kept is wait_event<1>

@@ -314,6 +314,9 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # gates are constant 0 in wait_event (offxw), run_task (offxr), or everywhere on the per-task
                   # path (offxall: statically the no-hook build's path): does the off cost sit in that code?
                   "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",),
+                  # ... wait_event's sites apart (session 56): the first look's call, the drains after its
+                  # barrier, the spin loop's and the rest
+                  "offxlook": ("DTMK_OFFX=8",), "offxsync": ("DTMK_OFFX=16",), "offxspin": ("DTMK_OFFX=32",),
                   # wait_event (offcopyw) / and run_task (offcopywr) in two copies, the copy without hook code
                   # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55; measurement only)
                   "offcopyw": ("DTMK_OFF_COPY=1",), "offcopywr": ("DTMK_OFF_COPY=3",),
@@ -347,6 +350,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm"),
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
+                      "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "pad14": ("off",), "pad40": ("off",), "pad94": ("off",), "offxwpad14": ("off",),

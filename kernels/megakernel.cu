@@ -89,6 +89,12 @@
 #define OBS_WAIT(W) (OFFX_BIT(0) ? 0u : (W).observe)   /* wait_event's "observing?" */
 #define OBS_RUN(W) (OFFX_BIT(1) ? 0u : (W).observe)    /* run_task's */
 #define OBS_MAIN(W) (OFFX_BIT(2) ? 0u : (W).observe)   /* the main loop's */
+/* (session 56) wait_event's sites apart: bit 3 the first look's call, bit 4 the drains after
+ * its barrier, bit 5 the spin loop's and the rest (dep:wait, a drain, a reload's break, the
+ * capture); bits 3-5 together are bit 0 */
+#define WC_LOOK (!(OFFX_BIT(0) || OFFX_BIT(3)))
+#define WC_SYNC (!(OFFX_BIT(0) || OFFX_BIT(4)))
+#define WC_SPIN (!(OFFX_BIT(0) || OFFX_BIT(5)))
 #elif OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
 #define OFFX_BIT(b) 0
 #if OFF_COPY_BIT(0)
@@ -104,6 +110,9 @@
 #define OBS_WAIT(W) (WAIT_CODE ? (W).observe : 0u)
 #define OBS_RUN(W) (RUN_CODE ? (W).observe : 0u)
 #define OBS_MAIN(W) ((W).observe)
+#define WC_LOOK WAIT_CODE
+#define WC_SYNC WAIT_CODE
+#define WC_SPIN WAIT_CODE
 #else
 #define OFFX_BIT(b) 0
 #define WAIT_CODE 1
@@ -111,6 +120,9 @@
 #define OBS_WAIT(W) ((W).observe)
 #define OBS_RUN(W) ((W).observe)
 #define OBS_MAIN(W) ((W).observe)
+#define WC_LOOK WAIT_CODE
+#define WC_SYNC WAIT_CODE
+#define WC_SPIN WAIT_CODE
 #endif
 #if OFF_COPY_BIT(0)                    /* a call of copy c (the others have one copy) */
 #define WAIT_EVENT_COPY(c) wait_event<c>
@@ -1176,7 +1188,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         /* after this first look (never before it): a ring that cannot take another
          * task's records, or new tables, is drained at once */
 #if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
-        if (OBS_WAIT(W)) rd |= obs_first_look(W, rd, (dtmk_u32)step);
+        if (WC_LOOK && OBS_WAIT(W)) rd |= obs_first_look(W, rd, (dtmk_u32)step);
 #endif
 #endif
         W.first = rd;
@@ -1199,7 +1211,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
             ws[WS_TASK] = t; ws[WS_STEP] = step; ws[WS_EVENT] = e; ws[WS_TARGET] = target; ws[WS_STATE] = 2;
-            if (t >= 0 && WAIT_CODE && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
+            if (t >= 0 && WC_SPIN && HOOK_ON(W, DTMK_HOOK_DEP_WAIT))
                 hook_event(P, W, DTMK_HOOK_DEP_WAIT, t, step, HK_FAULTS, e, target, 0);
             s_t0 = mk_now();
         }
@@ -1215,7 +1227,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
      * one barrier suffices (W.ready is the spin loop's) */
     const int first = W.first;
 #ifndef DTMK_NO_HOOKS
-    OBS_SYNC_WAIT_IF(WAIT_CODE && (first & 6), !(first & 2), (dtmk_u32)step, !(first & 1));
+    OBS_SYNC_WAIT_IF(WC_SYNC && (first & 6), !(first & 2), (dtmk_u32)step, !(first & 1));
 #endif
     if (first & 1) return;
     dtmk_u64 t0 = s_t0, t_idle = t0, last_v = 0;
@@ -1284,7 +1296,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 }
 #endif
 #else
-                if (OBS_WAIT(W) && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
+                if (WC_SPIN && OBS_WAIT(W) && obs_spin_drain(W, now - t0, (dtmk_u32)step)) break;
 #endif
 #endif
                 if (P.n_moe) {
@@ -1299,7 +1311,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 const dtmk_u32 abort_req = ld_volatile_u32(ctl + CTL_ABORT);
 #ifndef DTMK_OBS_SM                   /* (workers of the observer SM take tables from its mask) */
                 /* (the other copy of DTMK_OFF_COPY polls on: the next observing wait loads them) */
-                if (gen != O.gen_seen) { O.reload = 1; obs_update(W); if (WAIT_CODE) break; }
+                if (gen != O.gen_seen) { O.reload = 1; obs_update(W); if (WC_SPIN) break; }
 #endif
                 if (ABORT_ASKED(abort_req)) W.aborted = 5;
 #else
@@ -1334,14 +1346,14 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
 #ifndef DTMK_NO_HOOKS
         /* new tables published while waiting, or a long wait: one hook group, then re-poll */
-        OBS_SYNC_WAIT_IF(dt < 0 && OBS_WAIT(W), O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, true);
+        OBS_SYNC_WAIT_IF(dt < 0 && WC_SYNC && OBS_WAIT(W), O.maxc < O.must_at && !OBS_LAGGING(step), (dtmk_u32)step, true);
 #endif
         if (dt >= 0) {
             dtmk_u64 saved_disp = 0;       /* the waiting static task's dispatch stamp */
             if (threadIdx.x == 0) {
                 saved_disp = W.t_disp;
                 W.t_ready = pushed_at;     /* task:dispatch wait and starve faults count from the push */
-                if (OBS_WAIT(W)) { W.t_disp = mk_now(); W.dep_wait = 0; }
+                if (WC_SPIN && OBS_WAIT(W)) { W.t_disp = mk_now(); W.dep_wait = 0; }
             }
             RUN_TASK_COPY(WAIT_CODE)(P, W, dt, ds, false, smem);
             if (threadIdx.x == 0) { W.t_disp = saved_disp; t_idle = mk_now(); }
@@ -1360,7 +1372,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         if (!W.aborted) {
             wstate(P, W.worker)[WS_STATE] = 1;
-            if (OSQ_WAIT_CAPTURE && OBS_WAIT(W)) {
+            if (OSQ_WAIT_CAPTURE && WC_SPIN && OBS_WAIT(W)) {
                 W.dep_wait = met - t0;
 #if !defined(DTMK_OBS_SM) || defined(DTMK_OSQ_LOOK_CALL)
                 W.long_wait = now - t0 >= OBS_LONG_WAIT_NS;   /* (obs_spin_drain's; the observer SM drains) */

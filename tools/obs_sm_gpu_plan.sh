@@ -450,6 +450,9 @@
 # place reloaded `target` through L2 after the acquire's L1 invalidation): off beside offxw and polllate (the old
 # place, -DDTMK_POLL_STORE_LATE) and pollfence (relaxed polls, one fence: the poll loop's spill reloads hit L1),
 # twice; the default build's hot attach tests and the drain poller's.
+# Session 56 ran 150: no change (default +1.89 / +1.88%, polllate +2.58 / +1.91%, offxw -0.30 / +0.44%; pollfence
+# worse).  151 (new): wait_event's hook sites apart (-DDTMK_OFFX=8 / 16 / 32: the first look's call, the drains
+# after the barrier, the spin loop's and the rest) beside offxw, twice.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -835,6 +838,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  151) # session 56, plan 150: storing the poller's event before the acquire changed nothing; which of the
+     # wait's gated sites carries the cost?
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R" \
+       "$(offpath 200 10 offxw,offxlook,offxsync,offxspin a)" \
+       "$(offpath 200 10 offxspin,offxsync,offxlook,offxw b)" ;;
   150) # session 56, plan 149: the off cost did not follow the layout (pads kept default +0.85..+1.97%, offxw pads
      # ~0); the SASS: the default wait reloaded `target` from its spill slot after the first acquire (CCTL.IVALL
      # empties L1) to store the drain poller's event before the barrier -- one L2 round trip per task, met or not
@@ -1110,5 +1118,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..150)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..151)" >&2; exit 2 ;;
 esac

@@ -164,6 +164,9 @@
 #if !defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
 #define DTMK_DRAIN_POLL
 #endif
+#if defined(DTMK_POLL_BURST) && (defined(DTMK_POLL_FENCE) || defined(DTMK_OBS_PROF) || defined(DTMK_OSQ_DEFER))
+#error "-DDTMK_POLL_BURST (measurement only) is the acquire poll without profiling or the observer SM's deferred flush"
+#endif
 #if defined(DTMK_POLL_STORE_LATE) && !defined(DTMK_DRAIN_POLL)
 #error "-DDTMK_POLL_STORE_LATE (measurement only) moves a store of the drain poller's (the default hook build's)"
 #endif
@@ -1157,6 +1160,13 @@ template <unsigned WCOPY>
 #endif
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
+#ifdef DTMK_POLL_BURST
+    /* thread 0's poll state (see the spin loop); volatile: each use an LDS, or ptxas keeps a
+     * register copy and spills it */
+    __shared__ const dtmk_u64 *volatile s_burst_ctr;
+    __shared__ volatile dtmk_u64 s_burst_tg;
+    __shared__ volatile unsigned s_burst_k;
+#endif
     if (threadIdx.x == 0) {
         DTMK_PROF_BEGIN(prof_look);
 #ifndef DTMK_REC_LATE
@@ -1241,7 +1251,19 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             const bool sys = P.ranks > 1;   /* receive events are added to by peer GPUs */
             for (;;) {
                 ++it;
-#ifndef DTMK_POLL_FENCE
+#ifdef DTMK_POLL_BURST
+                /* MEASUREMENT (session 56): the polls up to the next 16th as an inner loop with no
+                 * call in it, its state (the counter's address, target, it) in shared memory --
+                 * the one loop reloads it from spill slots after every poll's L1 invalidation,
+                 * two dependent L2 round trips per poll in every build (registers alone: ptxas
+                 * still spilled target and it inside the inner loop) */
+                dtmk_u64 v;
+                bool met;
+                s_burst_ctr = counter(P, e); s_burst_tg = target; s_burst_k = it;
+                while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & 15)) ++s_burst_k;
+                it = s_burst_k;
+                if (met) { W.ready = 1; break; }   /* (not `target`: its reload would cross L2) */
+#elif !defined(DTMK_POLL_FENCE)
                 /* acquire poll, no fence after it: bench/notify.py variant b, 928 vs 1168 ns
                  * per handoff (docs/dev/notify_latency.md); sys scope when ranks > 1 */
                 dtmk_u64 v = ev_ld_acquire(P, counter(P, e));

@@ -452,7 +452,9 @@
 # twice; the default build's hot attach tests and the drain poller's.
 # Session 56 ran 150: no change (default +1.89 / +1.88%, polllate +2.58 / +1.91%, offxw -0.30 / +0.44%; pollfence
 # worse).  151 (new): wait_event's hook sites apart (-DDTMK_OFFX=8 / 16 / 32: the first look's call, the drains
-# after the barrier, the spin loop's and the rest) beside offxw, twice.
+# after the barrier, the spin loop's and the rest) beside offxw, and pollburst (-DDTMK_POLL_BURST: the spin
+# loop's polls up to the 16th as an inner loop with its state in shared memory -- no spill reload through L2 per
+# poll -- in the no-hook and the hook build), twice.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -840,9 +842,9 @@ case "${1:-}" in
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   151) # session 56, plan 150: storing the poller's event before the acquire changed nothing; which of the
      # wait's gated sites carries the cost?
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R" \
-       "$(offpath 200 10 offxw,offxlook,offxsync,offxspin a)" \
-       "$(offpath 200 10 offxspin,offxsync,offxlook,offxw b)" ;;
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_POLL_BURST+$S+$R DTMK_NO_HOOKS+DTMK_POLL_BURST+$S+$R" \
+       "$(offpath 200 10 offxw,offxlook,offxsync,offxspin,pollburst a)" \
+       "$(offpath 200 10 pollburst,offxspin,offxsync,offxlook,offxw b)" ;;
   150) # session 56, plan 149: the off cost did not follow the layout (pads kept default +0.85..+1.97%, offxw pads
      # ~0); the SASS: the default wait reloaded `target` from its spill slot after the first acquire (CCTL.IVALL
      # empties L1) to store the drain poller's event before the barrier -- one L2 round trip per task, met or not

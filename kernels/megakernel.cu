@@ -67,7 +67,7 @@
  * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch).
  * Measurement only since session 56 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
  * against the default's +1.85 / +2.05% and offxw's +0.07 / -0.14% -- copy 0 is offxw's wait_event,
- * so what it keeps of the off cost is not code it runs (DTMK_WAIT_PAD: the layout?). */
+ * so what it keeps of the off cost is not code it runs (nor the layout: DTMK_WAIT_PAD, plan 149). */
 #if defined(DTMK_OFF_COPY) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OFFX)
 #error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
@@ -91,7 +91,7 @@
 #define OBS_MAIN(W) (OFFX_BIT(2) ? 0u : (W).observe)   /* the main loop's */
 /* (session 56) wait_event's sites apart: bit 3 the first look's call, bit 4 the drains after
  * its barrier, bit 5 the spin loop's and the rest (dep:wait, a drain, a reload's break, the
- * capture); bits 3-5 together are bit 0 */
+ * capture); bits 3-5 together gate what bit 0 gates in the wait */
 #define WC_LOOK (!(OFFX_BIT(0) || OFFX_BIT(3)))
 #define WC_SYNC (!(OFFX_BIT(0) || OFFX_BIT(4)))
 #define WC_SPIN (!(OFFX_BIT(0) || OFFX_BIT(5)))
@@ -1187,8 +1187,8 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #if defined(DTMK_DRAIN_POLL) && !defined(DTMK_POLL_STORE_LATE)
         /* the drain poller's event, stored before the acquire: its CCTL.IVALL empties L1, and
          * stored after it `target` came back from its spill slot (kept across obs_first_look's
-         * call) through L2 on every task's critical path (session 56; -DDTMK_POLL_STORE_LATE,
-         * measurement only: the old place) */
+         * call) through L2 on every task's critical path (session 56; plan 150 measured no
+         * change either way; -DDTMK_POLL_STORE_LATE, measurement only: the old place) */
         s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
         int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */

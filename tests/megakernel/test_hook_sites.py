@@ -130,7 +130,7 @@ def test_no_drain_on_a_ready_first_look_below_must_at():
     # 3/4 full (full_at) and the epoch-lag drain only when the first look was not ready
     assert "(!rd && O.maxc >= O.full_at)" in f and "!rd && OBS_LAGGING(step)" in f
     w = body("wait_event")
-    assert "OBS_SYNC_WAIT_IF(dt < 0 && OBS_WAIT(W), O.maxc < O.must_at && !OBS_LAGGING(step)" in w
+    assert "OBS_SYNC_WAIT_IF(dt < 0 && WC_SYNC && OBS_WAIT(W), O.maxc < O.must_at && !OBS_LAGGING(step)" in w
     # the poll count survives a drain chunk (chunks 16 polls apart, not 64)
     assert "unsigned it = 0;" in w and "for (unsigned it" not in w
     assert "obs_spin_drain(W, now - t0, (dtmk_u32)step)" in w
@@ -155,7 +155,7 @@ def test_the_drain_poller_stamps_the_event_seen_met():
     assert "ev_ld_relaxed(" in d                    # (thread 0's next poll is the acquire)
     assert "#define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) OBS_SYNC_IF(cond, chunk, step)" in SRC
     w = body("wait_event")
-    assert "OBS_SYNC_WAIT_IF(WAIT_CODE && (first & 6), !(first & 2), (dtmk_u32)step, !(first & 1))" in w
+    assert "OBS_SYNC_WAIT_IF(WC_SYNC && (first & 6), !(first & 2), (dtmk_u32)step, !(first & 1))" in w
     assert "s_poll_ev = counter(P, e); s_poll_target = target;" in w
     assert "OBS_SYNC_IF(" not in w                   # every drain in a wait has the poller
     assert w.count("s_drain_busy = 1") == 2          # set before the barrier each drain follows

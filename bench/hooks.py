@@ -333,7 +333,10 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "pollfence": ("DTMK_POLL_FENCE",),
                   # the spin loop's polls up to the next 16th as an inner loop whose state is in shared memory:
                   # no spill reload per poll (-DDTMK_POLL_BURST, measurement, session 56), both builds
-                  "pollburst": ("DTMK_POLL_BURST",)}
+                  "pollburst": ("DTMK_POLL_BURST",),
+                  # ... in the CLI's observer build (the issue's table beside obssm4fold)
+                  "obssm4fold_pb": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                    "DTMK_POLL_BURST")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -357,7 +360,8 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "pad14": ("off",), "pad40": ("off",), "pad94": ("off",), "offxwpad14": ("off",),
-                      "offxwpad40": ("off",), "polllate": ("off", "summary"), "pollfence": ("off",), "pollburst": ("off",)}
+                      "offxwpad40": ("off",), "polllate": ("off", "summary"), "pollfence": ("off",), "pollburst": ("off",),
+                      "obssm4fold_pb": ("off", "null3", "summary", "summary_cm", "summary_cmgen")}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",

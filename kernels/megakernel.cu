@@ -164,8 +164,8 @@
 #if !defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
 #define DTMK_DRAIN_POLL
 #endif
-#if defined(DTMK_POLL_BURST) && (defined(DTMK_POLL_FENCE) || defined(DTMK_OBS_PROF) || defined(DTMK_OSQ_DEFER))
-#error "-DDTMK_POLL_BURST (measurement only) is the acquire poll without profiling or the observer SM's deferred flush"
+#if defined(DTMK_POLL_BURST) && (defined(DTMK_POLL_FENCE) || defined(DTMK_OBS_PROF) || defined(DTMK_OSQ_DEFER_AFTER))
+#error "-DDTMK_POLL_BURST (measurement only) is the acquire poll without profiling or a late deferred flush"
 #endif
 #if defined(DTMK_POLL_STORE_LATE) && !defined(DTMK_DRAIN_POLL)
 #error "-DDTMK_POLL_STORE_LATE (measurement only) moves a store of the drain poller's (the default hook build's)"
@@ -1260,7 +1260,13 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
                 dtmk_u64 v;
                 bool met;
                 s_burst_ctr = counter(P, e); s_burst_tg = target; s_burst_k = it;
-                while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & 15)) ++s_burst_k;
+#ifdef DTMK_OSQ_DEFER
+                /* (staged entries: one poll, then the flush below, as without the burst) */
+                const unsigned burst = s_osq_nst ? 0u : 15u;
+#else
+                const unsigned burst = 15u;
+#endif
+                while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & burst)) ++s_burst_k;
                 it = s_burst_k;
                 if (met) { W.ready = 1; break; }   /* (not `target`: its reload would cross L2) */
 #elif !defined(DTMK_POLL_FENCE)

@@ -455,6 +455,8 @@
 # after the barrier, the spin loop's and the rest) beside offxw, and pollburst (-DDTMK_POLL_BURST: the spin
 # loop's polls up to the 16th as an inner loop with its state in shared memory -- no spill reload through L2 per
 # poll -- in the no-hook and the hook build), twice.
+# 152 (new, after 151 if pollburst helps): the issue's table (plan 143's command) with the CLI's observer build
+# and its POLL_BURST twin side by side (obssm4fold / obssm4fold_pb): off, hot and compiled summaries.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -840,6 +842,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  152) O=${OUT:-/tmp/out}
+     # session 56: the CLI's observer build with the spin loop's inner poll loop (-DDTMK_POLL_BURST, the
+     # deferred flush after one poll when entries are staged) in the issue's table beside the build without it
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $PINNED $L+DTMK_POLL_BURST+$S+$R DTMK_POLL_BURST+$S+$R" \
+       "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold,obssm4fold_pb --placement sorted --obs-sms calibrate --out $O/sorted" ;;
   151) # session 56, plan 150: storing the poller's event before the acquire changed nothing; which of the
      # wait's gated sites carries the cost?
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_POLL_BURST+$S+$R DTMK_NO_HOOKS+DTMK_POLL_BURST+$S+$R" \
@@ -1120,5 +1127,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..151)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..152)" >&2; exit 2 ;;
 esac

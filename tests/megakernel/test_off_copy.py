@@ -135,17 +135,19 @@ def test_poll_burst_keeps_the_poll_state_in_shared_memory(fresh_cache):
     """-DDTMK_POLL_BURST (measurement, session 56): the spin loop's polls up to the next 16th run
     as an inner loop that reads the counter's address, target and the poll count from volatile
     shared memory -- so no spill slot is reloaded (through L2, after the acquire's L1
-    invalidation) between polls -- and its exit tests the loop's own `met`, not `target`.  Both
-    builds take it; the profiled, fenced and deferred-flush polls refuse it."""
+    invalidation) between polls -- and its exit tests the loop's own `met`, not `target`.  The
+    no-hook, default and observer-SM builds take it (with entries staged the observer SM's wait
+    polls once and flushes, as without it); the profiled, fenced and late-flush polls refuse it."""
     src = megakernel_text()
     w = src[src.index("#ifdef DTMK_POLL_BURST\n                /* MEASUREMENT"):]
     w = w[:w.index("#elif !defined(DTMK_POLL_FENCE)")]
-    assert "while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & 15)) ++s_burst_k;" in w
+    assert "while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & burst)) ++s_burst_k;" in w
     assert "if (met) { W.ready = 1; break; }" in w and "target)" not in w.split("s_burst_tg = target;")[1]
-    for d in ("DTMK_NO_HOOKS", None):
-        ptx = _ptx(tuple(x for x in (d, "DTMK_POLL_BURST") if x))
+    assert "const unsigned burst = s_osq_nst ? 0u : 15u;" in w
+    for d in (("DTMK_NO_HOOKS",), (), gpu.observer_defines("sm")):
+        ptx = _ptx(d + ("DTMK_POLL_BURST",))
         f = _func(ptx, "_Z10wait_event")
         assert "ld.volatile.shared.u64" in f and "s_burst_tg" in f
-    for bad in ("DTMK_POLL_FENCE", "DTMK_OBS_PROF"):
+    for bad in ("DTMK_POLL_FENCE", "DTMK_OBS_PROF", "DTMK_OSQ_DEFER_AFTER=4"):
         with pytest.raises(CompileError, match="DTMK_POLL_BURST"):
             gpu.compile_source("sm_90a", "ptx", defines=("DTMK_POLL_BURST", bad), use_cache=False)

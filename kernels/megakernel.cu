@@ -110,9 +110,6 @@
 #define OBS_WAIT(W) (WAIT_CODE ? (W).observe : 0u)
 #define OBS_RUN(W) (RUN_CODE ? (W).observe : 0u)
 #define OBS_MAIN(W) ((W).observe)
-#define WC_LOOK WAIT_CODE
-#define WC_SYNC WAIT_CODE
-#define WC_SPIN WAIT_CODE
 #else
 #define OFFX_BIT(b) 0
 #define WAIT_CODE 1
@@ -120,6 +117,8 @@
 #define OBS_WAIT(W) ((W).observe)
 #define OBS_RUN(W) ((W).observe)
 #define OBS_MAIN(W) ((W).observe)
+#endif
+#ifndef WC_LOOK                        /* (DTMK_OFFX's sites apart; else each is WAIT_CODE) */
 #define WC_LOOK WAIT_CODE
 #define WC_SYNC WAIT_CODE
 #define WC_SPIN WAIT_CODE

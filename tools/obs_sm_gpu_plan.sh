@@ -842,6 +842,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
+     # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
+     # footprint in the instruction caches (session 30)?  The executed SASS of each build, per launch
+     # (ncu SourceCounters; tools/ncu_footprint.py here, with the device's NVRTC, maps it to functions)
+     O=$NCU_DIR; mkdir -p $O
+     V=offxw=DTMK_OFFX=1,offxlook=DTMK_OFFX=8,offxsync=DTMK_OFFX=16,offxspin=DTMK_OFFX=32,offcopyw=DTMK_OFF_COPY=1
+     lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off --variants $V --place"
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
+       "$(ncu_run 300 '--section SourceCounters' src 24) $lp --out $O/src_lp && $(ncu_src src)" "$NCU_PACK" ;;
   152) O=${OUT:-/tmp/out}
      # session 56: the CLI's observer build with the spin loop's inner poll loop (-DDTMK_POLL_BURST, the
      # deferred flush after one poll when entries are staged) in the table beside the build without it

@@ -320,23 +320,9 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # wait_event (offcopyw) / and run_task (offcopywr) in two copies, the copy without hook code
                   # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55; measurement only)
                   "offcopyw": ("DTMK_OFF_COPY=1",), "offcopywr": ("DTMK_OFF_COPY=3",),
-                  # measurement only (session 56, --offpath): ~12 x N never-executed instructions in wait_event
-                  # (-DDTMK_WAIT_PAD=N), which move every function laid out after it -- in the no-hook and the
-                  # hook build alike (padN), and in offxw: is the off cost the code's layout, not its work?
-                  "pad14": ("DTMK_WAIT_PAD=14",), "pad40": ("DTMK_WAIT_PAD=40",), "pad94": ("DTMK_WAIT_PAD=94",),
-                  "offxwpad14": ("DTMK_OFFX=1", "DTMK_WAIT_PAD=14"), "offxwpad40": ("DTMK_OFFX=1", "DTMK_WAIT_PAD=40"),
-                  # measurement only (session 56): the drain poller's event stored after the first acquire again
-                  # (its old place: `target` reloaded from its spill slot through L2 before the wait's barrier)
-                  "polllate": ("DTMK_POLL_STORE_LATE",),
                   # the session-2 poll (relaxed loads, one fence.acq_rel once met): no L1 invalidation per poll,
                   # so the poll loop's spill reloads hit L1 -- in the no-hook and the hook build alike
-                  "pollfence": ("DTMK_POLL_FENCE",),
-                  # the spin loop's polls up to the next 16th as an inner loop whose state is in shared memory:
-                  # no spill reload per poll (-DDTMK_POLL_BURST, measurement, session 56), both builds
-                  "pollburst": ("DTMK_POLL_BURST",),
-                  # ... in the CLI's observer build (the issue's table beside obssm4fold)
-                  "obssm4fold_pb": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
-                                    "DTMK_POLL_BURST")}
+                  "pollfence": ("DTMK_POLL_FENCE",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -359,15 +345,13 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
-                      "pad14": ("off",), "pad40": ("off",), "pad94": ("off",), "offxwpad14": ("off",),
-                      "offxwpad40": ("off",), "polllate": ("off", "summary"), "pollfence": ("off",), "pollburst": ("off",),
-                      "obssm4fold_pb": ("off", "null3", "summary", "summary_cm", "summary_cmgen")}
+                      "pollfence": ("off",)}
 #: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
-                     "DTMK_OFFX", "DTMK_OFF_COPY", "DTMK_POLL_STORE_LATE")
+                     "DTMK_OFFX", "DTMK_OFF_COPY")
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 #: the compiled runs: run -> whether the monitor's map helpers are folded to each map's shape

@@ -67,7 +67,7 @@
  * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch).
  * Measurement only since session 56 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
  * against the default's +1.85 / +2.05% and offxw's +0.07 / -0.14% -- copy 0 is offxw's wait_event,
- * so what it keeps of the off cost is not code it runs (nor the layout: DTMK_WAIT_PAD, plan 149). */
+ * so what it keeps of the off cost is not code it runs (nor the layout: plan 149 padded the wait). */
 #if defined(DTMK_OFF_COPY) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OFFX)
 #error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
@@ -162,12 +162,6 @@
  * "Session 48").  -DDTMK_NO_DRAIN_POLL builds the old wait (~0.7% shorter 1b serving step). */
 #if !defined(DTMK_DRAIN_POLL) && !defined(DTMK_NO_DRAIN_POLL) && !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM)
 #define DTMK_DRAIN_POLL
-#endif
-#if defined(DTMK_POLL_BURST) && (defined(DTMK_POLL_FENCE) || defined(DTMK_OBS_PROF) || defined(DTMK_OSQ_DEFER_AFTER))
-#error "-DDTMK_POLL_BURST (measurement only) is the acquire poll without profiling or a late deferred flush"
-#endif
-#if defined(DTMK_POLL_STORE_LATE) && !defined(DTMK_DRAIN_POLL)
-#error "-DDTMK_POLL_STORE_LATE (measurement only) moves a store of the drain poller's (the default hook build's)"
 #endif
 #if defined(DTMK_GATE_POLL) && !defined(DTMK_DRAIN_POLL)
 #error "DTMK_GATE_POLL extends DTMK_DRAIN_POLL's poller (not with DTMK_NO_DRAIN_POLL, DTMK_NO_HOOKS or DTMK_OBS_SM)"
@@ -1151,21 +1145,11 @@ __device__ __noinline__ void ws_next(const MkParams &P, int tn) {
  * dep:wait / dep:release for static task t (t < 0: the end-of-run drain, no hooks).
  * Thread 0 leaves the dependency wait in W.dep_wait (ns) while observing; sets
  * W.aborted on abort / watchdog.  The observer drains only inside a wait that lasted. */
-#ifdef DTMK_WAIT_PAD
-__device__ unsigned dtmk_pad_sink;
-#endif
 #if OFF_COPY_BIT(0)
 template <unsigned WCOPY>
 #endif
 __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
     __shared__ dtmk_u64 s_t0;
-#ifdef DTMK_POLL_BURST
-    /* thread 0's poll state (see the spin loop); volatile: each use an LDS, or ptxas keeps a
-     * register copy and spills it */
-    __shared__ const dtmk_u64 *volatile s_burst_ctr;
-    __shared__ volatile dtmk_u64 s_burst_tg;
-    __shared__ volatile unsigned s_burst_k;
-#endif
     if (threadIdx.x == 0) {
         DTMK_PROF_BEGIN(prof_look);
 #ifndef DTMK_REC_LATE
@@ -1183,11 +1167,11 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #endif
         post_pending(P, W, false);
         W.dep_wait = 0;
-#if defined(DTMK_DRAIN_POLL) && !defined(DTMK_POLL_STORE_LATE)
+#ifdef DTMK_DRAIN_POLL
         /* the drain poller's event, stored before the acquire: its CCTL.IVALL empties L1, and
          * stored after it `target` came back from its spill slot (kept across obs_first_look's
          * call) through L2 on every task's critical path (session 56; plan 150 measured no
-         * change either way; -DDTMK_POLL_STORE_LATE, measurement only: the old place) */
+         * change either way) */
         s_poll_ev = counter(P, e); s_poll_target = target;
 #endif
         int rd = ev_ld_acquire(P, counter(P, e)) >= target;   /* system scope when ranks > 1 */
@@ -1213,9 +1197,6 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
         W.t_seen = (rd & 1) && (rd & 6) ? mk_now() : 0;
 #endif
         s_drain_busy = 1;
-#ifdef DTMK_POLL_STORE_LATE
-        s_poll_ev = counter(P, e); s_poll_target = target;
-#endif
 #endif
         if (!(rd & 1)) {
             dtmk_u64 *ws = wstate(P, W.worker);
@@ -1250,25 +1231,7 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             const bool sys = P.ranks > 1;   /* receive events are added to by peer GPUs */
             for (;;) {
                 ++it;
-#ifdef DTMK_POLL_BURST
-                /* MEASUREMENT (session 56): the polls up to the next 16th as an inner loop with no
-                 * call in it, its state (the counter's address, target, it) in shared memory --
-                 * the one loop reloads it from spill slots after every poll's L1 invalidation,
-                 * two dependent L2 round trips per poll in every build (registers alone: ptxas
-                 * still spilled target and it inside the inner loop) */
-                dtmk_u64 v;
-                bool met;
-                s_burst_ctr = counter(P, e); s_burst_tg = target; s_burst_k = it;
-#ifdef DTMK_OSQ_DEFER
-                /* (staged entries: one poll, then the flush below, as without the burst) */
-                const unsigned burst = s_osq_nst ? 0u : 15u;
-#else
-                const unsigned burst = 15u;
-#endif
-                while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & burst)) ++s_burst_k;
-                it = s_burst_k;
-                if (met) { W.ready = 1; break; }   /* (not `target`: its reload would cross L2) */
-#elif !defined(DTMK_POLL_FENCE)
+#ifndef DTMK_POLL_FENCE
                 /* acquire poll, no fence after it: bench/notify.py variant b, 928 vs 1168 ns
                  * per handoff (docs/dev/notify_latency.md); sys scope when ranks > 1 */
                 dtmk_u64 v = ev_ld_acquire(P, counter(P, e));
@@ -1412,11 +1375,6 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
             }
         }
     }
-#ifdef DTMK_WAIT_PAD
-    /* MEASUREMENT ONLY (session 56): ~12 x DTMK_WAIT_PAD instructions never executed (t >= -1),
-     * which move every function laid out after wait_event -- is the off cost code layout? */
-    if (t == -0x7777) dtmk_pad_sink = probe_icode<(DTMK_WAIT_PAD), 0x3c3c3c3cu>((dtmk_u32)step);
-#endif
 }
 
 

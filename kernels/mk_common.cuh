@@ -19,10 +19,10 @@
 #undef static_assert
 #endif
 
-#if defined(DTMK_OSQ_ICODE) || defined(DTMK_WK_ICODE) || defined(DTMK_WAIT_PAD)
+#if defined(DTMK_OSQ_ICODE) || defined(DTMK_WK_ICODE)
 /* MEASUREMENT ONLY (the instruction-cache probes: mk_obs_sm.cuh osq_icode, megakernel.cu
- * wk_icode; megakernel.cu's never-executed DTMK_WAIT_PAD): four independent xorshift-multiply
- * chains, unrolled N times -- straight-line code, no memory, ~12 instructions per iteration.
+ * wk_icode): four independent xorshift-multiply chains, unrolled N times -- straight-line
+ * code, no memory, ~12 instructions per iteration.
  * SALT changes the multipliers, so each caller's copy is code of its own (SALT 0: session 26's
  * osq_icode, its PTX equal but for the order of the last three xors) */
 template <int N, unsigned SALT> __device__ __forceinline__ dtmk_u32 probe_icode(dtmk_u32 a) {

@@ -457,6 +457,11 @@
 # poll -- in the no-hook and the hook build), twice.
 # 152 (new, after 151 if pollburst helps): the issue's table (plan 143's command) with the CLI's observer build
 # and its POLL_BURST twin side by side (obssm4fold / obssm4fold_pb): off, hot and compiled summaries.
+# Session 57 ran 151: no one site carries the cost (offxlook +2.64 / +2.64%, offxsync +1.45 / +1.25%, offxspin
+# +1.07 / +0.49%, offxw -0.29 / -0.59%, default +1.69 / +1.80%); pollburst slowed the no-hook build (+0.59 /
+# +0.73%).  149-152 are gone with their measurement defines (WAIT_PAD, POLL_STORE_LATE, POLL_BURST; record:
+# docs/results/hooks.md "Session 56" / "Session 57").  153 (new): the off builds' executed SASS under ncu
+# (SourceCounters, one launch each): is the off cost the instruction footprint?
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -851,31 +856,6 @@ case "${1:-}" in
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off --variants $V --place"
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
        "$(ncu_run 300 '--section SourceCounters' src 24) $lp --out $O/src_lp && $(ncu_src src)" "$NCU_PACK" ;;
-  152) O=${OUT:-/tmp/out}
-     # session 56: the CLI's observer build with the spin loop's inner poll loop (-DDTMK_POLL_BURST, the
-     # deferred flush after one poll when entries are staged) in the issue's table beside the build without it
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $PINNED $L+DTMK_POLL_BURST+$S+$R DTMK_POLL_BURST+$S+$R" \
-       "timeout 300 python3 bench/hooks.py --presets 1b --reps 6 --variants obssm4fold,obssm4fold_pb --placement sorted --obs-sms calibrate --out $O/sorted" ;;
-  151) # session 56, plan 150: storing the poller's event before the acquire changed nothing; which of the
-     # wait's gated sites carries the cost?
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_POLL_BURST+$S+$R DTMK_NO_HOOKS+DTMK_POLL_BURST+$S+$R" \
-       "$(offpath 200 10 offxw,offxlook,offxsync,offxspin,pollburst a)" \
-       "$(offpath 200 10 pollburst,offxspin,offxsync,offxlook,offxw b)" ;;
-  150) # session 56, plan 149: the off cost did not follow the layout (pads kept default +0.85..+1.97%, offxw pads
-     # ~0); the SASS: the default wait reloaded `target` from its spill slot after the first acquire (CCTL.IVALL
-     # empties L1) to store the drain poller's event before the barrier -- one L2 round trip per task, met or not
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_POLL_STORE_LATE+$S+$R DTMK_POLL_FENCE+$S+$R DTMK_NO_HOOKS+DTMK_POLL_FENCE+$S+$R" \
-       "$(offpath 200 10 offxw,polllate,pollfence a)" \
-       "$(pytv 280 tests/gpu/test_hot_attach.py tests/gpu/test_obs_ring.py -k 'default or drain_poller or (final_epochs and not obssm and not offcopy)')" \
-       "$(offpath 200 10 pollfence,polllate,offxw b)" ;;
-  149) # session 56, plan 146: offcopyw (wait_event's copy without hook code, the one run while nothing observes)
-     # +1.54 / +1.83% over no hooks against default +1.85 / +2.05% and offxw +0.07 / -0.14%, though copy 0 is
-     # offxw's wait_event (982 / 980 instructions, 16 / 17 LDL) at offxw's address: what it kept is wait_event<1>
-     # laid out after it (+18 KB before run_body, op_proj, ...).  Layout, then?  Dead code of three sizes moves
-     # the code after wait_event in the no-hook and hook builds alike, and in offxw
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_WAIT_PAD=14+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=14+$S+$R DTMK_WAIT_PAD=40+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=40+$S+$R DTMK_WAIT_PAD=94+$S+$R DTMK_NO_HOOKS+DTMK_WAIT_PAD=94+$S+$R DTMK_OFFX=1+DTMK_WAIT_PAD=14+$S+$R DTMK_OFFX=1+DTMK_WAIT_PAD=40+$S+$R" \
-       "$(offpath 240 10 offxw,pad14,pad40,pad94,offxwpad14,offxwpad40 a)" \
-       "$(offpath 240 10 offxwpad40,offxwpad14,pad94,pad40,pad14,offxw b)" ;;
   148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R" \

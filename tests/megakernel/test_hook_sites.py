@@ -208,9 +208,8 @@ def test_the_poller_event_is_stored_before_the_first_acquire(megakernel_ptx):
     """Session 56: the acquire's L1 invalidation (CCTL.IVALL) makes every local-memory reload after
     it an L2 round trip; storing the poller's event and target after it reloaded `target` from its
     spill slot on every wait's critical path.  The default build's wait stores both before its
-    first acquire; -DDTMK_POLL_STORE_LATE (measurement only) keeps the old place, and is refused
-    where no poller exists."""
-    from dtrace_mk.kernels.build import CompileError, ptx_function
+    first acquire (plan 150 measured no change either way: free, so kept)."""
+    from dtrace_mk.kernels.build import ptx_function
     w = body("wait_event")
     assert w.index("s_poll_ev = counter(P, e); s_poll_target = target;") < w.index("ev_ld_acquire(P, counter(P, e))")
 
@@ -219,9 +218,6 @@ def test_the_poller_event_is_stored_before_the_first_acquire(megakernel_ptx):
         st = re.search(r"st\.shared\.u64\s+\[s_poll_target\]", f)
         return st.start() < f.index("ld.acquire.gpu")
     assert order(())
-    assert not order(("DTMK_POLL_STORE_LATE",))
-    with pytest.raises(CompileError, match="DTMK_POLL_STORE_LATE"):
-        megakernel_ptx(("DTMK_POLL_STORE_LATE", "DTMK_NO_DRAIN_POLL"))
 
 
 # ---- round 4: rare, large drains ---------------------------------------------------------

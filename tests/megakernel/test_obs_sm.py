@@ -376,7 +376,7 @@ def test_the_gpu_plan_names_existing_tests_builds_and_variants(load_bench):
     for vs in re.findall(r"\$\(offpath \d+ \d+ ([\w,]+) \w+\)", plan):  # (... and bench/hooks.py --offpath's)
         variants["hooks"].update(vs.split(","))
     assert {"nopush16", "dinline", "uncapB"} <= variants["obs_split"], variants
-    assert {"obssm", "obssm3", "obssm4", "offxall", "offcopyw", "pad94", "offxwpad40"} <= variants["hooks"] <= set(hooks_table("BUILD_VARIANTS")), variants
+    assert {"obssm", "obssm3", "obssm4", "offxall", "offcopyw", "offxw"} <= variants["hooks"] <= set(hooks_table("BUILD_VARIANTS")), variants
     obs_split = load_bench("obs_split")
     assert {"novm", "nolow"} <= variants["obs_split"] <= set(obs_split.VARIANTS), variants
 

@@ -116,38 +116,3 @@ def test_the_latch_is_written_only_before_a_barrier_and_read_once_per_task():
     loop = _between(src, "if (s_obs_copy) {", "#else")
     assert loop.count("WAIT_EVENT_COPY(1u)") == 1 and loop.count("WAIT_EVENT_COPY(0u)") == 1
     assert src.count("if (s_obs_copy)") == 1
-
-
-def test_wait_pad_is_dead_code_in_wait_event_only(fresh_cache):
-    """-DDTMK_WAIT_PAD=N (measurement, session 56): N rounds of probe_icode behind a branch no
-    call takes (t == -0x7777: a wait's t is a task or -1), in wait_event alone -- so it moves
-    the functions after wait_event and runs nothing; the no-hook build takes it too."""
-    src = megakernel_text()
-    assert "if (t == -0x7777) dtmk_pad_sink = probe_icode<(DTMK_WAIT_PAD)" in src
-    assert src.count("DTMK_WAIT_PAD)") == 1
-    ptx = _ptx(("DTMK_NO_HOOKS", "DTMK_WAIT_PAD=3"))
-    assert "dtmk_pad_sink" in _func(ptx, "wait_event")
-    assert ptx.count("dtmk_pad_sink") == 2           # its declaration and wait_event's one store
-    assert "dtmk_pad_sink" not in _ptx(("DTMK_NO_HOOKS",))
-
-
-def test_poll_burst_keeps_the_poll_state_in_shared_memory(fresh_cache):
-    """-DDTMK_POLL_BURST (measurement, session 56): the spin loop's polls up to the next 16th run
-    as an inner loop that reads the counter's address, target and the poll count from volatile
-    shared memory -- so no spill slot is reloaded (through L2, after the acquire's L1
-    invalidation) between polls -- and its exit tests the loop's own `met`, not `target`.  The
-    no-hook, default and observer-SM builds take it (with entries staged the observer SM's wait
-    polls once and flushes, as without it); the profiled, fenced and late-flush polls refuse it."""
-    src = megakernel_text()
-    w = src[src.index("#ifdef DTMK_POLL_BURST\n                /* MEASUREMENT"):]
-    w = w[:w.index("#elif !defined(DTMK_POLL_FENCE)")]
-    assert "while (!(met = (v = ev_ld_acquire(P, s_burst_ctr)) >= s_burst_tg) && (s_burst_k & burst)) ++s_burst_k;" in w
-    assert "if (met) { W.ready = 1; break; }" in w and "target)" not in w.split("s_burst_tg = target;")[1]
-    assert "const unsigned burst = s_osq_nst ? 0u : 15u;" in w
-    for d in (("DTMK_NO_HOOKS",), (), gpu.observer_defines("sm")):
-        ptx = _ptx(d + ("DTMK_POLL_BURST",))
-        f = _func(ptx, "_Z10wait_event")
-        assert "ld.volatile.shared.u64" in f and "s_burst_tg" in f
-    for bad in ("DTMK_POLL_FENCE", "DTMK_OBS_PROF", "DTMK_OSQ_DEFER_AFTER=4"):
-        with pytest.raises(CompileError, match="DTMK_POLL_BURST"):
-            gpu.compile_source("sm_90a", "ptx", defines=("DTMK_POLL_BURST", bad), use_cache=False)

@@ -854,7 +854,12 @@ case "${1:-}" in
      O=$NCU_DIR; mkdir -p $O
      V=offxw=DTMK_OFFX=1,offxlook=DTMK_OFFX=8,offxsync=DTMK_OFFX=16,offxspin=DTMK_OFFX=32,offcopyw=DTMK_OFF_COPY=1
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off --variants $V --place"
+     # ... and the instruction caches' counters of the same launches (plan 64's metrics)
+     M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+     for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
+              gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do M="$M,$m.sum,$m.max"; done
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
+       "$(ncu_run 200 "--metrics $M" icc 24) $lp --out $O/icc_lp && $NCU -i $O/icc.ncu-rep --page raw --csv > $O/icc_raw.csv" \
        "$(ncu_run 300 '--section SourceCounters' src 24) $lp --out $O/src_lp && $(ncu_src src)" "$NCU_PACK" ;;
   148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests

@@ -859,7 +859,7 @@ case "${1:-}" in
      for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
               gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do M="$M,$m.sum,$m.max"; done
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
-       "$(ncu_run 200 "--metrics $M" icc 24) $lp --out $O/icc_lp && $NCU -i $O/icc.ncu-rep --page raw --csv > $O/icc_raw.csv" \
+       "$(ncu_run 200 "--metrics $M" icc 24) $lp --out ${OUT:-/tmp/out}/icc_lp && $NCU -i $O/icc.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/icc_raw.csv" \
        "$(ncu_run 300 '--section SourceCounters' src 24) $lp --out $O/src_lp && $(ncu_src src)" "$NCU_PACK" ;;
   148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests

@@ -26,7 +26,11 @@ __noinline__ subroutine: where the added code lies in the instruction caches); -
 FN,FN adds their instructions per source line.  It needs the profiled machine's NVRTC
 (another NVRTC emits other SASS: the instruction counts differ, and the tool says so): on
 the GPU machine, or here with that NVRTC version loaded (docs/dev/hook_cost_analysis.md
-"Session 30", Method)."""
+"Session 30", Method).
+
+--match NAME=PRESET:DEFS (repeated) names each launch by its build's instruction count (one
+launch per build variant: plans 153-154) and prints its lines per SASS function; --raw CSV
+adds that launch's instruction-cache metrics from the same run's `ncu --page raw --csv`."""
 from __future__ import annotations
 
 import argparse
@@ -199,6 +203,63 @@ def print_functions(title: str, kb: collections.Counter, top: int = 25) -> None:
         print(f"  {f:<20}{fn:<32}{v:>7.1f} KB")
 
 
+def match_builds(launches, sizes: dict) -> list:
+    """The build name of each launch, told apart by instruction count (sizes: name -> count;
+    None where no build has the launch's count).  Two builds of one count cannot be told apart."""
+    by_size = {}
+    for name, n in sizes.items():
+        if n in by_size:
+            raise ValueError(f"--match: {by_size[n]} and {name} both have {n} instructions (not told apart)")
+        by_size[n] = name
+    return [by_size.get(len(c)) for c in launches]
+
+
+#: the instruction caches' metrics plans 153-154 collect (ncu --metrics), as printed by --raw
+RAW_METRICS = (("gpu__time_duration.sum", "time"), ("sm__icc_requests_lookup_miss.sum", "ICC miss"),
+               ("gcc__cache_requests_type_instruction.sum", "GCC instr req"),
+               ("gcc__cache_requests_type_instruction_lookup_miss.sum", "GCC instr miss"),
+               ("gcc__gcc2xbar_requests_type_instruction.sum", "GCC->L2 instr"))
+
+
+def load_raw(path) -> list:
+    """[(launch ID, {metric: value})] of an `ncu --page raw --csv` export (a header row, a units
+    row, then one row per launch), only RAW_METRICS."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    if len(rows) < 2 or "ID" not in rows[0]:
+        raise ValueError(f"{path}: not an ncu raw export (no 'ID' column)")
+    hdr = rows[0]
+    cols = {m: hdr.index(m) for m, _ in RAW_METRICS if m in hdr}
+    if not cols:
+        raise ValueError(f"{path}: none of {', '.join(m for m, _ in RAW_METRICS)}")
+    return [(int(r[hdr.index("ID")]), {m: float(r[i].replace(",", "")) for m, i in cols.items()}) for r in rows[2:]]
+
+
+def print_matched(launches, specs, min_exec: int, raw=None) -> None:
+    """--match: per launch its build, KB of lines executed >= min_exec times in all and in the
+    largest SASS functions, and (raw) the instruction caches' metrics of that launch."""
+    syms = {}
+    for spec in specs:
+        name, sep, build = spec.partition("=")
+        if not sep or ":" not in build:
+            raise ValueError(f"--match {spec!r}: expected NAME=PRESET:DEF+DEF")
+        syms[name] = [x[3] for x in build_lines(build)]
+    names = match_builds(launches, {k: len(v) for k, v in syms.items()})
+    per = LINE_BYTES // SASS_BYTES
+    metrics = dict(raw or [])
+    for k, (c, name) in enumerate(zip(launches, names)):
+        m = metrics.get(k, {})
+        extra = "  ".join(f"{label} {m[key]:,.3f} ms" if key.startswith("gpu__time") else f"{label} {m[key]:,.0f}"
+                          for key, label in RAW_METRICS if key in m)
+        print(f"--- launch {k}: {name or '(no --match build)'}, {sum(c) / 1e6:.1f} M instructions executed, "
+              f"{lines_kb(c, min_exec):.2f} KB of lines >= {min_exec}  {extra}")
+        if name:
+            by = collections.Counter()
+            for ln in {i // per for i, x in enumerate(c) if x >= min_exec}:
+                by[syms[name][ln * per]] += LINE_BYTES / 1024
+            print("    " + ", ".join(f"{s_}={v:.2f}" for s_, v in by.most_common(8)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv")
@@ -208,6 +269,11 @@ def main(argv=None) -> int:
                     help="the build those launches ran: per-function KB (GPU machine: NVRTC, nvdisasm)")
     ap.add_argument("--lines", metavar="FN,FN", help="with --build: also instructions per source line of these "
                                                      "functions (with --diff: of what launch B added)")
+    ap.add_argument("--match", action="append", default=[], metavar="NAME=PRESET:DEFS",
+                    help="builds told apart by instruction count: each launch is named by its build and its "
+                         "lines per SASS function printed (plans 153-154: one launch per build variant)")
+    ap.add_argument("--raw", metavar="CSV", help="the same run's `ncu --page raw --csv` export: the instruction "
+                                                "caches' metrics per launch beside its lines")
     a = ap.parse_args(argv)
     try:
         mins = [int(x) for x in a.min.split(",") if x] or [1]
@@ -225,6 +291,11 @@ def main(argv=None) -> int:
     print(f"{'':<21}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + f"   (KB of {LINE_BYTES}-byte lines)")
     for k, c in enumerate(launches):
         print(f"{k:<21}" + "".join(f"{lines_kb(c, m):>12.1f}" for m in mins))
+    if a.match:
+        try:
+            print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None)
+        except (OSError, ValueError) as e:
+            ap.error(str(e))
     lines, funcs = {}, {}
     for b in sorted(set(builds.values())):
         try:

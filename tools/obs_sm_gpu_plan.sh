@@ -462,6 +462,8 @@
 # +0.73%).  149-152 are gone with their measurement defines (WAIT_PAD, POLL_STORE_LATE, POLL_BURST; record:
 # docs/results/hooks.md "Session 56" / "Session 57").  153 (new): the off builds' executed SASS under ncu
 # (SourceCounters, one launch each): is the off cost the instruction footprint?
+# Session 57 ran 153 (with the trace on: see 154).  154 (new): the same counters on bench/hooks.py --offpath's
+# own launches (trace off), one ncu pass.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -847,6 +849,18 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  154) # session 57, plan 153 ran level_profile, whose rows all run the task trace (W.observe = trace_on: the
+     # wait's gated code ran, offcopyw's observing copy) -- not the off path; its seven builds' launch times still
+     # followed their executed footprint and the GPC caches' instruction fetches from L2.  The same counters on
+     # bench/hooks.py --offpath's own launches (trace off; warm-up + 1 rep: nohooks, off, off2, summary, then one
+     # launch per variant), the source counters and the caches' metrics in one pass (launches match by ID); the
+     # warm-up pass's 9 launches skipped
+     O=$NCU_DIR; mkdir -p $O
+     M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+     for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
+              gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do M="$M,$m.sum,$m.max"; done
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
+       "$(ncu_run 400 "--launch-skip 9 --section SourceCounters --metrics $M" off 14) $(offpath 380 1 offxw,offxlook,offxsync,offxspin,offcopyw hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
      # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
      # footprint in the instruction caches (session 30)?  The executed SASS of each build, per launch

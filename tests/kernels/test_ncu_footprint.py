@@ -121,3 +121,28 @@ def test_new_lines_per_symbol_charges_each_new_line_to_its_sass_function(nf):
     assert got == {"k": 128 / 1024, "hook_flush": 2 * 128 / 1024}
     with pytest.raises(ValueError, match="not the profiled build"):
         nf.new_lines_per_symbol(a, b, syms[:-1])
+
+
+def test_match_builds_names_launches_by_instruction_count_and_refuses_twins(nf):
+    launches = [[0] * 3, [0] * 5, [0] * 4, [0] * 3]
+    assert nf.match_builds(launches, {"nohooks": 3, "off": 5}) == ["nohooks", "off", None, "nohooks"]
+    with pytest.raises(ValueError, match="nohooks and offxw both have 3 instructions"):
+        nf.match_builds(launches, {"nohooks": 3, "offxw": 3})
+
+
+def test_load_raw_reads_the_cache_metrics_per_launch_and_names_a_bad_file(nf, tmp_path):
+    p = tmp_path / "raw.csv"
+    p.write_text('"ID","Kernel Name","gpu__time_duration.sum","gcc__gcc2xbar_requests_type_instruction.sum","other"\n'
+                 '"","","msecond","",""\n'
+                 '"0","dtmk_megakernel","20.799744","182,864","1"\n'
+                 '"1","dtmk_megakernel","21.334080","236,211","2"\n')
+    raw = nf.load_raw(p)
+    assert raw == [(0, {"gpu__time_duration.sum": 20.799744, "gcc__gcc2xbar_requests_type_instruction.sum": 182864.0}),
+                   (1, {"gpu__time_duration.sum": 21.33408, "gcc__gcc2xbar_requests_type_instruction.sum": 236211.0})]
+    bad = tmp_path / "bad.csv"
+    bad.write_text('"Kernel Name","x"\n"",""\n')
+    with pytest.raises(ValueError, match="not an ncu raw export"):
+        nf.load_raw(bad)
+    bad.write_text('"ID","Kernel Name"\n"",""\n"0","k"\n')
+    with pytest.raises(ValueError, match="none of gpu__time_duration.sum"):
+        nf.load_raw(bad)

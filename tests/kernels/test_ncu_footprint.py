@@ -139,10 +139,8 @@ def test_load_raw_reads_the_cache_metrics_per_launch_and_names_a_bad_file(nf, tm
     raw = nf.load_raw(p)
     assert raw == [(0, {"gpu__time_duration.sum": 20.799744, "gcc__gcc2xbar_requests_type_instruction.sum": 182864.0}),
                    (1, {"gpu__time_duration.sum": 21.33408, "gcc__gcc2xbar_requests_type_instruction.sum": 236211.0})]
-    bad = tmp_path / "bad.csv"
-    bad.write_text('"Kernel Name","x"\n"",""\n')
-    with pytest.raises(ValueError, match="not an ncu raw export"):
-        nf.load_raw(bad)
-    bad.write_text('"ID","Kernel Name"\n"",""\n"0","k"\n')
-    with pytest.raises(ValueError, match="none of gpu__time_duration.sum"):
-        nf.load_raw(bad)
+    for text, why in (('"Kernel Name","x"\n"",""\n', "not an ncu raw export"),
+                      ('"ID","Kernel Name"\n"",""\n"0","k"\n', "none of gpu__time_duration.sum")):
+        p.write_text(text)
+        with pytest.raises(ValueError, match=why):
+            nf.load_raw(p)

@@ -232,7 +232,8 @@ def load_raw(path) -> list:
     cols = {m: hdr.index(m) for m, _ in RAW_METRICS if m in hdr}
     if not cols:
         raise ValueError(f"{path}: none of {', '.join(m for m, _ in RAW_METRICS)}")
-    return [(int(r[hdr.index("ID")]), {m: float(r[i].replace(",", "")) for m, i in cols.items()}) for r in rows[2:]]
+    at_id = hdr.index("ID")
+    return [(int(r[at_id]), {m: float(r[i].replace(",", "")) for m, i in cols.items()}) for r in rows[2:]]
 
 
 def print_matched(launches, specs, min_exec: int, raw=None) -> None:
@@ -245,7 +246,6 @@ def print_matched(launches, specs, min_exec: int, raw=None) -> None:
             raise ValueError(f"--match {spec!r}: expected NAME=PRESET:DEF+DEF")
         syms[name] = [x[3] for x in build_lines(build)]
     names = match_builds(launches, {k: len(v) for k, v in syms.items()})
-    per = LINE_BYTES // SASS_BYTES
     metrics = dict(raw or [])
     for k, (c, name) in enumerate(zip(launches, names)):
         m = metrics.get(k, {})
@@ -253,10 +253,8 @@ def print_matched(launches, specs, min_exec: int, raw=None) -> None:
                           for key, label in RAW_METRICS if key in m)
         print(f"--- launch {k}: {name or '(no --match build)'}, {sum(c) / 1e6:.1f} M instructions executed, "
               f"{lines_kb(c, min_exec):.2f} KB of lines >= {min_exec}  {extra}")
-        if name:
-            by = collections.Counter()
-            for ln in {i // per for i, x in enumerate(c) if x >= min_exec}:
-                by[syms[name][ln * per]] += LINE_BYTES / 1024
+        if name:                            # (new over a launch that ran nothing: all its lines)
+            by = new_lines_per_symbol([0] * len(c), c, syms[name], min_exec)
             print("    " + ", ".join(f"{s_}={v:.2f}" for s_, v in by.most_common(8)))
 
 

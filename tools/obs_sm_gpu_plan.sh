@@ -490,6 +490,11 @@ NCU_DIR=/tmp/ncu
 ncu_run() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count ${4:-6} --clock-control none $2 -f -o $NCU_DIR/$3"; }
 ncu_src() { echo "$NCU -i $NCU_DIR/$1.ncu-rep --page source --csv --print-source sass > $NCU_DIR/$1_sass.csv"; }
 NCU_PACK="cd $NCU_DIR && rm -f *.ncu-rep && ls -la && { gzip -f *_sass.csv 2>/dev/null; tar czf ${OUT:-/tmp/out}/ncu.tgz .; }"
+# ICC_METRICS: the instruction caches' counters plans 153-154 take (--metrics; tools/ncu_footprint.py --raw reads them)
+ICC_METRICS=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
+         gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do
+  ICC_METRICS="$ICC_METRICS,$m.sum,$m.max"; done
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
@@ -856,11 +861,8 @@ case "${1:-}" in
      # launch per variant), the source counters and the caches' metrics in one pass (launches match by ID); the
      # warm-up pass's 9 launches skipped
      O=$NCU_DIR; mkdir -p $O
-     M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
-     for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
-              gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do M="$M,$m.sum,$m.max"; done
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
-       "$(ncu_run 400 "--launch-skip 9 --section SourceCounters --metrics $M" off 14) $(offpath 380 1 offxw,offxlook,offxsync,offxspin,offcopyw hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
+       "$(ncu_run 400 "--launch-skip 9 --section SourceCounters --metrics $ICC_METRICS" off 14) $(offpath 380 1 offxw,offxlook,offxsync,offxspin,offcopyw hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
      # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
      # footprint in the instruction caches (session 30)?  The executed SASS of each build, per launch
@@ -868,12 +870,9 @@ case "${1:-}" in
      O=$NCU_DIR; mkdir -p $O
      V=offxw=DTMK_OFFX=1,offxlook=DTMK_OFFX=8,offxsync=DTMK_OFFX=16,offxspin=DTMK_OFFX=32,offcopyw=DTMK_OFF_COPY=1
      lp="python3 bench/level_profile.py --preset 1b --steps 16 --reps 1 --configs nohooks,off --variants $V --place"
-     # ... and the instruction caches' counters of the same launches (plan 64's metrics)
-     M=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
-     for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
-              gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do M="$M,$m.sum,$m.max"; done
+     # ... and the instruction caches' counters of the same launches (ICC_METRICS)
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
-       "$(ncu_run 200 "--metrics $M" icc 24) $lp --out ${OUT:-/tmp/out}/icc_lp && $NCU -i $O/icc.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/icc_raw.csv" \
+       "$(ncu_run 200 "--metrics $ICC_METRICS" icc 24) $lp --out ${OUT:-/tmp/out}/icc_lp && $NCU -i $O/icc.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/icc_raw.csv" \
        "$(ncu_run 300 '--section SourceCounters' src 24) $lp --out $O/src_lp && $(ncu_src src)" "$NCU_PACK" ;;
   148) # session 55: plan 146 cut to what a short lend holds (device starts kept failing): one off-path run of
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests
@@ -1135,5 +1134,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148..152)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 154)" >&2; exit 2 ;;
 esac

@@ -16,6 +16,17 @@
 #include "mk_common.cuh"
 
 #define MK_MAXB 4          /* batch rows per register block in a matvec */
+/* MEASUREMENT (session 58, bench/hooks.py variant diet): -DDTMK_DIET makes the task bodies'
+ * helpers inlined in several places one call each (ws_desc: 6 inlined copies, op_split_proj
+ * and op_fused_proj: 2 each), so the workers execute fewer distinct 128-byte lines per step
+ * (session 57: the launch time followed the GPC caches' instruction fetches from L2) */
+#ifdef DTMK_DIET
+#define MK_DIET_CALL __noinline__
+#define MK_DIET_INLINE __noinline__
+#else
+#define MK_DIET_CALL
+#define MK_DIET_INLINE __forceinline__
+#endif
 #define MK_MAX_TOPK 8
 
 /* Everything a task body may touch.  Field order == gpu.PARAM_FIELDS (all 8 bytes):
@@ -911,7 +922,7 @@ __device__ void ws_init(const MkParams &P, float *smem) {
 
 /* the stream of a tile: `rows` rows of K bf16 from a (and b), global row stride ldw
  * elements; false: this tile keeps the old path */
-__device__ __forceinline__ bool ws_desc(const MkParams &P, WsDesc &d, const unsigned short *a,
+__device__ MK_DIET_INLINE bool ws_desc(const MkParams &P, WsDesc &d, const unsigned short *a,
                                         const unsigned short *b, int K, long ldw, int rows) {
     if (!ws_s.on || P.ranks > 1 || (int)P.batch > MK_MAXB || rows <= 0 || K <= 0) return false;
     const unsigned rb = (unsigned)K * 2u, per = b ? 2u * rb : rb;
@@ -1391,7 +1402,7 @@ __device__ __forceinline__ int fused_chunk(const MkParams &P) { return fused_chu
 #endif
 
 /* fused-norm projection tile (qkv kind 0; lm_head kind 2 through op_lm_tile) */
-__device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
+__device__ MK_DIET_CALL void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
                               int kind, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
     float *xs = smem + P.xs_off;
@@ -1443,7 +1454,7 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
  * commit (mlp_down, s == 0): first h[b][lo:hi] = h + the partials pending before this
  * layer's down projection (mlp_down of layer-1, attn_o of layer), the same sum the
  * layer's gate/up tiles normalised (written to the next layer's mk_hbuf). */
-__device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
+__device__ MK_DIET_CALL void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
 #ifdef DTMK_PHASE_PROF

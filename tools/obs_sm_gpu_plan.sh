@@ -495,6 +495,8 @@ ICC_METRICS=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruct
 for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
          gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do
   ICC_METRICS="$ICC_METRICS,$m.sum,$m.max"; done
+# the off path's builds of plans 153-155 (default, no hooks, the offx / offcopy measurement builds; pinned)
+OFF_BUILDS="$S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R"
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
@@ -854,6 +856,17 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  155) # session 58: plan 154's pass (trace off, the cache counters and the executed SASS of one launch per build)
+     # with the diet build beside it (-DDTMK_DIET, hook and no-hook: ws_desc / op_split_proj / op_fused_proj one
+     # call each instead of 6 / 2 / 2 inlined copies): fewer executed lines, fewer L2 instruction fetches?  Warm-up
+     # pass skipped: nohooks, off, off2, summary, the five offx / offcopy launches, nohooks_diet, off_diet (11)
+     O=$NCU_DIR; mkdir -p $O
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $OFF_BUILDS DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
+       "$(ncu_run 450 "--launch-skip 11 --section SourceCounters --metrics $ICC_METRICS" off 11) $(offpath 430 1 offxw,offxlook,offxsync,offxspin,offcopyw,diet hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
+  156) # session 58: the diet build's off path timed (bench/hooks.py --offpath: nohooks_diet / off_diet beside the
+     # default's nohooks / off; tokens equal), twice
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
+       "$(offpath 250 10 diet a)" "$(offpath 250 10 diet b)" ;;
   154) # session 57, plan 153 ran level_profile, whose rows all run the task trace (W.observe = trace_on: the
      # wait's gated code ran, offcopyw's observing copy) -- not the off path; its seven builds' launch times still
      # followed their executed footprint and the GPC caches' instruction fetches from L2.  The same counters on
@@ -861,7 +874,7 @@ case "${1:-}" in
      # launch per variant), the source counters and the caches' metrics in one pass (launches match by ID); the
      # warm-up pass's 9 launches skipped
      O=$NCU_DIR; mkdir -p $O
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R" \
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $OFF_BUILDS" \
        "$(ncu_run 400 "--launch-skip 9 --section SourceCounters --metrics $ICC_METRICS" off 14) $(offpath 380 1 offxw,offxlook,offxsync,offxspin,offcopyw hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
      # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
@@ -1134,5 +1147,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 154)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..156)" >&2; exit 2 ;;
 esac

@@ -867,6 +867,13 @@ case "${1:-}" in
      # default's nohooks / off; tokens equal), twice
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
        "$(offpath 250 10 diet a)" "$(offpath 250 10 diet b)" ;;
+  157) # session 58, devices scarce: 156's timed run once, then 155's ncu pass cut to the builds whose off cost is
+     # known (default +1.7..1.8%, offxw -0.3..-0.6%, offcopyw +1.5..1.8% over no hooks) and diet.  Warm-up pass
+     # skipped: nohooks, off, off2, summary, off_offxw, off_offcopyw, nohooks_diet, off_diet (8)
+     O=$NCU_DIR; mkdir -p $O
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
+       "$(offpath 200 10 diet a)" \
+       "$(ncu_run 280 "--launch-skip 8 --section SourceCounters --metrics $ICC_METRICS" off 8) $(offpath 270 1 offxw,offcopyw,diet hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   154) # session 57, plan 153 ran level_profile, whose rows all run the task trace (W.observe = trace_on: the
      # wait's gated code ran, offcopyw's observing copy) -- not the off path; its seven builds' launch times still
      # followed their executed footprint and the GPC caches' instruction fetches from L2.  The same counters on
@@ -1147,5 +1154,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..156)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..157)" >&2; exit 2 ;;
 esac

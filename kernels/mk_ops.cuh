@@ -17,8 +17,9 @@
 
 #define MK_MAXB 4          /* batch rows per register block in a matvec */
 /* MEASUREMENT (session 58, bench/hooks.py variant diet): -DDTMK_DIET makes the task bodies'
- * helpers inlined in several places one call each (ws_desc: 6 inlined copies, op_split_proj
- * and op_fused_proj: 2 each), so the workers execute fewer distinct 128-byte lines per step
+ * helpers inlined in several places one call each (ws_desc: 6 inlined copies; ws_issue,
+ * mk_resid4, op_split_proj, op_fused_proj, op_argmax_row: 2-4 each), so the workers execute
+ * fewer distinct 128-byte lines per step
  * (session 57: the launch time followed the GPC caches' instruction fetches from L2) */
 #ifdef DTMK_DIET
 #define MK_DIET_CALL __noinline__
@@ -573,7 +574,7 @@ __device__ __noinline__ void op_rope_attn(const MkParams &P, int layer, int b, i
 }
 
 /* ---- argmax over logits of slot b ------------------------------------------------- */
-__device__ int op_argmax_row(const float *row, int V, float *smem) {
+__device__ MK_DIET_CALL int op_argmax_row(const float *row, int V, float *smem) {
     float best = -3.0e38f; int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < V; i += MK_THREADS) {
         float v = __ldcg(row + i);
@@ -939,7 +940,7 @@ __device__ __forceinline__ bool ws_same(const WsDesc &x, const WsDesc &y) {
 }
 
 /* whole warp: issue stage j of d as global stage g (its slot is free: never read again) */
-__device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
+__device__ MK_DIET_INLINE void ws_issue(const WsDesc &d, unsigned g, int j) {
     const int lane = threadIdx.x & 31;
     const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
     const bool contig = d.ld_bytes == d.row_bytes;
@@ -1289,7 +1290,7 @@ __device__ __forceinline__ float *mk_hbuf(const MkParams &P, int layer) {
 #endif
 }
 /* h[b][i..i+3] (layer hl's mk_hbuf) plus the pending partials, in the one fixed order above */
-__device__ __forceinline__ float4 mk_resid4(const MkParams &P, int hl, int b, int i, int pm, bool pa, int S) {
+__device__ MK_DIET_INLINE float4 mk_resid4(const MkParams &P, int hl, int b, int i, int pm, bool pa, int S) {
     long BH = (long)P.batch * (long)P.hidden, off = (long)b * (long)P.hidden + i;
     const float *part = (const float *)P.moe_part;
 #ifndef DTMK_PROLOGUE_SERIAL

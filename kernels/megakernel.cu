@@ -133,6 +133,22 @@
 #else
 #define RUN_TASK_COPY(c) run_task
 #endif
+/* MEASUREMENT (session 58, bench/hooks.py variant hotfirst): -DDTMK_HOT_FIRST renames the workers'
+ * hot functions (1b batch 1, plan 157: ~95 KB of 128-byte lines executed per launch, spread over
+ * ~860 KB of code) so that they follow the kernel's entry in the cubin, which orders the
+ * subroutines by mangled name (_Z10a0... first): a contiguous hot region instead of one
+ * interleaved with the cold functions -- does the GPC cache's miss rate follow the layout? */
+#ifdef DTMK_HOT_FIRST
+#define run_task a0run_task
+#define run_body a1run_body
+#define ws_proj a2ws_projx
+#define ws_gate_up a3wsgateup
+#define stage_norm a4stagenrm
+#define ws_prestart a5prestart
+#define wait_event a6wait_evt
+#define op_attn_staged a7attnstgd
+#define op_rope_attn a8ropeattn
+#endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 /* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,

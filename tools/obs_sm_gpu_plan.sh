@@ -867,6 +867,15 @@ case "${1:-}" in
      # default's nohooks / off; tokens equal), twice
      exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
        "$(offpath 250 10 diet a)" "$(offpath 250 10 diet b)" ;;
+  158) # session 58, plan 157: the off path's GCC -> L2 instruction fetches follow the off cost (no hooks 181 K,
+     # offxw 182 K, offcopyw 217 K, off 224-226 K per launch) while its executed lines barely move (96 -> 101 KB), and
+     # the diet (calls for inlined copies) ran +19% instructions, +7% slower.  Layout instead: the workers' hot
+     # functions first in the cubin (-DDTMK_HOT_FIRST, hook and no-hook builds), timed twice, then under ncu
+     # (warm-up skipped: nohooks, off, off2, summary, nohooks_hotfirst, off_hotfirst)
+     O=$NCU_DIR; mkdir -p $O
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R" \
+       "$(offpath 150 10 hotfirst a)" "$(offpath 150 10 hotfirst b)" \
+       "$(ncu_run 200 "--launch-skip 6 --section SourceCounters --metrics $ICC_METRICS" off 6) $(offpath 190 1 hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   157) # session 58, devices scarce: 156's timed run once, then 155's ncu pass cut to the builds whose off cost is
      # known (default +1.7..1.8%, offxw -0.3..-0.6%, offcopyw +1.5..1.8% over no hooks) and diet.  Warm-up pass
      # skipped: nohooks, off, off2, summary, off_offxw, off_offcopyw, nohooks_diet, off_diet (8)
@@ -1154,5 +1163,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..157)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..158)" >&2; exit 2 ;;
 esac

@@ -39,3 +39,15 @@ def test_diet_calls_one_copy(fresh_cache, hooks):
     for f in ("_Z13op_split_proj", "_Z13op_fused_proj", "_Z16op_fused_gate_up", "_Z12ws_task_desc"):
         fn = ptx_function(diet, f) or body          # (op_fused_gate_up: inlined into run_body)
         assert "_Z7ws_desc" in fn, f
+
+
+def test_hot_first_renames(fresh_cache):
+    """-DDTMK_HOT_FIRST (measurement): the workers' hot functions under names that sort right after
+    the kernel's entry (the cubin orders subroutines by mangled name)."""
+    ptx = _ptx(("DTMK_HOT_FIRST",))
+    names = re.findall(r"^\.func\s+(?:\(\.param [^)]*func_retval0[^)]*\)\s+)?(\w+)", ptx, re.M)
+    hot = [n for n in names if n.startswith("_Z10a")]
+    for f in ("a0run_task", "a1run_body", "a2ws_projx", "a3wsgateup", "a4stagenrm", "a6wait_evt"):
+        assert any(n.startswith(f"_Z10{f}") for n in hot), f
+    assert not any(n.startswith(("_Z8run_body", "_Z10wait_event")) for n in names)
+    assert all(n < "_Z10hook_event" for n in hot) and not any("_Z10a" <= n < "_Z10hook_event" for n in set(names) - set(hot))

@@ -323,10 +323,6 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # the session-2 poll (relaxed loads, one fence.acq_rel once met): no L1 invalidation per poll,
                   # so the poll loop's spill reloads hit L1 -- in the no-hook and the hook build alike
                   "pollfence": ("DTMK_POLL_FENCE",),
-                  # measurement (session 58): the task bodies' helpers inlined several times one call each
-                  # (ws_desc, op_split_proj, op_fused_proj; kernels/mk_ops.cuh MK_DIET_*), in the hook and
-                  # the no-hook build alike: fewer lines of code per step in the instruction caches
-                  "diet": ("DTMK_DIET",),
                   # measurement (session 58): the workers' hot functions renamed to follow the kernel's
                   # entry in the cubin (kernels/megakernel.cu DTMK_HOT_FIRST): one hot region of code
                   "hotfirst": ("DTMK_HOT_FIRST",)}
@@ -349,7 +345,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm"),
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
-                      "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",), "diet": ("off",),
+                      "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "hotfirst": ("off",),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),

@@ -16,18 +16,6 @@
 #include "mk_common.cuh"
 
 #define MK_MAXB 4          /* batch rows per register block in a matvec */
-/* MEASUREMENT (session 58, bench/hooks.py variant diet): -DDTMK_DIET makes the task bodies'
- * helpers inlined in several places one call each (ws_desc: 6 inlined copies; ws_issue,
- * mk_resid4, op_split_proj, op_fused_proj, op_argmax_row: 2-4 each), so the workers execute
- * fewer distinct 128-byte lines per step
- * (session 57: the launch time followed the GPC caches' instruction fetches from L2) */
-#ifdef DTMK_DIET
-#define MK_DIET_CALL __noinline__
-#define MK_DIET_INLINE __noinline__
-#else
-#define MK_DIET_CALL
-#define MK_DIET_INLINE __forceinline__
-#endif
 #define MK_MAX_TOPK 8
 
 /* Everything a task body may touch.  Field order == gpu.PARAM_FIELDS (all 8 bytes):
@@ -574,7 +562,7 @@ __device__ __noinline__ void op_rope_attn(const MkParams &P, int layer, int b, i
 }
 
 /* ---- argmax over logits of slot b ------------------------------------------------- */
-__device__ MK_DIET_CALL int op_argmax_row(const float *row, int V, float *smem) {
+__device__ int op_argmax_row(const float *row, int V, float *smem) {
     float best = -3.0e38f; int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < V; i += MK_THREADS) {
         float v = __ldcg(row + i);
@@ -923,7 +911,7 @@ __device__ void ws_init(const MkParams &P, float *smem) {
 
 /* the stream of a tile: `rows` rows of K bf16 from a (and b), global row stride ldw
  * elements; false: this tile keeps the old path */
-__device__ MK_DIET_INLINE bool ws_desc(const MkParams &P, WsDesc &d, const unsigned short *a,
+__device__ __forceinline__ bool ws_desc(const MkParams &P, WsDesc &d, const unsigned short *a,
                                         const unsigned short *b, int K, long ldw, int rows) {
     if (!ws_s.on || P.ranks > 1 || (int)P.batch > MK_MAXB || rows <= 0 || K <= 0) return false;
     const unsigned rb = (unsigned)K * 2u, per = b ? 2u * rb : rb;
@@ -940,7 +928,7 @@ __device__ __forceinline__ bool ws_same(const WsDesc &x, const WsDesc &y) {
 }
 
 /* whole warp: issue stage j of d as global stage g (its slot is free: never read again) */
-__device__ MK_DIET_INLINE void ws_issue(const WsDesc &d, unsigned g, int j) {
+__device__ __forceinline__ void ws_issue(const WsDesc &d, unsigned g, int j) {
     const int lane = threadIdx.x & 31;
     const int r0 = j * d.rps, n = min(d.rps, d.rows - r0);
     const bool contig = d.ld_bytes == d.row_bytes;
@@ -1290,7 +1278,7 @@ __device__ __forceinline__ float *mk_hbuf(const MkParams &P, int layer) {
 #endif
 }
 /* h[b][i..i+3] (layer hl's mk_hbuf) plus the pending partials, in the one fixed order above */
-__device__ MK_DIET_INLINE float4 mk_resid4(const MkParams &P, int hl, int b, int i, int pm, bool pa, int S) {
+__device__ __forceinline__ float4 mk_resid4(const MkParams &P, int hl, int b, int i, int pm, bool pa, int S) {
     long BH = (long)P.batch * (long)P.hidden, off = (long)b * (long)P.hidden + i;
     const float *part = (const float *)P.moe_part;
 #ifndef DTMK_PROLOGUE_SERIAL
@@ -1403,7 +1391,7 @@ __device__ __forceinline__ int fused_chunk(const MkParams &P) { return fused_chu
 #endif
 
 /* fused-norm projection tile (qkv kind 0; lm_head kind 2 through op_lm_tile) */
-__device__ MK_DIET_CALL void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
+__device__ void op_fused_proj(const MkParams &P, const unsigned short *W, float *y, int ystride, int lo, int hi,
                               int kind, int layer, int S, float *smem) {
     int H = (int)P.hidden, B = (int)P.batch, C = fused_chunk(P);
     float *xs = smem + P.xs_off;
@@ -1455,7 +1443,7 @@ __device__ void op_fused_gate_up(const MkParams &P, const unsigned short *Wg, co
  * commit (mlp_down, s == 0): first h[b][lo:hi] = h + the partials pending before this
  * layer's down projection (mlp_down of layer-1, attn_o of layer), the same sum the
  * layer's gate/up tiles normalised (written to the next layer's mk_hbuf). */
-__device__ MK_DIET_CALL void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
+__device__ void op_split_proj(const MkParams &P, const unsigned short *W, int Kfull, const float *x, int set,
                               int s, int S, int lo, int hi, bool commit, int layer, float *smem) {
     int B = (int)P.batch, H = (int)P.hidden, Ks = Kfull / S;
 #ifdef DTMK_PHASE_PROF

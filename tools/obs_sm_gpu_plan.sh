@@ -462,8 +462,10 @@
 # +0.73%).  149-152 are gone with their measurement defines (WAIT_PAD, POLL_STORE_LATE, POLL_BURST; record:
 # docs/results/hooks.md "Session 56" / "Session 57").  153 (new): the off builds' executed SASS under ncu
 # (SourceCounters, one launch each): is the off cost the instruction footprint?
-# Session 57 ran 153 (with the trace on: see 154).  154 (new): the same counters on bench/hooks.py --offpath's
-# own launches (trace off), one ncu pass.
+# Session 57 ran 153 (with the trace on).  Session 58 ran 157 (153's counters on bench/hooks.py --offpath's own
+# launches, trace off: the GPC caches' L2 instruction fetches follow the off cost) and 156 (-DDTMK_DIET: the task
+# bodies' helpers as calls, +7% slower); 154-157 are gone with DTMK_DIET (record: docs/results/hooks.md "Session
+# 58").  158 (new): the workers' hot functions first in the cubin (-DDTMK_HOT_FIRST), timed and under ncu.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -495,8 +497,6 @@ ICC_METRICS=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruct
 for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
          gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do
   ICC_METRICS="$ICC_METRICS,$m.sum,$m.max"; done
-# the off path's builds of plans 153-155 (default, no hooks, the offx / offcopy measurement builds; pinned)
-OFF_BUILDS="$S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFFX=8+$S+$R DTMK_OFFX=16+$S+$R DTMK_OFFX=32+$S+$R DTMK_OFF_COPY=1+$S+$R"
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
@@ -856,17 +856,6 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
-  155) # session 58: plan 154's pass (trace off, the cache counters and the executed SASS of one launch per build)
-     # with the diet build beside it (-DDTMK_DIET, hook and no-hook: ws_desc / op_split_proj / op_fused_proj one
-     # call each instead of 6 / 2 / 2 inlined copies): fewer executed lines, fewer L2 instruction fetches?  Warm-up
-     # pass skipped: nohooks, off, off2, summary, the five offx / offcopy launches, nohooks_diet, off_diet (11)
-     O=$NCU_DIR; mkdir -p $O
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $OFF_BUILDS DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
-       "$(ncu_run 450 "--launch-skip 11 --section SourceCounters --metrics $ICC_METRICS" off 11) $(offpath 430 1 offxw,offxlook,offxsync,offxspin,offcopyw,diet hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
-  156) # session 58: the diet build's off path timed (bench/hooks.py --offpath: nohooks_diet / off_diet beside the
-     # default's nohooks / off; tokens equal), twice
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
-       "$(offpath 250 10 diet a)" "$(offpath 250 10 diet b)" ;;
   158) # session 58, plan 157: the off path's GCC -> L2 instruction fetches follow the off cost (no hooks 181 K,
      # offxw 182 K, offcopyw 217 K, off 224-226 K per launch) while its executed lines barely move (96 -> 101 KB), and
      # the diet (calls for inlined copies) ran +19% instructions, +7% slower.  Layout instead: the workers' hot
@@ -876,22 +865,6 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R" \
        "$(offpath 150 10 hotfirst a)" "$(offpath 150 10 hotfirst b)" \
        "$(ncu_run 200 "--launch-skip 6 --section SourceCounters --metrics $ICC_METRICS" off 6) $(offpath 190 1 hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
-  157) # session 58, devices scarce: 156's timed run once, then 155's ncu pass cut to the builds whose off cost is
-     # known (default +1.7..1.8%, offxw -0.3..-0.6%, offcopyw +1.5..1.8% over no hooks) and diet.  Warm-up pass
-     # skipped: nohooks, off, off2, summary, off_offxw, off_offcopyw, nohooks_diet, off_diet (8)
-     O=$NCU_DIR; mkdir -p $O
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_DIET+$S+$R DTMK_DIET+DTMK_NO_HOOKS+$S+$R" \
-       "$(offpath 200 10 diet a)" \
-       "$(ncu_run 280 "--launch-skip 8 --section SourceCounters --metrics $ICC_METRICS" off 8) $(offpath 270 1 offxw,offcopyw,diet hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
-  154) # session 57, plan 153 ran level_profile, whose rows all run the task trace (W.observe = trace_on: the
-     # wait's gated code ran, offcopyw's observing copy) -- not the off path; its seven builds' launch times still
-     # followed their executed footprint and the GPC caches' instruction fetches from L2.  The same counters on
-     # bench/hooks.py --offpath's own launches (trace off; warm-up + 1 rep: nohooks, off, off2, summary, then one
-     # launch per variant), the source counters and the caches' metrics in one pass (launches match by ID); the
-     # warm-up pass's 9 launches skipped
-     O=$NCU_DIR; mkdir -p $O
-     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py $OFF_BUILDS" \
-       "$(ncu_run 400 "--launch-skip 9 --section SourceCounters --metrics $ICC_METRICS" off 14) $(offpath 380 1 offxw,offxlook,offxsync,offxspin,offcopyw hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
      # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
      # footprint in the instruction caches (session 30)?  The executed SASS of each build, per launch
@@ -1163,5 +1136,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153..158)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158)" >&2; exit 2 ;;
 esac

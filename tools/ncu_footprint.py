@@ -29,8 +29,9 @@ the GPU machine, or here with that NVRTC version loaded (docs/dev/hook_cost_anal
 "Session 30", Method).
 
 --match NAME=PRESET:DEFS (repeated) names each launch by its build's instruction count (one
-launch per build variant: plans 153-154) and prints its lines per SASS function; --raw CSV
-adds that launch's instruction-cache metrics from the same run's `ncu --page raw --csv`."""
+launch per build variant: plans 153, 157, 158) and prints its lines per SASS function; --raw CSV
+adds that launch's instruction-cache metrics from the same run's `ncu --page raw --csv`, and
+--stall REASON (e.g. stall_no_inst) that stall reason's warp samples per SASS function."""
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,10 @@ LINE_BYTES = 128                        # an instruction cache line (the unit fe
 EXEC = "Instructions Executed"
 
 
-def load(path) -> list:
+def load(path, column: str = EXEC) -> list:
     """[launch: [instructions executed per address, in address order]] of an ncu source CSV
-    (each launch opens with a "Kernel Name" row, then its header row)."""
+    (each launch opens with a "Kernel Name" row, then its header row); column: another per-address
+    counter instead (a stall reason's samples, e.g. "stall_no_inst")."""
     launches, cur, col = [], None, None
     with open(path, newline="") as f:
         for row in csv.reader(f):
@@ -62,11 +64,11 @@ def load(path) -> list:
             if cur is None:
                 raise ValueError(f"{path}: not an ncu source export (no 'Kernel Name' row first)")
             if col is None:
-                if EXEC not in row:
-                    raise ValueError(f"{path}: no '{EXEC}' column (export with --section SourceCounters)")
-                col = row.index(EXEC)
+                if column not in row:
+                    raise ValueError(f"{path}: no '{column}' column (export with --section SourceCounters)")
+                col = row.index(column)
                 continue
-            cur.append(int(row[col].replace(",", "") or 0))
+            cur.append(int(float(row[col].replace(",", "") or 0)))
     if not launches:
         raise ValueError(f"{path}: no kernel in the export")
     return launches
@@ -214,7 +216,7 @@ def match_builds(launches, sizes: dict) -> list:
     return [by_size.get(len(c)) for c in launches]
 
 
-#: the instruction caches' metrics plans 153-154 collect (ncu --metrics), as printed by --raw
+#: the instruction caches' metrics plans 153, 157, 158 collect (ncu --metrics), as printed by --raw
 RAW_METRICS = (("gpu__time_duration.sum", "time"), ("sm__icc_requests_lookup_miss.sum", "ICC miss"),
                ("gcc__cache_requests_type_instruction.sum", "GCC instr req"),
                ("gcc__cache_requests_type_instruction_lookup_miss.sum", "GCC instr miss"),
@@ -236,9 +238,26 @@ def load_raw(path) -> list:
     return [(int(r[at_id]), {m: float(r[i].replace(",", "")) for m, i in cols.items()}) for r in rows[2:]]
 
 
-def print_matched(launches, specs, min_exec: int, raw=None) -> None:
+#: all warp-state samples of an address (the denominator of --stall)
+ALL_SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def samples_per_symbol(samples, symbols) -> collections.Counter:
+    """A per-address counter (one launch's samples of a stall reason) summed per SASS function."""
+    if len(samples) != len(symbols):
+        raise ValueError(f"the launch has {len(samples)} instructions, the build {len(symbols)}")
+    out = collections.Counter()
+    for n, sym in zip(samples, symbols):
+        out[sym] += n
+    return out
+
+
+def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> None:
     """--match: per launch its build, KB of lines executed >= min_exec times in all and in the
-    largest SASS functions, and (raw) the instruction caches' metrics of that launch."""
+    largest SASS functions, (raw) the instruction caches' metrics of that launch, and (stall:
+    (reason, [launch: samples per address], [launch: all samples per address])) that stall
+    reason's warp samples per SASS function -- where a launch waited for instructions (plan 157:
+    the hook build's extra stall_no_inst samples sat in run_body, not in the wait)."""
     syms = {}
     for spec in specs:
         name, sep, build = spec.partition("=")
@@ -256,6 +275,12 @@ def print_matched(launches, specs, min_exec: int, raw=None) -> None:
         if name:                            # (new over a launch that ran nothing: all its lines)
             by = new_lines_per_symbol([0] * len(c), c, syms[name], min_exec)
             print("    " + ", ".join(f"{s_}={v:.2f}" for s_, v in by.most_common(8)))
+            if stall:
+                reason, per, alls = stall
+                st = samples_per_symbol(per[k], syms[name])
+                tot, every = sum(per[k]), sum(alls[k])
+                print(f"    {reason}: {tot:,} of {every:,} samples ({100 * tot / max(every, 1):.1f}%): "
+                      + ", ".join(f"{s_}={v:,}" for s_, v in st.most_common(8)))
 
 
 def main(argv=None) -> int:
@@ -269,9 +294,11 @@ def main(argv=None) -> int:
                                                      "functions (with --diff: of what launch B added)")
     ap.add_argument("--match", action="append", default=[], metavar="NAME=PRESET:DEFS",
                     help="builds told apart by instruction count: each launch is named by its build and its "
-                         "lines per SASS function printed (plans 153-154: one launch per build variant)")
+                         "lines per SASS function printed (plans 153, 157, 158: one launch per build variant)")
     ap.add_argument("--raw", metavar="CSV", help="the same run's `ncu --page raw --csv` export: the instruction "
                                                 "caches' metrics per launch beside its lines")
+    ap.add_argument("--stall", metavar="REASON", help="with --match: this stall reason's warp samples (a column "
+                                                      "of the export, e.g. stall_no_inst) per SASS function")
     a = ap.parse_args(argv)
     try:
         mins = [int(x) for x in a.min.split(",") if x] or [1]
@@ -289,9 +316,12 @@ def main(argv=None) -> int:
     print(f"{'':<21}" + "".join(f"{'>=' + str(m):>12}" for m in mins) + f"   (KB of {LINE_BYTES}-byte lines)")
     for k, c in enumerate(launches):
         print(f"{k:<21}" + "".join(f"{lines_kb(c, m):>12.1f}" for m in mins))
+    if a.stall and not a.match:
+        ap.error("--stall needs --match (the functions come from the builds)")
     if a.match:
         try:
-            print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None)
+            stall = (a.stall, load(a.csv, a.stall), load(a.csv, ALL_SAMPLES)) if a.stall else None
+            print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None, stall)
         except (OSError, ValueError) as e:
             ap.error(str(e))
     lines, funcs = {}, {}

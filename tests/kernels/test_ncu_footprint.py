@@ -144,3 +144,25 @@ def test_load_raw_reads_the_cache_metrics_per_launch_and_names_a_bad_file(nf, tm
         p.write_text(text)
         with pytest.raises(ValueError, match=why):
             nf.load_raw(p)
+
+
+def test_stall_samples_load_by_column_and_sum_per_function(nf, tmp_path):
+    p = tmp_path / "src.csv"
+    p.write_text('"Kernel Name","dtmk_megakernel",\n'
+                 '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_no_inst"\n'
+                 '"0x0","  NOP","10","5","4"\n"0x10","  NOP","1,200","5","1,000"\n"0x20","  NOP","3","5","0"\n')
+    assert nf.load(p, "stall_no_inst") == [[4, 1000, 0]]
+    assert nf.load(p, nf.ALL_SAMPLES) == [[10, 1200, 3]]
+    st = nf.samples_per_symbol([4, 1000, 0], ["wait_event", "run_body", "run_body"])
+    assert st == {"wait_event": 4, "run_body": 1000}
+    with pytest.raises(ValueError, match="the launch has 3 instructions, the build 2"):
+        nf.samples_per_symbol([4, 1000, 0], ["a", "b"])
+    with pytest.raises(ValueError, match="no 'stall_wait' column"):
+        nf.load(p, "stall_wait")
+
+
+def test_cli_refuses_stall_without_match(nf, tmp_path, capsys):
+    p = export(tmp_path, [[5, 0, 1200]])
+    with pytest.raises(SystemExit):
+        nf.main([str(p), "--stall", "stall_no_inst"])
+    assert "--stall needs --match" in capsys.readouterr().err

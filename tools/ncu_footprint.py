@@ -31,13 +31,17 @@ the GPU machine, or here with that NVRTC version loaded (docs/dev/hook_cost_anal
 --match NAME=PRESET:DEFS (repeated) names each launch by its build's instruction count (one
 launch per build variant: plans 153, 157, 158) and prints its lines per SASS function; --raw CSV
 adds that launch's instruction-cache metrics from the same run's `ncu --page raw --csv`, and
---stall REASON (e.g. stall_no_inst) that stall reason's warp samples per SASS function."""
+--stall REASON (e.g. stall_no_inst) that stall reason's warp samples per SASS function.  Each
+matched launch also gets the GCC model's count (GCC_SETS x GCC_WAYS: its hot lines beyond their
+set's ways), and --predict K=PRESET:DEFS lays launch K's hot code out as another build places its
+functions (session 58: the off cost as the GCC's conflict misses, and a layout that removes them)."""
 from __future__ import annotations
 
 import argparse
 import collections
 import csv
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -238,6 +242,65 @@ def load_raw(path) -> list:
     return [(int(r[at_id]), {m: float(r[i].replace(",", "")) for m, i in cols.items()}) for r in rows[2:]]
 
 
+#: the GPC cache (GCC, L1.5) as a set-associative cache of 128-byte lines: 64 sets x 16 ways (128 KB,
+#: session 30's size).  Session 58 fitted it to plan 157: the hot lines (executed >= 1000 times) that
+#: overflow their set -- no hooks 1, offxw 3, offcopyw 26, off 20 -- group the builds as their GCC -> L2
+#: instruction fetches do (181 K, 182 K, 217 K, 225 K) and as their off cost does (~0, ~0, +1.5..1.8,
+#: +1.6..1.8%); 128 x 8 (26, 12, 47, 41) does not.  A cyclic shift of the addresses (where the module
+#: loads) changes nothing, so the overflow is a property of the cubin's layout.
+GCC_SETS, GCC_WAYS = 64, 16
+
+
+def set_overflow(lines, sets: int = GCC_SETS, ways: int = GCC_WAYS) -> int:
+    """How many of `lines` (128-byte line indices) find their set full: sum over sets of the lines
+    beyond `ways` -- the hot code's conflict misses in a cache of that shape, per pass over it."""
+    per = collections.Counter(line % sets for line in lines)
+    return sum(max(0, n - ways) for n in per.values())
+
+
+def hot_lines(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> set:
+    """The lines (indices) with an instruction executed >= min_exec times."""
+    return {i * SASS_BYTES // line_bytes for i, c in enumerate(counts) if c >= min_exec}
+
+
+def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tuple:
+    """The hot lines launch `counts` (of the build with `symbols`) would have in a build whose
+    functions lie as `new_symbols` say, each hot instruction at its offset in its function
+    (alias: new name -> old name, e.g. -DDTMK_HOT_FIRST's renames).  Returns (lines, the old
+    functions not in the new build, those whose size changed: offsets there are approximate)."""
+    alias = alias or {}
+    first, size = {}, collections.Counter()
+    for i, sym in enumerate(new_symbols):
+        base, lt, rest = sym.partition("<")          # (a template's instance keeps its arguments)
+        old = alias.get(base, base) + lt + rest
+        first.setdefault(old, i)
+        size[old] += 1
+    old_first, old_size = {}, collections.Counter()
+    for i, sym in enumerate(symbols):
+        old_first.setdefault(sym, i)
+        old_size[sym] += 1
+    lines, gone, resized = set(), set(), set()
+    for i, c in enumerate(counts):
+        if c < min_exec:
+            continue
+        sym = symbols[i]
+        if sym not in first:
+            gone.add(sym)
+            continue
+        if size[sym] != old_size[sym]:
+            resized.add(sym)
+        lines.add((first[sym] + i - old_first[sym]) * SASS_BYTES // LINE_BYTES)
+    return lines, gone, resized
+
+
+def hot_first_alias(source=None) -> dict:
+    """-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu, the one list): {new name: old name}."""
+    text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
+    block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
+    block = block[:block.index("#endif")]
+    return {new: old for old, new in re.findall(r"#define (\w+) (\w+)", block)}
+
+
 #: all warp-state samples of an address (the denominator of --stall)
 ALL_SAMPLES = "Warp Stall Sampling (All Samples)"
 
@@ -265,6 +328,7 @@ def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> None:
             raise ValueError(f"--match {spec!r}: expected NAME=PRESET:DEF+DEF")
         syms[name] = [x[3] for x in build_lines(build)]
     names = match_builds(launches, {k: len(v) for k, v in syms.items()})
+    print_matched.result = (names, syms)
     metrics = dict(raw or [])
     for k, (c, name) in enumerate(zip(launches, names)):
         m = metrics.get(k, {})
@@ -275,6 +339,8 @@ def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> None:
         if name:                            # (new over a launch that ran nothing: all its lines)
             by = new_lines_per_symbol([0] * len(c), c, syms[name], min_exec)
             print("    " + ", ".join(f"{s_}={v:.2f}" for s_, v in by.most_common(8)))
+            print(f"    GCC model {GCC_SETS} x {GCC_WAYS}: {len(hot_lines(c, min_exec))} hot lines, "
+                  f"{set_overflow(hot_lines(c, min_exec))} beyond their set's ways")
             if stall:
                 reason, per, alls = stall
                 st = samples_per_symbol(per[k], syms[name])
@@ -297,6 +363,9 @@ def main(argv=None) -> int:
                          "lines per SASS function printed (plans 153, 157, 158: one launch per build variant)")
     ap.add_argument("--raw", metavar="CSV", help="the same run's `ncu --page raw --csv` export: the instruction "
                                                 "caches' metrics per launch beside its lines")
+    ap.add_argument("--predict", action="append", default=[], metavar="K=PRESET:DEFS",
+                    help="with --match: launch K's hot code laid out as that build lays out its functions "
+                         "(-DDTMK_HOT_FIRST's renames followed): its lines beyond the GCC model's ways")
     ap.add_argument("--stall", metavar="REASON", help="with --match: this stall reason's warp samples (a column "
                                                       "of the export, e.g. stall_no_inst) per SASS function")
     a = ap.parse_args(argv)
@@ -324,6 +393,23 @@ def main(argv=None) -> int:
             print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None, stall)
         except (OSError, ValueError) as e:
             ap.error(str(e))
+    if a.predict and not a.match:
+        ap.error("--predict needs --match (launch K's build)")
+    for spec in a.predict:
+        k, sep, build = spec.partition("=")
+        names, syms = print_matched.result
+        if not sep or not k.isdigit() or int(k) >= len(launches) or not names[int(k)]:
+            ap.error(f"--predict {spec!r}: K must be a launch --match named (0..{len(launches) - 1})")
+        k = int(k)
+        try:
+            new = [x[3] for x in build_lines(build)]
+        except ValueError as e:
+            ap.error(f"--predict {build}: {e}")
+        got, gone, resized = relayout(launches[k], syms[names[k]], new, mins[0], hot_first_alias())
+        print(f"--- launch {k} ({names[k]}) laid out as {build}: {len(got)} hot lines, {set_overflow(got)} beyond their "
+              f"set's ways (GCC model {GCC_SETS} x {GCC_WAYS}; was {set_overflow(hot_lines(launches[k], mins[0]))})"
+              + (f"; not in that build: {', '.join(sorted(gone))}" if gone else "")
+              + (f"; resized (offsets approximate): {', '.join(sorted(resized))}" if resized else ""))
     lines, funcs = {}, {}
     for b in sorted(set(builds.values())):
         try:

@@ -166,3 +166,36 @@ def test_cli_refuses_stall_without_match(nf, tmp_path, capsys):
     with pytest.raises(SystemExit):
         nf.main([str(p), "--stall", "stall_no_inst"])
     assert "--stall needs --match" in capsys.readouterr().err
+
+
+def test_set_overflow_counts_lines_beyond_each_sets_ways(nf):
+    # 4 sets x 2 ways: set 0 holds lines 0, 4, 8 (one too many), set 1 lines 1, 5; a cyclic shift of
+    # every line (where the module loads) changes nothing
+    lines = {0, 4, 8, 1, 5}
+    assert nf.set_overflow(lines, sets=4, ways=2) == 1
+    assert nf.set_overflow({x + 3 for x in lines}, sets=4, ways=2) == 1
+    assert nf.set_overflow(set(range(8)), sets=4, ways=2) == 0       # contiguous: every set exactly full
+    assert nf.set_overflow(set(range(0, 64, 4)), sets=4, ways=2) == 14
+    assert nf.hot_lines([0, 1000, 5] + [0] * 5 + [2000], 1000) == {0, 1}     # 8 instructions per line
+
+
+def test_relayout_moves_hot_code_with_its_function_and_follows_renames(nf):
+    # old build: f (16 instructions: lines 0-1), g (16: lines 2-3); hot: f's first, g's 9th
+    syms = ["f"] * 16 + ["g"] * 16
+    counts = [1000] + [0] * 15 + [0] * 8 + [1000] + [0] * 7
+    # the new build places g first (renamed a0g), then 8 instructions of h, then f (17: one more)
+    new = ["a0g"] * 16 + ["h"] * 8 + ["f"] * 17
+    lines, gone, resized = nf.relayout(counts, syms, new, 1000, {"a0g": "g"})
+    assert lines == {1, 3} and gone == set() and resized == {"f"}
+    lines, gone, _ = nf.relayout(counts, syms, ["f"] * 16, 1000)
+    assert lines == {0} and gone == {"g"}
+    # a template instance keeps its arguments through the rename
+    lines, gone, _ = nf.relayout([1000] * 8, ["k<1>"] * 8, ["x"] * 8 + ["a7k<1>"] * 8, 1000, {"a7k": "k"})
+    assert lines == {1} and not gone
+
+
+def test_hot_first_alias_is_the_kernels_list(nf):
+    alias = nf.hot_first_alias()
+    assert alias["a1run_body"] == "run_body" and alias["a6wait_evt"] == "wait_event"
+    assert alias["a7attnstgd"] == "op_attn_staged" and len(alias) == 9
+    assert all(len(k) == 10 and k.startswith("a") for k in alias)    # (_Z10a...: first after the entry)

@@ -263,34 +263,54 @@ def hot_lines(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> set:
     return {i * SASS_BYTES // line_bytes for i, c in enumerate(counts) if c >= min_exec}
 
 
-def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tuple:
-    """The hot lines launch `counts` (of the build with `symbols`) would have in a build whose
-    functions lie as `new_symbols` say, each hot instruction at its offset in its function
-    (alias: new name -> old name, e.g. -DDTMK_HOT_FIRST's renames).  Returns (lines, the old
-    functions not in the new build, those whose size changed: offsets there are approximate)."""
+def hot_runs(counts, symbols, min_exec: int = 1) -> dict:
+    """A launch's hot code per SASS function, position-free: {function: {"size": its instructions,
+    "runs": [[first, count], ...]}} (offsets from the function's first instruction, instructions
+    executed >= min_exec times) -- what tools/gcc_layout.py saves and lays out again."""
+    if len(counts) != len(symbols):
+        raise ValueError(f"the launch has {len(counts)} instructions, the build {len(symbols)}")
+    first, out = {}, {}
+    for i, sym in enumerate(symbols):
+        first.setdefault(sym, i)
+        f = out.setdefault(sym, {"size": 0, "runs": []})
+        f["size"] += 1
+        if counts[i] >= min_exec:
+            off, runs = i - first[sym], f["runs"]
+            if runs and runs[-1][0] + runs[-1][1] == off:
+                runs[-1][1] += 1
+            else:
+                runs.append([off, 1])
+    return {k: v for k, v in out.items() if v["runs"]}
+
+
+def lay_out(runs: dict, new_symbols, alias=None) -> tuple:
+    """The lines (indices) the hot code `runs` (hot_runs) takes in a build whose functions lie as
+    `new_symbols` say, each hot instruction at its offset in its function (alias: new name -> old
+    name, e.g. -DDTMK_HOT_FIRST's renames; a template's instance keeps its arguments).  Returns
+    (lines, the functions not in that build, those whose size changed: offsets there approximate)."""
     alias = alias or {}
     first, size = {}, collections.Counter()
     for i, sym in enumerate(new_symbols):
-        base, lt, rest = sym.partition("<")          # (a template's instance keeps its arguments)
+        base, lt, rest = sym.partition("<")
         old = alias.get(base, base) + lt + rest
         first.setdefault(old, i)
         size[old] += 1
-    old_first, old_size = {}, collections.Counter()
-    for i, sym in enumerate(symbols):
-        old_first.setdefault(sym, i)
-        old_size[sym] += 1
     lines, gone, resized = set(), set(), set()
-    for i, c in enumerate(counts):
-        if c < min_exec:
-            continue
-        sym = symbols[i]
+    for sym, f in runs.items():
         if sym not in first:
             gone.add(sym)
             continue
-        if size[sym] != old_size[sym]:
+        if size[sym] != f["size"]:
             resized.add(sym)
-        lines.add((first[sym] + i - old_first[sym]) * SASS_BYTES // LINE_BYTES)
+        for off, n in f["runs"]:
+            lines.update(range((first[sym] + off) * SASS_BYTES // LINE_BYTES,
+                               (first[sym] + off + n - 1) * SASS_BYTES // LINE_BYTES + 1))
     return lines, gone, resized
+
+
+def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tuple:
+    """lay_out of launch `counts` (of the build with `symbols`): its hot lines in another layout."""
+    return lay_out(hot_runs(counts, symbols, min_exec), new_symbols, alias)
 
 
 def hot_first_alias(source=None) -> dict:

@@ -859,12 +859,13 @@ case "${1:-}" in
   158) # session 58, plan 157: the off path's GCC -> L2 instruction fetches follow the off cost (no hooks 181 K,
      # offxw 182 K, offcopyw 217 K, off 224-226 K per launch) while its executed lines barely move (96 -> 101 KB), and
      # the diet (calls for inlined copies) ran +19% instructions, +7% slower.  Layout instead: the workers' hot
-     # functions first in the cubin (-DDTMK_HOT_FIRST, hook and no-hook builds), timed twice, then under ncu
-     # (warm-up skipped: nohooks, off, off2, summary, nohooks_hotfirst, off_hotfirst)
+     # functions first in the cubin (-DDTMK_HOT_FIRST, hook and no-hook builds; predicted by tools/gcc_layout.py at
+     # 0 and 1 lines beyond their set's ways, from 20 and 1), timed twice, then under ncu (warm-up skipped:
+     # nohooks, off, off2, summary, nohooks_hotfirst, off_hotfirst, summary_hotfirst)
      O=$NCU_DIR; mkdir -p $O
      exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R" \
        "$(offpath 150 10 hotfirst a)" "$(offpath 150 10 hotfirst b)" \
-       "$(ncu_run 200 "--launch-skip 6 --section SourceCounters --metrics $ICC_METRICS" off 6) $(offpath 190 1 hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
+       "$(ncu_run 220 "--launch-skip 7 --section SourceCounters --metrics $ICC_METRICS" off 7) $(offpath 210 1 hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   153) # session 57, plan 151: no one site of the wait carries the off cost (offxlook +2.6, offxsync +1.3,
      # offxspin +0.5..1.1, offxw -0.3..-0.6%) and offcopyw, which runs offxw's wait, kept it: is it the code's
      # footprint in the instruction caches (session 30)?  The executed SASS of each build, per launch

@@ -51,19 +51,17 @@ def save(csv_path, specs, min_exec: int) -> dict:
     launches = nf.load(csv_path)
     syms = {}
     for spec in specs:
-        name, sep, build = spec.partition("=")
-        if not sep or ":" not in build:
-            raise ValueError(f"--match {spec!r}: expected NAME=PRESET:DEF+DEF")
-        syms[name] = (build, [x[3] for x in nf.build_lines(build)])
+        name, build = nf.parse_match(spec)
+        syms[name] = (build, nf.build_symbols(build))
     names = nf.match_builds(launches, {k: len(v[1]) for k, v in syms.items()})
     builds = {}
     for k, name in enumerate(names):
         if name is None or name in builds:
             continue
         build, sy = syms[name]
+        hot = nf.hot_lines(launches[k], min_exec)
         builds[name] = {"build": build, "launch": k, "instructions": len(sy),
-                        "hot_lines": len(nf.hot_lines(launches[k], min_exec)),
-                        "overflow": nf.set_overflow(nf.hot_lines(launches[k], min_exec)),
+                        "hot_lines": len(hot), "overflow": nf.set_overflow(hot),
                         "functions": nf.hot_runs(launches[k], sy, min_exec),
                         "layout": layout_of(sy)}
     missing = sorted(set(syms) - set(builds))
@@ -116,10 +114,8 @@ def main(argv=None) -> int:
             raise ValueError(f"--from: {', '.join(unknown)} not saved in {a.hot} (saved: {', '.join(doc['builds'])})")
         alias = nf.hot_first_alias()
         for spec in a.build:
-            name, sep, build = spec.partition("=")
-            if not sep or ":" not in build:
-                raise ValueError(f"{spec!r}: expected NAME=PRESET:DEF+DEF")
-            new = [x[3] for x in nf.build_lines(build)]
+            name, build = nf.parse_match(spec, "predict")
+            new = nf.build_symbols(build)
             for f in frm:
                 n, over, gone, resized = predict(doc, f, new, alias)
                 print(f"{f:<12} as {name:<14} {n:>5} hot lines, {over:>4} beyond their set's ways (saved layout: "

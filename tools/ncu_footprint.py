@@ -88,9 +88,14 @@ def lines_kb(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES, only=None)
     starts line-aligned) that hold an instruction executed at least min_exec times: what the
     instruction caches hold, executed or not (session 31: ~20% more than the instructions
     alone); only: a set of instruction indexes to count."""
+    return len(hot_lines(counts, min_exec, line_bytes, only)) * line_bytes / 1024
+
+
+def hot_lines(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES, only=None) -> set:
+    """The lines (indices) with an instruction executed >= min_exec times (only: as in lines_kb)."""
     per = line_bytes // SASS_BYTES
     idx = range(len(counts)) if only is None else only
-    return len({i // per for i in idx if counts[i] >= min_exec}) * line_bytes / 1024
+    return {i // per for i in idx if counts[i] >= min_exec}
 
 
 def new_lines(a, b, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> set:
@@ -173,6 +178,19 @@ def build_lines(spec: str) -> list:
         PRESETS[preset], 1, tuple(d for d in defs.split("+") if d)))
     sass, sources = ss.disassemble(cubin, ss.find_nvdisasm())
     return [x + (sym,) for x, sym in zip(ss.instruction_lines(sass, sources), ss.instruction_symbols(sass))]
+
+
+def parse_match(spec: str, what: str = "--match") -> tuple:
+    """"NAME=PRESET:DEF+DEF" -> (NAME, "PRESET:DEF+DEF")."""
+    name, sep, build = spec.partition("=")
+    if not sep or ":" not in build:
+        raise ValueError(f"{what} {spec!r}: expected NAME=PRESET:DEF+DEF")
+    return name, build
+
+
+def build_symbols(spec: str) -> list:
+    """The SASS function of each instruction of build "PRESET:DEF+DEF" (build_lines' last field)."""
+    return [x[3] for x in build_lines(spec)]
 
 
 def parse_builds(specs) -> dict:
@@ -258,11 +276,6 @@ def set_overflow(lines, sets: int = GCC_SETS, ways: int = GCC_WAYS) -> int:
     return sum(max(0, n - ways) for n in per.values())
 
 
-def hot_lines(counts, min_exec: int = 1, line_bytes: int = LINE_BYTES) -> set:
-    """The lines (indices) with an instruction executed >= min_exec times."""
-    return {i * SASS_BYTES // line_bytes for i, c in enumerate(counts) if c >= min_exec}
-
-
 def hot_runs(counts, symbols, min_exec: int = 1) -> dict:
     """A launch's hot code per SASS function, position-free: {function: {"size": its instructions,
     "runs": [[first, count], ...]}} (offsets from the function's first instruction, instructions
@@ -335,20 +348,18 @@ def samples_per_symbol(samples, symbols) -> collections.Counter:
     return out
 
 
-def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> None:
+def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> tuple:
     """--match: per launch its build, KB of lines executed >= min_exec times in all and in the
     largest SASS functions, (raw) the instruction caches' metrics of that launch, and (stall:
     (reason, [launch: samples per address], [launch: all samples per address])) that stall
     reason's warp samples per SASS function -- where a launch waited for instructions (plan 157:
-    the hook build's extra stall_no_inst samples sat in run_body, not in the wait)."""
+    the hook build's extra stall_no_inst samples sat in run_body, not in the wait).  Returns
+    (each launch's build name or None, {name: its SASS function per instruction})."""
     syms = {}
     for spec in specs:
-        name, sep, build = spec.partition("=")
-        if not sep or ":" not in build:
-            raise ValueError(f"--match {spec!r}: expected NAME=PRESET:DEF+DEF")
-        syms[name] = [x[3] for x in build_lines(build)]
+        name, build = parse_match(spec)
+        syms[name] = build_symbols(build)
     names = match_builds(launches, {k: len(v) for k, v in syms.items()})
-    print_matched.result = (names, syms)
     metrics = dict(raw or [])
     for k, (c, name) in enumerate(zip(launches, names)):
         m = metrics.get(k, {})
@@ -367,6 +378,7 @@ def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> None:
                 tot, every = sum(per[k]), sum(alls[k])
                 print(f"    {reason}: {tot:,} of {every:,} samples ({100 * tot / max(every, 1):.1f}%): "
                       + ", ".join(f"{s_}={v:,}" for s_, v in st.most_common(8)))
+    return names, syms
 
 
 def main(argv=None) -> int:
@@ -410,19 +422,21 @@ def main(argv=None) -> int:
     if a.match:
         try:
             stall = (a.stall, load(a.csv, a.stall), load(a.csv, ALL_SAMPLES)) if a.stall else None
-            print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None, stall)
+            names, syms = print_matched(launches, a.match, mins[0], load_raw(a.raw) if a.raw else None, stall)
         except (OSError, ValueError) as e:
             ap.error(str(e))
     if a.predict and not a.match:
         ap.error("--predict needs --match (launch K's build)")
     for spec in a.predict:
-        k, sep, build = spec.partition("=")
-        names, syms = print_matched.result
-        if not sep or not k.isdigit() or int(k) >= len(launches) or not names[int(k)]:
+        try:
+            k, build = parse_match(spec, "--predict")
+        except ValueError as e:
+            ap.error(str(e))
+        if not k.isdigit() or int(k) >= len(launches) or not names[int(k)]:
             ap.error(f"--predict {spec!r}: K must be a launch --match named (0..{len(launches) - 1})")
         k = int(k)
         try:
-            new = [x[3] for x in build_lines(build)]
+            new = build_symbols(build)
         except ValueError as e:
             ap.error(f"--predict {build}: {e}")
         got, gone, resized = relayout(launches[k], syms[names[k]], new, mins[0], hot_first_alias())

@@ -492,7 +492,7 @@ NCU_DIR=/tmp/ncu
 ncu_run() { echo "timeout $1 $NCU --kernel-name regex:dtmk_megakernel --launch-count ${4:-6} --clock-control none $2 -f -o $NCU_DIR/$3"; }
 ncu_src() { echo "$NCU -i $NCU_DIR/$1.ncu-rep --page source --csv --print-source sass > $NCU_DIR/$1_sass.csv"; }
 NCU_PACK="cd $NCU_DIR && rm -f *.ncu-rep && ls -la && { gzip -f *_sass.csv 2>/dev/null; tar czf ${OUT:-/tmp/out}/ncu.tgz .; }"
-# ICC_METRICS: the instruction caches' counters plans 153-154 take (--metrics; tools/ncu_footprint.py --raw reads them)
+# ICC_METRICS: the instruction caches' counters plans 153 and 158 take (--metrics; tools/ncu_footprint.py --raw reads them)
 ICC_METRICS=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
 for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
          gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do

@@ -325,7 +325,11 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "pollfence": ("DTMK_POLL_FENCE",),
                   # measurement (session 58): the workers' hot functions renamed to follow the kernel's
                   # entry in the cubin (kernels/megakernel.cu DTMK_HOT_FIRST): one hot region of code
-                  "hotfirst": ("DTMK_HOT_FIRST",)}
+                  "hotfirst": ("DTMK_HOT_FIRST",),
+                  # ... with offxw's wait (hfxw) and with offcopyw's two copies of it (hfcopyw): plan 158 cut
+                  # the GCC's fetches (226 K -> 148 K per launch) but the off cost only 0.3%: is the rest the
+                  # wait's hook code, as offxw's ~0 said, once the layout no longer adds its own?
+                  "hfxw": ("DTMK_HOT_FIRST", "DTMK_OFFX=1"), "hfcopyw": ("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -347,6 +351,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
                       "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "hotfirst": ("off", "summary"),   # (the hot summary: 1101 hot lines, 165 beyond their ways)
+                      "hfxw": ("off",), "hfcopyw": ("off", "summary"),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "pollfence": ("off",)}

@@ -466,6 +466,8 @@
 # launches, trace off: the GPC caches' L2 instruction fetches follow the off cost) and 156 (-DDTMK_DIET: the task
 # bodies' helpers as calls, +7% slower); 154-157 are gone with DTMK_DIET (record: docs/results/hooks.md "Session
 # 58").  158 (new): the workers' hot functions first in the cubin (-DDTMK_HOT_FIRST), timed and under ncu.
+# Session 59 ran 158 (fetches 226 K -> 148 K per launch, off cost down ~0.3% only).  159 (new): the hot-first
+# layout with offxw's wait (hfxw) and offcopyw's two copies (hfcopyw).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -856,6 +858,12 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  159) # session 59, plan 158: the hot-first layout cut the GCC's instruction fetches from L2 (off 226 K -> 148 K,
+     # no hooks 182 K -> 152 K per launch; the model's 20 lines beyond their ways -> 1) but the off cost only a
+     # little (off 1304 -> 1301, no hooks 1283 -> 1274 us/step): the layout is one part.  The other, the wait's hook
+     # code (offxw ~0 in the old layout): the hot-first layout with offxw's wait and with offcopyw's two copies
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+       "$(offpath 170 10 hotfirst,hfxw,hfcopyw a)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw b)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw c)" ;;
   158) # session 58, plan 157: the off path's GCC -> L2 instruction fetches follow the off cost (no hooks 181 K,
      # offxw 182 K, offcopyw 217 K, off 224-226 K per launch) while its executed lines barely move (96 -> 101 KB), and
      # the diet (calls for inlined copies) ran +19% instructions, +7% slower.  Layout instead: the workers' hot
@@ -1137,5 +1145,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159)" >&2; exit 2 ;;
 esac

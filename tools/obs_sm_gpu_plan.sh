@@ -468,6 +468,8 @@
 # 58").  158 (new): the workers' hot functions first in the cubin (-DDTMK_HOT_FIRST), timed and under ncu.
 # Session 59 ran 158 (fetches 226 K -> 148 K per launch, off cost down ~0.3% only).  159 (new): the hot-first
 # layout with offxw's wait (hfxw) and offcopyw's two copies (hfcopyw).
+# Session 59 ran 159 (H100: hfxw -0.1%, hfcopyw +1.3%, hotfirst +2.1% over the hot-first no-hook build).
+# 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -858,6 +860,15 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  160) # session 59, plan 159 (H100): hfxw (hot-first layout, offxw's wait) -0.1% over the hot-first no-hook build,
+     # the hot-first default +2.1%, hfcopyw (offxw's wait as copy 0, chosen per task) +1.3% -- with copy 0 and
+     # run_body all but the same SASS as hfxw's.  Where do hfcopyw's 17 us per step go?  Its executed SASS beside
+     # hfxw's and the local-memory traffic (warm-up skipped: nohooks, off, off2, summary, off_hfxw, off_hfcopyw,
+     # summary_hfcopyw, nohooks_hotfirst, off_hotfirst, summary_hotfirst)
+     O=$NCU_DIR; mkdir -p $O
+     M=$ICC_METRICS,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum,smsp__inst_executed.sum
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+       "$(ncu_run 330 "--launch-skip 10 --section SourceCounters --metrics $M" off 10) $(offpath 320 1 hfxw,hfcopyw,hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   159) # session 59, plan 158: the hot-first layout cut the GCC's instruction fetches from L2 (off 226 K -> 148 K,
      # no hooks 182 K -> 152 K per launch; the model's 20 lines beyond their ways -> 1) but the off cost only a
      # little (off 1304 -> 1301, no hooks 1283 -> 1274 us/step): the layout is one part.  The other, the wait's hook
@@ -1145,5 +1156,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159, 160)" >&2; exit 2 ;;
 esac

@@ -469,7 +469,8 @@
 # Session 59 ran 158 (fetches 226 K -> 148 K per launch, off cost down ~0.3% only).  159 (new): the hot-first
 # layout with offxw's wait (hfxw) and offcopyw's two copies (hfcopyw).
 # Session 59 ran 159 (H100: hfxw -0.1%, hfcopyw +1.3%, hotfirst +2.1% over the hot-first no-hook build).
-# 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).
+# 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).  Session 59 ran 160 (hfcopyw's
+# executed SASS that of hfxw; its GCC fetched 25% more).  161 (new): hfcopyw's observing copy out of the hot region.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -860,6 +861,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  161) # session 59, plan 160: hfcopyw's copy 0 and run_body execute what hfxw's do (instructions, local loads),
+     # its GCC fetched more (219 K vs 175 K per launch): its observing copy, one template's other instantiation,
+     # sat cold in the hot-first region.  Now a function of its own name (wait_event_obs, after the hot region)
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+       "$(offpath 170 10 hotfirst,hfxw,hfcopyw a)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw b)" ;;
   160) # session 59, plan 159 (H100): hfxw (hot-first layout, offxw's wait) -0.1% over the hot-first no-hook build,
      # the hot-first default +2.1%, hfcopyw (offxw's wait as copy 0, chosen per task) +1.3% -- with copy 0 and
      # run_body all but the same SASS as hfxw's.  Where do hfcopyw's 17 us per step go?  Its executed SASS beside
@@ -1156,5 +1162,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159, 160)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159, 160, 161)" >&2; exit 2 ;;
 esac

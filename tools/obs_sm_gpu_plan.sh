@@ -471,6 +471,7 @@
 # Session 59 ran 159 (H100: hfxw -0.1%, hfcopyw +1.3%, hotfirst +2.1% over the hot-first no-hook build).
 # 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).  Session 59 ran 160 (hfcopyw's
 # executed SASS that of hfxw; its GCC fetched 25% more).  161 (new): hfcopyw's observing copy out of the hot region.
+# Session 59 ran 161 (hfcopyw +0.35 / +0.57% over the hot-first no-hook build).  162 (new): its GPU tests.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -861,6 +862,9 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  162) # session 59, plan 161: hfcopyw (hot-first layout, OFF_COPY's observing copy out of the hot region) +0.35 /
+     # +0.57% over the hot-first no-hook build: the candidate default's hot attach / detach, exactness and watchdog
+     exec tools/gpu_session.sh "$(pytv 330 tests/gpu/test_hot_attach.py -k offcopy)" ;;
   161) # session 59, plan 160: hfcopyw's copy 0 and run_body execute what hfxw's do (instructions, local loads),
      # its GCC fetched more (219 K vs 175 K per launch): its observing copy, one template's other instantiation,
      # sat cold in the hot-first region.  Now a function of its own name (wait_event_obs, after the hot region)
@@ -1162,5 +1166,5 @@ case "${1:-}" in
      exec tools/gpu_session.sh "python3 tools/precompile.py --variants $BASE $OBS $HO" "${stages[@]}" ;;
   26) echo "plan 26 measured -DDTMK_WS_VEC / -DDTMK_OSQ_PUSH_WARP (6e819b1): no gain over the default / over the" \
        "post-body operands in shared memory; the defines are gone, see docs/results/hooks.md session 20" >&2; exit 2 ;;
-  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159, 160, 161)" >&2; exit 2 ;;
+  *) echo "usage: tools/obs_sm_gpu_plan.sh N  (the plans the header names: 1..21, 24, 25, 29, 30, 32, 38, 39, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 55..81, 91..146, 148, 153, 158, 159, 160, 161, 162)" >&2; exit 2 ;;
 esac

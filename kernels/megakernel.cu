@@ -67,7 +67,9 @@
  * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch).
  * Measurement only since session 56 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
  * against the default's +1.85 / +2.05% and offxw's +0.07 / -0.14% -- copy 0 is offxw's wait_event,
- * so what it keeps of the off cost is not code it runs (nor the layout: plan 149 padded the wait). */
+ * so what it keeps of the off cost is not code it runs.  It was the layout (sessions 58-59): with
+ * -DDTMK_HOT_FIRST and the copies as functions of their own names (wait_event_off in the hot region,
+ * wait_event_obs after it) +0.35..+0.56% over the hot-first no-hook build (plan 161, H100). */
 #if defined(DTMK_OFF_COPY) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OFFX)
 #error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
@@ -139,7 +141,8 @@
  * hot functions (1b batch 1, plan 157: ~95 KB of 128-byte lines executed per launch, spread over
  * ~860 KB of code) so that they follow the kernel's entry in the cubin, which orders the
  * subroutines by mangled name (_Z10a0... first): a contiguous hot region instead of one
- * interleaved with the cold functions -- does the GPC cache's miss rate follow the layout? */
+ * interleaved with the cold functions.  Plan 158: the GPC cache's fetches from L2 -35%, the no-hook
+ * build -0.7% per step, the hook build's off cost not (the wait's code, -DDTMK_OFF_COPY above). */
 #ifdef DTMK_HOT_FIRST
 #define run_task a0run_task
 #define run_body a1run_body

@@ -16,7 +16,8 @@ build), its hot code position-free: per SASS function its size and the runs of h
 its functions (compiled here with the profiled machine's NVRTC: tools/kcache.sh makes that venv)
 and prints its hot lines and how many exceed their set's ways -- a layout judged without the GPU,
 as long as the functions' code is the profiled one (the sizes that changed are named).
--DDTMK_HOT_FIRST's renames (kernels/megakernel.cu) are followed."""
+-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu) are followed: a profile keeps the functions'
+names before them, so any build's hot code lays out in any other."""
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,11 @@ def symbols_of(layout) -> list:
 def save(csv_path, specs, min_exec: int) -> dict:
     """The HOT.json document of the first launch of each --match build in the export."""
     launches = nf.load(csv_path)
+    alias = nf.hot_first_alias()
     syms = {}
     for spec in specs:
         name, build = nf.parse_match(spec)
-        syms[name] = (build, nf.build_symbols(build))
+        syms[name] = (build, [nf.canonical(s, alias) for s in nf.build_symbols(build)])   # (names before renames)
     names = nf.match_builds(launches, {k: len(v[1]) for k, v in syms.items()})
     builds = {}
     for k, name in enumerate(names):

@@ -304,8 +304,7 @@ def lay_out(runs: dict, new_symbols, alias=None) -> tuple:
     alias = alias or {}
     first, size = {}, collections.Counter()
     for i, sym in enumerate(new_symbols):
-        base, lt, rest = sym.partition("<")
-        old = alias.get(base, base) + lt + rest
+        old = canonical(sym, alias)
         first.setdefault(old, i)
         size[old] += 1
     lines, gone, resized = set(), set(), set()
@@ -327,11 +326,23 @@ def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tup
 
 
 def hot_first_alias(source=None) -> dict:
-    """-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu, the one list): {new name: old name}."""
+    """-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu, the one list): {new name: old name}, the
+    first old name of a new one (a6wait_evt is wait_event, also where it is -DDTMK_OFF_COPY's copy 0,
+    wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes)."""
     text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
     block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
     block = block[:block.index("#endif")]
-    return {new: old for old, new in re.findall(r"#define (\w+) (\w+)", block)}
+    out = {}
+    for old, new in re.findall(r"#define (\w+) (\w+)", block):
+        out.setdefault(new, old)
+    out.setdefault("wait_event_off", "wait_event")
+    return out
+
+
+def canonical(sym: str, alias: dict) -> str:
+    """A SASS function's name before any rename of `alias` (a template's instance keeps its arguments)."""
+    base, lt, rest = sym.partition("<")
+    return alias.get(base, base) + lt + rest
 
 
 #: all warp-state samples of an address (the denominator of --stall)

@@ -1,5 +1,6 @@
 """CI (no GPU): -DDTMK_OFF_COPY (session 55) -- wait_event (bit 0) and run_task (bit 1) in two
-copies, templates on WCOPY / RCOPY, chosen per static task by the whole CTA from the latch
+copies (wait_event_off / wait_event_obs since session 59: functions of their own names, so that the
+observing copy does not sit in -DDTMK_HOT_FIRST's hot region; run_task's a template on RCOPY), chosen per static task by the whole CTA from the latch
 s_obs_copy: copy 1 is the hook build's code, copy 0 the same with its "observing?" gates
 constant 0, so that NVRTC drops the hook code there (measurement only since plan 146: it kept
 most of the off cost; not with the observer SM) -- and the measurement-only -DDTMK_OFFX whose
@@ -39,9 +40,17 @@ def _kernel(ptx: str) -> str:
     return ptx[ptx.index(".entry dtmk_megakernel"):]
 
 
+#: wait_event's copy 0 and copy 1 (PTX names)
+WAIT_OFF, WAIT_OBS = "_Z14wait_event_off", "_Z14wait_event_obs"
+
+
 def _copies(ptx: str, fn: str, calls) -> tuple:
-    """Copy 0 and copy 1 of template `fn`; each of `calls` is called by copy 1 only."""
-    off, obs = (_func(ptx, f"_Z{len(fn)}{fn}ILj{c}E") for c in (0, 1))
+    """Copy 0 and copy 1 of `fn` (run_task's template instances; wait_event's named copies); each of
+    `calls` is called by copy 1 only."""
+    if fn == "wait_event":
+        off, obs = _func(ptx, WAIT_OFF), _func(ptx, WAIT_OBS)
+    else:
+        off, obs = (_func(ptx, f"_Z{len(fn)}{fn}ILj{c}E") for c in (0, 1))
     for f in calls:
         assert f in obs and f not in off, (fn, f)
     return off, obs
@@ -55,7 +64,7 @@ def test_wait_copies(fresh_cache):
     assert "_Z8run_taskILj" not in ptx
     # the main loop calls the copy the latch names; run_task writes the latch
     k = _kernel(ptx)
-    assert "_Z10wait_eventILj0E" in k and "_Z10wait_eventILj1E" in k and "ld.shared.u32" in k
+    assert WAIT_OFF in k and WAIT_OBS in k and "ld.shared.u32" in k and "_Z10wait_event" not in ptx
     assert "s_obs_copy" in _func(ptx, "_Z8run_task") and "s_obs_copy" in k
 
 
@@ -64,8 +73,22 @@ def test_wait_and_run_copies(fresh_cache):
     off, obs = _copies(ptx, "run_task", RUN_HOOK_CALLS)
     assert "run_body" in off and "run_body" in obs
     # a wait's dynamic tasks run in the wait's copy
-    assert "_Z8run_taskILj0E" in _func(ptx, "_Z10wait_eventILj0E")
-    assert "_Z8run_taskILj1E" in _func(ptx, "_Z10wait_eventILj1E")
+    assert "_Z8run_taskILj0E" in _func(ptx, WAIT_OFF) and "_Z8run_taskILj0E" not in _func(ptx, WAIT_OBS)
+    assert "_Z8run_taskILj1E" in _func(ptx, WAIT_OBS)
+
+
+def test_hot_first_copies(fresh_cache):
+    """In the hot-first layout copy 0 is the hot wait (a6wait_evt, among the renamed functions that follow
+    the kernel's entry) and the observing copy keeps its name, sorting after all of them (session 59,
+    plan 161: +0.35 / +0.57% over the hot-first no-hook build, from +1.3% as a template's instance)."""
+    ptx = _ptx(("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1"))
+    off, obs = _func(ptx, "_Z10a6wait_evt"), _func(ptx, WAIT_OBS)
+    for f in WAIT_HOOK_CALLS:
+        assert f in obs and f not in off, f
+    names = re.findall(r"^\.func\s+(?:\(\.param [^)]*func_retval0[^)]*\)\s+)?(\w+)", ptx, re.M)
+    hot = [n for n in names if n.startswith("_Z10a")]
+    obs_name = [n for n in names if n.startswith(WAIT_OBS)]
+    assert obs_name and not any(n.startswith(WAIT_OFF) for n in names) and max(hot) < obs_name[0]
 
 
 def test_offx_measurement_builds(fresh_cache):

@@ -49,6 +49,10 @@ def test_save_keeps_each_builds_hot_runs_and_predict_lays_them_out(gl, tmp_path,
     assert lines == {1, 2}
     with pytest.raises(ValueError, match="no launch of d"):
         gl.save(csv, ["a=1b:A", "d=1b:D"], 1000)
+    # a hot-first build is saved under the names before -DDTMK_HOT_FIRST's renames (a1run_body: run_body)
+    syms["1b:E"] = ["a1run_body"] * 16 + ["f"] * 8
+    e = gl.save(export(tmp_path, [[1000] * 24]), ["e=1b:E"], 1000)["builds"]["e"]
+    assert set(e["functions"]) == {"run_body", "f"} and e["layout"] == [["run_body", 16], ["f", 8]]
 
 
 def test_load_refuses_another_file(gl, tmp_path):
@@ -74,3 +78,20 @@ def test_saved_profiles_reproduce_the_model_counts(gl):
     assert resized and over != 20
     on = gl.load(ROOT / "docs" / "results" / "data" / "gcc_hot_s57_plan153_trace_on.json")
     assert on["builds"]["nohooks"]["overflow"] == 1 and on["builds"]["offxsync"]["overflow"] == 10
+
+
+def test_hot_first_profile_lays_out_in_the_default_layout_and_back(gl):
+    """Session 59's save (plan 160, trace off): the hot-first builds (-DDTMK_HOT_FIRST, saved under the
+    functions' names before the renames) -- no hooks 1, off 1, offxw's wait 0 lines beyond their ways,
+    the default layout's off 20 -- and the hot-first off build's hot code in the default layout
+    overflows again, the default's in the hot-first layout not: the layout, not the code, decides."""
+    doc = gl.load(ROOT / "docs" / "results" / "data" / "gcc_hot_s59_plan160.json")
+    b = doc["builds"]
+    assert {k: v["overflow"] for k, v in b.items()} == {"nohooks": 1, "off": 20, "hfxw": 0, "hotfirst_nh": 1,
+                                                       "hotfirst": 1}
+    assert "run_body" in b["hotfirst"]["functions"] and not any(f.startswith("a1") for f in b["hotfirst"]["functions"])
+    default, hot_first = gl.symbols_of(b["off"]["layout"]), gl.symbols_of(b["hotfirst"]["layout"])
+    _, over, gone, _ = gl.predict(doc, "hotfirst", default, {})
+    assert over >= 10 and not gone
+    _, over, gone, _ = gl.predict(doc, "off", hot_first, {})
+    assert over <= 2 and not gone

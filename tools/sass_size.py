@@ -92,8 +92,8 @@ _TEMPLATE_INT = re.compile(r"IL[a-z](\d+)EE")
 
 def demangle(sym: str) -> str:
     """The plain name of an Itanium-mangled free function (_Z10hook_flushRK8MkParams... ->
-    hook_flush; a template on one integer, _Z10wait_eventILj0EEv... -> wait_event<0>: the two
-    copies of -DDTMK_OFF_COPY); anything else as given (no c++filt on the CI machine)."""
+    hook_flush; a template on one integer, _Z8run_taskILj0EEv... -> run_task<0>: -DDTMK_OFF_COPY=3's
+    two run_task copies); anything else as given (no c++filt on the CI machine)."""
     m = _MANGLED.match(sym)
     if not m:
         return sym

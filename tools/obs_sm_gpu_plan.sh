@@ -471,7 +471,7 @@
 # Session 59 ran 159 (H100: hfxw -0.1%, hfcopyw +1.3%, hotfirst +2.1% over the hot-first no-hook build).
 # 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).  Session 59 ran 160 (hfcopyw's
 # executed SASS that of hfxw; its GCC fetched 25% more).  161 (new): hfcopyw's observing copy out of the hot region.
-# Session 59 ran 161 (hfcopyw +0.35 / +0.57% over the hot-first no-hook build).  162 (new): its GPU tests.
+# Session 59 ran 161 (hfcopyw +0.35 / +0.56 / +0.55 / +0.49% over the hot-first no-hook build).  162 (new): its GPU tests.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -863,7 +863,7 @@ case "${1:-}" in
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
   162) # session 59, plan 161: hfcopyw (hot-first layout, OFF_COPY's observing copy out of the hot region) +0.35 /
-     # +0.57% over the hot-first no-hook build: the candidate default's hot attach / detach, exactness and watchdog
+     # +0.56% over the hot-first no-hook build: the candidate default's hot attach / detach, exactness and watchdog
      exec tools/gpu_session.sh "$(pytv 330 tests/gpu/test_hot_attach.py -k offcopy)" ;;
   161) # session 59, plan 160: hfcopyw's copy 0 and run_body execute what hfxw's do (instructions, local loads),
      # its GCC fetched more (219 K vs 175 K per launch): its observing copy, one template's other instantiation,

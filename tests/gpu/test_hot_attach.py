@@ -48,7 +48,7 @@ OBSSM4IDLE = OBSSM4DEFER + ("DTMK_OSQ_IDLE_DRAIN=16",)
 OBSSM4SPLIT = OBSSM4DEFER + ("DTMK_OSQ_SPLIT",)
 #: wait_event in two copies, the one without hook code taken while the worker observes nothing
 #: (-DDTMK_OFF_COPY=1, session 55: the off path's cost; measurement only, not with the observer SM),
-#: in the hot-first layout (session 59, plan 161: +0.35 / +0.57% over the hot-first no-hook build)
+#: in the hot-first layout (session 59, plan 161: +0.35..+0.56% over the hot-first no-hook build)
 OFFCOPY = ("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1")
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,

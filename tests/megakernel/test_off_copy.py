@@ -1,9 +1,10 @@
 """CI (no GPU): -DDTMK_OFF_COPY (session 55) -- wait_event (bit 0) and run_task (bit 1) in two
-copies (wait_event_off / wait_event_obs since session 59: functions of their own names, so that the
-observing copy does not sit in -DDTMK_HOT_FIRST's hot region; run_task's a template on RCOPY), chosen per static task by the whole CTA from the latch
+copies (wait_event_off / wait_event_obs since session 59: functions of their own names, so that
+the observing copy does not sit in -DDTMK_HOT_FIRST's hot region; run_task's a template on RCOPY),
+chosen per static task by the whole CTA from the latch
 s_obs_copy: copy 1 is the hook build's code, copy 0 the same with its "observing?" gates
-constant 0, so that NVRTC drops the hook code there (measurement only since plan 146: it kept
-most of the off cost; not with the observer SM) -- and the measurement-only -DDTMK_OFFX whose
+constant 0, so that NVRTC drops the hook code there (measurement only since plan 146, where it
+kept most of the off cost -- the layout's share, session 59; not with the observer SM) -- and the measurement-only -DDTMK_OFFX whose
 builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
 (exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy."""
 
@@ -80,7 +81,7 @@ def test_wait_and_run_copies(fresh_cache):
 def test_hot_first_copies(fresh_cache):
     """In the hot-first layout copy 0 is the hot wait (a6wait_evt, among the renamed functions that follow
     the kernel's entry) and the observing copy keeps its name, sorting after all of them (session 59,
-    plan 161: +0.35 / +0.57% over the hot-first no-hook build, from +1.3% as a template's instance)."""
+    plan 161: +0.35..+0.56% over the hot-first no-hook build, from +1.1..1.3% as a template's instances)."""
     ptx = _ptx(("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1"))
     off, obs = _func(ptx, "_Z10a6wait_evt"), _func(ptx, WAIT_OBS)
     for f in WAIT_HOOK_CALLS:

@@ -54,7 +54,7 @@ def save(csv_path, specs, min_exec: int) -> dict:
     syms = {}
     for spec in specs:
         name, build = nf.parse_match(spec)
-        syms[name] = (build, [nf.canonical(s, alias) for s in nf.build_symbols(build)])   # (names before renames)
+        syms[name] = (build, nf.canonical_symbols(nf.build_symbols(build), alias))   # (names before renames)
     names = nf.match_builds(launches, {k: len(v[1]) for k, v in syms.items()})
     builds = {}
     for k, name in enumerate(names):

@@ -321,21 +321,25 @@ def lay_out(runs: dict, new_symbols, alias=None) -> tuple:
 
 
 def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tuple:
-    """lay_out of launch `counts` (of the build with `symbols`): its hot lines in another layout."""
-    return lay_out(hot_runs(counts, symbols, min_exec), new_symbols, alias)
+    """lay_out of launch `counts` (of the build with `symbols`): its hot lines in another layout (alias
+    applies to both builds' names: a hot-first launch lays out in a build without the renames too)."""
+    return lay_out(hot_runs(counts, canonical_symbols(symbols, alias or {}), min_exec), new_symbols, alias)
 
 
 def hot_first_alias(source=None) -> dict:
     """-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu, the one list): {new name: old name}, the
     first old name of a new one (a6wait_evt is wait_event, also where it is -DDTMK_OFF_COPY's copy 0,
-    wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes)."""
+    wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes; its name
+    is the kernel's WAIT_EVENT_COPY_0u)."""
     text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
     block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
     block = block[:block.index("#endif")]
     out = {}
     for old, new in re.findall(r"#define (\w+) (\w+)", block):
         out.setdefault(new, old)
-    out.setdefault("wait_event_off", "wait_event")
+    copy0 = re.search(r"#define WAIT_EVENT_COPY_0u (\w+)", text)
+    if copy0:
+        out.setdefault(copy0.group(1), "wait_event")
     return out
 
 
@@ -343,6 +347,11 @@ def canonical(sym: str, alias: dict) -> str:
     """A SASS function's name before any rename of `alias` (a template's instance keeps its arguments)."""
     base, lt, rest = sym.partition("<")
     return alias.get(base, base) + lt + rest
+
+
+def canonical_symbols(symbols, alias: dict) -> list:
+    """canonical of each instruction's SASS function (build_symbols' list)."""
+    return [canonical(s, alias) for s in symbols]
 
 
 #: all warp-state samples of an address (the denominator of --stall)
@@ -381,8 +390,9 @@ def print_matched(launches, specs, min_exec: int, raw=None, stall=None) -> tuple
         if name:                            # (new over a launch that ran nothing: all its lines)
             by = new_lines_per_symbol([0] * len(c), c, syms[name], min_exec)
             print("    " + ", ".join(f"{s_}={v:.2f}" for s_, v in by.most_common(8)))
-            print(f"    GCC model {GCC_SETS} x {GCC_WAYS}: {len(hot_lines(c, min_exec))} hot lines, "
-                  f"{set_overflow(hot_lines(c, min_exec))} beyond their set's ways")
+            hot = hot_lines(c, min_exec)
+            print(f"    GCC model {GCC_SETS} x {GCC_WAYS}: {len(hot)} hot lines, {set_overflow(hot)} beyond their "
+                  f"set's ways")
             if stall:
                 reason, per, alls = stall
                 st = samples_per_symbol(per[k], syms[name])

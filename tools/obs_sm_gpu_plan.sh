@@ -503,6 +503,9 @@ ICC_METRICS=gpu__time_duration.sum,smsp__average_warps_issue_stalled_no_instruct
 for m in sm__icc_requests sm__icc_requests_lookup_miss gcc__cache_requests_type_instruction \
          gcc__cache_requests_type_instruction_lookup_miss gcc__gcc2xbar_requests_type_instruction; do
   ICC_METRICS="$ICC_METRICS,$m.sum,$m.max"; done
+# HF_BUILDS: plans 159-161's builds -- default and no hooks, each in both layouts (-DDTMK_HOT_FIRST), and the
+# hot-first layout with offxw's wait and with OFF_COPY's two copies
+HF_BUILDS="$S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R"
 DEFER_EXACT="$PYT tests/gpu/test_hot_attach.py tests/gpu/test_resident_gpu.py -k obssm4defer -rA"
 CLI_SM_EXACT="$PYT tests/gpu/test_top_gpu.py tests/gpu/test_resident_gpu.py -k 'sm and (top or serve)' -rA"
 split1b() { echo "timeout ${4:-130} python3 bench/obs_split.py --presets 1b --reps 9 --sms 4 --base $1 --variants $2 --out ${OUT:-/tmp/out}/$3"; }
@@ -868,7 +871,7 @@ case "${1:-}" in
   161) # session 59, plan 160: hfcopyw's copy 0 and run_body execute what hfxw's do (instructions, local loads),
      # its GCC fetched more (219 K vs 175 K per launch): its observing copy, one template's other instantiation,
      # sat cold in the hot-first region.  Now a function of its own name (wait_event_obs, after the hot region)
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $HF_BUILDS" \
        "$(offpath 170 10 hotfirst,hfxw,hfcopyw a)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw b)" ;;
   160) # session 59, plan 159 (H100): hfxw (hot-first layout, offxw's wait) -0.1% over the hot-first no-hook build,
      # the hot-first default +2.1%, hfcopyw (offxw's wait as copy 0, chosen per task) +1.3% -- with copy 0 and
@@ -877,13 +880,13 @@ case "${1:-}" in
      # summary_hfcopyw, nohooks_hotfirst, off_hotfirst, summary_hotfirst)
      O=$NCU_DIR; mkdir -p $O
      M=$ICC_METRICS,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum,smsp__inst_executed.sum
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $HF_BUILDS" \
        "$(ncu_run 330 "--launch-skip 10 --section SourceCounters --metrics $M" off 10) $(offpath 320 1 hfxw,hfcopyw,hotfirst hk) && $NCU -i $O/off.ncu-rep --page raw --csv > ${OUT:-/tmp/out}/off_raw.csv && $(ncu_src off)" "$NCU_PACK" ;;
   159) # session 59, plan 158: the hot-first layout cut the GCC's instruction fetches from L2 (off 226 K -> 148 K,
      # no hooks 182 K -> 152 K per launch; the model's 20 lines beyond their ways -> 1) but the off cost only a
      # little (off 1304 -> 1301, no hooks 1283 -> 1274 us/step): the layout is one part.  The other, the wait's hook
      # code (offxw ~0 in the old layout): the hot-first layout with offxw's wait and with offcopyw's two copies
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+$S+$R DTMK_HOT_FIRST+DTMK_NO_HOOKS+$S+$R DTMK_HOT_FIRST+DTMK_OFFX=1+$S+$R DTMK_HOT_FIRST+DTMK_OFF_COPY=1+$S+$R" \
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $HF_BUILDS" \
        "$(offpath 170 10 hotfirst,hfxw,hfcopyw a)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw b)" "$(offpath 170 10 hotfirst,hfxw,hfcopyw c)" ;;
   158) # session 58, plan 157: the off path's GCC -> L2 instruction fetches follow the off cost (no hooks 181 K,
      # offxw 182 K, offcopyw 217 K, off 224-226 K per launch) while its executed lines barely move (96 -> 101 KB), and

@@ -192,6 +192,10 @@ def test_relayout_moves_hot_code_with_its_function_and_follows_renames(nf):
     # a template instance keeps its arguments through the rename
     lines, gone, _ = nf.relayout([1000] * 8, ["k<1>"] * 8, ["x"] * 8 + ["a7k<1>"] * 8, 1000, {"a7k": "k"})
     assert lines == {1} and not gone
+    # ... and a launch of the renamed build lays out in one without the renames (g back at 16: line 2)
+    lines, gone, _ = nf.relayout([0] * 8 + [1000] * 8, ["f"] * 8 + ["a0g"] * 8, ["f"] * 16 + ["g"] * 8, 1000,
+                                 {"a0g": "g"})
+    assert lines == {2} and not gone
 
 
 def test_hot_first_alias_is_the_kernels_list(nf):

@@ -94,19 +94,29 @@ def nvrtc_compile(source: str, name: str = "source.cu", arch: str = "sm_90a", ta
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def _ptx_definitions(ptx: str):
+    """(header match, index of its opening brace) of each PTX .func definition, in order;
+    prototypes (a ';' before any '{') are skipped."""
+    for m in re.finditer(r"^\.(?:visible |weak |extern )?func\b[^\n]*", ptx, re.M):
+        semi, brace = ptx.find(";", m.end()), ptx.find("{", m.end())
+        if brace >= 0 and not 0 <= semi < brace:
+            yield m, brace
+
+
 def ptx_function(ptx: str, name: str) -> Optional[str]:
     """The definition of the first PTX .func whose header line contains `name` (a mangled
-    name or part of one), from `.func` to its closing brace; prototypes (a ';' before any
-    '{') are skipped.  None when the PTX defines no such function.  For tests and reports
-    that inspect generated code."""
-    for m in re.finditer(r"^\.(?:visible |weak |extern )?func\b[^\n]*", ptx, re.M):
-        if name not in m.group(0):
-            continue
-        semi, brace = ptx.find(";", m.end()), ptx.find("{", m.end())
-        if brace < 0 or 0 <= semi < brace:
-            continue
-        return ptx[m.start():ptx.index("\n}\n", brace) + 2]
+    name or part of one), from `.func` to its closing brace; prototypes are skipped.  None
+    when the PTX defines no such function.  For tests and reports that inspect generated code."""
+    for m, brace in _ptx_definitions(ptx):
+        if name in m.group(0):
+            return ptx[m.start():ptx.index("\n}\n", brace) + 2]
     return None
+
+
+def ptx_function_names(ptx: str) -> list:
+    """The (mangled) names of the PTX's .func definitions, in the module's order."""
+    return [re.search(r"func\s+(?:\(\.param [^)]*\)\s+)?(\w+)", m.group(0)).group(1)
+            for m, _ in _ptx_definitions(ptx)]
 
 
 def ptx_canonical(ptx: str, labels: bool = False) -> str:

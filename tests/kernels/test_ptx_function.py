@@ -1,6 +1,7 @@
-"""kernels/build.ptx_function: the one helper tests use to read a function out of PTX;
-ptx_canonical: the one they use to call two builds the same code."""
-from dtrace_mk.kernels.build import ptx_function, ptx_canonical
+"""kernels/build.ptx_function: the one helper tests use to read a function out of PTX
+(ptx_function_names: the functions a PTX defines); ptx_canonical: the one they use to call two
+builds the same code."""
+from dtrace_mk.kernels.build import ptx_function, ptx_function_names, ptx_canonical
 
 PTX = """
 .func _Z4workPi
@@ -38,6 +39,10 @@ def test_the_definition_not_the_prototype_to_its_closing_brace():
     assert body.startswith(".func  (.param .b32 func_retval0) _Z4workPi(")
     assert "st.global.u32" in body and body.endswith("\tret;\n}")   # past the nested block
     assert "_Z5otherv" not in body and "kern" not in body
+
+
+def test_the_names_of_the_definitions_in_order():
+    assert ptx_function_names(PTX) == ["_Z4workPi", "_Z5otherv"]     # (not the prototype, not the entry)
 
 
 def test_a_part_of_the_name_matches_and_an_absent_one_is_none():

@@ -5,10 +5,9 @@ with cold functions.  Plan 157 found the off path's cost in the GPC caches' inst
 from L2, not in instructions executed; plan 158 times this layout.  PTX names here; the GPU side
 is its tokens (bench/hooks.py --offpath checks them equal to the default no-hook build's)."""
 
-import re
-
 import pytest
 
+from dtrace_mk.kernels.build import ptx_function_names
 from dtrace_mk.megakernel import gpu
 
 #: the renamed hot functions, in their cubin order (each name 10 characters: _Z10a...)
@@ -22,8 +21,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def _funcs(defines) -> list:
-    ptx = gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False).decode()
-    return re.findall(r"^\.func\s+(?:\(\.param [^)]*func_retval0[^)]*\)\s+)?(\w+)", ptx, re.M)
+    return ptx_function_names(gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False).decode())
 
 
 def test_hot_first_renames(fresh_cache):

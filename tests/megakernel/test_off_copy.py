@@ -13,7 +13,7 @@ import re
 import pytest
 
 from dtrace_mk.kernels import megakernel_text
-from dtrace_mk.kernels.build import CompileError, ptx_function
+from dtrace_mk.kernels.build import CompileError, ptx_function, ptx_function_names
 from dtrace_mk.megakernel import gpu
 
 #: the hook functions an observing wait calls in the default build (none in the other copy)
@@ -86,7 +86,7 @@ def test_hot_first_copies(fresh_cache):
     off, obs = _func(ptx, "_Z10a6wait_evt"), _func(ptx, WAIT_OBS)
     for f in WAIT_HOOK_CALLS:
         assert f in obs and f not in off, f
-    names = re.findall(r"^\.func\s+(?:\(\.param [^)]*func_retval0[^)]*\)\s+)?(\w+)", ptx, re.M)
+    names = ptx_function_names(ptx)
     hot = [n for n in names if n.startswith("_Z10a")]
     obs_name = [n for n in names if n.startswith(WAIT_OBS)]
     assert obs_name and not any(n.startswith(WAIT_OFF) for n in names) and max(hot) < obs_name[0]

@@ -313,23 +313,29 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # measurement only (session 55, --offpath): the default build whose per-task "observing?"
                   # gates are constant 0 in wait_event (offxw), run_task (offxr), or everywhere on the per-task
                   # path (offxall: statically the no-hook build's path): does the off cost sit in that code?
-                  "offxw": ("DTMK_OFFX=1",), "offxr": ("DTMK_OFFX=2",), "offxall": ("DTMK_OFFX=7",),
+                  # (these and offcopyw / offcopywr in the layout they were measured in, sessions 55-57)
+                  "offxw": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=1"), "offxr": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=2"),
+                  "offxall": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=7"),
                   # ... wait_event's sites apart (session 56): the first look's call, the drains after its
                   # barrier, the spin loop's and the rest
-                  "offxlook": ("DTMK_OFFX=8",), "offxsync": ("DTMK_OFFX=16",), "offxspin": ("DTMK_OFFX=32",),
+                  "offxlook": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=8"), "offxsync": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=16"),
+                  "offxspin": ("DTMK_NO_HOT_FIRST", "DTMK_OFFX=32"),
                   # wait_event (offcopyw) / and run_task (offcopywr) in two copies, the copy without hook code
-                  # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55; measurement only)
-                  "offcopyw": ("DTMK_OFF_COPY=1",), "offcopywr": ("DTMK_OFF_COPY=3",),
+                  # taken while the worker observes nothing (-DDTMK_OFF_COPY, session 55), in the old layout
+                  "offcopyw": ("DTMK_NO_HOT_FIRST", "DTMK_OFF_COPY=1"), "offcopywr": ("DTMK_NO_HOT_FIRST", "DTMK_OFF_COPY=3"),
+                  # the default before session 60: the old layout, one wait (+1.58..+2.00% off on an H100)
+                  "legacy": ("DTMK_NO_HOT_FIRST", "DTMK_ONE_WAIT"),
                   # the session-2 poll (relaxed loads, one fence.acq_rel once met): no L1 invalidation per poll,
                   # so the poll loop's spill reloads hit L1 -- in the no-hook and the hook build alike
                   "pollfence": ("DTMK_POLL_FENCE",),
                   # measurement (session 58): the workers' hot functions renamed to follow the kernel's
-                  # entry in the cubin (kernels/megakernel.cu DTMK_HOT_FIRST): one hot region of code
-                  "hotfirst": ("DTMK_HOT_FIRST",),
-                  # ... with offxw's wait (hfxw) and with offcopyw's two copies of it (hfcopyw): plan 158 cut
-                  # the GCC's fetches (226 K -> 148 K per launch) but the off cost only 0.3%: is the rest the
-                  # wait's hook code, as offxw's ~0 said, once the layout no longer adds its own?
-                  "hfxw": ("DTMK_HOT_FIRST", "DTMK_OFFX=1"), "hfcopyw": ("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1")}
+                  # entry in the cubin (kernels/megakernel.cu DTMK_HOT_FIRST): one hot region of code, with
+                  # one wait (the default since session 60 takes two copies of it)
+                  "hotfirst": ("DTMK_ONE_WAIT",),
+                  # ... with offxw's wait (hfxw) and with offcopyw's two copies of it (hfcopyw, the default
+                  # since session 60): plan 158 cut the GCC's fetches (226 K -> 148 K per launch) but the off
+                  # cost only 0.3%: is the rest the wait's hook code, as offxw's ~0 said?
+                  "hfxw": ("DTMK_OFFX=1",), "hfcopyw": ("DTMK_OFF_COPY=1",)}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -351,16 +357,27 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
                       "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "hotfirst": ("off", "summary"),   # (the hot summary: 1101 hot lines, 165 beyond their ways)
-                      "hfxw": ("off",), "hfcopyw": ("off", "summary"),
+                      "hfxw": ("off",), "hfcopyw": ("off", "summary"), "legacy": ("off", "summary"),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "pollfence": ("off",)}
-#: defines of hook code only: no no-hooks build of them (megakernel.cu #errors with DTMK_NO_HOOKS)
+#: defines of hook code only: not in a variant's no-hooks build (megakernel.cu #errors with DTMK_NO_HOOKS
+#: for some, ignores the others)
 HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
-                     "DTMK_OFFX", "DTMK_OFF_COPY")
+                     "DTMK_OFFX", "DTMK_OFF_COPY", "DTMK_ONE_WAIT")
+
+
+def nohook_build(defines: tuple):
+    """A build variant's no-hooks build: its defines less HOOK_ONLY_DEFINES (legacy's
+    DTMK_NO_HOT_FIRST stays, its DTMK_ONE_WAIT goes), or None where nothing is left of a
+    variant (it reuses the default's no-hooks build)."""
+    kept = tuple(d for d in defines if d.split("=")[0] not in HOOK_ONLY_DEFINES)
+    return None if defines and not kept else ("DTMK_NO_HOOKS",) + kept
+
+
 #: the runs of each build variant (suffixed _<variant>)
 BUILD_RUNS = ("off", "mask3", "null3", "summary", "summary_cm")
 #: the compiled runs: run -> whether the monitor's map helpers are folded to each map's shape
@@ -870,7 +887,8 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
 def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     """--offpath: only the off-path figures, fast (no attribution, compiled tier or attach
     latency).  For the default build and each build variant v (like for like: v's defines
-    also in its no-hooks build; a variant of HOOK_ONLY_DEFINES has none, it reuses the default's):
+    also in its no-hooks build, less those of HOOK_ONLY_DEFINES; a variant of only those has
+    none, it reuses the default's):
     nohooks_v, off_v and summary_v (SUMMARY_QUERY, hot tier) us/step, round-robin over
     --reps; off2 (the default build again) is the noise floor.  Tokens of every run must
     equal the default no-hooks build's."""
@@ -880,8 +898,7 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     SM_IDS.clear()
     specs = {"": ()}
     specs.update({"_" + b: BUILD_VARIANTS[b] for b in builds})
-    nohook_defs = {k: (None if any(d.split("=")[0] in HOOK_ONLY_DEFINES for d in v) else ("DTMK_NO_HOOKS",) + v)
-                   for k, v in specs.items()}
+    nohook_defs = {k: nohook_build(v) for k, v in specs.items()}
     todo = {placed(v) for v in specs.values()} | {placed(v) for v in nohook_defs.values() if v is not None}
     t0 = time.perf_counter()
     for defs, (_, err) in gpu.precompile(todo, workers=min(8, len(todo))).items():

@@ -103,6 +103,15 @@ def _ptx_definitions(ptx: str):
             yield m, brace
 
 
+def hot_first_renames(source: Optional[str] = None) -> dict:
+    """-DDTMK_HOT_FIRST's renames of the workers' hot functions (the default layout since
+    session 60; kernels/megakernel.cu's `#ifdef DTMK_HOT_FIRST` block, the one list):
+    {name in the source: name in the module}, e.g. run_body -> a1run_body."""
+    text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
+    return dict(re.findall(r"#define (\w+) (\w+)", block[:block.index("#endif")]))
+
+
 def ptx_function(ptx: str, name: str) -> Optional[str]:
     """The definition of the first PTX .func whose header line contains `name` (a mangled
     name or part of one), from `.func` to its closing brace; prototypes are skipped.  None
@@ -111,6 +120,24 @@ def ptx_function(ptx: str, name: str) -> Optional[str]:
         if name in m.group(0):
             return ptx[m.start():ptx.index("\n}\n", brace) + 2]
     return None
+
+
+def source_names(text: str, source: Optional[str] = None) -> str:
+    """`text` (PTX, a ptxas log, SASS) with -DDTMK_HOT_FIRST's renamed functions under their
+    source names again (_Z10a1run_body... -> _Z8run_body...), so that tests and reports read
+    a build's code by the names the source gives it, whatever its layout.  a6wait_evt is
+    wait_event, or the two-copy build's copy 0 (WAIT_EVENT_COPY_0u, wait_event_off) where the
+    text has its copy 1 (WAIT_EVENT_COPY_1u)."""
+    src = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    back = {}
+    for old, new in hot_first_renames(src).items():
+        back.setdefault(new, old)
+    copies = dict(re.findall(r"#define WAIT_EVENT_COPY_([01])u (\w+)", src))
+    if len(copies) == 2 and f"_Z{len(copies['1'])}{copies['1']}" in text:
+        back[hot_first_renames(src)[copies["0"]]] = copies["0"]
+    for new, old in back.items():
+        text = text.replace(f"_Z{len(new)}{new}", f"_Z{len(old)}{old}")
+    return text
 
 
 def ptx_function_names(ptx: str) -> list:

@@ -61,11 +61,28 @@
  * built.  Where does the hook build's off cost (+2.5..3.1% over -DDTMK_NO_HOOKS, 1b) sit: in
  * the per-task path's code (then two copies of it, chosen per call, would remove it) or
  * elsewhere?  Nothing is observed in such a build. */
+/* The hook build's default since session 60 (plan 161, 1b on an H100: +0.35..+0.56% over the
+ * no-hook build, against +1.58..+2.00% with one wait): the hot-first layout (-DDTMK_HOT_FIRST,
+ * below) in every build, and in the hook build the wait in two copies (-DDTMK_OFF_COPY=1).
+ * -DDTMK_NO_HOT_FIRST builds the old layout, -DDTMK_ONE_WAIT the one wait (bench/hooks.py
+ * variants legacy / hotfirst); a measurement define (-DDTMK_OFFX, -DDTMK_OBS_SM) takes one wait. */
+#if defined(DTMK_NO_HOT_FIRST) && defined(DTMK_HOT_FIRST)
+#error "DTMK_NO_HOT_FIRST and DTMK_HOT_FIRST exclude each other"
+#endif
+#if !defined(DTMK_NO_HOT_FIRST) && !defined(DTMK_HOT_FIRST)
+#define DTMK_HOT_FIRST
+#endif
+#if defined(DTMK_ONE_WAIT) && defined(DTMK_OFF_COPY)
+#error "DTMK_ONE_WAIT and DTMK_OFF_COPY exclude each other"
+#endif
+#if !defined(DTMK_NO_HOOKS) && !defined(DTMK_OBS_SM) && !defined(DTMK_OFFX) && !defined(DTMK_OFF_COPY) && !defined(DTMK_ONE_WAIT)
+#define DTMK_OFF_COPY 1
+#endif
 /* -DDTMK_OFF_COPY=B (session 55; B: bit 0 wait_event, bit 1 run_task): those functions in two
  * copies, templates on WCOPY / RCOPY -- 1 the observing copy (today's code), 0 a copy whose
  * "observing?" gates are constant 0 (DTMK_OFFX's code, which measured the off cost away) --
  * chosen per static task by the whole CTA from s_obs_copy (below: the "observing?" latch).
- * Measurement only since session 56 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
+ * Measurement only in sessions 56-59 (plan 146, 1b over no hooks on an H100): =1 +1.54 / +1.83%
  * against the default's +1.85 / +2.05% and offxw's +0.07 / -0.14% -- copy 0 is offxw's wait_event,
  * so what it keeps of the off cost is not code it runs.  It was the layout (sessions 58-59): with
  * -DDTMK_HOT_FIRST and the copies as functions of their own names (wait_event_off in the hot region,
@@ -75,7 +92,7 @@
 #error "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"
 #endif
 #if defined(DTMK_OBS_SM)
-#error "-DDTMK_OFF_COPY is measurement only, not with -DDTMK_OBS_SM (plan 146: its final epochs stopped advancing while the kernel ran)"
+#error "-DDTMK_OFF_COPY is not with -DDTMK_OBS_SM (plan 146: its final epochs stopped advancing while the kernel ran)"
 #endif
 #define OFF_COPY_BIT(b) (((DTMK_OFF_COPY) >> (b)) & 1)
 #else
@@ -137,7 +154,7 @@
 #else
 #define RUN_TASK_COPY(c) run_task
 #endif
-/* MEASUREMENT (session 58, bench/hooks.py variant hotfirst): -DDTMK_HOT_FIRST renames the workers'
+/* (session 58; the default since session 60, -DDTMK_NO_HOT_FIRST without): -DDTMK_HOT_FIRST renames the workers'
  * hot functions (1b batch 1, plan 157: ~95 KB of 128-byte lines executed per launch, spread over
  * ~860 KB of code) so that they follow the kernel's entry in the cubin, which orders the
  * subroutines by mangled name (_Z10a0... first): a contiguous hot region instead of one

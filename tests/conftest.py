@@ -44,14 +44,17 @@ _PTX = {}
 
 def _megakernel_ptx(defines=(), name: str = "megakernel.cu") -> str:
     """PTX of kernels/<name> for sm_90a with -D defines (NVRTC, no GPU), compiled once per
-    test session: several modules read the same builds' PTX (the default build's, e.g.)."""
+    test session: several modules read the same builds' PTX (the default build's, e.g.).
+    Functions go by their source names (build.source_names: -DDTMK_HOT_FIRST's renames, the
+    default layout's, undone); tests of the layout itself compile for themselves."""
     key = (name, tuple(defines))
     if key not in _PTX:
         pytest.importorskip("cuda.bindings.nvrtc")
         from dtrace_mk.kernels import KERNEL_DIR
         from dtrace_mk.kernels.build import nvrtc_compile
-        _PTX[key] = nvrtc_compile((KERNEL_DIR / name).read_text(), name, "sm_90a", "ptx",
-                                  tuple(defines)).decode(errors="replace")
+        from dtrace_mk.kernels.build import source_names
+        _PTX[key] = source_names(nvrtc_compile((KERNEL_DIR / name).read_text(), name, "sm_90a", "ptx",
+                                               tuple(defines)).decode(errors="replace"))
     return _PTX[key]
 
 

@@ -331,11 +331,11 @@ def hot_first_alias(source=None) -> dict:
     first old name of a new one (a6wait_evt is wait_event, also where it is -DDTMK_OFF_COPY's copy 0,
     wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes; its name
     is the kernel's WAIT_EVENT_COPY_0u)."""
+    sys.path.insert(0, str(ROOT))
+    from dtrace_mk.kernels.build import hot_first_renames
     text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
-    block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
-    block = block[:block.index("#endif")]
     out = {}
-    for old, new in re.findall(r"#define (\w+) (\w+)", block):
+    for old, new in hot_first_renames(text).items():
         out.setdefault(new, old)
     copy0 = re.search(r"#define WAIT_EVENT_COPY_0u (\w+)", text)
     if copy0:

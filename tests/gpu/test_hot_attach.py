@@ -46,16 +46,16 @@ OBSSM4SHALLOW = OBSSM4DEFER + ("DTMK_OSQ_N=16",)
 OBSSM4IDLE = OBSSM4DEFER + ("DTMK_OSQ_IDLE_DRAIN=16",)
 #: ... whose observer SMs split the phases: two build records, two run them (-DDTMK_OSQ_SPLIT, session 35)
 OBSSM4SPLIT = OBSSM4DEFER + ("DTMK_OSQ_SPLIT",)
-#: wait_event in two copies, the one without hook code taken while the worker observes nothing
-#: (-DDTMK_OFF_COPY=1, session 55: the off path's cost; measurement only, not with the observer SM),
-#: in the hot-first layout (session 59, plan 161: +0.35..+0.56% over the hot-first no-hook build)
-OFFCOPY = ("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1")
+#: the default hook build takes wait_event in two copies since session 60 (-DDTMK_OFF_COPY=1: the one
+#: without hook code while the worker observes nothing; plan 161: +0.35..+0.56% over the no-hook
+#: build): the one wait of the builds before it (-DDTMK_ONE_WAIT; the bench's hotfirst / legacy)
+ONEWAIT = ("DTMK_ONE_WAIT",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,
-                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY],
+                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
                                       "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow",
-                                      "obssm4idle", "obssm4split", "offcopy"])
+                                      "obssm4idle", "obssm4split", "onewait"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -113,10 +113,10 @@ FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["d
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
                                      OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP, OBSSM4SHALLOW,
-                                     OBSSM4IDLE, OBSSM4SPLIT, OFFCOPY],
+                                     OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
                               "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow", "obssm4idle",
-                              "obssm4split", "offcopy"])
+                              "obssm4split", "onewait"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
@@ -149,8 +149,8 @@ def test_observer_sm_warps_on_1b_match_reference_exactly():
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSSM, OFFCOPY],
-                         ids=["default", "holdeager", "obssm", "offcopy"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSSM, ONEWAIT],
+                         ids=["default", "holdeager", "obssm", "onewait"])
 def test_summary_without_a_host_ring_counts_every_task(defines):
     """Without the host ring (so the default build takes its light pre-signal hold: the
     summary reads no request_gen; -DDTMK_HOLD_EAGER the full one), the hot summary still sees every task once: per class,
@@ -342,10 +342,10 @@ def test_watchdog_fires_with_a_monitor_attached(defines):
 @pytest.mark.parametrize("name,defines", [("tiny", ()), ("1b", ()), ("tiny", OBSSM), ("1b", OBSSM), ("1b", OBSSM3),
                                           ("1b", OBSSM4LAZY), ("1b", OBSSM4DESC), ("1b", OBSSM4DEFER),
                                           ("1b", OBSSM4MULTI), ("1b", OBSSM4DEEP), ("1b", OBSSM4SHALLOW),
-                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT), ("1b", OFFCOPY)],
+                                          ("1b", OBSSM4IDLE), ("1b", OBSSM4SPLIT), ("1b", ONEWAIT)],
                          ids=["tiny", "1b", "tiny-obssm", "1b-obssm", "1b-obssm3", "1b-obssm4lazy", "1b-obssm4desc",
                               "1b-obssm4defer", "1b-obssm4multi", "1b-obssm4deep", "1b-obssm4shallow", "1b-obssm4idle",
-                              "1b-obssm4split", "1b-offcopy"])
+                              "1b-obssm4split", "1b-onewait"])
 def test_final_epochs_are_complete_while_the_kernel_runs(name, defines):
     """OBS_PENDING (held before a task's release signal, moved up by a drain that flushed
     coverage): every snapshot taken while the kernel runs has each final epoch complete --

@@ -43,7 +43,7 @@ def _compile_v(defines):
         assert res[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
         out = bytes(nvrtc.nvrtcGetCUBINSize(prog)[1])
         nvrtc.nvrtcGetCUBIN(prog, out)
-        return out, log
+        return out, build.source_names(log)      # (functions by their source names)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

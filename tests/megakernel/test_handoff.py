@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from dtrace_mk.errors import UserError
-from dtrace_mk.kernels.build import nvrtc_compile
+from dtrace_mk.kernels.build import nvrtc_compile, source_names
 from dtrace_mk.megakernel import gpu
 from dtrace_mk.megakernel.graph import build_graph
 from dtrace_mk.megakernel.presets import PRESETS
@@ -107,7 +107,7 @@ def ptx():
     out = {}
     for name, defs in {"default": (), "hook": ("DTMK_HANDOFF", "DTMK_SM_WORKER"), "nohooks": ("DTMK_NO_HOOKS",),
                        "lean": ("DTMK_NO_HOOKS", "DTMK_SM_WORKER")}.items():
-        out[name] = nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defs).decode()
+        out[name] = source_names(nvrtc_compile(src, "megakernel.cu", "sm_90a", "ptx", defines=defs).decode())
     return out
 
 

@@ -213,11 +213,11 @@ def test_the_poller_event_is_stored_before_the_first_acquire(megakernel_ptx):
     w = body("wait_event")
     assert w.index("s_poll_ev = counter(P, e); s_poll_target = target;") < w.index("ev_ld_acquire(P, counter(P, e))")
 
-    def order(defines):
-        f = ptx_function(megakernel_ptx(defines), "_Z10wait_event")
+    def order(defines, wait):
+        f = ptx_function(megakernel_ptx(defines), wait)
         st = re.search(r"st\.shared\.u64\s+\[s_poll_target\]", f)
         return st.start() < f.index("ld.acquire.gpu")
-    assert order(())
+    assert order((), "_Z14wait_event_off") and order((), "_Z14wait_event_obs")   # (its two copies)
 
 
 # ---- round 4: rare, large drains ---------------------------------------------------------

@@ -3,17 +3,19 @@ copies (wait_event_off / wait_event_obs since session 59: functions of their own
 the observing copy does not sit in -DDTMK_HOT_FIRST's hot region; run_task's a template on RCOPY),
 chosen per static task by the whole CTA from the latch
 s_obs_copy: copy 1 is the hook build's code, copy 0 the same with its "observing?" gates
-constant 0, so that NVRTC drops the hook code there (measurement only since plan 146, where it
-kept most of the off cost -- the layout's share, session 59; not with the observer SM) -- and the measurement-only -DDTMK_OFFX whose
-builds measured where the off cost sits (plan 145).  PTX shapes, refusals; the GPU side
-(exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy."""
+constant 0, so that NVRTC drops the hook code there.  =1 is the hook build's default since
+session 60 (plan 161: +0.35..+0.56% off over no hooks in the hot-first layout; before, plan 146,
+it kept most of the off cost -- the layout's share; not with the observer SM) -- and the
+measurement-only -DDTMK_OFFX whose builds measured where the off cost sits (plan 145).  PTX shapes
+(by source names, build.source_names, but for the layout's own test), refusals; the GPU side
+(exactness of the copies) is tests/gpu/test_hot_attach.py -k offcopy and the whole GPU suite."""
 
 import re
 
 import pytest
 
 from dtrace_mk.kernels import megakernel_text
-from dtrace_mk.kernels.build import CompileError, ptx_function, ptx_function_names
+from dtrace_mk.kernels.build import CompileError, ptx_function, ptx_function_names, source_names
 from dtrace_mk.megakernel import gpu
 
 #: the hook functions an observing wait calls in the default build (none in the other copy)
@@ -27,8 +29,10 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DTRACE_MK_CACHE", str(tmp_path))
 
 
-def _ptx(defines) -> str:
-    return gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False).decode()
+def _ptx(defines, raw: bool = False) -> str:
+    """The build's PTX, its functions by their source names unless `raw`."""
+    ptx = gpu.compile_source("sm_90a", "ptx", defines=defines, use_cache=False).decode()
+    return ptx if raw else source_names(ptx)
 
 
 def _func(ptx: str, name: str) -> str:
@@ -57,8 +61,10 @@ def _copies(ptx: str, fn: str, calls) -> tuple:
     return off, obs
 
 
-def test_wait_copies(fresh_cache):
-    ptx = _ptx(("DTMK_OFF_COPY=1",))
+@pytest.mark.parametrize("defines", [(), ("DTMK_OFF_COPY=1",), ("DTMK_NO_HOT_FIRST", "DTMK_OFF_COPY=1")])
+def test_wait_copies(fresh_cache, defines):
+    """The default hook build's wait (session 60), =1 named, and =1 in the old layout."""
+    ptx = _ptx(defines)
     off, obs = _copies(ptx, "wait_event", WAIT_HOOK_CALLS)
     # both copies poll and take dynamic tasks; run_task has one copy (bit 1 unset)
     assert "ld.acquire.gpu" in off and "_Z8run_task" in off
@@ -82,7 +88,8 @@ def test_hot_first_copies(fresh_cache):
     """In the hot-first layout copy 0 is the hot wait (a6wait_evt, among the renamed functions that follow
     the kernel's entry) and the observing copy keeps its name, sorting after all of them (session 59,
     plan 161: +0.35..+0.56% over the hot-first no-hook build, from +1.1..1.3% as a template's instances)."""
-    ptx = _ptx(("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1"))
+    ptx = _ptx((), raw=True)
+    assert ptx == _ptx(("DTMK_HOT_FIRST", "DTMK_OFF_COPY=1"), raw=True)   # (the default since session 60)
     off, obs = _func(ptx, "_Z10a6wait_evt"), _func(ptx, WAIT_OBS)
     for f in WAIT_HOOK_CALLS:
         assert f in obs and f not in off, f
@@ -90,6 +97,16 @@ def test_hot_first_copies(fresh_cache):
     hot = [n for n in names if n.startswith("_Z10a")]
     obs_name = [n for n in names if n.startswith(WAIT_OBS)]
     assert obs_name and not any(n.startswith(WAIT_OFF) for n in names) and max(hot) < obs_name[0]
+
+
+@pytest.mark.parametrize("defines", [("DTMK_ONE_WAIT",), ("DTMK_NO_HOOKS",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"),
+                                     ("DTMK_OFFX=1",)])
+def test_one_wait_builds(fresh_cache, defines):
+    """One wait (no copies, no latch) where asked, without hooks, with the observer SM (whose epochs
+    stopped with the copies, plan 146) and in the measurement -DDTMK_OFFX's builds."""
+    names = ptx_function_names(_ptx(defines))
+    assert any(n.startswith("_Z10wait_event") for n in names), names
+    assert not any(n.startswith((WAIT_OFF, WAIT_OBS)) for n in names)
 
 
 def test_offx_measurement_builds(fresh_cache):
@@ -105,7 +122,9 @@ def test_offx_measurement_builds(fresh_cache):
 @pytest.mark.parametrize("defines,msg", [
     (("DTMK_OFF_COPY=1", "DTMK_OFFX=1"), "-DDTMK_OFF_COPY and the measurement -DDTMK_OFFX exclude each other"),
     (("DTMK_OBS_SM", "DTMK_OFFX=1"), "-DDTMK_OFFX is measurement only: the default hook build"),
-    (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OFF_COPY=1"), "-DDTMK_OFF_COPY is measurement only, not with -DDTMK_OBS_SM"),
+    (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OFF_COPY=1"), "-DDTMK_OFF_COPY is not with -DDTMK_OBS_SM (plan 146"),
+    (("DTMK_ONE_WAIT", "DTMK_OFF_COPY=1"), "DTMK_ONE_WAIT and DTMK_OFF_COPY exclude each other"),
+    (("DTMK_NO_HOT_FIRST", "DTMK_HOT_FIRST"), "DTMK_NO_HOT_FIRST and DTMK_HOT_FIRST exclude each other"),
 ])
 def test_refused_combinations(fresh_cache, defines, msg):
     with pytest.raises(CompileError, match=msg.replace("(", r"\(")):

@@ -7,7 +7,7 @@ so the bench can compare them with the default."""
 
 import pytest
 
-from dtrace_mk.kernels.build import ptx_function
+from dtrace_mk.kernels.build import ptx_function, source_names
 from dtrace_mk.megakernel import gpu
 
 BUILDS = {"default": (),
@@ -26,6 +26,10 @@ def test_variant_builds_compile(fresh_cache, name):
     assert cubin[:4] == b"\x7fELF"
 
 
+#: the hook build's wait, two copies (kernels/megakernel.cu WAIT_EVENT_COPY_0u / 1u; session 60)
+WAITS = ("_Z14wait_event_off", "_Z14wait_event_obs")
+
+
 def _func(ptx: str, name: str) -> str:
     body = ptx_function(ptx, name)
     assert body, f"{name} not in the PTX"
@@ -33,23 +37,24 @@ def _func(ptx: str, name: str) -> str:
 
 
 def test_default_ptx_shapes(fresh_cache):
-    ptx = gpu.compile_source("sm_90a", "ptx", use_cache=False).decode()
+    ptx = source_names(gpu.compile_source("sm_90a", "ptx", use_cache=False).decode())
     sn = _func(ptx, "stage_norm")
     # the fused prologue's norm weights are loaded before its first barrier (block sum)
     assert "ld.global.nc.u16" in sn and sn.index("ld.global.nc.u16") < sn.index("bar.sync")
-    we = _func(ptx, "wait_event")
-    # first look and poll are acquire loads; the poll has no relaxed load + fence any more
-    assert we.count("ld.acquire.gpu") >= 2
-    assert "ld.relaxed.gpu" not in we
-    # record early: the waiting task's record is copied into s_rec before the first acquire
-    assert "st.shared.v4.u32 \t[s_rec]" in we
-    assert we.index("st.shared.v4.u32 \t[s_rec]") < we.index("ld.acquire.gpu")
+    for wait in WAITS:                              # (the default's two copies of the wait)
+        we = _func(ptx, wait)
+        # first look and poll are acquire loads; the poll has no relaxed load + fence any more
+        assert we.count("ld.acquire.gpu") >= 2, wait
+        assert "ld.relaxed.gpu" not in we, wait
+        # record early: the waiting task's record is copied into s_rec before the first acquire
+        assert "st.shared.v4.u32 \t[s_rec]" in we, wait
+        assert we.index("st.shared.v4.u32 \t[s_rec]") < we.index("ld.acquire.gpu"), wait
     assert "s_rec_t" in _func(ptx, "run_task")
 
 
 def test_rec_late_reads_the_record_in_run_task(fresh_cache):
-    ptx = gpu.compile_source("sm_90a", "ptx", defines=("DTMK_REC_LATE",), use_cache=False).decode()
-    assert "s_rec" not in _func(ptx, "wait_event") and "s_rec" not in _func(ptx, "run_task")
+    ptx = source_names(gpu.compile_source("sm_90a", "ptx", defines=("DTMK_REC_LATE",), use_cache=False).decode())
+    assert not any("s_rec" in _func(ptx, f) for f in WAITS + ("run_task",))
 
 
 @pytest.fixture(scope="module")

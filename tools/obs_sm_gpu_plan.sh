@@ -472,6 +472,10 @@
 # 160 (new): 159's builds under ncu (SourceCounters, local-memory sectors).  Session 59 ran 160 (hfcopyw's
 # executed SASS that of hfxw; its GCC fetched 25% more).  161 (new): hfcopyw's observing copy out of the hot region.
 # Session 59 ran 161 (hfcopyw +0.35 / +0.56 / +0.55 / +0.49% over the hot-first no-hook build).  162 (new): its GPU tests.
+# Session 60 made hfcopyw the default (hot-first layout in every build, the wait's two copies in the hook
+# build): plans before 163 that name "the default" measured the old one (now bench variant legacy, defines
+# DTMK_NO_HOT_FIRST+DTMK_ONE_WAIT); 162's -k offcopy is test_hot_attach's default now (onewait the old wait).
+# 163 (new): the whole GPU suite on the new default, in ranges, and the hook table beside legacy.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -865,6 +869,21 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  163) # session 60: the new default (hot-first layout, the wait's two copies; plan 161 +0.35..+0.56% off).
+     # Args: suite ranges A..B (tools/gpu_suite.py; session 53: 1-171 in 217 s, 172-276 ~4.2 s a test,
+     # 277-432 ~2.4 s, 433-513 211 s) and `bench`: the issue's hook table (hot, compiled, attach) with
+     # legacy (the old default) beside it, then --offpath with legacy's own no-hook build (old layout)
+     stages=()
+     for a in "${@:2}"; do
+       if [ "$a" = bench ]; then
+         stages+=("timeout 100 python3 tools/precompile.py $PINNED DTMK_NO_HOT_FIRST+DTMK_ONE_WAIT+$S+$R DTMK_NO_HOT_FIRST+DTMK_NO_HOOKS+$S+$R"
+                  "timeout ${BENCH_S:-200} python3 bench/hooks.py --presets 1b --reps 8 --placement sorted --variants legacy --out ${OUT:-/tmp/out}/tab"
+                  "$(offpath ${OFFPATH_S:-120} 8 legacy a)")
+       else
+         stages+=("timeout ${SUITE_S:-540} python3 tools/gpu_suite.py $a -rfE")
+       fi
+     done
+     exec tools/gpu_session.sh "${stages[@]}" ;;
   162) # session 59, plan 161: hfcopyw (hot-first layout, OFF_COPY's observing copy out of the hot region) +0.35 /
      # +0.56% over the hot-first no-hook build: the candidate default's hot attach / detach, exactness and watchdog
      exec tools/gpu_session.sh "$(pytv 330 tests/gpu/test_hot_attach.py -k offcopy)" ;;

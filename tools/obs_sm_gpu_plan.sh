@@ -474,7 +474,7 @@
 # Session 59 ran 161 (hfcopyw +0.35 / +0.56 / +0.55 / +0.49% over the hot-first no-hook build).  162 (new): its GPU tests.
 # Session 60 made hfcopyw the default (hot-first layout in every build, the wait's two copies in the hook
 # build): plans before 163 that name "the default" measured the old one (now bench variant legacy, defines
-# DTMK_NO_HOT_FIRST+DTMK_ONE_WAIT); 162's -k offcopy is test_hot_attach's default now (onewait the old wait).
+# DTMK_NO_HOT_FIRST+DTMK_ONE_WAIT); 162 runs test_hot_attach's default now (-k default; onewait the old wait).
 # 163 (new): the whole GPU suite on the new default, in ranges, and the hook table beside legacy.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
@@ -886,7 +886,8 @@ case "${1:-}" in
      exec tools/gpu_session.sh "${stages[@]}" ;;
   162) # session 59, plan 161: hfcopyw (hot-first layout, OFF_COPY's observing copy out of the hot region) +0.35 /
      # +0.56% over the hot-first no-hook build: the candidate default's hot attach / detach, exactness and watchdog
-     exec tools/gpu_session.sh "$(pytv 330 tests/gpu/test_hot_attach.py -k offcopy)" ;;
+     # (session 59 ran it as -k offcopy; that build is test_hot_attach's default since session 60)
+     exec tools/gpu_session.sh "$(pytv 330 tests/gpu/test_hot_attach.py -k default)" ;;
   161) # session 59, plan 160: hfcopyw's copy 0 and run_body execute what hfxw's do (instructions, local loads),
      # its GCC fetched more (219 K vs 175 K per launch): its observing copy, one template's other instantiation,
      # sat cold in the hot-first region.  Now a function of its own name (wait_event_obs, after the hot region)
@@ -932,7 +933,7 @@ case "${1:-}" in
      # offcopyw beside offxw, then the copies' hot attach / detach and every-task tests
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R" \
        "$(offpath 120 8 offcopyw,offxw a)" \
-       "$(pytv 150 tests/gpu/test_hot_attach.py -k 'offcopy and (while_running or every_task)')" ;;
+       "$(pytv 150 tests/gpu/test_hot_attach.py -k 'default and (while_running or every_task)')" ;;
   146) O=${OUT:-/tmp/out}
      # session 55, plan 145: with wait_event's gates constant 0 (offxw) the default build's off cost went
      # (+1.54 / +1.55% -> -0.12 / +0.11% over no hooks; offxall -0.20 / -0.87%).  DTMK_OFF_COPY: that code as
@@ -941,7 +942,7 @@ case "${1:-}" in
      # every task counted, final epochs)
      exec tools/gpu_session.sh "timeout 120 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_OFF_COPY=1+$S+$R DTMK_OFF_COPY=3+$S+$R" \
        "$(offpath 200 10 offxw,offcopyw,offcopywr a)" \
-       "$(pytv 280 tests/gpu/test_hot_attach.py -k offcopy)" \
+       "$(pytv 280 tests/gpu/test_hot_attach.py -k default)" \
        "$(offpath 200 10 offcopywr,offcopyw,offxw b)" ;;
   145) O=${OUT:-/tmp/out}
      # session 55: the default hook build costs 1b +2.5..3.1% over the no-hook build with nothing attached;

@@ -98,6 +98,14 @@
 #else
 #define OFF_COPY_BIT(b) 0
 #endif
+/* MEASUREMENT (session 60, bench/hooks.py variant copyinwait): -DDTMK_COPY_IN_WAIT -- copy 0 of the
+ * wait calls copy 1 itself when the latch says, so the main loop has one wait call and one run_task
+ * call instead of two each.  ptxas (1b, placed): the kernel entry's spills (stores, loads) 136 / 144
+ * -> 112 / 132 bytes (offxw's wait 104 / 124), copy 0's 100 / 72 -> 128 / 76.  Is the rest of the
+ * default's off cost over offxw's (~0.8%, plan 161) the entry's spills around the two call sites? */
+#if defined(DTMK_COPY_IN_WAIT) && !(OFF_COPY_BIT(0) && !OFF_COPY_BIT(1))
+#error "-DDTMK_COPY_IN_WAIT is for the wait's two copies alone (-DDTMK_OFF_COPY=1, the hook build's default)"
+#endif
 #if defined(DTMK_OFFX) && !defined(DTMK_NO_HOOKS)
 #if defined(DTMK_OBS_SM)
 #error "-DDTMK_OFFX is measurement only: the default hook build (not -DDTMK_OBS_SM)"
@@ -1421,7 +1429,16 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 /* the two copies as functions of their own names (session 59, plan 161), not one template's two
  * instantiations: the cubin orders functions by mangled name, so the observing copy -- cold while
  * nothing observes -- no longer sits in -DDTMK_HOT_FIRST's hot region beside the other */
+#ifdef DTMK_COPY_IN_WAIT
+__device__ __noinline__ void wait_event_obs(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem);
+#endif
 __device__ __noinline__ void wait_event_off(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
+#ifdef DTMK_COPY_IN_WAIT
+    if (s_obs_copy) {                   /* (uniform: the latch) copy 1, from here: one call in the main loop */
+        wait_event_obs(P, W, t, step, e, target, smem);
+        return;
+    }
+#endif
     wait_event_body<0u>(P, W, t, step, e, target, smem);
 }
 __device__ __noinline__ void wait_event_obs(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {
@@ -1807,7 +1824,11 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
             if ((threadIdx.x >> 5) == 1)
                 ws_next(P, i + 1 < p1 ? plan[i + 1] : (!P.resident && step + 1 < last ? plan[p0] : -1));
 #endif
-#if OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
+#if defined(DTMK_COPY_IN_WAIT)
+            wait_event_off(P, W, t, step, e, target, smem);   /* (it calls copy 1 when the latch says) */
+            if (W.aborted) break;
+            run_task(P, W, t, step, true, smem);
+#elif OFF_COPY_BIT(0) || OFF_COPY_BIT(1)
             if (s_obs_copy) {              /* (uniform: the latch) */
                 WAIT_EVENT_COPY(1u)(P, W, t, step, e, target, smem);
                 if (W.aborted) break;

@@ -476,6 +476,8 @@
 # build): plans before 163 that name "the default" measured the old one (now bench variant legacy, defines
 # DTMK_NO_HOT_FIRST+DTMK_ONE_WAIT); 162 runs test_hot_attach's default now (-k default; onewait the old wait).
 # 163 (new): the whole GPU suite on the new default, in ranges, and the hook table beside legacy.
+# 164 (new): copyinwait (copy 0 calls copy 1: one wait call in the main loop, whose entry spills less)
+# beside hfxw (the wait without hook code) and the default, twice swapped.
 # (the kernel cache lives in the home directory: calls 2-4 reuse call 1's builds while the
 # machine stays warm; a fresh machine compiles again)
 set -u
@@ -869,6 +871,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  164) # session 60: the default's off cost over offxw's wait (hfxw) was ~0.8% (plan 161); ptxas puts 32 / 20 more
+     # spill bytes in the kernel entry (the main loop's two wait and two run_task calls) -- copyinwait has one
+     # of each (entry 112 / 132 vs 136 / 144, hfxw 104 / 124).  Off path beside hfxw, twice swapped
+     exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_COPY_IN_WAIT+$S+$R" \
+       "$(offpath ${OFFPATH_S:-150} 8 copyinwait,hfxw a)" "$(offpath ${OFFPATH_S:-150} 8 hfxw,copyinwait b)" ;;
   163) # session 60: the new default (hot-first layout, the wait's two copies; plan 161 +0.35..+0.56% off).
      # Args: suite ranges A..B (tools/gpu_suite.py; session 53: 1-171 in 217 s, 172-276 ~4.2 s a test,
      # 277-432 ~2.4 s, 433-513 211 s) and `bench`: the issue's hook table (hot, compiled, attach) with

@@ -99,6 +99,18 @@ def test_hot_first_copies(fresh_cache):
     assert obs_name and not any(n.startswith(WAIT_OFF) for n in names) and max(hot) < obs_name[0]
 
 
+def test_copy_in_wait(fresh_cache):
+    """-DDTMK_COPY_IN_WAIT (measurement, session 60): the main loop calls copy 0 only (the step gate and
+    the drain keep calling copy 1), copy 0 calls copy 1 when the latch says (before any work of its
+    own), copy 1 never copy 0; one run_task call fewer."""
+    ptx, default = _ptx(("DTMK_COPY_IN_WAIT",)), _kernel(_ptx(()))
+    k, off, obs = _kernel(ptx), _func(ptx, WAIT_OFF), _func(ptx, WAIT_OBS)
+    assert k.count(WAIT_OFF) == default.count(WAIT_OFF) == 1 and k.count(WAIT_OBS) == default.count(WAIT_OBS) - 1
+    assert k.count("_Z8run_task") == default.count("_Z8run_task") - 1
+    assert WAIT_OBS in off and "s_obs_copy" in off and off.index("s_obs_copy") < off.index(WAIT_OBS)
+    assert off.index(WAIT_OBS) < off.index("ld.acquire.gpu") and WAIT_OFF not in obs.split("\n", 1)[1]
+
+
 @pytest.mark.parametrize("defines", [("DTMK_ONE_WAIT",), ("DTMK_NO_HOOKS",), ("DTMK_OBS_SM", "DTMK_OBS_SMS=4"),
                                      ("DTMK_OFFX=1",)])
 def test_one_wait_builds(fresh_cache, defines):
@@ -125,6 +137,8 @@ def test_offx_measurement_builds(fresh_cache):
     (("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OFF_COPY=1"), "-DDTMK_OFF_COPY is not with -DDTMK_OBS_SM (plan 146"),
     (("DTMK_ONE_WAIT", "DTMK_OFF_COPY=1"), "DTMK_ONE_WAIT and DTMK_OFF_COPY exclude each other"),
     (("DTMK_NO_HOT_FIRST", "DTMK_HOT_FIRST"), "DTMK_NO_HOT_FIRST and DTMK_HOT_FIRST exclude each other"),
+    (("DTMK_ONE_WAIT", "DTMK_COPY_IN_WAIT"), "-DDTMK_COPY_IN_WAIT is for the wait's two copies alone"),
+    (("DTMK_OFF_COPY=3", "DTMK_COPY_IN_WAIT"), "-DDTMK_COPY_IN_WAIT is for the wait's two copies alone"),
 ])
 def test_refused_combinations(fresh_cache, defines, msg):
     with pytest.raises(CompileError, match=msg.replace("(", r"\(")):
@@ -156,6 +170,9 @@ def test_the_latch_is_written_only_before_a_barrier_and_read_once_per_task():
         rest = src[c:c + 600]
         assert re.match(r"(?:\s*(?:#[^\n]*|if \([^\n]*\n[^\n]*|}[^\n]*|\} else \{[^}]*\}))*\s*MK_SYNC\(\);",
                         rest), rest[:300]
-    loop = _between(src, "if (s_obs_copy) {", "#else")
+    loop = _between(src, "#elif OFF_COPY_BIT(0) || OFF_COPY_BIT(1)\n            if (s_obs_copy) {", "#else")
     assert loop.count("WAIT_EVENT_COPY(1u)") == 1 and loop.count("WAIT_EVENT_COPY(0u)") == 1
-    assert src.count("if (s_obs_copy)") == 1
+    # the other read: -DDTMK_COPY_IN_WAIT's copy 0, at its start (the main loop's one call of it)
+    off = _between(src, "void wait_event_off(const MkParams &P, Worker &W, int t, int step, int e, dtmk_u64 target, float *smem) {",
+                   "wait_event_body<0u>")
+    assert src.count("if (s_obs_copy)") == 2 and off.count("if (s_obs_copy)") == 1

@@ -256,6 +256,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_NO_DRAIN_POLL", "DTMK_DRAIN_POLL_ACQ", "DTMK_DRAIN_POLL_NS", "DTMK_GATE_POLL",   # the drain's poller's forms
                    "DTMK_OFF_COPY",     # the waits' copy without hook code (session 55): the same loop
                    "DTMK_ONE_WAIT",     # ... or one wait (the default's two copies since session 60)
+                   "DTMK_COPY_IN_WAIT",   # ... copy 0 calling copy 1 (measurement, session 60)
                    "DTMK_HOT_FIRST",    # the workers' hot functions first in the cubin (session 58)
                    "DTMK_NO_HOT_FIRST",   # ... or the old layout (hot-first is the default since session 60)
                    "DTMK_SM_WORKER", "DTMK_SM_IDLE",   # placed workers (bench/level_profile.py --place: the

@@ -129,12 +129,12 @@ def source_names(text: str, source: Optional[str] = None) -> str:
     wait_event, or the two-copy build's copy 0 (WAIT_EVENT_COPY_0u, wait_event_off) where the
     text has its copy 1 (WAIT_EVENT_COPY_1u)."""
     src = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
-    back = {}
-    for old, new in hot_first_renames(src).items():
+    renames, back = hot_first_renames(src), {}
+    for old, new in renames.items():
         back.setdefault(new, old)
     copies = dict(re.findall(r"#define WAIT_EVENT_COPY_([01])u (\w+)", src))
     if len(copies) == 2 and f"_Z{len(copies['1'])}{copies['1']}" in text:
-        back[hot_first_renames(src)[copies["0"]]] = copies["0"]
+        back[renames[copies["0"]]] = copies["0"]
     for new, old in back.items():
         text = text.replace(f"_Z{len(new)}{new}", f"_Z{len(old)}{old}")
     return text

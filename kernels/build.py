@@ -112,6 +112,20 @@ def hot_first_renames(source: Optional[str] = None) -> dict:
     return dict(re.findall(r"#define (\w+) (\w+)", block[:block.index("#endif")]))
 
 
+def mangled(name: str) -> str:
+    """The start of a plain function's mangled name (_Z8run_body...): what PTX, ptxas logs and
+    SASS call it, before its parameters."""
+    return f"_Z{len(name)}{name}"
+
+
+def wait_copies(source: Optional[str] = None) -> tuple:
+    """The hook build's two copies of the wait (copy 0, copy 1: kernels/megakernel.cu's
+    WAIT_EVENT_COPY_0u / 1u), e.g. ("wait_event_off", "wait_event_obs")."""
+    text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    copies = dict(re.findall(r"#define WAIT_EVENT_COPY_([01])u (\w+)", text))
+    return copies["0"], copies["1"]
+
+
 def ptx_function(ptx: str, name: str) -> Optional[str]:
     """The definition of the first PTX .func whose header line contains `name` (a mangled
     name or part of one), from `.func` to its closing brace; prototypes are skipped.  None
@@ -132,11 +146,11 @@ def source_names(text: str, source: Optional[str] = None) -> str:
     renames, back = hot_first_renames(src), {}
     for old, new in renames.items():
         back.setdefault(new, old)
-    copies = dict(re.findall(r"#define WAIT_EVENT_COPY_([01])u (\w+)", src))
-    if len(copies) == 2 and f"_Z{len(copies['1'])}{copies['1']}" in text:
-        back[renames[copies["0"]]] = copies["0"]
+    copy0, copy1 = wait_copies(src)
+    if mangled(copy1) in text:
+        back[renames[copy0]] = copy0
     for new, old in back.items():
-        text = text.replace(f"_Z{len(new)}{new}", f"_Z{len(old)}{old}")
+        text = text.replace(mangled(new), mangled(old))
     return text
 
 

@@ -51,8 +51,7 @@ def _megakernel_ptx(defines=(), name: str = "megakernel.cu") -> str:
     if key not in _PTX:
         pytest.importorskip("cuda.bindings.nvrtc")
         from dtrace_mk.kernels import KERNEL_DIR
-        from dtrace_mk.kernels.build import nvrtc_compile
-        from dtrace_mk.kernels.build import source_names
+        from dtrace_mk.kernels.build import nvrtc_compile, source_names
         _PTX[key] = source_names(nvrtc_compile((KERNEL_DIR / name).read_text(), name, "sm_90a", "ptx",
                                                tuple(defines)).decode(errors="replace"))
     return _PTX[key]

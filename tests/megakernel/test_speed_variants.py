@@ -7,7 +7,7 @@ so the bench can compare them with the default."""
 
 import pytest
 
-from dtrace_mk.kernels.build import ptx_function, source_names
+from dtrace_mk.kernels.build import mangled, ptx_function, source_names, wait_copies
 from dtrace_mk.megakernel import gpu
 
 BUILDS = {"default": (),
@@ -26,8 +26,8 @@ def test_variant_builds_compile(fresh_cache, name):
     assert cubin[:4] == b"\x7fELF"
 
 
-#: the hook build's wait, two copies (kernels/megakernel.cu WAIT_EVENT_COPY_0u / 1u; session 60)
-WAITS = ("_Z14wait_event_off", "_Z14wait_event_obs")
+#: the hook build's wait, two copies (session 60)
+WAITS = tuple(mangled(n) for n in wait_copies())
 
 
 def _func(ptx: str, name: str) -> str:

@@ -871,6 +871,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  165) # session 61: the compiled summary's cost on the workers (plans 139-144, old layout: capture ~1 point,
+     # the entry's push ~1.1, shadow16 -- the summary's three updates on the workers, no entry -- +1.95..+2.75%
+     # with its run_task's code unexamined) measured again now that every build is in the hot-first layout (the
+     # off cost was the GCC's conflict misses, sessions 58-59): if shadow16 reads at nopush16, a worker-side
+     # compiled tier (no entry) is the way to compiled <= 1%.  Twice, swapped
+     V=defer16B,nopush16,discard16,shadow16
+     exec tools/gpu_session.sh "$(osplit ${OSPLIT_S:-170} 12 $V a)" "$(osplit ${OSPLIT_S:-170} 12 shadow16,discard16,nopush16,defer16B b)" ;;
   164) # session 60: the default's off cost over offxw's wait (hfxw) was ~0.8% (plan 161); ptxas puts 32 / 20 more
      # spill bytes in the kernel entry (the main loop's two wait and two run_task calls) -- copyinwait has one
      # of each (entry 112 / 132 vs 136 / 144, hfxw 104 / 124).  Off path beside hfxw, twice swapped

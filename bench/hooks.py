@@ -338,7 +338,13 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "hfxw": ("DTMK_OFFX=1",), "hfcopyw": ("DTMK_OFF_COPY=1",),
                   # (session 60) copy 0 of the wait calls copy 1 itself: one wait call in the main loop,
                   # whose entry spills less (ptxas: 136 / 144 -> 112 / 132 bytes; hfxw 104 / 124)
-                  "copyinwait": ("DTMK_COPY_IN_WAIT",)}
+                  "copyinwait": ("DTMK_COPY_IN_WAIT",),
+                  # measurement (session 61): obssm4fold with the observer-SM build's hot functions after the
+                  # workers' (the workers' osq_defer_flush / osq_raise; the observers' osq_observer, osq_run_entry,
+                  # hook_flush, obs_sync, the VM: kernels/megakernel.cu DTMK_HOT_OBS) -- the GPC cache the
+                  # workers of an observer's GPC share with it: does the compiled summary get cheaper?
+                  "obssm4hotobs": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
+                                   "DTMK_HOT_OBS")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
@@ -357,6 +363,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       # whose floor is the entry itself: bench/obs_split.py nopush16 / discard16)
                       "obssm4fold": ("off", "null3", "summary", "summary_cm", "summary_cmgen"),
                       "obssm4look": ("off", "summary", "summary_cm"),
+                      "obssm4hotobs": ("off", "null3", "summary", "summary_cm"),
                       "offxw": ("off",), "offxr": ("off",), "offxall": ("off",),   # (nothing observes in them)
                       "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "hotfirst": ("off", "summary"),   # (the hot summary: 1101 hot lines, 165 beyond their ways)
@@ -371,7 +378,7 @@ HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "D
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
-                     "DTMK_OFFX", "DTMK_OFF_COPY", "DTMK_ONE_WAIT", "DTMK_COPY_IN_WAIT")
+                     "DTMK_OFFX", "DTMK_OFF_COPY", "DTMK_ONE_WAIT", "DTMK_COPY_IN_WAIT", "DTMK_HOT_OBS")
 
 
 def nohook_build(defines: tuple):

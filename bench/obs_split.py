@@ -71,6 +71,9 @@ and over `nohooks`):
   shadow16  nopush16 whose workers do the summary's three updates themselves, after the signal, into
             a shared-memory shadow (-DDTMK_OSQ_WSHADOW): a compiled tier aggregating on the workers,
             above the capture (session 54; measurement only)
+  hotobs16  lazydefer16 with its hot functions -- the workers' osq_defer_flush / osq_raise, the
+            observers' osq_observer, osq_run_entry, hook_flush, obs_sync, the VM -- placed after the
+            workers' hot region (-DDTMK_HOT_OBS; session 61, measurement only)
   lookcall16   lazydefer16 with the wait's first-look call the observer-SM build had until session
             54 (a __noinline__ call returning 0 there; -DDTMK_OSQ_LOOK_CALL)
   uncap16   lazydefer16 whose waiting workers raise OBS_PENDING past the awaited task's step, as
@@ -158,6 +161,7 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nohold16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOHOLD"),
             "nowait16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOWAITCAP"),
             "shadow16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW"),
+            "hotobs16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_HOT_OBS"),
             "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
             "uncap16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
             "uncapB": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),

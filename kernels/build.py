@@ -108,8 +108,31 @@ def hot_first_renames(source: Optional[str] = None) -> dict:
     session 60; kernels/megakernel.cu's `#ifdef DTMK_HOT_FIRST` block, the one list):
     {name in the source: name in the module}, e.g. run_body -> a1run_body."""
     text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
-    block = text[text.index("#ifdef DTMK_HOT_FIRST"):]
-    return dict(re.findall(r"#define (\w+) (\w+)", block[:block.index("#endif")]))
+    return _renames_block(text, "DTMK_HOT_FIRST")
+
+
+def hot_obs_renames(source: Optional[str] = None) -> dict:
+    """-DDTMK_HOT_OBS's renames (measurement, session 61: the observer-SM build's hot functions
+    placed after the workers'; kernels/megakernel.cu's `#ifdef DTMK_HOT_OBS` block), as above."""
+    text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    return _renames_block(text, "DTMK_HOT_OBS")
+
+
+def _renames_block(text: str, macro: str) -> dict:
+    """{name: new name}: the `#define NAME NEWNAME` lines of the first `#ifdef MACRO` block, to its
+    own #endif (a nested #if ... #endif inside it counted)."""
+    lines = text[text.index(f"#ifdef {macro}\n"):].splitlines()
+    out, depth = {}, 0
+    for line in lines:
+        word = line.split()[0] if line.split() else ""
+        depth += word in ("#if", "#ifdef", "#ifndef")
+        depth -= word == "#endif"
+        m = re.fullmatch(r"#define (\w+) (\w+)\s*(?:/\*.*\*/)?\s*", line)
+        if m and depth == 1:
+            out[m.group(1)] = m.group(2)
+        if depth == 0:
+            return out
+    raise ValueError(f"#ifdef {macro}: no #endif")
 
 
 def mangled(name: str) -> str:
@@ -137,13 +160,13 @@ def ptx_function(ptx: str, name: str) -> Optional[str]:
 
 
 def source_names(text: str, source: Optional[str] = None) -> str:
-    """`text` (PTX, a ptxas log, SASS) with -DDTMK_HOT_FIRST's renamed functions under their
+    """`text` (PTX, a ptxas log, SASS) with -DDTMK_HOT_FIRST's (and -DDTMK_HOT_OBS's) renamed functions under their
     source names again (_Z10a1run_body... -> _Z8run_body...), so that tests and reports read
     a build's code by the names the source gives it, whatever its layout.  a6wait_evt is
     wait_event, or the two-copy build's copy 0 (WAIT_EVENT_COPY_0u, wait_event_off) where the
     text has its copy 1 (WAIT_EVENT_COPY_1u)."""
     src = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
-    renames, back = hot_first_renames(src), {}
+    renames, back = {**hot_first_renames(src), **hot_obs_renames(src)}, {}
     for old, new in renames.items():
         back.setdefault(new, old)
     copy0, copy1 = wait_copies(src)

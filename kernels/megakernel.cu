@@ -180,6 +180,24 @@
 #define op_attn_staged a7attnstgd
 #define op_rope_attn a8ropeattn
 #endif
+/* MEASUREMENT (session 61; bench variants obssm4hotobs, obs_split hotobs16): -DDTMK_HOT_OBS extends the
+ * hot-first layout to the observer-SM build.  Its workers call osq_defer_flush at most waits' first failed
+ * poll and osq_raise in long waits; its observers run osq_observer -> osq_run_entry -> hook_flush, obs_sync
+ * -> the programs -- all named among the cold functions, so they lie far from the hot region (and from
+ * each other) in the GPC cache the workers of an observer's GPC share with it.  Renamed, they follow the
+ * workers' hot functions.  (Not the map helpers: a compiled monitor calls them by their names.) */
+#ifdef DTMK_HOT_OBS
+#if !defined(DTMK_OBS_SM) || !defined(DTMK_HOT_FIRST)
+#error "-DDTMK_HOT_OBS extends the hot-first layout to the observer-SM build: with -DDTMK_OBS_SM, without -DDTMK_NO_HOT_FIRST"
+#endif
+#define osq_defer_flush a9osqflush
+#define osq_raise b0osqraise
+#define osq_observer b1osqobsrv
+#define osq_run_entry b2osqrunen
+#define hook_flush b3hookflsh
+#define obs_sync b4obs_sync
+#define dtmk_vm_run_records b5vmrunrec
+#endif
 #include "mk_ops.cuh"
 #include "mk_comm.cuh"      /* tensor parallelism: comm tasks, system-scope signals, comm hooks */
 /* DTMK_REC_FAST (round 8, docs/dev/hook_cost_analysis.md; the default since session 4,
@@ -602,7 +620,10 @@ __shared__ dtmk_u32 s_wsh_q, s_wsh_n[3];
 extern "C" __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ __forceinline__ void wsh_zero() {      /* thread 0, at the launch's start */
+    /* (not unrolled: unrolled, these 656 stores were ~10 KB of the entry's code -- session 61) */
+#pragma unroll 1
     for (int i = 0; i < WSH_CLS * WSH_B; ++i) (&s_wsh_lat[0][0])[i] = 0;
+#pragma unroll 1
     for (int i = 0; i < WSH_CLS; ++i) s_wsh_dep[i] = 0;
     s_wsh_q = 0; s_wsh_n[0] = s_wsh_n[1] = s_wsh_n[2] = 0;
 }
@@ -617,6 +638,7 @@ __device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread
     if (pend & (1u << DTMK_HOOK_TASK_READY)) { s_wsh_q = max(s_wsh_q, S.pend_q); s_wsh_n[2] += 1; }
 }
 __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's end */
+#pragma unroll 1      /* (unrolled: 13 KB of cold code among the hot-first layout's functions) */
     for (int i = 0; i < WSH_CLS * WSH_B; ++i)
         if ((&s_wsh_lat[0][0])[i]) atomicAdd(&dtmk_wsh_sink[i], (unsigned long long)(&s_wsh_lat[0][0])[i]);
     for (int i = 0; i < WSH_CLS; ++i) if (s_wsh_dep[i]) atomicAdd(&dtmk_wsh_sink[WSH_CLS * WSH_B + i], s_wsh_dep[i]);

@@ -327,15 +327,15 @@ def relayout(counts, symbols, new_symbols, min_exec: int = 1, alias=None) -> tup
 
 
 def hot_first_alias(source=None) -> dict:
-    """-DDTMK_HOT_FIRST's renames (kernels/megakernel.cu, the one list): {new name: old name}, the
+    """-DDTMK_HOT_FIRST's (and -DDTMK_HOT_OBS's) renames (kernels/megakernel.cu, the one list): {new name: old name}, the
     first old name of a new one (a6wait_evt is wait_event, also where it is -DDTMK_OFF_COPY's copy 0,
     wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes; its name
     is the kernel's WAIT_EVENT_COPY_0u)."""
     sys.path.insert(0, str(ROOT))
-    from dtrace_mk.kernels.build import hot_first_renames, wait_copies
+    from dtrace_mk.kernels.build import hot_first_renames, hot_obs_renames, wait_copies
     text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
     out = {}
-    for old, new in hot_first_renames(text).items():
+    for old, new in {**hot_first_renames(text), **hot_obs_renames(text)}.items():
         out.setdefault(new, old)
     out.setdefault(wait_copies(text)[0], "wait_event")
     return out

@@ -5,11 +5,12 @@ of hot code instead of one interleaved with cold functions.  Plan 157 found the 
 the GPC caches' instruction fetches from L2, not in instructions executed; plan 158 timed this
 layout (no hooks -0.7%), plan 161 with the wait's two copies (off +0.35..+0.56%).  PTX names here
 (build.source_names undoes the renames for the other tests); the GPU side is its tokens
-(bench/hooks.py --offpath checks them equal to the default no-hook build's) and the GPU suite."""
+(bench/hooks.py --offpath checks them equal to the default no-hook build's) and the GPU suite.
+-DDTMK_HOT_OBS (measurement, session 61) extends the layout to the observer-SM build's hot functions."""
 
 import pytest
 
-from dtrace_mk.kernels.build import hot_first_renames, ptx_function_names, source_names
+from dtrace_mk.kernels.build import _renames_block, hot_first_renames, hot_obs_renames, ptx_function_names, source_names
 from dtrace_mk.megakernel import gpu
 
 #: the renamed hot functions, in their cubin order (each name 10 characters: _Z10a...)
@@ -66,3 +67,38 @@ def test_source_names_undo_the_renames(fresh_cache, defines, wait):
         {n.replace("_Z10a6wait_evt", wait) for n in ptx_function_names(raw) if n.startswith("_Z10a6wait_evt")}
     old = ptx_function_names(_ptx(defines + ("DTMK_NO_HOT_FIRST",)))
     assert sorted(names) == sorted(old)          # (the same functions, under the same names)
+
+
+#: -DDTMK_HOT_OBS (measurement, session 61): the observer-SM build's hot functions, after HOT's
+HOT_OBS = ("a9osqflush", "b0osqraise", "b1osqobsrv", "b2osqrunen", "b3hookflsh", "b4obs_sync", "b5vmrunrec")
+OBS_BUILD = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_ROPE_IN_ATTN")
+
+
+def test_hot_obs_list_is_read_through_its_nested_check():
+    """build.hot_obs_renames reads the `#ifdef DTMK_HOT_OBS` block past its nested #if/#error/#endif."""
+    r = hot_obs_renames()
+    assert tuple(r.values()) == HOT_OBS
+    assert r["osq_defer_flush"] == "a9osqflush" and r["dtmk_vm_run_records"] == "b5vmrunrec"
+    text = "#ifdef M\n#if X\n#define in_check no\n#endif\n#define f a0f   /* why */\n#endif\n#define g a1g\n"
+    assert _renames_block(text, "M") == {"f": "a0f"}     # (not the nested block's, not what follows)
+    with pytest.raises(ValueError, match="#ifdef M: no #endif"):
+        _renames_block("#ifdef M\n#define f a0f\n", "M")
+
+
+def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fresh_cache):
+    names = ptx_function_names(_ptx(OBS_BUILD + ("DTMK_HOT_OBS",)))
+    hot = [n for n in names if n.startswith(("_Z10a", "_Z10b"))]
+    for f in HOT + HOT_OBS:
+        assert any(n.startswith(f"_Z10{f}") for n in hot), f
+    assert not any(n.startswith(("_Z15osq_defer_flush", "_Z9osq_raise", "_Z12osq_observer", "_Z8obs_sync",
+                                 "_Z10hook_flush", "_Z19dtmk_vm_run_records")) for n in names)
+    assert max(hot) < min(n for n in names if n not in hot)
+    # source_names: the same functions as the build without it
+    assert sorted(ptx_function_names(source_names(_ptx(OBS_BUILD + ("DTMK_HOT_OBS",))))) == \
+        sorted(ptx_function_names(source_names(_ptx(OBS_BUILD))))
+
+
+@pytest.mark.parametrize("defines", [("DTMK_HOT_OBS",), OBS_BUILD + ("DTMK_HOT_OBS", "DTMK_NO_HOT_FIRST")])
+def test_hot_obs_needs_the_observer_sm_and_the_hot_first_layout(fresh_cache, defines):
+    with pytest.raises(Exception, match="DTMK_HOT_OBS extends the hot-first layout to the observer-SM build"):
+        _ptx(defines)

@@ -259,6 +259,7 @@ MK_PASS_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_EXTRA_SYNC",
                    "DTMK_COPY_IN_WAIT",   # ... copy 0 calling copy 1 (measurement, session 60)
                    "DTMK_HOT_FIRST",    # the workers' hot functions first in the cubin (session 58)
                    "DTMK_NO_HOT_FIRST",   # ... or the old layout (hot-first is the default since session 60)
+                   "DTMK_HOT_OBS",      # ... extended to the observer-SM build's hot functions (measurement, session 61)
                    "DTMK_SM_WORKER", "DTMK_SM_IDLE",   # placed workers (bench/level_profile.py --place: the
                                                        # per-GPC tables; without them the linked kernel ran
                                                        # its workers in block order under a placed name)

@@ -620,7 +620,7 @@ __shared__ dtmk_u32 s_wsh_q, s_wsh_n[3];
 extern "C" __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ __forceinline__ void wsh_zero() {      /* thread 0, at the launch's start */
-    /* (not unrolled: unrolled, these 656 stores were ~10 KB of the entry's code -- session 61) */
+    /* (the shadow's loops not unrolled: once per launch, so kept small -- session 61) */
 #pragma unroll 1
     for (int i = 0; i < WSH_CLS * WSH_B; ++i) (&s_wsh_lat[0][0])[i] = 0;
 #pragma unroll 1
@@ -638,7 +638,7 @@ __device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread
     if (pend & (1u << DTMK_HOOK_TASK_READY)) { s_wsh_q = max(s_wsh_q, S.pend_q); s_wsh_n[2] += 1; }
 }
 __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's end */
-#pragma unroll 1      /* (unrolled: 13 KB of cold code among the hot-first layout's functions) */
+#pragma unroll 1      /* (partly unrolled, this loop was ~3 KB more of cold code among the sorted functions) */
     for (int i = 0; i < WSH_CLS * WSH_B; ++i)
         if ((&s_wsh_lat[0][0])[i]) atomicAdd(&dtmk_wsh_sink[i], (unsigned long long)(&s_wsh_lat[0][0])[i]);
     for (int i = 0; i < WSH_CLS; ++i) if (s_wsh_dep[i]) atomicAdd(&dtmk_wsh_sink[WSH_CLS * WSH_B + i], s_wsh_dep[i]);

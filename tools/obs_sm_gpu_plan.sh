@@ -877,12 +877,14 @@ case "${1:-}" in
      # off cost was the GCC's conflict misses, sessions 58-59): if shadow16 reads at nopush16, a worker-side
      # compiled tier (no entry) is the way to compiled <= 1%.  And hotobs16 / obssm4hotobs (-DDTMK_HOT_OBS): the
      # observer-SM build's hot functions (workers' flush / raise, the observers' loop, records, VM) placed after
-     # the workers' hot region instead of among the cold functions.  Twice, swapped; then the issue's table with
-     # obssm4hotobs beside obssm4fold (top's placement)
+     # the workers' hot region instead of among the cold functions.  `165`: twice, swapped (one call);
+     # `165 tab`: the issue's table with obssm4hotobs beside obssm4fold, top's placement (a second call)
+     if [ "${2:-}" = tab ]; then
+       exec tools/gpu_session.sh "timeout 90 python3 tools/precompile.py $PINNED $L+DTMK_HOT_OBS+$S+$R" \
+         "timeout ${BENCH_S:-300} python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold,obssm4hotobs --placement sorted --obs-sms calibrate --out ${OUT:-/tmp/out}/tab"
+     fi
      V=defer16B,nopush16,discard16,shadow16,hotobs16
-     exec tools/gpu_session.sh "$(osplit ${OSPLIT_S:-170} 12 $V a)" "$(osplit ${OSPLIT_S:-170} 12 hotobs16,shadow16,discard16,nopush16,defer16B b)" \
-       "timeout 90 python3 tools/precompile.py $PINNED $L+DTMK_HOT_OBS+$S+$R" \
-       "timeout ${BENCH_S:-240} python3 bench/hooks.py --presets 1b --reps 8 --variants obssm4fold,obssm4hotobs --placement sorted --obs-sms calibrate --out ${OUT:-/tmp/out}/tab" ;;
+     exec tools/gpu_session.sh "$(osplit ${OSPLIT_S:-240} 10 $V a)" "$(osplit ${OSPLIT_S:-240} 10 hotobs16,shadow16,discard16,nopush16,defer16B b)" ;;
   164) # session 60: the default's off cost over offxw's wait (hfxw) was ~0.8% (plan 161); ptxas puts 32 / 20 more
      # spill bytes in the kernel entry (the main loop's two wait and two run_task calls) -- copyinwait has one
      # of each (entry 112 / 132 vs 136 / 144, hfxw 104 / 124).  Off path beside hfxw, twice swapped

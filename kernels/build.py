@@ -118,13 +118,20 @@ def hot_obs_renames(source: Optional[str] = None) -> dict:
     return _renames_block(text, "DTMK_HOT_OBS")
 
 
+def layout_renames(source: Optional[str] = None) -> dict:
+    """Every layout rename of the kernel's functions: hot_first_renames and hot_obs_renames together
+    (source_names and tools/ncu_footprint's alias map a build's names back through it)."""
+    text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    return {**hot_first_renames(text), **hot_obs_renames(text)}
+
+
 def _renames_block(text: str, macro: str) -> dict:
     """{name: new name}: the `#define NAME NEWNAME` lines of the first `#ifdef MACRO` block, to its
     own #endif (a nested #if ... #endif inside it counted)."""
     lines = text[text.index(f"#ifdef {macro}\n"):].splitlines()
     out, depth = {}, 0
     for line in lines:
-        word = line.split()[0] if line.split() else ""
+        word = (line.split() or [""])[0]
         depth += word in ("#if", "#ifdef", "#ifndef")
         depth -= word == "#endif"
         m = re.fullmatch(r"#define (\w+) (\w+)\s*(?:/\*.*\*/)?\s*", line)
@@ -166,7 +173,7 @@ def source_names(text: str, source: Optional[str] = None) -> str:
     wait_event, or the two-copy build's copy 0 (WAIT_EVENT_COPY_0u, wait_event_off) where the
     text has its copy 1 (WAIT_EVENT_COPY_1u)."""
     src = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
-    renames, back = {**hot_first_renames(src), **hot_obs_renames(src)}, {}
+    renames, back = layout_renames(src), {}
     for old, new in renames.items():
         back.setdefault(new, old)
     copy0, copy1 = wait_copies(src)

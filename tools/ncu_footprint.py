@@ -332,10 +332,10 @@ def hot_first_alias(source=None) -> dict:
     wait_event_off, itself mapped to wait_event: the wait a task runs while nothing observes; its name
     is the kernel's WAIT_EVENT_COPY_0u)."""
     sys.path.insert(0, str(ROOT))
-    from dtrace_mk.kernels.build import hot_first_renames, hot_obs_renames, wait_copies
+    from dtrace_mk.kernels.build import layout_renames, wait_copies
     text = (source or (ROOT / "kernels" / "megakernel.cu").read_text())
     out = {}
-    for old, new in {**hot_first_renames(text), **hot_obs_renames(text)}.items():
+    for old, new in layout_renames(text).items():
         out.setdefault(new, old)
     out.setdefault(wait_copies(text)[0], "wait_event")
     return out

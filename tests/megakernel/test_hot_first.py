@@ -86,7 +86,8 @@ def test_hot_obs_list_is_read_through_its_nested_check():
 
 
 def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fresh_cache):
-    names = ptx_function_names(_ptx(OBS_BUILD + ("DTMK_HOT_OBS",)))
+    raw = _ptx(OBS_BUILD + ("DTMK_HOT_OBS",))
+    names = ptx_function_names(raw)
     hot = [n for n in names if n.startswith(("_Z10a", "_Z10b"))]
     for f in HOT + HOT_OBS:
         assert any(n.startswith(f"_Z10{f}") for n in hot), f
@@ -94,7 +95,7 @@ def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fre
                                  "_Z10hook_flush", "_Z19dtmk_vm_run_records")) for n in names)
     assert max(hot) < min(n for n in names if n not in hot)
     # source_names: the same functions as the build without it
-    assert sorted(ptx_function_names(source_names(_ptx(OBS_BUILD + ("DTMK_HOT_OBS",))))) == \
+    assert sorted(ptx_function_names(source_names(raw))) == \
         sorted(ptx_function_names(source_names(_ptx(OBS_BUILD))))
 
 

@@ -71,6 +71,10 @@ and over `nohooks`):
   shadow16  nopush16 whose workers do the summary's three updates themselves, after the signal, into
             a shared-memory shadow (-DDTMK_OSQ_WSHADOW): a compiled tier aggregating on the workers,
             above the capture (session 54; measurement only)
+  shadowdefer16  shadow16 whose updates are staged after the signal and applied one per failed poll
+            of a later wait (-DDTMK_OSQ_WSHADOW_DEFER; session 62, measurement only): is a worker-side
+            aggregation free in the worker's idle polls?  Each shadow build's counters (dtmk_wsh_sink,
+            one more launch after the timing) must agree: printed, `shadow_equal`
   hotobs16  lazydefer16 with its hot functions -- the workers' osq_defer_flush / osq_raise, the
             observers' osq_observer, osq_run_entry, hook_flush, obs_sync, the VM -- placed after the
             workers' hot region (-DDTMK_HOT_OBS; session 61, measurement only)
@@ -161,6 +165,8 @@ VARIANTS = {"base": (), "nopush": ("DTMK_OSQ_NOPUSH",), "discard": ("DTMK_OSQ_DI
             "nohold16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOHOLD"),
             "nowait16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOWAITCAP"),
             "shadow16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW"),
+            "shadowdefer16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW",
+                              "DTMK_OSQ_WSHADOW_DEFER"),
             "hotobs16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_HOT_OBS"),
             "lookcall16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_LOOK_CALL"),
             "uncap16": ("DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16", "DTMK_OSQ_RAISE_UNCAPPED"),
@@ -198,6 +204,22 @@ def split_builds(name: str, sms: int, variants, place: bool = False, idle_smids=
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     return {gpu.megakernel_defines(PRESETS[name], 1, d) for d in split_defines(sms, variants, place, idle_smids).values()}
+
+
+#: -DDTMK_OSQ_WSHADOW's sink (megakernel.cu): WSH_CLS x WSH_B log2 bins, WSH_CLS wait sums, the depth
+#: max, then the three updates' counts (task:end, dep:release, task:ready)
+WSH_CLS, WSH_B = 16, 40
+
+
+def shadow_counts(mk, launch_once) -> dict:
+    """A shadow build's sink after one launch of its own: its bins' total and the three counts."""
+    import cupy as cp
+    n = WSH_CLS * WSH_B + WSH_CLS + 4
+    sink = cp.ndarray((n,), cp.uint64, mk.module.get_global("dtmk_wsh_sink"))
+    sink[:] = 0
+    launch_once()
+    h = sink.get()
+    return {"hist": int(h[:WSH_CLS * WSH_B].sum()), "n": [int(x) for x in h[-3:]]}
 
 
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
@@ -253,6 +275,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
 
     keys = ["nohooks", "plain"] + list(variants)
     times, last = timed_rounds(keys, reps, steps, launch)
+    shadows = {v: shadow_counts(mks[v], lambda: launch(v)) for v in variants if "DTMK_OSQ_WSHADOW" in VARIANTS[v]}
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()),
            "idle_smids": list(idle_smids),
@@ -261,6 +284,10 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
            "pct_over_plain": {v: 100.0 * (med[v] / med["plain"] - 1.0) for v in variants},
            "pct_over_nohooks": {k: 100.0 * (med[k] / med["nohooks"] - 1.0) for k in keys[1:]},
            "tokens_equal": all(np.array_equal(last["nohooks"].tokens, last[k].tokens) for k in keys)}
+    if shadows:                        # (the deferred updates are all applied: same counts as shadow16's)
+        out["shadow"] = shadows
+        out["shadow_equal"] = (len({tuple(c["n"]) for c in shadows.values()}) == 1
+                               and all(c["hist"] == c["n"][0] > 0 for c in shadows.values()))
     log(str(out))
     log(f"{name}, {sms} observer SMs: nohooks {med['nohooks']:.1f} us/step, plain {med['plain']:.1f} "
         f"({out['pct_over_nohooks']['plain']:+.2f}%); tokens equal: {out['tokens_equal']}")

@@ -612,11 +612,20 @@ __shared__ Worker s_worker;
 #if !defined(DTMK_OBS_SM) || !defined(DTMK_OSQ_NOPUSH)
 #error "-DDTMK_OSQ_WSHADOW is measurement only: with -DDTMK_OBS_SM -DDTMK_OSQ_NOPUSH"
 #endif
+#elif defined(DTMK_OSQ_WSHADOW_DEFER)
+#error "-DDTMK_OSQ_WSHADOW_DEFER defers -DDTMK_OSQ_WSHADOW's updates: add it"
+#endif
+#ifdef DTMK_OSQ_WSHADOW
 #define WSH_CLS 16
 #define WSH_B 40
 __shared__ dtmk_u32 s_wsh_lat[WSH_CLS][WSH_B];
 __shared__ dtmk_u64 s_wsh_dep[WSH_CLS];
 __shared__ dtmk_u32 s_wsh_q, s_wsh_n[3];
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+#define WSH_ST 16
+__shared__ uint4 s_wsh_st[WSH_ST];       /* {pend, cls << 16 | depth, duration, dependency wait}, ns clamped to 32 bits */
+__shared__ dtmk_u32 s_wsh_nst;
+#endif
 extern "C" __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ unsigned long long dtmk_wsh_sink[WSH_CLS * WSH_B + WSH_CLS + 4];
 __device__ __forceinline__ void wsh_zero() {      /* thread 0, at the launch's start */
@@ -626,18 +635,43 @@ __device__ __forceinline__ void wsh_zero() {      /* thread 0, at the launch's s
 #pragma unroll 1
     for (int i = 0; i < WSH_CLS; ++i) s_wsh_dep[i] = 0;
     s_wsh_q = 0; s_wsh_n[0] = s_wsh_n[1] = s_wsh_n[2] = 0;
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+    s_wsh_nst = 0;
+#endif
 }
-__device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread 0, after the signal */
-    const Worker &S = s_worker;
-    const dtmk_u32 c = (dtmk_u32)cls & (WSH_CLS - 1);
+__device__ __forceinline__ void wsh_apply(dtmk_u32 c, dtmk_u32 pend, dtmk_u64 d, dtmk_u64 dep_wait, dtmk_u32 q) {
+    c &= WSH_CLS - 1;
     if (pend & (1u << DTMK_HOOK_TASK_END)) {
-        const dtmk_u64 d = S.t_end - S.t_begin;
         s_wsh_lat[c][min(64 - __clzll((long long)d), WSH_B - 1)] += 1; s_wsh_n[0] += 1;
     }
-    if (pend & (1u << DTMK_HOOK_DEP_RELEASE)) { s_wsh_dep[c] += S.dep_wait; s_wsh_n[1] += 1; }
-    if (pend & (1u << DTMK_HOOK_TASK_READY)) { s_wsh_q = max(s_wsh_q, S.pend_q); s_wsh_n[2] += 1; }
+    if (pend & (1u << DTMK_HOOK_DEP_RELEASE)) { s_wsh_dep[c] += dep_wait; s_wsh_n[1] += 1; }
+    if (pend & (1u << DTMK_HOOK_TASK_READY)) { s_wsh_q = max(s_wsh_q, q); s_wsh_n[2] += 1; }
+}
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+/* MEASUREMENT ONLY (session 62, obs_split shadowdefer16): the update staged after the signal and
+ * applied one per failed poll of a later wait -- thread 0 polls anyway, and the update touches
+ * shared memory only (the poll's acquire empties L1, not shared memory), inline.  Is a worker-side
+ * aggregation free when it runs in the worker's idle polls (shadow16, after the signal: +2.04%)? */
+__device__ __forceinline__ dtmk_u32 wsh_u32(dtmk_u64 x) { return x > 0xffffffffull ? 0xffffffffu : (dtmk_u32)x; }
+__device__ __forceinline__ void wsh_apply_one() {   /* thread 0: the newest staged update (order-free sums) */
+    const uint4 u = s_wsh_st[--s_wsh_nst];
+    wsh_apply(u.y >> 16, u.x, u.z, u.w, u.y & 0xffffu);
+}
+#endif
+__device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread 0, after the signal */
+    const Worker &S = s_worker;
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+    if (s_wsh_nst == WSH_ST) wsh_apply_one();       /* (no failed poll in 16 tasks: one now) */
+    s_wsh_st[s_wsh_nst++] = make_uint4(pend, ((dtmk_u32)cls & (WSH_CLS - 1)) << 16 | min(S.pend_q, 0xffffu),
+                                       wsh_u32(S.t_end - S.t_begin), wsh_u32(S.dep_wait));
+#else
+    wsh_apply((dtmk_u32)cls, pend, S.t_end - S.t_begin, S.dep_wait, S.pend_q);
+#endif
 }
 __device__ __noinline__ void wsh_flush() {        /* thread 0, at the worker's end */
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+    while (s_wsh_nst) wsh_apply_one();
+#endif
 #pragma unroll 1      /* (partly unrolled, this loop was ~3 KB more of cold code among the sorted functions) */
     for (int i = 0; i < WSH_CLS * WSH_B; ++i)
         if ((&s_wsh_lat[0][0])[i]) atomicAdd(&dtmk_wsh_sink[i], (unsigned long long)(&s_wsh_lat[0][0])[i]);
@@ -1322,6 +1356,9 @@ __device__ __noinline__ void wait_event(const MkParams &P, Worker &W, int t, int
 #else           /* the session-2 poll: relaxed loads, one fence.acq_rel once satisfied */
                 dtmk_u64 v = ev_ld_relaxed(sys, counter(P, e));
                 if (v >= target) { ev_fence_acquire(sys); W.ready = 1; break; }
+#endif
+#ifdef DTMK_OSQ_WSHADOW_DEFER
+                if (s_wsh_nst) { wsh_apply_one(); continue; }   /* (measurement: one staged update per failed poll) */
 #endif
 #ifdef DTMK_OSQ_DEFER
                 /* the poll failed: thread 0 waits anyway -- the staged entries to the queue

@@ -871,6 +871,13 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  166) # session 62: plan 165 put the compiled summary's worker cost in the push (nopush16 +0.35%, lazydefer16
+     # +1.85%) and found the workers' own aggregation dearer still (shadow16, after the signal: +2.04%).
+     # shadowdefer16 (-DDTMK_OSQ_WSHADOW_DEFER): shadow16's updates staged, applied one per failed poll of a
+     # later wait -- free in the worker's idle polls?  Twice swapped, one call (the builds compile there:
+     # the sources changed since .kcache's; ~60 s of the first run)
+     exec tools/gpu_session.sh "$(osplit ${OSPLIT_S:-300} 10 nopush16,shadow16,shadowdefer16 a)" \
+       "$(osplit ${OSPLIT_S:-240} 10 shadowdefer16,shadow16,nopush16 b)" ;;
   165) # session 61: the compiled summary's cost on the workers (plans 139-144, old layout: capture ~1 point,
      # the entry's push ~1.1, shadow16 -- the summary's three updates on the workers, no entry -- +1.95..+2.75%
      # with its run_task's code unexamined) measured again now that every build is in the hot-first layout (the

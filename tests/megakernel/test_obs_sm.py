@@ -38,9 +38,11 @@ OBS_SM_SRC = (KERNEL_DIR / "mk_obs_sm.cuh").read_text()
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD",
                                                                    "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW"),
                                      gpu.observer_defines("sm") + ("DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED",
-                                                                   "DTMK_OSQ_DEFER_AFTER=4", "DTMK_OSQ_DEFER_INLINE")],
+                                                                   "DTMK_OSQ_DEFER_AFTER=4", "DTMK_OSQ_DEFER_INLINE"),
+                                     gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW",
+                                                                   "DTMK_OSQ_WSHADOW_DEFER")],
                          ids=["tiny", "1b", "stats", "handoff", "prof", "multi", "deep", "synthetic", "code", "split",
-                              "capture", "lookcall"])
+                              "capture", "lookcall", "shadowdefer"])
 def test_the_observer_sm_build_compiles(defines):
     ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                         defines=defines).decode()
@@ -55,6 +57,8 @@ def test_the_observer_sm_build_compiles(defines):
     assert ("wk_icode" in ptx) == ("DTMK_WK_ICODE=8" in defines)
     # session 54's capture split: the workers' own summary shadow (updated per task, flushed at the end)
     assert ("wsh_flush" in ptx and "dtmk_wsh_sink" in ptx) == ("DTMK_OSQ_WSHADOW" in defines)
+    # session 62: the shadow's updates staged, applied in the waits' failed polls
+    assert ("s_wsh_st" in ptx) == ("DTMK_OSQ_WSHADOW_DEFER" in defines)
     # the wait's first look is no call in the observer-SM build (it returned 0 there), unless asked back
     assert ("obs_first_look" in ptx) == ("DTMK_OSQ_LOOK_CALL" in defines)
     # the Obs of the observer build: the size the 1b / tiny warp counts above assume
@@ -68,6 +72,12 @@ def test_the_capture_splits_need_nopush(other):
     with pytest.raises(Exception, match=other.replace("DTMK_OSQ_", "") + ".*NOPUSH"):
         nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
                       defines=gpu.observer_defines("sm") + (other,))
+
+
+def test_the_deferred_shadow_needs_the_shadow():
+    with pytest.raises(Exception, match="WSHADOW_DEFER defers -DDTMK_OSQ_WSHADOW's updates: add it"):
+        nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+                      defines=gpu.observer_defines("sm") + ("DTMK_OSQ_NOPUSH", "DTMK_OSQ_WSHADOW_DEFER"))
 
 
 @pytest.mark.parametrize("other", ["DTMK_NO_HOOKS", "DTMK_SITE_FORM"])

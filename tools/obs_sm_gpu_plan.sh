@@ -871,6 +871,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  167) # session 62: shadow16 / shadowdefer16 put the summary's three updates on the observer-SM build's workers
+     # at +1.2..+1.6% over its off; the default (in-CTA) build's compiled summary costs +31%.  idealsite (session
+     # 10, old layout: +4.99% -- the in-CTA capture path, hook_post / hook_flush, then three shared-memory updates,
+     # no record) in today's hot-first layout: how much of the +31% is the in-CTA site's capture?
+     exec tools/gpu_session.sh "timeout ${BENCH_S:-400} python3 bench/hooks.py --presets 1b --reps 8 --placement sorted --variants idealsite --out ${OUT:-/tmp/out}/tab" ;;
   166) # session 62: plan 165 put the compiled summary's worker cost in the push (nopush16 +0.35%, lazydefer16
      # +1.85%) and found the workers' own aggregation dearer still (shadow16, after the signal: +2.04%).
      # shadowdefer16 (-DDTMK_OSQ_WSHADOW_DEFER): shadow16's updates staged, applied one per failed poll of a

@@ -221,6 +221,15 @@ def one_program(obj, hook: str):
                      path=f"<summary {hook}>")
 
 
+def shadow_sink(mk) -> dict:
+    """-DDTMK_OSQ_WSHADOW's sink (megakernel.cu; 16 classes x 40 log2 bins, 16 wait sums, the depth max,
+    then the counts of task:end, dep:release, task:ready): its bins' total and the three counts."""
+    import cupy as cp
+    n = 16 * 40 + 16 + 4
+    h = cp.ndarray((n,), cp.uint64, mk.module.get_global("dtmk_wsh_sink")).get()
+    return {"hist": int(h[:16 * 40].sum()), "n": [int(x) for x in h[-3:]]}
+
+
 def obs_counts(state, steps: int) -> dict:
     """Per-launch observer counters (reset by each launch): drains (VM calls) and epoch
     publishes (fenced OBS_PENDING moves) per step per worker that took records."""
@@ -249,6 +258,12 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # measurement only: mask3's sites do the summary's three updates in shared
                   # memory instead of building records (the floor of a data-driven site)
                   "idealsite": ("DTMK_IDEAL_SITE",),
+                  # measurement only (session 62): the same three updates from the capture in place -- no
+                  # hook_post / hook_flush / hk_capture -- into a shared-memory shadow after the signal
+                  # (megakernel.cu -DDTMK_OSQ_WSHADOW without the observer SM), and deferred to the
+                  # waits' failed polls (-DDTMK_OSQ_WSHADOW_DEFER); their sink is read after mask3's
+                  # first run: build_shadow (every task's task:end counted once)
+                  "wshincta": ("DTMK_OSQ_WSHADOW",), "wshdeferincta": ("DTMK_OSQ_WSHADOW", "DTMK_OSQ_WSHADOW_DEFER"),
                   # the site form (descriptors, compiled inline) through session 9's noinline
                   # hk_inline_run call (inlined by default since session 10)
                   "inlcall": ("DTMK_INL_NOINLINE",),
@@ -346,7 +361,7 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "obssm4hotobs": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
                                    "DTMK_HOT_OBS")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
-BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
+BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"), "wshdeferincta": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
                       "obssm": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "obssm1": ("off", "summary"), "obssmin": ("off", "summary"),
@@ -374,7 +389,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "siteform": ("off", "mask3"
                       "pollfence": ("off",)}
 #: defines of hook code only: not in a variant's no-hooks build (megakernel.cu #errors with DTMK_NO_HOOKS
 #: for some, ignores the others)
-HOOK_ONLY_DEFINES = ("DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
+HOOK_ONLY_DEFINES = ("DTMK_OSQ_WSHADOW", "DTMK_OSQ_WSHADOW_DEFER", "DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",
@@ -799,6 +814,10 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
                     {k: sum(v_) for k, v_ in sn.maps["lat"].snapshot().items()} == hot_counts
             if v == f"mask3_{bn}":
                 extra.setdefault("build_mask3_records_per_step", {})[v] = len(r.hooks) / steps
+                if "DTMK_OSQ_WSHADOW" in BUILD_VARIANTS[bn]:   # (its first mask3 launch: the sink's only one yet)
+                    extra.setdefault("build_shadow", {})[v] = sh = shadow_sink(b["mk"])
+                    log(f"{name}: {v} shadow: task:end {sh['n'][0]} (bins {sh['hist']}), dep:release {sh['n'][1]}, "
+                        f"task:ready {sh['n'][2]}")
         if v in ("summary_cm", "summary_cmring"):
             snc = (livec if v == "summary_cm" else liver).snapshot(aidc if v == "summary_cm" else aidr)
             cm_counts = {k: sum(v_) for k, v_ in snc.maps["lat"].snapshot().items()}

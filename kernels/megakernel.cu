@@ -608,9 +608,17 @@ __shared__ Worker s_worker;
  * task:end's log2 latency per class, dep:release's wait sum per class, task:ready's depth max --
  * with no entry pushed (the observers idle).  What would a compiled tier that aggregates on the
  * workers cost above the capture (nopush16)?  The shadow goes to dtmk_wsh_sink at the worker's
- * end (a real form would fold it per epoch in an idle wait: off the critical path). */
-#if !defined(DTMK_OBS_SM) || !defined(DTMK_OSQ_NOPUSH)
+ * end (a real form would fold it per epoch in an idle wait: off the critical path).
+ * Without -DDTMK_OBS_SM (session 62, bench/hooks.py wshincta, run mask3): the in-CTA build's
+ * sites do the same -- the task's captured hooks into the shadow after the signal instead of
+ * hook_post's records (no record, no trace, no gen:advance: nothing readable), with the light
+ * pre-signal hold -- the in-CTA site at its leanest, beside idealsite (hook_post, hook_flush and
+ * the capture there, then the same three updates). */
+#if defined(DTMK_OBS_SM) && !defined(DTMK_OSQ_NOPUSH)
 #error "-DDTMK_OSQ_WSHADOW is measurement only: with -DDTMK_OBS_SM -DDTMK_OSQ_NOPUSH"
+#endif
+#ifdef DTMK_NO_HOOKS
+#error "-DDTMK_OSQ_WSHADOW is measurement of hook code: not with -DDTMK_NO_HOOKS"
 #endif
 #elif defined(DTMK_OSQ_WSHADOW_DEFER)
 #error "-DDTMK_OSQ_WSHADOW_DEFER defers -DDTMK_OSQ_WSHADOW's updates: add it"
@@ -658,8 +666,7 @@ __device__ __forceinline__ void wsh_apply_one() {   /* thread 0: the newest stag
     wsh_apply(u.y >> 16, u.x, u.z, u.w, u.y & 0xffffu);
 }
 #endif
-__device__ __forceinline__ void wsh_update(int cls, dtmk_u32 pend) {   /* thread 0, after the signal */
-    const Worker &S = s_worker;
+__device__ __forceinline__ void wsh_update(const Worker &S, int cls, dtmk_u32 pend) {   /* thread 0, after the signal */
 #ifdef DTMK_OSQ_WSHADOW_DEFER
     if (s_wsh_nst == WSH_ST) wsh_apply_one();       /* (no failed poll in 16 tasks: one now) */
     s_wsh_st[s_wsh_nst++] = make_uint4(pend, ((dtmk_u32)cls & (WSH_CLS - 1)) << 16 | min(S.pend_q, 0xffffu),
@@ -1167,7 +1174,7 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
         if (W.pend) { osq_write_pend(P, W); osq_publish(P, W, true); }
 #endif
 #ifdef DTMK_OSQ_WSHADOW
-        if (wsh_pend) wsh_update(r[0], wsh_pend);
+        if (wsh_pend) wsh_update(s_worker, r[0], wsh_pend);
 #endif
         DTMK_PROF_END1(40, prof_push);
 #endif
@@ -1176,6 +1183,13 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
          * (the argmax task, class 10) and the trace; the next task captures afresh */
         W.pend_rg = 0;
         if (OBS_RUN(W) && (W.trace_on || r[0] == 10)) hook_post(P, W, t, step, f.flags, t_end);
+#elif defined(DTMK_OSQ_WSHADOW)
+        /* measurement only (the shadow's comment): the captured hooks to the shadow, no record */
+        if (OBS_RUN(W)) {
+            const dtmk_u32 p = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
+            W.t_end = t_end; W.pend = 0; W.pend_rg = 0;
+            if (p) wsh_update(W, r[0], p);
+        }
 #else
         if (OBS_RUN(W)) { DTMK_PROF_BEGIN(prof_c0); hook_post(P, W, t, step, f.flags, t_end); DTMK_PROF_END1(4, prof_c0); }
 #endif
@@ -1675,9 +1689,9 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifdef DTMK_OSQ_DEFER
         s_osq_nst = 0;
 #endif
+#endif
 #ifdef DTMK_OSQ_WSHADOW
         wsh_zero();
-#endif
 #endif
         for (int i = 0; i < MK_PENDING; ++i) { W.pend_event[i] = -1; W.pend_due[i] = 0; }
         comm_init();

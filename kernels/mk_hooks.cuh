@@ -221,11 +221,12 @@ __device__ __forceinline__ void hold_light(const MkParams &P, Worker &W, int cls
     W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));
     hold_epoch(P, W, W.pend, cls, a14, step);
 }
-#ifndef DTMK_IDEAL_SITE
+#if !defined(DTMK_IDEAL_SITE) && !(defined(DTMK_OSQ_WSHADOW) && !defined(DTMK_OBS_SM))
 #define HOLD_FULL() (O.ring_mask | O.hold_full)   /* hook_hold's pre-signal work is needed */
 #else
-/* measurement only: a descriptor site reads nothing before the signal (mask3's host ring
- * would otherwise take the full hold, which the floor must not count) */
+/* measurement only (idealsite; the in-CTA -DDTMK_OSQ_WSHADOW): a descriptor site reads nothing
+ * before the signal (mask3's host ring would otherwise take the full hold, which the floor must
+ * not count) */
 #define HOLD_FULL() false
 #endif
 #else

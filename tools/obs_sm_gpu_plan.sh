@@ -871,6 +871,11 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  168) # session 62: idealsite read +7.5% over its off (plan 167): the in-CTA site's capture path (hook_post,
+     # hook_flush, hk_capture) then three updates.  wshincta: the same updates from the capture in place into the
+     # shadow after the signal (the observer-SM workers' shadow16, +1.59% there); wshdeferincta: deferred to the
+     # waits' failed polls (shadowdefer16, +1.23%).  Without observer SMs: the lean in-CTA site's cost
+     exec tools/gpu_session.sh "timeout ${BENCH_S:-400} python3 bench/hooks.py --presets 1b --reps ${REPS:-8} --placement sorted --variants wshincta,wshdeferincta --out ${OUT:-/tmp/out}/tab" ;;
   167) # session 62: shadow16 / shadowdefer16 put the summary's three updates on the observer-SM build's workers
      # at +1.2..+1.6% over its off; the default (in-CTA) build's compiled summary costs +31%.  idealsite (session
      # 10, old layout: +4.99% -- the in-CTA capture path, hook_post / hook_flush, then three shared-memory updates,

@@ -74,6 +74,17 @@ def test_the_capture_splits_need_nopush(other):
                       defines=gpu.observer_defines("sm") + (other,))
 
 
+def test_the_in_cta_shadow_builds_and_needs_hook_code():
+    """Session 62's in-CTA shadow (bench/hooks.py wshincta / wshdeferincta): the default build's sites
+    update the shadow instead of building records -- hook code, so refused in a no-hook build."""
+    ptx = nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+                        defines=("DTMK_OSQ_WSHADOW", "DTMK_OSQ_WSHADOW_DEFER")).decode()
+    assert "wsh_flush" in ptx and "dtmk_wsh_sink" in ptx and "s_wsh_st" in ptx and "osq_observer" not in ptx
+    with pytest.raises(Exception, match="WSHADOW is measurement of hook code: not with -DDTMK_NO_HOOKS"):
+        nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",
+                      defines=("DTMK_NO_HOOKS", "DTMK_OSQ_WSHADOW"))
+
+
 def test_the_deferred_shadow_needs_the_shadow():
     with pytest.raises(Exception, match="WSHADOW_DEFER defers -DDTMK_OSQ_WSHADOW's updates: add it"):
         nvrtc_compile((KERNEL_DIR / "megakernel.cu").read_text(), "megakernel.cu", "sm_90a", "ptx",

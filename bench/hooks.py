@@ -361,7 +361,8 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "obssm4hotobs": ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16",
                                    "DTMK_HOT_OBS")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
-BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"), "wshdeferincta": ("off", "mask3"), "siteform": ("off", "mask3", "null3", "summary"),
+BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"), "wshdeferincta": ("off", "mask3"),
+                      "siteform": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
                       "obssm": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "obssm1": ("off", "summary"), "obssmin": ("off", "summary"),
@@ -389,7 +390,8 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"
                       "pollfence": ("off",)}
 #: defines of hook code only: not in a variant's no-hooks build (megakernel.cu #errors with DTMK_NO_HOOKS
 #: for some, ignores the others)
-HOOK_ONLY_DEFINES = ("DTMK_OSQ_WSHADOW", "DTMK_OSQ_WSHADOW_DEFER", "DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
+HOOK_ONLY_DEFINES = ("DTMK_OSQ_WSHADOW", "DTMK_OSQ_WSHADOW_DEFER",
+                     "DTMK_REC_GLOBAL", "DTMK_REC_FAST", "DTMK_VM_CODE_SMEM", "DTMK_HOLD_EAGER", "DTMK_IDEAL_SITE",
                      "DTMK_INL_NOINLINE", "DTMK_SITE_FORM", "DTMK_OBS_SM", "DTMK_OBS_SM_WARPS",
                      "DTMK_OSQ_PUSH_INLINE", "DTMK_OBS_SMS", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DESC",
                      "DTMK_OSQ_DEFER", "DTMK_OSQ_MULTI", "DTMK_OSQ_IDLE_DRAIN", "DTMK_OSQ_SPLIT", "DTMK_HASH_LOOK_FAST",

@@ -122,7 +122,10 @@ OBS_SM_DEFINES = ("DTMK_OBS_SM", "DTMK_OBS_SM_WARPS", "DTMK_OSQ_STATS", "DTMK_OS
                   # session 54's measurement builds: the capture split, the workers' own shadow, the
                   # first-look call and the uncapped raise as before, the wait's flush later / inline
                   "DTMK_OSQ_NOPRE", "DTMK_OSQ_NOHOLD", "DTMK_OSQ_NOWAITCAP", "DTMK_OSQ_WSHADOW",
-                  "DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED", "DTMK_OSQ_DEFER_AFTER", "DTMK_OSQ_DEFER_INLINE")
+                  "DTMK_OSQ_LOOK_CALL", "DTMK_OSQ_RAISE_UNCAPPED", "DTMK_OSQ_DEFER_AFTER", "DTMK_OSQ_DEFER_INLINE",
+                  # session 62: the shadow's updates in the waits' failed polls (it and the shadow also
+                  # build without the observer SM: hook code either way, so a lean grid drops them)
+                  "DTMK_OSQ_WSHADOW_DEFER")
 #: -DDTMK_OBS_SMS=M: M observer SMs (default 1; the lean grid takes it too, to leave them free)
 OBS_SMS_MAX = 8
 

@@ -1,6 +1,7 @@
 """Cost of observation in the reference megakernel, as ratios measured in one run.
 
-    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired [--obs-sms ID,..]] [--out DIR]
+    python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired [--obs-sms ID,..]]
+                          [--order fixed|shuffled] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin over the variants so drift hits all alike):
@@ -102,6 +103,7 @@ LONG = {"tiny": 4000, "1b": 600}
 PLACEMENT = "hw"
 PLACEMENTS = ("hw", "sorted", "paired")
 OBS_PIN: list = []         # --obs-sms: sets of SMs the observers run on, set r % len in round r (empty: the order's say)
+ORDER = "fixed"            # --order: the variants' order within a timed round (round_variants)
 OBS_CAL = 0                # --obs-sms calibrate[:K]: K candidate sets measured first (obs_place), the cheapest pinned
 PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
 SM_IDS: list = []          # the SMs their grids get (the same for every build)
@@ -127,6 +129,19 @@ def round_pins(rnd: int, pins=None) -> list:
     """The observer SMs pinned in round `rnd`: --obs-sms set rnd % (number of sets); [] if none."""
     sets = pin_sets(OBS_PIN if pins is None else pins)
     return sets[rnd % len(sets)] if sets else []
+
+
+def round_variants(variants: list, rnd: int, order: str = None) -> list:
+    """The order the table's timed round `rnd` runs its variants in: as listed ("fixed", every
+    recorded table before session 62), or a permutation drawn per round, seeded by the round
+    ("shuffled": no variant keeps its place or its neighbours -- session 62 saw obs_split move a
+    variant ~0.5 point with its place, and the table's off / nohooks read ~1.2 points above
+    --offpath's on the same cubins)."""
+    order = ORDER if order is None else order
+    if order == "fixed":
+        return list(variants)
+    import random
+    return random.Random(0x5EED + rnd).sample(list(variants), len(variants))
 
 
 def round_order(rnd: int, ids=None, pins=None, placement=None) -> list:
@@ -829,13 +844,16 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             extra[f"{v}_queue_workers"] = len(snc.maps["queue"].snapshot())
     log(f"{name}: warm-up done ({time.perf_counter() - t_start:.1f} s)")
     # the summary stays attached for its timed runs: detach around the others
+    positions = {v: [] for v in variants}
     for rep in range(reps):
         place_round(rep)
-        for v in variants:
+        for k, v in enumerate(round_variants(variants, rep)):
             r = run(v)
             times[v].append(r.elapsed_ms * 1e3 / steps)
             toks[v] = r.tokens
+            positions[v].append(k)
         log(f"{name}: round {rep + 1}/{reps} ({time.perf_counter() - t_start:.1f} s)")
+    extra["order"], extra["positions"] = ORDER, positions   # (each launch's place in its round, by variant)
     # note: the summary attachment is in the tables for every run, but only runs with
     # the observer wired (live_idle, summary) read them: live_idle therefore has it
     # attached too -> re-time live_idle with nothing attached
@@ -1025,6 +1043,10 @@ def main(argv=None) -> int:
                          "the builds and links, ~1 min on 1b, are paid once); calibrate[:K]: measure K "
                          "candidate sets first as `dtrace-mk top --observer sm` does (default 12) "
                          "and pin the cheapest")
+    ap.add_argument("--order", choices=("fixed", "shuffled"), default="fixed",
+                    help="the variants' order in each timed round of the table: as listed (fixed), or a "
+                         "permutation per round seeded by the round (shuffled; each launch's place is in "
+                         "hooks.json `positions`)")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -1052,8 +1074,8 @@ def main(argv=None) -> int:
         ap.error(f"--obs-sms: every set names the same number of SMs, got {a.obs_sms!r}")
     if len(pins) > a.reps:
         ap.error(f"--obs-sms: {len(pins)} sets need at least as many rounds (--reps {a.reps})")
-    global PLACEMENT
-    PLACEMENT = a.placement
+    global PLACEMENT, ORDER
+    PLACEMENT, ORDER = a.placement, a.order
     OBS_PIN[:] = pins
     builds = tuple(v for v in a.variants.split(",") if v)
     if a.offpath:                                    # round 7: the off path only, per build

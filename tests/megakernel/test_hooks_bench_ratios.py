@@ -336,3 +336,26 @@ def test_compiled_links_run_side_by_side_and_load_on_the_calling_thread(load_ben
     assert loaded == [("cm.cubin", True), ("obs_cm.cubin", True)]
     assert done == [("cm", 1.5), ("obs_cm", 1.5)] and failed == [("ring", "ring: ptxas error")]
     assert logged[0].startswith("3 compiled-tier links, 3 at a time") and links.todo == []
+
+
+def test_a_shuffled_table_round_moves_every_variant_and_repeats_by_seed(load_bench):
+    """--order shuffled (session 62): each timed round a permutation seeded by the round, so a
+    variant's place (and its neighbours) varies across rounds and a rerun reproduces it; fixed
+    keeps the listed order, the way every table before session 62 ran."""
+    hooks = load_bench("hooks")
+    vs = ["nohooks", "off", "off2", "live_idle", "summary", "trace", "ring_all", "summary_cm", "null3", "mask3"]
+    assert all(hooks.round_variants(vs, r, "fixed") == vs for r in range(4))
+    rounds = [hooks.round_variants(vs, r, "shuffled") for r in range(8)]
+    assert all(sorted(o) == sorted(vs) for o in rounds)                       # each round runs each variant once
+    assert rounds == [hooks.round_variants(vs, r, "shuffled") for r in range(8)]   # the seed is the round
+    assert len({tuple(o) for o in rounds}) == 8
+    for v in ("nohooks", "off"):                                               # no variant keeps its place
+        assert len({o.index(v) for o in rounds}) >= 3
+    assert len({o[o.index("off") - 1] if o.index("off") else None for o in rounds}) >= 3   # ... nor its predecessor
+
+
+def test_the_order_flag_is_checked(load_bench, capsys):
+    hooks = load_bench("hooks")
+    with pytest.raises(SystemExit):
+        hooks.main(["--order", "random"])
+    assert "--order: invalid choice: 'random'" in capsys.readouterr().err

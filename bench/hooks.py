@@ -1,7 +1,7 @@
 """Cost of observation in the reference megakernel, as ratios measured in one run.
 
     python bench/hooks.py [--presets tiny,1b] [--reps 5] [--placement hw|sorted|paired [--obs-sms ID,..]]
-                          [--order fixed|shuffled] [--out DIR]
+                          [--order fixed|shuffled] [--offpath [--late-modules K]] [--out DIR]
 
 Per preset (batch 1, one launch of K decode steps, device events, median of --reps runs
 taken round-robin over the variants so drift hits all alike):
@@ -103,6 +103,7 @@ LONG = {"tiny": 4000, "1b": 600}
 PLACEMENT = "hw"
 PLACEMENTS = ("hw", "sorted", "paired")
 OBS_PIN: list = []         # --obs-sms: sets of SMs the observers run on, set r % len in round r (empty: the order's say)
+LATE_MODULES = 0           # --late-modules K (--offpath): the default's off / nohooks again after K more modules
 ORDER = "fixed"            # --order: the variants' order within a timed round (round_variants)
 OBS_CAL = 0                # --obs-sms calibrate[:K]: K candidate sets measured first (obs_place), the cheapest pinned
 PLACED: list = []          # the Megakernels a pinned placement re-places each round (place_round)
@@ -974,6 +975,18 @@ def bench_offpath(name: str, reps: int, log, builds: tuple) -> dict:
     runs = [v for k in specs for v in ("nohooks" + k, "off" + k, "summary" + k) if v in mks or
             (v.startswith("summary") and k in lives and "summary" in BUILD_VARIANT_RUNS.get(k[1:], ("summary",)))]
     runs.insert(runs.index("off") + 1, "off2")
+    held = []                      # (--late-modules: loaded, kept, never run)
+    if LATE_MODULES:
+        # session 62: the table's off reads ~1.2 points above --offpath's on the same cubins, in every round
+        # and where only one module runs; the table loads ~20 modules before it times.  The same builds
+        # loaded again after K more modules (copies of the off cubin, each its own load) -- does a
+        # module's place among the process's loads move its speed?
+        from dtrace_mk.megakernel.gpu_build import load_module
+        held = [load_module(mks["off"].arch, "megakernel.cu", mks["off"].defines) for _ in range(LATE_MODULES)]
+        mks["nohooks_late"], mks["off_late"] = megakernel(cfg, w, nohook_defs[""]), megakernel(cfg, w, ())
+        specs["_late"] = ()
+        runs += ["nohooks_late", "off_late"]
+        log(f"{name}: nohooks_late / off_late loaded after {len(held)} more modules")
 
     def run(v):
         k = "" if v in ("off2", "off", "summary", "nohooks") else v[v.index("_"):]
@@ -1047,6 +1060,9 @@ def main(argv=None) -> int:
                     help="the variants' order in each timed round of the table: as listed (fixed), or a "
                          "permutation per round seeded by the round (shuffled; each launch's place is in "
                          "hooks.json `positions`)")
+    ap.add_argument("--late-modules", type=int, default=0, metavar="K",
+                    help="with --offpath: the default's nohooks / off loaded again after K more modules "
+                         "(printed as build 'late'): does a module's place among the loads move its speed?")
     ap.add_argument("--offpath", action="store_true",
                     help="only nohooks / off / summary of the default build and each --variants build (fast)")
     a = ap.parse_args(argv)
@@ -1074,8 +1090,12 @@ def main(argv=None) -> int:
         ap.error(f"--obs-sms: every set names the same number of SMs, got {a.obs_sms!r}")
     if len(pins) > a.reps:
         ap.error(f"--obs-sms: {len(pins)} sets need at least as many rounds (--reps {a.reps})")
-    global PLACEMENT, ORDER
-    PLACEMENT, ORDER = a.placement, a.order
+    if a.late_modules and not a.offpath:
+        ap.error("--late-modules: with --offpath")
+    if a.late_modules < 0:
+        ap.error(f"--late-modules: a count >= 0, got {a.late_modules}")
+    global PLACEMENT, ORDER, LATE_MODULES
+    PLACEMENT, ORDER, LATE_MODULES = a.placement, a.order, a.late_modules
     OBS_PIN[:] = pins
     builds = tuple(v for v in a.variants.split(",") if v)
     if a.offpath:                                    # round 7: the off path only, per build

@@ -359,3 +359,27 @@ def test_the_order_flag_is_checked(load_bench, capsys):
     with pytest.raises(SystemExit):
         hooks.main(["--order", "random"])
     assert "--order: invalid choice: 'random'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, msg", [(["--late-modules", "4"], "--late-modules: with --offpath"),
+                                       (["--offpath", "--late-modules", "-1"], "--late-modules: a count >= 0, got -1")])
+def test_late_modules_is_an_offpath_count(load_bench, capsys, argv, msg):
+    with pytest.raises(SystemExit):
+        load_bench("hooks").main(argv)
+    assert msg in capsys.readouterr().err
+
+
+def test_the_offpath_table_prints_the_late_copies_as_a_build(load_bench, capsys):
+    """--late-modules: the default's nohooks / off loaded again after K modules print as build
+    `late`, off over its own (late) nohooks and over the early nohooks (off/nh(def))."""
+    hooks = load_bench("hooks")
+    u = {"nohooks": 1000.0, "off": 1002.0, "off2": 1001.0, "summary": 1370.0,
+         "nohooks_late": 995.0, "off_late": 1010.0}
+    tok = {k: True for k in u}
+    hooks.print_offpath({"card": "H100", "date": "d", "presets": [
+        {"preset": "1b", "us_per_step": u, "builds": ["default", "late"], "tokens_equal": tok}]})
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("1b")]
+    assert rows[0][:2] == ["1b", "default"] and "+0.20%" in rows[0]
+    late = rows[1]
+    assert late[:5] == ["1b", "late", "995.0", "1010.0", "-"]
+    assert late[5:8] == ["+1.51%", "-", "+1.00%"] and late[8] == "-0.50%" and late[-1] == "True"

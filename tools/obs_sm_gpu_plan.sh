@@ -880,7 +880,9 @@ case "${1:-}" in
      T="timeout ${BENCH_S:-200} python3 bench/hooks.py --presets 1b --reps 8 --placement sorted"
      exec tools/gpu_session.sh \
        "timeout ${OFFPATH_S:-150} python3 bench/hooks.py --offpath --late-modules 20 --presets 1b --reps 8 --placement sorted --out ${OUT:-/tmp/out}/late" \
-       "$T --order shuffled --out ${OUT:-/tmp/out}/shuf" "$T --out ${OUT:-/tmp/out}/fixed" ;;
+       "$T --order shuffled --out ${OUT:-/tmp/out}/shuf" \
+       "python3 tools/order_bias.py ${OUT:-/tmp/out}/shuf/hooks.json --variants nohooks,off,off2,nohooks_pad,summary,mask3" \
+       "$T --out ${OUT:-/tmp/out}/fixed" ;;
   168) # session 62: idealsite read +7.5% over its off (plan 167): the in-CTA site's capture path (hook_post,
      # hook_flush, hk_capture) then three updates.  wshincta: the same updates from the capture in place into the
      # shadow after the signal (the observer-SM workers' shadow16, +1.59% there); wshdeferincta: deferred to the

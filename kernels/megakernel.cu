@@ -1186,8 +1186,9 @@ __device__ __noinline__ void run_task(const MkParams &P, Worker &W, int t, int s
 #elif defined(DTMK_OSQ_WSHADOW)
         /* measurement only (the shadow's comment): the captured hooks to the shadow, no record */
         if (OBS_RUN(W)) {
-            const dtmk_u32 p = W.pend | HOOKS_ANY(W, HK_BIT(TASK_END));
-            W.t_end = t_end; W.pend = 0; W.pend_rg = 0;
+            W.t_end = t_end; W.pend |= HOOKS_ANY(W, HK_BIT(TASK_END));   /* (a plain capture: no record) */
+            const dtmk_u32 p = W.pend;
+            W.pend = 0; W.pend_rg = 0;
             if (p) wsh_update(W, r[0], p);
         }
 #else

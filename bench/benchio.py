@@ -79,6 +79,24 @@ def kernels_on(m, codes: dict) -> dict:
     return out
 
 
+def shadow_sink(mk, launch_once=None) -> dict:
+    """-DDTMK_OSQ_WSHADOW's dtmk_wsh_sink in Megakernel mk (megakernel.cu: WSH_CLS x WSH_B log2
+    bins, WSH_CLS wait sums, the depth max, then the counts of task:end, dep:release,
+    task:ready): its bins' total and the three counts.  launch_once: zero the sink and run it
+    first (else the sink as it stands, e.g. after a build's first launch)."""
+    import re
+    import cupy as cp
+    from dtrace_mk.kernels import KERNEL_DIR
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    cls, b = (int(re.search(rf"#define {k} (\d+)", src).group(1)) for k in ("WSH_CLS", "WSH_B"))
+    sink = cp.ndarray((cls * b + cls + 4,), cp.uint64, mk.module.get_global("dtmk_wsh_sink"))
+    if launch_once is not None:
+        sink[:] = 0
+        launch_once()
+    h = sink.get()
+    return {"hist": int(h[:cls * b].sum()), "n": [int(x) for x in h[-3:]]}
+
+
 def rounds(pairs, reps: int) -> list:
     """The run order: a warm-up round, then `reps` rounds, every other one reversed (no
     pair always follows the same one)."""

@@ -237,15 +237,6 @@ def one_program(obj, hook: str):
                      path=f"<summary {hook}>")
 
 
-def shadow_sink(mk) -> dict:
-    """-DDTMK_OSQ_WSHADOW's sink (megakernel.cu; 16 classes x 40 log2 bins, 16 wait sums, the depth max,
-    then the counts of task:end, dep:release, task:ready): its bins' total and the three counts."""
-    import cupy as cp
-    n = 16 * 40 + 16 + 4
-    h = cp.ndarray((n,), cp.uint64, mk.module.get_global("dtmk_wsh_sink")).get()
-    return {"hist": int(h[:16 * 40].sum()), "n": [int(x) for x in h[-3:]]}
-
-
 def obs_counts(state, steps: int) -> dict:
     """Per-launch observer counters (reset by each launch): drains (VM calls) and epoch
     publishes (fenced OBS_PENDING moves) per step per worker that took records."""
@@ -833,6 +824,7 @@ def bench_preset(name: str, reps: int, log, compiled: bool = True, builds: tuple
             if v == f"mask3_{bn}":
                 extra.setdefault("build_mask3_records_per_step", {})[v] = len(r.hooks) / steps
                 if "DTMK_OSQ_WSHADOW" in BUILD_VARIANTS[bn]:   # (its first mask3 launch: the sink's only one yet)
+                    from benchio import shadow_sink
                     extra.setdefault("build_shadow", {})[v] = sh = shadow_sink(b["mk"])
                     log(f"{name}: {v} shadow: task:end {sh['n'][0]} (bins {sh['hist']}), dep:release {sh['n'][1]}, "
                         f"task:ready {sh['n'][2]}")

@@ -207,25 +207,9 @@ def split_builds(name: str, sms: int, variants, place: bool = False, idle_smids=
     return {gpu.megakernel_defines(PRESETS[name], 1, d) for d in split_defines(sms, variants, place, idle_smids).values()}
 
 
-#: -DDTMK_OSQ_WSHADOW's sink (megakernel.cu): WSH_CLS x WSH_B log2 bins, WSH_CLS wait sums, the depth
-#: max, then the three updates' counts (task:end, dep:release, task:ready)
-WSH_CLS, WSH_B = 16, 40
-
-
-def shadow_counts(mk, launch_once) -> dict:
-    """A shadow build's sink after one launch of its own: its bins' total and the three counts."""
-    import cupy as cp
-    n = WSH_CLS * WSH_B + WSH_CLS + 4
-    sink = cp.ndarray((n,), cp.uint64, mk.module.get_global("dtmk_wsh_sink"))
-    sink[:] = 0
-    launch_once()
-    h = sink.get()
-    return {"hist": int(h[:WSH_CLS * WSH_B].sum()), "n": [int(x) for x in h[-3:]]}
-
-
 def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 0.0, place: bool = False,
                  obs_smids=None, worker_order: str = "id", idle_smids=()) -> dict:
-    from benchio import place_by_smid, sample_clocks, timed_rounds
+    from benchio import place_by_smid, sample_clocks, shadow_sink, timed_rounds
     from dtrace_mk.megakernel import gpu
     from dtrace_mk.megakernel.presets import PRESETS
     from dtrace_mk.lang.pipeline import compile_query
@@ -276,7 +260,7 @@ def split_preset(name: str, reps: int, sms: int, variants, log, clocks: float = 
 
     keys = ["nohooks", "plain"] + list(variants)
     times, last = timed_rounds(keys, reps, steps, launch)
-    shadows = {v: shadow_counts(mks[v], lambda: launch(v)) for v in variants if "DTMK_OSQ_WSHADOW" in VARIANTS[v]}
+    shadows = {v: shadow_sink(mks[v], lambda: launch(v)) for v in variants if "DTMK_OSQ_WSHADOW" in VARIANTS[v]}
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"preset": name, "observer_sms": sms, "placed": place, "observer_smids": list(obs_smids or ()),
            "idle_smids": list(idle_smids),

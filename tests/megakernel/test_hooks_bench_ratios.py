@@ -383,3 +383,35 @@ def test_the_offpath_table_prints_the_late_copies_as_a_build(load_bench, capsys)
     late = rows[1]
     assert late[:5] == ["1b", "late", "995.0", "1010.0", "-"]
     assert late[5:8] == ["+1.51%", "-", "+1.00%"] and late[8] == "-0.50%" and late[-1] == "True"
+
+
+def test_the_shadow_sink_reads_the_kernel_s_layout(load_bench, monkeypatch):
+    """benchio.shadow_sink (bench/hooks.py wshincta, bench/obs_split.py shadow16 ...): the sink's
+    size from megakernel.cu's WSH_CLS / WSH_B; with launch_once it zeroes the sink, then launches."""
+    import re
+    import sys
+    import types
+
+    import numpy as np
+    from dtrace_mk.kernels import KERNEL_DIR
+    src = (KERNEL_DIR / "megakernel.cu").read_text()
+    cls, b = (int(re.search(rf"#define {k} (\d+)", src).group(1)) for k in ("WSH_CLS", "WSH_B"))
+    mem = np.full(cls * b + cls + 4, 7, dtype=np.uint64)           # a sink left from earlier launches
+
+    class Dev(np.ndarray):
+        def get(self):
+            return np.asarray(self).copy()
+    fake = types.SimpleNamespace(uint64=np.uint64,
+                                 ndarray=lambda shape, dtype, ptr: (mem[:shape[0]].view(Dev)
+                                                                    if shape == mem.shape else None))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    mk = types.SimpleNamespace(module=types.SimpleNamespace(get_global=lambda name: name))
+
+    def launch():                                                   # one launch: 5 task:end, 2 dep:release, 5 ready
+        assert not mem.any()                                        # (zeroed first)
+        mem[3] += 5
+        mem[-3:] = (5, 2, 5)
+    sb = load_bench("benchio").shadow_sink
+    assert sb(mk, launch) == {"hist": 5, "n": [5, 2, 5]}
+    mem[cls * b] = 99                                               # a wait sum: not a bin
+    assert sb(mk) == {"hist": 5, "n": [5, 2, 5]}                    # without a launch: as it stands

@@ -277,6 +277,10 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # the site form in the hot build (session 10: aggregation descriptors at the
                   # hook sites; summary runs from them): not the default, it costs the off path
                   "siteform": ("DTMK_SITE_FORM",),
+                  # the lean form (session 63, kernels/bpf_inline.cuh): the summary's descriptor programs
+                  # (dense keys) update per-worker cells from the record in registers -- no ring, no
+                  # drain, no record copy, no probe; folded into the maps by obs_sync
+                  "lean": ("DTMK_LEAN_SITE",),
                   # the observer SM: one SM runs every worker's records (SMs - 1 workers) on
                   # as many warps as the launch's dynamic shared memory holds Obs for (1b: 6,
                   # tiny: 1); obssm1: one warp (session 13's draft had one, lane 0 building)
@@ -369,7 +373,7 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                                    "DTMK_HOT_OBS")}
 #: build variants that run only some of BUILD_RUNS (idealsite has no records to observe)
 BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"), "wshdeferincta": ("off", "mask3"),
-                      "siteform": ("off", "mask3", "null3", "summary"),
+                      "siteform": ("off", "mask3", "null3", "summary"), "lean": ("off", "mask3", "null3", "summary"),
                       "inlcall": ("off", "summary_cm"),   # (the default hot build has no site form)
                       "obssm": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "obssm1": ("off", "summary"), "obssmin": ("off", "summary"),

@@ -184,7 +184,7 @@ __device__ __forceinline__ struct dtmk_sh_ent *dtmk_sh_get_mt(struct dtmk_shadow
 enum { DTMK_D_JEQ, DTMK_D_JGT, DTMK_D_JGE, DTMK_D_JLT, DTMK_D_JLE, DTMK_D_JSET, DTMK_D_JNE, DTMK_D_JSGT,
        DTMK_D_JSGE, DTMK_D_JSLT, DTMK_D_JSLE };
 
-struct __align__(16) dtmk_desc {   /* 80 bytes */
+struct __align__(16) dtmk_desc {   /* 96 bytes */
     dtmk_u64 map;                  /* AGG: the dtmk_map (device address) */
     dtmk_u64 kconst;               /* AGG: the key's constant bytes in place (0 elsewhere) */
     dtmk_u64 vconst;               /* AGG: the value when vsrc is DTMK_D_SRC_CONST; GUARD: the constant */
@@ -194,8 +194,15 @@ struct __align__(16) dtmk_desc {   /* 80 bytes */
     dtmk_u8 ksrc[4], ksize[4], kpos[4];  /* key part i: source, bytes, byte position in the key */
     dtmk_u32 nb;                         /* hist maps: buckets */
     dtmk_u32 pad1[2];
+    /* the lean form (an AGG of a DTMK_PROG_F_LEAN program, not SAME): its region of the
+     * worker's cells -- first cell, cells per key -- and per key part the stride in cells
+     * (bit 15, DTMK_LEAN_NONE: DTMK_NONE_U32 is index ldom) and the domain 0..ldom-1
+     * (0: the part is the worker's own id or the epoch, index 0) */
+    dtmk_u16 lbase, lper;
+    dtmk_u16 lstride[4];
+    dtmk_u8 ldom[4];
 };
-static_assert(sizeof(struct dtmk_desc) == 80, "dtmk_desc size");
+static_assert(sizeof(struct dtmk_desc) == 96, "dtmk_desc size");
 
 /* a source's value: `size` bytes of the context at `src` (zero-extended), or worker / c */
 __device__ __forceinline__ dtmk_u64 dtmk_desc_src(const struct dtmk_ctx *ctx, dtmk_u32 src, dtmk_u32 size,
@@ -226,6 +233,93 @@ __device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_
     default: r = (v ^ sb) <= (c ^ sb); break;
     }
     return r == ((d.op & DTMK_D_TAKEN) != 0);
+}
+
+/* ---- the lean form ---------------------------------------------------------------------
+ * A descriptor program whose every AGG key part has a small dense domain (a task class, a
+ * layer, an expert; the worker's own id and the epoch count as one value) runs into dense
+ * per-worker cells instead of the keyed shadow: the key's parts index the AGG's region
+ * (base + part x stride + bucket or word), so an update is one shared-memory add, no probe;
+ * the fields come from the event's record as the caller holds it (the megakernel: in
+ * registers, no copy -- dtmk_lean_run's reader).  The host lays the regions out
+ * (dtrace_mk/runtime/descform.py lean_layout) within DTMK_LEAN_CELLS 32-bit cells per bank;
+ * a worker keeps two banks (epoch parity) and dtmk_lean_fold moves a bank into the maps
+ * (obs_sync, before the coverage accumulators, as the shadow's flush).  Cells per key: a
+ * hist map's buckets (each cell counts its events); a hash map's value words as (lo, hi)
+ * cell pairs, then the key's event count.  A part outside its domain (the host's domains
+ * are the megakernel's own: it cannot happen) is counted lost, never folded elsewhere. */
+#define DTMK_LEAN_NONE 0x8000u     /* lstride bit: the part's DTMK_NONE_U32 is index ldom */
+#ifndef DTMK_LEAN_CELLS
+#define DTMK_LEAN_CELLS 1024u      /* 32-bit cells per bank (4 KB; two banks per worker) */
+#endif
+
+/* a context reader over a record in memory (the host driver; tests) */
+struct dtmk_ctx_reader {
+    const struct dtmk_ctx *c;
+    __device__ __forceinline__ dtmk_u64 operator()(dtmk_u32 src, dtmk_u32 size) const {
+        return dtmk_desc_src(c, src, size, 0, 0);
+    }
+};
+
+template <class R>
+__device__ __forceinline__ dtmk_u64 dtmk_lean_src(const R &rd, dtmk_u32 src, dtmk_u32 size, dtmk_u32 worker,
+                                                  dtmk_u64 c) {
+    if (src == DTMK_D_SRC_CONST) return c;
+    if (src == DTMK_D_SRC_WORKER) return worker;
+    return rd(src, size);
+}
+
+/* one event through a lean program's descriptors D[0..n) into `cells` (the bank of the
+ * event's epoch); DTMK_OUT_LOST when a key part was outside its domain */
+template <class R>
+__device__ __forceinline__ int dtmk_lean_run(const struct dtmk_desc *D, dtmk_u32 n, const R &rd, dtmk_u32 worker,
+                                             dtmk_u32 *cells) {
+    dtmk_u32 i = 0;
+#pragma unroll 1
+    while (i < n) {                                    /* one case per round (dtmk_desc_run's order) */
+        bool hold = true;
+#pragma unroll 1
+        for (; D[i].kind == DTMK_D_GUARD; ++i)
+            hold = hold && dtmk_desc_guard(D[i], dtmk_lean_src(rd, D[i].vsrc, D[i].vsize, worker, D[i].vconst));
+        if (!hold) {
+            while (D[i].kind != DTMK_D_END) ++i;
+            ++i;
+            continue;
+        }
+        dtmk_u32 at = 0;                               /* the lookup's first cell */
+        bool in = true;
+#pragma unroll 1
+        for (; D[i].kind != DTMK_D_END; ++i) {
+            const struct dtmk_desc &d = D[i];
+            const dtmk_u64 v = dtmk_lean_src(rd, d.vsrc, d.vsize, worker, d.vconst);
+            if (!(d.kind & DTMK_D_SAME)) {
+                at = d.lbase;
+                for (dtmk_u32 p = 0; p < d.nparts; ++p) {
+                    const dtmk_u32 dom = d.ldom[p], st = d.lstride[p];
+                    if (!dom) continue;                /* the worker's own id / the epoch */
+                    dtmk_u64 kv = dtmk_lean_src(rd, d.ksrc[p], d.ksize[p], worker, 0);
+                    if (d.ksize[p] < 8) kv &= (1ull << (8 * d.ksize[p])) - 1;
+                    const dtmk_u64 none = d.ksize[p] < 4 ? (1ull << (8 * d.ksize[p])) - 1 : DTMK_NONE_U32;
+                    if (kv < dom) at += (dtmk_u32)kv * (st & ~DTMK_LEAN_NONE);
+                    else if ((st & DTMK_LEAN_NONE) && kv == none) at += dom * (st & ~DTMK_LEAN_NONE);
+                    else in = false;
+                }
+                if (in && d.op < DTMK_D_HIST_LOG2) cells[at + d.lper - 1] += 1;   /* the key's events */
+            }
+            if (!in) continue;
+            if (d.op >= DTMK_D_HIST_LOG2) {
+                cells[at + (d.op == DTMK_D_HIST_LOG2 ? dtmk_bucket_log2(v)
+                                                     : dtmk_bucket_linear(d.lin_lo, d.lin_hi, d.lin_step, d.nb, v))] += 1;
+                continue;
+            }
+            dtmk_u32 *w = cells + at + 2 * d.word;
+            const dtmk_u64 old = (dtmk_u64)w[1] << 32 | w[0];
+            const dtmk_u64 x = d.op == DTMK_SH_ADD ? old + v : (v > old ? v : old);
+            w[0] = (dtmk_u32)x; w[1] = (dtmk_u32)(x >> 32);
+        }
+        return in ? DTMK_OUT_EXECUTED : DTMK_OUT_LOST;
+    }
+    return DTMK_OUT_EXECUTED;
 }
 
 #ifdef DTMK_BPF_MAPS_CUH
@@ -301,6 +395,21 @@ __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32
 
 #ifdef DTMK_BPF_MAPS_CUH   /* the kernel side: maps, coverage, program tables */
 
+/* one event's outcome in a slot's coverage accumulator (flushed when its key changes, as
+ * dtmk_cov_add does) */
+__device__ __forceinline__ void dtmk_acc_count(struct dtmk_cov_acc *a, dtmk_u64 cov, dtmk_u32 epoch, dtmk_u32 gen,
+                                               int out) {
+    if (a->cov != cov || a->epoch != epoch || a->gen != gen) {
+        dtmk_cov_acc_flush(a);
+        a->cov = cov; a->epoch = epoch; a->gen = gen;
+    }
+    a->eligible += 1;
+    a->executed += out == DTMK_OUT_EXECUTED;
+    a->throttled += out == DTMK_OUT_THROTTLED;
+    a->lost += out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT;
+    a->fault += out == DTMK_OUT_FAULT;
+}
+
 /* One event of `hook` through the hook's inline programs (table T), on one thread:
  * first_epoch / end_epoch, the compiled program, its coverage in the slot's accumulator (accs: the
  * hook's DTMK_MAX_PROGS, flushed when its key changes, as dtmk_cov_add does); r0s / outs
@@ -313,7 +422,8 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
     const dtmk_u32 gen = T.gen >> 1;
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
-        if (!(P.flags & DTMK_PROG_F_INLINE) || !DTMK_PROG_COUNTS(P, epoch)) continue;
+        if ((P.flags & (DTMK_PROG_F_INLINE | DTMK_PROG_F_LEAN)) != DTMK_PROG_F_INLINE || !DTMK_PROG_COUNTS(P, epoch))
+            continue;                                  /* (lean slots: dtmk_lean_event) */
         dtmk_u64 r0 = 0;
         const dtmk_u32 cm = P.flags >> 16, slot = hook * DTMK_MAX_PROGS + k;
         int out;
@@ -343,32 +453,43 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
 #endif
         }
         if (outs) { outs[k] = (dtmk_u8)out; r0s[k] = r0; }   /* the host driver's per-slot results */
-        struct dtmk_cov_acc *a = accs + k;
-        if (a->cov != P.cov || a->epoch != epoch || a->gen != gen) {
-            dtmk_cov_acc_flush(a);
-            a->cov = P.cov; a->epoch = epoch; a->gen = gen;
-        }
-        a->eligible += 1;
-        a->executed += out == DTMK_OUT_EXECUTED;
-        a->throttled += out == DTMK_OUT_THROTTLED;
-        a->lost += out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT;
-        a->fault += out == DTMK_OUT_FAULT;
+        dtmk_acc_count(accs + k, P.cov, epoch, gen, out);
     }
 }
 
-/* n of entry e's events, counted executed, become lost: its accumulator when it still
- * holds e's epoch (not flushed yet), else the global coverage row (already holding them) */
-__device__ __forceinline__ void dtmk_sh_lose(const struct dtmk_hook_table *tabs, struct dtmk_cov_acc *accs,
-                                            const struct dtmk_sh_ent *e, dtmk_u32 n) {
-    const struct dtmk_hook_table &T = tabs[e->slot / DTMK_MAX_PROGS];
-    const struct dtmk_prog &P = T.progs[e->slot % DTMK_MAX_PROGS];
-    struct dtmk_cov_acc *a = accs + e->slot;
-    if (a->cov == P.cov && a->epoch == e->epoch && a->gen == T.gen >> 1 && a->eligible) {
+/* One event of `hook` through its lean programs (the bank `cells` of the event's epoch, 0:
+ * none free -- the event is counted lost; the descriptors in the kernel's shared copy
+ * `loaded`, or each program's own): as dtmk_inl_event, whose slot loop skips them.  outs
+ * (the host driver only): each slot's outcome. */
+template <class R>
+__device__ __forceinline__ void dtmk_lean_event(const struct dtmk_hook_table &T, const R &rd, dtmk_u32 worker,
+                                                dtmk_u32 epoch, dtmk_u32 *cells, struct dtmk_cov_acc *accs,
+                                                const struct dtmk_desc *loaded, dtmk_u8 *outs = 0) {
+    const dtmk_u32 gen = T.gen >> 1;
+    for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
+        const struct dtmk_prog &P = T.progs[k];
+        if (!(P.flags & DTMK_PROG_F_LEAN) || !DTMK_PROG_COUNTS(P, epoch)) continue;
+        const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
+                                  : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+        const int out = !D ? DTMK_OUT_FAULT : !cells ? DTMK_OUT_LOST : dtmk_lean_run(D, P.n_descs, rd, worker, cells);
+        if (outs) outs[k] = (dtmk_u8)out;
+        dtmk_acc_count(accs + k, P.cov, epoch, gen, out);
+    }
+}
+
+/* n events of slot `slot` in `epoch`, counted executed, become lost: its accumulator when it still
+ * holds that epoch (not flushed yet), else the global coverage row (already holding them) */
+__device__ __forceinline__ void dtmk_slot_lose(const struct dtmk_hook_table *tabs, struct dtmk_cov_acc *accs,
+                                              dtmk_u32 slot, dtmk_u32 epoch, dtmk_u32 n) {
+    const struct dtmk_hook_table &T = tabs[slot / DTMK_MAX_PROGS];
+    const struct dtmk_prog &P = T.progs[slot % DTMK_MAX_PROGS];
+    struct dtmk_cov_acc *a = accs + slot;
+    if (a->cov == P.cov && a->epoch == epoch && a->gen == T.gen >> 1 && a->eligible) {
         atomicAdd(&a->executed, 0u - n);
         atomicAdd(&a->lost, n);
         return;
     }
-    struct dtmk_cov_row *row = dtmk_cov_row_for((struct dtmk_cov *)P.cov, e->epoch, T.gen >> 1);
+    struct dtmk_cov_row *row = dtmk_cov_row_for((struct dtmk_cov *)P.cov, epoch, T.gen >> 1);
     if (!row) return;                     /* no row: the events are in the overflow count */
     atomicAdd((unsigned long long *)&row->executed, 0ull - (unsigned long long)n);
     atomicAdd((unsigned long long *)&row->lost, (unsigned long long)n);
@@ -397,10 +518,93 @@ __device__ __forceinline__ bool dtmk_sh_flush(struct dtmk_shadow *S, const struc
             }
         } else {                                   /* the map is full: dtmk_hash_find counted one */
             if (e->n_ev > 1) atomicAdd((unsigned long long *)&dtmk_stats(m)->lost, (unsigned long long)(e->n_ev - 1));
-            dtmk_sh_lose(tabs, accs, e, e->n_ev);
+            dtmk_slot_lose(tabs, accs, e->slot, e->epoch, e->n_ev);
         }
         e->map = 0;
         moved = true;
+    }
+    return moved;
+}
+
+/* the key of cell c (from its region's first cell) of lean AGG d: the constant bytes and each
+ * part's value -- its index, DTMK_NONE_U32 for the index past the domain, or the worker / epoch */
+__device__ __forceinline__ dtmk_u64 dtmk_lean_key(const struct dtmk_desc &d, dtmk_u32 c, dtmk_u32 worker,
+                                                 dtmk_u32 epoch) {
+    dtmk_u64 key = d.kconst;
+    for (dtmk_u32 p = 0; p < d.nparts; ++p) {
+        const dtmk_u32 dom = d.ldom[p], st = d.lstride[p] & ~DTMK_LEAN_NONE;
+        dtmk_u64 v;
+        if (!dom) {
+            v = d.ksrc[p] == DTMK_OFF_DECODE_STEP ? epoch : worker;
+        } else {
+            const dtmk_u32 x = (c / st) % (dom + ((d.lstride[p] & DTMK_LEAN_NONE) ? 1u : 0u));
+            v = x == dom ? (dtmk_u64)DTMK_NONE_U32 : x;
+        }
+        if (d.ksize[p] < 8) v &= (1ull << (8 * d.ksize[p])) - 1;
+        key |= v << (8 * d.kpos[p]);
+    }
+    return key;
+}
+
+/* Lanes lane, lane + nl, ...: move a bank of lean cells -- counted in `epoch` by `worker` under
+ * tables tabs, the descriptors in the kernel's shared copy `loaded` (desc_at) or, without one,
+ * each program's own -- into the maps and zero it, as dtmk_sh_flush does the shadow (a key the
+ * full map refuses: its events lost, in the map's stats and the program's coverage).  A hash
+ * key is moved by the lane of its count cell.  Returns whether this lane moved any. */
+__device__ __forceinline__ bool dtmk_lean_fold(dtmk_u32 *cells, dtmk_u32 epoch, dtmk_u32 worker,
+                                               const struct dtmk_hook_table *tabs, const struct dtmk_desc *loaded,
+                                               struct dtmk_cov_acc *accs, unsigned lane, unsigned nl) {
+    bool moved = false;
+    for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+        const struct dtmk_hook_table &T = tabs[h];
+        for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
+            const struct dtmk_prog &P = T.progs[k];
+            if (!(P.flags & DTMK_PROG_F_LEAN)) continue;
+            const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
+                                      : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+            if (!D) continue;                          /* not in the shared copy: its events were faults */
+            for (dtmk_u32 i = 0; i < P.n_descs; ++i) {
+                const struct dtmk_desc &d = D[i];
+                if (d.kind != DTMK_D_AGG) continue;    /* (a SAME AGG shares its lookup's region) */
+                dtmk_u32 keys = 1;
+                for (dtmk_u32 p = 0; p < d.nparts; ++p)
+                    if (d.ldom[p]) keys *= d.ldom[p] + ((d.lstride[p] & DTMK_LEAN_NONE) ? 1u : 0u);
+                const dtmk_u32 per = d.lper, n = keys * per;
+                const bool hist = d.op >= DTMK_D_HIST_LOG2;
+                const struct dtmk_map *m = (const struct dtmk_map *)d.map;
+                for (dtmk_u32 c = lane; c < n; c += nl) {
+                    dtmk_u32 *x = cells + d.lbase + c;
+                    const dtmk_u32 sub = c % per;
+                    if (!hist && sub != per - 1) continue;
+                    const dtmk_u32 nev = *x;
+                    if (!nev) continue;
+                    const dtmk_u64 key = dtmk_lean_key(d, c, worker, epoch);
+                    bool created;
+                    const int s = dtmk_hash_find(m, &key, true, 0, &created);
+                    unsigned long long *v = s >= 0 ? (unsigned long long *)dtmk_hash_value(m, s) : 0;
+                    if (hist) {
+                        if (v) atomicAdd(v + sub, (unsigned long long)nev);
+                    } else {
+                        for (dtmk_u32 w = 0; 2 * w + 1 < per; ++w) {
+                            dtmk_u32 *wc = x - (per - 1) + 2 * w;
+                            const dtmk_u64 val = (dtmk_u64)wc[1] << 32 | wc[0];
+                            const dtmk_u32 op = (d.shops >> (2 * w)) & 3u;
+                            if (v && val) {                /* 0: identity of both (the key is in) */
+                                if (op == DTMK_SH_ADD) atomicAdd(v + w, (unsigned long long)val);
+                                else if (op == DTMK_SH_MAX) atomicMax(v + w, (unsigned long long)val);
+                            }
+                            wc[0] = 0; wc[1] = 0;
+                        }
+                    }
+                    if (!v) {                              /* the map is full: dtmk_hash_find counted one */
+                        if (nev > 1) atomicAdd((unsigned long long *)&dtmk_stats(m)->lost, (unsigned long long)(nev - 1));
+                        dtmk_slot_lose(tabs, accs, h * DTMK_MAX_PROGS + k, epoch, nev);
+                    }
+                    *x = 0;
+                    moved = true;
+                }
+            }
+        }
     }
     return moved;
 }

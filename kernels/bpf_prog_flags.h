@@ -8,4 +8,5 @@
 #define DTMK_PROG_F_INLINE 2u     /* ... at the hook site (the site form), never from records */
 #define DTMK_PROG_F_SERIAL 4u     /* run the warp's events one lane at a time */
 #define DTMK_PROG_F_DESC 8u       /* with INLINE: from aggregation descriptors (dtmk_prog.descs) */
+#define DTMK_PROG_F_LEAN 16u      /* with INLINE | DESC: its AGGs index dense per-worker cells (the lean form) */
 #endif

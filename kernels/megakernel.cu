@@ -306,6 +306,19 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
  * (dtmk_cm_run_records), off the workers' path like the VM */
 #define HK_SITE_FORM
 #endif
+#if !defined(DTMK_NO_HOOKS) && defined(DTMK_LEAN_SITE)
+#ifdef DTMK_OBS_SM
+#error "-DDTMK_LEAN_SITE is the in-CTA sites' lean form: not with -DDTMK_OBS_SM"
+#endif
+/* The lean form (kernels/bpf_inline.cuh): descriptor programs whose keys have dense domains
+ * (DTMK_PROG_F_LEAN) run at the site from the record in registers into the worker's dense
+ * cells, folded into the maps by obs_sync -- no ring, no drain, no record copy, no probe.
+ * Opt-in (bench variant lean) until measured on the GPU; with or without the site form */
+#define HK_LEAN
+#endif
+#if defined(HK_SITE_FORM) || defined(HK_LEAN)
+#define HK_DESC_COPY        /* the descriptor programs' shared copy (O.desc) */
+#endif
 #endif
 #ifndef DTMK_PROF_BEGIN   /* -DDTMK_NO_HOOKS (no bpf headers): the counters are empty here too */
 #define DTMK_PROF_BEGIN(name)
@@ -1729,6 +1742,10 @@ extern "C" __global__ void MK_KERNEL_BOUNDS dtmk_megakernel(const dtmk_u64 *para
 #ifdef HK_SITE_FORM
     for (int i = threadIdx.x; i < (int)DTMK_SH_N; i += blockDim.x) O.sh.e[i].map = 0;
     if (threadIdx.x == 0) O.inl_mask = 0;
+#endif
+#ifdef HK_LEAN
+    for (int i = threadIdx.x; i < 2 * (int)DTMK_LEAN_CELLS; i += blockDim.x) (&O.lean[0][0])[i] = 0;
+    if (threadIdx.x == 0) { O.lean_mask = 0; O.lean_ep[0] = O.lean_ep[1] = ~0u; }
 #endif
     if (threadIdx.x == 0) {
 #ifdef HO_RESUME

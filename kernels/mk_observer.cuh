@@ -69,8 +69,17 @@ struct __align__(16) Obs {
 #ifdef HK_SITE_FORM
     dtmk_u32 inl_mask;
     struct dtmk_shadow sh;
+#endif
+#ifdef HK_DESC_COPY
     struct dtmk_desc desc[DTMK_OBS_DESC];
     dtmk_u64 gdesc[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];   /* each slot's descriptors in global memory */
+#endif
+#ifdef HK_LEAN
+    /* the lean form (-DDTMK_LEAN_SITE): hooks with lean slots; the two banks of dense cells
+     * (epoch parity) and the epoch each holds (~0: empty), folded by obs_sync */
+    dtmk_u32 lean_mask;
+    dtmk_u32 lean_ep[2];
+    dtmk_u32 lean[2][DTMK_LEAN_CELLS];
 #endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
@@ -421,11 +430,14 @@ __device__ __forceinline__ void obs_update(Worker &W) { W.observe = W.hook_mask 
 /* hooks whose device programs want this worker's records: through the ring (vm_mask) or,
  * in a site-form build, at the site (inl_mask) */
 __device__ __forceinline__ dtmk_u32 obs_prog_hooks() {
+    dtmk_u32 m = O.vm_mask;
 #ifdef HK_SITE_FORM
-    return O.vm_mask | O.inl_mask;
-#else
-    return O.vm_mask;
+    m |= O.inl_mask;
 #endif
+#ifdef HK_LEAN
+    m |= O.lean_mask;
+#endif
+    return m;
 }
 
 
@@ -643,6 +655,16 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         __syncwarp();
         DTMK_PROF_END(30, prof_sh);
 #endif
+#ifdef HK_LEAN
+        /* the lean banks likewise (both: the current epoch's early is harmless) */
+        for (int b = 0; b < 2; ++b) {
+            if (O.lean_ep[b] == ~0u) continue;
+            flushed |= dtmk_lean_fold(O.lean[b], O.lean_ep[b], W.worker, O.tabs, O.desc, O.accs, lane, 32);
+            __syncwarp();
+            if (lane == 0) O.lean_ep[b] = ~0u;
+            __syncwarp();
+        }
+#endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];
             if (a->cov && a->eligible) {
@@ -682,12 +704,12 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         const dtmk_u32 gen = ld_volatile_u32((const dtmk_u32 *)P.control + CTL_GEN);
         const struct dtmk_hook_table *gt = (const struct dtmk_hook_table *)O.tables;
         bool ok = true;
-        dtmk_u32 mask = 0, inl = 0;            /* hooks whose slots take records / run inline */
+        dtmk_u32 mask = 0, inl = 0, lean = 0;  /* hooks whose slots take records / run inline / lean */
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             if (*(volatile const dtmk_u32 *)&gt[h].gen != O.tabs[h].gen) {
                 if (dtmk_vm_load_table(gt + h, &O.scratch)) {
                     O.tabs[h] = O.scratch;
-#ifdef HK_SITE_FORM
+#ifdef HK_DESC_COPY
                     for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) O.gdesc[h][k] = O.tabs[h].progs[k].descs;
 #endif
 #ifdef DTMK_VM_CODE_SMEM
@@ -699,10 +721,21 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             }
 #ifdef HK_SITE_FORM
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+#ifdef HK_LEAN
+                if (O.tabs[h].progs[k].flags & DTMK_PROG_F_LEAN) lean |= 1u << h;
+                else
+#endif
                 if (O.tabs[h].progs[k].flags & DTMK_PROG_F_INLINE) inl |= 1u << h;
                 else mask |= 1u << h;
             }
 #else       /* no site form: every slot takes records; one the host flagged for the site runs its code in the VM */
+#ifdef HK_LEAN   /* lean slots keep their flags and run at the site (dtmk_lean_event); the rest take records */
+            for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
+                if (O.tabs[h].progs[k].flags & DTMK_PROG_F_LEAN) { lean |= 1u << h; continue; }
+                O.tabs[h].progs[k].flags &= ~(DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC);
+                mask |= 1u << h;
+            }
+#else
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k)
 #if defined(DTMK_OBS_SM) && defined(DTMK_OSQ_DESC)
                 /* descriptor programs keep both flags (the VM skips them, osq_desc_records runs
@@ -712,6 +745,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #endif
                 O.tabs[h].progs[k].flags &= ~(DTMK_PROG_F_INLINE | DTMK_PROG_F_DESC);
             if (O.tabs[h].n_progs) mask |= 1u << h;
+#endif
 #endif
         }
 #ifdef DTMK_VM_CODE_SMEM
@@ -735,7 +769,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
          * shadow is empty here): the site reads descriptors only from here (desc_at).  The
          * host keeps the sum of all entries within DTMK_OBS_DESC (runtime/descform.py
          * DESC_CAP); one that did not fit would count its events lost, never read garbage */
-#ifdef HK_SITE_FORM
+#ifdef HK_DESC_COPY
         dtmk_u32 nd = 0;
         for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
             for (dtmk_u32 k = 0; k < O.tabs[h].n_progs; ++k) {
@@ -755,13 +789,16 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
         {
             dtmk_u32 reads = 0;
             for (int h = 1; h < DTMK_NUM_HOOKS; ++h) if (O.tabs[h].n_progs) reads |= O.tabs[h].ctx_reads;
-            O.hold_full = ((reads >> 13) & 1u) || ((mask | inl) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
+            O.hold_full = ((reads >> 13) & 1u) || ((mask | inl | lean) & (1u << DTMK_HOOK_COMM_WAIT)) ? 1u : 0u;
         }
 #endif
 #ifdef HK_SITE_FORM
         O.inl_mask = inl;                             /* the shadow is empty here (flushed above) */
 #endif
-        W.hook_mask = O.ring_mask | mask | inl;
+#ifdef HK_LEAN
+        O.lean_mask = lean;                           /* the banks are empty here (folded above) */
+#endif
+        W.hook_mask = O.ring_mask | mask | inl | lean;
         if (ok) {
             O.gen_seen = gen;
             O.reload = 0;
@@ -901,6 +938,11 @@ __device__ __noinline__ int obs_first_look(Worker &W, int rd, dtmk_u32 step) {
 #ifdef HK_SITE_FORM
     if (!rd && O.inl_mask && O.acc_min < step) return 2;
 #endif
+#ifdef HK_LEAN
+    /* the lean banks: the same; and, ready or not, when the bank the next epoch takes still
+     * holds one before this wait's step (no idle wait folded it: hk_lean's comment) */
+    if (O.lean_mask && ((!rd && O.acc_min < step) || O.lean_ep[(step + 1u) & 1u] < step)) return 2;
+#endif
     return (!rd && O.maxc >= O.full_at) ? 4 : 0;            /* not ready, 3/4 full: one batch now */
 }
 /* cold, thread 0, every 16th poll of a wait while observing: leave the spin to drain? */
@@ -960,6 +1002,45 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
 }
 #endif
 
+#ifdef HK_LEAN
+/* the lean form's reader of a record in registers: `size` bytes at byte `src`, by a switch
+ * on the 8-byte word (an index into c.v would put the record in local memory) */
+struct HkRecReader {
+    const HkRec &c;
+    __device__ __forceinline__ dtmk_u64 operator()(dtmk_u32 src, dtmk_u32 size) const {
+        dtmk_u64 w;
+        switch (src >> 3) {
+#define HK_W(i) case 2 * i: w = (dtmk_u64)c.v[i].y << 32 | c.v[i].x; break; \
+                case 2 * i + 1: w = (dtmk_u64)c.v[i].w << 32 | c.v[i].z; break;
+        HK_W(0) HK_W(1) HK_W(2) HK_W(3) HK_W(4) HK_W(5) HK_W(6)
+#undef HK_W
+        default: w = (dtmk_u64)c.v[7].y << 32 | c.v[7].x; break;   /* (reserved words read 0) */
+        }
+        w >>= 8 * (src & 7u);
+        return size >= 8 ? w : w & ((1ull << (8 * size)) - 1);
+    }
+};
+/* thread 0 (hk_store): record c through the hook's lean programs into the bank of its epoch;
+ * holds OBS_PENDING <= step as hk_inline does.  A bank still holding another epoch is not
+ * folded here (a call from the site raised run_task's spills, as the site form's did): a
+ * wait's first look folds the bank the next epoch takes as soon as it holds one before the
+ * wait's step (obs_first_look), so an event finds its bank empty or its own; were it not, the
+ * event would be counted lost, never put in another epoch's cells */
+__device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+    const dtmk_u32 b = step & 1u;
+    if (O.lean_ep[b] == ~0u) O.lean_ep[b] = step;
+    const HkRecReader rd = {c};
+    dtmk_lean_event(O.tabs[hook], rd, W.worker, step, O.lean_ep[b] == step ? O.lean[b] : 0,
+                    O.accs + hook * DTMK_MAX_PROGS, O.desc);
+    if (step < O.acc_min) O.acc_min = step;
+    if (O.acc_min < O.pub) {
+        O.pub = O.acc_min;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
+    }
+    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = (dtmk_u64)c.v[0].w << 32 | c.v[0].z; O.first_seen = 1; }
+}
+#endif
+
 /* cold, thread 0: publish record c of `hook` (epoch `step`): linked monitor, the
  * observer's shared ring when a VM program of the hook wants it (counted lost when the
  * ring is full), the global ring when the hook is enabled there (else no copy) */
@@ -983,6 +1064,9 @@ __device__ __forceinline__ void hk_store(const MkParams &P, Worker &W, const HkR
 #endif
 #ifndef DTMK_NO_HOOKS
     const dtmk_u32 bit = 1u << hook;
+#ifdef HK_LEAN
+    if (O.lean_mask & bit) hk_lean(W, c, hook, step);
+#endif
 #ifdef HK_SITE_FORM
     if (O.inl_mask & bit) hk_inline(W, c, hook, step);
 #endif

@@ -29,7 +29,7 @@ from .graph import TaskGraph, build_graph, fused_lowering, split_part_floats
 from .reference import Requests, make_weights, shard_weights, tp_local_config
 
 from .gpu_build import (  # the build's facts: used here, and re-exported (gpu.X is their long-standing name)
-    MK_THREADS, MK_MAXB, MK_WARPS, TREC_WORDS, SMEM_LIMIT, TRACE_BYTES, WS_SMEM_MAX, site_form,
+    MK_THREADS, MK_MAXB, MK_WARPS, TREC_WORDS, SMEM_LIMIT, TRACE_BYTES, WS_SMEM_MAX, site_form, lean_site,
     runs_descriptors, PARAM_FIELDS, CTL_HOOK_MASK, CTL_TRACE, CTL_ABORT, CTL_REFRESH, CTL_WD_US,
     CTL_ABORT_WORKER, CTL_GEN, CTL_GEN_DUE, CTL_TABLES, CTL_OBS, CTL_STAMP, CTL_WORDS, CTL_GATE, ABORT_LEAVE, WS_LEFT,
     CTL_SM_MAP, CTL_OBSQ, OSQ_N, OSQ_N_MIN, OSQ_N_MAX, osq_w_bytes, OSQ_W_BYTES, OSQ_SPLIT_NH, OSQ_BLK_HDR,
@@ -45,7 +45,7 @@ from .gpu_build import (  # the build's facts: used here, and re-exported (gpu.X
 __all__ = [
     "RunResult", "WatchdogFired", "format_watchdog", "Megakernel", "trace_to_chrome", "GpuRunResult", "run",
     "hook_dicts", "MK_THREADS", "MK_MAXB", "MK_WARPS", "TREC_WORDS", "SMEM_LIMIT", "TRACE_BYTES",
-    "WS_SMEM_MAX", "site_form", "runs_descriptors", "PARAM_FIELDS", "CTL_HOOK_MASK", "CTL_TRACE", "CTL_ABORT",
+    "WS_SMEM_MAX", "site_form", "lean_site", "runs_descriptors", "PARAM_FIELDS", "CTL_HOOK_MASK", "CTL_TRACE", "CTL_ABORT",
     "CTL_REFRESH", "CTL_WD_US", "CTL_ABORT_WORKER", "CTL_GEN", "CTL_GEN_DUE", "CTL_TABLES", "CTL_OBS", "CTL_STAMP",
     "CTL_WORDS", "CTL_GATE", "ABORT_LEAVE", "WS_LEFT", "CTL_SM_MAP", "CTL_OBSQ", "OSQ_N", "OSQ_N_MIN",
     "OSQ_N_MAX", "osq_w_bytes", "OSQ_W_BYTES", "OSQ_SPLIT_NH", "OSQ_BLK_HDR", "OBS_RING", "OSQ_PAIR_BYTES",

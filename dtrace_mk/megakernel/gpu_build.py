@@ -43,6 +43,13 @@ def site_form(defines) -> bool:
     return "DTMK_SITE_FORM" in tuple(defines)
 
 
+def lean_site(defines) -> bool:
+    """Whether a megakernel build runs lean programs at its hook sites: -DDTMK_LEAN_SITE
+    (kernels/megakernel.cu HK_LEAN; bench variant lean): descriptor programs whose keys
+    have dense domains (runtime/descform.py lean_layout) update per-worker cells."""
+    return "DTMK_LEAN_SITE" in tuple(defines)
+
+
 def runs_descriptors(defines) -> bool:
     """Whether a build runs descriptor programs (runtime/aggdesc.py) anywhere: at its hook
     sites (site_form) or, -DDTMK_OBS_SM -DDTMK_OSQ_DESC, on its observer SMs from the

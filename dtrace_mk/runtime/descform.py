@@ -19,7 +19,8 @@ two ops on one value word, a misaligned field.  The constants below are the devi
 (kernels/bpf_inline.cuh); tests/runtime/test_descform.py reads them back from the header."""
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from dataclasses import dataclass
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -50,8 +51,17 @@ DESC_DTYPE = np.dtype([
     ("kind", "u1"), ("op", "u1"), ("vsrc", "u1"), ("vsize", "u1"),
     ("word", "u1"), ("shops", "u1"), ("nparts", "u1"), ("pad0", "u1"),
     ("ksrc", "u1", (MAX_PARTS,)), ("ksize", "u1", (MAX_PARTS,)), ("kpos", "u1", (MAX_PARTS,)),
-    ("nb", "<u4"), ("pad1", "<u4", (2,))])
-assert DESC_DTYPE.itemsize == 80
+    ("nb", "<u4"), ("pad1", "<u4", (2,)),
+    ("lbase", "<u2"), ("lper", "<u2"), ("lstride", "<u2", (MAX_PARTS,)), ("ldom", "u1", (MAX_PARTS,))])
+assert DESC_DTYPE.itemsize == 96
+
+
+#: the lean form (kernels/bpf_inline.cuh "the lean form"): 32-bit cells per bank of a worker
+#: (DTMK_LEAN_CELLS) that the attached lean programs' regions share; the stride bit that
+#: maps a part's DTMK_NONE_U32 to the index past its domain
+LEAN_CELLS = 1024
+LEAN_NONE = 0x8000
+PROG_F_LEAN = 16                      # dtmk_prog.flags (with PROG_F_INLINE | PROG_F_DESC)
 
 
 class DescError(UserError):
@@ -140,3 +150,72 @@ def encode(plan: aggdesc.AggPlan, maps: Sequence[MapDef], map_addrs: Sequence[in
         end["kind"] = D_END
         recs.append(end)
     return np.array(recs, dtype=DESC_DTYPE)
+
+
+# ---------------------------------------------------------------- the lean form
+
+@dataclass(frozen=True)
+class LeanDomains:
+    """The dense key domains of one megakernel: context byte offset -> (n, none): the field
+    takes the values 0..n-1, and DTMK_NONE_U32 too when `none`.  The worker id and the
+    decode step are every worker's own / the epoch's (one value per bank) without a domain."""
+    fields: Tuple[Tuple[int, int, bool], ...]
+
+    @classmethod
+    def of_model(cls, n_classes: int, n_layers: int, n_experts: int = 0) -> "LeanDomains":
+        from ..abi import definition
+        off = {f.name: f.offset for f in definition.CONTEXT_FIELDS}
+        rows = [(off["task_class"], n_classes, False), (off["layer"], n_layers, True)]
+        if n_experts:
+            rows.append((off["expert"], n_experts, True))
+        return cls(tuple(rows))
+
+    def of(self, src: int):
+        return next(((n, none) for o, n, none in self.fields if o == src), None)
+
+
+def _self_sources():
+    from ..abi import definition
+    off = {f.name: f.offset for f in definition.CONTEXT_FIELDS}
+    return {SRC_WORKER: "worker", off["worker"]: "worker", off["decode_step"]: "decode_step"}
+
+
+def lean_layout(recs: np.ndarray, domains: LeanDomains, name: str = "prog") -> Tuple[np.ndarray, int]:
+    """recs (encode's) with each lookup's region laid out from cell 0, and the cells they
+    take; DescError(why) when a key part has no dense domain (the program then runs from
+    its descriptors or as a program).  The caller moves lbase to where its cells are."""
+    from ..abi import definition
+    sizes = {f.offset: f.size for f in definition.CONTEXT_FIELDS}
+    selfs = _self_sources()
+    out = recs.copy()
+    used = 0
+    aggs = [i for i in range(len(out)) if out[i]["kind"] & 0x7F == D_AGG]
+    for j, i in enumerate(aggs):
+        r = out[i]
+        if r["kind"] & D_SAME:                     # the previous AGG's lookup: its region
+            for f in ("lbase", "lper", "lstride", "ldom"):
+                r[f] = out[aggs[j - 1]][f]
+            continue
+        hist = r["op"] >= HIST_LOG2
+        per = int(r["nb"]) if hist else 2 * (2 if int(r["shops"]) >> 2 else 1) + 1
+        dims = []                                  # (part, values incl. NONE, none)
+        for p in range(int(r["nparts"])):
+            src, n = int(r["ksrc"][p]), int(r["ksize"][p])
+            if src in selfs:
+                continue
+            dom = domains.of(src)
+            if dom is None:
+                raise DescError(f"{name}: a key on the context field at byte {src} (no dense domain)")
+            if n != sizes.get(src):
+                raise DescError(f"{name}: a key on {n} of the {sizes.get(src)} bytes at byte {src}")
+            dims.append((p, dom[0] + (1 if dom[1] else 0), dom[1], dom[0]))
+        cells = per
+        for p, vals, none, n in reversed(dims):    # mixed radix, the last part fastest
+            r["lstride"][p] = cells | (LEAN_NONE if none else 0)
+            r["ldom"][p] = n
+            cells *= vals
+        if cells > LEAN_CELLS:
+            raise DescError(f"{name}: a region of {cells} cells (a bank holds {LEAN_CELLS})")
+        r["lbase"], r["lper"] = used, per
+        used += cells
+    return out, used

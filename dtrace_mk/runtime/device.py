@@ -591,6 +591,11 @@ class _DevProg:
     descs: object = None
     n_descs: int = 0
     desc_why: str = ""
+    #: the lean form (descform.lean_layout): whether it runs so, its first cell in the
+    #: workers' banks and how many it takes
+    lean: bool = False
+    lean_at: int = 0
+    lean_n: int = 0
     #: coverage rows retired from the device table (DeviceRuntime.retire_epochs):
     #: (epoch, program_gen) -> [eligible, executed, throttled, lost, fault]
     retired: Dict[Tuple[int, int], List[int]] = field(default_factory=dict)
@@ -600,6 +605,7 @@ class _DevProg:
 PROG_F_SERIAL = 4     # run the warp's events one lane at a time
 PROG_F_INLINE = 2     # run at the hook site (the site form)
 PROG_F_DESC = 8       # ... from aggregation descriptors (dtmk_prog.descs)
+PROG_F_LEAN = 16      # ... into dense per-worker cells (the lean form)
 
 
 @dataclass
@@ -653,19 +659,22 @@ class DeviceRuntime:
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, code_cap: int = 2048,
                  clock_from_ctx: bool = True, arch: Optional[str] = None, defines: Sequence[str] = (),
-                 harness: bool = True, descriptors: bool = False):
+                 harness: bool = True, descriptors: bool = False, lean_domains=None):
         """harness=False: tables, maps and coverage only (the megakernel's hook sites run
         the programs, dtrace_mk.runtime.live); fire()/launch() are then unavailable.
         descriptors (for a megakernel built with the site form: gpu.site_form; the
         compiled tier's linked kernels): a program that reduces to aggregation descriptors
         (runtime/aggdesc.py) runs from them at the hook site instead of through the ring
         and the VM (`forms(aid)` says which; a kernel without the site form runs every
-        slot through the VM whatever the flags say)."""
-        if descriptors and harness:
+        slot through the VM whatever the flags say).  lean_domains (a descform.LeanDomains,
+        for a megakernel built with the lean form: gpu.lean_site): a descriptor program
+        whose keys have dense domains runs in the lean form (kernels/bpf_inline.cuh)."""
+        if (descriptors or lean_domains is not None) and harness:
             raise UserError("descriptors run at a megakernel's hook sites: DeviceRuntime(harness=False)")
         import cupy as cp
         self.cp = cp
         self.descriptors = bool(descriptors)
+        self._lean_init(lean_domains)
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.num_workers = num_workers
@@ -772,6 +781,22 @@ class DeviceRuntime:
         return aid
 
     descriptors = False       # (subclasses that skip __init__)
+    lean_domains = None
+
+    def _lean_init(self, lean_domains) -> None:
+        from .descform import LEAN_CELLS
+        self.lean_domains = lean_domains
+        self._lean_used = np.zeros(LEAN_CELLS, bool)     # the workers' bank cells taken
+
+    def _lean_alloc(self, n: int) -> Optional[int]:
+        """First fit of n cells in the banks (None: no room)."""
+        used, run = self._lean_used, 0
+        for i in range(len(used)):
+            run = 0 if used[i] else run + 1
+            if run == n:
+                used[i - n + 1:i + 1] = True
+                return i - n + 1
+        return None
 
     def _descriptor_form(self, dp: "_DevProg", obj: BpfObject, maps: "DeviceMaps", verified: bool,
                          sample_every: int, max_per_epoch: Optional[int], used: int) -> int:
@@ -779,7 +804,8 @@ class DeviceRuntime:
         the site's shared copy has room (`used` of descform.DESC_CAP entries taken);
         returns the entries it takes."""
         from . import aggdesc, descform
-        why = ("the runtime runs programs" if not self.descriptors else
+        lean = self.lean_domains
+        why = ("the runtime runs programs" if not (self.descriptors or lean is not None) else
                "not verified" if not verified else
                "sampling / a rate limit" if sample_every > 1 or max_per_epoch is not None else "")
         if not why:
@@ -789,9 +815,14 @@ class DeviceRuntime:
             except descform.DescError as e:
                 why = str(e).split(": ", 1)[-1]
             else:
-                if used + len(recs) > descform.DESC_CAP:
+                if lean is not None:
+                    recs, why = self._lean_form(dp, recs)
+                if why:
+                    pass
+                elif used + len(recs) > descform.DESC_CAP:
                     why = (f"the hook sites hold {descform.DESC_CAP} descriptor entries ({used} in use, "
                            f"this program needs {len(recs)})")
+                    self._lean_free(dp)
                 else:
                     dp.descs = self.cp.asarray(recs.view(np.uint8)) if len(recs) else self.cp.zeros(0, np.uint8)
                     dp.n_descs = len(recs)
@@ -799,14 +830,42 @@ class DeviceRuntime:
         dp.desc_why = why
         return 0
 
+    def _lean_form(self, dp: "_DevProg", recs):
+        """(records, "") in the lean form, placed in the banks; or (recs, "") when the
+        kernel also runs plain descriptors and the keys are not dense; else (recs, why)."""
+        from . import descform
+        try:
+            lrecs, n = descform.lean_layout(recs, self.lean_domains, dp.program.name)
+        except descform.DescError as e:
+            return recs, ("" if self.descriptors else str(e).split(": ", 1)[-1])
+        at = self._lean_alloc(n) if n else 0
+        if at is None:
+            return recs, ("" if self.descriptors else
+                          f"the lean cells are taken ({int(self._lean_used.sum())} of {descform.LEAN_CELLS} "
+                          f"in use, this program needs {n})")
+        agg = (lrecs["kind"] & 0x7F) == descform.D_AGG
+        lrecs["lbase"][agg] += at
+        dp.lean, dp.lean_at, dp.lean_n = True, at, n
+        return lrecs, ""
+
+    def _lean_free(self, dp: "_DevProg") -> None:
+        if dp.lean:
+            self._lean_used[dp.lean_at:dp.lean_at + dp.lean_n] = False
+            dp.lean = False
+
+    def _is_lean(self, dp: "_DevProg") -> bool:
+        return dp.descs is not None and dp.lean
+
     def forms(self, aid: int) -> Dict[str, str]:
         """How each program of an attachment runs at the megakernel's hook site:
-        "descriptors", or "program: <why>" (through the ring and the VM)."""
-        return {dp.program.name: "descriptors" if dp.descs is not None else f"program: {dp.desc_why}"
-                for dp in self._atts[aid].progs}
+        "lean", "descriptors", or "program: <why>" (through the ring and the VM)."""
+        return {dp.program.name: ("lean" if self._is_lean(dp) else "descriptors") if dp.descs is not None
+                else f"program: {dp.desc_why}" for dp in self._atts[aid].progs}
 
     def detach(self, aid: int) -> None:
         att = self._atts.pop(aid)
+        for dp in att.progs:                     # (a worker folds them before it loads the change)
+            self._lean_free(dp)
         for hid in sorted({dp.program.hook.id for dp in att.progs}):
             self._by_hook[hid] = [(a, d) for (a, d) in self._by_hook[hid] if a is not att]
             self._gen[hid] += 1
@@ -845,7 +904,7 @@ class DeviceRuntime:
         e["first_epoch"], e["end_epoch"] = att.first_epoch, att.end_epoch
         e["flags"] = PROG_F_SERIAL if dp.facts.writes_values else 0
         if dp.descs is not None:                 # run at the site from its descriptors
-            e["flags"] |= PROG_F_INLINE | PROG_F_DESC
+            e["flags"] |= PROG_F_INLINE | PROG_F_DESC | (PROG_F_LEAN if self._is_lean(dp) else 0)
             e["descs"], e["n_descs"] = dp.descs.data.ptr, dp.n_descs
 
     def _publish(self, hid: int) -> None:

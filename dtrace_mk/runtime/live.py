@@ -63,6 +63,13 @@ task:ready { @queue[worker] = max(queue.depth); }
 NEVER_DUE = 0xFFFFFFFF
 
 
+def lean_domains(mk):
+    """The dense key domains of a megakernel's hook records (descform.LeanDomains): its task
+    classes, layers and experts, for the lean form (-DDTMK_LEAN_SITE)."""
+    from .descform import LeanDomains
+    return LeanDomains.of_model(len(mk.graph.schema.task_classes), mk.cfg.n_layers, mk.cfg.n_experts)
+
+
 def summary_monitor(schema=None):
     """The summary monitor compiled by dtrace_mk.lang (a CompileResult: .obj, .plan)."""
     from ..lang.pipeline import compile_query
@@ -199,7 +206,8 @@ class LiveSession:
         if runtime is None and tier != "hot":
             runtime = linked_runtime(mk.num_workers, mk=mk)
         self.rt = runtime or DeviceRuntime(mk.num_workers, clock_from_ctx=False, harness=False,
-                                           descriptors=gpu.runs_descriptors(mk.defines))
+                                           descriptors=gpu.runs_descriptors(mk.defines),
+                                           lean_domains=lean_domains(mk) if gpu.lean_site(mk.defines) else None)
         self.tiers = None
         if tier != "hot":
             from concurrent.futures import ThreadPoolExecutor

@@ -50,12 +50,15 @@ OBSSM4SPLIT = OBSSM4DEFER + ("DTMK_OSQ_SPLIT",)
 #: without hook code while the worker observes nothing; plan 161: +0.35..+0.56% over the no-hook
 #: build): the one wait of the builds before it (-DDTMK_ONE_WAIT; the bench's hotfirst / legacy)
 ONEWAIT = ("DTMK_ONE_WAIT",)
+#: the lean form (session 63, -DDTMK_LEAN_SITE): dense-key descriptor programs update per-worker
+#: cells at the sites, folded into the maps by obs_sync (kernels/bpf_inline.cuh)
+LEAN = ("DTMK_LEAN_SITE",)
 BUILDS = pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), OBSSM,
                                              OBSSM3, OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP,
-                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT],
+                                             OBSSM4SHALLOW, OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT, LEAN],
                                  ids=["default", "recglobal", "codesmem", "holdeager", "obssm", "obssm3", "obssm4lazy",
                                       "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow",
-                                      "obssm4idle", "obssm4split", "onewait"])
+                                      "obssm4idle", "obssm4split", "onewait", "lean"])
 
 
 SITE = ("DTMK_SITE_FORM",)
@@ -107,22 +110,23 @@ def run_equals_reference(live, mon, aid, steps):
     return snap
 
 
-#: the hot summary from descriptors (a -DDTMK_SITE_FORM build) and through the VM (default)
-FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",)], ids=["desc", "vm", "obssm"])
+#: the hot summary from descriptors (a -DDTMK_SITE_FORM build), through the VM (default), the
+#: observer SM and the lean form
+FORMS = pytest.mark.parametrize("defines", [SITE, (), ("DTMK_OBS_SM",), LEAN], ids=["desc", "vm", "obssm", "lean"])
 
 
 @pytest.mark.parametrize("defines", [(), ("DTMK_REC_GLOBAL",), ("DTMK_VM_CODE_SMEM",), ("DTMK_HOLD_EAGER",), SITE, OBSSM,
                                      OBSSM4LAZY, OBSSM4DESC, OBSSM4DEFER, OBSSM4MULTI, OBSSM4DEEP, OBSSM4SHALLOW,
-                                     OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT],
+                                     OBSSM4IDLE, OBSSM4SPLIT, ONEWAIT, LEAN],
                          ids=["default", "recglobal", "codesmem", "holdeager", "siteform", "obssm", "obssm4lazy",
                               "obssm4desc", "obssm4defer", "obssm4multi", "obssm4deep", "obssm4shallow", "obssm4idle",
-                              "obssm4split", "onewait"])
+                              "obssm4split", "onewait", "lean"])
 def test_attached_before_launch_matches_reference_exactly(defines):
     live = session(defines=defines)
     mon = summary(live)
     aid = live.attach(mon.obj)
-    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines in (SITE, OBSSM4DESC) else
-                                                {"program: the runtime runs programs"})
+    assert set(live.rt.forms(aid).values()) == ({"descriptors"} if defines in (SITE, OBSSM4DESC) else {"lean"}
+                                                if defines == LEAN else {"program: the runtime runs programs"})
     try:
         snap = run_equals_reference(live, mon, aid, 3)
         assert snap.final_epoch == 2 and not snap.partial
@@ -149,8 +153,8 @@ def test_observer_sm_warps_on_1b_match_reference_exactly():
         live.detach(aid)
 
 
-@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSSM, ONEWAIT],
-                         ids=["default", "holdeager", "obssm", "onewait"])
+@pytest.mark.parametrize("defines", [(), ("DTMK_HOLD_EAGER",), OBSSM, ONEWAIT, LEAN],
+                         ids=["default", "holdeager", "obssm", "onewait", "lean"])
 def test_summary_without_a_host_ring_counts_every_task(defines):
     """Without the host ring (so the default build takes its light pre-signal hold: the
     summary reads no request_gen; -DDTMK_HOLD_EAGER the full one), the hot summary still sees every task once: per class,
@@ -192,12 +196,14 @@ def test_hot_summary_on_small_moe_is_exact(defines):
         live.detach(aid)
 
 
-def test_random_queries_in_the_descriptor_form_match_the_reference():
+@pytest.mark.parametrize("defines", [SITE, LEAN], ids=["desc", "lean"])
+def test_random_queries_in_the_descriptor_form_match_the_reference(defines):
     """Reducible random queries (guards, hist / lhist / sum / count / max / avg, keys of
     class, worker, layer) attached together, more descriptor entries than the sites' shared
     copy holds (the later ones run as programs, through the ring and the VM, beside them):
     every map equals the reference's replay of the kernel's own records, coverage exact,
-    nothing lost."""
+    nothing lost.  LEAN: the same queries in the lean form (their keys are all dense)."""
+    form = "lean" if defines == LEAN else "descriptors"
     import random
     from dtrace_mk.lang.pipeline import compile_query
     rnd = random.Random(20261210)
@@ -206,7 +212,7 @@ def test_random_queries_in_the_descriptor_form_match_the_reference():
     keys = ["[task.class]", "[worker]", "[task.layer]"]   # (two fields: 16 bytes; none: an array -> programs)
     preds = ["", "/task.class != 2/ ", "/worker == 1/ ", "/task.layer < 1/ "]
     aggs = ["count()", "sum({v})", "max({v})", "hist({v})", "avg({v})", "lhist({v}, 0, 100000, 5000)"]
-    live = session(defines=SITE)
+    live = session(defines=defines)
     objs, aids = [], []
     try:
         for qi in range(20):
@@ -219,9 +225,10 @@ def test_random_queries_in_the_descriptor_form_match_the_reference():
             aids.append(aid)
         forms = [f for a in aids for f in live.rt.forms(a).values()]
         n_desc = sum(dp.n_descs for a in aids for dp in live.rt._atts[a].progs)
-        assert 20 < n_desc <= 32 and forms.count("descriptors") >= 8, forms
-        assert all(f == "descriptors" or "descriptor entries" in f for f in forms) and \
-            any("descriptor entries" in f for f in forms), forms
+        full = ("descriptor entries", "lean cells")         # (the sites' copy, the banks: taken)
+        assert (20 if defines == SITE else 8) < n_desc <= 32 and forms.count(form) >= 8, forms
+        assert all(f == form or any(w in f for w in full) for f in forms) and \
+            any(any(w in f for w in full) for f in forms), forms
         live.start(3, hooks="all")
         res = live.wait()
         assert res.hooks_dropped == 0

@@ -261,3 +261,121 @@ def test_attach_keeps_the_descriptor_entries_within_the_sites_copy():
     rt.detach(aids[0])
     again = rt.attach(compile_query(q.format(p="task:end", c=99, v="task.dur_ns"), None, name="<again>").obj)
     assert list(rt.forms(again).values()) == ["descriptors"]
+
+
+# ------------------------------------------------------------------ the lean form (session 63)
+
+DOM = F.LeanDomains.of_model(12, 6)
+
+
+def _lean(q, domains=DOM):
+    obj = compile_query(q, None, name="<lean>").obj
+    (p,) = obj.programs
+    recs = F.encode(A.reduce(p, obj.maps, study(p, obj.maps)), obj.maps, range(len(obj.maps)), p.name)
+    return F.lean_layout(recs, domains, p.name)
+
+
+def test_lean_constants_agree_with_the_kernel_header():
+    flags_h = (D.KERNEL_DIR / "bpf_prog_flags.h").read_text()
+    defs = {m.group(1): int(m.group(2), 0)
+            for m in re.finditer(r"#define (DTMK_\w+) (0x[0-9a-f]+|\d+)u", INLINE_H + flags_h)}
+    assert (defs["DTMK_LEAN_CELLS"], defs["DTMK_LEAN_NONE"], defs["DTMK_PROG_F_LEAN"]) == \
+        (F.LEAN_CELLS, F.LEAN_NONE, F.PROG_F_LEAN) and D.PROG_F_LEAN == F.PROG_F_LEAN
+
+
+@pytest.mark.parametrize("q,cells,per,stride,dom", [
+    # a class-keyed histogram: 12 classes x 64 buckets, the class part strides a key's buckets
+    ("task:end { @h[task.class] = hist(task.dur_ns); }", 12 * 64, 64, [64, 0, 0, 0], [12, 0, 0, 0]),
+    # a sum by layer: (lo, hi, count) per key, 6 layers and NONE (the stride's NONE bit)
+    ("dep:release { @s[task.layer] = sum(dep.wait_ns); }", 7 * 3, 3, [3 | F.LEAN_NONE, 0, 0, 0], [6, 0, 0, 0]),
+    # avg: two words on one lookup (lo, hi) x 2 + count; the worker is each worker's own
+    ("task:end { @a[worker] = avg(task.dur_ns); }", 5, 5, [0, 0, 0, 0], [0, 0, 0, 0]),
+    # a linear histogram by layer: its buckets per key
+    ("task:end { @l[task.layer] = lhist(task.dur_ns, 0, 1000, 100); }", 7 * 12, 12, [12 | F.LEAN_NONE, 0, 0, 0],
+     [6, 0, 0, 0]),
+])
+def test_lean_layout_table(q, cells, per, stride, dom):
+    recs, n = _lean(q)
+    (agg,) = [r for r in recs if r["kind"] == F.D_AGG]
+    assert (n, int(agg["lbase"]), int(agg["lper"]), [int(x) for x in agg["lstride"]],
+            [int(x) for x in agg["ldom"]]) == (cells, 0, per, stride, dom)
+
+
+@pytest.mark.parametrize("q,msg", [
+    ("task:ready { @q[queue.depth] = count(); }", "c0_task_ready: a key on the context field at byte 92 (no dense domain)"),
+    ("task:end { @t[task.index] = sum(task.dur_ns); }", "c0_task_end: a key on the context field at byte 32 (no dense domain)"),
+])
+def test_what_the_lean_form_refuses(q, msg):
+    with pytest.raises(F.DescError) as e:
+        _lean(q)
+    assert str(e.value) == msg
+
+
+def test_the_summary_fits_the_lean_banks_and_a_detach_frees_its_cells():
+    obj = compile_query(SUMMARY_QUERY, None, name="<summary>").obj
+    rt = C.HostCompiledRuntime(2, inline=True, lean_domains=DOM)
+    a = rt.attach(obj)
+    assert set(D.DeviceRuntime.forms(rt, a).values()) == {"lean"}
+    assert int(rt._lean_used.sum()) == 12 * 64 + 12 * 3 + 3
+    b = rt.attach(obj)                       # a second summary does not fit: programs, saying why
+    assert D.DeviceRuntime.forms(rt, b)["c0_task_end"] == \
+        "program: the lean cells are taken (807 of 1024 in use, this program needs 768)"
+    rt.detach(b)
+    rt.detach(a)
+    assert not rt._lean_used.any()
+    flags = [int(t["progs"][k]["flags"]) for t in rt.host_tables for k in range(int(t["n_progs"]))]
+    assert flags == []
+
+
+@needs_gxx
+def test_lean_form_equals_the_reference_on_random_queries():
+    """The lean form on the device's own code (g++): every reducible random query whose keys
+    are dense runs lean, and maps and coverage equal the reference runtime's."""
+    rnd = random.Random(20261207)
+    qs = [random_query(rnd, qi) if qi % 3 == 0 else reducible_query(rnd, qi) for qi in range(36)]
+    objs = [compile_query(q, None, name=f"<q{qi}>").obj for qi, q in enumerate(qs)]
+    objs.append(compile_query(SUMMARY_QUERY, None, name="<summary>").obj)
+    n_lean = 0
+    for gi, group in enumerate(_groups(objs)):
+        epochs = [hook_contexts(rnd, 200, ep, index0=1000 * ep) for ep in range(3)]
+        ref, host, pairs, probs = _run(group, epochs, inline=True, lean_domains=DOM)
+        assert not probs, f"group {gi}:\n" + "\n".join(probs[:20])
+        for _, ha in pairs:
+            for dp in host._atts[ha].progs:
+                n_lean += dp.lean
+                assert dp.lean == (D.DeviceRuntime.forms(host, ha)[dp.program.name] == "lean")
+    assert n_lean >= 30, n_lean                                           # not vacuous
+
+
+@needs_gxx
+def test_a_broken_lean_layout_is_caught(monkeypatch):
+    """The differential is not vacuous: a layout that folds two classes onto one key differs."""
+    real = F.lean_layout
+
+    def merged(recs, *a, **kw):
+        out, n = real(recs, *a, **kw)
+        agg = out["kind"] == F.D_AGG
+        out["ldom"][agg, 0] = np.where(out["ldom"][agg, 0] > 1, out["ldom"][agg, 0] - 1, out["ldom"][agg, 0])
+        return out, n
+    monkeypatch.setattr(F, "lean_layout", merged)
+    obj = compile_query("task:end { @c[task.class] = count(); }", None, name="<b>").obj
+    rnd = random.Random(5)
+    _, host, pairs, probs = _run([obj], [hook_contexts(rnd, 100, 0, hooks=["task:end"])], inline=True,
+                                 lean_domains=DOM)
+    assert set(D.DeviceRuntime.forms(host, pairs[0][1]).values()) == {"lean"}
+    assert probs
+
+
+@needs_gxx
+def test_a_map_too_small_loses_in_the_lean_form_exactly_as_the_reference():
+    q = "task:end { @few[task.class] = sum(task.dur_ns); }\ntask:end { @h[task.class] = hist(task.dur_ns); }"
+    obj = compile_query(q, None, name="<few>").obj
+    for m in obj.maps:
+        m.max_entries = 3
+    rnd = random.Random(7)
+    epochs = [hook_contexts(rnd, 150, 0, classes=3, hooks=["task:end"]),
+              hook_contexts(rnd, 150, 1, hooks=["task:end"], index0=1000)]
+    ref, host, pairs, probs = _run([obj], epochs, inline=True, lean_domains=DOM, fires=False)
+    assert not probs, "\n".join(probs[:20])
+    assert set(D.DeviceRuntime.forms(host, pairs[0][1]).values()) == {"lean"}
+    assert sum(c.lost for c in ref.coverage(pairs[0][0])) > 0

@@ -588,12 +588,12 @@ def _slot_flags(rt):
     return out
 
 
-def _run(objs, epochs, *, inline, opt="-O0", fires=True, descriptors=False):
+def _run(objs, epochs, *, inline, opt="-O0", fires=True, descriptors=False, lean_domains=None):
     """Reference and host-compiled runtimes, the same objects, one fire() per epoch batch.
     fires=False: per-event outcomes not compared (an inline event whose key the flush
     refuses is EXECUTED at the site and lost at the epoch end: only coverage says so)."""
     ref = ReferenceRuntime(num_workers=W)
-    host = C.HostCompiledRuntime(W, inline=inline, opt=opt, descriptors=descriptors)
+    host = C.HostCompiledRuntime(W, inline=inline, opt=opt, descriptors=descriptors, lean_domains=lean_domains)
     pairs = [(ref.attach(o), host.attach(o)) for o in objs]
     probs = []
     for batch in epochs:

@@ -58,12 +58,38 @@ HOST_DRIVER = r"""
  * megakernel's epoch end) */
 static struct dtmk_shadow dtmk_host_shadow;
 static struct dtmk_cov_acc dtmk_host_accs[DTMK_NUM_HOOKS * DTMK_MAX_PROGS];
+/* the lean form's banks, per worker and epoch parity, as each worker of the megakernel
+ * keeps them (a bank met holding another epoch is folded first, as at the site) */
+#define DTMK_HOST_WORKERS 64
+static dtmk_u32 dtmk_host_lean[DTMK_HOST_WORKERS][2][DTMK_LEAN_CELLS];
+static dtmk_u32 dtmk_host_lean_ep[DTMK_HOST_WORKERS][2];
+static int dtmk_host_lean_init;
+static void dtmk_host_lean_fold(const struct dtmk_hook_table *T, dtmk_u32 w, dtmk_u32 b) {
+    if (dtmk_host_lean_ep[w][b] == ~0u) return;
+    dtmk_lean_fold(dtmk_host_lean[w][b], dtmk_host_lean_ep[w][b], w, T, 0, dtmk_host_accs, 0, 1);
+    dtmk_host_lean_ep[w][b] = ~0u;
+}
 extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk_ctx *events, dtmk_u32 n,
                               dtmk_u64 *r0_out, dtmk_u8 *outcome_out, dtmk_u32 flags) {
+    if (!dtmk_host_lean_init) {
+        for (int w = 0; w < DTMK_HOST_WORKERS; w++) dtmk_host_lean_ep[w][0] = dtmk_host_lean_ep[w][1] = ~0u;
+        dtmk_host_lean_init = 1;
+    }
     for (dtmk_u32 ev = 0; ev < n; ev++) {
         const struct dtmk_ctx *c = events + ev;
         dtmk_u32 h = c->hook;
         if (h == 0 || h >= DTMK_NUM_HOOKS || (T[h].gen & 1)) continue;
+        if (c->worker >= DTMK_HOST_WORKERS) return -2;
+        {   /* the lean slots first (the site's order: dtmk_inl_event skips them) */
+            const dtmk_u32 w = c->worker, b = c->decode_step & 1u;
+            if (dtmk_host_lean_ep[w][b] != c->decode_step) {
+                dtmk_host_lean_fold(T, w, b);
+                dtmk_host_lean_ep[w][b] = c->decode_step;
+            }
+            const struct dtmk_ctx_reader rd = {c};
+            dtmk_lean_event(T[h], rd, w, c->decode_step, dtmk_host_lean[w][b], dtmk_host_accs + h * DTMK_MAX_PROGS, 0,
+                            outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
+        }
         for (dtmk_u32 k = 0; k < T[h].n_progs; k++)
             if (!(T[h].progs[k].flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */
         dtmk_inl_event(T[h], h, c, c->worker, c->decode_step, flags, &dtmk_host_shadow,
@@ -79,6 +105,7 @@ extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk
         }
     }
     dtmk_sh_flush(&dtmk_host_shadow, T, dtmk_host_accs, 0, 1);
+    for (dtmk_u32 w = 0; w < DTMK_HOST_WORKERS; w++) { dtmk_host_lean_fold(T, w, 0); dtmk_host_lean_fold(T, w, 1); }
     for (int i = 0; i < DTMK_NUM_HOOKS * DTMK_MAX_PROGS; i++) dtmk_cov_acc_flush(&dtmk_host_accs[i]);
     return 0;
 }

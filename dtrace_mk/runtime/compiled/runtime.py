@@ -153,7 +153,7 @@ class _CompiledMixin:
         if cm is not None:
             e["flags"] |= PROG_F_COMPILED | (cm << 16)
             if dp.descs is not None and not self.desc_over_compiled:   # compiled: the program's code
-                e["flags"] = int(e["flags"]) & ~(PROG_F_INLINE | D.PROG_F_DESC)
+                e["flags"] = int(e["flags"]) & ~(PROG_F_INLINE | D.PROG_F_DESC | D.PROG_F_LEAN)
                 e["descs"], e["n_descs"] = 0, 0
             if self.runs_inline(att, dp):
                 e["flags"] |= PROG_F_INLINE
@@ -230,7 +230,8 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
     coverage(aid).  Maps, tables and coverage are the device layouts in host memory."""
 
     def __init__(self, num_workers: int = 1, *, max_insns: int = abi.MAX_INSNS, clock_from_ctx: bool = True,
-                 opt: str = "-O1", inline: bool = False, descriptors: bool = False, defines: Sequence[str] = ()):
+                 opt: str = "-O1", inline: bool = False, descriptors: bool = False, defines: Sequence[str] = (),
+                 lean_domains=None):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.opt = opt                          # g++ optimisation level of the host build
@@ -239,8 +240,12 @@ class HostCompiledRuntime(_CompiledMixin, D.DeviceRuntime):
         # flushed at the end of every fire(): the epoch end); else as the harness does.
         # descriptors: programs that reduce run from their descriptors there instead (the
         # descriptor form of kernels/bpf_inline.cuh, on the host)
+        # lean_domains: programs whose keys are dense run in the lean form (its banks per
+        # worker, folded at the end of every fire())
         self.inline_tier = inline
-        self.descriptors = self.desc_over_compiled = descriptors
+        self.descriptors = descriptors
+        self.desc_over_compiled = descriptors or lean_domains is not None
+        self._lean_init(lean_domains)
         self.cp = HostDevice
         self.num_workers = num_workers
         self.max_insns = max_insns

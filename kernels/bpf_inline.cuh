@@ -240,8 +240,8 @@ __device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_
  * layer, an expert; the worker's own id and the epoch count as one value) runs into dense
  * per-worker cells instead of the keyed shadow: the key's parts index the AGG's region
  * (base + part x stride + bucket or word), so an update is one shared-memory add, no probe;
- * the fields come from the event's record as the caller holds it (the megakernel: in
- * registers, no copy -- dtmk_lean_run's reader).  The host lays the regions out
+ * the fields come from the event's record through the caller's reader (the megakernel: a
+ * shared-memory copy of the record, read by byte offset).  The host lays the regions out
  * (dtrace_mk/runtime/descform.py lean_layout) within DTMK_LEAN_CELLS 32-bit cells per bank;
  * a worker keeps two banks (epoch parity) and dtmk_lean_fold moves a bank into the maps
  * (obs_sync, before the coverage accumulators, as the shadow's flush).  Cells per key: a

@@ -312,7 +312,7 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 #endif
 /* The lean form (kernels/bpf_inline.cuh): descriptor programs whose keys have dense domains
  * (DTMK_PROG_F_LEAN) run at the site from the record in registers into the worker's dense
- * cells, folded into the maps by obs_sync -- no ring, no drain, no record copy, no probe.
+ * cells, folded into the maps by obs_sync -- no ring, no drain, no interpreter, no probe.
  * Opt-in (bench variant lean) until measured on the GPU; with or without the site form */
 #define HK_LEAN
 #endif

@@ -80,6 +80,7 @@ struct __align__(16) Obs {
     dtmk_u32 lean_mask;
     dtmk_u32 lean_ep[2];
     dtmk_u32 lean[2][DTMK_LEAN_CELLS];
+    struct dtmk_ctx lean_ctx;              /* the event's record, read by its programs */
 #endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
@@ -1003,23 +1004,6 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
 #endif
 
 #ifdef HK_LEAN
-/* the lean form's reader of a record in registers: `size` bytes at byte `src`, by a switch
- * on the 8-byte word (an index into c.v would put the record in local memory) */
-struct HkRecReader {
-    const HkRec &c;
-    __device__ __forceinline__ dtmk_u64 operator()(dtmk_u32 src, dtmk_u32 size) const {
-        dtmk_u64 w;
-        switch (src >> 3) {
-#define HK_W(i) case 2 * i: w = (dtmk_u64)c.v[i].y << 32 | c.v[i].x; break; \
-                case 2 * i + 1: w = (dtmk_u64)c.v[i].w << 32 | c.v[i].z; break;
-        HK_W(0) HK_W(1) HK_W(2) HK_W(3) HK_W(4) HK_W(5) HK_W(6)
-#undef HK_W
-        default: w = (dtmk_u64)c.v[7].y << 32 | c.v[7].x; break;   /* (reserved words read 0) */
-        }
-        w >>= 8 * (src & 7u);
-        return size >= 8 ? w : w & ((1ull << (8 * size)) - 1);
-    }
-};
 /* thread 0 (hk_store): record c through the hook's lean programs into the bank of its epoch;
  * holds OBS_PENDING <= step as hk_inline does.  A bank still holding another epoch is not
  * folded here (a call from the site raised run_task's spills, as the site form's did): a
@@ -1029,7 +1013,12 @@ struct HkRecReader {
 __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
     const dtmk_u32 b = step & 1u;
     if (O.lean_ep[b] == ~0u) O.lean_ep[b] = step;
-    const HkRecReader rd = {c};
+    /* the record into shared memory, read there by byte offset: a reader of the registers (a
+     * switch per field read) made ~40 KB of SASS per inlined copy, fetched afresh per event
+     * (session 63: ~1 us per event on 1b, bench/level_profile.py's post time) */
+#pragma unroll
+    for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.lean_ctx)[i] = c.v[i];
+    const struct dtmk_ctx_reader rd = {&O.lean_ctx};
     dtmk_lean_event(O.tabs[hook], rd, W.worker, step, O.lean_ep[b] == step ? O.lean[b] : 0,
                     O.accs + hook * DTMK_MAX_PROGS, O.desc);
     if (step < O.acc_min) O.acc_min = step;

@@ -278,7 +278,7 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   # hook sites; summary runs from them): not the default, it costs the off path
                   "siteform": ("DTMK_SITE_FORM",),
                   # the lean form (session 63, kernels/bpf_inline.cuh): the summary's descriptor programs
-                  # (dense keys) update per-worker cells from the record in registers -- no ring, no
+                  # (dense keys) update per-worker cells from the event's record -- no ring, no
                   # drain, no interpreter, no probe; folded into the maps by obs_sync
                   "lean": ("DTMK_LEAN_SITE",),
                   # the observer SM: one SM runs every worker's records (SMs - 1 workers) on

@@ -311,7 +311,7 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 #error "-DDTMK_LEAN_SITE is the in-CTA sites' lean form: not with -DDTMK_OBS_SM"
 #endif
 /* The lean form (kernels/bpf_inline.cuh): descriptor programs whose keys have dense domains
- * (DTMK_PROG_F_LEAN) run at the site from the record in registers into the worker's dense
+ * (DTMK_PROG_F_LEAN) run at the site from its record (a shared-memory copy) into the worker's dense
  * cells, folded into the maps by obs_sync -- no ring, no drain, no interpreter, no probe.
  * Opt-in (bench variant lean) until measured on the GPU; with or without the site form */
 #define HK_LEAN

@@ -871,6 +871,14 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  170) # session 63: the lean form (-DDTMK_LEAN_SITE, kernels/bpf_inline.cuh): the summary's descriptor
+     # programs (dense keys) update per-worker cells at the in-CTA sites, no ring / drain / VM.  Its GPU
+     # tests, the post-task time per class beside mask3 (level_profile), and the table with the
+     # lean build beside the default (one call, ~4 min; the lean builds compile there: ~20 s)
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py DTMK_LEAN_SITE DTMK_LEAN_SITE+$S+$R DTMK_LEAN_SITE+$R" \
+       "$(pytv 120 tests/gpu/test_hot_attach.py -k lean)" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --configs off,mask3,summary --defines DTMK_LEAN_SITE --steps 16 --reps 2 --out ${OUT:-/tmp/out}/lp_lean" \
+       "timeout ${BENCH_S:-300} python3 bench/hooks.py --presets 1b --reps 6 --placement sorted --variants lean --out ${OUT:-/tmp/out}/tab" ;;
   169) # session 62 (for the next): the off cost by the table's pairing reads ~1.2 points above --offpath's on the
      # same cubins (sessions 61-62: +1.3..+1.7% vs +0.15..+0.22%), and obs_split showed a ~0.5-point bias by a
      # variant's place in the round.  The table with its rounds in a seeded random order (--order shuffled;

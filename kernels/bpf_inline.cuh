@@ -404,7 +404,10 @@ __device__ __forceinline__ void dtmk_acc_count(struct dtmk_cov_acc *a, dtmk_u64 
         a->cov = cov; a->epoch = epoch; a->gen = gen;
     }
     a->eligible += 1;
-    a->executed += out == DTMK_OUT_EXECUTED;
+    if (out == DTMK_OUT_EXECUTED) {       /* (the common case: two shared read-modify-writes, not five) */
+        a->executed += 1;
+        return;
+    }
     a->throttled += out == DTMK_OUT_THROTTLED;
     a->lost += out == DTMK_OUT_LOST || out == DTMK_OUT_FAULT;
     a->fault += out == DTMK_OUT_FAULT;

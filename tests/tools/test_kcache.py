@@ -86,12 +86,13 @@ def test_another_libnvrtc_installs_nothing(kcache, tmp_path, monkeypatch, capsys
 
 def test_a_plans_sets_are_its_precompile_stages_and_its_tests_builds(kcache):
     """Plan 108 precompiles '' and the CLI's observer build; its pytest stages select
-    test_hot_attach's default, site-form and one-wait builds (on tiny and 1b: +
+    test_hot_attach's default, site-form, one-wait and lean builds (on tiny and 1b: +
     DTMK_ROPE_IN_ATTN) and, by its -k, none of the observer-SM ones."""
     L = ("DTMK_OBS_SM", "DTMK_OBS_SMS=4", "DTMK_OSQ_LAZY_PUB", "DTMK_OSQ_DEFER=16")
     R = ("DTMK_ROPE_IN_ATTN",)
     C = ("DTMK_ONE_WAIT",)      # (tests/gpu/test_hot_attach.py ONEWAIT)
-    assert set(kcache.plan_sets("108")) == {(), L, R, ("DTMK_SITE_FORM",), ("DTMK_SITE_FORM",) + R, C, C + R}
+    N = ("DTMK_LEAN_SITE",)     # (... LEAN, session 63)
+    assert set(kcache.plan_sets("108")) == {(), L, R, ("DTMK_SITE_FORM",), ("DTMK_SITE_FORM",) + R, C, C + R, N, N + R}
     assert set(kcache.plan_sets("109")) == {(), R, L + R}
     with pytest.raises(SystemExit, match="plan 9999"):
         kcache.plan_sets("9999")

@@ -544,6 +544,22 @@ __device__ __noinline__ void osq_desc_records(const struct dtmk_hook_table *tabl
 #define OSQ_SH_LO (~0u)                 /* (no shadow: the condition below folds to false) */
 #endif
 
+#ifdef HK_LEAN
+/* warp 0 (obs_sync): the lean banks into the maps, emptied; whether this lane moved any.  Its
+ * own function: inlined, the fold's registers raised the spills of obs_sync's callers */
+__device__ __noinline__ bool obs_lean_fold(dtmk_u32 worker, unsigned lane) {
+    bool moved = false;
+    for (int b = 0; b < 2; ++b) {
+        if (O.lean_ep[b] == ~0u) continue;
+        moved |= dtmk_lean_fold(O.lean[b], O.lean_ep[b], worker, O.tabs, O.desc, O.accs, lane, 32);
+        __syncwarp();
+        if (lane == 0) O.lean_ep[b] = ~0u;
+        __syncwarp();
+    }
+    return moved;
+}
+#endif
+
 /* warp 0 (all 32 lanes, converged): run the ring through the VM, each hook's sub-ring in
  * 32-record VM calls back to back (within a hook in time order); `chunk`: one 32-record
  * batch of the fullest sub-ring only (a spin loop calls it again after re-polling).  Once the ring is empty: flush the coverage accumulators of
@@ -658,13 +674,7 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
 #endif
 #ifdef HK_LEAN
         /* the lean banks likewise (both: the current epoch's early is harmless) */
-        for (int b = 0; b < 2; ++b) {
-            if (O.lean_ep[b] == ~0u) continue;
-            flushed |= dtmk_lean_fold(O.lean[b], O.lean_ep[b], W.worker, O.tabs, O.desc, O.accs, lane, 32);
-            __syncwarp();
-            if (lane == 0) O.lean_ep[b] = ~0u;
-            __syncwarp();
-        }
+        if ((O.lean_ep[0] & O.lean_ep[1]) != ~0u) flushed |= obs_lean_fold(W.worker, lane);
 #endif
         for (int i = lane; i < OBS_NACC; i += 32) {
             struct dtmk_cov_acc *a = &O.accs[i];

@@ -252,7 +252,7 @@
  * thread 0 around a task's release signal: [24, 25] hook_hold (before it: on the
  * consumers' path), [26, 27] one record built and stored in hook_flush (after it);
  * the compiled tier's inline form: [28, 29] one event through a hook's inline programs
- * (hk_inline, thread 0), [30, 31] the shadow's flush in obs_sync (lane 0); an observer-SM
+ * (hk_inline, thread 0; the lean form's hk_lean in a -DDTMK_LEAN_SITE build), [30, 31] the shadow's flush in obs_sync (lane 0); an observer-SM
  * build's worker thread 0: [32, 33] a task's post path (its end stamp -> refresh_control
  * done: signal, push, bookkeeping), [34, 35] the release signal alone (post_signal or
  * comm_post), [36, 37] osq_raise calls in the wait, [38, 39] of those the ones after which

@@ -1021,6 +1021,7 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
  * wait's step (obs_first_look), so an event finds its bank empty or its own; were it not, the
  * event would be counted lost, never put in another epoch's cells */
 __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
+    DTMK_PROF_BEGIN(prof_i);             /* (-DDTMK_OBS_PROF: counters 28, 29 as hk_inline's) */
     const dtmk_u32 b = step & 1u;
     if (O.lean_ep[b] == ~0u) O.lean_ep[b] = step;
     /* the record into shared memory, read there by byte offset: a reader of the registers (a
@@ -1037,6 +1038,7 @@ __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook
         *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
     }
     if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = (dtmk_u64)c.v[0].w << 32 | c.v[0].z; O.first_seen = 1; }
+    DTMK_PROF_END1(28, prof_i);
 }
 #endif
 

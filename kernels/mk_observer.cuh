@@ -1030,8 +1030,12 @@ __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook
 #pragma unroll
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.lean_ctx)[i] = c.v[i];
     const struct dtmk_ctx_reader rd = {&O.lean_ctx};
+#ifndef DTMK_LEAN_NOEVENT   /* MEASUREMENT ONLY (session 63): everything but the programs and their coverage */
     dtmk_lean_event(O.tabs[hook], rd, W.worker, step, O.lean_ep[b] == step ? O.lean[b] : 0,
                     O.accs + hook * DTMK_MAX_PROGS, O.desc);
+#else
+    (void)rd;
+#endif
     if (step < O.acc_min) O.acc_min = step;
     if (O.acc_min < O.pub) {
         O.pub = O.acc_min;

@@ -235,6 +235,20 @@ __device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_
     return r == ((d.op & DTMK_D_TAKEN) != 0);
 }
 
+/* The guards of the case at D[i] (the descriptor and the lean forms' one walk): whether they
+ * all hold, with i at the case's first AGG; if not, i past its END.  operand(g): the value
+ * guard g compares */
+template <class F>
+__device__ __forceinline__ bool dtmk_desc_case(const struct dtmk_desc *D, dtmk_u32 &i, const F &operand) {
+    bool hold = true;
+#pragma unroll 1
+    for (; D[i].kind == DTMK_D_GUARD; ++i) hold = hold && dtmk_desc_guard(D[i], operand(D[i]));
+    if (hold) return true;
+    while (D[i].kind != DTMK_D_END) ++i;
+    ++i;
+    return false;
+}
+
 /* ---- the lean form ---------------------------------------------------------------------
  * A descriptor program whose every AGG key part has a small dense domain (a task class, a
  * layer, an expert; the worker's own id and the epoch count as one value) runs into dense
@@ -277,15 +291,9 @@ __device__ __forceinline__ int dtmk_lean_run(const struct dtmk_desc *D, dtmk_u32
     dtmk_u32 i = 0;
 #pragma unroll 1
     while (i < n) {                                    /* one case per round (dtmk_desc_run's order) */
-        bool hold = true;
-#pragma unroll 1
-        for (; D[i].kind == DTMK_D_GUARD; ++i)
-            hold = hold && dtmk_desc_guard(D[i], dtmk_lean_src(rd, D[i].vsrc, D[i].vsize, worker, D[i].vconst));
-        if (!hold) {
-            while (D[i].kind != DTMK_D_END) ++i;
-            ++i;
+        if (!dtmk_desc_case(D, i, [&](const struct dtmk_desc &g) {
+                return dtmk_lean_src(rd, g.vsrc, g.vsize, worker, g.vconst); }))
             continue;
-        }
         dtmk_u32 at = 0;                               /* the lookup's first cell */
         bool in = true;
 #pragma unroll 1
@@ -332,15 +340,9 @@ __device__ __forceinline__ int dtmk_desc_run(const struct dtmk_desc *D, dtmk_u32
     dtmk_u32 i = 0;
 #pragma unroll 1
     while (i < n) {                                    /* one case per round */
-        bool hold = true;
-#pragma unroll 1
-        for (; D[i].kind == DTMK_D_GUARD; ++i)
-            hold = hold && dtmk_desc_guard(D[i], dtmk_desc_src(ctx, D[i].vsrc, D[i].vsize, worker, D[i].vconst));
-        if (!hold) {
-            while (D[i].kind != DTMK_D_END) ++i;
-            ++i;
+        if (!dtmk_desc_case(D, i, [&](const struct dtmk_desc &g) {
+                return dtmk_desc_src(ctx, g.vsrc, g.vsize, worker, g.vconst); }))
             continue;
-        }
         struct dtmk_sh_ent *e = 0;
         int out = DTMK_OUT_EXECUTED;
 #pragma unroll 1

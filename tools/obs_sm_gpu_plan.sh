@@ -871,6 +871,12 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  171) # session 63 (for the next): the lean form costs what the VM costs (~1 us per event after the signal,
+     # a zero-update program as much): where inside?  -DDTMK_OBS_PROF counters 28 / 29 count hk_lean; the
+     # NOEVENT build is hk_lean without its programs (hook_cost_analysis.md "Session 63" item 5)
+     exec tools/gpu_session.sh \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --configs mask3,summary --defines DTMK_LEAN_SITE --prof --steps 16 --reps 2 --out ${OUT:-/tmp/out}/lp_prof" \
+       "timeout 80 python3 bench/level_profile.py --preset 1b --configs summary --defines DTMK_LEAN_SITE+DTMK_LEAN_NOEVENT --prof --steps 16 --reps 2 --out ${OUT:-/tmp/out}/lp_prof_noev" ;;
   170) # session 63: the lean form (-DDTMK_LEAN_SITE, kernels/bpf_inline.cuh): the summary's descriptor
      # programs (dense keys) update per-worker cells at the in-CTA sites, no ring / drain / VM.  Its GPU
      # tests, the post-task time per class beside mask3 (level_profile), and the table with the

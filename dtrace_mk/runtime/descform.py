@@ -198,7 +198,7 @@ def lean_layout(recs: np.ndarray, domains: LeanDomains, name: str = "prog") -> T
             continue
         hist = r["op"] >= HIST_LOG2
         per = int(r["nb"]) if hist else 2 * (2 if int(r["shops"]) >> 2 else 1) + 1
-        dims = []                                  # (part, values incl. NONE, none)
+        dims = []                                  # (part, indices incl. NONE's, none, domain)
         for p in range(int(r["nparts"])):
             src, n = int(r["ksrc"][p]), int(r["ksize"][p])
             if src in selfs:

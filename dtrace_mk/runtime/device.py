@@ -817,13 +817,11 @@ class DeviceRuntime:
             else:
                 if lean is not None:
                     recs, why = self._lean_form(dp, recs)
-                if why:
-                    pass
-                elif used + len(recs) > descform.DESC_CAP:
+                if not why and used + len(recs) > descform.DESC_CAP:
                     why = (f"the hook sites hold {descform.DESC_CAP} descriptor entries ({used} in use, "
                            f"this program needs {len(recs)})")
                     self._lean_free(dp)
-                else:
+                if not why:
                     dp.descs = self.cp.asarray(recs.view(np.uint8)) if len(recs) else self.cp.zeros(0, np.uint8)
                     dp.n_descs = len(recs)
                     return len(recs)

@@ -1018,8 +1018,9 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
  * holds OBS_PENDING <= step as hk_inline does.  A bank still holding another epoch is not
  * folded here (a call from the site raised run_task's spills, as the site form's did): a
  * wait's first look folds the bank the next epoch takes as soon as it holds one before the
- * wait's step (obs_first_look), so an event finds its bank empty or its own; were it not, the
- * event would be counted lost, never put in another epoch's cells */
+ * wait's step (obs_first_look), so an event finds its bank empty or its own; were it not -- one
+ * wait taking dynamic tasks of steps s - 1 and s + 1 after its first look at s could do it --
+ * the event is counted lost (coverage shows it), never put in another epoch's cells */
 __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
     DTMK_PROF_BEGIN(prof_i);             /* (-DDTMK_OBS_PROF: counters 28, 29 as hk_inline's) */
     const dtmk_u32 b = step & 1u;

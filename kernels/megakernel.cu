@@ -252,8 +252,8 @@
  * thread 0 around a task's release signal: [24, 25] hook_hold (before it: on the
  * consumers' path), [26, 27] one record built and stored in hook_flush (after it);
  * the compiled tier's inline form: [28, 29] one event through a hook's inline programs
- * (hk_inline, thread 0; the lean form's hk_lean in a -DDTMK_LEAN_SITE build), [30, 31] the shadow's flush in obs_sync (lane 0); an observer-SM
- * build's worker thread 0: [32, 33] a task's post path (its end stamp -> refresh_control
+ * (hk_inline, thread 0; the lean form's hk_lean in a -DDTMK_LEAN_SITE build), [30, 31] the
+ * shadow's flush in obs_sync (lane 0); an observer-SM build's worker thread 0: [32, 33] a task's post path (its end stamp -> refresh_control
  * done: signal, push, bookkeeping), [34, 35] the release signal alone (post_signal or
  * comm_post), [36, 37] osq_raise calls in the wait, [38, 39] of those the ones after which
  * the next poll found the event met (the raise delayed its detection), [40, 41] the push after
@@ -313,7 +313,8 @@ __shared__ long long s_prof_raise;      /* cycles of the osq_raise just done (wo
 /* The lean form (kernels/bpf_inline.cuh): descriptor programs whose keys have dense domains
  * (DTMK_PROG_F_LEAN) run at the site from its record (a shared-memory copy) into the worker's dense
  * cells, folded into the maps by obs_sync -- no ring, no drain, no interpreter, no probe.
- * Opt-in (bench variant lean) until measured on the GPU; with or without the site form */
+ * Opt-in (bench variant lean): measured no cheaper than the VM's summary on 1b (session 63,
+ * docs/dev/hook_cost_analysis.md); with or without the site form */
 #define HK_LEAN
 #endif
 #if defined(HK_SITE_FORM) || defined(HK_LEAN)

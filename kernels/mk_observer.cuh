@@ -968,6 +968,19 @@ __device__ __noinline__ bool obs_spin_drain(const Worker &W, dtmk_u64 waited, dt
 #define OBS_SYNC_WAIT_IF(cond, chunk, step, poll) do { } while (0)
 #endif
 
+#if defined(HK_SITE_FORM) || defined(HK_LEAN)
+/* thread 0, after an event counted at the site (hk_inline, hk_lean): its epoch held in
+ * OBS_PENDING as a ring record's is, and the attach latency's first counted event (ts) */
+__device__ __forceinline__ void hk_site_held(Worker &W, dtmk_u32 step, dtmk_u64 ts) {
+    if (step < O.acc_min) O.acc_min = step;
+    if (O.acc_min < O.pub) {
+        O.pub = O.acc_min;
+        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
+    }
+    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = ts; O.first_seen = 1; }
+}
+#endif
+
 #ifdef HK_SITE_FORM
 #if defined(DTMK_INL_PROBE) && defined(DTMK_OBS_PROF)
 __device__ __noinline__ void hk_probe_empty() { asm volatile(""); }
@@ -1004,12 +1017,7 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
     { DTMK_PROF_BEGIN(prof_i2); hk_inline_run(W, hook, step); DTMK_PROF_END1(20, prof_i2); }
     { DTMK_PROF_BEGIN(prof_i3); hk_probe_empty(); DTMK_PROF_END1(22, prof_i3); }
 #endif
-    if (step < O.acc_min) O.acc_min = step;
-    if (O.acc_min < O.pub) {
-        O.pub = O.acc_min;
-        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
-    }
-    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = O.sh.ctx.ts_ns; O.first_seen = 1; }
+    hk_site_held(W, step, O.sh.ctx.ts_ns);
 }
 #endif
 
@@ -1037,12 +1045,7 @@ __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook
 #else
     (void)rd;
 #endif
-    if (step < O.acc_min) O.acc_min = step;
-    if (O.acc_min < O.pub) {
-        O.pub = O.acc_min;
-        *(volatile dtmk_u64 *)(obs_state(W) + OBS_PENDING) = O.acc_min;
-    }
-    if (!O.first_seen) { obs_state(W)[OBS_FIRST_TS] = (dtmk_u64)c.v[0].w << 32 | c.v[0].z; O.first_seen = 1; }
+    hk_site_held(W, step, (dtmk_u64)c.v[0].w << 32 | c.v[0].z);
     DTMK_PROF_END1(28, prof_i);
 }
 #endif

@@ -174,10 +174,12 @@ class LeanDomains:
         return next(((n, none) for o, n, none in self.fields if o == src), None)
 
 
-def _self_sources():
+def _self_sources() -> frozenset:
+    """Key sources that are one value per bank: the worker id (get_worker_id, the context's
+    worker) and the decode step (the bank's epoch)."""
     from ..abi import definition
     off = {f.name: f.offset for f in definition.CONTEXT_FIELDS}
-    return {SRC_WORKER: "worker", off["worker"]: "worker", off["decode_step"]: "decode_step"}
+    return frozenset((SRC_WORKER, off["worker"], off["decode_step"]))
 
 
 def lean_layout(recs: np.ndarray, domains: LeanDomains, name: str = "prog") -> Tuple[np.ndarray, int]:

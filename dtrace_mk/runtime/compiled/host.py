@@ -59,7 +59,8 @@ HOST_DRIVER = r"""
 static struct dtmk_shadow dtmk_host_shadow;
 static struct dtmk_cov_acc dtmk_host_accs[DTMK_NUM_HOOKS * DTMK_MAX_PROGS];
 /* the lean form's banks, per worker and epoch parity, as each worker of the megakernel
- * keeps them (a bank met holding another epoch is folded first, as at the site) */
+ * keeps them (a bank holding another epoch is folded before an event of a new one, as a
+ * wait's first look does in the megakernel: obs_first_look) */
 #define DTMK_HOST_WORKERS 64
 static dtmk_u32 dtmk_host_lean[DTMK_HOST_WORKERS][2][DTMK_LEAN_CELLS];
 static dtmk_u32 dtmk_host_lean_ep[DTMK_HOST_WORKERS][2];

@@ -231,7 +231,8 @@ PROF_TABLES = (
      (("hold", 24), ("rec", 26))),
     ("the compiled tier's inline form: one event at the site, the shadow's epoch flush",
      (("inline", 28), ("shflush", 30))),
-    ("with --defines DTMK_INL_PROBE (summary_cm): the same event again at once, an empty noinline call",
+    ("with --defines DTMK_INL_PROBE (summary_cm): the same event again at once, an empty noinline call; "
+     "with DTMK_LEAN_SPLIT (lean): the walk's program run, its coverage count",
      (("again", 20), ("empty", 22))),
     ("observer-SM workers: post path (end -> refresh done), release signal, osq_raise, raises that delayed a met poll",
      (("post", 32), ("signal", 34), ("raise", 36), ("rlate", 38))),

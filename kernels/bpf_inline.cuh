@@ -214,6 +214,26 @@ __device__ __forceinline__ dtmk_u64 dtmk_desc_src(const struct dtmk_ctx *ctx, dt
          : size == 2 ? *(const dtmk_u16 *)p : *p;
 }
 
+/* *p (a struct of 16-byte multiples, 16-aligned, in any space) into registers, its loads issued
+ * together before any branch: of a plain copy the compiler sinks each field's load to its first
+ * use, one dependent trip each behind the branches before it */
+template <class T>
+__device__ __forceinline__ T dtmk_load_whole(const T *p) {
+    static_assert(sizeof(T) % 16 == 0, "dtmk_load_whole: 16-byte multiples");
+#ifdef __CUDA_ARCH__
+    T r;
+    dtmk_u32 *d = (dtmk_u32 *)&r;
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 16); ++i)
+        asm volatile("ld.relaxed.cta.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d[4 * i]), "=r"(d[4 * i + 1]), "=r"(d[4 * i + 2]), "=r"(d[4 * i + 3])
+                     : "l"((const char *)p + 16 * i));
+    return r;
+#else
+    return *p;
+#endif
+}
+
 __device__ __forceinline__ bool dtmk_desc_guard(const struct dtmk_desc &d, dtmk_u64 v) {
     dtmk_u64 c = d.vconst;
     if (!(d.op & DTMK_D_WIDE)) { v = (dtmk_u32)v; c = (dtmk_u32)c; }
@@ -267,20 +287,22 @@ __device__ __forceinline__ bool dtmk_desc_case(const struct dtmk_desc *D, dtmk_u
 #define DTMK_LEAN_CELLS 1024u      /* 32-bit cells per bank (4 KB; two banks per worker) */
 #endif
 
-/* a context reader over a record in memory (the host driver; tests) */
+/* a context reader over a record in memory (the megakernel's shared copy; the host driver):
+ * the aligned 8 bytes holding the field, shifted and masked -- no branch on the size (a field is
+ * aligned to its size: descform.py checks; little-endian as the device) */
 struct dtmk_ctx_reader {
     const struct dtmk_ctx *c;
     __device__ __forceinline__ dtmk_u64 operator()(dtmk_u32 src, dtmk_u32 size) const {
-        return dtmk_desc_src(c, src, size, 0, 0);
+        const dtmk_u64 w = *(const dtmk_u64 *)((const dtmk_u8 *)c + (src & ~7u)) >> (8u * (src & 7u));
+        return size >= 8 ? w : w & ((1ull << (8u * size)) - 1);
     }
 };
 
 template <class R>
 __device__ __forceinline__ dtmk_u64 dtmk_lean_src(const R &rd, dtmk_u32 src, dtmk_u32 size, dtmk_u32 worker,
                                                   dtmk_u64 c) {
-    if (src == DTMK_D_SRC_CONST) return c;
-    if (src == DTMK_D_SRC_WORKER) return worker;
-    return rd(src, size);
+    const dtmk_u64 f = rd(src & (DTMK_CTX_SIZE - 1u), size);   /* (read before the choice: no branch) */
+    return src == DTMK_D_SRC_CONST ? c : src == DTMK_D_SRC_WORKER ? (dtmk_u64)worker : f;
 }
 
 /* one event through a lean program's descriptors D[0..n) into `cells` (the bank of the
@@ -476,9 +498,104 @@ __device__ __forceinline__ void dtmk_lean_event(const struct dtmk_hook_table &T,
         if (!(P.flags & DTMK_PROG_F_LEAN) || !DTMK_PROG_COUNTS(P, epoch)) continue;
         const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
                                   : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+#ifdef DTMK_LEAN_SPLIT   /* MEASUREMENT ONLY: the run [20, 21], the coverage [22, 23] */
+        DTMK_PROF_BEGIN(lp_run);
+#endif
         const int out = !D ? DTMK_OUT_FAULT : !cells ? DTMK_OUT_LOST : dtmk_lean_run(D, P.n_descs, rd, worker, cells);
+#ifdef DTMK_LEAN_SPLIT
+        DTMK_PROF_END1(20, lp_run);
+        DTMK_PROF_BEGIN(lp_acc);
+#endif
         if (outs) outs[k] = (dtmk_u8)out;
         dtmk_acc_count(accs + k, P.cov, epoch, gen, out);
+#ifdef DTMK_LEAN_SPLIT
+        DTMK_PROF_END1(22, lp_acc);
+#endif
+    }
+}
+
+/* The lean form's fast path.  A lean slot whose program is one unguarded AGG -- ADD or MAX into
+ * a hash value word, or +1 into a log2 histogram bucket -- with at most one key part of a dense
+ * domain is compiled, when the table is loaded, into one 32-byte op: what dtmk_lean_event reads
+ * of the slot, its program and its descriptors in one round of loads, and run with no walk.
+ * A hook whose lean slots all compile runs them so; else the walk (dtmk_lean_event).  Why:
+ * session 64 measured the walk at ~0.74 us per one-AGG program on 1b's busy SMs, with its
+ * descriptors' loads issued together (-DDTMK_LEAN_SPLIT), as much as field by field. */
+struct __align__(16) dtmk_lean_op {   /* 32 bytes */
+    dtmk_u64 cov;                      /* the slot's coverage (its accumulator's key) */
+    dtmk_u32 first_epoch, end_epoch;   /* the slot's window (DTMK_PROG_COUNTS) */
+    dtmk_u32 vconst;                   /* the value when vsrc is DTMK_D_SRC_CONST */
+    dtmk_u16 at, kstride;              /* the value's cell (region + word) at key index 0; cells per index
+                                        * (DTMK_LEAN_NONE: DTMK_NONE_U32 is index kdom) */
+    dtmk_u8 op, slot, vsrc, vsize;     /* op: DTMK_SH_ADD / DTMK_SH_MAX / DTMK_D_HIST_LOG2 */
+    dtmk_u8 ksrc, ksize, kdom, cnt;    /* the dense part (kdom 0: none); cnt: the key's count cell
+                                        * past the value's (ADD / MAX) */
+};
+static_assert(sizeof(struct dtmk_lean_op) == 32, "dtmk_lean_op size");
+#ifndef DTMK_LEAN_OPS
+#define DTMK_LEAN_OPS 16u              /* a worker's compiled ops, all hooks (512 bytes of shared memory) */
+#endif
+#define DTMK_LEAN_SLOW 0xffu           /* a hook's op count when one of its lean slots did not compile */
+
+/* the ops of T's lean slots into ops[0..max): their number, or DTMK_LEAN_SLOW (descriptors as
+ * dtmk_lean_event finds them: the shared copy `loaded`, or each program's own) */
+__device__ __forceinline__ dtmk_u32 dtmk_lean_compile(const struct dtmk_hook_table &T, const struct dtmk_desc *loaded,
+                                                      struct dtmk_lean_op *ops, dtmk_u32 max) {
+    dtmk_u32 n = 0;
+    for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
+        const struct dtmk_prog &P = T.progs[k];
+        if (!(P.flags & DTMK_PROG_F_LEAN)) continue;
+        const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
+                                  : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+        if (!D || n == max || P.n_descs != 2 || D[0].kind != DTMK_D_AGG || D[1].kind != DTMK_D_END) return DTMK_LEAN_SLOW;
+        const struct dtmk_desc &d = D[0];
+        if (d.op != DTMK_SH_ADD && d.op != DTMK_SH_MAX && d.op != DTMK_D_HIST_LOG2) return DTMK_LEAN_SLOW;
+        if (d.vsrc == DTMK_D_SRC_CONST && d.vconst > 0xffffffffull) return DTMK_LEAN_SLOW;
+        struct dtmk_lean_op o = {};
+        for (dtmk_u32 p = 0; p < d.nparts; ++p) {
+            if (!d.ldom[p]) continue;              /* the worker's own id / the epoch: index 0 */
+            if (o.kdom) return DTMK_LEAN_SLOW;     /* two dense parts: the walk */
+            o.ksrc = d.ksrc[p]; o.ksize = d.ksize[p]; o.kdom = d.ldom[p]; o.kstride = d.lstride[p];
+        }
+        const bool hist = d.op == DTMK_D_HIST_LOG2;
+        o.cov = P.cov; o.first_epoch = P.first_epoch; o.end_epoch = P.end_epoch;
+        o.vconst = (dtmk_u32)d.vconst; o.vsrc = d.vsrc; o.vsize = d.vsize;
+        o.op = d.op; o.slot = (dtmk_u8)k;
+        o.at = (dtmk_u16)(d.lbase + (hist ? 0u : 2u * d.word));
+        o.cnt = (dtmk_u8)(hist ? 0u : d.lper - 1u - 2u * d.word);
+        ops[n++] = o;
+    }
+    return n;
+}
+
+/* One event through a hook's n compiled lean ops (dtmk_lean_event's outcomes and coverage) */
+template <class R>
+__device__ __forceinline__ void dtmk_lean_fast(const struct dtmk_lean_op *ops, dtmk_u32 n, dtmk_u32 gen, const R &rd,
+                                               dtmk_u32 worker, dtmk_u32 epoch, dtmk_u32 *cells,
+                                               struct dtmk_cov_acc *accs, dtmk_u8 *outs = 0) {
+    for (dtmk_u32 j = 0; j < n; ++j) {
+        const struct dtmk_lean_op o = dtmk_load_whole(ops + j);
+        if (!DTMK_PROG_COUNTS(o, epoch)) continue;
+        const dtmk_u64 kv = rd(o.ksrc & (DTMK_CTX_SIZE - 1u), o.ksize);
+        const dtmk_u64 v = dtmk_lean_src(rd, o.vsrc, o.vsize, worker, (dtmk_u64)o.vconst);
+        const dtmk_u32 dom = o.kdom, st = o.kstride & ~DTMK_LEAN_NONE;
+        const dtmk_u64 none = o.ksize < 4 ? (1ull << (8 * o.ksize)) - 1 : DTMK_NONE_U32;
+        const bool in = !dom || kv < dom || ((o.kstride & DTMK_LEAN_NONE) && kv == none);
+        int out = DTMK_OUT_LOST;
+        if (cells && in) {
+            dtmk_u32 *c = cells + o.at + (!dom ? 0u : kv < dom ? (dtmk_u32)kv : dom) * st;
+            if (o.op == DTMK_D_HIST_LOG2) {
+                c[dtmk_bucket_log2(v)] += 1;
+            } else {
+                c[o.cnt] += 1;                     /* the key's events */
+                const dtmk_u64 old = (dtmk_u64)c[1] << 32 | c[0];
+                const dtmk_u64 x = o.op == DTMK_SH_ADD ? old + v : (v > old ? v : old);
+                c[0] = (dtmk_u32)x; c[1] = (dtmk_u32)(x >> 32);
+            }
+            out = DTMK_OUT_EXECUTED;
+        }
+        if (outs) outs[o.slot] = (dtmk_u8)out;
+        dtmk_acc_count(accs + o.slot, o.cov, epoch, gen, out);
     }
 }
 

@@ -81,6 +81,10 @@ struct __align__(16) Obs {
     dtmk_u32 lean_ep[2];
     dtmk_u32 lean[2][DTMK_LEAN_CELLS];
     struct dtmk_ctx lean_ctx;              /* the event's record, read by its programs */
+    /* per hook, its lean slots compiled at the table's load (dtmk_lean_compile): lean_nop[h]
+     * ops from lean_op[lean_op_at[h]], or DTMK_LEAN_SLOW (the descriptor walk) */
+    struct dtmk_lean_op lean_op[DTMK_LEAN_OPS];
+    dtmk_u8 lean_nop[DTMK_NUM_HOOKS], lean_op_at[DTMK_NUM_HOOKS];
 #endif
     dtmk_u32 pub;                           /* the value last stored in OBS_PENDING (~0 = none) */
     dtmk_u64 pubs;                          /* epoch publishes (high half of OBS_DRAINS) */
@@ -794,6 +798,18 @@ __device__ __noinline__ void obs_sync(const MkParams &P, Worker &W, bool chunk, 
             }
         }
 #endif
+#ifdef HK_LEAN
+        {
+            dtmk_u32 no = 0;
+            for (int h = 1; h < DTMK_NUM_HOOKS; ++h) {
+                const dtmk_u32 n = (lean >> h) & 1u ? dtmk_lean_compile(O.tabs[h], O.desc, O.lean_op + no, DTMK_LEAN_OPS - no)
+                                                    : 0u;
+                O.lean_op_at[h] = (dtmk_u8)no;
+                O.lean_nop[h] = (dtmk_u8)n;
+                if (n != DTMK_LEAN_SLOW) no += n;
+            }
+        }
+#endif
         O.vm_mask = mask;
         obs_layout(mask);                             /* the ring is empty here */
 #ifndef DTMK_HOLD_EAGER
@@ -1030,7 +1046,8 @@ __device__ __forceinline__ void hk_inline(Worker &W, const HkRec &c, dtmk_u32 ho
  * wait taking dynamic tasks of steps s - 1 and s + 1 after its first look at s could do it --
  * the event is counted lost (coverage shows it), never put in another epoch's cells */
 __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook, dtmk_u32 step) {
-    DTMK_PROF_BEGIN(prof_i);             /* (-DDTMK_OBS_PROF: counters 28, 29 as hk_inline's) */
+    DTMK_PROF_BEGIN(prof_i);             /* (-DDTMK_OBS_PROF: counters 28, 29 as hk_inline's; the walk's
+                                          * parts with -DDTMK_LEAN_SPLIT: bpf_inline.cuh) */
     const dtmk_u32 b = step & 1u;
     if (O.lean_ep[b] == ~0u) O.lean_ep[b] = step;
     /* the record into shared memory, read there by byte offset: a reader of the registers (a
@@ -1040,8 +1057,13 @@ __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.lean_ctx)[i] = c.v[i];
     const struct dtmk_ctx_reader rd = {&O.lean_ctx};
 #ifndef DTMK_LEAN_NOEVENT   /* MEASUREMENT ONLY (session 63): everything but the programs and their coverage */
-    dtmk_lean_event(O.tabs[hook], rd, W.worker, step, O.lean_ep[b] == step ? O.lean[b] : 0,
-                    O.accs + hook * DTMK_MAX_PROGS, O.desc);
+    dtmk_u32 *cells = O.lean_ep[b] == step ? O.lean[b] : 0;
+    const dtmk_u32 nop = O.lean_nop[hook];
+    if (nop != DTMK_LEAN_SLOW)
+        dtmk_lean_fast(O.lean_op + O.lean_op_at[hook], nop, O.tabs[hook].gen >> 1, rd, W.worker, step, cells,
+                       O.accs + hook * DTMK_MAX_PROGS);
+    else
+        dtmk_lean_event(O.tabs[hook], rd, W.worker, step, cells, O.accs + hook * DTMK_MAX_PROGS, O.desc);
 #else
     (void)rd;
 #endif

@@ -871,6 +871,17 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  172) # session 64: plan 171 put ~1.2 of hk_lean's ~1.3 us per event in its programs, and -DDTMK_LEAN_SPLIT
+     # ~0.74 us in the descriptor walk of one one-AGG program with its loads issued together (no faster than
+     # field by field).  The fast ops (bpf_inline.cuh dtmk_lean_compile / dtmk_lean_fast): the lean tests,
+     # hk_lean's profile, and the table with the lean build beside the default (~7 min, two calls:
+     # PART=1 then PART=2)
+     if [ "${PART:-1}" = 1 ]; then
+     exec tools/gpu_session.sh "timeout 150 python3 tools/precompile.py DTMK_LEAN_SITE DTMK_LEAN_SITE+$S+$R DTMK_LEAN_SITE+$R $S+$R DTMK_NO_HOOKS+$S+$R" \
+       "$(pytv 150 tests/gpu/test_hot_attach.py -k lean)" \
+       "timeout 100 python3 bench/level_profile.py --preset 1b --configs off,mask3,summary --defines DTMK_LEAN_SITE --prof --steps 16 --reps 2 --out ${OUT:-/tmp/out}/lp_prof"
+     fi
+     exec tools/gpu_session.sh "timeout ${BENCH_S:-400} python3 bench/hooks.py --presets 1b --reps 6 --placement sorted --variants lean --out ${OUT:-/tmp/out}/tab" ;;
   171) # session 63 (for the next): the lean form costs what the VM costs (~1 us per event after the signal,
      # a zero-update program as much): where inside?  -DDTMK_OBS_PROF counters 28 / 29 count hk_lean; the
      # NOEVENT build is hk_lean without its programs (hook_cost_analysis.md "Session 63" item 5)

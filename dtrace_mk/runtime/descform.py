@@ -62,6 +62,8 @@ assert DESC_DTYPE.itemsize == 96
 LEAN_CELLS = 1024
 LEAN_NONE = 0x8000
 PROG_F_LEAN = 16                      # dtmk_prog.flags (with PROG_F_INLINE | PROG_F_DESC)
+#: a hook's op count when the megakernel walks its lean slots' descriptors instead (dtmk_lean_compile)
+LEAN_SLOW = 0xFF
 
 
 class DescError(UserError):

@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 
+from dtrace_mk.abi import definition as abi
 from dtrace_mk.bpf.program import MapDef
 from dtrace_mk.lang.pipeline import compile_query
 from dtrace_mk.runtime import aggdesc as A
@@ -279,8 +280,8 @@ def test_lean_constants_agree_with_the_kernel_header():
     flags_h = (D.KERNEL_DIR / "bpf_prog_flags.h").read_text()
     defs = {m.group(1): int(m.group(2), 0)
             for m in re.finditer(r"#define (DTMK_\w+) (0x[0-9a-f]+|\d+)u", INLINE_H + flags_h)}
-    assert (defs["DTMK_LEAN_CELLS"], defs["DTMK_LEAN_NONE"], defs["DTMK_PROG_F_LEAN"]) == \
-        (F.LEAN_CELLS, F.LEAN_NONE, F.PROG_F_LEAN) and D.PROG_F_LEAN == F.PROG_F_LEAN
+    assert (defs["DTMK_LEAN_CELLS"], defs["DTMK_LEAN_NONE"], defs["DTMK_PROG_F_LEAN"], defs["DTMK_LEAN_SLOW"]) == \
+        (F.LEAN_CELLS, F.LEAN_NONE, F.PROG_F_LEAN, F.LEAN_SLOW) and D.PROG_F_LEAN == F.PROG_F_LEAN
 
 
 @pytest.mark.parametrize("q,cells,per,stride,dom", [
@@ -327,6 +328,38 @@ def test_the_summary_fits_the_lean_banks_and_a_detach_frees_its_cells():
     assert flags == []
 
 
+def _lean_paths(host):
+    """{hook name: the op count of its lean slots as the megakernel compiles them at a table load,
+    or "walk"} (dtmk_lean_compile in the g++ host build; hooks without lean slots left out)"""
+    out = {}
+    for h in abi.HOOKS:
+        n = host._lib.dtmk_host_lean_ops(host.tables.ctypes.data, h.id)
+        if n:
+            out[h.name] = "walk" if n == F.LEAN_SLOW else n
+    return out
+
+
+@needs_gxx
+@pytest.mark.parametrize("q,paths", [
+    (SUMMARY_QUERY, {"task:end": 1, "dep:release": 1, "task:ready": 1}),
+    # one unguarded AGG each, ADD of a constant / MAX: ops; two programs on one hook: two ops
+    ("task:end { @c[task.class] = count(); }\ntask:end { @m[task.layer] = max(task.dur_ns); }", {"task:end": 2}),
+    # a guard, a linear histogram, avg's two words (two AGGs on one lookup): the walk
+    ("task:end /task.dur_ns > 100/ { @c[task.class] = count(); }", {"task:end": "walk"}),
+    ("task:end { @l[task.layer] = lhist(task.dur_ns, 0, 1000, 100); }", {"task:end": "walk"}),
+    ("task:end { @a[task.class] = avg(task.dur_ns); }", {"task:end": "walk"}),
+    # a hook with one slot the walk takes runs all its lean slots so
+    ("task:end { @c[task.class] = count(); }\ntask:end { @a[worker] = avg(task.dur_ns); }", {"task:end": "walk"}),
+])
+def test_which_lean_slots_the_megakernel_compiles_to_ops(q, paths):
+    obj = compile_query(q, None, name="<ops>").obj
+    rnd = random.Random(11)
+    ref, host, pairs, probs = _run([obj], [hook_contexts(rnd, 120, 0)], inline=True, lean_domains=DOM)
+    assert not probs, "\n".join(probs[:20])
+    assert set(D.DeviceRuntime.forms(host, pairs[0][1]).values()) == {"lean"}
+    assert _lean_paths(host) == paths
+
+
 @needs_gxx
 def test_lean_form_equals_the_reference_on_random_queries():
     """The lean form on the device's own code (g++): every reducible random query whose keys
@@ -335,16 +368,18 @@ def test_lean_form_equals_the_reference_on_random_queries():
     qs = [random_query(rnd, qi) if qi % 3 == 0 else reducible_query(rnd, qi) for qi in range(36)]
     objs = [compile_query(q, None, name=f"<q{qi}>").obj for qi, q in enumerate(qs)]
     objs.append(compile_query(SUMMARY_QUERY, None, name="<summary>").obj)
-    n_lean = 0
+    n_lean, paths = 0, set()
     for gi, group in enumerate(_groups(objs)):
         epochs = [hook_contexts(rnd, 200, ep, index0=1000 * ep) for ep in range(3)]
         ref, host, pairs, probs = _run(group, epochs, inline=True, lean_domains=DOM)
         assert not probs, f"group {gi}:\n" + "\n".join(probs[:20])
+        paths |= {"walk" if p == "walk" else "ops" for p in _lean_paths(host).values()}
         for _, ha in pairs:
             for dp in host._atts[ha].progs:
                 n_lean += dp.lean
                 assert dp.lean == (D.DeviceRuntime.forms(host, ha)[dp.program.name] == "lean")
     assert n_lean >= 30, n_lean                                           # not vacuous
+    assert paths == {"ops", "walk"}                                       # both of the site's paths ran
 
 
 @needs_gxx

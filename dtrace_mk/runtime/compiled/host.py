@@ -70,6 +70,12 @@ static void dtmk_host_lean_fold(const struct dtmk_hook_table *T, dtmk_u32 w, dtm
     dtmk_lean_fold(dtmk_host_lean[w][b], dtmk_host_lean_ep[w][b], w, T, 0, dtmk_host_accs, 0, 1);
     dtmk_host_lean_ep[w][b] = ~0u;
 }
+/* hook h's lean slots as the megakernel compiles them at a table load: the op count, or
+ * DTMK_LEAN_SLOW (the descriptor walk) -- tests read which path a program takes */
+extern "C" dtmk_u32 dtmk_host_lean_ops(const struct dtmk_hook_table *T, dtmk_u32 h) {
+    struct dtmk_lean_op ops[DTMK_MAX_PROGS];
+    return dtmk_lean_compile(T[h], 0, ops, DTMK_MAX_PROGS);
+}
 extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk_ctx *events, dtmk_u32 n,
                               dtmk_u64 *r0_out, dtmk_u8 *outcome_out, dtmk_u32 flags) {
     if (!dtmk_host_lean_init) {
@@ -88,8 +94,14 @@ extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk
                 dtmk_host_lean_ep[w][b] = c->decode_step;
             }
             const struct dtmk_ctx_reader rd = {c};
-            dtmk_lean_event(T[h], rd, w, c->decode_step, dtmk_host_lean[w][b], dtmk_host_accs + h * DTMK_MAX_PROGS, 0,
-                            outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
+            struct dtmk_lean_op ops[DTMK_MAX_PROGS];   /* as the megakernel compiles them at a table load */
+            const dtmk_u32 nop = dtmk_lean_compile(T[h], 0, ops, DTMK_MAX_PROGS);
+            if (nop != DTMK_LEAN_SLOW)
+                dtmk_lean_fast(ops, nop, T[h].gen >> 1, rd, w, c->decode_step, dtmk_host_lean[w][b],
+                               dtmk_host_accs + h * DTMK_MAX_PROGS, outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
+            else
+                dtmk_lean_event(T[h], rd, w, c->decode_step, dtmk_host_lean[w][b], dtmk_host_accs + h * DTMK_MAX_PROGS,
+                                0, outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
         }
         for (dtmk_u32 k = 0; k < T[h].n_progs; k++)
             if (!(T[h].progs[k].flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */
@@ -171,6 +183,8 @@ def host_library(monitor: str, opt: str = "-O1", defines: Sequence[str] = ()) ->
     lib.dtmk_host_fire.restype = ctypes.c_int
     lib.dtmk_host_fire.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p,
                                    ctypes.c_void_p, ctypes.c_uint32]
+    lib.dtmk_host_lean_ops.restype = ctypes.c_uint32
+    lib.dtmk_host_lean_ops.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
     _HOST_LIBS[key] = lib
     return lib
 

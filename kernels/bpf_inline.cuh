@@ -520,7 +520,8 @@ __device__ __forceinline__ void dtmk_lean_event(const struct dtmk_hook_table &T,
  * of the slot, its program and its descriptors in one round of loads, and run with no walk.
  * A hook whose lean slots all compile runs them so; else the walk (dtmk_lean_event).  Why:
  * session 64 measured the walk at ~0.74 us per one-AGG program on 1b's busy SMs, with its
- * descriptors' loads issued together (-DDTMK_LEAN_SPLIT), as much as field by field. */
+ * descriptors' loads issued together (-DDTMK_LEAN_SPLIT) as much as field by field; with the
+ * ops hk_lean took 0.68 us per event instead of ~1.3 (H100, docs/results/hooks.md). */
 struct __align__(16) dtmk_lean_op {   /* 32 bytes */
     dtmk_u64 cov;                      /* the slot's coverage (its accumulator's key) */
     dtmk_u32 first_epoch, end_epoch;   /* the slot's window (DTMK_PROG_COUNTS) */

@@ -484,6 +484,13 @@ __device__ __forceinline__ void dtmk_inl_event(const struct dtmk_hook_table &T, 
     }
 }
 
+/* a lean slot's descriptors: in the kernel's shared copy `loaded` (0: it did not fit there),
+ * or, without one (the host driver), the program's own */
+__device__ __forceinline__ const struct dtmk_desc *dtmk_lean_descs(const struct dtmk_prog &P,
+                                                                  const struct dtmk_desc *loaded) {
+    return !loaded ? (const struct dtmk_desc *)P.descs : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+}
+
 /* One event of `hook` through its lean programs (the bank `cells` of the event's epoch, 0:
  * none free -- the event is counted lost; the descriptors in the kernel's shared copy
  * `loaded`, or each program's own): as dtmk_inl_event, whose slot loop skips them.  outs
@@ -496,8 +503,7 @@ __device__ __forceinline__ void dtmk_lean_event(const struct dtmk_hook_table &T,
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
         if (!(P.flags & DTMK_PROG_F_LEAN) || !DTMK_PROG_COUNTS(P, epoch)) continue;
-        const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
-                                  : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+        const struct dtmk_desc *D = dtmk_lean_descs(P, loaded);
 #ifdef DTMK_LEAN_SPLIT   /* MEASUREMENT ONLY: the run [20, 21], the coverage [22, 23] */
         DTMK_PROF_BEGIN(lp_run);
 #endif
@@ -546,8 +552,7 @@ __device__ __forceinline__ dtmk_u32 dtmk_lean_compile(const struct dtmk_hook_tab
     for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
         const struct dtmk_prog &P = T.progs[k];
         if (!(P.flags & DTMK_PROG_F_LEAN)) continue;
-        const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
-                                  : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+        const struct dtmk_desc *D = dtmk_lean_descs(P, loaded);
         if (!D || n == max || P.n_descs != 2 || D[0].kind != DTMK_D_AGG || D[1].kind != DTMK_D_END) return DTMK_LEAN_SLOW;
         const struct dtmk_desc &d = D[0];
         if (d.op != DTMK_SH_ADD && d.op != DTMK_SH_MAX && d.op != DTMK_D_HIST_LOG2) return DTMK_LEAN_SLOW;
@@ -577,7 +582,7 @@ __device__ __forceinline__ void dtmk_lean_fast(const struct dtmk_lean_op *ops, d
     for (dtmk_u32 j = 0; j < n; ++j) {
         const struct dtmk_lean_op o = dtmk_load_whole(ops + j);
         if (!DTMK_PROG_COUNTS(o, epoch)) continue;
-        const dtmk_u64 kv = rd(o.ksrc & (DTMK_CTX_SIZE - 1u), o.ksize);
+        const dtmk_u64 kv = rd(o.ksrc, o.ksize);   /* (a dense part is a context field; none: 0, 0) */
         const dtmk_u64 v = dtmk_lean_src(rd, o.vsrc, o.vsize, worker, (dtmk_u64)o.vconst);
         const dtmk_u32 dom = o.kdom, st = o.kstride & ~DTMK_LEAN_NONE;
         const dtmk_u64 none = o.ksize < 4 ? (1ull << (8 * o.ksize)) - 1 : DTMK_NONE_U32;
@@ -598,6 +603,17 @@ __device__ __forceinline__ void dtmk_lean_fast(const struct dtmk_lean_op *ops, d
         if (outs) outs[o.slot] = (dtmk_u8)out;
         dtmk_acc_count(accs + o.slot, o.cov, epoch, gen, out);
     }
+}
+
+/* One event of `hook` at the site: its compiled ops (n of them), or its descriptor walk when
+ * n is DTMK_LEAN_SLOW -- the megakernel's hk_lean and the host driver alike */
+template <class R>
+__device__ __forceinline__ void dtmk_lean_hook(const struct dtmk_lean_op *ops, dtmk_u32 n,
+                                               const struct dtmk_hook_table &T, const R &rd, dtmk_u32 worker,
+                                               dtmk_u32 epoch, dtmk_u32 *cells, struct dtmk_cov_acc *accs,
+                                               const struct dtmk_desc *loaded, dtmk_u8 *outs = 0) {
+    if (n != DTMK_LEAN_SLOW) dtmk_lean_fast(ops, n, T.gen >> 1, rd, worker, epoch, cells, accs, outs);
+    else dtmk_lean_event(T, rd, worker, epoch, cells, accs, loaded, outs);
 }
 
 /* n events of slot `slot` in `epoch`, counted executed, become lost: its accumulator when it still
@@ -683,8 +699,7 @@ __device__ __forceinline__ bool dtmk_lean_fold(dtmk_u32 *cells, dtmk_u32 epoch, 
         for (dtmk_u32 k = 0; k < T.n_progs; ++k) {
             const struct dtmk_prog &P = T.progs[k];
             if (!(P.flags & DTMK_PROG_F_LEAN)) continue;
-            const struct dtmk_desc *D = !loaded ? (const struct dtmk_desc *)P.descs
-                                      : P.desc_at ? loaded + (P.desc_at - 1) : 0;
+            const struct dtmk_desc *D = dtmk_lean_descs(P, loaded);
             if (!D) continue;                          /* not in the shared copy: its events were faults */
             for (dtmk_u32 i = 0; i < P.n_descs; ++i) {
                 const struct dtmk_desc &d = D[i];

@@ -1057,13 +1057,8 @@ __device__ __forceinline__ void hk_lean(Worker &W, const HkRec &c, dtmk_u32 hook
     for (int i = 0; i < DTMK_CTX_SIZE / 16; ++i) ((uint4 *)&O.lean_ctx)[i] = c.v[i];
     const struct dtmk_ctx_reader rd = {&O.lean_ctx};
 #ifndef DTMK_LEAN_NOEVENT   /* MEASUREMENT ONLY (session 63): everything but the programs and their coverage */
-    dtmk_u32 *cells = O.lean_ep[b] == step ? O.lean[b] : 0;
-    const dtmk_u32 nop = O.lean_nop[hook];
-    if (nop != DTMK_LEAN_SLOW)
-        dtmk_lean_fast(O.lean_op + O.lean_op_at[hook], nop, O.tabs[hook].gen >> 1, rd, W.worker, step, cells,
-                       O.accs + hook * DTMK_MAX_PROGS);
-    else
-        dtmk_lean_event(O.tabs[hook], rd, W.worker, step, cells, O.accs + hook * DTMK_MAX_PROGS, O.desc);
+    dtmk_lean_hook(O.lean_op + O.lean_op_at[hook], O.lean_nop[hook], O.tabs[hook], rd, W.worker, step,
+                   O.lean_ep[b] == step ? O.lean[b] : 0, O.accs + hook * DTMK_MAX_PROGS, O.desc);
 #else
     (void)rd;
 #endif

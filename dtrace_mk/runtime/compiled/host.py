@@ -82,6 +82,10 @@ extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk
         for (int w = 0; w < DTMK_HOST_WORKERS; w++) dtmk_host_lean_ep[w][0] = dtmk_host_lean_ep[w][1] = ~0u;
         dtmk_host_lean_init = 1;
     }
+    /* each hook's lean slots compiled once, as the megakernel does at a table load */
+    struct dtmk_lean_op ops[DTMK_NUM_HOOKS][DTMK_MAX_PROGS];
+    dtmk_u32 nop[DTMK_NUM_HOOKS];
+    for (int h = 0; h < DTMK_NUM_HOOKS; h++) nop[h] = dtmk_lean_compile(T[h], 0, ops[h], DTMK_MAX_PROGS);
     for (dtmk_u32 ev = 0; ev < n; ev++) {
         const struct dtmk_ctx *c = events + ev;
         dtmk_u32 h = c->hook;
@@ -94,14 +98,8 @@ extern "C" int dtmk_host_fire(const struct dtmk_hook_table *T, const struct dtmk
                 dtmk_host_lean_ep[w][b] = c->decode_step;
             }
             const struct dtmk_ctx_reader rd = {c};
-            struct dtmk_lean_op ops[DTMK_MAX_PROGS];   /* as the megakernel compiles them at a table load */
-            const dtmk_u32 nop = dtmk_lean_compile(T[h], 0, ops, DTMK_MAX_PROGS);
-            if (nop != DTMK_LEAN_SLOW)
-                dtmk_lean_fast(ops, nop, T[h].gen >> 1, rd, w, c->decode_step, dtmk_host_lean[w][b],
-                               dtmk_host_accs + h * DTMK_MAX_PROGS, outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
-            else
-                dtmk_lean_event(T[h], rd, w, c->decode_step, dtmk_host_lean[w][b], dtmk_host_accs + h * DTMK_MAX_PROGS,
-                                0, outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
+            dtmk_lean_hook(ops[h], nop[h], T[h], rd, w, c->decode_step, dtmk_host_lean[w][b],
+                           dtmk_host_accs + h * DTMK_MAX_PROGS, 0, outcome_out + (dtmk_u64)ev * DTMK_MAX_PROGS);
         }
         for (dtmk_u32 k = 0; k < T[h].n_progs; k++)
             if (!(T[h].progs[k].flags & DTMK_PROG_F_COMPILED)) return -1;     /* no interpreter on the host */

@@ -871,6 +871,17 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  173) # session 65: issue 5 asks for its table on an H200; every table since session 48 was an H100's.
+     # PART=1: the table (tiny and 1b; hot, compiled, trace, bytes, attach; the observer-SM build beside the
+     # default, observers calibrated as top does); PART=2: --offpath, the interpreter, the compiled swap
+     if [ "${PART:-1}" = 1 ]; then
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $PINNED" \
+       "timeout ${BENCH_S:-420} python3 bench/hooks.py --presets tiny,1b --reps 8 --variants obssm4fold --placement sorted --obs-sms calibrate --out ${OUT:-/tmp/out}/tab"
+     fi
+     exec tools/gpu_session.sh \
+       "timeout ${OFFPATH_S:-150} python3 bench/hooks.py --offpath --presets 1b --reps 8 --placement sorted --out ${OUT:-/tmp/out}/off" \
+       "timeout 120 python3 bench/vm_device.py --quick --out ${OUT:-/tmp/out}/vm" \
+       "timeout 150 python3 bench/compiled.py --quick --out ${OUT:-/tmp/out}/cm" ;;
   172) # session 64: plan 171 put ~1.2 of hk_lean's ~1.3 us per event in its programs, and -DDTMK_LEAN_SPLIT
      # ~0.74 us in the descriptor walk of one one-AGG program with its loads issued together (no faster than
      # field by field).  The fast ops (bpf_inline.cuh dtmk_lean_compile / dtmk_lean_fast): the lean tests,

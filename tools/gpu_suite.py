@@ -10,6 +10,10 @@ contiguous parts of nearly equal size (a file may straddle two parts).
                                                  parts of nearly equal recorded time instead
                                                  of equal count (tests not in the files count
                                                  as the recorded median)
+    python3 tools/gpu_suite.py 1..9999 --budget 480 [...]
+                                                 no test starts after 480 s: a part that would
+                                                 outrun its device call ends cleanly and prints
+                                                 the range still to run (`the rest: A..B`)
 
 -k defaults to the deselection every recorded full run used (docs/results/gpu_tests.md).
 With $DTRACE_MK_SUITE_TIMES set (tools/gpu_session.sh: $LOG/suite_times.tsv, back in
@@ -21,12 +25,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
-from suite_times import ENV as TIMES_ENV  # noqa: E402  (the plugin's variable, named once)
+from suite_times import DEADLINE_ENV, STOP_ENV, ENV as TIMES_ENV  # noqa: E402  (the plugin's variables, named once)
 
 DESELECT = "not (wstream8 or wstream9 or wstream_nopre or wsnext)"
 
@@ -101,6 +107,17 @@ def main(argv: Sequence[str]) -> int:
         if not time_files:
             print("gpu_suite: --times needs one or more files (tools/suite_times.py's)", file=sys.stderr)
             return 2
+    budget = None
+    if "--budget" in rest:
+        i = rest.index("--budget")
+        try:
+            budget = float(rest[i + 1])
+            if budget <= 0:
+                raise ValueError
+        except (IndexError, ValueError):
+            print("gpu_suite: --budget needs a positive number of seconds", file=sys.stderr)
+            return 2
+        del rest[i:i + 2]
     try:
         times = read_times(time_files) if time_files else None      # (bad files: before the collection)
     except (OSError, ValueError) as e:
@@ -129,12 +146,36 @@ def main(argv: Sequence[str]) -> int:
         return 2
     print(f"gpu_suite: {what}: tests {lo + 1}..{hi} of {len(ids)}", flush=True)
     env, plugin = dict(os.environ), []
-    if env.get(TIMES_ENV):                         # each test's seconds as it ends (suite_times.py)
+    stop = None
+    if budget is not None:                         # (the deadline counts from here, after the collection)
+        fd, stop = tempfile.mkstemp(prefix="gpu_suite_stop.")
+        os.close(fd)
+        env[DEADLINE_ENV], env[STOP_ENV] = f"{time.time() + budget:.3f}", stop
+    if env.get(TIMES_ENV) or stop:                 # each test's seconds as it ends (suite_times.py)
         env["PYTHONPATH"] = str(TOOLS) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         plugin = ["-p", "suite_times"]
     # -v: a line per test as it ends, so a part killed by its time limit still names what ran
-    return subprocess.call([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *plugin, *rest,
-                            *ids[lo:hi]], env=env)
+    rc = subprocess.call([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *plugin, *rest,
+                          *ids[lo:hi]], env=env)
+    return rc if stop is None else budget_outcome(rc, stop, lo, hi)
+
+
+def budget_outcome(rc: int, stop: str, lo: int, hi: int) -> int:
+    """After a --budget run: say which tests ran and, when the budget cut it short, the range
+    still to run; the status is pytest's, but a stop at the budget with nothing failed is 0
+    (pytest's 2, interrupted) and with a failure 1."""
+    try:
+        ended, bad = (int(x) for x in Path(stop).read_text().split())
+    except (OSError, ValueError):
+        return rc                                  # pytest ended before its session did: its own status
+    finally:
+        Path(stop).unlink(missing_ok=True)
+    if lo + ended >= hi:
+        print(f"gpu_suite: tests {lo + 1}..{hi} all ran within the budget", flush=True)
+        return rc
+    print(f"gpu_suite: the budget ran out: tests {lo + 1}..{lo + ended} ran ({bad} failed or errored); "
+          f"the rest: {lo + ended + 1}..{hi}", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -956,8 +956,9 @@ case "${1:-}" in
      exec tools/gpu_session.sh "timeout 60 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R DTMK_OFFX=1+$S+$R DTMK_COPY_IN_WAIT+$S+$R" \
        "$(offpath ${OFFPATH_S:-150} 8 copyinwait,hfxw a)" "$(offpath ${OFFPATH_S:-150} 8 hfxw,copyinwait b)" ;;
   163) # session 60: the new default (hot-first layout, the wait's two copies; plan 161 +0.35..+0.56% off).
-     # Args: suite ranges A..B (tools/gpu_suite.py; session 53: 1-171 in 217 s, 172-276 ~4.2 s a test,
-     # 277-432 ~2.4 s, 433-513 211 s) and `bench`: the issue's hook table (hot, compiled, attach) with
+     # Args: suite ranges A..B (tools/gpu_suite.py; since session 65 a range stops starting tests past its
+     # budget and prints the range left: `163 1..9999`, then `163 N..9999` as printed, runs the whole suite;
+     # session 53: 1-171 in 217 s, 172-276 ~4.2 s a test, 277-432 ~2.4 s, 433-513 211 s) and `bench`: the issue's hook table (hot, compiled, attach) with
      # legacy (the old default) beside it, then --offpath with legacy's own no-hook build (old layout)
      stages=()
      for a in "${@:2}"; do
@@ -966,7 +967,10 @@ case "${1:-}" in
                   "timeout ${BENCH_S:-200} python3 bench/hooks.py --presets 1b --reps 8 --placement sorted --variants legacy --out ${OUT:-/tmp/out}/tab"
                   "$(offpath ${OFFPATH_S:-120} 8 legacy a)")
        else
-         stages+=("timeout ${SUITE_S:-540} python3 tools/gpu_suite.py $a -rfE")
+         # (--budget: no test starts after SUITE_S - 70 s -- the longest test ~45 s, the collection ~15 --
+         # so a range too long for one call ends cleanly and prints `the rest: A..B` for the next)
+         T=${SUITE_S:-540}
+         stages+=("timeout $T python3 tools/gpu_suite.py $a --budget $((T - 70)) -rfE")
        fi
      done
      exec tools/gpu_session.sh "${stages[@]}" ;;

@@ -104,3 +104,53 @@ def test_the_timing_plugin_writes_a_line_per_test_as_it_ends(tmp_path):
     assert {k: v[1] for k, v in rows.items()} == {"test_x.py::test_ok": "passed", "test_x.py::test_bad": "failed",
                                                   "test_x.py::test_skip": "skipped", "test_x.py::test_err": "error"}
     assert 0.3 <= float(rows["test_x.py::test_ok"][0]) < 5.0
+
+
+def _run_with_deadline(tmp_path, deadline):
+    (tmp_path / "test_y.py").write_text(
+        "def test_a(): pass\n"
+        "def test_b(): assert False\n"
+        "def test_c(): pass\n"
+        "def test_d(): pass\n")
+    stop = tmp_path / "stop"
+    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT / "tools"), DTRACE_MK_SUITE_DEADLINE=f"{deadline}",
+               DTRACE_MK_SUITE_STOP=str(stop))
+    env.pop("DTRACE_MK_SUITE_TIMES", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "suite_times", "-p", "no:cacheprovider",
+                        "test_y.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    return r, stop.read_text()
+
+
+def test_past_the_budget_no_further_test_starts_and_the_count_is_left(tmp_path):
+    """--budget's plugin half: a deadline already past lets the running test end and starts no
+    other (pytest: interrupted, 2); the stop file holds the tests ended and the failed ones."""
+    import time
+    r, stop = _run_with_deadline(tmp_path, time.time() - 1)
+    assert r.returncode == 2, r.stdout[-800:]
+    assert "test_a PASSED" in r.stdout and "test_b" not in r.stdout
+    assert stop == "1\t0\n"
+    r, stop = _run_with_deadline(tmp_path, time.time() + 3600)     # far: all four, one failed
+    assert r.returncode == 1 and stop == "4\t1\n", r.stdout[-800:]
+
+
+@pytest.mark.parametrize("ended, bad, rc, want_rc, said", [
+    (3, 0, 2, 0, "the budget ran out: tests 11..13 ran (0 failed or errored); the rest: 14..20"),
+    (3, 1, 2, 1, "the budget ran out: tests 11..13 ran (1 failed or errored); the rest: 14..20"),
+    (10, 0, 0, 0, "tests 11..20 all ran within the budget"),
+    (10, 2, 1, 1, "tests 11..20 all ran within the budget"),
+])
+def test_a_run_cut_by_its_budget_names_the_range_still_to_run(gpu_suite, tmp_path, capsys, ended, bad, rc,
+                                                              want_rc, said):
+    stop = tmp_path / "stop"
+    stop.write_text(f"{ended}\t{bad}\n")
+    assert gpu_suite.budget_outcome(rc, str(stop), 10, 20) == want_rc
+    assert said in capsys.readouterr().out
+    assert not stop.exists()
+    assert gpu_suite.budget_outcome(4, str(stop), 10, 20) == 4     # no stop file (pytest died early): its status
+
+
+def test_a_bad_budget_is_refused():
+    for bad in (["--budget"], ["--budget", "soon"], ["--budget", "0"]):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_suite.py"), "1/1", *bad],
+                           capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2 and "--budget needs a positive number of seconds" in r.stderr, bad

@@ -162,20 +162,22 @@ def main(argv: Sequence[str]) -> int:
 
 def budget_outcome(rc: int, stop: str, lo: int, hi: int) -> int:
     """After a --budget run: say which tests ran and, when the budget cut it short, the range
-    still to run; the status is pytest's, but a stop at the budget with nothing failed is 0
-    (pytest's 2, interrupted) and with a failure 1."""
+    still to run.  The status is pytest's, except that its 2 (interrupted: the budget's stop,
+    also when the deadline passed during the last test) becomes 1 with a failure, else 0."""
     try:
         ended, bad = (int(x) for x in Path(stop).read_text().split())
     except (OSError, ValueError):
         return rc                                  # pytest ended before its session did: its own status
     finally:
         Path(stop).unlink(missing_ok=True)
+    if rc == 2:
+        rc = 1 if bad else 0
     if lo + ended >= hi:
         print(f"gpu_suite: tests {lo + 1}..{hi} all ran within the budget", flush=True)
-        return rc
-    print(f"gpu_suite: the budget ran out: tests {lo + 1}..{lo + ended} ran ({bad} failed or errored); "
-          f"the rest: {lo + ended + 1}..{hi}", flush=True)
-    return 1 if bad else 0
+    else:
+        print(f"gpu_suite: the budget ran out: tests {lo + 1}..{lo + ended} ran ({bad} failed or errored); "
+              f"the rest: {lo + ended + 1}..{hi}", flush=True)
+    return rc
 
 
 if __name__ == "__main__":

@@ -958,8 +958,9 @@ case "${1:-}" in
   163) # session 60: the new default (hot-first layout, the wait's two copies; plan 161 +0.35..+0.56% off).
      # Args: suite ranges A..B (tools/gpu_suite.py; since session 65 a range stops starting tests past its
      # budget and prints the range left: `163 1..9999`, then `163 N..9999` as printed, runs the whole suite;
-     # session 53: 1-171 in 217 s, 172-276 ~4.2 s a test, 277-432 ~2.4 s, 433-513 211 s) and `bench`: the issue's hook table (hot, compiled, attach) with
-     # legacy (the old default) beside it, then --offpath with legacy's own no-hook build (old layout)
+     # session 53: 1-171 in 217 s, 172-276 ~4.2 s a test, 277-432 ~2.4 s, 433-513 211 s) and `bench`: the
+     # issue's hook table (hot, compiled, attach) with legacy (the old default) beside it, then --offpath with
+     # legacy's own no-hook build (old layout)
      stages=()
      for a in "${@:2}"; do
        if [ "$a" = bench ]; then

@@ -138,6 +138,7 @@ def test_past_the_budget_no_further_test_starts_and_the_count_is_left(tmp_path):
     (3, 1, 2, 1, "the budget ran out: tests 11..13 ran (1 failed or errored); the rest: 14..20"),
     (10, 0, 0, 0, "tests 11..20 all ran within the budget"),
     (10, 2, 1, 1, "tests 11..20 all ran within the budget"),
+    (10, 0, 2, 0, "tests 11..20 all ran within the budget"),     # the deadline passed during the last test
 ])
 def test_a_run_cut_by_its_budget_names_the_range_still_to_run(gpu_suite, tmp_path, capsys, ended, bad, rc,
                                                               want_rc, said):

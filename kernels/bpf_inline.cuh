@@ -305,6 +305,18 @@ __device__ __forceinline__ dtmk_u64 dtmk_lean_src(const R &rd, dtmk_u32 src, dtm
     return src == DTMK_D_SRC_CONST ? c : src == DTMK_D_SRC_WORKER ? (dtmk_u64)worker : f;
 }
 
+/* a dense key part's cell offset: a value kv inside its domain -> kv * stride; DTMK_NONE_U32 (the
+ * field's all-ones below 4 bytes) where the stride has DTMK_LEAN_NONE -> dom * stride (the index past
+ * the domain); anything else is outside (false) -- the walk's and the fast ops' one rule */
+__device__ __forceinline__ bool dtmk_lean_part(dtmk_u64 kv, dtmk_u32 ksize, dtmk_u32 dom, dtmk_u32 stride,
+                                               dtmk_u32 &off) {
+    const dtmk_u32 st = stride & ~DTMK_LEAN_NONE;
+    const dtmk_u64 none = ksize < 4 ? (1ull << (8 * ksize)) - 1 : DTMK_NONE_U32;
+    if (kv < dom) { off = (dtmk_u32)kv * st; return true; }
+    if ((stride & DTMK_LEAN_NONE) && kv == none) { off = dom * st; return true; }
+    return false;
+}
+
 /* one event through a lean program's descriptors D[0..n) into `cells` (the bank of the
  * event's epoch); DTMK_OUT_LOST when a key part was outside its domain */
 template <class R>
@@ -325,13 +337,11 @@ __device__ __forceinline__ int dtmk_lean_run(const struct dtmk_desc *D, dtmk_u32
             if (!(d.kind & DTMK_D_SAME)) {
                 at = d.lbase;
                 for (dtmk_u32 p = 0; p < d.nparts; ++p) {
-                    const dtmk_u32 dom = d.ldom[p], st = d.lstride[p];
-                    if (!dom) continue;                /* the worker's own id / the epoch */
+                    if (!d.ldom[p]) continue;          /* the worker's own id / the epoch */
                     dtmk_u64 kv = dtmk_lean_src(rd, d.ksrc[p], d.ksize[p], worker, 0);
                     if (d.ksize[p] < 8) kv &= (1ull << (8 * d.ksize[p])) - 1;
-                    const dtmk_u64 none = d.ksize[p] < 4 ? (1ull << (8 * d.ksize[p])) - 1 : DTMK_NONE_U32;
-                    if (kv < dom) at += (dtmk_u32)kv * (st & ~DTMK_LEAN_NONE);
-                    else if ((st & DTMK_LEAN_NONE) && kv == none) at += dom * (st & ~DTMK_LEAN_NONE);
+                    dtmk_u32 off = 0;
+                    if (dtmk_lean_part(kv, d.ksize[p], d.ldom[p], d.lstride[p], off)) at += off;
                     else in = false;
                 }
                 if (in && d.op < DTMK_D_HIST_LOG2) cells[at + d.lper - 1] += 1;   /* the key's events */
@@ -584,12 +594,11 @@ __device__ __forceinline__ void dtmk_lean_fast(const struct dtmk_lean_op *ops, d
         if (!DTMK_PROG_COUNTS(o, epoch)) continue;
         const dtmk_u64 kv = rd(o.ksrc, o.ksize);   /* (a dense part is a context field; none: 0, 0) */
         const dtmk_u64 v = dtmk_lean_src(rd, o.vsrc, o.vsize, worker, (dtmk_u64)o.vconst);
-        const dtmk_u32 dom = o.kdom, st = o.kstride & ~DTMK_LEAN_NONE;
-        const dtmk_u64 none = o.ksize < 4 ? (1ull << (8 * o.ksize)) - 1 : DTMK_NONE_U32;
-        const bool in = !dom || kv < dom || ((o.kstride & DTMK_LEAN_NONE) && kv == none);
+        dtmk_u32 off = 0;
+        const bool in = !o.kdom || dtmk_lean_part(kv, o.ksize, o.kdom, o.kstride, off);
         int out = DTMK_OUT_LOST;
         if (cells && in) {
-            dtmk_u32 *c = cells + o.at + (!dom ? 0u : kv < dom ? (dtmk_u32)kv : dom) * st;
+            dtmk_u32 *c = cells + o.at + off;
             if (o.op == DTMK_D_HIST_LOG2) {
                 c[dtmk_bucket_log2(v)] += 1;
             } else {

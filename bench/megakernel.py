@@ -6,8 +6,11 @@ For each preset at the given batch: decode-step time of the megakernel (K steps 
 launch, and one launch per step), the per-operator build launched eagerly and replayed
 as a CUDA graph (all from the same state; their tokens must agree, checked before any
 timing is reported), as ratios; weight bytes per step over the measured device-to-device
-copy bandwidth.  --costs also measures per-class task costs from the built-in trace
-(batch 1 and 4) in the format of dtrace_mk/megakernel/cost.py, for the sim.
+copy bandwidth; beside them the sim's step for the same graph (`sim us`, `sim/mk`: how far
+the sim's timing table is from this kernel).  --costs also measures per-class task costs
+from the built-in trace (batch 1 and 4) in the format of dtrace_mk/megakernel/cost.py; then
+`--from-json DIR/bench.json --write-cost-table dtrace_mk/megakernel/data/cost_table.json
+--commit SHA` (no GPU) updates the sim's timing table with them (not the planner's).
 
 --variants builds the megakernel once per set of -D defines of megakernel.cu and times
 each against the default build (tokens and logits must be bit-equal).  The defines left
@@ -186,6 +189,7 @@ def bench_preset(cp, name, batch, steps, reps, log, quick=False, weights=None):
         log(f"{name}: {key}: {med * 1e3:.1f} us/step ({', '.join(f'{v * 1e3:.1f}' for v in allv)})")
     mk.reset()
     r["logits_last"] = mk.run(steps).logits        # last step's logits (old vs new lowering)
+    r["sim_step_us"] = sim_step_us(mk.graph, steps)
     if quick:
         wb = weight_bytes_per_step(cfg, batch)
         out = {"preset": name, "batch": batch, "steps_per_run": steps, "reps": reps, "tokens_equal": same,
@@ -426,31 +430,57 @@ def measure_costs(cp, name, steps, log):
 
 
 def write_cost_table(bench_json: Path, path: Path, commit: str) -> None:
-    """Write dtrace_mk/megakernel/data/cost_table.json (cost.py's format) from the
-    costs a device run measured (bench.json), keeping the estimate's defaults for
-    presets that were not measured."""
+    """Update the sim's timing table at `path` (dtrace_mk/megakernel/data/cost_table.json,
+    cost.py's format) with the costs a device run measured (bench.json): a preset measured
+    as built with a non-standard lowering goes under its entry's "lowerings" (the standard
+    entry stays), with the GPU's step time of the same run ("gpu_step_us") when the run
+    timed that preset.  Presets the run did not measure keep their entries (or the
+    estimate, for a new file).  The planner's table (data/plan_costs.json) is not touched:
+    copying this file there changes the GPU's worker plans (cost.py's module doc)."""
     from dtrace_mk.megakernel.cost import DEFAULTS, estimate_table
     d = json.loads(Path(bench_json).read_text())
     info, costs = d["info"], d["costs"]
-    table = estimate_table()
+    if not costs:
+        raise SystemExit(f"{bench_json}: no measured costs (run with --costs PRESETS)")
+    path = Path(path)
+    table = json.loads(path.read_text()) if path.exists() else estimate_table()
+    stamp = f"{info['date']}, {commit or '?'}, {info['card']}"
     table.update({"source": "measured", "card": info["card"], "date": info["date"], "commit": commit,
                   "note": "Measured on the GPU by bench/megakernel.py --costs: per class, the median "
                           "task duration (begin..end, built-in trace) at batch 1 and 4 gives "
                           "fixed_ns and per_row_ns (attn: linear fit over the KV length); notify_ns = "
                           "median (consumer begin - last producer end) of waiting tasks; dispatch_ns = "
                           "median task:dispatch -> task:begin; step_overhead_ns = argmax end -> next "
-                          "step's first task begin. Presets without a measurement keep the estimate.",
-                  "defaults": dict(DEFAULTS)})
+                          "step's first task begin; gpu_step_us: the hook build's step in the same run, "
+                          "by batch. Each entry's 'measured' says when, on which tree and card; an "
+                          "entry under 'lowerings' is the preset as built with that lowering. "
+                          "Presets without a measurement keep the estimate.",
+                  "defaults": {**dict(DEFAULTS), **table.get("defaults", {})}})
+    timed = {(r["preset"], r["batch"]): r["megakernel"]["step_ms"] * 1e3 for r in d.get("results", [])}
     for name, entry in costs.items():
-        est = table["presets"].get(name, {"classes": {}})
-        classes = dict(est["classes"])
-        classes.update(entry["classes"])
-        table["presets"][name] = {"classes": classes, "source": "measured",
-                                  "lowering": entry.get("lowering", "standard"),
-                                  **{k: entry[k] for k in ("notify_ns", "dispatch_ns", "step_overhead_ns")}}
+        low = entry.get("lowering", "standard")
+        row = {"classes": dict(entry["classes"]), "source": "measured", "measured": stamp,
+               **{k: entry[k] for k in ("notify_ns", "dispatch_ns", "step_overhead_ns")}}
+        steps = {str(b): round(us, 1) for (p, b), us in timed.items() if p == name}
+        if steps:
+            row["gpu_step_us"] = steps
+        base = table["presets"].setdefault(name, {"classes": {}})
+        if low == "standard":
+            row["lowering"] = low
+            keep = {k: v for k, v in base.items() if k == "lowerings"}
+            table["presets"][name] = {**row, **keep}
+        else:
+            base.setdefault("lowerings", {})[low] = row
     for name in table["presets"]:
         table["presets"][name].setdefault("source", "estimate")
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def sim_step_us(graph, steps: int) -> float:
+    """The sim's mean decode-step time (us) of `graph` -- the same plans the GPU runs --
+    under the shipped timing table: printed beside the GPU's step, so a stale table shows."""
+    from dtrace_mk.megakernel.sim import Sim
+    return statistics.mean(Sim(graph, steps).run().step_ns) / 1e3
 
 
 def main(argv=None):
@@ -460,9 +490,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--costs", default="", help="presets to measure task costs for (comma list)")
+    ap.add_argument("--costs", default="", help="presets to measure task costs for (comma list; each as "
+                    "built with its default lowering)")
     ap.add_argument("--from-json", default="", help="(no GPU) a bench.json to turn into the cost table")
-    ap.add_argument("--write-cost-table", default="", help="with --from-json: path of cost_table.json")
+    ap.add_argument("--write-cost-table", default="", help="with --from-json: the sim's timing table to "
+                    "update (dtrace_mk/megakernel/data/cost_table.json); the planner's plan_costs.json "
+                    "is left alone")
     ap.add_argument("--commit", default="")
     ap.add_argument("--quick", action="store_true",
                     help="only megakernel / per-step / eager / graph timings (no cuBLAS, prefetch, hooks)")
@@ -480,6 +513,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     variants = parse_variants(a.variants) if a.variants else None
     if a.from_json:
+        if not a.write_cost_table:
+            raise SystemExit("--from-json: give --write-cost-table PATH (the table to update)")
         write_cost_table(Path(a.from_json), Path(a.write_cost_table), a.commit)
         print(f"wrote {a.write_cost_table}")
         return
@@ -560,7 +595,7 @@ def main(argv=None):
     # mk: the hook build (hooks off); nh: the build without hook code (`dtrace-mk run`)
     print(f"{'preset':12} {'lowering':10} {'tasks':>6} {'B':>2} {'mk us':>8} {'nh us':>8} {'mk/step':>8} "
           f"{'eager':>8} {'graph':>8} {'eager/mk':>8} {'eager/nh':>8} {'graph/mk':>8} {'wt GB/s':>8} "
-          f"{'% copy':>6} {'nh %':>6} {'tok=':>4}")
+          f"{'% copy':>6} {'nh %':>6} {'sim us':>8} {'sim/mk':>6} {'tok=':>4}")
     for r in results:
         mk_ms = r["megakernel"]["step_ms"]
         nh_ms = r["megakernel_nohooks"]["step_ms"]
@@ -572,7 +607,8 @@ def main(argv=None):
               f"{r['eager']['step_ms'] * 1e3:8.1f} {r['cuda_graph']['step_ms'] * 1e3:8.1f} "
               f"{r['eager']['step_ms'] / mk_ms:8.2f} {r['eager']['step_ms'] / nh_ms:8.2f} "
               f"{r['cuda_graph']['step_ms'] / mk_ms:8.2f} {gbs:8.0f} "
-              f"{100 * gbs * 1e9 / bw:6.1f} {100 * nh_gbs * 1e9 / bw:6.1f} {str(r['tokens_equal'])[0]:>4}")
+              f"{100 * gbs * 1e9 / bw:6.1f} {100 * nh_gbs * 1e9 / bw:6.1f} "
+              f"{r['sim_step_us']:8.1f} {r['sim_step_us'] / (mk_ms * 1e3):6.2f} {str(r['tokens_equal'])[0]:>4}")
 
     for c in compare:
         rd = c["last_logits_rel_diff"]

@@ -871,6 +871,14 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  174) # session 66: the sim's timing table (dtrace_mk/megakernel/data/cost_table.json) is session 5's (2026-11-30):
+     # the sim puts 1b's step at 1377 us where the H200 ran 1122 (hooks.md "Session 65").  One bench/megakernel.py
+     # run: the step table (now with the sim's step beside the GPU's: `sim us`, `sim/mk`) and --costs for the three
+     # presets, 1b as built (its fused lowering); then, here: bench/megakernel.py --from-json OUT/mk/bench.json
+     # --write-cost-table dtrace_mk/megakernel/data/cost_table.json --commit SHA (the plans do not move:
+     # tests/megakernel/test_cost_table.py).  ~5 min
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R" \
+       "timeout ${BENCH_S:-420} python3 bench/megakernel.py --presets tiny,small-moe,1b --steps 16 --reps 5 --quick --no-old --costs tiny,small-moe,1b --out ${OUT:-/tmp/out}/mk" ;;
   173) # session 65: issue 5 asks for its table on an H200; every table since session 48 was an H100's.
      # PART=1: the table (tiny and 1b; hot, compiled, trace, bytes, attach; the observer-SM build beside the
      # default, observers calibrated as top does); PART=2: --offpath, the interpreter, the compiled swap

@@ -36,6 +36,14 @@ def variant_test_sets() -> list:
 def main(argv=None) -> int:
     from dtrace_mk.megakernel import gpu
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return 0
+    bad = [a for a in args if a.startswith("-") and a != "--variants"]
+    if bad:
+        print(f"precompile.py: unknown option {bad[0]!r} (a build is defines joined by '+'; see --help)",
+              file=sys.stderr)
+        return 2
     sets = [tuple(d for d in spec.split("+") if d) for spec in args if spec != "--variants"]
     if "--variants" in args:
         sets += variant_test_sets()

@@ -24,11 +24,23 @@ The numbers live in `data/cost_table.json`, per preset and class:
     {"source": "estimate" | "measured", "card": ..., "date": ..., "commit": ...,
      "defaults": {"notify_ns": .., "dispatch_ns": .., "step_overhead_ns": .., "filler_ns": ..},
      "presets": {"tiny": {"classes": {"qkv": {"fixed_ns": .., "per_row_ns": ..}, ...},
-                          "notify_ns": ..  (optional per-preset override of a default)}, ...}}
+                          "notify_ns": ..  (optional per-preset override of a default),
+                          "lowerings": {"fuse_norm+split_k4+rope_in_attn": {"classes": ..., ...}},
+                          "gpu_step_us": {"1": ..}  (the GPU's step at that batch, same run)}, ...}}
 
-The shipped file is an ESTIMATE (`source: "estimate"`) computed by `estimate_costs` from
-the model dimensions with a bandwidth/FMA model of one H200 SM; the GPU owner replaces
-it with measurements (same format).  A model absent from the file gets the estimate.
+A preset's entry describes its standard lowering (or the one its "lowering" names); an
+entry under "lowerings" is the same preset measured as built with that lowering
+(`lowering_name`) and is used as is for graphs of that lowering; without one, the rule of
+`lowered_costs` derives the fused lowering's costs from the standard entry.  The shipped
+file holds GPU measurements (`bench/megakernel.py --costs`, then `--from-json ...
+--write-cost-table`; card, date and commit in the file); a model absent from it gets
+`estimate_costs`, a bandwidth/FMA model of one H200 SM.
+
+The planner (graph._plan) reads the same table, yet the plans of every graph the builder
+makes do not depend on the class costs: each level's tasks are one class waiting on one
+event, so list scheduling hands them out in an order set by the graph's shape alone
+(tests/megakernel/test_cost_table.py checks it with random costs).  Re-measuring the
+table therefore changes the sim's timing and no GPU plan.
 """
 from __future__ import annotations
 
@@ -189,22 +201,35 @@ class CostTable:
             raise UserError(f"{p}: presets: expected an object")
         return cls(d, str(p))
 
-    def for_model(self, cfg: ModelConfig) -> ModelCosts:
+    def for_model(self, cfg: ModelConfig, ranks: int = 1) -> ModelCosts:
+        """`cfg`'s costs: its lowering's entry when the table has one ("lowerings"), else
+        the preset's entry (the lowering it names, standard by default), else the estimate;
+        classes an entry leaves out keep the estimate."""
         est = estimate_costs(cfg)
         defaults = dict(DEFAULTS)
         defaults.update({k: v for k, v in self.data.get("defaults", {}).items() if k in DEFAULTS})
         entry = self.data.get("presets", {}).get(cfg.name)
         if entry is None:
             return ModelCosts(cfg.name, est.classes, source="estimate", **defaults)
+        where = f"presets.{cfg.name}"
+        lowerings = entry.get("lowerings", {})
+        if not isinstance(lowerings, dict):
+            raise UserError(f"{self.source}: {where}.lowerings: expected an object")
+        want = lowering_name(cfg, ranks)
+        if want in lowerings:
+            entry, where = lowerings[want], f"{where}.lowerings.{want}"
+            if not isinstance(entry, dict):
+                raise UserError(f"{self.source}: {where}: expected an object")
+            entry = {"lowering": want, **entry}
         classes = dict(est.classes)
         for name, row in entry.get("classes", {}).items():
             if name not in CLASS_NAMES:
-                raise UserError(f"{self.source}: presets.{cfg.name}.classes.{name}: unknown task class "
+                raise UserError(f"{self.source}: {where}.classes.{name}: unknown task class "
                                 f"(known: {', '.join(CLASS_NAMES)})")
             try:
                 classes[name] = ClassCost(float(row["fixed_ns"]), float(row.get("per_row_ns", 0.0)))
             except (KeyError, TypeError, ValueError):
-                raise UserError(f"{self.source}: presets.{cfg.name}.classes.{name}: expected "
+                raise UserError(f"{self.source}: {where}.classes.{name}: expected "
                                 f"{{\"fixed_ns\": number, \"per_row_ns\": number}}") from None
         for k in DEFAULTS:
             if k in entry:
@@ -213,17 +238,21 @@ class CostTable:
                           lowering=str(entry.get("lowering", "standard")), **defaults)
 
 
-_cached: Optional[CostTable] = None
+_cached: Dict[Path, CostTable] = {}
 
 
-def model_costs(cfg: ModelConfig, path: Union[str, Path, None] = None) -> ModelCosts:
-    """Costs of `cfg` from the shipped table (or `path`), falling back to the estimate."""
-    global _cached
+def _table(path: Path) -> CostTable:
+    if path not in _cached:
+        _cached[path] = CostTable.load(path) if path.exists() else CostTable({})
+    return _cached[path]
+
+
+def model_costs(cfg: ModelConfig, path: Union[str, Path, None] = None, ranks: int = 1) -> ModelCosts:
+    """Costs of `cfg` (as built for `ranks`) from the shipped table (or `path`), falling
+    back to the estimate."""
     if path is not None:
-        return CostTable.load(path).for_model(cfg)
-    if _cached is None:
-        _cached = CostTable.load() if COST_TABLE_PATH.exists() else CostTable({})
-    return _cached.for_model(cfg)
+        return CostTable.load(path).for_model(cfg, ranks)
+    return _table(COST_TABLE_PATH).for_model(cfg, ranks)
 
 
 def estimate_table() -> Dict[str, Any]:

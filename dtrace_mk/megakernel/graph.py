@@ -80,7 +80,9 @@ Static plans
 `worker_plans[w]` is worker w's task order for every step (dense and router tasks;
 never `dynamic` ones).  Plans come from deterministic list scheduling: tasks in index
 order, each to the worker that can start it first under the estimated costs of
-`cost.py` (ties: the worker that became free first, then the lowest id).  Each plan is
+`cost.py` (ties: the worker that became free first, then the lowest id).  A level's tasks
+are one class waiting on one event, so the order comes out of the graph's shape and not
+of the costs' values (cost.py's module doc).  Each plan is
 a subsequence of the topological order, which makes the static part deadlock-free.
 Workers repeat their plan every step.
 
@@ -622,7 +624,7 @@ def _plan(tasks: List[Task], events: List[EventDef], moe: List[MoELayer], cfg: M
     signal counts toward its own rank's receive event of the op at end + comm_ns (the
     ranks run the same schedule, so the peers' signals are estimated to arrive then)."""
     from .cost import lowered_costs, model_costs
-    costs = lowered_costs(costs or model_costs(cfg), cfg, ranks)
+    costs = lowered_costs(costs or model_costs(cfg, ranks=ranks), cfg, ranks)
     own_recv = own_recv or {}
     fixed, per_row = costs.by_class_id()
     kv_est = cfg.max_seq // 2

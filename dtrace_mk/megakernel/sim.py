@@ -269,7 +269,7 @@ class Sim:
         if queue_threshold < 1:
             raise UserError(f"queue_threshold: expected >= 1, got {queue_threshold}")
         self.g, self.cfg, self.steps = graph, graph.cfg, steps
-        self.costs = lowered_costs(costs or model_costs(graph.cfg), graph.cfg, graph.ranks)
+        self.costs = lowered_costs(costs or model_costs(graph.cfg, ranks=graph.ranks), graph.cfg, graph.ranks)
         self.faults = faults or F.FaultTable()
         self.seed = seed
         self.sink = sink

@@ -559,6 +559,8 @@ class DeviceMaps:
                             host._used[(w, int(rws[w]["ep_tag"][j]))] = int(rws[w]["ep_used"][j])
             else:
                 cap, ks = int(d["capacity"]), int(d["key_stride"])
+                # states first: a slot turns FULL (release) after its key and value are
+                # written, so a FULL slot read here has them whole in the copies after it
                 sl = b["slots"].get()
                 full = np.flatnonzero(sl == SLOT_FULL)
                 keys = b["keys"].get().reshape(cap, ks)[full, :m.key_size].tobytes()

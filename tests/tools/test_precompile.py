@@ -43,3 +43,17 @@ def test_main_compiles_nothing_twice(precompile_tool, monkeypatch):
     assert sorted(seen[0]) == sorted(set(variants) | {("DTMK_OBS_SM", "DTMK_OBS_SMS=4")})
     seen.clear()
     assert precompile_tool.main([]) == 0 and seen == [[()]]
+
+
+@pytest.mark.parametrize("argv, rc, out, err", [
+    (["--help"], 0, "Compile megakernel.cu cubins", ""),
+    (["DTMK_NO_HOOKS", "--bogus"], 2, "", "precompile.py: unknown option '--bogus'"),
+])
+def test_options_are_not_taken_for_builds(precompile_tool, monkeypatch, capsys, argv, rc, out, err):
+    """`--help` prints the usage and a mistyped option is refused: neither reaches NVRTC as a
+    macro ("invalid macro definition: --help")."""
+    from dtrace_mk.megakernel import gpu
+    monkeypatch.setattr(gpu, "precompile", lambda *a, **k: pytest.fail("compiled an option"))
+    assert precompile_tool.main(argv) == rc
+    got = capsys.readouterr()
+    assert got.out.startswith(out) and got.err.startswith(err)

@@ -18,9 +18,10 @@ The host half of kernels/bpf_vm.cuh and kernels/bpf_maps.cuh:
   the host model (dtrace_mk.bpf.maps.MapSet), so snapshots compare directly with the
   reference runtime's; `coverage(aid)` returns dtrace_mk.bpf.coverage rows.
 
-Results (H200): docs/results/device_vm.md.  Not here yet: streaming snapshots while a
-kernel runs (rings do not wrap; the host reads after a launch), trace_printk on the
-device (the VM counts it lost), sampling tickets in reference order across warps
+Results (H200): docs/results/device_vm.md.  Snapshots while a kernel runs are
+runtime/live.py's (sequence numbers over these tables).  Not here: ring buffers that
+wrap (a launch's records are read after it; a full ring counts lost), trace_printk on
+the device (the VM counts it lost), sampling tickets in reference order across warps
 (serial mode has it).
 """
 from __future__ import annotations

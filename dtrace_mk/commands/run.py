@@ -305,7 +305,8 @@ def _run_sim(graph, args, faults, sink):
               queue_threshold=args.queue_threshold)
     res = sim.run()
     lines = [f"tasks run: {res.tasks_run} ({sum(res.dynamic_tasks)} dynamic MoE expert tasks), "
-             f"requests finished: {res.requests_finished}, cost table: {sim.costs.source}"]
+             f"requests finished: {res.requests_finished}",
+             f"sim timing: cost table {sim.costs.provenance()}"]
     if faults.rows:
         lines.append(f"faults: {len(faults.rows)} rows ({', '.join(r.kind_name for r in faults.rows)})")
     if args.trace:

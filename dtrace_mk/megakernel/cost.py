@@ -87,6 +87,17 @@ class ModelCosts:
     comm_ns: int = DEFAULTS["comm_ns"]
     source: str = "estimate"
     lowering: str = "standard"   # the graph lowering the class costs describe (lowering_name)
+    measured: str = ""           # when, on which tree and card (the table entry's "measured")
+    mapped_from: str = ""        # the lowering whose costs lowered_costs' rule mapped to this one
+
+    def provenance(self) -> str:
+        """One line for users: where these numbers come from."""
+        if self.source != "measured":
+            return "estimate (no GPU measurement for this model)"
+        out = "measured" + (f" ({self.measured})" if self.measured else "")
+        if self.mapped_from:
+            out += f"; {self.mapped_from} lowering's costs mapped to {self.lowering} by rule"
+        return out
 
     def by_class_id(self) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
         """(fixed_ns, per_row_ns) indexed by standard class id (0 for unknown classes)."""
@@ -178,7 +189,7 @@ def lowered_costs(costs: ModelCosts, cfg: ModelConfig, ranks: int = 1) -> ModelC
     fused("mlp_gate_up", 2)
     fused("lm_head", 1)
     return ModelCosts(costs.model, c, costs.notify_ns, costs.dispatch_ns, costs.step_overhead_ns,
-                      costs.filler_ns, costs.comm_ns, costs.source, want)
+                      costs.filler_ns, costs.comm_ns, costs.source, want, costs.measured, costs.lowering)
 
 
 class CostTable:
@@ -234,8 +245,11 @@ class CostTable:
         for k in DEFAULTS:
             if k in entry:
                 defaults[k] = int(entry[k])
-        return ModelCosts(cfg.name, classes, source=str(self.data.get("source", "estimate")),
-                          lowering=str(entry.get("lowering", "standard")), **defaults)
+        source = str(entry.get("source", self.data.get("source", "estimate")))
+        when = entry.get("measured") or ", ".join(str(self.data[k]) for k in ("card", "date", "commit")
+                                                  if self.data.get(k))
+        return ModelCosts(cfg.name, classes, source=source, lowering=str(entry.get("lowering", "standard")),
+                          measured=str(when) if source == "measured" else "", **defaults)
 
 
 _cached: Dict[Path, CostTable] = {}

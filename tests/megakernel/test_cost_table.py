@@ -155,3 +155,30 @@ def test_sim_step_us_is_the_sims_mean_step(load_bench):
     g = build_graph(PRESETS["tiny"], 1, 16)
     steps = Sim(g, 3).run().step_ns
     assert mb.sim_step_us(g, 3) == pytest.approx(sum(steps) / 3 / 1e3)
+
+
+def test_provenance_says_what_the_sims_timing_rests_on():
+    t = CostTable({"source": "measured", "card": "NVIDIA H200", "date": "2026-11-30", "commit": "0f1427e",
+                   "presets": {"tiny": {"classes": {}, "measured": "2026-11-30 19:05 UTC, 0f1427e, NVIDIA H200"},
+                               "small-moe": {"classes": {}},
+                               "wide-tp": {"source": "estimate"},
+                               "1b": {"classes": {}}}}, "<test>")
+    assert t.for_model(PRESETS["tiny"]).provenance() == "measured (2026-11-30 19:05 UTC, 0f1427e, NVIDIA H200)"
+    # an entry without its own stamp: the table's card, date and commit
+    assert t.for_model(PRESETS["small-moe"]).provenance() == "measured (NVIDIA H200, 2026-11-30, 0f1427e)"
+    # the entry's own source wins over the file's
+    assert t.for_model(PRESETS["wide-tp"]).provenance() == "estimate (no GPU measurement for this model)"
+    mapped = lowered_costs(t.for_model(PRESETS["1b"]), PRESETS["1b"])
+    assert mapped.provenance().endswith(f"; standard lowering's costs mapped to {FUSED} by rule")
+    # measured as built (a lowerings entry): nothing mapped
+    as_built = lowered_costs(_table(**{"1b": ONE_B}).for_model(PRESETS["1b"]), PRESETS["1b"])
+    assert as_built.mapped_from == "" and "mapped" not in as_built.provenance()
+
+
+def test_run_prints_the_sims_timing_provenance(capsys):
+    from dtrace_mk.cli import main
+    assert main(["run", "--model", "tiny", "--steps", "2", "--backend", "sim"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("sim timing: "))
+    assert line == f"sim timing: cost table {cost.model_costs(PRESETS['tiny']).provenance()}"
+    assert "NVIDIA H200" in line

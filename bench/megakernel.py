@@ -10,7 +10,8 @@ copy bandwidth; beside them the sim's step for the same graph (`sim us`, `sim/mk
 the sim's timing table is from this kernel).  --costs also measures per-class task costs
 from the built-in trace (batch 1 and 4) in the format of dtrace_mk/megakernel/cost.py; then
 `--from-json DIR/bench.json --write-cost-table dtrace_mk/megakernel/data/cost_table.json
---commit SHA` (no GPU) updates the sim's timing table with them (not the planner's).
+--commit SHA` (no GPU) updates the sim's timing table with them (the worker plans do not
+depend on it: dtrace_mk/megakernel/cost.py's module doc).
 
 --variants builds the megakernel once per set of -D defines of megakernel.cu and times
 each against the default build (tokens and logits must be bit-equal).  The defines left
@@ -435,8 +436,7 @@ def write_cost_table(bench_json: Path, path: Path, commit: str) -> None:
     as built with a non-standard lowering goes under its entry's "lowerings" (the standard
     entry stays), with the GPU's step time of the same run ("gpu_step_us") when the run
     timed that preset.  Presets the run did not measure keep their entries (or the
-    estimate, for a new file).  The planner's table (data/plan_costs.json) is not touched:
-    copying this file there changes the GPU's worker plans (cost.py's module doc)."""
+    estimate, for a new file)."""
     from dtrace_mk.megakernel.cost import DEFAULTS, estimate_table
     d = json.loads(Path(bench_json).read_text())
     info, costs = d["info"], d["costs"]
@@ -494,8 +494,7 @@ def main(argv=None):
                     "built with its default lowering)")
     ap.add_argument("--from-json", default="", help="(no GPU) a bench.json to turn into the cost table")
     ap.add_argument("--write-cost-table", default="", help="with --from-json: the sim's timing table to "
-                    "update (dtrace_mk/megakernel/data/cost_table.json); the planner's plan_costs.json "
-                    "is left alone")
+                    "update (dtrace_mk/megakernel/data/cost_table.json)")
     ap.add_argument("--commit", default="")
     ap.add_argument("--quick", action="store_true",
                     help="only megakernel / per-step / eager / graph timings (no cuBLAS, prefetch, hooks)")

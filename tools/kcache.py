@@ -13,7 +13,8 @@ DIR/cubins.tar.xz + DIR/manifest.json (the NVRTC version, the sha256 of the libn
 compiled them, the sets); files of an earlier pack in DIR by the same libnvrtc are reused.
 The sets: SETs named; --plan N, those of tools/obs_sm_gpu_plan.sh N's precompile stages, of
 the tests its pytest stages select and of its bench/obs_split.py runs; --tests PATH, the tests' (by their `defines` and
-model parameters: an approximation, tests that build inside their bodies are missed);
+model parameters, and a module's CFGS / VARIANTS tables its tests' `key` / `name` index:
+an approximation, tests that build inside their bodies otherwise are missed);
 --variants, precompile.py's; --log FILE, the megakernel cubins a GPU session's processes
 asked for ($DTRACE_MK_BUILD_LOG lines, gpu_build.log_build: exact).  Run it with an NVRTC
 of the GPU image's version (the H200 image: nvidia-cuda-nvrtc 13.0.88), e.g. a venv
@@ -92,6 +93,19 @@ def builds_of_tests(args: list) -> list:
         params = getattr(getattr(item, "callspec", None), "params", {})
         defines = tuple(params.get("defines") or ())
         model = params.get("name") or params.get("preset")
+        # a module's tables, where its tests are parametrized by their keys: CFGS[key] (a
+        # ModelConfig, or a tuple led by one) and VARIANTS[name] (a tuple led by the defines),
+        # as tests/gpu/test_megakernel_fused_gpu.py and test_megakernel_variants_gpu.py are
+        mod = getattr(item, "module", None)
+        cfgs, variants = getattr(mod, "CFGS", None), getattr(mod, "VARIANTS", None)
+        if isinstance(variants, dict) and params.get("name") in variants:
+            defines = tuple(variants[params["name"]][0])
+        if isinstance(cfgs, dict) and params.get("key") in cfgs:
+            cfg = cfgs[params["key"]]
+            cfg = cfg[0] if isinstance(cfg, tuple) else cfg
+            if hasattr(cfg, "fuse_norm"):
+                sets.add(megakernel_defines(cfg, 1, defines))
+                continue
         for m in [model] if model in PRESETS else ["tiny", "1b"]:
             sets.add(megakernel_defines(get_preset(m), 1, defines))
     return sorted(sets)
@@ -105,7 +119,11 @@ def plan_sets(plan: str) -> list:
     select and of its `bench/obs_split.py` runs (the plan run dry: each stage printed, not run)."""
     script = (ROOT / "tools" / "obs_sm_gpu_plan.sh").read_text()
     dry = script.replace("exec tools/gpu_session.sh", 'printf "%s\\n"')
-    out = subprocess.run(["bash", "-c", dry, "plan", plan], capture_output=True, text=True, cwd=ROOT)
+    # (from a file: the script is past the 128 KiB that one `bash -c` argument may hold)
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
+        f.write(dry)
+        f.flush()
+        out = subprocess.run(["bash", f.name, plan], capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         raise SystemExit(f"kcache: plan {plan}: {out.stderr.strip() or 'no such plan'}")
     sets = []

@@ -153,6 +153,19 @@ def test_a_directory_of_tests_is_collected_by_its_files(kcache):
     assert one < set(kcache.builds_of_tests(["tests/gpu"]))
 
 
+def test_tests_parametrized_by_a_modules_tables_give_their_builds(kcache, load_tool):
+    """A test indexing its module's CFGS[key] / VARIANTS[name] builds that model with those
+    defines: the variants test's builds are precompile.py --variants' (they compiled one
+    after another inside the suite, ~6 min of an H200 session), the fused test's include
+    slice_events' DTMK_H_PARITY."""
+    variants = set(kcache.builds_of_tests(["tests/gpu/test_megakernel_variants_gpu.py"]))
+    defaults = {(), ("DTMK_ROPE_IN_ATTN",)}        # (the reference runs inside the tests)
+    assert set(load_tool("precompile").variant_test_sets()) - defaults <= variants
+    assert ("DTMK_POLL_FENCE", "DTMK_PROLOGUE_SERIAL", "DTMK_REC_LATE", "DTMK_ROPE_IN_ATTN") in variants
+    fused = set(kcache.builds_of_tests(["tests/gpu/test_megakernel_fused_gpu.py"]))
+    assert ("DTMK_ROPE_IN_ATTN", "DTMK_H_PARITY") in fused and () in fused
+
+
 def test_carried_names_are_the_files_the_builds_write(kcache, tmp_path, monkeypatch):
     """What `build` packs is named by kcache.carried_names; the compiles (NVRTC stubbed:
     names only) write exactly those files, for a hook build and a no-hook build."""

@@ -877,7 +877,8 @@ case "${1:-}" in
      # presets, 1b as built (its fused lowering); then, here: bench/megakernel.py --from-json OUT/mk/bench.json
      # --write-cost-table dtrace_mk/megakernel/data/cost_table.json --commit SHA (the plans do not move:
      # tests/megakernel/test_cost_table.py).  ~5 min
-     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $S+$R DTMK_NO_HOOKS+$S+$R" \
+     # (its builds are unplaced: tiny / small-moe '' and DTMK_NO_HOOKS, 1b's with DTMK_ROPE_IN_ATTN at batch 1)
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py '' DTMK_NO_HOOKS $R DTMK_NO_HOOKS+$R" \
        "timeout ${BENCH_S:-420} python3 bench/megakernel.py --presets tiny,small-moe,1b --steps 16 --reps 5 --quick --no-old --costs tiny,small-moe,1b --out ${OUT:-/tmp/out}/mk" ;;
   173) # session 65: issue 5 asks for its table on an H200; every table since session 48 was an H100's.
      # PART=1: the table (tiny and 1b; hot, compiled, trace, bytes, attach; the observer-SM build beside the

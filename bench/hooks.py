@@ -351,6 +351,9 @@ BUILD_VARIANTS = {"recglobal": ("DTMK_REC_GLOBAL",), "evictnormal": ("DTMK_WS_EV
                   "offcopyw": ("DTMK_NO_HOT_FIRST", "DTMK_OFF_COPY=1"), "offcopywr": ("DTMK_NO_HOT_FIRST", "DTMK_OFF_COPY=3"),
                   # the default before session 60: the old layout, one wait (+1.58..+2.00% off on an H100)
                   "legacy": ("DTMK_NO_HOT_FIRST", "DTMK_ONE_WAIT"),
+                  # measurement (session 66): the standard lowering's task functions (tiny's) renamed to
+                  # follow the hot region too (kernels/megakernel.cu DTMK_HOT_TINY), hook and no-hook builds
+                  "hottiny": ("DTMK_HOT_TINY",),
                   # the session-2 poll (relaxed loads, one fence.acq_rel once met): no L1 invalidation per poll,
                   # so the poll loop's spill reloads hit L1 -- in the no-hook and the hook build alike
                   "pollfence": ("DTMK_POLL_FENCE",),
@@ -395,7 +398,7 @@ BUILD_VARIANT_RUNS = {"idealsite": ("off", "mask3"), "wshincta": ("off", "mask3"
                       "offxlook": ("off",), "offxsync": ("off",), "offxspin": ("off",),
                       "hotfirst": ("off", "summary"),   # (the hot summary: 1101 hot lines, 165 beyond their ways)
                       "hfxw": ("off",), "hfcopyw": ("off", "summary"), "legacy": ("off", "summary"),
-                      "copyinwait": ("off", "summary"),
+                      "copyinwait": ("off", "summary"), "hottiny": ("off", "summary"),
                       "offcopyw": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "offcopywr": ("off", "mask3", "null3", "summary", "summary_cm"),
                       "pollfence": ("off",)}

@@ -118,11 +118,19 @@ def hot_obs_renames(source: Optional[str] = None) -> dict:
     return _renames_block(text, "DTMK_HOT_OBS")
 
 
-def layout_renames(source: Optional[str] = None) -> dict:
-    """Every layout rename of the kernel's functions: hot_first_renames and hot_obs_renames together
-    (source_names and tools/ncu_footprint's alias map a build's names back through it)."""
+def hot_tiny_renames(source: Optional[str] = None) -> dict:
+    """-DDTMK_HOT_TINY's renames (measurement, session 66: the standard lowering's task functions
+    placed after the workers' hot ones; kernels/megakernel.cu's `#ifdef DTMK_HOT_TINY` block)."""
     text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
-    return {**hot_first_renames(text), **hot_obs_renames(text)}
+    return _renames_block(text, "DTMK_HOT_TINY")
+
+
+def layout_renames(source: Optional[str] = None) -> dict:
+    """Every layout rename of the kernel's functions: hot_first_renames, hot_obs_renames and
+    hot_tiny_renames together (source_names and tools/ncu_footprint's alias map a build's names
+    back through it)."""
+    text = source if source is not None else (KERNEL_DIR / "megakernel.cu").read_text()
+    return {**hot_first_renames(text), **hot_obs_renames(text), **hot_tiny_renames(text)}
 
 
 def _renames_block(text: str, macro: str) -> dict:
@@ -167,7 +175,7 @@ def ptx_function(ptx: str, name: str) -> Optional[str]:
 
 
 def source_names(text: str, source: Optional[str] = None) -> str:
-    """`text` (PTX, a ptxas log, SASS) with -DDTMK_HOT_FIRST's (and -DDTMK_HOT_OBS's) renamed functions under their
+    """`text` (PTX, a ptxas log, SASS) with -DDTMK_HOT_FIRST's (and -DDTMK_HOT_OBS's, -DDTMK_HOT_TINY's) renamed functions under their
     source names again (_Z10a1run_body... -> _Z8run_body...), so that tests and reports read
     a build's code by the names the source gives it, whatever its layout.  a6wait_evt is
     wait_event, or the two-copy build's copy 0 (WAIT_EVENT_COPY_0u, wait_event_off) where the

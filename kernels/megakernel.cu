@@ -180,6 +180,23 @@
 #define op_attn_staged a7attnstgd
 #define op_rope_attn a8ropeattn
 #endif
+/* MEASUREMENT (session 66; bench/hooks.py variant hottiny): -DDTMK_HOT_TINY extends the hot-first layout to
+ * the standard lowering's task functions (tiny: not weight-streamed, so op_proj / op_gate_up, plus the
+ * rmsnorm and rope levels and attention's dispatch), which lie among the cold functions -- in the hook build
+ * between hook_event / hook_flush, the VM and the map helpers (tiny's per-step code spans ~390 KB there, ~250
+ * KB in the no-hook build: sessions 58-59's conflict misses).  Is that tiny's off cost (+5.31%, H200, session
+ * 65; 1b's is +0.28%)?  Ten-letter names sort right after a8ropeattn. */
+#ifdef DTMK_HOT_TINY
+#if defined(DTMK_NO_HOT_FIRST)
+#error "-DDTMK_HOT_TINY extends the hot-first layout: not with -DDTMK_NO_HOT_FIRST"
+#endif
+#define op_proj a9op_projx
+#define op_gate_up b6gateupop
+#define op_rmsnorm b7rmsnorm_
+#define op_rope_kv b8rope_kv_
+#define op_attn b9op_attn_
+#define mv_row_nl c0mv_rownl
+#endif
 /* MEASUREMENT (session 61; bench variants obssm4hotobs, obs_split hotobs16): -DDTMK_HOT_OBS extends the
  * hot-first layout to the observer-SM build.  Its workers call osq_defer_flush at most waits' first failed
  * poll and osq_raise in long waits; its observers run osq_observer -> osq_run_entry -> hook_flush, obs_sync

@@ -871,6 +871,16 @@ case "${1:-}" in
        "python3 -m dtrace_mk.collectors.replay --shape ${OUT:-/tmp/out}/serve/dumps/*.pkl" "$DUMPS_PACK" \
        "$(pytv 60 tests/gpu/test_obs_ring.py -k drain_poller)" \
        "$(pytv 200 tests/gpu/test_device_summaries_gpu.py -k 'not two_gpus')" ;;
+  175) # session 66 (static): tiny's off cost (+5.31% on the H200, 1b's +0.28%) -- is it the layout again?  tiny's
+     # task functions (standard lowering: op_proj, op_gate_up, op_rmsnorm, op_rope_kv, op_attn, mv_row_nl) lie
+     # among the cold ones, in the hook build between hook_event / the VM / obs_sync (its per-step code spans
+     # ~390 KB there, ~250 KB without hooks).  -DDTMK_HOT_TINY moves them after the hot region in both builds
+     # (bench variant hottiny); --offpath on tiny and 1b, twice (~4 min).  Adopt into the hot-first default only
+     # if tiny's off falls and 1b's does not rise.
+     P2="DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_SM_WORKER DTMK_HOT_TINY+DTMK_SM_WORKER DTMK_NO_HOOKS+DTMK_HOT_TINY+DTMK_SM_WORKER"
+     tw() { echo "timeout 170 python3 bench/hooks.py --offpath --presets tiny,1b --reps 10 --placement sorted --variants hottiny --out ${OUT:-/tmp/out}/$1"; }
+     exec tools/gpu_session.sh "timeout 100 python3 tools/precompile.py $P2 $S+$R DTMK_NO_HOOKS+$S+$R DTMK_HOT_TINY+$S+$R DTMK_NO_HOOKS+DTMK_HOT_TINY+$S+$R" \
+       "$(tw a)" "$(tw b)" ;;
   174) # session 66: the sim's timing table (dtrace_mk/megakernel/data/cost_table.json) is session 5's (2026-11-30):
      # the sim puts 1b's step at 1377 us where the H200 ran 1122 (hooks.md "Session 65").  One bench/megakernel.py
      # run: the step table (now with the sim's step beside the GPU's: `sim us`, `sim/mk`) and --costs for the three

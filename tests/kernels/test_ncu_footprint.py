@@ -201,11 +201,13 @@ def test_relayout_moves_hot_code_with_its_function_and_follows_renames(nf):
 def test_hot_first_alias_is_the_kernels_list(nf):
     alias = nf.hot_first_alias()
     assert alias["a1run_body"] == "run_body" and alias["a6wait_evt"] == "wait_event"
-    assert alias["a7attnstgd"] == "op_attn_staged" and len(alias) == 17
+    assert alias["a7attnstgd"] == "op_attn_staged" and len(alias) == 23
     # -DDTMK_OFF_COPY's copy 0 is the wait a task runs while nothing observes, renamed a6wait_evt or not
     assert alias["wait_event_off"] == "wait_event"
-    # (and -DDTMK_HOT_OBS's seven: the observer-SM build's hot functions, b5vmrunrec the last)
+    # (and -DDTMK_HOT_OBS's seven: the observer-SM build's hot functions, b5vmrunrec the last;
+    # -DDTMK_HOT_TINY's six: the standard lowering's task functions, c0mv_rownl the last)
     assert alias["a9osqflush"] == "osq_defer_flush" and alias["b3hookflsh"] == "hook_flush"
+    assert alias["a9op_projx"] == "op_proj" and alias["c0mv_rownl"] == "mv_row_nl"
     renames = [k for k in alias if k != "wait_event_off"]
-    assert len(renames) == 16 and all(len(k) == 10 and k < "b6" for k in renames)   # (_Z10a... / _Z10b...: first)
+    assert len(renames) == 22 and all(len(k) == 10 and k < "c1" for k in renames)   # (_Z10a... / _Z10b...: first)
     assert nf.canonical("a7attnstgd<1>", alias) == "op_attn_staged<1>" and nf.canonical("hook_flush", alias) == "hook_flush"

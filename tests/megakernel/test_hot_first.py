@@ -10,7 +10,8 @@ layout (no hooks -0.7%), plan 161 with the wait's two copies (off +0.35..+0.56%)
 
 import pytest
 
-from dtrace_mk.kernels.build import _renames_block, hot_first_renames, hot_obs_renames, ptx_function_names, source_names
+from dtrace_mk.kernels.build import (_renames_block, hot_first_renames, hot_obs_renames, hot_tiny_renames,
+                                     ptx_function_names, source_names)
 from dtrace_mk.megakernel import gpu
 
 #: the renamed hot functions, in their cubin order (each name 10 characters: _Z10a...)
@@ -103,3 +104,30 @@ def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fre
 def test_hot_obs_needs_the_observer_sm_and_the_hot_first_layout(fresh_cache, defines):
     with pytest.raises(Exception, match="DTMK_HOT_OBS extends the hot-first layout to the observer-SM build"):
         _ptx(defines)
+
+
+#: -DDTMK_HOT_TINY (measurement, session 66): the standard lowering's task functions, after HOT's
+HOT_TINY = ("a9op_projx", "b6gateupop", "b7rmsnorm_", "b8rope_kv_", "b9op_attn_", "c0mv_rownl")
+
+
+@pytest.mark.parametrize("defines", [("DTMK_ROPE_IN_ATTN",), ("DTMK_NO_HOOKS", "DTMK_ROPE_IN_ATTN")])
+def test_hot_tiny_places_the_standard_lowering_s_task_functions_after_the_hot_ones(fresh_cache, defines):
+    """tiny's per-task functions (not weight-streamed: op_proj / op_gate_up, the rmsnorm and rope levels,
+    attention's dispatch) follow the hot region in the hook and the no-hook build alike, every one
+    before the first cold function (hook_event, the VM, obs_sync in the hook build)."""
+    assert tuple(hot_tiny_renames().values()) == HOT_TINY
+    raw = _ptx(defines + ("DTMK_HOT_TINY",))
+    names = ptx_function_names(raw)
+    hot = [n for n in names if n.startswith(tuple(f"_Z10{f}" for f in HOT + HOT_TINY))]
+    for f in HOT + HOT_TINY:
+        assert any(n.startswith(f"_Z10{f}") for n in hot), f
+    assert not any(n.startswith(("_Z7op_projP", "_Z10op_gate_upP", "_Z10op_rmsnormR", "_Z10op_rope_kvR",
+                                 "_Z7op_attnR", "_Z9mv_row_nl")) for n in names)
+    assert max(hot) < min(n for n in names if n not in hot)
+    assert sorted(ptx_function_names(source_names(raw))) == \
+        sorted(ptx_function_names(source_names(_ptx(defines))))
+
+
+def test_hot_tiny_needs_the_hot_first_layout(fresh_cache):
+    with pytest.raises(Exception, match="DTMK_HOT_TINY extends the hot-first layout"):
+        _ptx(("DTMK_HOT_TINY", "DTMK_NO_HOT_FIRST", "DTMK_ONE_WAIT"))

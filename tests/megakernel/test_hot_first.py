@@ -86,18 +86,23 @@ def test_hot_obs_list_is_read_through_its_nested_check():
         _renames_block("#ifdef M\n#define f a0f\n", "M")
 
 
-def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fresh_cache):
-    raw = _ptx(OBS_BUILD + ("DTMK_HOT_OBS",))
+def _check_placed_after_hot(base: tuple, define: str, renamed: tuple, old_names: tuple) -> None:
+    """`base` + `define`: HOT's and `renamed`'s functions there, before every other subroutine, none
+    under its old name (`old_names`: mangled prefixes); source_names gives `base`'s functions."""
+    raw = _ptx(base + (define,))
     names = ptx_function_names(raw)
-    hot = [n for n in names if n.startswith(("_Z10a", "_Z10b"))]
-    for f in HOT + HOT_OBS:
+    hot = [n for n in names if n.startswith(tuple(f"_Z10{f}" for f in HOT + renamed))]
+    for f in HOT + renamed:
         assert any(n.startswith(f"_Z10{f}") for n in hot), f
-    assert not any(n.startswith(("_Z15osq_defer_flush", "_Z9osq_raise", "_Z12osq_observer", "_Z8obs_sync",
-                                 "_Z10hook_flush", "_Z19dtmk_vm_run_records")) for n in names)
+    assert not any(n.startswith(old_names) for n in names)
     assert max(hot) < min(n for n in names if n not in hot)
-    # source_names: the same functions as the build without it
-    assert sorted(ptx_function_names(source_names(raw))) == \
-        sorted(ptx_function_names(source_names(_ptx(OBS_BUILD))))
+    assert sorted(ptx_function_names(source_names(raw))) == sorted(ptx_function_names(source_names(_ptx(base))))
+
+
+def test_hot_obs_places_the_observer_build_s_hot_functions_after_the_workers(fresh_cache):
+    _check_placed_after_hot(OBS_BUILD, "DTMK_HOT_OBS", HOT_OBS,
+                            ("_Z15osq_defer_flush", "_Z9osq_raise", "_Z12osq_observer", "_Z8obs_sync",
+                             "_Z10hook_flush", "_Z19dtmk_vm_run_records"))
 
 
 @pytest.mark.parametrize("defines", [("DTMK_HOT_OBS",), OBS_BUILD + ("DTMK_HOT_OBS", "DTMK_NO_HOT_FIRST")])
@@ -116,16 +121,9 @@ def test_hot_tiny_places_the_standard_lowering_s_task_functions_after_the_hot_on
     attention's dispatch) follow the hot region in the hook and the no-hook build alike, every one
     before the first cold function (hook_event, the VM, obs_sync in the hook build)."""
     assert tuple(hot_tiny_renames().values()) == HOT_TINY
-    raw = _ptx(defines + ("DTMK_HOT_TINY",))
-    names = ptx_function_names(raw)
-    hot = [n for n in names if n.startswith(tuple(f"_Z10{f}" for f in HOT + HOT_TINY))]
-    for f in HOT + HOT_TINY:
-        assert any(n.startswith(f"_Z10{f}") for n in hot), f
-    assert not any(n.startswith(("_Z7op_projP", "_Z10op_gate_upP", "_Z10op_rmsnormR", "_Z10op_rope_kvR",
-                                 "_Z7op_attnR", "_Z9mv_row_nl")) for n in names)
-    assert max(hot) < min(n for n in names if n not in hot)
-    assert sorted(ptx_function_names(source_names(raw))) == \
-        sorted(ptx_function_names(source_names(_ptx(defines))))
+    _check_placed_after_hot(defines, "DTMK_HOT_TINY", HOT_TINY,
+                            ("_Z7op_projP", "_Z10op_gate_upP", "_Z10op_rmsnormR", "_Z10op_rope_kvR", "_Z7op_attnR",
+                             "_Z9mv_row_nl"))
 
 
 def test_hot_tiny_needs_the_hot_first_layout(fresh_cache):

@@ -467,8 +467,9 @@ def write_cost_table(bench_json: Path, path: Path, commit: str) -> None:
         base = table["presets"].setdefault(name, {"classes": {}})
         if low == "standard":
             row["lowering"] = low
-            keep = {k: v for k, v in base.items() if k == "lowerings"}
-            table["presets"][name] = {**row, **keep}
+            if "lowerings" in base:
+                row["lowerings"] = base["lowerings"]
+            table["presets"][name] = row
         else:
             base.setdefault("lowerings", {})[low] = row
     for name in table["presets"]:

@@ -45,9 +45,9 @@ table therefore changes the sim's timing and no GPU plan.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from ..abi.schema import STANDARD_TASK_CLASSES
 from ..errors import UserError
@@ -188,8 +188,7 @@ def lowered_costs(costs: ModelCosts, cfg: ModelConfig, ranks: int = 1) -> ModelC
     fused("qkv", 1)
     fused("mlp_gate_up", 2)
     fused("lm_head", 1)
-    return ModelCosts(costs.model, c, costs.notify_ns, costs.dispatch_ns, costs.step_overhead_ns,
-                      costs.filler_ns, costs.comm_ns, costs.source, want, costs.measured, costs.lowering)
+    return replace(costs, classes=c, lowering=want, mapped_from=costs.lowering)
 
 
 class CostTable:
@@ -252,21 +251,18 @@ class CostTable:
                           measured=str(when) if source == "measured" else "", **defaults)
 
 
-_cached: Dict[Path, CostTable] = {}
-
-
-def _table(path: Path) -> CostTable:
-    if path not in _cached:
-        _cached[path] = CostTable.load(path) if path.exists() else CostTable({})
-    return _cached[path]
+_cached: Optional[CostTable] = None
 
 
 def model_costs(cfg: ModelConfig, path: Union[str, Path, None] = None, ranks: int = 1) -> ModelCosts:
     """Costs of `cfg` (as built for `ranks`) from the shipped table (or `path`), falling
     back to the estimate."""
+    global _cached
     if path is not None:
         return CostTable.load(path).for_model(cfg, ranks)
-    return _table(COST_TABLE_PATH).for_model(cfg, ranks)
+    if _cached is None:
+        _cached = CostTable.load() if COST_TABLE_PATH.exists() else CostTable({})
+    return _cached.for_model(cfg, ranks)
 
 
 def estimate_table() -> Dict[str, Any]:
